@@ -1,0 +1,424 @@
+#include "common/transport.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <climits>
+#include <cstring>
+
+#include "common/log.hpp"
+
+namespace vcuda {
+
+std::string_view to_string(transport_errc e) {
+    switch (e) {
+        case transport_errc::peer_lost: return "peer lost";
+        case transport_errc::closed: return "connection closed";
+        case transport_errc::timeout: return "timed out";
+        case transport_errc::refused: return "connection refused";
+        case transport_errc::bad_address: return "bad address";
+        case transport_errc::io: return "i/o error";
+        case transport_errc::protocol: return "protocol error";
+    }
+    return "unknown";
+}
+
+// ---------------------------------------------------------------- endpoint
+
+result<endpoint, std::string> endpoint::parse(std::string_view text) {
+    endpoint ep;
+    if (text.starts_with("unix:")) {
+        text.remove_prefix(5);
+        while (text.starts_with("//")) text.remove_prefix(1);
+        if (text.empty()) return unexpected{std::string("unix: needs a socket path, e.g. unix:/run/vcuda.sock")};
+        if (text.size() >= sizeof(sockaddr_un::sun_path))
+            return unexpected{std::string("unix socket path too long (max 107 bytes)")};
+        ep.type = kind::unix_socket;
+        ep.path = std::string(text);
+        return ep;
+    }
+    if (text.starts_with("tcp://")) text.remove_prefix(6);
+    auto colon = text.rfind(':');
+    if (colon == std::string_view::npos || colon + 1 == text.size())
+        return unexpected{"'" + std::string(text) + "' has no port; write host:port, e.g. 127.0.0.1:7300"};
+    std::string_view host = text.substr(0, colon), port = text.substr(colon + 1);
+    if (host.starts_with('[') && host.ends_with(']')) host = host.substr(1, host.size() - 2);
+    unsigned value = 0;
+    auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+    if (ec != std::errc() || p != port.data() + port.size() || value > 65535)
+        return unexpected{"'" + std::string(port) + "' is not a port number (0-65535)"};
+    ep.type = kind::tcp;
+    ep.host = host.empty() ? "0.0.0.0" : std::string(host);
+    ep.port = static_cast<uint16_t>(value);
+    return ep;
+}
+
+std::string endpoint::to_string() const {
+    if (type == kind::unix_socket) return "unix:" + path;
+    if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+    return host + ":" + std::to_string(port);
+}
+
+// ---------------------------------------------------------------- stream
+
+namespace {
+
+void tune_socket(int fd, bool tcp) {
+    int one = 1;
+    if (tcp) {
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // small calls must not wait for Nagle
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);   // notice hosts that vanish
+    }
+    int buf = 8 << 20;  // large buffers keep bulk copies streaming
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+}
+
+int poll_timeout_ms(deadline until) {
+    if (!until) return -1;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*until - clock::now()).count();
+    if (left <= 0) return 0;
+    return static_cast<int>(std::min<long long>(left + 1, INT_MAX));
+}
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+transport_result<int> connect_fd(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout) {
+    int flags = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    int rc = ::connect(fd, addr, len);
+    if (rc != 0 && errno != EINPROGRESS) {
+        int e = errno;
+        return unexpected{transport_error{e == ECONNREFUSED || e == ENOENT ? transport_errc::refused : transport_errc::io,
+                                          errno_text(e)}};
+    }
+    if (rc != 0) {
+        pollfd p{fd, POLLOUT, 0};
+        int n;
+        do n = ::poll(&p, 1, static_cast<int>(timeout.count()));
+        while (n < 0 && errno == EINTR);
+        if (n == 0) return unexpected{transport_error{transport_errc::timeout, "no answer within " + std::to_string(timeout.count()) + " ms"}};
+        int err = 0;
+        socklen_t el = sizeof err;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+        if (err != 0)
+            return unexpected{transport_error{err == ECONNREFUSED ? transport_errc::refused : transport_errc::io, errno_text(err)}};
+    }
+    fcntl(fd, F_SETFL, flags);
+    return fd;
+}
+
+}  // namespace
+
+stream::stream(int fd) : fd_(fd) {}
+stream::stream(stream&& o) noexcept : fd_(o.fd_), lost_(o.lost_.load()), reported_(o.reported_.load()), peer_(std::move(o.peer_)) {
+    o.fd_ = -1;
+}
+stream& stream::operator=(stream&& o) noexcept {
+    if (this != &o) {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = o.fd_;
+        o.fd_ = -1;
+        lost_ = o.lost_.load();
+        reported_ = o.reported_.load();
+        peer_ = std::move(o.peer_);
+    }
+    return *this;
+}
+stream::~stream() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+transport_result<stream> stream::connect(const endpoint& ep, std::chrono::milliseconds timeout) {
+    if (ep.type == endpoint::kind::unix_socket) {
+        int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
+        sockaddr_un sa{};
+        sa.sun_family = AF_UNIX;
+        std::memcpy(sa.sun_path, ep.path.data(), std::min(ep.path.size(), sizeof sa.sun_path - 1));
+        auto r = connect_fd(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa, timeout);
+        if (!r) {
+            ::close(fd);
+            auto e = r.error();
+            e.message = ep.to_string() + ": " + e.message;
+            return unexpected{e};
+        }
+        tune_socket(fd, false);
+        stream s(fd);
+        s.peer_ = ep.to_string();
+        return s;
+    }
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_family = AF_UNSPEC;
+    addrinfo* list = nullptr;
+    std::string port = std::to_string(ep.port);
+    if (int rc = ::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &list); rc != 0)
+        return unexpected{transport_error{transport_errc::bad_address, ep.host + ": " + gai_strerror(rc)}};
+    transport_error last{transport_errc::refused, "no address"};
+    for (addrinfo* ai = list; ai; ai = ai->ai_next) {
+        int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) continue;
+        auto r = connect_fd(fd, ai->ai_addr, ai->ai_addrlen, timeout);
+        if (r) {
+            ::freeaddrinfo(list);
+            tune_socket(fd, true);
+            stream s(fd);
+            s.peer_ = ep.to_string();
+            return s;
+        }
+        last = r.error();
+        ::close(fd);
+    }
+    ::freeaddrinfo(list);
+    last.message = ep.to_string() + ": " + last.message;
+    return unexpected{last};
+}
+
+transport_error stream::lost(std::string why) {
+    lost_ = true;
+    if (!reported_.exchange(true)) {
+        VCUDA_LOG_DEBUG("connection to {} lost: {}", peer_, why);
+        return transport_error{transport_errc::peer_lost, std::move(why)};
+    }
+    return transport_error{transport_errc::closed, "connection already lost"};
+}
+
+transport_result<void> stream::wait(short events, deadline until) {
+    pollfd p{fd_, events, 0};
+    for (;;) {
+        int n = ::poll(&p, 1, poll_timeout_ms(until));
+        if (n > 0) return {};
+        if (n == 0) return unexpected{transport_error{transport_errc::timeout, "deadline passed"}};
+        if (errno != EINTR) return unexpected{lost(errno_text(errno))};
+    }
+}
+
+transport_result<void> stream::write_all(std::span<iovec> bufs, deadline until) {
+    if (fd_ < 0 || lost_) return unexpected{transport_error{transport_errc::closed, "connection closed"}};
+    size_t i = 0;
+    while (i < bufs.size()) {
+        if (bufs[i].iov_len == 0) {
+            ++i;
+            continue;
+        }
+        msghdr m{};
+        m.msg_iov = &bufs[i];
+        m.msg_iovlen = std::min<size_t>(bufs.size() - i, IOV_MAX);
+        ssize_t n = ::sendmsg(fd_, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if (auto w = wait(POLLOUT, until); !w) return w;
+                continue;
+            }
+            return unexpected{lost(errno_text(errno))};
+        }
+        size_t left = static_cast<size_t>(n);
+        while (i < bufs.size() && left >= bufs[i].iov_len) {
+            left -= bufs[i].iov_len;
+            ++i;
+        }
+        if (left > 0) {
+            bufs[i].iov_base = static_cast<char*>(bufs[i].iov_base) + left;
+            bufs[i].iov_len -= left;
+        }
+    }
+    return {};
+}
+
+transport_result<void> stream::read_exact(void* buf, size_t n, deadline until) {
+    if (fd_ < 0 || lost_) return unexpected{transport_error{transport_errc::closed, "connection closed"}};
+    auto* p = static_cast<char*>(buf);
+    while (n > 0) {
+        ssize_t r = ::recv(fd_, p, n, MSG_DONTWAIT);
+        if (r > 0) {
+            p += r;
+            n -= static_cast<size_t>(r);
+            continue;
+        }
+        if (r == 0) return unexpected{lost("peer closed the connection")};
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (auto w = wait(POLLIN, until); !w) return w;
+            continue;
+        }
+        return unexpected{lost(errno_text(errno))};
+    }
+    return {};
+}
+
+void stream::shutdown() {
+    if (fd_ >= 0 && !lost_.exchange(true)) {
+        reported_ = true;
+        ::shutdown(fd_, SHUT_RDWR);
+    }
+}
+
+// ---------------------------------------------------------------- listener
+
+listener::listener(listener&& o) noexcept : fd_(o.fd_), local_(std::move(o.local_)) {
+    wake_[0] = o.wake_[0];
+    wake_[1] = o.wake_[1];
+    o.fd_ = o.wake_[0] = o.wake_[1] = -1;
+}
+listener& listener::operator=(listener&& o) noexcept {
+    if (this != &o) {
+        this->~listener();
+        new (this) listener(std::move(o));
+    }
+    return *this;
+}
+listener::~listener() {
+    if (fd_ >= 0) {
+        ::close(fd_);
+        if (local_.type == endpoint::kind::unix_socket) ::unlink(local_.path.c_str());
+    }
+    for (int& w : wake_)
+        if (w >= 0) ::close(w);
+}
+
+transport_result<listener> listener::listen(const endpoint& ep, int backlog) {
+    listener l;
+    l.local_ = ep;
+    if (::pipe2(l.wake_, O_CLOEXEC | O_NONBLOCK) != 0)
+        return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
+    if (ep.type == endpoint::kind::unix_socket) {
+        l.fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_un sa{};
+        sa.sun_family = AF_UNIX;
+        std::memcpy(sa.sun_path, ep.path.data(), std::min(ep.path.size(), sizeof sa.sun_path - 1));
+        // A stale socket file from a crashed server would block the bind; replace it only if nobody answers there.
+        if (auto probe = stream::connect(ep, std::chrono::milliseconds(200)); probe)
+            return unexpected{transport_error{transport_errc::io, ep.to_string() + " is already served by another process"}};
+        ::unlink(ep.path.c_str());
+        if (::bind(l.fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(l.fd_, backlog) != 0)
+            return unexpected{transport_error{transport_errc::io, ep.to_string() + ": " + errno_text(errno)}};
+        return l;
+    }
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* list = nullptr;
+    std::string port = std::to_string(ep.port);
+    if (int rc = ::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &list); rc != 0)
+        return unexpected{transport_error{transport_errc::bad_address, ep.host + ": " + gai_strerror(rc)}};
+    int fd = ::socket(list->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, list->ai_addr, list->ai_addrlen) != 0 || ::listen(fd, backlog) != 0) {
+        int e = errno;
+        ::freeaddrinfo(list);
+        ::close(fd);
+        return unexpected{transport_error{transport_errc::io, ep.to_string() + ": " + errno_text(e)}};
+    }
+    ::freeaddrinfo(list);
+    sockaddr_storage bound{};
+    socklen_t bl = sizeof bound;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bl);
+    if (bound.ss_family == AF_INET) l.local_.port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    if (bound.ss_family == AF_INET6) l.local_.port = ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+    l.fd_ = fd;
+    return l;
+}
+
+transport_result<stream> listener::accept(deadline until) {
+    for (;;) {
+        if (fd_ < 0) return unexpected{transport_error{transport_errc::closed, "listener closed"}};
+        pollfd p[2] = {{fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+        int n = ::poll(p, 2, poll_timeout_ms(until));
+        if (n == 0) return unexpected{transport_error{transport_errc::timeout, "no connection"}};
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
+        }
+        if (p[1].revents) return unexpected{transport_error{transport_errc::closed, "listener closed"}};
+        sockaddr_storage sa{};
+        socklen_t sl = sizeof sa;
+        int c = ::accept4(fd_, reinterpret_cast<sockaddr*>(&sa), &sl, SOCK_CLOEXEC);
+        if (c < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
+            return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
+        }
+        bool tcp = sa.ss_family == AF_INET || sa.ss_family == AF_INET6;
+        tune_socket(c, tcp);
+        stream s(c);
+        char host[INET6_ADDRSTRLEN] = "?";
+        if (sa.ss_family == AF_INET) {
+            inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&sa)->sin_addr, host, sizeof host);
+            s.set_peer_description(std::string(host) + ":" + std::to_string(ntohs(reinterpret_cast<sockaddr_in*>(&sa)->sin_port)));
+        } else if (sa.ss_family == AF_INET6) {
+            inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&sa)->sin6_addr, host, sizeof host);
+            s.set_peer_description(std::string("[") + host + "]:" + std::to_string(ntohs(reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port)));
+        } else {
+            s.set_peer_description(local_.to_string() + " (local peer)");
+        }
+        return s;
+    }
+}
+
+void listener::close() {
+    if (wake_[1] >= 0) {
+        char b = 1;
+        [[maybe_unused]] auto n = ::write(wake_[1], &b, 1);
+    }
+}
+
+// ---------------------------------------------------------------- frame_stream
+
+transport_result<void> frame_stream::send(std::span<const outgoing_frame> frames, deadline until) {
+    std::vector<std::byte> headers(frames.size() * frame_header_size);
+    std::vector<iovec> iov;
+    iov.reserve(frames.size() * 3);
+    for (size_t i = 0; i < frames.size(); ++i) {
+        frame_header h = frames[i].header;
+        h.meta_len = static_cast<uint32_t>(frames[i].meta.size());
+        h.payload_len = frames[i].payload.size();
+        encode_header(h, &headers[i * frame_header_size]);
+        iov.push_back({&headers[i * frame_header_size], frame_header_size});
+        if (!frames[i].meta.empty()) iov.push_back({const_cast<std::byte*>(frames[i].meta.data()), frames[i].meta.size()});
+        if (!frames[i].payload.empty())
+            iov.push_back({const_cast<std::byte*>(frames[i].payload.data()), frames[i].payload.size()});
+    }
+    std::lock_guard lock(write_mutex_);
+    return s_.write_all(iov, until);
+}
+
+transport_result<frame> frame_stream::receive(deadline first_byte, std::chrono::milliseconds rest, const payload_sink& sink) {
+    std::byte raw[frame_header_size];
+    if (auto r = s_.read_exact(raw, 1, first_byte); !r) return unexpected{r.error()};
+    deadline until = after(rest);
+    if (auto r = s_.read_exact(raw + 1, frame_header_size - 1, until); !r) return unexpected{r.error()};
+    auto h = check_header(raw, limits_);
+    if (!h) return unexpected{transport_error{transport_errc::protocol, h.error().message}};
+    frame f;
+    f.header = *h;
+    f.meta.resize(h->meta_len);
+    if (h->meta_len)
+        if (auto r = s_.read_exact(f.meta.data(), h->meta_len, until); !r) return unexpected{r.error()};
+    if (auto v = verify_metadata(f.kind(), f.meta, limits_); !v)
+        return unexpected{transport_error{transport_errc::protocol, v.error().message}};
+    if (h->payload_len) {
+        std::byte* dst = sink ? sink(f.header, f.meta) : nullptr;
+        if (!dst) {
+            f.payload.resize(h->payload_len);
+            dst = f.payload.data();
+        }
+        // Bulk payloads may be large: allow the per-frame time to scale (1 s per 64 MiB beyond the base).
+        deadline payload_until = until ? deadline(*until + std::chrono::milliseconds((h->payload_len >> 26) * 1000)) : until;
+        if (auto r = s_.read_exact(dst, h->payload_len, payload_until); !r) return unexpected{r.error()};
+    }
+    return f;
+}
+
+}  // namespace vcuda

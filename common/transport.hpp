@@ -1,0 +1,158 @@
+// Byte streams between vcuda processes: TCP between hosts, Unix domain sockets on one host.
+// A `stream` is a connected socket with deadline-bounded reads and scatter-gather writes; a `frame_stream`
+// moves whole frames over it (common/frame.hpp). A lost peer is reported once, as transport_errc::peer_lost;
+// after that every call answers transport_errc::closed without touching the socket.
+// runs on: one reader thread and one writer thread at a time (reads and writes may overlap).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/frame.hpp"
+#include "common/result.hpp"
+
+namespace vcuda {
+
+enum class transport_errc {
+    peer_lost,      // the other side closed or reset the connection, or vanished mid-frame
+    closed,         // this stream was already closed or lost earlier
+    timeout,        // a deadline passed
+    refused,        // nothing listens at the address
+    bad_address,    // the address could not be parsed or resolved
+    io,             // any other system error
+    protocol,       // the peer sent a frame that failed checks (see message)
+};
+std::string_view to_string(transport_errc e);
+
+struct transport_error {
+    transport_errc code = transport_errc::io;
+    std::string message;
+};
+
+template <class T>
+using transport_result = result<T, transport_error>;
+
+using clock = std::chrono::steady_clock;
+// A point in time after which a wait gives up; `never` waits for ever (still ends when the peer goes).
+using deadline = std::optional<clock::time_point>;
+inline constexpr deadline never = std::nullopt;
+inline deadline after(std::chrono::milliseconds d) { return clock::now() + d; }
+
+// "host:port", "tcp://host:port", "unix:/path" or "unix:///path".
+struct endpoint {
+    enum class kind { tcp, unix_socket } type = kind::tcp;
+    std::string host;
+    uint16_t port = 0;
+    std::string path;
+
+    static result<endpoint, std::string> parse(std::string_view text);
+    std::string to_string() const;
+};
+
+class stream {
+public:
+    stream() = default;
+    explicit stream(int fd);
+    stream(stream&& o) noexcept;
+    stream& operator=(stream&& o) noexcept;
+    stream(const stream&) = delete;
+    stream& operator=(const stream&) = delete;
+    ~stream();
+
+    static transport_result<stream> connect(const endpoint& ep, std::chrono::milliseconds timeout);
+
+    // Writes every byte of every buffer (one writev per pass; partial writes continue).
+    transport_result<void> write_all(std::span<iovec> bufs, deadline until = never);
+    // Reads exactly n bytes; a peer that closes before n bytes is peer_lost.
+    transport_result<void> read_exact(void* buf, size_t n, deadline until = never);
+
+    // Ends the connection: pending and later reads and writes fail with `closed`.
+    void shutdown();
+    bool is_open() const { return fd_ >= 0 && !lost_.load(); }
+    int native_handle() const { return fd_; }
+    std::string peer_description() const { return peer_; }
+    void set_peer_description(std::string p) { peer_ = std::move(p); }
+
+private:
+    transport_error lost(std::string why);
+    transport_result<void> wait(short events, deadline until);
+
+    int fd_ = -1;
+    std::atomic<bool> lost_{false};
+    std::atomic<bool> reported_{false};
+    std::string peer_;
+};
+
+class listener {
+public:
+    listener() = default;
+    listener(listener&&) noexcept;
+    listener& operator=(listener&&) noexcept;
+    ~listener();
+
+    static transport_result<listener> listen(const endpoint& ep, int backlog = 256);
+    // Waits for a connection; returns `closed` once close() was called.
+    transport_result<stream> accept(deadline until = never);
+    void close();
+    // The bound address; for "host:0" it carries the port the system chose.
+    const endpoint& local() const { return local_; }
+
+private:
+    int fd_ = -1;
+    int wake_[2] = {-1, -1};  // close() writes here to end a blocked accept()
+    endpoint local_;
+};
+
+// One received frame. The metadata is verified; the payload is in `payload` unless the receiver asked for it
+// to be delivered elsewhere (receive()'s payload_sink).
+struct frame {
+    frame_header header;
+    std::vector<std::byte> meta;
+    std::vector<std::byte> payload;
+    frame_kind kind() const { return static_cast<frame_kind>(header.kind); }
+};
+
+// One frame to send: the metadata and payload spans must stay valid until send() returns.
+struct outgoing_frame {
+    frame_header header;
+    std::span<const std::byte> meta;
+    std::span<const std::byte> payload;
+};
+
+// Where a frame's payload goes: returns a buffer of `len` bytes to read it into, or nullptr to use frame::payload.
+using payload_sink = std::function<std::byte*(const frame_header& h, const std::vector<std::byte>& meta)>;
+
+class frame_stream {
+public:
+    explicit frame_stream(stream s, frame_limits limits = {}) : s_(std::move(s)), limits_(limits) {}
+
+    // Sends the frames in order in one scatter-gather write (split only where the system's iovec limit forces it).
+    transport_result<void> send(std::span<const outgoing_frame> frames, deadline until = never);
+    transport_result<void> send(const outgoing_frame& f, deadline until = never) { return send({&f, 1}, until); }
+
+    // Receives one frame: waits up to `first_byte` for it to start, then up to `rest` for the remainder.
+    transport_result<frame> receive(deadline first_byte = never, std::chrono::milliseconds rest = std::chrono::seconds(30),
+                                    const payload_sink& sink = {});
+
+    stream& raw() { return s_; }
+    const frame_limits& limits() const { return limits_; }
+    void shutdown() { s_.shutdown(); }
+
+private:
+    stream s_;
+    frame_limits limits_;
+    std::mutex write_mutex_;  // whole frames from different threads never interleave
+};
+
+}  // namespace vcuda

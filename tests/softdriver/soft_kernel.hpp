@@ -1,0 +1,65 @@
+// The software test driver's kernel registry: host implementations of the test programs' kernels, found by
+// the kernel's (mangled) name when a program loads its image and launches. A test stand-in only: it never
+// ships as a feature. Each registration also gives the parameter sizes, from which the driver answers
+// cuFuncGetParamInfo / cuKernelGetParamInfo exactly as the real driver would for that kernel.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string_view>
+#include <vector>
+
+namespace vcuda::soft {
+
+struct dim {
+    unsigned x = 1, y = 1, z = 1;
+};
+
+// What a host kernel sees of its launch. The kernel loops over grid and block itself.
+struct launch {
+    dim grid, block;
+    unsigned shared_bytes = 0;
+    void* const* params = nullptr;  // params[i] points at parameter i, as in cuLaunchKernel's kernelParams
+
+    template <class T>
+    T param(size_t i) const { return *static_cast<const T*>(params[i]); }
+    size_t threads() const { return size_t{grid.x} * grid.y * grid.z * block.x * block.y * block.z; }
+};
+
+using kernel_fn = void (*)(const launch&);
+
+struct kernel_entry {
+    std::string_view name;                 // the symbol name in the image (mangled for C++ kernels)
+    std::vector<size_t> param_sizes;       // in bytes, in order; offsets follow the C ABI alignment rules
+    kernel_fn fn;
+};
+
+// A __device__ variable of a test program (found by cuModuleGetGlobal / cuLibraryGetGlobal).
+struct global_entry {
+    std::string_view name;
+    size_t size;
+};
+
+void register_kernel(kernel_entry e);
+void register_global(global_entry e);
+const kernel_entry* find_kernel(std::string_view name);
+const global_entry* find_global(std::string_view name);
+
+struct registrar {
+    registrar(std::string_view name, std::initializer_list<size_t> sizes, kernel_fn fn) {
+        register_kernel({name, std::vector<size_t>(sizes), fn});
+    }
+    registrar(std::string_view name, size_t global_size) { register_global({name, global_size}); }
+};
+
+}  // namespace vcuda::soft
+
+#define VCUDA_SOFT_CAT2(a, b) a##b
+#define VCUDA_SOFT_CAT(a, b) VCUDA_SOFT_CAT2(a, b)
+// VCUDA_SOFT_KERNEL("vec_add", {8, 8, 8, 4}, [](const vcuda::soft::launch& l) { ... });
+#define VCUDA_SOFT_KERNEL(name, sizes, fn) \
+    static ::vcuda::soft::registrar VCUDA_SOFT_CAT(vcuda_soft_kernel_, __COUNTER__)(name, std::initializer_list<size_t> sizes, fn)
+// VCUDA_SOFT_GLOBAL("table", 256);
+#define VCUDA_SOFT_GLOBAL(name, size) \
+    static ::vcuda::soft::registrar VCUDA_SOFT_CAT(vcuda_soft_global_, __COUNTER__)(name, size_t{size})
