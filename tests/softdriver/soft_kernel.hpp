@@ -55,11 +55,7 @@ struct registrar {
 
 }  // namespace vcuda::soft
 
-#define VCUDA_SOFT_CAT2(a, b) a##b
-#define VCUDA_SOFT_CAT(a, b) VCUDA_SOFT_CAT2(a, b)
-// VCUDA_SOFT_KERNEL("vec_add", {8, 8, 8, 4}, [](const vcuda::soft::launch& l) { ... });
-#define VCUDA_SOFT_KERNEL(name, sizes, fn) \
-    static ::vcuda::soft::registrar VCUDA_SOFT_CAT(vcuda_soft_kernel_, __COUNTER__)(name, std::initializer_list<size_t> sizes, fn)
-// VCUDA_SOFT_GLOBAL("table", 256);
-#define VCUDA_SOFT_GLOBAL(name, size) \
-    static ::vcuda::soft::registrar VCUDA_SOFT_CAT(vcuda_soft_global_, __COUNTER__)(name, size_t{size})
+// Registration is a static object beside the host kernel:
+//   static void vec_add(const vcuda::soft::launch& l) { ... }
+//   static vcuda::soft::registrar vec_add_reg("vec_add", {8, 8, 8, 4}, vec_add);
+//   static vcuda::soft::registrar table_reg("table", size_t{256});   // a __device__ variable
