@@ -75,7 +75,10 @@ result<frame_header, wire_error> check_header(std::span<const std::byte> bytes, 
 result<void, wire_error> verify_metadata(frame_kind kind, std::span<const std::byte> meta,
                                          const frame_limits& limits) {
     auto* data = reinterpret_cast<const uint8_t*>(meta.data());
-    if (kind == frame_kind::goodbye) return {};  // carries no metadata; the header's size limits still applied
+    if (kind == frame_kind::goodbye) {  // carries no table: anything in its metadata is a malformed frame
+        if (!meta.empty()) return unexpected{make_error(wire_errc::verify_failed, "goodbye carries no metadata")};
+        return {};
+    }
     if (meta.size() < sizeof(flatbuffers::uoffset_t))
         return unexpected{make_error(wire_errc::verify_failed, "metadata shorter than a table offset")};
     flatbuffers::Verifier v(data, meta.size(), limits.max_depth, limits.max_tables);

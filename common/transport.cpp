@@ -86,9 +86,10 @@ void tune_socket(int fd, bool tcp) {
 
 int poll_timeout_ms(deadline until) {
     if (!until) return -1;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*until - clock::now()).count();
-    if (left <= 0) return 0;
-    return static_cast<int>(std::min<long long>(left + 1, INT_MAX));
+    auto left = *until - clock::now();
+    if (left <= clock::duration::zero()) return 0;
+    // Rounded up: a wait never gives up before its deadline (truncating made the last millisecond a poll(0)).
+    return static_cast<int>(std::min<long long>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), INT_MAX));
 }
 
 std::string errno_text(int e) { return std::strerror(e); }
@@ -294,13 +295,16 @@ transport_result<listener> listener::listen(const endpoint& ep, int backlog) {
     if (::pipe2(l.wake_, O_CLOEXEC | O_NONBLOCK) != 0)
         return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
     if (ep.type == endpoint::kind::unix_socket) {
+        // A stale socket file from a crashed server would block the bind; replace it only if nobody answers there.
+        // Probe before `l` owns a socket: a listener that owns one unlinks its path when it goes, and here that
+        // path would be the live server's.
+        if (auto probe = stream::connect(ep, std::chrono::milliseconds(200)); probe)
+            return unexpected{transport_error{transport_errc::io, ep.to_string() + " is already served by another process"}};
         l.fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (l.fd_ < 0) return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
         sockaddr_un sa{};
         sa.sun_family = AF_UNIX;
         std::memcpy(sa.sun_path, ep.path.data(), std::min(ep.path.size(), sizeof sa.sun_path - 1));
-        // A stale socket file from a crashed server would block the bind; replace it only if nobody answers there.
-        if (auto probe = stream::connect(ep, std::chrono::milliseconds(200)); probe)
-            return unexpected{transport_error{transport_errc::io, ep.to_string() + " is already served by another process"}};
         ::unlink(ep.path.c_str());
         if (::bind(l.fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(l.fd_, backlog) != 0)
             return unexpected{transport_error{transport_errc::io, ep.to_string() + ": " + errno_text(errno)}};
@@ -390,7 +394,7 @@ transport_result<void> frame_stream::send(std::span<const outgoing_frame> frames
         if (!frames[i].payload.empty())
             iov.push_back({const_cast<std::byte*>(frames[i].payload.data()), frames[i].payload.size()});
     }
-    std::lock_guard lock(write_mutex_);
+    std::lock_guard lock(*write_mutex_);
     return s_.write_all(iov, until);
 }
 

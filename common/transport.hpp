@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -152,7 +153,7 @@ public:
 private:
     stream s_;
     frame_limits limits_;
-    std::mutex write_mutex_;  // whole frames from different threads never interleave
+    std::unique_ptr<std::mutex> write_mutex_ = std::make_unique<std::mutex>();  // whole frames never interleave
 };
 
 }  // namespace vcuda

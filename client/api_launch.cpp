@@ -1,0 +1,111 @@
+// Launches: validated here like the real driver validates at call time, parameters packed into one buffer
+// using the layout the server reported, and queued. Execution errors surface at the next synchronizing call.
+#include <cstring>
+#include <vector>
+
+#include "client/plain_call.hpp"
+#include "client/state.hpp"
+
+#define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
+
+using namespace vcuda;
+using namespace vcuda::client;
+
+namespace {
+
+enum class param_form : uint64_t { kernel_params = 0, extra_buffer = 1 };
+
+// Shared memory above the static 48 KiB needs the function's opt-in attribute; the server decides, so such
+// launches wait for its answer instead of being queued.
+constexpr unsigned static_shared_limit = 48u << 10;
+
+CUresult check_shape(int device, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz) {
+    auto& st = state::get();
+    auto a = [&](CUdevice_attribute x) { return static_cast<unsigned>(st.attribute(device, x)); };
+    if (!gx || !gy || !gz || !bx || !by || !bz) return CUDA_ERROR_INVALID_VALUE;
+    if (bx > a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X) || by > a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y) ||
+        bz > a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (uint64_t{bx} * by * bz > a(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)) return CUDA_ERROR_INVALID_VALUE;
+    if (gx > a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X) || gy > a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y) ||
+        gz > a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z))
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+// Packs kernelParams (or takes the `extra` buffer as given) into `buf`.
+CUresult pack_params(const handle_info& f, void** kernel_params, void** extra, std::vector<std::byte>& buf, param_form& form) {
+    if (kernel_params) {
+        if (!f.layout) return CUDA_ERROR_INVALID_HANDLE;
+        buf.assign(f.layout->total(), std::byte{0});
+        for (size_t i = 0; i < f.layout->params.size(); ++i) {
+            auto [off, size] = f.layout->params[i];
+            if (!kernel_params[i]) return CUDA_ERROR_INVALID_VALUE;
+            std::memcpy(buf.data() + off, kernel_params[i], size);
+        }
+        form = param_form::kernel_params;
+        return CUDA_SUCCESS;
+    }
+    if (extra) {
+        const void* ptr = nullptr;
+        size_t size = 0;
+        for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) ptr = extra[i + 1];
+            else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<size_t*>(extra[i + 1]);
+            else return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (size && !ptr) return CUDA_ERROR_INVALID_VALUE;
+        buf.assign(static_cast<const std::byte*>(ptr), static_cast<const std::byte*>(ptr) + size);
+        form = param_form::extra_buffer;
+        return CUDA_SUCCESS;
+    }
+    if (f.layout && !f.layout->params.empty()) return CUDA_ERROR_INVALID_VALUE;
+    buf.clear();
+    form = param_form::kernel_params;
+    return CUDA_SUCCESS;
+}
+
+CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                CUstream stream, void** kernel_params, void** extra, std::span<const std::byte> attrs, size_t n_attrs) {
+    VCUDA_REQUIRE_INIT();
+    handle_info info;
+    uint64_t fid = reinterpret_cast<uint64_t>(f);
+    if (!state::get().lookup(fid, info) || (info.kind != handle_kind::function && info.kind != handle_kind::kernel))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!valid_handle(reinterpret_cast<uint64_t>(stream), handle_kind::stream)) return CUDA_ERROR_INVALID_HANDLE;
+    int device = current_device();
+    if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult rc = check_shape(device, gx, gy, gz, bx, by, bz); rc != CUDA_SUCCESS) return rc;
+    std::vector<std::byte> params;
+    param_form form;
+    if (CUresult rc = pack_params(info, kernel_params, extra, params, form); rc != CUDA_SUCCESS) return rc;
+
+    lane* l = state::get().remote().this_thread_lane();
+    if (!l) return static_cast<CUresult>(connection_lost_result);
+    uint64_t args[] = {fid, gx, gy, gz, bx, by, bz, shared, reinterpret_cast<uint64_t>(stream), static_cast<uint64_t>(form), n_attrs};
+    std::span<const std::byte> blobs[] = {params, attrs};
+    call_request rq;
+    rq.operation = op::launch;
+    rq.device = state::get().device(device).server_index;
+    rq.args = args;
+    rq.blobs = blobs;
+    if (shared > static_shared_limit) {
+        call_reply rp;
+        return static_cast<CUresult>(l->call(rq, rp));
+    }
+    return static_cast<CUresult>(l->post(rq));
+}
+
+}  // namespace
+
+VCUDA_API cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
+                         unsigned int bz, unsigned int shared, CUstream stream, void** kernelParams, void** extra) noexcept {
+    return launch(f, gx, gy, gz, bx, by, bz, shared, stream, kernelParams, extra, {}, 0);
+}
+
+VCUDA_API cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra) noexcept {
+    if (!config || (config->numAttrs && !config->attrs)) return CUDA_ERROR_INVALID_VALUE;
+    std::span<const std::byte> attrs(reinterpret_cast<const std::byte*>(config->attrs), config->numAttrs * sizeof(CUlaunchAttribute));
+    return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
+                  config->blockDimZ, config->sharedMemBytes, config->hStream, kernelParams, extra, attrs, config->numAttrs);
+}

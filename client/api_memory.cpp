@@ -1,0 +1,462 @@
+// Device memory (server allocations at the server's real addresses), host memory (the client's own),
+// pointer queries (answered from the mirror), copies and sets.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "client/plain_call.hpp"
+#include "client/remote_call.hpp"
+#include "client/state.hpp"
+#include "common/log.hpp"
+
+#define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
+
+using namespace vcuda;
+using namespace vcuda::client;
+
+namespace {
+
+// Host-to-device copies travel in chunks so the server can stage them through reused pinned buffers.
+constexpr size_t copy_chunk = 8u << 20;
+
+std::span<const std::byte> bytes(const void* p, size_t n) { return {static_cast<const std::byte*>(p), n}; }
+
+bool device_range(CUdeviceptr p, size_t n) {
+    device_allocation a;
+    return state::get().find_allocation(p, n, a);
+}
+
+uint64_t stream_arg(CUstream s) { return reinterpret_cast<uint64_t>(s); }
+
+CUresult check_stream(CUstream s) { return valid_handle(stream_arg(s), handle_kind::stream) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+
+// Host to device: every chunk but the last is queued; the last waits for the server when `m` is sync, so
+// the copy is enqueued on the GPU before the call returns, as with the real driver.
+CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
+    VCUDA_REQUIRE_INIT();
+    if (n == 0) return CUDA_SUCCESS;
+    if (!src) return CUDA_ERROR_INVALID_VALUE;
+    if (m == mode::post && !device_range(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t off = 0; off < n; off += copy_chunk) {
+        size_t len = std::min(copy_chunk, n - off);
+        bool last = off + len == n;
+        CUresult rc = remote(op::copy_htod, {dst + off, stream_arg(stream)}, last ? m : mode::post, nullptr,
+                             bytes(static_cast<const char*>(src) + off, len));
+        if (rc != CUDA_SUCCESS) return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
+// Device to host: the reply's payload is read straight into the caller's buffer. The asynchronous form
+// also waits, so the bytes are there whenever any later call synchronizes with the stream.
+CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream) {
+    VCUDA_REQUIRE_INIT();
+    if (n == 0) return CUDA_SUCCESS;
+    if (!dst) return CUDA_ERROR_INVALID_VALUE;
+    call_reply rp;
+    rp.payload_dst = static_cast<std::byte*>(dst);
+    rp.payload_cap = n;
+    CUresult rc = remote(op::copy_dtoh, {src, n, stream_arg(stream)}, mode::sync, &rp);
+    if (rc == CUDA_SUCCESS && !rp.payload.empty()) return CUDA_ERROR_UNKNOWN;  // size mismatch from the server
+    return rc;
+}
+
+CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, mode m) {
+    VCUDA_REQUIRE_INIT();
+    if (n == 0) return CUDA_SUCCESS;
+    if (m == mode::post && (!device_range(dst, n) || !device_range(src, n))) return CUDA_ERROR_INVALID_VALUE;
+    return remote(op::copy_dtod, {dst, src, n, stream_arg(stream)}, m);
+}
+
+CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, unsigned elem, size_t width, size_t height,
+                   CUstream stream, mode m) {
+    VCUDA_REQUIRE_INIT();
+    if (width == 0 || height == 0) return CUDA_SUCCESS;
+    if (height > 1 && pitch < width * elem) return CUDA_ERROR_INVALID_VALUE;
+    if (m == mode::post) {
+        if (check_stream(stream) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
+        size_t span = (height - 1) * pitch + width * elem;
+        if (!device_range(dst, span)) return CUDA_ERROR_INVALID_VALUE;
+    }
+    return remote(op::memset, {dst, value, elem, width, height, pitch, stream_arg(stream)}, m);
+}
+
+// Which side a unified-addressing pointer is on.
+bool is_device(uint64_t p) {
+    device_allocation a;
+    return state::get().find_allocation(p, 1, a);
+}
+
+CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, mode m) {
+    bool dd = is_device(dst), sd = is_device(src);
+    if (dd && sd) return copy_dtod(dst, src, n, stream, m);
+    if (dd) return copy_htod(dst, reinterpret_cast<const void*>(src), n, stream, m);
+    if (sd) return copy_dtoh(reinterpret_cast<void*>(dst), src, n, stream);
+    if (m == mode::sync) {  // host to host: the copy is ordered after prior work in the stream
+        if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS) return rc;
+    }
+    std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+    return CUDA_SUCCESS;
+}
+
+// 2D/3D copies: the host side travels packed (rows back to back); the server unpacks into the device
+// layout, or packs device rows for us to spread into the caller's pitch.
+CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream stream, mode m) {
+    VCUDA_REQUIRE_INIT();
+    auto side = [](CUmemorytype t, const void* host, CUdeviceptr dev) -> int {
+        if (t == CU_MEMORYTYPE_UNIFIED) return is_device(dev) ? 1 : 0;
+        if (t == CU_MEMORYTYPE_DEVICE) return 1;
+        if (t == CU_MEMORYTYPE_HOST) return 0;
+        return -1;  // arrays
+    };
+    int s = side(c.srcMemoryType, c.srcHost, c.srcDevice), d = side(c.dstMemoryType, c.dstHost, c.dstDevice);
+    if (s < 0 || d < 0) return static_cast<CUresult>(unsupported("cuMemcpy2D/3D with CUDA arrays"));
+    size_t w = c.WidthInBytes, h = c.Height ? c.Height : 1, depth = c.Depth ? c.Depth : 1;
+    if (w == 0) return CUDA_SUCCESS;
+    size_t spitch = c.srcPitch ? c.srcPitch : w, dpitch = c.dstPitch ? c.dstPitch : w;
+    size_t sheight = c.srcHeight ? c.srcHeight : h, dheight = c.dstHeight ? c.dstHeight : h;
+    if ((h > 1 && (spitch < w + c.srcXInBytes || dpitch < w + c.dstXInBytes))) return CUDA_ERROR_INVALID_VALUE;
+    const char* shost = static_cast<const char*>(c.srcMemoryType == CU_MEMORYTYPE_UNIFIED ? reinterpret_cast<void*>(c.srcDevice) : c.srcHost);
+    char* dhost = static_cast<char*>(c.dstMemoryType == CU_MEMORYTYPE_UNIFIED ? reinterpret_cast<void*>(c.dstDevice) : c.dstHost);
+    auto host_row = [&](const char* base, size_t pitch, size_t height, size_t x, size_t y, size_t z, size_t row, size_t slice) {
+        return base + ((z + slice) * height + (y + row)) * pitch + x;
+    };
+    if (s == 0 && d == 0) {
+        if (m == mode::sync)
+            if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS) return rc;
+        for (size_t z = 0; z < depth; ++z)
+            for (size_t y = 0; y < h; ++y)
+                std::memmove(const_cast<char*>(host_row(dhost, dpitch, dheight, c.dstXInBytes, c.dstY, c.dstZ, y, z)),
+                             host_row(shost, spitch, sheight, c.srcXInBytes, c.srcY, c.srcZ, y, z), w);
+        return CUDA_SUCCESS;
+    }
+    std::vector<std::byte> packed;
+    if (s == 0) {
+        packed.resize(w * h * depth);
+        for (size_t z = 0; z < depth; ++z)
+            for (size_t y = 0; y < h; ++y)
+                std::memcpy(&packed[(z * h + y) * w], host_row(shost, spitch, sheight, c.srcXInBytes, c.srcY, c.srcZ, y, z), w);
+    }
+    call_reply rp;
+    CUresult rc;
+    {
+        lane* l = state::get().remote().this_thread_lane();
+        if (!l) return static_cast<CUresult>(connection_lost_result);
+        uint64_t args[] = {static_cast<uint64_t>(s), c.srcDevice, c.srcXInBytes, c.srcY, c.srcZ, spitch, sheight,
+                           static_cast<uint64_t>(d), c.dstDevice, c.dstXInBytes, c.dstY, c.dstZ, dpitch, dheight,
+                           w, h, depth, stream_arg(stream)};
+        call_request rq;
+        rq.operation = op::copy_3d;
+        rq.device = current_server_device();
+        rq.args = args;
+        rq.payload = packed;
+        // Copies that return bytes always wait; device-side ones may be queued.
+        bool wait = d == 0 || m == mode::sync;
+        rc = static_cast<CUresult>(wait ? l->call(rq, rp) : l->post(rq));
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+    if (d == 0) {
+        if (rp.payload.size() != w * h * depth) return CUDA_ERROR_UNKNOWN;
+        for (size_t z = 0; z < depth; ++z)
+            for (size_t y = 0; y < h; ++y)
+                std::memcpy(const_cast<char*>(host_row(dhost, dpitch, dheight, c.dstXInBytes, c.dstY, c.dstZ, y, z)),
+                            &rp.payload[(z * h + y) * w], w);
+    }
+    return CUDA_SUCCESS;
+}
+
+CUDA_MEMCPY3D from_2d(const CUDA_MEMCPY2D& p) {
+    CUDA_MEMCPY3D c{};
+    c.srcXInBytes = p.srcXInBytes;
+    c.srcY = p.srcY;
+    c.srcMemoryType = p.srcMemoryType;
+    c.srcHost = p.srcHost;
+    c.srcDevice = p.srcDevice;
+    c.srcArray = p.srcArray;
+    c.srcPitch = p.srcPitch;
+    c.dstXInBytes = p.dstXInBytes;
+    c.dstY = p.dstY;
+    c.dstMemoryType = p.dstMemoryType;
+    c.dstHost = p.dstHost;
+    c.dstDevice = p.dstDevice;
+    c.dstArray = p.dstArray;
+    c.dstPitch = p.dstPitch;
+    c.WidthInBytes = p.WidthInBytes;
+    c.Height = p.Height;
+    c.Depth = 1;
+    return c;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- device memory
+
+VCUDA_API cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    int d = current_device();
+    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    call_reply rp;
+    CUresult rc = remote(op::mem_alloc, {bytesize}, mode::sync, &rp);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (rp.outs.size() != 1) return CUDA_ERROR_UNKNOWN;
+    *dptr = rp.outs[0];
+    state::get().add_allocation(*dptr, bytesize, d);
+    state::get().record(op::mem_alloc, {bytesize}, *dptr);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height, unsigned int elem) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!dptr || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    int d = current_device();
+    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    call_reply rp;
+    CUresult rc = remote(op::mem_alloc_pitch, {width, height, elem}, mode::sync, &rp);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (rp.outs.size() != 2) return CUDA_ERROR_UNKNOWN;
+    *dptr = rp.outs[0];
+    *pitch = rp.outs[1];
+    state::get().add_allocation(*dptr, *pitch * height, d);
+    state::get().record(op::mem_alloc_pitch, {width, height, elem}, *dptr);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemFree_v2(CUdeviceptr dptr) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (dptr == 0) return CUDA_SUCCESS;
+    CUresult rc = remote(op::mem_free, {dptr});
+    if (rc == CUDA_SUCCESS) {
+        device_allocation a;
+        state::get().remove_allocation(dptr, a);
+        state::get().record(op::mem_free, {dptr});
+    }
+    return rc;
+}
+
+VCUDA_API cuMemGetInfo_v2(size_t* free, size_t* total) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!free || !total) return CUDA_ERROR_INVALID_VALUE;
+    call_reply rp;
+    CUresult rc = remote(op::mem_get_info, {}, mode::sync, &rp);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (rp.outs.size() != 2) return CUDA_ERROR_UNKNOWN;
+    *free = rp.outs[0];
+    *total = rp.outs[1];
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr dptr) noexcept {
+    VCUDA_REQUIRE_INIT();
+    device_allocation a;
+    if (!state::get().find_allocation(dptr, 1, a)) return CUDA_ERROR_NOT_FOUND;
+    if (base) *base = a.base;
+    if (size) *size = a.size;
+    return CUDA_SUCCESS;
+}
+
+// ---------------------------------------------------------------- pointer attributes
+
+namespace {
+CUresult pointer_attribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
+    auto& st = state::get();
+    device_allocation a;
+    host_allocation h;
+    bool dev = st.find_allocation(ptr, 1, a);
+    bool host = !dev && st.find_host(ptr, h);
+    if (!dev && !host) return CUDA_ERROR_INVALID_VALUE;
+    int device = dev ? a.device : 0;
+    switch (attr) {
+        case CU_POINTER_ATTRIBUTE_CONTEXT:
+            *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(st.primary_context(device));
+            return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+            *static_cast<unsigned*>(data) = dev ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+            return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+            if (!dev) return CUDA_ERROR_INVALID_VALUE;  // host memory is not mapped into the remote GPU
+            *static_cast<CUdeviceptr*>(data) = ptr;
+            return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+            if (dev) return CUDA_ERROR_INVALID_VALUE;
+            *static_cast<void**>(data) = reinterpret_cast<void*>(ptr);
+            return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+            *static_cast<unsigned*>(data) = 0;
+            return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+            *static_cast<int*>(data) = device;
+            return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+            *static_cast<CUdeviceptr*>(data) = dev ? a.base : h.base;
+            return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+            *static_cast<size_t*>(data) = dev ? a.size : h.size;
+            return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_MAPPED:
+            *static_cast<unsigned*>(data) = 1;
+            return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+            *static_cast<unsigned long long*>(data) = dev ? a.base : h.base;
+            return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+        case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+        case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+        case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+        case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+            *static_cast<unsigned*>(data) = 0;
+            return CUDA_SUCCESS;
+        case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+            *static_cast<void**>(data) = nullptr;
+            return CUDA_SUCCESS;
+        default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+}  // namespace
+
+VCUDA_API cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!data) return CUDA_ERROR_INVALID_VALUE;
+    return pointer_attribute(data, attr, ptr);
+}
+
+VCUDA_API cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!attrs || !data) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; ++i) {
+        if (!data[i]) continue;
+        if (pointer_attribute(data[i], attrs[i], ptr) != CUDA_SUCCESS) {
+            // Unknown memory: the driver reports it as unregistered instead of failing the whole query.
+            if (attrs[i] == CU_POINTER_ATTRIBUTE_MEMORY_TYPE) *static_cast<unsigned*>(data[i]) = 0;
+            else if (attrs[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) *static_cast<int*>(data[i]) = -2;
+            else if (attrs[i] == CU_POINTER_ATTRIBUTE_CONTEXT || attrs[i] == CU_POINTER_ATTRIBUTE_HOST_POINTER ||
+                     attrs[i] == CU_POINTER_ATTRIBUTE_DEVICE_POINTER)
+                *static_cast<void**>(data[i]) = nullptr;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+// ---------------------------------------------------------------- host memory: the client's own pages
+
+VCUDA_API cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!pp || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (flags & ~(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED))
+        return CUDA_ERROR_INVALID_VALUE;
+    void* p = mmap(nullptr, bytesize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    mlock(p, bytesize);  // page-locked where the system allows it; not fatal when it does not
+    state::get().add_host(reinterpret_cast<uintptr_t>(p), bytesize, flags, false);
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemAllocHost_v2(void** pp, size_t bytesize) noexcept { return cuMemHostAlloc(pp, bytesize, 0); }
+
+VCUDA_API cuMemFreeHost(void* p) noexcept {
+    VCUDA_REQUIRE_INIT();
+    host_allocation h;
+    if (!p || !state::get().remove_host(reinterpret_cast<uintptr_t>(p), h) || h.registered) return CUDA_ERROR_INVALID_VALUE;
+    munmap(p, h.size);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!p || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    host_allocation h;
+    if (state::get().find_host(reinterpret_cast<uintptr_t>(p), h)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    state::get().add_host(reinterpret_cast<uintptr_t>(p), bytesize, flags, true);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemHostUnregister(void* p) noexcept {
+    VCUDA_REQUIRE_INIT();
+    host_allocation h;
+    if (!p || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h) || !h.registered || h.base != reinterpret_cast<uintptr_t>(p))
+        return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    state::get().remove_host(h.base, h);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemHostGetFlags(unsigned int* flags, void* p) noexcept {
+    VCUDA_REQUIRE_INIT();
+    host_allocation h;
+    if (!flags || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h)) return CUDA_ERROR_INVALID_VALUE;
+    *flags = h.flags;
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemHostGetDevicePointer_v2(CUdeviceptr*, void*, unsigned int) noexcept {
+    VCUDA_REQUIRE_INIT();
+    // The GPU is in another process or host: it cannot address this process's pages over this transport.
+    return static_cast<CUresult>(unsupported("cuMemHostGetDevicePointer (mapped host memory over a network transport)"));
+}
+
+// ---------------------------------------------------------------- copies
+
+VCUDA_API cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) noexcept { return copy_htod(dst, src, n, nullptr, mode::sync); }
+VCUDA_API cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) noexcept { return copy_dtoh(dst, src, n, nullptr); }
+VCUDA_API cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) noexcept { return copy_dtod(dst, src, n, nullptr, mode::sync); }
+VCUDA_API cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream s) noexcept {
+    if (check_stream(s) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
+    return copy_htod(dst, src, n, s, mode::post);
+}
+VCUDA_API cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream s) noexcept {
+    if (check_stream(s) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
+    return copy_dtoh(dst, src, n, s);
+}
+VCUDA_API cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) noexcept {
+    if (check_stream(s) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
+    return copy_dtod(dst, src, n, s, mode::post);
+}
+VCUDA_API cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) noexcept {
+    VCUDA_REQUIRE_INIT();
+    return copy_any(dst, src, n, nullptr, mode::sync);
+}
+VCUDA_API cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (check_stream(s) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
+    return copy_any(dst, src, n, s, mode::post);
+}
+VCUDA_API cuMemcpy2D_v2(const CUDA_MEMCPY2D* p) noexcept {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    return copy_3d(from_2d(*p), nullptr, mode::sync);
+}
+VCUDA_API cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* p) noexcept {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    return copy_3d(from_2d(*p), nullptr, mode::sync);
+}
+VCUDA_API cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* p, CUstream s) noexcept {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    if (check_stream(s) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
+    return copy_3d(from_2d(*p), s, mode::post);
+}
+VCUDA_API cuMemcpy3D_v2(const CUDA_MEMCPY3D* p) noexcept {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    return copy_3d(*p, nullptr, mode::sync);
+}
+VCUDA_API cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* p, CUstream s) noexcept {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    if (check_stream(s) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
+    return copy_3d(*p, s, mode::post);
+}
+
+// ---------------------------------------------------------------- sets
+
+VCUDA_API cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) noexcept { return memset_2d(d, n, v, 1, n, 1, nullptr, mode::sync); }
+VCUDA_API cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) noexcept { return memset_2d(d, n * 2, v, 2, n, 1, nullptr, mode::sync); }
+VCUDA_API cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) noexcept { return memset_2d(d, n * 4, v, 4, n, 1, nullptr, mode::sync); }
+VCUDA_API cuMemsetD2D8_v2(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h) noexcept { return memset_2d(d, pitch, v, 1, w, h, nullptr, mode::sync); }
+VCUDA_API cuMemsetD2D16_v2(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h) noexcept { return memset_2d(d, pitch, v, 2, w, h, nullptr, mode::sync); }
+VCUDA_API cuMemsetD2D32_v2(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h) noexcept { return memset_2d(d, pitch, v, 4, w, h, nullptr, mode::sync); }
+VCUDA_API cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) noexcept { return memset_2d(d, n, v, 1, n, 1, s, mode::post); }
+VCUDA_API cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) noexcept { return memset_2d(d, n * 2, v, 2, n, 1, s, mode::post); }
+VCUDA_API cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) noexcept { return memset_2d(d, n * 4, v, 4, n, 1, s, mode::post); }
+VCUDA_API cuMemsetD2D8Async(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h, CUstream s) noexcept { return memset_2d(d, pitch, v, 1, w, h, s, mode::post); }
+VCUDA_API cuMemsetD2D16Async(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h, CUstream s) noexcept { return memset_2d(d, pitch, v, 2, w, h, s, mode::post); }
+VCUDA_API cuMemsetD2D32Async(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h, CUstream s) noexcept { return memset_2d(d, pitch, v, 4, w, h, s, mode::post); }

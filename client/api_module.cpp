@@ -1,0 +1,300 @@
+// Modules, libraries, kernels and functions. Images go to the server once per content hash; parameter
+// layouts come back with each function or kernel and are kept in the mirror, so launches and parameter
+// queries need no further message.
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "client/images.hpp"
+#include "client/plain_call.hpp"
+#include "client/remote_call.hpp"
+#include "client/state.hpp"
+#include "common/log.hpp"
+
+#define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
+
+using namespace vcuda;
+using namespace vcuda::client;
+
+namespace {
+
+enum class target : uint64_t { module = 0, library = 1 };
+
+// Names handed to the application (cuKernelGetName) must outlive the call: interned for the process.
+const char* intern(const std::string& s) {
+    static std::mutex mu;
+    static auto* pool = new std::set<std::string>();
+    std::lock_guard lock(mu);
+    return pool->insert(s).first->c_str();
+}
+
+CUresult load(target t, const void* code, uint64_t& handle) {
+    VCUDA_REQUIRE_INIT();
+    if (!code) return CUDA_ERROR_INVALID_VALUE;
+    if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    image img;
+    if (!describe_image(code, img)) return CUDA_ERROR_INVALID_IMAGE;
+    auto& st = state::get();
+    bool send = !st.image_sent(img.hash);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        std::vector<uint64_t> args = {static_cast<uint64_t>(t), static_cast<uint64_t>(img.format), img.hash, img.parts.size()};
+        for (auto& p : img.parts) args.push_back(p.size());
+        std::vector<std::byte> payload;
+        if (send) {
+            payload.reserve(img.total());
+            for (auto& p : img.parts) payload.insert(payload.end(), p.begin(), p.end());
+        }
+        lane* l = st.remote().this_thread_lane();
+        if (!l) return static_cast<CUresult>(connection_lost_result);
+        call_request rq;
+        rq.operation = op::module_load;
+        rq.device = current_server_device();
+        rq.args = args;
+        rq.payload = payload;
+        call_reply rp;
+        auto rc = static_cast<CUresult>(l->call(rq, rp));
+        if (rc == CUDA_ERROR_NOT_FOUND && !send) {  // the server no longer has it: send the bytes this time
+            send = true;
+            continue;
+        }
+        if (rc != CUDA_SUCCESS) return rc;
+        if (rp.outs.size() != 1) return CUDA_ERROR_UNKNOWN;
+        handle = rp.outs[0];
+        st.mark_image_sent(img.hash);
+        handle_info info;
+        info.kind = t == target::module ? handle_kind::module : handle_kind::library;
+        info.ctx = current_context();
+        info.device = current_device();
+        st.adopt(handle, info);
+        st.record(op::module_load, args, handle);
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_UNKNOWN;
+}
+
+CUresult unload(uint64_t h, handle_kind k) {
+    VCUDA_REQUIRE_INIT();
+    if (!state::get().known(h, k)) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = remote(op::module_unload, {h});
+    if (rc == CUDA_SUCCESS) state::get().forget(h);
+    return rc;
+}
+
+// Adopts a function or kernel from a reply: outs = {handle, nparams, offset0, size0, ...}.
+CUresult adopt_entry(const call_reply& rp, handle_kind k, uint64_t owner, const std::string& name, uint64_t& out) {
+    if (rp.outs.size() < 2 || rp.outs.size() != 2 + 2 * rp.outs[1]) return CUDA_ERROR_UNKNOWN;
+    auto layout = std::make_shared<param_layout>();
+    for (size_t i = 0; i < rp.outs[1]; ++i)
+        layout->params.emplace_back(static_cast<uint32_t>(rp.outs[2 + 2 * i]), static_cast<uint32_t>(rp.outs[3 + 2 * i]));
+    handle_info info;
+    info.kind = k;
+    info.ctx = current_context();
+    info.device = current_device();
+    info.owner = owner;
+    info.name = name;
+    info.layout = std::move(layout);
+    out = rp.outs[0];
+    state::get().adopt(out, std::move(info));
+    return CUDA_SUCCESS;
+}
+
+std::span<const std::byte> name_blob(const char* name) { return {reinterpret_cast<const std::byte*>(name), std::strlen(name)}; }
+
+CUresult get_entry(op o, uint64_t owner, handle_kind owner_kind, handle_kind k, const char* name, uint64_t& out) {
+    VCUDA_REQUIRE_INIT();
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    if (!state::get().known(owner, owner_kind)) return CUDA_ERROR_INVALID_HANDLE;
+    call_reply rp;
+    CUresult rc = remote(o, {owner}, mode::sync, &rp, {}, {name_blob(name)});
+    if (rc != CUDA_SUCCESS) return rc;
+    return adopt_entry(rp, k, owner, name, out);
+}
+
+CUresult get_global(uint64_t owner, handle_kind owner_kind, CUdeviceptr* dptr, size_t* bytes, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    if (!state::get().known(owner, owner_kind)) return CUDA_ERROR_INVALID_HANDLE;
+    call_reply rp;
+    CUresult rc = remote(op::module_get_global, {owner}, mode::sync, &rp, {}, {name_blob(name)});
+    if (rc != CUDA_SUCCESS) return rc;
+    if (rp.outs.size() != 2) return CUDA_ERROR_UNKNOWN;
+    state::get().add_allocation(rp.outs[0], rp.outs[1], current_device(), true);
+    if (dptr) *dptr = rp.outs[0];
+    if (bytes) *bytes = rp.outs[1];
+    return CUDA_SUCCESS;
+}
+
+CUresult param_info(uint64_t h, handle_kind k, size_t index, size_t* offset, size_t* size) {
+    VCUDA_REQUIRE_INIT();
+    handle_info info;
+    if (!state::get().lookup(h, info) || info.kind != k) return CUDA_ERROR_INVALID_HANDLE;
+    if (!info.layout || index >= info.layout->params.size()) return CUDA_ERROR_INVALID_VALUE;
+    if (offset) *offset = info.layout->params[index].first;
+    if (size) *size = info.layout->params[index].second;
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+VCUDA_API cuModuleGetLoadingMode(CUmoduleLoadingMode* mode) noexcept {
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    const char* env = std::getenv("CUDA_MODULE_LOADING");
+    *mode = env && std::strcmp(env, "EAGER") == 0 ? CU_MODULE_EAGER_LOADING : CU_MODULE_LAZY_LOADING;
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuModuleLoadData(CUmodule* module, const void* image) noexcept {
+    if (!module) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t h = 0;
+    CUresult rc = load(target::module, image, h);
+    if (rc == CUDA_SUCCESS) *module = reinterpret_cast<CUmodule>(h);
+    return rc;
+}
+
+VCUDA_API cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int, CUjit_option*, void**) noexcept {
+    // JIT options (log buffers, optimization level) are not forwarded yet; the image loads with defaults.
+    return cuModuleLoadData(module, image);
+}
+
+VCUDA_API cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) noexcept { return cuModuleLoadData(module, fatCubin); }
+
+VCUDA_API cuModuleUnload(CUmodule hmod) noexcept { return unload(reinterpret_cast<uint64_t>(hmod), handle_kind::module); }
+
+VCUDA_API cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) noexcept {
+    if (!hfunc) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t h = 0;
+    CUresult rc = get_entry(op::module_get_function, reinterpret_cast<uint64_t>(hmod), handle_kind::module,
+                            handle_kind::function, name, h);
+    if (rc == CUDA_SUCCESS) *hfunc = reinterpret_cast<CUfunction>(h);
+    return rc;
+}
+
+VCUDA_API cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod, const char* name) noexcept {
+    return get_global(reinterpret_cast<uint64_t>(hmod), handle_kind::module, dptr, bytes, name);
+}
+
+VCUDA_API cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option*, void**, unsigned int, CUlibraryOption*,
+                            void**, unsigned int) noexcept {
+    if (!library) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t h = 0;
+    CUresult rc = load(target::library, code, h);
+    if (rc == CUDA_SUCCESS) *library = reinterpret_cast<CUlibrary>(h);
+    return rc;
+}
+
+VCUDA_API cuLibraryUnload(CUlibrary library) noexcept { return unload(reinterpret_cast<uint64_t>(library), handle_kind::library); }
+
+VCUDA_API cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* name) noexcept {
+    if (!kernel) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t h = 0;
+    CUresult rc = get_entry(op::library_get_kernel, reinterpret_cast<uint64_t>(library), handle_kind::library,
+                            handle_kind::kernel, name, h);
+    if (rc == CUDA_SUCCESS) *kernel = reinterpret_cast<CUkernel>(h);
+    return rc;
+}
+
+VCUDA_API cuLibraryGetModule(CUmodule* module, CUlibrary library) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!module) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t lib = reinterpret_cast<uint64_t>(library);
+    if (!state::get().known(lib, handle_kind::library)) return CUDA_ERROR_INVALID_HANDLE;
+    call_reply rp;
+    CUresult rc = remote(op::library_get_module, {lib}, mode::sync, &rp);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (rp.outs.size() != 1) return CUDA_ERROR_UNKNOWN;
+    handle_info info;
+    info.kind = handle_kind::module;
+    info.ctx = current_context();
+    info.device = current_device();
+    info.owner = lib;
+    state::get().adopt(rp.outs[0], info);
+    *module = reinterpret_cast<CUmodule>(rp.outs[0]);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name) noexcept {
+    return get_global(reinterpret_cast<uint64_t>(library), handle_kind::library, dptr, bytes, name);
+}
+
+VCUDA_API cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!pFunc) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t k = reinterpret_cast<uint64_t>(kernel);
+    handle_info kinfo;
+    if (!state::get().lookup(k, kinfo) || kinfo.kind != handle_kind::kernel) return CUDA_ERROR_INVALID_HANDLE;
+    call_reply rp;
+    CUresult rc = remote(op::kernel_get_function, {k}, mode::sync, &rp);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (rp.outs.size() != 1) return CUDA_ERROR_UNKNOWN;
+    handle_info info = kinfo;
+    info.kind = handle_kind::function;
+    info.owner = k;
+    state::get().adopt(rp.outs[0], info);
+    *pFunc = reinterpret_cast<CUfunction>(rp.outs[0]);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t* offset, size_t* size) noexcept {
+    return param_info(reinterpret_cast<uint64_t>(kernel), handle_kind::kernel, index, offset, size);
+}
+
+// As the real driver: a CUkernel cast to CUfunction is not a function here (CUDA_ERROR_INVALID_HANDLE).
+VCUDA_API cuFuncGetParamInfo(CUfunction func, size_t index, size_t* offset, size_t* size) noexcept {
+    return param_info(reinterpret_cast<uint64_t>(func), handle_kind::function, index, offset, size);
+}
+
+VCUDA_API cuKernelGetName(const char** name, CUkernel kernel) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    handle_info info;
+    if (!state::get().lookup(reinterpret_cast<uint64_t>(kernel), info) || info.kind != handle_kind::kernel)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *name = intern(info.name);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuFuncGetName(const char** name, CUfunction func) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    handle_info info;
+    if (!state::get().lookup(reinterpret_cast<uint64_t>(func), info) ||
+        (info.kind != handle_kind::function && info.kind != handle_kind::kernel))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *name = intern(info.name);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuKernelGetLibrary(CUlibrary* lib, CUkernel kernel) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!lib) return CUDA_ERROR_INVALID_VALUE;
+    handle_info info;
+    if (!state::get().lookup(reinterpret_cast<uint64_t>(kernel), info) || info.kind != handle_kind::kernel)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *lib = reinterpret_cast<CUlibrary>(info.owner);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuFuncGetModule(CUmodule* mod, CUfunction func) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!mod) return CUDA_ERROR_INVALID_VALUE;
+    handle_info info;
+    if (!state::get().lookup(reinterpret_cast<uint64_t>(func), info) || info.kind != handle_kind::function)
+        return CUDA_ERROR_INVALID_HANDLE;
+    handle_info owner;
+    if (!state::get().lookup(info.owner, owner) || owner.kind != handle_kind::module) return CUDA_ERROR_NOT_FOUND;
+    *mod = reinterpret_cast<CUmodule>(info.owner);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuFuncIsLoaded(CUfunctionLoadingState* st, CUfunction func) noexcept {
+    VCUDA_REQUIRE_INIT();
+    if (!st) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_handle(reinterpret_cast<uint64_t>(func), handle_kind::function)) return CUDA_ERROR_INVALID_HANDLE;
+    *st = CU_FUNCTION_LOADING_STATE_LOADED;  // the server loads eagerly
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuFuncLoad(CUfunction func) noexcept {
+    VCUDA_REQUIRE_INIT();
+    return valid_handle(reinterpret_cast<uint64_t>(func), handle_kind::function) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}

@@ -1,0 +1,104 @@
+// The client's link to a server: a session (opened at cuInit) and one lane per application thread.
+// Each lane is its own connection, served by its own thread in the server, so a thread blocked in a
+// synchronize never delays another thread's calls; order within a lane is the order of the calls.
+// runs on: any application thread; a lane is used only by the thread that owns it.
+#pragma once
+
+#include <flatbuffers/flatbuffers.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <array>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/transport.hpp"
+#include "ops.hpp"
+#include "vcuda_generated.h"
+
+namespace vcuda::client {
+
+// The CUresult every call returns once the server connection is lost (documented in the README).
+inline constexpr int connection_lost_result = 46;  // CUDA_ERROR_DEVICE_UNAVAILABLE
+
+struct call_request {
+    op operation{};
+    int device = -1;  // server-side device index of the caller's current context
+    std::span<const uint64_t> args;
+    std::span<const std::span<const std::byte>> blobs;
+    std::span<const std::byte> payload;  // bulk bytes after the metadata
+};
+
+struct call_reply {
+    int result = 0;
+    std::vector<uint64_t> outs;
+    std::vector<std::vector<std::byte>> blobs;
+    std::string detail;
+    // Where a reply payload goes: into payload_dst (exactly payload_cap bytes expected) or, if null, `payload`.
+    std::byte* payload_dst = nullptr;
+    size_t payload_cap = 0;
+    std::vector<std::byte> payload;
+};
+
+class session;
+
+class lane {
+public:
+    lane(session& s, frame_stream fs, uint32_t number) : session_(s), fs_(std::move(fs)), number_(number) {}
+
+    // Sends a call and waits for its reply. Returns the call's CUresult (or connection_lost_result).
+    int call(const call_request& rq, call_reply& rp);
+    // Sends a call without waiting; its error, if any, comes back with the next synchronous reply.
+    int post(const call_request& rq);
+    uint32_t number() const { return number_; }
+
+private:
+    outgoing_frame build(const call_request& rq, bool async);
+    int lost(const transport_error& e);
+
+    session& session_;
+    frame_stream fs_;
+    uint32_t number_;
+    uint64_t sequence_ = 0;
+    flatbuffers::FlatBufferBuilder fbb_{1024};
+    std::vector<flatbuffers::Offset<wire::Blob>> blob_offsets_;
+};
+
+struct server_device {
+    std::string name;
+    std::array<unsigned char, 16> uuid{};
+    uint64_t total_memory = 0;  // the vGPU's size: the quota when one is set
+    std::vector<int> attributes;  // indexed by CUdevice_attribute
+    int server_index = 0;
+};
+
+class session {
+public:
+    // Connects, says HELLO and fetches the devices. `why` explains a failure in one line.
+    static std::unique_ptr<session> open(const std::string& address, std::chrono::milliseconds timeout,
+                                         const std::string& token, std::string& why);
+
+    // This thread's lane, connected on first use. Null when the server cannot be reached (reason logged).
+    lane* this_thread_lane();
+    const std::vector<server_device>& devices() const { return devices_; }
+    const std::string& address() const { return address_; }
+    bool lost() const { return lost_.load(); }
+    void mark_lost(const std::string& why);
+
+private:
+    std::unique_ptr<lane> connect_lane(uint32_t number, std::string& why);
+
+    endpoint endpoint_;
+    std::string address_;
+    std::string token_;
+    std::chrono::milliseconds timeout_{5000};
+    uint64_t id_ = 0, secret_ = 0;
+    std::atomic<uint32_t> next_lane_{0};
+    std::atomic<bool> lost_{false};
+    std::vector<server_device> devices_;
+};
+
+}  // namespace vcuda::client

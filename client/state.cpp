@@ -1,0 +1,270 @@
+#include "client/state.hpp"
+
+#include <sys/mman.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "common/log.hpp"
+
+namespace vcuda::client {
+
+namespace {
+
+constexpr uint64_t granule = 2ull << 20;
+
+// Reservations in the application's address space, counted per 2 MiB granule, so that no host allocation
+// can land where a device allocation lives (device pointers are the server's real addresses).
+std::map<uint64_t, uint32_t> reserved_granules;  // guarded by state::mu
+
+void reserve_range(uint64_t base, size_t size) {
+    for (uint64_t g = base & ~(granule - 1); g < base + size; g += granule) {
+        if (reserved_granules[g]++ == 0) {
+            void* p = mmap(reinterpret_cast<void*>(g), granule, PROT_NONE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+            if (p == MAP_FAILED || p != reinterpret_cast<void*>(g)) {
+                if (p != MAP_FAILED) munmap(p, granule);
+                // Something of the application's already lives there; the pointers still work, only the
+                // no-aliasing guarantee is lost for this range.
+                VCUDA_LOG_DEBUG("could not reserve device range {:#x} in the local address space", g);
+                reserved_granules[g] = 1u << 31;  // never unmapped: it is not ours
+            }
+        }
+    }
+}
+
+void release_range(uint64_t base, size_t size) {
+    for (uint64_t g = base & ~(granule - 1); g < base + size; g += granule) {
+        auto it = reserved_granules.find(g);
+        if (it == reserved_granules.end()) continue;
+        if (it->second >= (1u << 31)) continue;
+        if (--it->second == 0) {
+            munmap(reinterpret_cast<void*>(g), granule);
+            reserved_granules.erase(it);
+        }
+    }
+}
+
+std::chrono::milliseconds connect_timeout() {
+    if (const char* t = std::getenv("VCUDA_CONNECT_TIMEOUT_MS"); t && *t) return std::chrono::milliseconds(std::atol(t));
+    return std::chrono::milliseconds(5000);
+}
+
+}  // namespace
+
+state& state::get() {
+    static state* s = new state();  // never destroyed: other libraries' destructors may call us at exit
+    return *s;
+}
+
+CUresult state::initialize(unsigned flags) {
+    std::call_once(once_, [&] {
+        log::init("vcuda-client");
+        const char* addr = std::getenv("VCUDA_SERVER");
+        if (!addr || !*addr) {
+            VCUDA_LOG_ERROR("cuInit: no vcuda server configured: set VCUDA_SERVER=host:port (or unix:/path), or run "
+                            "the program with `vcuda run --server ADDR -- PROGRAM`");
+            init_result_ = CUDA_ERROR_NO_DEVICE;
+            return;
+        }
+        const char* token = std::getenv("VCUDA_TOKEN");
+        std::string why;
+        session_ = session::open(addr, connect_timeout(), token ? token : "", why);
+        if (!session_) {
+            VCUDA_LOG_ERROR("cuInit: {}", why);
+            init_result_ = CUDA_ERROR_NO_DEVICE;
+            return;
+        }
+        if (session_->devices().empty()) {
+            VCUDA_LOG_ERROR("cuInit: vcuda-server at {} offers no GPU", addr);
+            init_result_ = CUDA_ERROR_NO_DEVICE;
+            return;
+        }
+        primary_.resize(session_->devices().size());
+        VCUDA_LOG_INFO("connected to vcuda-server at {}: {} device(s), first: {}", addr, session_->devices().size(),
+                       session_->devices()[0].name);
+        init_result_ = CUDA_SUCCESS;
+    });
+    return init_result_;
+}
+
+int state::attribute(int ordinal, int attr) const {
+    auto& a = device(ordinal).attributes;
+    return attr >= 0 && static_cast<size_t>(attr) < a.size() ? a[attr] : 0;
+}
+
+// ---------------------------------------------------------------- contexts
+
+uint64_t state::primary_context(int device) {
+    std::unique_lock lock(mu);
+    if (primary_[device] == 0) {
+        auto c = std::make_unique<context_info>();
+        c->id = make_handle(handle_kind::context, 1, next_context_++);
+        c->device = device;
+        c->primary = true;
+        c->uid = next_context_;
+        primary_[device] = c->id;
+        contexts_[c->id] = std::move(c);
+    }
+    return primary_[device];
+}
+
+context_info* state::find_context(uint64_t id) {
+    auto it = contexts_.find(id);
+    return it == contexts_.end() ? nullptr : it->second.get();
+}
+
+uint64_t state::create_context(int device, unsigned flags) {
+    std::unique_lock lock(mu);
+    auto c = std::make_unique<context_info>();
+    c->id = make_handle(handle_kind::context, 1, next_context_++);
+    c->device = device;
+    c->flags = flags;
+    c->uid = next_context_;
+    uint64_t id = c->id;
+    contexts_[id] = std::move(c);
+    return id;
+}
+
+void state::run_cls_destructors(context_info& c) {
+    auto entries = std::move(c.cls);
+    c.cls.clear();
+    for (auto& [key, v] : entries)
+        if (v.second) v.second(reinterpret_cast<CUcontext>(c.id), reinterpret_cast<void*>(key.second), v.first);
+}
+
+CUresult state::destroy_context(uint64_t id) {
+    std::unique_ptr<context_info> c;
+    {
+        std::unique_lock lock(mu);
+        auto it = contexts_.find(id);
+        if (it == contexts_.end() || it->second->primary) return CUDA_ERROR_INVALID_CONTEXT;
+        c = std::move(it->second);
+        contexts_.erase(it);
+    }
+    run_cls_destructors(*c);
+    return CUDA_SUCCESS;
+}
+
+// ---------------------------------------------------------------- handles
+
+void state::adopt(uint64_t id, handle_info info) {
+    std::unique_lock lock(mu);
+    handles_[id] = std::move(info);
+}
+
+void state::forget(uint64_t id) {
+    std::unique_lock lock(mu);
+    handles_.erase(id);
+}
+
+bool state::lookup(uint64_t id, handle_info& out) {
+    std::shared_lock lock(mu);
+    auto it = handles_.find(id);
+    if (it == handles_.end()) return false;
+    out = it->second;
+    return true;
+}
+
+bool state::known(uint64_t id, handle_kind k) {
+    std::shared_lock lock(mu);
+    auto it = handles_.find(id);
+    return it != handles_.end() && it->second.kind == k;
+}
+
+// ---------------------------------------------------------------- allocations
+
+void state::add_allocation(uint64_t base, size_t size, int device, bool module_global) {
+    std::unique_lock lock(mu);
+    if (allocations_.count(base)) return;  // a module global looked up twice
+    allocations_[base] = device_allocation{base, size, device, module_global};
+    reserve_range(base, size);
+}
+
+bool state::remove_allocation(uint64_t base, device_allocation& out) {
+    std::unique_lock lock(mu);
+    auto it = allocations_.find(base);
+    if (it == allocations_.end() || it->second.module_global) return false;
+    out = it->second;
+    allocations_.erase(it);
+    release_range(out.base, out.size);
+    return true;
+}
+
+bool state::find_allocation(uint64_t p, size_t len, device_allocation& out) {
+    std::shared_lock lock(mu);
+    auto it = allocations_.upper_bound(p);
+    if (it == allocations_.begin()) return false;
+    --it;
+    const auto& a = it->second;
+    if (p - a.base >= a.size && !(a.size == 0 && p == a.base)) return false;
+    if (len > a.size - (p - a.base)) return false;
+    out = a;
+    return true;
+}
+
+void state::add_host(uintptr_t base, size_t size, unsigned flags, bool registered) {
+    std::unique_lock lock(mu);
+    host_[base] = host_allocation{base, size, flags, registered};
+}
+
+bool state::remove_host(uintptr_t base, host_allocation& out) {
+    std::unique_lock lock(mu);
+    auto it = host_.find(base);
+    if (it == host_.end()) return false;
+    out = it->second;
+    host_.erase(it);
+    return true;
+}
+
+bool state::find_host(uintptr_t p, host_allocation& out) {
+    std::shared_lock lock(mu);
+    auto it = host_.upper_bound(p);
+    if (it == host_.begin()) return false;
+    --it;
+    if (p - it->second.base >= it->second.size) return false;
+    out = it->second;
+    return true;
+}
+
+bool state::image_sent(uint64_t hash) {
+    std::shared_lock lock(mu);
+    return images_.count(hash) != 0;
+}
+
+void state::mark_image_sent(uint64_t hash) {
+    std::unique_lock lock(mu);
+    images_.insert(hash);
+}
+
+void state::record(op o, std::vector<uint64_t> args, uint64_t result_handle) {
+    std::lock_guard lock(journal_mu_);
+    journal_.push_back(journal_entry{o, std::move(args), result_handle});
+}
+
+// ---------------------------------------------------------------- per thread
+
+std::vector<uint64_t>& context_stack() {
+    thread_local std::vector<uint64_t> stack;
+    return stack;
+}
+
+uint64_t current_context() {
+    auto& s = context_stack();
+    return s.empty() ? 0 : s.back();
+}
+
+int current_device() {
+    uint64_t c = current_context();
+    if (!c) return -1;
+    auto& st = state::get();
+    std::shared_lock lock(st.mu);
+    auto* info = st.find_context(c);
+    return info ? info->device : -1;
+}
+
+CUstream per_thread_stream(CUstream s) {
+    return s == nullptr ? reinterpret_cast<CUstream>(stream_per_thread) : s;
+}
+
+}  // namespace vcuda::client

@@ -1,0 +1,150 @@
+// The vGPU mirror: everything about the remote GPU that the application can observe and that the client
+// answers itself — devices and attributes (fetched once at cuInit), contexts and each thread's current
+// context, context-local storage, handles and what they are, kernels' parameter layouts, device and host
+// allocations — plus the journal of state-changing calls, in order.
+// locks: `mu` guards the maps; the per-thread context stack needs no lock.
+#pragma once
+
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "client/remote.hpp"
+#include "common/handle_kind.hpp"
+
+namespace vcuda::client {
+
+struct param_layout {
+    std::vector<std::pair<uint32_t, uint32_t>> params;  // (offset, size) per parameter
+    size_t total() const { return params.empty() ? 0 : params.back().first + params.back().second; }
+};
+
+// What the mirror knows about one server-backed handle.
+struct handle_info {
+    handle_kind kind = handle_kind::none;
+    uint64_t ctx = 0;      // the context it was created in
+    int device = 0;        // client ordinal
+    uint64_t owner = 0;    // module or library of a function/kernel
+    std::string name;      // functions and kernels
+    std::shared_ptr<const param_layout> layout;
+};
+
+struct context_info {
+    uint64_t id = 0;
+    int device = 0;
+    bool primary = false;
+    unsigned flags = 0;
+    unsigned long long uid = 0;  // cuCtxGetId
+    std::map<std::pair<uint64_t, uint64_t>, std::pair<void*, void (*)(CUcontext, void*, void*)>> cls;  // context-local storage
+};
+
+struct device_allocation {
+    uint64_t base = 0;
+    size_t size = 0;
+    int device = 0;
+    bool module_global = false;   // a __device__ variable of a module: copyable, never freed by cuMemFree
+};
+
+struct host_allocation {
+    uintptr_t base = 0;
+    size_t size = 0;
+    unsigned flags = 0;
+    bool registered = false;  // cuMemHostRegister (memory the application owns) vs cuMemHostAlloc
+};
+
+// One entry of the journal: what a replay after a failover would redo.
+struct journal_entry {
+    op operation;
+    std::vector<uint64_t> args;
+    uint64_t result_handle = 0;
+};
+
+class state {
+public:
+    static state& get();
+
+    // Connects to the server once; later calls return the first call's answer.
+    CUresult initialize(unsigned flags);
+    CUresult init_status() const { return init_result_; }
+    bool initialized() const { return init_result_ == CUDA_SUCCESS; }
+
+    session& remote() { return *session_; }
+    int device_count() const { return static_cast<int>(session_ ? session_->devices().size() : 0); }
+    const server_device& device(int ordinal) const { return session_->devices()[ordinal]; }
+    int attribute(int ordinal, int attr) const;
+
+    // Contexts.
+    uint64_t primary_context(int device);  // the id; the context exists from first use, retained or not
+    context_info* find_context(uint64_t id);  // caller holds mu
+    uint64_t create_context(int device, unsigned flags);
+    CUresult destroy_context(uint64_t id);
+    void run_cls_destructors(context_info& c);
+
+    // Server-backed handles.
+    void adopt(uint64_t id, handle_info info);
+    void forget(uint64_t id);
+    bool lookup(uint64_t id, handle_info& out);
+    bool known(uint64_t id, handle_kind k);
+
+    // Device allocations (the server's real addresses).
+    void add_allocation(uint64_t base, size_t size, int device, bool module_global = false);
+    bool remove_allocation(uint64_t base, device_allocation& out);
+    // The allocation holding [p, p+len); false when there is none (overflow-safe).
+    bool find_allocation(uint64_t p, size_t len, device_allocation& out);
+
+    // Host allocations made through the driver.
+    void add_host(uintptr_t base, size_t size, unsigned flags, bool registered);
+    bool remove_host(uintptr_t base, host_allocation& out);
+    bool find_host(uintptr_t p, host_allocation& out);
+
+    // Images already sent to the server (by content hash).
+    bool image_sent(uint64_t hash);
+    void mark_image_sent(uint64_t hash);
+
+    void record(op o, std::vector<uint64_t> args, uint64_t result_handle = 0);
+
+    std::shared_mutex mu;
+
+private:
+    state() = default;
+
+    std::once_flag once_;
+    CUresult init_result_ = CUDA_ERROR_NOT_INITIALIZED;
+    std::unique_ptr<session> session_;
+    std::vector<uint64_t> primary_;
+    std::unordered_map<uint64_t, std::unique_ptr<context_info>> contexts_;
+    uint32_t next_context_ = 1;
+    std::unordered_map<uint64_t, handle_info> handles_;
+    std::map<uint64_t, device_allocation> allocations_;
+    std::map<uintptr_t, host_allocation> host_;
+    std::unordered_set<uint64_t> images_;
+    std::mutex journal_mu_;
+    std::vector<journal_entry> journal_;
+};
+
+// The calling thread's current context (0 when none) and its context stack.
+std::vector<uint64_t>& context_stack();
+uint64_t current_context();
+// The client ordinal of the current context's device, or -1.
+int current_device();
+
+// Guard at the top of every entry point that needs cuInit to have succeeded.
+#define VCUDA_REQUIRE_INIT()                                                      \
+    do {                                                                          \
+        auto& vcuda_st_ = ::vcuda::client::state::get();                          \
+        if (!vcuda_st_.initialized()) return vcuda_st_.init_status();             \
+    } while (0)
+
+// Maps NULL/legacy/per-thread stream handles for the _ptsz variants.
+CUstream per_thread_stream(CUstream s);
+
+}  // namespace vcuda::client

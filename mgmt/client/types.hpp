@@ -1,0 +1,95 @@
+// The messages of the manager protocol as plain structs (mgmt/PROTOCOL.md gives their JSON). Shared by the
+// client (lease requests), the server (registration, heartbeats) and the manager itself.
+// Times on the wire are Unix milliseconds (wall clock), since they cross machines and manager restarts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vcuda::mgmt {
+
+// ---- lease.acquire / lease.renew
+struct lease_hints {
+    bool same_host = false;  // all GPUs of the lease on one host
+    std::string model;       // only GPUs whose name contains this (case-insensitive), e.g. "H100"
+    bool exclusive = false;  // whole GPUs, shared with nobody
+};
+
+struct lease_request {
+    std::string client_host;      // the client's host name; GPUs on this host are preferred
+    int64_t pid = 0;              // for operators: which process holds the lease
+    uint32_t gpus = 1;            // how many GPUs
+    uint64_t memory_per_gpu = 0;  // bytes per GPU (the vGPU size); 0 = the whole GPU
+    lease_hints hints;
+};
+
+struct device_grant {
+    std::vector<std::string> server_endpoints;  // where the vcuda-server serving this GPU listens
+    std::string host;                           // that server's host
+    uint32_t gpu_index = 0;                     // the GPU's ordinal on that server
+    std::string uuid;                           // the GPU's UUID
+    std::string name;                           // the GPU's model name
+    uint64_t memory_quota = 0;                  // bytes this lease may allocate on it
+    std::string token;                          // present it to the server when opening the session
+};
+
+struct lease_grant {
+    std::string lease_id;
+    int64_t expires_at = 0;  // Unix ms; renew well before
+    int64_t ttl_ms = 0;      // the manager's lease lifetime: renew every ttl/3
+    std::vector<device_grant> devices;
+};
+
+// ---- server.register / server.heartbeat
+struct gpu_description {
+    uint32_t index = 0;
+    std::string uuid;
+    std::string name;
+    uint64_t memory = 0;  // bytes
+    uint32_t sms = 0;
+    std::string driver_version;
+};
+
+struct server_registration {
+    std::string host;
+    std::vector<std::string> endpoints;  // addresses clients connect to, e.g. "10.0.0.5:7300"
+    std::vector<gpu_description> gpus;
+};
+
+struct gpu_load {
+    std::string uuid;
+    uint32_t utilization = 0;  // percent, 0-100
+    uint64_t memory_used = 0;  // bytes in use on the GPU (all processes)
+    uint32_t sessions = 0;     // vcuda sessions on it
+};
+
+struct session_report {
+    std::string session_id;
+    std::string lease_id;  // empty when the session has no lease (server without a manager token)
+    std::string gpu_uuid;
+    std::string client;  // the client's address
+    uint64_t memory_used = 0;
+};
+
+struct heartbeat {
+    std::string server_id;
+    std::vector<gpu_load> gpus;
+    std::vector<session_report> sessions;  // optional: what `vcuda sessions` shows
+};
+
+// What the heartbeat reply tells a server: the leases that are alive on its GPUs. A session whose lease is not
+// in this list (released, expired) should be closed and its memory freed.
+struct active_lease {
+    std::string lease_id;
+    std::string uuid;
+    uint64_t memory_quota = 0;
+    int64_t expires_at = 0;
+};
+
+struct heartbeat_reply {
+    std::vector<active_lease> leases;
+    int64_t heartbeat_interval_ms = 0;  // how often the manager wants heartbeats
+};
+
+}  // namespace vcuda::mgmt

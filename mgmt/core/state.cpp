@@ -1,0 +1,430 @@
+#include "mgmt/core/state.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <random>
+#include <set>
+#include <tuple>
+
+#include "mgmt/client/units.hpp"
+
+namespace vcuda::mgmt {
+
+namespace {
+
+std::string lower(std::string_view s) {
+    std::string out(s);
+    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+}
+
+// The host part of "host:port", "[v6]:port", "tcp://host:port"; empty for unix: endpoints.
+std::string endpoint_host(std::string_view ep) {
+    if (ep.starts_with("unix:")) return {};
+    if (ep.starts_with("tcp://")) ep.remove_prefix(6);
+    auto colon = ep.rfind(':');
+    std::string_view h = colon == std::string_view::npos ? ep : ep.substr(0, colon);
+    if (h.starts_with('[') && h.ends_with(']')) h = h.substr(1, h.size() - 2);
+    return std::string(h);
+}
+
+bool is_local(const server_record& s, const std::string& client_host) {
+    if (client_host.empty()) return false;
+    std::string c = lower(client_host);
+    if (lower(s.host) == c) return true;
+    for (auto& ep : s.endpoints)
+        if (lower(endpoint_host(ep)) == c) return true;
+    return false;
+}
+
+}  // namespace
+
+manager_state::manager_state(state_config cfg, std::function<std::string()> new_id)
+    : cfg_(cfg), new_id_(std::move(new_id)) {}
+
+std::string manager_state::make_id(const char* prefix) {
+    for (;;) {
+        std::string suffix;
+        if (new_id_) {
+            suffix = new_id_();
+        } else {
+            static thread_local std::mt19937_64 rng{std::random_device{}()};
+            static constexpr char hex[] = "0123456789abcdef";
+            uint64_t v = rng() ^ ++counter_;
+            for (int i = 0; i < 12; ++i, v >>= 4) suffix.push_back(hex[v & 15]);
+        }
+        std::string id = std::string(prefix) + suffix;
+        if (!servers_.contains(id) && !leases_.contains(id)) return id;
+    }
+}
+
+void manager_state::load(state_snapshot snap, time_ms now) {
+    servers_.clear();
+    gpus_.clear();
+    leases_.clear();
+    for (auto& s : snap.servers) {
+        s.last_heartbeat = now;
+        s.sessions.clear();
+        servers_[s.id] = std::move(s);
+    }
+    for (auto& g : snap.gpus) {
+        g.load_reported = false;
+        g.load = gpu_load{g.info.uuid};
+        gpus_[g.info.uuid] = std::move(g);
+    }
+    for (auto& l : snap.leases) {
+        l.expires_at = std::max(l.expires_at, now + cfg_.lease_ttl);
+        leases_[l.id] = std::move(l);
+    }
+}
+
+state_snapshot manager_state::snapshot() const {
+    state_snapshot s;
+    for (auto& [_, v] : servers_) s.servers.push_back(v);
+    for (auto& [_, v] : gpus_) s.gpus.push_back(v);
+    for (auto& [_, v] : leases_) s.leases.push_back(v);
+    return s;
+}
+
+// ------------------------------------------------------------------------------------------------ servers
+
+mgmt_result<std::string> manager_state::register_server(const server_registration& reg, time_ms now,
+                                                        state_changes& changes) {
+    if (reg.host.empty()) return unexpected{mgmt_error{errc::bad_request, "server.register needs 'host'"}};
+    if (reg.endpoints.empty())
+        return unexpected{mgmt_error{errc::bad_request,
+                                     "server.register needs at least one endpoint clients can connect to "
+                                     "(start vcuda-server with --listen HOST:PORT)"}};
+    std::set<std::string> seen;
+    for (auto& g : reg.gpus) {
+        if (g.uuid.empty()) return unexpected{mgmt_error{errc::bad_request, "every GPU needs a 'uuid'"}};
+        if (!seen.insert(g.uuid).second)
+            return unexpected{mgmt_error{errc::bad_request, "GPU " + g.uuid + " is listed twice"}};
+    }
+
+    server_record* server = nullptr;
+    for (auto& [id, s] : servers_)
+        if (s.host == reg.host && s.endpoints == reg.endpoints) server = &s;
+    if (!server) {
+        std::string id = make_id("srv-");
+        server = &servers_[id];
+        server->id = id;
+        server->host = reg.host;
+        server->endpoints = reg.endpoints;
+        server->registered_at = now;
+    }
+    server->down = false;
+    server->last_heartbeat = now;
+    server->sessions.clear();
+
+    // GPUs of this server that it no longer reports are forgotten (their leases stay until they run out).
+    std::set<std::string> previous_owners;
+    for (auto it = gpus_.begin(); it != gpus_.end();) {
+        if (it->second.server_id == server->id && !seen.contains(it->first)) it = gpus_.erase(it);
+        else ++it;
+    }
+    for (auto& d : reg.gpus) {
+        auto& g = gpus_[d.uuid];
+        if (!g.server_id.empty() && g.server_id != server->id) previous_owners.insert(g.server_id);
+        g.info = d;
+        g.server_id = server->id;
+        if (!g.load_reported) g.load = gpu_load{d.uuid};
+    }
+    changes.servers_put.push_back(server->id);
+    // A server whose GPUs all moved here (it came back on another address) is gone.
+    for (auto& old : previous_owners) {
+        bool has_gpus = std::any_of(gpus_.begin(), gpus_.end(), [&](auto& kv) { return kv.second.server_id == old; });
+        if (!has_gpus) {
+            servers_.erase(old);
+            changes.servers_deleted.push_back(old);
+        }
+    }
+    return server->id;
+}
+
+mgmt_result<heartbeat_reply> manager_state::heartbeat(const mgmt::heartbeat& hb, time_ms now, state_changes& changes) {
+    auto it = servers_.find(hb.server_id);
+    if (it == servers_.end())
+        return unexpected{mgmt_error{errc::unknown_server,
+                                     "server id '" + hb.server_id + "' is not registered here; register again"}};
+    auto& s = it->second;
+    s.last_heartbeat = now;
+    if (s.down) {
+        s.down = false;
+        changes.servers_put.push_back(s.id);
+    }
+    for (auto& load : hb.gpus) {
+        auto g = gpus_.find(load.uuid);
+        if (g == gpus_.end() || g->second.server_id != s.id) continue;
+        g->second.load = load;
+        g->second.load.utilization = std::min<uint32_t>(load.utilization, 100);
+        g->second.load_reported = true;
+    }
+    s.sessions = hb.sessions;
+    heartbeat_reply reply;
+    reply.leases = active_leases_on(s.id);
+    reply.heartbeat_interval_ms = std::max<int64_t>(cfg_.heartbeat_timeout.count() / 3, 100);
+    return reply;
+}
+
+// ------------------------------------------------------------------------------------------------ leases
+
+mgmt_result<lease_record> manager_state::acquire(const lease_request& req, time_ms now, state_changes& changes) {
+    if (req.gpus == 0 || req.gpus > cfg_.max_gpus_per_lease)
+        return unexpected{mgmt_error{errc::bad_request, "'gpus' must be between 1 and " +
+                                                            std::to_string(cfg_.max_gpus_per_lease)}};
+    const bool exclusive = req.hints.exclusive;
+    const std::string model = lower(req.hints.model);
+
+    struct candidate {
+        gpu_view v;
+        uint64_t quota;
+        std::tuple<int, uint64_t, uint32_t, uint32_t, uint32_t, std::string, uint32_t> key;
+    };
+    std::vector<candidate> candidates;
+    size_t total = 0, unavailable = 0, wrong_model = 0, too_small = 0, full = 0;
+    for (auto& [uuid, g] : gpus_) {
+        ++total;
+        gpu_view v = view(g);
+        if (!v.server || v.state != "up") {
+            ++unavailable;
+            continue;
+        }
+        if (!model.empty() && lower(g.info.name).find(model) == std::string::npos) {
+            ++wrong_model;
+            continue;
+        }
+        uint64_t mem = g.info.memory;
+        uint64_t quota = exclusive || req.memory_per_gpu == 0 ? mem : req.memory_per_gpu;
+        if (req.memory_per_gpu > mem) {
+            ++too_small;
+            continue;
+        }
+        bool fits = exclusive ? v.leases == 0 : !v.exclusive && v.leased_memory <= mem && quota <= mem - v.leased_memory;
+        if (!fits) {
+            ++full;
+            continue;
+        }
+        uint64_t leftover = mem - v.leased_memory - quota;
+        candidates.push_back({v, quota,
+                              {is_local(*v.server, req.client_host) ? 0 : 1, leftover, g.load.utilization,
+                               g.load.sessions, v.leases, v.server->host, g.info.index}});
+    }
+    std::stable_sort(candidates.begin(), candidates.end(), [](auto& a, auto& b) { return a.key < b.key; });
+
+    std::vector<const candidate*> picked;
+    if (req.hints.same_host) {
+        std::set<std::string> tried;
+        for (auto& c : candidates) {
+            const std::string& host = c.v.server->host;
+            if (!tried.insert(host).second) continue;
+            std::vector<const candidate*> on_host;
+            for (auto& d : candidates)
+                if (d.v.server->host == host && on_host.size() < req.gpus) on_host.push_back(&d);
+            if (on_host.size() == req.gpus) {
+                picked = std::move(on_host);
+                break;
+            }
+        }
+    } else {
+        for (auto& c : candidates)
+            if (picked.size() < req.gpus) picked.push_back(&c);
+    }
+
+    if (picked.size() < req.gpus) {
+        std::string what = std::to_string(req.gpus) + (req.gpus == 1 ? " GPU" : " GPUs") +
+                           (exclusive ? " (exclusive)" : "") +
+                           (req.memory_per_gpu ? " with " + format_size(req.memory_per_gpu) + " each"
+                                               : " (whole GPU)") +
+                           (model.empty() ? "" : " of model '" + req.hints.model + "'") +
+                           (req.hints.same_host ? " on one host" : "");
+        std::string why;
+        if (total == 0) {
+            why = "no GPUs are registered: start vcuda-server with --manager on the GPU hosts";
+        } else {
+            why = std::to_string(candidates.size()) + " of " + std::to_string(total) + " GPUs can take it";
+            if (unavailable) why += "; " + std::to_string(unavailable) + " down, cordoned or draining";
+            if (wrong_model) why += "; " + std::to_string(wrong_model) + " of another model";
+            if (too_small) why += "; " + std::to_string(too_small) + " smaller than the request";
+            if (full) why += "; " + std::to_string(full) + " without enough free memory";
+            why += ". Ask for less memory or fewer GPUs, wait for leases to end, or uncordon GPUs (`vcuda gpus` "
+                   "shows them)";
+        }
+        return unexpected{mgmt_error{errc::no_capacity, "cannot place " + what + ": " + why + "."}};
+    }
+
+    lease_record l;
+    l.id = make_id("lease-");
+    l.client_host = req.client_host;
+    l.pid = req.pid;
+    l.exclusive = exclusive;
+    l.created_at = now;
+    l.expires_at = now + cfg_.lease_ttl;
+    for (auto* c : picked) l.devices.push_back({c->v.gpu->info.uuid, c->quota});
+    leases_[l.id] = l;
+    changes.leases_put.push_back(l.id);
+    return l;
+}
+
+mgmt_result<lease_record> manager_state::renew(const std::string& lease_id, time_ms now, state_changes& changes) {
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end())
+        return unexpected{mgmt_error{errc::unknown_lease,
+                                     "lease '" + lease_id + "' is unknown or has expired; acquire a new one"}};
+    it->second.expires_at = now + cfg_.lease_ttl;
+    changes.leases_put.push_back(lease_id);
+    return it->second;
+}
+
+mgmt_result<lease_record> manager_state::release(const std::string& lease_id, state_changes& changes) {
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end())
+        return unexpected{mgmt_error{errc::unknown_lease,
+                                     "lease '" + lease_id + "' is unknown or has already ended (`vcuda leases` lists them)"}};
+    lease_record l = std::move(it->second);
+    leases_.erase(it);
+    changes.leases_deleted.push_back(lease_id);
+    return l;
+}
+
+// ------------------------------------------------------------------------------------------------ operators
+
+std::vector<const server_record*> manager_state::servers_matching(const std::string& host_or_id) const {
+    std::vector<const server_record*> out;
+    if (auto it = servers_.find(host_or_id); it != servers_.end()) return {&it->second};
+    std::string h = lower(host_or_id);
+    for (auto& [id, s] : servers_)
+        if (lower(s.host) == h) out.push_back(&s);
+    return out;
+}
+
+mgmt_result<manager_state::cordon_result> manager_state::cordon(const std::string& target, bool on,
+                                                                state_changes& changes) {
+    cordon_result r;
+    if (target.empty())
+        return unexpected{mgmt_error{errc::bad_request, "name a GPU uuid, a server host or a server id"}};
+    if (auto g = gpus_.find(target); g != gpus_.end()) {
+        g->second.cordoned = on;
+        r.gpus.push_back(target);
+        changes.gpus_put.push_back(target);
+        return r;
+    }
+    auto servers = servers_matching(target);
+    if (servers.empty())
+        return unexpected{mgmt_error{errc::not_found, "no GPU uuid, server host or server id '" + target +
+                                                          "' is known; `vcuda gpus` and `vcuda servers` list them"}};
+    for (auto* cs : servers) {
+        auto& s = servers_.at(cs->id);
+        s.cordoned = on;
+        if (!on) {
+            s.draining = false;  // uncordon ends a drain too
+            for (auto& [uuid, g] : gpus_)
+                if (g.server_id == s.id && g.cordoned) {
+                    g.cordoned = false;
+                    r.gpus.push_back(uuid);
+                    changes.gpus_put.push_back(uuid);
+                }
+        }
+        r.servers.push_back(s.id);
+        changes.servers_put.push_back(s.id);
+    }
+    return r;
+}
+
+mgmt_result<std::vector<std::string>> manager_state::drain(const std::string& host_or_id, state_changes& changes) {
+    auto servers = servers_matching(host_or_id);
+    if (servers.empty())
+        return unexpected{mgmt_error{errc::not_found, "no server with host or id '" + host_or_id +
+                                                          "' is known; `vcuda servers` lists them"}};
+    std::vector<std::string> ids;
+    for (auto* cs : servers) {
+        servers_.at(cs->id).draining = true;
+        ids.push_back(cs->id);
+        changes.servers_put.push_back(cs->id);
+    }
+    return ids;
+}
+
+manager_state::tick_result manager_state::tick(time_ms now, state_changes& changes) {
+    tick_result r;
+    for (auto& [id, s] : servers_) {
+        if (!s.down && now - s.last_heartbeat > cfg_.heartbeat_timeout) {
+            s.down = true;
+            s.sessions.clear();
+            for (auto& [uuid, g] : gpus_)
+                if (g.server_id == id) g.load_reported = false;
+            r.servers_down.push_back(id);
+            changes.servers_put.push_back(id);
+        }
+    }
+    for (auto it = leases_.begin(); it != leases_.end();) {
+        if (it->second.expires_at <= now) {
+            changes.leases_deleted.push_back(it->first);
+            r.leases_expired.push_back(std::move(it->second));
+            it = leases_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    return r;
+}
+
+// ------------------------------------------------------------------------------------------------ views
+
+const server_record* manager_state::server_of_gpu(const std::string& uuid) const {
+    auto g = gpus_.find(uuid);
+    if (g == gpus_.end()) return nullptr;
+    auto s = servers_.find(g->second.server_id);
+    return s == servers_.end() ? nullptr : &s->second;
+}
+
+gpu_view manager_state::view(const gpu_record& g) const {
+    gpu_view v;
+    v.gpu = &g;
+    if (auto s = servers_.find(g.server_id); s != servers_.end()) v.server = &s->second;
+    for (auto& [id, l] : leases_)
+        for (auto& d : l.devices)
+            if (d.uuid == g.info.uuid) {
+                v.leased_memory += d.memory_quota;
+                ++v.leases;
+                v.exclusive = v.exclusive || l.exclusive;
+            }
+    if (!v.server || v.server->down) v.state = "down";
+    else if (v.server->draining) v.state = "draining";
+    else if (v.server->cordoned || g.cordoned) v.state = "cordoned";
+    else v.state = "up";
+    return v;
+}
+
+std::vector<gpu_view> manager_state::gpu_views() const {
+    std::vector<gpu_view> out;
+    for (auto& [uuid, g] : gpus_) out.push_back(view(g));
+    std::sort(out.begin(), out.end(), [](const gpu_view& a, const gpu_view& b) {
+        std::string ha = a.server ? a.server->host : "", hb = b.server ? b.server->host : "";
+        std::string ia = a.server ? a.server->id : "", ib = b.server ? b.server->id : "";
+        return std::tie(ha, ia, a.gpu->info.index) < std::tie(hb, ib, b.gpu->info.index);
+    });
+    return out;
+}
+
+uint32_t manager_state::leases_on_server(const std::string& server_id) const {
+    uint32_t n = 0;
+    for (auto& [id, l] : leases_)
+        for (auto& d : l.devices)
+            if (auto g = gpus_.find(d.uuid); g != gpus_.end() && g->second.server_id == server_id) {
+                ++n;
+                break;
+            }
+    return n;
+}
+
+std::vector<active_lease> manager_state::active_leases_on(const std::string& server_id) const {
+    std::vector<active_lease> out;
+    for (auto& [id, l] : leases_)
+        for (auto& d : l.devices)
+            if (auto g = gpus_.find(d.uuid); g != gpus_.end() && g->second.server_id == server_id)
+                out.push_back({id, d.uuid, d.memory_quota, to_unix_ms(l.expires_at)});
+    return out;
+}
+
+}  // namespace vcuda::mgmt

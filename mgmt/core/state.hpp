@@ -1,0 +1,181 @@
+// The manager's state machine: the inventory of servers and GPUs, the leases on them, placement, cordon/drain,
+// heartbeat timeouts and lease expiry. Pure: no I/O, no threads, no clock of its own — every call that depends on
+// time takes `now`, so tests drive it with a fake clock. The daemon (mgmt/daemon/service.hpp) puts a lock, the
+// SQLite store and the wire around it.
+//
+// Placement (DESIGN.md, "Manager"): among the GPUs that may take the lease, the client's own host first, then
+// best fit by memory (least memory left over after this lease), then least loaded (utilization, sessions).
+// Shared GPUs are never over-committed: the quotas of the leases on a GPU add up to at most its memory.
+// An exclusive lease takes a whole GPU that has no other lease. Cordoned GPUs, cordoned or draining servers and
+// servers that are down take no new leases; leases already there keep running and can be renewed.
+// runs on: the caller's thread; not thread-safe (the daemon serializes calls).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/result.hpp"
+#include "mgmt/client/types.hpp"
+
+namespace vcuda::mgmt {
+
+using time_ms = std::chrono::time_point<std::chrono::system_clock, std::chrono::milliseconds>;
+inline int64_t to_unix_ms(time_ms t) { return t.time_since_epoch().count(); }
+inline time_ms from_unix_ms(int64_t ms) { return time_ms(std::chrono::milliseconds(ms)); }
+
+// An error the manager returns to a caller: `code` is stable (mgmt/PROTOCOL.md), `message` says what to do next.
+struct mgmt_error {
+    std::string code;
+    std::string message;
+};
+template <class T>
+using mgmt_result = result<T, mgmt_error>;
+
+namespace errc {
+inline constexpr const char* bad_request = "bad_request";
+inline constexpr const char* unknown_method = "unknown_method";
+inline constexpr const char* unknown_server = "unknown_server";
+inline constexpr const char* unknown_lease = "unknown_lease";
+inline constexpr const char* no_capacity = "no_capacity";
+inline constexpr const char* not_found = "not_found";
+inline constexpr const char* internal = "internal";
+}  // namespace errc
+
+struct server_record {
+    std::string id;
+    std::string host;
+    std::vector<std::string> endpoints;
+    bool cordoned = false;
+    bool draining = false;
+    bool down = false;
+    time_ms registered_at{};
+    time_ms last_heartbeat{};  // not persisted: a restarted manager gives every server a fresh timeout
+    std::vector<session_report> sessions;  // from the last heartbeat; not persisted
+};
+
+struct gpu_record {
+    gpu_description info;
+    std::string server_id;
+    bool cordoned = false;
+    gpu_load load;              // from the last heartbeat; not persisted
+    bool load_reported = false;
+};
+
+struct lease_device {
+    std::string uuid;
+    uint64_t memory_quota = 0;
+    bool operator==(const lease_device&) const = default;
+};
+
+struct lease_record {
+    std::string id;
+    std::string client_host;
+    int64_t pid = 0;
+    bool exclusive = false;
+    time_ms created_at{};
+    time_ms expires_at{};
+    std::vector<lease_device> devices;
+};
+
+struct state_config {
+    std::chrono::milliseconds heartbeat_timeout = std::chrono::seconds(10);
+    std::chrono::milliseconds lease_ttl = std::chrono::seconds(30);
+    uint32_t max_gpus_per_lease = 64;
+};
+
+// Everything the store keeps; load() takes it back after a restart.
+struct state_snapshot {
+    std::vector<server_record> servers;
+    std::vector<gpu_record> gpus;
+    std::vector<lease_record> leases;
+};
+
+// What a call changed, so the daemon can persist exactly that.
+struct state_changes {
+    std::vector<std::string> servers_put;      // server ids whose rows (and GPU rows) must be written
+    std::vector<std::string> servers_deleted;  // server ids to delete (their GPUs moved elsewhere)
+    std::vector<std::string> gpus_put;         // GPU uuids whose rows must be written
+    std::vector<std::string> leases_put;       // lease ids to write
+    std::vector<std::string> leases_deleted;   // lease ids to delete
+    bool empty() const {
+        return servers_put.empty() && servers_deleted.empty() && gpus_put.empty() && leases_put.empty() &&
+               leases_deleted.empty();
+    }
+};
+
+// The derived view of one GPU that listings and placement use.
+struct gpu_view {
+    const gpu_record* gpu = nullptr;
+    const server_record* server = nullptr;
+    uint64_t leased_memory = 0;
+    uint32_t leases = 0;
+    bool exclusive = false;  // held by an exclusive lease
+    std::string state;       // up | down | cordoned | draining
+};
+
+class manager_state {
+public:
+    explicit manager_state(state_config cfg, std::function<std::string()> new_id = {});
+
+    const state_config& config() const { return cfg_; }
+
+    // Replaces the whole state with a stored snapshot (manager start). Servers get a fresh heartbeat timeout from
+    // `now`; leases get at least one TTL from `now`, since their clients could not renew while the manager was away.
+    void load(state_snapshot snap, time_ms now);
+    state_snapshot snapshot() const;
+
+    // A server (re)announces itself and its GPUs. The same host + endpoints keeps its server id (and cordon flags);
+    // GPUs are keyed by UUID, so a GPU keeps its cordon flag and its leases when its server re-registers.
+    mgmt_result<std::string> register_server(const server_registration& reg, time_ms now, state_changes& changes);
+    // Records load; a server that was down is up again. unknown_server when the id is not known (register again).
+    mgmt_result<heartbeat_reply> heartbeat(const mgmt::heartbeat& hb, time_ms now, state_changes& changes);
+
+    mgmt_result<lease_record> acquire(const lease_request& req, time_ms now, state_changes& changes);
+    mgmt_result<lease_record> renew(const std::string& lease_id, time_ms now, state_changes& changes);
+    mgmt_result<lease_record> release(const std::string& lease_id, state_changes& changes);
+
+    // `target`: a GPU uuid, a server id or a server host (every server on it). Returns the GPUs and servers changed.
+    struct cordon_result {
+        std::vector<std::string> gpus;     // uuids
+        std::vector<std::string> servers;  // server ids
+    };
+    mgmt_result<cordon_result> cordon(const std::string& target, bool on, state_changes& changes);
+    // Drain: no new leases on the server(s) of `host_or_id`; existing leases run out. Returns the server ids.
+    mgmt_result<std::vector<std::string>> drain(const std::string& host_or_id, state_changes& changes);
+
+    // Marks servers that missed heartbeats down and drops expired leases.
+    struct tick_result {
+        std::vector<std::string> servers_down;
+        std::vector<lease_record> leases_expired;
+    };
+    tick_result tick(time_ms now, state_changes& changes);
+
+    // ---- views
+    const std::map<std::string, server_record>& servers() const { return servers_; }
+    const std::map<std::string, gpu_record>& gpus() const { return gpus_; }
+    const std::map<std::string, lease_record>& leases() const { return leases_; }
+    const server_record* server_of_gpu(const std::string& uuid) const;
+    gpu_view view(const gpu_record& g) const;
+    // GPUs in listing order: host, then index.
+    std::vector<gpu_view> gpu_views() const;
+    uint32_t leases_on_server(const std::string& server_id) const;
+    std::vector<active_lease> active_leases_on(const std::string& server_id) const;
+
+private:
+    std::string make_id(const char* prefix);
+    std::vector<const server_record*> servers_matching(const std::string& host_or_id) const;
+
+    state_config cfg_;
+    std::function<std::string()> new_id_;
+    uint64_t counter_ = 0;
+    std::map<std::string, server_record> servers_;  // by id
+    std::map<std::string, gpu_record> gpus_;        // by uuid
+    std::map<std::string, lease_record> leases_;    // by id
+};
+
+}  // namespace vcuda::mgmt

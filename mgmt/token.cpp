@@ -1,0 +1,136 @@
+#include "mgmt/token.hpp"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/stat.h>
+
+#include <charconv>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+namespace vcuda::mgmt {
+
+namespace {
+
+constexpr std::string_view prefix = "vct1.";
+constexpr char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+std::string b64url_encode(std::string_view in) {
+    std::string out;
+    out.reserve((in.size() + 2) / 3 * 4);
+    size_t i = 0;
+    for (; i + 2 < in.size(); i += 3) {
+        uint32_t v = uint32_t(uint8_t(in[i])) << 16 | uint32_t(uint8_t(in[i + 1])) << 8 | uint8_t(in[i + 2]);
+        out += {b64[v >> 18], b64[(v >> 12) & 63], b64[(v >> 6) & 63], b64[v & 63]};
+    }
+    if (i + 1 == in.size()) {
+        uint32_t v = uint32_t(uint8_t(in[i])) << 16;
+        out += {b64[v >> 18], b64[(v >> 12) & 63]};
+    } else if (i + 2 == in.size()) {
+        uint32_t v = uint32_t(uint8_t(in[i])) << 16 | uint32_t(uint8_t(in[i + 1])) << 8;
+        out += {b64[v >> 18], b64[(v >> 12) & 63], b64[(v >> 6) & 63]};
+    }
+    return out;
+}
+
+bool b64url_decode(std::string_view in, std::string& out) {
+    if (in.size() % 4 == 1) return false;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (char c : in) {
+        const char* p = c ? std::char_traits<char>::find(b64, 64, c) : nullptr;
+        if (!p) return false;
+        acc = acc << 6 | uint32_t(p - b64);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out.push_back(char((acc >> bits) & 0xff));
+        }
+    }
+    return (acc & ((1u << bits) - 1)) == 0;  // leftover bits must be zero (canonical encoding)
+}
+
+std::string mac(std::string_view secret, std::string_view data) {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(data.data()),
+         data.size(), md, &len);
+    return std::string(reinterpret_cast<char*>(md), len);
+}
+
+int64_t unix_ms(std::chrono::system_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::string sign_token(std::string_view secret, const token_claims& c) {
+    std::string claims = c.lease_id + "\n" + c.gpu_uuid + "\n" + std::to_string(c.memory_quota) + "\n" +
+                         std::to_string(unix_ms(c.expires_at));
+    std::string signed_part = std::string(prefix) + b64url_encode(claims);
+    return signed_part + "." + b64url_encode(mac(secret, signed_part));
+}
+
+result<token_claims, std::string> verify_token(std::string_view secret, std::string_view token,
+                                               std::chrono::system_clock::time_point now) {
+    if (token.empty()) return unexpected{std::string("no token: this server only serves clients with a lease from its manager (run with VCUDA_MANAGER or `vcuda run --manager`)")};
+    if (token.size() > 4096 || !token.starts_with(prefix))
+        return unexpected{std::string("malformed token: not a vcuda lease token")};
+    auto dot = token.rfind('.');
+    if (dot < prefix.size()) return unexpected{std::string("malformed token: no signature")};
+    std::string_view signed_part = token.substr(0, dot), sig_text = token.substr(dot + 1);
+    std::string sig;
+    if (!b64url_decode(sig_text, sig) || sig.size() != 32) return unexpected{std::string("malformed token: bad signature encoding")};
+    std::string expected = mac(secret, signed_part);
+    if (CRYPTO_memcmp(expected.data(), sig.data(), 32) != 0)
+        return unexpected{std::string("bad token signature: forged, altered, or signed with another secret "
+                                      "(the manager and this server must use the same --secret-file)")};
+    std::string claims;
+    if (!b64url_decode(signed_part.substr(prefix.size()), claims))
+        return unexpected{std::string("malformed token: bad claims encoding")};
+    std::vector<std::string> f;
+    std::istringstream in(claims);
+    for (std::string line; std::getline(in, line, '\n');) f.push_back(line);
+    if (f.size() != 4) return unexpected{std::string("malformed token: wrong number of claims")};
+    token_claims c;
+    c.lease_id = f[0];
+    c.gpu_uuid = f[1];
+    int64_t exp = 0;
+    auto r1 = std::from_chars(f[2].data(), f[2].data() + f[2].size(), c.memory_quota);
+    auto r2 = std::from_chars(f[3].data(), f[3].data() + f[3].size(), exp);
+    if (r1.ec != std::errc() || r1.ptr != f[2].data() + f[2].size() || r2.ec != std::errc() ||
+        r2.ptr != f[3].data() + f[3].size())
+        return unexpected{std::string("malformed token: bad numbers in claims")};
+    c.expires_at = std::chrono::system_clock::time_point(std::chrono::milliseconds(exp));
+    if (now >= c.expires_at)
+        return unexpected{"token for lease " + c.lease_id + " expired " +
+                          std::to_string((unix_ms(now) - exp) / 1000) +
+                          " s ago: the lease was not renewed; the client must get a fresh lease from the manager"};
+    return c;
+}
+
+result<std::string, std::string> read_secret_file(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+        return unexpected{"cannot read the secret file " + path +
+                          ": it does not exist. Create one with `head -c 32 /dev/urandom | base64 > " + path +
+                          " && chmod 600 " + path + "` and give the same file to vcuda-mgmt and every vcuda-server"};
+    if (st.st_mode & 077)
+        return unexpected{"the secret file " + path + " can be read by other users; run `chmod 600 " + path + "`"};
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return unexpected{"cannot open the secret file " + path + " (permission denied?)"};
+    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    auto ws = [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; };
+    while (!s.empty() && ws(s.back())) s.pop_back();
+    size_t b = 0;
+    while (b < s.size() && ws(s[b])) ++b;
+    s.erase(0, b);
+    if (s.size() < 16)
+        return unexpected{"the secret in " + path + " is too short (" + std::to_string(s.size()) +
+                          " bytes; at least 16): create one with `head -c 32 /dev/urandom | base64 > " + path + "`"};
+    return s;
+}
+
+}  // namespace vcuda::mgmt

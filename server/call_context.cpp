@@ -1,0 +1,87 @@
+#include "server/call_context.hpp"
+
+#include "common/log.hpp"
+#include "common/wire.hpp"
+
+namespace vcuda::server {
+
+std::span<const std::byte> call_context::blob(size_t i) const {
+    if (i >= blob_count()) return {};
+    auto* b = call_.blobs()->Get(static_cast<flatbuffers::uoffset_t>(i));
+    if (!b || !b->bytes()) return {};
+    return {reinterpret_cast<const std::byte*>(b->bytes()->data()), b->bytes()->size()};
+}
+
+std::span<const std::byte> call_context::payload() const {
+    if (staged_) return {static_cast<const std::byte*>(staged_->data), frame_.header.payload_len};
+    return frame_.payload;
+}
+
+CUresult call_context::lookup(uint64_t id, handle_kind k, void*& raw, handle_entry* entry) {
+    if (k == handle_kind::stream && (id == stream_null || id == stream_legacy || id == stream_per_thread)) {
+        raw = reinterpret_cast<void*>(id);
+        return CUDA_SUCCESS;
+    }
+    std::lock_guard lock(sess.mu);
+    handle_entry* e = sess.handles.find(id, k, k == handle_kind::function ? handle_kind::kernel : handle_kind::none);
+    if (!e) {
+        detail = std::string("unknown ") + std::string(to_string(k)) + " handle";
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    raw = e->raw;
+    if (entry) *entry = *e;
+    return CUDA_SUCCESS;
+}
+
+CUresult call_context::device(size_t i, CUdevice& out) {
+    uint64_t d = arg(i);
+    if (d >= sess.device_count()) return fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+    out = sess.drv().gpus()[d].device;
+    return CUDA_SUCCESS;
+}
+
+void call_context::out_handle(handle_kind k, void* raw, uint64_t owner, bool owned, std::shared_ptr<const param_layout> layout) {
+    handle_entry e;
+    e.kind = k;
+    e.raw = raw;
+    e.device = device_index() < 0 ? 0 : device_index();
+    e.owner = owner;
+    e.owned = owned;
+    e.layout = std::move(layout);
+    std::lock_guard lock(sess.mu);
+    outs.push_back(sess.handles.insert(std::move(e)));
+}
+
+void call_context::forget_handle(size_t arg_index) {
+    std::lock_guard lock(sess.mu);
+    sess.handles.erase(arg(arg_index));
+}
+
+CUresult call_context::unsupported(const char* name) {
+    return fail(CUDA_ERROR_NOT_SUPPORTED, std::string(name) + " is not available in this server's driver");
+}
+
+transport_result<void> send_reply(call_context& cx, CUresult rc, uint64_t payload_len) {
+    flatbuffers::FlatBufferBuilder b(256);
+    std::vector<flatbuffers::Offset<wire::Blob>> blobs;
+    for (auto& bl : cx.out_blobs)
+        blobs.push_back(wire::CreateBlob(b, b.CreateVector(reinterpret_cast<const uint8_t*>(bl.data()), bl.size())));
+    auto outs = b.CreateVector(cx.outs);
+    auto bv = b.CreateVector(blobs);
+    auto detail = cx.detail.empty() ? 0 : b.CreateString(cx.detail);
+    b.Finish(wire::CreateReply(b, rc, outs, bv, detail));
+    auto f = make_frame(frame_kind::reply, b, cx.sequence(), 0, 0, cx.reply_payload);
+    if (payload_len > cx.reply_payload.size()) {
+        // Header and metadata now, the payload streamed by the caller.
+        std::byte header[frame_header_size];
+        frame_header h = f.header;
+        h.meta_len = static_cast<uint32_t>(f.meta.size());
+        h.payload_len = payload_len;
+        encode_header(h, header);
+        iovec iov[2] = {{header, frame_header_size}, {const_cast<std::byte*>(f.meta.data()), f.meta.size()}};
+        return cx.lane.stream->raw().write_all(iov);
+    }
+    return cx.lane.stream->send(f);
+}
+
+}  // namespace vcuda::server

@@ -1,0 +1,106 @@
+// What an op handler sees: the verified call, its session and lane, typed access to arguments (every
+// handle looked up in the session's table, every index bounds-checked), and the reply it builds.
+// runs on: the lane's thread.
+#pragma once
+
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/transport.hpp"
+#include "server/session.hpp"
+#include "server/staging.hpp"
+#include "vcuda_generated.h"
+
+namespace vcuda::server {
+
+struct lane_state {
+    frame_stream* stream = nullptr;
+    staging_pool* staging = nullptr;
+    CUresult pending_error = CUDA_SUCCESS;  // first failure of a queued call, for the next synchronous reply
+    int current_device = -2;                // the device whose context is current on this thread (-2: unknown)
+};
+
+class call_context {
+public:
+    call_context(session& s, lane_state& l, const wire::Call& call, frame& f, staging_pool::buffer* staged)
+        : sess(s), lane(l), call_(call), frame_(f), staged_(staged) {}
+
+    session& sess;
+    lane_state& lane;
+
+    const driver_table& drv() const { return sess.api(); }
+    int device_index() const { return call_.device(); }
+    uint64_t sequence() const { return frame_.header.sequence; }
+    bool queued() const { return frame_.header.flags & frame_flags::no_reply; }
+
+    // ---- arguments
+    size_t arg_count() const { return call_.args() ? call_.args()->size() : 0; }
+    bool expect_args(size_t n) const { return arg_count() == n; }
+    uint64_t arg(size_t i) const { return call_.args()->Get(static_cast<flatbuffers::uoffset_t>(i)); }
+    template <class T>
+    T scalar(size_t i) const {
+        uint64_t w = arg(i);
+        T v;
+        std::memcpy(&v, &w, sizeof v);
+        return v;
+    }
+    size_t blob_count() const { return call_.blobs() ? call_.blobs()->size() : 0; }
+    std::span<const std::byte> blob(size_t i) const;
+
+    // A handle argument of kind `k` from this session (streams: also NULL/legacy/per-thread; functions:
+    // also kernels, as the driver allows). Anything else answers CUDA_ERROR_INVALID_HANDLE.
+    template <class T>
+    CUresult handle(size_t i, handle_kind k, T& out) {
+        void* raw = nullptr;
+        CUresult rc = lookup(arg(i), k, raw);
+        out = static_cast<T>(raw);
+        return rc;
+    }
+    CUresult lookup(uint64_t id, handle_kind k, void*& raw, handle_entry* entry = nullptr);
+    // A device argument: the session's device index -> the real CUdevice.
+    CUresult device(size_t i, CUdevice& out);
+    // A device range this session owns, or CUDA_ERROR_INVALID_VALUE.
+    CUresult device_range(CUdeviceptr p, size_t n) { return sess.owns_range(p, n) ? CUDA_SUCCESS : fail(CUDA_ERROR_INVALID_VALUE, "address range not owned by this session"); }
+
+    // ---- payload: the bulk bytes that came with the call (in a staging buffer when one was used)
+    std::span<const std::byte> payload() const;
+    staging_pool::buffer* staged() const { return staged_; }
+
+    // ---- reply
+    template <class T>
+    void out(T v) {
+        uint64_t w = 0;
+        std::memcpy(&w, &v, sizeof v);
+        outs.push_back(w);
+    }
+    void out_handle(handle_kind k, void* raw, uint64_t owner = 0, bool owned = false,
+                    std::shared_ptr<const param_layout> layout = nullptr);
+    void forget_handle(size_t arg_index);
+    void out_blob(std::span<const std::byte> b) { out_blobs.emplace_back(b.begin(), b.end()); }
+
+    CUresult unsupported(const char* name);
+    CUresult bad_arguments() { return fail(CUDA_ERROR_INVALID_VALUE, "malformed arguments for this op"); }
+    CUresult fail(CUresult rc, std::string why) {
+        detail = std::move(why);
+        return rc;
+    }
+
+    std::vector<uint64_t> outs;
+    std::vector<std::vector<std::byte>> out_blobs;
+    std::vector<std::byte> reply_payload;
+    std::string detail;
+    bool replied = false;  // the handler sent its reply itself (streamed payloads)
+
+private:
+    const wire::Call& call_;
+    frame& frame_;
+    staging_pool::buffer* staged_;
+};
+
+// Builds and sends a Reply frame for `cx` with `rc`; `payload_len` > payload bytes means the caller streams
+// the rest right after (see handlers for copies).
+transport_result<void> send_reply(call_context& cx, CUresult rc, uint64_t payload_len = 0);
+
+}  // namespace vcuda::server

@@ -1,0 +1,145 @@
+#include "server/device_memory.hpp"
+
+#include "common/log.hpp"
+
+namespace vcuda::server {
+
+namespace {
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+}  // namespace
+
+CUresult device_memory::map_new(size_t size, bool shared, CUdeviceptr& va) {
+    auto& d = *drv_;
+    if (!d.cuMemCreate || !d.cuMemAddressReserve || !d.cuMemMap || !d.cuMemSetAccess) return CUDA_ERROR_NOT_SUPPORTED;
+    if (quota_ && (size > quota_ || mapped_ > quota_ - size)) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev_;
+    CUmemGenericAllocationHandle h = 0;
+    if (CUresult rc = d.cuMemCreate(&h, size, &prop, 0); rc != CUDA_SUCCESS) return rc;
+    CUdeviceptr addr = 0;
+    if (CUresult rc = d.cuMemAddressReserve(&addr, size, granularity, 0, 0); rc != CUDA_SUCCESS) {
+        d.cuMemRelease(h);
+        return rc;
+    }
+    CUresult rc = d.cuMemMap(addr, size, 0, h, 0);
+    if (rc == CUDA_SUCCESS) {
+        CUmemAccessDesc access{};
+        access.location = prop.location;
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        rc = d.cuMemSetAccess(addr, size, &access, 1);
+        if (rc != CUDA_SUCCESS) d.cuMemUnmap(addr, size);
+    }
+    if (rc != CUDA_SUCCESS) {
+        d.cuMemAddressFree(addr, size);
+        d.cuMemRelease(h);
+        return rc;
+    }
+    mapping m;
+    m.size = size;
+    m.handle = h;
+    m.shared = shared;
+    if (shared) m.free_runs[0] = size;
+    mappings_[addr] = std::move(m);
+    mapped_ += size;
+    va = addr;
+    return CUDA_SUCCESS;
+}
+
+void device_memory::unmap(CUdeviceptr va, mapping& m) {
+    auto& d = *drv_;
+    d.cuMemUnmap(va, m.size);
+    d.cuMemAddressFree(va, m.size);
+    d.cuMemRelease(m.handle);
+    mapped_ -= m.size;
+}
+
+CUresult device_memory::allocate(size_t size, CUdeviceptr& out) {
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (size > (size_t{1} << 50)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (size <= small_limit) {
+        size_t need = round_up(size, small_align);
+        for (auto& [va, m] : mappings_) {
+            if (!m.shared) continue;
+            for (auto it = m.free_runs.begin(); it != m.free_runs.end(); ++it) {
+                if (it->second < need) continue;
+                size_t off = it->first, len = it->second;
+                m.free_runs.erase(it);
+                if (len > need) m.free_runs[off + need] = len - need;
+                ++m.live;
+                out = va + off;
+                allocations_[out] = {need, va};
+                return CUDA_SUCCESS;
+            }
+        }
+        CUdeviceptr va;
+        if (CUresult rc = map_new(granularity, true, va); rc != CUDA_SUCCESS) return rc;
+        auto& m = mappings_[va];
+        m.free_runs.clear();
+        if (granularity > need) m.free_runs[need] = granularity - need;
+        m.live = 1;
+        out = va;
+        allocations_[out] = {need, va};
+        return CUDA_SUCCESS;
+    }
+    CUdeviceptr va;
+    if (CUresult rc = map_new(round_up(size, granularity), false, va); rc != CUDA_SUCCESS) return rc;
+    mappings_[va].live = 1;
+    out = va;
+    allocations_[out] = {size, va};
+    return CUDA_SUCCESS;
+}
+
+CUresult device_memory::release(CUdeviceptr p) {
+    auto it = allocations_.find(p);
+    if (it == allocations_.end()) return CUDA_ERROR_INVALID_VALUE;
+    auto [size, va] = it->second;
+    allocations_.erase(it);
+    auto& m = mappings_.at(va);
+    if (!m.shared) {
+        unmap(va, m);
+        mappings_.erase(va);
+        return CUDA_SUCCESS;
+    }
+    // Return the run and merge it with its neighbours; an empty shared mapping stays for reuse
+    // unless the session holds more than one empty one.
+    size_t off = p - va;
+    auto next = m.free_runs.lower_bound(off);
+    size_t len = size;
+    if (next != m.free_runs.end() && next->first == off + len) {
+        len += next->second;
+        next = m.free_runs.erase(next);
+    }
+    if (next != m.free_runs.begin()) {
+        auto prev = std::prev(next);
+        if (prev->first + prev->second == off) {
+            off = prev->first;
+            len += prev->second;
+            m.free_runs.erase(prev);
+        }
+    }
+    m.free_runs[off] = len;
+    if (--m.live == 0) {
+        unmap(va, m);
+        mappings_.erase(va);
+    }
+    return CUDA_SUCCESS;
+}
+
+bool device_memory::contains(CUdeviceptr p, size_t n) const {
+    auto it = allocations_.upper_bound(p);
+    if (it == allocations_.begin()) return false;
+    --it;
+    size_t size = it->second.first;
+    if (p - it->first >= size) return false;
+    return n <= size - (p - it->first);
+}
+
+void device_memory::release_all() {
+    for (auto& [va, m] : mappings_) unmap(va, m);
+    mappings_.clear();
+    allocations_.clear();
+}
+
+}  // namespace vcuda::server

@@ -1,0 +1,53 @@
+// A session's memory on one GPU, backed by the virtual memory management API at addresses the server picks,
+// so the address space can be rebuilt elsewhere. Small allocations are packed into 2 MiB mappings, as the
+// real allocator does; large ones get mappings of their own. The quota is checked before any mapping is made.
+// locks: none inside; the session's mutex guards it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+
+#include "driver_table.hpp"
+
+namespace vcuda::server {
+
+class device_memory {
+public:
+    device_memory(const driver_table& drv, CUdevice dev, uint64_t quota) : drv_(&drv), dev_(dev), quota_(quota) {}
+
+    CUresult allocate(size_t size, CUdeviceptr& out);
+    CUresult release(CUdeviceptr p);  // only the exact start of a live allocation
+    // True when [p, p+n) lies inside one live allocation (overflow-safe).
+    bool contains(CUdeviceptr p, size_t n) const;
+    // Unmaps everything (session end, context reset). The caller has synchronized the GPU.
+    void release_all();
+
+    uint64_t mapped() const { return mapped_; }  // bytes of GPU memory this session holds
+    uint64_t quota() const { return quota_; }
+    size_t allocation_count() const { return allocations_.size(); }
+
+    static constexpr size_t granularity = 2u << 20;
+    static constexpr size_t small_limit = 1u << 20;  // allocations up to this share 2 MiB mappings
+    static constexpr size_t small_align = 512;
+
+private:
+    struct mapping {
+        size_t size = 0;
+        CUmemGenericAllocationHandle handle = 0;
+        bool shared = false;                 // holds small allocations
+        std::map<size_t, size_t> free_runs;  // offset -> length, for shared mappings
+        size_t live = 0;                     // allocations inside
+    };
+
+    CUresult map_new(size_t size, bool shared, CUdeviceptr& va);
+    void unmap(CUdeviceptr va, mapping& m);
+
+    const driver_table* drv_;
+    CUdevice dev_;
+    uint64_t quota_;
+    uint64_t mapped_ = 0;
+    std::map<CUdeviceptr, mapping> mappings_;
+    std::map<CUdeviceptr, std::pair<size_t, CUdeviceptr>> allocations_;  // start -> (size, its mapping)
+};
+
+}  // namespace vcuda::server

@@ -1,0 +1,37 @@
+// The real driver (or the software test driver), loaded with dlopen and reached only through the generated
+// function table. The server never links libcuda or cudart.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "driver_table.hpp"
+
+namespace vcuda::server {
+
+struct gpu_info {
+    CUdevice device = 0;
+    std::string name;
+    CUuuid uuid{};
+    size_t total_memory = 0;
+    std::vector<int> attributes;  // indexed by CUdevice_attribute
+};
+
+class driver {
+public:
+    // Loads `path` (default libcuda.so.1), initializes it and describes its GPUs. `why` says what failed.
+    bool load(const std::string& path, std::string& why);
+    const driver_table& api() const { return table_; }
+    const std::vector<gpu_info>& gpus() const { return gpus_; }
+    const std::string& path() const { return path_; }
+    int version() const { return version_; }
+
+private:
+    driver_table table_;
+    std::vector<gpu_info> gpus_;
+    std::string path_;
+    int version_ = 0;
+    void* handle_ = nullptr;
+};
+
+}  // namespace vcuda::server

@@ -1,0 +1,86 @@
+// A session's handles: one typed table, ids = kind | generation | index (common/handle_kind.hpp), so a stale,
+// foreign or forged id is refused without touching the driver. Freed slots are reused with a new generation.
+// locks: none inside; the session's mutex guards it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/handle_kind.hpp"
+
+namespace vcuda::server {
+
+struct param_layout {
+    std::vector<std::pair<uint32_t, uint32_t>> params;  // (offset, size)
+    size_t total() const { return params.empty() ? 0 : params.back().first + params.back().second; }
+};
+
+struct handle_entry {
+    handle_kind kind = handle_kind::none;
+    void* raw = nullptr;       // the real driver's handle
+    int device = 0;            // the session's device index it belongs to
+    uint64_t owner = 0;        // module/library of functions, kernels, library modules
+    bool owned = false;        // destroyed with its owner, never on its own
+    std::shared_ptr<const param_layout> layout;
+};
+
+class handle_table {
+public:
+    uint64_t insert(handle_entry e) {
+        uint32_t index;
+        if (!free_.empty()) {
+            index = free_.back();
+            free_.pop_back();
+        } else {
+            index = static_cast<uint32_t>(slots_.size());
+            slots_.push_back({});
+        }
+        auto& s = slots_[index];
+        s.entry = std::move(e);
+        s.live = true;
+        return make_handle(s.entry.kind, s.generation, index);
+    }
+
+    // The entry for `id` if it is live and of kind `k` (or `alt`, when given).
+    handle_entry* find(uint64_t id, handle_kind k, handle_kind alt = handle_kind::none) {
+        uint32_t index = handle_index(id);
+        if (index >= slots_.size()) return nullptr;
+        auto& s = slots_[index];
+        if (!s.live || s.generation != handle_generation(id) || kind_of(id) != s.entry.kind) return nullptr;
+        if (s.entry.kind != k && (alt == handle_kind::none || s.entry.kind != alt)) return nullptr;
+        return &s.entry;
+    }
+
+    bool erase(uint64_t id) {
+        uint32_t index = handle_index(id);
+        if (index >= slots_.size() || !slots_[index].live || slots_[index].generation != handle_generation(id)) return false;
+        auto& s = slots_[index];
+        s.live = false;
+        s.entry = {};
+        s.generation = (s.generation + 1) & 0xffffff;
+        if (s.generation == 0) s.generation = 1;
+        free_.push_back(index);
+        return true;
+    }
+
+    // Visits every live entry: f(id, entry).
+    template <class F>
+    void for_each(F&& f) {
+        for (uint32_t i = 0; i < slots_.size(); ++i)
+            if (slots_[i].live) f(make_handle(slots_[i].entry.kind, slots_[i].generation, i), slots_[i].entry);
+    }
+
+    size_t size() const { return slots_.size() - free_.size(); }
+
+private:
+    struct slot {
+        handle_entry entry;
+        uint32_t generation = 1;
+        bool live = false;
+    };
+    std::vector<slot> slots_;
+    std::vector<uint32_t> free_;
+};
+
+}  // namespace vcuda::server

@@ -1,0 +1,274 @@
+// Hand-written ops for device memory, copies and sets. Every device range is checked against the session's
+// own allocations before the driver sees it.
+#include <algorithm>
+
+#include "common/log.hpp"
+#include "server/call_context.hpp"
+
+namespace vcuda::server {
+
+namespace {
+
+CUresult current_memory(call_context& cx, device_memory*& mem) {
+    int d = cx.device_index();
+    if (d < 0 || static_cast<size_t>(d) >= cx.sess.device_count())
+        return cx.fail(CUDA_ERROR_INVALID_CONTEXT, "no current context");
+    mem = &cx.sess.memory(d);
+    return CUDA_SUCCESS;
+}
+
+bool mul_add(uint64_t a, uint64_t b, uint64_t c, uint64_t& out) {
+    uint64_t m;
+    return !__builtin_mul_overflow(a, b, &m) && !__builtin_add_overflow(m, c, &out);
+}
+
+}  // namespace
+
+CUresult handle_mem_alloc(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    device_memory* mem;
+    if (CUresult rc = current_memory(cx, mem); rc != CUDA_SUCCESS) return rc;
+    CUdeviceptr p = 0;
+    CUresult rc;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        rc = mem->allocate(cx.arg(0), p);
+    }
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && mem->quota())
+        return cx.fail(rc, "allocation of " + std::to_string(cx.arg(0)) + " bytes exceeds the session's memory quota");
+    if (rc != CUDA_SUCCESS) return rc;
+    cx.out(p);
+    return CUDA_SUCCESS;
+}
+
+CUresult handle_mem_alloc_pitch(call_context& cx) {
+    if (!cx.expect_args(3)) return cx.bad_arguments();
+    uint64_t width = cx.arg(0), height = cx.arg(1), elem = cx.arg(2);
+    if (!width || !height || (elem != 4 && elem != 8 && elem != 16) || width > (1ull << 40) || height > (1ull << 40))
+        return CUDA_ERROR_INVALID_VALUE;
+    // The pitch the real driver would choose for this row width, asked of it with a one-row allocation.
+    size_t pitch = (width + 511) / 512 * 512;
+    CUdeviceptr probe = 0;
+    size_t real_pitch = 0;
+    if (cx.drv().cuMemAllocPitch_v2 && cx.drv().cuMemAllocPitch_v2(&probe, &real_pitch, width, 1, elem) == CUDA_SUCCESS) {
+        cx.drv().cuMemFree_v2(probe);
+        pitch = real_pitch;
+    }
+    uint64_t total;
+    if (!mul_add(pitch, height, 0, total)) return CUDA_ERROR_INVALID_VALUE;
+    device_memory* mem;
+    if (CUresult rc = current_memory(cx, mem); rc != CUDA_SUCCESS) return rc;
+    CUdeviceptr p = 0;
+    std::lock_guard lock(cx.sess.mu);
+    if (CUresult rc = mem->allocate(total, p); rc != CUDA_SUCCESS) return rc;
+    cx.out(p);
+    cx.out(static_cast<uint64_t>(pitch));
+    return CUDA_SUCCESS;
+}
+
+CUresult handle_mem_free(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    device_memory* mem;
+    if (CUresult rc = current_memory(cx, mem); rc != CUDA_SUCCESS) return rc;
+    cx.drv().cuCtxSynchronize();  // as cuMemFree: nothing in flight may still use it
+    std::lock_guard lock(cx.sess.mu);
+    CUresult rc = mem->release(cx.arg(0));
+    if (rc != CUDA_SUCCESS) return cx.fail(rc, "not the start of an allocation of this session");
+    return CUDA_SUCCESS;
+}
+
+CUresult handle_mem_get_info(call_context& cx) {
+    if (!cx.expect_args(0)) return cx.bad_arguments();
+    device_memory* mem;
+    if (CUresult rc = current_memory(cx, mem); rc != CUDA_SUCCESS) return rc;
+    size_t real_free = 0, real_total = 0;
+    if (CUresult rc = cx.drv().cuMemGetInfo_v2(&real_free, &real_total); rc != CUDA_SUCCESS) return rc;
+    std::lock_guard lock(cx.sess.mu);
+    uint64_t quota = mem->quota(), used = mem->mapped();
+    uint64_t free = quota > used ? quota - used : 0;
+    cx.out(static_cast<uint64_t>(std::min<uint64_t>(free, real_free)));
+    cx.out(quota);
+    return CUDA_SUCCESS;
+}
+
+// args {dst, stream}; payload = the bytes (in a staging buffer when they fit one).
+CUresult handle_copy_htod(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    CUdeviceptr dst = cx.arg(0);
+    auto data = cx.payload();
+    if (data.empty()) return CUDA_SUCCESS;
+    if (CUresult rc = cx.device_range(dst, data.size()); rc != CUDA_SUCCESS) return rc;
+    CUstream s;
+    if (CUresult rc = cx.handle(1, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    CUresult rc = cx.drv().cuMemcpyHtoDAsync_v2(dst, data.data(), data.size(), s);
+    if (cx.staged()) cx.lane.staging->give_back(cx.staged(), s);
+    else if (rc == CUDA_SUCCESS) rc = cx.drv().cuStreamSynchronize(s);  // the payload buffer dies with this call
+    return rc;
+}
+
+// args {src, size, stream}; the reply's payload streams through two staging buffers: the GPU fills one while
+// the other goes out on the socket.
+CUresult handle_copy_dtoh(call_context& cx) {
+    if (!cx.expect_args(3)) return cx.bad_arguments();
+    CUdeviceptr src = cx.arg(0);
+    uint64_t n = cx.arg(1);
+    if (n == 0) return CUDA_SUCCESS;
+    if (n > cx.lane.stream->limits().max_payload) return cx.fail(CUDA_ERROR_INVALID_VALUE, "copy larger than one frame");
+    if (CUresult rc = cx.device_range(src, n); rc != CUDA_SUCCESS) return rc;
+    CUstream s;
+    if (CUresult rc = cx.handle(2, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    auto& drv = cx.drv();
+    auto* pool = cx.lane.staging;
+    const size_t chunk = staging_pool::buffer_size;
+    staging_pool::buffer* cur = pool->take();
+    if (!cur) {  // no pinned memory: one pageable copy
+        cx.reply_payload.resize(n);
+        CUresult rc = drv.cuMemcpyDtoHAsync_v2(cx.reply_payload.data(), src, n, s);
+        if (rc == CUDA_SUCCESS) rc = drv.cuStreamSynchronize(s);
+        if (rc != CUDA_SUCCESS) cx.reply_payload.clear();
+        return rc;
+    }
+    size_t first = std::min<uint64_t>(chunk, n);
+    CUresult rc = drv.cuMemcpyDtoHAsync_v2(cur->data, src, first, s);
+    if (rc == CUDA_SUCCESS) rc = drv.cuStreamSynchronize(s);
+    if (rc != CUDA_SUCCESS) {
+        pool->give_back(cur, s);
+        return rc;
+    }
+    cx.replied = true;
+    if (auto w = send_reply(cx, CUDA_SUCCESS, n); !w) {
+        pool->give_back(cur, s);
+        return CUDA_SUCCESS;  // the connection is gone; the lane loop notices
+    }
+    uint64_t off = 0;
+    size_t len = first;
+    while (true) {
+        staging_pool::buffer* next = nullptr;
+        size_t next_len = 0;
+        if (off + len < n) {
+            next = pool->take();
+            next_len = std::min<uint64_t>(chunk, n - off - len);
+            if (!next || drv.cuMemcpyDtoHAsync_v2(next->data, src + off + len, next_len, s) != CUDA_SUCCESS) {
+                // Mid-stream failure: the reply already promised n bytes, so the connection must end.
+                VCUDA_LOG_ERROR("session {}: device-to-host copy failed mid-stream; closing the lane", cx.sess.id());
+                pool->give_back(cur, s);
+                if (next) pool->give_back(next, s);
+                cx.lane.stream->shutdown();
+                return CUDA_SUCCESS;
+            }
+        }
+        iovec iov{cur->data, len};
+        auto w = cx.lane.stream->raw().write_all({&iov, 1});
+        pool->give_back(cur, s);
+        if (!w || !next) {
+            if (next) pool->give_back(next, s);
+            return CUDA_SUCCESS;
+        }
+        drv.cuStreamSynchronize(s);
+        off += len;
+        cur = next;
+        len = next_len;
+    }
+}
+
+// args {dst, src, size, stream}
+CUresult handle_copy_dtod(call_context& cx) {
+    if (!cx.expect_args(4)) return cx.bad_arguments();
+    CUdeviceptr dst = cx.arg(0), src = cx.arg(1);
+    uint64_t n = cx.arg(2);
+    if (n == 0) return CUDA_SUCCESS;
+    if (CUresult rc = cx.device_range(dst, n); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.device_range(src, n); rc != CUDA_SUCCESS) return rc;
+    CUstream s;
+    if (CUresult rc = cx.handle(3, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    return cx.drv().cuMemcpyDtoDAsync_v2(dst, src, n, s);
+}
+
+// args {src kind, src ptr, x, y, z, pitch, height, dst kind, dst ptr, x, y, z, pitch, height, width, h, depth,
+// stream}; host sides travel packed (pitch = width, height = h).
+CUresult handle_copy_3d(call_context& cx) {
+    if (!cx.expect_args(18)) return cx.bad_arguments();
+    uint64_t w = cx.arg(14), h = cx.arg(15), depth = cx.arg(16);
+    uint64_t packed;
+    if (!w || !h || !depth || !mul_add(w, h, 0, packed) || !mul_add(packed, depth, 0, packed) || packed > (1ull << 32))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad copy extent");
+    CUDA_MEMCPY3D c{};
+    std::vector<std::byte> host;
+    auto side = [&](size_t base, bool src) -> CUresult {
+        uint64_t kind = cx.arg(base), ptr = cx.arg(base + 1), x = cx.arg(base + 2), y = cx.arg(base + 3), z = cx.arg(base + 4),
+                 pitch = cx.arg(base + 5), height = cx.arg(base + 6);
+        if (kind == 1) {
+            // First and one-past-last byte touched, overflow-checked.
+            uint64_t first, rows, last;
+            if (pitch < w + x && h > 1) return CUDA_ERROR_INVALID_VALUE;
+            if (!mul_add(z, height, y, rows) || !mul_add(rows, pitch, x, first)) return CUDA_ERROR_INVALID_VALUE;
+            if (!mul_add(z + depth - 1, height, y + h - 1, rows) || !mul_add(rows, pitch, x + w, last)) return CUDA_ERROR_INVALID_VALUE;
+            if (CUresult rc = cx.device_range(ptr + first, last - first); rc != CUDA_SUCCESS) return rc;
+            (src ? c.srcMemoryType : c.dstMemoryType) = CU_MEMORYTYPE_DEVICE;
+            if (src) {
+                c.srcDevice = ptr; c.srcXInBytes = x; c.srcY = y; c.srcZ = z; c.srcPitch = pitch; c.srcHeight = height;
+            } else {
+                c.dstDevice = ptr; c.dstXInBytes = x; c.dstY = y; c.dstZ = z; c.dstPitch = pitch; c.dstHeight = height;
+            }
+            return CUDA_SUCCESS;
+        }
+        if (kind != 0) return CUDA_ERROR_INVALID_VALUE;
+        if (src) {
+            if (cx.payload().size() != packed) return CUDA_ERROR_INVALID_VALUE;
+            c.srcMemoryType = CU_MEMORYTYPE_HOST;
+            c.srcHost = cx.payload().data();
+            c.srcPitch = w;
+            c.srcHeight = h;
+        } else {
+            host.resize(packed);
+            c.dstMemoryType = CU_MEMORYTYPE_HOST;
+            c.dstHost = host.data();
+            c.dstPitch = w;
+            c.dstHeight = h;
+        }
+        return CUDA_SUCCESS;
+    };
+    if (CUresult rc = side(0, true); rc != CUDA_SUCCESS) return cx.fail(rc, "bad source of 2D/3D copy");
+    if (CUresult rc = side(7, false); rc != CUDA_SUCCESS) return cx.fail(rc, "bad destination of 2D/3D copy");
+    if (c.srcMemoryType == CU_MEMORYTYPE_HOST && c.dstMemoryType == CU_MEMORYTYPE_HOST) return cx.bad_arguments();
+    CUstream s;
+    if (CUresult rc = cx.handle(17, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    c.WidthInBytes = w;
+    c.Height = h;
+    c.Depth = depth;
+    CUresult rc = cx.drv().cuMemcpy3DAsync_v2(&c, s);
+    // Host buffers here live only for this call: wait unless the copy was device to device.
+    if (rc == CUDA_SUCCESS && (c.srcMemoryType == CU_MEMORYTYPE_HOST || c.dstMemoryType == CU_MEMORYTYPE_HOST))
+        rc = cx.drv().cuStreamSynchronize(s);
+    if (rc == CUDA_SUCCESS && !host.empty()) cx.reply_payload = std::move(host);
+    return rc;
+}
+
+// args {dst, value, element size, width (elements), height, pitch (bytes), stream}
+CUresult handle_memset(call_context& cx) {
+    if (!cx.expect_args(7)) return cx.bad_arguments();
+    CUdeviceptr dst = cx.arg(0);
+    uint64_t value = cx.arg(1), elem = cx.arg(2), width = cx.arg(3), height = cx.arg(4), pitch = cx.arg(5);
+    if ((elem != 1 && elem != 2 && elem != 4) || !width || !height) return cx.bad_arguments();
+    uint64_t row, span;
+    if (!mul_add(width, elem, 0, row) || !mul_add(height - 1, pitch, row, span)) return cx.bad_arguments();
+    if (height > 1 && pitch < row) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult rc = cx.device_range(dst, span); rc != CUDA_SUCCESS) return rc;
+    CUstream s;
+    if (CUresult rc = cx.handle(6, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (height == 1) {
+        switch (elem) {
+            case 1: return d.cuMemsetD8Async(dst, static_cast<unsigned char>(value), width, s);
+            case 2: return d.cuMemsetD16Async(dst, static_cast<unsigned short>(value), width, s);
+            default: return d.cuMemsetD32Async(dst, static_cast<unsigned>(value), width, s);
+        }
+    }
+    switch (elem) {
+        case 1: return d.cuMemsetD2D8Async(dst, pitch, static_cast<unsigned char>(value), width, height, s);
+        case 2: return d.cuMemsetD2D16Async(dst, pitch, static_cast<unsigned short>(value), width, height, s);
+        default: return d.cuMemsetD2D32Async(dst, pitch, static_cast<unsigned>(value), width, height, s);
+    }
+}
+
+}  // namespace vcuda::server

@@ -1,0 +1,298 @@
+// Hand-written ops for modules, libraries, kernels, functions and launches.
+#include <cstring>
+
+#include "common/log.hpp"
+#include "server/call_context.hpp"
+
+namespace vcuda::server {
+
+namespace {
+
+constexpr size_t max_name = 4096;
+constexpr size_t max_image_parts = 64;
+constexpr size_t max_cached_image_bytes = size_t{1} << 30;  // per session
+
+// A symbol name from blob 0: non-empty, bounded, no NUL inside.
+bool name_arg(call_context& cx, std::string& out) {
+    auto b = cx.blob(0);
+    if (b.empty() || b.size() > max_name) return false;
+    out.assign(reinterpret_cast<const char*>(b.data()), b.size());
+    return out.find('\0') == std::string::npos;
+}
+
+template <class Query>
+std::shared_ptr<param_layout> query_layout(Query&& q) {
+    auto layout = std::make_shared<param_layout>();
+    for (size_t i = 0; i < 4096; ++i) {
+        size_t off = 0, size = 0;
+        if (q(i, &off, &size) != CUDA_SUCCESS) break;
+        layout->params.emplace_back(static_cast<uint32_t>(off), static_cast<uint32_t>(size));
+    }
+    return layout;
+}
+
+void out_layout(call_context& cx, const param_layout& l) {
+    cx.out(static_cast<uint64_t>(l.params.size()));
+    for (auto [off, size] : l.params) {
+        cx.out(static_cast<uint64_t>(off));
+        cx.out(static_cast<uint64_t>(size));
+    }
+}
+
+struct fatbin_wrapper {
+    int32_t magic;
+    int32_t version;
+    const void* data;
+    const void* filename_or_fatbins;
+};
+
+}  // namespace
+
+// args {target (0 module, 1 library), format (0 raw, 1 wrapper v1, 2 wrapper v2), hash, nparts, sizes...};
+// payload = the parts back to back, or empty when the session already has this hash.
+CUresult handle_module_load(call_context& cx) {
+    if (cx.arg_count() < 4) return cx.bad_arguments();
+    uint64_t target = cx.arg(0), format = cx.arg(1), hash = cx.arg(2), nparts = cx.arg(3);
+    if (target > 1 || format > 2 || nparts == 0 || nparts > max_image_parts || cx.arg_count() != 4 + nparts ||
+        (format != 2 && nparts != 1))
+        return cx.bad_arguments();
+    auto payload = cx.payload();
+    std::vector<std::vector<uint64_t>>* parts = nullptr;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (payload.empty()) {
+            auto it = cx.sess.images.find(hash);
+            if (it == cx.sess.images.end()) return cx.fail(CUDA_ERROR_NOT_FOUND, "image not cached; send its bytes");
+            parts = &it->second;
+        } else {
+            uint64_t total = 0;
+            for (size_t i = 0; i < nparts; ++i) {
+                if (cx.arg(4 + i) == 0 || __builtin_add_overflow(total, cx.arg(4 + i), &total)) return cx.bad_arguments();
+            }
+            if (total != payload.size()) return cx.fail(CUDA_ERROR_INVALID_VALUE, "image part sizes do not add up");
+            if (cx.sess.image_bytes + total > max_cached_image_bytes) {
+                cx.sess.images.clear();  // a simple bound: start the cache over
+                cx.sess.image_bytes = 0;
+            }
+            std::vector<std::vector<uint64_t>> copy;
+            size_t off = 0;
+            for (size_t i = 0; i < nparts; ++i) {
+                size_t n = cx.arg(4 + i);
+                std::vector<uint64_t> p((n + 7) / 8 + 1, 0);  // 8-byte aligned, zero-terminated for PTX
+                std::memcpy(p.data(), payload.data() + off, n);
+                off += n;
+                copy.push_back(std::move(p));
+            }
+            cx.sess.image_bytes += total;
+            parts = &(cx.sess.images[hash] = std::move(copy));
+        }
+    }
+    fatbin_wrapper wrapper{0x466243B1, static_cast<int32_t>(format), (*parts)[0].data(), nullptr};
+    std::vector<const void*> extra;
+    const void* image = (*parts)[0].data();
+    if (format != 0) {
+        if (format == 2) {
+            for (size_t i = 1; i < parts->size(); ++i) extra.push_back((*parts)[i].data());
+            extra.push_back(nullptr);
+            wrapper.filename_or_fatbins = extra.data();
+        }
+        image = &wrapper;
+    }
+    auto& d = cx.drv();
+    if (target == 0) {
+        CUmodule m = nullptr;
+        if (!d.cuModuleLoadData) return cx.unsupported("cuModuleLoadData");
+        CUresult rc = d.cuModuleLoadData(&m, image);
+        if (rc != CUDA_SUCCESS) return rc;
+        cx.out_handle(handle_kind::module, m);
+    } else {
+        CUlibrary l = nullptr;
+        if (!d.cuLibraryLoadData) return cx.unsupported("cuLibraryLoadData");
+        CUresult rc = d.cuLibraryLoadData(&l, image, nullptr, nullptr, 0, nullptr, nullptr, 0);
+        if (rc != CUDA_SUCCESS) return rc;
+        cx.out_handle(handle_kind::library, l);
+    }
+    return CUDA_SUCCESS;
+}
+
+// args {module or library}; everything it owns (functions, kernels, globals, its module) goes with it.
+CUresult handle_module_unload(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    uint64_t id = cx.arg(0);
+    void* raw = nullptr;
+    handle_entry e;
+    CUresult rc = cx.lookup(id, handle_kind::module, raw, &e);
+    if (rc != CUDA_SUCCESS) rc = cx.lookup(id, handle_kind::library, raw, &e);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (e.owned) return cx.fail(CUDA_ERROR_INVALID_HANDLE, "this module belongs to a library");
+    auto& d = cx.drv();
+    rc = e.kind == handle_kind::module ? d.cuModuleUnload(static_cast<CUmodule>(raw)) : d.cuLibraryUnload(static_cast<CUlibrary>(raw));
+    if (rc != CUDA_SUCCESS) return rc;
+    std::lock_guard lock(cx.sess.mu);
+    std::vector<uint64_t> dependents;
+    cx.sess.handles.for_each([&](uint64_t h, handle_entry& x) {
+        if (x.owner == id) dependents.push_back(h);
+    });
+    // Functions of a kernel of this library are owned by the kernel: collect the second level too.
+    std::vector<uint64_t> second;
+    for (uint64_t dep : dependents)
+        cx.sess.handles.for_each([&](uint64_t h, handle_entry& x) {
+            if (x.owner == dep) second.push_back(h);
+        });
+    for (uint64_t h : dependents) cx.sess.handles.erase(h);
+    for (uint64_t h : second) cx.sess.handles.erase(h);
+    for (auto it = cx.sess.globals.begin(); it != cx.sess.globals.end();)
+        it = it->second.second == id ? cx.sess.globals.erase(it) : std::next(it);
+    cx.sess.handles.erase(id);
+    return CUDA_SUCCESS;
+}
+
+// args {module}, blob name -> outs {function, nparams, (offset, size)...}
+CUresult handle_module_get_function(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    std::string name;
+    if (!name_arg(cx, name)) return cx.bad_arguments();
+    CUmodule m;
+    if (CUresult rc = cx.handle(0, handle_kind::module, m); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    CUfunction f = nullptr;
+    if (CUresult rc = d.cuModuleGetFunction(&f, m, name.c_str()); rc != CUDA_SUCCESS) return rc;
+    auto layout = query_layout([&](size_t i, size_t* o, size_t* s) { return d.cuFuncGetParamInfo(f, i, o, s); });
+    cx.out_handle(handle_kind::function, f, cx.arg(0), true, layout);
+    out_layout(cx, *layout);
+    return CUDA_SUCCESS;
+}
+
+// args {library}, blob name -> outs {kernel, nparams, (offset, size)...}
+CUresult handle_library_get_kernel(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    std::string name;
+    if (!name_arg(cx, name)) return cx.bad_arguments();
+    CUlibrary l;
+    if (CUresult rc = cx.handle(0, handle_kind::library, l); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    CUkernel k = nullptr;
+    if (CUresult rc = d.cuLibraryGetKernel(&k, l, name.c_str()); rc != CUDA_SUCCESS) return rc;
+    auto layout = query_layout([&](size_t i, size_t* o, size_t* s) { return d.cuKernelGetParamInfo(k, i, o, s); });
+    cx.out_handle(handle_kind::kernel, k, cx.arg(0), true, layout);
+    out_layout(cx, *layout);
+    return CUDA_SUCCESS;
+}
+
+// args {kernel} -> outs {function}
+CUresult handle_kernel_get_function(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    void* raw = nullptr;
+    handle_entry e;
+    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::kernel, raw, &e); rc != CUDA_SUCCESS) return rc;
+    CUfunction f = nullptr;
+    if (CUresult rc = cx.drv().cuKernelGetFunction(&f, static_cast<CUkernel>(raw)); rc != CUDA_SUCCESS) return rc;
+    cx.out_handle(handle_kind::function, f, cx.arg(0), true, e.layout);
+    return CUDA_SUCCESS;
+}
+
+// args {library} -> outs {module}
+CUresult handle_library_get_module(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    CUlibrary l;
+    if (CUresult rc = cx.handle(0, handle_kind::library, l); rc != CUDA_SUCCESS) return rc;
+    CUmodule m = nullptr;
+    if (CUresult rc = cx.drv().cuLibraryGetModule(&m, l); rc != CUDA_SUCCESS) return rc;
+    cx.out_handle(handle_kind::module, m, cx.arg(0), true);
+    return CUDA_SUCCESS;
+}
+
+// args {module or library}, blob name -> outs {address, size}; the range becomes the session's.
+CUresult handle_module_get_global(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    std::string name;
+    if (!name_arg(cx, name)) return cx.bad_arguments();
+    void* raw = nullptr;
+    handle_entry e;
+    CUresult rc = cx.lookup(cx.arg(0), handle_kind::module, raw, &e);
+    if (rc != CUDA_SUCCESS) rc = cx.lookup(cx.arg(0), handle_kind::library, raw, &e);
+    if (rc != CUDA_SUCCESS) return rc;
+    CUdeviceptr p = 0;
+    size_t size = 0;
+    rc = e.kind == handle_kind::module ? cx.drv().cuModuleGetGlobal_v2(&p, &size, static_cast<CUmodule>(raw), name.c_str())
+                                       : cx.drv().cuLibraryGetGlobal(&p, &size, static_cast<CUlibrary>(raw), name.c_str());
+    if (rc != CUDA_SUCCESS) return rc;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.globals[p] = {size, cx.arg(0)};
+    }
+    cx.out(p);
+    cx.out(static_cast<uint64_t>(size));
+    return CUDA_SUCCESS;
+}
+
+// args {function or kernel, grid xyz, block xyz, shared bytes, stream, form (0 kernelParams, 1 extra buffer),
+// number of launch attributes}; blobs {parameter buffer, attributes}.
+CUresult handle_launch(call_context& cx) {
+    if (!cx.expect_args(11) || cx.blob_count() > 2) return cx.bad_arguments();
+    void* raw = nullptr;
+    handle_entry e;
+    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::function, raw, &e); rc != CUDA_SUCCESS) return rc;
+    CUstream s;
+    if (CUresult rc = cx.handle(8, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    unsigned dims[7];
+    for (int i = 0; i < 7; ++i) {
+        if (cx.arg(1 + i) > 0xffffffffu) return cx.bad_arguments();
+        dims[i] = static_cast<unsigned>(cx.arg(1 + i));
+    }
+    uint64_t form = cx.arg(9), n_attrs = cx.arg(10);
+    auto params = cx.blob(0);
+    // Parameters copied into 8-byte-aligned storage; kernelParams point into it at the server's own layout.
+    std::vector<uint64_t> storage((params.size() + 7) / 8 + 1, 0);
+    std::memcpy(storage.data(), params.data(), params.size());
+    auto* base = reinterpret_cast<char*>(storage.data());
+    std::vector<void*> kernel_params;
+    size_t buffer_size = params.size();
+    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, base, CU_LAUNCH_PARAM_BUFFER_SIZE, &buffer_size, CU_LAUNCH_PARAM_END};
+    if (form == 0) {
+        if (!e.layout || e.layout->total() != params.size())
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "parameter block does not match the kernel's parameters");
+        for (auto [off, size] : e.layout->params) kernel_params.push_back(base + off);
+    } else if (form != 1) {
+        return cx.bad_arguments();
+    }
+    auto& d = cx.drv();
+    auto f = static_cast<CUfunction>(raw);
+    if (n_attrs == 0) {
+        return d.cuLaunchKernel(f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s,
+                                form == 0 ? kernel_params.data() : nullptr, form == 1 ? extra : nullptr);
+    }
+    auto attr_bytes = cx.blob(1);
+    if (n_attrs > 64 || attr_bytes.size() != n_attrs * sizeof(CUlaunchAttribute)) return cx.bad_arguments();
+    std::vector<CUlaunchAttribute> attrs(n_attrs);
+    std::memcpy(attrs.data(), attr_bytes.data(), attr_bytes.size());
+    for (auto& a : attrs) {
+        switch (a.id) {
+            case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+            case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+            case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+            case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
+            case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+            case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+            case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+                break;
+            default:  // attributes carrying handles or pointers need translation this server does not do yet
+                return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "launch attribute " + std::to_string(a.id) + " not supported");
+        }
+    }
+    CUlaunchConfig config{};
+    config.gridDimX = dims[0];
+    config.gridDimY = dims[1];
+    config.gridDimZ = dims[2];
+    config.blockDimX = dims[3];
+    config.blockDimY = dims[4];
+    config.blockDimZ = dims[5];
+    config.sharedMemBytes = dims[6];
+    config.hStream = s;
+    config.attrs = attrs.data();
+    config.numAttrs = static_cast<unsigned>(n_attrs);
+    if (!d.cuLaunchKernelEx) return cx.unsupported("cuLaunchKernelEx");
+    return d.cuLaunchKernelEx(&config, f, form == 0 ? kernel_params.data() : nullptr, form == 1 ? extra : nullptr);
+}
+
+}  // namespace vcuda::server

@@ -1,0 +1,34 @@
+// Hand-written ops: the session's view of the GPUs, context synchronize and reset.
+#include "server/call_context.hpp"
+
+namespace vcuda::server {
+
+// outs = {n, total memory per device...}; blobs = {name, uuid, attributes} per device.
+CUresult handle_session_info(call_context& cx) {
+    if (!cx.expect_args(0)) return cx.bad_arguments();
+    auto& gpus = cx.sess.drv().gpus();
+    cx.out(static_cast<uint64_t>(gpus.size()));
+    for (size_t i = 0; i < gpus.size(); ++i) cx.out(cx.sess.quota(i));
+    for (auto& g : gpus) {
+        cx.out_blob({reinterpret_cast<const std::byte*>(g.name.data()), g.name.size()});
+        cx.out_blob({reinterpret_cast<const std::byte*>(g.uuid.bytes), 16});
+        cx.out_blob({reinterpret_cast<const std::byte*>(g.attributes.data()), g.attributes.size() * sizeof(int)});
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult handle_ctx_synchronize(call_context& cx) {
+    if (!cx.expect_args(0)) return cx.bad_arguments();
+    return cx.drv().cuCtxSynchronize();
+}
+
+CUresult handle_ctx_reset(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    uint64_t d = cx.arg(0);
+    if (d >= cx.sess.device_count()) return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+    cx.sess.release_device(d);
+    cx.lane.current_device = -2;  // the context this lane had current is gone
+    return CUDA_SUCCESS;
+}
+
+}  // namespace vcuda::server

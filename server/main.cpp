@@ -1,0 +1,116 @@
+// vcuda-server: serves one host's GPUs to vcuda clients (VMs, containers, GPU-less nodes).
+#include <CLI/CLI.hpp>
+
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <condition_variable>
+
+#include "common/log.hpp"
+#include "server/server.hpp"
+
+namespace {
+
+std::mutex stop_mu;
+std::condition_variable stop_cv;
+bool stop_requested = false;
+
+void on_signal(int) {
+    // Only async-signal-safe work here: the main thread polls the flag.
+    stop_requested = true;
+}
+
+// "512MiB", "16GiB", "1G", "1048576" -> bytes; false on anything else.
+bool parse_size(const std::string& text, uint64_t& out) {
+    size_t pos = 0;
+    double v;
+    try {
+        v = std::stod(text, &pos);
+    } catch (...) {
+        return false;
+    }
+    std::string unit = text.substr(pos);
+    uint64_t mult = 1;
+    if (unit.empty() || unit == "B") mult = 1;
+    else if (unit == "K" || unit == "KiB" || unit == "k") mult = 1ull << 10;
+    else if (unit == "M" || unit == "MiB") mult = 1ull << 20;
+    else if (unit == "G" || unit == "GiB") mult = 1ull << 30;
+    else if (unit == "T" || unit == "TiB") mult = 1ull << 40;
+    else return false;
+    if (v < 0) return false;
+    out = static_cast<uint64_t>(v * static_cast<double>(mult));
+    return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"vcuda-server: serves this host's GPUs to vcuda clients.\n"
+                 "Clients (libcuda.so.1 from vcuda, usually started with `vcuda run`) connect over TCP or a Unix socket;\n"
+                 "each client process gets a session with its own CUDA context, handle table and memory quota."};
+    std::vector<std::string> listen;
+    std::string driver_path = "libcuda.so.1";
+    std::string quota_text;
+    std::string level = "info";
+    app.add_option("-l,--listen", listen,
+                   "Address to serve, repeatable: HOST:PORT for TCP (e.g. 0.0.0.0:7300) or unix:/PATH for a Unix socket. "
+                   "Default: 127.0.0.1:7300");
+    app.add_option("--driver", driver_path,
+                   "The CUDA driver library to execute calls with (default: libcuda.so.1 from the system)");
+    app.add_option("--memory-quota", quota_text,
+                   "GPU memory each session may hold per GPU, e.g. 8GiB (default: the whole GPU). Allocations past it fail "
+                   "with CUDA_ERROR_OUT_OF_MEMORY; cuMemGetInfo and the device's total memory report it.");
+    app.add_option("--log-level", level, "trace, debug, info, warn, error or off (default info; env VCUDA_LOG_LEVEL)");
+    CLI11_PARSE(app, argc, argv);
+
+    spdlog::level::level_enum lvl;
+    if (!vcuda::log::parse_level(level, lvl)) {
+        std::cerr << "vcuda-server: --log-level: unknown level '" << level << "' (use trace, debug, info, warn, error, off)\n";
+        return 2;
+    }
+    vcuda::log::init("vcuda-server", level);
+    vcuda::server::server_options opts;
+    if (!quota_text.empty() && (!parse_size(quota_text, opts.memory_quota) || opts.memory_quota == 0)) {
+        std::cerr << "vcuda-server: --memory-quota: '" << quota_text << "' is not a size (examples: 512MiB, 8GiB)\n";
+        return 2;
+    }
+    if (listen.empty()) listen.push_back("127.0.0.1:7300");
+
+    vcuda::server::driver drv;
+    std::string why;
+    if (!drv.load(driver_path, why)) {
+        VCUDA_LOG_ERROR("{}", why);
+        return 1;
+    }
+    if (drv.gpus().empty()) {
+        VCUDA_LOG_ERROR("the driver {} reports no GPU: nothing to serve", drv.path());
+        return 1;
+    }
+    vcuda::server::server srv(drv, opts);
+    for (auto& a : listen) {
+        auto ep = vcuda::endpoint::parse(a);
+        if (!ep) {
+            VCUDA_LOG_ERROR("--listen {}: {}", a, ep.error());
+            return 2;
+        }
+        auto l = vcuda::listener::listen(*ep);
+        if (!l) {
+            VCUDA_LOG_ERROR("cannot listen on {}: {}", a, l.error().message);
+            return 1;
+        }
+        VCUDA_LOG_INFO("serving {} GPU(s) on {}{}", drv.gpus().size(), l->local().to_string(),
+                       opts.memory_quota ? fmt::format(" (quota {} MiB per session)", opts.memory_quota >> 20) : "");
+        srv.serve(std::move(*l));
+    }
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    std::signal(SIGPIPE, SIG_IGN);
+    while (!stop_requested) {
+        std::unique_lock lock(stop_mu);
+        stop_cv.wait_for(lock, std::chrono::milliseconds(200));
+    }
+    VCUDA_LOG_INFO("stopping: no new sessions; {} live session(s) end with their connections", srv.sessions().size());
+    srv.stop();
+    return 0;
+}

@@ -1,0 +1,180 @@
+#include "server/server.hpp"
+
+#include <array>
+#include <chrono>
+
+#include "common/log.hpp"
+#include "common/wire.hpp"
+#include "server/call_context.hpp"
+#include "server/dispatch.hpp"
+
+namespace vcuda::server {
+
+const dispatch_entry* find_op(uint32_t id) {
+    static const auto index = [] {
+        std::array<const dispatch_entry*, op_id_limit> t{};
+        for (size_t i = 0; i < dispatch_table_size; ++i) t[static_cast<uint32_t>(dispatch_table[i].id)] = &dispatch_table[i];
+        return t;
+    }();
+    return id < index.size() ? index[id] : nullptr;
+}
+
+server::~server() { stop(); }
+
+void server::serve(listener l) {
+    listeners_.push_back(std::make_unique<listener>(std::move(l)));
+    listener* lp = listeners_.back().get();
+    acceptors_.emplace_back([this, lp] { accept_loop(lp); });
+}
+
+void server::stop() {
+    if (stopping_.exchange(true)) return;
+    for (auto& l : listeners_) l->close();
+    for (auto& t : acceptors_)
+        if (t.joinable()) t.join();
+}
+
+void server::accept_loop(listener* l) {
+    while (!stopping_) {
+        auto s = l->accept();
+        if (!s) {
+            if (s.error().code == transport_errc::closed) return;
+            VCUDA_LOG_WARN("accept on {}: {}", l->local().to_string(), s.error().message);
+            continue;
+        }
+        std::thread([this, st = std::move(*s)]() mutable { run_connection(std::move(st)); }).detach();
+    }
+}
+
+void server::run_connection(stream s) {
+    std::string peer = s.peer_description();
+    frame_stream fs(std::move(s));
+    auto hello = fs.receive(after(std::chrono::seconds(10)), std::chrono::seconds(10));
+    if (!hello) {
+        VCUDA_LOG_DEBUG("{}: no valid HELLO ({})", peer, hello.error().message);
+        if (hello.error().code == transport_errc::protocol) send_wire_error(fs, wire_errc::verify_failed, hello.error().message);
+        return;
+    }
+    if (hello->kind() != frame_kind::hello) {
+        send_wire_error(fs, wire_errc::unexpected_kind, "the first frame must be HELLO");
+        return;
+    }
+    auto* h = root_of<wire::Hello>(*hello);
+    if (h->protocol_version() != protocol_version) {
+        send_wire_error(fs, wire_errc::bad_version, "this server speaks protocol version " + std::to_string(protocol_version));
+        return;
+    }
+    std::shared_ptr<session> sess;
+    if (h->session_id() == 0) {
+        sess = sessions_.create(drv_, opts_, peer + " pid " + std::to_string(h->client_pid()));
+        VCUDA_LOG_INFO("session {} opened by {} (host {})", sess->id(), sess->peer(), h->client_host() ? h->client_host()->str() : "?");
+    } else {
+        sess = sessions_.find(h->session_id(), h->session_secret());
+        if (!sess) {
+            send_wire_error(fs, wire_errc::auth_failed, "unknown session or wrong session secret");
+            return;
+        }
+    }
+    ++sess->lanes;
+    flatbuffers::FlatBufferBuilder b(128);
+    b.Finish(wire::CreateHelloReply(b, protocol_version, features::all, sess->id(), sess->secret(), b.CreateString("vcuda-server"),
+                                    opts_.memory_quota));
+    if (fs.send(make_frame(frame_kind::hello_reply, b), after(std::chrono::seconds(10))))
+        run_lane(sess, fs, h->lane());
+    if (--sess->lanes == 0) {
+        auto t0 = std::chrono::steady_clock::now();
+        uint64_t held = 0;
+        size_t handles;
+        {
+            std::lock_guard lock(sess->mu);
+            for (size_t d = 0; d < sess->device_count(); ++d) held += sess->memory(d).mapped();
+            handles = sess->handles.size();
+        }
+        sessions_.remove(sess->id());
+        sess->release_all();
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        VCUDA_LOG_INFO("session {} ended ({}): released {} MiB of GPU memory and {} handles in {} ms", sess->id(), sess->peer(),
+                       held >> 20, handles, ms);
+    }
+}
+
+void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t lane_number) {
+    auto& d = sess->api();
+    staging_pool pool(d);
+    lane_state lane;
+    lane.stream = &fs;
+    lane.staging = &pool;
+    staging_pool::buffer* staged = nullptr;
+    // Host-to-device payloads land straight in a pinned staging buffer when they fit one.
+    payload_sink sink = [&](const frame_header& h, const std::vector<std::byte>& meta) -> std::byte* {
+        staged = nullptr;
+        if (h.kind != static_cast<uint16_t>(frame_kind::call) || h.payload_len > staging_pool::buffer_size) return nullptr;
+        auto* call = flatbuffers::GetRoot<wire::Call>(meta.data());
+        if (call->op() != static_cast<uint32_t>(op::copy_htod)) return nullptr;
+        staged = pool.take();
+        return staged ? static_cast<std::byte*>(staged->data) : nullptr;
+    };
+    for (;;) {
+        auto f = fs.receive(never, std::chrono::seconds(60), sink);
+        if (!f) {
+            if (staged) pool.give_back(staged, nullptr);
+            if (f.error().code == transport_errc::protocol) {
+                VCUDA_LOG_WARN("session {} lane {}: bad frame ({}); closing the lane", sess->id(), lane_number, f.error().message);
+                send_wire_error(fs, wire_errc::verify_failed, f.error().message);
+            }
+            return;
+        }
+        if (f->kind() == frame_kind::goodbye) return;
+        if (f->kind() != frame_kind::call) {
+            send_wire_error(fs, wire_errc::unexpected_kind, "expected a CALL frame");
+            return;
+        }
+        auto* call = root_of<wire::Call>(*f);
+        call_context cx(*sess, lane, *call, *f, staged);
+        staged = nullptr;
+        CUresult rc;
+        const dispatch_entry* entry = find_op(call->op());
+        if (!entry) {
+            rc = cx.fail(CUDA_ERROR_NOT_SUPPORTED, "op " + std::to_string(call->op()) + " is not allowed by this server");
+            VCUDA_LOG_WARN("session {}: refused op {}", sess->id(), call->op());
+        } else {
+            // The caller's current device: its session context becomes current on this thread.
+            int dev = call->device();
+            rc = CUDA_SUCCESS;
+            if (dev != lane.current_device) {
+                if (dev < 0) {
+                    d.cuCtxSetCurrent(nullptr);
+                } else if (static_cast<size_t>(dev) >= sess->device_count()) {
+                    rc = cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+                } else {
+                    CUcontext ctx = sess->context(dev, rc);
+                    if (ctx) d.cuCtxSetCurrent(ctx);
+                }
+                lane.current_device = rc == CUDA_SUCCESS ? dev : -2;
+            }
+            if (rc == CUDA_SUCCESS) rc = entry->handler(cx);
+            
+            VCUDA_LOG_TRACE("session {} lane {}: {} -> {}", sess->id(), lane_number, entry->name, static_cast<int>(rc));
+        }
+        if (cx.staged() && cx.staged()->busy) pool.give_back(cx.staged(), nullptr);  // the handler did not use it
+        if (cx.queued()) {
+            if (rc != CUDA_SUCCESS && lane.pending_error == CUDA_SUCCESS) {
+                lane.pending_error = rc;
+                VCUDA_LOG_DEBUG("session {}: queued {} failed with {} ({})", sess->id(), entry ? entry->name : "op",
+                                static_cast<int>(rc), cx.detail);
+            }
+            continue;
+        }
+        if (cx.replied) continue;
+        if (rc == CUDA_SUCCESS && lane.pending_error != CUDA_SUCCESS) {
+            rc = lane.pending_error;
+            lane.pending_error = CUDA_SUCCESS;
+            cx.outs.clear();
+            cx.out_blobs.clear();
+            cx.reply_payload.clear();
+        }
+        if (!send_reply(cx, rc)) return;
+    }
+}
+
+}  // namespace vcuda::server

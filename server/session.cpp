@@ -1,0 +1,129 @@
+#include "server/session.hpp"
+
+#include <random>
+
+#include "common/log.hpp"
+
+namespace vcuda::server {
+
+session::session(uint64_t id, uint64_t secret, driver& drv, const server_options& opts, std::string peer)
+    : id_(id), secret_(secret), drv_(&drv), opts_(opts), peer_(std::move(peer)) {
+    for (auto& g : drv.gpus()) {
+        device_slot s;
+        s.device = g.device;
+        uint64_t q = opts.memory_quota ? std::min<uint64_t>(opts.memory_quota, g.total_memory) : g.total_memory;
+        s.memory = std::make_unique<device_memory>(drv.api(), g.device, q);
+        devices_.push_back(std::move(s));
+    }
+}
+
+session::~session() { release_all(); }
+
+uint64_t session::quota(size_t device) const { return devices_[device].memory->quota(); }
+
+CUcontext session::context(size_t device, CUresult& rc) {
+    std::lock_guard lock(mu);
+    auto& s = devices_[device];
+    rc = CUDA_SUCCESS;
+    if (s.ctx) return s.ctx;
+    auto& d = api();
+    if (d.cuCtxCreate_v4) rc = d.cuCtxCreate_v4(&s.ctx, nullptr, 0, s.device);
+    else if (d.cuCtxCreate_v2) rc = d.cuCtxCreate_v2(&s.ctx, 0, s.device);
+    else rc = CUDA_ERROR_NOT_SUPPORTED;
+    if (rc != CUDA_SUCCESS) {
+        VCUDA_LOG_ERROR("session {}: cannot create a context on GPU {} (error {})", id_, device, static_cast<int>(rc));
+        s.ctx = nullptr;
+        return nullptr;
+    }
+    if (d.cuCtxPopCurrent_v2) d.cuCtxPopCurrent_v2(nullptr);  // lanes choose their current context per call
+    return s.ctx;
+}
+
+bool session::owns_range(CUdeviceptr p, size_t n) {
+    std::lock_guard lock(mu);
+    for (auto& s : devices_)
+        if (s.memory->contains(p, n)) return true;
+    auto it = globals.upper_bound(p);
+    if (it == globals.begin()) return false;
+    --it;
+    size_t size = it->second.first;
+    return p - it->first < size && n <= size - (p - it->first);
+}
+
+void session::release_device(size_t device) {
+    auto& d = api();
+    auto& s = devices_[device];
+    std::lock_guard lock(mu);
+    if (s.ctx) {
+        d.cuCtxSetCurrent(s.ctx);
+        d.cuCtxSynchronize();  // nothing may still use what is freed below (errors: the context is going anyway)
+    }
+    // Dependents first: events and streams, then functions/kernels (owned), then modules and libraries.
+    std::vector<std::pair<uint64_t, handle_entry>> doomed;
+    handles.for_each([&](uint64_t id, handle_entry& e) {
+        if (static_cast<size_t>(e.device) == device) doomed.emplace_back(id, e);
+    });
+    auto destroy = [&](handle_kind k) {
+        for (auto& [id, e] : doomed) {
+            if (e.kind != k || e.owned) continue;
+            switch (k) {
+                case handle_kind::event: d.cuEventDestroy_v2(static_cast<CUevent>(e.raw)); break;
+                case handle_kind::stream: d.cuStreamDestroy_v2(static_cast<CUstream>(e.raw)); break;
+                case handle_kind::module: d.cuModuleUnload(static_cast<CUmodule>(e.raw)); break;
+                case handle_kind::library: d.cuLibraryUnload(static_cast<CUlibrary>(e.raw)); break;
+                default: break;
+            }
+        }
+    };
+    if (s.ctx) {
+        destroy(handle_kind::event);
+        destroy(handle_kind::stream);
+        destroy(handle_kind::module);
+        destroy(handle_kind::library);
+    }
+    for (auto& [id, e] : doomed) handles.erase(id);
+    for (auto it = globals.begin(); it != globals.end();) it = globals.erase(it);
+    s.memory->release_all();
+    if (s.ctx) {
+        d.cuCtxSetCurrent(nullptr);
+        d.cuCtxDestroy_v2(s.ctx);
+        s.ctx = nullptr;
+    }
+}
+
+void session::release_all() {
+    for (size_t i = 0; i < devices_.size(); ++i) release_device(i);
+    std::lock_guard lock(mu);
+    images.clear();
+    image_bytes = 0;
+}
+
+std::shared_ptr<session> session_registry::create(driver& drv, const server_options& opts, const std::string& peer) {
+    static std::mt19937_64 rng{std::random_device{}()};
+    std::lock_guard lock(mu_);
+    uint64_t id;
+    do id = rng() & 0x7fffffffffffffffULL;
+    while (id == 0 || sessions_.count(id));
+    auto s = std::make_shared<session>(id, rng(), drv, opts, peer);
+    sessions_[id] = s;
+    return s;
+}
+
+std::shared_ptr<session> session_registry::find(uint64_t id, uint64_t secret) {
+    std::lock_guard lock(mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second->secret() != secret) return nullptr;
+    return it->second;
+}
+
+void session_registry::remove(uint64_t id) {
+    std::lock_guard lock(mu_);
+    sessions_.erase(id);
+}
+
+size_t session_registry::size() {
+    std::lock_guard lock(mu_);
+    return sessions_.size();
+}
+
+}  // namespace vcuda::server

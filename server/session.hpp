@@ -1,0 +1,88 @@
+// A session: what one client (a VM, a container, a process) holds on this server — its own CUDA context per
+// GPU, its handle table, its device memory and quota, its cached images. Lanes (one per client thread, each
+// its own connection and thread) run calls under it. The session ends when its last lane ends, and then
+// releases everything it held.
+// locks: `mu` guards handles, memory, globals and images; contexts are created once under it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "server/device_memory.hpp"
+#include "server/driver.hpp"
+#include "server/handle_table.hpp"
+
+namespace vcuda::server {
+
+struct server_options {
+    uint64_t memory_quota = 0;  // bytes per GPU per session; 0 = the GPU's own memory
+};
+
+class session {
+public:
+    session(uint64_t id, uint64_t secret, driver& drv, const server_options& opts, std::string peer);
+    ~session();
+
+    uint64_t id() const { return id_; }
+    uint64_t secret() const { return secret_; }
+    const std::string& peer() const { return peer_; }
+    driver& drv() { return *drv_; }
+    const driver_table& api() const { return drv_->api(); }
+    size_t device_count() const { return devices_.size(); }
+    uint64_t quota(size_t device) const;
+
+    // The session's context on `device`, created on first use. Null with `rc` set if creation failed.
+    CUcontext context(size_t device, CUresult& rc);
+    device_memory& memory(size_t device) { return *devices_[device].memory; }
+
+    // True when [p, p+n) is this session's memory on any of its GPUs (allocations or module globals).
+    bool owns_range(CUdeviceptr p, size_t n);
+
+    // Ends the session's use of `device` (context reset) or of everything (session end).
+    void release_device(size_t device);
+    void release_all();
+
+    std::mutex mu;
+    handle_table handles;
+    std::map<CUdeviceptr, std::pair<size_t, uint64_t>> globals;  // module globals: start -> (size, owner)
+    std::unordered_map<uint64_t, std::vector<std::vector<uint64_t>>> images;  // content hash -> parts (8-byte aligned)
+    size_t image_bytes = 0;
+
+    std::atomic<int> lanes{0};
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+
+private:
+    struct device_slot {
+        CUdevice device = 0;
+        CUcontext ctx = nullptr;
+        std::unique_ptr<device_memory> memory;
+    };
+
+    uint64_t id_, secret_;
+    driver* drv_;
+    server_options opts_;
+    std::string peer_;
+    std::vector<device_slot> devices_;
+};
+
+// All live sessions of this server, for lanes that join one and for operators' queries.
+class session_registry {
+public:
+    std::shared_ptr<session> create(driver& drv, const server_options& opts, const std::string& peer);
+    std::shared_ptr<session> find(uint64_t id, uint64_t secret);
+    void remove(uint64_t id);
+    size_t size();
+
+private:
+    std::mutex mu_;
+    std::unordered_map<uint64_t, std::shared_ptr<session>> sessions_;
+};
+
+}  // namespace vcuda::server

@@ -1,0 +1,54 @@
+#include "server/staging.hpp"
+
+namespace vcuda::server {
+
+staging_pool::~staging_pool() {
+    for (auto& b : buffers_) {
+        if (b.pending && b.done) drv_->cuEventSynchronize(b.done);
+        if (b.done) drv_->cuEventDestroy_v2(b.done);
+        if (b.data) drv_->cuMemFreeHost(b.data);
+    }
+}
+
+staging_pool::buffer* staging_pool::take() {
+    buffers_.reserve(max_buffers);
+    for (auto& b : buffers_) {
+        if (b.busy) continue;
+        if (!b.pending || drv_->cuEventQuery(b.done) == CUDA_SUCCESS) {
+            b.pending = false;
+            b.busy = true;
+            return &b;
+        }
+    }
+    if (buffers_.size() < max_buffers && drv_->cuMemHostAlloc) {
+        buffer b;
+        if (drv_->cuMemHostAlloc(&b.data, buffer_size, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS) {
+            b.busy = true;
+            buffers_.push_back(b);
+            return &buffers_.back();
+        }
+    }
+    for (auto& b : buffers_) {
+        if (b.busy) continue;
+        drv_->cuEventSynchronize(b.done);
+        b.pending = false;
+        b.busy = true;
+        return &b;
+    }
+    return nullptr;
+}
+
+void staging_pool::give_back(buffer* b, CUstream stream) {
+    CUcontext ctx = nullptr;
+    drv_->cuCtxGetCurrent(&ctx);
+    if (b->done && b->ctx != ctx) {  // events belong to a context: make one in the context now current
+        drv_->cuEventDestroy_v2(b->done);
+        b->done = nullptr;
+    }
+    if (!b->done && drv_->cuEventCreate(&b->done, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) b->ctx = ctx;
+    b->busy = false;
+    b->pending = b->done && drv_->cuEventRecord(b->done, stream) == CUDA_SUCCESS;
+    if (!b->pending) drv_->cuStreamSynchronize(stream);  // no event to wait on later: wait now
+}
+
+}  // namespace vcuda::server

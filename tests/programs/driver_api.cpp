@@ -1,0 +1,268 @@
+// driver_api: a program written against the driver API alone (linked with -lcuda, no runtime). It loads its
+// own device code: an embedded fatbin with cuModuleLoadData and cuLibraryLoadData, an embedded PTX with
+// cuModuleLoadData (JIT-compiled by the driver); finds functions, kernels and a global; reads parameter
+// layouts; and launches with kernelParams, with the `extra` buffer form, with cuLaunchKernelEx, with a CUkernel
+// cast to CUfunction (as cudart does), on the NULL stream and on a stream; with cuMemAlloc/cuMemAllocHost
+// memory and sync and async copies.
+#include <cuda.h>
+
+#include <cstring>
+#include <vector>
+
+#include "common.cuh"
+#include "driver_api_fatbin.h"  // generated: driver_api_fatbin[] (nvcc -fatbin of driver_api_kernels.cu)
+#include "driver_api_ptx.h"     // generated: driver_api_ptx[], NUL-terminated (nvcc -ptx)
+
+#define CU_CHECK(call)                                                                                     \
+    do {                                                                                                   \
+        CUresult r_ = (call);                                                                              \
+        if (r_ != CUDA_SUCCESS) {                                                                          \
+            const char* n_ = "?";                                                                          \
+            cuGetErrorName(r_, &n_);                                                                       \
+            fail("%s returned %s (%d) at line %d", #call, n_, static_cast<int>(r_), __LINE__);              \
+        }                                                                                                  \
+    } while (0)
+
+static const char* err_name(CUresult r) {
+    const char* n = "?";
+    cuGetErrorName(r, &n);
+    return n;
+}
+
+static void print_param_info(const char* what, CUfunction f) {
+    printf("%s params:", what);
+    for (size_t i = 0;; ++i) {
+        size_t off = 0, size = 0;
+        CUresult r = cuFuncGetParamInfo(f, i, &off, &size);
+        if (r != CUDA_SUCCESS) {
+            printf(" (index %zu: %s)\n", i, err_name(r));
+            break;
+        }
+        printf(" [%zu] offset %zu size %zu;", i, off, size);
+    }
+}
+
+static void print_kernel_param_info(const char* what, CUkernel k) {
+    printf("%s params:", what);
+    for (size_t i = 0;; ++i) {
+        size_t off = 0, size = 0;
+        CUresult r = cuKernelGetParamInfo(k, i, &off, &size);
+        if (r != CUDA_SUCCESS) {
+            printf(" (index %zu: %s)\n", i, err_name(r));
+            break;
+        }
+        printf(" [%zu] offset %zu size %zu;", i, off, size);
+    }
+}
+
+int main() {
+    CU_CHECK(cuInit(0));
+    int version = 0, count = 0;
+    CU_CHECK(cuDriverGetVersion(&version));
+    CU_CHECK(cuDeviceGetCount(&count));
+    printf("driver version %d, %d device(s)\n", version, count);
+    EXPECT(count > 0, "no device");
+    CUdevice dev;
+    CU_CHECK(cuDeviceGet(&dev, 0));
+    char name[256];
+    CU_CHECK(cuDeviceGetName(name, sizeof name, dev));
+    size_t total = 0;
+    CU_CHECK(cuDeviceTotalMem(&total, dev));
+    int major = 0, minor = 0;
+    CU_CHECK(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+    CU_CHECK(cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+    printf("device 0: %s, %zu bytes, compute %d.%d\n", name, total, major, minor);
+
+    CUcontext ctx = nullptr, cur = nullptr;
+    CU_CHECK(cuCtxCreate(&ctx, nullptr, 0, dev));
+    CU_CHECK(cuCtxGetCurrent(&cur));
+    EXPECT(cur == ctx, "cuCtxGetCurrent is not the created context");
+    CUdevice cdev = -1;
+    CU_CHECK(cuCtxGetDevice(&cdev));
+    printf("context created, current, on device %d\n", static_cast<int>(cdev));
+
+    // The images, copied into 8-byte aligned buffers followed by unrelated bytes: the driver (and vcuda) must
+    // size a fatbin by its header and PTX by its terminating NUL, not by the buffer.
+    std::vector<unsigned long long> fatbin_buf(sizeof(driver_api_fatbin) / 8 + 64, 0xA5A5A5A5A5A5A5A5ull);
+    memcpy(fatbin_buf.data(), driver_api_fatbin, sizeof(driver_api_fatbin));
+    std::vector<unsigned long long> ptx_buf(sizeof(driver_api_ptx) / 8 + 64, 0x4141414141414141ull);
+    memcpy(ptx_buf.data(), driver_api_ptx, sizeof(driver_api_ptx));
+    printf("fatbin image %zu bytes, PTX %zu bytes\n", sizeof(driver_api_fatbin), strlen(reinterpret_cast<const char*>(driver_api_ptx)));
+
+    CUmodule mod;
+    CU_CHECK(cuModuleLoadData(&mod, fatbin_buf.data()));
+    CUfunction f_scale, f_bias, f_iota;
+    CU_CHECK(cuModuleGetFunction(&f_scale, mod, "drv_scale"));
+    CU_CHECK(cuModuleGetFunction(&f_bias, mod, "drv_add_bias"));
+    CU_CHECK(cuModuleGetFunction(&f_iota, mod, "drv_iota"));
+    CUfunction missing;
+    CUresult rm = cuModuleGetFunction(&missing, mod, "no_such_kernel");
+    printf("cuModuleGetFunction(no_such_kernel): %s\n", err_name(rm));
+    EXPECT(rm == CUDA_ERROR_NOT_FOUND, "looking up a missing kernel returned %s", err_name(rm));
+    print_param_info("drv_scale", f_scale);
+    print_param_info("drv_add_bias", f_bias);
+
+    CUdeviceptr bias_ptr;
+    size_t bias_size = 0;
+    CU_CHECK(cuModuleGetGlobal(&bias_ptr, &bias_size, mod, "drv_bias"));
+    printf("drv_bias: %zu bytes\n", bias_size);
+    EXPECT(bias_size == sizeof(float), "drv_bias size %zu", bias_size);
+
+    const int n = 100000;
+    const size_t bytes = n * sizeof(float);
+    std::vector<float> h(n), out(n);
+    for (int i = 0; i < n; ++i) h[i] = static_cast<float>(i % 1000) - 500.0f;
+    CUdeviceptr x;
+    CU_CHECK(cuMemAlloc(&x, bytes));
+    CU_CHECK(cuMemcpyHtoD(x, h.data(), bytes));
+    const unsigned grid = (n + 255) / 256;
+
+    // 1. kernelParams, NULL stream.
+    float a = 3.0f;
+    int nn = n;
+    void* args[] = {&x, &a, &nn};
+    CU_CHECK(cuLaunchKernel(f_scale, grid, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+    CU_CHECK(cuCtxSynchronize());
+    CU_CHECK(cuMemcpyDtoH(out.data(), x, bytes));
+    for (int i = 0; i < n; ++i) EXPECT(out[i] == h[i] * 3.0f, "kernelParams launch: [%d] = %g", i, out[i]);
+    printf("cuLaunchKernel with kernelParams: ok\n");
+
+    // 2. the `extra` form: one buffer laid out as the parameters are (pointer at 0, float at 8, int at 12).
+    CUstream s;
+    CU_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    {
+        unsigned char buf[16];
+        float a2 = -0.5f;
+        memcpy(buf + 0, &x, 8);
+        memcpy(buf + 8, &a2, 4);
+        memcpy(buf + 12, &nn, 4);
+        size_t size = sizeof buf;
+        void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+        CU_CHECK(cuLaunchKernel(f_scale, grid, 1, 1, 256, 1, 1, 0, s, nullptr, extra));
+        CU_CHECK(cuStreamSynchronize(s));
+        CU_CHECK(cuMemcpyDtoH(out.data(), x, bytes));
+        for (int i = 0; i < n; ++i) EXPECT(out[i] == h[i] * 3.0f * -0.5f, "extra launch: [%d] = %g", i, out[i]);
+        printf("cuLaunchKernel with extra: ok\n");
+    }
+
+    // 3. a global: read its initial value, set it, use it from a kernel through its address.
+    {
+        float init = 0;
+        CU_CHECK(cuMemcpyDtoH(&init, bias_ptr, sizeof init));
+        printf("drv_bias initial value: %g\n", init);
+        float bias = 10.0f;
+        CU_CHECK(cuMemcpyHtoD(bias_ptr, &bias, sizeof bias));
+        void* bargs[] = {&x, &bias_ptr, &nn};
+        CU_CHECK(cuLaunchKernel(f_bias, grid, 1, 1, 256, 1, 1, 0, s, bargs, nullptr));
+        CU_CHECK(cuStreamSynchronize(s));
+        CU_CHECK(cuMemcpyDtoH(out.data(), x, bytes));
+        for (int i = 0; i < n; ++i) EXPECT(out[i] == h[i] * -1.5f + 10.0f, "bias launch: [%d] = %g", i, out[i]);
+        printf("global set with cuMemcpyHtoD and used by a kernel: ok\n");
+    }
+
+    // 4. cuLaunchKernelEx.
+    {
+        CUlaunchConfig cfg = {};
+        cfg.gridDimX = grid;
+        cfg.gridDimY = cfg.gridDimZ = 1;
+        cfg.blockDimX = 256;
+        cfg.blockDimY = cfg.blockDimZ = 1;
+        cfg.hStream = s;
+        cfg.attrs = nullptr;
+        cfg.numAttrs = 0;
+        float a3 = 2.0f;
+        void* eargs[] = {&x, &a3, &nn};
+        CU_CHECK(cuLaunchKernelEx(&cfg, f_scale, eargs, nullptr));
+        CU_CHECK(cuStreamSynchronize(s));
+        CU_CHECK(cuMemcpyDtoH(out.data(), x, bytes));
+        for (int i = 0; i < n; ++i) EXPECT(out[i] == (h[i] * -1.5f + 10.0f) * 2.0f, "cuLaunchKernelEx: [%d] = %g", i, out[i]);
+        printf("cuLaunchKernelEx: ok\n");
+    }
+
+    // 5. PTX, JIT-compiled by the driver.
+    CUmodule ptx_mod;
+    CU_CHECK(cuModuleLoadData(&ptx_mod, ptx_buf.data()));
+    CUfunction p_iota;
+    CU_CHECK(cuModuleGetFunction(&p_iota, ptx_mod, "drv_iota"));
+    print_param_info("drv_iota (PTX)", p_iota);
+    CUdeviceptr iv;
+    CU_CHECK(cuMemAlloc(&iv, n * sizeof(int)));
+    {
+        int base = 1000;
+        void* iargs[] = {&iv, &base, &nn};
+        CU_CHECK(cuLaunchKernel(p_iota, grid, 1, 1, 256, 1, 1, 0, nullptr, iargs, nullptr));
+        std::vector<int> hi(n);
+        CU_CHECK(cuMemcpyDtoH(hi.data(), iv, n * sizeof(int)));
+        for (int i = 0; i < n; ++i) EXPECT(hi[i] == 1000 + i, "PTX drv_iota: [%d] = %d", i, hi[i]);
+        printf("PTX module: ok\n");
+    }
+
+    // 6. a library: kernel handle, its parameter layout, launch through cuKernelGetFunction and as a cast.
+    {
+        CUlibrary lib;
+        CU_CHECK(cuLibraryLoadData(&lib, fatbin_buf.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+        CUkernel k;
+        CU_CHECK(cuLibraryGetKernel(&k, lib, "drv_iota"));
+        print_kernel_param_info("drv_iota (library)", k);
+        CUfunction kf;
+        CU_CHECK(cuKernelGetFunction(&kf, k));
+        CUdeviceptr lg;
+        size_t lg_size = 0;
+        CU_CHECK(cuLibraryGetGlobal(&lg, &lg_size, lib, "drv_bias"));
+        printf("library global drv_bias: %zu bytes\n", lg_size);
+
+        int* pinned = nullptr;
+        CU_CHECK(cuMemAllocHost(reinterpret_cast<void**>(&pinned), n * sizeof(int)));
+        int base = -7;
+        void* kargs[] = {&iv, &base, &nn};
+        CU_CHECK(cuLaunchKernel(kf, grid, 1, 1, 256, 1, 1, 0, s, kargs, nullptr));
+        CU_CHECK(cuMemcpyDtoHAsync(pinned, iv, n * sizeof(int), s));
+        CU_CHECK(cuStreamSynchronize(s));
+        for (int i = 0; i < n; ++i) EXPECT(pinned[i] == -7 + i, "library kernel: [%d] = %d", i, pinned[i]);
+        base = 5;
+        CU_CHECK(cuLaunchKernel(reinterpret_cast<CUfunction>(k), grid, 1, 1, 256, 1, 1, 0, s, kargs, nullptr));
+        CU_CHECK(cuMemcpyDtoHAsync(pinned, iv, n * sizeof(int), s));
+        CU_CHECK(cuStreamSynchronize(s));
+        for (int i = 0; i < n; ++i) EXPECT(pinned[i] == 5 + i, "CUkernel as CUfunction: [%d] = %d", i, pinned[i]);
+        printf("library kernel via cuKernelGetFunction and as a cast CUkernel: ok\n");
+        CU_CHECK(cuMemFreeHost(pinned));
+        CU_CHECK(cuLibraryUnload(lib));
+    }
+
+    // 7. async copy in, launch, async copy out on a stream; memory queries.
+    {
+        float* ph = nullptr;
+        CU_CHECK(cuMemAllocHost(reinterpret_cast<void**>(&ph), bytes));
+        for (int i = 0; i < n; ++i) ph[i] = static_cast<float>(i);
+        CU_CHECK(cuMemcpyHtoDAsync(x, ph, bytes, s));
+        float a4 = 0.25f;
+        void* sargs[] = {&x, &a4, &nn};
+        CU_CHECK(cuLaunchKernel(f_scale, grid, 1, 1, 256, 1, 1, 0, s, sargs, nullptr));
+        CU_CHECK(cuMemcpyDtoHAsync(ph, x, bytes, s));
+        CU_CHECK(cuStreamSynchronize(s));
+        for (int i = 0; i < n; ++i) EXPECT(ph[i] == static_cast<float>(i) * 0.25f, "async round trip: [%d] = %g", i, ph[i]);
+        printf("async HtoD, launch, DtoH on a stream: ok\n");
+        CU_CHECK(cuMemFreeHost(ph));
+
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        CU_CHECK(cuMemGetAddressRange(&base, &size, x + 1000));
+        printf("cuMemGetAddressRange(x + 1000): base == x: %s, size %zu\n", base == x ? "yes" : "no", size);
+        EXPECT(base == x && size >= bytes, "cuMemGetAddressRange: size %zu", size);
+        unsigned mtype = 0;
+        CU_CHECK(cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, x));
+        printf("cuPointerGetAttribute(MEMORY_TYPE, x) = %s\n", mtype == CU_MEMORYTYPE_DEVICE ? "device" : "other");
+        size_t free_b = 0, total_b = 0;
+        CU_CHECK(cuMemGetInfo(&free_b, &total_b));
+        printf("cuMemGetInfo total %zu\n", total_b);
+        printf("info: cuMemGetInfo free %zu\n", free_b);
+    }
+
+    CU_CHECK(cuStreamDestroy(s));
+    CU_CHECK(cuMemFree(x));
+    CU_CHECK(cuMemFree(iv));
+    CU_CHECK(cuModuleUnload(ptx_mod));
+    CU_CHECK(cuModuleUnload(mod));
+    CU_CHECK(cuCtxDestroy(ctx));
+    return pass();
+}

@@ -1,0 +1,103 @@
+// func_attributes: what the runtime reports about kernels — cudaFuncGetAttributes field by field (shared,
+// constant and local sizes, registers, max threads under __launch_bounds__, versions, cluster fields) and the
+// occupancy API (cudaOccupancyMaxActiveBlocksPerMultiprocessor, cudaOccupancyMaxPotentialBlockSize) — then
+// launches each kernel at the suggested shape and checks its result.
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "common.cuh"
+
+extern "C" __global__ void fa_small(int* p, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = i * 2;
+}
+
+extern "C" __global__ void __launch_bounds__(128) fa_bounded(float* p, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = p[i] * 0.5f + 1.0f;
+}
+
+// Reverses each block's 256-element segment through 8 KiB of static shared memory.
+extern "C" __global__ void fa_shared(const float* in, float* out, int n) {
+    __shared__ float buf[2048];
+    int t = threadIdx.x, base = blockIdx.x * 256;
+    if (base + t < n) buf[t] = in[base + t];
+    buf[1024 + t] = 0.0f;
+    __syncthreads();
+    int src = 255 - t;
+    if (base + t < n && base + src < n) out[base + t] = buf[src] + buf[1024 + t];
+}
+
+static void print_attrs(const char* name, const void* fn) {
+    cudaFuncAttributes a;
+    CHECK(cudaFuncGetAttributes(&a, fn));
+    printf("%s: sharedSizeBytes %zu, constSizeBytes %zu, localSizeBytes %zu, maxThreadsPerBlock %d, numRegs %d, "
+           "ptxVersion %d, binaryVersion %d, cacheModeCA %d, maxDynamicSharedSizeBytes %d, "
+           "preferredShmemCarveout %d, clusterDimMustBeSet %d, requiredCluster %d %d %d, "
+           "clusterSchedulingPolicyPreference %d, nonPortableClusterSizeAllowed %d\n",
+           name, a.sharedSizeBytes, a.constSizeBytes, a.localSizeBytes, a.maxThreadsPerBlock, a.numRegs,
+           a.ptxVersion, a.binaryVersion, a.cacheModeCA, a.maxDynamicSharedSizeBytes, a.preferredShmemCarveout,
+           a.clusterDimMustBeSet, a.requiredClusterWidth, a.requiredClusterHeight, a.requiredClusterDepth,
+           a.clusterSchedulingPolicyPreference, a.nonPortableClusterSizeAllowed);
+    EXPECT(a.maxThreadsPerBlock > 0, "%s: maxThreadsPerBlock %d", name, a.maxThreadsPerBlock);
+}
+
+int main() {
+    print_attrs("fa_small", reinterpret_cast<const void*>(fa_small));
+    print_attrs("fa_bounded", reinterpret_cast<const void*>(fa_bounded));
+    print_attrs("fa_shared", reinterpret_cast<const void*>(fa_shared));
+    {
+        cudaFuncAttributes a;
+        CHECK(cudaFuncGetAttributes(&a, reinterpret_cast<const void*>(fa_bounded)));
+        EXPECT(a.maxThreadsPerBlock <= 128, "__launch_bounds__(128) not reflected: %d", a.maxThreadsPerBlock);
+        CHECK(cudaFuncGetAttributes(&a, reinterpret_cast<const void*>(fa_shared)));
+        EXPECT(a.sharedSizeBytes >= 8192, "fa_shared: sharedSizeBytes %zu", a.sharedSizeBytes);
+    }
+
+    int blocks = 0;
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fa_small, 256, 0));
+    printf("occupancy fa_small @256: %d blocks per SM\n", blocks);
+    EXPECT(blocks > 0, "occupancy 0");
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fa_shared, 256, 0));
+    printf("occupancy fa_shared @256: %d blocks per SM\n", blocks);
+    EXPECT(blocks > 0, "occupancy 0");
+    int min_grid = 0, block = 0;
+    CHECK(cudaOccupancyMaxPotentialBlockSize(&min_grid, &block, fa_small, 0, 0));
+    printf("fa_small potential block size %d, min grid %d\n", block, min_grid);
+    EXPECT(block > 0 && block <= 1024, "potential block size %d", block);
+    int bmin = 0, bblock = 0;
+    CHECK(cudaOccupancyMaxPotentialBlockSize(&bmin, &bblock, fa_bounded, 0, 0));
+    printf("fa_bounded potential block size %d, min grid %d\n", bblock, bmin);
+    EXPECT(bblock > 0 && bblock <= 128, "fa_bounded potential block size %d", bblock);
+
+    const int n = 100000;
+    int* di;
+    float *df, *dout;
+    CHECK(cudaMalloc(&di, n * sizeof(int)));
+    CHECK(cudaMalloc(&df, n * sizeof(float)));
+    CHECK(cudaMalloc(&dout, n * sizeof(float)));
+    fa_small<<<(n + block - 1) / block, block>>>(di, n);
+    CHECK_LAUNCH();
+    std::vector<float> hf(n), out(n);
+    for (int i = 0; i < n; ++i) hf[i] = static_cast<float>(i % 4096);
+    CHECK(cudaMemcpy(df, hf.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    fa_bounded<<<(n + bblock - 1) / bblock, bblock>>>(df, n);
+    CHECK_LAUNCH();
+    fa_shared<<<(n + 255) / 256, 256>>>(df, dout, n);
+    CHECK_LAUNCH();
+    std::vector<int> hi(n);
+    CHECK(cudaMemcpy(hi.data(), di, n * sizeof(int), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(out.data(), dout, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; ++i) EXPECT(hi[i] == 2 * i, "fa_small [%d] = %d", i, hi[i]);
+    for (int i = 0; i < (n / 256) * 256; ++i) {
+        int base = i / 256 * 256, t = i % 256;
+        float want = hf[base + 255 - t] * 0.5f + 1.0f;
+        EXPECT(out[i] == want, "fa_bounded + fa_shared [%d] = %g, expected %g", i, out[i], want);
+    }
+    printf("launches at the suggested shapes: ok\n");
+    CHECK(cudaFree(di));
+    CHECK(cudaFree(df));
+    CHECK(cudaFree(dout));
+    return pass();
+}

@@ -1,0 +1,19 @@
+// Host kernels of tests/programs/quota_probe.cu.
+#include "host_threads.hpp"
+
+namespace {
+using vcuda::soft::launch;
+using vcuda::soft::kernels::for_each_index_x;
+
+// quota_fill(int* p, int n, int v): p[i] = v + i.
+void quota_fill(const launch& l) {
+    auto p = l.param<int*>(0);
+    auto n = l.param<int>(1);
+    auto v = l.param<int>(2);
+    for_each_index_x(l, [&](size_t i) {
+        if (i < size_t(n < 0 ? 0 : n)) p[i] = v + static_cast<int>(i);
+    });
+}
+
+vcuda::soft::registrar r_quota_fill("quota_fill", {8, 4, 4}, quota_fill);
+}  // namespace

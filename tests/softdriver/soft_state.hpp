@@ -1,0 +1,326 @@
+// The software test driver's internal state: its devices, the objects behind every handle it hands out,
+// the memory ranges it treats as device memory, and the per-thread context stack. A CPU stand-in for
+// libcuda used in CI (no GPU there); it never ships as a feature (DESIGN.md, "Testing").
+//
+// Handles are not pointers: each is a tagged 64-bit value (tag | kind | serial) looked up in one table, so
+// a stale, foreign or wrong-kind handle is detected without ever being dereferenced, and values are never
+// reused within a process.
+//
+// locks: one mutex (state::mu) guards everything in `state`. Work that runs user code (host kernels, host
+// functions, stream callbacks) and bulk copies runs after it is released (see `entry_then`), so a callback
+// may call back into the driver and threads do not serialise on large copies.
+#pragma once
+
+#include <cuda.h>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "soft_kernel.hpp"
+
+// Every driver entry point: C linkage, visible although the library is built with hidden visibility.
+#define VCUDA_SOFT_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace vcuda::soft {
+
+inline constexpr int driver_version = 13000;
+inline constexpr int max_devices = 8;
+inline constexpr size_t default_memory = size_t{8} << 30;
+inline constexpr size_t vmm_granularity = size_t{2} << 20;
+inline constexpr const char* device_name = "vcuda software test driver (CPU)";
+
+// The limits of the device we pretend to be (an sm_90, H100-like part).
+inline constexpr unsigned max_threads_per_block = 1024;
+inline constexpr unsigned max_block_x = 1024, max_block_y = 1024, max_block_z = 64;
+inline constexpr unsigned max_grid_x = 2147483647u, max_grid_y = 65535, max_grid_z = 65535;
+inline constexpr int sm_count = 132;
+inline constexpr int shared_per_block = 49152;
+inline constexpr int shared_per_block_optin = 232448;
+inline constexpr int shared_per_sm = 233472;
+inline constexpr int reserved_shared_per_block = 1024;
+inline constexpr int max_threads_per_sm = 2048;
+inline constexpr int max_blocks_per_sm = 32;
+inline constexpr int regs_per_sm = 65536;
+inline constexpr int regs_per_thread = 32;
+inline constexpr int least_stream_priority = 0, greatest_stream_priority = -5;
+
+enum class kind : uint8_t { context = 1, stream, event, module, library, kernel, function, mem_handle };
+
+inline constexpr uint64_t handle_tag = uint64_t{0x5c0d} << 48;
+inline constexpr uint64_t handle_tag_mask = uint64_t{0xffff} << 48;
+
+struct object {
+    explicit object(kind k) : k(k) {}
+    virtual ~object() = default;
+    kind k;
+    uint64_t handle = 0;
+};
+
+struct context_obj : object {
+    static constexpr kind tag = kind::context;
+    context_obj() : object(tag) {}
+    int device = 0;
+    unsigned flags = 0;
+    bool primary = false;
+    bool active = true;     // a primary context is inactive while its retain count is zero
+    unsigned refcount = 0;  // primary contexts only
+    uint64_t id = 0;
+    unsigned api_version = 3020;
+    CUfunc_cache cache_config = CU_FUNC_CACHE_PREFER_NONE;
+    std::array<size_t, CU_LIMIT_MAX> limits{};
+};
+
+struct stream_obj : object {
+    static constexpr kind tag = kind::stream;
+    stream_obj() : object(tag) {}
+    uint64_t ctx = 0;
+    unsigned flags = 0;
+    int priority = 0;
+    uint64_t id = 0;
+};
+
+struct event_obj : object {
+    static constexpr kind tag = kind::event;
+    event_obj() : object(tag) {}
+    uint64_t ctx = 0;
+    unsigned flags = 0;
+    bool recorded = false;
+    std::chrono::steady_clock::time_point when{};
+};
+
+// Function attributes that can be set; the rest are constants (soft_module.cpp).
+struct func_attrs {
+    int max_dynamic_shared = shared_per_block;
+    int carveout = -1;
+    int cluster_w = 0, cluster_h = 0, cluster_d = 0;
+    int non_portable_cluster = 0;
+    int cluster_sched = 0;
+    CUfunc_cache cache = CU_FUNC_CACHE_PREFER_NONE;
+};
+
+struct function_obj : object {
+    static constexpr kind tag = kind::function;
+    function_obj() : object(tag) {}
+    uint64_t module = 0;
+    uint64_t kernel = 0;  // set when obtained through cuKernelGetFunction
+    uint64_t ctx = 0;
+    const kernel_entry* entry = nullptr;
+    std::string name;
+    std::shared_ptr<func_attrs> attrs;
+};
+
+// The __device__ variables of one module or library: one zeroed host allocation per registered global.
+struct global_set {
+    std::map<std::string, std::pair<void*, size_t>, std::less<>> vars;
+};
+
+struct module_obj : object {
+    static constexpr kind tag = kind::module;
+    module_obj() : object(tag) {}
+    uint64_t ctx = 0;
+    uint64_t library = 0;  // set for the per-context module of a library: its globals are the library's
+    const void* image = nullptr;
+    std::map<std::string, uint64_t, std::less<>> functions;
+    global_set globals;
+};
+
+struct library_obj : object {
+    static constexpr kind tag = kind::library;
+    library_obj() : object(tag) {}
+    const void* image = nullptr;
+    std::map<std::string, uint64_t, std::less<>> kernels;
+    std::map<uint64_t, uint64_t> modules;  // context -> module
+    global_set globals;
+};
+
+struct kernel_obj : object {
+    static constexpr kind tag = kind::kernel;
+    kernel_obj() : object(tag) {}
+    uint64_t library = 0;
+    const kernel_entry* entry = nullptr;
+    std::string name;
+    std::shared_ptr<func_attrs> attrs;
+    std::map<uint64_t, uint64_t> functions;  // context -> function
+};
+
+// A cuMemCreate allocation: a memfd of its size, mapped with cuMemMap. Freed when it is released and unmapped.
+struct mem_handle_obj : object {
+    static constexpr kind tag = kind::mem_handle;
+    mem_handle_obj() : object(tag) {}
+    int fd = -1;
+    size_t size = 0;
+    CUmemAllocationProp prop{};
+    unsigned refs = 1;  // cuMemCreate / cuMemRetainAllocationHandle minus cuMemRelease
+    unsigned maps = 0;  // live cuMemMap mappings
+};
+
+enum class range_kind : uint8_t { device, managed, vmm, host_alloc, host_registered, global };
+
+// One range of addresses the driver treats as device-accessible memory (device pointer == host pointer).
+struct mem_range {
+    uintptr_t base = 0;
+    size_t size = 0;
+    range_kind k = range_kind::device;
+    int device = 0;
+    uint64_t ctx = 0;       // owning context (0: none, e.g. VMM and globals)
+    unsigned flags = 0;     // host alloc / register flags
+    size_t charged = 0;     // bytes counted against the device's memory quota
+    size_t os_size = 0;     // bytes to munmap (device, managed, host_alloc)
+    uint64_t buffer_id = 0;
+    uint64_t mem_handle = 0;  // vmm: the handle mapped here
+    size_t handle_offset = 0;
+    std::array<CUmemAccess_flags, max_devices> access{};  // vmm: per-device access
+    bool sync_memops = false;
+};
+
+struct device_info {
+    size_t total_memory = default_memory;
+    size_t used = 0;
+    uint64_t primary_ctx = 0;
+};
+
+struct state {
+    std::mutex mu;
+    bool initialized = false;
+    std::vector<device_info> devices;
+    std::unordered_map<uint64_t, std::unique_ptr<object>> objects;
+    std::map<uintptr_t, mem_range> ranges;     // by base; never overlapping
+    std::map<uintptr_t, size_t> reservations;  // cuMemAddressReserve: base -> size
+    uint64_t next_serial = 1;
+    uint64_t next_buffer_id = 1;
+    uint64_t next_ctx_id = 1;
+    uint64_t next_stream_id = 16;
+
+    template <class T>
+    T* find(uint64_t h) {
+        auto it = objects.find(h);
+        if (it == objects.end()) return nullptr;
+        return it->second->k == T::tag ? static_cast<T*>(it->second.get()) : nullptr;
+    }
+    template <class T>
+    T* find(const void* h) {
+        return find<T>(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(h)));
+    }
+    template <class T>
+    T* create() {
+        auto obj = std::make_unique<T>();
+        obj->handle = handle_tag | (uint64_t{static_cast<uint8_t>(obj->k)} << 40) | next_serial++;
+        T* raw = obj.get();
+        objects.emplace(raw->handle, std::move(obj));
+        return raw;
+    }
+    void erase(uint64_t h) { objects.erase(h); }
+
+    bool valid_device(CUdevice d) const { return d >= 0 && static_cast<size_t>(d) < devices.size(); }
+};
+
+state& global_state();
+
+template <class H>
+H to_handle(uint64_t h) {
+    return reinterpret_cast<H>(static_cast<uintptr_t>(h));
+}
+template <class H>
+uint64_t from_handle(H h) {
+    return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(h));
+}
+
+// --- Entry points: catch everything, take the lock, refuse before cuInit.
+using work = std::function<CUresult()>;
+
+template <class F>
+CUresult guarded(F&& f) noexcept {
+    try {
+        return f();
+    } catch (const std::bad_alloc&) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    } catch (...) {
+        return CUDA_ERROR_UNKNOWN;
+    }
+}
+
+// f(state&) under the lock, after checking that cuInit has run.
+template <class F>
+CUresult entry(F&& f) noexcept {
+    return guarded([&]() -> CUresult {
+        state& s = global_state();
+        std::lock_guard lk(s.mu);
+        if (!s.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+        return f(s);
+    });
+}
+
+// f(state&, work&) under the lock; then, unlocked and only on success, the work it left (copies, kernels,
+// callbacks).
+template <class F>
+CUresult entry_then(F&& f) noexcept {
+    return guarded([&]() -> CUresult {
+        work w;
+        {
+            state& s = global_state();
+            std::lock_guard lk(s.mu);
+            if (!s.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+            CUresult r = f(s, w);
+            if (r != CUDA_SUCCESS) return r;
+        }
+        return w ? w() : CUDA_SUCCESS;
+    });
+}
+
+// --- Contexts (soft_context.cpp). The calling thread's current context, if it is usable.
+context_obj* current_context(state& s);
+// The current context or CUDA_ERROR_INVALID_CONTEXT.
+CUresult require_context(state& s, context_obj*& out);
+// A context handle passed in: unknown or destroyed -> nullptr.
+context_obj* usable_context(state& s, uint64_t h);
+// Frees everything a context owns (streams, events, modules, allocations) and forgets it on this thread.
+void release_context_resources(state& s, context_obj& c);
+
+// --- Streams (soft_stream.cpp). Checks a stream argument; special handles need a current context.
+// On success *ctx is the context the stream belongs to.
+CUresult check_stream(state& s, CUstream h, context_obj** ctx = nullptr);
+
+// --- Memory (soft_memory.cpp).
+mem_range* find_range(state& s, uintptr_t p);
+bool in_reservation(const state& s, uintptr_t p);
+// Checks that [p, p+n) lies in device-accessible memory (allocations, mappings with access, pinned or
+// registered host memory, globals): CUDA_ERROR_INVALID_VALUE outside, CUDA_ERROR_ILLEGAL_ADDRESS for an
+// unmapped or inaccessible part of a VMM reservation.
+CUresult check_device_range(state& s, uintptr_t p, size_t n, bool write);
+void insert_range(state& s, mem_range r);
+void free_range(state& s, uintptr_t base);  // releases the memory and the quota; erases the range
+CUresult charge(state& s, int device, size_t bytes);
+void uncharge(state& s, int device, size_t bytes);
+void* os_alloc(size_t bytes);  // anonymous, zeroed, lazily committed; nullptr on failure
+void os_free(void* p, size_t bytes);
+// The module's or library's copy of a registered global, allocated (zeroed) on first use.
+void* global_alloc(state& s, global_set& set, const global_entry& g, int device);
+void free_globals(state& s, global_set& set);
+void maybe_free_mem_handle(state& s, mem_handle_obj& m);
+
+// --- Modules (soft_module.cpp).
+void destroy_module(state& s, uint64_t h);
+void destroy_function(state& s, uint64_t h);
+
+// --- Kernel registry (soft_registry.cpp).
+std::vector<const kernel_entry*> registered_kernels();
+std::vector<size_t> param_offsets(const kernel_entry& k);
+
+// --- Small helpers.
+inline bool add_overflows(uintptr_t a, size_t b, uintptr_t* out) { return __builtin_add_overflow(a, b, out); }
+inline size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+inline bool is_pow2(size_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+}  // namespace vcuda::soft

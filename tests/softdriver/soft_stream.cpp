@@ -1,0 +1,292 @@
+// The software test driver: streams, events, host functions. All work runs synchronously in the calling
+// thread, so every stream is always complete and every recorded event has happened; what remains is the
+// bookkeeping and the call-time checks of the real driver. NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are
+// valid wherever a stream is taken (they need a current context). Host functions and stream callbacks run at
+// once, with the driver's lock released.
+#include <chrono>
+
+#include "soft_state.hpp"
+
+namespace vcuda::soft {
+namespace {
+
+thread_local CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+bool special_stream(CUstream h) { return h == nullptr || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD; }
+
+CUresult create_stream(state& s, CUstream* ph, unsigned flags, int priority) {
+    if (ph == nullptr || (flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) return CUDA_ERROR_INVALID_VALUE;
+    context_obj* c = nullptr;
+    if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+    // Out-of-range priorities are clamped, as the real driver does.
+    if (priority > least_stream_priority) priority = least_stream_priority;
+    if (priority < greatest_stream_priority) priority = greatest_stream_priority;
+    stream_obj* st = s.create<stream_obj>();
+    st->ctx = c->handle;
+    st->flags = flags;
+    st->priority = priority;
+    st->id = s.next_stream_id++;
+    *ph = to_handle<CUstream>(st->handle);
+    return CUDA_SUCCESS;
+}
+
+CUresult record_event(state& s, CUevent ev, CUstream stream) {
+    event_obj* e = s.find<event_obj>(ev);
+    if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (CUresult r = check_stream(s, stream); r != CUDA_SUCCESS) return r;
+    e->recorded = true;
+    e->when = std::chrono::steady_clock::now();
+    return CUDA_SUCCESS;
+}
+
+CUresult elapsed(state& s, float* ms, CUevent start, CUevent end) {
+    if (ms == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    event_obj* a = s.find<event_obj>(start);
+    event_obj* b = s.find<event_obj>(end);
+    if (a == nullptr || b == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    // Like the real driver: events without timing, or never recorded, are not valid here.
+    if (((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING) != 0) return CUDA_ERROR_INVALID_HANDLE;
+    if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult check_stream(state& s, CUstream h, context_obj** ctx) {
+    context_obj* c = nullptr;
+    if (special_stream(h)) {
+        if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+    } else {
+        stream_obj* st = s.find<stream_obj>(h);
+        if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        c = usable_context(s, st->ctx);
+        if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    if (ctx != nullptr) *ctx = c;
+    return CUDA_SUCCESS;
+}
+
+}  // namespace vcuda::soft
+
+using namespace vcuda::soft;
+
+// --- Streams.
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamCreate(CUstream* phStream, unsigned int Flags) {
+    return entry([&](state& s) { return create_stream(s, phStream, Flags, least_stream_priority); });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority) {
+    return entry([&](state& s) { return create_stream(s, phStream, flags, priority); });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
+    return entry([&](state& s) -> CUresult {
+        stream_obj* st = s.find<stream_obj>(hStream);
+        if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        s.erase(st->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
+    return entry([&](state& s) { return check_stream(s, hStream); });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
+    return entry([&](state& s) { return check_stream(s, hStream); });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+    return entry([&](state& s) -> CUresult {
+        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        if (s.find<event_obj>(hEvent) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        if ((Flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetPriority(CUstream hStream, int* priority) {
+    return entry([&](state& s) -> CUresult {
+        if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        stream_obj* st = s.find<stream_obj>(hStream);
+        *priority = st != nullptr ? st->priority : least_stream_priority;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetFlags(CUstream hStream, unsigned int* flags) {
+    return entry([&](state& s) -> CUresult {
+        if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        stream_obj* st = s.find<stream_obj>(hStream);
+        *flags = st != nullptr ? st->flags : 0u;
+        return CUDA_SUCCESS;
+    });
+}
+
+// Created streams count from 16; the legacy default stream is 1 and the per-thread one 2.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetId(CUstream hStream, unsigned long long* streamId) {
+    return entry([&](state& s) -> CUresult {
+        if (streamId == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        stream_obj* st = s.find<stream_obj>(hStream);
+        *streamId = st != nullptr ? st->id : (hStream == CU_STREAM_PER_THREAD ? 2u : 1u);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCtx(CUstream hStream, CUcontext* pctx) {
+    return entry([&](state& s) -> CUresult {
+        if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        context_obj* c = nullptr;
+        if (CUresult r = check_stream(s, hStream, &c); r != CUDA_SUCCESS) return r;
+        *pctx = to_handle<CUcontext>(c->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCtx_v2(CUstream hStream, CUcontext* pCtx, CUgreenCtx* pGreenCtx) {
+    return entry([&](state& s) -> CUresult {
+        if (pCtx == nullptr || pGreenCtx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        context_obj* c = nullptr;
+        if (CUresult r = check_stream(s, hStream, &c); r != CUDA_SUCCESS) return r;
+        *pCtx = to_handle<CUcontext>(c->handle);
+        *pGreenCtx = nullptr;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetDevice(CUstream hStream, CUdevice* device) {
+    return entry([&](state& s) -> CUresult {
+        if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        context_obj* c = nullptr;
+        if (CUresult r = check_stream(s, hStream, &c); r != CUDA_SUCCESS) return r;
+        *device = c->device;
+        return CUDA_SUCCESS;
+    });
+}
+
+// Stream capture is not supported: no stream is ever capturing.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
+    return entry([&](state& s) -> CUresult {
+        if (captureStatus == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        *captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                                             cuuint64_t* id_out, CUgraph* graph_out,
+                                                             const CUgraphNode** dependencies_out,
+                                                             const CUgraphEdgeData** edgeData_out,
+                                                             size_t* numDependencies_out) {
+    return entry([&](state& s) -> CUresult {
+        if (captureStatus_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        *captureStatus_out = CU_STREAM_CAPTURE_STATUS_NONE;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+    return entry([&](state&) -> CUresult {
+        if (mode == nullptr || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+            return CUDA_ERROR_INVALID_VALUE;
+        CUstreamCaptureMode old = capture_mode;
+        capture_mode = *mode;
+        *mode = old;
+        return CUDA_SUCCESS;
+    });
+}
+
+// --- Host work: runs now, in this thread, without the driver's lock.
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) {
+    return entry_then([&](state& s, work& w) -> CUresult {
+        if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        w = [fn, userData]() -> CUresult {
+            fn(userData);
+            return CUDA_SUCCESS;
+        };
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void* userData,
+                                                       unsigned int flags) {
+    return entry_then([&](state& s, work& w) -> CUresult {
+        if (callback == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        w = [hStream, callback, userData]() -> CUresult {
+            callback(hStream, CUDA_SUCCESS, userData);
+            return CUDA_SUCCESS;
+        };
+        return CUDA_SUCCESS;
+    });
+}
+
+// --- Events: host steady_clock times.
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* phEvent, unsigned int Flags) {
+    return entry([&](state& s) -> CUresult {
+        const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+        if (phEvent == nullptr || (Flags & ~known) != 0) return CUDA_ERROR_INVALID_VALUE;
+        if ((Flags & CU_EVENT_INTERPROCESS) != 0 && (Flags & CU_EVENT_DISABLE_TIMING) == 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        context_obj* c = nullptr;
+        if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+        event_obj* e = s.create<event_obj>();
+        e->ctx = c->handle;
+        e->flags = Flags;
+        *phEvent = to_handle<CUevent>(e->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
+    return entry([&](state& s) { return record_event(s, hEvent, hStream); });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags) {
+    return entry([&](state& s) -> CUresult {
+        if ((flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
+        return record_event(s, hEvent, hStream);
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
+    return entry([&](state& s) -> CUresult {
+        return s.find<event_obj>(hEvent) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
+    return entry([&](state& s) -> CUresult {
+        return s.find<event_obj>(hEvent) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
+    return entry([&](state& s) { return elapsed(s, pMilliseconds, hStart, hEnd); });
+}
+
+// The CUDA 2.0 name (same signature; cuda.h maps it to _v2).
+#undef cuEventElapsedTime
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd);
+CUresult CUDAAPI cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
+    return entry([&](state& s) { return elapsed(s, pMilliseconds, hStart, hEnd); });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
+    return entry([&](state& s) -> CUresult {
+        event_obj* e = s.find<event_obj>(hEvent);
+        if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        s.erase(e->handle);
+        return CUDA_SUCCESS;
+    });
+}
