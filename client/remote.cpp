@@ -10,8 +10,28 @@
 namespace vcuda::client {
 
 namespace {
-thread_local std::unique_ptr<lane> tls_lane;
+// The calling thread's lane. Plain pointers (trivially destructible) so that calls made after the thread's
+// destructors ran — cudart unloads its modules from an exit handler — still find a valid state: a new lane.
+thread_local lane* tls_lane = nullptr;
 thread_local session* tls_lane_owner = nullptr;
+struct lane_closer {
+    bool armed = false;
+    ~lane_closer() {
+        // Lane 0 opened the session and lives as long as the process: the session must outlast the thread
+        // that called cuInit (exit handlers still make calls). Other lanes close with their thread.
+        if (tls_lane && tls_lane->number() != 0) delete tls_lane;
+        tls_lane = nullptr;
+        tls_lane_owner = nullptr;
+    }
+};
+thread_local lane_closer tls_closer;
+
+void adopt_lane(std::unique_ptr<lane> l, session* owner) {
+    if (tls_lane && tls_lane->number() != 0) delete tls_lane;
+    tls_lane = l.release();
+    tls_lane_owner = owner;
+    tls_closer.armed = true;  // touching it registers its destructor for this thread
+}
 }  // namespace
 
 // ---------------------------------------------------------------- lane
@@ -165,13 +185,12 @@ std::unique_ptr<session> session::open(const std::string& address, std::chrono::
         d.server_index = static_cast<int>(i);
         s->devices_.push_back(std::move(d));
     }
-    tls_lane = std::move(first);
-    tls_lane_owner = s.get();
+    adopt_lane(std::move(first), s.get());
     return s;
 }
 
 lane* session::this_thread_lane() {
-    if (tls_lane && tls_lane_owner == this) return tls_lane.get();
+    if (tls_lane && tls_lane_owner == this) return tls_lane;
     if (lost_) return nullptr;
     std::string why;
     auto l = connect_lane(next_lane_++, why);
@@ -179,9 +198,8 @@ lane* session::this_thread_lane() {
         mark_lost(why);
         return nullptr;
     }
-    tls_lane = std::move(l);
-    tls_lane_owner = this;
-    return tls_lane.get();
+    adopt_lane(std::move(l), this);
+    return tls_lane;
 }
 
 }  // namespace vcuda::client

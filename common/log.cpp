@@ -28,13 +28,14 @@ bool parse_level(std::string_view text, spdlog::level::level_enum& out) {
 }
 
 std::shared_ptr<spdlog::logger>& get() {
-    static std::shared_ptr<spdlog::logger> logger = [] {
+    // Never destroyed: libraries' exit handlers (cudart unloading its modules) may still log.
+    static auto* logger = new std::shared_ptr<spdlog::logger>([] {
         auto l = std::make_shared<spdlog::logger>("vcuda", std::make_shared<spdlog::sinks::stderr_sink_mt>());
         l->set_level(spdlog::level::warn);
         l->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%l] %v");
         return l;
-    }();
-    return logger;
+    }());
+    return *logger;
 }
 
 void init(std::string_view name, std::string_view level) {

@@ -160,7 +160,7 @@ TEST_CASE("the model hint picks GPUs by name", "[unit][mgmt]") {
 
 TEST_CASE("leases are renewed and expire after the TTL", "[unit][mgmt]") {
     fixture f;
-    f.add(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}));
+    auto a = f.add(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}));
     auto l = f.acquire(request("x", 16 * GiB));
     CHECK(l.expires_at == f.clock() + 30s);
     f.clock.advance(20s);
@@ -178,6 +178,7 @@ TEST_CASE("leases are renewed and expire after the TTL", "[unit][mgmt]") {
     auto again = f.st.renew(l.id, f.clock(), f.ch);
     REQUIRE_FALSE(again);
     CHECK(again.error().code == errc::unknown_lease);
+    f.load(a, "GPU-a0", 0);             // (the server was silent for 50 s: it is down until it speaks)
     f.acquire(request("x", 16 * GiB));  // the memory is free again
 }
 
