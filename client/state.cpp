@@ -59,7 +59,7 @@ state& state::get() {
 
 CUresult state::initialize(unsigned flags) {
     std::call_once(once_, [&] {
-        log::init("vcuda-client");
+        log::init("vcuda-client", {}, "warn");  // an application's stderr is not ours: warnings and errors only
         const char* addr = std::getenv("VCUDA_SERVER");
         if (!addr || !*addr) {
             VCUDA_LOG_ERROR("cuInit: no vcuda server configured: set VCUDA_SERVER=host:port (or unix:/path), or run "

@@ -38,7 +38,7 @@ std::shared_ptr<spdlog::logger>& get() {
     return *logger;
 }
 
-void init(std::string_view name, std::string_view level) {
+void init(std::string_view name, std::string_view level, std::string_view fallback) {
     std::lock_guard lock(init_mutex);
     std::shared_ptr<spdlog::sinks::sink> sink;
     if (const char* file = std::getenv("VCUDA_LOG_FILE"); file && *file) {
@@ -56,7 +56,8 @@ void init(std::string_view name, std::string_view level) {
     if (wanted.empty()) {
         if (const char* env = std::getenv("VCUDA_LOG_LEVEL"); env && *env) wanted = env;
     }
-    if (!wanted.empty() && !parse_level(wanted, lvl)) lvl = spdlog::level::info;
+    if (wanted.empty()) wanted = fallback;
+    if (!parse_level(wanted, lvl)) lvl = spdlog::level::info;
     logger->set_level(lvl);
     logger->flush_on(spdlog::level::warn);
     get() = logger;

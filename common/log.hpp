@@ -9,9 +9,9 @@
 
 namespace vcuda::log {
 
-// Creates the process logger `name` writing to stderr (or VCUDA_LOG_FILE), level from
-// VCUDA_LOG_LEVEL unless `level` is given. Safe to call more than once.
-void init(std::string_view name, std::string_view level = {});
+// Creates the process logger `name` writing to stderr (or VCUDA_LOG_FILE). Its level is `level` when given,
+// else VCUDA_LOG_LEVEL, else `fallback`. Safe to call more than once.
+void init(std::string_view name, std::string_view level = {}, std::string_view fallback = "info");
 
 // Parses trace|debug|info|warn|error|critical|off; returns false on an unknown word.
 bool parse_level(std::string_view text, spdlog::level::level_enum& out);

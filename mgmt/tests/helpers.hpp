@@ -71,3 +71,80 @@ struct counter_ids {
 };
 
 }  // namespace vcuda::mgmt::test
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <thread>
+#include <vector>
+
+namespace vcuda::mgmt::test {
+
+// A child process running one of vcuda's binaries, its output going to a log file.
+struct child_process {
+    pid_t pid = -1;
+
+    static child_process spawn(const std::vector<std::string>& args, const std::string& log) {
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        child_process c;
+        c.pid = ::fork();
+        if (c.pid == 0) {
+            ::dup2(fd, 1);
+            ::dup2(fd, 2);
+            ::execv(argv[0], argv.data());
+            ::_exit(127);
+        }
+        ::close(fd);
+        return c;
+    }
+    void signal(int sig) const {
+        if (pid > 0) ::kill(pid, sig);
+    }
+    int wait() {
+        int status = 0;
+        if (pid > 0) ::waitpid(pid, &status, 0);
+        pid = -1;
+        return status;
+    }
+    ~child_process() {
+        if (pid > 0) {
+            signal(SIGKILL);
+            wait();
+        }
+    }
+    child_process() = default;
+    child_process(child_process&& o) noexcept : pid(o.pid) { o.pid = -1; }
+    child_process& operator=(child_process&& o) noexcept {
+        std::swap(pid, o.pid);
+        return *this;
+    }
+};
+
+// Polls `done` every 20 ms until it is true or `timeout` passes.
+template <class F>
+bool eventually(F done, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+        if (done()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return done();
+}
+
+// Runs a shell command and returns its standard output and exit status.
+inline std::pair<std::string, int> run_command(const std::string& cmd) {
+    std::string out;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) return {"", -1};
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    int status = ::pclose(p);
+    return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+}  // namespace vcuda::mgmt::test

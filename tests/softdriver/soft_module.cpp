@@ -367,8 +367,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary* library, const v
     return entry([&](state& s) -> CUresult {
         if (library == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
         if (numJitOptions > 0 && (jitOptions == nullptr || jitOptionsValues == nullptr)) return CUDA_ERROR_INVALID_VALUE;
-        if (numLibraryOptions > 0 && (libraryOptions == nullptr || libraryOptionValues == nullptr))
-            return CUDA_ERROR_INVALID_VALUE;
+        // Both library options are flags whose presence is what counts: a NULL value array is accepted.
+        if (numLibraryOptions > 0 && libraryOptions == nullptr) return CUDA_ERROR_INVALID_VALUE;
         for (unsigned i = 0; i < numLibraryOptions; ++i)
             if (libraryOptions[i] < 0 || libraryOptions[i] >= CU_LIBRARY_NUM_OPTIONS) return CUDA_ERROR_INVALID_VALUE;
         library_obj* lib = s.create<library_obj>();

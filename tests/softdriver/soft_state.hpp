@@ -59,7 +59,6 @@ inline constexpr int least_stream_priority = 0, greatest_stream_priority = -5;
 enum class kind : uint8_t { context = 1, stream, event, module, library, kernel, function, mem_handle };
 
 inline constexpr uint64_t handle_tag = uint64_t{0x5c0d} << 48;
-inline constexpr uint64_t handle_tag_mask = uint64_t{0xffff} << 48;
 
 struct object {
     explicit object(kind k) : k(k) {}
