@@ -142,7 +142,7 @@ VCUDA_API cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) noexcept {
     if (!pciBusId || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     auto& st = state::get();
-    std::snprintf(pciBusId, static_cast<size_t>(len), "%08X:%02X:%02X.0", st.attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
+    std::snprintf(pciBusId, static_cast<size_t>(len), "%04x:%02x:%02x.0", st.attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
                   st.attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID), st.attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID));
     return CUDA_SUCCESS;
 }

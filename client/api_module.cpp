@@ -31,7 +31,9 @@ const char* intern(const std::string& s) {
 CUresult load(target t, const void* code, uint64_t& handle) {
     VCUDA_REQUIRE_INIT();
     if (!code) return CUDA_ERROR_INVALID_VALUE;
-    if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    // Libraries are context-independent (cudart loads them eagerly before any context is current); modules
+    // belong to the current context.
+    if (t == target::module && current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
     image img;
     if (!describe_image(code, img)) return CUDA_ERROR_INVALID_IMAGE;
     auto& st = state::get();

@@ -1,5 +1,6 @@
 // cuGetExportTable: the private tables every copy of cudart asks the driver for
-// (../shared/reference/driver-interface.md §2). Tables live at fixed addresses for the life of the process.
+// (../shared/reference/driver-interface.md §2), and vcuda's own table for its libnvidia-ml.so.1
+// (client/private_table.hpp). Tables live at fixed addresses for the life of the process.
 #include <pthread.h>
 #include <unistd.h>
 
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "client/integrity.hpp"
+#include "client/private_table.hpp"
 #include "client/procaddress.hpp"
 #include "client/state.hpp"
 #include "common/log.hpp"
@@ -222,6 +224,7 @@ extern "C" __attribute__((visibility("default"))) CUresult cuGetExportTable(cons
     else if (id_cls == *id) *table = cls_table().data();
     else if (id_ctx_checks == *id) *table = ctx_checks_table().words.data();
     else if (id_integrity == *id) *table = integrity_table().words.data();
+    else if (std::memcmp(id->bytes, vcuda::vcuda_private_table_id, 16) == 0) *table = &the_private_table();
     else {
         char hex[33];
         for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", static_cast<unsigned char>(id->bytes[i]));

@@ -203,6 +203,15 @@ bool state::find_allocation(uint64_t p, size_t len, device_allocation& out) {
     return true;
 }
 
+void state::device_usage(int device, uint64_t& bytes, bool& has_context) {
+    std::shared_lock lock(mu);
+    bytes = 0;
+    for (auto& [base, a] : allocations_)
+        if (a.device == device && !a.module_global) bytes += a.size;
+    has_context = false;
+    for (auto& [id, c] : contexts_) has_context |= c->device == device;  // primary contexts included
+}
+
 void state::add_host(uintptr_t base, size_t size, unsigned flags, bool registered) {
     std::unique_lock lock(mu);
     host_[base] = host_allocation{base, size, flags, registered};

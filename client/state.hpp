@@ -101,6 +101,10 @@ public:
     // The allocation holding [p, p+len); false when there is none (overflow-safe).
     bool find_allocation(uint64_t p, size_t len, device_allocation& out);
 
+    // What NVML reports as this process's use of client device `device`: the bytes of its allocations
+    // (module globals excluded: they live in their module's memory) and whether it has a context there.
+    void device_usage(int device, uint64_t& bytes, bool& has_context);
+
     // Host allocations made through the driver.
     void add_host(uintptr_t base, size_t size, unsigned flags, bool registered);
     bool remove_host(uintptr_t base, host_allocation& out);

@@ -224,7 +224,7 @@ TEST_CASE("heartbeat replies list the leases alive on the server", "[unit][mgmt]
     CHECK(r->heartbeat_interval_ms == 3333);
 }
 
-TEST_CASE("cordon and drain stop new leases; existing ones keep running", "[unit][mgmt]") {
+TEST_CASE("cordon and drain stop new leases but existing ones keep running", "[unit][mgmt]") {
     fixture f;
     auto a = f.add(server("alpha", {gpu(0, "GPU-a0", 16 * GiB), gpu(1, "GPU-a1", 16 * GiB)}));
     auto b = f.add(server("beta", {gpu(0, "GPU-b0", 16 * GiB)}));

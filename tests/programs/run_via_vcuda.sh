@@ -127,7 +127,9 @@ port_listening() {
 start_server() {
     local listen="$1"
     : >"$server_log"
-    "$server_bin" --listen "$listen" --driver "$driver" --log-level warn ${server_args[@]+"${server_args[@]}"} \
+    local level=(--log-level warn)
+    case " ${server_args[*]-} " in *" --log-level"*) level=() ;; esac  # the caller's level wins
+    "$server_bin" --listen "$listen" --driver "$driver" ${level[@]+"${level[@]}"} ${server_args[@]+"${server_args[@]}"} \
         >>"$server_log" 2>&1 &
     server_pid=$!
     for _ in $(seq 1 150); do

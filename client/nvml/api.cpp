@@ -1,0 +1,474 @@
+// The NVML functions vcuda answers, for the vGPUs this process holds: the same devices, order, UUIDs and PCI
+// ids as vcuda's libcuda.so.1; memory total = the vGPU's size, used = what this process holds; live values
+// (utilization, temperature, power, clocks, modes, driver version) from the server's NVML. Every other
+// exported symbol is a generated stub (tools/gen_nvml_exports.py) answering NVML_ERROR_NOT_SUPPORTED.
+// A function counts as implemented when it is defined here as `extern "C" ... nvmlName(` at the start of a
+// line: the generator reads this file.
+#include <unistd.h>
+
+#include <cctype>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <type_traits>
+
+#include "client/nvml/vgpu.hpp"
+
+using vcuda::gpu_field;
+using vcuda::gpu_status;
+using vcuda::nvml::vgpu;
+using vcuda::nvml::vgpu_device;
+
+namespace {
+
+// The device behind `h`, for a call made between nvmlInit and nvmlShutdown.
+nvmlReturn_t device_of(nvmlDevice_t h, const vgpu_device*& d) {
+    if (!vgpu::get().initialized()) return NVML_ERROR_UNINITIALIZED;
+    d = vgpu::get().from_handle(h);
+    return d ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t copy_string(const std::string& s, char* out, unsigned length) {
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    if (s.size() + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    std::memcpy(out, s.c_str(), s.size() + 1);
+    return NVML_SUCCESS;
+}
+
+// One live value of the physical GPU: NOT_SUPPORTED when the server's NVML did not give it.
+template <class T>
+nvmlReturn_t live_value(nvmlDevice_t h, gpu_field f, T* out) {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(h, d); rc != NVML_SUCCESS) return rc;
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    gpu_status st;
+    if (nvmlReturn_t rc = vgpu::get().status(*d, st); rc != NVML_SUCCESS) return rc;
+    if (!st.has(f)) return NVML_ERROR_NOT_SUPPORTED;
+    *out = static_cast<T>(st.get(f));
+    return NVML_SUCCESS;
+}
+
+gpu_field clock_field(gpu_field first, nvmlClockType_t type) {
+    return static_cast<gpu_field>(static_cast<unsigned>(first) + static_cast<unsigned>(type));
+}
+
+// A system-wide string from the server's NVML (asked of the first GPU: one server serves them all).
+template <size_t N>
+nvmlReturn_t system_string(char (gpu_status::*field)[N], char* out, unsigned length) {
+    if (!vgpu::get().initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    auto& devices = vgpu::get().devices();
+    if (devices.empty()) return NVML_ERROR_NOT_SUPPORTED;
+    gpu_status st;
+    if (nvmlReturn_t rc = vgpu::get().status(devices.front(), st); rc != NVML_SUCCESS) return rc;
+    const char* s = st.*field;
+    if (!*s) return NVML_ERROR_NOT_SUPPORTED;
+    return copy_string(s, out, length);
+}
+
+nvmlReturn_t handle_by_index(unsigned index, nvmlDevice_t* device) {
+    if (!vgpu::get().initialized()) return NVML_ERROR_UNINITIALIZED;
+    auto& devices = vgpu::get().devices();
+    if (!device || index >= devices.size()) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = vgpu::handle_of(devices[index]);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t device_count(unsigned* count) {
+    if (!vgpu::get().initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = static_cast<unsigned>(vgpu::get().devices().size());
+    return NVML_SUCCESS;
+}
+
+// "domain:bus:device.function" (domain optional, any case, any width) as NVML accepts it.
+nvmlReturn_t handle_by_pci_bus_id(const char* bus_id, nvmlDevice_t* device) {
+    if (!vgpu::get().initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!bus_id || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned domain = 0, bus = 0, dev = 0, fn = 0;
+    int n = std::sscanf(bus_id, "%x:%x:%x.%x", &domain, &bus, &dev, &fn);
+    if (n < 3) {
+        domain = 0;
+        if (std::sscanf(bus_id, "%x:%x.%x", &bus, &dev, &fn) < 2) return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    for (auto& d : vgpu::get().devices())
+        if (d.pci_domain == domain && d.pci_bus == bus && d.pci_device == dev) {
+            *device = vgpu::handle_of(d);
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+// The first 36 bytes, common to every nvmlPciInfo layout.
+template <class Pci>
+void fill_pci_common(const vgpu_device& d, Pci* pci) {
+    pci->domain = d.pci_domain;
+    pci->bus = d.pci_bus;
+    pci->device = d.pci_device;
+    pci->pciDeviceId = d.pci_device_id;
+    pci->pciSubSystemId = d.pci_subsystem_id;
+}
+
+nvmlReturn_t pci_info_legacy(nvmlDevice_t h, vcuda_nvmlPciInfo_legacy_t* pci) {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(h, d); rc != NVML_SUCCESS) return rc;
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    std::snprintf(pci->busId, sizeof pci->busId, NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT, d->pci_domain, d->pci_bus, d->pci_device);
+    fill_pci_common(*d, pci);
+    return NVML_SUCCESS;
+}
+
+// This process, on devices where it holds memory or a context (compute); nobody else is visible (graphics,
+// MPS: other processes of the VM have sessions of their own).
+template <class Info>
+nvmlReturn_t running_processes(nvmlDevice_t h, unsigned* count, Info* infos, bool compute) {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(h, d); rc != NVML_SUCCESS) return rc;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t bytes = 0;
+    bool has_context = false;
+    if (compute)
+        if (nvmlReturn_t rc = vgpu::get().usage(*d, bytes, has_context); rc != NVML_SUCCESS) return rc;
+    unsigned n = (compute && (has_context || bytes > 0)) ? 1 : 0;
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    *count = n;
+    if (n == 0) return NVML_SUCCESS;
+    if (!infos) return NVML_ERROR_INVALID_ARGUMENT;
+    Info info{};
+    info.pid = static_cast<unsigned>(getpid());
+    info.usedGpuMemory = bytes;
+    if constexpr (std::is_same_v<Info, nvmlProcessInfo_v2_t>) {
+        info.gpuInstanceId = 0xFFFFFFFFu;
+        info.computeInstanceId = 0xFFFFFFFFu;
+    }
+    infos[0] = info;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t memory(nvmlDevice_t h, uint64_t& total, uint64_t& used) {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(h, d); rc != NVML_SUCCESS) return rc;
+    bool has_context;
+    if (nvmlReturn_t rc = vgpu::get().usage(*d, used, has_context); rc != NVML_SUCCESS) return rc;
+    total = d->total_memory;
+    used = std::min(used, total);
+    return NVML_SUCCESS;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- init, errors, system
+
+extern "C" const char* nvmlErrorString(nvmlReturn_t result) noexcept {
+    switch (result) {
+        case NVML_SUCCESS: return "Success";
+        case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+        case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+        case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+        case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+        case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
+        case NVML_ERROR_NOT_FOUND: return "Not Found";
+        case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+        case NVML_ERROR_INSUFFICIENT_POWER: return "Insufficient External Power";
+        case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+        case NVML_ERROR_TIMEOUT: return "Timeout";
+        case NVML_ERROR_IRQ_ISSUE: return "Interrupt Request Issue";
+        case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
+        case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+        case NVML_ERROR_CORRUPTED_INFOROM: return "Corrupted infoROM";
+        case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+        case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
+        case NVML_ERROR_OPERATING_SYSTEM: return "The operating system has blocked the request.";
+        case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "Driver/library version mismatch";
+        case NVML_ERROR_IN_USE: return "In use by another client";
+        case NVML_ERROR_MEMORY: return "Insufficient Memory";
+        case NVML_ERROR_NO_DATA: return "No data";
+        case NVML_ERROR_VGPU_ECC_NOT_SUPPORTED: return "The requested vgpu operation is not available on target device, because ECC is enabled";
+        case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Ran out of critical resources, other than memory";
+        case NVML_ERROR_FREQ_NOT_SUPPORTED: return "The requested frequency is not supported";
+        case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "The provided version is invalid/unsupported";
+        case NVML_ERROR_DEPRECATED: return "The requested functionality has been deprecated";
+        case NVML_ERROR_NOT_READY: return "The system is not ready for the request";
+        case NVML_ERROR_GPU_NOT_FOUND: return "The GPU was not found";
+        case NVML_ERROR_INVALID_STATE: return "Resource not in correct state to perform requested operation";
+        case NVML_ERROR_RESET_TYPE_NOT_SUPPORTED: return "Reset not supported for given device/parameters";
+        default: return "Unknown Error";
+    }
+}
+
+// NVML_INIT_FLAG_NO_GPUS / NO_ATTACH change nothing here: no GPU is ever attached locally, and vcuda's cuInit
+// refuses a server without GPUs already.
+extern "C" nvmlReturn_t nvmlInitWithFlags(unsigned int) noexcept { return vgpu::get().init(); }
+extern "C" nvmlReturn_t nvmlInit_v2(void) noexcept { return vgpu::get().init(); }
+extern "C" nvmlReturn_t nvmlInit(void) noexcept { return vgpu::get().init(); }
+extern "C" nvmlReturn_t nvmlShutdown(void) noexcept { return vgpu::get().shutdown(); }
+
+extern "C" nvmlReturn_t nvmlSystemGetDriverVersion(char* version, unsigned int length) noexcept {
+    return system_string(&gpu_status::driver_version, version, length);
+}
+
+extern "C" nvmlReturn_t nvmlSystemGetNVMLVersion(char* version, unsigned int length) noexcept {
+    return system_string(&gpu_status::nvml_version, version, length);
+}
+
+// The CUDA version vcuda's libcuda.so.1 reports (cuDriverGetVersion): what this process's CUDA sees.
+extern "C" nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int* cudaDriverVersion) noexcept {
+    if (!vgpu::get().initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!cudaDriverVersion) return NVML_ERROR_INVALID_ARGUMENT;
+    *cudaDriverVersion = vgpu::get().cuda_driver_version();
+    return NVML_SUCCESS;
+}
+extern "C" nvmlReturn_t nvmlSystemGetCudaDriverVersion(int* cudaDriverVersion) noexcept {
+    return nvmlSystemGetCudaDriverVersion_v2(cudaDriverVersion);
+}
+
+// A local process's name (its command's path, as NVML gives it); only this process uses the vGPU.
+extern "C" nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char* name, unsigned int length) noexcept {
+    if (!vgpu::get().initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!name || length == 0) return NVML_ERROR_INVALID_ARGUMENT;
+    std::string base = "/proc/" + std::to_string(pid);
+    std::ifstream cmdline(base + "/cmdline");
+    if (!cmdline) return NVML_ERROR_NOT_FOUND;
+    std::string text;
+    std::getline(cmdline, text, '\0');
+    if (text.empty()) {
+        std::ifstream comm(base + "/comm");
+        std::getline(comm, text);
+    }
+    if (text.size() + 1 > length) text.resize(length - 1);  // NVML truncates names that do not fit
+    return copy_string(text, name, length);
+}
+
+// ---------------------------------------------------------------- enumeration
+
+extern "C" nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* deviceCount) noexcept { return device_count(deviceCount); }
+extern "C" nvmlReturn_t nvmlDeviceGetCount(unsigned int* deviceCount) noexcept { return device_count(deviceCount); }
+
+extern "C" nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device) noexcept {
+    return handle_by_index(index, device);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t* device) noexcept {
+    return handle_by_index(index, device);
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device) noexcept {
+    if (!vgpu::get().initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    for (auto& d : vgpu::get().devices())
+        if (strcasecmp(d.uuid, uuid) == 0) {
+            *device = vgpu::handle_of(d);
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char* pciBusId, nvmlDevice_t* device) noexcept {
+    return handle_by_pci_bus_id(pciBusId, device);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char* pciBusId, nvmlDevice_t* device) noexcept {
+    return handle_by_pci_bus_id(pciBusId, device);
+}
+
+// ---------------------------------------------------------------- identity (from libcuda's device list)
+
+extern "C" nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, unsigned int length) noexcept {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
+    return copy_string(d->name, name, length);
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid, unsigned int length) noexcept {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
+    return copy_string(d->uuid, uuid, length);
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char* serial, unsigned int length) noexcept {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
+    if (!serial) return NVML_ERROR_INVALID_ARGUMENT;
+    gpu_status st;
+    if (nvmlReturn_t rc = vgpu::get().status(*d, st); rc != NVML_SUCCESS) return rc;
+    if (!st.serial[0]) return NVML_ERROR_NOT_SUPPORTED;
+    return copy_string(st.serial, serial, length);
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int* index) noexcept {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
+    if (!index) return NVML_ERROR_INVALID_ARGUMENT;
+    *index = d->index;
+    return NVML_SUCCESS;
+}
+
+// There are no /dev/nvidiaN nodes on a vcuda client: the vGPU's index stands in for the minor number.
+extern "C" nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int* minorNumber) noexcept {
+    return nvmlDeviceGetIndex(device, minorNumber);
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t* pci) noexcept {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    std::snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT, d->pci_domain, d->pci_bus, d->pci_device);
+    std::snprintf(pci->busId, sizeof pci->busId, NVML_DEVICE_PCI_BUS_ID_FMT, d->pci_domain, d->pci_bus, d->pci_device);
+    fill_pci_common(*d, pci);
+    return NVML_SUCCESS;
+}
+extern "C" nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, vcuda_nvmlPciInfo_legacy_t* pci) noexcept {
+    return pci_info_legacy(device, pci);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, vcuda_nvmlPciInfo_legacy_t* pci) noexcept {
+    return pci_info_legacy(device, pci);
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major, int* minor) noexcept {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
+    if (!major || !minor) return NVML_ERROR_INVALID_ARGUMENT;
+    *major = d->cc_major;
+    *minor = d->cc_minor;
+    return NVML_SUCCESS;
+}
+
+// ---------------------------------------------------------------- memory and processes (this process's view)
+
+extern "C" nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* mem) noexcept {
+    uint64_t total = 0, used = 0;
+    if (nvmlReturn_t rc = memory(device, total, used); rc != NVML_SUCCESS) return rc;
+    if (!mem) return NVML_ERROR_INVALID_ARGUMENT;
+    *mem = nvmlMemory_t{total, total - used, used};
+    return NVML_SUCCESS;
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* mem) noexcept {
+    uint64_t total = 0, used = 0;
+    if (nvmlReturn_t rc = memory(device, total, used); rc != NVML_SUCCESS) return rc;
+    if (!mem) return NVML_ERROR_INVALID_ARGUMENT;
+    if (mem->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    mem->total = total;
+    mem->reserved = 0;
+    mem->free = total - used;
+    mem->used = used;
+    return NVML_SUCCESS;
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_t* infos) noexcept {
+    return running_processes(device, infoCount, infos, true);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v2_t* infos) noexcept {
+    return running_processes(device, infoCount, infos, true);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v1_t* infos) noexcept {
+    return running_processes(device, infoCount, infos, true);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_t* infos) noexcept {
+    return running_processes(device, infoCount, infos, false);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v2_t* infos) noexcept {
+    return running_processes(device, infoCount, infos, false);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v1_t* infos) noexcept {
+    return running_processes(device, infoCount, infos, false);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_t* infos) noexcept {
+    return running_processes(device, infoCount, infos, false);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v2_t* infos) noexcept {
+    return running_processes(device, infoCount, infos, false);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v1_t* infos) noexcept {
+    return running_processes(device, infoCount, infos, false);
+}
+
+// ---------------------------------------------------------------- live state of the physical GPU (server's NVML)
+
+extern "C" nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t* utilization) noexcept {
+    nvmlUtilization_t u{};
+    if (nvmlReturn_t rc = live_value(device, gpu_field::utilization_gpu, &u.gpu); rc != NVML_SUCCESS) return rc;
+    if (nvmlReturn_t rc = live_value(device, gpu_field::utilization_memory, &u.memory); rc != NVML_SUCCESS) return rc;
+    if (!utilization) return NVML_ERROR_INVALID_ARGUMENT;
+    *utilization = u;
+    return NVML_SUCCESS;
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType, unsigned int* temp) noexcept {
+    if (sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
+    return live_value(device, gpu_field::temperature, temp);
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t* temperature) noexcept {
+    if (!temperature) return NVML_ERROR_INVALID_ARGUMENT;
+    if (temperature->version != nvmlTemperature_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (temperature->sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
+    return live_value(device, gpu_field::temperature, &temperature->temperature);
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int* power) noexcept {
+    return live_value(device, gpu_field::power_usage, power);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int* limit) noexcept {
+    return live_value(device, gpu_field::power_limit, limit);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device, unsigned int* defaultLimit) noexcept {
+    return live_value(device, gpu_field::power_default_limit, defaultLimit);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int* limit) noexcept {
+    return live_value(device, gpu_field::enforced_power_limit, limit);
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int* clock) noexcept {
+    if (static_cast<unsigned>(type) >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    return live_value(device, clock_field(gpu_field::clock_graphics, type), clock);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int* clock) noexcept {
+    if (static_cast<unsigned>(type) >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    return live_value(device, clock_field(gpu_field::max_clock_graphics, type), clock);
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t* mode) noexcept {
+    return live_value(device, gpu_field::compute_mode, mode);
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int* currentMode, unsigned int* pendingMode) noexcept {
+    if (!currentMode || !pendingMode) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned cur = 0, pending = 0;
+    if (nvmlReturn_t rc = live_value(device, gpu_field::mig_current, &cur); rc != NVML_SUCCESS) return rc;
+    if (nvmlReturn_t rc = live_value(device, gpu_field::mig_pending, &pending); rc != NVML_SUCCESS) return rc;
+    *currentMode = cur;
+    *pendingMode = pending;
+    return NVML_SUCCESS;
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t* mode) noexcept {
+    return live_value(device, gpu_field::persistence_mode, mode);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t device, nvmlEnableState_t* display) noexcept {
+    return live_value(device, gpu_field::display_mode, display);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t device, nvmlEnableState_t* isActive) noexcept {
+    return live_value(device, gpu_field::display_active, isActive);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int* speed) noexcept {
+    return live_value(device, gpu_field::fan_speed, speed);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, nvmlPstates_t* pState) noexcept {
+    return live_value(device, gpu_field::performance_state, pState);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t device, nvmlPstates_t* pState) noexcept {
+    return live_value(device, gpu_field::performance_state, pState);
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t* bar1Memory) noexcept {
+    if (!bar1Memory) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlBAR1Memory_t b{};
+    if (nvmlReturn_t rc = live_value(device, gpu_field::bar1_total, &b.bar1Total); rc != NVML_SUCCESS) return rc;
+    if (nvmlReturn_t rc = live_value(device, gpu_field::bar1_free, &b.bar1Free); rc != NVML_SUCCESS) return rc;
+    if (nvmlReturn_t rc = live_value(device, gpu_field::bar1_used, &b.bar1Used); rc != NVML_SUCCESS) return rc;
+    *bar1Memory = b;
+    return NVML_SUCCESS;
+}

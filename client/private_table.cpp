@@ -1,0 +1,143 @@
+// The slots of vcuda's private export table (client/private_table.hpp): this process's use of each device,
+// answered from the mirror, and the physical GPU's live state, fetched with op gpu_status.
+// runs on: any thread. gpu_status queries run on one worker thread with a lane of its own, so that a caller
+// waits no longer than its timeout however slow the server is, and a query never queues behind the
+// application's own calls on its thread's lane.
+#include "client/private_table.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "client/state.hpp"
+
+namespace vcuda::client {
+namespace {
+
+struct status_query {
+    int server_device = 0;
+    bool done = false;
+    int result = CUDA_SUCCESS;
+    gpu_status status;
+};
+
+// Decodes op gpu_status's reply (layout: common/gpu_status.hpp). Fields a different server version did not
+// send stay unanswered.
+int decode(const call_reply& rp, gpu_status& st) {
+    if (rp.outs.empty() || rp.blobs.size() < 3) return CUDA_ERROR_UNKNOWN;
+    size_t sent = std::min(rp.outs.size() - 1, gpu_field_count);
+    st.answered = rp.outs[0] & (sent == 64 ? ~uint64_t{0} : (uint64_t{1} << sent) - 1);
+    std::copy_n(rp.outs.begin() + 1, sent, st.values);
+    auto text = [&](size_t i, char* dst, size_t cap) {
+        size_t n = std::min(rp.blobs[i].size(), cap - 1);
+        std::memcpy(dst, rp.blobs[i].data(), n);
+        dst[n] = '\0';
+    };
+    text(0, st.driver_version, sizeof st.driver_version);
+    text(1, st.nvml_version, sizeof st.nvml_version);
+    text(2, st.serial, sizeof st.serial);
+    return CUDA_SUCCESS;
+}
+
+class status_worker {
+public:
+    static status_worker& get() {
+        static auto* w = new status_worker();  // never destroyed: its thread may still wait on the server at exit
+        return *w;
+    }
+
+    int query(int server_device, gpu_status& out, std::chrono::milliseconds timeout) {
+        std::unique_lock lock(mu_);
+        std::shared_ptr<status_query> q;
+        for (auto& p : queue_)
+            if (p->server_device == server_device) q = p;  // asked for already (maybe in flight): wait for that one
+        if (!q) {
+            q = std::make_shared<status_query>();
+            q->server_device = server_device;
+            queue_.push_back(q);
+            if (!started_) {
+                started_ = true;
+                std::thread([this] { run(); }).detach();
+            }
+            wake_.notify_one();
+        }
+        if (!done_.wait_for(lock, timeout, [&] { return q->done; })) return CUDA_ERROR_TIMEOUT;
+        out = q->status;
+        return q->result;
+    }
+
+private:
+    void run() {
+        std::unique_lock lock(mu_);
+        for (;;) {
+            wake_.wait(lock, [&] { return !queue_.empty(); });
+            auto q = queue_.front();  // stays queued while in flight, so that callers for its device join it
+            lock.unlock();
+            gpu_status st;
+            int rc = fetch(q->server_device, st);
+            lock.lock();
+            q->status = st;
+            q->result = rc;
+            q->done = true;
+            queue_.pop_front();
+            done_.notify_all();
+        }
+    }
+
+    static int fetch(int server_device, gpu_status& st) {
+        lane* l = state::get().remote().this_thread_lane();
+        if (!l) return connection_lost_result;
+        uint64_t arg = static_cast<uint64_t>(server_device);
+        call_request rq;
+        rq.operation = op::gpu_status;
+        rq.device = -1;  // no context needed: an NVML-only process (nvidia-smi) never creates one
+        rq.args = {&arg, 1};
+        call_reply rp;
+        if (int rc = l->call(rq, rp); rc != CUDA_SUCCESS) return rc;
+        return decode(rp, st);
+    }
+
+    std::mutex mu_;
+    std::condition_variable wake_, done_;
+    std::deque<std::shared_ptr<status_query>> queue_;
+    bool started_ = false;
+};
+
+int checked_device(int dev) {
+    auto& st = state::get();
+    if (!st.initialized()) return st.init_status();
+    if (dev < 0 || dev >= st.device_count()) return CUDA_ERROR_INVALID_DEVICE;
+    if (st.remote().lost()) return connection_lost_result;
+    return CUDA_SUCCESS;
+}
+
+int device_usage(int dev, unsigned long long* bytes, int* has_context) {
+    if (!bytes || !has_context) return CUDA_ERROR_INVALID_VALUE;
+    if (int rc = checked_device(dev); rc != CUDA_SUCCESS) return rc;
+    uint64_t b = 0;
+    bool c = false;
+    state::get().device_usage(dev, b, c);
+    *bytes = b;
+    *has_context = c;
+    return CUDA_SUCCESS;
+}
+
+int fetch_gpu_status(int dev, gpu_status* out, size_t size, unsigned timeout_ms) {
+    if (!out || size != sizeof(gpu_status)) return CUDA_ERROR_INVALID_VALUE;
+    if (int rc = checked_device(dev); rc != CUDA_SUCCESS) return rc;
+    return status_worker::get().query(state::get().device(dev).server_index, *out, std::chrono::milliseconds(timeout_ms));
+}
+
+}  // namespace
+
+const private_table& the_private_table() {
+    static const private_table t{sizeof(private_table), &device_usage, &fetch_gpu_status};
+    return t;
+}
+
+}  // namespace vcuda::client

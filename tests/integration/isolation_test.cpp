@@ -1,0 +1,144 @@
+// Two sessions on one server: neither can read, write or free the other's memory, nor use its handles;
+// quotas hold; bad input gets errors and harms no one; a session's end releases what it held.
+#include <catch2/catch.hpp>
+
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+
+#include <cstring>
+
+#include "raw_client.hpp"
+
+using namespace vcuda;
+using namespace vcuda::test;
+
+namespace {
+
+std::vector<std::byte> pattern(size_t n, uint8_t seed) {
+    std::vector<std::byte> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 31 + seed) & 0xff);
+    return v;
+}
+
+uint64_t alloc(raw_client& c, uint64_t size) {
+    auto r = c.call(op::mem_alloc, {size});
+    REQUIRE(r.result == CUDA_SUCCESS);
+    REQUIRE(r.outs.size() == 1);
+    return r.outs[0];
+}
+
+}  // namespace
+
+TEST_CASE("a session cannot touch another session's memory or handles", "[integration]") {
+    server_process server;
+    auto a = raw_client::open(server.address());
+    auto b = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(b);
+    REQUIRE(a->session_id() != b->session_id());
+
+    const size_t n = 1 << 20;
+    uint64_t b_ptr = alloc(*b, n);
+    auto data = pattern(n, 7);
+    REQUIRE(b->call(op::copy_htod, {b_ptr, 0}, {}, data).result == CUDA_SUCCESS);
+    auto s = b->call(op::cuStreamCreate, {0});
+    REQUIRE(s.result == CUDA_SUCCESS);
+    uint64_t b_stream = s.outs.at(0);
+    uint64_t a_ptr = alloc(*a, n);
+
+    // Every forwarded way of reaching B's memory from A fails.
+    CHECK(a->call(op::copy_dtoh, {b_ptr, n, 0}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::copy_dtoh, {b_ptr + 4096, 16, 0}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::copy_htod, {b_ptr, 0}, {}, pattern(64, 1)).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::copy_dtod, {a_ptr, b_ptr, 64, 0}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::copy_dtod, {b_ptr, a_ptr, 64, 0}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::memset, {b_ptr, 0, 1, 64, 1, 64, 0}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::mem_free, {b_ptr}).result == CUDA_ERROR_INVALID_VALUE);
+    // A range that starts in A's allocation and runs past its end is refused too (overflow-safe checks).
+    CHECK(a->call(op::copy_dtoh, {a_ptr, n + 1, 0}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::copy_dtoh, {a_ptr + 8, ~uint64_t{0} - 4, 0}).result == CUDA_ERROR_INVALID_VALUE);
+    // B's stream is not a handle of A's.
+    CHECK(a->call(op::cuStreamSynchronize, {b_stream}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(a->call(op::cuStreamDestroy_v2, {b_stream}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(a->call(op::copy_dtoh, {a_ptr, 16, b_stream}).result == CUDA_ERROR_INVALID_HANDLE);
+    // Forged handles: right kind, wrong index or generation.
+    CHECK(a->call(op::cuStreamSynchronize, {b_stream + 1}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(a->call(op::cuStreamSynchronize, {b_stream ^ (uint64_t{1} << 33)}).result == CUDA_ERROR_INVALID_HANDLE);
+
+    // B's data and handles are unchanged and still work.
+    auto back = b->call(op::copy_dtoh, {b_ptr, n, b_stream});
+    REQUIRE(back.result == CUDA_SUCCESS);
+    CHECK(back.payload == data);
+    CHECK(b->call(op::cuStreamDestroy_v2, {b_stream}).result == CUDA_SUCCESS);
+    // A destroyed handle is stale from then on.
+    CHECK(b->call(op::cuStreamSynchronize, {b_stream}).result == CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST_CASE("the memory quota refuses the allocation that passes it and nothing else breaks", "[integration]") {
+    server_process server({"--memory-quota", "64MiB"});
+    auto a = raw_client::open(server.address());
+    REQUIRE(a);
+    auto info = a->call(op::mem_get_info, {});
+    REQUIRE(info.result == CUDA_SUCCESS);
+    CHECK(info.outs.at(1) == (64u << 20));
+    for (int i = 0; i < 4; ++i) alloc(*a, 16u << 20);
+    auto over = a->call(op::mem_alloc, {16u << 20});
+    CHECK(over.result == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(over.detail.find("quota") != std::string::npos);
+    // The server keeps serving this session and others.
+    CHECK(a->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
+    auto b = raw_client::open(server.address());
+    REQUIRE(b);
+    alloc(*b, 16u << 20);
+}
+
+TEST_CASE("a session's end releases its memory for others", "[integration]") {
+    server_process server({"--memory-quota", "64MiB"});
+    {
+        auto a = raw_client::open(server.address());
+        REQUIRE(a);
+        for (int i = 0; i < 4; ++i) alloc(*a, 16u << 20);
+    }  // connection closed without any cleanup call, as a crashed client would
+    // The software driver's device is 8 GiB; the session end must have returned A's 64 MiB to it, which the
+    // server's log reports. Poll the log for the end of A's session.
+    bool ended = false;
+    for (int i = 0; i < 100 && !ended; ++i) {
+        ended = server.log().find("released 64 MiB") != std::string::npos;
+        if (!ended) usleep(20000);
+    }
+    INFO(server.log());
+    CHECK(ended);
+}
+
+TEST_CASE("bad input gets an error and harms no other session", "[integration]") {
+    server_process server;
+    auto good = raw_client::open(server.address());
+    REQUIRE(good);
+    uint64_t p = alloc(*good, 4096);
+    auto data = pattern(4096, 3);
+    REQUIRE(good->call(op::copy_htod, {p, 0}, {}, data).result == CUDA_SUCCESS);
+
+    auto bad = raw_client::open(server.address());
+    REQUIRE(bad);
+    // Unknown op: refused by the allowlist, connection kept.
+    auto r = bad->call(uint32_t{9999}, {});
+    CHECK(r.result == CUDA_ERROR_NOT_SUPPORTED);
+    // Wrong number of arguments.
+    CHECK(bad->call(op::mem_alloc, {}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(bad->call(op::copy_dtoh, {1, 2}).result == CUDA_ERROR_INVALID_VALUE);
+    // A device index the session does not have.
+    CHECK(bad->call(op::mem_alloc, {4096}, {}, {}, 7).result == CUDA_ERROR_INVALID_DEVICE);
+    // Garbage bytes: the connection is closed.
+    std::vector<std::byte> junk(64, std::byte{0x5a});
+    REQUIRE(bad->send_raw(junk));
+    CHECK(bad->closed_by_peer());
+
+    // Joining a session with the wrong secret is refused.
+    std::string why;
+    CHECK(!raw_client::open(server.address(), good->session_id(), good->secret() + 1, &why));
+    CHECK(why.find("secret") != std::string::npos);
+
+    auto back = good->call(op::copy_dtoh, {p, 4096, 0});
+    REQUIRE(back.result == CUDA_SUCCESS);
+    CHECK(back.payload == data);
+}

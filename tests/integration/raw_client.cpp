@@ -1,0 +1,126 @@
+#include "raw_client.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/wire.hpp"
+
+namespace vcuda::test {
+
+std::unique_ptr<raw_client> raw_client::open(const std::string& address, uint64_t session_id, uint64_t secret, std::string* why) {
+    auto ep = endpoint::parse(address);
+    if (!ep) return nullptr;
+    auto s = stream::connect(*ep, std::chrono::seconds(5));
+    if (!s) {
+        if (why) *why = s.error().message;
+        return nullptr;
+    }
+    std::unique_ptr<raw_client> c(new raw_client(frame_stream(std::move(*s))));
+    flatbuffers::FlatBufferBuilder b;
+    b.Finish(wire::CreateHello(b, protocol_version, features::all, b.CreateString(""), session_id, secret, 0, getpid(),
+                               b.CreateString("test")));
+    if (!c->fs_.send(make_frame(frame_kind::hello, b))) return nullptr;
+    auto in = c->fs_.receive(after(std::chrono::seconds(5)));
+    if (!in) {
+        if (why) *why = in.error().message;
+        return nullptr;
+    }
+    if (in->kind() == frame_kind::error) {
+        if (why) *why = root_of<wire::Error>(*in)->message()->str();
+        return nullptr;
+    }
+    auto* r = root_of<wire::HelloReply>(*in);
+    c->session_ = r->session_id();
+    c->secret_ = r->session_secret();
+    return c;
+}
+
+raw_reply raw_client::call(op o, std::vector<uint64_t> args, std::vector<std::vector<std::byte>> blobs,
+                           std::vector<std::byte> payload, int device) {
+    flatbuffers::FlatBufferBuilder b;
+    std::vector<flatbuffers::Offset<wire::Blob>> bo;
+    for (auto& x : blobs) bo.push_back(wire::CreateBlob(b, b.CreateVector(reinterpret_cast<const uint8_t*>(x.data()), x.size())));
+    auto a = b.CreateVector(args);
+    auto bv = b.CreateVector(bo);
+    b.Finish(wire::CreateCall(b, static_cast<uint32_t>(o), device, a, bv));
+    raw_reply r;
+    if (!fs_.send(make_frame(frame_kind::call, b, ++sequence_, 0, 0, payload))) {
+        r.connection_ok = false;
+        return r;
+    }
+    auto in = fs_.receive(after(std::chrono::seconds(20)));
+    if (!in || in->kind() != frame_kind::reply) {
+        r.connection_ok = false;
+        return r;
+    }
+    auto* rep = root_of<wire::Reply>(*in);
+    r.result = rep->result();
+    if (rep->outs()) r.outs.assign(rep->outs()->begin(), rep->outs()->end());
+    if (rep->detail()) r.detail = rep->detail()->str();
+    r.payload = std::move(in->payload);
+    return r;
+}
+
+raw_reply raw_client::call(uint32_t raw_op, std::vector<uint64_t> args, int device) {
+    return call(static_cast<op>(raw_op), std::move(args), {}, {}, device);
+}
+
+bool raw_client::send_raw(const std::vector<std::byte>& bytes) {
+    iovec iov{const_cast<std::byte*>(bytes.data()), bytes.size()};
+    return fs_.raw().write_all({&iov, 1}).has_value();
+}
+
+bool raw_client::closed_by_peer() {
+    // Whatever the server said last (an ERROR frame) is drained; then the connection must end.
+    auto until = after(std::chrono::seconds(5));
+    for (int i = 0; i < (1 << 16); ++i) {
+        std::byte b;
+        auto r = fs_.raw().read_exact(&b, 1, until);
+        if (!r) return r.error().code == transport_errc::peer_lost || r.error().code == transport_errc::closed;
+    }
+    return false;
+}
+
+server_process::server_process(std::vector<std::string> extra) {
+    char tmpl[] = "/tmp/vcuda-it-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    address_ = "unix:" + dir_ + "/s.sock";
+    std::vector<std::string> args = {VCUDA_SERVER_BIN, "--listen", address_, "--driver", VCUDA_SOFTDRIVER, "--log-level", "debug"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+        std::string log = dir_ + "/server.log";
+        freopen(log.c_str(), "w", stderr);
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        execv(argv[0], argv.data());
+        _exit(127);
+    }
+    for (int i = 0; i < 200; ++i) {
+        if (access((dir_ + "/s.sock").c_str(), F_OK) == 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+}
+
+server_process::~server_process() {
+    if (pid_ > 0) {
+        kill(pid_, SIGTERM);
+        waitpid(pid_, nullptr, 0);
+    }
+}
+
+std::string server_process::log() const {
+    std::ifstream in(dir_ + "/server.log");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+}  // namespace vcuda::test
