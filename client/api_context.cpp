@@ -2,6 +2,7 @@
 // popping and querying them costs no message. Synchronize and reset go to the server.
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
+#include "client/trace.hpp"
 
 #define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
 
@@ -41,6 +42,7 @@ CUresult server_sync(int device) {
 }  // namespace
 
 VCUDA_API cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDevicePrimaryCtxRetain, pctx, dev);
     VCUDA_REQUIRE_INIT();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -51,6 +53,7 @@ VCUDA_API cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) noexcept {
 }
 
 VCUDA_API cuDevicePrimaryCtxRelease_v2(CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDevicePrimaryCtxRelease_v2, dev);
     VCUDA_REQUIRE_INIT();
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     std::lock_guard lock(primary_mu);
@@ -58,9 +61,13 @@ VCUDA_API cuDevicePrimaryCtxRelease_v2(CUdevice dev) noexcept {
     --primaries()[dev].refs;
     return CUDA_SUCCESS;
 }
-VCUDA_API cuDevicePrimaryCtxRelease(CUdevice dev) noexcept { return cuDevicePrimaryCtxRelease_v2(dev); }
+VCUDA_API cuDevicePrimaryCtxRelease(CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDevicePrimaryCtxRelease, dev);
+    return cuDevicePrimaryCtxRelease_v2(dev);
+}
 
 VCUDA_API cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) noexcept {
+    VCUDA_TRACE_HOOK(cuDevicePrimaryCtxGetState, dev, flags, active);
     VCUDA_REQUIRE_INIT();
     if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -71,6 +78,7 @@ VCUDA_API cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* act
 }
 
 VCUDA_API cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuDevicePrimaryCtxSetFlags_v2, dev, flags);
     VCUDA_REQUIRE_INIT();
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     std::lock_guard lock(primary_mu);
@@ -78,10 +86,12 @@ VCUDA_API cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) noexce
     return CUDA_SUCCESS;
 }
 VCUDA_API cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuDevicePrimaryCtxSetFlags, dev, flags);
     return cuDevicePrimaryCtxSetFlags_v2(dev, flags);
 }
 
 VCUDA_API cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDevicePrimaryCtxReset_v2, dev);
     VCUDA_REQUIRE_INIT();
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     auto& st = state::get();
@@ -103,10 +113,14 @@ VCUDA_API cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept {
     primaries()[dev] = {};
     return rc;
 }
-VCUDA_API cuDevicePrimaryCtxReset(CUdevice dev) noexcept { return cuDevicePrimaryCtxReset_v2(dev); }
+VCUDA_API cuDevicePrimaryCtxReset(CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDevicePrimaryCtxReset, dev);
+    return cuDevicePrimaryCtxReset_v2(dev);
+}
 
 // cuCtxCreate, every signature version: the new context becomes current.
 VCUDA_API cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxCreate_v2, pctx, flags, dev);
     VCUDA_REQUIRE_INIT();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -115,18 +129,24 @@ VCUDA_API cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) noex
     *pctx = ctx_of(id);
     return CUDA_SUCCESS;
 }
-VCUDA_API cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev) noexcept { return cuCtxCreate_v2(pctx, flags, dev); }
+VCUDA_API cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxCreate, pctx, flags, dev);
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
 VCUDA_API cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int n, unsigned int flags, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxCreate_v3, pctx, params, n, flags, dev);
     if (n < 0 || (n > 0 && !params)) return CUDA_ERROR_INVALID_VALUE;
     return cuCtxCreate_v2(pctx, flags, dev);
 }
 VCUDA_API cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxCreate_v4, pctx, params, flags, dev);
     if (params && (params->numExecAffinityParams > 0 || params->cigParams))
         return static_cast<CUresult>(unsupported("cuCtxCreate_v4 (execution affinity / CIG parameters)"));
     return cuCtxCreate_v2(pctx, flags, dev);
 }
 
 VCUDA_API cuCtxDestroy_v2(CUcontext ctx) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxDestroy_v2, ctx);
     VCUDA_REQUIRE_INIT();
     uint64_t id = id_of(ctx);
     if (!context_exists(id)) return CUDA_ERROR_INVALID_CONTEXT;
@@ -136,17 +156,25 @@ VCUDA_API cuCtxDestroy_v2(CUcontext ctx) noexcept {
     std::erase(s, id);
     return CUDA_SUCCESS;
 }
-VCUDA_API cuCtxDestroy(CUcontext ctx) noexcept { return cuCtxDestroy_v2(ctx); }
+VCUDA_API cuCtxDestroy(CUcontext ctx) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxDestroy, ctx);
+    return cuCtxDestroy_v2(ctx);
+}
 
 VCUDA_API cuCtxPushCurrent_v2(CUcontext ctx) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxPushCurrent_v2, ctx);
     VCUDA_REQUIRE_INIT();
     if (!ctx || !context_exists(id_of(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
     context_stack().push_back(id_of(ctx));
     return CUDA_SUCCESS;
 }
-VCUDA_API cuCtxPushCurrent(CUcontext ctx) noexcept { return cuCtxPushCurrent_v2(ctx); }
+VCUDA_API cuCtxPushCurrent(CUcontext ctx) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxPushCurrent, ctx);
+    return cuCtxPushCurrent_v2(ctx);
+}
 
 VCUDA_API cuCtxPopCurrent_v2(CUcontext* pctx) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxPopCurrent_v2, pctx);
     VCUDA_REQUIRE_INIT();
     auto& s = context_stack();
     if (s.empty()) return CUDA_ERROR_INVALID_CONTEXT;
@@ -154,9 +182,13 @@ VCUDA_API cuCtxPopCurrent_v2(CUcontext* pctx) noexcept {
     s.pop_back();
     return CUDA_SUCCESS;
 }
-VCUDA_API cuCtxPopCurrent(CUcontext* pctx) noexcept { return cuCtxPopCurrent_v2(pctx); }
+VCUDA_API cuCtxPopCurrent(CUcontext* pctx) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxPopCurrent, pctx);
+    return cuCtxPopCurrent_v2(pctx);
+}
 
 VCUDA_API cuCtxSetCurrent(CUcontext ctx) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxSetCurrent, ctx);
     VCUDA_REQUIRE_INIT();
     auto& s = context_stack();
     if (!ctx) {
@@ -170,6 +202,7 @@ VCUDA_API cuCtxSetCurrent(CUcontext ctx) noexcept {
 }
 
 VCUDA_API cuCtxGetCurrent(CUcontext* pctx) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxGetCurrent, pctx);
     VCUDA_REQUIRE_INIT();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     *pctx = ctx_of(current_context());
@@ -177,6 +210,7 @@ VCUDA_API cuCtxGetCurrent(CUcontext* pctx) noexcept {
 }
 
 VCUDA_API cuCtxGetDevice(CUdevice* device) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxGetDevice, device);
     VCUDA_REQUIRE_INIT();
     if (!device) return CUDA_ERROR_INVALID_VALUE;
     int d = current_device();
@@ -186,6 +220,7 @@ VCUDA_API cuCtxGetDevice(CUdevice* device) noexcept {
 }
 
 VCUDA_API cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxGetDevice_v2, device, ctx);
     VCUDA_REQUIRE_INIT();
     if (!device) return CUDA_ERROR_INVALID_VALUE;
     if (!ctx) return cuCtxGetDevice(device);
@@ -198,6 +233,7 @@ VCUDA_API cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) noexcept {
 }
 
 VCUDA_API cuCtxGetFlags(unsigned int* flags) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxGetFlags, flags);
     VCUDA_REQUIRE_INIT();
     if (!flags) return CUDA_ERROR_INVALID_VALUE;
     auto& st = state::get();
@@ -209,6 +245,7 @@ VCUDA_API cuCtxGetFlags(unsigned int* flags) noexcept {
 }
 
 VCUDA_API cuCtxSetFlags(unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxSetFlags, flags);
     VCUDA_REQUIRE_INIT();
     auto& st = state::get();
     std::unique_lock lock(st.mu);
@@ -220,6 +257,7 @@ VCUDA_API cuCtxSetFlags(unsigned int flags) noexcept {
 }
 
 VCUDA_API cuCtxGetId(CUcontext ctx, unsigned long long* id) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxGetId, ctx, id);
     VCUDA_REQUIRE_INIT();
     if (!id) return CUDA_ERROR_INVALID_VALUE;
     auto& st = state::get();
@@ -231,6 +269,7 @@ VCUDA_API cuCtxGetId(CUcontext ctx, unsigned long long* id) noexcept {
 }
 
 VCUDA_API cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxGetApiVersion, ctx, version);
     VCUDA_REQUIRE_INIT();
     if (!version) return CUDA_ERROR_INVALID_VALUE;
     uint64_t id = ctx ? id_of(ctx) : current_context();
@@ -240,6 +279,7 @@ VCUDA_API cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) noexcept {
 }
 
 VCUDA_API cuCtxSynchronize() noexcept {
+    VCUDA_TRACE_HOOK(cuCtxSynchronize);
     VCUDA_REQUIRE_INIT();
     int d = current_device();
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
@@ -247,6 +287,7 @@ VCUDA_API cuCtxSynchronize() noexcept {
 }
 
 VCUDA_API cuCtxSynchronize_v2(CUcontext ctx) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxSynchronize_v2, ctx);
     VCUDA_REQUIRE_INIT();
     if (!ctx) return cuCtxSynchronize();
     auto& st = state::get();

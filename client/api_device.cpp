@@ -5,6 +5,7 @@
 #include "client/plain_call.hpp"
 #include "client/procaddress.hpp"
 #include "client/state.hpp"
+#include "client/trace.hpp"
 
 #define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
 
@@ -36,11 +37,13 @@ bool valid_device(CUdevice d) {
 }  // namespace
 
 VCUDA_API cuInit(unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuInit, flags);
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     return state::get().initialize(flags);
 }
 
 VCUDA_API cuDriverGetVersion(int* version) noexcept {
+    VCUDA_TRACE_HOOK(cuDriverGetVersion, version);
     if (!version) return CUDA_ERROR_INVALID_VALUE;
     *version = driver_version;
     return CUDA_SUCCESS;
@@ -48,6 +51,7 @@ VCUDA_API cuDriverGetVersion(int* version) noexcept {
 
 VCUDA_API cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
                               CUdriverProcAddressQueryResult* status) noexcept {
+    VCUDA_TRACE_HOOK(cuGetProcAddress_v2, symbol, pfn, cudaVersion, flags, status);
     int s = 0;
     int rc = get_proc_address(symbol, pfn, cudaVersion, flags, &s);
     if (rc == 0 && status) *status = static_cast<CUdriverProcAddressQueryResult>(s);
@@ -55,10 +59,12 @@ VCUDA_API cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, c
 }
 
 VCUDA_API cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) noexcept {
+    VCUDA_TRACE_HOOK(cuGetProcAddress, symbol, pfn, cudaVersion, flags);
     return static_cast<CUresult>(get_proc_address(symbol, pfn, cudaVersion, flags, nullptr));
 }
 
 VCUDA_API cuGetErrorName(CUresult error, const char** str) noexcept {
+    VCUDA_TRACE_HOOK(cuGetErrorName, error, str);
     if (!str) return CUDA_ERROR_INVALID_VALUE;
     auto* e = find_error(error);
     if (!e) {
@@ -70,6 +76,7 @@ VCUDA_API cuGetErrorName(CUresult error, const char** str) noexcept {
 }
 
 VCUDA_API cuGetErrorString(CUresult error, const char** str) noexcept {
+    VCUDA_TRACE_HOOK(cuGetErrorString, error, str);
     if (!str) return CUDA_ERROR_INVALID_VALUE;
     auto* e = find_error(error);
     if (!e) {
@@ -81,6 +88,7 @@ VCUDA_API cuGetErrorString(CUresult error, const char** str) noexcept {
 }
 
 VCUDA_API cuDeviceGetCount(int* count) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetCount, count);
     VCUDA_REQUIRE_INIT();
     if (!count) return CUDA_ERROR_INVALID_VALUE;
     *count = state::get().device_count();
@@ -88,6 +96,7 @@ VCUDA_API cuDeviceGetCount(int* count) noexcept {
 }
 
 VCUDA_API cuDeviceGet(CUdevice* device, int ordinal) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGet, device, ordinal);
     VCUDA_REQUIRE_INIT();
     if (!device) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
@@ -96,6 +105,7 @@ VCUDA_API cuDeviceGet(CUdevice* device, int ordinal) noexcept {
 }
 
 VCUDA_API cuDeviceGetName(char* name, int len, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetName, name, len, dev);
     VCUDA_REQUIRE_INIT();
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -104,6 +114,7 @@ VCUDA_API cuDeviceGetName(char* name, int len, CUdevice dev) noexcept {
 }
 
 VCUDA_API cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetUuid_v2, uuid, dev);
     VCUDA_REQUIRE_INIT();
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -111,9 +122,13 @@ VCUDA_API cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) noexcept {
     return CUDA_SUCCESS;
 }
 
-VCUDA_API cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) noexcept { return cuDeviceGetUuid_v2(uuid, dev); }
+VCUDA_API cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetUuid, uuid, dev);
+    return cuDeviceGetUuid_v2(uuid, dev);
+}
 
 VCUDA_API cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceTotalMem_v2, bytes, dev);
     VCUDA_REQUIRE_INIT();
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -122,6 +137,7 @@ VCUDA_API cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) noexcept {
 }
 
 VCUDA_API cuDeviceTotalMem(unsigned int* bytes, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceTotalMem, bytes, dev);
     size_t b = 0;
     CUresult rc = cuDeviceTotalMem_v2(&b, dev);
     if (rc == CUDA_SUCCESS) *bytes = b > 0xffffffffu ? 0xffffffffu : static_cast<unsigned>(b);
@@ -129,6 +145,7 @@ VCUDA_API cuDeviceTotalMem(unsigned int* bytes, CUdevice dev) noexcept {
 }
 
 VCUDA_API cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetAttribute, pi, attrib, dev);
     VCUDA_REQUIRE_INIT();
     if (!pi) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -138,6 +155,7 @@ VCUDA_API cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev)
 }
 
 VCUDA_API cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetPCIBusId, pciBusId, len, dev);
     VCUDA_REQUIRE_INIT();
     if (!pciBusId || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -148,6 +166,7 @@ VCUDA_API cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) noexcept {
 }
 
 VCUDA_API cuDeviceGetByPCIBusId(CUdevice* dev, const char* pciBusId) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetByPCIBusId, dev, pciBusId);
     VCUDA_REQUIRE_INIT();
     if (!dev || !pciBusId) return CUDA_ERROR_INVALID_VALUE;
     unsigned domain = 0, bus = 0, device = 0;
@@ -168,6 +187,7 @@ VCUDA_API cuDeviceGetByPCIBusId(CUdevice* dev, const char* pciBusId) noexcept {
 }
 
 VCUDA_API cuDeviceComputeCapability(int* major, int* minor, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceComputeCapability, major, minor, dev);
     VCUDA_REQUIRE_INIT();
     if (!major || !minor) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -177,6 +197,7 @@ VCUDA_API cuDeviceComputeCapability(int* major, int* minor, CUdevice dev) noexce
 }
 
 VCUDA_API cuDeviceGetProperties(CUdevprop* p, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetProperties, p, dev);
     VCUDA_REQUIRE_INIT();
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -199,6 +220,7 @@ VCUDA_API cuDeviceGetProperties(CUdevprop* p, CUdevice dev) noexcept {
 }
 
 VCUDA_API cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceCanAccessPeer, can, dev, peer);
     VCUDA_REQUIRE_INIT();
     if (!can) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev) || !valid_device(peer)) return CUDA_ERROR_INVALID_DEVICE;

@@ -5,6 +5,7 @@
 
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
+#include "client/trace.hpp"
 
 #define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
 
@@ -100,10 +101,12 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
 
 VCUDA_API cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
                          unsigned int bz, unsigned int shared, CUstream stream, void** kernelParams, void** extra) noexcept {
+    VCUDA_TRACE_HOOK(cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shared, stream, kernelParams, extra);
     return launch(f, gx, gy, gz, bx, by, bz, shared, stream, kernelParams, extra, {}, 0);
 }
 
 VCUDA_API cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra) noexcept {
+    VCUDA_TRACE_HOOK(cuLaunchKernelEx, config, f, kernelParams, extra);
     if (!config || (config->numAttrs && !config->attrs)) return CUDA_ERROR_INVALID_VALUE;
     std::span<const std::byte> attrs(reinterpret_cast<const std::byte*>(config->attrs), config->numAttrs * sizeof(CUlaunchAttribute));
     return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,

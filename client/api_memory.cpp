@@ -9,6 +9,7 @@
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
+#include "client/trace.hpp"
 #include "common/log.hpp"
 
 #define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
@@ -194,6 +195,7 @@ CUDA_MEMCPY3D from_2d(const CUDA_MEMCPY2D& p) {
 // ---------------------------------------------------------------- device memory
 
 VCUDA_API cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) noexcept {
+    VCUDA_TRACE_HOOK(cuMemAlloc_v2, dptr, bytesize);
     VCUDA_REQUIRE_INIT();
     if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     int d = current_device();
@@ -209,6 +211,7 @@ VCUDA_API cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) noexcept {
 }
 
 VCUDA_API cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height, unsigned int elem) noexcept {
+    VCUDA_TRACE_HOOK(cuMemAllocPitch_v2, dptr, pitch, width, height, elem);
     VCUDA_REQUIRE_INIT();
     if (!dptr || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
@@ -226,6 +229,7 @@ VCUDA_API cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, siz
 }
 
 VCUDA_API cuMemFree_v2(CUdeviceptr dptr) noexcept {
+    VCUDA_TRACE_HOOK(cuMemFree_v2, dptr);
     VCUDA_REQUIRE_INIT();
     if (dptr == 0) return CUDA_SUCCESS;
     CUresult rc = remote(op::mem_free, {dptr});
@@ -238,6 +242,7 @@ VCUDA_API cuMemFree_v2(CUdeviceptr dptr) noexcept {
 }
 
 VCUDA_API cuMemGetInfo_v2(size_t* free, size_t* total) noexcept {
+    VCUDA_TRACE_HOOK(cuMemGetInfo_v2, free, total);
     VCUDA_REQUIRE_INIT();
     if (!free || !total) return CUDA_ERROR_INVALID_VALUE;
     call_reply rp;
@@ -250,6 +255,7 @@ VCUDA_API cuMemGetInfo_v2(size_t* free, size_t* total) noexcept {
 }
 
 VCUDA_API cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr dptr) noexcept {
+    VCUDA_TRACE_HOOK(cuMemGetAddressRange_v2, base, size, dptr);
     VCUDA_REQUIRE_INIT();
     device_allocation a;
     if (!state::get().find_allocation(dptr, 1, a)) return CUDA_ERROR_NOT_FOUND;
@@ -318,12 +324,14 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr
 }  // namespace
 
 VCUDA_API cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) noexcept {
+    VCUDA_TRACE_HOOK(cuPointerGetAttribute, data, attr, ptr);
     VCUDA_REQUIRE_INIT();
     if (!data) return CUDA_ERROR_INVALID_VALUE;
     return pointer_attribute(data, attr, ptr);
 }
 
 VCUDA_API cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) noexcept {
+    VCUDA_TRACE_HOOK(cuPointerGetAttributes, n, attrs, data, ptr);
     VCUDA_REQUIRE_INIT();
     if (!attrs || !data) return CUDA_ERROR_INVALID_VALUE;
     for (unsigned i = 0; i < n; ++i) {
@@ -343,6 +351,7 @@ VCUDA_API cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, voi
 // ---------------------------------------------------------------- host memory: the client's own pages
 
 VCUDA_API cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuMemHostAlloc, pp, bytesize, flags);
     VCUDA_REQUIRE_INIT();
     if (!pp || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     if (flags & ~(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED))
@@ -355,9 +364,13 @@ VCUDA_API cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) noexcep
     return CUDA_SUCCESS;
 }
 
-VCUDA_API cuMemAllocHost_v2(void** pp, size_t bytesize) noexcept { return cuMemHostAlloc(pp, bytesize, 0); }
+VCUDA_API cuMemAllocHost_v2(void** pp, size_t bytesize) noexcept {
+    VCUDA_TRACE_HOOK(cuMemAllocHost_v2, pp, bytesize);
+    return cuMemHostAlloc(pp, bytesize, 0);
+}
 
 VCUDA_API cuMemFreeHost(void* p) noexcept {
+    VCUDA_TRACE_HOOK(cuMemFreeHost, p);
     VCUDA_REQUIRE_INIT();
     host_allocation h;
     if (!p || !state::get().remove_host(reinterpret_cast<uintptr_t>(p), h) || h.registered) return CUDA_ERROR_INVALID_VALUE;
@@ -366,6 +379,7 @@ VCUDA_API cuMemFreeHost(void* p) noexcept {
 }
 
 VCUDA_API cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuMemHostRegister_v2, p, bytesize, flags);
     VCUDA_REQUIRE_INIT();
     if (!p || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     host_allocation h;
@@ -375,6 +389,7 @@ VCUDA_API cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) noe
 }
 
 VCUDA_API cuMemHostUnregister(void* p) noexcept {
+    VCUDA_TRACE_HOOK(cuMemHostUnregister, p);
     VCUDA_REQUIRE_INIT();
     host_allocation h;
     if (!p || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h) || !h.registered || h.base != reinterpret_cast<uintptr_t>(p))
@@ -384,6 +399,7 @@ VCUDA_API cuMemHostUnregister(void* p) noexcept {
 }
 
 VCUDA_API cuMemHostGetFlags(unsigned int* flags, void* p) noexcept {
+    VCUDA_TRACE_HOOK(cuMemHostGetFlags, flags, p);
     VCUDA_REQUIRE_INIT();
     host_allocation h;
     if (!flags || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h)) return CUDA_ERROR_INVALID_VALUE;
@@ -391,7 +407,8 @@ VCUDA_API cuMemHostGetFlags(unsigned int* flags, void* p) noexcept {
     return CUDA_SUCCESS;
 }
 
-VCUDA_API cuMemHostGetDevicePointer_v2(CUdeviceptr*, void*, unsigned int) noexcept {
+VCUDA_API cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int Flags) noexcept {
+    VCUDA_TRACE_HOOK(cuMemHostGetDevicePointer_v2, pdptr, p, Flags);
     VCUDA_REQUIRE_INIT();
     // The GPU is in another process or host: it cannot address this process's pages over this transport.
     return static_cast<CUresult>(unsupported("cuMemHostGetDevicePointer (mapped host memory over a network transport)"));
@@ -399,48 +416,67 @@ VCUDA_API cuMemHostGetDevicePointer_v2(CUdeviceptr*, void*, unsigned int) noexce
 
 // ---------------------------------------------------------------- copies
 
-VCUDA_API cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) noexcept { return copy_htod(dst, src, n, nullptr, mode::sync); }
-VCUDA_API cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) noexcept { return copy_dtoh(dst, src, n, nullptr); }
-VCUDA_API cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) noexcept { return copy_dtod(dst, src, n, nullptr, mode::sync); }
+VCUDA_API cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyHtoD_v2, dst, src, n);
+    return copy_htod(dst, src, n, nullptr, mode::sync);
+}
+VCUDA_API cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyDtoH_v2, dst, src, n);
+    return copy_dtoh(dst, src, n, nullptr);
+}
+VCUDA_API cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyDtoD_v2, dst, src, n);
+    return copy_dtod(dst, src, n, nullptr, mode::sync);
+}
 VCUDA_API cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream s) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyHtoDAsync_v2, dst, src, n, s);
     if (check_stream(s) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
     return copy_htod(dst, src, n, s, mode::post);
 }
 VCUDA_API cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream s) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyDtoHAsync_v2, dst, src, n, s);
     if (check_stream(s) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
     return copy_dtoh(dst, src, n, s);
 }
 VCUDA_API cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyDtoDAsync_v2, dst, src, n, s);
     if (check_stream(s) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
     return copy_dtod(dst, src, n, s, mode::post);
 }
 VCUDA_API cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpy, dst, src, n);
     VCUDA_REQUIRE_INIT();
     return copy_any(dst, src, n, nullptr, mode::sync);
 }
 VCUDA_API cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyAsync, dst, src, n, s);
     VCUDA_REQUIRE_INIT();
     if (check_stream(s) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
     return copy_any(dst, src, n, s, mode::post);
 }
 VCUDA_API cuMemcpy2D_v2(const CUDA_MEMCPY2D* p) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpy2D_v2, p);
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     return copy_3d(from_2d(*p), nullptr, mode::sync);
 }
 VCUDA_API cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* p) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpy2DUnaligned_v2, p);
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     return copy_3d(from_2d(*p), nullptr, mode::sync);
 }
 VCUDA_API cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* p, CUstream s) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpy2DAsync_v2, p, s);
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     if (check_stream(s) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
     return copy_3d(from_2d(*p), s, mode::post);
 }
 VCUDA_API cuMemcpy3D_v2(const CUDA_MEMCPY3D* p) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpy3D_v2, p);
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     return copy_3d(*p, nullptr, mode::sync);
 }
 VCUDA_API cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* p, CUstream s) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpy3DAsync_v2, p, s);
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     if (check_stream(s) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
     return copy_3d(*p, s, mode::post);
@@ -448,15 +484,54 @@ VCUDA_API cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* p, CUstream s) noexcept {
 
 // ---------------------------------------------------------------- sets
 
-VCUDA_API cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) noexcept { return memset_2d(d, n, v, 1, n, 1, nullptr, mode::sync); }
-VCUDA_API cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) noexcept { return memset_2d(d, n * 2, v, 2, n, 1, nullptr, mode::sync); }
-VCUDA_API cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) noexcept { return memset_2d(d, n * 4, v, 4, n, 1, nullptr, mode::sync); }
-VCUDA_API cuMemsetD2D8_v2(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h) noexcept { return memset_2d(d, pitch, v, 1, w, h, nullptr, mode::sync); }
-VCUDA_API cuMemsetD2D16_v2(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h) noexcept { return memset_2d(d, pitch, v, 2, w, h, nullptr, mode::sync); }
-VCUDA_API cuMemsetD2D32_v2(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h) noexcept { return memset_2d(d, pitch, v, 4, w, h, nullptr, mode::sync); }
-VCUDA_API cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) noexcept { return memset_2d(d, n, v, 1, n, 1, s, mode::post); }
-VCUDA_API cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) noexcept { return memset_2d(d, n * 2, v, 2, n, 1, s, mode::post); }
-VCUDA_API cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) noexcept { return memset_2d(d, n * 4, v, 4, n, 1, s, mode::post); }
-VCUDA_API cuMemsetD2D8Async(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h, CUstream s) noexcept { return memset_2d(d, pitch, v, 1, w, h, s, mode::post); }
-VCUDA_API cuMemsetD2D16Async(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h, CUstream s) noexcept { return memset_2d(d, pitch, v, 2, w, h, s, mode::post); }
-VCUDA_API cuMemsetD2D32Async(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h, CUstream s) noexcept { return memset_2d(d, pitch, v, 4, w, h, s, mode::post); }
+VCUDA_API cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) noexcept {
+    VCUDA_TRACE_HOOK(cuMemsetD8_v2, d, v, n);
+    return memset_2d(d, n, v, 1, n, 1, nullptr, mode::sync);
+}
+VCUDA_API cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) noexcept {
+    VCUDA_TRACE_HOOK(cuMemsetD16_v2, d, v, n);
+    return memset_2d(d, n * 2, v, 2, n, 1, nullptr, mode::sync);
+}
+VCUDA_API cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) noexcept {
+    VCUDA_TRACE_HOOK(cuMemsetD32_v2, d, v, n);
+    return memset_2d(d, n * 4, v, 4, n, 1, nullptr, mode::sync);
+}
+VCUDA_API cuMemsetD2D8_v2(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h) noexcept {
+    VCUDA_TRACE_HOOK(cuMemsetD2D8_v2, d, pitch, v, w, h);
+    return memset_2d(d, pitch, v, 1, w, h, nullptr, mode::sync);
+}
+VCUDA_API cuMemsetD2D16_v2(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h) noexcept {
+    VCUDA_TRACE_HOOK(cuMemsetD2D16_v2, d, pitch, v, w, h);
+    return memset_2d(d, pitch, v, 2, w, h, nullptr, mode::sync);
+}
+VCUDA_API cuMemsetD2D32_v2(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h) noexcept {
+    VCUDA_TRACE_HOOK(cuMemsetD2D32_v2, d, pitch, v, w, h);
+    return memset_2d(d, pitch, v, 4, w, h, nullptr, mode::sync);
+}
+VCUDA_API cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) noexcept {
+    VCUDA_TRACE_HOOK(cuMemsetD8Async, d, v, n, s);
+    return memset_2d(d, n, v, 1, n, 1, s, mode::post);
+}
+VCUDA_API cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) noexcept {
+    VCUDA_TRACE_HOOK(cuMemsetD16Async, d, v, n, s);
+    return memset_2d(d, n * 2, v, 2, n, 1, s, mode::post);
+}
+VCUDA_API cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) noexcept {
+    VCUDA_TRACE_HOOK(cuMemsetD32Async, d, v, n, s);
+    return memset_2d(d, n * 4, v, 4, n, 1, s, mode::post);
+}
+VCUDA_API cuMemsetD2D8Async(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h,
+                            CUstream s) noexcept {
+    VCUDA_TRACE_HOOK(cuMemsetD2D8Async, d, pitch, v, w, h, s);
+    return memset_2d(d, pitch, v, 1, w, h, s, mode::post);
+}
+VCUDA_API cuMemsetD2D16Async(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h,
+                             CUstream s) noexcept {
+    VCUDA_TRACE_HOOK(cuMemsetD2D16Async, d, pitch, v, w, h, s);
+    return memset_2d(d, pitch, v, 2, w, h, s, mode::post);
+}
+VCUDA_API cuMemsetD2D32Async(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h,
+                             CUstream s) noexcept {
+    VCUDA_TRACE_HOOK(cuMemsetD2D32Async, d, pitch, v, w, h, s);
+    return memset_2d(d, pitch, v, 4, w, h, s, mode::post);
+}

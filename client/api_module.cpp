@@ -9,6 +9,7 @@
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
+#include "client/trace.hpp"
 #include "common/log.hpp"
 
 #define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
@@ -139,6 +140,7 @@ CUresult param_info(uint64_t h, handle_kind k, size_t index, size_t* offset, siz
 }  // namespace
 
 VCUDA_API cuModuleGetLoadingMode(CUmoduleLoadingMode* mode) noexcept {
+    VCUDA_TRACE_HOOK(cuModuleGetLoadingMode, mode);
     if (!mode) return CUDA_ERROR_INVALID_VALUE;
     const char* env = std::getenv("CUDA_MODULE_LOADING");
     *mode = env && std::strcmp(env, "EAGER") == 0 ? CU_MODULE_EAGER_LOADING : CU_MODULE_LAZY_LOADING;
@@ -146,6 +148,7 @@ VCUDA_API cuModuleGetLoadingMode(CUmoduleLoadingMode* mode) noexcept {
 }
 
 VCUDA_API cuModuleLoadData(CUmodule* module, const void* image) noexcept {
+    VCUDA_TRACE_HOOK(cuModuleLoadData, module, image);
     if (!module) return CUDA_ERROR_INVALID_VALUE;
     uint64_t h = 0;
     CUresult rc = load(target::module, image, h);
@@ -153,16 +156,25 @@ VCUDA_API cuModuleLoadData(CUmodule* module, const void* image) noexcept {
     return rc;
 }
 
-VCUDA_API cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int, CUjit_option*, void**) noexcept {
+VCUDA_API cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions,
+                             CUjit_option* options, void** optionValues) noexcept {
+    VCUDA_TRACE_HOOK(cuModuleLoadDataEx, module, image, numOptions, options, optionValues);
     // JIT options (log buffers, optimization level) are not forwarded yet; the image loads with defaults.
     return cuModuleLoadData(module, image);
 }
 
-VCUDA_API cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) noexcept { return cuModuleLoadData(module, fatCubin); }
+VCUDA_API cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) noexcept {
+    VCUDA_TRACE_HOOK(cuModuleLoadFatBinary, module, fatCubin);
+    return cuModuleLoadData(module, fatCubin);
+}
 
-VCUDA_API cuModuleUnload(CUmodule hmod) noexcept { return unload(reinterpret_cast<uint64_t>(hmod), handle_kind::module); }
+VCUDA_API cuModuleUnload(CUmodule hmod) noexcept {
+    VCUDA_TRACE_HOOK(cuModuleUnload, hmod);
+    return unload(reinterpret_cast<uint64_t>(hmod), handle_kind::module);
+}
 
 VCUDA_API cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) noexcept {
+    VCUDA_TRACE_HOOK(cuModuleGetFunction, hfunc, hmod, name);
     if (!hfunc) return CUDA_ERROR_INVALID_VALUE;
     uint64_t h = 0;
     CUresult rc = get_entry(op::module_get_function, reinterpret_cast<uint64_t>(hmod), handle_kind::module,
@@ -172,11 +184,16 @@ VCUDA_API cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name
 }
 
 VCUDA_API cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod, const char* name) noexcept {
+    VCUDA_TRACE_HOOK(cuModuleGetGlobal_v2, dptr, bytes, hmod, name);
     return get_global(reinterpret_cast<uint64_t>(hmod), handle_kind::module, dptr, bytes, name);
 }
 
-VCUDA_API cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option*, void**, unsigned int, CUlibraryOption*,
-                            void**, unsigned int) noexcept {
+VCUDA_API cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jitOptions,
+                            void** jitOptionsValues, unsigned int numJitOptions,
+                            CUlibraryOption* libraryOptions, void** libraryOptionValues,
+                            unsigned int numLibraryOptions) noexcept {
+    VCUDA_TRACE_HOOK(cuLibraryLoadData, library, code, jitOptions, jitOptionsValues, numJitOptions,
+                     libraryOptions, libraryOptionValues, numLibraryOptions);
     if (!library) return CUDA_ERROR_INVALID_VALUE;
     uint64_t h = 0;
     CUresult rc = load(target::library, code, h);
@@ -184,9 +201,13 @@ VCUDA_API cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option*,
     return rc;
 }
 
-VCUDA_API cuLibraryUnload(CUlibrary library) noexcept { return unload(reinterpret_cast<uint64_t>(library), handle_kind::library); }
+VCUDA_API cuLibraryUnload(CUlibrary library) noexcept {
+    VCUDA_TRACE_HOOK(cuLibraryUnload, library);
+    return unload(reinterpret_cast<uint64_t>(library), handle_kind::library);
+}
 
 VCUDA_API cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* name) noexcept {
+    VCUDA_TRACE_HOOK(cuLibraryGetKernel, kernel, library, name);
     if (!kernel) return CUDA_ERROR_INVALID_VALUE;
     uint64_t h = 0;
     CUresult rc = get_entry(op::library_get_kernel, reinterpret_cast<uint64_t>(library), handle_kind::library,
@@ -196,6 +217,7 @@ VCUDA_API cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* na
 }
 
 VCUDA_API cuLibraryGetModule(CUmodule* module, CUlibrary library) noexcept {
+    VCUDA_TRACE_HOOK(cuLibraryGetModule, module, library);
     VCUDA_REQUIRE_INIT();
     if (!module) return CUDA_ERROR_INVALID_VALUE;
     uint64_t lib = reinterpret_cast<uint64_t>(library);
@@ -215,10 +237,12 @@ VCUDA_API cuLibraryGetModule(CUmodule* module, CUlibrary library) noexcept {
 }
 
 VCUDA_API cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name) noexcept {
+    VCUDA_TRACE_HOOK(cuLibraryGetGlobal, dptr, bytes, library, name);
     return get_global(reinterpret_cast<uint64_t>(library), handle_kind::library, dptr, bytes, name);
 }
 
 VCUDA_API cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) noexcept {
+    VCUDA_TRACE_HOOK(cuKernelGetFunction, pFunc, kernel);
     VCUDA_REQUIRE_INIT();
     if (!pFunc) return CUDA_ERROR_INVALID_VALUE;
     uint64_t k = reinterpret_cast<uint64_t>(kernel);
@@ -237,15 +261,18 @@ VCUDA_API cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) noexcept {
 }
 
 VCUDA_API cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t* offset, size_t* size) noexcept {
+    VCUDA_TRACE_HOOK(cuKernelGetParamInfo, kernel, index, offset, size);
     return param_info(reinterpret_cast<uint64_t>(kernel), handle_kind::kernel, index, offset, size);
 }
 
 // As the real driver: a CUkernel cast to CUfunction is not a function here (CUDA_ERROR_INVALID_HANDLE).
 VCUDA_API cuFuncGetParamInfo(CUfunction func, size_t index, size_t* offset, size_t* size) noexcept {
+    VCUDA_TRACE_HOOK(cuFuncGetParamInfo, func, index, offset, size);
     return param_info(reinterpret_cast<uint64_t>(func), handle_kind::function, index, offset, size);
 }
 
 VCUDA_API cuKernelGetName(const char** name, CUkernel kernel) noexcept {
+    VCUDA_TRACE_HOOK(cuKernelGetName, name, kernel);
     VCUDA_REQUIRE_INIT();
     if (!name) return CUDA_ERROR_INVALID_VALUE;
     handle_info info;
@@ -256,6 +283,7 @@ VCUDA_API cuKernelGetName(const char** name, CUkernel kernel) noexcept {
 }
 
 VCUDA_API cuFuncGetName(const char** name, CUfunction func) noexcept {
+    VCUDA_TRACE_HOOK(cuFuncGetName, name, func);
     VCUDA_REQUIRE_INIT();
     if (!name) return CUDA_ERROR_INVALID_VALUE;
     handle_info info;
@@ -267,6 +295,7 @@ VCUDA_API cuFuncGetName(const char** name, CUfunction func) noexcept {
 }
 
 VCUDA_API cuKernelGetLibrary(CUlibrary* lib, CUkernel kernel) noexcept {
+    VCUDA_TRACE_HOOK(cuKernelGetLibrary, lib, kernel);
     VCUDA_REQUIRE_INIT();
     if (!lib) return CUDA_ERROR_INVALID_VALUE;
     handle_info info;
@@ -277,6 +306,7 @@ VCUDA_API cuKernelGetLibrary(CUlibrary* lib, CUkernel kernel) noexcept {
 }
 
 VCUDA_API cuFuncGetModule(CUmodule* mod, CUfunction func) noexcept {
+    VCUDA_TRACE_HOOK(cuFuncGetModule, mod, func);
     VCUDA_REQUIRE_INIT();
     if (!mod) return CUDA_ERROR_INVALID_VALUE;
     handle_info info;
@@ -289,6 +319,7 @@ VCUDA_API cuFuncGetModule(CUmodule* mod, CUfunction func) noexcept {
 }
 
 VCUDA_API cuFuncIsLoaded(CUfunctionLoadingState* st, CUfunction func) noexcept {
+    VCUDA_TRACE_HOOK(cuFuncIsLoaded, st, func);
     VCUDA_REQUIRE_INIT();
     if (!st) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_handle(reinterpret_cast<uint64_t>(func), handle_kind::function)) return CUDA_ERROR_INVALID_HANDLE;
@@ -297,6 +328,7 @@ VCUDA_API cuFuncIsLoaded(CUfunctionLoadingState* st, CUfunction func) noexcept {
 }
 
 VCUDA_API cuFuncLoad(CUfunction func) noexcept {
+    VCUDA_TRACE_HOOK(cuFuncLoad, func);
     VCUDA_REQUIRE_INIT();
     return valid_handle(reinterpret_cast<uint64_t>(func), handle_kind::function) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }

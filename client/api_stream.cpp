@@ -2,6 +2,7 @@
 // forwarded per-block-size query.
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
+#include "client/trace.hpp"
 
 #define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
 
@@ -21,6 +22,7 @@ bool stream_info(CUstream s, handle_info& info) {
 }  // namespace
 
 VCUDA_API cuStreamGetCtx(CUstream s, CUcontext* pctx) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamGetCtx, s, pctx);
     VCUDA_REQUIRE_INIT();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     handle_info info;
@@ -30,6 +32,7 @@ VCUDA_API cuStreamGetCtx(CUstream s, CUcontext* pctx) noexcept {
 }
 
 VCUDA_API cuStreamGetDevice(CUstream s, CUdevice* dev) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamGetDevice, s, dev);
     VCUDA_REQUIRE_INIT();
     if (!dev) return CUDA_ERROR_INVALID_VALUE;
     handle_info info;
@@ -39,6 +42,7 @@ VCUDA_API cuStreamGetDevice(CUstream s, CUdevice* dev) noexcept {
 }
 
 VCUDA_API cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamIsCapturing, s, status);
     VCUDA_REQUIRE_INIT();
     if (!status) return CUDA_ERROR_INVALID_VALUE;
     handle_info info;
@@ -48,6 +52,7 @@ VCUDA_API cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) noexcep
 }
 
 VCUDA_API cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) noexcept {
+    VCUDA_TRACE_HOOK(cuThreadExchangeStreamCaptureMode, mode);
     if (!mode) return CUDA_ERROR_INVALID_VALUE;
     thread_local CUstreamCaptureMode current = CU_STREAM_CAPTURE_MODE_GLOBAL;
     std::swap(current, *mode);
@@ -86,10 +91,13 @@ CUresult max_potential_block_size(int* min_grid, int* block_size, CUfunction f, 
 
 VCUDA_API cuOccupancyMaxPotentialBlockSize(int* min_grid, int* block, CUfunction f, CUoccupancyB2DSize smem_of, size_t smem,
                                            int limit) noexcept {
+    VCUDA_TRACE_HOOK(cuOccupancyMaxPotentialBlockSize, min_grid, block, f, smem_of, smem, limit);
     return max_potential_block_size(min_grid, block, f, smem_of, smem, limit, 0);
 }
 
 VCUDA_API cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block, CUfunction f, CUoccupancyB2DSize smem_of,
                                                     size_t smem, int limit, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuOccupancyMaxPotentialBlockSizeWithFlags, min_grid, block, f, smem_of, smem, limit,
+                     flags);
     return max_potential_block_size(min_grid, block, f, smem_of, smem, limit, flags);
 }

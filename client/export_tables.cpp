@@ -11,6 +11,7 @@
 #include "client/private_table.hpp"
 #include "client/procaddress.hpp"
 #include "client/state.hpp"
+#include "client/trace.hpp"
 #include "common/log.hpp"
 
 namespace vcuda::client {
@@ -217,6 +218,7 @@ CUresult integrity_check(unsigned version, unsigned long long secs, unsigned lon
 using namespace vcuda::client;
 
 extern "C" __attribute__((visibility("default"))) CUresult cuGetExportTable(const void** table, const CUuuid* id) noexcept {
+    VCUDA_TRACE_HOOK(cuGetExportTable, table, id);
     if (!table || !id) return CUDA_ERROR_INVALID_VALUE;
     if (id_cudart == *id) *table = cudart_table().words.data();
     else if (id_callbacks == *id) *table = callbacks_table().words.data();

@@ -5,6 +5,8 @@
 // application's own calls on its thread's lane.
 #include "client/private_table.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -20,7 +22,7 @@ namespace vcuda::client {
 namespace {
 
 struct status_query {
-    int server_device = 0;
+    const server_device* device = nullptr;
     bool done = false;
     int result = CUDA_SUCCESS;
     gpu_status status;
@@ -51,17 +53,18 @@ public:
         return *w;
     }
 
-    int query(int server_device, gpu_status& out, std::chrono::milliseconds timeout) {
+    int query(const server_device& dev, gpu_status& out, std::chrono::milliseconds timeout) {
         std::unique_lock lock(mu_);
         std::shared_ptr<status_query> q;
+        if (worker_pid_ != getpid()) queue_.clear();  // a forked child: those queries belong to the parent
         for (auto& p : queue_)
-            if (p->server_device == server_device) q = p;  // asked for already (maybe in flight): wait for that one
+            if (p->device == &dev) q = p;  // asked for already (maybe in flight): wait for that one
         if (!q) {
             q = std::make_shared<status_query>();
-            q->server_device = server_device;
+            q->device = &dev;
             queue_.push_back(q);
-            if (!started_) {
-                started_ = true;
+            if (worker_pid_ != getpid()) {  // not started yet, or this is a forked child: the worker stayed behind
+                worker_pid_ = getpid();
                 std::thread([this] { run(); }).detach();
             }
             wake_.notify_one();
@@ -79,7 +82,7 @@ private:
             auto q = queue_.front();  // stays queued while in flight, so that callers for its device join it
             lock.unlock();
             gpu_status st;
-            int rc = fetch(q->server_device, st);
+            int rc = fetch(*q->device, st);
             lock.lock();
             q->status = st;
             q->result = rc;
@@ -89,10 +92,11 @@ private:
         }
     }
 
-    static int fetch(int server_device, gpu_status& st) {
-        lane* l = state::get().remote().this_thread_lane();
+    // On this thread's lane to the session that serves the device.
+    static int fetch(const server_device& dev, gpu_status& st) {
+        lane* l = dev.owner->this_thread_lane();
         if (!l) return connection_lost_result;
-        uint64_t arg = static_cast<uint64_t>(server_device);
+        uint64_t arg = static_cast<uint64_t>(dev.server_index);
         call_request rq;
         rq.operation = op::gpu_status;
         rq.device = -1;  // no context needed: an NVML-only process (nvidia-smi) never creates one
@@ -105,14 +109,14 @@ private:
     std::mutex mu_;
     std::condition_variable wake_, done_;
     std::deque<std::shared_ptr<status_query>> queue_;
-    bool started_ = false;
+    pid_t worker_pid_ = 0;  // the process whose worker thread runs
 };
 
 int checked_device(int dev) {
     auto& st = state::get();
     if (!st.initialized()) return st.init_status();
     if (dev < 0 || dev >= st.device_count()) return CUDA_ERROR_INVALID_DEVICE;
-    if (st.remote().lost()) return connection_lost_result;
+    if (st.device(dev).owner->lost()) return connection_lost_result;
     return CUDA_SUCCESS;
 }
 
@@ -130,7 +134,7 @@ int device_usage(int dev, unsigned long long* bytes, int* has_context) {
 int fetch_gpu_status(int dev, gpu_status* out, size_t size, unsigned timeout_ms) {
     if (!out || size != sizeof(gpu_status)) return CUDA_ERROR_INVALID_VALUE;
     if (int rc = checked_device(dev); rc != CUDA_SUCCESS) return rc;
-    return status_worker::get().query(state::get().device(dev).server_index, *out, std::chrono::milliseconds(timeout_ms));
+    return status_worker::get().query(state::get().device(dev), *out, std::chrono::milliseconds(timeout_ms));
 }
 
 }  // namespace

@@ -10,26 +10,27 @@
 namespace vcuda::client {
 
 namespace {
-// The calling thread's lane. Plain pointers (trivially destructible) so that calls made after the thread's
-// destructors ran — cudart unloads its modules from an exit handler — still find a valid state: a new lane.
-thread_local lane* tls_lane = nullptr;
-thread_local session* tls_lane_owner = nullptr;
+// The calling thread's lane to each of the client's sessions (indexed by session tag). Plain pointers (trivially
+// destructible) so that calls made after the thread's destructors ran — cudart unloads its modules from an exit
+// handler — still find a valid state: a new lane.
+thread_local lane* tls_lanes[session::max_sessions] = {};
 struct lane_closer {
     bool armed = false;
     ~lane_closer() {
-        // Lane 0 opened the session and lives as long as the process: the session must outlast the thread
+        // Lane 0 of a session opened it and lives as long as the process: the session must outlast the thread
         // that called cuInit (exit handlers still make calls). Other lanes close with their thread.
-        if (tls_lane && tls_lane->number() != 0) delete tls_lane;
-        tls_lane = nullptr;
-        tls_lane_owner = nullptr;
+        for (auto& l : tls_lanes) {
+            if (l && l->number() != 0) delete l;
+            l = nullptr;
+        }
     }
 };
 thread_local lane_closer tls_closer;
 
-void adopt_lane(std::unique_ptr<lane> l, session* owner) {
-    if (tls_lane && tls_lane->number() != 0) delete tls_lane;
-    tls_lane = l.release();
-    tls_lane_owner = owner;
+void adopt_lane(std::unique_ptr<lane> l, uint32_t tag) {
+    auto& slot = tls_lanes[tag];
+    if (slot && slot->number() != 0) delete slot;
+    slot = l.release();
     tls_closer.armed = true;  // touching it registers its destructor for this thread
 }
 }  // namespace
@@ -47,6 +48,81 @@ outgoing_frame lane::build(const call_request& rq, bool async) {
     return make_frame(frame_kind::call, fbb_, ++sequence_, number_, async ? frame_flags::no_reply : 0, rq.payload);
 }
 
+lane::lane(session& s, frame_stream fs, uint32_t number) : session_(s), fs_(std::move(fs)), number_(number) {
+    owner_pid_ = getpid();
+    writer_ = std::thread([this] { writer_loop(); });
+}
+
+lane::~lane() {
+    {
+        std::lock_guard lock(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    if (writer_.joinable()) writer_.join();
+}
+
+void lane::writer_loop() {
+    std::vector<std::byte> batch;
+    std::unique_lock lock(mu_);
+    for (;;) {
+        cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !writing_); });
+        if (queue_.empty() && stop_) return;
+        batch.swap(queue_);
+        writing_ = true;
+        lock.unlock();
+        iovec iov{batch.data(), batch.size()};
+        auto r = failed_ ? transport_result<void>{} : fs_.raw().write_all({&iov, 1});
+        batch.clear();
+        lock.lock();
+        writing_ = false;
+        if (!r) {
+            failed_ = true;
+            failure_ = r.error();
+        }
+        cv_.notify_all();
+    }
+}
+
+bool lane::send(const outgoing_frame& f) {
+    std::byte header[frame_header_size];
+    frame_header h = f.header;
+    h.meta_len = static_cast<uint32_t>(f.meta.size());
+    h.payload_len = f.payload.size();
+    encode_header(h, header);
+    iovec iov[3] = {{header, frame_header_size},
+                    {const_cast<std::byte*>(f.meta.data()), f.meta.size()},
+                    {const_cast<std::byte*>(f.payload.data()), f.payload.size()}};
+    if (getpid() != owner_pid_) {  // forked child: the writer thread stayed in the parent
+        auto r = fs_.raw().write_all(iov);
+        if (!r) failure_ = r.error();
+        return r.has_value();
+    }
+    std::unique_lock lock(mu_);
+    if (failed_) return false;
+    if (f.payload.size() <= direct_payload) {
+        queue_.insert(queue_.end(), header, header + frame_header_size);
+        queue_.insert(queue_.end(), f.meta.begin(), f.meta.end());
+        queue_.insert(queue_.end(), f.payload.begin(), f.payload.end());
+        if (!writing_) cv_.notify_one();
+        return true;
+    }
+    // Large payload: wait for the queue to drain, then write from here, holding the writer off.
+    cv_.wait(lock, [&] { return queue_.empty() && !writing_; });
+    if (failed_) return false;
+    writing_ = true;
+    lock.unlock();
+    auto r = fs_.raw().write_all(iov);
+    lock.lock();
+    writing_ = false;
+    if (!r) {
+        failed_ = true;
+        failure_ = r.error();
+    }
+    cv_.notify_all();
+    return !failed_;
+}
+
 int lane::lost(const transport_error& e) {
     session_.mark_lost(std::string(to_string(e.code)) + ": " + e.message);
     return connection_lost_result;
@@ -54,15 +130,13 @@ int lane::lost(const transport_error& e) {
 
 int lane::post(const call_request& rq) {
     if (session_.lost()) return connection_lost_result;
-    auto f = build(rq, true);
-    if (auto r = fs_.send(f); !r) return lost(r.error());
+    if (!send(build(rq, true))) return lost(failure_);
     return 0;
 }
 
 int lane::call(const call_request& rq, call_reply& rp) {
     if (session_.lost()) return connection_lost_result;
-    auto f = build(rq, false);
-    if (auto r = fs_.send(f); !r) return lost(r.error());
+    if (!send(build(rq, false))) return lost(failure_);
     payload_sink sink;
     if (rp.payload_dst) {
         sink = [&](const frame_header& h, const std::vector<std::byte>&) -> std::byte* {
@@ -120,7 +194,7 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
     char host[256] = {};
     gethostname(host, sizeof host - 1);
     b.Finish(wire::CreateHello(b, protocol_version, features::all, b.CreateString(token_), id_, secret_, number,
-                               static_cast<uint32_t>(getpid()), b.CreateString(host)));
+                               static_cast<uint32_t>(getpid()), b.CreateString(host), 0, tag_));
     if (auto r = fs.send(make_frame(frame_kind::hello, b, 0, number), after(timeout_)); !r) {
         why = "sending HELLO to " + address_ + " failed: " + r.error().message;
         return nullptr;
@@ -148,7 +222,7 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
 }
 
 std::unique_ptr<session> session::open(const std::string& address, std::chrono::milliseconds timeout,
-                                       const std::string& token, std::string& why) {
+                                       const std::string& token, uint32_t tag, std::string& why) {
     auto ep = endpoint::parse(address);
     if (!ep) {
         why = "VCUDA_SERVER='" + address + "': " + ep.error();
@@ -159,6 +233,7 @@ std::unique_ptr<session> session::open(const std::string& address, std::chrono::
     s->address_ = address;
     s->token_ = token;
     s->timeout_ = timeout;
+    s->tag_ = tag % max_sessions;
     auto first = s->connect_lane(s->next_lane_++, why);
     if (!first) return nullptr;
 
@@ -170,7 +245,7 @@ std::unique_ptr<session> session::open(const std::string& address, std::chrono::
         return nullptr;
     }
     size_t n = rp.outs.empty() ? 0 : rp.outs[0];
-    if (rp.outs.size() != 1 + n || rp.blobs.size() != 3 * n) {
+    if (rp.outs.size() != 1 + 2 * n || rp.blobs.size() != 3 * n) {
         why = "malformed device list from " + address;
         return nullptr;
     }
@@ -181,16 +256,17 @@ std::unique_ptr<session> session::open(const std::string& address, std::chrono::
         auto& a = rp.blobs[3 * i + 2];
         d.attributes.resize(a.size() / sizeof(int));
         std::memcpy(d.attributes.data(), a.data(), d.attributes.size() * sizeof(int));
-        d.total_memory = rp.outs[1 + i];
-        d.server_index = static_cast<int>(i);
+        d.server_index = static_cast<int>(rp.outs[1 + 2 * i]);
+        d.total_memory = rp.outs[2 + 2 * i];
+        d.owner = s.get();
         s->devices_.push_back(std::move(d));
     }
-    adopt_lane(std::move(first), s.get());
+    adopt_lane(std::move(first), s->tag_);
     return s;
 }
 
 lane* session::this_thread_lane() {
-    if (tls_lane && tls_lane_owner == this) return tls_lane;
+    if (lane* l = tls_lanes[tag_]) return l;
     if (lost_) return nullptr;
     std::string why;
     auto l = connect_lane(next_lane_++, why);
@@ -198,8 +274,8 @@ lane* session::this_thread_lane() {
         mark_lost(why);
         return nullptr;
     }
-    adopt_lane(std::move(l), this);
-    return tls_lane;
+    adopt_lane(std::move(l), tag_);
+    return tls_lanes[tag_];
 }
 
 }  // namespace vcuda::client

@@ -7,6 +7,8 @@
 #include <flatbuffers/flatbuffers.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <thread>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -45,9 +47,14 @@ struct call_reply {
 
 class session;
 
+// Frames leave a lane through its writer thread: the calling thread appends the encoded frame to a queue and
+// goes on; the writer sends whatever has accumulated in one write. So frames are batched while a write is in
+// flight and sent at once when the link is idle. Frames with a large payload are written by the calling
+// thread itself, after the queue has drained, so bulk bytes are never copied twice.
 class lane {
 public:
-    lane(session& s, frame_stream fs, uint32_t number) : session_(s), fs_(std::move(fs)), number_(number) {}
+    lane(session& s, frame_stream fs, uint32_t number);
+    ~lane();
 
     // Sends a call and waits for its reply. Returns the call's CUresult (or connection_lost_result).
     int call(const call_request& rq, call_reply& rp);
@@ -58,6 +65,18 @@ public:
 private:
     outgoing_frame build(const call_request& rq, bool async);
     int lost(const transport_error& e);
+    // Queues the frame (or writes it directly when its payload is large). False when the link is gone.
+    bool send(const outgoing_frame& f);
+    void writer_loop();
+
+    static constexpr size_t direct_payload = 64u << 10;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<std::byte> queue_;
+    bool writing_ = false, stop_ = false, failed_ = false;
+    transport_error failure_;
+    std::thread writer_;
+    int owner_pid_ = 0;  // a forked child has no writer thread: it writes directly
 
     session& session_;
     frame_stream fs_;
@@ -72,14 +91,18 @@ struct server_device {
     std::array<unsigned char, 16> uuid{};
     uint64_t total_memory = 0;  // the vGPU's size: the quota when one is set
     std::vector<int> attributes;  // indexed by CUdevice_attribute
-    int server_index = 0;
+    int server_index = 0;         // the GPU's index on its server
+    session* owner = nullptr;     // the session that serves it
 };
 
 class session {
 public:
     // Connects, says HELLO and fetches the devices. `why` explains a failure in one line.
+    // `tag` (0-15) distinguishes this session's handles from those of the client's other sessions.
     static std::unique_ptr<session> open(const std::string& address, std::chrono::milliseconds timeout,
-                                         const std::string& token, std::string& why);
+                                         const std::string& token, uint32_t tag, std::string& why);
+    uint32_t tag() const { return tag_; }
+    static constexpr uint32_t max_sessions = 16;
 
     // This thread's lane, connected on first use. Null when the server cannot be reached (reason logged).
     lane* this_thread_lane();
@@ -96,6 +119,7 @@ private:
     std::string token_;
     std::chrono::milliseconds timeout_{5000};
     uint64_t id_ = 0, secret_ = 0;
+    uint32_t tag_ = 0;
     std::atomic<uint32_t> next_lane_{0};
     std::atomic<bool> lost_{false};
     std::vector<server_device> devices_;

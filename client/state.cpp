@@ -2,10 +2,13 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 
 #include "common/log.hpp"
+#include "mgmt/client/lease.hpp"
 
 namespace vcuda::client {
 
@@ -60,32 +63,125 @@ state& state::get() {
 CUresult state::initialize(unsigned flags) {
     std::call_once(once_, [&] {
         log::init("vcuda-client", {}, "warn");  // an application's stderr is not ours: warnings and errors only
-        const char* addr = std::getenv("VCUDA_SERVER");
-        if (!addr || !*addr) {
-            VCUDA_LOG_ERROR("cuInit: no vcuda server configured: set VCUDA_SERVER=host:port (or unix:/path), or run "
-                            "the program with `vcuda run --server ADDR -- PROGRAM`");
-            init_result_ = CUDA_ERROR_NO_DEVICE;
-            return;
-        }
-        const char* token = std::getenv("VCUDA_TOKEN");
         std::string why;
-        session_ = session::open(addr, connect_timeout(), token ? token : "", why);
-        if (!session_) {
+        if (!connect_sessions(why)) {
             VCUDA_LOG_ERROR("cuInit: {}", why);
             init_result_ = CUDA_ERROR_NO_DEVICE;
             return;
         }
-        if (session_->devices().empty()) {
-            VCUDA_LOG_ERROR("cuInit: vcuda-server at {} offers no GPU", addr);
-            init_result_ = CUDA_ERROR_NO_DEVICE;
-            return;
-        }
-        primary_.resize(session_->devices().size());
-        VCUDA_LOG_INFO("connected to vcuda-server at {}: {} device(s), first: {}", addr, session_->devices().size(),
-                       session_->devices()[0].name);
+        primary_.resize(devices_.size());
+        VCUDA_LOG_INFO("connected: {} device(s) from {} session(s), first: {}", devices_.size(), sessions_.size(),
+                       devices_.empty() ? "-" : devices_[0].name);
         init_result_ = CUDA_SUCCESS;
     });
     return init_result_;
+}
+
+namespace {
+
+std::string uuid_text(const std::array<unsigned char, 16>& b) {
+    char s[64];
+    std::snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
+                  b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    return s;
+}
+
+// CUDA_VISIBLE_DEVICES: ordinals or UUID prefixes, in the order given, up to the first that matches nothing.
+std::vector<server_device> visible(std::vector<server_device> all) {
+    const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (!env) return all;
+    std::vector<server_device> out;
+    std::string list = env;
+    size_t pos = 0;
+    while (pos <= list.size()) {
+        size_t comma = list.find(',', pos);
+        std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        pos = comma == std::string::npos ? list.size() + 1 : comma + 1;
+        while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+        const server_device* pick = nullptr;
+        if (!item.empty() && std::all_of(item.begin(), item.end(), ::isdigit)) {
+            size_t i = std::stoul(item);
+            if (i < all.size()) pick = &all[i];
+        } else if (item.rfind("GPU-", 0) == 0) {
+            for (auto& d : all)
+                if (uuid_text(d.uuid).rfind(item, 0) == 0) pick = &d;
+        }
+        if (!pick) break;
+        out.push_back(*pick);
+    }
+    return out;
+}
+
+}  // namespace
+
+bool state::connect_sessions(std::string& why) {
+    std::vector<server_device> all;
+    const char* manager = std::getenv("VCUDA_MANAGER");
+    const char* addr = std::getenv("VCUDA_SERVER");
+    if (manager && *manager && !(addr && *addr)) {
+        auto ep = endpoint::parse(manager);
+        if (!ep) {
+            why = "VCUDA_MANAGER='" + std::string(manager) + "': " + ep.error();
+            return false;
+        }
+        std::string bad;
+        auto request = mgmt::lease_request_from_env(&bad);
+        if (!bad.empty()) {
+            why = bad;
+            return false;
+        }
+        auto grant = mgmt::acquire_lease(*ep, request, connect_timeout());
+        if (!grant) {
+            why = "no lease from the manager at " + std::string(manager) + ": " + grant.error();
+            return false;
+        }
+        if (grant->devices.size() > session::max_sessions) {
+            why = "a lease of more than 16 GPUs is not supported";
+            return false;
+        }
+        // One session per leased GPU: each carries that GPU's token, possibly on different servers.
+        for (size_t i = 0; i < grant->devices.size(); ++i) {
+            auto& g = grant->devices[i];
+            std::unique_ptr<session> s;
+            std::string last;
+            for (auto& e : g.server_endpoints) {
+                s = session::open(e, connect_timeout(), g.token, static_cast<uint32_t>(i), last);
+                if (s) break;
+            }
+            if (!s) {
+                why = "cannot reach the server of leased GPU " + g.uuid + ": " + last;
+                return false;
+            }
+            for (auto& d : s->devices()) all.push_back(d);
+            sessions_.push_back(std::move(s));
+        }
+        // Renew while the process lives; the lease ends with it (the manager expires it).
+        lease_keeper_ = new mgmt::lease_keeper(*ep, *grant, [](const std::string& reason) {
+            VCUDA_LOG_ERROR("the GPU lease was lost: {}", reason);
+        });
+    } else {
+        if (!addr || !*addr) {
+            why = "no vcuda server configured: set VCUDA_SERVER=host:port (or unix:/path) or VCUDA_MANAGER=host:port, "
+                  "or run the program with `vcuda run --server ADDR -- PROGRAM`";
+            return false;
+        }
+        const char* token = std::getenv("VCUDA_TOKEN");
+        auto s = session::open(addr, connect_timeout(), token ? token : "", 0, why);
+        if (!s) return false;
+        all = s->devices();
+        sessions_.push_back(std::move(s));
+    }
+    devices_ = visible(std::move(all));
+    if (devices_.empty()) {
+        why = "the server offers no GPU" + std::string(std::getenv("CUDA_VISIBLE_DEVICES") ? " visible under CUDA_VISIBLE_DEVICES" : "");
+        return false;
+    }
+    return true;
+}
+
+session& state::remote() {
+    int d = current_device();
+    return d >= 0 ? *devices_[d].owner : *devices_.front().owner;
 }
 
 int state::attribute(int ordinal, int attr) const {
@@ -236,14 +332,17 @@ bool state::find_host(uintptr_t p, host_allocation& out) {
     return true;
 }
 
+// Images are cached per session: the key mixes in the session serving the current device.
 bool state::image_sent(uint64_t hash) {
+    uint64_t key = hash ^ (uint64_t{remote().tag()} << 56);
     std::shared_lock lock(mu);
-    return images_.count(hash) != 0;
+    return images_.count(key) != 0;
 }
 
 void state::mark_image_sent(uint64_t hash) {
+    uint64_t key = hash ^ (uint64_t{remote().tag()} << 56);
     std::unique_lock lock(mu);
-    images_.insert(hash);
+    images_.insert(key);
 }
 
 void state::record(op o, std::vector<uint64_t> args, uint64_t result_handle) {

@@ -77,9 +77,10 @@ public:
     CUresult init_status() const { return init_result_; }
     bool initialized() const { return init_result_ == CUDA_SUCCESS; }
 
-    session& remote() { return *session_; }
-    int device_count() const { return static_cast<int>(session_ ? session_->devices().size() : 0); }
-    const server_device& device(int ordinal) const { return session_->devices()[ordinal]; }
+    // The session serving the current context's device (the first session when no context is current).
+    session& remote();
+    int device_count() const { return static_cast<int>(devices_.size()); }
+    const server_device& device(int ordinal) const { return devices_[ordinal]; }
     int attribute(int ordinal, int attr) const;
 
     // Contexts.
@@ -123,7 +124,12 @@ private:
 
     std::once_flag once_;
     CUresult init_result_ = CUDA_ERROR_NOT_INITIALIZED;
-    std::unique_ptr<session> session_;
+    // Opens the sessions: one to VCUDA_SERVER, or one per GPU of a lease from VCUDA_MANAGER. `why` on failure.
+    bool connect_sessions(std::string& why);
+
+    std::vector<std::unique_ptr<session>> sessions_;
+    std::vector<server_device> devices_;  // by client ordinal, after CUDA_VISIBLE_DEVICES
+    void* lease_keeper_ = nullptr;        // mgmt::lease_keeper, alive for the whole process
     std::vector<uint64_t> primary_;
     std::unordered_map<uint64_t, std::unique_ptr<context_info>> contexts_;
     uint32_t next_context_ = 1;

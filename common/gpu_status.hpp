@@ -39,6 +39,15 @@ enum class gpu_field : uint32_t {
     bar1_total,            // bytes
     bar1_free,
     bar1_used,
+    pci_base_class,        // PCI class code
+    pci_sub_class,
+    ecc_current,           // nvmlEnableState_t
+    ecc_pending,
+    virtualization_mode,   // nvmlGpuVirtualizationMode_t
+    brand,                 // nvmlBrandType_t
+    architecture,          // nvmlDeviceArchitecture_t
+    max_mig_devices,
+    inforom_valid,         // 1: nvmlDeviceValidateInforom succeeded, 0: the infoROM is corrupted
     count
 };
 inline constexpr size_t gpu_field_count = static_cast<size_t>(gpu_field::count);

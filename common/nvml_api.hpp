@@ -113,6 +113,21 @@ typedef struct vcuda_nvmlPciInfo_legacy_st {
     unsigned int pciSubSystemId;
 } vcuda_nvmlPciInfo_legacy_t;
 
+// nvmlDeviceGetPciInfoExt.
+typedef struct nvmlPciInfoExt_v1_st {
+    unsigned int version;  // nvmlPciInfoExt_v1
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    unsigned int baseClass;  // PCI class code
+    unsigned int subClass;
+    char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];  // "%08X:%02X:%02X.0"
+} nvmlPciInfoExt_v1_t;
+typedef nvmlPciInfoExt_v1_t nvmlPciInfoExt_t;
+#define nvmlPciInfoExt_v1 NVML_STRUCT_VERSION(PciInfoExt, 1)
+
 typedef struct nvmlMemory_st {
     unsigned long long total;
     unsigned long long free;
@@ -162,6 +177,29 @@ typedef struct nvmlProcessInfo_v2_st {
 } nvmlProcessInfo_v2_t;
 typedef nvmlProcessInfo_v2_t nvmlProcessInfo_t;
 
+typedef union nvmlValue_st {
+    double dVal;
+    int siVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct nvmlFieldValue_st {
+    unsigned int fieldId;  // NVML_FI_*
+    unsigned int scopeId;
+    long long timestamp;  // microseconds since 1970
+    long long latencyUsec;
+    unsigned int valueType;  // nvmlValueType_t
+    nvmlReturn_t nvmlReturn;  // per field
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+typedef struct nvmlEventSet_st* nvmlEventSet_t;  // opaque
+typedef struct nvmlEventData_st nvmlEventData_t;  // vcuda never delivers an event: its layout is not needed
+
 // Public NVML entry points (default visibility: vcuda's libnvidia-ml.so.1 defines and exports them; the
 // server only takes their types for dlsym).
 #pragma GCC visibility push(default)
@@ -191,6 +229,7 @@ nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int* minorNu
 nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, vcuda_nvmlPciInfo_legacy_t* pci) noexcept;
 nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, vcuda_nvmlPciInfo_legacy_t* pci) noexcept;
 nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t* pci) noexcept;
+nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoExt_t* pci) noexcept;
 nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major, int* minor) noexcept;
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) noexcept;
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) noexcept;
@@ -221,6 +260,23 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsig
 nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v1_t* infos) noexcept;
 nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v2_t* infos) noexcept;
 nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_t* infos) noexcept;
+// Not in nvml.h: NVML's private tables, as nvidia-smi calls it (a pointer to the table pointer, then a 16-byte
+// table id); a table's first word is its size in bytes, and nvidia-smi checks it and each slot before use.
+nvmlReturn_t nvmlInternalGetExportTable(const void** table, const unsigned char* table_id) noexcept;
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t* set) noexcept;
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) noexcept;
+nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeoutms) noexcept;
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeoutms) noexcept;
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set) noexcept;
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long* eventTypes) noexcept;
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t* values) noexcept;
+nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t* current, nvmlEnableState_t* pending) noexcept;
+nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, unsigned int* pVirtualMode) noexcept;
+nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, unsigned int* type) noexcept;
+nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int* arch) noexcept;
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int* count) noexcept;
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int* isMigDevice) noexcept;
+nvmlReturn_t nvmlDeviceValidateInforom(nvmlDevice_t device) noexcept;
 #pragma GCC visibility pop
 
 }  // extern "C"

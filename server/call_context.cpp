@@ -35,7 +35,7 @@ CUresult call_context::lookup(uint64_t id, handle_kind k, void*& raw, handle_ent
 
 CUresult call_context::device(size_t i, CUdevice& out) {
     uint64_t d = arg(i);
-    if (d >= sess.device_count()) return fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+    if (!sess.allowed(d)) return fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
     out = sess.drv().gpus()[d].device;
     return CUDA_SUCCESS;
 }

@@ -27,6 +27,11 @@ struct handle_entry {
 
 class handle_table {
 public:
+    // Bits 52-55 of every id carry the session's tag (chosen by the client, see Hello.handle_tag).
+    static constexpr int tag_shift = 52;
+    static constexpr uint32_t generation_limit = 1u << 20;
+    void set_tag(uint32_t tag) { tag_ = uint64_t{tag & 0xf} << tag_shift; }
+
     uint64_t insert(handle_entry e) {
         uint32_t index;
         if (!free_.empty()) {
@@ -39,11 +44,13 @@ public:
         auto& s = slots_[index];
         s.entry = std::move(e);
         s.live = true;
-        return make_handle(s.entry.kind, s.generation, index);
+        return make_handle(s.entry.kind, s.generation, index) | tag_;
     }
 
     // The entry for `id` if it is live and of kind `k` (or `alt`, when given).
     handle_entry* find(uint64_t id, handle_kind k, handle_kind alt = handle_kind::none) {
+        if ((id & (uint64_t{0xf} << tag_shift)) != tag_) return nullptr;
+        id &= ~(uint64_t{0xf} << tag_shift);
         uint32_t index = handle_index(id);
         if (index >= slots_.size()) return nullptr;
         auto& s = slots_[index];
@@ -53,12 +60,14 @@ public:
     }
 
     bool erase(uint64_t id) {
+        if ((id & (uint64_t{0xf} << tag_shift)) != tag_) return false;
+        id &= ~(uint64_t{0xf} << tag_shift);
         uint32_t index = handle_index(id);
         if (index >= slots_.size() || !slots_[index].live || slots_[index].generation != handle_generation(id)) return false;
         auto& s = slots_[index];
         s.live = false;
         s.entry = {};
-        s.generation = (s.generation + 1) & 0xffffff;
+        s.generation = (s.generation + 1) % generation_limit;
         if (s.generation == 0) s.generation = 1;
         free_.push_back(index);
         return true;
@@ -68,7 +77,7 @@ public:
     template <class F>
     void for_each(F&& f) {
         for (uint32_t i = 0; i < slots_.size(); ++i)
-            if (slots_[i].live) f(make_handle(slots_[i].entry.kind, slots_[i].generation, i), slots_[i].entry);
+            if (slots_[i].live) f(make_handle(slots_[i].entry.kind, slots_[i].generation, i) | tag_, slots_[i].entry);
     }
 
     size_t size() const { return slots_.size() - free_.size(); }
@@ -80,6 +89,7 @@ private:
         bool live = false;
     };
     std::vector<slot> slots_;
+    uint64_t tag_ = 0;
     std::vector<uint32_t> free_;
 };
 

@@ -70,6 +70,24 @@ public:
             st.set(gpu_field::bar1_free, b.bar1Free);
             st.set(gpu_field::bar1_used, b.bar1Used);
         }
+        nvmlPciInfoExt_t pci{};
+        pci.version = nvmlPciInfoExt_v1;
+        if (call(pci_ext_, h, &pci)) {
+            st.set(gpu_field::pci_base_class, pci.baseClass);
+            st.set(gpu_field::pci_sub_class, pci.subClass);
+        }
+        if (nvmlEnableState_t cur{}, pending{}; call(ecc_mode_, h, &cur, &pending)) {
+            st.set(gpu_field::ecc_current, cur);
+            st.set(gpu_field::ecc_pending, pending);
+        }
+        read_uint(virtualization_mode_, h, st, gpu_field::virtualization_mode);
+        read_uint(brand_, h, st, gpu_field::brand);
+        read_uint(architecture_, h, st, gpu_field::architecture);
+        read_uint(max_mig_devices_, h, st, gpu_field::max_mig_devices);
+        if (validate_inforom_) {
+            nvmlReturn_t rc = validate_inforom_(h);
+            if (rc == NVML_SUCCESS || rc == NVML_ERROR_CORRUPTED_INFOROM) st.set(gpu_field::inforom_valid, rc == NVML_SUCCESS);
+        }
         if (driver_version_) driver_version_(st.driver_version, sizeof st.driver_version);
         if (nvml_version_) nvml_version_(st.nvml_version, sizeof st.nvml_version);
         if (serial_) serial_(h, st.serial, sizeof st.serial);
@@ -112,6 +130,13 @@ private:
         driver_version_ = sym<decltype(&nvmlSystemGetDriverVersion)>("nvmlSystemGetDriverVersion");
         nvml_version_ = sym<decltype(&nvmlSystemGetNVMLVersion)>("nvmlSystemGetNVMLVersion");
         serial_ = sym<decltype(&nvmlDeviceGetSerial)>("nvmlDeviceGetSerial");
+        pci_ext_ = sym<decltype(&nvmlDeviceGetPciInfoExt)>("nvmlDeviceGetPciInfoExt");
+        ecc_mode_ = sym<decltype(&nvmlDeviceGetEccMode)>("nvmlDeviceGetEccMode");
+        virtualization_mode_ = sym<decltype(&nvmlDeviceGetVirtualizationMode)>("nvmlDeviceGetVirtualizationMode");
+        brand_ = sym<decltype(&nvmlDeviceGetBrand)>("nvmlDeviceGetBrand");
+        architecture_ = sym<decltype(&nvmlDeviceGetArchitecture)>("nvmlDeviceGetArchitecture");
+        max_mig_devices_ = sym<decltype(&nvmlDeviceGetMaxMigDeviceCount)>("nvmlDeviceGetMaxMigDeviceCount");
+        validate_inforom_ = sym<decltype(&nvmlDeviceValidateInforom)>("nvmlDeviceValidateInforom");
         usable_ = get_by_uuid_ != nullptr;
         if (!usable_) why_ = "the host's NVML lacks nvmlDeviceGetHandleByUUID";
         VCUDA_LOG_INFO("NVML loaded: clients' nvidia-smi sees this host's GPU status");
@@ -158,6 +183,13 @@ private:
     decltype(&nvmlSystemGetDriverVersion) driver_version_ = nullptr;
     decltype(&nvmlSystemGetNVMLVersion) nvml_version_ = nullptr;
     decltype(&nvmlDeviceGetSerial) serial_ = nullptr;
+    decltype(&nvmlDeviceGetPciInfoExt) pci_ext_ = nullptr;
+    decltype(&nvmlDeviceGetEccMode) ecc_mode_ = nullptr;
+    decltype(&nvmlDeviceGetVirtualizationMode) virtualization_mode_ = nullptr;
+    decltype(&nvmlDeviceGetBrand) brand_ = nullptr;
+    decltype(&nvmlDeviceGetArchitecture) architecture_ = nullptr;
+    decltype(&nvmlDeviceGetMaxMigDeviceCount) max_mig_devices_ = nullptr;
+    decltype(&nvmlDeviceValidateInforom) validate_inforom_ = nullptr;
 };
 
 template <size_t N>

@@ -3,13 +3,21 @@
 
 namespace vcuda::server {
 
-// outs = {n, total memory per device...}; blobs = {name, uuid, attributes} per device.
+// The GPUs this session may use: outs = {n, (server index, memory) per GPU}; blobs = {name, uuid, attributes}
+// per GPU. The memory is the session's quota there.
 CUresult handle_session_info(call_context& cx) {
     if (!cx.expect_args(0)) return cx.bad_arguments();
     auto& gpus = cx.sess.drv().gpus();
-    cx.out(static_cast<uint64_t>(gpus.size()));
-    for (size_t i = 0; i < gpus.size(); ++i) cx.out(cx.sess.quota(i));
-    for (auto& g : gpus) {
+    std::vector<size_t> mine;
+    for (size_t i = 0; i < gpus.size(); ++i)
+        if (cx.sess.allowed(i)) mine.push_back(i);
+    cx.out(static_cast<uint64_t>(mine.size()));
+    for (size_t i : mine) {
+        cx.out(static_cast<uint64_t>(i));
+        cx.out(cx.sess.quota(i));
+    }
+    for (size_t i : mine) {
+        auto& g = gpus[i];
         cx.out_blob({reinterpret_cast<const std::byte*>(g.name.data()), g.name.size()});
         cx.out_blob({reinterpret_cast<const std::byte*>(g.uuid.bytes), 16});
         cx.out_blob({reinterpret_cast<const std::byte*>(g.attributes.data()), g.attributes.size() * sizeof(int)});
@@ -25,7 +33,7 @@ CUresult handle_ctx_synchronize(call_context& cx) {
 CUresult handle_ctx_reset(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
     uint64_t d = cx.arg(0);
-    if (d >= cx.sess.device_count()) return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+    if (!cx.sess.allowed(d)) return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
     cx.sess.release_device(d);
     cx.lane.current_device = -2;  // the context this lane had current is gone
     return CUDA_SUCCESS;

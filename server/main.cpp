@@ -8,7 +8,11 @@
 #include <condition_variable>
 
 #include "common/log.hpp"
+#include "mgmt/client/server_agent.hpp"
+#include "mgmt/token.hpp"
 #include "server/server.hpp"
+
+#include <unistd.h>
 
 namespace {
 
@@ -62,6 +66,15 @@ int main(int argc, char** argv) {
                    "GPU memory each session may hold per GPU, e.g. 8GiB (default: the whole GPU). Allocations past it fail "
                    "with CUDA_ERROR_OUT_OF_MEMORY; cuMemGetInfo and the device's total memory report it.");
     app.add_option("--log-level", level, "trace, debug, info, warn, error or off (default info; env VCUDA_LOG_LEVEL)");
+    std::string manager, secret_file;
+    std::vector<std::string> advertise;
+    app.add_option("--manager", manager,
+                   "Attach to the vcuda-mgmt at ADDR: register this server's GPUs, send heartbeats, and accept only "
+                   "sessions that present a valid lease token (needs --secret-file)");
+    app.add_option("--secret-file", secret_file, "File holding the secret shared with the manager (mode 600)");
+    app.add_option("--advertise", advertise,
+                   "Address clients should use to reach this server, as told to the manager, repeatable "
+                   "(default: the --listen addresses, with 0.0.0.0 replaced by this host's name)");
     CLI11_PARSE(app, argc, argv);
 
     spdlog::level::level_enum lvl;
@@ -76,6 +89,18 @@ int main(int argc, char** argv) {
         return 2;
     }
     if (listen.empty()) listen.push_back("127.0.0.1:7300");
+    if (!manager.empty()) {
+        if (secret_file.empty()) {
+            std::cerr << "vcuda-server: --manager needs --secret-file (the secret the manager signs lease tokens with)\n";
+            return 2;
+        }
+        auto secret = vcuda::mgmt::read_secret_file(secret_file);
+        if (!secret) {
+            std::cerr << "vcuda-server: --secret-file: " << secret.error() << "\n";
+            return 2;
+        }
+        opts.secret = *secret;
+    }
 
     vcuda::server::driver drv;
     std::string why;
@@ -102,6 +127,56 @@ int main(int argc, char** argv) {
         VCUDA_LOG_INFO("serving {} GPU(s) on {}{}", drv.gpus().size(), l->local().to_string(),
                        opts.memory_quota ? fmt::format(" (quota {} MiB per session)", opts.memory_quota >> 20) : "");
         srv.serve(std::move(*l));
+    }
+    std::unique_ptr<vcuda::mgmt::server_agent> agent;
+    if (!manager.empty()) {
+        auto mep = vcuda::endpoint::parse(manager);
+        if (!mep) {
+            VCUDA_LOG_ERROR("--manager {}: {}", manager, mep.error());
+            return 2;
+        }
+        char host[256] = {};
+        gethostname(host, sizeof host - 1);
+        vcuda::mgmt::server_agent_config cfg;
+        cfg.manager = *mep;
+        cfg.registration.host = host;
+        if (advertise.empty())
+            for (auto& a : listen) {
+                if (a.rfind("unix:", 0) == 0) continue;
+                std::string x = a;
+                if (x.rfind("0.0.0.0:", 0) == 0) x = std::string(host) + x.substr(7);
+                advertise.push_back(x);
+            }
+        cfg.registration.endpoints = advertise;
+        char version[32];
+        std::snprintf(version, sizeof version, "%d.%d", drv.version() / 1000, drv.version() % 1000 / 10);
+        for (size_t i = 0; i < drv.gpus().size(); ++i) {
+            auto& g = drv.gpus()[i];
+            cfg.registration.gpus.push_back({static_cast<uint32_t>(i), vcuda::server::gpu_uuid_string(g.uuid), g.name,
+                                              g.total_memory,
+                                              static_cast<uint32_t>(g.attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT]),
+                                              version});
+        }
+        cfg.load = [&srv, &drv] {
+            vcuda::mgmt::heartbeat hb;
+            std::vector<uint64_t> used(drv.gpus().size(), 0);
+            std::vector<uint32_t> count(drv.gpus().size(), 0);
+            srv.sessions().for_each([&](vcuda::server::session& s) {
+                std::lock_guard lock(s.mu);
+                for (size_t i = 0; i < s.device_count(); ++i) {
+                    if (!s.allowed(i)) continue;
+                    used[i] += s.memory(i).mapped();
+                    ++count[i];
+                    hb.sessions.push_back({std::to_string(s.id()), s.lease_id(), vcuda::server::gpu_uuid_string(drv.gpus()[i].uuid),
+                                           s.peer(), s.memory(i).mapped()});
+                }
+            });
+            for (size_t i = 0; i < drv.gpus().size(); ++i)
+                hb.gpus.push_back({vcuda::server::gpu_uuid_string(drv.gpus()[i].uuid), 0, used[i], count[i]});
+            return hb;
+        };
+        agent = std::make_unique<vcuda::mgmt::server_agent>(std::move(cfg));
+        VCUDA_LOG_INFO("attached to the manager at {}; sessions need a lease token", manager);
     }
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);

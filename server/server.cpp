@@ -6,7 +6,10 @@
 #include "common/log.hpp"
 #include "common/wire.hpp"
 #include "server/call_context.hpp"
+#include "mgmt/token.hpp"
 #include "server/dispatch.hpp"
+
+#include <cstdio>
 
 namespace vcuda::server {
 
@@ -66,7 +69,15 @@ void server::run_connection(stream s) {
     }
     std::shared_ptr<session> sess;
     if (h->session_id() == 0) {
-        sess = sessions_.create(drv_, opts_, peer + " pid " + std::to_string(h->client_pid()));
+        session_grant grant;
+        std::string refusal;
+        if (!authorize(*h, grant, refusal)) {
+            VCUDA_LOG_WARN("{}: session refused: {}", peer, refusal);
+            send_wire_error(fs, wire_errc::auth_failed, refusal);
+            return;
+        }
+        sess = sessions_.create(drv_, opts_, grant, peer + " pid " + std::to_string(h->client_pid()));
+        sess->handles.set_tag(h->handle_tag());
         VCUDA_LOG_INFO("session {} opened by {} (host {})", sess->id(), sess->peer(), h->client_host() ? h->client_host()->str() : "?");
     } else {
         sess = sessions_.find(h->session_id(), h->session_secret());
@@ -96,6 +107,46 @@ void server::run_connection(stream s) {
         VCUDA_LOG_INFO("session {} ended ({}): released {} MiB of GPU memory and {} handles in {} ms", sess->id(), sess->peer(),
                        held >> 20, handles, ms);
     }
+}
+
+bool server::authorize(const wire::Hello& h, session_grant& grant, std::string& refusal) {
+    if (h.devices())
+        for (int32_t d : *h.devices()) {
+            if (d < 0 || static_cast<size_t>(d) >= drv_.gpus().size()) {
+                refusal = "this server has no GPU " + std::to_string(d);
+                return false;
+            }
+            grant.gpus.push_back(static_cast<size_t>(d));
+        }
+    if (opts_.secret.empty()) return true;  // not attached to a manager: the server's own defaults apply
+    std::string token = h.token() ? h.token()->str() : "";
+    if (token.empty()) {
+        refusal = "this server is attached to a manager: a lease token is required (run the program with vcuda run --manager ADDR)";
+        return false;
+    }
+    auto claims = mgmt::verify_token(opts_.secret, token, std::chrono::system_clock::now());
+    if (!claims) {
+        refusal = "lease token rejected: " + claims.error();
+        return false;
+    }
+    for (size_t i = 0; i < drv_.gpus().size(); ++i) {
+        if (gpu_uuid_string(drv_.gpus()[i].uuid) == claims->gpu_uuid) {
+            grant.gpus = {i};
+            grant.memory_quota = claims->memory_quota;
+            grant.lease_id = claims->lease_id;
+            return true;
+        }
+    }
+    refusal = "lease token is for GPU " + claims->gpu_uuid + ", which this server does not have";
+    return false;
+}
+
+std::string gpu_uuid_string(const CUuuid& u) {
+    const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
+    char s[64];
+    std::snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
+                  b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    return s;
 }
 
 void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t lane_number) {
@@ -144,7 +195,7 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
             if (dev != lane.current_device) {
                 if (dev < 0) {
                     d.cuCtxSetCurrent(nullptr);
-                } else if (static_cast<size_t>(dev) >= sess->device_count()) {
+                } else if (!sess->allowed(static_cast<size_t>(dev))) {
                     rc = cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
                 } else {
                     CUcontext ctx = sess->context(dev, rc);

@@ -11,8 +11,12 @@
 #include "common/transport.hpp"
 #include "server/driver.hpp"
 #include "server/session.hpp"
+#include "vcuda_generated.h"
 
 namespace vcuda::server {
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi and the manager write GPU UUIDs.
+std::string gpu_uuid_string(const CUuuid& u);
 
 class server {
 public:
@@ -29,6 +33,9 @@ private:
     void accept_loop(listener* l);
     void run_connection(stream s);
     void run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t lane_number);
+    // Decides what a new session may use: the GPUs it asks for, or — when the server is attached to a manager —
+    // exactly the GPU and memory its lease token grants. False with `refusal` set when it may not open.
+    bool authorize(const wire::Hello& h, session_grant& grant, std::string& refusal);
 
     driver& drv_;
     server_options opts_;

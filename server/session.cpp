@@ -1,17 +1,22 @@
 #include "server/session.hpp"
 
+#include <algorithm>
 #include <random>
 
 #include "common/log.hpp"
 
 namespace vcuda::server {
 
-session::session(uint64_t id, uint64_t secret, driver& drv, const server_options& opts, std::string peer)
-    : id_(id), secret_(secret), drv_(&drv), opts_(opts), peer_(std::move(peer)) {
-    for (auto& g : drv.gpus()) {
+session::session(uint64_t id, uint64_t secret, driver& drv, const server_options& opts, const session_grant& grant,
+                 std::string peer)
+    : id_(id), secret_(secret), drv_(&drv), opts_(opts), peer_(std::move(peer)), lease_id_(grant.lease_id) {
+    for (size_t i = 0; i < drv.gpus().size(); ++i) {
+        auto& g = drv.gpus()[i];
         device_slot s;
         s.device = g.device;
-        uint64_t q = opts.memory_quota ? std::min<uint64_t>(opts.memory_quota, g.total_memory) : g.total_memory;
+        s.allowed = grant.gpus.empty() || std::find(grant.gpus.begin(), grant.gpus.end(), i) != grant.gpus.end();
+        uint64_t want = grant.memory_quota ? grant.memory_quota : opts.memory_quota;
+        uint64_t q = want ? std::min<uint64_t>(want, g.total_memory) : g.total_memory;
         s.memory = std::make_unique<device_memory>(drv.api(), g.device, q);
         devices_.push_back(std::move(s));
     }
@@ -98,13 +103,14 @@ void session::release_all() {
     image_bytes = 0;
 }
 
-std::shared_ptr<session> session_registry::create(driver& drv, const server_options& opts, const std::string& peer) {
+std::shared_ptr<session> session_registry::create(driver& drv, const server_options& opts, const session_grant& grant,
+                                                  const std::string& peer) {
     static std::mt19937_64 rng{std::random_device{}()};
     std::lock_guard lock(mu_);
     uint64_t id;
     do id = rng() & 0x7fffffffffffffffULL;
     while (id == 0 || sessions_.count(id));
-    auto s = std::make_shared<session>(id, rng(), drv, opts, peer);
+    auto s = std::make_shared<session>(id, rng(), drv, opts, grant, peer);
     sessions_[id] = s;
     return s;
 }

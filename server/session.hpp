@@ -23,11 +23,19 @@ namespace vcuda::server {
 
 struct server_options {
     uint64_t memory_quota = 0;  // bytes per GPU per session; 0 = the GPU's own memory
+    std::string secret;         // shared with the manager: when set, every session needs a valid lease token
+};
+
+// What a session may use: which of the server's GPUs (by index) and how much memory on each.
+struct session_grant {
+    std::vector<size_t> gpus;  // empty = all
+    uint64_t memory_quota = 0;  // 0 = the server's default
+    std::string lease_id;
 };
 
 class session {
 public:
-    session(uint64_t id, uint64_t secret, driver& drv, const server_options& opts, std::string peer);
+    session(uint64_t id, uint64_t secret, driver& drv, const server_options& opts, const session_grant& grant, std::string peer);
     ~session();
 
     uint64_t id() const { return id_; }
@@ -37,6 +45,9 @@ public:
     const driver_table& api() const { return drv_->api(); }
     size_t device_count() const { return devices_.size(); }
     uint64_t quota(size_t device) const;
+    // True when this session may use the server's GPU `device`.
+    bool allowed(size_t device) const { return device < devices_.size() && devices_[device].allowed; }
+    const std::string& lease_id() const { return lease_id_; }
 
     // The session's context on `device`, created on first use. Null with `rc` set if creation failed.
     CUcontext context(size_t device, CUresult& rc);
@@ -63,19 +74,27 @@ private:
         CUdevice device = 0;
         CUcontext ctx = nullptr;
         std::unique_ptr<device_memory> memory;
+        bool allowed = true;
     };
 
     uint64_t id_, secret_;
     driver* drv_;
     server_options opts_;
     std::string peer_;
+    std::string lease_id_;
     std::vector<device_slot> devices_;
 };
 
 // All live sessions of this server, for lanes that join one and for operators' queries.
 class session_registry {
 public:
-    std::shared_ptr<session> create(driver& drv, const server_options& opts, const std::string& peer);
+    std::shared_ptr<session> create(driver& drv, const server_options& opts, const session_grant& grant, const std::string& peer);
+    // Sessions, for heartbeats: (lease id, GPU memory held per server GPU).
+    template <class F>
+    void for_each(F&& f) {
+        std::lock_guard lock(mu_);
+        for (auto& [id, s] : sessions_) f(*s);
+    }
     std::shared_ptr<session> find(uint64_t id, uint64_t secret);
     void remove(uint64_t id);
     size_t size();

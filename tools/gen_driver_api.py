@@ -9,7 +9,10 @@ Outputs (build tree only, never edited by hand):
   ops.hpp                 op ids and names, shared by client and server
   client_exports.map      linker version script: exactly the driver's symbols are exported
   export_symbols.txt      the same list, for tests
-  client_stubs.cpp        generated client functions: plain calls, per-thread-stream variants, unsupported stubs
+  client_stubs.cpp        generated client functions: plain calls, per-thread-stream variants
+  client_unsupported.cpp  a CUDA_ERROR_NOT_SUPPORTED stub for every other symbol
+  client_trace.hpp/.cpp   the record mode (VCUDA_TRACE, client/TRACE.md): for every exported symbol, a function
+                          that calls the real driver's and writes one line with its arguments, result and time
   procaddress_table.cpp   cuGetProcAddress answers per (name, version, flags)
   server_dispatch.cpp     the server's allowlist: op -> handler, generated handlers for plain calls
   driver_table.hpp/.cpp   the server's table of real-driver entry points, loaded with dlsym
@@ -246,6 +249,7 @@ def emit_client(out, fns, protos, symbols):
             '#include <cuda.h>',
             '#include <cudaProfiler.h>',
             '#include "client/plain_call.hpp"',
+            '#include "client/trace.hpp"',
             '#include "ops.hpp"',
             '',
             'using vcuda::client::plain_call;',
@@ -268,12 +272,23 @@ def emit_client(out, fns, protos, symbols):
     body.append('}  // extern "C"\n')
     open(os.path.join(out, 'client_stubs.cpp'), 'w').write('\n'.join(body))
 
-    # Unsupported stubs live in their own file without cuda.h: the C ABI lets a function that takes no
-    # parameters be called with any, and they only return an int.
-    lines = [HEADER, '#include "client/unsupported.hpp"\n', 'extern "C" {']
+    # Unsupported stubs: they log their name once and answer CUDA_ERROR_NOT_SUPPORTED, or, in record mode,
+    # forward to the real driver like every other exported function.
+    lines = [HEADER, '#define __CUDA_API_VERSION_INTERNAL 1', '#include <cuda.h>', '#include <cudaProfiler.h>',
+             '#include "client/trace.hpp"', '#include "client/unsupported.hpp"\n', 'extern "C" {']
     for sym in unsupported:
-        lines.append(f'__attribute__((visibility("default"))) int {sym}() noexcept '
-                     f'{{ return vcuda::client::unsupported("{sym}"); }}')
+        if sym not in protos:
+            # No prototype to forward with: the C ABI lets a function declared without parameters be called
+            # with any. It answers NOT_SUPPORTED in record mode too.
+            print(f'gen_driver_api: warning: {sym} has no prototype in cuda.h; record mode cannot forward it',
+                  file=sys.stderr)
+            lines.append(f'__attribute__((visibility("default"))) int {sym}() noexcept '
+                         f'{{ return vcuda::client::unsupported("{sym}"); }}')
+            continue
+        params = protos[sym]
+        lines.append(f'__attribute__((visibility("default"))) CUresult {sym}({cdecl(params)}) noexcept {{\n'
+                     f'    {trace_hook(sym, params)}\n'
+                     f'    return static_cast<CUresult>(vcuda::client::unsupported("{sym}"));\n}}')
     lines.append('}  // extern "C"\n')
     open(os.path.join(out, 'client_unsupported.cpp'), 'w').write('\n'.join(lines))
     return unsupported
@@ -281,7 +296,8 @@ def emit_client(out, fns, protos, symbols):
 
 def client_plain(name, spec, params):
     roles = classify(name, params, spec['annot'])
-    lines = [f'__attribute__((visibility("default"))) CUresult {name}({cdecl(params)}) noexcept {{']
+    lines = [f'__attribute__((visibility("default"))) CUresult {name}({cdecl(params)}) noexcept {{',
+             f'    {trace_hook(name, params)}']
     for role, typ, pname, kind in roles:
         if role.startswith('out'):
             lines.append(f'    if (!{pname}) return CUDA_ERROR_INVALID_VALUE;')
@@ -316,7 +332,125 @@ def client_ptsz(name, base, params, base_params):
     if [t for t, _ in params] != [t for t, _ in base_params]:
         die(f'{name}: signature differs from {base}')
     return (f'__attribute__((visibility("default"))) CUresult {name}({cdecl(params)}) noexcept {{\n'
+            f'    {trace_hook(name, params)}\n'
             f'    return {base}({", ".join(args)});\n}}')
+
+
+def trace_hook(name, params):
+    """The first statement of an exported function: in record mode, the call goes to its trace twin."""
+    return f'VCUDA_TRACE_HOOK({", ".join([name] + [n for _, n in params])});'
+
+
+# Record mode: parameters printed in hex (addresses and opaque 64-bit values) besides pointers and handles.
+TRACE_HEX = {'CUdeviceptr', 'CUdeviceptr_v1', 'CUdeviceptr_v2', 'CUtexObject', 'CUsurfObject',
+             'CUmemGenericAllocationHandle'}
+TRACE_INTEGERS = {'int', 'unsigned int', 'unsigned', 'size_t', 'long long', 'unsigned long long', 'cuuint32_t',
+                  'cuuint64_t'}
+# Written by hand in client/trace.cpp: they rewrite what the real driver answered (entry points, tables).
+TRACE_HAND = {'cuGetProcAddress', 'cuGetProcAddress_v2', 'cuGetExportTable'}
+
+
+def trace_format(params, i):
+    """The statement that prints parameter i after the call (vt_ok: the call returned CUDA_SUCCESS)."""
+    typ, name = params[i]
+    ptr = typ.count('*')
+    bt = base_type(typ)
+    q = f'"{name}"'
+    if typ == 'const char*':
+        return f'vt_c.str({q}, {name});'
+    if typ == 'char*':
+        nxt = params[i + 1] if i + 1 < len(params) else None
+        if nxt and nxt[0] in TRACE_INTEGERS:
+            return f'vt_c.strbuf({q}, {name}, static_cast<long long>({nxt[1]}), vt_ok);'
+        return f'vt_c.arg({q}, {name});'
+    if typ == 'const char**':
+        return f'vt_c.out_str({q}, {name}, vt_ok);'
+    if typ == 'CUresult':
+        return f'vt_c.result_arg({q}, {name});'
+    if typ == 'const CUuuid*':
+        return f'vt_c.uuid({q}, {name});'
+    if typ == 'CUuuid*':
+        return f'vt_c.out_uuid({q}, {name}, vt_ok);'
+    if ptr == 0:
+        if bt in TRACE_HEX or (re.search('flags', name, re.I) and (bt in TRACE_INTEGERS or is_scalar(bt))):
+            return f'vt_c.hex({q}, static_cast<unsigned long long>({name}));'
+        return f'vt_c.arg({q}, {name});'
+    writable = not typ.startswith('const') or ptr >= 2  # const T** points to a writable const T*
+    if writable:
+        if ptr == 1 and bt in TRACE_HEX:
+            return f'vt_c.out_hex({q}, {name}, vt_ok);'
+        return f'vt_c.out({q}, {name}, vt_ok);'
+    return f'vt_c.arg({q}, {name});'
+
+
+def emit_trace(out, protos, symbols):
+    """client_trace.hpp / client_trace.cpp: the record mode's twin of every exported symbol."""
+    index = {s: i for i, s in enumerate(symbols)}
+    h = [HEADER, '// The record mode (client/trace.hpp, client/TRACE.md): for every symbol libcuda exports, a function',
+         '// of the same name and signature that calls the real driver\'s and writes one line.',
+         '#pragma once\n',
+         '#ifndef __CUDA_API_VERSION_INTERNAL',
+         '#define __CUDA_API_VERSION_INTERNAL 1',
+         '#endif',
+         '#include <cuda.h>',
+         '#include <cudaProfiler.h>',
+         '#ifdef cuMemAlloc',
+         '#error "cuda.h was included without __CUDA_API_VERSION_INTERNAL: include client/trace.hpp first"',
+         '#endif\n',
+         'namespace vcuda::client::trace {\n',
+         f'inline constexpr int symbol_count = {len(symbols)};',
+         'extern const char* const symbol_names[symbol_count];  // sorted (strcmp order)',
+         '// The index of an exported symbol in symbol_names, or -1.',
+         'int symbol_index(const char* name);\n',
+         'namespace idx {',
+         'enum : int {']
+    for s in symbols:
+        h.append(f'    {s} = {index[s]},')
+    h.append('};\n}  // namespace idx\n')
+    for s in symbols:
+        if s in protos:
+            h.append(f'CUresult {s}({cdecl(protos[s])}) noexcept;')
+    h.append('\n}  // namespace vcuda::client::trace\n')
+    open(os.path.join(out, 'client_trace.hpp'), 'w').write('\n'.join(h))
+
+    c = [HEADER, '#include "client/trace.hpp"', '#include "client/trace_log.hpp"\n', '#include <cstring>\n',
+         'namespace vcuda::client::trace {\n',
+         'const char* const symbol_names[symbol_count] = {']
+    for s in symbols:
+        c.append(f'    "{s}",')
+    c.append('};\n')
+    c.append('int symbol_index(const char* name) {\n'
+             '    int lo = 0, hi = symbol_count;\n'
+             '    while (lo < hi) {\n'
+             '        int mid = (lo + hi) / 2;\n'
+             '        int cmp = std::strcmp(symbol_names[mid], name);\n'
+             '        if (cmp == 0) return mid;\n'
+             '        if (cmp < 0) lo = mid + 1;\n'
+             '        else hi = mid;\n'
+             '    }\n'
+             '    return -1;\n'
+             '}\n')
+    for s in symbols:
+        if s in TRACE_HAND or s not in protos:
+            continue
+        params = protos[s]
+        types = ', '.join(t for t, _ in params)
+        args = ', '.join(n for _, n in params)
+        i = index[s]
+        body = [f'CUresult {s}({cdecl(params)}) noexcept {{',
+                f'    auto vt_f = reinterpret_cast<CUresult (*)({types})>(real_fn(idx::{s}));',
+                f'    call vt_c(symbol_names[idx::{s}]);',
+                f'    CUresult vt_rc = vt_f ? vt_f({args}) : static_cast<CUresult>(missing(vt_c));',
+                '    vt_c.done();']
+        if params:
+            body.append('    [[maybe_unused]] bool vt_ok = vt_rc == CUDA_SUCCESS;')
+        for k in range(len(params)):
+            body.append('    ' + trace_format(params, k))
+        body.append('    vt_c.end(vt_rc);')
+        body.append('    return vt_rc;\n}\n')
+        c.append('\n'.join(body))
+    c.append('}  // namespace vcuda::client::trace\n')
+    open(os.path.join(out, 'client_trace.cpp'), 'w').write('\n'.join(c))
 
 
 def emit_procaddress(out, table, symbols):
@@ -476,6 +610,7 @@ def main():
     emit_exports(a.out, symbols)
     unsupported = emit_client(a.out, fns, protos, symbols)
     emit_procaddress(a.out, table, symbols)
+    emit_trace(a.out, protos, symbols)
     emit_driver_table(a.out, protos)
     emit_errors(a.out, a.cuda_include)
     emit_server(a.out, fns, ops, protos)

@@ -4,15 +4,22 @@
 // exported symbol is a generated stub (tools/gen_nvml_exports.py) answering NVML_ERROR_NOT_SUPPORTED.
 // A function counts as implemented when it is defined here as `extern "C" ... nvmlName(` at the start of a
 // line: the generator reads this file.
+#include <strings.h>
 #include <unistd.h>
 
-#include <cctype>
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <iterator>
+#include <mutex>
+#include <new>
+#include <set>
 #include <string>
 #include <type_traits>
 
+#include "client/nvml/unsupported.hpp"
 #include "client/nvml/vgpu.hpp"
 
 using vcuda::gpu_field;
@@ -243,6 +250,22 @@ extern "C" nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char* name, u
     return copy_string(text, name, length);
 }
 
+// nvidia-smi refuses to run ("Mismatch in versions between nvidia-smi and NVML") unless NVML hands it its
+// private table c4fe3e6c-c98f-6c4e-a327-ee696e12f7c4, an undocumented interface of about 270 entry points.
+// vcuda answers with a table that holds no entry point: nvidia-smi checks the table's size word before every
+// use and shows "N/A" for what only the table could tell (observed with driver 580's nvidia-smi). Any other
+// table is refused.
+extern "C" nvmlReturn_t nvmlInternalGetExportTable(const void** table, const unsigned char* table_id) noexcept {
+    static constexpr unsigned char smi_table_id[16] = {0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e,
+                                                       0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4};
+    static const size_t empty_table[1] = {sizeof empty_table};
+    if (!table || !table_id) return NVML_ERROR_INVALID_ARGUMENT;
+    if (std::memcmp(table_id, smi_table_id, 16) != 0)
+        return static_cast<nvmlReturn_t>(vcuda::nvml::unsupported("nvmlInternalGetExportTable for a table other than nvidia-smi's"));
+    *table = empty_table;
+    return NVML_SUCCESS;
+}
+
 // ---------------------------------------------------------------- enumeration
 
 extern "C" nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* deviceCount) noexcept { return device_count(deviceCount); }
@@ -324,6 +347,22 @@ extern "C" nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, vcuda_nvmlP
 }
 extern "C" nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, vcuda_nvmlPciInfo_legacy_t* pci) noexcept {
     return pci_info_legacy(device, pci);
+}
+
+// The class codes come from the server's NVML; without it they read 0.
+extern "C" nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoExt_t* pci) noexcept {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    if (pci->version != nvmlPciInfoExt_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    gpu_status st;
+    nvmlReturn_t rc = vgpu::get().status(*d, st);
+    if (rc != NVML_SUCCESS && rc != NVML_ERROR_NOT_SUPPORTED) return rc;
+    std::snprintf(pci->busId, sizeof pci->busId, NVML_DEVICE_PCI_BUS_ID_FMT, d->pci_domain, d->pci_bus, d->pci_device);
+    fill_pci_common(*d, pci);
+    pci->baseClass = st.has(gpu_field::pci_base_class) ? static_cast<unsigned>(st.get(gpu_field::pci_base_class)) : 0;
+    pci->subClass = st.has(gpu_field::pci_sub_class) ? static_cast<unsigned>(st.get(gpu_field::pci_sub_class)) : 0;
+    return NVML_SUCCESS;
 }
 
 extern "C" nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major, int* minor) noexcept {
@@ -463,6 +502,58 @@ extern "C" nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t device, nvmlPstates
     return live_value(device, gpu_field::performance_state, pState);
 }
 
+extern "C" nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t* current, nvmlEnableState_t* pending) noexcept {
+    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlEnableState_t cur{}, pend{};
+    if (nvmlReturn_t rc = live_value(device, gpu_field::ecc_current, &cur); rc != NVML_SUCCESS) return rc;
+    if (nvmlReturn_t rc = live_value(device, gpu_field::ecc_pending, &pend); rc != NVML_SUCCESS) return rc;
+    *current = cur;
+    *pending = pend;
+    return NVML_SUCCESS;
+}
+extern "C" nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, unsigned int* pVirtualMode) noexcept {
+    return live_value(device, gpu_field::virtualization_mode, pVirtualMode);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, unsigned int* type) noexcept {
+    return live_value(device, gpu_field::brand, type);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int* arch) noexcept {
+    return live_value(device, gpu_field::architecture, arch);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int* count) noexcept {
+    return live_value(device, gpu_field::max_mig_devices, count);
+}
+extern "C" nvmlReturn_t nvmlDeviceValidateInforom(nvmlDevice_t device) noexcept {
+    unsigned valid = 0;
+    if (nvmlReturn_t rc = live_value(device, gpu_field::inforom_valid, &valid); rc != NVML_SUCCESS) return rc;
+    return valid ? NVML_SUCCESS : NVML_ERROR_CORRUPTED_INFOROM;
+}
+
+// The handles vcuda gives are whole (v)GPUs, never MIG instances.
+extern "C" nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int* isMigDevice) noexcept {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
+    if (!isMigDevice) return NVML_ERROR_INVALID_ARGUMENT;
+    *isMigDevice = 0;
+    return NVML_SUCCESS;
+}
+
+// Field values (NVML_FI_*) are not forwarded: each requested field answers NOT_SUPPORTED in its own return
+// code, as NVML reports fields a GPU lacks, so that tools show "N/A" rather than read an unset value.
+extern "C" nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t* values) noexcept {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
+    if (valuesCount < 0 || (valuesCount > 0 && !values)) return NVML_ERROR_INVALID_ARGUMENT;
+    auto now = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    for (int i = 0; i < valuesCount; ++i) {
+        values[i].timestamp = now;
+        values[i].latencyUsec = 0;
+        values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        values[i].value.ullVal = 0;
+    }
+    return NVML_SUCCESS;
+}
+
 extern "C" nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t* bar1Memory) noexcept {
     if (!bar1Memory) return NVML_ERROR_INVALID_ARGUMENT;
     nvmlBAR1Memory_t b{};
@@ -471,4 +562,79 @@ extern "C" nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR
     if (nvmlReturn_t rc = live_value(device, gpu_field::bar1_used, &b.bar1Used); rc != NVML_SUCCESS) return rc;
     *bar1Memory = b;
     return NVML_SUCCESS;
+}
+
+// ---------------------------------------------------------------- events
+
+// Event sets exist (nvidia-smi creates one and stops with "Internal NVML error" otherwise), but no device
+// supports an event type: registering any answers NOT_SUPPORTED, as NVML does for types a GPU lacks, and a
+// wait times out.
+struct nvmlEventSet_st {
+    std::mutex mu;
+    std::condition_variable freed;
+    bool closing = false;
+};
+
+namespace {
+std::mutex event_sets_mu;
+std::set<nvmlEventSet_t> event_sets;
+
+bool live(nvmlEventSet_t set) {
+    std::lock_guard lock(event_sets_mu);
+    return event_sets.count(set) != 0;
+}
+
+nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t* data, unsigned timeout_ms) {
+    if (!vgpu::get().initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!data || !live(set)) return NVML_ERROR_INVALID_ARGUMENT;
+    std::unique_lock lock(set->mu);
+    set->freed.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return set->closing; });
+    return NVML_ERROR_TIMEOUT;
+}
+}  // namespace
+
+extern "C" nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t* set) noexcept {
+    if (!vgpu::get().initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    auto* s = new (std::nothrow) nvmlEventSet_st();
+    if (!s) return NVML_ERROR_MEMORY;
+    std::lock_guard lock(event_sets_mu);
+    event_sets.insert(s);
+    *set = s;
+    return NVML_SUCCESS;
+}
+
+// A set being waited on is left allocated (its waiters wake with TIMEOUT); NVML forbids freeing it then anyway.
+extern "C" nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) noexcept {
+    if (!vgpu::get().initialized()) return NVML_ERROR_UNINITIALIZED;
+    {
+        std::lock_guard lock(event_sets_mu);
+        if (!event_sets.erase(set)) return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    std::lock_guard lock(set->mu);
+    set->closing = true;
+    set->freed.notify_all();
+    return NVML_SUCCESS;
+}
+
+extern "C" nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeoutms) noexcept {
+    return event_wait(set, data, timeoutms);
+}
+extern "C" nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeoutms) noexcept {
+    return event_wait(set, data, timeoutms);
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long* eventTypes) noexcept {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
+    if (!eventTypes) return NVML_ERROR_INVALID_ARGUMENT;
+    *eventTypes = 0;
+    return NVML_SUCCESS;
+}
+
+extern "C" nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set) noexcept {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
+    if (!live(set)) return NVML_ERROR_INVALID_ARGUMENT;
+    return eventTypes == 0 ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
 }

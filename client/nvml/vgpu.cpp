@@ -34,8 +34,10 @@ int unsupported(const char* name) noexcept {
     static auto* seen = new std::unordered_set<std::string>();
     try {
         std::lock_guard lock(mu);
-        if (seen->insert(name).second)
+        if (seen->insert(name).second) {
+            log::init("vcuda-nvml", {}, "warn");  // a tool may call a stub before nvmlInit
             VCUDA_LOG_INFO("{} is not implemented by vcuda: it returns NVML_ERROR_NOT_SUPPORTED", name);
+        }
     } catch (...) {
     }
     return NVML_ERROR_NOT_SUPPORTED;

@@ -24,6 +24,14 @@ TEST_CASE("NVML structs have the documented sizes and offsets", "[unit]") {
     CHECK(offsetof(vcuda_nvmlPciInfo_legacy_t, domain) == 16);
     CHECK(offsetof(vcuda_nvmlPciInfo_legacy_t, pciSubSystemId) == 32);
 
+    CHECK(sizeof(nvmlPciInfoExt_t) == 64);
+    CHECK(offsetof(nvmlPciInfoExt_t, domain) == 4);
+    CHECK(offsetof(nvmlPciInfoExt_t, pciSubSystemId) == 20);
+    CHECK(offsetof(nvmlPciInfoExt_t, baseClass) == 24);
+    CHECK(offsetof(nvmlPciInfoExt_t, subClass) == 28);
+    CHECK(offsetof(nvmlPciInfoExt_t, busId) == 32);
+    CHECK(nvmlPciInfoExt_v1 == 0x01000040u);
+
     CHECK(sizeof(nvmlMemory_t) == 24);
     CHECK(offsetof(nvmlMemory_t, total) == 0);
     CHECK(offsetof(nvmlMemory_t, free) == 8);
@@ -56,6 +64,15 @@ TEST_CASE("NVML structs have the documented sizes and offsets", "[unit]") {
     CHECK(offsetof(nvmlProcessInfo_t, usedGpuMemory) == 8);
     CHECK(offsetof(nvmlProcessInfo_t, gpuInstanceId) == 16);
     CHECK(offsetof(nvmlProcessInfo_t, computeInstanceId) == 20);
+
+    CHECK(sizeof(nvmlValue_t) == 8);
+    CHECK(sizeof(nvmlFieldValue_t) == 40);
+    CHECK(offsetof(nvmlFieldValue_t, scopeId) == 4);
+    CHECK(offsetof(nvmlFieldValue_t, timestamp) == 8);
+    CHECK(offsetof(nvmlFieldValue_t, latencyUsec) == 16);
+    CHECK(offsetof(nvmlFieldValue_t, valueType) == 24);
+    CHECK(offsetof(nvmlFieldValue_t, nvmlReturn) == 28);
+    CHECK(offsetof(nvmlFieldValue_t, value) == 32);
 
     CHECK(sizeof(nvmlDevice_t) == 8);
     CHECK(sizeof(nvmlReturn_t) == 4);
@@ -94,7 +111,9 @@ TEST_CASE("gpu_status fields keep their wire positions", "[unit]") {
     CHECK(static_cast<int>(vcuda::gpu_field::max_clock_graphics) == 11);
     CHECK(static_cast<int>(vcuda::gpu_field::compute_mode) == 15);
     CHECK(static_cast<int>(vcuda::gpu_field::bar1_used) == 25);
-    CHECK(vcuda::gpu_field_count == 26);
+    CHECK(static_cast<int>(vcuda::gpu_field::pci_sub_class) == 27);
+    CHECK(static_cast<int>(vcuda::gpu_field::inforom_valid) == 34);
+    CHECK(vcuda::gpu_field_count == 35);
     vcuda::gpu_status st;
     CHECK(!st.has(vcuda::gpu_field::fan_speed));
     st.set(vcuda::gpu_field::fan_speed, 40);

@@ -149,8 +149,8 @@ TEST_CASE("before nvmlInit: errors, error strings and stubs answer locally", "[u
     auto error_string = reinterpret_cast<decltype(&nvmlErrorString)>(dlsym(lib, "nvmlErrorString"));
     auto count = reinterpret_cast<decltype(&nvmlDeviceGetCount_v2)>(dlsym(lib, "nvmlDeviceGetCount_v2"));
     auto shutdown = reinterpret_cast<decltype(&nvmlShutdown)>(dlsym(lib, "nvmlShutdown"));
-    auto brand = reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, int*)>(dlsym(lib, "nvmlDeviceGetBrand"));
-    REQUIRE((error_string && count && shutdown && brand));
+    auto vbios = reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned)>(dlsym(lib, "nvmlDeviceGetVbiosVersion"));
+    REQUIRE((error_string && count && shutdown && vbios));
     CHECK(std::string(error_string(NVML_SUCCESS)) == "Success");
     CHECK(std::string(error_string(NVML_ERROR_NOT_SUPPORTED)) == "Not Supported");
     CHECK(std::string(error_string(NVML_ERROR_GPU_IS_LOST)) == "GPU is lost");
@@ -158,8 +158,8 @@ TEST_CASE("before nvmlInit: errors, error strings and stubs answer locally", "[u
     unsigned n = 7;
     CHECK(count(&n) == NVML_ERROR_UNINITIALIZED);
     CHECK(shutdown() == NVML_ERROR_UNINITIALIZED);
-    int b = 0;
-    CHECK(brand(nullptr, &b) == NVML_ERROR_NOT_SUPPORTED);  // a generated stub
+    char text[32];
+    CHECK(vbios(nullptr, text, sizeof text) == NVML_ERROR_NOT_SUPPORTED);  // a generated stub
 }
 
 TEST_CASE("nvmlInit without a reachable server fails fast with an NVML error", "[unit]") {
@@ -229,7 +229,11 @@ TEST_CASE("NVML reports the vGPU as CUDA does, through vcuda-server on the softw
         CHECK(num(kv, p + "temperature.rc") == NVML_ERROR_NOT_SUPPORTED);
         CHECK(num(kv, p + "power.rc") == NVML_ERROR_NOT_SUPPORTED);
         CHECK(num(kv, p + "serial.rc") == NVML_ERROR_NOT_SUPPORTED);
-        CHECK(num(kv, p + "brand.rc") == NVML_ERROR_NOT_SUPPORTED);
+        CHECK(num(kv, p + "vbios.rc") == NVML_ERROR_NOT_SUPPORTED);
+        CHECK(num(kv, p + "fields.rc") == NVML_SUCCESS);
+        CHECK(num(kv, p + "fields.field_rc") == NVML_ERROR_NOT_SUPPORTED);
+        CHECK(num(kv, p + "is_mig.rc") == NVML_SUCCESS);
+        CHECK(num(kv, p + "is_mig") == 0);
     }
     CHECK(num(kv, "shutdown.rc") == NVML_SUCCESS);
     CHECK(num(kv, "after_shutdown.rc") == NVML_ERROR_UNINITIALIZED);

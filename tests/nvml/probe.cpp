@@ -117,9 +117,15 @@ int query() {
         print(key("temperature.rc").c_str(), NVML(nvmlDeviceGetTemperature)(h, NVML_TEMPERATURE_GPU, &t));
         print(key("power.rc").c_str(), NVML(nvmlDeviceGetPowerUsage)(h, &t));
         print(key("serial.rc").c_str(), NVML(nvmlDeviceGetSerial)(h, text, sizeof text));
-        auto brand = nvml<nvmlReturn_t (*)(nvmlDevice_t, int*)>("nvmlDeviceGetBrand");  // a generated stub
-        int b = 0;
-        print(key("brand.rc").c_str(), brand(h, &b));
+        auto vbios = nvml<nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned)>("nvmlDeviceGetVbiosVersion");  // a generated stub
+        print(key("vbios.rc").c_str(), vbios(h, text, sizeof text));
+        nvmlFieldValue_t field{};
+        field.fieldId = 1;
+        print(key("fields.rc").c_str(), NVML(nvmlDeviceGetFieldValues)(h, 1, &field));
+        print(key("fields.field_rc").c_str(), field.nvmlReturn);
+        unsigned is_mig = 7;
+        print(key("is_mig.rc").c_str(), NVML(nvmlDeviceIsMigDeviceHandle)(h, &is_mig));
+        print(key("is_mig").c_str(), is_mig);
 
         // The same device as CUDA sees it.
         CUdevice dev = 0;
