@@ -83,7 +83,7 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
 
     lane* l = state::get().remote().this_thread_lane();
     if (!l) return static_cast<CUresult>(connection_lost_result);
-    uint64_t args[] = {fid, gx, gy, gz, bx, by, bz, shared, reinterpret_cast<uint64_t>(stream), static_cast<uint64_t>(form), n_attrs};
+    uint64_t args[] = {state::get().route(fid), gx, gy, gz, bx, by, bz, shared, reinterpret_cast<uint64_t>(stream), static_cast<uint64_t>(form), n_attrs};
     std::span<const std::byte> blobs[] = {params, attrs};
     call_request rq;
     rq.operation = op::launch;

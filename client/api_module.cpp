@@ -29,23 +29,29 @@ const char* intern(const std::string& s) {
     return pool->insert(s).first->c_str();
 }
 
-CUresult load(target t, const void* code, uint64_t& handle) {
-    VCUDA_REQUIRE_INIT();
-    if (!code) return CUDA_ERROR_INVALID_VALUE;
-    // Libraries are context-independent (cudart loads them eagerly before any context is current); modules
-    // belong to the current context.
-    if (t == target::module && current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    image img;
-    if (!describe_image(code, img)) return CUDA_ERROR_INVALID_IMAGE;
+}  // namespace
+
+namespace vcuda::client {
+CUresult load_parts(uint64_t t, uint64_t format, uint64_t hash, const std::vector<std::span<const std::byte>>& parts,
+                    uint64_t& handle);
+}
+
+// Loads an image into the session of the current device (sending the bytes unless that session has them).
+CUresult vcuda::client::load_parts(uint64_t t, uint64_t format, uint64_t hash, const std::vector<std::span<const std::byte>>& parts,
+                    uint64_t& handle) {
     auto& st = state::get();
-    bool send = !st.image_sent(img.hash);
+    bool send = !st.image_sent(hash);
     for (int attempt = 0; attempt < 2; ++attempt) {
-        std::vector<uint64_t> args = {static_cast<uint64_t>(t), static_cast<uint64_t>(img.format), img.hash, img.parts.size()};
-        for (auto& p : img.parts) args.push_back(p.size());
+        std::vector<uint64_t> args = {t, format, hash, parts.size()};
+        size_t total = 0;
+        for (auto& p : parts) {
+            args.push_back(p.size());
+            total += p.size();
+        }
         std::vector<std::byte> payload;
         if (send) {
-            payload.reserve(img.total());
-            for (auto& p : img.parts) payload.insert(payload.end(), p.begin(), p.end());
+            payload.reserve(total);
+            for (auto& p : parts) payload.insert(payload.end(), p.begin(), p.end());
         }
         lane* l = st.remote().this_thread_lane();
         if (!l) return static_cast<CUresult>(connection_lost_result);
@@ -63,16 +69,40 @@ CUresult load(target t, const void* code, uint64_t& handle) {
         if (rc != CUDA_SUCCESS) return rc;
         if (rp.outs.size() != 1) return CUDA_ERROR_UNKNOWN;
         handle = rp.outs[0];
-        st.mark_image_sent(img.hash);
-        handle_info info;
-        info.kind = t == target::module ? handle_kind::module : handle_kind::library;
-        info.ctx = current_context();
-        info.device = current_device();
-        st.adopt(handle, info);
+        st.mark_image_sent(hash);
         st.record(op::module_load, args, handle);
         return CUDA_SUCCESS;
     }
     return CUDA_ERROR_UNKNOWN;
+}
+
+namespace {
+
+CUresult load(target t, const void* code, uint64_t& handle) {
+    VCUDA_REQUIRE_INIT();
+    if (!code) return CUDA_ERROR_INVALID_VALUE;
+    // Libraries are context-independent (cudart loads them eagerly before any context is current); modules
+    // belong to the current context.
+    if (t == target::module && current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    image img;
+    if (!describe_image(code, img)) return CUDA_ERROR_INVALID_IMAGE;
+    auto& st = state::get();
+    if (CUresult rc = load_parts(static_cast<uint64_t>(t), static_cast<uint64_t>(img.format), img.hash, img.parts, handle);
+        rc != CUDA_SUCCESS)
+        return rc;
+    handle_info info;
+    info.kind = t == target::module ? handle_kind::module : handle_kind::library;
+    info.ctx = current_context();
+    info.device = current_device();
+    if (t == target::library && st.session_count() > 1) {
+        auto parts = std::make_shared<std::vector<std::vector<std::byte>>>();
+        for (auto& p : img.parts) parts->emplace_back(p.begin(), p.end());
+        info.image_parts = std::move(parts);
+        info.image_format = static_cast<uint64_t>(img.format);
+        info.image_hash = img.hash;
+    }
+    st.adopt(handle, info);
+    return CUDA_SUCCESS;
 }
 
 CUresult unload(uint64_t h, handle_kind k) {
@@ -108,7 +138,7 @@ CUresult get_entry(op o, uint64_t owner, handle_kind owner_kind, handle_kind k, 
     if (!name) return CUDA_ERROR_INVALID_VALUE;
     if (!state::get().known(owner, owner_kind)) return CUDA_ERROR_INVALID_HANDLE;
     call_reply rp;
-    CUresult rc = remote(o, {owner}, mode::sync, &rp, {}, {name_blob(name)});
+    CUresult rc = remote(o, {state::get().route(owner)}, mode::sync, &rp, {}, {name_blob(name)});
     if (rc != CUDA_SUCCESS) return rc;
     return adopt_entry(rp, k, owner, name, out);
 }
@@ -118,7 +148,7 @@ CUresult get_global(uint64_t owner, handle_kind owner_kind, CUdeviceptr* dptr, s
     if (!name) return CUDA_ERROR_INVALID_VALUE;
     if (!state::get().known(owner, owner_kind)) return CUDA_ERROR_INVALID_HANDLE;
     call_reply rp;
-    CUresult rc = remote(op::module_get_global, {owner}, mode::sync, &rp, {}, {name_blob(name)});
+    CUresult rc = remote(op::module_get_global, {state::get().route(owner)}, mode::sync, &rp, {}, {name_blob(name)});
     if (rc != CUDA_SUCCESS) return rc;
     if (rp.outs.size() != 2) return CUDA_ERROR_UNKNOWN;
     state::get().add_allocation(rp.outs[0], rp.outs[1], current_device(), true);
@@ -223,7 +253,7 @@ VCUDA_API cuLibraryGetModule(CUmodule* module, CUlibrary library) noexcept {
     uint64_t lib = reinterpret_cast<uint64_t>(library);
     if (!state::get().known(lib, handle_kind::library)) return CUDA_ERROR_INVALID_HANDLE;
     call_reply rp;
-    CUresult rc = remote(op::library_get_module, {lib}, mode::sync, &rp);
+    CUresult rc = remote(op::library_get_module, {state::get().route(lib)}, mode::sync, &rp);
     if (rc != CUDA_SUCCESS) return rc;
     if (rp.outs.size() != 1) return CUDA_ERROR_UNKNOWN;
     handle_info info;
@@ -249,7 +279,7 @@ VCUDA_API cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) noexcept {
     handle_info kinfo;
     if (!state::get().lookup(k, kinfo) || kinfo.kind != handle_kind::kernel) return CUDA_ERROR_INVALID_HANDLE;
     call_reply rp;
-    CUresult rc = remote(op::kernel_get_function, {k}, mode::sync, &rp);
+    CUresult rc = remote(op::kernel_get_function, {state::get().route(k)}, mode::sync, &rp);
     if (rc != CUDA_SUCCESS) return rc;
     if (rp.outs.size() != 1) return CUDA_ERROR_UNKNOWN;
     handle_info info = kinfo;

@@ -46,6 +46,7 @@ public:
     void handle(H h, handle_kind k) {
         uint64_t id = reinterpret_cast<uint64_t>(h);
         if (!valid_handle(id, k) && error_ == CUDA_SUCCESS) error_ = CUDA_ERROR_INVALID_HANDLE;
+        if (k == handle_kind::function || k == handle_kind::kernel || k == handle_kind::library) id = state::get().route(id);
         arg(id);
     }
 

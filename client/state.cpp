@@ -376,3 +376,49 @@ CUstream per_thread_stream(CUstream s) {
 }
 
 }  // namespace vcuda::client
+
+// ---------------------------------------------------------------- routing between sessions
+
+namespace vcuda::client {
+
+CUresult load_parts(uint64_t t, uint64_t format, uint64_t hash, const std::vector<std::span<const std::byte>>& parts,
+                    uint64_t& handle);  // api_module.cpp
+
+uint64_t state::route(uint64_t id) {
+    if (sessions_.size() < 2) return id;
+    uint32_t have = static_cast<uint32_t>(id >> 52) & 0xf, want = remote().tag();
+    if (have == want) return id;
+    {
+        std::shared_lock lock(mu);
+        auto it = routes.find({id, want});
+        if (it != routes.end()) return it->second;
+    }
+    handle_info info;
+    if (!lookup(id, info)) return id;
+    uint64_t mapped = 0;
+    if (info.kind == handle_kind::library && info.image_parts) {
+        std::vector<std::span<const std::byte>> parts(info.image_parts->begin(), info.image_parts->end());
+        if (load_parts(1, info.image_format, info.image_hash, parts, mapped) != CUDA_SUCCESS) return id;
+    } else if (info.kind == handle_kind::kernel || info.kind == handle_kind::function) {
+        uint64_t owner = route(info.owner);
+        if (owner == info.owner) return id;
+        call_reply rp;
+        call_request rq;
+        uint64_t arg = owner;
+        std::span<const std::byte> name(reinterpret_cast<const std::byte*>(info.name.data()), info.name.size());
+        rq.operation = info.kind == handle_kind::kernel ? op::library_get_kernel : op::kernel_get_function;
+        rq.device = device(current_device() < 0 ? 0 : current_device()).server_index;
+        rq.args = {&arg, 1};
+        if (info.kind == handle_kind::kernel) rq.blobs = {&name, 1};
+        lane* l = remote().this_thread_lane();
+        if (!l || l->call(rq, rp) != 0 || rp.outs.empty()) return id;
+        mapped = rp.outs[0];
+    } else {
+        return id;  // modules and their functions belong to one context, as in CUDA
+    }
+    std::unique_lock lock(mu);
+    routes[{id, want}] = mapped;
+    return mapped;
+}
+
+}  // namespace vcuda::client

@@ -36,6 +36,10 @@ struct handle_info {
     uint64_t owner = 0;    // module or library of a function/kernel
     std::string name;      // functions and kernels
     std::shared_ptr<const param_layout> layout;
+    // Libraries are context-independent: the image is kept so the library can be loaded into the session of
+    // any other device it is used on (route()).
+    std::shared_ptr<const std::vector<std::vector<std::byte>>> image_parts;
+    uint64_t image_format = 0, image_hash = 0;
 };
 
 struct context_info {
@@ -80,6 +84,7 @@ public:
     // The session serving the current context's device (the first session when no context is current).
     session& remote();
     int device_count() const { return static_cast<int>(devices_.size()); }
+    size_t session_count() const { return sessions_.size(); }
     const server_device& device(int ordinal) const { return devices_[ordinal]; }
     int attribute(int ordinal, int attr) const;
 
@@ -95,6 +100,10 @@ public:
     void forget(uint64_t id);
     bool lookup(uint64_t id, handle_info& out);
     bool known(uint64_t id, handle_kind k);
+    // The id under which the session of the current device knows library/kernel/function `id` (which
+    // another session minted), loading it there on first use. Other ids are returned unchanged.
+    uint64_t route(uint64_t id);
+    std::map<std::pair<uint64_t, uint32_t>, uint64_t> routes;  // (id, session tag) -> that session's id; under mu
 
     // Device allocations (the server's real addresses).
     void add_allocation(uint64_t base, size_t size, int device, bool module_global = false);

@@ -175,10 +175,12 @@ int attribute(CUdevice dev, int attr) {
 }
 
 CUuuid device_uuid(CUdevice dev) {
-    // Deterministic per ordinal, and recognisably not a real GPU's.
-    static constexpr char prefix[] = "vcuda-soft-gpu";
+    // Deterministic per ordinal, and recognisably not a real GPU's. VCUDA_SOFT_HOST_ID (0-255) tells apart
+    // the GPUs of several software-driver servers in one test (the manager keys GPUs by UUID).
+    static constexpr char prefix[] = "vcuda-soft-gp";
     CUuuid u{};
     std::memcpy(u.bytes, prefix, sizeof(prefix) - 1);
+    u.bytes[14] = static_cast<char>(env_size("VCUDA_SOFT_HOST_ID", 0) & 0xff);
     u.bytes[15] = static_cast<char>(dev);
     return u;
 }

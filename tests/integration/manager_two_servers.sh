@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# CI integration test of the manager path on the software driver: one vcuda-mgmt, two vcuda-servers attached
+# to it, and clients that lease GPUs instead of naming a server.
+#   1. a client asking for 2 GPUs gets one on each server and runs a program that uses devices 0 and 1;
+#   2. a client with a forged token, or none, is refused by the server;
+#   3. `vcuda gpus` and `vcuda leases` show the inventory, and the lease is gone when the client is.
+# Usage: manager_two_servers.sh BUILD_DIR
+set -u
+build=$(cd "$1" && pwd)
+tmp=$(mktemp -d /tmp/vcuda-mgr-XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -20 "$f"; done; exit 1; }
+wait_socket() { for i in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.05; done; fail "no socket $1"; }
+
+head -c 32 /dev/urandom | base64 > "$tmp/secret"; chmod 600 "$tmp/secret"
+"$build/bin/vcuda-mgmt" --listen "unix:$tmp/m.sock" --db "$tmp/m.db" --secret-file "$tmp/secret" --lease-ttl 5s \
+  --log-level debug 2> "$tmp/mgmt.log" & pids+=($!)
+wait_socket "$tmp/m.sock"
+for s in a b; do
+  id=$([ $s = a ] && echo 1 || echo 2)
+  VCUDA_SOFT_HOST_ID=$id "$build/bin/vcuda-server" --listen "unix:$tmp/$s.sock" --advertise "unix:$tmp/$s.sock" \
+    --driver "$build/lib/libvcuda-softdriver.so" --manager "unix:$tmp/m.sock" --secret-file "$tmp/secret" \
+    --log-level debug 2> "$tmp/server-$s.log" & pids+=($!)
+  wait_socket "$tmp/$s.sock"
+done
+vcuda() { "$build/bin/vcuda" "$@" --manager "unix:$tmp/m.sock"; }
+for i in $(seq 100); do [ "$(vcuda gpus --json 2>/dev/null | grep -o '"uuid"' | wc -l)" -ge 2 ] && break; sleep 0.1; done
+vcuda gpus || fail "vcuda gpus"
+[ "$(vcuda gpus --json | grep -o '"uuid"' | wc -l)" -eq 2 ] || fail "the manager does not list both servers' GPUs"
+
+# 1. two GPUs on two servers in one process
+out=$("$build/bin/vcuda" run --manager "unix:$tmp/m.sock" --gpus 2 --memory 256M -- \
+      "$build/tests/programs/two_devices" 2>&1) || fail "two_devices through a lease: $out"
+echo "$out"
+echo "$out" | grep -q "devices: 2" || fail "the client did not get 2 devices"
+echo "$out" | grep -q "PASS two_devices" || fail "two_devices did not pass"
+grep -q "session .* opened" "$tmp/server-a.log" || fail "server a served no session"
+grep -q "session .* opened" "$tmp/server-b.log" || fail "server b served no session"
+
+# 2. no token, a forged token: refused
+out=$(VCUDA_SERVER="unix:$tmp/a.sock" LD_LIBRARY_PATH="$build/lib/vcuda" "$build/tests/programs/vector_add" 2>&1) && fail "a client without a token was served"
+grep -q "lease token is required" "$tmp/server-a.log" || fail "server a did not say why it refused the tokenless client"
+out=$(VCUDA_SERVER="unix:$tmp/a.sock" VCUDA_TOKEN="v1.forged.token" LD_LIBRARY_PATH="$build/lib/vcuda" \
+      "$build/tests/programs/vector_add" 2>&1) && fail "a client with a forged token was served"
+grep -q "lease token rejected" "$tmp/server-a.log" || fail "server a did not reject the forged token"
+
+# 3. the lease is gone once the client is (released by the client, or expired)
+for i in $(seq 80); do [ "$(vcuda leases --json | grep -o '"lease_id"' | wc -l)" -eq 0 ] && break; sleep 0.1; done
+[ "$(vcuda leases --json | grep -o '"lease_id"' | wc -l)" -eq 0 ] || fail "the lease outlived its client"
+echo "PASS manager_two_servers"
