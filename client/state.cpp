@@ -1,6 +1,7 @@
 #include "client/state.hpp"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -158,6 +159,11 @@ bool state::connect_sessions(std::string& why) {
         // Renew while the process lives; the lease ends with it (the manager expires it).
         lease_keeper_ = new mgmt::lease_keeper(*ep, *grant, [](const std::string& reason) {
             VCUDA_LOG_ERROR("the GPU lease was lost: {}", reason);
+        });
+        // A process that exits normally hands its lease back at once; one that is killed lets it expire.
+        static const pid_t owner = getpid();  // a forked child's exit must not hand back its parent's lease
+        std::atexit([] {
+            if (getpid() == owner) delete static_cast<mgmt::lease_keeper*>(state::get().lease_keeper_);
         });
     } else {
         if (!addr || !*addr) {
