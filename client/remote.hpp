@@ -66,7 +66,7 @@ private:
     outgoing_frame build(const call_request& rq, bool async);
     int lost(const transport_error& e);
     // Queues the frame (or writes it directly when its payload is large). False when the link is gone.
-    bool send(const outgoing_frame& f);
+    bool send(const outgoing_frame& f, bool wait_for_reply);
     void writer_loop();
 
     static constexpr size_t direct_payload = 64u << 10;
