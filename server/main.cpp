@@ -14,6 +14,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 namespace {
 
 std::mutex stop_mu;
@@ -174,6 +176,14 @@ int main(int argc, char** argv) {
             for (size_t i = 0; i < drv.gpus().size(); ++i)
                 hb.gpus.push_back({vcuda::server::gpu_uuid_string(drv.gpus()[i].uuid), 0, used[i], count[i]});
             return hb;
+        };
+        // A session whose lease the manager no longer has (released by an operator, or expired) is ended.
+        cfg.on_leases = [&srv](const std::vector<vcuda::mgmt::active_lease>& alive) {
+            srv.sessions().for_each([&](vcuda::server::session& s) {
+                if (s.lease_id().empty()) return;
+                bool live = std::any_of(alive.begin(), alive.end(), [&](auto& l) { return l.lease_id == s.lease_id(); });
+                if (!live) s.end("its lease " + s.lease_id() + " was released or expired");
+            });
         };
         agent = std::make_unique<vcuda::mgmt::server_agent>(std::move(cfg));
         VCUDA_LOG_INFO("attached to the manager at {}; sessions need a lease token", manager);

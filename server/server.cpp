@@ -91,7 +91,11 @@ void server::run_connection(stream s) {
     b.Finish(wire::CreateHelloReply(b, protocol_version, features::all, sess->id(), sess->secret(), b.CreateString("vcuda-server"),
                                     opts_.memory_quota));
     if (fs.send(make_frame(frame_kind::hello_reply, b), after(std::chrono::seconds(10))))
+    {
+        sess->attach(&fs);
         run_lane(sess, fs, h->lane());
+        sess->detach(&fs);
+    }
     if (--sess->lanes == 0) {
         auto t0 = std::chrono::steady_clock::now();
         uint64_t held = 0;

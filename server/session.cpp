@@ -96,6 +96,22 @@ void session::release_device(size_t device) {
     }
 }
 
+void session::attach(frame_stream* fs) {
+    std::lock_guard lock(lanes_mu_);
+    streams_.push_back(fs);
+}
+
+void session::detach(frame_stream* fs) {
+    std::lock_guard lock(lanes_mu_);
+    std::erase(streams_, fs);
+}
+
+void session::end(const std::string& why) {
+    std::lock_guard lock(lanes_mu_);
+    if (!streams_.empty()) VCUDA_LOG_INFO("session {}: ending it: {}", id_, why);
+    for (auto* fs : streams_) fs->shutdown();
+}
+
 void session::release_all() {
     for (size_t i = 0; i < devices_.size(); ++i) release_device(i);
     std::lock_guard lock(mu);

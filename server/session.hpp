@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/transport.hpp"
 #include "server/device_memory.hpp"
 #include "server/driver.hpp"
 #include "server/handle_table.hpp"
@@ -67,6 +68,11 @@ public:
     size_t image_bytes = 0;
 
     std::atomic<int> lanes{0};
+    // Lanes register their connections so the session can be ended from outside (its lease was released or
+    // expired): end() shuts them down and the lanes' threads then release everything as on a disconnect.
+    void attach(frame_stream* fs);
+    void detach(frame_stream* fs);
+    void end(const std::string& why);
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
 private:
@@ -83,6 +89,8 @@ private:
     std::string peer_;
     std::string lease_id_;
     std::vector<device_slot> devices_;
+    std::mutex lanes_mu_;
+    std::vector<frame_stream*> streams_;
 };
 
 // All live sessions of this server, for lanes that join one and for operators' queries.

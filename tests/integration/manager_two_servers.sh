@@ -49,4 +49,14 @@ grep -q "lease token rejected" "$tmp/server-a.log" || fail "server a did not rej
 # 3. the lease is gone once the client is (released by the client, or expired)
 for i in $(seq 80); do [ "$(vcuda leases --json | grep -o '"lease_id"' | wc -l)" -eq 0 ] && break; sleep 0.1; done
 [ "$(vcuda leases --json | grep -o '"lease_id"' | wc -l)" -eq 0 ] || fail "the lease outlived its client"
+# 4. an operator releases a running client's lease: the server ends that client's session
+"$build/bin/vcuda" run --manager "unix:$tmp/m.sock" -- "$build/tests/programs/multi_thread" 20000 > "$tmp/long.out" 2>&1 &
+long=$!
+for i in $(seq 100); do lease=$(vcuda leases --json | grep -o '"lease_id": *"[^"]*"' | head -1 | sed 's/.*"\(lease-[^"]*\)"/\1/'); [ -n "$lease" ] && break; sleep 0.1; done
+[ -n "$lease" ] || fail "the long-running client got no lease"
+sleep 1
+vcuda release "$lease" || fail "vcuda release $lease"
+for i in $(seq 300); do kill -0 $long 2>/dev/null || break; sleep 0.1; done
+if kill -0 $long 2>/dev/null; then kill $long; fail "the client kept running after its lease was released"; fi
+grep -q "was released or expired" "$tmp"/server-*.log || fail "no server ended the released lease's session"
 echo "PASS manager_two_servers"
