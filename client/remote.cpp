@@ -100,9 +100,8 @@ bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
     }
     std::unique_lock lock(mu_);
     if (failed_) return false;
-    // A synchronous call on an idle link goes out from this thread: no hand-off to the writer on the
-    // latency-critical path.
-    if (wait_for_reply && queue_.empty() && !writing_) {
+    // Writes `iov` from this thread while the writer is held off; the lock is held on entry and on return.
+    auto write_here = [&] {
         writing_ = true;
         lock.unlock();
         auto r = fs_.raw().write_all(iov);
@@ -114,7 +113,10 @@ bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
         }
         cv_.notify_all();
         return !failed_;
-    }
+    };
+    // A synchronous call on an idle link goes out from this thread: no hand-off to the writer on the
+    // latency-critical path.
+    if (wait_for_reply && queue_.empty() && !writing_) return write_here();
     if (f.payload.size() <= direct_payload) {
         queue_.insert(queue_.end(), header, header + frame_header_size);
         queue_.insert(queue_.end(), f.meta.begin(), f.meta.end());
@@ -122,20 +124,10 @@ bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
         if (!writing_) cv_.notify_one();
         return true;
     }
-    // Large payload: wait for the queue to drain, then write from here, holding the writer off.
+    // Large payload: wait for the queue to drain, then write from here, so bulk bytes are not copied.
     cv_.wait(lock, [&] { return queue_.empty() && !writing_; });
     if (failed_) return false;
-    writing_ = true;
-    lock.unlock();
-    auto r = fs_.raw().write_all(iov);
-    lock.lock();
-    writing_ = false;
-    if (!r) {
-        failed_ = true;
-        failure_ = r.error();
-    }
-    cv_.notify_all();
-    return !failed_;
+    return write_here();
 }
 
 int lane::lost(const transport_error& e) {
