@@ -223,17 +223,14 @@ std::string substitute(const char* symbol, void** pfn, int cuda_version, cuuint6
 
 }  // namespace
 
-CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
-                             CUdriverProcAddressQueryResult* symbolStatus) noexcept {
-    using fn_t = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
-    auto f = reinterpret_cast<fn_t>(real_fn(idx::cuGetProcAddress_v2));
-    call c(symbol_names[idx::cuGetProcAddress_v2]);
-    CUresult rc = f ? f(symbol, pfn, cudaVersion, flags, symbolStatus) : static_cast<CUresult>(missing(c));
+// Both cuGetProcAddress versions: swap the driver's answer for our traced entry point, then log the call.
+// `status` is null for the first version, which has none.
+static CUresult finish_proc_address(call& c, CUresult rc, const char* symbol, void** pfn, int cudaVersion,
+                                    cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
     c.done();
-    void* real = rc == CUDA_SUCCESS && pfn ? *pfn : nullptr;
-    std::string note;
-    if (real && symbol) note = substitute(symbol, pfn, cudaVersion, flags);
     bool ok = rc == CUDA_SUCCESS;
+    std::string note;
+    if (ok && pfn && *pfn && symbol) note = substitute(symbol, pfn, cudaVersion, flags);
     c.str("symbol", symbol);
     c.hex("pfn", reinterpret_cast<uintptr_t>(pfn));
     if (ok && pfn) {
@@ -242,11 +239,20 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cu
     }
     c.arg("cudaVersion", cudaVersion);
     c.hex("flags", flags);
-    c.out("symbolStatus", symbolStatus, ok);
+    if (status) c.out("symbolStatus", status, ok);
     c.result(rc);
     c.text().put(note.c_str());
     c.emit();
     return rc;
+}
+
+CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult* symbolStatus) noexcept {
+    using fn_t = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+    auto f = reinterpret_cast<fn_t>(real_fn(idx::cuGetProcAddress_v2));
+    call c(symbol_names[idx::cuGetProcAddress_v2]);
+    CUresult rc = f ? f(symbol, pfn, cudaVersion, flags, symbolStatus) : static_cast<CUresult>(missing(c));
+    return finish_proc_address(c, rc, symbol, pfn, cudaVersion, flags, symbolStatus);
 }
 
 CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) noexcept {
@@ -254,23 +260,7 @@ CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuin
     auto f = reinterpret_cast<fn_t>(real_fn(idx::cuGetProcAddress));
     call c(symbol_names[idx::cuGetProcAddress]);
     CUresult rc = f ? f(symbol, pfn, cudaVersion, flags) : static_cast<CUresult>(missing(c));
-    c.done();
-    void* real = rc == CUDA_SUCCESS && pfn ? *pfn : nullptr;
-    std::string note;
-    if (real && symbol) note = substitute(symbol, pfn, cudaVersion, flags);
-    bool ok = rc == CUDA_SUCCESS;
-    c.str("symbol", symbol);
-    c.hex("pfn", reinterpret_cast<uintptr_t>(pfn));
-    if (ok && pfn) {
-        c.text().put("->");
-        c.text().hex(reinterpret_cast<uintptr_t>(*pfn));
-    }
-    c.arg("cudaVersion", cudaVersion);
-    c.hex("flags", flags);
-    c.result(rc);
-    c.text().put(note.c_str());
-    c.emit();
-    return rc;
+    return finish_proc_address(c, rc, symbol, pfn, cudaVersion, flags, nullptr);
 }
 
 CUresult cuGetExportTable(const void** ppExportTable, const CUuuid* pExportTableId) noexcept {
