@@ -106,6 +106,7 @@ VCUDA_API cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept {
             st.run_cls_destructors(copy);
         }
     }
+    drop_cached_replies();  // the reset context's limits, functions and attributes are gone
     plain_call c(op::ctx_reset, "cuDevicePrimaryCtxReset");
     c.arg(st.device(dev).server_index);
     CUresult rc = c.send_sync();
@@ -152,6 +153,7 @@ VCUDA_API cuCtxDestroy_v2(CUcontext ctx) noexcept {
     if (!context_exists(id)) return CUDA_ERROR_INVALID_CONTEXT;
     CUresult rc = state::get().destroy_context(id);
     if (rc != CUDA_SUCCESS) return rc;
+    drop_cached_replies();
     auto& s = context_stack();
     std::erase(s, id);
     return CUDA_SUCCESS;

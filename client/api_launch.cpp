@@ -112,3 +112,35 @@ VCUDA_API cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** ke
     return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
                   config->blockDimZ, config->sharedMemBytes, config->hStream, kernelParams, extra, attrs, config->numAttrs);
 }
+
+namespace {
+// cuOccupancyMaxActiveClusters (what 0) and cuOccupancyMaxPotentialClusterSize (what 1): answered by the server
+// once per function and configuration, then from the reply cache (PyTorch asks about a hundred times a step).
+CUresult occupancy_clusters(int* answer, CUfunction f, const CUlaunchConfig* config, uint64_t what) {
+    VCUDA_REQUIRE_INIT();
+    if (!answer || !config || (config->numAttrs && !config->attrs)) return CUDA_ERROR_INVALID_VALUE;
+    if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    plain_call c(op::occupancy_clusters, what ? "cuOccupancyMaxPotentialClusterSize" : "cuOccupancyMaxActiveClusters");
+    c.handle(f, handle_kind::function);
+    for (unsigned v : {config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
+                       config->blockDimZ, config->sharedMemBytes})
+        c.arg(v);
+    c.handle(config->hStream, handle_kind::stream);
+    c.arg(config->numAttrs);
+    c.arg(what);
+    c.blob({reinterpret_cast<const std::byte*>(config->attrs), config->numAttrs * sizeof(CUlaunchAttribute)});
+    if (CUresult rc = c.send_cached(); rc != CUDA_SUCCESS) return rc;
+    *answer = c.out<int>(0);
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
+VCUDA_API cuOccupancyMaxActiveClusters(int* num_clusters, CUfunction f, const CUlaunchConfig* config) noexcept {
+    VCUDA_TRACE_HOOK(cuOccupancyMaxActiveClusters, num_clusters, f, config);
+    return occupancy_clusters(num_clusters, f, config, 0);
+}
+
+VCUDA_API cuOccupancyMaxPotentialClusterSize(int* cluster_size, CUfunction f, const CUlaunchConfig* config) noexcept {
+    VCUDA_TRACE_HOOK(cuOccupancyMaxPotentialClusterSize, cluster_size, f, config);
+    return occupancy_clusters(cluster_size, f, config, 1);
+}

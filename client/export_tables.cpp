@@ -31,6 +31,8 @@ constexpr table_id id_tools_tls = {{0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x
 constexpr table_id id_cls = {{0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93}};
 constexpr table_id id_ctx_checks = {{0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e}};
 constexpr table_id id_integrity = {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2}};
+constexpr table_id id_tools_context = {{0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2}};
+constexpr table_id id_cublaslt = {{0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca}};
 
 // A slot whose meaning is not known: says so in the log, once per slot, and refuses.
 template <int Table, int Slot>
@@ -38,7 +40,7 @@ CUresult unknown_slot() {
     static bool said = false;
     if (!said) {
         said = true;
-        VCUDA_LOG_WARN("export table {} slot {} called: not implemented, answering CUDA_ERROR_NOT_SUPPORTED", Table, Slot);
+        VCUDA_LOG_WARN("export table {:04x}… slot {} called: not implemented, answering CUDA_ERROR_NOT_SUPPORTED", Table, Slot);
     }
     return CUDA_ERROR_NOT_SUPPORTED;
 }
@@ -121,6 +123,38 @@ CUresult ctx_check_flag(CUcontext, uint32_t* flag, void*) {
 }
 CUresult ctx_check_zero() { return CUDA_SUCCESS; }
 
+// ---- 42d85a81: tools thread-local storage. [2](record*) puts the calling thread's current context in the
+// record's first word (cuBLAS/cuBLASLt then ask 21318c60[4] for its number, written into the second word).
+CUresult tools_current_context(CUcontext* record) {
+    if (!record) return CUDA_ERROR_INVALID_VALUE;
+    *record = reinterpret_cast<CUcontext>(current_context());
+    return CUDA_SUCCESS;
+}
+
+// ---- 21318c60: tools context. [4](ctx, u64*) gives the context's number, the value cuCtxGetId reports;
+// [39](?, ?, u64*) answers 0 and [51](?, key, void**) hands out an object, refusing key ~0 with 400
+// (CUDA_ERROR_INVALID_HANDLE) as the real driver does.
+CUresult tools_context_number(CUcontext ctx, unsigned long long* number) {
+    if (!number) return CUDA_ERROR_INVALID_VALUE;
+    auto& st = state::get();
+    std::shared_lock lock(st.mu);
+    auto* c = ctx ? st.find_context(reinterpret_cast<uint64_t>(ctx)) : nullptr;
+    *number = c ? c->uid : 0;
+    return CUDA_SUCCESS;
+}
+CUresult tools_context_39(void*, void* key, unsigned long long* out) {
+    if (!key || !out) return CUDA_ERROR_INVALID_VALUE;
+    *out = 0;
+    return CUDA_SUCCESS;
+}
+alignas(64) unsigned char tools_object[512];
+CUresult tools_context_51(void*, uint64_t key, void** out) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    if (key == ~uint64_t{0}) return CUDA_ERROR_INVALID_HANDLE;
+    *out = tools_object;
+    return CUDA_SUCCESS;
+}
+
 // ---- d4082055: the integrity check.
 CUresult integrity_check(unsigned version, unsigned long long secs, unsigned long long result[2]);
 
@@ -142,9 +176,31 @@ sized_table<0xa094, 7>& callbacks_table() {
     return t;
 }
 sized_table<0x42d8, 3>& tools_tls_table() {
-    static sized_table<0x42d8, 3> t;
+    static sized_table<0x42d8, 3> t = [] {
+        sized_table<0x42d8, 3> x;
+        x.words[2] = reinterpret_cast<slot>(&tools_current_context);
+        return x;
+    }();
     return t;
 }
+sized_table<0x2131, 93>& tools_context_table() {
+    static sized_table<0x2131, 93> t = [] {
+        sized_table<0x2131, 93> x;
+        x.words[4] = reinterpret_cast<slot>(&tools_context_number);
+        x.words[39] = reinterpret_cast<slot>(&tools_context_39);
+        x.words[51] = reinterpret_cast<slot>(&tools_context_51);
+        return x;
+    }();
+    return t;
+}
+// ---- 1734dc26: asked for by cuBLASLt, which crashes when the table is refused. What its slots [4] and [13] do is
+// not known yet; they answer CUDA_ERROR_NOT_SUPPORTED, and cuBLASLt then goes on without them (checked on an
+// H100: cublasSgemm and cublasGemmEx give the native results).
+sized_table<0x1734, 17>& cublaslt_table() {
+    static sized_table<0x1734, 17> t;
+    return t;
+}
+
 std::array<slot, 3>& cls_table() {
     static std::array<slot, 3> t = {reinterpret_cast<slot>(&cls_put), reinterpret_cast<slot>(&cls_delete),
                                     reinterpret_cast<slot>(&cls_get)};
@@ -226,6 +282,8 @@ extern "C" __attribute__((visibility("default"))) CUresult cuGetExportTable(cons
     else if (id_cls == *id) *table = cls_table().data();
     else if (id_ctx_checks == *id) *table = ctx_checks_table().words.data();
     else if (id_integrity == *id) *table = integrity_table().words.data();
+    else if (id_tools_context == *id) *table = tools_context_table().words.data();
+    else if (id_cublaslt == *id) *table = cublaslt_table().words.data();
     else if (std::memcmp(id->bytes, vcuda::vcuda_private_table_id, 16) == 0) *table = &the_private_table();
     else {
         char hex[33];

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstring>
+#include <span>
 #include <type_traits>
 
 #include "client/state.hpp"
@@ -34,6 +35,10 @@ T from_wire(uint64_t w) {
 // functions also accept kernels, which the driver lets callers cast to CUfunction).
 bool valid_handle(uint64_t h, handle_kind k);
 
+// Drops every answer of the reply cache (send_cached): called by whatever can change them — `uncaches` calls,
+// a context reset or destroyed.
+void drop_cached_replies();
+
 class plain_call {
 public:
     plain_call(op o, const char* name) : op_(o), name_(name) {}
@@ -50,8 +55,16 @@ public:
         arg(id);
     }
 
+    // A byte block that travels with the call (at most one; the caller keeps it alive until the call is sent).
+    void blob(std::span<const std::byte> b) { blob_ = b; has_blob_ = true; }
+
     CUresult send_sync();
     CUresult send_async();
+    // send_sync for a `cached` query: a repeat of a successful call (same op, device, arguments) is answered
+    // from the reply cache without a round trip.
+    CUresult send_cached();
+    // send_sync for an `uncaches` call: the reply cache is dropped first.
+    CUresult send_uncaching();
 
     template <class T>
     T out(size_t i) const {
@@ -79,6 +92,8 @@ private:
     const char* name_;
     std::array<uint64_t, 16> args_{};
     size_t n_ = 0;
+    std::span<const std::byte> blob_;
+    bool has_blob_ = false;
     CUresult error_ = CUDA_SUCCESS;
     call_reply reply_;
 };

@@ -137,10 +137,16 @@ int fetch_gpu_status(int dev, gpu_status* out, size_t size, unsigned timeout_ms)
     return status_worker::get().query(state::get().device(dev), *out, std::chrono::milliseconds(timeout_ms));
 }
 
+int call_counts(unsigned long long* round_trips, unsigned long long* posted) {
+    if (round_trips) *round_trips = counters().round_trips.load(std::memory_order_relaxed);
+    if (posted) *posted = counters().posted.load(std::memory_order_relaxed);
+    return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 const private_table& the_private_table() {
-    static const private_table t{sizeof(private_table), &device_usage, &fetch_gpu_status};
+    static const private_table t{sizeof(private_table), &device_usage, &fetch_gpu_status, &call_counts};
     return t;
 }
 

@@ -26,10 +26,16 @@ using device_usage_fn = int (*)(int dev, unsigned long long* bytes, int* has_con
 // connection is lost.
 using gpu_status_fn = int (*)(int dev, gpu_status* out, size_t size, unsigned timeout_ms);
 
+// Slot 3: how many synchronous round trips and asynchronous calls this process has sent to its servers so far
+// (every session together). Always CUDA_SUCCESS.
+using call_counts_fn = int (*)(unsigned long long* round_trips, unsigned long long* posted);
+
+// Slots are only ever appended: a reader checks `size` before using a later slot.
 struct private_table {
     size_t size;  // bytes, this word included
     device_usage_fn device_usage;
     gpu_status_fn gpu_status;
+    call_counts_fn call_counts;
 };
 
 namespace client {

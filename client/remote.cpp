@@ -135,14 +135,21 @@ int lane::lost(const transport_error& e) {
     return connection_lost_result;
 }
 
+call_counters& counters() {
+    static call_counters c;
+    return c;
+}
+
 int lane::post(const call_request& rq) {
     if (session_.lost()) return connection_lost_result;
+    counters().posted.fetch_add(1, std::memory_order_relaxed);
     if (!send(build(rq, true), false)) return lost(failure_);
     return 0;
 }
 
 int lane::call(const call_request& rq, call_reply& rp) {
     if (session_.lost()) return connection_lost_result;
+    counters().round_trips.fetch_add(1, std::memory_order_relaxed);
     if (!send(build(rq, false), true)) return lost(failure_);
     payload_sink sink;
     if (rp.payload_dst) {

@@ -47,6 +47,14 @@ struct call_reply {
 
 class session;
 
+// How many calls this process sent, by kind: what `VCUDA_STATS` logs at exit and the private table's slot 3
+// answers (tests count the round trips of a training step with it).
+struct call_counters {
+    std::atomic<uint64_t> round_trips{0};  // synchronous calls: the caller waited for the server
+    std::atomic<uint64_t> posted{0};       // asynchronous calls: sent without waiting
+};
+call_counters& counters();
+
 // Frames leave a lane through its writer thread: the calling thread appends the encoded frame to a queue and
 // goes on; the writer sends whatever has accumulated in one write. So frames are batched while a write is in
 // flight and sent at once when the link is idle. Frames with a large payload are written by the calling

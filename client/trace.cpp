@@ -46,6 +46,10 @@ __attribute__((constructor(101))) void read_environment() {
         int n = std::atoi(d);
         deref_args = n < 0 ? 0 : n > 6 ? 6 : n;
     }
+    if (const char* w = std::getenv("VCUDA_TRACE_WORDS"); w && *w) {
+        int n = std::atoi(w);
+        deref_words = n < 1 ? 1 : n > 64 ? 64 : n;
+    }
     open_output(spec);  // when it cannot be opened, calls still go to the real driver, unlogged
     enabled = true;
 }

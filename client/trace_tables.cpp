@@ -13,6 +13,7 @@
 namespace vcuda::client::trace {
 
 int deref_args = 6;
+int deref_words = 4;
 
 namespace {
 
@@ -80,12 +81,18 @@ uintptr_t slot_call(int t, int s, uintptr_t a0, uintptr_t a1, uintptr_t a2, uint
         e.put_char(']');
         e.emit();
     }
+    // What the arguments point to before the call, to show what the slot wrote.
+    const uintptr_t a[6] = {a0, a1, a2, a3, a4, a5};
+    uint64_t before[6][64];
+    bool readable[6] = {};
+    for (int i = 0; i < deref_args && i < 6; ++i)
+        readable[i] = plausible_pointer(a[i]) && safe_read(reinterpret_cast<const void*>(a[i]), before[i],
+                                                           sizeof(uint64_t) * static_cast<size_t>(deref_words));
     uintptr_t r = fn(a0, a1, a2, a3, a4, a5);
     uint64_t t1 = now_ns();
     --depth();
     int saved_errno = errno;
 
-    const uintptr_t a[6] = {a0, a1, a2, a3, a4, a5};
     line l;
     l.prefix(t0, d);
     l.put("export ");
@@ -105,14 +112,20 @@ uintptr_t slot_call(int t, int s, uintptr_t a0, uintptr_t a1, uintptr_t a2, uint
                           static_cast<unsigned long long>(dt % 1000 / 100));
     l.put(b, static_cast<size_t>(k));
     for (int i = 0; i < deref_args && i < 6; ++i) {
-        uint64_t w[4];
-        if (!plausible_pointer(a[i]) || !safe_read(reinterpret_cast<const void*>(a[i]), w, sizeof w)) continue;
+        uint64_t w[64];
+        if (!readable[i] ||
+            !safe_read(reinterpret_cast<const void*>(a[i]), w, sizeof(uint64_t) * static_cast<size_t>(deref_words)))
+            continue;
         l.put(" *a");
         l.dec(i);
         l.put("=[");
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < deref_words; ++j) {
             if (j) l.put(", ", 2);
             l.hex(w[j]);
+            if (w[j] != before[i][j]) {
+                l.put("<-", 2);
+                l.hex(before[i][j]);
+            }
         }
         l.put_char(']');
     }

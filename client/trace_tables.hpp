@@ -22,5 +22,8 @@ const void* wrap_export_table(const unsigned char* id, const void* real, code_pr
 // How many leading arguments of a slot call are dumped (the 4 words they point to after the call) when they
 // look like pointers: VCUDA_TRACE_DEREF, 0..6, default 6.
 extern int deref_args;
+// How many 8-byte words of each are shown: VCUDA_TRACE_WORDS, 1..64, default 4. Words the call changed are
+// followed by their value before the call: `0x1<-0x0`.
+extern int deref_words;
 
 }  // namespace vcuda::client::trace

@@ -226,6 +226,69 @@ CUresult handle_module_get_global(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
+namespace {
+// Launch attributes that carry no handle or pointer, so the client's bytes can be given to the driver as they are.
+bool plain_launch_attribute(CUlaunchAttributeID id) {
+    switch (id) {
+        case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+        case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+        case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+        case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
+        case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+        case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+        case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+            return true;
+        default:
+            return false;
+    }
+}
+
+// The launch attributes in blob `i` (n of them), checked. False (with the reply's error set) when malformed.
+CUresult launch_attributes(call_context& cx, size_t i, uint64_t n, std::vector<CUlaunchAttribute>& attrs) {
+    auto bytes = cx.blob(i);
+    if (n > 64 || bytes.size() != n * sizeof(CUlaunchAttribute)) return cx.bad_arguments();
+    attrs.resize(n);
+    std::memcpy(attrs.data(), bytes.data(), bytes.size());
+    for (auto& a : attrs)
+        if (!plain_launch_attribute(a.id))  // handles or pointers would need translating
+            return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "launch attribute " + std::to_string(a.id) + " not supported");
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
+// args {function or kernel, grid xyz, block xyz, shared bytes, stream, number of launch attributes, what
+// (0 cuOccupancyMaxActiveClusters, 1 cuOccupancyMaxPotentialClusterSize)}; blob {attributes}. Out {the answer}.
+CUresult handle_occupancy_clusters(call_context& cx) {
+    if (!cx.expect_args(11) || cx.blob_count() != 1) return cx.bad_arguments();
+    void* raw = nullptr;
+    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::function, raw); rc != CUDA_SUCCESS) return rc;
+    CUstream s;
+    if (CUresult rc = cx.handle(8, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    unsigned dims[7];
+    for (int i = 0; i < 7; ++i) {
+        if (cx.arg(1 + i) > 0xffffffffu) return cx.bad_arguments();
+        dims[i] = static_cast<unsigned>(cx.arg(1 + i));
+    }
+    std::vector<CUlaunchAttribute> attrs;
+    if (CUresult rc = launch_attributes(cx, 0, cx.arg(9), attrs); rc != CUDA_SUCCESS) return rc;
+    CUlaunchConfig config{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s,
+                          attrs.data(), static_cast<unsigned>(attrs.size())};
+    auto& d = cx.drv();
+    int answer = 0;
+    CUresult rc;
+    if (cx.arg(10) == 0) {
+        if (!d.cuOccupancyMaxActiveClusters) return cx.unsupported("cuOccupancyMaxActiveClusters");
+        rc = d.cuOccupancyMaxActiveClusters(&answer, static_cast<CUfunction>(raw), &config);
+    } else if (cx.arg(10) == 1) {
+        if (!d.cuOccupancyMaxPotentialClusterSize) return cx.unsupported("cuOccupancyMaxPotentialClusterSize");
+        rc = d.cuOccupancyMaxPotentialClusterSize(&answer, static_cast<CUfunction>(raw), &config);
+    } else {
+        return cx.bad_arguments();
+    }
+    if (rc == CUDA_SUCCESS) cx.out(answer);
+    return rc;
+}
+
 // args {function or kernel, grid xyz, block xyz, shared bytes, stream, form (0 kernelParams, 1 extra buffer),
 // number of launch attributes}; blobs {parameter buffer, attributes}.
 CUresult handle_launch(call_context& cx) {
@@ -262,24 +325,8 @@ CUresult handle_launch(call_context& cx) {
         return d.cuLaunchKernel(f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s,
                                 form == 0 ? kernel_params.data() : nullptr, form == 1 ? extra : nullptr);
     }
-    auto attr_bytes = cx.blob(1);
-    if (n_attrs > 64 || attr_bytes.size() != n_attrs * sizeof(CUlaunchAttribute)) return cx.bad_arguments();
-    std::vector<CUlaunchAttribute> attrs(n_attrs);
-    std::memcpy(attrs.data(), attr_bytes.data(), attr_bytes.size());
-    for (auto& a : attrs) {
-        switch (a.id) {
-            case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
-            case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
-            case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
-            case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
-            case CU_LAUNCH_ATTRIBUTE_PRIORITY:
-            case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
-            case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
-                break;
-            default:  // attributes carrying handles or pointers need translation this server does not do yet
-                return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "launch attribute " + std::to_string(a.id) + " not supported");
-        }
-    }
+    std::vector<CUlaunchAttribute> attrs;
+    if (CUresult rc = launch_attributes(cx, 1, n_attrs, attrs); rc != CUDA_SUCCESS) return rc;
     CUlaunchConfig config{};
     config.gridDimX = dims[0];
     config.gridDimY = dims[1];

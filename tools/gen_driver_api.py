@@ -307,7 +307,15 @@ def client_plain(name, spec, params):
             lines.append(f'    c.arg({pname});')
         elif role in ('in_handle', 'destroy_handle'):
             lines.append(f'    c.handle({pname}, handle_kind::{kind});')
-    lines.append('    if (CUresult rc = c.%s(); rc != CUDA_SUCCESS) return rc;' % ('send_async' if spec['class'] == 'async' else 'send_sync'))
+    if spec['class'] == 'async':
+        send = 'send_async'
+    elif 'cached' in spec['annot']:
+        send = 'send_cached'
+    elif 'uncaches' in spec['annot']:
+        send = 'send_uncaching'
+    else:
+        send = 'send_sync'
+    lines.append(f'    if (CUresult rc = c.{send}(); rc != CUDA_SUCCESS) return rc;')
     i = 0
     for role, typ, pname, kind in roles:
         if role == 'out_scalar':

@@ -10,6 +10,7 @@ for b in vcuda-server vcuda vcuda-mgmt; do
   [ -f "$build/bin/$b" ] && strip -o "$out/bin/$b" "$build/bin/$b"
 done
 for l in "$build"/lib/vcuda/*.so.1; do strip -o "$out/lib/vcuda/$(basename "$l")" "$l"; done
+cp "$build/lib/vcuda/private_table_id" "$out/lib/vcuda/" 2>/dev/null || true
 find "$build/tests/programs" -maxdepth 1 -type f -perm -u+x -exec cp -a {} "$out/tests/programs/" \;
 cp -a "$build"/tests/programs/libcudart.so.13* "$out/tests/programs/" 2>/dev/null || true
 du -sh "$out"
