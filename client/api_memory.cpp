@@ -1,6 +1,7 @@
 // Device memory (server allocations at the server's real addresses), host memory (the client's own),
 // pointer queries (answered from the mirror), copies and sets.
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -33,13 +34,71 @@ uint64_t stream_arg(CUstream s) { return reinterpret_cast<uint64_t>(s); }
 
 CUresult check_stream(CUstream s) { return valid_handle(stream_arg(s), handle_kind::stream) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
 
-// Host to device: every chunk but the last is queued; the last waits for the server when `m` is sync, so
-// the copy is enqueued on the GPU before the call returns, as with the real driver.
+// ---------------------------------------------------------------- pinned host memory shared with the server
+
+// Whether pinned allocations are shared with a server on this host: VCUDA_SHARED_HOST=0 turns it off (to
+// compare with the copy-over-the-socket path).
+bool sharing_enabled() {
+    static const bool on = [] {
+        const char* v = std::getenv("VCUDA_SHARED_HOST");
+        return !v || std::strcmp(v, "0") != 0;
+    }();
+    return on;
+}
+
+// Pinned memory the server created and registered, mapped here at the server's address where that is free
+// (then host pointer == device pointer, as unified addressing promises). CUDA_ERROR_NOT_SUPPORTED when the
+// server is on another host (or sharing is off): the caller falls back to its own pages.
+CUresult shared_host_alloc(host_allocation& h) {
+    session& s = state::get().remote();
+    if (!s.local() || !sharing_enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+    call_reply rp;
+    CUresult rc = remote(op::host_alloc, {h.size}, mode::sync, &rp);
+    if (rc != CUDA_SUCCESS || rp.outs.size() != 2 || rp.fd < 0) {
+        if (rp.fd >= 0) ::close(rp.fd);
+        return rc == CUDA_SUCCESS ? CUDA_ERROR_UNKNOWN : rc;
+    }
+    uint64_t server_addr = rp.outs[0], device_ptr = rp.outs[1];
+    void* want = reinterpret_cast<void*>(server_addr);
+    void* p = mmap(want, h.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, rp.fd, 0);
+    if (p == MAP_FAILED) p = mmap(nullptr, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, rp.fd, 0);
+    ::close(rp.fd);
+    if (p == MAP_FAILED) {
+        remote(op::host_free, {server_addr}, mode::post);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (p != want)
+        VCUDA_LOG_DEBUG("pinned memory mapped at {} (the server's address {} is taken here): host and device pointers differ",
+                        p, want);
+    h.base = reinterpret_cast<uintptr_t>(p);
+    h.server_addr = server_addr;
+    h.device_ptr = device_ptr;
+    h.owner = &s;
+    return CUDA_SUCCESS;
+}
+
+void shared_host_free(const host_allocation& h) {
+    if (!h.owner->lost()) remote(op::host_free, {h.server_addr}, mode::sync);
+}
+
+// The server's address for [p, p+n) when it lies in shared pinned memory of the current device's server, else 0.
+uint64_t shared_address(const void* p, size_t n) {
+    host_allocation h;
+    auto a = reinterpret_cast<uintptr_t>(p);
+    if (!state::get().find_host(a, h) || !h.shared() || h.owner != &state::get().remote()) return 0;
+    if (n > h.size - (a - h.base)) return 0;
+    return h.server_addr + (a - h.base);
+}
+
+// Host to device: from shared pinned memory the server copies straight from the pages; otherwise every chunk
+// but the last is queued and the last waits for the server when `m` is sync, so the copy is enqueued on the GPU
+// before the call returns, as with the real driver.
 CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
     if (!src) return CUDA_ERROR_INVALID_VALUE;
     if (m == mode::post && !device_range(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+    if (uint64_t from = shared_address(src, n)) return remote(op::copy_htod_shared, {dst, from, n, stream_arg(stream)}, m);
     for (size_t off = 0; off < n; off += copy_chunk) {
         size_t len = std::min(copy_chunk, n - off);
         bool last = off + len == n;
@@ -50,12 +109,18 @@ CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, 
     return CUDA_SUCCESS;
 }
 
-// Device to host: the reply's payload is read straight into the caller's buffer. The asynchronous form
-// also waits, so the bytes are there whenever any later call synchronizes with the stream.
-CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream) {
+// Device to host: into shared pinned memory the GPU writes the pages itself, and the asynchronous form is
+// truly asynchronous (the bytes are there once the stream is synchronized with, as with the real driver).
+// Otherwise the reply's payload is read straight into the caller's buffer, and the asynchronous form also
+// waits, so the bytes are there whenever any later call synchronizes with the stream.
+CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m = mode::sync) {
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
     if (!dst) return CUDA_ERROR_INVALID_VALUE;
+    if (uint64_t to = shared_address(dst, n)) {
+        if (m == mode::post && (!device_range(src, n) || check_stream(stream) != CUDA_SUCCESS)) return CUDA_ERROR_INVALID_VALUE;
+        return remote(op::copy_dtoh_shared, {to, src, n, stream_arg(stream)}, m);
+    }
     call_reply rp;
     rp.payload_dst = static_cast<std::byte*>(dst);
     rp.payload_cap = n;
@@ -94,7 +159,7 @@ CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, m
     bool dd = is_device(dst), sd = is_device(src);
     if (dd && sd) return copy_dtod(dst, src, n, stream, m);
     if (dd) return copy_htod(dst, reinterpret_cast<const void*>(src), n, stream, m);
-    if (sd) return copy_dtoh(reinterpret_cast<void*>(dst), src, n, stream);
+    if (sd) return copy_dtoh(reinterpret_cast<void*>(dst), src, n, stream, m);
     if (m == mode::sync) {  // host to host: the copy is ordered after prior work in the stream
         if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS) return rc;
     }
@@ -283,8 +348,8 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr
             *static_cast<unsigned*>(data) = dev ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
             return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
-            if (!dev) return CUDA_ERROR_INVALID_VALUE;  // host memory is not mapped into the remote GPU
-            *static_cast<CUdeviceptr*>(data) = ptr;
+            if (!dev && !h.shared()) return CUDA_ERROR_INVALID_VALUE;  // this process's own pages: the GPU cannot reach them
+            *static_cast<CUdeviceptr*>(data) = dev ? ptr : h.device_ptr + (ptr - h.base);
             return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_HOST_POINTER:
             if (dev) return CUDA_ERROR_INVALID_VALUE;
@@ -356,11 +421,19 @@ VCUDA_API cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) noexcep
     if (!pp || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     if (flags & ~(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED))
         return CUDA_ERROR_INVALID_VALUE;
-    void* p = mmap(nullptr, bytesize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-    mlock(p, bytesize);  // page-locked where the system allows it; not fatal when it does not
-    state::get().add_host(reinterpret_cast<uintptr_t>(p), bytesize, flags, false);
-    *pp = p;
+    host_allocation h;
+    h.size = bytesize;
+    h.flags = flags;
+    if (CUresult rc = shared_host_alloc(h); rc != CUDA_ERROR_NOT_SUPPORTED) {
+        if (rc != CUDA_SUCCESS) return rc;
+    } else {  // a server on another host: this process's own pages, copied over the socket
+        void* p = mmap(nullptr, bytesize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+        mlock(p, bytesize);  // page-locked where the system allows it; not fatal when it does not
+        h.base = reinterpret_cast<uintptr_t>(p);
+    }
+    state::get().add_host(h);
+    *pp = reinterpret_cast<void*>(h.base);
     return CUDA_SUCCESS;
 }
 
@@ -373,7 +446,10 @@ VCUDA_API cuMemFreeHost(void* p) noexcept {
     VCUDA_TRACE_HOOK(cuMemFreeHost, p);
     VCUDA_REQUIRE_INIT();
     host_allocation h;
-    if (!p || !state::get().remove_host(reinterpret_cast<uintptr_t>(p), h) || h.registered) return CUDA_ERROR_INVALID_VALUE;
+    if (!p || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h) || h.registered || h.base != reinterpret_cast<uintptr_t>(p))
+        return CUDA_ERROR_INVALID_VALUE;
+    state::get().remove_host(h.base, h);
+    if (h.shared()) shared_host_free(h);
     munmap(p, h.size);
     return CUDA_SUCCESS;
 }
@@ -384,7 +460,14 @@ VCUDA_API cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) noe
     if (!p || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     host_allocation h;
     if (state::get().find_host(reinterpret_cast<uintptr_t>(p), h)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-    state::get().add_host(reinterpret_cast<uintptr_t>(p), bytesize, flags, true);
+    if (flags & CU_MEMHOSTREGISTER_DEVICEMAP)  // the application's own pages: the GPU cannot reach them
+        return static_cast<CUresult>(unsupported("cuMemHostRegister with CU_MEMHOSTREGISTER_DEVICEMAP (use cuMemHostAlloc)"));
+    host_allocation r;
+    r.base = reinterpret_cast<uintptr_t>(p);
+    r.size = bytesize;
+    r.flags = flags;
+    r.registered = true;
+    state::get().add_host(r);
     return CUDA_SUCCESS;
 }
 
@@ -410,8 +493,14 @@ VCUDA_API cuMemHostGetFlags(unsigned int* flags, void* p) noexcept {
 VCUDA_API cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int Flags) noexcept {
     VCUDA_TRACE_HOOK(cuMemHostGetDevicePointer_v2, pdptr, p, Flags);
     VCUDA_REQUIRE_INIT();
-    // The GPU is in another process or host: it cannot address this process's pages over this transport.
-    return static_cast<CUresult>(unsupported("cuMemHostGetDevicePointer (mapped host memory over a network transport)"));
+    if (!pdptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    host_allocation h;
+    if (!state::get().find_host(reinterpret_cast<uintptr_t>(p), h)) return CUDA_ERROR_INVALID_VALUE;
+    if (!h.shared())  // the GPU is on another host: it cannot address this process's pages
+        return static_cast<CUresult>(
+            unsupported("cuMemHostGetDevicePointer (mapped host memory needs a server on this host, over a Unix socket)"));
+    *pdptr = h.device_ptr + (reinterpret_cast<uintptr_t>(p) - h.base);
+    return CUDA_SUCCESS;
 }
 
 // ---------------------------------------------------------------- copies
@@ -436,7 +525,7 @@ VCUDA_API cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstr
 VCUDA_API cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream s) noexcept {
     VCUDA_TRACE_HOOK(cuMemcpyDtoHAsync_v2, dst, src, n, s);
     if (check_stream(s) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
-    return copy_dtoh(dst, src, n, s);
+    return copy_dtoh(dst, src, n, s, mode::post);
 }
 VCUDA_API cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) noexcept {
     VCUDA_TRACE_HOOK(cuMemcpyDtoDAsync_v2, dst, src, n, s);

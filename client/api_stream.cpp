@@ -1,5 +1,11 @@
-// Stream queries answered from the mirror, capture-mode bookkeeping, and occupancy helpers built on the
-// forwarded per-block-size query.
+// Stream queries answered from the mirror, stream capture (mirrored: which streams capture, each thread's capture
+// mode), and occupancy helpers built on the forwarded per-block-size query.
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
@@ -41,21 +47,231 @@ VCUDA_API cuStreamGetDevice(CUstream s, CUdevice* dev) noexcept {
     return CUDA_SUCCESS;
 }
 
+// ---------------------------------------------------------------- stream capture
+// Capture happens on the server: the calls a capturing thread makes reach its lane in order and the server's
+// driver records them. The client mirrors which streams capture, from cuStreamBeginCapture to cuStreamEndCapture,
+// and each thread's capture mode, because PyTorch asks about both all the time (cuThreadExchangeStreamCaptureMode
+// about a thousand times a step, cuStreamIsCapturing before many allocations): those answers need no round trip.
+// What the mirror does not see: a capture the server's driver invalidated (it still reads ACTIVE until
+// cuStreamEndCapture reports the failure) and the capture's current dependency nodes (reported as none).
+
+namespace {
+
+// One capture sequence, as the server reported it at cuStreamBeginCapture.
+struct capture_sequence {
+    uint64_t id = 0;      // the driver's capture id
+    uint64_t graph = 0;   // the graph it captures into: a session handle, the application's after cuStreamEndCapture
+    uint64_t origin = 0;  // the key of the stream it began on
+};
+
+// Streams that capture: the ones a capture began on, and ones the server said joined a capture (a stream joins by
+// waiting on an event recorded in a capturing stream) until that capture ends.
+// locks: mu guards streams; `sequences` is also read without it, as the fast path of every query.
+struct capture_mirror {
+    std::mutex mu;
+    std::unordered_map<uint64_t, std::shared_ptr<const capture_sequence>> streams;  // stream key -> its capture
+    std::atomic<int> sequences{0};  // captures under way in this process
+};
+
+capture_mirror& captures() {
+    static auto* m = new capture_mirror();  // never destroyed: atexit handlers of the application may still query
+    return *m;
+}
+
+// The per-thread default stream is another stream on every thread: its key is this thread's.
+thread_local char per_thread_stream_key;
+uint64_t stream_key(CUstream s) {
+    uint64_t id = reinterpret_cast<uint64_t>(s);
+    return id == stream_per_thread ? reinterpret_cast<uint64_t>(&per_thread_stream_key) : id;
+}
+
+std::shared_ptr<const capture_sequence> sequence_of(uint64_t key) {
+    auto& m = captures();
+    std::lock_guard lock(m.mu);
+    auto it = m.streams.find(key);
+    return it == m.streams.end() ? nullptr : it->second;
+}
+
+// Drops `seq` and every stream that joined it. Caller holds captures().mu.
+void end_sequence(const capture_sequence* seq) {
+    auto& m = captures();
+    if (std::erase_if(m.streams, [&](auto& kv) { return kv.second.get() == seq; }) > 0) --m.sequences;
+}
+
+// The calling thread's capture mode, and per session the mode its lane's server thread was last given.
+thread_local CUstreamCaptureMode thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+struct lane_capture_mode {
+    const session* where;
+    CUstreamCaptureMode mode;
+};
+thread_local std::vector<lane_capture_mode> lane_modes;
+
+CUstreamCaptureMode& lane_mode(const session& s) {
+    for (auto& m : lane_modes)
+        if (m.where == &s) return m.mode;
+    lane_modes.push_back({&s, CU_STREAM_CAPTURE_MODE_GLOBAL});
+    return lane_modes.back().mode;
+}
+
+// The thread's mode matters to the server's driver only while a capture is under way (it decides which calls
+// are legal then), so it is sent, queued, only then; outside captures a lane is only ever brought back to the
+// default. A thread that left its mode away from the default before a capture began and makes no exchange
+// during it keeps the default on the server.
+void sync_lane_mode() {
+    auto& st = state::get();
+    if (!st.initialized()) return;
+    CUstreamCaptureMode& sent = lane_mode(st.remote());
+    if (sent == thread_capture_mode) return;
+    if (captures().sequences.load() == 0 && thread_capture_mode != CU_STREAM_CAPTURE_MODE_GLOBAL) return;
+    plain_call c(op::capture_mode, "cuThreadExchangeStreamCaptureMode");
+    c.arg(static_cast<uint64_t>(thread_capture_mode));
+    if (c.send_async() == CUDA_SUCCESS) sent = thread_capture_mode;
+}
+
+// The capture status of stream `s` (already checked) and its capture when known. With no capture under way, or for
+// a stream the mirror knows, the answer is immediate. Otherwise the server is asked: the stream may have joined a
+// capture, and the legacy stream answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking stream captures.
+CUresult capture_status(CUstream s, CUstreamCaptureStatus& status, uint64_t& id,
+                        std::shared_ptr<const capture_sequence>& seq) {
+    auto& m = captures();
+    status = CU_STREAM_CAPTURE_STATUS_NONE;
+    id = 0;
+    seq = nullptr;
+    if (m.sequences.load() == 0) return CUDA_SUCCESS;
+    uint64_t key = stream_key(s);
+    if ((seq = sequence_of(key))) {
+        status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        id = seq->id;
+        return CUDA_SUCCESS;
+    }
+    plain_call c(op::capture_status, "cuStreamIsCapturing");
+    c.handle(s, handle_kind::stream);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    status = c.out<CUstreamCaptureStatus>(0);
+    id = c.out<uint64_t>(1);
+    if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE) return CUDA_SUCCESS;
+    std::lock_guard lock(m.mu);
+    for (auto& [k, q] : m.streams) {
+        if (q->id == id) {
+            seq = q;
+            m.streams[key] = q;  // joined: remembered until the capture ends
+            break;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    if (static_cast<unsigned>(mode) > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::begin_capture, name);
+    c.handle(s, handle_kind::stream);
+    c.arg(static_cast<uint64_t>(mode));
+    c.arg(static_cast<uint64_t>(thread_capture_mode));  // the server gives its thread this mode first
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    lane_mode(state::get().remote()) = thread_capture_mode;
+    auto seq = std::make_shared<capture_sequence>();
+    seq->id = c.out<uint64_t>(0);
+    seq->graph = reinterpret_cast<uint64_t>(c.out_handle<CUgraph>(1, handle_kind::graph));
+    seq->origin = stream_key(s);
+    auto& m = captures();
+    std::lock_guard lock(m.mu);
+    if (auto it = m.streams.find(seq->origin); it != m.streams.end()) end_sequence(it->second.get());  // stale
+    m.streams[seq->origin] = std::move(seq);
+    ++m.sequences;
+    return CUDA_SUCCESS;
+}
+
+CUresult capture_info(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id_out, CUgraph* graph_out,
+                      const CUgraphNode** dependencies_out, const CUgraphEdgeData** edges_out, size_t* count_out) {
+    VCUDA_REQUIRE_INIT();
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    handle_info info;
+    if (!stream_info(s, info)) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t id = 0;
+    std::shared_ptr<const capture_sequence> seq;
+    if (CUresult rc = capture_status(s, *status, id, seq); rc != CUDA_SUCCESS) return rc;
+    bool active = *status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    if (id_out) *id_out = active ? id : 0;
+    if (graph_out) *graph_out = active && seq ? reinterpret_cast<CUgraph>(seq->graph) : nullptr;
+    // The dependency nodes belong to a graph the client holds no node handles of: none are reported.
+    if (dependencies_out) *dependencies_out = nullptr;
+    if (edges_out) *edges_out = nullptr;
+    if (count_out) *count_out = 0;
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+VCUDA_API cuStreamBeginCapture(CUstream s) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamBeginCapture, s);
+    return begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL, "cuStreamBeginCapture");
+}
+
+VCUDA_API cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamBeginCapture_v2, s, mode);
+    return begin_capture(s, mode, "cuStreamBeginCapture_v2");
+}
+
+VCUDA_API cuStreamEndCapture(CUstream s, CUgraph* graph) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamEndCapture, s, graph);
+    VCUDA_REQUIRE_INIT();
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t key = stream_key(s);
+    auto seq = sequence_of(key);
+    plain_call c(op::end_capture, "cuStreamEndCapture");
+    c.handle(s, handle_kind::stream);
+    c.arg(seq ? seq->graph : uint64_t{0});
+    CUresult rc = c.send_sync();
+    // The server says whether the stream still captures after a failure (wrong thread, say); without its word
+    // (an earlier queued call's error took the reply) the capture is taken as over, as most failures end it.
+    bool ended = rc == CUDA_SUCCESS || c.reply().outs.size() < 2 || c.out<uint64_t>(1) == 0;
+    uint64_t result = rc == CUDA_SUCCESS ? c.out<uint64_t>(0) : 0;
+    if (seq && ended) {
+        if (seq->graph != result) state::get().forget(seq->graph);
+        auto& m = captures();
+        std::lock_guard lock(m.mu);
+        if (seq->origin == key) end_sequence(seq.get());
+        else m.streams.erase(key);
+    }
+    *graph = rc == CUDA_SUCCESS ? c.out_handle<CUgraph>(0, handle_kind::graph) : nullptr;
+    return rc;
+}
+
 VCUDA_API cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) noexcept {
     VCUDA_TRACE_HOOK(cuStreamIsCapturing, s, status);
     VCUDA_REQUIRE_INIT();
     if (!status) return CUDA_ERROR_INVALID_VALUE;
     handle_info info;
     if (!stream_info(s, info)) return CUDA_ERROR_INVALID_HANDLE;
-    *status = CU_STREAM_CAPTURE_STATUS_NONE;  // graph capture is not forwarded yet
-    return CUDA_SUCCESS;
+    uint64_t id = 0;
+    std::shared_ptr<const capture_sequence> seq;
+    return capture_status(s, *status, id, seq);
+}
+
+VCUDA_API cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamGetCaptureInfo, s, status, id);
+    return capture_info(s, status, id, nullptr, nullptr, nullptr, nullptr);
+}
+
+VCUDA_API cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                                    const CUgraphNode** dependencies, size_t* count) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamGetCaptureInfo_v2, s, status, id, graph, dependencies, count);
+    return capture_info(s, status, id, graph, dependencies, nullptr, count);
+}
+
+VCUDA_API cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                                    const CUgraphNode** dependencies, const CUgraphEdgeData** edges,
+                                    size_t* count) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamGetCaptureInfo_v3, s, status, id, graph, dependencies, edges, count);
+    return capture_info(s, status, id, graph, dependencies, edges, count);
 }
 
 VCUDA_API cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) noexcept {
     VCUDA_TRACE_HOOK(cuThreadExchangeStreamCaptureMode, mode);
-    if (!mode) return CUDA_ERROR_INVALID_VALUE;
-    thread_local CUstreamCaptureMode current = CU_STREAM_CAPTURE_MODE_GLOBAL;
-    std::swap(current, *mode);
+    if (!mode || static_cast<unsigned>(*mode) > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+    std::swap(thread_capture_mode, *mode);
+    sync_lane_mode();
     return CUDA_SUCCESS;
 }
 

@@ -172,6 +172,7 @@ int lane::call(const call_request& rq, call_reply& rp) {
     }
     auto* r = root_of<wire::Reply>(*in);
     rp.result = r->result();
+    rp.fd = fs_.raw().take_fd();
     rp.outs.clear();
     if (r->outs()) rp.outs.assign(r->outs()->begin(), r->outs()->end());
     rp.blobs.clear();

@@ -39,6 +39,7 @@ struct call_reply {
     std::vector<uint64_t> outs;
     std::vector<std::vector<std::byte>> blobs;
     std::string detail;
+    int fd = -1;  // a file descriptor passed with the reply (Unix sockets); the caller owns it
     // Where a reply payload goes: into payload_dst (exactly payload_cap bytes expected) or, if null, `payload`.
     std::byte* payload_dst = nullptr;
     size_t payload_cap = 0;
@@ -116,6 +117,8 @@ public:
     lane* this_thread_lane();
     const std::vector<server_device>& devices() const { return devices_; }
     const std::string& address() const { return address_; }
+    // The server is on this host (Unix socket): pinned host memory can be shared with it.
+    bool local() const { return endpoint_.type == endpoint::kind::unix_socket; }
     bool lost() const { return lost_.load(); }
     void mark_lost(const std::string& why);
 

@@ -300,9 +300,15 @@ bool state::find_allocation(uint64_t p, size_t len, device_allocation& out) {
     --it;
     const auto& a = it->second;
     if (p - a.base >= a.size && !(a.size == 0 && p == a.base)) return false;
-    if (len > a.size - (p - a.base)) return false;
     out = a;
-    return true;
+    if (len <= a.size - (p - a.base)) return true;
+    // Ranges mapped back to back (the virtual memory API's chunks) can be used as one, as with the driver.
+    uint64_t end = a.base + a.size;
+    for (++it; it != allocations_.end() && it->first == end && it->second.device == a.device; ++it) {
+        end += it->second.size;
+        if (len <= end - p) return true;
+    }
+    return false;
 }
 
 void state::device_usage(int device, uint64_t& bytes, bool& has_context) {
@@ -314,9 +320,9 @@ void state::device_usage(int device, uint64_t& bytes, bool& has_context) {
     for (auto& [id, c] : contexts_) has_context |= c->device == device;  // primary contexts included
 }
 
-void state::add_host(uintptr_t base, size_t size, unsigned flags, bool registered) {
+void state::add_host(const host_allocation& h) {
     std::unique_lock lock(mu);
-    host_[base] = host_allocation{base, size, flags, registered};
+    host_[h.base] = h;
 }
 
 bool state::remove_host(uintptr_t base, host_allocation& out) {

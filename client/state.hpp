@@ -63,6 +63,12 @@ struct host_allocation {
     size_t size = 0;
     unsigned flags = 0;
     bool registered = false;  // cuMemHostRegister (memory the application owns) vs cuMemHostAlloc
+    // Pages shared with a server on this host (server/handlers_host.cpp): its address for them and the device
+    // pointer the GPU reaches them by. Zero for memory only this process has.
+    uint64_t server_addr = 0;
+    uint64_t device_ptr = 0;
+    class session* owner = nullptr;
+    bool shared() const { return server_addr != 0; }
 };
 
 // One entry of the journal: what a replay after a failover would redo.
@@ -116,7 +122,7 @@ public:
     void device_usage(int device, uint64_t& bytes, bool& has_context);
 
     // Host allocations made through the driver.
-    void add_host(uintptr_t base, size_t size, unsigned flags, bool registered);
+    void add_host(const host_allocation& h);
     bool remove_host(uintptr_t base, host_allocation& out);
     bool find_host(uintptr_t p, host_allocation& out);
 

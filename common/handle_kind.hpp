@@ -23,8 +23,9 @@ enum class handle_kind : uint8_t {
     mem_pool = 11,
     link_state = 12,
     array = 13,
+    mem_handle = 14,  // cuMemCreate's physical allocations (CUmemGenericAllocationHandle)
 };
-inline constexpr int handle_kind_count = 14;
+inline constexpr int handle_kind_count = 15;
 
 constexpr handle_kind kind_of(uint64_t id) { return static_cast<handle_kind>(id >> 56); }
 constexpr uint64_t make_handle(handle_kind k, uint32_t generation, uint32_t index) {
@@ -49,6 +50,7 @@ constexpr std::string_view to_string(handle_kind k) {
         case handle_kind::mem_pool: return "mem_pool";
         case handle_kind::link_state: return "link_state";
         case handle_kind::array: return "array";
+        case handle_kind::mem_handle: return "mem_handle";
     }
     return "unknown";
 }

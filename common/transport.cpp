@@ -121,14 +121,27 @@ transport_result<int> connect_fd(int fd, const sockaddr* addr, socklen_t len, st
 
 }  // namespace
 
-stream::stream(int fd) : fd_(fd) {}
-stream::stream(stream&& o) noexcept : fd_(o.fd_), lost_(o.lost_.load()), reported_(o.reported_.load()), peer_(std::move(o.peer_)) {
+namespace {
+bool is_unix_socket(int fd) {
+    sockaddr_storage sa{};
+    socklen_t len = sizeof sa;
+    return fd >= 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0 && sa.ss_family == AF_UNIX;
+}
+}  // namespace
+
+stream::stream(int fd) : fd_(fd), local_(is_unix_socket(fd)) {}
+stream::stream(stream&& o) noexcept
+    : fd_(o.fd_), local_(o.local_), lost_(o.lost_.load()), reported_(o.reported_.load()), peer_(std::move(o.peer_)),
+      received_fds_(std::move(o.received_fds_)) {
     o.fd_ = -1;
 }
 stream& stream::operator=(stream&& o) noexcept {
     if (this != &o) {
         if (fd_ >= 0) ::close(fd_);
+        close_received();
         fd_ = o.fd_;
+        local_ = o.local_;
+        received_fds_ = std::move(o.received_fds_);
         o.fd_ = -1;
         lost_ = o.lost_.load();
         reported_ = o.reported_.load();
@@ -138,6 +151,19 @@ stream& stream::operator=(stream&& o) noexcept {
 }
 stream::~stream() {
     if (fd_ >= 0) ::close(fd_);
+    close_received();
+}
+
+void stream::close_received() {
+    for (int fd : received_fds_) ::close(fd);
+    received_fds_.clear();
+}
+
+int stream::take_fd() {
+    if (received_fds_.empty()) return -1;
+    int fd = received_fds_.front();
+    received_fds_.pop_front();
+    return fd;
 }
 
 transport_result<stream> stream::connect(const endpoint& ep, std::chrono::milliseconds timeout) {
@@ -205,8 +231,10 @@ transport_result<void> stream::wait(short events, deadline until) {
     }
 }
 
-transport_result<void> stream::write_all(std::span<iovec> bufs, deadline until) {
+transport_result<void> stream::write_all(std::span<iovec> bufs, deadline until, int pass_fd) {
     if (fd_ < 0 || lost_) return unexpected{transport_error{transport_errc::closed, "connection closed"}};
+    if (pass_fd >= 0 && !local_) return unexpected{transport_error{transport_errc::io, "file descriptors pass only over Unix sockets"}};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
     size_t i = 0;
     while (i < bufs.size()) {
         if (bufs[i].iov_len == 0) {
@@ -216,7 +244,18 @@ transport_result<void> stream::write_all(std::span<iovec> bufs, deadline until) 
         msghdr m{};
         m.msg_iov = &bufs[i];
         m.msg_iovlen = std::min<size_t>(bufs.size() - i, IOV_MAX);
+        if (pass_fd >= 0) {  // rides on the first bytes that go out
+            std::memset(control, 0, sizeof control);
+            m.msg_control = control;
+            m.msg_controllen = sizeof control;
+            cmsghdr* c = CMSG_FIRSTHDR(&m);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int));
+            std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+        }
         ssize_t n = ::sendmsg(fd_, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) pass_fd = -1;
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -241,8 +280,31 @@ transport_result<void> stream::write_all(std::span<iovec> bufs, deadline until) 
 transport_result<void> stream::read_exact(void* buf, size_t n, deadline until) {
     if (fd_ < 0 || lost_) return unexpected{transport_error{transport_errc::closed, "connection closed"}};
     auto* p = static_cast<char*>(buf);
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
     while (n > 0) {
-        ssize_t r = ::recv(fd_, p, n, MSG_DONTWAIT);
+        ssize_t r;
+        if (local_) {  // descriptors passed with the bytes would be dropped by a plain recv
+            iovec iov{p, n};
+            msghdr m{};
+            m.msg_iov = &iov;
+            m.msg_iovlen = 1;
+            m.msg_control = control;
+            m.msg_controllen = sizeof control;
+            r = ::recvmsg(fd_, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+            if (r > 0) {
+                for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+                    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+                    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                    for (size_t k = 0; k < count; ++k) {
+                        int fd;
+                        std::memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
+                        received_fds_.push_back(fd);
+                    }
+                }
+            }
+        } else {
+            r = ::recv(fd_, p, n, MSG_DONTWAIT);
+        }
         if (r > 0) {
             p += r;
             n -= static_cast<size_t>(r);
@@ -380,7 +442,7 @@ void listener::close() {
 
 // ---------------------------------------------------------------- frame_stream
 
-transport_result<void> frame_stream::send(std::span<const outgoing_frame> frames, deadline until) {
+transport_result<void> frame_stream::send(std::span<const outgoing_frame> frames, deadline until, int pass_fd) {
     std::vector<std::byte> headers(frames.size() * frame_header_size);
     std::vector<iovec> iov;
     iov.reserve(frames.size() * 3);
@@ -395,7 +457,7 @@ transport_result<void> frame_stream::send(std::span<const outgoing_frame> frames
             iov.push_back({const_cast<std::byte*>(frames[i].payload.data()), frames[i].payload.size()});
     }
     std::lock_guard lock(*write_mutex_);
-    return s_.write_all(iov, until);
+    return s_.write_all(iov, until, pass_fd);
 }
 
 transport_result<frame> frame_stream::receive(deadline first_byte, std::chrono::milliseconds rest, const payload_sink& sink) {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -73,10 +74,16 @@ public:
 
     static transport_result<stream> connect(const endpoint& ep, std::chrono::milliseconds timeout);
 
-    // Writes every byte of every buffer (one writev per pass; partial writes continue).
-    transport_result<void> write_all(std::span<iovec> bufs, deadline until = never);
-    // Reads exactly n bytes; a peer that closes before n bytes is peer_lost.
+    // Writes every byte of every buffer (one writev per pass; partial writes continue). On a Unix socket,
+    // `pass_fd` >= 0 travels with the first bytes (SCM_RIGHTS); the caller still owns and closes its copy.
+    transport_result<void> write_all(std::span<iovec> bufs, deadline until = never, int pass_fd = -1);
+    // Reads exactly n bytes; a peer that closes before n bytes is peer_lost. File descriptors that arrive
+    // with the bytes (Unix sockets) are kept, in order, for take_fd().
     transport_result<void> read_exact(void* buf, size_t n, deadline until = never);
+    // The oldest file descriptor received and not yet taken (the caller owns it), or -1.
+    int take_fd();
+    // Both ends on this host: a Unix socket, which can pass file descriptors and so share memory.
+    bool is_local() const { return local_; }
 
     // Ends the connection: pending and later reads and writes fail with `closed`.
     void shutdown();
@@ -89,10 +96,14 @@ private:
     transport_error lost(std::string why);
     transport_result<void> wait(short events, deadline until);
 
+    void close_received();
+
     int fd_ = -1;
+    bool local_ = false;
     std::atomic<bool> lost_{false};
     std::atomic<bool> reported_{false};
     std::string peer_;
+    std::deque<int> received_fds_;  // touched by the reading thread only
 };
 
 class listener {
@@ -139,8 +150,11 @@ public:
     explicit frame_stream(stream s, frame_limits limits = {}) : s_(std::move(s)), limits_(limits) {}
 
     // Sends the frames in order in one scatter-gather write (split only where the system's iovec limit forces it).
-    transport_result<void> send(std::span<const outgoing_frame> frames, deadline until = never);
-    transport_result<void> send(const outgoing_frame& f, deadline until = never) { return send({&f, 1}, until); }
+    // `pass_fd` >= 0: a file descriptor that travels with the frames (Unix sockets only; see stream::write_all).
+    transport_result<void> send(std::span<const outgoing_frame> frames, deadline until = never, int pass_fd = -1);
+    transport_result<void> send(const outgoing_frame& f, deadline until = never, int pass_fd = -1) {
+        return send({&f, 1}, until, pass_fd);
+    }
 
     // Receives one frame: waits up to `first_byte` for it to start, then up to `rest` for the remainder.
     transport_result<frame> receive(deadline first_byte = never, std::chrono::milliseconds rest = std::chrono::seconds(30),

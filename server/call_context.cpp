@@ -1,5 +1,7 @@
 #include "server/call_context.hpp"
 
+#include <unistd.h>
+
 #include "common/log.hpp"
 #include "common/wire.hpp"
 
@@ -61,6 +63,10 @@ CUresult call_context::unsupported(const char* name) {
     return fail(CUDA_ERROR_NOT_SUPPORTED, std::string(name) + " is not available in this server's driver");
 }
 
+call_context::~call_context() {
+    if (reply_fd >= 0) ::close(reply_fd);
+}
+
 transport_result<void> send_reply(call_context& cx, CUresult rc, uint64_t payload_len) {
     flatbuffers::FlatBufferBuilder b(256);
     std::vector<flatbuffers::Offset<wire::Blob>> blobs;
@@ -81,7 +87,7 @@ transport_result<void> send_reply(call_context& cx, CUresult rc, uint64_t payloa
         iovec iov[2] = {{header, frame_header_size}, {const_cast<std::byte*>(f.meta.data()), f.meta.size()}};
         return cx.lane.stream->raw().write_all(iov);
     }
-    return cx.lane.stream->send(f);
+    return cx.lane.stream->send(f, never, rc == CUDA_SUCCESS ? cx.reply_fd : -1);
 }
 
 }  // namespace vcuda::server

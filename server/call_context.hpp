@@ -26,6 +26,9 @@ class call_context {
 public:
     call_context(session& s, lane_state& l, const wire::Call& call, frame& f, staging_pool::buffer* staged)
         : sess(s), lane(l), call_(call), frame_(f), staged_(staged) {}
+    ~call_context();
+    call_context(const call_context&) = delete;
+    call_context& operator=(const call_context&) = delete;
 
     session& sess;
     lane_state& lane;
@@ -92,6 +95,7 @@ public:
     std::vector<std::byte> reply_payload;
     std::string detail;
     bool replied = false;  // the handler sent its reply itself (streamed payloads)
+    int reply_fd = -1;     // a file descriptor to pass with a successful reply (Unix sockets); closed after
 
 private:
     const wire::Call& call_;

@@ -4,6 +4,7 @@
 // locks: none inside; the session's mutex guards it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 
@@ -23,6 +24,13 @@ public:
     void release_all();
 
     uint64_t mapped() const { return mapped_; }  // bytes of GPU memory this session holds
+    // Physical memory the session creates itself (cuMemCreate) counts against the same quota.
+    bool charge(size_t size) {
+        if (quota_ && (size > quota_ || mapped_ > quota_ - size)) return false;
+        mapped_ += size;
+        return true;
+    }
+    void credit(size_t size) { mapped_ -= std::min<uint64_t>(size, mapped_); }
     uint64_t quota() const { return quota_; }
     size_t allocation_count() const { return allocations_.size(); }
 

@@ -1,6 +1,8 @@
 // vcuda-server: serves one host's GPUs to vcuda clients (VMs, containers, GPU-less nodes).
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -67,6 +69,10 @@ int main(int argc, char** argv) {
     app.add_option("--memory-quota", quota_text,
                    "GPU memory each session may hold per GPU, e.g. 8GiB (default: the whole GPU). Allocations past it fail "
                    "with CUDA_ERROR_OUT_OF_MEMORY; cuMemGetInfo and the device's total memory report it.");
+    std::string host_quota_text;
+    app.add_option("--host-memory-quota", host_quota_text,
+                   "Pinned host memory each session on this host (Unix socket) may share with the server, e.g. 16GiB "
+                   "(default: half of this machine's memory). Past it, cuMemHostAlloc fails with CUDA_ERROR_OUT_OF_MEMORY.");
     app.add_option("--log-level", level, "trace, debug, info, warn, error or off (default info; env VCUDA_LOG_LEVEL)");
     std::string manager, secret_file;
     std::vector<std::string> advertise;
@@ -89,6 +95,14 @@ int main(int argc, char** argv) {
     if (!quota_text.empty() && (!parse_size(quota_text, opts.memory_quota) || opts.memory_quota == 0)) {
         std::cerr << "vcuda-server: --memory-quota: '" << quota_text << "' is not a size (examples: 512MiB, 8GiB)\n";
         return 2;
+    }
+    if (!host_quota_text.empty()) {
+        if (!parse_size(host_quota_text, opts.host_memory_quota) || opts.host_memory_quota == 0) {
+            std::cerr << "vcuda-server: --host-memory-quota: '" << host_quota_text << "' is not a size (examples: 512MiB, 8GiB)\n";
+            return 2;
+        }
+    } else {
+        opts.host_memory_quota = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE)) / 2;
     }
     if (listen.empty()) listen.push_back("127.0.0.1:7300");
     if (!manager.empty()) {

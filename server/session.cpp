@@ -1,5 +1,7 @@
 #include "server/session.hpp"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <random>
 
@@ -48,11 +50,41 @@ bool session::owns_range(CUdeviceptr p, size_t n) {
     std::lock_guard lock(mu);
     for (auto& s : devices_)
         if (s.memory->contains(p, n)) return true;
+    if (auto m = vmm_mapped.upper_bound(p); m != vmm_mapped.begin()) {
+        --m;
+        if (p - m->first < m->second.size) {  // mappings back to back count as one range, as with the driver
+            uint64_t end = m->first + m->second.size;
+            for (++m; n > end - p && m != vmm_mapped.end() && m->first == end; ++m) end += m->second.size;
+            if (n <= end - p) return true;
+        }
+    }
     auto it = globals.upper_bound(p);
     if (it == globals.begin()) return false;
     --it;
     size_t size = it->second.first;
     return p - it->first < size && n <= size - (p - it->first);
+}
+
+void session::release_vmm() {
+    auto& d = api();
+    std::lock_guard lock(mu);
+    if (vmm_mapped.empty() && vmm_reserved.empty() && vmm_allocations.empty()) return;
+    for (auto& s : devices_)
+        if (s.ctx) {
+            d.cuCtxSetCurrent(s.ctx);
+            d.cuCtxSynchronize();
+            break;
+        }
+    for (auto& [va, m] : vmm_mapped) d.cuMemUnmap(va, m.size);
+    vmm_mapped.clear();
+    for (auto& [va, size] : vmm_reserved) d.cuMemAddressFree(va, size);
+    vmm_reserved.clear();
+    handles.for_each([&](uint64_t, handle_entry& e) {
+        if (e.kind != handle_kind::mem_handle) return;
+        d.cuMemRelease(reinterpret_cast<CUmemGenericAllocationHandle>(e.raw));
+    });
+    for (auto& [id, a] : vmm_allocations) devices_[a.device].memory->credit(a.size);
+    vmm_allocations.clear();
 }
 
 void session::release_device(size_t device) {
@@ -112,7 +144,37 @@ void session::end(const std::string& why) {
     for (auto* fs : streams_) fs->shutdown();
 }
 
+bool session::owns_host(uintptr_t p, size_t n) {
+    std::lock_guard lock(mu);
+    auto it = host_regions.upper_bound(p);
+    if (it == host_regions.begin()) return false;
+    --it;
+    size_t size = it->second.size;
+    return p - it->first < size && n <= size - (p - it->first);
+}
+
+void session::release_host_regions() {
+    auto& d = api();
+    std::lock_guard lock(mu);
+    if (host_regions.empty()) return;
+    // Unregistering needs a context; any of the session's will do (the regions are portable).
+    for (auto& s : devices_)
+        if (s.ctx) {
+            d.cuCtxSetCurrent(s.ctx);
+            d.cuCtxSynchronize();  // no copy may still use the pages
+            break;
+        }
+    for (auto& [addr, r] : host_regions) {
+        d.cuMemHostUnregister(reinterpret_cast<void*>(addr));
+        ::munmap(reinterpret_cast<void*>(addr), r.size);
+    }
+    host_regions.clear();
+    host_bytes = 0;
+}
+
 void session::release_all() {
+    release_host_regions();  // while the contexts still exist
+    release_vmm();
     for (size_t i = 0; i < devices_.size(); ++i) release_device(i);
     std::lock_guard lock(mu);
     images.clear();

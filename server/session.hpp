@@ -24,6 +24,7 @@ namespace vcuda::server {
 
 struct server_options {
     uint64_t memory_quota = 0;  // bytes per GPU per session; 0 = the GPU's own memory
+    uint64_t host_memory_quota = 0;  // pinned host memory shared with a local client, bytes per session; 0 = none
     std::string secret;         // shared with the manager: when set, every session needs a valid lease token
 };
 
@@ -53,9 +54,44 @@ public:
     // The session's context on `device`, created on first use. Null with `rc` set if creation failed.
     CUcontext context(size_t device, CUresult& rc);
     device_memory& memory(size_t device) { return *devices_[device].memory; }
+    // The real CUdevice behind the session's device index.
+    CUresult real_device(size_t device, CUdevice& out) const {
+        if (device >= devices_.size() || !devices_[device].allowed) return CUDA_ERROR_INVALID_DEVICE;
+        out = devices_[device].device;
+        return CUDA_SUCCESS;
+    }
 
     // True when [p, p+n) is this session's memory on any of its GPUs (allocations or module globals).
     bool owns_range(CUdeviceptr p, size_t n);
+
+    // Pinned host memory shared with a client on this host (client and server map the same pages): mapped
+    // and registered with the driver by handlers_host.cpp, released at session end.
+    struct host_region {
+        size_t size = 0;
+    };
+    std::map<uintptr_t, host_region> host_regions;  // under mu: server address -> region
+    uint64_t host_bytes = 0;                        // under mu
+    uint64_t host_quota() const { return opts_.host_memory_quota; }
+    // True when [p, p+n) lies inside one of this session's host regions.
+    bool owns_host(uintptr_t p, size_t n);
+    void release_host_regions();
+
+    // The virtual memory management API as the application uses it (server/handlers_vmm.cpp): its address
+    // reservations and what is mapped in them. Physical allocations are handles (mem_handle) whose size is
+    // charged to the device's quota at creation.
+    struct vmm_mapping {
+        size_t size = 0;
+        uint64_t handle = 0;  // the mem_handle id mapped here
+    };
+    std::map<CUdeviceptr, size_t> vmm_reserved;       // under mu: start -> size
+    std::map<CUdeviceptr, vmm_mapping> vmm_mapped;    // under mu: start -> mapping
+    struct vmm_allocation {
+        size_t size = 0;
+        size_t device = 0;  // charged to this device's quota
+        int maps = 0;       // mappings that use it
+    };
+    std::map<uint64_t, vmm_allocation> vmm_allocations;  // under mu: mem_handle id -> allocation
+    void release_vmm();
 
     // Ends the session's use of `device` (context reset) or of everything (session end).
     void release_device(size_t device);

@@ -298,8 +298,9 @@ def client_plain(name, spec, params):
     roles = classify(name, params, spec['annot'])
     lines = [f'__attribute__((visibility("default"))) CUresult {name}({cdecl(params)}) noexcept {{',
              f'    {trace_hook(name, params)}']
+    optional = 'optional_outs' in spec['annot']  # the driver lets callers pass NULL for outputs they skip
     for role, typ, pname, kind in roles:
-        if role.startswith('out'):
+        if role.startswith('out') and not optional:
             lines.append(f'    if (!{pname}) return CUDA_ERROR_INVALID_VALUE;')
     lines.append(f'    plain_call c(vcuda::op::{name}, "{name}");')
     for role, typ, pname, kind in roles:
@@ -319,7 +320,7 @@ def client_plain(name, spec, params):
     i = 0
     for role, typ, pname, kind in roles:
         if role == 'out_scalar':
-            lines.append(f'    *{pname} = c.out<{typ}>({i});')
+            lines.append(f'    {"if (" + pname + ") " if optional else ""}*{pname} = c.out<{typ}>({i});')
             i += 1
         elif role == 'out_handle':
             lines.append(f'    *{pname} = c.out_handle<{typ}>({i}, handle_kind::{kind});')

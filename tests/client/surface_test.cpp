@@ -189,8 +189,8 @@ TEST_CASE("cuGetErrorName and cuGetErrorString answer locally", "[unit]") {
 }
 
 TEST_CASE("functions vcuda does not implement answer CUDA_ERROR_NOT_SUPPORTED", "[unit]") {
-    auto f = reinterpret_cast<CUresult (*)(CUgraph*, unsigned)>(dlsym(client(), "cuGraphCreate"));
+    auto f = reinterpret_cast<CUresult (*)(CUgraph*, CUgraph)>(dlsym(client(), "cuGraphClone"));
     REQUIRE(f);
     CUgraph g;
-    CHECK(f(&g, 0) == CUDA_ERROR_NOT_SUPPORTED);
+    CHECK(f(&g, nullptr) == CUDA_ERROR_NOT_SUPPORTED);
 }

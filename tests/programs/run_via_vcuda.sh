@@ -6,12 +6,13 @@
 # On failure it prints the program's output and the server's log.
 #
 # Usage: run_via_vcuda.sh --build-dir DIR [--transport unix|tcp] [--env NAME=VALUE]... [--server-arg=ARG]...
-#                         [--timeout SECONDS] [--driver PATH] -- PROGRAM [ARGS...]
+#                         [--timeout SECONDS] [--driver PATH] [--expect-exit N] -- PROGRAM [ARGS...]
 #   --transport      unix (default) or tcp (127.0.0.1 and a free port)
 #   --env            set for the program only (repeatable), e.g. --env CUDA_MODULE_LOADING=EAGER
 #   --server-arg     one extra server argument (repeatable), e.g. --server-arg=--memory-quota --server-arg=1GiB
 #   --timeout        kill the program after this many seconds (default 120)
 #   --driver         the driver library the server loads (default BUILD/lib/libvcuda-softdriver.so)
+#   --expect-exit    the program must exit with N (a refusal it reports), not pass; the server must live on
 set -u
 
 build_dir=""
@@ -20,6 +21,8 @@ timeout_s=120
 driver=""
 prog_env=()
 server_args=()
+expect_exit=""
+
 
 die() {
     echo "run_via_vcuda: $*" >&2
@@ -40,8 +43,9 @@ while [ $# -gt 0 ]; do
         --timeout=*) timeout_s="${1#*=}"; shift ;;
         --driver) [ $# -ge 2 ] || die "--driver needs a value"; driver="$2"; shift 2 ;;
         --driver=*) driver="${1#*=}"; shift ;;
+        --expect-exit) [ $# -ge 2 ] || die "--expect-exit needs a value"; expect_exit="$2"; shift 2 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
@@ -184,7 +188,11 @@ server_alive=1
 kill -0 "$server_pid" 2>/dev/null || server_alive=0
 
 why=""
-if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+if [ -n "$expect_exit" ]; then
+    if [ "$rc" != "$expect_exit" ]; then why="exit code $rc, expected $expect_exit"
+    elif [ "$server_alive" != 1 ]; then why="the server died"
+    fi
+elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
     why="timed out after ${timeout_s} s"
 elif [ "$rc" != 0 ]; then
     why="exit code $rc"

@@ -106,9 +106,13 @@ void release_context_resources(state& s, context_obj& c) {
             case kind::event:
                 if (static_cast<event_obj*>(obj.get())->ctx == c.handle) others.push_back(h);
                 break;
+            case kind::graph_exec:
+                if (static_cast<graph_exec_obj*>(obj.get())->ctx == c.handle) others.push_back(h);
+                break;
             default: break;
         }
     }
+    end_captures_of(s, c.handle);
     for (uint64_t h : modules) destroy_module(s, h);
     for (uint64_t h : functions)
         if (s.find<function_obj>(h) != nullptr) destroy_function(s, h);

@@ -1,7 +1,8 @@
 // The software test driver: copies and memsets. Every call is checked under the lock like the real driver
 // checks it at call time (device ranges must lie in recorded memory, pitches must hold a row), then runs at once
 // in the calling thread with the lock released. The Async forms check their stream and are just as synchronous:
-// when they return, the bytes are there. CUDA arrays are not supported (CUDA_ERROR_NOT_SUPPORTED).
+// when they return, the bytes are there (on a capturing stream they are recorded into the capture's graph instead).
+// CUDA arrays are not supported (CUDA_ERROR_NOT_SUPPORTED).
 #include <algorithm>
 #include <cstring>
 
@@ -181,21 +182,24 @@ namespace {
 uintptr_t addr(CUdeviceptr p) { return static_cast<uintptr_t>(p); }
 uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
-// A synchronous operation: needs a current context.
+// A synchronous operation: needs a current context. It uses the legacy stream, off limits while a blocking
+// stream captures.
 template <class F>
 CUresult sync_op(F&& f) noexcept {
     return entry_then([&](state& s, work& w) -> CUresult {
         if (CUresult r = sync_context(s); r != CUDA_SUCCESS) return r;
-        return f(s, w);
+        if (CUresult r = f(s, w); r != CUDA_SUCCESS) return r;
+        return capture_or_run(s, CU_STREAM_LEGACY, w);
     });
 }
 
-// An asynchronous operation: its stream must be valid.
+// An asynchronous operation: its stream must be valid. On a capturing stream it is recorded, not run.
 template <class F>
 CUresult async_op(CUstream stream, F&& f) noexcept {
     return entry_then([&](state& s, work& w) -> CUresult {
         if (CUresult r = check_stream(s, stream); r != CUDA_SUCCESS) return r;
-        return f(s, w);
+        if (CUresult r = f(s, w); r != CUDA_SUCCESS) return r;
+        return capture_or_run(s, stream, w);
     });
 }
 

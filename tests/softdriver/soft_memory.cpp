@@ -352,6 +352,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes
         if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
         context_obj* c = nullptr;
         if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+        if (CUresult r = check_unsafe_call(s); r != CUDA_SUCCESS) return r;
         return device_alloc(s, *c, bytesize, range_kind::device, 0, dptr);
     });
 }
@@ -388,6 +389,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
         if (dptr == 0) return CUDA_SUCCESS;
         context_obj* c = nullptr;
         if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+        if (CUresult r = check_unsafe_call(s); r != CUDA_SUCCESS) return r;
         auto it = s.ranges.find(static_cast<uintptr_t>(dptr));
         if (it == s.ranges.end() || (it->second.k != range_kind::device && it->second.k != range_kind::managed))
             return CUDA_ERROR_INVALID_VALUE;
@@ -457,6 +459,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* han
                                                const CUmemAllocationProp* prop, unsigned long long flags) {
     return entry([&](state& s) -> CUresult {
         if (handle == nullptr || flags != 0 || size == 0 || size % vmm_granularity != 0) return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult r = check_unsafe_call(s); r != CUDA_SUCCESS) return r;
         CUresult err = CUDA_SUCCESS;
         if (!valid_alloc_prop(s, prop, err)) return err;
         const unsigned known = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_WIN32 |

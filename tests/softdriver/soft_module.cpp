@@ -306,10 +306,17 @@ CUresult prepare_launch(state& s, work& w, const launch_request& q) {
         auto* bytes = reinterpret_cast<char*>(buffer->data());
         for (size_t i = 0; i < count; ++i) (*params)[i] = bytes + offsets[i];
     } else if (count > 0) {
+        // Copied, as the real driver copies them at launch: a captured launch runs after the caller's are gone.
         if (q.kernel_params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        std::vector<size_t> offsets = param_offsets(*k);
+        const size_t needed = offsets.back() + k->param_sizes.back();
+        buffer = std::make_shared<std::vector<std::max_align_t>>((needed + sizeof(std::max_align_t) - 1) /
+                                                                 sizeof(std::max_align_t));
+        auto* bytes = reinterpret_cast<char*>(buffer->data());
         for (size_t i = 0; i < count; ++i) {
             if (q.kernel_params[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
-            (*params)[i] = q.kernel_params[i];
+            std::memcpy(bytes + offsets[i], q.kernel_params[i], k->param_sizes[i]);
+            (*params)[i] = bytes + offsets[i];
         }
     }
 
@@ -327,7 +334,7 @@ CUresult prepare_launch(state& s, work& w, const launch_request& q) {
         }
         return CUDA_SUCCESS;
     };
-    return CUDA_SUCCESS;
+    return capture_or_run(s, q.stream, w);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -56,7 +57,7 @@ inline constexpr int regs_per_sm = 65536;
 inline constexpr int regs_per_thread = 32;
 inline constexpr int least_stream_priority = 0, greatest_stream_priority = -5;
 
-enum class kind : uint8_t { context = 1, stream, event, module, library, kernel, function, mem_handle };
+enum class kind : uint8_t { context = 1, stream, event, module, library, kernel, function, mem_handle, graph, graph_exec };
 
 inline constexpr uint64_t handle_tag = uint64_t{0x5c0d} << 48;
 
@@ -88,6 +89,7 @@ struct stream_obj : object {
     unsigned flags = 0;
     int priority = 0;
     uint64_t id = 0;
+    uint64_t capture = 0;  // the capture sequence it records into (0: none; stale once that capture ended)
 };
 
 struct event_obj : object {
@@ -97,6 +99,20 @@ struct event_obj : object {
     unsigned flags = 0;
     bool recorded = false;
     std::chrono::steady_clock::time_point when{};
+    uint64_t capture = 0;  // last recorded inside this capture sequence: a stream waiting on it joins the capture
+};
+
+// A stream capture under way (cuStreamBeginCapture .. cuStreamEndCapture): the work of its streams is recorded
+// into its graph instead of running.
+struct capture_seq {
+    uint64_t id = 0;
+    uint64_t graph = 0;
+    uint64_t ctx = 0;
+    uint64_t origin = 0;    // the stream it began on (the handle as given)
+    bool blocking = false;  // the origin synchronizes with the legacy stream, which is then off limits
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    std::thread::id thread;  // the thread that began it
+    bool invalidated = false;
 };
 
 // Function attributes that can be set; the rest are constants (soft_module.cpp).
@@ -201,6 +217,8 @@ struct state {
     uint64_t next_buffer_id = 1;
     uint64_t next_ctx_id = 1;
     uint64_t next_stream_id = 16;
+    std::map<uint64_t, capture_seq> captures;  // by capture id; ids are never reused
+    uint64_t next_capture_id = 1;
 
     template <class T>
     T* find(uint64_t h) {
@@ -278,6 +296,22 @@ CUresult entry_then(F&& f) noexcept {
     });
 }
 
+// A graph: the work captured into it, replayed in order (a capture is one chain, and execution is in order
+// anyway). Executable graphs share the list: a graph is never edited, only captured into.
+struct graph_obj : object {
+    static constexpr kind tag = kind::graph;
+    graph_obj() : object(tag) {}
+    std::vector<work> nodes;
+    uint64_t capture = 0;  // the capture recording into it, while one does
+};
+
+struct graph_exec_obj : object {
+    static constexpr kind tag = kind::graph_exec;
+    graph_exec_obj() : object(tag) {}
+    uint64_t ctx = 0;
+    std::shared_ptr<const std::vector<work>> nodes;
+};
+
 // --- Contexts (soft_context.cpp). The calling thread's current context, if it is usable.
 context_obj* current_context(state& s);
 // The current context or CUDA_ERROR_INVALID_CONTEXT.
@@ -290,6 +324,27 @@ void release_context_resources(state& s, context_obj& c);
 // --- Streams (soft_stream.cpp). Checks a stream argument; special handles need a current context.
 // On success *ctx is the context the stream belongs to.
 CUresult check_stream(state& s, CUstream h, context_obj** ctx = nullptr);
+
+// --- Stream capture (soft_graph.cpp).
+// The work an operation on `stream` left: recorded into the capture's graph when the stream captures (w is
+// emptied), else left to run. Using the legacy stream while a blocking stream of its context captures fails with
+// CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidates those captures.
+CUresult capture_or_run(state& s, CUstream stream, work& w);
+// The capture `stream` records into, or null (a stale reference to an ended capture is dropped here).
+capture_seq* capture_of(state& s, CUstream stream);
+// Where `stream` keeps the id of the capture it belongs to; null for the legacy stream, which cannot capture.
+uint64_t* capture_slot(state& s, CUstream stream);
+// True when `stream` is the legacy stream and a blocking stream of its context captures.
+bool blocked_by_capture(state& s, CUstream stream);
+// Synchronizing with `stream` (cuStreamSynchronize, cuStreamQuery): not while it captures (the capture is
+// invalidated), nor with the legacy stream while a blocking stream captures.
+CUresult check_not_capturing(state& s, CUstream stream);
+// A potentially unsafe call (allocations) while captures are under way: refused by the calling thread's capture
+// mode (cuThreadExchangeStreamCaptureMode) with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
+CUresult check_unsafe_call(state& s);
+CUstreamCaptureMode thread_capture_mode();  // soft_stream.cpp
+// Forgets the captures of context `ctx` and their graphs (context destroyed or reset).
+void end_captures_of(state& s, uint64_t ctx);
 
 // --- Memory (soft_memory.cpp).
 mem_range* find_range(state& s, uintptr_t p);

@@ -2,7 +2,7 @@
 // thread, so every stream is always complete and every recorded event has happened; what remains is the
 // bookkeeping and the call-time checks of the real driver. NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are
 // valid wherever a stream is taken (they need a current context). Host functions and stream callbacks run at
-// once, with the driver's lock released.
+// once, with the driver's lock released. Capture status queries are here; the capture itself is soft_graph.cpp.
 #include <chrono>
 
 #include "soft_state.hpp"
@@ -34,6 +34,15 @@ CUresult record_event(state& s, CUevent ev, CUstream stream) {
     event_obj* e = s.find<event_obj>(ev);
     if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
     if (CUresult r = check_stream(s, stream); r != CUDA_SUCCESS) return r;
+    // Recorded inside a capture: nothing happens now; the event marks a point other streams can join at.
+    if (capture_seq* q = capture_of(s, stream)) {
+        if (q->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        e->capture = q->id;
+        return CUDA_SUCCESS;
+    }
+    work none;
+    if (CUresult r = capture_or_run(s, stream, none); r != CUDA_SUCCESS) return r;
+    e->capture = 0;
     e->recorded = true;
     e->when = std::chrono::steady_clock::now();
     return CUDA_SUCCESS;
@@ -51,7 +60,40 @@ CUresult elapsed(state& s, float* ms, CUevent start, CUevent end) {
     return CUDA_SUCCESS;
 }
 
+// Waiting for an event recorded inside a capture that is still under way is not allowed.
+CUresult check_event_waitable(state& s, event_obj& e) {
+    if (e.capture != 0 && s.captures.count(e.capture) != 0) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    return CUDA_SUCCESS;
+}
+
+// cuStreamIsCapturing / cuStreamGetCaptureInfo: the status of `h` and its capture, if any.
+CUresult capture_status(state& s, CUstream h, CUstreamCaptureStatus& status, capture_seq*& q) {
+    if (CUresult r = check_stream(s, h); r != CUDA_SUCCESS) return r;
+    if (blocked_by_capture(s, h)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    q = capture_of(s, h);
+    status = q == nullptr      ? CU_STREAM_CAPTURE_STATUS_NONE
+             : q->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                              : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    return CUDA_SUCCESS;
+}
+
+CUresult capture_info(state& s, CUstream h, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                      const CUgraphNode** dependencies, const CUgraphEdgeData** edges, size_t* count) {
+    if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    capture_seq* q = nullptr;
+    if (CUresult r = capture_status(s, h, *status, q); r != CUDA_SUCCESS) return r;
+    if (id != nullptr) *id = q != nullptr ? q->id : 0;
+    if (graph != nullptr) *graph = q != nullptr ? to_handle<CUgraph>(q->graph) : nullptr;
+    // Captured work has no node objects here: no dependencies are reported.
+    if (dependencies != nullptr) *dependencies = nullptr;
+    if (edges != nullptr) *edges = nullptr;
+    if (count != nullptr) *count = 0;
+    return CUDA_SUCCESS;
+}
+
 }  // namespace
+
+CUstreamCaptureMode thread_capture_mode() { return capture_mode; }
 
 CUresult check_stream(state& s, CUstream h, context_obj** ctx) {
     context_obj* c = nullptr;
@@ -85,24 +127,45 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
     return entry([&](state& s) -> CUresult {
         stream_obj* st = s.find<stream_obj>(hStream);
         if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        // A capture begun on it ends with it, its graph unfinished.
+        if (capture_seq* q = capture_of(s, hStream); q != nullptr && q->origin == st->handle) {
+            s.erase(q->graph);
+            s.captures.erase(q->id);
+        }
         s.erase(st->handle);
         return CUDA_SUCCESS;
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
-    return entry([&](state& s) { return check_stream(s, hStream); });
+    return entry([&](state& s) -> CUresult {
+        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        return check_not_capturing(s, hStream);
+    });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
-    return entry([&](state& s) { return check_stream(s, hStream); });
+    return entry([&](state& s) -> CUresult {
+        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        return check_not_capturing(s, hStream);
+    });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
     return entry([&](state& s) -> CUresult {
         if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
-        if (s.find<event_obj>(hEvent) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        event_obj* e = s.find<event_obj>(hEvent);
+        if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
         if ((Flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
+        work none;
+        if (CUresult r = capture_or_run(s, hStream, none); r != CUDA_SUCCESS) return r;
+        // An event recorded in a capture under way: the waiting stream joins that capture.
+        if (e->capture == 0 || s.captures.count(e->capture) == 0) return CUDA_SUCCESS;
+        capture_seq* q = capture_of(s, hStream);
+        if (q != nullptr) return q->id == e->capture ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+        uint64_t* slot = capture_slot(s, hStream);
+        if (slot == nullptr) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;  // the legacy stream cannot capture
+        *slot = e->capture;
         return CUDA_SUCCESS;
     });
 }
@@ -169,13 +232,21 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetDevice(CUstream hStream, CUdevice*
     });
 }
 
-// Stream capture is not supported: no stream is ever capturing.
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
     return entry([&](state& s) -> CUresult {
         if (captureStatus == nullptr) return CUDA_ERROR_INVALID_VALUE;
-        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
-        *captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
-        return CUDA_SUCCESS;
+        capture_seq* q = nullptr;
+        return capture_status(s, hStream, *captureStatus, q);
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                                             cuuint64_t* id_out, CUgraph* graph_out,
+                                                             const CUgraphNode** dependencies_out,
+                                                             size_t* numDependencies_out) {
+    return entry([&](state& s) {
+        return capture_info(s, hStream, captureStatus_out, id_out, graph_out, dependencies_out, nullptr,
+                            numDependencies_out);
     });
 }
 
@@ -184,11 +255,9 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hStream, C
                                                              const CUgraphNode** dependencies_out,
                                                              const CUgraphEdgeData** edgeData_out,
                                                              size_t* numDependencies_out) {
-    return entry([&](state& s) -> CUresult {
-        if (captureStatus_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
-        *captureStatus_out = CU_STREAM_CAPTURE_STATUS_NONE;
-        return CUDA_SUCCESS;
+    return entry([&](state& s) {
+        return capture_info(s, hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+                            numDependencies_out);
     });
 }
 
@@ -213,7 +282,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn f
             fn(userData);
             return CUDA_SUCCESS;
         };
-        return CUDA_SUCCESS;
+        return capture_or_run(s, hStream, w);
     });
 }
 
@@ -222,6 +291,12 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamAddCallback(CUstream hStream, CUstrea
     return entry_then([&](state& s, work& w) -> CUresult {
         if (callback == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
         if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        if (capture_seq* q = capture_of(s, hStream)) {  // callbacks cannot be captured (cuLaunchHostFunc can)
+            q->invalidated = true;
+            return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+        work none;
+        if (CUresult r = capture_or_run(s, hStream, none); r != CUDA_SUCCESS) return r;
         w = [hStream, callback, userData]() -> CUresult {
             callback(hStream, CUDA_SUCCESS, userData);
             return CUDA_SUCCESS;
@@ -261,13 +336,15 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstre
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
     return entry([&](state& s) -> CUresult {
-        return s.find<event_obj>(hEvent) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+        event_obj* e = s.find<event_obj>(hEvent);
+        return e != nullptr ? check_event_waitable(s, *e) : CUDA_ERROR_INVALID_HANDLE;
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
     return entry([&](state& s) -> CUresult {
-        return s.find<event_obj>(hEvent) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+        event_obj* e = s.find<event_obj>(hEvent);
+        return e != nullptr ? check_event_waitable(s, *e) : CUDA_ERROR_INVALID_HANDLE;
     });
 }
 

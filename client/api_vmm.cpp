@@ -1,0 +1,197 @@
+// The virtual memory management API (cuMemAddressReserve, cuMemCreate, cuMemMap, ...), forwarded to the server
+// of the device the properties name (server/handlers_vmm.cpp). Reservations are also made here, PROT_NONE, so
+// that nothing of this process lands in the device's address range; mapped ranges join the mirror's device
+// allocations, so copies and pointer queries know them.
+#include <sys/mman.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "client/plain_call.hpp"
+#include "client/remote_call.hpp"
+#include "client/state.hpp"
+#include "client/trace.hpp"
+
+#define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
+
+using namespace vcuda;
+using namespace vcuda::client;
+
+namespace {
+
+struct created {
+    CUmemAllocationProp prop{};  // as the application gave it (client device ordinals)
+    size_t size = 0;
+};
+
+std::mutex vmm_mu;
+std::map<uint64_t, created>& allocations() {  // mem_handle id -> what it was created with
+    static auto* m = new std::map<uint64_t, created>();
+    return *m;
+}
+std::map<CUdeviceptr, size_t>& local_reservations() {  // reservations also held in this address space
+    static auto* m = new std::map<CUdeviceptr, size_t>();
+    return *m;
+}
+
+// The property with its device location turned into the server's index. Only the current device's server
+// can be asked (its session is the one calls go to).
+CUresult server_prop(const CUmemAllocationProp* in, CUmemAllocationProp& out) {
+    if (!in) return CUDA_ERROR_INVALID_VALUE;
+    out = *in;
+    if (in->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+        return static_cast<CUresult>(unsupported("virtual memory management with a non-device location"));
+    }
+    auto& st = state::get();
+    if (in->location.id < 0 || in->location.id >= st.device_count()) return CUDA_ERROR_INVALID_DEVICE;
+    auto& dev = st.device(in->location.id);
+    if (dev.owner != &st.remote())
+        return static_cast<CUresult>(unsupported("virtual memory management on a device of another server than the current one"));
+    out.location.id = dev.server_index;
+    out.win32HandleMetaData = nullptr;
+    return CUDA_SUCCESS;
+}
+
+std::span<const std::byte> bytes_of(const void* p, size_t n) { return {static_cast<const std::byte*>(p), n}; }
+
+}  // namespace
+
+VCUDA_API cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+                                        CUmemAllocationGranularity_flags option) noexcept {
+    VCUDA_TRACE_HOOK(cuMemGetAllocationGranularity, granularity, prop, option);
+    VCUDA_REQUIRE_INIT();
+    if (!granularity) return CUDA_ERROR_INVALID_VALUE;
+    CUmemAllocationProp p;
+    if (CUresult rc = server_prop(prop, p); rc != CUDA_SUCCESS) return rc;
+    plain_call c(op::vmm_granularity, "cuMemGetAllocationGranularity");
+    c.arg(static_cast<uint64_t>(option));
+    c.blob(bytes_of(&p, sizeof p));
+    if (CUresult rc = c.send_cached(); rc != CUDA_SUCCESS) return rc;
+    *granularity = c.out<size_t>(0);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                              unsigned long long flags) noexcept {
+    VCUDA_TRACE_HOOK(cuMemAddressReserve, ptr, size, alignment, addr, flags);
+    VCUDA_REQUIRE_INIT();
+    if (!ptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    call_reply rp;
+    if (CUresult rc = remote(op::vmm_reserve, {size, alignment, addr, flags}, mode::sync, &rp); rc != CUDA_SUCCESS)
+        return rc;
+    if (rp.outs.empty()) return CUDA_ERROR_UNKNOWN;
+    CUdeviceptr va = rp.outs[0];
+    void* want = reinterpret_cast<void*>(va);
+    void* got = mmap(want, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    std::lock_guard lock(vmm_mu);
+    if (got == want) local_reservations()[va] = size;
+    else if (got != MAP_FAILED) munmap(got, size);  // a kernel without MAP_FIXED_NOREPLACE put it elsewhere
+    *ptr = va;
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemAddressFree(CUdeviceptr ptr, size_t size) noexcept {
+    VCUDA_TRACE_HOOK(cuMemAddressFree, ptr, size);
+    VCUDA_REQUIRE_INIT();
+    if (CUresult rc = remote(op::vmm_address_free, {ptr, size}); rc != CUDA_SUCCESS) return rc;
+    std::lock_guard lock(vmm_mu);
+    if (auto it = local_reservations().find(ptr); it != local_reservations().end()) {
+        munmap(reinterpret_cast<void*>(ptr), it->second);
+        local_reservations().erase(it);
+    }
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                      unsigned long long flags) noexcept {
+    VCUDA_TRACE_HOOK(cuMemCreate, handle, size, prop, flags);
+    VCUDA_REQUIRE_INIT();
+    if (!handle || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUmemAllocationProp p;
+    if (CUresult rc = server_prop(prop, p); rc != CUDA_SUCCESS) return rc;
+    plain_call c(op::vmm_create, "cuMemCreate");
+    c.arg(static_cast<uint64_t>(size));
+    c.arg(flags);
+    c.blob(bytes_of(&p, sizeof p));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    uint64_t id = reinterpret_cast<uint64_t>(c.out_handle<void*>(0, handle_kind::mem_handle));
+    {
+        std::lock_guard lock(vmm_mu);
+        allocations()[id] = {*prop, size};
+    }
+    *handle = id;
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemRelease(CUmemGenericAllocationHandle handle) noexcept {
+    VCUDA_TRACE_HOOK(cuMemRelease, handle);
+    VCUDA_REQUIRE_INIT();
+    plain_call c(op::vmm_release, "cuMemRelease");
+    c.handle(reinterpret_cast<void*>(handle), handle_kind::mem_handle);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    c.forget(reinterpret_cast<void*>(handle), handle_kind::mem_handle);
+    std::lock_guard lock(vmm_mu);
+    allocations().erase(handle);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                   unsigned long long flags) noexcept {
+    VCUDA_TRACE_HOOK(cuMemMap, ptr, size, offset, handle, flags);
+    VCUDA_REQUIRE_INIT();
+    int device = 0;
+    {
+        std::lock_guard lock(vmm_mu);
+        auto it = allocations().find(handle);
+        if (it == allocations().end()) return CUDA_ERROR_INVALID_HANDLE;
+        device = it->second.prop.location.id;
+    }
+    plain_call c(op::vmm_map, "cuMemMap");
+    c.arg(ptr);
+    c.arg(static_cast<uint64_t>(size));
+    c.arg(static_cast<uint64_t>(offset));
+    c.handle(reinterpret_cast<void*>(handle), handle_kind::mem_handle);
+    c.arg(flags);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    state::get().add_allocation(ptr, size, device);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemUnmap(CUdeviceptr ptr, size_t size) noexcept {
+    VCUDA_TRACE_HOOK(cuMemUnmap, ptr, size);
+    VCUDA_REQUIRE_INIT();
+    if (CUresult rc = remote(op::vmm_unmap, {ptr, size}); rc != CUDA_SUCCESS) return rc;
+    device_allocation a;
+    state::get().remove_allocation(ptr, a);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) noexcept {
+    VCUDA_TRACE_HOOK(cuMemSetAccess, ptr, size, desc, count);
+    VCUDA_REQUIRE_INIT();
+    if (!desc || count == 0 || count > 64) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<CUmemAccessDesc> d(desc, desc + count);
+    auto& st = state::get();
+    for (auto& x : d) {
+        if (x.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+            return static_cast<CUresult>(unsupported("cuMemSetAccess for a non-device location"));
+        if (x.location.id < 0 || x.location.id >= st.device_count()) return CUDA_ERROR_INVALID_DEVICE;
+        if (st.device(x.location.id).owner != &st.remote())
+            return static_cast<CUresult>(unsupported("cuMemSetAccess for a device of another server"));
+        x.location.id = st.device(x.location.id).server_index;
+    }
+    return remote(op::vmm_set_access, {ptr, size, count}, mode::sync, nullptr, {},
+                  {bytes_of(d.data(), d.size() * sizeof(CUmemAccessDesc))});
+}
+
+VCUDA_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) noexcept {
+    VCUDA_TRACE_HOOK(cuMemGetAllocationPropertiesFromHandle, prop, handle);
+    VCUDA_REQUIRE_INIT();
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard lock(vmm_mu);
+    auto it = allocations().find(handle);
+    if (it == allocations().end()) return CUDA_ERROR_INVALID_HANDLE;
+    *prop = it->second.prop;
+    return CUDA_SUCCESS;
+}

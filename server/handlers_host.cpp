@@ -1,0 +1,124 @@
+// Pinned host memory shared with a client on this host. The server creates the pages (a memfd), maps them,
+// registers them with the driver (so the GPU reaches them by DMA, and kernels through their device pointer)
+// and passes the file descriptor to the client with the reply; the client maps the same pages, at the same
+// address where it can. Copies between such pages and the GPU then move no bytes over the socket.
+// Only over a Unix socket: a client on another host has no way to share the pages.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/log.hpp"
+#include "server/call_context.hpp"
+
+namespace vcuda::server {
+
+namespace {
+// Registration flags: every context may use the pages, and kernels may address them.
+constexpr unsigned register_flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
+}  // namespace
+
+// args {size}; out {server address, device pointer}; the memfd travels with the reply.
+CUresult handle_host_alloc(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    if (!cx.lane.stream->raw().is_local())
+        return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "shared host memory needs a client on this host (Unix socket)");
+    uint64_t size = cx.arg(0);
+    if (size == 0 || size > (uint64_t{1} << 40)) return CUDA_ERROR_INVALID_VALUE;
+    size = (size + 4095) & ~uint64_t{4095};
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (cx.sess.host_quota() && cx.sess.host_bytes + size > cx.sess.host_quota())
+            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "pinned host memory of " + std::to_string(size) +
+                                                         " bytes exceeds the session's host memory quota");
+        cx.sess.host_bytes += size;  // reserved now, so concurrent lanes cannot both pass the check
+    }
+    auto unreserve = [&] {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.host_bytes -= size;
+    };
+    int fd = ::memfd_create("vcuda-pinned", MFD_CLOEXEC);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+        if (fd >= 0) ::close(fd);
+        unreserve();
+        return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "cannot create shared pages");
+    }
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        ::close(fd);
+        unreserve();
+        return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "cannot map shared pages");
+    }
+    auto& d = cx.drv();
+    CUresult rc = d.cuMemHostRegister_v2(p, size, register_flags);
+    CUdeviceptr dptr = 0;
+    if (rc == CUDA_SUCCESS) rc = d.cuMemHostGetDevicePointer_v2(&dptr, p, 0);
+    if (rc != CUDA_SUCCESS) {
+        d.cuMemHostUnregister(p);
+        ::munmap(p, size);
+        ::close(fd);
+        unreserve();
+        return rc;
+    }
+    {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.host_regions[reinterpret_cast<uintptr_t>(p)] = {size};
+    }
+    cx.reply_fd = fd;
+    cx.out(reinterpret_cast<uint64_t>(p));
+    cx.out(static_cast<uint64_t>(dptr));
+    return CUDA_SUCCESS;
+}
+
+// args {server address}.
+CUresult handle_host_free(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    auto addr = static_cast<uintptr_t>(cx.arg(0));
+    size_t size;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        auto it = cx.sess.host_regions.find(addr);
+        if (it == cx.sess.host_regions.end()) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a shared host region of this session");
+        size = it->second.size;
+        cx.sess.host_regions.erase(it);
+        cx.sess.host_bytes -= size;
+    }
+    auto& d = cx.drv();
+    d.cuCtxSynchronize();  // as cuMemFreeHost: no copy in flight may still use the pages
+    d.cuMemHostUnregister(reinterpret_cast<void*>(addr));
+    ::munmap(reinterpret_cast<void*>(addr), size);
+    return CUDA_SUCCESS;
+}
+
+// args {device dst, server address of the source, bytes, stream}. Queued: enqueued on the stream as it is.
+// Waited for: the copy is complete when the reply goes (cuMemcpyHtoD's behaviour).
+CUresult handle_copy_htod_shared(call_context& cx) {
+    if (!cx.expect_args(4)) return cx.bad_arguments();
+    CUdeviceptr dst = cx.arg(0);
+    auto src = static_cast<uintptr_t>(cx.arg(1));
+    uint64_t n = cx.arg(2);
+    if (n == 0) return CUDA_SUCCESS;
+    if (CUresult rc = cx.device_range(dst, n); rc != CUDA_SUCCESS) return rc;
+    if (!cx.sess.owns_host(src, n)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "source is not this session's shared host memory");
+    CUstream s;
+    if (CUresult rc = cx.handle(3, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    CUresult rc = cx.drv().cuMemcpyHtoDAsync_v2(dst, reinterpret_cast<const void*>(src), n, s);
+    if (rc == CUDA_SUCCESS && !cx.queued()) rc = cx.drv().cuStreamSynchronize(s);
+    return rc;
+}
+
+// args {server address of the destination, device src, bytes, stream}; as handle_copy_htod_shared.
+CUresult handle_copy_dtoh_shared(call_context& cx) {
+    if (!cx.expect_args(4)) return cx.bad_arguments();
+    auto dst = static_cast<uintptr_t>(cx.arg(0));
+    CUdeviceptr src = cx.arg(1);
+    uint64_t n = cx.arg(2);
+    if (n == 0) return CUDA_SUCCESS;
+    if (CUresult rc = cx.device_range(src, n); rc != CUDA_SUCCESS) return rc;
+    if (!cx.sess.owns_host(dst, n)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "destination is not this session's shared host memory");
+    CUstream s;
+    if (CUresult rc = cx.handle(3, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    CUresult rc = cx.drv().cuMemcpyDtoHAsync_v2(reinterpret_cast<void*>(dst), src, n, s);
+    if (rc == CUDA_SUCCESS && !cx.queued()) rc = cx.drv().cuStreamSynchronize(s);
+    return rc;
+}
+
+}  // namespace vcuda::server

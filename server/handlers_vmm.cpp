@@ -1,0 +1,182 @@
+// The virtual memory management API as applications use it (PyTorch's expandable segments, NCCL, JAX):
+// address reservations, physical allocations (charged to the session's quota), mappings and access. Every
+// address and handle is checked against what this session reserved, created and mapped. Device locations
+// arrive as the session's device indices and are turned into the real devices here.
+#include <cstring>
+
+#include "server/call_context.hpp"
+
+namespace vcuda::server {
+
+namespace {
+
+// A CUmemAllocationProp from blob `i`, its device location turned from session index into the real device.
+CUresult allocation_prop(call_context& cx, size_t i, CUmemAllocationProp& prop, size_t& device) {
+    auto b = cx.blob(i);
+    if (b.size() != sizeof prop) return cx.bad_arguments();
+    std::memcpy(&prop, b.data(), sizeof prop);
+    if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "only device memory locations are served");
+    if (prop.location.id < 0 || !cx.sess.allowed(static_cast<size_t>(prop.location.id)))
+        return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+    device = static_cast<size_t>(prop.location.id);
+    CUdevice real;
+    if (CUresult rc = cx.sess.real_device(device, real); rc != CUDA_SUCCESS) return rc;
+    prop.location.id = real;
+    prop.win32HandleMetaData = nullptr;
+    return CUDA_SUCCESS;
+}
+
+// [va, va+size) inside one reservation of this session.
+bool reserved(session& s, CUdeviceptr va, size_t size) {
+    auto it = s.vmm_reserved.upper_bound(va);
+    if (it == s.vmm_reserved.begin()) return false;
+    --it;
+    return va - it->first < it->second && size <= it->second - (va - it->first);
+}
+
+}  // namespace
+
+// args {flags}; blob {prop}. Out {granularity}.
+CUresult handle_vmm_granularity(call_context& cx) {
+    if (!cx.expect_args(1) || cx.blob_count() != 1) return cx.bad_arguments();
+    CUmemAllocationProp prop;
+    size_t device;
+    if (CUresult rc = allocation_prop(cx, 0, prop, device); rc != CUDA_SUCCESS) return rc;
+    size_t g = 0;
+    CUresult rc = cx.drv().cuMemGetAllocationGranularity(&g, &prop, static_cast<CUmemAllocationGranularity_flags>(cx.arg(0)));
+    if (rc == CUDA_SUCCESS) cx.out(static_cast<uint64_t>(g));
+    return rc;
+}
+
+// args {size, alignment, address hint, flags}. Out {start}.
+CUresult handle_vmm_reserve(call_context& cx) {
+    if (!cx.expect_args(4)) return cx.bad_arguments();
+    CUdeviceptr va = 0;
+    CUresult rc = cx.drv().cuMemAddressReserve(&va, cx.arg(0), cx.arg(1), cx.arg(2), cx.arg(3));
+    if (rc != CUDA_SUCCESS) return rc;
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.vmm_reserved[va] = cx.arg(0);
+    cx.out(static_cast<uint64_t>(va));
+    return CUDA_SUCCESS;
+}
+
+// args {start, size}: a whole reservation, nothing mapped in it any more.
+CUresult handle_vmm_address_free(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    CUdeviceptr va = cx.arg(0);
+    std::lock_guard lock(cx.sess.mu);
+    auto it = cx.sess.vmm_reserved.find(va);
+    if (it == cx.sess.vmm_reserved.end() || it->second != cx.arg(1))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a reservation of this session");
+    auto m = cx.sess.vmm_mapped.lower_bound(va);
+    if (m != cx.sess.vmm_mapped.end() && m->first < va + it->second)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "the reservation still has mappings");
+    CUresult rc = cx.drv().cuMemAddressFree(va, it->second);
+    if (rc == CUDA_SUCCESS) cx.sess.vmm_reserved.erase(it);
+    return rc;
+}
+
+// args {size, flags}; blob {prop}. Out {mem_handle}.
+CUresult handle_vmm_create(call_context& cx) {
+    if (!cx.expect_args(2) || cx.blob_count() != 1) return cx.bad_arguments();
+    CUmemAllocationProp prop;
+    size_t device;
+    if (CUresult rc = allocation_prop(cx, 0, prop, device); rc != CUDA_SUCCESS) return rc;
+    size_t size = cx.arg(0);
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (!cx.sess.memory(device).charge(size))
+            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate of " + std::to_string(size) + " bytes exceeds the session's memory quota");
+    }
+    CUmemGenericAllocationHandle h = 0;
+    CUresult rc = cx.drv().cuMemCreate(&h, size, &prop, cx.arg(1));
+    std::lock_guard lock(cx.sess.mu);
+    if (rc != CUDA_SUCCESS) {
+        cx.sess.memory(device).credit(size);
+        return rc;
+    }
+    handle_entry e;
+    e.kind = handle_kind::mem_handle;
+    e.raw = reinterpret_cast<void*>(h);
+    e.device = static_cast<int>(device);
+    uint64_t id = cx.sess.handles.insert(std::move(e));
+    cx.sess.vmm_allocations[id] = {size, device, 0};
+    cx.out(id);
+    return CUDA_SUCCESS;
+}
+
+// args {mem_handle}. The memory goes once no mapping uses it (as with the driver); the quota is credited now.
+CUresult handle_vmm_release(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    void* raw = nullptr;
+    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::mem_handle, raw); rc != CUDA_SUCCESS) return rc;
+    CUresult rc = cx.drv().cuMemRelease(reinterpret_cast<CUmemGenericAllocationHandle>(raw));
+    if (rc != CUDA_SUCCESS) return rc;
+    std::lock_guard lock(cx.sess.mu);
+    if (auto it = cx.sess.vmm_allocations.find(cx.arg(0)); it != cx.sess.vmm_allocations.end()) {
+        cx.sess.memory(it->second.device).credit(it->second.size);
+        cx.sess.vmm_allocations.erase(it);
+    }
+    cx.sess.handles.erase(cx.arg(0));
+    return CUDA_SUCCESS;
+}
+
+// args {start, size, offset, mem_handle, flags}.
+CUresult handle_vmm_map(call_context& cx) {
+    if (!cx.expect_args(5)) return cx.bad_arguments();
+    CUdeviceptr va = cx.arg(0);
+    size_t size = cx.arg(1);
+    void* raw = nullptr;
+    if (CUresult rc = cx.lookup(cx.arg(3), handle_kind::mem_handle, raw); rc != CUDA_SUCCESS) return rc;
+    std::lock_guard lock(cx.sess.mu);
+    if (!reserved(cx.sess, va, size)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "range is not inside a reservation of this session");
+    CUresult rc = cx.drv().cuMemMap(va, size, cx.arg(2), reinterpret_cast<CUmemGenericAllocationHandle>(raw), cx.arg(4));
+    if (rc != CUDA_SUCCESS) return rc;
+    cx.sess.vmm_mapped[va] = {size, cx.arg(3)};
+    cx.sess.vmm_allocations[cx.arg(3)].maps++;
+    return CUDA_SUCCESS;
+}
+
+// args {start, size}: exactly one earlier mapping.
+CUresult handle_vmm_unmap(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    CUdeviceptr va = cx.arg(0);
+    std::lock_guard lock(cx.sess.mu);
+    auto it = cx.sess.vmm_mapped.find(va);
+    if (it == cx.sess.vmm_mapped.end() || it->second.size != cx.arg(1))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a mapping of this session");
+    CUresult rc = cx.drv().cuMemUnmap(va, it->second.size);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (auto a = cx.sess.vmm_allocations.find(it->second.handle); a != cx.sess.vmm_allocations.end()) a->second.maps--;
+    cx.sess.vmm_mapped.erase(it);
+    return CUDA_SUCCESS;
+}
+
+// args {start, size, count}; blob {CUmemAccessDesc[count]} with session device indices.
+CUresult handle_vmm_set_access(call_context& cx) {
+    if (!cx.expect_args(3) || cx.blob_count() != 1) return cx.bad_arguments();
+    uint64_t count = cx.arg(2);
+    auto b = cx.blob(0);
+    if (count == 0 || count > 64 || b.size() != count * sizeof(CUmemAccessDesc)) return cx.bad_arguments();
+    std::vector<CUmemAccessDesc> desc(count);
+    std::memcpy(desc.data(), b.data(), b.size());
+    for (auto& d : desc) {
+        if (d.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+            return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "only device access is served");
+        if (d.location.id < 0 || !cx.sess.allowed(static_cast<size_t>(d.location.id)))
+            return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+        CUdevice real;
+        if (CUresult rc = cx.sess.real_device(static_cast<size_t>(d.location.id), real); rc != CUDA_SUCCESS) return rc;
+        d.location.id = real;
+    }
+    CUdeviceptr va = cx.arg(0);
+    size_t size = cx.arg(1);
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (!reserved(cx.sess, va, size)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "range is not inside a reservation of this session");
+    }
+    return cx.drv().cuMemSetAccess(va, size, desc.data(), count);
+}
+
+}  // namespace vcuda::server

@@ -1,0 +1,93 @@
+// vmm: the virtual memory management API as PyTorch's expandable segments uses it: one large reservation,
+// physical chunks created and mapped one after another at its start so that the mapped part grows without
+// moving, access set, memsets and copies across chunk boundaries, a chunk unmapped and released, and the
+// reservation freed. Plus the refusals: a map outside any reservation, a release of a bogus handle.
+// Linked with -lcuda, no runtime.
+#include <cuda.h>
+
+#include <cstring>
+#include <vector>
+
+#include "common.cuh"
+
+#define CU_CHECK(call)                                                                                     \
+    do {                                                                                                   \
+        CUresult r_ = (call);                                                                              \
+        if (r_ != CUDA_SUCCESS) {                                                                          \
+            const char* n_ = "?";                                                                          \
+            cuGetErrorName(r_, &n_);                                                                       \
+            fail("%s returned %s (%d) at line %d", #call, n_, static_cast<int>(r_), __LINE__);              \
+        }                                                                                                  \
+    } while (0)
+
+int main() {
+    CU_CHECK(cuInit(0));
+    CUdevice dev;
+    CU_CHECK(cuDeviceGet(&dev, 0));
+    CUcontext ctx;
+    CU_CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CU_CHECK(cuCtxSetCurrent(ctx));
+
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    size_t gran = 0;
+    CU_CHECK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    std::printf("granularity %zu KiB\n", gran >> 10);
+
+    const size_t reserve = size_t(64) << 30;  // 64 GiB of addresses, almost none of it backed
+    CUdeviceptr base = 0;
+    CU_CHECK(cuMemAddressReserve(&base, reserve, 0, 0, 0));
+
+    const int chunks = 3;
+    CUmemGenericAllocationHandle h[chunks];
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (int i = 0; i < chunks; ++i) {
+        CU_CHECK(cuMemCreate(&h[i], gran, &prop, 0));
+        CU_CHECK(cuMemMap(base + i * gran, gran, 0, h[i], 0));
+        CU_CHECK(cuMemSetAccess(base + i * gran, gran, &access, 1));
+    }
+    CUmemAllocationProp back{};
+    CU_CHECK(cuMemGetAllocationPropertiesFromHandle(&back, h[1]));
+    std::printf("properties from handle: type %d, location %d/%d\n", back.type, back.location.type,
+                back.location.id == dev ? 0 : -1);
+
+    // One value per chunk, then a copy that spans all of them.
+    const size_t words = gran / 4;
+    for (int i = 0; i < chunks; ++i) CU_CHECK(cuMemsetD32(base + i * gran, 0x1000u + i, words));
+    std::vector<unsigned> host(words * chunks);
+    CU_CHECK(cuMemcpyDtoH(host.data(), base, host.size() * 4));
+    for (size_t k = 0; k < host.size(); ++k)
+        if (host[k] != 0x1000u + k / words) fail("word %zu = %#x", k, host[k]);
+    for (size_t k = 0; k < host.size(); ++k) host[k] = static_cast<unsigned>(k * 2654435761u);
+    CU_CHECK(cuMemcpyHtoD(base + 100, host.data(), host.size() * 4 - 200));
+    std::vector<unsigned> again(host.size());
+    CU_CHECK(cuMemcpyDtoH(again.data(), base + 100, host.size() * 4 - 200));
+    if (std::memcmp(again.data(), host.data(), host.size() * 4 - 200) != 0) fail("copy across chunks differs");
+    std::printf("%d chunks mapped contiguously: memsets and copies across them ok\n", chunks);
+
+    // Refusals leave everything as it was.
+    CUdeviceptr outside = base + reserve + (size_t(1) << 30);
+    CUresult r = cuMemMap(outside, gran, 0, h[0], 0);
+    std::printf("map outside the reservation: %s\n", r == CUDA_SUCCESS ? "accepted (wrong)" : "refused");
+    if (r == CUDA_SUCCESS) fail("a map outside every reservation was accepted");
+    r = cuMemRelease(static_cast<CUmemGenericAllocationHandle>(0x12345));
+    std::printf("release of a bogus handle: %s\n", r == CUDA_SUCCESS ? "accepted (wrong)" : "refused");
+    if (r == CUDA_SUCCESS) fail("a bogus handle was released");
+
+    // Shrink from the end, then tear everything down.
+    CU_CHECK(cuMemUnmap(base + 2 * gran, gran));
+    CU_CHECK(cuMemRelease(h[2]));
+    CU_CHECK(cuMemcpyDtoH(again.data(), base, 2 * gran));
+    for (int i = 0; i < 2; ++i) {
+        CU_CHECK(cuMemUnmap(base + i * gran, gran));
+        CU_CHECK(cuMemRelease(h[i]));
+    }
+    CU_CHECK(cuMemAddressFree(base, reserve));
+    CU_CHECK(cuDevicePrimaryCtxRelease(dev));
+    std::printf("PASS vmm\n");
+    return 0;
+}
