@@ -1,5 +1,6 @@
 // Stream queries answered from the mirror, stream capture (mirrored: which streams capture, each thread's capture
 // mode), and occupancy helpers built on the forwarded per-block-size query.
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -118,11 +119,17 @@ CUstreamCaptureMode& lane_mode(const session& s) {
 // default. A thread that left its mode away from the default before a capture began and makes no exchange
 // during it keeps the default on the server.
 void sync_lane_mode() {
+    if (captures().sequences.load() == 0) {
+        // The common case, cheaply: no capture, and no lane to bring back to the default.
+        if (thread_capture_mode != CU_STREAM_CAPTURE_MODE_GLOBAL) return;
+        if (std::all_of(lane_modes.begin(), lane_modes.end(),
+                        [](const lane_capture_mode& m) { return m.mode == CU_STREAM_CAPTURE_MODE_GLOBAL; }))
+            return;
+    }
     auto& st = state::get();
     if (!st.initialized()) return;
     CUstreamCaptureMode& sent = lane_mode(st.remote());
     if (sent == thread_capture_mode) return;
-    if (captures().sequences.load() == 0 && thread_capture_mode != CU_STREAM_CAPTURE_MODE_GLOBAL) return;
     plain_call c(op::capture_mode, "cuThreadExchangeStreamCaptureMode");
     c.arg(static_cast<uint64_t>(thread_capture_mode));
     if (c.send_async() == CUDA_SUCCESS) sent = thread_capture_mode;

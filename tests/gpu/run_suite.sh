@@ -35,7 +35,9 @@ KILL_SLACK_MIB=64
 # The compared programs, in the order of the table. quota_probe and copy_forever belong to checks (a), (b).
 PROGRAMS=(vector_add vector_add_shared kernels_templates streams_events async_copies pinned_memory memset_widths
           driver_memset copies_2d_3d device_copies big_alloc many_allocs device_props error_cases multi_thread
-          driver_api symbols func_attributes)
+          driver_api symbols func_attributes graphs_capture vmm)
+# NVIDIA libraries (cuBLAS, cuDNN, NCCL), found where PyTorch's pip packages put them (tests/gpu/find_libs.sh).
+LIB_PROGRAMS=(cublas_gemm cudnn_conv nccl_allreduce)
 
 suite_start=$(date +%s)
 say() { echo "[suite +$(( $(date +%s) - suite_start ))s] $*"; }
@@ -223,6 +225,11 @@ for p in "${PROGRAMS[@]}"; do
     run_row "$p" "$p"
 done
 run_row "vector_add.eager" vector_add CUDA_MODULE_LOADING=EAGER
+# shellcheck source=tests/gpu/find_libs.sh
+source "$(dirname "$0")/find_libs.sh" >/dev/null 2>&1
+for p in "${LIB_PROGRAMS[@]}"; do
+    run_row "$p" "$p" LD_LIBRARY_PATH="${VCUDA_GPU_LIB_PATH:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
 
 # ------------------------------------------------------------------------------------------ (c) concurrency
 say "(c) two concurrent sessions, vector_add 20 times each (one over TCP, one over the Unix socket)"
