@@ -44,8 +44,16 @@ outgoing_frame lane::build(const call_request& rq, bool async) {
         blob_offsets_.push_back(wire::CreateBlob(fbb_, fbb_.CreateVector(reinterpret_cast<const uint8_t*>(b.data()), b.size())));
     auto args = fbb_.CreateVector(rq.args.data(), rq.args.size());
     auto blobs = fbb_.CreateVector(blob_offsets_);
-    fbb_.Finish(wire::CreateCall(fbb_, static_cast<uint32_t>(rq.operation), rq.device, args, blobs));
-    return make_frame(frame_kind::call, fbb_, ++sequence_, number_, async ? frame_flags::no_reply : 0, rq.payload);
+    auto after = session_.note_send(number_, ++sequence_);
+    fbb_.Finish(wire::CreateCall(fbb_, static_cast<uint32_t>(rq.operation), rq.device, args, blobs, after.lane, after.seq));
+    return make_frame(frame_kind::call, fbb_, sequence_, number_, async ? frame_flags::no_reply : 0, rq.payload);
+}
+
+session::frame_ref session::note_send(uint32_t lane, uint64_t seq) {
+    std::lock_guard lock(order_mu_);
+    frame_ref prev = last_sent_;
+    last_sent_ = {lane, seq};
+    return prev.seq != 0 && prev.lane != lane ? prev : frame_ref{};
 }
 
 lane::lane(session& s, frame_stream fs, uint32_t number) : session_(s), fs_(std::move(fs)), number_(number) {

@@ -121,6 +121,15 @@ public:
     bool local() const { return endpoint_.type == endpoint::kind::unix_socket; }
     bool lost() const { return lost_.load(); }
     void mark_lost(const std::string& why);
+    // Lanes are separate connections served by separate server threads, so frames of two threads are not ordered
+    // on the server by themselves. Each frame notes itself here; a frame from another lane than the previous
+    // frame's carries that frame as a dependency, which the server waits for (program order across threads, as
+    // the real driver keeps it: a launch made after another thread's launch runs after it on a shared stream).
+    struct frame_ref {
+        uint32_t lane = 0;
+        uint64_t seq = 0;  // 0: none
+    };
+    frame_ref note_send(uint32_t lane, uint64_t seq);
 
 private:
     std::unique_ptr<lane> connect_lane(uint32_t number, std::string& why);
@@ -133,6 +142,8 @@ private:
     uint32_t tag_ = 0;
     std::atomic<uint32_t> next_lane_{0};
     std::atomic<bool> lost_{false};
+    std::mutex order_mu_;
+    frame_ref last_sent_;
     std::vector<server_device> devices_;
 };
 

@@ -94,6 +94,7 @@ void server::run_connection(stream s) {
     {
         sess->attach(&fs);
         run_lane(sess, fs, h->lane());
+        sess->lane_gone(h->lane());
         sess->detach(&fs);
     }
     if (--sess->lanes == 0) {
@@ -185,6 +186,16 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
             return;
         }
         auto* call = root_of<wire::Call>(*f);
+        if (call->after_seq() != 0 && call->after_lane() != lane_number &&
+            !sess->wait_for_lane(call->after_lane(), call->after_seq()))
+            VCUDA_LOG_DEBUG("session {} lane {}: lane {} ended before its call {}; going on", sess->id(), lane_number,
+                            call->after_lane(), call->after_seq());
+        // A call that blocks until the GPU is done counts as run once it starts, so that other threads' calls
+        // that come after it in time do not wait for the GPU too (they would not with the real driver).
+        const bool blocks = call->op() == static_cast<uint32_t>(op::ctx_synchronize) ||
+                            call->op() == static_cast<uint32_t>(op::cuStreamSynchronize) ||
+                            call->op() == static_cast<uint32_t>(op::cuEventSynchronize);
+        if (blocks) sess->lane_progress(lane_number, f->header.sequence);
         call_context cx(*sess, lane, *call, *f, staged);
         staged = nullptr;
         CUresult rc;
@@ -211,6 +222,7 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
             
             VCUDA_LOG_TRACE("session {} lane {}: {} -> {}", sess->id(), lane_number, entry->name, static_cast<int>(rc));
         }
+        if (!blocks) sess->lane_progress(lane_number, f->header.sequence);
         if (cx.staged() && cx.staged()->busy) pool.give_back(cx.staged(), nullptr);  // the handler did not use it
         if (cx.queued()) {
             if (rc != CUDA_SUCCESS && lane.pending_error == CUDA_SUCCESS) {

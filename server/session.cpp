@@ -108,11 +108,15 @@ void session::release_device(size_t device) {
                 case handle_kind::stream: d.cuStreamDestroy_v2(static_cast<CUstream>(e.raw)); break;
                 case handle_kind::module: d.cuModuleUnload(static_cast<CUmodule>(e.raw)); break;
                 case handle_kind::library: d.cuLibraryUnload(static_cast<CUlibrary>(e.raw)); break;
+                case handle_kind::graph_exec: d.cuGraphExecDestroy(static_cast<CUgraphExec>(e.raw)); break;
+                case handle_kind::graph: d.cuGraphDestroy(static_cast<CUgraph>(e.raw)); break;
                 default: break;
             }
         }
     };
     if (s.ctx) {
+        destroy(handle_kind::graph_exec);  // graphs use kernels of modules: before them
+        destroy(handle_kind::graph);
         destroy(handle_kind::event);
         destroy(handle_kind::stream);
         destroy(handle_kind::module);
@@ -138,8 +142,46 @@ void session::detach(frame_stream* fs) {
     std::erase(streams_, fs);
 }
 
+void session::lane_progress(uint32_t lane, uint64_t seq) {
+    std::lock_guard lock(progress_mu_);
+    progress_[lane] = seq;
+    if (!gone_lanes_.empty()) gone_lanes_.erase(lane);  // a lane number used again
+    if (progress_waiters_) progress_cv_.notify_all();
+}
+
+void session::lane_gone(uint32_t lane) {
+    std::lock_guard lock(progress_mu_);
+    progress_.erase(lane);
+    gone_lanes_.insert(lane);
+    progress_cv_.notify_all();
+}
+
+bool session::wait_for_lane(uint32_t lane, uint64_t seq) {
+    std::unique_lock lock(progress_mu_);
+    ++progress_waiters_;
+    bool ok = false;
+    for (;;) {
+        auto it = progress_.find(lane);
+        if (it != progress_.end() && it->second >= seq) {
+            ok = true;
+            break;
+        }
+        // A lane that has not started yet (its frames are still on their way) is waited for; one that ended
+        // never runs the call, and a session that ends stops the wait.
+        {
+            std::lock_guard l2(lanes_mu_);
+            if (ending_) break;
+        }
+        if (it == progress_.end() && gone_lanes_.count(lane)) break;
+        progress_cv_.wait_for(lock, std::chrono::milliseconds(100));
+    }
+    --progress_waiters_;
+    return ok;
+}
+
 void session::end(const std::string& why) {
     std::lock_guard lock(lanes_mu_);
+    ending_ = true;
     if (!streams_.empty()) VCUDA_LOG_INFO("session {}: ending it: {}", id_, why);
     for (auto* fs : streams_) fs->shutdown();
 }

@@ -7,12 +7,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/transport.hpp"
@@ -103,6 +105,13 @@ public:
     std::unordered_map<uint64_t, std::vector<std::vector<uint64_t>>> images;  // content hash -> parts (8-byte aligned)
     size_t image_bytes = 0;
 
+    // Progress of each lane (the last call number it has run, or started for a call that blocks), so that a
+    // call depending on another lane's call (Call.after_lane/after_seq) waits for it.
+    void lane_progress(uint32_t lane, uint64_t seq);
+    void lane_gone(uint32_t lane);
+    // Waits until `lane` has run call `seq`; false when the lane is gone or the session ends first.
+    bool wait_for_lane(uint32_t lane, uint64_t seq);
+
     std::atomic<int> lanes{0};
     // Lanes register their connections so the session can be ended from outside (its lease was released or
     // expired): end() shuts them down and the lanes' threads then release everything as on a disconnect.
@@ -127,6 +136,12 @@ private:
     std::vector<device_slot> devices_;
     std::mutex lanes_mu_;
     std::vector<frame_stream*> streams_;
+    bool ending_ = false;  // under lanes_mu_
+    std::mutex progress_mu_;
+    std::condition_variable progress_cv_;
+    std::unordered_map<uint32_t, uint64_t> progress_;  // lane -> last call run; erased when the lane is gone
+    std::unordered_set<uint32_t> gone_lanes_;
+    int progress_waiters_ = 0;
 };
 
 // All live sessions of this server, for lanes that join one and for operators' queries.

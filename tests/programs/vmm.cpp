@@ -1,7 +1,8 @@
 // vmm: the virtual memory management API as PyTorch's expandable segments uses it: one large reservation,
 // physical chunks created and mapped one after another at its start so that the mapped part grows without
 // moving, access set, memsets and copies across chunk boundaries, a chunk unmapped and released, and the
-// reservation freed. Plus the refusals: a map outside any reservation, a release of a bogus handle.
+// reservation freed. Plus a refusal: a map outside any reservation. (A bogus handle is not tried: the real
+// driver crashes on one.)
 // Linked with -lcuda, no runtime.
 #include <cuda.h>
 
@@ -74,9 +75,6 @@ int main() {
     CUresult r = cuMemMap(outside, gran, 0, h[0], 0);
     std::printf("map outside the reservation: %s\n", r == CUDA_SUCCESS ? "accepted (wrong)" : "refused");
     if (r == CUDA_SUCCESS) fail("a map outside every reservation was accepted");
-    r = cuMemRelease(static_cast<CUmemGenericAllocationHandle>(0x12345));
-    std::printf("release of a bogus handle: %s\n", r == CUDA_SUCCESS ? "accepted (wrong)" : "refused");
-    if (r == CUDA_SUCCESS) fail("a bogus handle was released");
 
     // Shrink from the end, then tear everything down.
     CU_CHECK(cuMemUnmap(base + 2 * gran, gran));
