@@ -10,18 +10,9 @@
 #include <vector>
 
 #include "common.cuh"
+#include "cu_check.h"
 #include "driver_api_fatbin.h"  // generated: driver_api_fatbin[] (nvcc -fatbin of driver_api_kernels.cu)
 #include "driver_api_ptx.h"     // generated: driver_api_ptx[], NUL-terminated (nvcc -ptx)
-
-#define CU_CHECK(call)                                                                                     \
-    do {                                                                                                   \
-        CUresult r_ = (call);                                                                              \
-        if (r_ != CUDA_SUCCESS) {                                                                          \
-            const char* n_ = "?";                                                                          \
-            cuGetErrorName(r_, &n_);                                                                       \
-            fail("%s returned %s (%d) at line %d", #call, n_, static_cast<int>(r_), __LINE__);              \
-        }                                                                                                  \
-    } while (0)
 
 static const char* err_name(CUresult r) {
     const char* n = "?";

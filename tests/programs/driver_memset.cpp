@@ -8,16 +8,7 @@
 #include <vector>
 
 #include "common.cuh"
-
-#define CU_CHECK(call)                                                                                     \
-    do {                                                                                                   \
-        CUresult r_ = (call);                                                                              \
-        if (r_ != CUDA_SUCCESS) {                                                                          \
-            const char* n_ = "?";                                                                          \
-            cuGetErrorName(r_, &n_);                                                                       \
-            fail("%s returned %s (%d) at line %d", #call, n_, static_cast<int>(r_), __LINE__);              \
-        }                                                                                                  \
-    } while (0)
+#include "cu_check.h"
 
 static const char* err_name(CUresult r) {
     const char* n = "?";
