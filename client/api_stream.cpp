@@ -247,13 +247,7 @@ VCUDA_API cuStreamEndCapture(CUstream s, CUgraph* graph) noexcept {
 
 VCUDA_API cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) noexcept {
     VCUDA_TRACE_HOOK(cuStreamIsCapturing, s, status);
-    VCUDA_REQUIRE_INIT();
-    if (!status) return CUDA_ERROR_INVALID_VALUE;
-    handle_info info;
-    if (!stream_info(s, info)) return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t id = 0;
-    std::shared_ptr<const capture_sequence> seq;
-    return capture_status(s, *status, id, seq);
+    return capture_info(s, status, nullptr, nullptr, nullptr, nullptr, nullptr);
 }
 
 VCUDA_API cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id) noexcept {
