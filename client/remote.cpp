@@ -44,7 +44,12 @@ outgoing_frame lane::build(const call_request& rq, bool async) {
         blob_offsets_.push_back(wire::CreateBlob(fbb_, fbb_.CreateVector(reinterpret_cast<const uint8_t*>(b.data()), b.size())));
     auto args = fbb_.CreateVector(rq.args.data(), rq.args.size());
     auto blobs = fbb_.CreateVector(blob_offsets_);
-    auto after = session_.note_send(number_, ++sequence_);
+    // The host-function thread's calls and NVML's status queries stand outside the order of the application's
+    // calls: a host function may be what an application call on another thread is waiting for.
+    const bool ordered = rq.operation != op::host_func_next && rq.operation != op::host_func_done &&
+                         rq.operation != op::gpu_status;
+    ++sequence_;
+    auto after = ordered ? session_.note_send(number_, sequence_) : session::frame_ref{};
     fbb_.Finish(wire::CreateCall(fbb_, static_cast<uint32_t>(rq.operation), rq.device, args, blobs, after.lane, after.seq));
     return make_frame(frame_kind::call, fbb_, sequence_, number_, async ? frame_flags::no_reply : 0, rq.payload);
 }

@@ -142,6 +142,39 @@ void session::detach(frame_stream* fs) {
     std::erase(streams_, fs);
 }
 
+void session::host_func_started(uint64_t id) {
+    std::lock_guard lock(hf_mu_);
+    hf_started_.push_back(id);
+    hf_cv_.notify_all();
+}
+
+bool session::host_func_next(uint64_t& id) {
+    std::unique_lock lock(hf_mu_);
+    hf_cv_.wait(lock, [&] { return hf_stopped_ || !hf_started_.empty(); });
+    if (hf_started_.empty()) return false;
+    id = hf_started_.front();
+    hf_started_.pop_front();
+    return true;
+}
+
+void session::host_func_done(uint64_t id) {
+    std::lock_guard lock(hf_mu_);
+    hf_done_.insert(id);
+    hf_cv_.notify_all();
+}
+
+void session::host_func_wait(uint64_t id) {
+    std::unique_lock lock(hf_mu_);
+    hf_cv_.wait(lock, [&] { return hf_stopped_ || hf_done_.count(id); });
+    hf_done_.erase(id);
+}
+
+void session::stop_host_funcs() {
+    std::lock_guard lock(hf_mu_);
+    hf_stopped_ = true;
+    hf_cv_.notify_all();
+}
+
 void session::lane_progress(uint32_t lane, uint64_t seq) {
     std::lock_guard lock(progress_mu_);
     progress_[lane] = seq;
@@ -180,6 +213,7 @@ bool session::wait_for_lane(uint32_t lane, uint64_t seq) {
 }
 
 void session::end(const std::string& why) {
+    stop_host_funcs();
     std::lock_guard lock(lanes_mu_);
     ending_ = true;
     if (!streams_.empty()) VCUDA_LOG_INFO("session {}: ending it: {}", id_, why);
@@ -215,6 +249,7 @@ void session::release_host_regions() {
 }
 
 void session::release_all() {
+    stop_host_funcs();  // the client is gone: callbacks still queued on streams return at once
     release_host_regions();  // while the contexts still exist
     release_vmm();
     for (size_t i = 0; i < devices_.size(); ++i) release_device(i);

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,7 +38,7 @@ struct session_grant {
     std::string lease_id;
 };
 
-class session {
+class session : public std::enable_shared_from_this<session> {
 public:
     session(uint64_t id, uint64_t secret, driver& drv, const server_options& opts, const session_grant& grant, std::string peer);
     ~session();
@@ -105,6 +106,14 @@ public:
     std::unordered_map<uint64_t, std::vector<std::vector<uint64_t>>> images;  // content hash -> parts (8-byte aligned)
     size_t image_bytes = 0;
 
+    // Host functions (cuLaunchHostFunc) run in the client: the driver's callback waits here until the client
+    // has run it (server/handlers_hostfn.cpp). Stopped at session end so that no callback waits for ever.
+    void host_func_started(uint64_t id);
+    bool host_func_next(uint64_t& id);   // waits for a started one; false once stopped
+    void host_func_done(uint64_t id);
+    void host_func_wait(uint64_t id);    // in the driver's callback: until done or stopped
+    void stop_host_funcs();
+
     // Progress of each lane (the last call number it has run, or started for a call that blocks), so that a
     // call depending on another lane's call (Call.after_lane/after_seq) waits for it.
     void lane_progress(uint32_t lane, uint64_t seq);
@@ -141,6 +150,11 @@ private:
     std::condition_variable progress_cv_;
     std::unordered_map<uint32_t, uint64_t> progress_;  // lane -> last call run; erased when the lane is gone
     std::unordered_set<uint32_t> gone_lanes_;
+    std::mutex hf_mu_;
+    std::condition_variable hf_cv_;
+    std::deque<uint64_t> hf_started_;
+    std::unordered_set<uint64_t> hf_done_;
+    bool hf_stopped_ = false;
     int progress_waiters_ = 0;
 };
 
