@@ -35,22 +35,26 @@ std::map<CUdeviceptr, size_t>& local_reservations() {  // reservations also held
     return *m;
 }
 
-// The property with its device location turned into the server's index. Only the current device's server
-// can be asked (its session is the one calls go to).
+// A device location (client ordinal) turned into the server's index. Only the current device's server can be
+// asked (its session is the one calls go to).
+CUresult server_location(CUmemLocation& loc) {
+    if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return static_cast<CUresult>(unsupported("virtual memory management with a non-device location"));
+    auto& st = state::get();
+    if (loc.id < 0 || loc.id >= st.device_count()) return CUDA_ERROR_INVALID_DEVICE;
+    auto& dev = st.device(loc.id);
+    if (dev.owner != &st.remote())
+        return static_cast<CUresult>(unsupported("virtual memory management on a device of another server than the current one"));
+    loc.id = dev.server_index;
+    return CUDA_SUCCESS;
+}
+
+// The property as the server must see it.
 CUresult server_prop(const CUmemAllocationProp* in, CUmemAllocationProp& out) {
     if (!in) return CUDA_ERROR_INVALID_VALUE;
     out = *in;
-    if (in->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
-        return static_cast<CUresult>(unsupported("virtual memory management with a non-device location"));
-    }
-    auto& st = state::get();
-    if (in->location.id < 0 || in->location.id >= st.device_count()) return CUDA_ERROR_INVALID_DEVICE;
-    auto& dev = st.device(in->location.id);
-    if (dev.owner != &st.remote())
-        return static_cast<CUresult>(unsupported("virtual memory management on a device of another server than the current one"));
-    out.location.id = dev.server_index;
     out.win32HandleMetaData = nullptr;
-    return CUDA_SUCCESS;
+    return server_location(out.location);
 }
 
 std::span<const std::byte> bytes_of(const void* p, size_t n) { return {static_cast<const std::byte*>(p), n}; }
@@ -172,15 +176,8 @@ VCUDA_API cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* de
     VCUDA_REQUIRE_INIT();
     if (!desc || count == 0 || count > 64) return CUDA_ERROR_INVALID_VALUE;
     std::vector<CUmemAccessDesc> d(desc, desc + count);
-    auto& st = state::get();
-    for (auto& x : d) {
-        if (x.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-            return static_cast<CUresult>(unsupported("cuMemSetAccess for a non-device location"));
-        if (x.location.id < 0 || x.location.id >= st.device_count()) return CUDA_ERROR_INVALID_DEVICE;
-        if (st.device(x.location.id).owner != &st.remote())
-            return static_cast<CUresult>(unsupported("cuMemSetAccess for a device of another server"));
-        x.location.id = st.device(x.location.id).server_index;
-    }
+    for (auto& x : d)
+        if (CUresult rc = server_location(x.location); rc != CUDA_SUCCESS) return rc;
     return remote(op::vmm_set_access, {ptr, size, count}, mode::sync, nullptr, {},
                   {bytes_of(d.data(), d.size() * sizeof(CUmemAccessDesc))});
 }

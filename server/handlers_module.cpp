@@ -243,6 +243,15 @@ bool plain_launch_attribute(CUlaunchAttributeID id) {
     }
 }
 
+// Grid xyz, block xyz and shared bytes: arguments 1..7 of a launch-shaped call, each a 32-bit value.
+CUresult launch_dims(call_context& cx, unsigned (&dims)[7]) {
+    for (int i = 0; i < 7; ++i) {
+        if (cx.arg(1 + i) > 0xffffffffu) return cx.bad_arguments();
+        dims[i] = static_cast<unsigned>(cx.arg(1 + i));
+    }
+    return CUDA_SUCCESS;
+}
+
 // The launch attributes in blob `i` (n of them), checked. False (with the reply's error set) when malformed.
 CUresult launch_attributes(call_context& cx, size_t i, uint64_t n, std::vector<CUlaunchAttribute>& attrs) {
     auto bytes = cx.blob(i);
@@ -265,10 +274,7 @@ CUresult handle_occupancy_clusters(call_context& cx) {
     CUstream s;
     if (CUresult rc = cx.handle(8, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     unsigned dims[7];
-    for (int i = 0; i < 7; ++i) {
-        if (cx.arg(1 + i) > 0xffffffffu) return cx.bad_arguments();
-        dims[i] = static_cast<unsigned>(cx.arg(1 + i));
-    }
+    if (CUresult rc = launch_dims(cx, dims); rc != CUDA_SUCCESS) return rc;
     std::vector<CUlaunchAttribute> attrs;
     if (CUresult rc = launch_attributes(cx, 0, cx.arg(9), attrs); rc != CUDA_SUCCESS) return rc;
     CUlaunchConfig config{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s,
@@ -299,10 +305,7 @@ CUresult handle_launch(call_context& cx) {
     CUstream s;
     if (CUresult rc = cx.handle(8, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     unsigned dims[7];
-    for (int i = 0; i < 7; ++i) {
-        if (cx.arg(1 + i) > 0xffffffffu) return cx.bad_arguments();
-        dims[i] = static_cast<unsigned>(cx.arg(1 + i));
-    }
+    if (CUresult rc = launch_dims(cx, dims); rc != CUDA_SUCCESS) return rc;
     uint64_t form = cx.arg(9), n_attrs = cx.arg(10);
     auto params = cx.blob(0);
     // Parameters copied into 8-byte-aligned storage; kernelParams point into it at the server's own layout.

@@ -10,21 +10,25 @@ namespace vcuda::server {
 
 namespace {
 
-// A CUmemAllocationProp from blob `i`, its device location turned from session index into the real device.
+// A device location as the client sends it (the session's device index) turned into the real device.
+CUresult real_location(call_context& cx, CUmemLocation& loc, size_t& device) {
+    if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE) return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "only device locations are served");
+    if (loc.id < 0 || !cx.sess.allowed(static_cast<size_t>(loc.id)))
+        return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+    device = static_cast<size_t>(loc.id);
+    CUdevice real;
+    if (CUresult rc = cx.sess.real_device(device, real); rc != CUDA_SUCCESS) return rc;
+    loc.id = real;
+    return CUDA_SUCCESS;
+}
+
+// A CUmemAllocationProp from blob `i`, its location turned into the real device.
 CUresult allocation_prop(call_context& cx, size_t i, CUmemAllocationProp& prop, size_t& device) {
     auto b = cx.blob(i);
     if (b.size() != sizeof prop) return cx.bad_arguments();
     std::memcpy(&prop, b.data(), sizeof prop);
-    if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "only device memory locations are served");
-    if (prop.location.id < 0 || !cx.sess.allowed(static_cast<size_t>(prop.location.id)))
-        return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
-    device = static_cast<size_t>(prop.location.id);
-    CUdevice real;
-    if (CUresult rc = cx.sess.real_device(device, real); rc != CUDA_SUCCESS) return rc;
-    prop.location.id = real;
     prop.win32HandleMetaData = nullptr;
-    return CUDA_SUCCESS;
+    return real_location(cx, prop.location, device);
 }
 
 // [va, va+size) inside one reservation of this session.
@@ -162,13 +166,8 @@ CUresult handle_vmm_set_access(call_context& cx) {
     std::vector<CUmemAccessDesc> desc(count);
     std::memcpy(desc.data(), b.data(), b.size());
     for (auto& d : desc) {
-        if (d.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-            return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "only device access is served");
-        if (d.location.id < 0 || !cx.sess.allowed(static_cast<size_t>(d.location.id)))
-            return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
-        CUdevice real;
-        if (CUresult rc = cx.sess.real_device(static_cast<size_t>(d.location.id), real); rc != CUDA_SUCCESS) return rc;
-        d.location.id = real;
+        size_t device;
+        if (CUresult rc = real_location(cx, d.location, device); rc != CUDA_SUCCESS) return rc;
     }
     CUdeviceptr va = cx.arg(0);
     size_t size = cx.arg(1);

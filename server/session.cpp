@@ -65,16 +65,21 @@ bool session::owns_range(CUdeviceptr p, size_t n) {
     return p - it->first < size && n <= size - (p - it->first);
 }
 
+void session::synchronize_any_context() {
+    auto& d = api();
+    for (auto& s : devices_)
+        if (s.ctx) {
+            d.cuCtxSetCurrent(s.ctx);
+            d.cuCtxSynchronize();  // nothing in flight may still use what the caller frees
+            return;
+        }
+}
+
 void session::release_vmm() {
     auto& d = api();
     std::lock_guard lock(mu);
     if (vmm_mapped.empty() && vmm_reserved.empty() && vmm_allocations.empty()) return;
-    for (auto& s : devices_)
-        if (s.ctx) {
-            d.cuCtxSetCurrent(s.ctx);
-            d.cuCtxSynchronize();
-            break;
-        }
+    synchronize_any_context();
     for (auto& [va, m] : vmm_mapped) d.cuMemUnmap(va, m.size);
     vmm_mapped.clear();
     for (auto& [va, size] : vmm_reserved) d.cuMemAddressFree(va, size);
@@ -233,13 +238,7 @@ void session::release_host_regions() {
     auto& d = api();
     std::lock_guard lock(mu);
     if (host_regions.empty()) return;
-    // Unregistering needs a context; any of the session's will do (the regions are portable).
-    for (auto& s : devices_)
-        if (s.ctx) {
-            d.cuCtxSetCurrent(s.ctx);
-            d.cuCtxSynchronize();  // no copy may still use the pages
-            break;
-        }
+    synchronize_any_context();  // the regions are portable: any context will do to unregister them
     for (auto& [addr, r] : host_regions) {
         d.cuMemHostUnregister(reinterpret_cast<void*>(addr));
         ::munmap(reinterpret_cast<void*>(addr), r.size);

@@ -137,6 +137,10 @@ private:
         bool allowed = true;
     };
 
+    // Makes one of the session's contexts current and waits for its GPU work (host regions and VMM mappings
+    // are released under any context). The caller holds `mu`.
+    void synchronize_any_context();
+
     uint64_t id_, secret_;
     driver* drv_;
     server_options opts_;
