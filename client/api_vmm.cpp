@@ -35,9 +35,16 @@ std::map<CUdeviceptr, size_t>& local_reservations() {  // reservations also held
     return *m;
 }
 
+bool host_location(const CUmemLocation& loc) {
+    return loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+           loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+}
+
 // A device location (client ordinal) turned into the server's index. Only the current device's server can be
-// asked (its session is the one calls go to).
-CUresult server_location(CUmemLocation& loc) {
+// asked (its session is the one calls go to). Host locations pass unchanged where `host_ok` (queries): the
+// NUMA ids the application knows came from the server's cuDeviceGetAttribute.
+CUresult server_location(CUmemLocation& loc, bool host_ok = false) {
+    if (host_ok && host_location(loc)) return CUDA_SUCCESS;
     if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return static_cast<CUresult>(unsupported("virtual memory management with a non-device location"));
     auto& st = state::get();
@@ -50,11 +57,11 @@ CUresult server_location(CUmemLocation& loc) {
 }
 
 // The property as the server must see it.
-CUresult server_prop(const CUmemAllocationProp* in, CUmemAllocationProp& out) {
+CUresult server_prop(const CUmemAllocationProp* in, CUmemAllocationProp& out, bool host_ok = false) {
     if (!in) return CUDA_ERROR_INVALID_VALUE;
     out = *in;
     out.win32HandleMetaData = nullptr;
-    return server_location(out.location);
+    return server_location(out.location, host_ok);
 }
 
 std::span<const std::byte> bytes_of(const void* p, size_t n) { return {static_cast<const std::byte*>(p), n}; }
@@ -67,7 +74,7 @@ VCUDA_API cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocati
     VCUDA_REQUIRE_INIT();
     if (!granularity) return CUDA_ERROR_INVALID_VALUE;
     CUmemAllocationProp p;
-    if (CUresult rc = server_prop(prop, p); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = server_prop(prop, p, /*host_ok=*/true); rc != CUDA_SUCCESS) return rc;
     plain_call c(op::vmm_granularity, "cuMemGetAllocationGranularity");
     c.arg(static_cast<uint64_t>(option));
     c.blob(bytes_of(&p, sizeof p));
@@ -111,7 +118,11 @@ VCUDA_API cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const C
                       unsigned long long flags) noexcept {
     VCUDA_TRACE_HOOK(cuMemCreate, handle, size, prop, flags);
     VCUDA_REQUIRE_INIT();
-    if (!handle || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!handle || size == 0 || !prop) return CUDA_ERROR_INVALID_VALUE;
+    // Host-located physical memory would be reachable by the CPU only in the server's process. Callers probe
+    // for it and fall back (NCCL uses /dev/shm), so this is a refusal, not a failure.
+    if (host_location(prop->location))
+        return static_cast<CUresult>(unsupported("cuMemCreate of host-located memory (not shared with this process)"));
     CUmemAllocationProp p;
     if (CUresult rc = server_prop(prop, p); rc != CUDA_SUCCESS) return rc;
     plain_call c(op::vmm_create, "cuMemCreate");

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "common/log.hpp"
 #include "common/wire.hpp"
@@ -221,7 +223,11 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
     flatbuffers::FlatBufferBuilder b(256);
     char host[256] = {};
     gethostname(host, sizeof host - 1);
-    b.Finish(wire::CreateHello(b, protocol_version, features::all, b.CreateString(token_), id_, secret_, number,
+    // Shared-memory rings unless VCUDA_SHM=0 (frames then stay on the Unix socket).
+    const char* shm = std::getenv("VCUDA_SHM");
+    const bool want_rings = fs.raw().is_local() && !(shm && std::string_view(shm) == "0");
+    b.Finish(wire::CreateHello(b, protocol_version, features::all | (want_rings ? features::shm_rings : 0),
+                               b.CreateString(token_), id_, secret_, number,
                                static_cast<uint32_t>(getpid()), b.CreateString(host), 0, tag_));
     if (auto r = fs.send(make_frame(frame_kind::hello, b, 0, number), after(timeout_)); !r) {
         why = "sending HELLO to " + address_ + " failed: " + r.error().message;
@@ -242,6 +248,16 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
         return nullptr;
     }
     auto* hr = root_of<wire::HelloReply>(*in);
+    if (hr->features() & features::shm_rings) {
+        int fd = fs.raw().take_fd();
+        auto rings = fd >= 0 ? shm_rings::open(fd) : unexpected{std::string("no descriptor came with the reply")};
+        if (fd >= 0) close(fd);
+        if (!rings) {
+            why = "shared-memory rings offered by " + address_ + " unusable: " + rings.error();
+            return nullptr;
+        }
+        fs.raw().attach_rings(std::move(*rings), default_spin());
+    }
     if (number == 0) {
         id_ = hr->session_id();
         secret_ = hr->session_secret();

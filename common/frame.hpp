@@ -41,6 +41,9 @@ namespace features {
 inline constexpr uint64_t async_calls = 1u << 0;
 inline constexpr uint64_t lanes = 1u << 1;
 inline constexpr uint64_t all = async_calls | lanes;
+// Asked for by a client on the same host; granted by a server that passes the rings' memfd with HELLO's reply
+// (common/shm_ring.hpp). Not in `all`: it depends on the connection.
+inline constexpr uint64_t shm_rings = 1u << 2;
 }  // namespace features
 
 // Wire layout, little-endian, no padding (static_asserts below).

@@ -14,7 +14,9 @@
 #include <cerrno>
 #include <charconv>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "common/log.hpp"
 
@@ -131,7 +133,8 @@ bool is_unix_socket(int fd) {
 
 stream::stream(int fd) : fd_(fd), local_(is_unix_socket(fd)) {}
 stream::stream(stream&& o) noexcept
-    : fd_(o.fd_), local_(o.local_), lost_(o.lost_.load()), reported_(o.reported_.load()), peer_(std::move(o.peer_)),
+    : fd_(o.fd_), local_(o.local_), rings_(std::move(o.rings_)), spin_(o.spin_), fds_received_(o.fds_received_),
+      lost_(o.lost_.load()), reported_(o.reported_.load()), peer_(std::move(o.peer_)),
       received_fds_(std::move(o.received_fds_)) {
     o.fd_ = -1;
 }
@@ -141,6 +144,9 @@ stream& stream::operator=(stream&& o) noexcept {
         close_received();
         fd_ = o.fd_;
         local_ = o.local_;
+        rings_ = std::move(o.rings_);
+        spin_ = o.spin_;
+        fds_received_ = o.fds_received_;
         received_fds_ = std::move(o.received_fds_);
         o.fd_ = -1;
         lost_ = o.lost_.load();
@@ -160,6 +166,15 @@ void stream::close_received() {
 }
 
 int stream::take_fd() {
+    // On rings a descriptor goes out on the socket before its frame's bytes enter the ring: if the peer counted
+    // more than arrived, it is in the socket already or about to be.
+    if (received_fds_.empty() && rings_ &&
+        rings_->inbound().control().fds_sent.load(std::memory_order_acquire) > fds_received_) {
+        deadline until = after(std::chrono::seconds(10));
+        while (received_fds_.empty() && !lost_) {
+            if (!wait(POLLIN, until) || !drain_socket()) break;
+        }
+    }
     if (received_fds_.empty()) return -1;
     int fd = received_fds_.front();
     received_fds_.pop_front();
@@ -234,6 +249,10 @@ transport_result<void> stream::wait(short events, deadline until) {
 transport_result<void> stream::write_all(std::span<iovec> bufs, deadline until, int pass_fd) {
     if (fd_ < 0 || lost_) return unexpected{transport_error{transport_errc::closed, "connection closed"}};
     if (pass_fd >= 0 && !local_) return unexpected{transport_error{transport_errc::io, "file descriptors pass only over Unix sockets"}};
+    return rings_ ? ring_write(bufs, until, pass_fd) : socket_write(bufs, until, pass_fd);
+}
+
+transport_result<void> stream::socket_write(std::span<iovec> bufs, deadline until, int pass_fd) {
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
     size_t i = 0;
     while (i < bufs.size()) {
@@ -279,6 +298,24 @@ transport_result<void> stream::write_all(std::span<iovec> bufs, deadline until, 
 
 transport_result<void> stream::read_exact(void* buf, size_t n, deadline until) {
     if (fd_ < 0 || lost_) return unexpected{transport_error{transport_errc::closed, "connection closed"}};
+    return rings_ ? ring_read(buf, n, until) : socket_read(buf, n, until);
+}
+
+void stream::keep_fds(void* msg) {
+    auto* m = static_cast<msghdr*>(msg);
+    for (cmsghdr* c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t k = 0; k < count; ++k) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
+            received_fds_.push_back(fd);
+            ++fds_received_;
+        }
+    }
+}
+
+transport_result<void> stream::socket_read(void* buf, size_t n, deadline until) {
     auto* p = static_cast<char*>(buf);
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
     while (n > 0) {
@@ -291,17 +328,7 @@ transport_result<void> stream::read_exact(void* buf, size_t n, deadline until) {
             m.msg_control = control;
             m.msg_controllen = sizeof control;
             r = ::recvmsg(fd_, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-            if (r > 0) {
-                for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-                    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-                    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                    for (size_t k = 0; k < count; ++k) {
-                        int fd;
-                        std::memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
-                        received_fds_.push_back(fd);
-                    }
-                }
-            }
+            if (r > 0) keep_fds(&m);
         } else {
             r = ::recv(fd_, p, n, MSG_DONTWAIT);
         }
@@ -319,6 +346,149 @@ transport_result<void> stream::read_exact(void* buf, size_t n, deadline until) {
         return unexpected{lost(errno_text(errno))};
     }
     return {};
+}
+
+// ---------------------------------------------------------------- stream on shared-memory rings
+
+std::chrono::microseconds default_spin() {
+    if (const char* v = std::getenv("VCUDA_SPIN_US"); v && *v) return std::chrono::microseconds(std::strtoul(v, nullptr, 10));
+    return std::chrono::microseconds(std::thread::hardware_concurrency() >= 4 ? 50 : 0);
+}
+
+void stream::attach_rings(std::unique_ptr<shm_rings> rings, std::chrono::microseconds spin) {
+    rings_ = std::move(rings);
+    spin_ = spin;
+    fds_received_ = 0;  // the peer counts only descriptors it sends once rings are up (not the rings' own)
+}
+
+namespace {
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+}  // namespace
+
+transport_result<void> stream::ring_write(std::span<iovec> bufs, deadline until, int pass_fd) {
+    if (pass_fd >= 0) {  // the descriptor first, on the socket, with one byte; then the count the reader checks
+        char one = 0;
+        iovec b{&one, 1};
+        if (auto r = socket_write({&b, 1}, until, pass_fd); !r) return r;
+        rings_->outbound().control().fds_sent.fetch_add(1, std::memory_order_seq_cst);
+    }
+    auto& out = rings_->outbound();
+    auto& ctl = out.control();
+    for (auto& b : bufs) {
+        auto* p = static_cast<const std::byte*>(b.iov_base);
+        size_t left = b.iov_len;
+        while (left > 0) {
+            size_t w = out.write_some(p, left);
+            if (w == SIZE_MAX) return unexpected{lost("the peer corrupted the frame ring")};
+            if (w > 0) {
+                p += w;
+                left -= w;
+            }
+            // A sleeping reader gets one doorbell byte; it clears the flag when it wakes.
+            if (ctl.reader_sleeping.load(std::memory_order_seq_cst) && ctl.reader_sleeping.exchange(0)) {
+                char bell = 0;
+                [[maybe_unused]] auto n = ::send(fd_, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+            }
+            if (left > 0 && w == 0)
+                if (auto r = wait_writable(until); !r) return r;
+        }
+    }
+    return {};
+}
+
+// The ring is full: the reader is busy with earlier bytes. Spin, then nap, watching for the peer's end.
+transport_result<void> stream::wait_writable(deadline until) {
+    auto& out = rings_->outbound();
+    auto spin_end = clock::now() + spin_;
+    while (clock::now() < spin_end)
+        for (int i = 0; i < 64; ++i) {
+            if (out.writable()) return {};
+            cpu_relax();
+        }
+    for (;;) {
+        if (out.writable()) return {};
+        if (until && clock::now() >= *until) return unexpected{transport_error{transport_errc::timeout, "deadline passed"}};
+        pollfd p{fd_, POLLRDHUP, 0};
+        if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+            return unexpected{lost("peer closed the connection")};
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+}
+
+transport_result<void> stream::ring_read(void* buf, size_t n, deadline until) {
+    auto& in = rings_->inbound();
+    auto* p = static_cast<std::byte*>(buf);
+    while (n > 0) {
+        size_t r = in.read_some(p, n);
+        if (r == SIZE_MAX) return unexpected{lost("the peer corrupted the frame ring")};
+        if (r > 0) {
+            p += r;
+            n -= r;
+            continue;
+        }
+        if (auto w = wait_readable(until); !w) return w;
+    }
+    return {};
+}
+
+transport_result<void> stream::wait_readable(deadline until) {
+    auto& in = rings_->inbound();
+    if (spin_.count() > 0) {
+        auto spin_end = clock::now() + spin_;
+        do
+            for (int i = 0; i < 64; ++i) {
+                if (in.readable()) return {};
+                cpu_relax();
+            }
+        while (clock::now() < spin_end);
+    }
+    auto& ctl = in.control();
+    for (;;) {
+        ctl.reader_sleeping.store(1, std::memory_order_seq_cst);  // then look again: pairs with the writer's head store
+        if (in.readable()) {
+            ctl.reader_sleeping.store(0, std::memory_order_relaxed);
+            return {};
+        }
+        pollfd pf{fd_, POLLIN, 0};
+        int k = ::poll(&pf, 1, poll_timeout_ms(until));
+        ctl.reader_sleeping.store(0, std::memory_order_relaxed);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return unexpected{lost(errno_text(errno))};
+        }
+        if (k > 0)
+            if (auto d = drain_socket(); !d) return d;
+        if (in.readable()) return {};
+        if (k == 0) return unexpected{transport_error{transport_errc::timeout, "deadline passed"}};
+    }
+}
+
+transport_result<void> stream::drain_socket() {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+    char bytes[256];
+    for (;;) {
+        iovec iov{bytes, sizeof bytes};
+        msghdr m{};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = control;
+        m.msg_controllen = sizeof control;
+        ssize_t r = ::recvmsg(fd_, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (r > 0) {
+            keep_fds(&m);
+            continue;
+        }
+        if (r == 0) return unexpected{lost("peer closed the connection")};
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
+        return unexpected{lost(errno_text(errno))};
+    }
 }
 
 void stream::shutdown() {

@@ -23,8 +23,13 @@
 
 #include "common/frame.hpp"
 #include "common/result.hpp"
+#include "common/shm_ring.hpp"
 
 namespace vcuda {
+
+// How long a reader on shared-memory rings spins before it sleeps: `VCUDA_SPIN_US` if set, else 50 µs where
+// the machine has 4 or more hardware threads (spinning on fewer would take the peer's CPU), else 0.
+std::chrono::microseconds default_spin();
 
 enum class transport_errc {
     peer_lost,      // the other side closed or reset the connection, or vanished mid-frame
@@ -84,6 +89,10 @@ public:
     int take_fd();
     // Both ends on this host: a Unix socket, which can pass file descriptors and so share memory.
     bool is_local() const { return local_; }
+    // From now on bytes travel through `rings` (both ends switch right after HELLO); the socket keeps carrying
+    // file descriptors, doorbells and the end of the connection. A reader spins up to `spin` before it sleeps.
+    void attach_rings(std::unique_ptr<shm_rings> rings, std::chrono::microseconds spin);
+    bool has_rings() const { return rings_ != nullptr; }
 
     // Ends the connection: pending and later reads and writes fail with `closed`.
     void shutdown();
@@ -95,11 +104,22 @@ public:
 private:
     transport_error lost(std::string why);
     transport_result<void> wait(short events, deadline until);
+    transport_result<void> socket_write(std::span<iovec> bufs, deadline until, int pass_fd);
+    transport_result<void> socket_read(void* buf, size_t n, deadline until);
+    transport_result<void> ring_write(std::span<iovec> bufs, deadline until, int pass_fd);
+    transport_result<void> ring_read(void* buf, size_t n, deadline until);
+    transport_result<void> wait_readable(deadline until);
+    transport_result<void> wait_writable(deadline until);
+    transport_result<void> drain_socket();  // doorbells and descriptors (rings mode); EOF is the peer's end
+    void keep_fds(void* msg);               // SCM_RIGHTS descriptors of a received msghdr
 
     void close_received();
 
     int fd_ = -1;
     bool local_ = false;
+    std::unique_ptr<shm_rings> rings_;
+    std::chrono::microseconds spin_{0};
+    uint64_t fds_received_ = 0;
     std::atomic<bool> lost_{false};
     std::atomic<bool> reported_{false};
     std::string peer_;

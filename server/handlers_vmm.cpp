@@ -2,6 +2,7 @@
 // address reservations, physical allocations (charged to the session's quota), mappings and access. Every
 // address and handle is checked against what this session reserved, created and mapped. Device locations
 // arrive as the session's device indices and are turned into the real devices here.
+#include <cstdint>
 #include <cstring>
 
 #include "server/call_context.hpp"
@@ -11,7 +12,13 @@ namespace vcuda::server {
 namespace {
 
 // A device location as the client sends it (the session's device index) turned into the real device.
-CUresult real_location(call_context& cx, CUmemLocation& loc, size_t& device) {
+CUresult real_location(call_context& cx, CUmemLocation& loc, size_t& device, bool host_ok = false) {
+    bool host = loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+                loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+    if (host && host_ok) {  // queries only: the NUMA id is already the server's (cuDeviceGetAttribute's answer)
+        device = SIZE_MAX;
+        return CUDA_SUCCESS;
+    }
     if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE) return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "only device locations are served");
     if (loc.id < 0 || !cx.sess.allowed(static_cast<size_t>(loc.id)))
         return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
@@ -23,12 +30,12 @@ CUresult real_location(call_context& cx, CUmemLocation& loc, size_t& device) {
 }
 
 // A CUmemAllocationProp from blob `i`, its location turned into the real device.
-CUresult allocation_prop(call_context& cx, size_t i, CUmemAllocationProp& prop, size_t& device) {
+CUresult allocation_prop(call_context& cx, size_t i, CUmemAllocationProp& prop, size_t& device, bool host_ok = false) {
     auto b = cx.blob(i);
     if (b.size() != sizeof prop) return cx.bad_arguments();
     std::memcpy(&prop, b.data(), sizeof prop);
     prop.win32HandleMetaData = nullptr;
-    return real_location(cx, prop.location, device);
+    return real_location(cx, prop.location, device, host_ok);
 }
 
 // [va, va+size) inside one reservation of this session.
@@ -46,7 +53,7 @@ CUresult handle_vmm_granularity(call_context& cx) {
     if (!cx.expect_args(1) || cx.blob_count() != 1) return cx.bad_arguments();
     CUmemAllocationProp prop;
     size_t device;
-    if (CUresult rc = allocation_prop(cx, 0, prop, device); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = allocation_prop(cx, 0, prop, device, /*host_ok=*/true); rc != CUDA_SUCCESS) return rc;
     size_t g = 0;
     CUresult rc = cx.drv().cuMemGetAllocationGranularity(&g, &prop, static_cast<CUmemAllocationGranularity_flags>(cx.arg(0)));
     if (rc == CUDA_SUCCESS) cx.out(static_cast<uint64_t>(g));

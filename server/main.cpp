@@ -73,6 +73,13 @@ int main(int argc, char** argv) {
     app.add_option("--host-memory-quota", host_quota_text,
                    "Pinned host memory each session on this host (Unix socket) may share with the server, e.g. 16GiB "
                    "(default: half of this machine's memory). Past it, cuMemHostAlloc fails with CUDA_ERROR_OUT_OF_MEMORY.");
+    bool no_shm_rings = false;
+    app.add_flag("--no-shm-rings", no_shm_rings,
+                 "Keep frames of local (Unix socket) clients on the socket instead of shared-memory rings");
+    long spin_us = -1;
+    app.add_option("--spin-us", spin_us,
+                   "Microseconds a lane thread on shared-memory rings spins for the next frame before it sleeps "
+                   "(default 50 with 4 or more CPUs, else 0; env VCUDA_SPIN_US)");
     app.add_option("--log-level", level, "trace, debug, info, warn, error or off (default info; env VCUDA_LOG_LEVEL)");
     std::string manager, secret_file;
     std::vector<std::string> advertise;
@@ -104,6 +111,8 @@ int main(int argc, char** argv) {
     } else {
         opts.host_memory_quota = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE)) / 2;
     }
+    opts.shm_rings = !no_shm_rings;
+    if (spin_us >= 0) opts.spin = std::chrono::microseconds(spin_us);
     if (listen.empty()) listen.push_back("127.0.0.1:7300");
     if (!manager.empty()) {
         if (secret_file.empty()) {

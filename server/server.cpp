@@ -9,6 +9,8 @@
 #include "mgmt/token.hpp"
 #include "server/dispatch.hpp"
 
+#include <unistd.h>
+
 #include <cstdio>
 
 namespace vcuda::server {
@@ -87,11 +89,21 @@ void server::run_connection(stream s) {
         }
     }
     ++sess->lanes;
+    // Frames through shared-memory rings when the client asked and shares this host.
+    std::unique_ptr<shm_rings> rings;
+    int rings_fd = -1;
+    if ((h->features() & features::shm_rings) && fs.raw().is_local() && opts_.shm_rings) {
+        auto r = shm_rings::create(shm_rings::default_ring_bytes, rings_fd);
+        if (r) rings = std::move(*r);
+        else VCUDA_LOG_WARN("{}: no shared-memory rings ({}); frames go through the socket", peer, r.error());
+    }
     flatbuffers::FlatBufferBuilder b(128);
-    b.Finish(wire::CreateHelloReply(b, protocol_version, features::all, sess->id(), sess->secret(), b.CreateString("vcuda-server"),
-                                    opts_.memory_quota));
-    if (fs.send(make_frame(frame_kind::hello_reply, b), after(std::chrono::seconds(10))))
-    {
+    b.Finish(wire::CreateHelloReply(b, protocol_version, features::all | (rings ? features::shm_rings : 0), sess->id(),
+                                    sess->secret(), b.CreateString("vcuda-server"), opts_.memory_quota));
+    bool greeted = fs.send(make_frame(frame_kind::hello_reply, b), after(std::chrono::seconds(10)), rings_fd).has_value();
+    if (rings_fd >= 0) close(rings_fd);
+    if (greeted && rings) fs.raw().attach_rings(std::move(rings), opts_.spin);
+    if (greeted) {
         sess->attach(&fs);
         run_lane(sess, fs, h->lane());
         sess->lane_gone(h->lane());

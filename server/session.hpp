@@ -29,6 +29,8 @@ struct server_options {
     uint64_t memory_quota = 0;  // bytes per GPU per session; 0 = the GPU's own memory
     uint64_t host_memory_quota = 0;  // pinned host memory shared with a local client, bytes per session; 0 = none
     std::string secret;         // shared with the manager: when set, every session needs a valid lease token
+    bool shm_rings = true;      // frames of local (Unix socket) clients through shared-memory rings
+    std::chrono::microseconds spin = default_spin();  // how long a lane thread spins for the next frame before it sleeps
 };
 
 // What a session may use: which of the server's GPUs (by index) and how much memory on each.

@@ -27,6 +27,13 @@ int main() {
     size_t gran = 0;
     CU_CHECK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     std::printf("granularity %zu KiB\n", gran >> 10);
+    // NCCL's probe for host-located cuMem memory starts with this query and fails hard if it fails.
+    CUmemAllocationProp host_prop = prop;
+    host_prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    host_prop.location.id = 0;
+    size_t host_gran = 0;
+    CU_CHECK(cuMemGetAllocationGranularity(&host_gran, &host_prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    std::printf("host NUMA granularity %zu KiB\n", host_gran >> 10);
 
     const size_t reserve = size_t(64) << 30;  // 64 GiB of addresses, almost none of it backed
     CUdeviceptr base = 0;

@@ -84,7 +84,7 @@ CUresult host_alloc(state& s, void** pp, size_t bytes, unsigned flags) {
     return CUDA_SUCCESS;
 }
 
-bool valid_alloc_prop(state& s, const CUmemAllocationProp* prop, CUresult& err) {
+bool valid_alloc_prop(state& s, const CUmemAllocationProp* prop, CUresult& err, bool host_ok = false) {
     if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) {
         err = CUDA_ERROR_INVALID_VALUE;
         return false;
@@ -98,7 +98,10 @@ bool valid_alloc_prop(state& s, const CUmemAllocationProp* prop, CUresult& err) 
             return true;
         case CU_MEM_LOCATION_TYPE_HOST:
         case CU_MEM_LOCATION_TYPE_HOST_NUMA:
-        case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: err = CUDA_ERROR_NOT_SUPPORTED; return false;
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+            if (host_ok) return true;  // granularity queries (NCCL's probe); host memory itself is not modelled
+            err = CUDA_ERROR_NOT_SUPPORTED;
+            return false;
         default: err = CUDA_ERROR_INVALID_VALUE; return false;
     }
 }
@@ -449,7 +452,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granula
         if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
             return CUDA_ERROR_INVALID_VALUE;
         CUresult err = CUDA_SUCCESS;
-        if (!valid_alloc_prop(s, prop, err)) return err;
+        if (!valid_alloc_prop(s, prop, err, /*host_ok=*/true)) return err;
         *granularity = vmm_granularity;
         return CUDA_SUCCESS;
     });
