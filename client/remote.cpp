@@ -130,8 +130,9 @@ bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
         return !failed_;
     };
     // A synchronous call on an idle link goes out from this thread: no hand-off to the writer on the
-    // latency-critical path.
-    if (wait_for_reply && queue_.empty() && !writing_) return write_here();
+    // latency-critical path. On shared-memory rings a write is a copy into the ring, cheaper than waking the
+    // writer, so every frame goes out from here while the link is idle.
+    if ((wait_for_reply || fs_.raw().has_rings()) && queue_.empty() && !writing_) return write_here();
     if (f.payload.size() <= direct_payload) {
         queue_.insert(queue_.end(), header, header + frame_header_size);
         queue_.insert(queue_.end(), f.meta.begin(), f.meta.end());

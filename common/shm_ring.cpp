@@ -1,5 +1,6 @@
 #include "common/shm_ring.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -75,11 +76,13 @@ result<std::unique_ptr<shm_rings>, std::string> shm_rings::map(int fd, size_t to
 
 result<std::unique_ptr<shm_rings>, std::string> shm_rings::create(size_t ring_bytes, int& fd) {
     if (!power_of_two(ring_bytes)) return unexpected{std::string("ring size must be a power of two of at least 4 KiB")};
-    fd = memfd_create("vcuda-frame-rings", MFD_CLOEXEC);
+    fd = memfd_create("vcuda-frame-rings", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return unexpected{std::string("memfd_create: ") + std::strerror(errno)};
     size_t total = header_bytes + 2 * ring_bytes;
-    if (ftruncate(fd, static_cast<off_t>(total)) != 0) {
-        std::string why = std::string("ftruncate: ") + std::strerror(errno);
+    // Sealed at its size: a peer that shrank it would make this side's reads fault (SIGBUS).
+    if (ftruncate(fd, static_cast<off_t>(total)) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        std::string why = std::string("sizing the frame rings: ") + std::strerror(errno);
         close(fd);
         fd = -1;
         return unexpected{why};

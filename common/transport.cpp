@@ -462,6 +462,7 @@ transport_result<void> stream::wait_readable(deadline until) {
             if (errno == EINTR) continue;
             return unexpected{lost(errno_text(errno))};
         }
+        if (in.readable()) return {};  // before the socket: a peer may write its last frame and then close
         if (k > 0)
             if (auto d = drain_socket(); !d) return d;
         if (in.readable()) return {};
