@@ -278,15 +278,20 @@ VCUDA_API cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) noexcept {
     uint64_t k = reinterpret_cast<uint64_t>(kernel);
     handle_info kinfo;
     if (!state::get().lookup(k, kinfo) || kinfo.kind != handle_kind::kernel) return CUDA_ERROR_INVALID_HANDLE;
-    call_reply rp;
-    CUresult rc = remote(op::kernel_get_function, {state::get().route(k)}, mode::sync, &rp);
-    if (rc != CUDA_SUCCESS) return rc;
-    if (rp.outs.size() != 1) return CUDA_ERROR_UNKNOWN;
-    handle_info info = kinfo;
-    info.kind = handle_kind::function;
-    info.owner = k;
-    state::get().adopt(rp.outs[0], info);
-    *pFunc = reinterpret_cast<CUfunction>(rp.outs[0]);
+    // The server gives the same function for the same kernel and device each time: asked once, then cached.
+    plain_call c(op::kernel_get_function, "cuKernelGetFunction");
+    c.arg(state::get().route(k));
+    if (CUresult rc = c.send_cached(); rc != CUDA_SUCCESS) return rc;
+    uint64_t fn = c.out<uint64_t>(0);
+    if (!fn) return CUDA_ERROR_UNKNOWN;
+    handle_info finfo;
+    if (!state::get().lookup(fn, finfo)) {
+        handle_info info = kinfo;
+        info.kind = handle_kind::function;
+        info.owner = k;
+        state::get().adopt(fn, info);
+    }
+    *pFunc = reinterpret_cast<CUfunction>(fn);
     return CUDA_SUCCESS;
 }
 

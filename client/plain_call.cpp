@@ -36,9 +36,11 @@ CUresult plain_call::send_sync() {
 namespace {
 
 // Answers of `cached` queries, keyed by op, device and arguments. A generation stamp drops them all at once.
+// Beside them, the setters in effect: by target (op, device, arguments but the value) the last successful call.
 struct reply_cache {
     std::mutex mu;
     std::unordered_map<std::string, std::vector<uint64_t>> answers;
+    std::unordered_map<std::string, std::string> setters;
 };
 reply_cache& cache() {
     static auto* c = new reply_cache();  // never destroyed: atexit handlers of the application may still query
@@ -51,11 +53,10 @@ void drop_cached_replies() {
     auto& c = cache();
     std::lock_guard lock(c.mu);
     c.answers.clear();
+    c.setters.clear();
 }
 
-CUresult plain_call::send_cached() {
-    VCUDA_REQUIRE_INIT();
-    if (error_ != CUDA_SUCCESS) return error_;
+std::string plain_call::cache_key() const {
     std::string key(sizeof(uint32_t) + sizeof(int) + n_ * sizeof(uint64_t), '\0');
     auto o = static_cast<uint32_t>(op_);
     int device = current_device();
@@ -63,6 +64,13 @@ CUresult plain_call::send_cached() {
     std::memcpy(key.data() + sizeof o, &device, sizeof device);
     std::memcpy(key.data() + sizeof o + sizeof device, args_.data(), n_ * sizeof(uint64_t));
     key.append(reinterpret_cast<const char*>(blob_.data()), blob_.size());
+    return key;
+}
+
+CUresult plain_call::send_cached() {
+    VCUDA_REQUIRE_INIT();
+    if (error_ != CUDA_SUCCESS) return error_;
+    std::string key = cache_key();
     auto& c = cache();
     {
         std::lock_guard lock(c.mu);
@@ -80,9 +88,48 @@ CUresult plain_call::send_cached() {
     return rc;
 }
 
-CUresult plain_call::send_uncaching() {
-    drop_cached_replies();
-    return send_sync();
+bool plain_call::known_to_succeed() const {
+    auto& c = cache();
+    std::string key = cache_key();
+    std::lock_guard lock(c.mu);
+    return c.answers.count(key) != 0;
+}
+
+void plain_call::note_success() const {
+    auto& c = cache();
+    std::string key = cache_key();
+    std::lock_guard lock(c.mu);
+    c.answers.emplace(std::move(key), std::vector<uint64_t>{});
+}
+
+// A setter repeated with the value already in effect changes nothing: it is answered here and the cached answers
+// stand (PyTorch sets the same kernel attributes every step). Any other setter drops the cached answers and what
+// is known of setters of other ops (a function's attribute can be set through its kernel too); setters of the same
+// op on other targets stay known.
+CUresult plain_call::send_uncaching(size_t value_index) {
+    VCUDA_REQUIRE_INIT();
+    if (error_ != CUDA_SUCCESS) return error_;
+    std::string full = cache_key();
+    std::string target = full;
+    if (value_index < n_) std::memset(target.data() + sizeof(uint32_t) + sizeof(int) + value_index * sizeof(uint64_t), 0, sizeof(uint64_t));
+    auto& c = cache();
+    {
+        std::lock_guard lock(c.mu);
+        if (auto it = c.setters.find(target); it != c.setters.end() && it->second == full) {
+            reply_.result = CUDA_SUCCESS;
+            reply_.outs.clear();
+            return CUDA_SUCCESS;
+        }
+        c.answers.clear();
+        std::erase_if(c.setters, [&](const auto& kv) { return kv.first.compare(0, sizeof(uint32_t), target, 0, sizeof(uint32_t)) != 0; });
+        c.setters.erase(target);
+    }
+    CUresult rc = send_sync();
+    if (rc == CUDA_SUCCESS) {
+        std::lock_guard lock(c.mu);
+        c.setters[std::move(target)] = std::move(full);
+    }
+    return rc;
 }
 
 CUresult plain_call::send_async() {

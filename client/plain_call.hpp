@@ -63,8 +63,14 @@ public:
     // send_sync for a `cached` query: a repeat of a successful call (same op, device, arguments) is answered
     // from the reply cache without a round trip.
     CUresult send_cached();
-    // send_sync for an `uncaches` call: the reply cache is dropped first.
-    CUresult send_uncaching();
+    // send_sync for an `uncaches` setter whose argument `value_index` is the value set: the reply cache is
+    // dropped first, unless the same value is known to be in effect already (then nothing is sent).
+    CUresult send_uncaching(size_t value_index);
+
+    // The reply cache as a record of facts: whether this call (op, device, arguments) is known to succeed, and
+    // noting that it did. Dropped like the cached answers.
+    bool known_to_succeed() const;
+    void note_success() const;
 
     template <class T>
     T out(size_t i) const {
@@ -85,6 +91,7 @@ public:
     const call_reply& reply() const { return reply_; }
 
 private:
+    std::string cache_key() const;  // op, device, arguments and blob
     void adopt_handle(uint64_t id, handle_kind k);
     call_request request();
 

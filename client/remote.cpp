@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -151,21 +153,53 @@ int lane::lost(const transport_error& e) {
     return connection_lost_result;
 }
 
+namespace {
+// What VCUDA_CALL_STATS=1 prints at exit: the operations that went to the server, most round trips first.
+void print_call_stats() {
+    auto& c = counters();
+    std::vector<std::pair<uint64_t, uint32_t>> rows;
+    for (uint32_t i = 0; i < op_id_limit; ++i) {
+        uint64_t n = c.sync_by_op[i].load() + c.async_by_op[i].load();
+        if (n) rows.emplace_back(c.sync_by_op[i].load(), i);
+    }
+    std::sort(rows.begin(), rows.end(), std::greater<>());
+    std::fprintf(stderr, "vcuda call stats (pid %d): %llu synchronous round trips, %llu asynchronous calls\n",
+                 getpid(), static_cast<unsigned long long>(c.round_trips.load()),
+                 static_cast<unsigned long long>(c.posted.load()));
+    std::fprintf(stderr, "  %-36s %12s %12s\n", "operation", "round trips", "async");
+    for (auto& [sync, i] : rows)
+        std::fprintf(stderr, "  %-36s %12llu %12llu\n", std::string(op_name(static_cast<op>(i))).c_str(),
+                     static_cast<unsigned long long>(sync), static_cast<unsigned long long>(c.async_by_op[i].load()));
+}
+}  // namespace
+
 call_counters& counters() {
-    static call_counters c;
-    return c;
+    static call_counters* c = [] {
+        auto* p = new call_counters();  // never destroyed: calls made from exit handlers still count
+        const char* v = std::getenv("VCUDA_CALL_STATS");
+        if (v && *v && std::string_view(v) != "0") {
+            p->by_op = true;
+            std::atexit(print_call_stats);
+        }
+        return p;
+    }();
+    return *c;
 }
 
 int lane::post(const call_request& rq) {
     if (session_.lost()) return connection_lost_result;
-    counters().posted.fetch_add(1, std::memory_order_relaxed);
+    auto& c = counters();
+    c.posted.fetch_add(1, std::memory_order_relaxed);
+    if (c.by_op) c.async_by_op[static_cast<uint32_t>(rq.operation) % op_id_limit].fetch_add(1, std::memory_order_relaxed);
     if (!send(build(rq, true), false)) return lost(failure_);
     return 0;
 }
 
 int lane::call(const call_request& rq, call_reply& rp) {
     if (session_.lost()) return connection_lost_result;
-    counters().round_trips.fetch_add(1, std::memory_order_relaxed);
+    auto& c = counters();
+    c.round_trips.fetch_add(1, std::memory_order_relaxed);
+    if (c.by_op) c.sync_by_op[static_cast<uint32_t>(rq.operation) % op_id_limit].fetch_add(1, std::memory_order_relaxed);
     if (!send(build(rq, false), true)) return lost(failure_);
     payload_sink sink;
     if (rp.payload_dst) {

@@ -53,6 +53,9 @@ class session;
 struct call_counters {
     std::atomic<uint64_t> round_trips{0};  // synchronous calls: the caller waited for the server
     std::atomic<uint64_t> posted{0};       // asynchronous calls: sent without waiting
+    // The same by operation, kept only under VCUDA_CALL_STATS=1, which prints them to stderr at exit.
+    bool by_op = false;
+    std::array<std::atomic<uint64_t>, op_id_limit> sync_by_op{}, async_by_op{};
 };
 call_counters& counters();
 

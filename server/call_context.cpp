@@ -50,8 +50,9 @@ void call_context::out_handle(handle_kind k, void* raw, uint64_t owner, bool own
     e.owner = owner;
     e.owned = owned;
     e.layout = std::move(layout);
+    const bool derived = owned && (k == handle_kind::function || k == handle_kind::kernel || k == handle_kind::module);
     std::lock_guard lock(sess.mu);
-    outs.push_back(sess.handles.insert(std::move(e)));
+    outs.push_back(derived ? sess.handles.insert_derived(std::move(e)) : sess.handles.insert(std::move(e)));
 }
 
 void call_context::forget_handle(size_t arg_index) {

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common/handle_kind.hpp"
@@ -47,6 +49,20 @@ public:
         return make_handle(s.entry.kind, s.generation, index) | tag_;
     }
 
+    // For handles derived from a module or library (its functions, kernels, modules): the id already given for
+    // the same driver object and owner, else a new one. Asking again (PyTorch asks cuKernelGetFunction at each
+    // launch) must not grow the table.
+    uint64_t insert_derived(handle_entry e) {
+        auto key = std::make_pair(e.raw, e.kind);
+        if (auto it = derived_.find(key); it != derived_.end()) {
+            auto* old = find(it->second, e.kind);
+            if (old && old->owner == e.owner) return it->second;
+        }
+        uint64_t id = insert(std::move(e));
+        derived_[key] = id;
+        return id;
+    }
+
     // The entry for `id` if it is live and of kind `k` (or `alt`, when given).
     handle_entry* find(uint64_t id, handle_kind k, handle_kind alt = handle_kind::none) {
         if ((id & (uint64_t{0xf} << tag_shift)) != tag_) return nullptr;
@@ -65,6 +81,8 @@ public:
         uint32_t index = handle_index(id);
         if (index >= slots_.size() || !slots_[index].live || slots_[index].generation != handle_generation(id)) return false;
         auto& s = slots_[index];
+        if (auto it = derived_.find({s.entry.raw, s.entry.kind}); it != derived_.end() && it->second == (id | tag_))
+            derived_.erase(it);
         s.live = false;
         s.entry = {};
         s.generation = (s.generation + 1) % generation_limit;
@@ -91,6 +109,7 @@ private:
     std::vector<slot> slots_;
     uint64_t tag_ = 0;
     std::vector<uint32_t> free_;
+    std::map<std::pair<void*, handle_kind>, uint64_t> derived_;  // insert_derived's ids by driver object
 };
 
 }  // namespace vcuda::server

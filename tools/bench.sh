@@ -1,27 +1,68 @@
 #!/usr/bin/env bash
-# Runs the micro-benchmark natively and through vcuda (TCP loopback and Unix socket) in one go, on a machine
-# with a GPU, and prints a table with the ratio to native: tools/bench.sh BUILD_DIR
+# The performance benchmark, on a machine with a GPU: runs tests/bench's vcuda_bench natively and through vcuda
+# over TCP loopback, over the Unix socket alone (VCUDA_SHM=0) and over shared-memory rings (the default on one
+# host), then a PyTorch training step the same ways when PyTorch is installed, and prints one table with each
+# figure's ratio to native (for GB/s, higher is better; for µs and ms, lower).
+#
+# Usage: tools/bench.sh BUILD_DIR        (BENCH_TORCH=0 leaves the PyTorch row out)
 set -u
-build=$(cd "${1:?usage: tools/bench.sh BUILD_DIR}" && pwd)
+if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+fi
+build=$(cd "$1" && pwd) || exit 2
+here=$(cd "$(dirname "$0")/.." && pwd)
 bench=$build/tests/programs/vcuda_bench
+[ -x "$bench" ] || { echo "bench: $bench is missing (build the vcuda_test_programs target)" >&2; exit 2; }
 tmp=$(mktemp -d)
 port=$((20000 + RANDOM % 20000))
 "$build/bin/vcuda-server" --listen 127.0.0.1:$port --listen unix:$tmp/s.sock --log-level warn 2>"$tmp/server.log" &
 server=$!
-for i in $(seq 50); do [ -S "$tmp/s.sock" ] && break; sleep 0.1; done
-"$bench" > "$tmp/native" 2>&1
-LD_LIBRARY_PATH=$build/lib/vcuda VCUDA_SERVER=127.0.0.1:$port "$bench" > "$tmp/tcp" 2>&1
-LD_LIBRARY_PATH=$build/lib/vcuda VCUDA_SERVER=unix:$tmp/s.sock "$bench" > "$tmp/unix" 2>&1
+for _ in $(seq 50); do [ -S "$tmp/s.sock" ] && break; sleep 0.1; done
+
+modes=(native tcp unix shm)
+via() {  # via MODE CMD...: runs CMD natively or through vcuda over MODE
+    local mode=$1; shift
+    case $mode in
+        native) env -u VCUDA_SERVER "$@" ;;
+        tcp) LD_LIBRARY_PATH=$build/lib/vcuda VCUDA_SERVER=127.0.0.1:$port "$@" ;;
+        unix) LD_LIBRARY_PATH=$build/lib/vcuda VCUDA_SERVER=unix:$tmp/s.sock VCUDA_SHM=0 "$@" ;;
+        shm) LD_LIBRARY_PATH=$build/lib/vcuda VCUDA_SERVER=unix:$tmp/s.sock "$@" ;;
+    esac
+}
+for m in "${modes[@]}"; do via "$m" "$bench" >"$tmp/$m" 2>&1; done
+
+table_id=""
+[ -f "$build/lib/vcuda/private_table_id" ] && table_id=$(tr -d ' \t\r\n' <"$build/lib/vcuda/private_table_id")
+if [ "${BENCH_TORCH:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
+    for m in "${modes[@]}"; do
+        out=$(via "$m" env VCUDA_PRIVATE_TABLE_ID="$table_id" timeout 300 \
+              python3 "$here/tests/gpu/frameworks/torch_train.py" step_time 2>>"$tmp/torch.err")
+        step=$(sed -n 's/^info: step_ms=\([^ ]*\).*/\1/p' <<<"$out" | tail -1)
+        trips=$(sed -n 's/^info: sync_round_trips_per_step=\([^ ]*\).*/\1/p' <<<"$out" | tail -1)
+        [ -n "$step" ] && echo "metric torch_training_step $step ms" >>"$tmp/$m"
+        [ -n "$trips" ] && [ "$m" != native ] && echo "trips $trips" >>"$tmp/$m"
+    done
+fi
 kill $server 2>/dev/null; wait $server 2>/dev/null
-printf "%-28s %12s %12s %8s %12s %8s\n" figure native tcp ratio unix ratio
-for m in $(awk '/^metric/ {print $2}' "$tmp/native"); do
-  n=$(awk -v m=$m '$1=="metric" && $2==m {print $3}' "$tmp/native")
-  u=$(awk -v m=$m '$1=="metric" && $2==m {print $4}' "$tmp/native")
-  t=$(awk -v m=$m '$1=="metric" && $2==m {print $3}' "$tmp/tcp")
-  x=$(awk -v m=$m '$1=="metric" && $2==m {print $3}' "$tmp/unix")
-  printf "%-28s %9s %-2s %9s %-2s %7s %9s %-2s %7s\n" "$m" "$n" "${u:0:2}" "${t:--}" "${u:0:2}" \
-    "$(awk -v a="$t" -v b="$n" 'BEGIN{if(a==""||b==0)print "-"; else printf "%.2fx", a/b}')" "${x:--}" "${u:0:2}" \
-    "$(awk -v a="$x" -v b="$n" 'BEGIN{if(a==""||b==0)print "-"; else printf "%.2fx", a/b}')"
+
+value() { awk -v m="$2" '$1=="metric" && $2==m {print $3}' "$tmp/$1"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{if(a==""||b==""||b+0==0)print "-"; else printf "%.2fx", a/b}'; }
+printf "%-28s %-5s %10s %10s %7s %10s %7s %10s %7s\n" figure unit native tcp ratio unix ratio shm ratio
+for m in $(awk '$1=="metric" {print $2}' "$tmp/native"); do
+    n=$(value native "$m")
+    unit=$(awk -v m="$m" '$1=="metric" && $2==m {print $4}' "$tmp/native")
+    line=$(printf "%-28s %-5s %10s" "$m" "$unit" "$n")
+    for v in tcp unix shm; do
+        x=$(value "$v" "$m")
+        line="$line $(printf "%10s %7s" "${x:--}" "$(ratio "$x" "$n")")"
+    done
+    echo "$line"
 done
-grep -h "FAIL" "$tmp"/native "$tmp"/tcp "$tmp"/unix
+for v in tcp unix shm; do
+    t=$(awk '$1=="trips" {print $2}' "$tmp/$v")
+    [ -n "$t" ] && echo "torch step, sync round trips per step ($v): $t"
+done
+grep -h "FAIL" "$tmp"/native "$tmp"/tcp "$tmp"/unix "$tmp"/shm
+[ -s "$tmp/torch.err" ] && grep -iE "error|Traceback" "$tmp/torch.err" | head -5
 rm -rf "$tmp"

@@ -309,14 +309,19 @@ def client_plain(name, spec, params):
         elif role in ('in_handle', 'destroy_handle'):
             lines.append(f'    c.handle({pname}, handle_kind::{kind});')
     if spec['class'] == 'async':
-        send = 'send_async'
+        send = 'send_async()'
     elif 'cached' in spec['annot']:
-        send = 'send_cached'
+        send = 'send_cached()'
     elif 'uncaches' in spec['annot']:
-        send = 'send_uncaching'
+        sent = [pname for role, typ, pname, kind in roles
+                if role in ('in_scalar', 'in_device', 'in_handle', 'destroy_handle')]
+        value = spec['annot']['uncaches']
+        if value not in sent:
+            die(f'{name}: uncaches={value} must name the parameter that carries the value set (one of {sent})')
+        send = f'send_uncaching({sent.index(value)})'
     else:
-        send = 'send_sync'
-    lines.append(f'    if (CUresult rc = c.{send}(); rc != CUDA_SUCCESS) return rc;')
+        send = 'send_sync()'
+    lines.append(f'    if (CUresult rc = c.{send}; rc != CUDA_SUCCESS) return rc;')
     i = 0
     for role, typ, pname, kind in roles:
         if role == 'out_scalar':

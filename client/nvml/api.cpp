@@ -538,6 +538,22 @@ extern "C" nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigne
     return NVML_SUCCESS;
 }
 
+// Peer-to-peer status between two vGPUs, as the CUDA side sees it (NCCL asks, a device with itself too).
+// A device with itself answers OK, as NVML does for a GPU with itself.
+extern "C" nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, nvmlGpuP2PCapsIndex_t p2pIndex,
+                                               nvmlGpuP2PStatus_t* p2pStatus) noexcept {
+    const vgpu_device *a, *b;
+    if (nvmlReturn_t rc = device_of(device1, a); rc != NVML_SUCCESS) return rc;
+    if (nvmlReturn_t rc = device_of(device2, b); rc != NVML_SUCCESS) return rc;
+    if (!p2pStatus || p2pIndex > NVML_P2P_CAPS_INDEX_UNKNOWN) return NVML_ERROR_INVALID_ARGUMENT;
+    const bool peer = a == b || (b->index < a->can_access_peer.size() && a->can_access_peer[b->index]);
+    // Only reads, writes, atomics and "any" follow from cuDeviceCanAccessPeer; NVLink and PCIe properties do not.
+    const bool known = p2pIndex == NVML_P2P_CAPS_INDEX_READ || p2pIndex == NVML_P2P_CAPS_INDEX_WRITE ||
+                       p2pIndex == NVML_P2P_CAPS_INDEX_ATOMICS || p2pIndex == NVML_P2P_CAPS_INDEX_PROP;
+    *p2pStatus = known && peer ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
 // Field values (NVML_FI_*) are not forwarded: each requested field answers NOT_SUPPORTED in its own return
 // code, as NVML reports fields a GPU lacks, so that tools show "N/A" rather than read an unset value.
 extern "C" nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t* values) noexcept {

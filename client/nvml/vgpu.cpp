@@ -78,6 +78,7 @@ nvmlReturn_t vgpu::load() {
     auto uuid = reinterpret_cast<CUresult (*)(CUuuid*, CUdevice)>(sym("cuDeviceGetUuid_v2"));
     auto attribute = reinterpret_cast<CUresult (*)(int*, CUdevice_attribute, CUdevice)>(sym("cuDeviceGetAttribute"));
     auto total_mem = reinterpret_cast<CUresult (*)(size_t*, CUdevice)>(sym("cuDeviceTotalMem_v2"));
+    auto can_access = reinterpret_cast<CUresult (*)(int*, CUdevice, CUdevice)>(sym("cuDeviceCanAccessPeer"));
     CUuuid id;
     std::memcpy(id.bytes, vcuda_private_table_id, 16);
     const void* table = nullptr;
@@ -122,6 +123,14 @@ nvmlReturn_t vgpu::load() {
         total_mem(&bytes, dev);
         d.total_memory = bytes;
         devices_.push_back(std::move(d));
+    }
+    for (auto& d : devices_) {
+        d.can_access_peer.assign(devices_.size(), false);
+        for (auto& peer : devices_) {
+            int yes = 0;
+            if (&peer != &d && can_access && can_access(&yes, static_cast<CUdevice>(d.index), static_cast<CUdevice>(peer.index)) == CUDA_SUCCESS)
+                d.can_access_peer[peer.index] = yes != 0;
+        }
     }
     cache_.resize(devices_.size());
     return NVML_SUCCESS;

@@ -26,6 +26,7 @@ struct vgpu_device {
     unsigned pci_device_id = 0, pci_subsystem_id = 0;
     int cc_major = 0, cc_minor = 0;
     uint64_t total_memory = 0;  // the vGPU's size (the session's quota)
+    std::vector<bool> can_access_peer;  // by CUDA ordinal: cuDeviceCanAccessPeer (false for itself)
 };
 
 class vgpu {

@@ -27,6 +27,7 @@ PROGS="$BUILD/tests/programs"
 SERVER_BIN="$BUILD/bin/vcuda-server"
 VCUDA_BIN="$BUILD/bin/vcuda"
 CLIENT_DIR="$BUILD/lib/vcuda"
+TABLE_ID="$(tr -d ' \t\r\n' <"$CLIENT_DIR/private_table_id" 2>/dev/null)"  # vcuda's call counters (common.cuh)
 SOCK=/tmp/vcuda-suite.sock
 TIMEOUT=60          # per program run
 KILL_LIMIT_MS=2000  # acceptance: memory back within 2 s of SIGKILL
@@ -164,7 +165,7 @@ run_mode() {
         tcp | unix)
             local addr="$TCP_ADDR"
             [ "$mode" = unix ] && addr="$UNIX_ADDR"
-            timeout -k 5 "$TIMEOUT" env VCUDA_LOG_FILE="$base.client.log" "$@" \
+            timeout -k 5 "$TIMEOUT" env VCUDA_LOG_FILE="$base.client.log" VCUDA_PRIVATE_TABLE_ID="$TABLE_ID" "$@" \
                 "$VCUDA_BIN" run --server "$addr" -- "$PROGS/$prog" >"$base.out" 2>"$base.err"
             rc=$? ;;
     esac

@@ -48,6 +48,29 @@ static inline int pass() {
 
 // After a <<<>>> launch: the launch itself must have been accepted.
 #define CHECK_LAUNCH() CHECK(cudaGetLastError())
+
+// Through vcuda: how many synchronous round trips this process has made so far, read from vcuda's private
+// export table (client/private_table.hpp, slot 3) whose id the scripts pass as VCUDA_PRIVATE_TABLE_ID.
+// False natively (no id, or the real driver refusing it).
+static inline bool vcuda_round_trips(unsigned long long* n) {
+    const char* hex = getenv("VCUDA_PRIVATE_TABLE_ID");
+    if (!hex || !*hex) return false;
+    unsigned char id[16];
+    for (int i = 0; i < 16; ++i) {
+        unsigned v = 0;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1) return false;
+        id[i] = static_cast<unsigned char>(v);
+    }
+    void* get = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuGetExportTable", &get, 12000, cudaEnableDefault, &q) != cudaSuccess || !get) return false;
+    const void* table = nullptr;
+    if (reinterpret_cast<int (*)(const void**, const void*)>(get)(&table, id) != 0 || !table) return false;
+    auto words = static_cast<void* const*>(table);
+    if (*static_cast<const size_t*>(table) < 4 * sizeof(void*)) return false;
+    unsigned long long posted = 0;
+    return reinterpret_cast<int (*)(unsigned long long*, unsigned long long*)>(words[3])(n, &posted) == 0;
+}
 #endif
 
 #define EXPECT(cond, ...)                       \

@@ -1,7 +1,9 @@
 // func_attributes: what the runtime reports about kernels — cudaFuncGetAttributes field by field (shared,
 // constant and local sizes, registers, max threads under __launch_bounds__, versions, cluster fields) and the
 // occupancy API (cudaOccupancyMaxActiveBlocksPerMultiprocessor, cudaOccupancyMaxPotentialBlockSize) — then
-// launches each kernel at the suggested shape and checks its result.
+// launches each kernel at the suggested shape and checks its result. Then setters repeated as PyTorch repeats
+// them every step: the same value again changes nothing (through vcuda: no round trip), a new value takes effect
+// at once, also for launches that need more than 48 KiB of dynamic shared memory.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -27,6 +29,15 @@ extern "C" __global__ void fa_shared(const float* in, float* out, int n) {
     __syncthreads();
     int src = 255 - t;
     if (base + t < n && base + src < n) out[base + t] = buf[src] + buf[1024 + t];
+}
+
+// out[i] = i + 1, staged through dynamic shared memory.
+extern "C" __global__ void fa_dynamic(float* out, int n) {
+    extern __shared__ float dyn[];
+    int t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+    dyn[t] = static_cast<float>(i);
+    __syncthreads();
+    if (i < n) out[i] = dyn[t] + 1.0f;
 }
 
 static void print_attrs(const char* name, const void* fn) {
@@ -92,6 +103,47 @@ int main() {
         EXPECT(out[i] == want, "fa_bounded + fa_shared [%d] = %g, expected %g", i, out[i], want);
     }
     printf("launches at the suggested shapes: ok\n");
+
+    // Setters repeated each step, two targets alternating, with queries and big-shared launches between them.
+    const int big = 64 << 10;
+    auto dyn_launch = [&](int shared) {
+        fa_dynamic<<<(n + 255) / 256, 256, shared>>>(dout, n);
+        return cudaGetLastError();
+    };
+    CHECK(cudaFuncSetAttribute(fa_dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+    unsigned long long trips0 = 0, trips1 = 0;
+    bool counted = false;
+    for (int step = 0; step < 51; ++step) {
+        if (step == 1) counted = vcuda_round_trips(&trips0);  // step 0 is the warm-up
+        CHECK(cudaFuncSetAttribute(fa_dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+        CHECK(cudaFuncSetAttribute(fa_small, cudaFuncAttributePreferredSharedMemoryCarveout, 50));
+        cudaFuncAttributes a;
+        CHECK(cudaFuncGetAttributes(&a, fa_dynamic));
+        EXPECT(a.maxDynamicSharedSizeBytes == big, "step %d: maxDynamicSharedSizeBytes %d", step, a.maxDynamicSharedSizeBytes);
+        CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fa_dynamic, 256, big));
+        EXPECT(blocks > 0, "step %d: occupancy 0 with 64 KiB of dynamic shared memory", step);
+        CHECK(dyn_launch(big));
+    }
+    if (counted && vcuda_round_trips(&trips1)) {
+        printf("info: 50 steps (after one) of 2 repeated setters, 2 queries and a 64 KiB-shared launch: %llu round trips\n",
+               trips1 - trips0);
+        EXPECT(trips1 - trips0 <= 10, "repeated setters, queries and launches cost %llu round trips (at most 10 expected)",
+               trips1 - trips0);
+    }
+    CHECK(cudaMemcpy(out.data(), dout, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; ++i) EXPECT(out[i] == i + 1.0f, "fa_dynamic [%d] = %g", i, out[i]);
+    // A lower limit takes effect at once: the same launch is refused at the call; raised again, it runs.
+    CHECK(cudaFuncSetAttribute(fa_dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024));
+    cudaFuncAttributes lowered;
+    CHECK(cudaFuncGetAttributes(&lowered, fa_dynamic));
+    printf("lowered maxDynamicSharedSizeBytes %d; 64 KiB launch: %s\n", lowered.maxDynamicSharedSizeBytes,
+           cudaGetErrorName(dyn_launch(big)));
+    CHECK(cudaFuncSetAttribute(fa_dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+    CHECK(cudaMemset(dout, 0, n * sizeof(float)));
+    CHECK(dyn_launch(big));
+    CHECK(cudaMemcpy(out.data(), dout, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; ++i) EXPECT(out[i] == i + 1.0f, "fa_dynamic after raising [%d] = %g", i, out[i]);
+    printf("setters repeated, lowered and raised: ok\n");
     CHECK(cudaFree(di));
     CHECK(cudaFree(df));
     CHECK(cudaFree(dout));

@@ -179,7 +179,9 @@ fi
 # The program, with the client library in front of any libcuda.so.1, killed after the timeout.
 ld_path="$client_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 start_ns=$(date +%s%N)
-timeout -k 5 "$timeout_s" env VCUDA_SERVER="$addr" LD_LIBRARY_PATH="$ld_path" ${prog_env[@]+"${prog_env[@]}"} \
+# vcuda's call counters are readable through its private table (tests/programs/common.cuh: vcuda_round_trips).
+table_id="$(tr -d ' \t\r\n' <"$client_dir/private_table_id" 2>/dev/null)"
+timeout -k 5 "$timeout_s" env VCUDA_SERVER="$addr" LD_LIBRARY_PATH="$ld_path" VCUDA_PRIVATE_TABLE_ID="$table_id" ${prog_env[@]+"${prog_env[@]}"} \
     "$program" "$@" >"$prog_out" 2>&1
 rc=$?
 elapsed_ms=$(( ($(date +%s%N) - start_ns) / 1000000 ))

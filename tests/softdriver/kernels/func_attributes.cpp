@@ -41,7 +41,17 @@ void fa_shared(const launch& l) {
     }
 }
 
+// fa_dynamic(float* out, int n): out[i] = i + 1.
+void fa_dynamic(const launch& l) {
+    auto out = l.param<float*>(0);
+    auto n = l.param<int>(1);
+    for_each_index_x(l, [&](size_t i) {
+        if (i < size_t(n < 0 ? 0 : n)) out[i] = static_cast<float>(i) + 1.0f;
+    });
+}
+
 vcuda::soft::registrar r_small("fa_small", {8, 4}, fa_small);
 vcuda::soft::registrar r_bounded("fa_bounded", {8, 4}, fa_bounded);
 vcuda::soft::registrar r_shared("fa_shared", {8, 8, 4}, fa_shared);
+vcuda::soft::registrar r_dynamic("fa_dynamic", {8, 4}, fa_dynamic);
 }  // namespace
