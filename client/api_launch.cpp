@@ -94,6 +94,7 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
         // Once such a launch of this function passed, the same amount passes until an attribute changes (the
         // reply cache is dropped then), so repeats are queued.
         plain_call passed(op::launch, "cuLaunchKernel");
+        passed.about(fid);
         passed.arg(args[0]);
         passed.arg(shared);
         if (!passed.known_to_succeed()) {

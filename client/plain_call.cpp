@@ -1,8 +1,10 @@
 #include "client/plain_call.hpp"
 
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace vcuda::client {
@@ -35,16 +37,30 @@ CUresult plain_call::send_sync() {
 
 namespace {
 
-// Answers of `cached` queries, keyed by op, device and arguments. A generation stamp drops them all at once.
-// Beside them, the setters in effect: by target (op, device, arguments but the value) the last successful call.
+// Answers of `cached` queries, keyed by op, device, arguments, blob and, for a query about a function or kernel,
+// the state of that kernel's settable attributes (so answers under each state stay valid side by side: PyTorch
+// switches a kernel's dynamic shared memory limit back and forth every step).
+// Setters: by target (op, device, arguments but the value) the full call in effect, grouped by kernel (0 for
+// context-wide setters); `accepted` every setter call the driver accepted once (validity is static: the same
+// call cannot fail later while its handle lives).
 struct reply_cache {
     std::mutex mu;
     std::unordered_map<std::string, std::vector<uint64_t>> answers;
-    std::unordered_map<std::string, std::string> setters;
+    std::unordered_map<uint64_t, std::map<std::string, std::string>> setters;
+    std::unordered_set<std::string> accepted;
 };
 reply_cache& cache() {
     static auto* c = new reply_cache();  // never destroyed: atexit handlers of the application may still query
     return *c;
+}
+
+// A function made from a kernel (cuKernelGetFunction) shares its kernel's attributes.
+uint64_t attribute_owner(uint64_t id) {
+    handle_info info, owner;
+    if (state::get().lookup(id, info) && info.kind == handle_kind::function && info.owner &&
+        state::get().lookup(info.owner, owner) && owner.kind == handle_kind::kernel)
+        return info.owner;
+    return id;
 }
 
 }  // namespace
@@ -54,7 +70,10 @@ void drop_cached_replies() {
     std::lock_guard lock(c.mu);
     c.answers.clear();
     c.setters.clear();
+    c.accepted.clear();
 }
+
+void plain_call::about(uint64_t function_or_kernel) { about_ = attribute_owner(function_or_kernel); }
 
 std::string plain_call::cache_key() const {
     std::string key(sizeof(uint32_t) + sizeof(int) + n_ * sizeof(uint64_t), '\0');
@@ -67,6 +86,21 @@ std::string plain_call::cache_key() const {
     return key;
 }
 
+namespace {
+// The attribute state an answer about `about` is kept under (the caller holds c.mu).
+std::string state_of(reply_cache& c, uint64_t about) {
+    std::string st;
+    if (!about) return st;
+    auto it = c.setters.find(about);
+    if (it == c.setters.end()) return st;
+    for (auto& [target, full] : it->second) {
+        st += '\x1f';
+        st += full;
+    }
+    return st;
+}
+}  // namespace
+
 CUresult plain_call::send_cached() {
     VCUDA_REQUIRE_INIT();
     if (error_ != CUDA_SUCCESS) return error_;
@@ -74,6 +108,7 @@ CUresult plain_call::send_cached() {
     auto& c = cache();
     {
         std::lock_guard lock(c.mu);
+        key += state_of(c, about_);
         if (auto it = c.answers.find(key); it != c.answers.end()) {
             reply_.result = CUDA_SUCCESS;
             reply_.outs = it->second;
@@ -92,20 +127,16 @@ bool plain_call::known_to_succeed() const {
     auto& c = cache();
     std::string key = cache_key();
     std::lock_guard lock(c.mu);
-    return c.answers.count(key) != 0;
+    return c.answers.count(key + state_of(c, about_)) != 0;
 }
 
 void plain_call::note_success() const {
     auto& c = cache();
     std::string key = cache_key();
     std::lock_guard lock(c.mu);
-    c.answers.emplace(std::move(key), std::vector<uint64_t>{});
+    c.answers.emplace(key + state_of(c, about_), std::vector<uint64_t>{});
 }
 
-// A setter repeated with the value already in effect changes nothing: it is answered here and the cached answers
-// stand (PyTorch sets the same kernel attributes every step). Any other setter drops the cached answers and what
-// is known of setters of other ops (a function's attribute can be set through its kernel too); setters of the same
-// op on other targets stay known.
 CUresult plain_call::send_uncaching(size_t value_index) {
     VCUDA_REQUIRE_INIT();
     if (error_ != CUDA_SUCCESS) return error_;
@@ -113,21 +144,34 @@ CUresult plain_call::send_uncaching(size_t value_index) {
     std::string target = full;
     if (value_index < n_) std::memset(target.data() + sizeof(uint32_t) + sizeof(int) + value_index * sizeof(uint64_t), 0, sizeof(uint64_t));
     auto& c = cache();
+    auto same_op = [&](const std::string& k) { return k.compare(0, sizeof(uint32_t), target, 0, sizeof(uint32_t)) == 0; };
+    bool queue = false;
     {
         std::lock_guard lock(c.mu);
-        if (auto it = c.setters.find(target); it != c.setters.end() && it->second == full) {
+        auto& group = c.setters[about_];
+        if (auto it = group.find(target); it != group.end() && it->second == full) {
             reply_.result = CUDA_SUCCESS;
             reply_.outs.clear();
             return CUDA_SUCCESS;
         }
-        c.answers.clear();
-        std::erase_if(c.setters, [&](const auto& kv) { return kv.first.compare(0, sizeof(uint32_t), target, 0, sizeof(uint32_t)) != 0; });
-        c.setters.erase(target);
+        // The same attribute may be set through the kernel or through its function: what the other op set is no
+        // longer known to be in effect.
+        std::erase_if(group, [&](const auto& kv) { return !same_op(kv.first); });
+        group.erase(target);
+        if (!about_) {
+            c.answers.clear();  // context-wide: limits and cache configuration bear on every answer
+            for (auto& [k, g] : c.setters)
+                if (k) g.clear();
+        }
+        queue = c.accepted.count(full) != 0;
+        if (queue) group[target] = full;  // in effect once the queued call runs, before any later call
     }
+    if (queue) return send_async();
     CUresult rc = send_sync();
     if (rc == CUDA_SUCCESS) {
         std::lock_guard lock(c.mu);
-        c.setters[std::move(target)] = std::move(full);
+        c.setters[about_][target] = full;
+        c.accepted.insert(std::move(full));
     }
     return rc;
 }

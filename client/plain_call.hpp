@@ -51,9 +51,13 @@ public:
     void handle(H h, handle_kind k) {
         uint64_t id = reinterpret_cast<uint64_t>(h);
         if (!valid_handle(id, k) && error_ == CUDA_SUCCESS) error_ = CUDA_ERROR_INVALID_HANDLE;
+        if (k == handle_kind::function || k == handle_kind::kernel) about(id);
         if (k == handle_kind::function || k == handle_kind::kernel || k == handle_kind::library) id = state::get().route(id);
         arg(id);
     }
+    // The call is about this function or kernel (handle() notes it itself): its cached answers are kept per
+    // state of the kernel's settable attributes, so that setting them changes which answers apply.
+    void about(uint64_t function_or_kernel);
 
     // A byte block that travels with the call (at most one; the caller keeps it alive until the call is sent).
     void blob(std::span<const std::byte> b) { blob_ = b; has_blob_ = true; }
@@ -63,8 +67,10 @@ public:
     // send_sync for a `cached` query: a repeat of a successful call (same op, device, arguments) is answered
     // from the reply cache without a round trip.
     CUresult send_cached();
-    // send_sync for an `uncaches` setter whose argument `value_index` is the value set: the reply cache is
-    // dropped first, unless the same value is known to be in effect already (then nothing is sent).
+    // For an `uncaches` setter whose argument `value_index` is the value set. The same value already in effect:
+    // nothing is sent. A value that was accepted before (it is valid, so it cannot fail now): queued. Otherwise
+    // sent synchronously. A setter about a function or kernel changes the state its answers are kept under; a
+    // context-wide one drops every cached answer.
     CUresult send_uncaching(size_t value_index);
 
     // The reply cache as a record of facts: whether this call (op, device, arguments) is known to succeed, and
@@ -91,7 +97,7 @@ public:
     const call_reply& reply() const { return reply_; }
 
 private:
-    std::string cache_key() const;  // op, device, arguments and blob
+    std::string cache_key() const;  // op, device, arguments, blob and the attribute state of about()'s kernel
     void adopt_handle(uint64_t id, handle_kind k);
     call_request request();
 
@@ -103,6 +109,7 @@ private:
     bool has_blob_ = false;
     CUresult error_ = CUDA_SUCCESS;
     call_reply reply_;
+    uint64_t about_ = 0;  // the kernel (or module function) whose attribute state keys the answer; 0: none
 };
 
 }  // namespace vcuda::client

@@ -539,18 +539,24 @@ extern "C" nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigne
 }
 
 // Peer-to-peer status between two vGPUs, as the CUDA side sees it (NCCL asks, a device with itself too).
-// A device with itself answers OK, as NVML does for a GPU with itself.
+// A GPU with itself answers as the real NVML does on the H100 (driver 580): NOT_SUPPORTED for reads, writes,
+// NVLink, atomics and PCI, OK for loopback (index 5) and index 6.
 extern "C" nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, nvmlGpuP2PCapsIndex_t p2pIndex,
                                                nvmlGpuP2PStatus_t* p2pStatus) noexcept {
     const vgpu_device *a, *b;
     if (nvmlReturn_t rc = device_of(device1, a); rc != NVML_SUCCESS) return rc;
     if (nvmlReturn_t rc = device_of(device2, b); rc != NVML_SUCCESS) return rc;
     if (!p2pStatus || p2pIndex > NVML_P2P_CAPS_INDEX_UNKNOWN) return NVML_ERROR_INVALID_ARGUMENT;
-    const bool peer = a == b || (b->index < a->can_access_peer.size() && a->can_access_peer[b->index]);
-    // Only reads, writes, atomics and "any" follow from cuDeviceCanAccessPeer; NVLink and PCIe properties do not.
-    const bool known = p2pIndex == NVML_P2P_CAPS_INDEX_READ || p2pIndex == NVML_P2P_CAPS_INDEX_WRITE ||
-                       p2pIndex == NVML_P2P_CAPS_INDEX_ATOMICS || p2pIndex == NVML_P2P_CAPS_INDEX_PROP;
-    *p2pStatus = known && peer ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+    bool ok;
+    if (a == b) {
+        ok = p2pIndex >= NVML_P2P_CAPS_INDEX_LOOPBACK;
+    } else {
+        // Reads, writes, atomics and PCI follow from cuDeviceCanAccessPeer; NVLink is not known here.
+        const bool peer = b->index < a->can_access_peer.size() && a->can_access_peer[b->index];
+        ok = peer && (p2pIndex == NVML_P2P_CAPS_INDEX_READ || p2pIndex == NVML_P2P_CAPS_INDEX_WRITE ||
+                      p2pIndex == NVML_P2P_CAPS_INDEX_ATOMICS || p2pIndex == NVML_P2P_CAPS_INDEX_PROP);
+    }
+    *p2pStatus = ok ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
     return NVML_SUCCESS;
 }
 

@@ -235,7 +235,9 @@ TEST_CASE("NVML reports the vGPU as CUDA does, through vcuda-server on the softw
         CHECK(num(kv, p + "is_mig.rc") == NVML_SUCCESS);
         CHECK(num(kv, p + "is_mig") == 0);
         CHECK(num(kv, p + "p2p_self.rc") == NVML_SUCCESS);  // NCCL asks this of every GPU
-        CHECK(num(kv, p + "p2p_self") == NVML_P2P_STATUS_OK);
+        CHECK(num(kv, p + "p2p_self") == NVML_P2P_STATUS_NOT_SUPPORTED);  // as the real NVML answers
+        CHECK(num(kv, p + "p2p_loopback.rc") == NVML_SUCCESS);
+        CHECK(num(kv, p + "p2p_loopback") == NVML_P2P_STATUS_OK);
         CHECK(num(kv, p + "p2p_bad_index.rc") == NVML_ERROR_INVALID_ARGUMENT);
     }
     CHECK(num(kv, "shutdown.rc") == NVML_SUCCESS);

@@ -129,6 +129,8 @@ int query() {
         nvmlGpuP2PStatus_t p2p = NVML_P2P_STATUS_UNKNOWN;
         print(key("p2p_self.rc").c_str(), NVML(nvmlDeviceGetP2PStatus)(h, h, NVML_P2P_CAPS_INDEX_READ, &p2p));
         print(key("p2p_self").c_str(), p2p);
+        print(key("p2p_loopback.rc").c_str(), NVML(nvmlDeviceGetP2PStatus)(h, h, NVML_P2P_CAPS_INDEX_LOOPBACK, &p2p));
+        print(key("p2p_loopback").c_str(), p2p);
         print(key("p2p_bad_index.rc").c_str(), NVML(nvmlDeviceGetP2PStatus)(h, h, static_cast<nvmlGpuP2PCapsIndex_t>(99), &p2p));
 
         // The same device as CUDA sees it.

@@ -123,9 +123,16 @@ int main() {
         CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fa_dynamic, 256, big));
         EXPECT(blocks > 0, "step %d: occupancy 0 with 64 KiB of dynamic shared memory", step);
         CHECK(dyn_launch(big));
+        // Switched to a smaller limit and back within the step, as PyTorch does between kernels' needs.
+        CHECK(cudaFuncSetAttribute(fa_dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize, 40 << 10));
+        CHECK(cudaFuncGetAttributes(&a, fa_dynamic));
+        EXPECT(a.maxDynamicSharedSizeBytes == (40 << 10), "step %d: switched maxDynamicSharedSizeBytes %d", step,
+               a.maxDynamicSharedSizeBytes);
+        CHECK(dyn_launch(40 << 10));
+        CHECK(cudaFuncSetAttribute(fa_dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
     }
     if (counted && vcuda_round_trips(&trips1)) {
-        printf("info: 50 steps (after one) of 2 repeated setters, 2 queries and a 64 KiB-shared launch: %llu round trips\n",
+        printf("info: 50 steps (after one) of 4 setters, 3 queries and 2 big-shared launches: %llu round trips\n",
                trips1 - trips0);
         EXPECT(trips1 - trips0 <= 10, "repeated setters, queries and launches cost %llu round trips (at most 10 expected)",
                trips1 - trips0);
