@@ -73,8 +73,16 @@ CUresult handle_mem_free(call_context& cx) {
     cx.drv().cuCtxSynchronize();  // as cuMemFree: nothing in flight may still use it
     std::lock_guard lock(cx.sess.mu);
     CUresult rc = mem->release(cx.arg(0));
-    if (rc != CUDA_SUCCESS) return cx.fail(rc, "not the start of an allocation of this session");
-    return CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS) return CUDA_SUCCESS;
+    // cuMemFree also takes a stream-ordered allocation (server/handlers_pool.cpp).
+    auto p = static_cast<CUdeviceptr>(cx.arg(0));
+    if (auto it = cx.sess.pool_allocations.find(p); it != cx.sess.pool_allocations.end()) {
+        if (CUresult r = cx.drv().cuMemFree_v2(p); r != CUDA_SUCCESS) return r;
+        cx.sess.memory(it->second.device).credit(it->second.size);
+        cx.sess.pool_allocations.erase(it);
+        return CUDA_SUCCESS;
+    }
+    return cx.fail(rc, "not the start of an allocation of this session");
 }
 
 CUresult handle_mem_get_info(call_context& cx) {

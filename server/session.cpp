@@ -58,6 +58,10 @@ bool session::owns_range(CUdeviceptr p, size_t n) {
             if (n <= end - p) return true;
         }
     }
+    if (auto a = pool_allocations.upper_bound(p); a != pool_allocations.begin()) {
+        --a;
+        if (p - a->first < a->second.size && n <= a->second.size - (p - a->first)) return true;
+    }
     auto it = globals.upper_bound(p);
     if (it == globals.begin()) return false;
     --it;
@@ -100,6 +104,16 @@ void session::release_device(size_t device) {
         d.cuCtxSetCurrent(s.ctx);
         d.cuCtxSynchronize();  // nothing may still use what is freed below (errors: the context is going anyway)
     }
+    // Stream-ordered allocations go back to their pools before pools are destroyed.
+    for (auto it = pool_allocations.begin(); it != pool_allocations.end();) {
+        if (it->second.device != device) {
+            ++it;
+            continue;
+        }
+        if (s.ctx) d.cuMemFree_v2(it->first);
+        s.memory->credit(it->second.size);
+        it = pool_allocations.erase(it);
+    }
     // Dependents first: events and streams, then functions/kernels (owned), then modules and libraries.
     std::vector<std::pair<uint64_t, handle_entry>> doomed;
     handles.for_each([&](uint64_t id, handle_entry& e) {
@@ -115,6 +129,7 @@ void session::release_device(size_t device) {
                 case handle_kind::library: d.cuLibraryUnload(static_cast<CUlibrary>(e.raw)); break;
                 case handle_kind::graph_exec: d.cuGraphExecDestroy(static_cast<CUgraphExec>(e.raw)); break;
                 case handle_kind::graph: d.cuGraphDestroy(static_cast<CUgraph>(e.raw)); break;
+                case handle_kind::mem_pool: d.cuMemPoolDestroy(static_cast<CUmemoryPool>(e.raw)); break;
                 default: break;
             }
         }
@@ -124,6 +139,7 @@ void session::release_device(size_t device) {
         destroy(handle_kind::graph);
         destroy(handle_kind::event);
         destroy(handle_kind::stream);
+        destroy(handle_kind::mem_pool);
         destroy(handle_kind::module);
         destroy(handle_kind::library);
     }

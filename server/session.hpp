@@ -96,6 +96,12 @@ public:
         int maps = 0;       // mappings that use it
     };
     std::map<uint64_t, vmm_allocation> vmm_allocations;  // under mu: mem_handle id -> allocation
+    // Stream-ordered allocations (server/handlers_pool.cpp): start -> size and the device charged.
+    struct pool_allocation {
+        size_t size = 0;
+        size_t device = 0;
+    };
+    std::map<CUdeviceptr, pool_allocation> pool_allocations;  // under mu
     void release_vmm();
 
     // Ends the session's use of `device` (context reset) or of everything (session end).

@@ -396,17 +396,61 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
         auto it = s.ranges.find(static_cast<uintptr_t>(dptr));
         if (it == s.ranges.end() || (it->second.k != range_kind::device && it->second.k != range_kind::managed))
             return CUDA_ERROR_INVALID_VALUE;
+        release_pooled(s, it->second);
         free_range(s, it->first);
         return CUDA_SUCCESS;
     });
 }
 
+// --- Stream-ordered allocation and memory pools.
+
+namespace {
+
+pool_obj* default_pool(state& s, int device) {
+    auto& d = s.devices[static_cast<size_t>(device)];
+    if (auto* p = s.find<pool_obj>(d.default_pool)) return p;
+    pool_obj* p = s.create<pool_obj>();
+    p->device = device;
+    p->is_default = true;
+    p->access[static_cast<size_t>(device)] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    d.default_pool = p->handle;
+    return p;
+}
+
+pool_obj* current_pool(state& s, int device) {
+    if (auto* p = s.find<pool_obj>(s.devices[static_cast<size_t>(device)].current_pool)) return p;
+    return default_pool(s, device);
+}
+
+CUresult pool_alloc(state& s, CUdeviceptr* dptr, size_t bytes, pool_obj* pool, CUstream stream) {
+    if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    context_obj* c = nullptr;
+    if (CUresult r = check_stream(s, stream, &c); r != CUDA_SUCCESS) return r;
+    if (pool == nullptr) pool = current_pool(s, c->device);
+    if (pool->device != c->device) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = device_alloc(s, *c, bytes, range_kind::device, 0, dptr); r != CUDA_SUCCESS) return r;
+    s.ranges[static_cast<uintptr_t>(*dptr)].pool = pool->handle;
+    pool->used += bytes;
+    pool->used_high = std::max(pool->used_high, pool->used);
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// A stream-ordered allocation given back (cuMemFreeAsync, or cuMemFree): its pool's figures drop.
+void vcuda::soft::release_pooled(state& s, const mem_range& r) {
+    if (auto* p = s.find<pool_obj>(r.pool)) p->used -= std::min<uint64_t>(p->used, r.size);
+}
+
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+    return entry([&](state& s) -> CUresult { return pool_alloc(s, dptr, bytesize, nullptr, hStream); });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
     return entry([&](state& s) -> CUresult {
-        if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
-        context_obj* c = nullptr;
-        if (CUresult r = check_stream(s, hStream, &c); r != CUDA_SUCCESS) return r;
-        return device_alloc(s, *c, bytesize, range_kind::device, 0, dptr);
+        auto* p = s.find<pool_obj>(pool);
+        if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        return pool_alloc(s, dptr, bytesize, p, hStream);
     });
 }
 
@@ -415,7 +459,130 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hSt
         if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
         auto it = s.ranges.find(static_cast<uintptr_t>(dptr));
         if (it == s.ranges.end() || it->second.k != range_kind::device) return CUDA_ERROR_INVALID_VALUE;
+        release_pooled(s, it->second);
         free_range(s, it->first);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+    return entry([&](state& s) -> CUresult {
+        if (pool == nullptr || props == nullptr || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+        if (props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !s.valid_device(props->location.id))
+            return CUDA_ERROR_INVALID_VALUE;
+        pool_obj* p = s.create<pool_obj>();
+        p->device = props->location.id;
+        p->access[static_cast<size_t>(p->device)] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        *pool = to_handle<CUmemoryPool>(p->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
+    return entry([&](state& s) -> CUresult {
+        auto* p = s.find<pool_obj>(pool);
+        if (p == nullptr || p->is_default) return CUDA_ERROR_INVALID_VALUE;
+        for (auto& d : s.devices)
+            if (d.current_pool == p->handle) d.current_pool = 0;
+        for (auto& [base, r] : s.ranges)
+            if (r.pool == p->handle) r.pool = 0;
+        s.erase(p->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
+    return entry([&](state& s) -> CUresult {
+        if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        if (!s.valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+        *pool = to_handle<CUmemoryPool>(default_pool(s, dev)->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
+    return entry([&](state& s) -> CUresult {
+        if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        if (!s.valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+        *pool = to_handle<CUmemoryPool>(current_pool(s, dev)->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+    return entry([&](state& s) -> CUresult {
+        if (!s.valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+        auto* p = s.find<pool_obj>(pool);
+        if (p == nullptr || p->device != dev) return CUDA_ERROR_INVALID_VALUE;
+        s.devices[static_cast<size_t>(dev)].current_pool = p->handle;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t) {
+    return entry([&](state& s) -> CUresult { return s.find<pool_obj>(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+    return entry([&](state& s) -> CUresult {
+        auto* p = s.find<pool_obj>(pool);
+        if (p == nullptr || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        switch (attr) {
+            case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+            case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+            case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+                p->reuse[attr - 1] = *static_cast<int*>(value) != 0;
+                return CUDA_SUCCESS;
+            case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->release_threshold = *static_cast<cuuint64_t*>(value); return CUDA_SUCCESS;
+            case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+            case CU_MEMPOOL_ATTR_USED_MEM_HIGH:  // only resetting to 0 is allowed
+                if (*static_cast<cuuint64_t*>(value) != 0) return CUDA_ERROR_INVALID_VALUE;
+                p->used_high = p->used;
+                return CUDA_SUCCESS;
+            default: return CUDA_ERROR_INVALID_VALUE;
+        }
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+    return entry([&](state& s) -> CUresult {
+        auto* p = s.find<pool_obj>(pool);
+        if (p == nullptr || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        auto put = [&](cuuint64_t v) { *static_cast<cuuint64_t*>(value) = v; };
+        switch (attr) {
+            case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+            case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+            case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *static_cast<int*>(value) = p->reuse[attr - 1]; break;
+            case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: put(p->release_threshold); break;
+            case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+            case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: put(p->used); break;
+            case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+            case CU_MEMPOOL_ATTR_USED_MEM_HIGH: put(p->used_high); break;
+            default: return CUDA_ERROR_INVALID_VALUE;
+        }
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) {
+    return entry([&](state& s) -> CUresult {
+        auto* p = s.find<pool_obj>(pool);
+        if (p == nullptr || map == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+        for (size_t i = 0; i < count; ++i)
+            if (map[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !s.valid_device(map[i].location.id))
+                return CUDA_ERROR_INVALID_VALUE;
+        for (size_t i = 0; i < count; ++i) p->access[static_cast<size_t>(map[i].location.id)] = map[i].flags;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool, CUmemLocation* location) {
+    return entry([&](state& s) -> CUresult {
+        auto* p = s.find<pool_obj>(pool);
+        if (p == nullptr || flags == nullptr || location == nullptr || location->type != CU_MEM_LOCATION_TYPE_DEVICE ||
+            !s.valid_device(location->id))
+            return CUDA_ERROR_INVALID_VALUE;
+        *flags = p->access[static_cast<size_t>(location->id)];
         return CUDA_SUCCESS;
     });
 }

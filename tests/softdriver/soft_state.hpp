@@ -57,7 +57,7 @@ inline constexpr int regs_per_sm = 65536;
 inline constexpr int regs_per_thread = 32;
 inline constexpr int least_stream_priority = 0, greatest_stream_priority = -5;
 
-enum class kind : uint8_t { context = 1, stream, event, module, library, kernel, function, mem_handle, graph, graph_exec };
+enum class kind : uint8_t { context = 1, stream, event, module, library, kernel, function, mem_handle, graph, graph_exec, mem_pool };
 
 inline constexpr uint64_t handle_tag = uint64_t{0x5c0d} << 48;
 
@@ -90,6 +90,19 @@ struct stream_obj : object {
     int priority = 0;
     uint64_t id = 0;
     uint64_t capture = 0;  // the capture sequence it records into (0: none; stale once that capture ended)
+};
+
+// A memory pool (cuMemPoolCreate, or a device's default pool): stream-ordered allocations come from it and give
+// their memory back at once (no caching), so its figures are what is in use.
+struct pool_obj : object {
+    static constexpr kind tag = kind::mem_pool;
+    pool_obj() : object(tag) {}
+    int device = 0;
+    bool is_default = false;
+    int reuse[3] = {1, 1, 1};  // CU_MEMPOOL_ATTR_REUSE_* (1-3)
+    uint64_t release_threshold = 0;
+    uint64_t used = 0, used_high = 0;
+    std::array<CUmemAccess_flags, 8> access{};
 };
 
 struct event_obj : object {
@@ -198,12 +211,14 @@ struct mem_range {
     size_t handle_offset = 0;
     std::array<CUmemAccess_flags, max_devices> access{};  // vmm: per-device access
     bool sync_memops = false;
+    uint64_t pool = 0;  // a stream-ordered allocation's pool
 };
 
 struct device_info {
     size_t total_memory = default_memory;
     size_t used = 0;
     uint64_t primary_ctx = 0;
+    uint64_t default_pool = 0, current_pool = 0;  // pool_obj handles, made on first use
 };
 
 struct state {
@@ -355,6 +370,7 @@ bool in_reservation(const state& s, uintptr_t p);
 CUresult check_device_range(state& s, uintptr_t p, size_t n, bool write);
 void insert_range(state& s, mem_range r);
 void free_range(state& s, uintptr_t base);  // releases the memory and the quota; erases the range
+void release_pooled(state& s, const mem_range& r);  // a stream-ordered allocation's pool figures drop
 CUresult charge(state& s, int device, size_t bytes);
 void uncharge(state& s, int device, size_t bytes);
 void* os_alloc(size_t bytes);  // anonymous, zeroed, lazily committed; nullptr on failure

@@ -1,0 +1,190 @@
+// Stream-ordered allocation and memory pools, forwarded to the current device's server
+// (server/handlers_pool.cpp). An allocation's address is needed at once, so cuMemAllocAsync waits for the
+// server; frees are queued (checked here against the mirror first, so a bad pointer still fails at the call).
+// Stream-ordered allocations join the mirror's device allocations: copies and pointer queries know them.
+#include <cstring>
+
+#include "client/plain_call.hpp"
+#include "client/remote_call.hpp"
+#include "client/state.hpp"
+#include "client/trace.hpp"
+
+#define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
+
+using namespace vcuda;
+using namespace vcuda::client;
+
+namespace {
+
+// A client device ordinal on the current session's server, as the server knows it.
+CUresult pool_device(CUdevice dev, uint64_t& out) {
+    auto& st = state::get();
+    if (dev < 0 || dev >= st.device_count()) return CUDA_ERROR_INVALID_DEVICE;
+    if (st.device(dev).owner != &st.remote())
+        return static_cast<CUresult>(unsupported("memory pools of a device of another server than the current one"));
+    out = static_cast<uint64_t>(st.device(dev).server_index);
+    return CUDA_SUCCESS;
+}
+
+CUresult alloc_async(CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream stream) {
+    VCUDA_REQUIRE_INIT();
+    if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    int d = current_device();
+    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    plain_call c(op::pool_alloc, pool ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync");
+    c.arg(size);
+    c.handle(stream, handle_kind::stream);
+    if (pool) c.handle(pool, handle_kind::mem_pool);
+    else c.arg(uint64_t{0});
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    auto p = c.out<uint64_t>(0);
+    if (!p) return CUDA_ERROR_UNKNOWN;
+    *dptr = p;
+    state::get().add_allocation(p, size, d);
+    return CUDA_SUCCESS;
+}
+
+// The attributes of 64 bits (cuuint64_t): the release threshold and the four memory figures.
+bool wide_attribute(CUmemPool_attribute a) { return a >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD; }
+bool known_attribute(CUmemPool_attribute a) {
+    return a >= CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES && a <= CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+}
+
+CUresult device_pool(CUmemoryPool* pool, CUdevice dev, uint64_t which, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t sd;
+    if (CUresult rc = pool_device(dev, sd); rc != CUDA_SUCCESS) return rc;
+    plain_call c(op::device_pool, name);
+    c.arg(sd);
+    c.arg(which);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *pool = c.out_handle<CUmemoryPool>(0, handle_kind::mem_pool);
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+VCUDA_API cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) noexcept {
+    VCUDA_TRACE_HOOK(cuMemAllocAsync, dptr, bytesize, hStream);
+    return alloc_async(dptr, bytesize, nullptr, hStream);
+}
+
+VCUDA_API cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) noexcept {
+    VCUDA_TRACE_HOOK(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    return alloc_async(dptr, bytesize, pool, hStream);
+}
+
+VCUDA_API cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) noexcept {
+    VCUDA_TRACE_HOOK(cuMemFreeAsync, dptr, hStream);
+    VCUDA_REQUIRE_INIT();
+    device_allocation a;
+    if (!state::get().find_allocation(dptr, 1, a) || a.base != dptr) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::pool_free, "cuMemFreeAsync");
+    c.arg(static_cast<uint64_t>(dptr));
+    c.handle(hStream, handle_kind::stream);
+    if (CUresult rc = c.send_async(); rc != CUDA_SUCCESS) return rc;
+    state::get().remove_allocation(dptr, a);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* poolProps) noexcept {
+    VCUDA_TRACE_HOOK(cuMemPoolCreate, pool, poolProps);
+    VCUDA_REQUIRE_INIT();
+    if (!pool || !poolProps) return CUDA_ERROR_INVALID_VALUE;
+    CUmemPoolProps p = *poolProps;
+    p.win32SecurityAttributes = nullptr;
+    if (p.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return static_cast<CUresult>(unsupported("cuMemPoolCreate of a host-located pool (not shared with this process)"));
+    uint64_t sd;
+    if (CUresult rc = pool_device(p.location.id, sd); rc != CUDA_SUCCESS) return rc;
+    p.location.id = static_cast<int>(sd);
+    plain_call c(op::pool_create, "cuMemPoolCreate");
+    c.blob({reinterpret_cast<const std::byte*>(&p), sizeof p});
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *pool = c.out_handle<CUmemoryPool>(0, handle_kind::mem_pool);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemPoolDestroy(CUmemoryPool pool) noexcept {
+    VCUDA_TRACE_HOOK(cuMemPoolDestroy, pool);
+    plain_call c(op::pool_destroy, "cuMemPoolDestroy");
+    c.handle(pool, handle_kind::mem_pool);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    c.forget(pool, handle_kind::mem_pool);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetDefaultMemPool, pool, dev);
+    return device_pool(pool, dev, 0, "cuDeviceGetDefaultMemPool");
+}
+
+VCUDA_API cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetMemPool, pool, dev);
+    return device_pool(pool, dev, 1, "cuDeviceGetMemPool");
+}
+
+VCUDA_API cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) noexcept {
+    VCUDA_TRACE_HOOK(cuMemPoolSetAttribute, pool, attr, value);
+    VCUDA_REQUIRE_INIT();
+    if (!value || !known_attribute(attr)) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t v = 0;
+    if (wide_attribute(attr)) std::memcpy(&v, value, sizeof(uint64_t));
+    else v = static_cast<uint32_t>(*static_cast<const int*>(value));
+    plain_call c(op::pool_set_attribute, "cuMemPoolSetAttribute");
+    c.handle(pool, handle_kind::mem_pool);
+    c.arg(static_cast<uint64_t>(attr));
+    c.arg(v);
+    return c.send_sync();
+}
+
+VCUDA_API cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) noexcept {
+    VCUDA_TRACE_HOOK(cuMemPoolGetAttribute, pool, attr, value);
+    VCUDA_REQUIRE_INIT();
+    if (!value || !known_attribute(attr)) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::pool_get_attribute, "cuMemPoolGetAttribute");
+    c.handle(pool, handle_kind::mem_pool);
+    c.arg(static_cast<uint64_t>(attr));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    uint64_t v = c.out<uint64_t>(0);
+    if (wide_attribute(attr)) std::memcpy(value, &v, sizeof v);
+    else *static_cast<int*>(value) = static_cast<int>(v);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) noexcept {
+    VCUDA_TRACE_HOOK(cuMemPoolSetAccess, pool, map, count);
+    VCUDA_REQUIRE_INIT();
+    if (!map || count == 0 || count > 64) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<CUmemAccessDesc> desc(map, map + count);
+    for (auto& d : desc) {
+        if (d.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+            return static_cast<CUresult>(unsupported("cuMemPoolSetAccess for a host location"));
+        uint64_t sd;
+        if (CUresult rc = pool_device(d.location.id, sd); rc != CUDA_SUCCESS) return rc;
+        d.location.id = static_cast<int>(sd);
+    }
+    plain_call c(op::pool_set_access, "cuMemPoolSetAccess");
+    c.handle(pool, handle_kind::mem_pool);
+    c.arg(static_cast<uint64_t>(count));
+    c.blob({reinterpret_cast<const std::byte*>(desc.data()), desc.size() * sizeof(CUmemAccessDesc)});
+    return c.send_sync();
+}
+
+VCUDA_API cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool memPool, CUmemLocation* location) noexcept {
+    VCUDA_TRACE_HOOK(cuMemPoolGetAccess, flags, memPool, location);
+    VCUDA_REQUIRE_INIT();
+    if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;
+    if (location->type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return static_cast<CUresult>(unsupported("cuMemPoolGetAccess for a host location"));
+    uint64_t sd;
+    if (CUresult rc = pool_device(location->id, sd); rc != CUDA_SUCCESS) return rc;
+    plain_call c(op::pool_get_access, "cuMemPoolGetAccess");
+    c.handle(memPool, handle_kind::mem_pool);
+    c.arg(sd);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *flags = static_cast<CUmemAccess_flags>(c.out<uint64_t>(0));
+    return CUDA_SUCCESS;
+}

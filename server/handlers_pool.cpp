@@ -1,0 +1,199 @@
+// Stream-ordered allocation and memory pools (cuMemAllocAsync, cuMemFreeAsync, cuMemPoolCreate, ...). Every
+// stream-ordered allocation is this session's memory (copies and kernels may use it; charged to the quota when
+// made, credited when freed); pools are session handles, the devices' default pools owned by the session (never
+// destroyed by it). Only device-located pools are served.
+#include <cstring>
+
+#include "server/call_context.hpp"
+
+namespace vcuda::server {
+
+namespace {
+
+// The current device's index and memory account.
+CUresult current_device_memory(call_context& cx, size_t& device, device_memory*& mem) {
+    int d = cx.device_index();
+    if (d < 0 || static_cast<size_t>(d) >= cx.sess.device_count()) return cx.fail(CUDA_ERROR_INVALID_CONTEXT, "no current context");
+    device = static_cast<size_t>(d);
+    mem = &cx.sess.memory(device);
+    return CUDA_SUCCESS;
+}
+
+// The handle the session already gave for the driver's pool `raw`, else a new owned one (a device's default or
+// current pool: asking twice gives the same handle).
+void out_pool(call_context& cx, CUmemoryPool raw) {
+    uint64_t found = 0;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.handles.for_each([&](uint64_t id, handle_entry& e) {
+            if (e.kind == handle_kind::mem_pool && e.raw == raw && !found) found = id;
+        });
+    }
+    if (found) cx.out(found);
+    else cx.out_handle(handle_kind::mem_pool, raw, 0, /*owned=*/true);
+}
+
+}  // namespace
+
+// args {size, stream, pool (0: the device's current pool)} -> outs {address}
+CUresult handle_pool_alloc(call_context& cx) {
+    if (!cx.expect_args(3)) return cx.bad_arguments();
+    size_t size = cx.arg(0);
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUstream stream;
+    if (CUresult rc = cx.handle(1, handle_kind::stream, stream); rc != CUDA_SUCCESS) return rc;
+    CUmemoryPool pool = nullptr;
+    if (cx.arg(2))
+        if (CUresult rc = cx.handle(2, handle_kind::mem_pool, pool); rc != CUDA_SUCCESS) return rc;
+    size_t device;
+    device_memory* mem;
+    if (CUresult rc = current_device_memory(cx, device, mem); rc != CUDA_SUCCESS) return rc;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (!mem->charge(size))
+            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "allocation of " + std::to_string(size) + " bytes exceeds the session's memory quota");
+    }
+    CUdeviceptr p = 0;
+    auto& d = cx.drv();
+    CUresult rc = pool ? d.cuMemAllocFromPoolAsync(&p, size, pool, stream) : d.cuMemAllocAsync(&p, size, stream);
+    std::lock_guard lock(cx.sess.mu);
+    if (rc != CUDA_SUCCESS) {
+        mem->credit(size);
+        return rc;
+    }
+    cx.sess.pool_allocations[p] = {size, device};
+    cx.out(static_cast<uint64_t>(p));
+    return CUDA_SUCCESS;
+}
+
+// args {address, stream}
+CUresult handle_pool_free(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    CUstream stream;
+    if (CUresult rc = cx.handle(1, handle_kind::stream, stream); rc != CUDA_SUCCESS) return rc;
+    auto p = static_cast<CUdeviceptr>(cx.arg(0));
+    session::pool_allocation a;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        auto it = cx.sess.pool_allocations.find(p);
+        if (it == cx.sess.pool_allocations.end())
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a stream-ordered allocation of this session");
+        a = it->second;
+    }
+    if (CUresult rc = cx.drv().cuMemFreeAsync(p, stream); rc != CUDA_SUCCESS) return rc;
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.pool_allocations.erase(p);
+    cx.sess.memory(a.device).credit(a.size);
+    return CUDA_SUCCESS;
+}
+
+// blob {CUmemPoolProps} (location: the session's device index) -> outs {pool}
+CUresult handle_pool_create(call_context& cx) {
+    if (!cx.expect_args(0) || cx.blob_count() != 1 || cx.blob(0).size() != sizeof(CUmemPoolProps)) return cx.bad_arguments();
+    CUmemPoolProps props;
+    std::memcpy(&props, cx.blob(0).data(), sizeof props);
+    props.win32SecurityAttributes = nullptr;
+    if (props.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "only device-located memory pools are served");
+    if (props.location.id < 0 || !cx.sess.allowed(static_cast<size_t>(props.location.id)))
+        return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+    CUdevice real;
+    if (CUresult rc = cx.sess.real_device(static_cast<size_t>(props.location.id), real); rc != CUDA_SUCCESS) return rc;
+    props.location.id = real;
+    CUmemoryPool pool = nullptr;
+    if (CUresult rc = cx.drv().cuMemPoolCreate(&pool, &props); rc != CUDA_SUCCESS) return rc;
+    cx.out_handle(handle_kind::mem_pool, pool, 0, /*owned=*/false);
+    return CUDA_SUCCESS;
+}
+
+// args {pool}: a pool the application created (a device's default pool is not its to destroy).
+CUresult handle_pool_destroy(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    void* raw = nullptr;
+    handle_entry e;
+    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::mem_pool, raw, &e); rc != CUDA_SUCCESS) return rc;
+    if (e.owned) return cx.fail(CUDA_ERROR_INVALID_VALUE, "a device's default or current pool cannot be destroyed");
+    if (CUresult rc = cx.drv().cuMemPoolDestroy(static_cast<CUmemoryPool>(raw)); rc != CUDA_SUCCESS) return rc;
+    cx.forget_handle(0);
+    return CUDA_SUCCESS;
+}
+
+// args {device (session index), which: 0 default, 1 current} -> outs {pool}
+CUresult handle_device_pool(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    CUdevice dev;
+    if (CUresult rc = cx.device(0, dev); rc != CUDA_SUCCESS) return rc;
+    CUmemoryPool pool = nullptr;
+    auto& d = cx.drv();
+    CUresult rc = cx.arg(1) == 0 ? d.cuDeviceGetDefaultMemPool(&pool, dev) : d.cuDeviceGetMemPool(&pool, dev);
+    if (rc != CUDA_SUCCESS) return rc;
+    out_pool(cx, pool);
+    return CUDA_SUCCESS;
+}
+
+// args {pool, attribute, value}; attributes of 32 bits travel in the low half.
+CUresult handle_pool_set_attribute(call_context& cx) {
+    if (!cx.expect_args(3)) return cx.bad_arguments();
+    CUmemoryPool pool;
+    if (CUresult rc = cx.handle(0, handle_kind::mem_pool, pool); rc != CUDA_SUCCESS) return rc;
+    auto attr = static_cast<CUmemPool_attribute>(cx.arg(1));
+    uint64_t wide = cx.arg(2);
+    int narrow = static_cast<int>(wide);
+    const bool is_wide = attr >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+    return cx.drv().cuMemPoolSetAttribute(pool, attr, is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
+}
+
+// args {pool, attribute} -> outs {value}
+CUresult handle_pool_get_attribute(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    CUmemoryPool pool;
+    if (CUresult rc = cx.handle(0, handle_kind::mem_pool, pool); rc != CUDA_SUCCESS) return rc;
+    auto attr = static_cast<CUmemPool_attribute>(cx.arg(1));
+    uint64_t wide = 0;
+    int narrow = 0;
+    const bool is_wide = attr >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+    if (CUresult rc = cx.drv().cuMemPoolGetAttribute(pool, attr, is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
+        rc != CUDA_SUCCESS)
+        return rc;
+    cx.out(is_wide ? wide : static_cast<uint64_t>(static_cast<uint32_t>(narrow)));
+    return CUDA_SUCCESS;
+}
+
+// args {pool, count}; blob {CUmemAccessDesc[count]} with the session's device indices.
+CUresult handle_pool_set_access(call_context& cx) {
+    if (!cx.expect_args(2) || cx.blob_count() != 1) return cx.bad_arguments();
+    CUmemoryPool pool;
+    if (CUresult rc = cx.handle(0, handle_kind::mem_pool, pool); rc != CUDA_SUCCESS) return rc;
+    uint64_t count = cx.arg(1);
+    auto b = cx.blob(0);
+    if (count == 0 || count > 64 || b.size() != count * sizeof(CUmemAccessDesc)) return cx.bad_arguments();
+    std::vector<CUmemAccessDesc> desc(count);
+    std::memcpy(desc.data(), b.data(), b.size());
+    for (auto& x : desc) {
+        if (x.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "only device locations are served");
+        if (x.location.id < 0 || !cx.sess.allowed(static_cast<size_t>(x.location.id)))
+            return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+        CUdevice real;
+        if (CUresult rc = cx.sess.real_device(static_cast<size_t>(x.location.id), real); rc != CUDA_SUCCESS) return rc;
+        x.location.id = real;
+    }
+    return cx.drv().cuMemPoolSetAccess(pool, desc.data(), count);
+}
+
+// args {pool, device (session index)} -> outs {CUmemAccess_flags}
+CUresult handle_pool_get_access(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    CUmemoryPool pool;
+    if (CUresult rc = cx.handle(0, handle_kind::mem_pool, pool); rc != CUDA_SUCCESS) return rc;
+    CUdevice dev;
+    if (CUresult rc = cx.device(1, dev); rc != CUDA_SUCCESS) return rc;
+    CUmemLocation loc{};
+    loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    loc.id = dev;
+    CUmemAccess_flags flags{};
+    if (CUresult rc = cx.drv().cuMemPoolGetAccess(&flags, pool, &loc); rc != CUDA_SUCCESS) return rc;
+    cx.out(static_cast<uint64_t>(flags));
+    return CUDA_SUCCESS;
+}
+
+}  // namespace vcuda::server

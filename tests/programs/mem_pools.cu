@@ -1,0 +1,109 @@
+// mem_pools: stream-ordered allocation and memory pools — cudaMallocAsync/cudaFreeAsync on a stream, the device's
+// default and current pools, a pool of its own (attributes, access, trim, cudaMallocFromPoolAsync, destroy),
+// kernels and copies on pooled memory, a free of a pointer that is not an allocation.
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "common.cuh"
+
+extern "C" __global__ void mp_fill(int* p, int n, int v) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = v + i;
+}
+
+static void fill_and_check(int* d, int n, int v, cudaStream_t s, const char* what) {
+    mp_fill<<<(n + 255) / 256, 256, 0, s>>>(d, n, v);
+    CHECK_LAUNCH();
+    std::vector<int> h(n);
+    CHECK(cudaMemcpyAsync(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    for (int i = 0; i < n; ++i) EXPECT(h[i] == v + i, "%s: [%d] = %d, expected %d", what, i, h[i], v + i);
+    printf("%s: %d ints ok\n", what, n);
+}
+
+int main() {
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const int n = 1 << 20;
+
+    // The default pool, through cudaMallocAsync.
+    int* a = nullptr;
+    CHECK(cudaMallocAsync(reinterpret_cast<void**>(&a), n * sizeof(int), s));
+    fill_and_check(a, n, 7, s, "cudaMallocAsync");
+    CHECK(cudaFreeAsync(a, s));
+    CHECK(cudaStreamSynchronize(s));
+
+    cudaMemPool_t def = nullptr, cur = nullptr;
+    CHECK(cudaDeviceGetDefaultMemPool(&def, 0));
+    CHECK(cudaDeviceGetMemPool(&cur, 0));
+    EXPECT(def && def == cur, "the current pool is not the default one");
+    cudaMemPool_t again = nullptr;
+    CHECK(cudaDeviceGetDefaultMemPool(&again, 0));
+    EXPECT(again == def, "the default pool changed between two queries");
+    uint64_t threshold = 64ull << 20, got = 0;
+    CHECK(cudaMemPoolSetAttribute(def, cudaMemPoolAttrReleaseThreshold, &threshold));
+    CHECK(cudaMemPoolGetAttribute(def, cudaMemPoolAttrReleaseThreshold, &got));
+    printf("default pool release threshold %llu MiB\n", static_cast<unsigned long long>(got >> 20));
+    EXPECT(got == threshold, "release threshold %llu", static_cast<unsigned long long>(got));
+    int reuse = -1;
+    CHECK(cudaMemPoolGetAttribute(def, cudaMemPoolReuseAllowOpportunistic, &reuse));
+    printf("default pool opportunistic reuse %d\n", reuse);
+
+    // A pool of our own.
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = 0;
+    cudaMemPool_t pool = nullptr;
+    CHECK(cudaMemPoolCreate(&pool, &props));
+    cudaMemAccessDesc desc = {};
+    desc.location = props.location;
+    desc.flags = cudaMemAccessFlagsProtReadWrite;
+    CHECK(cudaMemPoolSetAccess(pool, &desc, 1));
+    cudaMemAccessFlags flags = cudaMemAccessFlagsProtNone;
+    cudaMemLocation loc = props.location;
+    CHECK(cudaMemPoolGetAccess(&flags, pool, &loc));
+    printf("own pool access for device 0: %d\n", static_cast<int>(flags));
+    int* b = nullptr;
+    int* c = nullptr;
+    CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&b), n * sizeof(int), pool, s));
+    CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&c), 4096 * sizeof(int), pool, s));
+    uint64_t used = 0;
+    CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    printf("own pool in use with two allocations: %s\n", used >= (n + 4096) * sizeof(int) ? "at least their size" : "too little");
+    fill_and_check(b, n, -3, s, "cudaMallocFromPoolAsync");
+    CHECK(cudaMemcpyAsync(c, b + 1000, 4096 * sizeof(int), cudaMemcpyDeviceToDevice, s));
+    std::vector<int> h(4096);
+    CHECK(cudaMemcpyAsync(h.data(), c, h.size() * sizeof(int), cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    for (int i = 0; i < 4096; ++i) EXPECT(h[i] == -3 + 1000 + i, "pooled device copy [%d] = %d", i, h[i]);
+    printf("device-to-device copy between pooled allocations: ok\n");
+    CHECK(cudaFreeAsync(b, s));
+    CHECK(cudaFree(c));  // cudaFree takes a stream-ordered allocation too
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    printf("own pool in use after the frees: %llu\n", static_cast<unsigned long long>(used));
+    CHECK(cudaMemPoolTrimTo(pool, 0));
+
+    // The device's current pool switched to ours and back.
+    CHECK(cudaDeviceSetMemPool(0, pool));
+    CHECK(cudaDeviceGetMemPool(&cur, 0));
+    EXPECT(cur == pool, "cudaDeviceSetMemPool did not take");
+    int* d = nullptr;
+    CHECK(cudaMallocAsync(reinterpret_cast<void**>(&d), 1000 * sizeof(int), s));
+    fill_and_check(d, 1000, 11, s, "cudaMallocAsync from the current pool");
+    CHECK(cudaFreeAsync(d, s));
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaDeviceSetMemPool(0, def));
+    CHECK(cudaMemPoolDestroy(pool));
+
+    // Bad input.
+    int not_allocated = 0;
+    cudaError_t e = cudaFreeAsync(&not_allocated, s);
+    printf("cudaFreeAsync of a host address: %s\n", cudaGetErrorName(e));
+    EXPECT(e != cudaSuccess, "a host address was freed");
+    cudaGetLastError();
+    CHECK(cudaStreamDestroy(s));
+    return pass();
+}
