@@ -318,3 +318,60 @@ VCUDA_API cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block, C
                      flags);
     return max_potential_block_size(min_grid, block, f, smem_of, smem, limit, flags);
 }
+
+// ---------------------------------------------------------------- stream memory operations
+
+namespace {
+// Flags are checked here so that a bad one fails at the call; the address on the server. An address the mirror
+// knows as this process's device memory is queued like any stream work, any other waits for the server's verdict.
+CUresult stream_memop(CUstream stream, CUdeviceptr addr, uint64_t value, unsigned flags, uint64_t kind, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    const bool wait = kind == 1 || kind == 3;
+    const size_t width = kind < 2 ? 4 : 8;
+    if (wait ? (flags & ~unsigned(CU_STREAM_WAIT_VALUE_FLUSH)) > CU_STREAM_WAIT_VALUE_NOR
+             : (flags & ~unsigned(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (addr % width) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::stream_memop, name);
+    c.handle(stream, handle_kind::stream);
+    c.arg(kind);
+    c.arg(static_cast<uint64_t>(addr));
+    c.arg(value);
+    c.arg(flags);
+    device_allocation a;
+    return state::get().find_allocation(addr, width, a) ? c.send_async() : c.send_sync();
+}
+}  // namespace
+
+VCUDA_API cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamWriteValue32_v2, stream, addr, value, flags);
+    return stream_memop(stream, addr, value, flags, 0, "cuStreamWriteValue32");
+}
+VCUDA_API cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamWriteValue32, stream, addr, value, flags);
+    return stream_memop(stream, addr, value, flags, 0, "cuStreamWriteValue32");
+}
+VCUDA_API cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamWaitValue32_v2, stream, addr, value, flags);
+    return stream_memop(stream, addr, value, flags, 1, "cuStreamWaitValue32");
+}
+VCUDA_API cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamWaitValue32, stream, addr, value, flags);
+    return stream_memop(stream, addr, value, flags, 1, "cuStreamWaitValue32");
+}
+VCUDA_API cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamWriteValue64_v2, stream, addr, value, flags);
+    return stream_memop(stream, addr, value, flags, 2, "cuStreamWriteValue64");
+}
+VCUDA_API cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamWriteValue64, stream, addr, value, flags);
+    return stream_memop(stream, addr, value, flags, 2, "cuStreamWriteValue64");
+}
+VCUDA_API cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamWaitValue64_v2, stream, addr, value, flags);
+    return stream_memop(stream, addr, value, flags, 3, "cuStreamWaitValue64");
+}
+VCUDA_API cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamWaitValue64, stream, addr, value, flags);
+    return stream_memop(stream, addr, value, flags, 3, "cuStreamWaitValue64");
+}

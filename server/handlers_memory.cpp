@@ -279,4 +279,35 @@ CUresult handle_memset(call_context& cx) {
     }
 }
 
+// args {stream, kind (0 write32, 1 wait32, 2 write64, 3 wait64), address, value, flags}: the word must be this
+// session's device memory or its shared pinned host memory.
+CUresult handle_stream_memop(call_context& cx) {
+    if (!cx.expect_args(5)) return cx.bad_arguments();
+    CUstream stream;
+    if (CUresult rc = cx.handle(0, handle_kind::stream, stream); rc != CUDA_SUCCESS) return rc;
+    uint64_t kind = cx.arg(1);
+    auto addr = static_cast<CUdeviceptr>(cx.arg(2));
+    uint64_t value = cx.arg(3);
+    auto flags = static_cast<unsigned>(cx.arg(4));
+    if (kind > 3) return cx.bad_arguments();
+    const size_t width = kind < 2 ? 4 : 8;
+    bool host = false;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (auto it = cx.sess.host_regions.upper_bound(addr); it != cx.sess.host_regions.begin()) {
+            --it;
+            host = addr - it->first < it->second.size && width <= it->second.size - (addr - it->first);
+        }
+    }
+    if (!host)
+        if (CUresult rc = cx.device_range(addr, width); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    switch (kind) {
+        case 0: return d.cuStreamWriteValue32_v2(stream, addr, static_cast<cuuint32_t>(value), flags);
+        case 1: return d.cuStreamWaitValue32_v2(stream, addr, static_cast<cuuint32_t>(value), flags);
+        case 2: return d.cuStreamWriteValue64_v2(stream, addr, value, flags);
+        default: return d.cuStreamWaitValue64_v2(stream, addr, value, flags);
+    }
+}
+
 }  // namespace vcuda::server

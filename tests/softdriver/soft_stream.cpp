@@ -4,6 +4,7 @@
 // valid wherever a stream is taken (they need a current context). Host functions and stream callbacks run at
 // once, with the driver's lock released. Capture status queries are here; the capture itself is soft_graph.cpp.
 #include <chrono>
+#include <type_traits>
 
 #include "soft_state.hpp"
 
@@ -366,4 +367,62 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
         s.erase(e->handle);
         return CUDA_SUCCESS;
     });
+}
+
+// --- Stream memory operations. Streams run their work at the call here, so a write is done at once and a wait
+// polls its word (another thread may write it through host memory) for up to 10 s.
+
+namespace {
+template <class T>
+CUresult stream_write(CUstream stream, CUdeviceptr addr, T value, unsigned flags) {
+    return entry([&](state& s) -> CUresult {
+        if (CUresult r = check_stream(s, stream); r != CUDA_SUCCESS) return r;
+        if ((flags & ~unsigned(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)) != 0 || addr % sizeof(T)) return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult r = check_device_range(s, static_cast<uintptr_t>(addr), sizeof(T), true); r != CUDA_SUCCESS) return r;
+        __atomic_store_n(reinterpret_cast<T*>(addr), value, __ATOMIC_SEQ_CST);
+        return CUDA_SUCCESS;
+    });
+}
+
+template <class T>
+CUresult stream_wait(CUstream stream, CUdeviceptr addr, T value, unsigned flags) {
+    T* word = nullptr;
+    unsigned op = flags & ~unsigned(CU_STREAM_WAIT_VALUE_FLUSH);
+    CUresult checked = entry([&](state& s) -> CUresult {
+        if (CUresult r = check_stream(s, stream); r != CUDA_SUCCESS) return r;
+        if (op > CU_STREAM_WAIT_VALUE_NOR || addr % sizeof(T)) return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult r = check_device_range(s, static_cast<uintptr_t>(addr), sizeof(T), false); r != CUDA_SUCCESS) return r;
+        word = reinterpret_cast<T*>(addr);
+        return CUDA_SUCCESS;
+    });
+    if (checked != CUDA_SUCCESS) return checked;
+    auto met = [&] {
+        T v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+        switch (op) {
+            case CU_STREAM_WAIT_VALUE_GEQ: return static_cast<std::make_signed_t<T>>(v - value) >= 0;
+            case CU_STREAM_WAIT_VALUE_EQ: return v == value;
+            case CU_STREAM_WAIT_VALUE_AND: return (v & value) != 0;
+            default: return static_cast<T>(~(v | value)) != 0;
+        }
+    };
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!met()) {
+        if (std::chrono::steady_clock::now() > until) return CUDA_ERROR_LAUNCH_TIMEOUT;
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+    return stream_write<cuuint32_t>(stream, addr, value, flags);
+}
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) {
+    return stream_write<cuuint64_t>(stream, addr, value, flags);
+}
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+    return stream_wait<cuuint32_t>(stream, addr, value, flags);
+}
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) {
+    return stream_wait<cuuint64_t>(stream, addr, value, flags);
 }
