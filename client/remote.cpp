@@ -292,6 +292,8 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
             return nullptr;
         }
         fs.raw().attach_rings(std::move(*rings), default_spin());
+    } else {
+        fs.raw().set_spin(default_spin());
     }
     if (number == 0) {
         id_ = hr->session_id();

@@ -315,9 +315,22 @@ void stream::keep_fds(void* msg) {
     }
 }
 
+namespace {
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+}  // namespace
+
+// A reader that finds nothing spins up to spin_ (retrying the socket) before it sleeps in poll: a reply that
+// comes within microseconds then costs no wake-up.
 transport_result<void> stream::socket_read(void* buf, size_t n, deadline until) {
     auto* p = static_cast<char*>(buf);
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+    clock::time_point spin_end{};
     while (n > 0) {
         ssize_t r;
         if (local_) {  // descriptors passed with the bytes would be dropped by a plain recv
@@ -340,7 +353,16 @@ transport_result<void> stream::socket_read(void* buf, size_t n, deadline until) 
         if (r == 0) return unexpected{lost("peer closed the connection")};
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (spin_.count() > 0) {
+                auto now = clock::now();
+                if (spin_end == clock::time_point{}) spin_end = now + spin_;
+                if (now < spin_end) {
+                    for (int i = 0; i < 16; ++i) cpu_relax();
+                    continue;
+                }
+            }
             if (auto w = wait(POLLIN, until); !w) return w;
+            spin_end = {};
             continue;
         }
         return unexpected{lost(errno_text(errno))};
@@ -361,15 +383,6 @@ void stream::attach_rings(std::unique_ptr<shm_rings> rings, std::chrono::microse
     fds_received_ = 0;  // the peer counts only descriptors it sends once rings are up (not the rings' own)
 }
 
-namespace {
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-}
-}  // namespace
 
 transport_result<void> stream::ring_write(std::span<iovec> bufs, deadline until, int pass_fd) {
     if (pass_fd >= 0) {  // the descriptor first, on the socket, with one byte; then the count the reader checks

@@ -93,6 +93,8 @@ public:
     // file descriptors, doorbells and the end of the connection. A reader spins up to `spin` before it sleeps.
     void attach_rings(std::unique_ptr<shm_rings> rings, std::chrono::microseconds spin);
     bool has_rings() const { return rings_ != nullptr; }
+    // A reader on the socket spins up to `spin` (retrying it) before it sleeps (rings: attach_rings' own spin).
+    void set_spin(std::chrono::microseconds spin) { spin_ = spin; }
 
     // Ends the connection: pending and later reads and writes fail with `closed`.
     void shutdown();

@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
                  "Keep frames of local (Unix socket) clients on the socket instead of shared-memory rings");
     long spin_us = -1;
     app.add_option("--spin-us", spin_us,
-                   "Microseconds a lane thread on shared-memory rings spins for the next frame before it sleeps "
+                   "Microseconds a lane thread spins for the next frame (on shared-memory rings or its socket) before it sleeps "
                    "(default 50 with 4 or more CPUs, else 0; env VCUDA_SPIN_US)");
     app.add_option("--log-level", level, "trace, debug, info, warn, error or off (default info; env VCUDA_LOG_LEVEL)");
     std::string manager, secret_file;

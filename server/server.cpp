@@ -103,6 +103,7 @@ void server::run_connection(stream s) {
     bool greeted = fs.send(make_frame(frame_kind::hello_reply, b), after(std::chrono::seconds(10)), rings_fd).has_value();
     if (rings_fd >= 0) close(rings_fd);
     if (greeted && rings) fs.raw().attach_rings(std::move(rings), opts_.spin);
+    else fs.raw().set_spin(opts_.spin);
     if (greeted) {
         sess->attach(&fs);
         run_lane(sess, fs, h->lane());
