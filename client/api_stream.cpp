@@ -324,12 +324,16 @@ VCUDA_API cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block, C
 namespace {
 // Flags are checked here so that a bad one fails at the call; the address on the server. An address the mirror
 // knows as this process's device memory is queued like any stream work, any other waits for the server's verdict.
+// `legacy`: the entry points without _v2 (binaries built before CUDA 12), which still take
+// CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER; the _v2 ones refuse it (as the real driver does).
+constexpr uint64_t memop_legacy = 4;
 CUresult stream_memop(CUstream stream, CUdeviceptr addr, uint64_t value, unsigned flags, uint64_t kind, const char* name) {
     VCUDA_REQUIRE_INIT();
-    const bool wait = kind == 1 || kind == 3;
-    const size_t width = kind < 2 ? 4 : 8;
-    if (wait ? (flags & ~unsigned(CU_STREAM_WAIT_VALUE_FLUSH)) > CU_STREAM_WAIT_VALUE_NOR
-             : (flags & ~unsigned(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)) != 0)
+    const bool legacy = kind & memop_legacy;
+    const bool wait = (kind & 3) == 1 || (kind & 3) == 3;
+    const size_t width = (kind & 3) < 2 ? 4 : 8;
+    const unsigned write_flags = legacy ? unsigned(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) : 0u;
+    if (wait ? (flags & ~unsigned(CU_STREAM_WAIT_VALUE_FLUSH)) > CU_STREAM_WAIT_VALUE_NOR : (flags & ~write_flags) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (addr % width) return CUDA_ERROR_INVALID_VALUE;
     plain_call c(op::stream_memop, name);
@@ -349,7 +353,7 @@ VCUDA_API cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t 
 }
 VCUDA_API cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) noexcept {
     VCUDA_TRACE_HOOK(cuStreamWriteValue32, stream, addr, value, flags);
-    return stream_memop(stream, addr, value, flags, 0, "cuStreamWriteValue32");
+    return stream_memop(stream, addr, value, flags, 0 | memop_legacy, "cuStreamWriteValue32");
 }
 VCUDA_API cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) noexcept {
     VCUDA_TRACE_HOOK(cuStreamWaitValue32_v2, stream, addr, value, flags);
@@ -357,7 +361,7 @@ VCUDA_API cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t v
 }
 VCUDA_API cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) noexcept {
     VCUDA_TRACE_HOOK(cuStreamWaitValue32, stream, addr, value, flags);
-    return stream_memop(stream, addr, value, flags, 1, "cuStreamWaitValue32");
+    return stream_memop(stream, addr, value, flags, 1 | memop_legacy, "cuStreamWaitValue32");
 }
 VCUDA_API cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) noexcept {
     VCUDA_TRACE_HOOK(cuStreamWriteValue64_v2, stream, addr, value, flags);
@@ -365,7 +369,7 @@ VCUDA_API cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t 
 }
 VCUDA_API cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) noexcept {
     VCUDA_TRACE_HOOK(cuStreamWriteValue64, stream, addr, value, flags);
-    return stream_memop(stream, addr, value, flags, 2, "cuStreamWriteValue64");
+    return stream_memop(stream, addr, value, flags, 2 | memop_legacy, "cuStreamWriteValue64");
 }
 VCUDA_API cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) noexcept {
     VCUDA_TRACE_HOOK(cuStreamWaitValue64_v2, stream, addr, value, flags);
@@ -373,5 +377,5 @@ VCUDA_API cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t v
 }
 VCUDA_API cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) noexcept {
     VCUDA_TRACE_HOOK(cuStreamWaitValue64, stream, addr, value, flags);
-    return stream_memop(stream, addr, value, flags, 3, "cuStreamWaitValue64");
+    return stream_memop(stream, addr, value, flags, 3 | memop_legacy, "cuStreamWaitValue64");
 }

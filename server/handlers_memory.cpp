@@ -279,13 +279,14 @@ CUresult handle_memset(call_context& cx) {
     }
 }
 
-// args {stream, kind (0 write32, 1 wait32, 2 write64, 3 wait64), address, value, flags}: the word must be this
+// args {stream, kind (0 write32, 1 wait32, 2 write64, 3 wait64; +4: a legacy entry point), address, value, flags}: the word must be this
 // session's device memory or its shared pinned host memory.
 CUresult handle_stream_memop(call_context& cx) {
     if (!cx.expect_args(5)) return cx.bad_arguments();
     CUstream stream;
     if (CUresult rc = cx.handle(0, handle_kind::stream, stream); rc != CUDA_SUCCESS) return rc;
-    uint64_t kind = cx.arg(1);
+    const bool legacy = cx.arg(1) & 4;  // the entry points without _v2
+    uint64_t kind = cx.arg(1) & ~uint64_t{4};
     auto addr = static_cast<CUdeviceptr>(cx.arg(2));
     uint64_t value = cx.arg(3);
     auto flags = static_cast<unsigned>(cx.arg(4));
@@ -302,6 +303,14 @@ CUresult handle_stream_memop(call_context& cx) {
     if (!host)
         if (CUresult rc = cx.device_range(addr, width); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
+    if (legacy && d.cuStreamWriteValue32 && d.cuStreamWaitValue32 && d.cuStreamWriteValue64 && d.cuStreamWaitValue64) {
+        switch (kind) {
+            case 0: return d.cuStreamWriteValue32(stream, addr, static_cast<cuuint32_t>(value), flags);
+            case 1: return d.cuStreamWaitValue32(stream, addr, static_cast<cuuint32_t>(value), flags);
+            case 2: return d.cuStreamWriteValue64(stream, addr, value, flags);
+            default: return d.cuStreamWaitValue64(stream, addr, value, flags);
+        }
+    }
     switch (kind) {
         case 0: return d.cuStreamWriteValue32_v2(stream, addr, static_cast<cuuint32_t>(value), flags);
         case 1: return d.cuStreamWaitValue32_v2(stream, addr, static_cast<cuuint32_t>(value), flags);

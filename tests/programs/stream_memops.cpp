@@ -30,7 +30,7 @@ int main() {
     CU_CHECK(cuMemsetD8Async(words, 0, 256, s));
 
     CU_CHECK(cuStreamWriteValue32(s, words, 7, 0));
-    CU_CHECK(cuStreamWriteValue32(s, words + 4, 0xf0, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER));
+    CU_CHECK(cuStreamWriteValue32(s, words + 4, 0xf0, 0));
     CU_CHECK(cuStreamWriteValue64(s, words + 8, 0x1122334455667788ull, 0));
     CU_CHECK(cuStreamWaitValue32(s, words, 7, CU_STREAM_WAIT_VALUE_EQ));
     CU_CHECK(cuStreamWaitValue32(s, words, 5, CU_STREAM_WAIT_VALUE_GEQ));
@@ -63,6 +63,9 @@ int main() {
     // Refusals at the call.
     std::printf("unknown wait flag: %d\n", static_cast<int>(cuStreamWaitValue32(s, words, 1, 7)));
     std::printf("unknown write flag: %d\n", static_cast<int>(cuStreamWriteValue32(s, words, 1, 4)));
+    // The _v2 entry points (what cuda.h names since CUDA 12) refuse this flag.
+    std::printf("no-memory-barrier write: %d\n",
+                static_cast<int>(cuStreamWriteValue32(s, words, 1, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)));
     std::printf("misaligned 64-bit write: %d\n", static_cast<int>(cuStreamWriteValue64(s, words + 4, 1, 0)));
     CU_CHECK(cuStreamSynchronize(s));
 

@@ -373,11 +373,12 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
 // polls its word (another thread may write it through host memory) for up to 10 s.
 
 namespace {
+// The _v2 entry points (the only ones here) refuse CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER.
 template <class T>
 CUresult stream_write(CUstream stream, CUdeviceptr addr, T value, unsigned flags) {
     return entry([&](state& s) -> CUresult {
         if (CUresult r = check_stream(s, stream); r != CUDA_SUCCESS) return r;
-        if ((flags & ~unsigned(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)) != 0 || addr % sizeof(T)) return CUDA_ERROR_INVALID_VALUE;
+        if (flags != 0 || addr % sizeof(T)) return CUDA_ERROR_INVALID_VALUE;
         if (CUresult r = check_device_range(s, static_cast<uintptr_t>(addr), sizeof(T), true); r != CUDA_SUCCESS) return r;
         __atomic_store_n(reinterpret_cast<T*>(addr), value, __ATOMIC_SEQ_CST);
         return CUDA_SUCCESS;
