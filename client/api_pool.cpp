@@ -16,13 +16,11 @@ using namespace vcuda::client;
 
 namespace {
 
-// A client device ordinal on the current session's server, as the server knows it.
+// A client device ordinal as the server knows it.
 CUresult pool_device(CUdevice dev, uint64_t& out) {
-    auto& st = state::get();
-    if (dev < 0 || dev >= st.device_count()) return CUDA_ERROR_INVALID_DEVICE;
-    if (st.device(dev).owner != &st.remote())
-        return static_cast<CUresult>(unsupported("memory pools of a device of another server than the current one"));
-    out = static_cast<uint64_t>(st.device(dev).server_index);
+    CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, dev};
+    if (CUresult rc = server_location(loc); rc != CUDA_SUCCESS) return rc;
+    out = static_cast<uint64_t>(loc.id);
     return CUDA_SUCCESS;
 }
 
@@ -97,9 +95,7 @@ VCUDA_API cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* poolProps) n
     p.win32SecurityAttributes = nullptr;
     if (p.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return static_cast<CUresult>(unsupported("cuMemPoolCreate of a host-located pool (not shared with this process)"));
-    uint64_t sd;
-    if (CUresult rc = pool_device(p.location.id, sd); rc != CUDA_SUCCESS) return rc;
-    p.location.id = static_cast<int>(sd);
+    if (CUresult rc = server_location(p.location); rc != CUDA_SUCCESS) return rc;
     plain_call c(op::pool_create, "cuMemPoolCreate");
     c.blob({reinterpret_cast<const std::byte*>(&p), sizeof p});
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
@@ -159,13 +155,8 @@ VCUDA_API cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size
     VCUDA_REQUIRE_INIT();
     if (!map || count == 0 || count > 64) return CUDA_ERROR_INVALID_VALUE;
     std::vector<CUmemAccessDesc> desc(map, map + count);
-    for (auto& d : desc) {
-        if (d.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-            return static_cast<CUresult>(unsupported("cuMemPoolSetAccess for a host location"));
-        uint64_t sd;
-        if (CUresult rc = pool_device(d.location.id, sd); rc != CUDA_SUCCESS) return rc;
-        d.location.id = static_cast<int>(sd);
-    }
+    for (auto& d : desc)
+        if (CUresult rc = server_location(d.location); rc != CUDA_SUCCESS) return rc;
     plain_call c(op::pool_set_access, "cuMemPoolSetAccess");
     c.handle(pool, handle_kind::mem_pool);
     c.arg(static_cast<uint64_t>(count));
@@ -177,10 +168,9 @@ VCUDA_API cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool memPool, CUm
     VCUDA_TRACE_HOOK(cuMemPoolGetAccess, flags, memPool, location);
     VCUDA_REQUIRE_INIT();
     if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;
-    if (location->type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return static_cast<CUresult>(unsupported("cuMemPoolGetAccess for a host location"));
-    uint64_t sd;
-    if (CUresult rc = pool_device(location->id, sd); rc != CUDA_SUCCESS) return rc;
+    CUmemLocation loc = *location;
+    if (CUresult rc = server_location(loc); rc != CUDA_SUCCESS) return rc;
+    auto sd = static_cast<uint64_t>(loc.id);
     plain_call c(op::pool_get_access, "cuMemPoolGetAccess");
     c.handle(memPool, handle_kind::mem_pool);
     c.arg(sd);

@@ -347,35 +347,18 @@ CUresult stream_memop(CUstream stream, CUdeviceptr addr, uint64_t value, unsigne
 }
 }  // namespace
 
-VCUDA_API cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) noexcept {
-    VCUDA_TRACE_HOOK(cuStreamWriteValue32_v2, stream, addr, value, flags);
-    return stream_memop(stream, addr, value, flags, 0, "cuStreamWriteValue32");
-}
-VCUDA_API cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) noexcept {
-    VCUDA_TRACE_HOOK(cuStreamWriteValue32, stream, addr, value, flags);
-    return stream_memop(stream, addr, value, flags, 0 | memop_legacy, "cuStreamWriteValue32");
-}
-VCUDA_API cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) noexcept {
-    VCUDA_TRACE_HOOK(cuStreamWaitValue32_v2, stream, addr, value, flags);
-    return stream_memop(stream, addr, value, flags, 1, "cuStreamWaitValue32");
-}
-VCUDA_API cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) noexcept {
-    VCUDA_TRACE_HOOK(cuStreamWaitValue32, stream, addr, value, flags);
-    return stream_memop(stream, addr, value, flags, 1 | memop_legacy, "cuStreamWaitValue32");
-}
-VCUDA_API cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) noexcept {
-    VCUDA_TRACE_HOOK(cuStreamWriteValue64_v2, stream, addr, value, flags);
-    return stream_memop(stream, addr, value, flags, 2, "cuStreamWriteValue64");
-}
-VCUDA_API cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) noexcept {
-    VCUDA_TRACE_HOOK(cuStreamWriteValue64, stream, addr, value, flags);
-    return stream_memop(stream, addr, value, flags, 2 | memop_legacy, "cuStreamWriteValue64");
-}
-VCUDA_API cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) noexcept {
-    VCUDA_TRACE_HOOK(cuStreamWaitValue64_v2, stream, addr, value, flags);
-    return stream_memop(stream, addr, value, flags, 3, "cuStreamWaitValue64");
-}
-VCUDA_API cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) noexcept {
-    VCUDA_TRACE_HOOK(cuStreamWaitValue64, stream, addr, value, flags);
-    return stream_memop(stream, addr, value, flags, 3 | memop_legacy, "cuStreamWaitValue64");
-}
+// Each operation's _v2 entry point (what cuda.h names since CUDA 12) and its legacy one.
+#define VCUDA_STREAM_MEMOP(name, value_type, kind)                                                                 \
+    VCUDA_API name##_v2(CUstream stream, CUdeviceptr addr, value_type value, unsigned int flags) noexcept {        \
+        VCUDA_TRACE_HOOK(name##_v2, stream, addr, value, flags);                                                    \
+        return stream_memop(stream, addr, value, flags, kind, #name);                                               \
+    }                                                                                                              \
+    VCUDA_API name(CUstream stream, CUdeviceptr addr, value_type value, unsigned int flags) noexcept {              \
+        VCUDA_TRACE_HOOK(name, stream, addr, value, flags);                                                         \
+        return stream_memop(stream, addr, value, flags, (kind) | memop_legacy, #name);                              \
+    }
+VCUDA_STREAM_MEMOP(cuStreamWriteValue32, cuuint32_t, 0)
+VCUDA_STREAM_MEMOP(cuStreamWaitValue32, cuuint32_t, 1)
+VCUDA_STREAM_MEMOP(cuStreamWriteValue64, cuuint64_t, 2)
+VCUDA_STREAM_MEMOP(cuStreamWaitValue64, cuuint64_t, 3)
+#undef VCUDA_STREAM_MEMOP

@@ -35,27 +35,6 @@ std::map<CUdeviceptr, size_t>& local_reservations() {  // reservations also held
     return *m;
 }
 
-bool host_location(const CUmemLocation& loc) {
-    return loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
-           loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
-}
-
-// A device location (client ordinal) turned into the server's index. Only the current device's server can be
-// asked (its session is the one calls go to). Host locations pass unchanged where `host_ok` (queries): the
-// NUMA ids the application knows came from the server's cuDeviceGetAttribute.
-CUresult server_location(CUmemLocation& loc, bool host_ok = false) {
-    if (host_ok && host_location(loc)) return CUDA_SUCCESS;
-    if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return static_cast<CUresult>(unsupported("virtual memory management with a non-device location"));
-    auto& st = state::get();
-    if (loc.id < 0 || loc.id >= st.device_count()) return CUDA_ERROR_INVALID_DEVICE;
-    auto& dev = st.device(loc.id);
-    if (dev.owner != &st.remote())
-        return static_cast<CUresult>(unsupported("virtual memory management on a device of another server than the current one"));
-    loc.id = dev.server_index;
-    return CUDA_SUCCESS;
-}
-
 // The property as the server must see it.
 CUresult server_prop(const CUmemAllocationProp* in, CUmemAllocationProp& out, bool host_ok = false) {
     if (!in) return CUDA_ERROR_INVALID_VALUE;

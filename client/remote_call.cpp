@@ -1,5 +1,7 @@
 #include "client/remote_call.hpp"
 
+#include "client/unsupported.hpp"
+
 namespace vcuda::client {
 
 int current_server_device() {
@@ -21,6 +23,23 @@ CUresult remote(op o, std::initializer_list<uint64_t> args, mode m, call_reply* 
     if (m == mode::post) return static_cast<CUresult>(l->post(rq));
     call_reply local;
     return static_cast<CUresult>(l->call(rq, reply ? *reply : local));
+}
+
+bool host_location(const CUmemLocation& loc) {
+    return loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+           loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+}
+
+CUresult server_location(CUmemLocation& loc, bool host_ok) {
+    if (host_ok && host_location(loc)) return CUDA_SUCCESS;
+    if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE) return static_cast<CUresult>(unsupported("memory at a location other than a device"));
+    auto& st = state::get();
+    if (loc.id < 0 || loc.id >= st.device_count()) return CUDA_ERROR_INVALID_DEVICE;
+    auto& dev = st.device(loc.id);
+    if (dev.owner != &st.remote())
+        return static_cast<CUresult>(unsupported("memory on a device of another server than the current one"));
+    loc.id = dev.server_index;
+    return CUDA_SUCCESS;
 }
 
 }  // namespace vcuda::client

@@ -17,4 +17,11 @@ CUresult remote(op o, std::initializer_list<uint64_t> args, mode m = mode::sync,
 // The server index of the current context's device, or -1.
 int current_server_device();
 
+// Memory locations as the server must see them: a device (client ordinal) becomes the server's index; only
+// devices of the current session's server can be named (calls go there). Host locations pass unchanged where
+// `host_ok` (queries: the NUMA ids the application knows came from the server); otherwise they, and other
+// kinds, answer CUDA_ERROR_NOT_SUPPORTED, logged.
+bool host_location(const CUmemLocation& loc);
+CUresult server_location(CUmemLocation& loc, bool host_ok = false);
+
 }  // namespace vcuda::client

@@ -1,5 +1,7 @@
 #include "server/call_context.hpp"
 
+#include <cstdint>
+
 #include <unistd.h>
 
 #include "common/log.hpp"
@@ -53,6 +55,22 @@ void call_context::out_handle(handle_kind k, void* raw, uint64_t owner, bool own
     const bool derived = owned && (k == handle_kind::function || k == handle_kind::kernel || k == handle_kind::module);
     std::lock_guard lock(sess.mu);
     outs.push_back(derived ? sess.handles.insert_derived(std::move(e)) : sess.handles.insert(std::move(e)));
+}
+
+CUresult call_context::device_location(CUmemLocation& loc, size_t& device, bool host_ok) {
+    bool host = loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+                loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+    if (host && host_ok) {
+        device = SIZE_MAX;
+        return CUDA_SUCCESS;
+    }
+    if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE) return fail(CUDA_ERROR_NOT_SUPPORTED, "only device locations are served");
+    if (loc.id < 0 || !sess.allowed(static_cast<size_t>(loc.id))) return fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+    device = static_cast<size_t>(loc.id);
+    CUdevice real;
+    if (CUresult rc = sess.real_device(device, real); rc != CUDA_SUCCESS) return rc;
+    loc.id = real;
+    return CUDA_SUCCESS;
 }
 
 void call_context::forget_handle(size_t arg_index) {

@@ -64,6 +64,10 @@ public:
     CUresult lookup(uint64_t id, handle_kind k, void*& raw, handle_entry* entry = nullptr);
     // A device argument: the session's device index -> the real CUdevice.
     CUresult device(size_t i, CUdevice& out);
+    // A memory location as the client sends it (device: the session's device index) turned into the real
+    // device; `device` gets the session's index. Host locations pass (device = SIZE_MAX) only where `host_ok`
+    // (queries: a NUMA id the application knows is already the server's); other kinds are not served.
+    CUresult device_location(CUmemLocation& loc, size_t& device, bool host_ok = false);
     // A device range this session owns, or CUDA_ERROR_INVALID_VALUE.
     CUresult device_range(CUdeviceptr p, size_t n) { return sess.owns_range(p, n) ? CUDA_SUCCESS : fail(CUDA_ERROR_INVALID_VALUE, "address range not owned by this session"); }
 

@@ -93,13 +93,8 @@ CUresult handle_pool_create(call_context& cx) {
     CUmemPoolProps props;
     std::memcpy(&props, cx.blob(0).data(), sizeof props);
     props.win32SecurityAttributes = nullptr;
-    if (props.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "only device-located memory pools are served");
-    if (props.location.id < 0 || !cx.sess.allowed(static_cast<size_t>(props.location.id)))
-        return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
-    CUdevice real;
-    if (CUresult rc = cx.sess.real_device(static_cast<size_t>(props.location.id), real); rc != CUDA_SUCCESS) return rc;
-    props.location.id = real;
+    size_t device;
+    if (CUresult rc = cx.device_location(props.location, device); rc != CUDA_SUCCESS) return rc;
     CUmemoryPool pool = nullptr;
     if (CUresult rc = cx.drv().cuMemPoolCreate(&pool, &props); rc != CUDA_SUCCESS) return rc;
     cx.out_handle(handle_kind::mem_pool, pool, 0, /*owned=*/false);
@@ -131,6 +126,11 @@ CUresult handle_device_pool(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
+namespace {
+// The attributes of 64 bits (cuuint64_t): the release threshold and the four memory figures; the others are int.
+bool wide_attribute(CUmemPool_attribute a) { return a >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD; }
+}  // namespace
+
 // args {pool, attribute, value}; attributes of 32 bits travel in the low half.
 CUresult handle_pool_set_attribute(call_context& cx) {
     if (!cx.expect_args(3)) return cx.bad_arguments();
@@ -139,7 +139,7 @@ CUresult handle_pool_set_attribute(call_context& cx) {
     auto attr = static_cast<CUmemPool_attribute>(cx.arg(1));
     uint64_t wide = cx.arg(2);
     int narrow = static_cast<int>(wide);
-    const bool is_wide = attr >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+    const bool is_wide = wide_attribute(attr);
     return cx.drv().cuMemPoolSetAttribute(pool, attr, is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
 }
 
@@ -151,7 +151,7 @@ CUresult handle_pool_get_attribute(call_context& cx) {
     auto attr = static_cast<CUmemPool_attribute>(cx.arg(1));
     uint64_t wide = 0;
     int narrow = 0;
-    const bool is_wide = attr >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+    const bool is_wide = wide_attribute(attr);
     if (CUresult rc = cx.drv().cuMemPoolGetAttribute(pool, attr, is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
         rc != CUDA_SUCCESS)
         return rc;
@@ -170,12 +170,8 @@ CUresult handle_pool_set_access(call_context& cx) {
     std::vector<CUmemAccessDesc> desc(count);
     std::memcpy(desc.data(), b.data(), b.size());
     for (auto& x : desc) {
-        if (x.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "only device locations are served");
-        if (x.location.id < 0 || !cx.sess.allowed(static_cast<size_t>(x.location.id)))
-            return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
-        CUdevice real;
-        if (CUresult rc = cx.sess.real_device(static_cast<size_t>(x.location.id), real); rc != CUDA_SUCCESS) return rc;
-        x.location.id = real;
+        size_t device;
+        if (CUresult rc = cx.device_location(x.location, device); rc != CUDA_SUCCESS) return rc;
     }
     return cx.drv().cuMemPoolSetAccess(pool, desc.data(), count);
 }

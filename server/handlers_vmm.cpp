@@ -11,31 +11,13 @@ namespace vcuda::server {
 
 namespace {
 
-// A device location as the client sends it (the session's device index) turned into the real device.
-CUresult real_location(call_context& cx, CUmemLocation& loc, size_t& device, bool host_ok = false) {
-    bool host = loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
-                loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
-    if (host && host_ok) {  // queries only: the NUMA id is already the server's (cuDeviceGetAttribute's answer)
-        device = SIZE_MAX;
-        return CUDA_SUCCESS;
-    }
-    if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE) return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "only device locations are served");
-    if (loc.id < 0 || !cx.sess.allowed(static_cast<size_t>(loc.id)))
-        return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
-    device = static_cast<size_t>(loc.id);
-    CUdevice real;
-    if (CUresult rc = cx.sess.real_device(device, real); rc != CUDA_SUCCESS) return rc;
-    loc.id = real;
-    return CUDA_SUCCESS;
-}
-
 // A CUmemAllocationProp from blob `i`, its location turned into the real device.
 CUresult allocation_prop(call_context& cx, size_t i, CUmemAllocationProp& prop, size_t& device, bool host_ok = false) {
     auto b = cx.blob(i);
     if (b.size() != sizeof prop) return cx.bad_arguments();
     std::memcpy(&prop, b.data(), sizeof prop);
     prop.win32HandleMetaData = nullptr;
-    return real_location(cx, prop.location, device, host_ok);
+    return cx.device_location(prop.location, device, host_ok);
 }
 
 // [va, va+size) inside one reservation of this session.
@@ -174,7 +156,7 @@ CUresult handle_vmm_set_access(call_context& cx) {
     std::memcpy(desc.data(), b.data(), b.size());
     for (auto& d : desc) {
         size_t device;
-        if (CUresult rc = real_location(cx, d.location, device); rc != CUDA_SUCCESS) return rc;
+        if (CUresult rc = cx.device_location(d.location, device); rc != CUDA_SUCCESS) return rc;
     }
     CUdeviceptr va = cx.arg(0);
     size_t size = cx.arg(1);
