@@ -34,12 +34,8 @@ static void compare(const char* what, CUdeviceptr d, const model& m) {
 }
 
 int main() {
-    CU_CHECK(cuInit(0));
-    CUdevice dev;
-    CU_CHECK(cuDeviceGet(&dev, 0));
     CUcontext ctx;
-    CU_CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CU_CHECK(cuCtxSetCurrent(ctx));
+    CUdevice dev = init_device0(&ctx);
 
     const size_t n = (4 << 20) + 64;
     CUdeviceptr d;

@@ -11,12 +11,8 @@
 #include "cu_check.h"
 
 int main() {
-    CU_CHECK(cuInit(0));
-    CUdevice dev;
-    CU_CHECK(cuDeviceGet(&dev, 0));
     CUcontext ctx;
-    CU_CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CU_CHECK(cuCtxSetCurrent(ctx));
+    CUdevice dev = init_device0(&ctx);
     int can_wait = 0, can_64 = 0;
     CU_CHECK(cuDeviceGetAttribute(&can_wait, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, dev));
     CU_CHECK(cuDeviceGetAttribute(&can_64, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev));

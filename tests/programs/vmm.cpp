@@ -13,12 +13,8 @@
 #include "cu_check.h"
 
 int main() {
-    CU_CHECK(cuInit(0));
-    CUdevice dev;
-    CU_CHECK(cuDeviceGet(&dev, 0));
     CUcontext ctx;
-    CU_CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CU_CHECK(cuCtxSetCurrent(ctx));
+    CUdevice dev = init_device0(&ctx);
 
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
