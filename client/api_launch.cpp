@@ -71,7 +71,8 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
     VCUDA_REQUIRE_INIT();
     handle_info info;
     uint64_t fid = reinterpret_cast<uint64_t>(f);
-    if (!state::get().lookup(fid, info) || (info.kind != handle_kind::function && info.kind != handle_kind::kernel))
+    if (!state::get().lookup_kind(fid, info.kind, &info.layout) ||
+        (info.kind != handle_kind::function && info.kind != handle_kind::kernel))
         return CUDA_ERROR_INVALID_HANDLE;
     if (!valid_handle(reinterpret_cast<uint64_t>(stream), handle_kind::stream)) return CUDA_ERROR_INVALID_HANDLE;
     int device = current_device();

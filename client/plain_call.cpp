@@ -11,10 +11,10 @@ namespace vcuda::client {
 
 bool valid_handle(uint64_t h, handle_kind k) {
     if (k == handle_kind::stream && (h == stream_null || h == stream_legacy || h == stream_per_thread)) return true;
-    handle_info info;
-    if (!state::get().lookup(h, info)) return false;
-    if (info.kind == k) return true;
-    return k == handle_kind::function && info.kind == handle_kind::kernel;
+    handle_kind kind;
+    if (!state::get().lookup_kind(h, kind)) return false;
+    if (kind == k) return true;
+    return k == handle_kind::function && kind == handle_kind::kernel;
 }
 
 call_request plain_call::request() {

@@ -1,5 +1,7 @@
 #include "client/state.hpp"
 
+#include <atomic>
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -235,6 +237,12 @@ void state::run_cls_destructors(context_info& c) {
         if (v.second) v.second(reinterpret_cast<CUcontext>(c.id), reinterpret_cast<void*>(key.second), v.first);
 }
 
+namespace {
+// Bumped whenever a context is destroyed: a thread's remembered context -> device answer is then looked up again.
+// (Context ids are never reused and a context's device never changes.)
+std::atomic<uint64_t> contexts_destroyed{0};
+}  // namespace
+
 CUresult state::destroy_context(uint64_t id) {
     std::unique_ptr<context_info> c;
     {
@@ -243,6 +251,7 @@ CUresult state::destroy_context(uint64_t id) {
         if (it == contexts_.end() || it->second->primary) return CUDA_ERROR_INVALID_CONTEXT;
         c = std::move(it->second);
         contexts_.erase(it);
+        contexts_destroyed.fetch_add(1, std::memory_order_release);
     }
     run_cls_destructors(*c);
     return CUDA_SUCCESS;
@@ -265,6 +274,15 @@ bool state::lookup(uint64_t id, handle_info& out) {
     auto it = handles_.find(id);
     if (it == handles_.end()) return false;
     out = it->second;
+    return true;
+}
+
+bool state::lookup_kind(uint64_t id, handle_kind& kind, std::shared_ptr<const param_layout>* layout) {
+    std::shared_lock lock(mu);
+    auto it = handles_.find(id);
+    if (it == handles_.end()) return false;
+    kind = it->second.kind;
+    if (layout) *layout = it->second.layout;
     return true;
 }
 
@@ -377,10 +395,18 @@ uint64_t current_context() {
 int current_device() {
     uint64_t c = current_context();
     if (!c) return -1;
+    // Asked several times per launch: the last answer of this thread, while no context was destroyed since.
+    thread_local uint64_t last_ctx = 0, last_epoch = 0;
+    thread_local int last_device = -1;
+    uint64_t epoch = contexts_destroyed.load(std::memory_order_acquire);
+    if (c == last_ctx && epoch == last_epoch) return last_device;
     auto& st = state::get();
     std::shared_lock lock(st.mu);
     auto* info = st.find_context(c);
-    return info ? info->device : -1;
+    last_ctx = c;
+    last_epoch = epoch;
+    last_device = info ? info->device : -1;
+    return last_device;
 }
 
 CUstream per_thread_stream(CUstream s) {

@@ -105,6 +105,8 @@ public:
     void adopt(uint64_t id, handle_info info);
     void forget(uint64_t id);
     bool lookup(uint64_t id, handle_info& out);
+    // The kind (and parameter layout) only, without copying the rest: for the per-launch checks.
+    bool lookup_kind(uint64_t id, handle_kind& kind, std::shared_ptr<const param_layout>* layout = nullptr);
     bool known(uint64_t id, handle_kind k);
     // The id under which the session of the current device knows library/kernel/function `id` (which
     // another session minted), loading it there on first use. Other ids are returned unchanged.

@@ -309,16 +309,33 @@ CUresult handle_launch(call_context& cx) {
     uint64_t form = cx.arg(9), n_attrs = cx.arg(10);
     auto params = cx.blob(0);
     // Parameters copied into 8-byte-aligned storage; kernelParams point into it at the server's own layout.
-    std::vector<uint64_t> storage((params.size() + 7) / 8 + 1, 0);
-    std::memcpy(storage.data(), params.data(), params.size());
-    auto* base = reinterpret_cast<char*>(storage.data());
-    std::vector<void*> kernel_params;
+    // Small blocks (nearly every launch) stay on the stack: no allocation per launch.
+    constexpr size_t small_words = 128, small_params = 64;
+    uint64_t small_storage[small_words];
+    void* small_pointers[small_params];
+    std::vector<uint64_t> big_storage;
+    std::vector<void*> big_pointers;
+    const size_t words = (params.size() + 7) / 8 + 1;
+    uint64_t* storage = small_storage;
+    if (words > small_words) {
+        big_storage.resize(words);
+        storage = big_storage.data();
+    }
+    storage[words - 1] = 0;
+    if (words >= 2) storage[words - 2] = 0;  // the bytes after the last parameter
+    std::memcpy(storage, params.data(), params.size());
+    auto* base = reinterpret_cast<char*>(storage);
+    void** kernel_params = small_pointers;
     size_t buffer_size = params.size();
     void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, base, CU_LAUNCH_PARAM_BUFFER_SIZE, &buffer_size, CU_LAUNCH_PARAM_END};
     if (form == 0) {
         if (!e.layout || e.layout->total() != params.size())
             return cx.fail(CUDA_ERROR_INVALID_VALUE, "parameter block does not match the kernel's parameters");
-        for (auto [off, size] : e.layout->params) kernel_params.push_back(base + off);
+        if (e.layout->params.size() > small_params) {
+            big_pointers.resize(e.layout->params.size());
+            kernel_params = big_pointers.data();
+        }
+        for (size_t i = 0; i < e.layout->params.size(); ++i) kernel_params[i] = base + e.layout->params[i].first;
     } else if (form != 1) {
         return cx.bad_arguments();
     }
@@ -326,7 +343,7 @@ CUresult handle_launch(call_context& cx) {
     auto f = static_cast<CUfunction>(raw);
     if (n_attrs == 0) {
         return d.cuLaunchKernel(f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s,
-                                form == 0 ? kernel_params.data() : nullptr, form == 1 ? extra : nullptr);
+                                form == 0 ? kernel_params : nullptr, form == 1 ? extra : nullptr);
     }
     std::vector<CUlaunchAttribute> attrs;
     if (CUresult rc = launch_attributes(cx, 1, n_attrs, attrs); rc != CUDA_SUCCESS) return rc;
@@ -342,7 +359,7 @@ CUresult handle_launch(call_context& cx) {
     config.attrs = attrs.data();
     config.numAttrs = static_cast<unsigned>(n_attrs);
     if (!d.cuLaunchKernelEx) return cx.unsupported("cuLaunchKernelEx");
-    return d.cuLaunchKernelEx(&config, f, form == 0 ? kernel_params.data() : nullptr, form == 1 ? extra : nullptr);
+    return d.cuLaunchKernelEx(&config, f, form == 0 ? kernel_params : nullptr, form == 1 ? extra : nullptr);
 }
 
 }  // namespace vcuda::server
