@@ -90,7 +90,7 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
     rq.operation = op::launch;
     rq.device = state::get().device(device).server_index;
     rq.args = args;
-    rq.blobs = blobs;
+    rq.blobs = std::span(blobs, n_attrs ? 2 : 1);  // no empty attribute block on the wire
     if (shared > static_shared_limit) {
         // Once such a launch of this function passed, the same amount passes until an attribute changes (the
         // reply cache is dropped then), so repeats are queued.
