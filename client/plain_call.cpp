@@ -163,7 +163,8 @@ CUresult plain_call::send_uncaching(size_t value_index) {
             for (auto& [k, g] : c.setters)
                 if (k) g.clear();
         }
-        queue = c.accepted.count(full) != 0;
+        // Only a kernel's attributes: a context limit accepted once may still fail later (memory for the stack).
+        queue = about_ != 0 && c.accepted.count(full) != 0;
         if (queue) group[target] = full;  // in effect once the queued call runs, before any later call
     }
     if (queue) return send_async();

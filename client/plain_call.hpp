@@ -68,9 +68,9 @@ public:
     // from the reply cache without a round trip.
     CUresult send_cached();
     // For an `uncaches` setter whose argument `value_index` is the value set. The same value already in effect:
-    // nothing is sent. A value that was accepted before (it is valid, so it cannot fail now): queued. Otherwise
-    // sent synchronously. A setter about a function or kernel changes the state its answers are kept under; a
-    // context-wide one drops every cached answer.
+    // nothing is sent. A kernel attribute value accepted before (valid, so it cannot fail now): queued.
+    // Otherwise sent synchronously. A setter about a function or kernel changes the state its answers are kept
+    // under; a context-wide one drops every cached answer.
     CUresult send_uncaching(size_t value_index);
 
     // The reply cache as a record of facts: whether this call (op, device, arguments) is known to succeed, and
