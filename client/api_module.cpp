@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "client/images.hpp"
 #include "client/plain_call.hpp"
@@ -143,6 +145,37 @@ CUresult get_entry(op o, uint64_t owner, handle_kind owner_kind, handle_kind k, 
     return adopt_entry(rp, k, owner, name, out);
 }
 
+// The names of a module's functions or a library's kernels, in the driver's order.
+CUresult entry_names(uint64_t owner, handle_kind owner_kind, std::vector<std::string>& names) {
+    VCUDA_REQUIRE_INIT();
+    if (!state::get().known(owner, owner_kind)) return CUDA_ERROR_INVALID_HANDLE;
+    call_reply rp;
+    CUresult rc = remote(op::module_entries, {state::get().route(owner)}, mode::sync, &rp);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (rp.outs.size() != 1 || rp.blobs.size() != rp.outs[0]) return CUDA_ERROR_UNKNOWN;
+    names.clear();
+    for (auto& b : rp.blobs) names.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+    return CUDA_SUCCESS;
+}
+
+CUresult entry_count(uint64_t owner, handle_kind owner_kind, unsigned* count) {
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<std::string> names;
+    CUresult rc = entry_names(owner, owner_kind, names);
+    if (rc == CUDA_SUCCESS) *count = static_cast<unsigned>(names.size());
+    return rc;
+}
+
+// Up to `n` handles, each looked up by name as cuModuleGetFunction / cuLibraryGetKernel do.
+CUresult enumerate_entries(uint64_t owner, handle_kind owner_kind, op get, handle_kind k, uint64_t* out, unsigned n) {
+    if (!out || n == 0) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<std::string> names;
+    CUresult rc = entry_names(owner, owner_kind, names);
+    for (size_t i = 0; rc == CUDA_SUCCESS && i < names.size() && i < n; ++i)
+        rc = get_entry(get, owner, owner_kind, k, names[i].c_str(), out[i]);
+    return rc;
+}
+
 CUresult get_global(uint64_t owner, handle_kind owner_kind, CUdeviceptr* dptr, size_t* bytes, const char* name) {
     VCUDA_REQUIRE_INIT();
     if (!name) return CUDA_ERROR_INVALID_VALUE;
@@ -211,6 +244,30 @@ VCUDA_API cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name
                             handle_kind::function, name, h);
     if (rc == CUDA_SUCCESS) *hfunc = reinterpret_cast<CUfunction>(h);
     return rc;
+}
+
+VCUDA_API cuModuleGetFunctionCount(unsigned int* count, CUmodule mod) noexcept {
+    VCUDA_TRACE_HOOK(cuModuleGetFunctionCount, count, mod);
+    return entry_count(reinterpret_cast<uint64_t>(mod), handle_kind::module, count);
+}
+
+VCUDA_API cuModuleEnumerateFunctions(CUfunction* functions, unsigned int numFunctions, CUmodule mod) noexcept {
+    VCUDA_TRACE_HOOK(cuModuleEnumerateFunctions, functions, numFunctions, mod);
+    static_assert(sizeof(CUfunction) == sizeof(uint64_t));
+    return enumerate_entries(reinterpret_cast<uint64_t>(mod), handle_kind::module, op::module_get_function,
+                             handle_kind::function, reinterpret_cast<uint64_t*>(functions), numFunctions);
+}
+
+VCUDA_API cuLibraryGetKernelCount(unsigned int* count, CUlibrary lib) noexcept {
+    VCUDA_TRACE_HOOK(cuLibraryGetKernelCount, count, lib);
+    return entry_count(reinterpret_cast<uint64_t>(lib), handle_kind::library, count);
+}
+
+VCUDA_API cuLibraryEnumerateKernels(CUkernel* kernels, unsigned int numKernels, CUlibrary lib) noexcept {
+    VCUDA_TRACE_HOOK(cuLibraryEnumerateKernels, kernels, numKernels, lib);
+    static_assert(sizeof(CUkernel) == sizeof(uint64_t));
+    return enumerate_entries(reinterpret_cast<uint64_t>(lib), handle_kind::library, op::library_get_kernel,
+                             handle_kind::kernel, reinterpret_cast<uint64_t*>(kernels), numKernels);
 }
 
 VCUDA_API cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod, const char* name) noexcept {

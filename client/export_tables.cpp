@@ -33,6 +33,7 @@ constexpr table_id id_ctx_checks = {{0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0
 constexpr table_id id_integrity = {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2}};
 constexpr table_id id_tools_context = {{0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2}};
 constexpr table_id id_cublaslt = {{0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca}};
+constexpr table_id id_cufft = {{0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e}};
 
 // A slot whose meaning is not known: says so in the log, once per slot, and refuses.
 template <int Table, int Slot>
@@ -201,6 +202,35 @@ sized_table<0x1734, 17>& cublaslt_table() {
     return t;
 }
 
+// ---- 6e163fbe: asked for by cuFFT. [7](ctx, module, deliver, user, module, info) hands each function of a module
+// cuFFT has just loaded to deliver(user, function) and answers how many it handed over. Learnt from a trace of the
+// real driver (cuFFT 12.0, driver 580): cuFFT's deliver stores the function through `user`, cuFFT then launches it;
+// its plan modules hold one function. The other slots were not seen in use.
+uintptr_t cufft_module_functions(CUcontext, CUmodule mod, void (*deliver)(void*, CUfunction), void* user, CUmodule,
+                                 const void*) {
+    unsigned n = 0;
+    std::vector<CUfunction> fs;
+    CUresult rc = deliver ? cuModuleGetFunctionCount(&n, mod) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS && n) {
+        fs.resize(n);
+        rc = cuModuleEnumerateFunctions(fs.data(), n, mod);
+    }
+    if (rc != CUDA_SUCCESS) {
+        VCUDA_LOG_WARN("export table 6e163fbe… slot 7: the module's functions could not be listed (error {})", static_cast<int>(rc));
+        return 0;
+    }
+    for (CUfunction f : fs) deliver(user, f);
+    return n;
+}
+sized_table<0x6e16, 99>& cufft_table() {
+    static sized_table<0x6e16, 99> t = [] {
+        sized_table<0x6e16, 99> x;
+        x.words[7] = reinterpret_cast<slot>(&cufft_module_functions);
+        return x;
+    }();
+    return t;
+}
+
 std::array<slot, 3>& cls_table() {
     static std::array<slot, 3> t = {reinterpret_cast<slot>(&cls_put), reinterpret_cast<slot>(&cls_delete),
                                     reinterpret_cast<slot>(&cls_get)};
@@ -284,6 +314,7 @@ extern "C" __attribute__((visibility("default"))) CUresult cuGetExportTable(cons
     else if (id_integrity == *id) *table = integrity_table().words.data();
     else if (id_tools_context == *id) *table = tools_context_table().words.data();
     else if (id_cublaslt == *id) *table = cublaslt_table().words.data();
+    else if (id_cufft == *id) *table = cufft_table().words.data();
     else if (std::memcmp(id->bytes, vcuda::vcuda_private_table_id, 16) == 0) *table = &the_private_table();
     else {
         char hex[33];

@@ -202,6 +202,43 @@ CUresult handle_library_get_module(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
+// args {module or library} -> outs {count}, one blob per entry: the names of a module's functions or of a
+// library's kernels. The client looks each name up as cuModuleGetFunction / cuLibraryGetKernel would, so the
+// handles it hands out are the usual session handles with their parameter layouts.
+CUresult handle_module_entries(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    void* raw = nullptr;
+    handle_entry e;
+    CUresult rc = cx.lookup(cx.arg(0), handle_kind::module, raw, &e);
+    if (rc != CUDA_SUCCESS) rc = cx.lookup(cx.arg(0), handle_kind::library, raw, &e);
+    if (rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    unsigned n = 0;
+    std::vector<void*> entries;
+    if (e.kind == handle_kind::module) {
+        if (!d.cuModuleGetFunctionCount || !d.cuModuleEnumerateFunctions) return cx.unsupported("cuModuleEnumerateFunctions");
+        if ((rc = d.cuModuleGetFunctionCount(&n, static_cast<CUmodule>(raw))) != CUDA_SUCCESS) return rc;
+        entries.resize(n);
+        rc = d.cuModuleEnumerateFunctions(reinterpret_cast<CUfunction*>(entries.data()), n, static_cast<CUmodule>(raw));
+    } else {
+        if (!d.cuLibraryGetKernelCount || !d.cuLibraryEnumerateKernels) return cx.unsupported("cuLibraryEnumerateKernels");
+        if ((rc = d.cuLibraryGetKernelCount(&n, static_cast<CUlibrary>(raw))) != CUDA_SUCCESS) return rc;
+        entries.resize(n);
+        rc = d.cuLibraryEnumerateKernels(reinterpret_cast<CUkernel*>(entries.data()), n, static_cast<CUlibrary>(raw));
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+    cx.out(static_cast<uint64_t>(n));
+    for (void* x : entries) {
+        const char* name = nullptr;
+        rc = e.kind == handle_kind::module ? d.cuFuncGetName(&name, static_cast<CUfunction>(x))
+                                           : d.cuKernelGetName(&name, static_cast<CUkernel>(x));
+        if (rc != CUDA_SUCCESS) return rc;
+        if (!name) return cx.fail(CUDA_ERROR_UNKNOWN, "the driver named no entry");
+        cx.out_blob({reinterpret_cast<const std::byte*>(name), std::strlen(name)});
+    }
+    return CUDA_SUCCESS;
+}
+
 // args {module or library}, blob name -> outs {address, size}; the range becomes the session's.
 CUresult handle_module_get_global(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();

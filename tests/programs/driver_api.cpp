@@ -90,6 +90,20 @@ int main() {
     CUresult rm = cuModuleGetFunction(&missing, mod, "no_such_kernel");
     printf("cuModuleGetFunction(no_such_kernel): %s\n", err_name(rm));
     EXPECT(rm == CUDA_ERROR_NOT_FOUND, "looking up a missing kernel returned %s", err_name(rm));
+    // Enumeration (cuFFT finds the function of each module it loads this way): the module's kernels by name.
+    unsigned nfun = 0;
+    CU_CHECK(cuModuleGetFunctionCount(&nfun, mod));
+    std::vector<CUfunction> all(nfun);
+    if (nfun) CU_CHECK(cuModuleEnumerateFunctions(all.data(), nfun, mod));
+    int named = 0;
+    for (CUfunction f : all) {
+        const char* fname = nullptr;
+        CU_CHECK(cuFuncGetName(&fname, f));
+        for (const char* k : {"drv_scale", "drv_add_bias", "drv_iota"}) named += strcmp(fname, k) == 0;
+    }
+    printf("cuModuleEnumerateFunctions: the module's 3 kernels %s\n", named == 3 ? "listed" : "missing");
+    printf("info: cuModuleGetFunctionCount %u\n", nfun);
+    EXPECT(named == 3, "enumeration found %d of the module's 3 kernels", named);
     print_param_info("drv_scale", f_scale);
     print_param_info("drv_add_bias", f_bias);
 
