@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "client/images.hpp"
+#include "client/jit.hpp"
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
@@ -38,9 +39,13 @@ CUresult load_parts(uint64_t t, uint64_t format, uint64_t hash, const std::vecto
                     uint64_t& handle);
 }
 
-// Loads an image into the session of the current device (sending the bytes unless that session has them).
-CUresult vcuda::client::load_parts(uint64_t t, uint64_t format, uint64_t hash, const std::vector<std::span<const std::byte>>& parts,
-                    uint64_t& handle) {
+namespace {
+
+// Loads an image into the session of the current device (sending the bytes unless that session has them), with
+// the caller's JIT options when `jit` has some: their answers (logs, sizes) are written back also when the load
+// fails.
+CUresult load_image(uint64_t t, uint64_t format, uint64_t hash, const std::vector<std::span<const std::byte>>& parts,
+                    uint64_t& handle, const jit_call& jit) {
     auto& st = state::get();
     bool send = !st.image_sent(hash);
     for (int attempt = 0; attempt < 2; ++attempt) {
@@ -57,10 +62,12 @@ CUresult vcuda::client::load_parts(uint64_t t, uint64_t format, uint64_t hash, c
         }
         lane* l = st.remote().this_thread_lane();
         if (!l) return static_cast<CUresult>(connection_lost_result);
+        const std::span<const std::byte> blobs[1] = {jit.blob()};
         call_request rq;
         rq.operation = op::module_load;
         rq.device = current_server_device();
         rq.args = args;
+        if (jit.count) rq.blobs = blobs;
         rq.payload = payload;
         call_reply rp;
         auto rc = static_cast<CUresult>(l->call(rq, rp));
@@ -68,8 +75,9 @@ CUresult vcuda::client::load_parts(uint64_t t, uint64_t format, uint64_t hash, c
             send = true;
             continue;
         }
+        if (jit.count && !rp.outs.empty() && !jit.answer(rp, 1) && rc == CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
         if (rc != CUDA_SUCCESS) return rc;
-        if (rp.outs.size() != 1) return CUDA_ERROR_UNKNOWN;
+        if (rp.outs.empty()) return CUDA_ERROR_UNKNOWN;
         handle = rp.outs[0];
         st.mark_image_sent(hash);
         st.record(op::module_load, args, handle);
@@ -78,9 +86,16 @@ CUresult vcuda::client::load_parts(uint64_t t, uint64_t format, uint64_t hash, c
     return CUDA_ERROR_UNKNOWN;
 }
 
+}  // namespace
+
+CUresult vcuda::client::load_parts(uint64_t t, uint64_t format, uint64_t hash, const std::vector<std::span<const std::byte>>& parts,
+                                   uint64_t& handle) {
+    return load_image(t, format, hash, parts, handle, jit_call{});
+}
+
 namespace {
 
-CUresult load(target t, const void* code, uint64_t& handle) {
+CUresult load(target t, const void* code, uint64_t& handle, const jit_call& jit = {}) {
     VCUDA_REQUIRE_INIT();
     if (!code) return CUDA_ERROR_INVALID_VALUE;
     // Libraries are context-independent (cudart loads them eagerly before any context is current); modules
@@ -89,7 +104,7 @@ CUresult load(target t, const void* code, uint64_t& handle) {
     image img;
     if (!describe_image(code, img)) return CUDA_ERROR_INVALID_IMAGE;
     auto& st = state::get();
-    if (CUresult rc = load_parts(static_cast<uint64_t>(t), static_cast<uint64_t>(img.format), img.hash, img.parts, handle);
+    if (CUresult rc = load_image(static_cast<uint64_t>(t), static_cast<uint64_t>(img.format), img.hash, img.parts, handle, jit);
         rc != CUDA_SUCCESS)
         return rc;
     handle_info info;
@@ -222,8 +237,13 @@ VCUDA_API cuModuleLoadData(CUmodule* module, const void* image) noexcept {
 VCUDA_API cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions,
                              CUjit_option* options, void** optionValues) noexcept {
     VCUDA_TRACE_HOOK(cuModuleLoadDataEx, module, image, numOptions, options, optionValues);
-    // JIT options (log buffers, optimization level) are not forwarded yet; the image loads with defaults.
-    return cuModuleLoadData(module, image);
+    if (!module) return CUDA_ERROR_INVALID_VALUE;
+    jit_call jit;
+    if (CUresult rc = jit.take(numOptions, options, optionValues, "cuModuleLoadDataEx"); rc != CUDA_SUCCESS) return rc;
+    uint64_t h = 0;
+    CUresult rc = load(target::module, image, h, jit);
+    if (rc == CUDA_SUCCESS) *module = reinterpret_cast<CUmodule>(h);
+    return rc;
 }
 
 VCUDA_API cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) noexcept {
@@ -282,8 +302,10 @@ VCUDA_API cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* 
     VCUDA_TRACE_HOOK(cuLibraryLoadData, library, code, jitOptions, jitOptionsValues, numJitOptions,
                      libraryOptions, libraryOptionValues, numLibraryOptions);
     if (!library) return CUDA_ERROR_INVALID_VALUE;
+    jit_call jit;
+    if (CUresult rc = jit.take(numJitOptions, jitOptions, jitOptionsValues, "cuLibraryLoadData"); rc != CUDA_SUCCESS) return rc;
     uint64_t h = 0;
-    CUresult rc = load(target::library, code, h);
+    CUresult rc = load(target::library, code, h, jit);
     if (rc == CUDA_SUCCESS) *library = reinterpret_cast<CUlibrary>(h);
     return rc;
 }

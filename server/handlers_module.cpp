@@ -3,6 +3,7 @@
 
 #include "common/log.hpp"
 #include "server/call_context.hpp"
+#include "server/jit.hpp"
 
 namespace vcuda::server {
 
@@ -98,21 +99,28 @@ CUresult handle_module_load(call_context& cx) {
         }
         image = &wrapper;
     }
+    // Blob 0, when there, holds the caller's JIT options: the reply then carries their values and the logs,
+    // also when the load fails (the error log says why).
+    jit_request jit;
+    std::string why;
+    if (cx.blob_count() > 0)
+        if (CUresult rc = jit.parse(cx.blob(0), why); rc != CUDA_SUCCESS) return cx.fail(rc, why);
     auto& d = cx.drv();
+    CUresult rc;
     if (target == 0) {
         CUmodule m = nullptr;
-        if (!d.cuModuleLoadData) return cx.unsupported("cuModuleLoadData");
-        CUresult rc = d.cuModuleLoadData(&m, image);
-        if (rc != CUDA_SUCCESS) return rc;
-        cx.out_handle(handle_kind::module, m);
+        if (!d.cuModuleLoadDataEx) return cx.unsupported("cuModuleLoadDataEx");
+        rc = d.cuModuleLoadDataEx(&m, image, jit.count(), jit.option_array(), jit.value_array());
+        if (rc == CUDA_SUCCESS) cx.out_handle(handle_kind::module, m);
     } else {
         CUlibrary l = nullptr;
         if (!d.cuLibraryLoadData) return cx.unsupported("cuLibraryLoadData");
-        CUresult rc = d.cuLibraryLoadData(&l, image, nullptr, nullptr, 0, nullptr, nullptr, 0);
-        if (rc != CUDA_SUCCESS) return rc;
-        cx.out_handle(handle_kind::library, l);
+        rc = d.cuLibraryLoadData(&l, image, jit.option_array(), jit.value_array(), jit.count(), nullptr, nullptr, 0);
+        if (rc == CUDA_SUCCESS) cx.out_handle(handle_kind::library, l);
     }
-    return CUDA_SUCCESS;
+    if (rc != CUDA_SUCCESS) cx.out(uint64_t{0});
+    if (cx.blob_count() > 0) jit.answer(cx);
+    return rc;
 }
 
 // args {module or library}; everything it owns (functions, kernels, globals, its module) goes with it.

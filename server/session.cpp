@@ -130,6 +130,7 @@ void session::release_device(size_t device) {
                 case handle_kind::graph_exec: d.cuGraphExecDestroy(static_cast<CUgraphExec>(e.raw)); break;
                 case handle_kind::graph: d.cuGraphDestroy(static_cast<CUgraph>(e.raw)); break;
                 case handle_kind::mem_pool: d.cuMemPoolDestroy(static_cast<CUmemoryPool>(e.raw)); break;
+                case handle_kind::link_state: d.cuLinkDestroy(static_cast<CUlinkState>(e.raw)); break;
                 default: break;
             }
         }
@@ -142,8 +143,12 @@ void session::release_device(size_t device) {
         destroy(handle_kind::mem_pool);
         destroy(handle_kind::module);
         destroy(handle_kind::library);
+        destroy(handle_kind::link_state);
     }
-    for (auto& [id, e] : doomed) handles.erase(id);
+    for (auto& [id, e] : doomed) {
+        handles.erase(id);
+        links.erase(id);
+    }
     for (auto it = globals.begin(); it != globals.end();) it = globals.erase(it);
     s.memory->release_all();
     if (s.ctx) {

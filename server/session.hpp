@@ -22,6 +22,7 @@
 #include "server/device_memory.hpp"
 #include "server/driver.hpp"
 #include "server/handle_table.hpp"
+#include "server/jit.hpp"
 
 namespace vcuda::server {
 
@@ -113,6 +114,8 @@ public:
     std::map<CUdeviceptr, std::pair<size_t, uint64_t>> globals;  // module globals: start -> (size, owner)
     std::unordered_map<uint64_t, std::vector<std::vector<uint64_t>>> images;  // content hash -> parts (8-byte aligned)
     size_t image_bytes = 0;
+    // Link states' creation options, with the log buffers the driver writes into (server/handlers_link.cpp).
+    std::map<uint64_t, std::unique_ptr<jit_request>> links;  // under mu: link_state handle -> options
 
     // Host functions (cuLaunchHostFunc) run in the client: the driver's callback waits here until the client
     // has run it (server/handlers_hostfn.cpp). Stopped at session end so that no callback waits for ever.

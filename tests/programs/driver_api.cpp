@@ -202,6 +202,82 @@ int main() {
         printf("PTX module: ok\n");
     }
 
+    // 5b. JIT options: log buffers and sizes, wall time; a bad PTX fails with its error log; the linker.
+    {
+        char info_log[4096], error_log[4096];
+        CUjit_option o[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
+                            CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, CU_JIT_LOG_VERBOSE, CU_JIT_WALL_TIME};
+        auto reset = [&](void** v) {
+            info_log[0] = error_log[0] = 'X';
+            v[0] = info_log;
+            v[1] = reinterpret_cast<void*>(uintptr_t{sizeof info_log});
+            v[2] = error_log;
+            v[3] = reinterpret_cast<void*>(uintptr_t{sizeof error_log});
+            v[4] = reinterpret_cast<void*>(uintptr_t{1});
+            v[5] = nullptr;
+        };
+        void* v[6];
+        reset(v);
+        CUmodule jm;
+        CU_CHECK(cuModuleLoadDataEx(&jm, ptx_buf.data(), 6, o, v));
+        size_t info_len = reinterpret_cast<uintptr_t>(v[1]);
+        EXPECT(info_len <= sizeof info_log && strlen(info_log) < sizeof info_log, "info log size %zu", info_len);
+        EXPECT(info_log[0] != 'X', "the info log buffer was not written");
+        float wall = 0;
+        memcpy(&wall, &v[5], sizeof wall);
+        printf("cuModuleLoadDataEx with log buffers: ok\n");
+        printf("info: JIT info log %zu bytes (\"%.60s\"), wall time %g ms\n", info_len, info_log, wall);
+        CUfunction jf;
+        CU_CHECK(cuModuleGetFunction(&jf, jm, "drv_iota"));
+        CU_CHECK(cuModuleUnload(jm));
+
+        static const char bad_ptx[] = ".version 9.0\n.target sm_90\n.address_size 64\nthis is not PTX;\n";
+        reset(v);
+        CUmodule bad;
+        CUresult rb = cuModuleLoadDataEx(&bad, bad_ptx, 6, o, v);
+        printf("cuModuleLoadDataEx(bad PTX): %s, error log %s\n", err_name(rb), error_log[0] && error_log[0] != 'X' ? "written" : "empty");
+        printf("info: JIT error log: %.100s\n", error_log);
+        EXPECT(rb == CUDA_ERROR_INVALID_PTX, "bad PTX gave %s", err_name(rb));
+        EXPECT(error_log[0] && error_log[0] != 'X', "no error log for bad PTX");
+
+        CUjit_option unsupported = CU_JIT_GLOBAL_SYMBOL_NAMES;
+        void* names = nullptr;
+        CUresult ru = cuModuleLoadDataEx(&bad, ptx_buf.data(), 1, &unsupported, &names);
+        printf("info: cuModuleLoadDataEx(CU_JIT_GLOBAL_SYMBOL_NAMES = NULL): %s\n", err_name(ru));
+
+        reset(v);
+        CUlinkState link;
+        CU_CHECK(cuLinkCreate(6, o, v, &link));
+        CU_CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, ptx_buf.data(), strlen(reinterpret_cast<const char*>(ptx_buf.data())) + 1,
+                               "driver_api.ptx", 0, nullptr, nullptr));
+        CUresult rl = cuLinkAddData(link, CU_JIT_INPUT_PTX, const_cast<char*>(bad_ptx), sizeof bad_ptx, "bad.ptx", 0, nullptr, nullptr);
+        printf("cuLinkAddData(bad PTX): %s\n", err_name(rl));
+        EXPECT(rl == CUDA_ERROR_INVALID_PTX, "linking bad PTX gave %s", err_name(rl));
+        CU_CHECK(cuLinkDestroy(link));
+        reset(v);
+        CU_CHECK(cuLinkCreate(6, o, v, &link));
+        CU_CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, ptx_buf.data(), strlen(reinterpret_cast<const char*>(ptx_buf.data())) + 1,
+                               "driver_api.ptx", 0, nullptr, nullptr));
+        void* cubin = nullptr;
+        size_t cubin_size = 0;
+        CU_CHECK(cuLinkComplete(link, &cubin, &cubin_size));
+        EXPECT(cubin && cubin_size > 0, "cuLinkComplete gave no image");
+        CUmodule lm;
+        CU_CHECK(cuModuleLoadData(&lm, cubin));
+        CU_CHECK(cuLinkDestroy(link));  // the image may go now: the module has it
+        CUfunction l_iota;
+        CU_CHECK(cuModuleGetFunction(&l_iota, lm, "drv_iota"));
+        int base = 7;
+        void* iargs[] = {&iv, &base, &nn};
+        CU_CHECK(cuLaunchKernel(l_iota, grid, 1, 1, 256, 1, 1, 0, nullptr, iargs, nullptr));
+        std::vector<int> hi(n);
+        CU_CHECK(cuMemcpyDtoH(hi.data(), iv, n * sizeof(int)));
+        for (int i = 0; i < n; ++i) EXPECT(hi[i] == 7 + i, "linked drv_iota: [%d] = %d", i, hi[i]);
+        CU_CHECK(cuModuleUnload(lm));
+        printf("linker: PTX linked, loaded and launched: ok\n");
+        printf("info: linked image %zu bytes\n", cubin_size);
+    }
+
     // 6. a library: kernel handle, its parameter layout, launch through cuKernelGetFunction and as a cast.
     {
         CUlibrary lib;

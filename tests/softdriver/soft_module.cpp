@@ -539,11 +539,112 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void
     return entry([&](state& s) { return load_module(s, module, image); });
 }
 
+namespace {
+
+// JIT logs as the real driver writes them: into the buffers the options name, at most their size, the size
+// options then say how much was written.
+struct jit_logs {
+    char* info = nullptr;
+    char* error = nullptr;
+    size_t info_size = 0, error_size = 0;
+    void** info_size_slot = nullptr;
+    void** error_size_slot = nullptr;
+
+    jit_logs(unsigned n, CUjit_option* o, void** v) {
+        for (unsigned i = 0; i < n; ++i) {
+            auto size = static_cast<size_t>(reinterpret_cast<uintptr_t>(v[i]));
+            switch (o[i]) {
+                case CU_JIT_INFO_LOG_BUFFER: info = static_cast<char*>(v[i]); break;
+                case CU_JIT_ERROR_LOG_BUFFER: error = static_cast<char*>(v[i]); break;
+                case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: info_size = size; info_size_slot = &v[i]; break;
+                case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: error_size = size; error_size_slot = &v[i]; break;
+                default: break;
+            }
+        }
+    }
+    static void put(char* buf, size_t cap, void** slot, const char* text) {
+        if (!buf || cap == 0) return;
+        size_t n = std::min(std::strlen(text), cap - 1);
+        std::memcpy(buf, text, n);
+        buf[n] = '\0';
+        if (slot) *slot = reinterpret_cast<void*>(uintptr_t{n + 1});
+    }
+    void info_text(const char* t) { put(info, info_size, info_size_slot, t); }
+    void error_text(const char* t) { put(error, error_size, error_size_slot, t); }
+};
+
+// PTX is text: the software driver "compiles" it by checking for the directive every PTX file has and for a
+// line a test marks as invalid.
+bool is_ptx(const void* image) { return std::strncmp(static_cast<const char*>(image), "//", 2) == 0 || std::strncmp(static_cast<const char*>(image), ".version", 8) == 0; }
+bool valid_ptx(const char* text) { return std::strstr(text, ".version") && !std::strstr(text, "this is not PTX"); }
+
+}  // namespace
+
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions,
                                                       CUjit_option* options, void** optionValues) {
     return entry([&](state& s) -> CUresult {
         if (numOptions > 0 && (options == nullptr || optionValues == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+        jit_logs logs(numOptions, options, optionValues);
+        if (image && is_ptx(image) && !valid_ptx(static_cast<const char*>(image))) {
+            logs.error_text("soft driver: invalid PTX");
+            return CUDA_ERROR_INVALID_PTX;
+        }
+        logs.info_text("soft driver: loaded without compiling");
         return load_module(s, module, image);
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLinkCreate_v2(unsigned int numOptions, CUjit_option* options, void** optionValues,
+                                                   CUlinkState* stateOut) {
+    return entry([&](state& s) -> CUresult {
+        if (!stateOut || (numOptions > 0 && (options == nullptr || optionValues == nullptr))) return CUDA_ERROR_INVALID_VALUE;
+        context_obj* c = nullptr;
+        if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+        jit_logs logs(numOptions, options, optionValues);
+        link_obj* l = s.create<link_obj>();
+        l->info_log = logs.info;
+        l->info_size = logs.info_size;
+        l->error_log = logs.error;
+        l->error_size = logs.error_size;
+        *stateOut = to_handle<CUlinkState>(l->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void* data, size_t size,
+                                                    const char*, unsigned int, CUjit_option*, void**) {
+    return entry([&](struct state& s) -> CUresult {
+        link_obj* l = s.find<link_obj>(state);
+        if (l == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        if (data == nullptr || size == 0 || type >= CU_JIT_NUM_INPUT_TYPES) return CUDA_ERROR_INVALID_VALUE;
+        if (type == CU_JIT_INPUT_PTX && !valid_ptx(static_cast<const char*>(data))) {
+            jit_logs::put(l->error_log, l->error_size, nullptr, "soft driver: invalid PTX");
+            return CUDA_ERROR_INVALID_PTX;
+        }
+        const char* b = static_cast<const char*>(data);
+        l->inputs.emplace_back(b, b + size);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLinkComplete(CUlinkState state, void** cubinOut, size_t* sizeOut) {
+    return entry([&](struct state& s) -> CUresult {
+        link_obj* l = s.find<link_obj>(state);
+        if (l == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        if (!cubinOut || !sizeOut || l->inputs.empty()) return CUDA_ERROR_INVALID_VALUE;
+        l->image = l->inputs.front();
+        jit_logs::put(l->info_log, l->info_size, nullptr, "soft driver: linked");
+        *cubinOut = l->image.data();
+        *sizeOut = l->image.size();
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLinkDestroy(CUlinkState state) {
+    return entry([&](struct state& s) -> CUresult {
+        if (s.find<link_obj>(state) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        s.erase(reinterpret_cast<uintptr_t>(state));
+        return CUDA_SUCCESS;
     });
 }
 

@@ -57,7 +57,7 @@ inline constexpr int regs_per_sm = 65536;
 inline constexpr int regs_per_thread = 32;
 inline constexpr int least_stream_priority = 0, greatest_stream_priority = -5;
 
-enum class kind : uint8_t { context = 1, stream, event, module, library, kernel, function, mem_handle, graph, graph_exec, mem_pool };
+enum class kind : uint8_t { context = 1, stream, event, module, library, kernel, function, mem_handle, graph, graph_exec, mem_pool, link };
 
 inline constexpr uint64_t handle_tag = uint64_t{0x5c0d} << 48;
 
@@ -162,6 +162,17 @@ struct module_obj : object {
     const void* image = nullptr;
     std::map<std::string, uint64_t, std::less<>> functions;
     global_set globals;
+};
+
+// A link state: the inputs as given; "linking" hands back the first one (kernels are found by name anyway).
+struct link_obj : object {
+    static constexpr kind tag = kind::link;
+    link_obj() : object(tag) {}
+    std::vector<std::vector<char>> inputs;
+    std::vector<char> image;
+    char* info_log = nullptr;
+    char* error_log = nullptr;
+    size_t info_size = 0, error_size = 0;
 };
 
 struct library_obj : object {

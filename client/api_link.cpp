@@ -1,0 +1,177 @@
+// The linker (cuLinkCreate / AddData / AddFile / Complete / Destroy). A link state is a server handle: inputs
+// are compiled and linked by the real driver there as they arrive, so errors come at the call that caused them,
+// as with the driver. The log buffers named at cuLinkCreate are the caller's; the driver writes its logs at
+// every later call, so each add and the completion answer them again. The linked image stays here, owned by
+// the link state, until cuLinkDestroy (as the driver keeps it).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "client/jit.hpp"
+#include "client/remote_call.hpp"
+#include "client/state.hpp"
+#include "client/trace.hpp"
+#include "common/log.hpp"
+
+#define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
+
+using namespace vcuda;
+using namespace vcuda::client;
+
+namespace {
+
+struct link_record {
+    jit_call options;  // the caller's cuLinkCreate options, answered after each call
+    std::vector<std::byte> image;
+};
+
+std::mutex links_mu;
+std::unordered_map<uint64_t, link_record>& links() {
+    static auto* m = new std::unordered_map<uint64_t, link_record>;  // never destroyed: used until exit
+    return *m;
+}
+
+// The record of a link state; its options are answered from `rp` (outs[first...], blobs 0-1).
+bool answer_link(uint64_t id, const call_reply& rp, size_t first) {
+    std::lock_guard lock(links_mu);
+    auto it = links().find(id);
+    return it != links().end() && it->second.options.answer(rp, first);
+}
+
+bool known_link(uint64_t id) {
+    std::lock_guard lock(links_mu);
+    return links().count(id) != 0;
+}
+
+std::span<const std::byte> text(const char* s) { return {reinterpret_cast<const std::byte*>(s), s ? std::strlen(s) : 0}; }
+
+CUresult link_create(unsigned n, CUjit_option* o, void** v, CUlinkState* out) {
+    VCUDA_REQUIRE_INIT();
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    link_record rec;
+    if (CUresult rc = rec.options.take(n, o, v, "cuLinkCreate"); rc != CUDA_SUCCESS) return rc;
+    call_reply rp;
+    CUresult rc = remote(op::link_create, {}, mode::sync, &rp, {}, {rec.options.blob()});
+    if (!rp.outs.empty()) rec.options.answer(rp, 1);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (rp.outs.empty()) return CUDA_ERROR_UNKNOWN;
+    uint64_t id = rp.outs[0];
+    {
+        std::lock_guard lock(links_mu);
+        links()[id] = std::move(rec);
+    }
+    *out = reinterpret_cast<CUlinkState>(id);
+    return CUDA_SUCCESS;
+}
+
+CUresult link_add(CUlinkState state, CUjitInputType type, const void* data, size_t size, const char* name, unsigned n,
+                  CUjit_option* o, void** v) {
+    VCUDA_REQUIRE_INIT();
+    auto id = reinterpret_cast<uint64_t>(state);
+    if (!known_link(id)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!data || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    jit_call per_input;
+    if (CUresult rc = per_input.take(n, o, v, "cuLinkAddData"); rc != CUDA_SUCCESS) return rc;
+    call_reply rp;
+    CUresult rc = remote(op::link_add, {id, static_cast<uint64_t>(type)}, mode::sync, &rp,
+                         {static_cast<const std::byte*>(data), size}, {text(name), per_input.blob()});
+    answer_link(id, rp, 0);
+    return rc;
+}
+
+}  // namespace
+
+VCUDA_API cuLinkCreate(unsigned int n, CUjit_option* options, void** values, CUlinkState* stateOut) noexcept {
+    VCUDA_TRACE_HOOK(cuLinkCreate, n, options, values, stateOut);
+    return link_create(n, options, values, stateOut);
+}
+
+VCUDA_API cuLinkCreate_v2(unsigned int n, CUjit_option* options, void** values, CUlinkState* stateOut) noexcept {
+    VCUDA_TRACE_HOOK(cuLinkCreate_v2, n, options, values, stateOut);
+    return link_create(n, options, values, stateOut);
+}
+
+VCUDA_API cuLinkAddData(CUlinkState state, CUjitInputType type, void* data, size_t size, const char* name,
+                        unsigned int n, CUjit_option* options, void** values) noexcept {
+    VCUDA_TRACE_HOOK(cuLinkAddData, state, type, data, size, name, n, options, values);
+    return link_add(state, type, data, size, name, n, options, values);
+}
+
+VCUDA_API cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void* data, size_t size, const char* name,
+                           unsigned int n, CUjit_option* options, void** values) noexcept {
+    VCUDA_TRACE_HOOK(cuLinkAddData_v2, state, type, data, size, name, n, options, values);
+    return link_add(state, type, data, size, name, n, options, values);
+}
+
+namespace {
+// A file is read here, where its path means something, and added as data named by its path.
+CUresult link_add_file(CUlinkState state, CUjitInputType type, const char* path, unsigned n, CUjit_option* o, void** v) {
+    if (!path) return CUDA_ERROR_INVALID_VALUE;
+    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_FILE_NOT_FOUND;
+    std::vector<std::byte> bytes;
+    std::byte buf[1 << 16];
+    for (ssize_t k; (k = ::read(fd, buf, sizeof buf)) != 0;) {
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            ::close(fd);
+            return CUDA_ERROR_FILE_NOT_FOUND;
+        }
+        bytes.insert(bytes.end(), buf, buf + k);
+    }
+    ::close(fd);
+    if (type == CU_JIT_INPUT_PTX) bytes.push_back(std::byte{0});  // PTX is text: the driver reads it to its NUL
+    if (bytes.empty()) return CUDA_ERROR_INVALID_VALUE;
+    return link_add(state, type, bytes.data(), bytes.size(), path, n, o, v);
+}
+}  // namespace
+
+VCUDA_API cuLinkAddFile(CUlinkState state, CUjitInputType type, const char* path, unsigned int n,
+                        CUjit_option* options, void** values) noexcept {
+    VCUDA_TRACE_HOOK(cuLinkAddFile, state, type, path, n, options, values);
+    return link_add_file(state, type, path, n, options, values);
+}
+
+VCUDA_API cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char* path, unsigned int n,
+                           CUjit_option* options, void** values) noexcept {
+    VCUDA_TRACE_HOOK(cuLinkAddFile_v2, state, type, path, n, options, values);
+    return link_add_file(state, type, path, n, options, values);
+}
+
+VCUDA_API cuLinkComplete(CUlinkState state, void** cubinOut, size_t* sizeOut) noexcept {
+    VCUDA_TRACE_HOOK(cuLinkComplete, state, cubinOut, sizeOut);
+    VCUDA_REQUIRE_INIT();
+    auto id = reinterpret_cast<uint64_t>(state);
+    if (!known_link(id)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!cubinOut || !sizeOut) return CUDA_ERROR_INVALID_VALUE;
+    call_reply rp;
+    CUresult rc = remote(op::link_complete, {id}, mode::sync, &rp);
+    answer_link(id, rp, 0);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (rp.payload.empty()) return CUDA_ERROR_UNKNOWN;
+    std::lock_guard lock(links_mu);
+    auto it = links().find(id);
+    if (it == links().end()) return CUDA_ERROR_INVALID_HANDLE;  // destroyed by another thread meanwhile
+    it->second.image = std::move(rp.payload);
+    *cubinOut = it->second.image.data();
+    *sizeOut = it->second.image.size();
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuLinkDestroy(CUlinkState state) noexcept {
+    VCUDA_TRACE_HOOK(cuLinkDestroy, state);
+    VCUDA_REQUIRE_INIT();
+    auto id = reinterpret_cast<uint64_t>(state);
+    if (!known_link(id)) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = remote(op::link_destroy, {id});
+    std::lock_guard lock(links_mu);
+    links().erase(id);
+    return rc;
+}
