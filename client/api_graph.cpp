@@ -183,9 +183,13 @@ CUresult spec_of(const CUgraphNodeParams* p, node_spec& s, const char* name) {
     }
 }
 
-// Adds the node `spec` built (after `built` checked it) to `g` after `deps`.
+// Adds the node `build(spec)` describes (and checks) to `g` after `deps`.
+template <class Build>
 CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* edges, size_t n,
-                  CUresult built, const node_spec& spec, const char* name) {
+                  const char* name, Build&& build) {
+    VCUDA_REQUIRE_INIT();
+    node_spec spec;
+    CUresult built = build(spec);
     if (!out || !state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
     if (built != CUDA_SUCCESS) return built;
     std::vector<uint64_t> dep_ids;
@@ -202,10 +206,14 @@ CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CU
     return CUDA_SUCCESS;
 }
 
-// A kernel node's new kernel: on the node itself (exec null, waited for), or on its copy in an executable graph
-// of its graph (checked here, queued: the driver's own checks of the kernel report at the next synchronizing
-// call).
-CUresult set_kernel(CUgraphExec exec, CUgraphNode node, CUresult built, const node_spec& spec, const char* name) {
+// A kernel node's new kernel, as `build(spec)` describes it: on the node itself (exec null, waited for), or on
+// its copy in an executable graph of its graph (checked here, queued: the driver's own checks of the kernel
+// report at the next synchronizing call).
+template <class Build>
+CUresult set_kernel(CUgraphExec exec, CUgraphNode node, const char* name, Build&& build) {
+    VCUDA_REQUIRE_INIT();
+    node_spec spec;
+    CUresult built = build(spec);
     handle_info n, e;
     if (!node_info(node, n) || n.node_type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
     if (exec && (!state::get().lookup(id_of(exec), e) || e.kind != handle_kind::graph_exec || e.owner != n.owner))
@@ -404,86 +412,76 @@ VCUDA_API cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType* type) noexcept {
 
 VCUDA_API cuGraphAddNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n, CUgraphNodeParams* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddNode, node, g, deps, n, params);
-    VCUDA_REQUIRE_INIT();
-    node_spec s;
-    CUresult built = spec_of(params, s, "cuGraphAddNode");
-    return add_node(node, g, deps, nullptr, n, built, s, "cuGraphAddNode");
+    const char* name = "cuGraphAddNode";
+    return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) { return spec_of(params, s, name); });
 }
 
 VCUDA_API cuGraphAddNode_v2(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* edges, size_t n,
                             CUgraphNodeParams* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddNode_v2, node, g, deps, edges, n, params);
-    VCUDA_REQUIRE_INIT();
-    node_spec s;
-    CUresult built = spec_of(params, s, "cuGraphAddNode_v2");
-    return add_node(node, g, deps, edges, n, built, s, "cuGraphAddNode_v2");
+    const char* name = "cuGraphAddNode_v2";
+    return add_node(node, g, deps, edges, n, name, [&](node_spec& s) { return spec_of(params, s, name); });
 }
 
 VCUDA_API cuGraphAddKernelNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
                                const CUDA_KERNEL_NODE_PARAMS_v1* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddKernelNode, node, g, deps, n, params);
-    VCUDA_REQUIRE_INIT();
-    node_spec s;
-    CUresult built = params ? kernel_spec(*params, nullptr, nullptr, s, "cuGraphAddKernelNode") : CUDA_ERROR_INVALID_VALUE;
-    return add_node(node, g, deps, nullptr, n, built, s, "cuGraphAddKernelNode");
+    const char* name = "cuGraphAddKernelNode";
+    return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) {
+        return params ? kernel_spec(*params, nullptr, nullptr, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
 }
 
 VCUDA_API cuGraphAddKernelNode_v2(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
                                   const CUDA_KERNEL_NODE_PARAMS* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddKernelNode_v2, node, g, deps, n, params);
-    VCUDA_REQUIRE_INIT();
-    node_spec s;
-    CUresult built = params ? kernel_spec(*params, params->kern, params->ctx, s, "cuGraphAddKernelNode_v2")
-                            : CUDA_ERROR_INVALID_VALUE;
-    return add_node(node, g, deps, nullptr, n, built, s, "cuGraphAddKernelNode_v2");
+    const char* name = "cuGraphAddKernelNode_v2";
+    return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) {
+        return params ? kernel_spec(*params, params->kern, params->ctx, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
 }
 
 VCUDA_API cuGraphAddMemsetNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
                                const CUDA_MEMSET_NODE_PARAMS* params, CUcontext ctx) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddMemsetNode, node, g, deps, n, params, ctx);
-    VCUDA_REQUIRE_INIT();
-    node_spec s;
-    CUresult built = params ? memset_spec(*params, ctx, s, "cuGraphAddMemsetNode") : CUDA_ERROR_INVALID_VALUE;
-    return add_node(node, g, deps, nullptr, n, built, s, "cuGraphAddMemsetNode");
+    const char* name = "cuGraphAddMemsetNode";
+    return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) {
+        return params ? memset_spec(*params, ctx, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
 }
 
 VCUDA_API cuGraphAddMemcpyNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
                                const CUDA_MEMCPY3D* params, CUcontext ctx) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddMemcpyNode, node, g, deps, n, params, ctx);
-    VCUDA_REQUIRE_INIT();
-    node_spec s;
-    CUresult built = params ? memcpy_spec(*params, ctx, s, "cuGraphAddMemcpyNode") : CUDA_ERROR_INVALID_VALUE;
-    return add_node(node, g, deps, nullptr, n, built, s, "cuGraphAddMemcpyNode");
+    const char* name = "cuGraphAddMemcpyNode";
+    return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) {
+        return params ? memcpy_spec(*params, ctx, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
 }
 
 VCUDA_API cuGraphAddEmptyNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddEmptyNode, node, g, deps, n);
-    VCUDA_REQUIRE_INIT();
-    return add_node(node, g, deps, nullptr, n, CUDA_SUCCESS, node_spec{}, "cuGraphAddEmptyNode");
+    return add_node(node, g, deps, nullptr, n, "cuGraphAddEmptyNode", [](node_spec&) { return CUDA_SUCCESS; });
 }
 
 VCUDA_API cuGraphAddChildGraphNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n, CUgraph child) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddChildGraphNode, node, g, deps, n, child);
-    VCUDA_REQUIRE_INIT();
-    node_spec s;
-    CUresult built = child_spec(child, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE, s, "cuGraphAddChildGraphNode");
-    return add_node(node, g, deps, nullptr, n, built, s, "cuGraphAddChildGraphNode");
+    const char* name = "cuGraphAddChildGraphNode";
+    return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) {
+        return child_spec(child, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE, s, name);
+    });
 }
 
 VCUDA_API cuGraphAddEventRecordNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n, CUevent event) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddEventRecordNode, node, g, deps, n, event);
-    VCUDA_REQUIRE_INIT();
-    node_spec s;
-    CUresult built = event_spec(CU_GRAPH_NODE_TYPE_EVENT_RECORD, event, s);
-    return add_node(node, g, deps, nullptr, n, built, s, "cuGraphAddEventRecordNode");
+    return add_node(node, g, deps, nullptr, n, "cuGraphAddEventRecordNode",
+                    [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_EVENT_RECORD, event, s); });
 }
 
 VCUDA_API cuGraphAddEventWaitNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n, CUevent event) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddEventWaitNode, node, g, deps, n, event);
-    VCUDA_REQUIRE_INIT();
-    node_spec s;
-    CUresult built = event_spec(CU_GRAPH_NODE_TYPE_WAIT_EVENT, event, s);
-    return add_node(node, g, deps, nullptr, n, built, s, "cuGraphAddEventWaitNode");
+    return add_node(node, g, deps, nullptr, n, "cuGraphAddEventWaitNode",
+                    [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_WAIT_EVENT, event, s); });
 }
 
 VCUDA_API cuGraphAddDependencies(CUgraph g, const CUgraphNode* from, const CUgraphNode* to, size_t n) noexcept {
@@ -512,19 +510,18 @@ VCUDA_API cuGraphRemoveDependencies_v2(CUgraph g, const CUgraphNode* from, const
 
 VCUDA_API cuGraphKernelNodeSetParams(CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS_v1* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphKernelNodeSetParams, node, params);
-    VCUDA_REQUIRE_INIT();
-    node_spec s;
-    CUresult built = params ? kernel_spec(*params, nullptr, nullptr, s, "cuGraphKernelNodeSetParams") : CUDA_ERROR_INVALID_VALUE;
-    return set_kernel(nullptr, node, built, s, "cuGraphKernelNodeSetParams");
+    const char* name = "cuGraphKernelNodeSetParams";
+    return set_kernel(nullptr, node, name, [&](node_spec& s) {
+        return params ? kernel_spec(*params, nullptr, nullptr, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
 }
 
 VCUDA_API cuGraphKernelNodeSetParams_v2(CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphKernelNodeSetParams_v2, node, params);
-    VCUDA_REQUIRE_INIT();
-    node_spec s;
-    CUresult built = params ? kernel_spec(*params, params->kern, params->ctx, s, "cuGraphKernelNodeSetParams_v2")
-                            : CUDA_ERROR_INVALID_VALUE;
-    return set_kernel(nullptr, node, built, s, "cuGraphKernelNodeSetParams_v2");
+    const char* name = "cuGraphKernelNodeSetParams_v2";
+    return set_kernel(nullptr, node, name, [&](node_spec& s) {
+        return params ? kernel_spec(*params, params->kern, params->ctx, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
 }
 
 // Served for kernel nodes; the type must be the node's.
@@ -533,29 +530,27 @@ VCUDA_API cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams* params) noex
     VCUDA_REQUIRE_INIT();
     handle_info n;
     if (!params || !node_info(node, n) || n.node_type != params->type) return CUDA_ERROR_INVALID_VALUE;
+    const char* name = "cuGraphNodeSetParams";
     if (params->type != CU_GRAPH_NODE_TYPE_KERNEL) return static_cast<CUresult>(unsupported("cuGraphNodeSetParams (other than kernel nodes)"));
-    node_spec s;
-    CUresult built = spec_of(params, s, "cuGraphNodeSetParams");
-    return set_kernel(nullptr, node, built, s, "cuGraphNodeSetParams");
+    return set_kernel(nullptr, node, name, [&](node_spec& s) { return spec_of(params, s, name); });
 }
 
 VCUDA_API cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS_v1* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphExecKernelNodeSetParams, exec, node, params);
-    VCUDA_REQUIRE_INIT();
+    const char* name = "cuGraphExecKernelNodeSetParams";
     if (!exec) return CUDA_ERROR_INVALID_VALUE;
-    node_spec s;
-    CUresult built = params ? kernel_spec(*params, nullptr, nullptr, s, "cuGraphExecKernelNodeSetParams") : CUDA_ERROR_INVALID_VALUE;
-    return set_kernel(exec, node, built, s, "cuGraphExecKernelNodeSetParams");
+    return set_kernel(exec, node, name, [&](node_spec& s) {
+        return params ? kernel_spec(*params, nullptr, nullptr, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
 }
 
 VCUDA_API cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphExecKernelNodeSetParams_v2, exec, node, params);
-    VCUDA_REQUIRE_INIT();
+    const char* name = "cuGraphExecKernelNodeSetParams_v2";
     if (!exec) return CUDA_ERROR_INVALID_VALUE;
-    node_spec s;
-    CUresult built = params ? kernel_spec(*params, params->kern, params->ctx, s, "cuGraphExecKernelNodeSetParams_v2")
-                            : CUDA_ERROR_INVALID_VALUE;
-    return set_kernel(exec, node, built, s, "cuGraphExecKernelNodeSetParams_v2");
+    return set_kernel(exec, node, name, [&](node_spec& s) {
+        return params ? kernel_spec(*params, params->kern, params->ctx, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
 }
 
 // Served for kernel nodes (queued, as cuGraphExecKernelNodeSetParams) and child graph nodes.
@@ -567,7 +562,6 @@ VCUDA_API cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNo
     if (params->type == CU_GRAPH_NODE_TYPE_GRAPH) return cuGraphExecChildGraphNodeSetParams(exec, node, params->graph.graph);
     if (params->type != CU_GRAPH_NODE_TYPE_KERNEL)
         return static_cast<CUresult>(unsupported("cuGraphExecNodeSetParams (other than kernel and child graph nodes)"));
-    node_spec s;
-    CUresult built = spec_of(params, s, "cuGraphExecNodeSetParams");
-    return set_kernel(exec, node, built, s, "cuGraphExecNodeSetParams");
+    const char* name = "cuGraphExecNodeSetParams";
+    return set_kernel(exec, node, name, [&](node_spec& s) { return spec_of(params, s, name); });
 }

@@ -80,6 +80,18 @@ CUresult edge_list(call_context& cx, size_t i, size_t edges, std::vector<CUgraph
     return CUDA_SUCCESS;
 }
 
+// A new node's (or capture's) dependencies: the nodes in blob 0, their edge data in blob 1.
+struct dependencies {
+    std::vector<CUgraphNode> nodes;
+    std::vector<CUgraphEdgeData> edge_store;
+    const CUgraphEdgeData* edges = nullptr;  // null: default edges
+
+    CUresult read(call_context& cx) {
+        if (CUresult rc = node_list(cx, 0, nodes); rc != CUDA_SUCCESS) return rc;
+        return edge_list(cx, 1, nodes.size(), edge_store, edges);
+    }
+};
+
 }  // namespace
 
 // args {stream, capture mode, the calling thread's capture mode} -> outs {capture id, graph}
@@ -108,15 +120,12 @@ CUresult handle_begin_capture_to_graph(call_context& cx) {
     if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     CUgraph into;
     if (CUresult rc = cx.handle(1, handle_kind::graph, into); rc != CUDA_SUCCESS) return rc;
-    std::vector<CUgraphNode> deps;
-    std::vector<CUgraphEdgeData> edge_store;
-    const CUgraphEdgeData* edges = nullptr;
-    if (CUresult rc = node_list(cx, 0, deps); rc != CUDA_SUCCESS) return rc;
-    if (CUresult rc = edge_list(cx, 1, deps.size(), edge_store, edges); rc != CUDA_SUCCESS) return rc;
+    dependencies deps;
+    if (CUresult rc = deps.read(cx); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     if (!d.cuStreamBeginCaptureToGraph || !d.cuStreamEndCapture) return cx.unsupported("cuStreamBeginCaptureToGraph");
     if (CUresult rc = set_thread_capture_mode(cx, cx.arg(3)); rc != CUDA_SUCCESS) return rc;
-    if (CUresult rc = d.cuStreamBeginCaptureToGraph(s, into, deps.data(), edges, deps.size(),
+    if (CUresult rc = d.cuStreamBeginCaptureToGraph(s, into, deps.nodes.data(), deps.edges, deps.nodes.size(),
                                                     static_cast<CUstreamCaptureMode>(cx.arg(2)));
         rc != CUDA_SUCCESS)
         return rc;
@@ -286,13 +295,7 @@ CUresult kernel_node(call_context& cx, size_t first, size_t block, kernel_args& 
     // A CUkernel runs in the current context (the session's, made current for this call).
     if (e.kind == handle_kind::kernel) p.kern = static_cast<CUkernel>(raw);
     else p.func = static_cast<CUfunction>(raw);
-    p.gridDimX = dims[0];
-    p.gridDimY = dims[1];
-    p.gridDimZ = dims[2];
-    p.blockDimX = dims[3];
-    p.blockDimY = dims[4];
-    p.blockDimZ = dims[5];
-    p.sharedMemBytes = dims[6];
+    set_dims(p, dims);
     p.kernelParams = args.kernel_params();
     p.extra = args.extra();
     return CUDA_SUCCESS;
@@ -332,11 +335,8 @@ CUresult handle_graph_add_node(call_context& cx) {
         return cx.bad_arguments();
     CUgraph g;
     if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
-    std::vector<CUgraphNode> deps;
-    std::vector<CUgraphEdgeData> edge_store;
-    const CUgraphEdgeData* edges = nullptr;
-    if (CUresult rc = node_list(cx, 0, deps); rc != CUDA_SUCCESS) return rc;
-    if (CUresult rc = edge_list(cx, 1, deps.size(), edge_store, edges); rc != CUDA_SUCCESS) return rc;
+    dependencies deps;
+    if (CUresult rc = deps.read(cx); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     CUcontext ctx = nullptr;
     d.cuCtxGetCurrent(&ctx);  // the session's context on the caller's device, where memsets and copies run
@@ -377,8 +377,8 @@ CUresult handle_graph_add_node(call_context& cx) {
     }
     CUgraphNode node = nullptr;
     CUresult rc;
-    if (d.cuGraphAddNode_v2) rc = d.cuGraphAddNode_v2(&node, g, deps.data(), edges, deps.size(), &p);
-    else if (d.cuGraphAddNode && !edges) rc = d.cuGraphAddNode(&node, g, deps.data(), deps.size(), &p);
+    if (d.cuGraphAddNode_v2) rc = d.cuGraphAddNode_v2(&node, g, deps.nodes.data(), deps.edges, deps.nodes.size(), &p);
+    else if (d.cuGraphAddNode && !deps.edges) rc = d.cuGraphAddNode(&node, g, deps.nodes.data(), deps.nodes.size(), &p);
     else return cx.unsupported("cuGraphAddNode_v2");
     if (rc != CUDA_SUCCESS) return rc;
     cx.out_handle(handle_kind::graph_node, node, cx.arg(0), /*owned=*/true);

@@ -297,13 +297,7 @@ CUresult handle_launch(call_context& cx) {
     std::vector<CUlaunchAttribute> attrs;
     if (CUresult rc = launch_attributes(cx, 1, n_attrs, attrs); rc != CUDA_SUCCESS) return rc;
     CUlaunchConfig config{};
-    config.gridDimX = dims[0];
-    config.gridDimY = dims[1];
-    config.gridDimZ = dims[2];
-    config.blockDimX = dims[3];
-    config.blockDimY = dims[4];
-    config.blockDimZ = dims[5];
-    config.sharedMemBytes = dims[6];
+    set_dims(config, dims);
     config.hStream = s;
     config.attrs = attrs.data();
     config.numAttrs = static_cast<unsigned>(n_attrs);

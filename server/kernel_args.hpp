@@ -15,6 +15,18 @@ namespace vcuda::server {
 // Grid xyz, block xyz and shared bytes: arguments first..first+6 of a launch-shaped call, each a 32-bit value.
 CUresult launch_dims(call_context& cx, size_t first, unsigned (&dims)[7]);
 
+// launch_dims' answer into a CUlaunchConfig or a CUDA_KERNEL_NODE_PARAMS (their fields have the same names).
+template <class P>
+void set_dims(P& p, const unsigned (&dims)[7]) {
+    p.gridDimX = dims[0];
+    p.gridDimY = dims[1];
+    p.gridDimZ = dims[2];
+    p.blockDimX = dims[3];
+    p.blockDimY = dims[4];
+    p.blockDimZ = dims[5];
+    p.sharedMemBytes = dims[6];
+}
+
 class kernel_args {
 public:
     kernel_args() = default;

@@ -5,9 +5,8 @@
 
 namespace {
 using vcuda::soft::launch;
+using vcuda::soft::kernels::element_count;
 using vcuda::soft::kernels::for_each_index_x;
-
-size_t count(int n) { return n < 0 ? 0 : static_cast<size_t>(n); }
 
 // ge_set(unsigned* x, int n, unsigned base): x[i] = base + i
 void ge_set(const launch& l) {
@@ -15,7 +14,7 @@ void ge_set(const launch& l) {
     auto n = l.param<int>(1);
     auto base = l.param<uint32_t>(2);
     for_each_index_x(l, [&](size_t i) {
-        if (i < count(n)) x[i] = base + static_cast<uint32_t>(i);
+        if (i < element_count(n)) x[i] = base + static_cast<uint32_t>(i);
     });
 }
 
@@ -26,7 +25,7 @@ void ge_axpy(const launch& l) {
     auto n = l.param<int>(2);
     auto a = l.param<uint32_t>(3);
     for_each_index_x(l, [&](size_t i) {
-        if (i < count(n)) y[i] = y[i] * a + x[i];
+        if (i < element_count(n)) y[i] = y[i] * a + x[i];
     });
 }
 
@@ -36,7 +35,7 @@ void ge_add(const launch& l) {
     auto n = l.param<int>(1);
     auto v = l.param<uint32_t>(2);
     for_each_index_x(l, [&](size_t i) {
-        if (i < count(n)) x[i] += v;
+        if (i < element_count(n)) x[i] += v;
     });
 }
 
