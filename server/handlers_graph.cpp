@@ -37,8 +37,8 @@ CUresult capture_info(call_context& cx, CUstream s, CUstreamCaptureStatus& statu
     return cx.unsupported("cuStreamGetCaptureInfo_v3");
 }
 
-// A capture that `begin` started on `s`: its id and graph. Without them the client could not follow the capture,
-// so it is undone (its graph destroyed, unless it is the application's: `into` non-null).
+// The capture just begun on `s`: its id and graph. Without them the client could not follow the capture, so it
+// is undone (its graph destroyed, unless it is the application's: `into` non-null).
 CUresult begun_capture(call_context& cx, CUstream s, CUgraph into, cuuint64_t& id, CUgraph& g) {
     auto& d = cx.drv();
     CUstreamCaptureStatus status{};
@@ -49,8 +49,9 @@ CUresult begun_capture(call_context& cx, CUstream s, CUgraph into, cuuint64_t& i
     return rc != CUDA_SUCCESS ? rc : cx.fail(CUDA_ERROR_UNKNOWN, "the driver named no graph for the capture");
 }
 
-// At most this many nodes in one array (dependencies, edges, node lists): more is a malformed call.
-constexpr size_t max_nodes = size_t{1} << 20;
+// At most this many nodes in one array (dependencies, edges, node lists): more is a malformed call. A listing's
+// reply (two words a node) stays well inside a frame's metadata limit.
+constexpr size_t max_nodes = size_t{1} << 17;
 
 // The node ids in blob `i` (8 bytes each), each looked up in the session's table.
 CUresult node_list(call_context& cx, size_t i, std::vector<CUgraphNode>& out) {

@@ -324,6 +324,8 @@ int main() {
     p.memcpy.copyParams.srcDevice = zp;
     p.memcpy.copyParams.dstMemoryType = CU_MEMORYTYPE_DEVICE;
     p.memcpy.copyParams.dstDevice = reinterpret_cast<CUdeviceptr>(b.w2);
+    p.memcpy.copyParams.srcPitch = p.memcpy.copyParams.dstPitch = bytes;  // one row of one slice
+    p.memcpy.copyParams.srcHeight = p.memcpy.copyParams.dstHeight = 1;
     p.memcpy.copyParams.WidthInBytes = bytes;
     p.memcpy.copyParams.Height = 1;
     p.memcpy.copyParams.Depth = 1;
