@@ -1,7 +1,20 @@
-// Graphs: the hand-written entry points. The plain ones (cuGraphCreate, cuGraphDestroy, cuGraphInstantiateWithFlags,
-// cuGraphExecDestroy, cuGraphLaunch, cuGraphUpload) are generated from the spec; graphs come from them or from
-// cuStreamEndCapture (client/api_stream.cpp) and are session handles like streams. Graph nodes have no client
-// handles, so what would name one (a failing node, node arrays) answers none or is not supported.
+// Graphs: the hand-written entry points. The plain ones (cuGraphCreate, cuGraphDestroy, cuGraphExecDestroy,
+// cuGraphLaunch, cuGraphUpload, cuGraphExecChildGraphNodeSetParams, cuGraphDestroyNode) are generated from the
+// spec; graphs come from them or from cuStreamEndCapture (client/api_stream.cpp) and are session handles like
+// streams. Graph nodes are session handles too: those added here come back from the server's graph_add_node,
+// those the driver made (captured work) when a listing (cuGraphGetNodes, ...) first names them. The mirror
+// keeps each node's graph and type, and each executable graph's graph, so that cuGraphNodeGetType is answered
+// here and cuGraphExecKernelNodeSetParams (XLA: about ninety per step) is checked here and queued.
+// Served node types: kernel, memset, memcpy between device memory, child graph (cloned), empty, event record
+// and event wait; the others answer CUDA_ERROR_NOT_SUPPORTED (logged once).
+// The graph functions answer CUDA_ERROR_INVALID_VALUE for an unknown graph, node or parameter, as cuda.h lists.
+#include <algorithm>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "client/kernel_params.hpp"
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
@@ -11,61 +24,334 @@
 using namespace vcuda;
 using namespace vcuda::client;
 
+namespace vcuda::client {
+// Begins a capture on `s` (client/api_stream.cpp): into a graph of the driver's, or into the application's graph
+// `into` after the nodes `deps` (ids checked) with their edge data.
+CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, const char* name, CUgraph into,
+                       std::span<const std::byte> deps, std::span<const std::byte> edges);
+}  // namespace vcuda::client
+
 namespace {
 
-// The pre-12.0 form: no flags, and a log buffer the driver writes only on failure.
-CUresult instantiate_with_log(CUgraphExec* exec, CUgraph g, CUgraphNode* error_node, char* log, size_t log_size) {
-    if (error_node) *error_node = nullptr;
-    if (log && log_size) log[0] = '\0';
-    return cuGraphInstantiateWithFlags(exec, g, 0);
+uint64_t id_of(const void* h) { return reinterpret_cast<uint64_t>(h); }
+
+// What the mirror knows of graph node `node`; false when it is not a live node.
+bool node_info(CUgraphNode node, handle_info& out) {
+    return state::get().lookup(id_of(node), out) && out.kind == handle_kind::graph_node;
 }
 
-// cuGraphInstantiateWithParams: the driver instantiates (and uploads, with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)
-// in one call; its result code comes back even when it fails.
-CUresult instantiate_with_params(CUgraphExec* exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS* params, CUstream upload,
-                                 const char* name) {
+// The mirror learns a node the server entered, with its graph and type, before the application sees it.
+CUgraphNode adopt_node(uint64_t id, uint64_t graph, CUgraphNodeType type) {
+    handle_info info;
+    info.kind = handle_kind::graph_node;
+    info.ctx = current_context();
+    info.device = current_device();
+    info.owner = graph;
+    info.node_type = type;
+    state::get().adopt(id, std::move(info));
+    return reinterpret_cast<CUgraphNode>(id);
+}
+
+// A node array as it travels: the ids, each a live node.
+CUresult node_ids(const CUgraphNode* nodes, size_t n, std::vector<uint64_t>& out) {
+    if (n && !nodes) return CUDA_ERROR_INVALID_VALUE;
+    out.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+        out[i] = id_of(nodes[i]);
+        if (!state::get().known(out[i], handle_kind::graph_node)) return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+std::span<const std::byte> edge_bytes(const CUgraphEdgeData* edges, size_t n) {
+    return edges ? std::as_bytes(std::span(edges, n)) : std::span<const std::byte>{};
+}
+
+// A context a node names (NULL: the current one) must be on the current device: the session's context there
+// runs the node.
+CUresult node_context(CUcontext ctx, const char* name) {
+    if (!ctx) return CUDA_SUCCESS;
+    const int device = current_device();
+    auto& st = state::get();
+    std::shared_lock lock(st.mu);
+    auto* c = st.find_context(id_of(ctx));
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    return c->device == device ? CUDA_SUCCESS : static_cast<CUresult>(unsupported(name));
+}
+
+// One node as it travels: its type, the arguments of its type (server/handlers_graph.cpp, graph_add_node) and its
+// data (a kernel's packed parameters, a memcpy's CUDA_MEMCPY3D).
+struct node_spec {
+    CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+    std::vector<uint64_t> args;
+    std::vector<std::byte> data;
+};
+
+// A kernel node's kernel: `func`, or `kern` in `ctx`, checked and packed as a launch's.
+CUresult kernel_spec(CUfunction func, CUkernel kern, CUcontext ctx, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                     unsigned by, unsigned bz, unsigned shared, void** kernel_params, void** extra, node_spec& s,
+                     const char* name) {
+    s.type = CU_GRAPH_NODE_TYPE_KERNEL;
+    uint64_t fid = func ? id_of(func) : id_of(kern);
+    handle_info info;
+    if (!state::get().lookup_kind(fid, info.kind, &info.layout)) return CUDA_ERROR_INVALID_VALUE;
+    if (func ? info.kind != handle_kind::function && info.kind != handle_kind::kernel : info.kind != handle_kind::kernel)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!func)
+        if (CUresult rc = node_context(ctx, name); rc != CUDA_SUCCESS) return rc;
+    if (kernel_params && extra) return CUDA_ERROR_INVALID_VALUE;
+    const int device = current_device();
+    if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult rc = check_shape(device, gx, gy, gz, bx, by, bz); rc != CUDA_SUCCESS) return rc;
+    param_form form;
+    if (CUresult rc = pack_params(info, kernel_params, extra, s.data, form); rc != CUDA_SUCCESS) return rc;
+    s.args = {state::get().route(fid), gx, gy, gz, bx, by, bz, shared, static_cast<uint64_t>(form)};
+    return CUDA_SUCCESS;
+}
+
+template <class P>
+CUresult kernel_spec(const P& p, CUkernel kern, CUcontext ctx, node_spec& s, const char* name) {
+    return kernel_spec(p.func, kern, ctx, p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ,
+                       p.sharedMemBytes, p.kernelParams, p.extra, s, name);
+}
+
+CUresult memset_spec(const CUDA_MEMSET_NODE_PARAMS& p, CUcontext ctx, node_spec& s, const char* name) {
+    if (p.elementSize != 1 && p.elementSize != 2 && p.elementSize != 4) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult rc = node_context(ctx, name); rc != CUDA_SUCCESS) return rc;
+    s.type = CU_GRAPH_NODE_TYPE_MEMSET;
+    s.args = {p.dst, p.value, p.elementSize, p.width, p.height, p.pitch};
+    return CUDA_SUCCESS;
+}
+
+// Copies between device memory only: host memory of this process is not the server's.
+CUresult memcpy_spec(const CUDA_MEMCPY3D& p, CUcontext ctx, node_spec& s, const char* name) {
+    auto device_side = [](CUmemorytype t, CUdeviceptr ptr) {
+        device_allocation a;
+        return t == CU_MEMORYTYPE_DEVICE || (t == CU_MEMORYTYPE_UNIFIED && state::get().find_allocation(ptr, 1, a));
+    };
+    if (!device_side(p.srcMemoryType, p.srcDevice) || !device_side(p.dstMemoryType, p.dstDevice)) {
+        std::string what = std::string(name) + " (a copy from or to host memory or an array)";
+        return static_cast<CUresult>(unsupported(what.c_str()));
+    }
+    if (CUresult rc = node_context(ctx, name); rc != CUDA_SUCCESS) return rc;
+    CUDA_MEMCPY3D c = p;
+    c.srcMemoryType = c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    s.type = CU_GRAPH_NODE_TYPE_MEMCPY;
+    s.data.resize(sizeof c);
+    std::memcpy(s.data.data(), &c, sizeof c);
+    return CUDA_SUCCESS;
+}
+
+CUresult child_spec(CUgraph child, CUgraphChildGraphNodeOwnership ownership, node_spec& s, const char* name) {
+    if (!state::get().known(id_of(child), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
+    if (ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) {
+        std::string what = std::string(name) + " (a child graph moved into its parent)";
+        return static_cast<CUresult>(unsupported(what.c_str()));
+    }
+    s.type = CU_GRAPH_NODE_TYPE_GRAPH;
+    s.args = {id_of(child)};
+    return CUDA_SUCCESS;
+}
+
+CUresult event_spec(CUgraphNodeType type, CUevent event, node_spec& s) {
+    if (!state::get().known(id_of(event), handle_kind::event)) return CUDA_ERROR_INVALID_VALUE;
+    s.type = type;
+    s.args = {id_of(event)};
+    return CUDA_SUCCESS;
+}
+
+// cuGraphAddNode's tagged union.
+CUresult spec_of(const CUgraphNodeParams* p, node_spec& s, const char* name) {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    switch (p->type) {
+        case CU_GRAPH_NODE_TYPE_KERNEL: return kernel_spec(p->kernel, p->kernel.kern, p->kernel.ctx, s, name);
+        case CU_GRAPH_NODE_TYPE_MEMSET: {
+            const auto& m = p->memset;
+            return memset_spec({m.dst, m.pitch, m.value, m.elementSize, m.width, m.height}, m.ctx, s, name);
+        }
+        case CU_GRAPH_NODE_TYPE_MEMCPY:
+            if (p->memcpy.flags || p->memcpy.reserved) return CUDA_ERROR_INVALID_VALUE;
+            return memcpy_spec(p->memcpy.copyParams, p->memcpy.copyCtx, s, name);
+        case CU_GRAPH_NODE_TYPE_GRAPH: return child_spec(p->graph.graph, p->graph.ownership, s, name);
+        case CU_GRAPH_NODE_TYPE_EMPTY: s.type = CU_GRAPH_NODE_TYPE_EMPTY; return CUDA_SUCCESS;
+        case CU_GRAPH_NODE_TYPE_WAIT_EVENT: return event_spec(p->type, p->eventWait.event, s);
+        case CU_GRAPH_NODE_TYPE_EVENT_RECORD: return event_spec(p->type, p->eventRecord.event, s);
+        default: {
+            std::string what = std::string(name) + " (node type " + std::to_string(static_cast<int>(p->type)) + ")";
+            return static_cast<CUresult>(unsupported(what.c_str()));
+        }
+    }
+}
+
+// Adds the node `build(spec)` describes (and checks) to `g` after `deps`.
+template <class Build>
+CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* edges, size_t n,
+                  const char* name, Build&& build) {
     VCUDA_REQUIRE_INIT();
-    if (!exec || !params) return CUDA_ERROR_INVALID_VALUE;
-    bool uploads = params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+    node_spec spec;
+    CUresult built = build(spec);
+    if (!out || !state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
+    if (built != CUDA_SUCCESS) return built;
+    std::vector<uint64_t> dep_ids;
+    if (CUresult rc = node_ids(deps, n, dep_ids); rc != CUDA_SUCCESS) return rc;
+    plain_call c(op::graph_add_node, name);
+    c.arg(id_of(g));
+    c.arg(static_cast<uint64_t>(spec.type));
+    for (uint64_t a : spec.args) c.arg(a);
+    c.blob(std::as_bytes(std::span(dep_ids)));
+    c.blob(edge_bytes(edges, n));
+    c.blob(spec.data);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *out = adopt_node(c.out<uint64_t>(0), id_of(g), spec.type);
+    return CUDA_SUCCESS;
+}
+
+// A kernel node's new kernel, as `build(spec)` describes it: on the node itself (exec null, waited for), or on
+// its copy in an executable graph of its graph (checked here, queued: the driver's own checks of the kernel
+// report at the next synchronizing call).
+template <class Build>
+CUresult set_kernel(CUgraphExec exec, CUgraphNode node, const char* name, Build&& build) {
+    VCUDA_REQUIRE_INIT();
+    node_spec spec;
+    CUresult built = build(spec);
+    handle_info n, e;
+    if (!node_info(node, n) || n.node_type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+    if (exec && (!state::get().lookup(id_of(exec), e) || e.kind != handle_kind::graph_exec || e.owner != n.owner))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (built != CUDA_SUCCESS) return built;
+    plain_call c(op::kernel_node_params, name);
+    c.arg(id_of(exec));
+    c.arg(id_of(node));
+    for (uint64_t a : spec.args) c.arg(a);
+    c.blob(spec.data);
+    return exec ? c.send_async() : c.send_sync();
+}
+
+// cuGraphInstantiate*: the executable graph remembers its graph (whose nodes name its nodes in updates).
+CUresult instantiate(CUgraphExec* exec, CUgraph g, uint64_t flags, CUstream upload, CUgraphNode* error_node,
+                     CUgraphInstantiateResult* result, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
     plain_call c(op::graph_instantiate, name);
     c.handle(g, handle_kind::graph);
-    c.arg(static_cast<uint64_t>(params->flags));
-    c.handle(uploads ? upload : nullptr, handle_kind::stream);  // the driver reads the stream only to upload
+    c.arg(flags);
+    c.handle(upload, handle_kind::stream);  // the driver reads the stream only to upload
     CUresult rc = c.send_sync();
-    params->hErrNode_out = nullptr;
-    params->result_out = c.reply().outs.size() >= 2 ? c.out<CUgraphInstantiateResult>(1)
-                         : rc == CUDA_SUCCESS        ? CUDA_GRAPH_INSTANTIATE_SUCCESS
-                                                     : CUDA_GRAPH_INSTANTIATE_ERROR;
+    // The result and failing node come back even when instantiation fails (not when a queued call's error took
+    // the reply).
+    const bool answered = c.reply().outs.size() >= 4;
+    if (result) {
+        *result = answered                 ? c.out<CUgraphInstantiateResult>(1)
+                  : rc == CUDA_SUCCESS     ? CUDA_GRAPH_INSTANTIATE_SUCCESS
+                                           : CUDA_GRAPH_INSTANTIATE_ERROR;
+    }
+    if (error_node) {
+        uint64_t id = answered ? c.out<uint64_t>(2) : 0;
+        *error_node = id ? adopt_node(id, id_of(g), c.out<CUgraphNodeType>(3)) : nullptr;
+    }
     if (rc != CUDA_SUCCESS) return rc;
-    *exec = c.out_handle<CUgraphExec>(0, handle_kind::graph_exec);
+    *exec = c.out_handle<CUgraphExec>(0, handle_kind::graph_exec, id_of(g));
     return CUDA_SUCCESS;
 }
 
-enum class graph_count_of : uint64_t { nodes = 0, root_nodes = 1 };
+// The pre-12.0 form: no flags, and a log buffer the driver writes only on failure.
+CUresult instantiate_with_log(CUgraphExec* exec, CUgraph g, CUgraphNode* error_node, char* log, size_t log_size,
+                              const char* name) {
+    if (log && log_size) log[0] = '\0';
+    return instantiate(exec, g, 0, nullptr, error_node, nullptr, name);
+}
 
-// cuGraphGetNodes / cuGraphGetRootNodes: counts only (an array would need node handles).
-CUresult graph_count(CUgraph g, CUgraphNode* nodes, size_t* count, graph_count_of what, const char* name) {
+CUresult instantiate_with_params(CUgraphExec* exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS* params, CUstream upload,
+                                 const char* name) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    bool uploads = params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+    return instantiate(exec, g, params->flags, uploads ? upload : nullptr, &params->hErrNode_out, &params->result_out,
+                       name);
+}
+
+enum class listing : uint64_t { nodes = 0, root_nodes = 1, dependencies = 2, dependents = 3 };
+
+// cuGraphGetNodes, cuGraphGetRootNodes (of graph `of`), cuGraphNodeGetDependencies, cuGraphNodeGetDependentNodes
+// (of node `of`): as the driver answers, a count without an array, else up to *count nodes (the rest of the array
+// set to NULL) and how many there were. The nodes listed join the mirror.
+CUresult list_nodes(uint64_t of, listing what, CUgraphNode* nodes, CUgraphEdgeData* edges, size_t* count,
+                    const char* name) {
     VCUDA_REQUIRE_INIT();
-    if (!count) return CUDA_ERROR_INVALID_VALUE;
-    if (nodes && *count) return static_cast<CUresult>(unsupported(name));
-    plain_call c(op::graph_count, name);
-    c.handle(g, handle_kind::graph);
+    if (!count || (edges && !nodes)) return CUDA_ERROR_INVALID_VALUE;
+    const bool of_graph = what == listing::nodes || what == listing::root_nodes;
+    handle_info info;
+    if (!state::get().lookup(of, info) || info.kind != (of_graph ? handle_kind::graph : handle_kind::graph_node))
+        return CUDA_ERROR_INVALID_VALUE;
+    const uint64_t graph = of_graph ? of : info.owner;
+    const size_t capacity = nodes ? *count : 0;
+    plain_call c(op::graph_nodes, name);
+    c.arg(of);
     c.arg(static_cast<uint64_t>(what));
+    c.arg(uint64_t{nodes != nullptr});
+    c.arg(capacity);
+    c.arg(uint64_t{edges != nullptr});
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    *count = c.out<uint64_t>(0);
+    const auto& outs = c.reply().outs;
+    const size_t total = c.out<uint64_t>(0), listed = nodes ? std::min(total, capacity) : 0;
+    if (outs.size() != 1 + 2 * listed || (edges && (c.reply().blobs.size() != 1 ||
+                                                    c.reply().blobs[0].size() != listed * sizeof(CUgraphEdgeData))))
+        return CUDA_ERROR_UNKNOWN;  // a server that answers otherwise is not speaking this protocol
+    for (size_t i = 0; i < listed; ++i) nodes[i] = adopt_node(outs[1 + 2 * i], graph, c.out<CUgraphNodeType>(2 + 2 * i));
+    for (size_t i = listed; i < capacity; ++i) nodes[i] = nullptr;
+    if (edges) {
+        std::memcpy(edges, c.reply().blobs[0].data(), listed * sizeof(CUgraphEdgeData));
+        std::fill(edges + listed, edges + capacity, CUgraphEdgeData{});
+    }
+    *count = total;
     return CUDA_SUCCESS;
+}
+
+// cuGraphAddDependencies / cuGraphRemoveDependencies: edges from[i] -> to[i].
+CUresult change_edges(CUgraph g, const CUgraphNode* from, const CUgraphNode* to, const CUgraphEdgeData* edges, size_t n,
+                      uint64_t remove, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    if (!state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<uint64_t> from_ids, to_ids;
+    if (CUresult rc = node_ids(from, n, from_ids); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = node_ids(to, n, to_ids); rc != CUDA_SUCCESS) return rc;
+    plain_call c(op::graph_edges, name);
+    c.arg(id_of(g));
+    c.arg(remove);
+    c.blob(std::as_bytes(std::span(from_ids)));
+    c.blob(std::as_bytes(std::span(to_ids)));
+    c.blob(edge_bytes(edges, n));
+    return c.send_sync();
 }
 
 }  // namespace
 
+// ---------------------------------------------------------------- capture into an existing graph
+
+VCUDA_API cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* edges,
+                                      size_t n, CUstreamCaptureMode mode) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamBeginCaptureToGraph, s, g, deps, edges, n, mode);
+    VCUDA_REQUIRE_INIT();
+    if (!state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<uint64_t> dep_ids;
+    if (CUresult rc = node_ids(deps, n, dep_ids); rc != CUDA_SUCCESS) return rc;
+    return begin_capture(s, mode, "cuStreamBeginCaptureToGraph", g, std::as_bytes(std::span(dep_ids)), edge_bytes(edges, n));
+}
+
+// ---------------------------------------------------------------- instantiation
+
 VCUDA_API cuGraphInstantiate(CUgraphExec* exec, CUgraph g, CUgraphNode* error_node, char* log, size_t log_size) noexcept {
     VCUDA_TRACE_HOOK(cuGraphInstantiate, exec, g, error_node, log, log_size);
-    return instantiate_with_log(exec, g, error_node, log, log_size);
+    return instantiate_with_log(exec, g, error_node, log, log_size, "cuGraphInstantiate");
 }
 
 VCUDA_API cuGraphInstantiate_v2(CUgraphExec* exec, CUgraph g, CUgraphNode* error_node, char* log, size_t log_size) noexcept {
     VCUDA_TRACE_HOOK(cuGraphInstantiate_v2, exec, g, error_node, log, log_size);
-    return instantiate_with_log(exec, g, error_node, log, log_size);
+    return instantiate_with_log(exec, g, error_node, log, log_size, "cuGraphInstantiate_v2");
+}
+
+VCUDA_API cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph g, unsigned long long flags) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphInstantiateWithFlags, exec, g, flags);
+    return instantiate(exec, g, flags, nullptr, nullptr, nullptr, "cuGraphInstantiateWithFlags");
 }
 
 VCUDA_API cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS* params) noexcept {
@@ -80,12 +366,202 @@ VCUDA_API cuGraphInstantiateWithParams_ptsz(CUgraphExec* exec, CUgraph g, CUDA_G
                                    "cuGraphInstantiateWithParams_ptsz");
 }
 
+// ---------------------------------------------------------------- listing nodes
+
 VCUDA_API cuGraphGetNodes(CUgraph g, CUgraphNode* nodes, size_t* count) noexcept {
     VCUDA_TRACE_HOOK(cuGraphGetNodes, g, nodes, count);
-    return graph_count(g, nodes, count, graph_count_of::nodes, "cuGraphGetNodes");
+    return list_nodes(id_of(g), listing::nodes, nodes, nullptr, count, "cuGraphGetNodes");
 }
 
 VCUDA_API cuGraphGetRootNodes(CUgraph g, CUgraphNode* nodes, size_t* count) noexcept {
     VCUDA_TRACE_HOOK(cuGraphGetRootNodes, g, nodes, count);
-    return graph_count(g, nodes, count, graph_count_of::root_nodes, "cuGraphGetRootNodes");
+    return list_nodes(id_of(g), listing::root_nodes, nodes, nullptr, count, "cuGraphGetRootNodes");
+}
+
+VCUDA_API cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode* deps, size_t* count) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphNodeGetDependencies, node, deps, count);
+    return list_nodes(id_of(node), listing::dependencies, deps, nullptr, count, "cuGraphNodeGetDependencies");
+}
+
+VCUDA_API cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode* deps, CUgraphEdgeData* edges, size_t* count) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphNodeGetDependencies_v2, node, deps, edges, count);
+    return list_nodes(id_of(node), listing::dependencies, deps, edges, count, "cuGraphNodeGetDependencies_v2");
+}
+
+VCUDA_API cuGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode* dependents, size_t* count) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphNodeGetDependentNodes, node, dependents, count);
+    return list_nodes(id_of(node), listing::dependents, dependents, nullptr, count, "cuGraphNodeGetDependentNodes");
+}
+
+VCUDA_API cuGraphNodeGetDependentNodes_v2(CUgraphNode node, CUgraphNode* dependents, CUgraphEdgeData* edges,
+                                          size_t* count) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphNodeGetDependentNodes_v2, node, dependents, edges, count);
+    return list_nodes(id_of(node), listing::dependents, dependents, edges, count, "cuGraphNodeGetDependentNodes_v2");
+}
+
+VCUDA_API cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType* type) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphNodeGetType, node, type);
+    VCUDA_REQUIRE_INIT();
+    handle_info info;
+    if (!type || !node_info(node, info)) return CUDA_ERROR_INVALID_VALUE;
+    *type = info.node_type;
+    return CUDA_SUCCESS;
+}
+
+// ---------------------------------------------------------------- adding nodes and edges
+
+VCUDA_API cuGraphAddNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n, CUgraphNodeParams* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddNode, node, g, deps, n, params);
+    const char* name = "cuGraphAddNode";
+    return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) { return spec_of(params, s, name); });
+}
+
+VCUDA_API cuGraphAddNode_v2(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* edges, size_t n,
+                            CUgraphNodeParams* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddNode_v2, node, g, deps, edges, n, params);
+    const char* name = "cuGraphAddNode_v2";
+    return add_node(node, g, deps, edges, n, name, [&](node_spec& s) { return spec_of(params, s, name); });
+}
+
+VCUDA_API cuGraphAddKernelNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                               const CUDA_KERNEL_NODE_PARAMS_v1* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddKernelNode, node, g, deps, n, params);
+    const char* name = "cuGraphAddKernelNode";
+    return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) {
+        return params ? kernel_spec(*params, nullptr, nullptr, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphAddKernelNode_v2(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                                  const CUDA_KERNEL_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddKernelNode_v2, node, g, deps, n, params);
+    const char* name = "cuGraphAddKernelNode_v2";
+    return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) {
+        return params ? kernel_spec(*params, params->kern, params->ctx, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphAddMemsetNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                               const CUDA_MEMSET_NODE_PARAMS* params, CUcontext ctx) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddMemsetNode, node, g, deps, n, params, ctx);
+    const char* name = "cuGraphAddMemsetNode";
+    return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) {
+        return params ? memset_spec(*params, ctx, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphAddMemcpyNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                               const CUDA_MEMCPY3D* params, CUcontext ctx) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddMemcpyNode, node, g, deps, n, params, ctx);
+    const char* name = "cuGraphAddMemcpyNode";
+    return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) {
+        return params ? memcpy_spec(*params, ctx, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphAddEmptyNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddEmptyNode, node, g, deps, n);
+    return add_node(node, g, deps, nullptr, n, "cuGraphAddEmptyNode", [](node_spec&) { return CUDA_SUCCESS; });
+}
+
+VCUDA_API cuGraphAddChildGraphNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n, CUgraph child) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddChildGraphNode, node, g, deps, n, child);
+    const char* name = "cuGraphAddChildGraphNode";
+    return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) {
+        return child_spec(child, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE, s, name);
+    });
+}
+
+VCUDA_API cuGraphAddEventRecordNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n, CUevent event) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddEventRecordNode, node, g, deps, n, event);
+    return add_node(node, g, deps, nullptr, n, "cuGraphAddEventRecordNode",
+                    [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_EVENT_RECORD, event, s); });
+}
+
+VCUDA_API cuGraphAddEventWaitNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n, CUevent event) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddEventWaitNode, node, g, deps, n, event);
+    return add_node(node, g, deps, nullptr, n, "cuGraphAddEventWaitNode",
+                    [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_WAIT_EVENT, event, s); });
+}
+
+VCUDA_API cuGraphAddDependencies(CUgraph g, const CUgraphNode* from, const CUgraphNode* to, size_t n) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddDependencies, g, from, to, n);
+    return change_edges(g, from, to, nullptr, n, 0, "cuGraphAddDependencies");
+}
+
+VCUDA_API cuGraphAddDependencies_v2(CUgraph g, const CUgraphNode* from, const CUgraphNode* to, const CUgraphEdgeData* edges,
+                                    size_t n) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddDependencies_v2, g, from, to, edges, n);
+    return change_edges(g, from, to, edges, n, 0, "cuGraphAddDependencies_v2");
+}
+
+VCUDA_API cuGraphRemoveDependencies(CUgraph g, const CUgraphNode* from, const CUgraphNode* to, size_t n) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphRemoveDependencies, g, from, to, n);
+    return change_edges(g, from, to, nullptr, n, 1, "cuGraphRemoveDependencies");
+}
+
+VCUDA_API cuGraphRemoveDependencies_v2(CUgraph g, const CUgraphNode* from, const CUgraphNode* to,
+                                       const CUgraphEdgeData* edges, size_t n) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphRemoveDependencies_v2, g, from, to, edges, n);
+    return change_edges(g, from, to, edges, n, 1, "cuGraphRemoveDependencies_v2");
+}
+
+// ---------------------------------------------------------------- changing kernel nodes
+
+VCUDA_API cuGraphKernelNodeSetParams(CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS_v1* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphKernelNodeSetParams, node, params);
+    const char* name = "cuGraphKernelNodeSetParams";
+    return set_kernel(nullptr, node, name, [&](node_spec& s) {
+        return params ? kernel_spec(*params, nullptr, nullptr, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphKernelNodeSetParams_v2(CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphKernelNodeSetParams_v2, node, params);
+    const char* name = "cuGraphKernelNodeSetParams_v2";
+    return set_kernel(nullptr, node, name, [&](node_spec& s) {
+        return params ? kernel_spec(*params, params->kern, params->ctx, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+// Served for kernel nodes; the type must be the node's.
+VCUDA_API cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphNodeSetParams, node, params);
+    VCUDA_REQUIRE_INIT();
+    handle_info n;
+    if (!params || !node_info(node, n) || n.node_type != params->type) return CUDA_ERROR_INVALID_VALUE;
+    const char* name = "cuGraphNodeSetParams";
+    if (params->type != CU_GRAPH_NODE_TYPE_KERNEL) return static_cast<CUresult>(unsupported("cuGraphNodeSetParams (other than kernel nodes)"));
+    return set_kernel(nullptr, node, name, [&](node_spec& s) { return spec_of(params, s, name); });
+}
+
+VCUDA_API cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS_v1* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphExecKernelNodeSetParams, exec, node, params);
+    const char* name = "cuGraphExecKernelNodeSetParams";
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    return set_kernel(exec, node, name, [&](node_spec& s) {
+        return params ? kernel_spec(*params, nullptr, nullptr, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphExecKernelNodeSetParams_v2, exec, node, params);
+    const char* name = "cuGraphExecKernelNodeSetParams_v2";
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    return set_kernel(exec, node, name, [&](node_spec& s) {
+        return params ? kernel_spec(*params, params->kern, params->ctx, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+// Served for kernel nodes (queued, as cuGraphExecKernelNodeSetParams) and child graph nodes.
+VCUDA_API cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNodeParams* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphExecNodeSetParams, exec, node, params);
+    VCUDA_REQUIRE_INIT();
+    handle_info n;
+    if (!exec || !params || !node_info(node, n) || n.node_type != params->type) return CUDA_ERROR_INVALID_VALUE;
+    if (params->type == CU_GRAPH_NODE_TYPE_GRAPH) return cuGraphExecChildGraphNodeSetParams(exec, node, params->graph.graph);
+    if (params->type != CU_GRAPH_NODE_TYPE_KERNEL)
+        return static_cast<CUresult>(unsupported("cuGraphExecNodeSetParams (other than kernel and child graph nodes)"));
+    const char* name = "cuGraphExecNodeSetParams";
+    return set_kernel(exec, node, name, [&](node_spec& s) { return spec_of(params, s, name); });
 }

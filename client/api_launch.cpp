@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "client/kernel_params.hpp"
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
@@ -12,13 +13,7 @@
 using namespace vcuda;
 using namespace vcuda::client;
 
-namespace {
-
-enum class param_form : uint64_t { kernel_params = 0, extra_buffer = 1 };
-
-// Shared memory above the static 48 KiB needs the function's opt-in attribute; the server decides, so such
-// launches wait for its answer instead of being queued.
-constexpr unsigned static_shared_limit = 48u << 10;
+namespace vcuda::client {
 
 CUresult check_shape(int device, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz) {
     auto& st = state::get();
@@ -34,7 +29,6 @@ CUresult check_shape(int device, unsigned gx, unsigned gy, unsigned gz, unsigned
     return CUDA_SUCCESS;
 }
 
-// Packs kernelParams (or takes the `extra` buffer as given) into `buf`.
 CUresult pack_params(const handle_info& f, void** kernel_params, void** extra, std::vector<std::byte>& buf, param_form& form) {
     if (kernel_params) {
         if (!f.layout) return CUDA_ERROR_INVALID_HANDLE;
@@ -65,6 +59,14 @@ CUresult pack_params(const handle_info& f, void** kernel_params, void** extra, s
     form = param_form::kernel_params;
     return CUDA_SUCCESS;
 }
+
+}  // namespace vcuda::client
+
+namespace {
+
+// Shared memory above the static 48 KiB needs the function's opt-in attribute; the server decides, so such
+// launches wait for its answer instead of being queued.
+constexpr unsigned static_shared_limit = 48u << 10;
 
 CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared,
                 CUstream stream, void** kernel_params, void** extra, std::span<const std::byte> attrs, size_t n_attrs) {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -58,11 +59,12 @@ VCUDA_API cuStreamGetDevice(CUstream s, CUdevice* dev) noexcept {
 
 namespace {
 
-// One capture sequence, as the server reported it at cuStreamBeginCapture.
+// One capture sequence, as the server reported it at cuStreamBeginCapture*.
 struct capture_sequence {
     uint64_t id = 0;      // the driver's capture id
     uint64_t graph = 0;   // the graph it captures into: a session handle, the application's after cuStreamEndCapture
     uint64_t origin = 0;  // the key of the stream it began on
+    bool existing = false;  // cuStreamBeginCaptureToGraph: the graph was the application's all along
 };
 
 // Streams that capture: the ones a capture began on, and ones the server said joined a capture (a stream joins by
@@ -168,18 +170,30 @@ CUresult capture_status(CUstream s, CUstreamCaptureStatus& status, uint64_t& id,
     return CUDA_SUCCESS;
 }
 
-CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, const char* name) {
+}  // namespace
+
+namespace vcuda::client {
+
+// Also cuStreamBeginCaptureToGraph's (api_graph.cpp): `into` the application's graph after `deps`.
+CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, const char* name, CUgraph into,
+                       std::span<const std::byte> deps, std::span<const std::byte> edges) {
     VCUDA_REQUIRE_INIT();
     if (static_cast<unsigned>(mode) > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::begin_capture, name);
+    plain_call c(into ? op::begin_capture_to_graph : op::begin_capture, name);
     c.handle(s, handle_kind::stream);
+    if (into) {
+        c.handle(into, handle_kind::graph);
+        c.blob(deps);
+        c.blob(edges);
+    }
     c.arg(static_cast<uint64_t>(mode));
     c.arg(static_cast<uint64_t>(thread_capture_mode));  // the server gives its thread this mode first
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     lane_mode(state::get().remote()) = thread_capture_mode;
     auto seq = std::make_shared<capture_sequence>();
     seq->id = c.out<uint64_t>(0);
-    seq->graph = reinterpret_cast<uint64_t>(c.out_handle<CUgraph>(1, handle_kind::graph));
+    seq->graph = into ? reinterpret_cast<uint64_t>(into) : reinterpret_cast<uint64_t>(c.out_handle<CUgraph>(1, handle_kind::graph));
+    seq->existing = into != nullptr;
     seq->origin = stream_key(s);
     auto& m = captures();
     std::lock_guard lock(m.mu);
@@ -188,6 +202,10 @@ CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, const char* name) {
     ++m.sequences;
     return CUDA_SUCCESS;
 }
+
+}  // namespace vcuda::client
+
+namespace {
 
 CUresult capture_info(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id_out, CUgraph* graph_out,
                       const CUgraphNode** dependencies_out, const CUgraphEdgeData** edges_out, size_t* count_out) {
@@ -212,12 +230,12 @@ CUresult capture_info(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id_
 
 VCUDA_API cuStreamBeginCapture(CUstream s) noexcept {
     VCUDA_TRACE_HOOK(cuStreamBeginCapture, s);
-    return begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL, "cuStreamBeginCapture");
+    return begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL, "cuStreamBeginCapture", nullptr, {}, {});
 }
 
 VCUDA_API cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) noexcept {
     VCUDA_TRACE_HOOK(cuStreamBeginCapture_v2, s, mode);
-    return begin_capture(s, mode, "cuStreamBeginCapture_v2");
+    return begin_capture(s, mode, "cuStreamBeginCapture_v2", nullptr, {}, {});
 }
 
 VCUDA_API cuStreamEndCapture(CUstream s, CUgraph* graph) noexcept {
@@ -235,7 +253,7 @@ VCUDA_API cuStreamEndCapture(CUstream s, CUgraph* graph) noexcept {
     bool ended = rc == CUDA_SUCCESS || c.reply().outs.size() < 2 || c.out<uint64_t>(1) == 0;
     uint64_t result = rc == CUDA_SUCCESS ? c.out<uint64_t>(0) : 0;
     if (seq && ended) {
-        if (seq->graph != result) state::get().forget(seq->graph);
+        if (seq->graph != result && !seq->existing) state::get().forget(seq->graph);  // the driver destroyed it
         auto& m = captures();
         std::lock_guard lock(m.mu);
         if (seq->origin == key) end_sequence(seq.get());

@@ -23,7 +23,7 @@ call_request plain_call::request() {
     int d = current_device();
     rq.device = d < 0 ? -1 : state::get().device(d).server_index;
     rq.args = {args_.data(), n_};
-    if (has_blob_) rq.blobs = {&blob_, 1};
+    rq.blobs = {blobs_.data(), n_blobs_};
     return rq;
 }
 
@@ -37,7 +37,7 @@ CUresult plain_call::send_sync() {
 
 namespace {
 
-// Answers of `cached` queries, keyed by op, device, arguments, blob and, for a query about a function or kernel,
+// Answers of `cached` queries, keyed by op, device, arguments, blobs and, for a query about a function or kernel,
 // the state of that kernel's settable attributes (so answers under each state stay valid side by side: PyTorch
 // switches a kernel's dynamic shared memory limit back and forth every step).
 // Setters: by target (op, device, arguments but the value) the full call in effect, grouped by kernel (0 for
@@ -82,7 +82,11 @@ std::string plain_call::cache_key() const {
     std::memcpy(key.data(), &o, sizeof o);
     std::memcpy(key.data() + sizeof o, &device, sizeof device);
     std::memcpy(key.data() + sizeof o + sizeof device, args_.data(), n_ * sizeof(uint64_t));
-    key.append(reinterpret_cast<const char*>(blob_.data()), blob_.size());
+    for (size_t i = 0; i < n_blobs_; ++i) {
+        uint64_t size = blobs_[i].size();  // lengths too: two blobs must not read as one
+        key.append(reinterpret_cast<const char*>(&size), sizeof size);
+        key.append(reinterpret_cast<const char*>(blobs_[i].data()), blobs_[i].size());
+    }
     return key;
 }
 
@@ -185,9 +189,10 @@ CUresult plain_call::send_async() {
     return static_cast<CUresult>(l->post(request()));
 }
 
-void plain_call::adopt_handle(uint64_t id, handle_kind k) {
+void plain_call::adopt_handle(uint64_t id, handle_kind k, uint64_t owner) {
     handle_info info;
     info.kind = k;
+    info.owner = owner;
     info.ctx = current_context();
     info.device = current_device();
     state::get().adopt(id, std::move(info));

@@ -59,8 +59,11 @@ public:
     // state of the kernel's settable attributes, so that setting them changes which answers apply.
     void about(uint64_t function_or_kernel);
 
-    // A byte block that travels with the call (at most one; the caller keeps it alive until the call is sent).
-    void blob(std::span<const std::byte> b) { blob_ = b; has_blob_ = true; }
+    // A byte block that travels with the call, after those given before (at most four; the caller keeps them
+    // alive until the call is sent).
+    void blob(std::span<const std::byte> b) {
+        if (n_blobs_ < blobs_.size()) blobs_[n_blobs_++] = b;
+    }
 
     CUresult send_sync();
     CUresult send_async();
@@ -82,11 +85,11 @@ public:
     T out(size_t i) const {
         return i < reply_.outs.size() ? from_wire<T>(reply_.outs[i]) : T{};
     }
-    // An output handle: the mirror learns it (kind, creating context) before the application sees it.
+    // An output handle: the mirror learns it (kind, creating context, owner) before the application sees it.
     template <class H>
-    H out_handle(size_t i, handle_kind k) {
+    H out_handle(size_t i, handle_kind k, uint64_t owner = 0) {
         uint64_t id = i < reply_.outs.size() ? reply_.outs[i] : 0;
-        adopt_handle(id, k);
+        adopt_handle(id, k, owner);
         return reinterpret_cast<H>(id);
     }
     template <class H>
@@ -97,16 +100,16 @@ public:
     const call_reply& reply() const { return reply_; }
 
 private:
-    std::string cache_key() const;  // op, device, arguments, blob and the attribute state of about()'s kernel
-    void adopt_handle(uint64_t id, handle_kind k);
+    std::string cache_key() const;  // op, device, arguments, blobs and the attribute state of about()'s kernel
+    void adopt_handle(uint64_t id, handle_kind k, uint64_t owner);
     call_request request();
 
     op op_;
     const char* name_;
     std::array<uint64_t, 16> args_{};
     size_t n_ = 0;
-    std::span<const std::byte> blob_;
-    bool has_blob_ = false;
+    std::array<std::span<const std::byte>, 4> blobs_{};
+    size_t n_blobs_ = 0;
     CUresult error_ = CUDA_SUCCESS;
     call_reply reply_;
     uint64_t about_ = 0;  // the kernel (or module function) whose attribute state keys the answer; 0: none

@@ -261,12 +261,21 @@ CUresult state::destroy_context(uint64_t id) {
 
 void state::adopt(uint64_t id, handle_info info) {
     std::unique_lock lock(mu);
+    if (info.kind == handle_kind::graph_node && info.owner) graph_nodes_[info.owner].insert(id);
     handles_[id] = std::move(info);
 }
 
 void state::forget(uint64_t id) {
     std::unique_lock lock(mu);
-    handles_.erase(id);
+    auto it = handles_.find(id);
+    if (it == handles_.end()) return;
+    if (it->second.kind == handle_kind::graph_node) {
+        if (auto g = graph_nodes_.find(it->second.owner); g != graph_nodes_.end()) g->second.erase(id);
+    } else if (auto g = graph_nodes_.find(id); g != graph_nodes_.end()) {
+        for (uint64_t n : g->second) handles_.erase(n);
+        graph_nodes_.erase(g);
+    }
+    handles_.erase(it);
 }
 
 bool state::lookup(uint64_t id, handle_info& out) {

@@ -33,8 +33,9 @@ struct handle_info {
     handle_kind kind = handle_kind::none;
     uint64_t ctx = 0;      // the context it was created in
     int device = 0;        // client ordinal
-    uint64_t owner = 0;    // module or library of a function/kernel
+    uint64_t owner = 0;    // module or library of a function/kernel; graph of a node or an executable graph
     std::string name;      // functions and kernels
+    CUgraphNodeType node_type{};  // graph nodes
     std::shared_ptr<const param_layout> layout;
     // Libraries are context-independent: the image is kept so the library can be loaded into the session of
     // any other device it is used on (route()).
@@ -101,7 +102,7 @@ public:
     CUresult destroy_context(uint64_t id);
     void run_cls_destructors(context_info& c);
 
-    // Server-backed handles.
+    // Server-backed handles. A graph node is its graph's: forgetting the graph forgets its nodes.
     void adopt(uint64_t id, handle_info info);
     void forget(uint64_t id);
     bool lookup(uint64_t id, handle_info& out);
@@ -152,6 +153,7 @@ public:
     std::unordered_map<uint64_t, std::unique_ptr<context_info>> contexts_;
     uint32_t next_context_ = 1;
     std::unordered_map<uint64_t, handle_info> handles_;
+    std::unordered_map<uint64_t, std::unordered_set<uint64_t>> graph_nodes_;  // graph -> its nodes the mirror knows
     std::map<uint64_t, device_allocation> allocations_;
     std::map<uintptr_t, host_allocation> host_;
     std::unordered_set<uint64_t> images_;

@@ -52,7 +52,8 @@ void call_context::out_handle(handle_kind k, void* raw, uint64_t owner, bool own
     e.owner = owner;
     e.owned = owned;
     e.layout = std::move(layout);
-    const bool derived = owned && (k == handle_kind::function || k == handle_kind::kernel || k == handle_kind::module);
+    const bool derived = owned && (k == handle_kind::function || k == handle_kind::kernel || k == handle_kind::module ||
+                                   k == handle_kind::graph_node);
     std::lock_guard lock(sess.mu);
     outs.push_back(derived ? sess.handles.insert_derived(std::move(e)) : sess.handles.insert(std::move(e)));
 }
@@ -71,6 +72,24 @@ CUresult call_context::device_location(CUmemLocation& loc, size_t& device, bool 
     if (CUresult rc = sess.real_device(device, real); rc != CUDA_SUCCESS) return rc;
     loc.id = real;
     return CUDA_SUCCESS;
+}
+
+CUresult call_context::device_box(CUdeviceptr p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height,
+                                  uint64_t w, uint64_t h, uint64_t depth) {
+    // First and one-past-last byte touched, overflow-checked.
+    uint64_t first, rows, last;
+    if (pitch < w + x && h > 1) return CUDA_ERROR_INVALID_VALUE;
+    if (!mul_add(z, height, y, rows) || !mul_add(rows, pitch, x, first)) return CUDA_ERROR_INVALID_VALUE;
+    if (!mul_add(z + depth - 1, height, y + h - 1, rows) || !mul_add(rows, pitch, x + w, last)) return CUDA_ERROR_INVALID_VALUE;
+    return device_range(p + first, last - first);
+}
+
+CUresult call_context::memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height, uint64_t pitch) {
+    if ((elem != 1 && elem != 2 && elem != 4) || !width || !height) return bad_arguments();
+    uint64_t row, span;
+    if (!mul_add(width, elem, 0, row) || !mul_add(height - 1, pitch, row, span)) return bad_arguments();
+    if (height > 1 && pitch < row) return CUDA_ERROR_INVALID_VALUE;
+    return device_range(dst, span);
 }
 
 void call_context::forget_handle(size_t arg_index) {

@@ -70,6 +70,12 @@ public:
     CUresult device_location(CUmemLocation& loc, size_t& device, bool host_ok = false);
     // A device range this session owns, or CUDA_ERROR_INVALID_VALUE.
     CUresult device_range(CUdeviceptr p, size_t n) { return sess.owns_range(p, n) ? CUDA_SUCCESS : fail(CUDA_ERROR_INVALID_VALUE, "address range not owned by this session"); }
+    // The bytes one device side of a 2D/3D copy touches (w bytes x h rows x depth slices from (x, y, z) of a
+    // pitch x height layout), checked as one range from the first byte to the last.
+    CUresult device_box(CUdeviceptr p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height, uint64_t w,
+                        uint64_t h, uint64_t depth);
+    // The bytes a memset of `height` rows of `width` elements of `elem` bytes, `pitch` apart, touches.
+    CUresult memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height, uint64_t pitch);
 
     // ---- payload: the bulk bytes that came with the call (in a staging buffer when one was used)
     std::span<const std::byte> payload() const;
@@ -106,6 +112,12 @@ private:
     frame& frame_;
     staging_pool::buffer* staged_;
 };
+
+// out = a * b + c, false on overflow.
+inline bool mul_add(uint64_t a, uint64_t b, uint64_t c, uint64_t& out) {
+    uint64_t m;
+    return !__builtin_mul_overflow(a, b, &m) && !__builtin_add_overflow(m, c, &out);
+}
 
 // Builds and sends a Reply frame for `cx` with `rc`; `payload_len` > payload bytes means the caller streams
 // the rest right after (see handlers for copies).

@@ -1,11 +1,15 @@
 // A session's handles: one typed table, ids = kind | generation | index (common/handle_kind.hpp), so a stale,
 // foreign or forged id is refused without touching the driver. Freed slots are reused with a new generation.
+// An `owned` entry depends on its owner (a module's functions, a library's kernels, a graph's nodes): erasing the
+// owner erases its dependents too, so no id outlives the object that held it.
 // locks: none inside; the session's mutex guards it.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -22,7 +26,7 @@ struct handle_entry {
     handle_kind kind = handle_kind::none;
     void* raw = nullptr;       // the real driver's handle
     int device = 0;            // the session's device index it belongs to
-    uint64_t owner = 0;        // module/library of functions, kernels, library modules
+    uint64_t owner = 0;        // module/library of functions, kernels, library modules; graph of nodes
     bool owned = false;        // destroyed with its owner, never on its own
     std::shared_ptr<const param_layout> layout;
 };
@@ -46,12 +50,14 @@ public:
         auto& s = slots_[index];
         s.entry = std::move(e);
         s.live = true;
-        return make_handle(s.entry.kind, s.generation, index) | tag_;
+        uint64_t id = make_handle(s.entry.kind, s.generation, index) | tag_;
+        if (s.entry.owned && s.entry.owner) dependents_[s.entry.owner].insert(id);
+        return id;
     }
 
-    // For handles derived from a module or library (its functions, kernels, modules): the id already given for
-    // the same driver object and owner, else a new one. Asking again (PyTorch asks cuKernelGetFunction at each
-    // launch) must not grow the table.
+    // For handles derived from a module, library or graph (its functions, kernels, modules, nodes): the id already
+    // given for the same driver object and owner, else a new one. Asking again (PyTorch asks cuKernelGetFunction
+    // at each launch, a graph's nodes may be listed many times) must not grow the table.
     uint64_t insert_derived(handle_entry e) {
         auto key = std::make_pair(e.raw, e.kind);
         if (auto it = derived_.find(key); it != derived_.end()) {
@@ -75,19 +81,26 @@ public:
         return &s.entry;
     }
 
+    // Erases `id` and, recursively, everything that depends on it.
     bool erase(uint64_t id) {
         if ((id & (uint64_t{0xf} << tag_shift)) != tag_) return false;
-        id &= ~(uint64_t{0xf} << tag_shift);
-        uint32_t index = handle_index(id);
-        if (index >= slots_.size() || !slots_[index].live || slots_[index].generation != handle_generation(id)) return false;
+        const uint64_t bare = id & ~(uint64_t{0xf} << tag_shift);
+        uint32_t index = handle_index(bare);
+        if (index >= slots_.size() || !slots_[index].live || slots_[index].generation != handle_generation(bare)) return false;
         auto& s = slots_[index];
-        if (auto it = derived_.find({s.entry.raw, s.entry.kind}); it != derived_.end() && it->second == (id | tag_))
-            derived_.erase(it);
+        if (auto it = derived_.find({s.entry.raw, s.entry.kind}); it != derived_.end() && it->second == id) derived_.erase(it);
+        if (s.entry.owned && s.entry.owner)
+            if (auto it = dependents_.find(s.entry.owner); it != dependents_.end()) it->second.erase(id);
         s.live = false;
         s.entry = {};
         s.generation = (s.generation + 1) % generation_limit;
         if (s.generation == 0) s.generation = 1;
         free_.push_back(index);
+        if (auto it = dependents_.find(id); it != dependents_.end()) {
+            auto doomed = std::move(it->second);
+            dependents_.erase(it);
+            for (uint64_t d : doomed) erase(d);
+        }
         return true;
     }
 
@@ -110,6 +123,7 @@ private:
     uint64_t tag_ = 0;
     std::vector<uint32_t> free_;
     std::map<std::pair<void*, handle_kind>, uint64_t> derived_;  // insert_derived's ids by driver object
+    std::unordered_map<uint64_t, std::unordered_set<uint64_t>> dependents_;  // owner -> its owned entries
 };
 
 }  // namespace vcuda::server

@@ -2,8 +2,17 @@
 // thread makes arrive in order on its lane, whose thread is the one the driver sees capturing. What is here keeps
 // the session's handle table right: the graph a capture records into is the driver's until cuStreamEndCapture
 // hands it over (entered `owned`, so never destroyed on its own), and the application's from then on.
-// The plain graph calls (create, destroy, instantiate with flags, launch, upload) are generated.
+// Graph nodes are session handles owned by their graph (erased with it, handle_table.hpp): those made by the
+// client's calls are entered when made, those the driver made (captured work, a cloned child graph's) when
+// first reported. Every node, graph, function, event and device range a node names is checked like a launch's,
+// memset's or copy's is.
+// The plain graph calls (create, destroy, launch, upload, child graph update, node destroy) are generated.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "server/call_context.hpp"
+#include "server/kernel_args.hpp"
 
 namespace vcuda::server {
 
@@ -28,6 +37,62 @@ CUresult capture_info(call_context& cx, CUstream s, CUstreamCaptureStatus& statu
     return cx.unsupported("cuStreamGetCaptureInfo_v3");
 }
 
+// The capture just begun on `s`: its id and graph. Without them the client could not follow the capture, so it
+// is undone (its graph destroyed, unless it is the application's: `into` non-null).
+CUresult begun_capture(call_context& cx, CUstream s, CUgraph into, cuuint64_t& id, CUgraph& g) {
+    auto& d = cx.drv();
+    CUstreamCaptureStatus status{};
+    CUresult rc = capture_info(cx, s, status, id, &g);
+    if (rc == CUDA_SUCCESS && g) return CUDA_SUCCESS;
+    CUgraph undone = nullptr;
+    if (d.cuStreamEndCapture(s, &undone) == CUDA_SUCCESS && undone && !into && d.cuGraphDestroy) d.cuGraphDestroy(undone);
+    return rc != CUDA_SUCCESS ? rc : cx.fail(CUDA_ERROR_UNKNOWN, "the driver named no graph for the capture");
+}
+
+// At most this many nodes in one array (dependencies, edges, node lists): more is a malformed call. A listing's
+// reply (two words a node) stays well inside a frame's metadata limit.
+constexpr size_t max_nodes = size_t{1} << 17;
+
+// The node ids in blob `i` (8 bytes each), each looked up in the session's table.
+CUresult node_list(call_context& cx, size_t i, std::vector<CUgraphNode>& out) {
+    auto b = cx.blob(i);
+    if (b.size() % sizeof(uint64_t) || b.size() / sizeof(uint64_t) > max_nodes) return cx.bad_arguments();
+    out.resize(b.size() / sizeof(uint64_t));
+    for (size_t k = 0; k < out.size(); ++k) {
+        uint64_t id;
+        std::memcpy(&id, b.data() + k * sizeof id, sizeof id);
+        void* raw = nullptr;
+        if (CUresult rc = cx.lookup(id, handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
+        out[k] = static_cast<CUgraphNode>(raw);
+    }
+    return CUDA_SUCCESS;
+}
+
+// The edge data in blob `i`: none (null), or one CUgraphEdgeData per edge, copied (aligned) into `store`.
+CUresult edge_list(call_context& cx, size_t i, size_t edges, std::vector<CUgraphEdgeData>& store,
+                   const CUgraphEdgeData*& out) {
+    auto b = cx.blob(i);
+    out = nullptr;
+    if (b.empty()) return CUDA_SUCCESS;
+    if (b.size() != edges * sizeof(CUgraphEdgeData)) return cx.bad_arguments();
+    store.resize(edges);
+    std::memcpy(store.data(), b.data(), b.size());
+    out = store.data();
+    return CUDA_SUCCESS;
+}
+
+// A new node's (or capture's) dependencies: the nodes in blob 0, their edge data in blob 1.
+struct dependencies {
+    std::vector<CUgraphNode> nodes;
+    std::vector<CUgraphEdgeData> edge_store;
+    const CUgraphEdgeData* edges = nullptr;  // null: default edges
+
+    CUresult read(call_context& cx) {
+        if (CUresult rc = node_list(cx, 0, nodes); rc != CUDA_SUCCESS) return rc;
+        return edge_list(cx, 1, nodes.size(), edge_store, edges);
+    }
+};
+
 }  // namespace
 
 // args {stream, capture mode, the calling thread's capture mode} -> outs {capture id, graph}
@@ -40,18 +105,35 @@ CUresult handle_begin_capture(call_context& cx) {
     if (CUresult rc = set_thread_capture_mode(cx, cx.arg(2)); rc != CUDA_SUCCESS) return rc;
     if (CUresult rc = d.cuStreamBeginCapture_v2(s, static_cast<CUstreamCaptureMode>(cx.arg(1))); rc != CUDA_SUCCESS)
         return rc;
-    CUstreamCaptureStatus status{};
     cuuint64_t id = 0;
     CUgraph g = nullptr;
-    CUresult rc = capture_info(cx, s, status, id, &g);
-    if (rc != CUDA_SUCCESS || !g) {
-        // Without its id and graph the client could not follow the capture: undo it.
-        CUgraph undone = nullptr;
-        if (d.cuStreamEndCapture(s, &undone) == CUDA_SUCCESS && undone && d.cuGraphDestroy) d.cuGraphDestroy(undone);
-        return rc != CUDA_SUCCESS ? rc : cx.fail(CUDA_ERROR_UNKNOWN, "the driver named no graph for the capture");
-    }
+    if (CUresult rc = begun_capture(cx, s, nullptr, id, g); rc != CUDA_SUCCESS) return rc;
     cx.out(static_cast<uint64_t>(id));
     cx.out_handle(handle_kind::graph, g, 0, /*owned=*/true);
+    return CUDA_SUCCESS;
+}
+
+// args {stream, the application's graph, capture mode, the calling thread's capture mode}; blobs {dependency
+// nodes, their edge data (may be empty)} -> outs {capture id}
+CUresult handle_begin_capture_to_graph(call_context& cx) {
+    if (!cx.expect_args(4) || !valid_capture_mode(cx.arg(2)) || !valid_capture_mode(cx.arg(3))) return cx.bad_arguments();
+    CUstream s;
+    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    CUgraph into;
+    if (CUresult rc = cx.handle(1, handle_kind::graph, into); rc != CUDA_SUCCESS) return rc;
+    dependencies deps;
+    if (CUresult rc = deps.read(cx); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuStreamBeginCaptureToGraph || !d.cuStreamEndCapture) return cx.unsupported("cuStreamBeginCaptureToGraph");
+    if (CUresult rc = set_thread_capture_mode(cx, cx.arg(3)); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = d.cuStreamBeginCaptureToGraph(s, into, deps.nodes.data(), deps.edges, deps.nodes.size(),
+                                                    static_cast<CUstreamCaptureMode>(cx.arg(2)));
+        rc != CUDA_SUCCESS)
+        return rc;
+    cuuint64_t id = 0;
+    CUgraph g = nullptr;
+    if (CUresult rc = begun_capture(cx, s, into, id, g); rc != CUDA_SUCCESS) return rc;
+    cx.out(static_cast<uint64_t>(id));
     return CUDA_SUCCESS;
 }
 
@@ -110,8 +192,8 @@ CUresult handle_capture_mode(call_context& cx) {
     return set_thread_capture_mode(cx, cx.arg(0));
 }
 
-// args {graph, flags, upload stream} -> outs {executable graph, CUgraphInstantiateResult}; the result also comes
-// back on failure. The failing node is not reported: nodes have no handles.
+// args {graph, flags, upload stream} -> outs {executable graph, CUgraphInstantiateResult, the failing node, its
+// type}; the result and node also come back on failure.
 CUresult handle_graph_instantiate(call_context& cx) {
     if (!cx.expect_args(3)) return cx.bad_arguments();
     CUgraph g;
@@ -125,35 +207,224 @@ CUresult handle_graph_instantiate(call_context& cx) {
     params.hUploadStream = s;
     CUgraphExec exec = nullptr;
     CUresult rc = d.cuGraphInstantiateWithParams(&exec, g, &params);
-    if (rc != CUDA_SUCCESS) {
-        cx.out(uint64_t{0});
-        cx.out(static_cast<uint64_t>(params.result_out));
-        return rc;
-    }
-    cx.out_handle(handle_kind::graph_exec, exec);
+    if (rc != CUDA_SUCCESS) cx.out(uint64_t{0});
+    else cx.out_handle(handle_kind::graph_exec, exec);
     cx.out(static_cast<uint64_t>(params.result_out));
+    CUgraphNodeType type{};
+    if (params.hErrNode_out && d.cuGraphNodeGetType && d.cuGraphNodeGetType(params.hErrNode_out, &type) == CUDA_SUCCESS) {
+        cx.out_handle(handle_kind::graph_node, params.hErrNode_out, cx.arg(0), /*owned=*/true);
+    } else {
+        cx.out(uint64_t{0});
+    }
+    cx.out(static_cast<uint64_t>(type));
+    return rc;
+}
+
+namespace {
+enum class listing : uint64_t { nodes = 0, root_nodes = 1, dependencies = 2, dependents = 3 };
+}  // namespace
+
+// args {graph (nodes, root nodes) or node (its dependencies or dependents), what (listing), whether the caller
+// gave an array, its capacity, whether it wants edge data} -> outs {count, then (node, type) per node listed};
+// blob {edge data, one per node listed} when wanted. The nodes listed become the session's (those it knows keep
+// their ids), owned by their graph.
+CUresult handle_graph_nodes(call_context& cx) {
+    if (!cx.expect_args(5) || cx.arg(1) > 3 || cx.arg(3) > max_nodes) return cx.bad_arguments();
+    auto what = static_cast<listing>(cx.arg(1));
+    const bool of_graph = what == listing::nodes || what == listing::root_nodes;
+    const bool array = cx.arg(2) != 0, with_edges = cx.arg(4) != 0;
+    if (with_edges && (!array || of_graph)) return cx.bad_arguments();  // edge data comes with a node's own list
+    void* raw = nullptr;
+    handle_entry e;
+    if (CUresult rc = cx.lookup(cx.arg(0), of_graph ? handle_kind::graph : handle_kind::graph_node, raw, &e);
+        rc != CUDA_SUCCESS)
+        return rc;
+    const uint64_t owner = of_graph ? cx.arg(0) : e.owner;
+    auto& d = cx.drv();
+    const size_t capacity = array ? cx.arg(3) : 0;
+    size_t n = capacity;
+    std::vector<CUgraphNode> nodes(std::max<size_t>(capacity, 1));  // never a null array when one was given
+    std::vector<CUgraphEdgeData> edges(with_edges ? nodes.size() : 0);
+    CUgraphNode* list = array ? nodes.data() : nullptr;
+    CUgraphEdgeData* edge_out = with_edges ? edges.data() : nullptr;
+    CUresult rc;
+    switch (what) {
+        case listing::nodes:
+            if (!d.cuGraphGetNodes) return cx.unsupported("cuGraphGetNodes");
+            rc = d.cuGraphGetNodes(static_cast<CUgraph>(raw), list, &n);
+            break;
+        case listing::root_nodes:
+            if (!d.cuGraphGetRootNodes) return cx.unsupported("cuGraphGetRootNodes");
+            rc = d.cuGraphGetRootNodes(static_cast<CUgraph>(raw), list, &n);
+            break;
+        case listing::dependencies:
+            if (!d.cuGraphNodeGetDependencies_v2) return cx.unsupported("cuGraphNodeGetDependencies_v2");
+            rc = d.cuGraphNodeGetDependencies_v2(static_cast<CUgraphNode>(raw), list, edge_out, &n);
+            break;
+        default:
+            if (!d.cuGraphNodeGetDependentNodes_v2) return cx.unsupported("cuGraphNodeGetDependentNodes_v2");
+            rc = d.cuGraphNodeGetDependentNodes_v2(static_cast<CUgraphNode>(raw), list, edge_out, &n);
+            break;
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+    cx.out(static_cast<uint64_t>(n));
+    if (!array) return CUDA_SUCCESS;
+    if (!d.cuGraphNodeGetType) return cx.unsupported("cuGraphNodeGetType");
+    const size_t listed = std::min(n, capacity);
+    for (size_t i = 0; i < listed; ++i) {
+        CUgraphNodeType type{};
+        if (CUresult r = d.cuGraphNodeGetType(nodes[i], &type); r != CUDA_SUCCESS) return r;
+        cx.out_handle(handle_kind::graph_node, nodes[i], owner, /*owned=*/true);
+        cx.out(static_cast<uint64_t>(type));
+    }
+    if (with_edges) cx.out_blob(std::as_bytes(std::span(edges.data(), listed)));
     return CUDA_SUCCESS;
 }
 
-// args {graph, what (0 nodes, 1 root nodes)} -> outs {count}
-CUresult handle_graph_count(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
+namespace {
+
+// The kernel of a kernel node: args first..first+8 are {function or kernel, grid xyz, block xyz, shared bytes,
+// form}, blob `block` its parameters. `args` must outlive the call that reads `p`.
+CUresult kernel_node(call_context& cx, size_t first, size_t block, kernel_args& args, CUDA_KERNEL_NODE_PARAMS_v2& p) {
+    void* raw = nullptr;
+    handle_entry e;
+    if (CUresult rc = cx.lookup(cx.arg(first), handle_kind::function, raw, &e); rc != CUDA_SUCCESS) return rc;
+    unsigned dims[7];
+    if (CUresult rc = launch_dims(cx, first + 1, dims); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = args.set(cx, cx.blob(block), cx.arg(first + 8), e); rc != CUDA_SUCCESS) return rc;
+    p = {};
+    // A CUkernel runs in the current context (the session's, made current for this call).
+    if (e.kind == handle_kind::kernel) p.kern = static_cast<CUkernel>(raw);
+    else p.func = static_cast<CUfunction>(raw);
+    set_dims(p, dims);
+    p.kernelParams = args.kernel_params();
+    p.extra = args.extra();
+    return CUDA_SUCCESS;
+}
+
+// A memcpy node's copy (blob `i`, a CUDA_MEMCPY3D): device to device only, both sides in the session's memory.
+CUresult memcpy_node(call_context& cx, size_t i, CUDA_MEMCPY3D& c) {
+    auto b = cx.blob(i);
+    if (b.size() != sizeof c) return cx.bad_arguments();
+    std::memcpy(&c, b.data(), sizeof c);
+    auto device = [](CUmemorytype t) { return t == CU_MEMORYTYPE_DEVICE || t == CU_MEMORYTYPE_UNIFIED; };
+    if (!device(c.srcMemoryType) || !device(c.dstMemoryType))
+        return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "memcpy nodes are served between device memory only");
+    if (!c.WidthInBytes || !c.Height || !c.Depth) return cx.fail(CUDA_ERROR_INVALID_VALUE, "empty copy");
+    c.srcHost = c.dstHost = nullptr;  // nothing but the device sides is read from the wire
+    c.srcArray = c.dstArray = nullptr;
+    c.reserved0 = c.reserved1 = nullptr;
+    if (cx.device_box(c.srcDevice, c.srcXInBytes, c.srcY, c.srcZ, c.srcPitch, c.srcHeight, c.WidthInBytes, c.Height,
+                      c.Depth) != CUDA_SUCCESS)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad source of memcpy node");
+    if (cx.device_box(c.dstDevice, c.dstXInBytes, c.dstY, c.dstZ, c.dstPitch, c.dstHeight, c.WidthInBytes, c.Height,
+                      c.Depth) != CUDA_SUCCESS)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad destination of memcpy node");
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// args {graph, node type, then by type: kernel {function or kernel, grid xyz, block xyz, shared bytes, form};
+// memset {dst, value, element size, width, height, pitch}; child graph {graph}; event record / wait {event};
+// memcpy and empty nothing}; blobs {dependency nodes, their edge data (may be empty), kernel parameters or the
+// memcpy's CUDA_MEMCPY3D} -> outs {node}
+CUresult handle_graph_add_node(call_context& cx) {
+    static constexpr size_t arg_count[] = {11, 2, 8, 0, 3, 2, 3, 3};  // by CUgraphNodeType; 0: not served
+    if (cx.arg_count() < 2 || cx.arg(1) >= std::size(arg_count) || !arg_count[cx.arg(1)] ||
+        !cx.expect_args(arg_count[cx.arg(1)]) || cx.blob_count() > 3)
+        return cx.bad_arguments();
     CUgraph g;
     if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+    dependencies deps;
+    if (CUresult rc = deps.read(cx); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
-    size_t n = 0;
-    CUresult rc;
-    if (cx.arg(1) == 0) {
-        if (!d.cuGraphGetNodes) return cx.unsupported("cuGraphGetNodes");
-        rc = d.cuGraphGetNodes(g, nullptr, &n);
-    } else if (cx.arg(1) == 1) {
-        if (!d.cuGraphGetRootNodes) return cx.unsupported("cuGraphGetRootNodes");
-        rc = d.cuGraphGetRootNodes(g, nullptr, &n);
-    } else {
-        return cx.bad_arguments();
+    CUcontext ctx = nullptr;
+    d.cuCtxGetCurrent(&ctx);  // the session's context on the caller's device, where memsets and copies run
+    CUgraphNodeParams p{};
+    p.type = static_cast<CUgraphNodeType>(cx.arg(1));
+    kernel_args args;
+    switch (p.type) {
+        case CU_GRAPH_NODE_TYPE_KERNEL: {
+            CUDA_KERNEL_NODE_PARAMS_v2 k;
+            if (CUresult rc = kernel_node(cx, 2, 2, args, k); rc != CUDA_SUCCESS) return rc;
+            static_assert(sizeof k == sizeof p.kernel, "the v2 and v3 kernel node layouts are the same");
+            std::memcpy(&p.kernel, &k, sizeof k);
+            break;
+        }
+        case CU_GRAPH_NODE_TYPE_MEMCPY:
+            if (CUresult rc = memcpy_node(cx, 2, p.memcpy.copyParams); rc != CUDA_SUCCESS) return rc;
+            p.memcpy.copyCtx = ctx;
+            break;
+        case CU_GRAPH_NODE_TYPE_MEMSET: {
+            uint64_t dst = cx.arg(2), value = cx.arg(3), elem = cx.arg(4), width = cx.arg(5), height = cx.arg(6),
+                     pitch = cx.arg(7);
+            if (value > 0xffffffffu) return cx.bad_arguments();
+            if (CUresult rc = cx.memset_range(dst, elem, width, height, pitch); rc != CUDA_SUCCESS) return rc;
+            p.memset = {dst, pitch, static_cast<unsigned>(value), static_cast<unsigned>(elem), width, height, ctx};
+            break;
+        }
+        case CU_GRAPH_NODE_TYPE_GRAPH:
+            if (CUresult rc = cx.handle(2, handle_kind::graph, p.graph.graph); rc != CUDA_SUCCESS) return rc;
+            p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
+            break;
+        case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+            if (CUresult rc = cx.handle(2, handle_kind::event, p.eventWait.event); rc != CUDA_SUCCESS) return rc;
+            break;
+        case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+            if (CUresult rc = cx.handle(2, handle_kind::event, p.eventRecord.event); rc != CUDA_SUCCESS) return rc;
+            break;
+        default: break;  // empty
     }
-    if (rc == CUDA_SUCCESS) cx.out(static_cast<uint64_t>(n));
-    return rc;
+    CUgraphNode node = nullptr;
+    CUresult rc;
+    if (d.cuGraphAddNode_v2) rc = d.cuGraphAddNode_v2(&node, g, deps.nodes.data(), deps.edges, deps.nodes.size(), &p);
+    else if (d.cuGraphAddNode && !deps.edges) rc = d.cuGraphAddNode(&node, g, deps.nodes.data(), deps.nodes.size(), &p);
+    else return cx.unsupported("cuGraphAddNode_v2");
+    if (rc != CUDA_SUCCESS) return rc;
+    cx.out_handle(handle_kind::graph_node, node, cx.arg(0), /*owned=*/true);
+    return CUDA_SUCCESS;
+}
+
+// args {executable graph (0: the node itself), kernel node, function or kernel, grid xyz, block xyz, shared bytes,
+// form}; blob {parameters}. Queued when it updates an executable graph.
+CUresult handle_kernel_node_params(call_context& cx) {
+    if (!cx.expect_args(11) || cx.blob_count() > 1) return cx.bad_arguments();
+    CUgraphNode node;
+    if (CUresult rc = cx.handle(1, handle_kind::graph_node, node); rc != CUDA_SUCCESS) return rc;
+    kernel_args args;
+    CUDA_KERNEL_NODE_PARAMS_v2 p;
+    if (CUresult rc = kernel_node(cx, 2, 0, args, p); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (cx.arg(0) == 0) {
+        if (!d.cuGraphKernelNodeSetParams_v2) return cx.unsupported("cuGraphKernelNodeSetParams_v2");
+        return d.cuGraphKernelNodeSetParams_v2(node, &p);
+    }
+    CUgraphExec exec;
+    if (CUresult rc = cx.handle(0, handle_kind::graph_exec, exec); rc != CUDA_SUCCESS) return rc;
+    if (!d.cuGraphExecKernelNodeSetParams_v2) return cx.unsupported("cuGraphExecKernelNodeSetParams_v2");
+    return d.cuGraphExecKernelNodeSetParams_v2(exec, node, &p);
+}
+
+// args {graph, 0 add / 1 remove}; blobs {from nodes, to nodes, edge data (may be empty)}
+CUresult handle_graph_edges(call_context& cx) {
+    if (!cx.expect_args(2) || cx.arg(1) > 1 || cx.blob_count() > 3) return cx.bad_arguments();
+    CUgraph g;
+    if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+    std::vector<CUgraphNode> from, to;
+    std::vector<CUgraphEdgeData> edge_store;
+    const CUgraphEdgeData* edges = nullptr;
+    if (CUresult rc = node_list(cx, 0, from); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = node_list(cx, 1, to); rc != CUDA_SUCCESS) return rc;
+    if (from.size() != to.size()) return cx.bad_arguments();
+    if (CUresult rc = edge_list(cx, 2, from.size(), edge_store, edges); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (cx.arg(1) == 0) {
+        if (!d.cuGraphAddDependencies_v2) return cx.unsupported("cuGraphAddDependencies_v2");
+        return d.cuGraphAddDependencies_v2(g, from.data(), to.data(), edges, from.size());
+    }
+    if (!d.cuGraphRemoveDependencies_v2) return cx.unsupported("cuGraphRemoveDependencies_v2");
+    return d.cuGraphRemoveDependencies_v2(g, from.data(), to.data(), edges, from.size());
 }
 
 }  // namespace vcuda::server

@@ -17,11 +17,6 @@ CUresult current_memory(call_context& cx, device_memory*& mem) {
     return CUDA_SUCCESS;
 }
 
-bool mul_add(uint64_t a, uint64_t b, uint64_t c, uint64_t& out) {
-    uint64_t m;
-    return !__builtin_mul_overflow(a, b, &m) && !__builtin_add_overflow(m, c, &out);
-}
-
 }  // namespace
 
 CUresult handle_mem_alloc(call_context& cx) {
@@ -206,12 +201,7 @@ CUresult handle_copy_3d(call_context& cx) {
         uint64_t kind = cx.arg(base), ptr = cx.arg(base + 1), x = cx.arg(base + 2), y = cx.arg(base + 3), z = cx.arg(base + 4),
                  pitch = cx.arg(base + 5), height = cx.arg(base + 6);
         if (kind == 1) {
-            // First and one-past-last byte touched, overflow-checked.
-            uint64_t first, rows, last;
-            if (pitch < w + x && h > 1) return CUDA_ERROR_INVALID_VALUE;
-            if (!mul_add(z, height, y, rows) || !mul_add(rows, pitch, x, first)) return CUDA_ERROR_INVALID_VALUE;
-            if (!mul_add(z + depth - 1, height, y + h - 1, rows) || !mul_add(rows, pitch, x + w, last)) return CUDA_ERROR_INVALID_VALUE;
-            if (CUresult rc = cx.device_range(ptr + first, last - first); rc != CUDA_SUCCESS) return rc;
+            if (CUresult rc = cx.device_box(ptr, x, y, z, pitch, height, w, h, depth); rc != CUDA_SUCCESS) return rc;
             (src ? c.srcMemoryType : c.dstMemoryType) = CU_MEMORYTYPE_DEVICE;
             if (src) {
                 c.srcDevice = ptr; c.srcXInBytes = x; c.srcY = y; c.srcZ = z; c.srcPitch = pitch; c.srcHeight = height;
@@ -257,11 +247,7 @@ CUresult handle_memset(call_context& cx) {
     if (!cx.expect_args(7)) return cx.bad_arguments();
     CUdeviceptr dst = cx.arg(0);
     uint64_t value = cx.arg(1), elem = cx.arg(2), width = cx.arg(3), height = cx.arg(4), pitch = cx.arg(5);
-    if ((elem != 1 && elem != 2 && elem != 4) || !width || !height) return cx.bad_arguments();
-    uint64_t row, span;
-    if (!mul_add(width, elem, 0, row) || !mul_add(height - 1, pitch, row, span)) return cx.bad_arguments();
-    if (height > 1 && pitch < row) return CUDA_ERROR_INVALID_VALUE;
-    if (CUresult rc = cx.device_range(dst, span); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.memset_range(dst, elem, width, height, pitch); rc != CUDA_SUCCESS) return rc;
     CUstream s;
     if (CUresult rc = cx.handle(6, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();

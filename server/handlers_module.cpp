@@ -4,6 +4,7 @@
 #include "common/log.hpp"
 #include "server/call_context.hpp"
 #include "server/jit.hpp"
+#include "server/kernel_args.hpp"
 
 namespace vcuda::server {
 
@@ -137,21 +138,9 @@ CUresult handle_module_unload(call_context& cx) {
     rc = e.kind == handle_kind::module ? d.cuModuleUnload(static_cast<CUmodule>(raw)) : d.cuLibraryUnload(static_cast<CUlibrary>(raw));
     if (rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
-    std::vector<uint64_t> dependents;
-    cx.sess.handles.for_each([&](uint64_t h, handle_entry& x) {
-        if (x.owner == id) dependents.push_back(h);
-    });
-    // Functions of a kernel of this library are owned by the kernel: collect the second level too.
-    std::vector<uint64_t> second;
-    for (uint64_t dep : dependents)
-        cx.sess.handles.for_each([&](uint64_t h, handle_entry& x) {
-            if (x.owner == dep) second.push_back(h);
-        });
-    for (uint64_t h : dependents) cx.sess.handles.erase(h);
-    for (uint64_t h : second) cx.sess.handles.erase(h);
     for (auto it = cx.sess.globals.begin(); it != cx.sess.globals.end();)
         it = it->second.second == id ? cx.sess.globals.erase(it) : std::next(it);
-    cx.sess.handles.erase(id);
+    cx.sess.handles.erase(id);  // with its functions, kernels and their functions (handle_table: dependents)
     return CUDA_SUCCESS;
 }
 
@@ -288,15 +277,6 @@ bool plain_launch_attribute(CUlaunchAttributeID id) {
     }
 }
 
-// Grid xyz, block xyz and shared bytes: arguments 1..7 of a launch-shaped call, each a 32-bit value.
-CUresult launch_dims(call_context& cx, unsigned (&dims)[7]) {
-    for (int i = 0; i < 7; ++i) {
-        if (cx.arg(1 + i) > 0xffffffffu) return cx.bad_arguments();
-        dims[i] = static_cast<unsigned>(cx.arg(1 + i));
-    }
-    return CUDA_SUCCESS;
-}
-
 // The launch attributes in blob `i` (n of them), checked. False (with the reply's error set) when malformed.
 CUresult launch_attributes(call_context& cx, size_t i, uint64_t n, std::vector<CUlaunchAttribute>& attrs) {
     auto bytes = cx.blob(i);
@@ -319,7 +299,7 @@ CUresult handle_occupancy_clusters(call_context& cx) {
     CUstream s;
     if (CUresult rc = cx.handle(8, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     unsigned dims[7];
-    if (CUresult rc = launch_dims(cx, dims); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = launch_dims(cx, 1, dims); rc != CUDA_SUCCESS) return rc;
     std::vector<CUlaunchAttribute> attrs;
     if (CUresult rc = launch_attributes(cx, 0, cx.arg(9), attrs); rc != CUDA_SUCCESS) return rc;
     CUlaunchConfig config{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s,
@@ -350,61 +330,63 @@ CUresult handle_launch(call_context& cx) {
     CUstream s;
     if (CUresult rc = cx.handle(8, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     unsigned dims[7];
-    if (CUresult rc = launch_dims(cx, dims); rc != CUDA_SUCCESS) return rc;
-    uint64_t form = cx.arg(9), n_attrs = cx.arg(10);
-    auto params = cx.blob(0);
-    // Parameters copied into 8-byte-aligned storage; kernelParams point into it at the server's own layout.
-    // Small blocks (nearly every launch) stay on the stack: no allocation per launch.
-    constexpr size_t small_words = 128, small_params = 64;
-    uint64_t small_storage[small_words];
-    void* small_pointers[small_params];
-    std::vector<uint64_t> big_storage;
-    std::vector<void*> big_pointers;
-    const size_t words = (params.size() + 7) / 8 + 1;
-    uint64_t* storage = small_storage;
-    if (words > small_words) {
-        big_storage.resize(words);
-        storage = big_storage.data();
-    }
-    storage[words - 1] = 0;
-    if (words >= 2) storage[words - 2] = 0;  // the bytes after the last parameter
-    std::memcpy(storage, params.data(), params.size());
-    auto* base = reinterpret_cast<char*>(storage);
-    void** kernel_params = small_pointers;
-    size_t buffer_size = params.size();
-    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, base, CU_LAUNCH_PARAM_BUFFER_SIZE, &buffer_size, CU_LAUNCH_PARAM_END};
-    if (form == 0) {
-        if (!e.layout || e.layout->total() != params.size())
-            return cx.fail(CUDA_ERROR_INVALID_VALUE, "parameter block does not match the kernel's parameters");
-        if (e.layout->params.size() > small_params) {
-            big_pointers.resize(e.layout->params.size());
-            kernel_params = big_pointers.data();
-        }
-        for (size_t i = 0; i < e.layout->params.size(); ++i) kernel_params[i] = base + e.layout->params[i].first;
-    } else if (form != 1) {
-        return cx.bad_arguments();
-    }
+    if (CUresult rc = launch_dims(cx, 1, dims); rc != CUDA_SUCCESS) return rc;
+    uint64_t n_attrs = cx.arg(10);
+    kernel_args params;
+    if (CUresult rc = params.set(cx, cx.blob(0), cx.arg(9), e); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     auto f = static_cast<CUfunction>(raw);
-    if (n_attrs == 0) {
+    if (n_attrs == 0)
         return d.cuLaunchKernel(f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s,
-                                form == 0 ? kernel_params : nullptr, form == 1 ? extra : nullptr);
-    }
+                                params.kernel_params(), params.extra());
     std::vector<CUlaunchAttribute> attrs;
     if (CUresult rc = launch_attributes(cx, 1, n_attrs, attrs); rc != CUDA_SUCCESS) return rc;
     CUlaunchConfig config{};
-    config.gridDimX = dims[0];
-    config.gridDimY = dims[1];
-    config.gridDimZ = dims[2];
-    config.blockDimX = dims[3];
-    config.blockDimY = dims[4];
-    config.blockDimZ = dims[5];
-    config.sharedMemBytes = dims[6];
+    set_dims(config, dims);
     config.hStream = s;
     config.attrs = attrs.data();
     config.numAttrs = static_cast<unsigned>(n_attrs);
     if (!d.cuLaunchKernelEx) return cx.unsupported("cuLaunchKernelEx");
-    return d.cuLaunchKernelEx(&config, f, form == 0 ? kernel_params : nullptr, form == 1 ? extra : nullptr);
+    return d.cuLaunchKernelEx(&config, f, params.kernel_params(), params.extra());
+}
+
+CUresult launch_dims(call_context& cx, size_t first, unsigned (&dims)[7]) {
+    for (size_t i = 0; i < 7; ++i) {
+        if (cx.arg(first + i) > 0xffffffffu) return cx.bad_arguments();
+        dims[i] = static_cast<unsigned>(cx.arg(first + i));
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult kernel_args::set(call_context& cx, std::span<const std::byte> block, uint64_t form, const handle_entry& e) {
+    if (form > 1) return cx.bad_arguments();
+    form_ = form;
+    // Parameters copied into 8-byte-aligned storage; kernelParams point into it at the server's own layout.
+    const size_t words = (block.size() + 7) / 8 + 1;
+    uint64_t* storage = small_storage_;
+    if (words > small_words) {
+        big_storage_.resize(words);
+        storage = big_storage_.data();
+    }
+    storage[words - 1] = 0;
+    if (words >= 2) storage[words - 2] = 0;  // the bytes after the last parameter
+    std::memcpy(storage, block.data(), block.size());
+    auto* base = reinterpret_cast<char*>(storage);
+    size_ = block.size();
+    extra_[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
+    extra_[1] = base;
+    extra_[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
+    extra_[3] = &size_;
+    extra_[4] = CU_LAUNCH_PARAM_END;
+    if (form == 1) return CUDA_SUCCESS;
+    if (!e.layout || e.layout->total() != block.size())
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "parameter block does not match the kernel's parameters");
+    if (e.layout->params.size() > small_params) {
+        big_pointers_.resize(e.layout->params.size());
+        pointers_ = big_pointers_.data();
+    }
+    for (size_t i = 0; i < e.layout->params.size(); ++i) pointers_[i] = base + e.layout->params[i].first;
+    return CUDA_SUCCESS;
 }
 
 }  // namespace vcuda::server

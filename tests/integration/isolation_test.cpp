@@ -142,3 +142,88 @@ TEST_CASE("bad input gets an error and harms no other session", "[integration]")
     REQUIRE(back.result == CUDA_SUCCESS);
     CHECK(back.payload == data);
 }
+
+namespace {
+
+std::vector<std::byte> ids(std::initializer_list<uint64_t> v) {
+    std::vector<std::byte> b(v.size() * sizeof(uint64_t));
+    std::memcpy(b.data(), std::data(v), b.size());
+    return b;
+}
+
+// A memset node {dst, value, element size, width, height, pitch} added to `graph` after `deps`.
+raw_reply add_memset(raw_client& c, uint64_t graph, uint64_t dst, std::vector<std::byte> deps = {}) {
+    return c.call(op::graph_add_node, {graph, CU_GRAPH_NODE_TYPE_MEMSET, dst, 0, 4, 16, 1, 64}, {deps, {}});
+}
+
+}  // namespace
+
+TEST_CASE("graph nodes are their session's, die with their graph, and name only the session's memory", "[integration]") {
+    server_process server;
+    auto a = raw_client::open(server.address());
+    auto b = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(b);
+    uint64_t a_ptr = alloc(*a, 4096), b_ptr = alloc(*b, 4096);
+    // Ids are per session (the same id may name one of B's own objects): A's graph and nodes are put at table
+    // slots where B has nothing.
+    REQUIRE(a->call(op::cuStreamCreate, {0}).result == CUDA_SUCCESS);
+    auto g = a->call(op::cuGraphCreate, {0});
+    auto gb = b->call(op::cuGraphCreate, {0});
+    REQUIRE(g.result == CUDA_SUCCESS);
+    REQUIRE(gb.result == CUDA_SUCCESS);
+    auto n1 = add_memset(*a, g.outs.at(0), a_ptr);
+    REQUIRE(n1.result == CUDA_SUCCESS);
+    uint64_t node = n1.outs.at(0);
+    auto n2 = a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_EMPTY}, {ids({node}), {}});
+    REQUIRE(n2.result == CUDA_SUCCESS);
+
+    // Listing the graph names the same nodes (ids kept), with their types.
+    auto all = a->call(op::graph_nodes, {g.outs[0], 0, 1, 4, 0});
+    REQUIRE(all.result == CUDA_SUCCESS);
+    REQUIRE(all.outs.size() == 5);
+    CHECK(all.outs[0] == 2);
+    CHECK(all.outs[1] == node);
+    CHECK(all.outs[2] == CU_GRAPH_NODE_TYPE_MEMSET);
+    CHECK(all.outs[3] == n2.outs.at(0));
+    CHECK(all.outs[4] == CU_GRAPH_NODE_TYPE_EMPTY);
+
+    // B can neither reach A's memory through a node nor use A's nodes and graphs.
+    CHECK(add_memset(*b, gb.outs[0], a_ptr).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(add_memset(*b, gb.outs[0], b_ptr, ids({node})).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(b->call(op::graph_nodes, {g.outs[0], 0, 0, 0, 0}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(b->call(op::cuGraphDestroyNode, {node}).result == CUDA_ERROR_INVALID_HANDLE);
+    CUDA_MEMCPY3D copy{};
+    copy.srcMemoryType = copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    copy.srcDevice = a_ptr;
+    copy.dstDevice = b_ptr;
+    copy.WidthInBytes = 64;
+    copy.Height = copy.Depth = 1;
+    std::vector<std::byte> desc(sizeof copy);
+    std::memcpy(desc.data(), &copy, sizeof copy);
+    CHECK(b->call(op::graph_add_node, {gb.outs[0], CU_GRAPH_NODE_TYPE_MEMCPY}, {{}, {}, desc}).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    copy.srcDevice = b_ptr;
+    std::memcpy(desc.data(), &copy, sizeof copy);
+    CHECK(b->call(op::graph_add_node, {gb.outs[0], CU_GRAPH_NODE_TYPE_MEMCPY}, {{}, {}, desc}).result == CUDA_SUCCESS);
+    // Host memory is not the server's to name: refused.
+    copy.srcMemoryType = CU_MEMORYTYPE_HOST;
+    std::memcpy(desc.data(), &copy, sizeof copy);
+    CHECK(b->call(op::graph_add_node, {gb.outs[0], CU_GRAPH_NODE_TYPE_MEMCPY}, {{}, {}, desc}).result ==
+          CUDA_ERROR_NOT_SUPPORTED);
+
+    // Malformed: a node type not served, node ids that are not 8 bytes each, edge data of the wrong length.
+    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_HOST}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_EMPTY}, {std::vector<std::byte>(5), {}}).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_EMPTY}, {ids({node}), std::vector<std::byte>(3)})
+              .result == CUDA_ERROR_INVALID_VALUE);
+
+    // The graph takes its nodes with it: their ids are stale.
+    REQUIRE(a->call(op::cuGraphDestroy, {g.outs[0]}).result == CUDA_SUCCESS);
+    auto g2 = a->call(op::cuGraphCreate, {0});
+    REQUIRE(g2.result == CUDA_SUCCESS);
+    CHECK(add_memset(*a, g2.outs.at(0), a_ptr, ids({node})).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(a->call(op::cuGraphDestroyNode, {n2.outs[0]}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(a->call(op::graph_nodes, {node, 2, 0, 0, 0}).result == CUDA_ERROR_INVALID_HANDLE);
+}

@@ -119,25 +119,6 @@ CUresult copy_2d_desc(state& s, work& w, const CUDA_MEMCPY2D* p) {
     return copy_3d(s, w, src, dst, p->WidthInBytes, p->Height, 1);
 }
 
-CUresult copy_3d_desc(state& s, work& w, const CUDA_MEMCPY3D* p) {
-    if (p == nullptr || p->srcLOD != 0 || p->dstLOD != 0 || p->reserved0 != nullptr || p->reserved1 != nullptr)
-        return CUDA_ERROR_INVALID_VALUE;
-    copy_end src, dst;
-    if (CUresult r = end_from(p->srcMemoryType, p->srcHost, p->srcDevice, src); r != CUDA_SUCCESS) return r;
-    if (CUresult r = end_from(p->dstMemoryType, p->dstHost, p->dstDevice, dst); r != CUDA_SUCCESS) return r;
-    src.x = p->srcXInBytes;
-    src.y = p->srcY;
-    src.z = p->srcZ;
-    src.pitch = p->srcPitch;
-    src.height = p->srcHeight;
-    dst.x = p->dstXInBytes;
-    dst.y = p->dstY;
-    dst.z = p->dstZ;
-    dst.pitch = p->dstPitch;
-    dst.height = p->dstHeight;
-    return copy_3d(s, w, src, dst, p->WidthInBytes, p->Height, p->Depth);
-}
-
 template <class T>
 CUresult memset_2d(state& s, work& w, CUdeviceptr dst, size_t pitch, T value, size_t width, size_t height) {
     constexpr size_t es = sizeof(T);
@@ -173,6 +154,34 @@ CUresult memset_1d(state& s, work& w, CUdeviceptr dst, T value, size_t n) {
 }
 
 }  // namespace
+
+CUresult copy_3d_desc(state& s, work& w, const CUDA_MEMCPY3D* p) {
+    if (p == nullptr || p->srcLOD != 0 || p->dstLOD != 0 || p->reserved0 != nullptr || p->reserved1 != nullptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    copy_end src, dst;
+    if (CUresult r = end_from(p->srcMemoryType, p->srcHost, p->srcDevice, src); r != CUDA_SUCCESS) return r;
+    if (CUresult r = end_from(p->dstMemoryType, p->dstHost, p->dstDevice, dst); r != CUDA_SUCCESS) return r;
+    src.x = p->srcXInBytes;
+    src.y = p->srcY;
+    src.z = p->srcZ;
+    src.pitch = p->srcPitch;
+    src.height = p->srcHeight;
+    dst.x = p->dstXInBytes;
+    dst.y = p->dstY;
+    dst.z = p->dstZ;
+    dst.pitch = p->dstPitch;
+    dst.height = p->dstHeight;
+    return copy_3d(s, w, src, dst, p->WidthInBytes, p->Height, p->Depth);
+}
+
+CUresult memset_node_work(state& s, const CUDA_MEMSET_NODE_PARAMS& p, work& w) {
+    switch (p.elementSize) {
+        case 1: return memset_2d<unsigned char>(s, w, p.dst, p.pitch, static_cast<unsigned char>(p.value), p.width, p.height);
+        case 2: return memset_2d<unsigned short>(s, w, p.dst, p.pitch, static_cast<unsigned short>(p.value), p.width, p.height);
+        case 4: return memset_2d<unsigned int>(s, w, p.dst, p.pitch, p.value, p.width, p.height);
+        default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
 }  // namespace vcuda::soft
 
 using namespace vcuda::soft;
@@ -182,24 +191,24 @@ namespace {
 uintptr_t addr(CUdeviceptr p) { return static_cast<uintptr_t>(p); }
 uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
-// A synchronous operation: needs a current context. It uses the legacy stream, off limits while a blocking
-// stream captures.
+// A synchronous operation (a copy or a memset, `type` for the capture): needs a current context. It uses the
+// legacy stream, off limits while a blocking stream captures.
 template <class F>
-CUresult sync_op(F&& f) noexcept {
+CUresult sync_op(CUgraphNodeType type, F&& f) noexcept {
     return entry_then([&](state& s, work& w) -> CUresult {
         if (CUresult r = sync_context(s); r != CUDA_SUCCESS) return r;
         if (CUresult r = f(s, w); r != CUDA_SUCCESS) return r;
-        return capture_or_run(s, CU_STREAM_LEGACY, w);
+        return capture_or_run(s, CU_STREAM_LEGACY, w, type);
     });
 }
 
 // An asynchronous operation: its stream must be valid. On a capturing stream it is recorded, not run.
 template <class F>
-CUresult async_op(CUstream stream, F&& f) noexcept {
+CUresult async_op(CUstream stream, CUgraphNodeType type, F&& f) noexcept {
     return entry_then([&](state& s, work& w) -> CUresult {
         if (CUresult r = check_stream(s, stream); r != CUDA_SUCCESS) return r;
         if (CUresult r = f(s, w); r != CUDA_SUCCESS) return r;
-        return capture_or_run(s, stream, w);
+        return capture_or_run(s, stream, w, type);
     });
 }
 
@@ -208,60 +217,60 @@ CUresult async_op(CUstream stream, F&& f) noexcept {
 // --- Linear copies.
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
-    return sync_op([&](state& s, work& w) {
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dstDevice), side::device, addr(srcHost), side::host, ByteCount);
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
-    return sync_op([&](state& s, work& w) {
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dstHost), side::host, addr(srcDevice), side::device, ByteCount);
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
-    return sync_op([&](state& s, work& w) {
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dstDevice), side::device, addr(srcDevice), side::device, ByteCount);
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount,
                                                         CUstream hStream) {
-    return async_op(hStream, [&](state& s, work& w) {
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dstDevice), side::device, addr(srcHost), side::host, ByteCount);
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                                                         CUstream hStream) {
-    return async_op(hStream, [&](state& s, work& w) {
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dstHost), side::host, addr(srcDevice), side::device, ByteCount);
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
                                                         CUstream hStream) {
-    return async_op(hStream, [&](state& s, work& w) {
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dstDevice), side::device, addr(srcDevice), side::device, ByteCount);
     });
 }
 
 // Unified addressing: a pointer in a recorded range is device memory, anything else host memory.
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
-    return sync_op([&](state& s, work& w) {
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dst), side::unified, addr(src), side::unified, ByteCount);
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
-    return async_op(hStream, [&](state& s, work& w) {
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dst), side::unified, addr(src), side::unified, ByteCount);
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
                                                 CUcontext srcContext, size_t ByteCount) {
-    return sync_op([&](state& s, work& w) -> CUresult {
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) -> CUresult {
         if (usable_context(s, from_handle(dstContext)) == nullptr || usable_context(s, from_handle(srcContext)) == nullptr)
             return CUDA_ERROR_INVALID_CONTEXT;
         return copy_linear(s, w, addr(dstDevice), side::device, addr(srcDevice), side::device, ByteCount);
@@ -270,7 +279,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
                                                      CUcontext srcContext, size_t ByteCount, CUstream hStream) {
-    return async_op(hStream, [&](state& s, work& w) -> CUresult {
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) -> CUresult {
         if (usable_context(s, from_handle(dstContext)) == nullptr || usable_context(s, from_handle(srcContext)) == nullptr)
             return CUDA_ERROR_INVALID_CONTEXT;
         return copy_linear(s, w, addr(dstDevice), side::device, addr(srcDevice), side::device, ByteCount);
@@ -280,92 +289,92 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUco
 // --- 2D and 3D copies.
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpy2D_v2(const CUDA_MEMCPY2D* pCopy) {
-    return sync_op([&](state& s, work& w) { return copy_2d_desc(s, w, pCopy); });
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) { return copy_2d_desc(s, w, pCopy); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy) {
-    return sync_op([&](state& s, work& w) { return copy_2d_desc(s, w, pCopy); });
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) { return copy_2d_desc(s, w, pCopy); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
-    return async_op(hStream, [&](state& s, work& w) { return copy_2d_desc(s, w, pCopy); });
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) { return copy_2d_desc(s, w, pCopy); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy) {
-    return sync_op([&](state& s, work& w) { return copy_3d_desc(s, w, pCopy); });
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) { return copy_3d_desc(s, w, pCopy); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream hStream) {
-    return async_op(hStream, [&](state& s, work& w) { return copy_3d_desc(s, w, pCopy); });
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) { return copy_3d_desc(s, w, pCopy); });
 }
 
 // --- Memsets.
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-    return sync_op([&](state& s, work& w) { return memset_1d<unsigned char>(s, w, dstDevice, uc, N); });
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) { return memset_1d<unsigned char>(s, w, dstDevice, uc, N); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N) {
-    return sync_op([&](state& s, work& w) { return memset_1d<unsigned short>(s, w, dstDevice, us, N); });
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) { return memset_1d<unsigned short>(s, w, dstDevice, us, N); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
-    return sync_op([&](state& s, work& w) { return memset_1d<unsigned int>(s, w, dstDevice, ui, N); });
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) { return memset_1d<unsigned int>(s, w, dstDevice, ui, N); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc,
                                                    size_t Width, size_t Height) {
-    return sync_op([&](state& s, work& w) {
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) {
         return memset_2d<unsigned char>(s, w, dstDevice, dstPitch, uc, Width, Height);
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us,
                                                     size_t Width, size_t Height) {
-    return sync_op([&](state& s, work& w) {
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) {
         return memset_2d<unsigned short>(s, w, dstDevice, dstPitch, us, Width, Height);
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui,
                                                     size_t Width, size_t Height) {
-    return sync_op([&](state& s, work& w) {
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) {
         return memset_2d<unsigned int>(s, w, dstDevice, dstPitch, ui, Width, Height);
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
                                                    CUstream hStream) {
-    return async_op(hStream, [&](state& s, work& w) { return memset_1d<unsigned char>(s, w, dstDevice, uc, N); });
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) { return memset_1d<unsigned char>(s, w, dstDevice, uc, N); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N,
                                                     CUstream hStream) {
-    return async_op(hStream, [&](state& s, work& w) { return memset_1d<unsigned short>(s, w, dstDevice, us, N); });
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) { return memset_1d<unsigned short>(s, w, dstDevice, us, N); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                                     CUstream hStream) {
-    return async_op(hStream, [&](state& s, work& w) { return memset_1d<unsigned int>(s, w, dstDevice, ui, N); });
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) { return memset_1d<unsigned int>(s, w, dstDevice, ui, N); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc,
                                                      size_t Width, size_t Height, CUstream hStream) {
-    return async_op(hStream, [&](state& s, work& w) {
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) {
         return memset_2d<unsigned char>(s, w, dstDevice, dstPitch, uc, Width, Height);
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us,
                                                       size_t Width, size_t Height, CUstream hStream) {
-    return async_op(hStream, [&](state& s, work& w) {
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) {
         return memset_2d<unsigned short>(s, w, dstDevice, dstPitch, us, Width, Height);
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui,
                                                       size_t Width, size_t Height, CUstream hStream) {
-    return async_op(hStream, [&](state& s, work& w) {
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) {
         return memset_2d<unsigned int>(s, w, dstDevice, dstPitch, ui, Width, Height);
     });
 }

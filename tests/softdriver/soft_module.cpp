@@ -247,12 +247,11 @@ struct launch_request {
     unsigned cluster_x = 0, cluster_y = 0, cluster_z = 0;  // 0: no cluster dimension given
 };
 
-CUresult prepare_launch(state& s, work& w, const launch_request& q) {
+// The work of launch `q` in context `ctx`, checked as the real driver checks at call time (q.stream unused).
+CUresult launch_work(state& s, work& w, const launch_request& q, const context_obj& ctx) {
     callable c;
     if (CUresult r = resolve_callable(s, q.f, c); r != CUDA_SUCCESS) return r;
-    context_obj* ctx = nullptr;
-    if (CUresult r = check_stream(s, q.stream, &ctx); r != CUDA_SUCCESS) return r;
-    if (c.ctx != 0 && c.ctx != ctx->handle) return CUDA_ERROR_INVALID_HANDLE;  // a function of another context
+    if (c.ctx != 0 && c.ctx != ctx.handle) return CUDA_ERROR_INVALID_HANDLE;  // a function of another context
 
     const dim& g = q.grid;
     const dim& b = q.block;
@@ -334,10 +333,34 @@ CUresult prepare_launch(state& s, work& w, const launch_request& q) {
         }
         return CUDA_SUCCESS;
     };
-    return capture_or_run(s, q.stream, w);
+    return CUDA_SUCCESS;
+}
+
+CUresult prepare_launch(state& s, work& w, const launch_request& q) {
+    callable c;
+    if (CUresult r = resolve_callable(s, q.f, c); r != CUDA_SUCCESS) return r;
+    context_obj* ctx = nullptr;
+    if (CUresult r = check_stream(s, q.stream, &ctx); r != CUDA_SUCCESS) return r;
+    if (CUresult r = launch_work(s, w, q, *ctx); r != CUDA_SUCCESS) return r;
+    return capture_or_run(s, q.stream, w, CU_GRAPH_NODE_TYPE_KERNEL);
 }
 
 }  // namespace
+
+// A kernel node runs `func`, or `kern` in the node's context (the graph's: the one it is made or updated in).
+CUresult kernel_node_work(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p, const context_obj& ctx, work& w) {
+    if (p.func == nullptr && p.kern == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (p.func == nullptr && p.ctx != nullptr && usable_context(s, from_handle(p.ctx)) == nullptr)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    launch_request q;
+    q.f = p.func != nullptr ? p.func : reinterpret_cast<CUfunction>(p.kern);
+    q.grid = {p.gridDimX, p.gridDimY, p.gridDimZ};
+    q.block = {p.blockDimX, p.blockDimY, p.blockDimZ};
+    q.shared = p.sharedMemBytes;
+    q.kernel_params = p.kernelParams;
+    q.extra = p.extra;
+    return launch_work(s, w, q, ctx);
+}
 
 void destroy_function(state& s, uint64_t h) {
     function_obj* f = s.find<function_obj>(h);

@@ -57,7 +57,9 @@ inline constexpr int regs_per_sm = 65536;
 inline constexpr int regs_per_thread = 32;
 inline constexpr int least_stream_priority = 0, greatest_stream_priority = -5;
 
-enum class kind : uint8_t { context = 1, stream, event, module, library, kernel, function, mem_handle, graph, graph_exec, mem_pool, link };
+enum class kind : uint8_t {
+    context = 1, stream, event, module, library, kernel, function, mem_handle, graph, graph_exec, mem_pool, graph_node, link
+};
 
 inline constexpr uint64_t handle_tag = uint64_t{0x5c0d} << 48;
 
@@ -115,11 +117,14 @@ struct event_obj : object {
     uint64_t capture = 0;  // last recorded inside this capture sequence: a stream waiting on it joins the capture
 };
 
-// A stream capture under way (cuStreamBeginCapture .. cuStreamEndCapture): the work of its streams is recorded
-// into its graph instead of running.
+// A stream capture under way (cuStreamBeginCapture* .. cuStreamEndCapture): the work of its streams is recorded
+// into its graph instead of running, each piece a node after the one before (the capture is one chain).
 struct capture_seq {
     uint64_t id = 0;
     uint64_t graph = 0;
+    bool existing = false;  // cuStreamBeginCaptureToGraph: the application's graph, never destroyed with the capture
+    std::vector<uint64_t> last;  // what the next node recorded depends on (at first: the dependencies given)
+    std::vector<CUgraphEdgeData> last_edges;  // their edge data (empty: default)
     uint64_t ctx = 0;
     uint64_t origin = 0;    // the stream it began on (the handle as given)
     bool blocking = false;  // the origin synchronizes with the legacy stream, which is then off limits
@@ -322,20 +327,43 @@ CUresult entry_then(F&& f) noexcept {
     });
 }
 
-// A graph: the work captured into it, replayed in order (a capture is one chain, and execution is in order
-// anyway). Executable graphs share the list: a graph is never edited, only captured into.
+// A graph: its nodes in the order they were added, each with the nodes it runs after. Instantiating copies the
+// nodes' work in a topological order (dependencies first, then insertion order); launching runs it, one node at a
+// time like everything here.
 struct graph_obj : object {
     static constexpr kind tag = kind::graph;
     graph_obj() : object(tag) {}
-    std::vector<work> nodes;
-    uint64_t capture = 0;  // the capture recording into it, while one does
+    std::vector<uint64_t> nodes;  // node_obj handles, in insertion order
+    uint64_t capture = 0;         // the capture recording into it, while one does
+    uint64_t parent = 0;          // the child graph node it was cloned into (0: a graph of the application's)
+};
+
+struct node_obj : object {
+    static constexpr kind tag = kind::graph_node;
+    node_obj() : object(tag) {}
+    uint64_t graph = 0;
+    CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+    std::vector<uint64_t> deps;          // nodes of the same graph it runs after
+    std::vector<CUgraphEdgeData> edges;  // one per dependency
+    work run;                            // what it does (nothing for empty and child graph nodes)
+    uint64_t child = 0;                  // child graph nodes: the graph cloned into the node, destroyed with it
+};
+
+// One node of an executable graph: its own copy of the node's work, which updates replace.
+struct exec_node {
+    uint64_t node = 0;  // the graph node it was instantiated from
+    CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+    work run;
+    std::vector<exec_node> child;  // child graph nodes: the child graph's nodes, in the order they run
 };
 
 struct graph_exec_obj : object {
     static constexpr kind tag = kind::graph_exec;
     graph_exec_obj() : object(tag) {}
     uint64_t ctx = 0;
-    std::shared_ptr<const std::vector<work>> nodes;
+    uint64_t graph = 0;  // the graph it was instantiated from
+    // Replaced, never edited: a launch under way keeps the list it started with.
+    std::shared_ptr<const std::vector<exec_node>> nodes;
 };
 
 // --- Contexts (soft_context.cpp). The calling thread's current context, if it is usable.
@@ -351,11 +379,11 @@ void release_context_resources(state& s, context_obj& c);
 // On success *ctx is the context the stream belongs to.
 CUresult check_stream(state& s, CUstream h, context_obj** ctx = nullptr);
 
-// --- Stream capture (soft_graph.cpp).
-// The work an operation on `stream` left: recorded into the capture's graph when the stream captures (w is
-// emptied), else left to run. Using the legacy stream while a blocking stream of its context captures fails with
-// CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidates those captures.
-CUresult capture_or_run(state& s, CUstream stream, work& w);
+// --- Stream capture and graphs (soft_graph.cpp).
+// The work an operation on `stream` left: recorded into the capture's graph as a node of `type` when the stream
+// captures (w is emptied), else left to run. Using the legacy stream while a blocking stream of its context
+// captures fails with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidates those captures.
+CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type);
 // The capture `stream` records into, or null (a stale reference to an ended capture is dropped here).
 capture_seq* capture_of(state& s, CUstream stream);
 // Where `stream` keeps the id of the capture it belongs to; null for the legacy stream, which cannot capture.
@@ -369,8 +397,12 @@ CUresult check_not_capturing(state& s, CUstream stream);
 // mode (cuThreadExchangeStreamCaptureMode) with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
 CUresult check_unsafe_call(state& s);
 CUstreamCaptureMode thread_capture_mode();  // soft_stream.cpp
-// Forgets the captures of context `ctx` and their graphs (context destroyed or reset).
+// Forgets the captures of context `ctx` and the graphs they made (context destroyed or reset).
 void end_captures_of(state& s, uint64_t ctx);
+// The work of one node of each kind, checked as the stream operation is (soft_module.cpp, soft_copy.cpp).
+CUresult kernel_node_work(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p, const context_obj& ctx, work& w);
+CUresult memset_node_work(state& s, const CUDA_MEMSET_NODE_PARAMS& p, work& w);
+CUresult copy_3d_desc(state& s, work& w, const CUDA_MEMCPY3D* p);
 
 // --- Memory (soft_memory.cpp).
 mem_range* find_range(state& s, uintptr_t p);

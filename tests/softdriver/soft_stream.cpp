@@ -42,7 +42,7 @@ CUresult record_event(state& s, CUevent ev, CUstream stream) {
         return CUDA_SUCCESS;
     }
     work none;
-    if (CUresult r = capture_or_run(s, stream, none); r != CUDA_SUCCESS) return r;
+    if (CUresult r = capture_or_run(s, stream, none, CU_GRAPH_NODE_TYPE_EMPTY); r != CUDA_SUCCESS) return r;
     e->capture = 0;
     e->recorded = true;
     e->when = std::chrono::steady_clock::now();
@@ -159,7 +159,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent h
         if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
         if ((Flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
         work none;
-        if (CUresult r = capture_or_run(s, hStream, none); r != CUDA_SUCCESS) return r;
+        if (CUresult r = capture_or_run(s, hStream, none, CU_GRAPH_NODE_TYPE_EMPTY); r != CUDA_SUCCESS) return r;
         // An event recorded in a capture under way: the waiting stream joins that capture.
         if (e->capture == 0 || s.captures.count(e->capture) == 0) return CUDA_SUCCESS;
         capture_seq* q = capture_of(s, hStream);
@@ -283,7 +283,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn f
             fn(userData);
             return CUDA_SUCCESS;
         };
-        return capture_or_run(s, hStream, w);
+        return capture_or_run(s, hStream, w, CU_GRAPH_NODE_TYPE_HOST);
     });
 }
 
@@ -297,7 +297,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamAddCallback(CUstream hStream, CUstrea
             return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
         work none;
-        if (CUresult r = capture_or_run(s, hStream, none); r != CUDA_SUCCESS) return r;
+        if (CUresult r = capture_or_run(s, hStream, none, CU_GRAPH_NODE_TYPE_EMPTY); r != CUDA_SUCCESS) return r;
         w = [hStream, callback, userData]() -> CUresult {
             callback(hStream, CUDA_SUCCESS, userData);
             return CUDA_SUCCESS;

@@ -1,12 +1,15 @@
 // Unit tests of the software test driver's stream capture and graphs (soft_graph.cpp): work on a capturing stream
-// is recorded, not run; instantiated graphs replay it; the real driver's capture rules that programs meet hold.
+// is recorded, not run; instantiated graphs replay it; the real driver's capture rules that programs meet hold;
+// graphs built node by node run in dependency order, and executable graphs take kernel and child graph updates.
 // The library is dlopened, as vcuda-server does.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -22,7 +25,10 @@ namespace {
     X(cuLaunchKernel) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuStreamIsCapturing)                      \
     X(cuStreamGetCaptureInfo_v3) X(cuThreadExchangeStreamCaptureMode) X(cuGraphCreate) X(cuGraphDestroy)           \
     X(cuGraphGetNodes) X(cuGraphGetRootNodes) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams)       \
-    X(cuGraphExecDestroy) X(cuGraphLaunch) X(cuGraphUpload)
+    X(cuGraphExecDestroy) X(cuGraphLaunch) X(cuGraphUpload) X(cuStreamBeginCaptureToGraph) X(cuGraphAddNode_v2)     \
+    X(cuGraphNodeGetType) X(cuGraphNodeGetDependencies_v2) X(cuGraphNodeGetDependentNodes_v2)                      \
+    X(cuGraphAddDependencies_v2) X(cuGraphRemoveDependencies_v2) X(cuGraphDestroyNode)                             \
+    X(cuGraphKernelNodeSetParams_v2) X(cuGraphExecKernelNodeSetParams_v2) X(cuGraphExecChildGraphNodeSetParams)
 
 struct soft_driver {
     void* lib = nullptr;
@@ -95,10 +101,61 @@ struct fixture {
         void* params[] = {&p, &count};
         return d.cuLaunchKernel(add_one, 1, 1, 1, 32, 1, 1, 0, s, params, nullptr);
     }
-    std::vector<unsigned> read() {
+    std::vector<unsigned> read(CUdeviceptr from = 0) {
         std::vector<unsigned> out(n);
-        REQUIRE(d.cuMemcpyDtoH_v2(out.data(), buf, n * sizeof(unsigned)) == CUDA_SUCCESS);
+        REQUIRE(d.cuMemcpyDtoH_v2(out.data(), from ? from : buf, n * sizeof(unsigned)) == CUDA_SUCCESS);
         return out;
+    }
+    // add_one on buffer `p` as a kernel node's parameters (kernelParams pointing into this object).
+    struct add_one_node {
+        CUdeviceptr p;
+        int count = n;
+        void* params[2] = {&p, &count};
+        CUgraphNodeParams node{};
+        add_one_node(CUfunction f, CUdeviceptr buffer) : p(buffer) {
+            node.type = CU_GRAPH_NODE_TYPE_KERNEL;
+            node.kernel.func = f;
+            node.kernel.gridDimX = node.kernel.gridDimY = node.kernel.gridDimZ = 1;
+            node.kernel.blockDimX = 32;
+            node.kernel.blockDimY = node.kernel.blockDimZ = 1;
+            node.kernel.kernelParams = params;
+        }
+        CUDA_KERNEL_NODE_PARAMS update() const {
+            CUDA_KERNEL_NODE_PARAMS u{};
+            std::memcpy(&u, &node.kernel, sizeof u);
+            return u;
+        }
+    };
+    CUgraphNode add(CUgraph g, const CUgraphNodeParams& p, std::vector<CUgraphNode> deps = {}) {
+        CUgraphNode node = nullptr;
+        CUgraphNodeParams copy = p;
+        REQUIRE(d.cuGraphAddNode_v2(&node, g, deps.data(), nullptr, deps.size(), &copy) == CUDA_SUCCESS);
+        return node;
+    }
+    CUgraphNode add_kernel(CUgraph g, std::vector<CUgraphNode> deps = {}) { return add(g, add_one_node(add_one, buf).node, deps); }
+    CUgraphNode add_memset(CUgraph g, unsigned value, std::vector<CUgraphNode> deps = {}) {
+        CUgraphNodeParams p{};
+        p.type = CU_GRAPH_NODE_TYPE_MEMSET;
+        p.memset = {buf, 0, value, 4, n, 1, ctx};
+        return add(g, p, deps);
+    }
+    CUgraphNode add_empty(CUgraph g, std::vector<CUgraphNode> deps = {}) {
+        CUgraphNodeParams p{};
+        p.type = CU_GRAPH_NODE_TYPE_EMPTY;
+        return add(g, p, deps);
+    }
+    CUgraphNodeType type(CUgraphNode node) {
+        CUgraphNodeType t{};
+        REQUIRE(d.cuGraphNodeGetType(node, &t) == CUDA_SUCCESS);
+        return t;
+    }
+    CUresult run(CUgraph g) {
+        CUgraphExec exec = nullptr;
+        if (CUresult r = d.cuGraphInstantiateWithFlags(&exec, g, CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY); r != CUDA_SUCCESS)
+            return r;
+        CUresult r = d.cuGraphLaunch(exec, stream);
+        d.cuGraphExecDestroy(exec);
+        return r;
     }
     CUstreamCaptureStatus status(CUstream s) {
         CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
@@ -255,4 +312,207 @@ TEST_CASE("capture rules: legacy stream, synchronization, capture mode, thread",
     CHECK(alloc_elsewhere == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     REQUIRE(d.cuStreamEndCapture(f.stream, &g) == CUDA_SUCCESS);
     CHECK(d.cuGraphDestroy(g) == CUDA_SUCCESS);
+}
+
+TEST_CASE("nodes added one by one run after their dependencies, whatever order they were added in", "[unit]") {
+    fixture f;
+    auto& d = f.d;
+    CUgraph g = nullptr;
+    REQUIRE(d.cuGraphCreate(&g, 0) == CUDA_SUCCESS);
+    CUgraphNode late = f.add_kernel(g);  // added first, made to depend on the memset below
+    CUgraphNode set = f.add_memset(g, 5);
+    CUgraphNode k = f.add_kernel(g, {set});
+    CUgraphNode join = f.add_empty(g, {k, late});
+    REQUIRE(d.cuGraphAddDependencies_v2(g, &set, &late, nullptr, 1) == CUDA_SUCCESS);
+    CHECK(d.cuGraphAddDependencies_v2(g, &set, &late, nullptr, 1) == CUDA_ERROR_INVALID_VALUE);  // already there
+    CHECK(f.type(late) == CU_GRAPH_NODE_TYPE_KERNEL);
+    CHECK(f.type(set) == CU_GRAPH_NODE_TYPE_MEMSET);
+    CHECK(f.type(join) == CU_GRAPH_NODE_TYPE_EMPTY);
+
+    CUgraphNode nodes[6];
+    size_t count = 6;
+    REQUIRE(d.cuGraphGetNodes(g, nodes, &count) == CUDA_SUCCESS);
+    CHECK(count == 4);
+    CHECK(std::vector<CUgraphNode>(nodes, nodes + 4) == std::vector<CUgraphNode>{late, set, k, join});
+    CHECK(nodes[4] == nullptr);
+    CHECK(nodes[5] == nullptr);
+    count = 2;
+    REQUIRE(d.cuGraphGetNodes(g, nodes, &count) == CUDA_SUCCESS);
+    CHECK(count == 2);
+    count = 3;
+    REQUIRE(d.cuGraphGetRootNodes(g, nodes, &count) == CUDA_SUCCESS);
+    CHECK(count == 1);
+    CHECK(nodes[0] == set);
+    CUgraphEdgeData edges[3];
+    count = 3;
+    REQUIRE(d.cuGraphNodeGetDependentNodes_v2(set, nodes, edges, &count) == CUDA_SUCCESS);
+    CHECK(count == 2);
+    CHECK(std::vector<CUgraphNode>(nodes, nodes + 2) == std::vector<CUgraphNode>{late, k});
+    count = 0;
+    REQUIRE(d.cuGraphNodeGetDependencies_v2(join, nullptr, nullptr, &count) == CUDA_SUCCESS);
+    CHECK(count == 2);
+
+    // In insertion order the first kernel's +1 would be overwritten by the memset.
+    REQUIRE(f.run(g) == CUDA_SUCCESS);
+    CHECK(f.read()[fixture::n - 1] == 7);
+
+    // A cycle cannot be instantiated; the instantiation names a node.
+    REQUIRE(d.cuGraphAddDependencies_v2(g, &join, &set, nullptr, 1) == CUDA_SUCCESS);
+    CUgraphExec exec = nullptr;
+    CUDA_GRAPH_INSTANTIATE_PARAMS params{};
+    CHECK(d.cuGraphInstantiateWithParams(&exec, g, &params) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(params.result_out == CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE);
+    CHECK(params.hErrNode_out != nullptr);
+    REQUIRE(d.cuGraphRemoveDependencies_v2(g, &join, &set, nullptr, 1) == CUDA_SUCCESS);
+    CHECK(d.cuGraphRemoveDependencies_v2(g, &join, &set, nullptr, 1) == CUDA_ERROR_INVALID_VALUE);
+
+    // A destroyed node takes its edges with it; the graph takes its nodes.
+    REQUIRE(d.cuGraphDestroyNode(set) == CUDA_SUCCESS);
+    count = 3;
+    REQUIRE(d.cuGraphGetRootNodes(g, nodes, &count) == CUDA_SUCCESS);
+    CHECK(count == 2);
+    CUgraphNodeType t;
+    CHECK(d.cuGraphNodeGetType(set, &t) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(d.cuGraphDestroy(g) == CUDA_SUCCESS);
+    CHECK(d.cuGraphNodeGetType(k, &t) == CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_CASE("dependencies and edge data are checked", "[unit]") {
+    fixture f;
+    auto& d = f.d;
+    CUgraph g = nullptr, other = nullptr;
+    REQUIRE(d.cuGraphCreate(&g, 0) == CUDA_SUCCESS);
+    REQUIRE(d.cuGraphCreate(&other, 0) == CUDA_SUCCESS);
+    CUgraphNode k = f.add_kernel(g), set = f.add_memset(g, 1), stranger = f.add_empty(other);
+    fixture::add_one_node kp(f.add_one, f.buf);
+    CUgraphNode node = nullptr;
+    CUgraphNode twice[] = {k, k};
+    CHECK(d.cuGraphAddNode_v2(&node, g, twice, nullptr, 2, &kp.node) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(d.cuGraphAddNode_v2(&node, g, &stranger, nullptr, 1, &kp.node) == CUDA_ERROR_INVALID_VALUE);
+    CUgraphEdgeData programmatic{};
+    programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+    programmatic.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+    CHECK(d.cuGraphAddNode_v2(&node, g, &set, &programmatic, 1, &kp.node) == CUDA_ERROR_INVALID_VALUE);  // kernels only
+    REQUIRE(d.cuGraphAddNode_v2(&node, g, &k, &programmatic, 1, &kp.node) == CUDA_SUCCESS);
+    size_t count = 1;
+    CUgraphNode dep = nullptr;
+    CHECK(d.cuGraphNodeGetDependencies_v2(node, &dep, nullptr, &count) == CUDA_ERROR_LOSSY_QUERY);
+    CUgraphEdgeData got{};
+    REQUIRE(d.cuGraphNodeGetDependencies_v2(node, &dep, &got, &count) == CUDA_SUCCESS);
+    CHECK(dep == k);
+    CHECK(got.type == CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC);
+    CUgraphNodeParams host{};
+    host.type = CU_GRAPH_NODE_TYPE_HOST;
+    CHECK(d.cuGraphAddNode_v2(&node, g, nullptr, nullptr, 0, &host) == CUDA_ERROR_NOT_SUPPORTED);
+    d.cuGraphDestroy(g);
+    d.cuGraphDestroy(other);
+}
+
+TEST_CASE("capture into an existing graph adds typed nodes after the given dependencies", "[unit]") {
+    fixture f;
+    auto& d = f.d;
+    CUgraph g = nullptr;
+    REQUIRE(d.cuGraphCreate(&g, 0) == CUDA_SUCCESS);
+    CUgraphNode first = f.add_memset(g, 20);
+    REQUIRE(d.cuStreamBeginCaptureToGraph(f.stream, g, &first, nullptr, 1, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) ==
+            CUDA_SUCCESS);
+    CUgraph during = nullptr;
+    CUstreamCaptureStatus st;
+    cuuint64_t id = 0;
+    REQUIRE(d.cuStreamGetCaptureInfo_v3(f.stream, &st, &id, &during, nullptr, nullptr, nullptr) == CUDA_SUCCESS);
+    CHECK(during == g);
+    REQUIRE(f.launch(f.stream) == CUDA_SUCCESS);
+    REQUIRE(d.cuMemsetD32Async(f.buf + 4, 30, 1, f.stream) == CUDA_SUCCESS);
+    CHECK(f.read()[0] == 0);  // nothing ran
+    CUgraph ended = nullptr;
+    REQUIRE(d.cuStreamEndCapture(f.stream, &ended) == CUDA_SUCCESS);
+    CHECK(ended == g);
+    CUgraphNode nodes[3];
+    size_t count = 3;
+    REQUIRE(d.cuGraphGetNodes(g, nodes, &count) == CUDA_SUCCESS);
+    REQUIRE(count == 3);
+    CHECK(nodes[0] == first);
+    CHECK(f.type(nodes[1]) == CU_GRAPH_NODE_TYPE_KERNEL);
+    CHECK(f.type(nodes[2]) == CU_GRAPH_NODE_TYPE_MEMSET);
+    CUgraphNode dep = nullptr;
+    count = 1;
+    REQUIRE(d.cuGraphNodeGetDependencies_v2(nodes[1], &dep, nullptr, &count) == CUDA_SUCCESS);
+    CHECK(dep == first);
+    REQUIRE(d.cuGraphNodeGetDependencies_v2(nodes[2], &dep, nullptr, &count) == CUDA_SUCCESS);
+    CHECK(dep == nodes[1]);
+    REQUIRE(f.run(g) == CUDA_SUCCESS);
+    auto got = f.read();
+    CHECK(got[0] == 21);
+    CHECK(got[1] == 30);
+
+    // A failed capture leaves the application's graph to the application.
+    REQUIRE(d.cuStreamBeginCaptureToGraph(f.stream, g, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    CHECK(d.cuStreamSynchronize(f.stream) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CHECK(d.cuStreamEndCapture(f.stream, &ended) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    REQUIRE(d.cuGraphGetNodes(g, nullptr, &count) == CUDA_SUCCESS);
+    CHECK(count == 3);
+    CHECK(d.cuGraphDestroy(g) == CUDA_SUCCESS);
+}
+
+TEST_CASE("child graphs are copies, and executable graphs take kernel and child graph updates", "[unit]") {
+    fixture f;
+    auto& d = f.d;
+    CUdeviceptr other = 0;
+    REQUIRE(d.cuMemAlloc_v2(&other, fixture::n * sizeof(unsigned)) == CUDA_SUCCESS);
+    REQUIRE(d.cuMemsetD32_v2(other, 0, fixture::n) == CUDA_SUCCESS);
+    auto read_other = [&] { return f.read(other)[0]; };
+    CUgraph child = nullptr, child2 = nullptr, empty = nullptr, outer = nullptr;
+    for (CUgraph* g : {&child, &child2, &empty, &outer}) REQUIRE(d.cuGraphCreate(g, 0) == CUDA_SUCCESS);
+    f.add_kernel(child);
+    f.add(child2, fixture::add_one_node(f.add_one, other).node);
+    CUgraphNodeParams p{};
+    p.type = CU_GRAPH_NODE_TYPE_GRAPH;
+    p.graph.graph = child;
+    CUgraphNode in_outer = f.add(outer, p);
+    CUgraphNode k = f.add_kernel(outer, {in_outer});
+    CUgraphNode set = f.add_memset(outer, 0, {});
+    CHECK(f.type(in_outer) == CU_GRAPH_NODE_TYPE_GRAPH);
+    REQUIRE(d.cuGraphDestroy(child) == CUDA_SUCCESS);  // the node has its own copy
+    REQUIRE(d.cuGraphDestroyNode(set) == CUDA_SUCCESS);
+
+    CUgraphExec exec = nullptr;
+    REQUIRE(d.cuGraphInstantiateWithFlags(&exec, outer, 0) == CUDA_SUCCESS);
+    REQUIRE(d.cuGraphLaunch(exec, f.stream) == CUDA_SUCCESS);
+    CHECK(f.read()[0] == 2);
+
+    // The kernel node now works on the other buffer, in this executable graph only.
+    fixture::add_one_node moved(f.add_one, other);
+    CUDA_KERNEL_NODE_PARAMS u = moved.update();
+    REQUIRE(d.cuGraphExecKernelNodeSetParams_v2(exec, k, &u) == CUDA_SUCCESS);
+    REQUIRE(d.cuGraphLaunch(exec, f.stream) == CUDA_SUCCESS);
+    CHECK(f.read()[0] == 3);
+    CHECK(read_other() == 1);
+    REQUIRE(f.run(outer) == CUDA_SUCCESS);  // a new executable graph has the graph's own parameters
+    CHECK(f.read()[0] == 5);
+    CHECK(read_other() == 1);
+
+    // The child graph is swapped for one of the same shape; one of another shape is refused.
+    REQUIRE(d.cuGraphExecChildGraphNodeSetParams(exec, in_outer, child2) == CUDA_SUCCESS);
+    CHECK(d.cuGraphExecChildGraphNodeSetParams(exec, in_outer, empty) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(d.cuGraphLaunch(exec, f.stream) == CUDA_SUCCESS);
+    CHECK(f.read()[0] == 5);
+    CHECK(read_other() == 3);
+
+    // Nodes that are not the executable graph's kernel nodes are refused.
+    CUgraphNode stray = f.add_kernel(child2);
+    CHECK(d.cuGraphExecKernelNodeSetParams_v2(exec, stray, &u) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(d.cuGraphExecKernelNodeSetParams_v2(exec, in_outer, &u) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(d.cuGraphExecChildGraphNodeSetParams(exec, k, child2) == CUDA_ERROR_INVALID_VALUE);
+
+    // Changing the graph's own node changes later executable graphs, not this one.
+    REQUIRE(d.cuGraphKernelNodeSetParams_v2(k, &u) == CUDA_SUCCESS);
+    REQUIRE(f.run(outer) == CUDA_SUCCESS);
+    CHECK(f.read()[0] == 6);
+    CHECK(read_other() == 4);
+    REQUIRE(d.cuGraphLaunch(exec, f.stream) == CUDA_SUCCESS);
+    CHECK(read_other() == 6);
+
+    d.cuGraphExecDestroy(exec);
+    for (CUgraph g : {child2, empty, outer}) CHECK(d.cuGraphDestroy(g) == CUDA_SUCCESS);
+    d.cuMemFree_v2(other);
 }

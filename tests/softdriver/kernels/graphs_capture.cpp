@@ -5,9 +5,8 @@
 
 namespace {
 using vcuda::soft::launch;
+using vcuda::soft::kernels::element_count;
 using vcuda::soft::kernels::for_each_index_x;
-
-size_t count(int n) { return n < 0 ? 0 : static_cast<size_t>(n); }
 
 // gc_step(unsigned* x, int n, unsigned mul, unsigned add): x[i] = x[i] * mul + add
 void gc_step(const launch& l) {
@@ -16,7 +15,7 @@ void gc_step(const launch& l) {
     auto mul = l.param<uint32_t>(2);
     auto add = l.param<uint32_t>(3);
     for_each_index_x(l, [&](size_t i) {
-        if (i < count(n)) x[i] = x[i] * mul + add;
+        if (i < element_count(n)) x[i] = x[i] * mul + add;
     });
 }
 
@@ -26,7 +25,7 @@ void gc_accumulate(const launch& l) {
     auto x = l.param<const uint32_t*>(1);
     auto n = l.param<int>(2);
     for_each_index_x(l, [&](size_t i) {
-        if (i < count(n)) acc[i] += x[i];
+        if (i < element_count(n)) acc[i] += x[i];
     });
 }
 

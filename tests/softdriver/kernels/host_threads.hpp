@@ -28,6 +28,9 @@ void for_each_index_x(const launch& l, F&& f) {
     for (size_t i = 0; i < total; ++i) f(i);
 }
 
+// An `int n` element count as kernels use it (`if (i < n)`): a negative one covers nothing.
+inline size_t element_count(int n) { return n < 0 ? 0 : static_cast<size_t>(n); }
+
 // The number of threads in the x dimension of the whole grid (gridDim.x * blockDim.x), for grid-stride loops.
 inline size_t grid_stride_x(const launch& l) { return size_t{l.grid.x} * l.block.x; }
 

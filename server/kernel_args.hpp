@@ -1,0 +1,54 @@
+// Kernel parameters as the driver takes them, from the block a launch-shaped call carries (a launch, a kernel
+// node, a kernel node's update): the client packs kernelParams into one block at the kernel's layout (form 0)
+// or sends an `extra` buffer as given (form 1). Shared by server/handlers_module.cpp and handlers_graph.cpp.
+// runs on: the lane's thread; an instance lives for one call.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "server/call_context.hpp"
+
+namespace vcuda::server {
+
+// Grid xyz, block xyz and shared bytes: arguments first..first+6 of a launch-shaped call, each a 32-bit value.
+CUresult launch_dims(call_context& cx, size_t first, unsigned (&dims)[7]);
+
+// launch_dims' answer into a CUlaunchConfig or a CUDA_KERNEL_NODE_PARAMS (their fields have the same names).
+template <class P>
+void set_dims(P& p, const unsigned (&dims)[7]) {
+    p.gridDimX = dims[0];
+    p.gridDimY = dims[1];
+    p.gridDimZ = dims[2];
+    p.blockDimX = dims[3];
+    p.blockDimY = dims[4];
+    p.blockDimZ = dims[5];
+    p.sharedMemBytes = dims[6];
+}
+
+class kernel_args {
+public:
+    kernel_args() = default;
+    kernel_args(const kernel_args&) = delete;  // extra() points into the object
+    kernel_args& operator=(const kernel_args&) = delete;
+
+    // `block` in `form`, for the function or kernel `e` (its parameter layout). The block is copied into
+    // 8-byte-aligned storage; small blocks (nearly every launch) stay inside the object: no allocation.
+    CUresult set(call_context& cx, std::span<const std::byte> block, uint64_t form, const handle_entry& e);
+    void** kernel_params() { return form_ == 0 ? pointers_ : nullptr; }
+    void** extra() { return form_ == 1 ? extra_ : nullptr; }
+
+private:
+    static constexpr size_t small_words = 128, small_params = 64;
+    uint64_t small_storage_[small_words];
+    void* small_pointers_[small_params];
+    std::vector<uint64_t> big_storage_;
+    std::vector<void*> big_pointers_;
+    void** pointers_ = small_pointers_;
+    size_t size_ = 0;
+    void* extra_[5] = {};
+    uint64_t form_ = 0;
+};
+
+}  // namespace vcuda::server
