@@ -48,6 +48,12 @@ enum class gpu_field : uint32_t {
     architecture,          // nvmlDeviceArchitecture_t
     max_mig_devices,
     inforom_valid,         // 1: nvmlDeviceValidateInforom succeeded, 0: the infoROM is corrupted
+    pcie_gen_current,      // PCIe link generation and width, now and at most (device and system), ...
+    pcie_width_current,
+    pcie_gen_max,
+    pcie_width_max,
+    pcie_gen_gpu_max,      // ... the most the GPU itself supports
+    pcie_speed,            // MB/s per lane (nvmlDeviceGetPcieSpeed)
     count
 };
 inline constexpr size_t gpu_field_count = static_cast<size_t>(gpu_field::count);

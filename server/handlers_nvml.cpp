@@ -84,6 +84,12 @@ public:
         read_uint(brand_, h, st, gpu_field::brand);
         read_uint(architecture_, h, st, gpu_field::architecture);
         read_uint(max_mig_devices_, h, st, gpu_field::max_mig_devices);
+        read_uint(pcie_gen_, h, st, gpu_field::pcie_gen_current);
+        read_uint(pcie_width_, h, st, gpu_field::pcie_width_current);
+        read_uint(max_pcie_gen_, h, st, gpu_field::pcie_gen_max);
+        read_uint(max_pcie_width_, h, st, gpu_field::pcie_width_max);
+        read_uint(gpu_max_pcie_gen_, h, st, gpu_field::pcie_gen_gpu_max);
+        read_uint(pcie_speed_, h, st, gpu_field::pcie_speed);
         if (validate_inforom_) {
             nvmlReturn_t rc = validate_inforom_(h);
             if (rc == NVML_SUCCESS || rc == NVML_ERROR_CORRUPTED_INFOROM) st.set(gpu_field::inforom_valid, rc == NVML_SUCCESS);
@@ -137,6 +143,12 @@ private:
         architecture_ = sym<decltype(&nvmlDeviceGetArchitecture)>("nvmlDeviceGetArchitecture");
         max_mig_devices_ = sym<decltype(&nvmlDeviceGetMaxMigDeviceCount)>("nvmlDeviceGetMaxMigDeviceCount");
         validate_inforom_ = sym<decltype(&nvmlDeviceValidateInforom)>("nvmlDeviceValidateInforom");
+        pcie_gen_ = sym<decltype(&nvmlDeviceGetCurrPcieLinkGeneration)>("nvmlDeviceGetCurrPcieLinkGeneration");
+        pcie_width_ = sym<decltype(&nvmlDeviceGetCurrPcieLinkWidth)>("nvmlDeviceGetCurrPcieLinkWidth");
+        max_pcie_gen_ = sym<decltype(&nvmlDeviceGetMaxPcieLinkGeneration)>("nvmlDeviceGetMaxPcieLinkGeneration");
+        max_pcie_width_ = sym<decltype(&nvmlDeviceGetMaxPcieLinkWidth)>("nvmlDeviceGetMaxPcieLinkWidth");
+        gpu_max_pcie_gen_ = sym<decltype(&nvmlDeviceGetGpuMaxPcieLinkGeneration)>("nvmlDeviceGetGpuMaxPcieLinkGeneration");
+        pcie_speed_ = sym<decltype(&nvmlDeviceGetPcieSpeed)>("nvmlDeviceGetPcieSpeed");
         usable_ = get_by_uuid_ != nullptr;
         if (!usable_) why_ = "the host's NVML lacks nvmlDeviceGetHandleByUUID";
         VCUDA_LOG_INFO("NVML loaded: clients' nvidia-smi sees this host's GPU status");
@@ -190,6 +202,12 @@ private:
     decltype(&nvmlDeviceGetArchitecture) architecture_ = nullptr;
     decltype(&nvmlDeviceGetMaxMigDeviceCount) max_mig_devices_ = nullptr;
     decltype(&nvmlDeviceValidateInforom) validate_inforom_ = nullptr;
+    decltype(&nvmlDeviceGetCurrPcieLinkGeneration) pcie_gen_ = nullptr;
+    decltype(&nvmlDeviceGetCurrPcieLinkWidth) pcie_width_ = nullptr;
+    decltype(&nvmlDeviceGetMaxPcieLinkGeneration) max_pcie_gen_ = nullptr;
+    decltype(&nvmlDeviceGetMaxPcieLinkWidth) max_pcie_width_ = nullptr;
+    decltype(&nvmlDeviceGetGpuMaxPcieLinkGeneration) gpu_max_pcie_gen_ = nullptr;
+    decltype(&nvmlDeviceGetPcieSpeed) pcie_speed_ = nullptr;
 };
 
 template <size_t N>

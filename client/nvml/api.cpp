@@ -460,6 +460,26 @@ extern "C" nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, uns
     return live_value(device, gpu_field::enforced_power_limit, limit);
 }
 
+// The physical GPU's PCIe link (XLA reads it to estimate host transfer bandwidth).
+extern "C" nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int* gen) noexcept {
+    return live_value(device, gpu_field::pcie_gen_current, gen);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int* width) noexcept {
+    return live_value(device, gpu_field::pcie_width_current, width);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int* gen) noexcept {
+    return live_value(device, gpu_field::pcie_gen_max, gen);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int* width) noexcept {
+    return live_value(device, gpu_field::pcie_width_max, width);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int* gen) noexcept {
+    return live_value(device, gpu_field::pcie_gen_gpu_max, gen);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetPcieSpeed(nvmlDevice_t device, unsigned int* speed) noexcept {
+    return live_value(device, gpu_field::pcie_speed, speed);
+}
+
 extern "C" nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int* clock) noexcept {
     if (static_cast<unsigned>(type) >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
     return live_value(device, clock_field(gpu_field::clock_graphics, type), clock);
