@@ -22,6 +22,7 @@ struct bulk_hub::buffer {
     CUcontext done_ctx = nullptr;
     CUcontext pinned_ctx = nullptr;  // the context it is page-locked in; null: pageable
     bool pin_failed = false;
+    bool send = false;  // in the connection's send pool
     uint64_t transfer = 0, offset = 0, len = 0;  // the chunk it holds (ready, queued, sending)
     outbound* out = nullptr;                     // queued, sending: the copy it belongs to
 };
@@ -137,7 +138,7 @@ void bulk_hub::serve(connection* c) {
     for (;;) {
         {
             std::unique_lock lock(mu_);
-            while (c->live && !(target = take_free(c, lock))) {
+            while (c->live && !(target = take_free(c, false, lock))) {
                 c->starved = true;
                 cv_.wait(lock);
             }
@@ -192,9 +193,12 @@ void bulk_hub::serve(connection* c) {
     leave(c, why);
 }
 
-bulk_hub::buffer* bulk_hub::take_free(connection* c, std::unique_lock<std::mutex>& lock) {
+bulk_hub::buffer* bulk_hub::take_free(connection* c, bool send, std::unique_lock<std::mutex>& lock) {
     // A buffer no copy uses any more.
+    size_t pool = 0;
     for (auto& b : c->buffers) {
+        if (b->send != send) continue;
+        ++pool;
         if (b->state != buffer::use::idle || b->waiting) continue;
         if (b->pending) {
             context_scope cs(drv_, b->done_ctx);
@@ -203,12 +207,13 @@ bulk_hub::buffer* bulk_hub::take_free(connection* c, std::unique_lock<std::mutex
         b->pending = false;
         return b.get();
     }
-    if (c->buffers.size() < buffers_per_connection) {
+    if (pool < (send ? send_buffers : receive_buffers)) {
         void* p = mmap(nullptr, buffer_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p != MAP_FAILED) {
             auto b = std::make_unique<buffer>();
             b->data = static_cast<std::byte*>(p);
             b->owner = c;
+            b->send = send;
             c->buffers.push_back(std::move(b));
             return c->buffers.back().get();
         }
@@ -216,7 +221,7 @@ bulk_hub::buffer* bulk_hub::take_free(connection* c, std::unique_lock<std::mutex
     }
     // All in use: wait for the oldest copy still under way in one.
     for (auto& b : c->buffers) {
-        if (b->state != buffer::use::idle || !b->pending || b->waiting) continue;
+        if (b->send != send || b->state != buffer::use::idle || !b->pending || b->waiting) continue;
         b->waiting = true;
         CUevent done = b->done;
         CUcontext ctx = b->done_ctx;
@@ -550,7 +555,7 @@ CUresult bulk_hub::to_host(uint32_t set, uint64_t transfer, CUdeviceptr src, uin
             size_t k = (turn + i) % connections_.size();
             connection* c = connections_[k].get();
             if (c->set != set || !c->live) continue;
-            b = take_free(c, lock);  // when it returns one after waiting unlocked, the loop ends here
+            b = take_free(c, true, lock);  // when it returns one after waiting unlocked, the loop ends here
             if (b) turn = k + 1;
         }
         if (!b) {

@@ -1,10 +1,12 @@
 // Striped copies (protocol/README.md, *Bulk connections*): a session's bulk connections carry the bytes of large
 // host-to-device and device-to-host copies as chunks, so that several threads and sockets move them instead of
 // one lane. This is the session's rendezvous between them and the lanes.
-// - Each bulk connection has its own pinned staging buffers (at most buffers_per_connection, allocated on first
-//   need and reused; nothing is allocated per chunk). Its receiver thread reads a host-to-device chunk only into
-//   a free buffer of its own, so a receiver whose buffers are all in use stops reading (backpressure), and hands
-//   the chunk to the transfer it names. Chunks may come before the lane's call: they wait here for it.
+// - Each bulk connection has its own pinned staging buffers, allocated on first need and reused (nothing is
+//   allocated per chunk): receive_buffers for host-to-device chunks, send_buffers for device-to-host ones (two
+//   pools, so that chunks waiting for a later call never starve the copy before it). Its receiver thread reads
+//   a chunk only into a free buffer of its own, so a receiver whose buffers are all in use stops reading
+//   (backpressure), and hands the chunk to the transfer it names. Chunks may come before the lane's call: they
+//   wait here for it.
 // - The lane running copy_htod_striped takes its transfer's chunks in any order, issues each copy on the call's
 //   stream and gives the buffer back with an event recorded after the copy; the buffer is reused once it completed.
 // - The lane running copy_dtoh_striped copies chunks into free buffers of the connections, round robin, and
@@ -36,7 +38,8 @@ class bulk_hub {
 public:
     static constexpr size_t buffer_size = 8u << 20;         // the largest chunk
     static constexpr size_t min_chunk = 64u << 10;          // the smallest chunk size a striped copy may name
-    static constexpr size_t buffers_per_connection = 4;
+    static constexpr size_t receive_buffers = 4;  // per connection: at most 48 MiB of staging in all
+    static constexpr size_t send_buffers = 2;
     // A host-to-device copy fails when none of its chunks arrives for this long while the set's receivers are
     // waiting on the network (not while they wait for buffers: that is the GPU's pace).
     static constexpr std::chrono::seconds stall_limit{60};
@@ -80,8 +83,9 @@ private:
     struct inbound;   // a host-to-device transfer, or chunks waiting for their call
     struct outbound;  // a device-to-host transfer under way
 
-    // Taking a buffer of `c` that is free to fill; may wait (unlocked) for the copy that last used it. Null if none.
-    buffer* take_free(connection* c, std::unique_lock<std::mutex>& lock);
+    // A buffer of `c`'s receive or send pool that is free to fill; may wait (unlocked) for the copy that last used
+    // it. Null if none.
+    buffer* take_free(connection* c, bool send, std::unique_lock<std::mutex>& lock);
     bool deliver(connection* c, buffer* b, uint64_t transfer, uint64_t offset, uint64_t len, std::string& refusal);
     void send_loop(connection* c);
     void break_set(uint32_t set, const std::string& why);  // mu_ held

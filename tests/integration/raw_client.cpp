@@ -90,6 +90,17 @@ bool raw_client::send_chunk(uint64_t transfer, uint64_t offset, const std::vecto
     return fs_.send(make_frame(frame_kind::call, b, ++sequence_, 0, frame_flags::no_reply, bytes)).has_value();
 }
 
+bool raw_client::receive_chunk(uint64_t& transfer, uint64_t& offset, std::vector<std::byte>& bytes) {
+    auto in = fs_.receive(after(std::chrono::seconds(20)));
+    if (!in || in->kind() != frame_kind::call) return false;
+    auto* c = root_of<wire::Call>(*in);
+    if (c->op() != static_cast<uint32_t>(op::bulk_chunk) || !c->args() || c->args()->size() != 2) return false;
+    transfer = c->args()->Get(0);
+    offset = c->args()->Get(1);
+    bytes = std::move(in->payload);
+    return true;
+}
+
 raw_reply raw_client::call(uint32_t raw_op, std::vector<uint64_t> args, int device) {
     return call(static_cast<op>(raw_op), std::move(args), {}, {}, device);
 }

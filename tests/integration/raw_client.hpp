@@ -34,6 +34,8 @@ public:
     raw_reply receive_reply();
     // On a bulk connection: one chunk of a striped copy.
     bool send_chunk(uint64_t transfer, uint64_t offset, const std::vector<std::byte>& bytes);
+    // On a bulk connection: the next chunk the server sends; false when something else came.
+    bool receive_chunk(uint64_t& transfer, uint64_t& offset, std::vector<std::byte>& bytes);
     // What HELLO's reply offered.
     uint64_t features() const { return features_; }
     uint32_t bulk_streams() const { return bulk_streams_; }
