@@ -28,8 +28,9 @@ frame_limits bulk_limits() {
 }
 }  // namespace
 
-std::shared_ptr<bulk_link> bulk_link::open(const endpoint& ep, uint64_t session_id, uint64_t secret, uint32_t set,
-                                           unsigned count, std::chrono::milliseconds timeout, std::string& why) {
+std::shared_ptr<bulk_link> bulk_link::open(const endpoint& ep, uint64_t session_id, uint64_t secret,
+                                           uint32_t set, unsigned count, std::chrono::milliseconds timeout,
+                                           std::string& why) {
     std::shared_ptr<bulk_link> link(new bulk_link(set));
     char host[256] = {};
     gethostname(host, sizeof host - 1);
@@ -41,8 +42,9 @@ std::shared_ptr<bulk_link> bulk_link::open(const endpoint& ep, uint64_t session_
         }
         frame_stream fs(std::move(*s));
         flatbuffers::FlatBufferBuilder b(256);
-        b.Finish(wire::CreateHello(b, protocol_version, features::all | features::bulk, b.CreateString(""), session_id,
-                                   secret, 0, static_cast<uint32_t>(getpid()), b.CreateString(host), 0, 0, set));
+        b.Finish(wire::CreateHello(b, protocol_version, features::all | features::bulk, b.CreateString(""),
+                                   session_id, secret, 0, static_cast<uint32_t>(getpid()),
+                                   b.CreateString(host), 0, 0, set));
         if (auto r = fs.send(make_frame(frame_kind::hello, b), after(timeout)); !r) {
             why = "sending HELLO failed: " + r.error().message;
             return nullptr;
@@ -54,7 +56,8 @@ std::shared_ptr<bulk_link> bulk_link::open(const endpoint& ep, uint64_t session_
         }
         if (in->kind() != frame_kind::hello_reply) {
             auto* e = in->kind() == frame_kind::error ? root_of<wire::Error>(*in) : nullptr;
-            why = "the server refused a bulk connection: " + (e && e->message() ? e->message()->str() : std::string("?"));
+            why = "the server refused a bulk connection: " +
+                  (e && e->message() ? e->message()->str() : std::string("?"));
             return nullptr;
         }
         fs.set_limits(bulk_limits());
@@ -97,7 +100,8 @@ size_t bulk_link::chunk_for(size_t n) const {
 void bulk_link::fail(const std::string& why) {
     if (broken_ || stopping_) return;
     broken_ = true;
-    VCUDA_LOG_WARN("striped copies: the bulk connections to the server failed ({}); the copy under way fails", why);
+    VCUDA_LOG_WARN("striped copies: the bulk connections to the server failed ({}); the copy under way fails",
+                   why);
     for (auto& c : connections_) c->fs.shutdown();
     for (auto& it : queue_) {
         it.t->failed = true;
@@ -142,8 +146,10 @@ void bulk_link::send_loop(connection& c) {
         lock.unlock();
         fbb.Clear();
         const uint64_t args[2] = {t.id, it.offset};
-        fbb.Finish(wire::CreateCall(fbb, static_cast<uint32_t>(op::bulk_chunk), -1, fbb.CreateVector(args, 2)));
-        auto w = c.fs.send(make_frame(frame_kind::call, fbb, ++sequence, 0, frame_flags::no_reply, {t.host + it.offset, len}),
+        fbb.Finish(
+            wire::CreateCall(fbb, static_cast<uint32_t>(op::bulk_chunk), -1, fbb.CreateVector(args, 2)));
+        auto w = c.fs.send(make_frame(frame_kind::call, fbb, ++sequence, 0, frame_flags::no_reply,
+                                      {t.host + it.offset, len}),
                            after(stall_limit));
         lock.lock();
         if (w) {
@@ -163,8 +169,10 @@ void bulk_link::expect(transfer& t) {
     std::lock_guard lock(mu_);
     t.total = (t.n + t.chunk - 1) / t.chunk;
     t.seen.assign(t.total, false);
-    if (broken_) t.failed = true;
-    else downloads_[t.id] = &t;
+    if (broken_)
+        t.failed = true;
+    else
+        downloads_[t.id] = &t;
 }
 
 bool bulk_link::finish(transfer& t, bool all) {
@@ -204,7 +212,8 @@ void bulk_link::receive_loop(connection& c) {
             return scratch.data();
         }
         transfer& t = *it->second;
-        if (off >= t.n || off % t.chunk != 0 || len != std::min(t.chunk, t.n - off) || t.seen[off / t.chunk]) {
+        if (off >= t.n || off % t.chunk != 0 || len != std::min(t.chunk, t.n - off) ||
+            t.seen[off / t.chunk]) {
             chunk = false;
             return nullptr;
         }
@@ -219,15 +228,18 @@ void bulk_link::receive_loop(connection& c) {
         std::lock_guard lock(mu_);
         if (into) {
             --into->writers;
-            if (r) ++into->done;
-            else into->failed = true;
+            if (r)
+                ++into->done;
+            else
+                into->failed = true;
             into = nullptr;
             cv_.notify_all();
         }
         if (!r) return fail("reading a chunk: " + r.error().message);
         if (f.kind() == frame_kind::error) {
             auto* e = root_of<wire::Error>(f);
-            return fail("the server closed a bulk connection: " + (e->message() ? e->message()->str() : std::string("?")));
+            return fail("the server closed a bulk connection: " +
+                        (e->message() ? e->message()->str() : std::string("?")));
         }
         if (!chunk) return fail("the server sent a frame that is no chunk of a copy under way");
     }

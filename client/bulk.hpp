@@ -1,13 +1,15 @@
-// Striped copies over TCP (protocol/README.md, *Bulk connections*): a session's bulk connections carry the bytes
-// of large copies as chunks, so that several sockets, threads and kernel contexts move them instead of one lane.
-// - Host to device: the lane sends copy_htod_striped; right after, the copy's chunks are queued here, and each
-//   connection's sender thread writes the next chunk in the queue. Calls take order() around sending the call
-//   and queueing, so chunks go out in the order of the calls on every connection (the server runs striped
-//   copies in that order and takes chunks only into its bounded buffers: out of order, they could wait for ever).
-// - Device to host: the copy is registered, the lane sends copy_dtoh_striped, and each connection's receiver
-//   thread reads the chunks the server writes straight into the caller's buffer at their offsets.
-// Any failure closes every connection: the copies under way fail, and the session opens a new set at its next
-// large copy (server/bulk.hpp has the server's half).
+// Striped copies over TCP (protocol/README.md, *Bulk connections*): a session's bulk connections carry the
+// bytes of large copies as chunks, so that several sockets, threads and kernel contexts move them instead of
+// one lane.
+// - Host to device: the lane sends copy_htod_striped; right after, the copy's chunks are queued here, and
+//   each connection's sender thread writes the next chunk in the queue. Calls take order() around sending
+//   the call and queueing, so chunks go out in the order of the calls on every connection (the server runs
+//   striped copies in that order and takes chunks only into its bounded buffers: out of order, they could
+//   wait for ever).
+// - Device to host: the copy is registered, the lane sends copy_dtoh_striped, and each connection's
+//   receiver thread reads the chunks the server writes straight into the caller's buffer at their offsets.
+// Any failure closes every connection: the copies under way fail, and the session opens a new set at its
+// next large copy (server/bulk.hpp has the server's half).
 // runs on: application threads (calls) and two threads per connection. locks: mu_ guards the queue, the
 // transfers' counters and the link's state; order_mu_ is taken before mu_.
 #pragma once
@@ -29,13 +31,15 @@
 namespace vcuda::client {
 
 class bulk_link {
-public:
+  public:
     static constexpr size_t max_chunk = 8u << 20;  // the server's staging buffers (server/bulk.hpp)
     static constexpr size_t min_chunk = 1u << 20;
 
-    // Opens `count` connections of bulk set `set` to session `session_id` at `ep`. Null, with `why`, if one fails.
-    static std::shared_ptr<bulk_link> open(const endpoint& ep, uint64_t session_id, uint64_t secret, uint32_t set,
-                                           unsigned count, std::chrono::milliseconds timeout, std::string& why);
+    // Opens `count` connections of bulk set `set` to session `session_id` at `ep`. Null, with `why`, if one
+    // fails.
+    static std::shared_ptr<bulk_link> open(const endpoint& ep, uint64_t session_id, uint64_t secret,
+                                           uint32_t set, unsigned count, std::chrono::milliseconds timeout,
+                                           std::string& why);
     ~bulk_link();
     bulk_link(const bulk_link&) = delete;
     bulk_link& operator=(const bulk_link&) = delete;
@@ -70,7 +74,7 @@ public:
     void expect(transfer& t);
     bool finish(transfer& t, bool all);
 
-private:
+  private:
     struct connection;
     explicit bulk_link(uint32_t set);
     void send_loop(connection& c);

@@ -22,7 +22,7 @@ struct bulk_hub::buffer {
     CUcontext done_ctx = nullptr;
     CUcontext pinned_ctx = nullptr;  // the context it is page-locked in; null: pageable
     bool pin_failed = false;
-    bool send = false;  // in the connection's send pool
+    bool send = false;                           // in the connection's send pool
     uint64_t transfer = 0, offset = 0, len = 0;  // the chunk it holds (ready, queued, sending)
     outbound* out = nullptr;                     // queued, sending: the copy it belongs to
 };
@@ -59,7 +59,7 @@ namespace {
 // Makes `want` current on this thread for a few calls (bulk threads have no context of their own; lanes get
 // theirs back).
 class context_scope {
-public:
+  public:
     context_scope(const driver_table& d, CUcontext want) : d_(d) {
         d_.cuCtxGetCurrent(&prev_);
         if (want && want != prev_) switched_ = d_.cuCtxSetCurrent(want) == CUDA_SUCCESS;
@@ -70,7 +70,7 @@ public:
     context_scope(const context_scope&) = delete;
     context_scope& operator=(const context_scope&) = delete;
 
-private:
+  private:
     const driver_table& d_;
     CUcontext prev_ = nullptr;
     bool switched_ = false;
@@ -106,7 +106,8 @@ bulk_hub::connection* bulk_hub::join(uint32_t set, uint32_t per_set, frame_strea
         return nullptr;
     }
     if (st.joined >= static_cast<int>(per_set)) {
-        why = "this server takes at most " + std::to_string(per_set) + " bulk connections per set (--bulk-streams)";
+        why = "this server takes at most " + std::to_string(per_set) +
+              " bulk connections per set (--bulk-streams)";
         return nullptr;
     }
     // The client uses its newest set only: older ones are closed.
@@ -163,11 +164,13 @@ void bulk_hub::serve(connection* c) {
             refusal = "a bulk connection carries only bulk_chunk CALLs";
         } else {
             auto* call = root_of<wire::Call>(f);
-            if (call->op() != static_cast<uint32_t>(op::bulk_chunk) || !call->args() || call->args()->size() != 2 ||
-                f.header.payload_len == 0) {
+            if (call->op() != static_cast<uint32_t>(op::bulk_chunk) || !call->args() ||
+                call->args()->size() != 2 || f.header.payload_len == 0) {
                 refused = wire_errc::bad_arguments;
-                refusal = "a bulk connection carries only bulk_chunk CALLs {transfer, offset} with their bytes";
-            } else if (deliver(c, target, call->args()->Get(0), call->args()->Get(1), f.header.payload_len, refusal)) {
+                refusal =
+                    "a bulk connection carries only bulk_chunk CALLs {transfer, offset} with their bytes";
+            } else if (deliver(c, target, call->args()->Get(0), call->args()->Get(1), f.header.payload_len,
+                               refusal)) {
                 continue;
             } else {
                 refused = wire_errc::bad_arguments;
@@ -179,7 +182,8 @@ void bulk_hub::serve(connection* c) {
             cv_.notify_all();
         }
         if (refused != wire_errc::ok) {
-            VCUDA_LOG_WARN("session {}: bulk connection {} refused a frame: {}", session_, c->number, refusal);
+            VCUDA_LOG_WARN("session {}: bulk connection {} refused a frame: {}", session_, c->number,
+                           refusal);
             send_wire_error(*c->fs, refused, refusal);
             why = refusal;
         }
@@ -244,14 +248,16 @@ namespace {
 std::string misfit(uint64_t n, uint64_t chunk, const std::vector<bool>& seen, uint64_t offset, uint64_t len) {
     auto at = "chunk at offset " + std::to_string(offset) + " (" + std::to_string(len) + " bytes)";
     if (offset >= n || offset % chunk != 0)
-        return at + " lies outside the copy of " + std::to_string(n) + " bytes in chunks of " + std::to_string(chunk);
+        return at + " lies outside the copy of " + std::to_string(n) + " bytes in chunks of " +
+               std::to_string(chunk);
     if (len != std::min(chunk, n - offset)) return at + " is not the size its place in the copy needs";
     if (seen[offset / chunk]) return at + " came twice";
     return {};
 }
 }  // namespace
 
-bool bulk_hub::deliver(connection* c, buffer* b, uint64_t transfer, uint64_t offset, uint64_t len, std::string& refusal) {
+bool bulk_hub::deliver(connection* c, buffer* b, uint64_t transfer, uint64_t offset, uint64_t len,
+                       std::string& refusal) {
     std::lock_guard lock(mu_);
     ++c->chunks_in;
     if (!c->live) {  // its set broke while the chunk came: dropped with the set's others
@@ -312,9 +318,11 @@ void bulk_hub::send_loop(connection* c) {
         if (copied == CUDA_SUCCESS) {
             fbb.Clear();
             const uint64_t args[2] = {b->transfer, b->offset};
-            fbb.Finish(wire::CreateCall(fbb, static_cast<uint32_t>(op::bulk_chunk), -1, fbb.CreateVector(args, 2)));
-            written = c->fs->send(make_frame(frame_kind::call, fbb, ++sequence, 0, frame_flags::no_reply, {b->data, b->len}),
-                                  after(std::chrono::seconds(60)));
+            fbb.Finish(
+                wire::CreateCall(fbb, static_cast<uint32_t>(op::bulk_chunk), -1, fbb.CreateVector(args, 2)));
+            written = c->fs->send(
+                make_frame(frame_kind::call, fbb, ++sequence, 0, frame_flags::no_reply, {b->data, b->len}),
+                after(std::chrono::seconds(60)));
         }
         lock.lock();
         b->waiting = false;
@@ -367,8 +375,10 @@ void bulk_hub::break_set(uint32_t set, const std::string& why) {
             b->state = buffer::use::idle;
             return true;
         });
-        if (!t->second->claimed && t->second->ready.empty()) t = inbound_.erase(t);
-        else ++t;
+        if (!t->second->claimed && t->second->ready.empty())
+            t = inbound_.erase(t);
+        else
+            ++t;
     }
     cv_.notify_all();
 }
@@ -382,8 +392,9 @@ void bulk_hub::leave(connection* c, const std::string& why) {
             return std::all_of(c->buffers.begin(), c->buffers.end(),
                                [](auto& b) { return b->state == buffer::use::idle && !b->waiting; });
         });
-        VCUDA_LOG_DEBUG("session {}: bulk connection {} (set {}) ended ({}): {} chunks in, {} out, {} staging buffers",
-                        session_, c->number, c->set, why, c->chunks_in, c->chunks_out, c->buffers.size());
+        VCUDA_LOG_DEBUG(
+            "session {}: bulk connection {} (set {}) ended ({}): {} chunks in, {} out, {} staging buffers",
+            session_, c->number, c->set, why, c->chunks_in, c->chunks_out, c->buffers.size());
         mine = std::move(c->buffers);
         auto st = sets_.find(c->set);
         if (st != sets_.end() && --st->second.live == 0) sets_.erase(st);
@@ -439,12 +450,13 @@ bool bulk_hub::after_copy(buffer* b, CUstream s) {
     return b->pending;
 }
 
-CUresult bulk_hub::to_device(uint32_t set, uint64_t transfer, CUdeviceptr dst, uint64_t n, uint64_t chunk, CUstream s,
-                             CUresult rc, std::string& detail) {
+CUresult bulk_hub::to_device(uint32_t set, uint64_t transfer, CUdeviceptr dst, uint64_t n, uint64_t chunk,
+                             CUstream s, CUresult rc, std::string& detail) {
     std::unique_lock lock(mu_);
     auto st = sets_.find(set);
     if (st == sets_.end() || st->second.broken) {
-        detail = st == sets_.end() ? "bulk set " + std::to_string(set) + " is not connected" : lost_during_copy(st->second.why);
+        detail = st == sets_.end() ? "bulk set " + std::to_string(set) + " is not connected"
+                                   : lost_during_copy(st->second.why);
         return CUDA_ERROR_DEVICE_UNAVAILABLE;  // chunks that came on it went with it
     }
     auto found = inbound_.find(transfer);
@@ -491,7 +503,8 @@ CUresult bulk_hub::to_device(uint32_t set, uint64_t transfer, CUdeviceptr dst, u
         }
         if (t.ready.empty()) {
             auto now = clock::now();
-            if (std::any_of(connections_.begin(), connections_.end(), [&](auto& c) { return c->set == set && c->starved; }))
+            if (std::any_of(connections_.begin(), connections_.end(),
+                            [&](auto& c) { return c->set == set && c->starved; }))
                 busy_until = now;
             if (now - std::max(t.last, busy_until) > stall_limit) {
                 if (rc == CUDA_SUCCESS) {
@@ -536,8 +549,8 @@ CUresult bulk_hub::to_device(uint32_t set, uint64_t transfer, CUdeviceptr dst, u
     return rc;
 }
 
-CUresult bulk_hub::to_host(uint32_t set, uint64_t transfer, CUdeviceptr src, uint64_t n, uint64_t chunk, CUstream s,
-                           std::string& detail) {
+CUresult bulk_hub::to_host(uint32_t set, uint64_t transfer, CUdeviceptr src, uint64_t n, uint64_t chunk,
+                           CUstream s, std::string& detail) {
     std::unique_lock lock(mu_);
     outbound t;
     CUresult rc = CUDA_SUCCESS;
@@ -546,7 +559,8 @@ CUresult bulk_hub::to_host(uint32_t set, uint64_t transfer, CUdeviceptr src, uin
         auto st = sets_.find(set);
         if (st == sets_.end() || st->second.broken) {
             rc = CUDA_ERROR_DEVICE_UNAVAILABLE;
-            detail = st == sets_.end() ? "bulk set " + std::to_string(set) + " is not connected" : lost_during_copy(st->second.why);
+            detail = st == sets_.end() ? "bulk set " + std::to_string(set) + " is not connected"
+                                       : lost_during_copy(st->second.why);
             break;
         }
         // The set's connections in turn, each with a free buffer: the chunks spread over them.

@@ -1,10 +1,10 @@
-// A client program for the striped-copy tests (bulk_test.cpp): it loads vcuda's libcuda.so.1 (VCUDA_SERVER and
-// VCUDA_BULK_STREAMS come from the environment) and copies through it with the driver API.
-//   verify SIZE...   per size: a host-to-device copy checked by reading it back in small copies (which go on the
-//                    lane), a device-to-host copy of bytes written in small copies, and an asynchronous round trip
-//                    through pinned memory; every byte compared. Prints "PASS verify".
-//   bench SIZE REPS  pinned host memory, synchronous copies: prints "metric htod_gbps X" and "metric dtoh_gbps Y".
-//   loop SIZE        host-to-device copies until killed; prints "looping" once the first is done.
+// A client program for the striped-copy tests (bulk_test.cpp): it loads vcuda's libcuda.so.1 (VCUDA_SERVER
+// and VCUDA_BULK_STREAMS come from the environment) and copies through it with the driver API.
+//   verify SIZE...    per size: a host-to-device copy checked by reading it back in small copies (which go
+//                     on the lane), a device-to-host copy of bytes written in small copies, and an
+//                     asynchronous round trip through pinned memory; every byte compared. Ends "PASS verify".
+//   bench SIZE REPS   pinned host memory, synchronous copies: "metric htod_gbps X", "metric dtoh_gbps Y".
+//   loop SIZE         host-to-device copies until killed; prints "looping" once the first is done.
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 #include <dlfcn.h>
@@ -20,10 +20,13 @@
 
 namespace {
 
-#define VCUDA_BULK_CLIENT_API(X)                                                                                      \
-    X(cuInit) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemAlloc_v2) X(cuMemFree_v2)          \
-    X(cuMemcpyHtoD_v2) X(cuMemcpyDtoH_v2) X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2) X(cuStreamCreate)           \
-    X(cuStreamSynchronize) X(cuStreamDestroy_v2) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuGetErrorName)
+#define VCUDA_BULK_CLIENT_API(X)                                                                       \
+    X(cuInit)                                                                                          \
+    X(cuDeviceGet)                                                                                     \
+    X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemcpyHtoD_v2) \
+        X(cuMemcpyDtoH_v2) X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2) X(cuStreamCreate)           \
+            X(cuStreamSynchronize) X(cuStreamDestroy_v2) X(cuMemHostAlloc) X(cuMemFreeHost)            \
+                X(cuGetErrorName)
 
 struct api {
 #define X(name) decltype(&::name) name = nullptr;
@@ -37,10 +40,10 @@ struct api {
     std::printf("FAIL %s: %s (%d) at line %d\n", what, name, static_cast<int>(rc), line);
     std::exit(1);
 }
-#define CHECK(call)                                                  \
-    do {                                                             \
-        CUresult rc_ = (call);                                       \
-        if (rc_ != CUDA_SUCCESS) fail(#call, rc_, __LINE__);         \
+#define CHECK(call)                                          \
+    do {                                                     \
+        CUresult rc_ = (call);                               \
+        if (rc_ != CUDA_SUCCESS) fail(#call, rc_, __LINE__); \
     } while (0)
 
 // Bytes that differ at every position and from one seed to another.
@@ -77,7 +80,8 @@ void verify(size_t n) {
         CHECK(cu.cuMemcpyDtoH_v2(back.data() + off, d + off, std::min(small, n - off)));
     same(back.data(), a.data(), n, "host to device");
     // Device to host, striped, of bytes written on the lane.
-    for (size_t off = 0; off < n; off += small) CHECK(cu.cuMemcpyHtoD_v2(d + off, b.data() + off, std::min(small, n - off)));
+    for (size_t off = 0; off < n; off += small)
+        CHECK(cu.cuMemcpyHtoD_v2(d + off, b.data() + off, std::min(small, n - off)));
     CHECK(cu.cuMemcpyDtoH_v2(back.data(), d, n));
     same(back.data(), b.data(), n, "device to host");
     // The asynchronous forms, pinned memory, one stream.
@@ -91,7 +95,8 @@ void verify(size_t n) {
     CHECK(cu.cuMemcpyHtoDAsync_v2(d, pin_in, n, s));
     CHECK(cu.cuMemcpyDtoHAsync_v2(pin_out, d, n, s));
     CHECK(cu.cuStreamSynchronize(s));
-    same(static_cast<unsigned char*>(pin_out), static_cast<unsigned char*>(pin_in), n, "asynchronous round trip");
+    same(static_cast<unsigned char*>(pin_out), static_cast<unsigned char*>(pin_in), n,
+         "asynchronous round trip");
     CHECK(cu.cuStreamDestroy_v2(s));
     CHECK(cu.cuMemFreeHost(pin_in));
     CHECK(cu.cuMemFreeHost(pin_out));
@@ -114,7 +119,8 @@ void bench(size_t n, int reps) {
     t0 = clk::now();
     for (int i = 0; i < reps; ++i) CHECK(cu.cuMemcpyDtoH_v2(h, d, n));
     double down = std::chrono::duration<double>(clk::now() - t0).count();
-    std::printf("metric htod_gbps %.2f GB/s\nmetric dtoh_gbps %.2f GB/s\n", n * reps / up / 1e9, n * reps / down / 1e9);
+    std::printf("metric htod_gbps %.2f GB/s\nmetric dtoh_gbps %.2f GB/s\n", n * reps / up / 1e9,
+                n * reps / down / 1e9);
 }
 
 void loop(size_t n) {

@@ -1,12 +1,11 @@
-// Striped copies over TCP on loopback (protocol/README.md, *Bulk connections*): vcuda's libcuda (bulk_client.cpp)
-// against a vcuda-server on the software driver, every byte checked; and the protocol's refusals, spoken
-// directly (raw_client): a wrong secret, a chunk outside its copy or of no copy, a bulk connection lost during a
-// copy, a client killed during copies.
+// Striped copies over TCP on loopback (protocol/README.md, *Bulk connections*): vcuda's libcuda
+// (bulk_client.cpp) against a vcuda-server on the software driver, every byte checked; and the protocol's
+// refusals, spoken directly (raw_client): a wrong secret, a chunk outside its copy or of no copy, a bulk
+// connection lost during a copy, a client killed during copies.
 #include <catch2/catch.hpp>
 
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -49,7 +48,7 @@ std::string read_file(const std::string& path) {
 
 // bulk_client (bulk_client.cpp) run against `server`, with `env` ("NAME=VALUE") added; its output in a file.
 class client_process {
-public:
+  public:
     client_process(const std::string& server, std::vector<std::string> env, std::vector<std::string> args) {
         char tmpl[] = "/tmp/vcuda-bulk-XXXXXX";
         int fd = mkstemp(tmpl);
@@ -102,7 +101,7 @@ public:
     }
     std::string output() const { return read_file(out_); }
 
-private:
+  private:
     int pid_ = -1;
     std::string out_;
 };
@@ -115,7 +114,8 @@ struct bulk_log {
 };
 
 bulk_log read_bulk_log(const std::string& log) {
-    static const std::regex line(R"(bulk connection \d+ \(set \d+\) ended .*: (\d+) chunks in, (\d+) out, (\d+) staging buffers)");
+    static const std::regex line(
+        R"(bulk connection \d+ \(set \d+\) ended .*: (\d+) chunks in, (\d+) out, (\d+) staging buffers)");
     bulk_log r;
     for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
         uint64_t in = std::stoull((*it)[1]), out = std::stoull((*it)[2]), buffers = std::stoull((*it)[3]);
@@ -134,7 +134,9 @@ bool sessions_ended(const server_process& server, size_t sessions) {
     for (int i = 0; i < 500; ++i) {
         std::string log = server.log();
         size_t n = 0;
-        for (size_t at = log.find("MiB of GPU memory"); at != std::string::npos; at = log.find("MiB of GPU memory", at + 1)) ++n;
+        for (size_t at = log.find("MiB of GPU memory"); at != std::string::npos;
+             at = log.find("MiB of GPU memory", at + 1))
+            ++n;
         if (n >= sessions) return true;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -146,7 +148,8 @@ bool sessions_ended(const server_process& server, size_t sessions) {
 std::string verify_copies(server_process& server, const std::string& streams, size_t earlier = 0) {
     std::vector<std::string> env;
     if (!streams.empty()) env.push_back("VCUDA_BULK_STREAMS=" + streams);
-    client_process client(server.address(), env, {"verify", std::to_string((16u << 20) + 13), std::to_string(100u << 20)});
+    client_process client(server.address(), env,
+                          {"verify", std::to_string((16u << 20) + 13), std::to_string(100u << 20)});
     int rc = client.wait();
     INFO(client.output());
     REQUIRE(rc == 0);
@@ -161,6 +164,34 @@ long proc_status(int pid, const std::string& key) {
     while (std::getline(in, line))
         if (line.rfind(key + ":", 0) == 0) return std::stol(line.substr(key.size() + 1));
     return -1;
+}
+
+// A server on TCP, a session with one lane and `size` bytes of device memory at `p`, and its bulk
+// connections.
+struct striped_session {
+    static constexpr uint64_t n = 1 << 20;  // the chunk size of the tests' copies
+    tcp server{{}, over_tcp};
+    std::unique_ptr<raw_client> lane;
+    uint64_t p = 0;
+
+    explicit striped_session(uint64_t size) {
+        lane = raw_client::open(server.address());
+        REQUIRE(lane);
+        p = alloc(*lane, size);
+    }
+    std::unique_ptr<raw_client> bulk(uint32_t set) {
+        auto b = raw_client::open(server.address(), lane->session_id(), lane->secret(), nullptr, set);
+        REQUIRE(b);
+        return b;
+    }
+    // copy_htod_striped's arguments {dst, size, stream, transfer, chunk, set}, sent without waiting.
+    void send_htod(uint64_t dst, uint64_t size, uint64_t transfer, uint32_t set) {
+        REQUIRE(lane->send_call(op::copy_htod_striped, {dst, size, 0, transfer, n, set}));
+    }
+};
+
+std::vector<std::byte> slice(const std::vector<std::byte>& v, uint64_t from, uint64_t to) {
+    return std::vector<std::byte>(v.begin() + from, v.begin() + to);
 }
 
 }  // namespace
@@ -219,86 +250,72 @@ TEST_CASE("a bulk connection must name its session's secret", "[integration]") {
 
 TEST_CASE("a chunk that does not fit its copy fails that copy; the session and its bulk connection go on",
           "[integration]") {
-    tcp server({}, over_tcp);
-    auto lane = raw_client::open(server.address());
-    REQUIRE(lane);
-    const uint64_t n = 1 << 20;
-    uint64_t p = alloc(*lane, 2 * n);
-    auto bulk = raw_client::open(server.address(), lane->session_id(), lane->secret(), nullptr, 1);
-    REQUIRE(bulk);
+    const uint64_t n = striped_session::n;
+    striped_session s(2 * n);
+    auto bulk = s.bulk(1);
     auto data = pattern(2 * n, 5);
-    auto half = std::vector<std::byte>(data.begin(), data.begin() + n);
+    auto half = slice(data, 0, n);
 
-    // Copy 1: {dst, size, stream, transfer, chunk, set}; its chunk lies past its end.
-    REQUIRE(lane->send_call(op::copy_htod_striped, {p, n, 0, 1, n, 1}));
+    // Copy 1: its chunk lies past its end.
+    s.send_htod(s.p, n, 1, 1);
     REQUIRE(bulk->send_chunk(1, 4 * n, half));
-    auto r = lane->receive_reply();
+    auto r = s.lane->receive_reply();
     CHECK(r.result == CUDA_ERROR_INVALID_VALUE);
     CHECK(r.detail.find("outside") != std::string::npos);
     // Copy 2: a chunk shorter than its place.
-    REQUIRE(lane->send_call(op::copy_htod_striped, {p, n, 0, 2, n, 1}));
-    REQUIRE(bulk->send_chunk(2, 0, std::vector<std::byte>(data.begin(), data.begin() + 100)));
-    r = lane->receive_reply();
+    s.send_htod(s.p, n, 2, 1);
+    REQUIRE(bulk->send_chunk(2, 0, slice(data, 0, 100)));
+    r = s.lane->receive_reply();
     CHECK(r.result == CUDA_ERROR_INVALID_VALUE);
     // Copy 3 into memory the session does not own: refused, its chunk still taken.
-    REQUIRE(lane->send_call(op::copy_htod_striped, {p + 64 * n, n, 0, 3, n, 1}));
+    s.send_htod(s.p + 64 * n, n, 3, 1);
     REQUIRE(bulk->send_chunk(3, 0, half));
-    CHECK(lane->receive_reply().result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(s.lane->receive_reply().result == CUDA_ERROR_INVALID_VALUE);
 
     // Copy 4, two chunks, one of them before the call: the bytes land.
-    REQUIRE(bulk->send_chunk(4, n, std::vector<std::byte>(data.begin() + n, data.end())));
-    REQUIRE(lane->send_call(op::copy_htod_striped, {p, 2 * n, 0, 4, n, 1}));
+    REQUIRE(bulk->send_chunk(4, n, slice(data, n, 2 * n)));
+    s.send_htod(s.p, 2 * n, 4, 1);
     REQUIRE(bulk->send_chunk(4, 0, half));
-    CHECK(lane->receive_reply().result == CUDA_SUCCESS);
-    auto back = lane->call(op::copy_dtoh, {p, 2 * n, 0});
+    CHECK(s.lane->receive_reply().result == CUDA_SUCCESS);
+    auto back = s.lane->call(op::copy_dtoh, {s.p, 2 * n, 0});
     REQUIRE(back.result == CUDA_SUCCESS);
     CHECK(back.payload == data);
 }
 
 TEST_CASE("a chunk of no copy under way closes its bulk set; the lanes go on", "[integration]") {
-    tcp server({}, over_tcp);
-    auto lane = raw_client::open(server.address());
-    REQUIRE(lane);
-    const uint64_t n = 1 << 20;
-    uint64_t p = alloc(*lane, n);
-    auto bulk = raw_client::open(server.address(), lane->session_id(), lane->secret(), nullptr, 1);
-    REQUIRE(bulk);
+    const uint64_t n = striped_session::n;
+    striped_session s(n);
+    auto bulk = s.bulk(1);
     auto data = pattern(n, 9);
-    REQUIRE(lane->send_call(op::copy_htod_striped, {p, n, 0, 1, n, 1}));
+    s.send_htod(s.p, n, 1, 1);
     REQUIRE(bulk->send_chunk(1, 0, data));
-    REQUIRE(lane->receive_reply().result == CUDA_SUCCESS);
+    REQUIRE(s.lane->receive_reply().result == CUDA_SUCCESS);
     // Transfer 1 is over: another chunk for it is refused and the connection closed.
     REQUIRE(bulk->send_chunk(1, 0, data));
     CHECK(bulk->closed_by_peer());
-    CHECK(server.wait_for_log("not under way"));
+    CHECK(s.server.wait_for_log("not under way"));
     // Set 1 is gone: a striped copy on it fails at once; the lane goes on.
-    REQUIRE(lane->send_call(op::copy_htod_striped, {p, n, 0, 2, n, 1}));
-    auto r = lane->receive_reply();
-    CHECK(r.result == CUDA_ERROR_DEVICE_UNAVAILABLE);
-    CHECK(lane->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
+    s.send_htod(s.p, n, 2, 1);
+    CHECK(s.lane->receive_reply().result == CUDA_ERROR_DEVICE_UNAVAILABLE);
+    CHECK(s.lane->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
     // A new set serves.
-    auto again = raw_client::open(server.address(), lane->session_id(), lane->secret(), nullptr, 2);
-    REQUIRE(again);
-    REQUIRE(lane->send_call(op::copy_htod_striped, {p, n, 0, 3, n, 2}));
+    auto again = s.bulk(2);
+    s.send_htod(s.p, n, 3, 2);
     REQUIRE(again->send_chunk(3, 0, data));
-    CHECK(lane->receive_reply().result == CUDA_SUCCESS);
+    CHECK(s.lane->receive_reply().result == CUDA_SUCCESS);
 }
 
 TEST_CASE("chunks waiting for a later call never starve a device-to-host copy before it", "[integration]") {
-    tcp server({}, over_tcp);
-    auto lane = raw_client::open(server.address());
-    REQUIRE(lane);
-    const uint64_t n = 1 << 20;
-    uint64_t p = alloc(*lane, 8 * n);
+    const uint64_t n = striped_session::n;
+    striped_session s(8 * n);
     auto data = pattern(8 * n, 3);
-    REQUIRE(lane->call(op::copy_htod, {p, 0}, {}, data).result == CUDA_SUCCESS);
-    auto bulk = raw_client::open(server.address(), lane->session_id(), lane->secret(), nullptr, 1);
-    REQUIRE(bulk);
-    // Transfer 2's chunks come first and take every receive buffer of the connection (and wait in its socket).
-    for (uint64_t i = 0; i < 6; ++i)
-        REQUIRE(bulk->send_chunk(2, i * n, std::vector<std::byte>(data.begin() + i * n, data.begin() + (i + 1) * n)));
+    REQUIRE(s.lane->call(op::copy_htod, {s.p, 0}, {}, data).result == CUDA_SUCCESS);
+    auto bulk = s.bulk(1);
+    // Transfer 2's chunks come first and take every receive buffer of the connection (and wait in its
+    // socket).
+    for (uint64_t i = 0; i < 6; ++i) REQUIRE(bulk->send_chunk(2, i * n, slice(data, i * n, (i + 1) * n)));
     // Transfer 1, device to host, runs first: its chunks come back on the same connection, in any order.
-    REQUIRE(lane->send_call(op::copy_dtoh_striped, {p, 8 * n, 0, 1, n, 1}));
+    REQUIRE(s.lane->send_call(op::copy_dtoh_striped, {s.p, 8 * n, 0, 1, n, 1}));
     std::vector<std::byte> got(8 * n);
     for (int i = 0; i < 8; ++i) {
         uint64_t transfer = 0, offset = 0;
@@ -308,36 +325,32 @@ TEST_CASE("chunks waiting for a later call never starve a device-to-host copy be
         REQUIRE(offset + bytes.size() <= got.size());
         std::copy(bytes.begin(), bytes.end(), got.begin() + offset);
     }
-    CHECK(lane->receive_reply().result == CUDA_SUCCESS);
+    CHECK(s.lane->receive_reply().result == CUDA_SUCCESS);
     CHECK(got == data);
     // Then transfer 2 takes its waiting chunks: the first 6 MiB of the data, now at p + 1 MiB.
-    REQUIRE(lane->send_call(op::copy_htod_striped, {p + n, 6 * n, 0, 2, n, 1}));
-    CHECK(lane->receive_reply().result == CUDA_SUCCESS);
-    auto back = lane->call(op::copy_dtoh, {p + n, 6 * n, 0});
-    CHECK(back.payload == std::vector<std::byte>(data.begin(), data.begin() + 6 * n));
+    s.send_htod(s.p + n, 6 * n, 2, 1);
+    CHECK(s.lane->receive_reply().result == CUDA_SUCCESS);
+    auto back = s.lane->call(op::copy_dtoh, {s.p + n, 6 * n, 0});
+    CHECK(back.payload == slice(data, 0, 6 * n));
 }
 
 TEST_CASE("a bulk connection lost during a copy fails the copy but not the lane", "[integration]") {
-    tcp server({}, over_tcp);
-    auto lane = raw_client::open(server.address());
-    REQUIRE(lane);
-    const uint64_t n = 1 << 20;
-    uint64_t p = alloc(*lane, 2 * n);
-    auto a = raw_client::open(server.address(), lane->session_id(), lane->secret(), nullptr, 1);
-    auto b = raw_client::open(server.address(), lane->session_id(), lane->secret(), nullptr, 1);
-    REQUIRE(a);
-    REQUIRE(b);
-    REQUIRE(lane->send_call(op::copy_htod_striped, {p, 2 * n, 0, 1, n, 1}));
+    const uint64_t n = striped_session::n;
+    striped_session s(2 * n);
+    auto a = s.bulk(1);
+    auto b = s.bulk(1);
+    s.send_htod(s.p, 2 * n, 1, 1);
     REQUIRE(a->send_chunk(1, 0, pattern(n, 1)));
     b.reset();  // gone before its chunk
-    auto r = lane->receive_reply();
+    auto r = s.lane->receive_reply();
     CHECK(r.result == CUDA_ERROR_DEVICE_UNAVAILABLE);
     CHECK(r.detail.find("lost") != std::string::npos);
-    CHECK(lane->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
+    CHECK(s.lane->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
     CHECK(a->closed_by_peer());  // its set went with it
 }
 
-TEST_CASE("a client killed during striped copies: the server releases everything and serves on", "[integration]") {
+TEST_CASE("a client killed during striped copies: the server releases everything and serves on",
+          "[integration]") {
     tcp server({}, over_tcp);
     {  // a first session, so that whatever the driver starts once is running before the count
         auto warm = raw_client::open(server.address());
@@ -348,7 +361,8 @@ TEST_CASE("a client killed during striped copies: the server releases everything
     const long threads = proc_status(server.pid(), "Threads");
     const long rss = proc_status(server.pid(), "VmRSS");
     {
-        client_process client(server.address(), {"VCUDA_BULK_STREAMS=4"}, {"loop", std::to_string(64u << 20)});
+        client_process client(server.address(), {"VCUDA_BULK_STREAMS=4"},
+                              {"loop", std::to_string(64u << 20)});
         REQUIRE(client.wait_for_output("looping"));
         std::this_thread::sleep_for(std::chrono::milliseconds(150));
         client.kill_now();
