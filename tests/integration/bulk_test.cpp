@@ -378,7 +378,9 @@ TEST_CASE("a client killed during striped copies: the server releases everything
         if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     CHECK(back);
+#ifndef VCUDA_SANITIZED  // sanitizers keep shadow memory for what the copies touched
     CHECK(proc_status(server.pid(), "VmRSS") < rss + (32 << 10));  // kB
+#endif
     auto next = raw_client::open(server.address());
     REQUIRE(next);
     alloc(*next, 1 << 20);
