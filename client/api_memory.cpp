@@ -141,6 +141,7 @@ CUresult striped_htod(bulk_link& link, CUdeviceptr dst, const void* src, size_t 
     call_reply rp;
     int rc = m == mode::post ? l->post(c.rq) : l->call(c.rq, rp);
     link.wait_written(t);  // a failed write fails the copy on the server too: its reply or the next one says so
+    if (rc == CUDA_ERROR_DEVICE_UNAVAILABLE) link.close("the server closed them");
     return static_cast<CUresult>(rc);
 }
 
@@ -156,6 +157,7 @@ CUresult striped_dtoh(bulk_link& link, void* dst, CUdeviceptr src, size_t n, CUs
     int rc = l->call(c.rq, rp);
     bool complete = link.finish(t, rc == 0);
     if (rc == 0 && !complete) return CUDA_ERROR_DEVICE_UNAVAILABLE;  // the bulk connections failed (logged)
+    if (rc == CUDA_ERROR_DEVICE_UNAVAILABLE) link.close("the server closed them");
     return static_cast<CUresult>(rc);
 }
 

@@ -112,6 +112,11 @@ void bulk_link::fail(const std::string& why) {
     cv_.notify_all();
 }
 
+void bulk_link::close(const std::string& why) {
+    std::lock_guard lock(mu_);
+    fail(why);
+}
+
 // ---------------------------------------------------------------- host to device
 
 void bulk_link::queue(transfer& t) {

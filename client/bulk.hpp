@@ -74,6 +74,10 @@ class bulk_link {
     void expect(transfer& t);
     bool finish(transfer& t, bool all);
 
+    // The server closed this set (a striped call answered CUDA_ERROR_DEVICE_UNAVAILABLE): the next large copy
+    // opens a new one.
+    void close(const std::string& why);
+
   private:
     struct connection;
     explicit bulk_link(uint32_t set);
