@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
     long bulk_streams = -1;
     app.add_option("--bulk-streams", bulk_streams,
                    "The most bulk connections a client session may open for striped copies over TCP (default 8); "
-                   "0: none (large copies then travel on their lane)");
+                   "0: none (large copies then travel on their lane)")
+        ->check(CLI::Range(0, 1024));
     app.add_option("--log-level", level, "trace, debug, info, warn, error or off (default info; env VCUDA_LOG_LEVEL)");
     std::string manager, secret_file;
     std::vector<std::string> advertise;
@@ -117,10 +118,6 @@ int main(int argc, char** argv) {
     }
     opts.shm_rings = !no_shm_rings;
     if (spin_us >= 0) opts.spin = std::chrono::microseconds(spin_us);
-    if (bulk_streams > 1024) {
-        std::cerr << "vcuda-server: --bulk-streams: at most 1024\n";
-        return 2;
-    }
     if (bulk_streams >= 0) opts.bulk_streams = static_cast<uint32_t>(bulk_streams);
     if (listen.empty()) listen.push_back("127.0.0.1:7300");
     if (!manager.empty()) {
