@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "client/bulk.hpp"
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
@@ -90,15 +91,87 @@ uint64_t shared_address(const void* p, size_t n) {
     return h.server_addr + (a - h.base);
 }
 
-// Host to device: from shared pinned memory the server copies straight from the pages; otherwise every chunk
-// but the last is queued and the last waits for the server when `m` is sync, so the copy is enqueued on the GPU
-// before the call returns, as with the real driver.
+// ---------------------------------------------------------------- striped copies (client/bulk.hpp)
+
+// Copies of at least this size to a server over TCP travel as chunks over the session's bulk connections.
+constexpr size_t striped_threshold = 16u << 20;
+
+// The bulk connections for a copy of n bytes, or null when it goes on its lane. Not while a capture is under
+// way: a captured copy would keep the server's staging buffer (the server refuses it too).
+std::shared_ptr<bulk_link> striping(size_t n) {
+    if (n < striped_threshold || capture_under_way()) return nullptr;
+    return state::get().remote().bulk();
+}
+
+// The call of a striped copy: {device address, size, stream, transfer id, chunk size, bulk set}.
+struct striped_call {
+    uint64_t args[6];
+    call_request rq;
+    striped_call(op o, uint64_t device_ptr, const bulk_link::transfer& t, CUstream stream, uint32_t set)
+        : args{device_ptr, t.n, stream_arg(stream), t.id, t.chunk, set} {
+        rq.operation = o;
+        rq.device = current_server_device();
+        rq.args = args;
+    }
+};
+
+bulk_link::transfer striped_transfer(bulk_link& link, const void* host, size_t n) {
+    bulk_link::transfer t;
+    t.id = state::get().remote().next_transfer();
+    t.host = static_cast<std::byte*>(const_cast<void*>(host));
+    t.n = n;
+    t.chunk = link.chunk_for(n);
+    return t;
+}
+
+// The call goes on the lane in its place among the thread's calls; the chunks are queued right after it, and
+// the caller returns once they are all written (the source may be reused then, as after the lane's own copy).
+// A sync copy also waits for the server's reply: by then every chunk was taken and the copy enqueued.
+CUresult striped_htod(bulk_link& link, CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
+    lane* l = state::get().remote().this_thread_lane();
+    if (!l) return static_cast<CUresult>(connection_lost_result);
+    auto t = striped_transfer(link, src, n);
+    striped_call c(op::copy_htod_striped, dst, t, stream, link.set());
+    std::unique_lock order(link.order());
+    const std::function<void()> queue = [&] {
+        link.queue(t);
+        order.unlock();
+    };
+    c.rq.after_send = &queue;
+    call_reply rp;
+    int rc = m == mode::post ? l->post(c.rq) : l->call(c.rq, rp);
+    link.wait_written(t);  // a failed write fails the copy on the server too: its reply or the next one says so
+    if (rc == CUDA_ERROR_DEVICE_UNAVAILABLE) link.close("the server closed them");
+    return static_cast<CUresult>(rc);
+}
+
+// The chunks land in `dst` at their offsets, read by the bulk connections; the call returns once the reply and
+// every chunk came.
+CUresult striped_dtoh(bulk_link& link, void* dst, CUdeviceptr src, size_t n, CUstream stream) {
+    lane* l = state::get().remote().this_thread_lane();
+    if (!l) return static_cast<CUresult>(connection_lost_result);
+    auto t = striped_transfer(link, dst, n);
+    striped_call c(op::copy_dtoh_striped, src, t, stream, link.set());
+    link.expect(t);
+    call_reply rp;
+    int rc = l->call(c.rq, rp);
+    bool complete = link.finish(t, rc == 0);
+    if (rc == 0 && !complete) return CUDA_ERROR_DEVICE_UNAVAILABLE;  // the bulk connections failed (logged)
+    if (rc == CUDA_ERROR_DEVICE_UNAVAILABLE) link.close("the server closed them");
+    return static_cast<CUresult>(rc);
+}
+
+// Host to device: from shared pinned memory the server copies straight from the pages; large copies over TCP go
+// striped; otherwise every chunk but the last is queued and the last waits for the server when `m` is sync, so
+// the copy is enqueued on the GPU before the call returns, as with the real driver.
 CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
     if (!src) return CUDA_ERROR_INVALID_VALUE;
     if (m == mode::post && !device_range(dst, n)) return CUDA_ERROR_INVALID_VALUE;
     if (uint64_t from = shared_address(src, n)) return remote(op::copy_htod_shared, {dst, from, n, stream_arg(stream)}, m);
+    if (device_range(dst, n))  // else the lane's copy gets the server's refusal
+        if (auto link = striping(n)) return striped_htod(*link, dst, src, n, stream, m);
     for (size_t off = 0; off < n; off += copy_chunk) {
         size_t len = std::min(copy_chunk, n - off);
         bool last = off + len == n;
@@ -111,8 +184,8 @@ CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, 
 
 // Device to host: into shared pinned memory the GPU writes the pages itself, and the asynchronous form is
 // truly asynchronous (the bytes are there once the stream is synchronized with, as with the real driver).
-// Otherwise the reply's payload is read straight into the caller's buffer, and the asynchronous form also
-// waits, so the bytes are there whenever any later call synchronizes with the stream.
+// Otherwise the reply's payload (or a striped copy's chunks) is read straight into the caller's buffer, and the
+// asynchronous form also waits, so the bytes are there whenever any later call synchronizes with the stream.
 CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m = mode::sync) {
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
@@ -121,6 +194,8 @@ CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m
         if (m == mode::post && (!device_range(src, n) || check_stream(stream) != CUDA_SUCCESS)) return CUDA_ERROR_INVALID_VALUE;
         return remote(op::copy_dtoh_shared, {to, src, n, stream_arg(stream)}, m);
     }
+    if (device_range(src, n))
+        if (auto link = striping(n)) return striped_dtoh(*link, dst, src, n, stream);
     call_reply rp;
     rp.payload_dst = static_cast<std::byte*>(dst);
     rp.payload_cap = n;

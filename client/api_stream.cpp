@@ -228,6 +228,8 @@ CUresult capture_info(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id_
 
 }  // namespace
 
+bool vcuda::client::capture_under_way() { return captures().sequences.load() != 0; }
+
 VCUDA_API cuStreamBeginCapture(CUstream s) noexcept {
     VCUDA_TRACE_HOOK(cuStreamBeginCapture, s);
     return begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL, "cuStreamBeginCapture", nullptr, {}, {});

@@ -192,6 +192,7 @@ int lane::post(const call_request& rq) {
     c.posted.fetch_add(1, std::memory_order_relaxed);
     if (c.by_op) c.async_by_op[static_cast<uint32_t>(rq.operation) % op_id_limit].fetch_add(1, std::memory_order_relaxed);
     if (!send(build(rq, true), false)) return lost(failure_);
+    if (rq.after_send) (*rq.after_send)();
     return 0;
 }
 
@@ -201,6 +202,7 @@ int lane::call(const call_request& rq, call_reply& rp) {
     c.round_trips.fetch_add(1, std::memory_order_relaxed);
     if (c.by_op) c.sync_by_op[static_cast<uint32_t>(rq.operation) % op_id_limit].fetch_add(1, std::memory_order_relaxed);
     if (!send(build(rq, false), true)) return lost(failure_);
+    if (rq.after_send) (*rq.after_send)();
     payload_sink sink;
     if (rp.payload_dst) {
         sink = [&](const frame_header& h, const std::vector<std::byte>&) -> std::byte* {
@@ -261,7 +263,7 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
     // Shared-memory rings unless VCUDA_SHM=0 (frames then stay on the Unix socket).
     const char* shm = std::getenv("VCUDA_SHM");
     const bool want_rings = fs.raw().is_local() && !(shm && std::string_view(shm) == "0");
-    b.Finish(wire::CreateHello(b, protocol_version, features::all | (want_rings ? features::shm_rings : 0),
+    b.Finish(wire::CreateHello(b, protocol_version, features::all | features::bulk | (want_rings ? features::shm_rings : 0),
                                b.CreateString(token_), id_, secret_, number,
                                static_cast<uint32_t>(getpid()), b.CreateString(host), 0, tag_));
     if (auto r = fs.send(make_frame(frame_kind::hello, b, 0, number), after(timeout_)); !r) {
@@ -298,6 +300,8 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
     if (number == 0) {
         id_ = hr->session_id();
         secret_ = hr->session_secret();
+        bulk_cap_ = hr->features() & features::bulk ? hr->bulk_streams() : 0;
+        pid_ = getpid();
     }
     return std::make_unique<lane>(*this, std::move(fs), number);
 }
@@ -344,6 +348,32 @@ std::unique_ptr<session> session::open(const std::string& address, std::chrono::
     }
     adopt_lane(std::move(first), s->tag_);
     return s;
+}
+
+std::shared_ptr<bulk_link> session::bulk() {
+    static const unsigned wanted = [] {  // VCUDA_BULK_STREAMS, default 4
+        const char* v = std::getenv("VCUDA_BULK_STREAMS");
+        return v && *v ? static_cast<unsigned>(std::min<unsigned long>(std::strtoul(v, nullptr, 10), 1024)) : 4u;
+    }();
+    const unsigned count = std::min(wanted, bulk_cap_);
+    if (count == 0 || endpoint_.type != endpoint::kind::tcp || lost_ || getpid() != pid_) return nullptr;
+    std::lock_guard lock(bulk_mu_);
+    if (bulk_ && !bulk_->broken()) return bulk_;
+    if (bulk_) {
+        bulk_.reset();
+        if (++bulk_failures_ == 3) {
+            bulk_off_ = true;
+            VCUDA_LOG_WARN("striped copies to {} failed three times: large copies now travel on their lane", address_);
+        }
+    }
+    if (bulk_off_) return nullptr;
+    std::string why;
+    bulk_ = bulk_link::open(endpoint_, id_, secret_, ++bulk_sets_, count, timeout_, why);
+    if (!bulk_) {
+        bulk_off_ = true;
+        VCUDA_LOG_WARN("no striped copies to {} ({}): large copies travel on their lane", address_, why);
+    }
+    return bulk_;
 }
 
 lane* session::this_thread_lane() {

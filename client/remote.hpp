@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <thread>
 #include <cstdint>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "client/bulk.hpp"
 #include "common/transport.hpp"
 #include "ops.hpp"
 #include "vcuda_generated.h"
@@ -32,6 +34,8 @@ struct call_request {
     std::span<const uint64_t> args;
     std::span<const std::span<const std::byte>> blobs;
     std::span<const std::byte> payload;  // bulk bytes after the metadata
+    // Called once the call's frame is sent (or queued to be): striped copies queue their chunks there.
+    const std::function<void()>* after_send = nullptr;
 };
 
 struct call_reply {
@@ -134,6 +138,12 @@ public:
     };
     frame_ref note_send(uint32_t lane, uint64_t seq);
 
+    // Striped copies (client/bulk.hpp): this session's bulk connections, opened at the first large copy. Null
+    // when striping is off (VCUDA_BULK_STREAMS=0, a Unix socket, a server that does not offer it, a forked child)
+    // or the connections cannot be opened; after three sets that failed, striping stays off.
+    std::shared_ptr<bulk_link> bulk();
+    uint64_t next_transfer() { return ++transfers_; }
+
 private:
     std::unique_ptr<lane> connect_lane(uint32_t number, std::string& why);
 
@@ -148,6 +158,13 @@ private:
     std::mutex order_mu_;
     frame_ref last_sent_;
     std::vector<server_device> devices_;
+    uint32_t bulk_cap_ = 0;  // from HELLO's reply: the most connections of a bulk set; 0: no striping
+    int pid_ = 0;            // the process that opened the session (a forked child has none of its threads)
+    std::mutex bulk_mu_;
+    std::shared_ptr<bulk_link> bulk_;
+    uint32_t bulk_sets_ = 0, bulk_failures_ = 0;
+    bool bulk_off_ = false;
+    std::atomic<uint64_t> transfers_{0};
 };
 
 }  // namespace vcuda::client

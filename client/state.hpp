@@ -176,5 +176,7 @@ int current_device();
 
 // Maps NULL/legacy/per-thread stream handles for the _ptsz variants.
 CUstream per_thread_stream(CUstream s);
+// True while a stream capture is under way in this process (client/api_stream.cpp).
+bool capture_under_way();
 
 }  // namespace vcuda::client

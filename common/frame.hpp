@@ -44,6 +44,9 @@ inline constexpr uint64_t all = async_calls | lanes;
 // Asked for by a client on the same host; granted by a server that passes the rings' memfd with HELLO's reply
 // (common/shm_ring.hpp). Not in `all`: it depends on the connection.
 inline constexpr uint64_t shm_rings = 1u << 2;
+// Striped bulk copies: a session may open extra bulk connections that carry the bytes of large copies as chunks
+// (protocol/README.md, *Bulk connections*). Not in `all`: a server offers it only when it accepts them.
+inline constexpr uint64_t bulk = 1u << 3;
 }  // namespace features
 
 // Wire layout, little-endian, no padding (static_asserts below).

@@ -627,33 +627,51 @@ void listener::close() {
 // ---------------------------------------------------------------- frame_stream
 
 transport_result<void> frame_stream::send(std::span<const outgoing_frame> frames, deadline until, int pass_fd) {
-    std::vector<std::byte> headers(frames.size() * frame_header_size);
-    std::vector<iovec> iov;
-    iov.reserve(frames.size() * 3);
+    // One frame (replies, bulk chunks) is laid out on the stack: no allocation per frame.
+    std::byte one_header[frame_header_size];
+    iovec one_iov[3];
+    std::vector<std::byte> headers;
+    std::vector<iovec> iov_list;
+    std::byte* hdr = one_header;
+    iovec* iov = one_iov;
+    if (frames.size() > 1) {
+        headers.resize(frames.size() * frame_header_size);
+        iov_list.resize(frames.size() * 3);
+        hdr = headers.data();
+        iov = iov_list.data();
+    }
+    size_t n = 0;
     for (size_t i = 0; i < frames.size(); ++i) {
         frame_header h = frames[i].header;
         h.meta_len = static_cast<uint32_t>(frames[i].meta.size());
         h.payload_len = frames[i].payload.size();
-        encode_header(h, &headers[i * frame_header_size]);
-        iov.push_back({&headers[i * frame_header_size], frame_header_size});
-        if (!frames[i].meta.empty()) iov.push_back({const_cast<std::byte*>(frames[i].meta.data()), frames[i].meta.size()});
+        encode_header(h, &hdr[i * frame_header_size]);
+        iov[n++] = {&hdr[i * frame_header_size], frame_header_size};
+        if (!frames[i].meta.empty()) iov[n++] = {const_cast<std::byte*>(frames[i].meta.data()), frames[i].meta.size()};
         if (!frames[i].payload.empty())
-            iov.push_back({const_cast<std::byte*>(frames[i].payload.data()), frames[i].payload.size()});
+            iov[n++] = {const_cast<std::byte*>(frames[i].payload.data()), frames[i].payload.size()};
     }
     std::lock_guard lock(*write_mutex_);
-    return s_.write_all(iov, until, pass_fd);
+    return s_.write_all({iov, n}, until, pass_fd);
 }
 
 transport_result<frame> frame_stream::receive(deadline first_byte, std::chrono::milliseconds rest, const payload_sink& sink) {
+    frame f;
+    if (auto r = receive_into(f, first_byte, rest, sink); !r) return unexpected{r.error()};
+    return f;
+}
+
+transport_result<void> frame_stream::receive_into(frame& f, deadline first_byte, std::chrono::milliseconds rest,
+                                                  const payload_sink& sink) {
     std::byte raw[frame_header_size];
     if (auto r = s_.read_exact(raw, 1, first_byte); !r) return unexpected{r.error()};
     deadline until = after(rest);
     if (auto r = s_.read_exact(raw + 1, frame_header_size - 1, until); !r) return unexpected{r.error()};
     auto h = check_header(raw, limits_);
     if (!h) return unexpected{transport_error{transport_errc::protocol, h.error().message}};
-    frame f;
     f.header = *h;
     f.meta.resize(h->meta_len);
+    f.payload.clear();
     if (h->meta_len)
         if (auto r = s_.read_exact(f.meta.data(), h->meta_len, until); !r) return unexpected{r.error()};
     if (auto v = verify_metadata(f.kind(), f.meta, limits_); !v)
@@ -668,7 +686,7 @@ transport_result<frame> frame_stream::receive(deadline first_byte, std::chrono::
         deadline payload_until = until ? deadline(*until + std::chrono::milliseconds((h->payload_len >> 26) * 1000)) : until;
         if (auto r = s_.read_exact(dst, h->payload_len, payload_until); !r) return unexpected{r.error()};
     }
-    return f;
+    return {};
 }
 
 }  // namespace vcuda

@@ -181,9 +181,15 @@ public:
     // Receives one frame: waits up to `first_byte` for it to start, then up to `rest` for the remainder.
     transport_result<frame> receive(deadline first_byte = never, std::chrono::milliseconds rest = std::chrono::seconds(30),
                                     const payload_sink& sink = {});
+    // The same into `f`, whose buffers are reused: a loop that receives many frames allocates nothing per frame
+    // once its buffers have grown (bulk connections). `f` holds the frame when this succeeds.
+    transport_result<void> receive_into(frame& f, deadline first_byte = never,
+                                        std::chrono::milliseconds rest = std::chrono::seconds(30), const payload_sink& sink = {});
 
     stream& raw() { return s_; }
     const frame_limits& limits() const { return limits_; }
+    // Limits for the frames received from now on (a connection whose role HELLO decided: bulk connections).
+    void set_limits(const frame_limits& l) { limits_ = l; }
     void shutdown() { s_.shutdown(); }
 
 private:

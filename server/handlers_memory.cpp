@@ -174,6 +174,65 @@ CUresult handle_copy_dtoh(call_context& cx) {
     }
 }
 
+// ---------------------------------------------------------------- striped copies (server/bulk.hpp)
+
+namespace {
+
+// The arguments every striped copy has: {device address, size, stream, transfer id, chunk size, bulk set}.
+struct striped_args {
+    CUdeviceptr device = 0;
+    uint64_t n = 0, transfer = 0, chunk = 0;
+    uint32_t set = 0;
+};
+
+bool read_striped(call_context& cx, striped_args& a) {
+    if (!cx.expect_args(6)) return false;
+    a = {cx.arg(0), cx.arg(1), cx.arg(3), cx.arg(4), static_cast<uint32_t>(cx.arg(5))};
+    return a.n > 0 && a.transfer != 0 && a.set == cx.arg(5) && a.set != 0 && a.chunk >= bulk_hub::min_chunk &&
+           a.chunk <= bulk_hub::buffer_size;
+}
+
+// The copy's stream; one that captures is refused: a graph would keep the staging buffer's address.
+CUresult striped_stream(call_context& cx, CUstream& s) {
+    if (CUresult rc = cx.handle(2, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (cx.drv().cuStreamIsCapturing && cx.drv().cuStreamIsCapturing(s, &st) == CUDA_SUCCESS &&
+        st != CU_STREAM_CAPTURE_STATUS_NONE)
+        return cx.fail(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "a striped copy cannot be captured");
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// The bytes come as chunks on the session's bulk connections, possibly before this call. A copy refused here
+// still takes its chunks (and drops them).
+CUresult handle_copy_htod_striped(call_context& cx) {
+    striped_args a;
+    if (!read_striped(cx, a)) {
+        // Its chunks cannot be told apart: the set they come on is closed.
+        if (cx.arg_count() == 6) cx.sess.bulk().abandon(static_cast<uint32_t>(cx.arg(5)), "a malformed striped copy");
+        return cx.bad_arguments();
+    }
+    CUstream s = nullptr;
+    CUresult rc = cx.device_range(a.device, a.n);
+    if (rc == CUDA_SUCCESS) rc = striped_stream(cx, s);
+    return cx.sess.bulk().to_device(a.set, a.transfer, a.device, a.n, a.chunk, s, rc, cx.detail);
+}
+
+// The reply comes once every chunk is written on the bulk connections.
+CUresult handle_copy_dtoh_striped(call_context& cx) {
+    striped_args a;
+    if (!read_striped(cx, a)) return cx.bad_arguments();
+    if (CUresult rc = cx.device_range(a.device, a.n); rc != CUDA_SUCCESS) return rc;
+    CUstream s = nullptr;
+    if (CUresult rc = striped_stream(cx, s); rc != CUDA_SUCCESS) return rc;
+    return cx.sess.bulk().to_host(a.set, a.transfer, a.device, a.n, a.chunk, s, cx.detail);
+}
+
+CUresult handle_bulk_chunk(call_context& cx) {
+    return cx.fail(CUDA_ERROR_INVALID_VALUE, "bulk_chunk is sent on a bulk connection, not on a lane");
+}
+
 // args {dst, src, size, stream}
 CUresult handle_copy_dtod(call_context& cx) {
     if (!cx.expect_args(4)) return cx.bad_arguments();

@@ -80,6 +80,11 @@ int main(int argc, char** argv) {
     app.add_option("--spin-us", spin_us,
                    "Microseconds a lane thread spins for the next frame (on shared-memory rings or its socket) before it sleeps "
                    "(default 50 with 4 or more CPUs, else 0; env VCUDA_SPIN_US)");
+    long bulk_streams = -1;
+    app.add_option("--bulk-streams", bulk_streams,
+                   "The most bulk connections a client session may open for striped copies over TCP (default 8); "
+                   "0: none (large copies then travel on their lane)")
+        ->check(CLI::Range(0, 1024));
     app.add_option("--log-level", level, "trace, debug, info, warn, error or off (default info; env VCUDA_LOG_LEVEL)");
     std::string manager, secret_file;
     std::vector<std::string> advertise;
@@ -113,6 +118,7 @@ int main(int argc, char** argv) {
     }
     opts.shm_rings = !no_shm_rings;
     if (spin_us >= 0) opts.spin = std::chrono::microseconds(spin_us);
+    if (bulk_streams >= 0) opts.bulk_streams = static_cast<uint32_t>(bulk_streams);
     if (listen.empty()) listen.push_back("127.0.0.1:7300");
     if (!manager.empty()) {
         if (secret_file.empty()) {

@@ -69,6 +69,11 @@ void server::run_connection(stream s) {
         send_wire_error(fs, wire_errc::bad_version, "this server speaks protocol version " + std::to_string(protocol_version));
         return;
     }
+    const bool bulk = h->bulk_set() != 0;
+    if (bulk && h->session_id() == 0) {
+        send_wire_error(fs, wire_errc::unexpected_kind, "a bulk connection joins a session that is open");
+        return;
+    }
     std::shared_ptr<session> sess;
     if (h->session_id() == 0) {
         session_grant grant;
@@ -89,27 +94,43 @@ void server::run_connection(stream s) {
         }
     }
     ++sess->lanes;
+    if (!bulk) ++sess->call_lanes;
+    bulk_hub::connection* bulk_conn = nullptr;
+    if (bulk) {
+        std::string why = "this server takes no bulk connections (--bulk-streams 0)";
+        if (opts_.bulk_streams > 0) bulk_conn = sess->bulk().join(h->bulk_set(), opts_.bulk_streams, fs, why);
+        if (!bulk_conn) {
+            VCUDA_LOG_WARN("session {}: bulk connection from {} refused: {}", sess->id(), peer, why);
+            send_wire_error(fs, wire_errc::not_allowed, why);
+        }
+    }
     // Frames through shared-memory rings when the client asked and shares this host.
     std::unique_ptr<shm_rings> rings;
     int rings_fd = -1;
-    if ((h->features() & features::shm_rings) && fs.raw().is_local() && opts_.shm_rings) {
+    if (!bulk && (h->features() & features::shm_rings) && fs.raw().is_local() && opts_.shm_rings) {
         auto r = shm_rings::create(shm_rings::default_ring_bytes, rings_fd);
         if (r) rings = std::move(*r);
         else VCUDA_LOG_WARN("{}: no shared-memory rings ({}); frames go through the socket", peer, r.error());
     }
     flatbuffers::FlatBufferBuilder b(128);
-    b.Finish(wire::CreateHelloReply(b, protocol_version, features::all | (rings ? features::shm_rings : 0), sess->id(),
-                                    sess->secret(), b.CreateString("vcuda-server"), opts_.memory_quota));
-    bool greeted = fs.send(make_frame(frame_kind::hello_reply, b), after(std::chrono::seconds(10)), rings_fd).has_value();
+    const uint64_t feats = features::all | (rings ? features::shm_rings : 0) | (opts_.bulk_streams ? features::bulk : 0);
+    b.Finish(wire::CreateHelloReply(b, protocol_version, feats, sess->id(), sess->secret(), b.CreateString("vcuda-server"),
+                                    opts_.memory_quota, opts_.bulk_streams));
+    bool greeted = (!bulk || bulk_conn) &&
+                   fs.send(make_frame(frame_kind::hello_reply, b), after(std::chrono::seconds(10)), rings_fd).has_value();
     if (rings_fd >= 0) close(rings_fd);
     if (greeted && rings) fs.raw().attach_rings(std::move(rings), opts_.spin);
     else fs.raw().set_spin(opts_.spin);
-    if (greeted) {
-        sess->attach(&fs);
+    sess->attach(&fs);
+    if (bulk_conn) {
+        sess->bulk().serve(bulk_conn);  // also when the reply could not be sent: it releases the connection
+    } else if (greeted) {
         run_lane(sess, fs, h->lane());
         sess->lane_gone(h->lane());
-        sess->detach(&fs);
     }
+    sess->detach(&fs);
+    // The client's lanes are gone (the process ended): its bulk connections are closed too.
+    if (!bulk && --sess->call_lanes == 0) sess->bulk().close("the client's lanes ended");
     if (--sess->lanes == 0) {
         auto t0 = std::chrono::steady_clock::now();
         uint64_t held = 0;

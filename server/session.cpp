@@ -11,7 +11,8 @@ namespace vcuda::server {
 
 session::session(uint64_t id, uint64_t secret, driver& drv, const server_options& opts, const session_grant& grant,
                  std::string peer)
-    : id_(id), secret_(secret), drv_(&drv), opts_(opts), peer_(std::move(peer)), lease_id_(grant.lease_id) {
+    : id_(id), secret_(secret), drv_(&drv), opts_(opts), peer_(std::move(peer)), lease_id_(grant.lease_id),
+      bulk_(std::make_unique<bulk_hub>(drv.api(), id)) {
     for (size_t i = 0; i < drv.gpus().size(); ++i) {
         auto& g = drv.gpus()[i];
         device_slot s;
@@ -103,6 +104,7 @@ void session::release_device(size_t device) {
     if (s.ctx) {
         d.cuCtxSetCurrent(s.ctx);
         d.cuCtxSynchronize();  // nothing may still use what is freed below (errors: the context is going anyway)
+        bulk_->forget_context(s.ctx);
     }
     // Stream-ordered allocations go back to their pools before pools are destroyed.
     for (auto it = pool_allocations.begin(); it != pool_allocations.end();) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/transport.hpp"
+#include "server/bulk.hpp"
 #include "server/device_memory.hpp"
 #include "server/driver.hpp"
 #include "server/handle_table.hpp"
@@ -32,6 +33,7 @@ struct server_options {
     std::string secret;         // shared with the manager: when set, every session needs a valid lease token
     bool shm_rings = true;      // frames of local (Unix socket) clients through shared-memory rings
     std::chrono::microseconds spin = default_spin();  // how long a lane thread spins for the next frame before it sleeps
+    uint32_t bulk_streams = 8;  // the most bulk connections one bulk set of a session may have; 0: striping off
 };
 
 // What a session may use: which of the server's GPUs (by index) and how much memory on each.
@@ -132,7 +134,10 @@ public:
     // Waits until `lane` has run call `seq`; false when the lane is gone or the session ends first.
     bool wait_for_lane(uint32_t lane, uint64_t seq);
 
-    std::atomic<int> lanes{0};
+    std::atomic<int> lanes{0};       // connections: lanes and bulk connections; the session ends at 0
+    std::atomic<int> call_lanes{0};  // lanes only: at 0 the client is gone, and its bulk connections are closed
+    // Striped copies: the rendezvous of the session's bulk connections and lanes (server/bulk.hpp).
+    bulk_hub& bulk() { return *bulk_; }
     // Lanes register their connections so the session can be ended from outside (its lease was released or
     // expired): end() shuts them down and the lanes' threads then release everything as on a disconnect.
     void attach(frame_stream* fs);
@@ -158,6 +163,7 @@ private:
     std::string peer_;
     std::string lease_id_;
     std::vector<device_slot> devices_;
+    std::unique_ptr<bulk_hub> bulk_;
     std::mutex lanes_mu_;
     std::vector<frame_stream*> streams_;
     bool ending_ = false;  // under lanes_mu_

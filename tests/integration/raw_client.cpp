@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -13,7 +14,8 @@
 
 namespace vcuda::test {
 
-std::unique_ptr<raw_client> raw_client::open(const std::string& address, uint64_t session_id, uint64_t secret, std::string* why) {
+std::unique_ptr<raw_client> raw_client::open(const std::string& address, uint64_t session_id, uint64_t secret, std::string* why,
+                                             uint32_t bulk_set) {
     auto ep = endpoint::parse(address);
     if (!ep) return nullptr;
     auto s = stream::connect(*ep, std::chrono::seconds(5));
@@ -23,8 +25,8 @@ std::unique_ptr<raw_client> raw_client::open(const std::string& address, uint64_
     }
     std::unique_ptr<raw_client> c(new raw_client(frame_stream(std::move(*s))));
     flatbuffers::FlatBufferBuilder b;
-    b.Finish(wire::CreateHello(b, protocol_version, features::all, b.CreateString(""), session_id, secret, 0, getpid(),
-                               b.CreateString("test")));
+    b.Finish(wire::CreateHello(b, protocol_version, features::all | features::bulk, b.CreateString(""), session_id, secret,
+                               0, getpid(), b.CreateString("test"), 0, 0, bulk_set));
     if (!c->fs_.send(make_frame(frame_kind::hello, b))) return nullptr;
     auto in = c->fs_.receive(after(std::chrono::seconds(5)));
     if (!in) {
@@ -38,6 +40,8 @@ std::unique_ptr<raw_client> raw_client::open(const std::string& address, uint64_
     auto* r = root_of<wire::HelloReply>(*in);
     c->session_ = r->session_id();
     c->secret_ = r->session_secret();
+    c->features_ = r->features();
+    c->bulk_streams_ = r->bulk_streams();
     return c;
 }
 
@@ -49,11 +53,23 @@ raw_reply raw_client::call(op o, std::vector<uint64_t> args, std::vector<std::ve
     auto a = b.CreateVector(args);
     auto bv = b.CreateVector(bo);
     b.Finish(wire::CreateCall(b, static_cast<uint32_t>(o), device, a, bv));
-    raw_reply r;
     if (!fs_.send(make_frame(frame_kind::call, b, ++sequence_, 0, 0, payload))) {
+        raw_reply r;
         r.connection_ok = false;
         return r;
     }
+    return receive_reply();
+}
+
+bool raw_client::send_call(op o, std::vector<uint64_t> args, int device) {
+    flatbuffers::FlatBufferBuilder b;
+    auto a = b.CreateVector(args);
+    b.Finish(wire::CreateCall(b, static_cast<uint32_t>(o), device, a));
+    return fs_.send(make_frame(frame_kind::call, b, ++sequence_)).has_value();
+}
+
+raw_reply raw_client::receive_reply() {
+    raw_reply r;
     auto in = fs_.receive(after(std::chrono::seconds(20)));
     if (!in || in->kind() != frame_kind::reply) {
         r.connection_ok = false;
@@ -65,6 +81,24 @@ raw_reply raw_client::call(op o, std::vector<uint64_t> args, std::vector<std::ve
     if (rep->detail()) r.detail = rep->detail()->str();
     r.payload = std::move(in->payload);
     return r;
+}
+
+bool raw_client::send_chunk(uint64_t transfer, uint64_t offset, const std::vector<std::byte>& bytes) {
+    flatbuffers::FlatBufferBuilder b;
+    auto a = b.CreateVector(std::vector<uint64_t>{transfer, offset});
+    b.Finish(wire::CreateCall(b, static_cast<uint32_t>(op::bulk_chunk), -1, a));
+    return fs_.send(make_frame(frame_kind::call, b, ++sequence_, 0, frame_flags::no_reply, bytes)).has_value();
+}
+
+bool raw_client::receive_chunk(uint64_t& transfer, uint64_t& offset, std::vector<std::byte>& bytes) {
+    auto in = fs_.receive(after(std::chrono::seconds(20)));
+    if (!in || in->kind() != frame_kind::call) return false;
+    auto* c = root_of<wire::Call>(*in);
+    if (c->op() != static_cast<uint32_t>(op::bulk_chunk) || !c->args() || c->args()->size() != 2) return false;
+    transfer = c->args()->Get(0);
+    offset = c->args()->Get(1);
+    bytes = std::move(in->payload);
+    return true;
 }
 
 raw_reply raw_client::call(uint32_t raw_op, std::vector<uint64_t> args, int device) {
@@ -87,10 +121,10 @@ bool raw_client::closed_by_peer() {
     return false;
 }
 
-server_process::server_process(std::vector<std::string> extra) {
+server_process::server_process(std::vector<std::string> extra, transport t) {
     char tmpl[] = "/tmp/vcuda-it-XXXXXX";
     dir_ = mkdtemp(tmpl);
-    address_ = "unix:" + dir_ + "/s.sock";
+    address_ = t == transport::tcp ? "127.0.0.1:0" : "unix:" + dir_ + "/s.sock";
     std::vector<std::string> args = {VCUDA_SERVER_BIN, "--listen", address_, "--driver", VCUDA_SOFTDRIVER, "--log-level", "debug"};
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = fork();
@@ -103,10 +137,32 @@ server_process::server_process(std::vector<std::string> extra) {
         execv(argv[0], argv.data());
         _exit(127);
     }
+    if (t == transport::tcp) {
+        // The port the system chose, from the line the server logs when it listens.
+        std::smatch m;
+        static const std::regex serving(R"(serving \d+ GPU\(s\) on (127\.0\.0\.1:\d+))");
+        for (int i = 0; i < 500; ++i) {
+            std::string text = log();
+            if (std::regex_search(text, m, serving)) {
+                address_ = m[1];
+                break;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        return;
+    }
     for (int i = 0; i < 200; ++i) {
         if (access((dir_ + "/s.sock").c_str(), F_OK) == 0) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+}
+
+bool server_process::wait_for_log(const std::string& text, int seconds) const {
+    for (int i = 0; i < seconds * 50; ++i) {
+        if (log().find(text) != std::string::npos) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
 }
 
 server_process::~server_process() {

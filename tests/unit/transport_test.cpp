@@ -183,6 +183,45 @@ TEST_CASE("payloads from 0 bytes to 1 MiB arrive intact", "[unit][integration][t
     }
 }
 
+TEST_CASE("receive_into reuses the frame's buffers and set_limits applies to the frames after it",
+          "[unit][integration][transport]") {
+    const auto kind = GENERATE(transport_kind::unix_socket, transport_kind::tcp);
+    INFO(name_of(kind));
+    connected_pair p(kind);
+    frame_stream out(std::move(p.client)), in(std::move(p.accepted));
+    frame f;
+    const std::byte* meta_buffer = nullptr;
+    const std::byte* payload_buffer = nullptr;
+    for (uint64_t i = 0; i < 20; ++i) {
+        // Frames of decreasing size into one frame object: the buffers grown for the first are kept.
+        const bytes meta = small_call_meta(9, i);
+        const bytes payload = pattern(4096 - i, i);
+        REQUIRE(out.send(call_frame(meta, payload, i + 1), after(5s)));
+        REQUIRE(in.receive_into(f, after(5s), 5s));
+        CHECK(call_of(f) == std::pair<uint32_t, uint64_t>{9, i});
+        CHECK(f.header.sequence == i + 1);
+        CHECK((f.payload == payload));
+        if (i == 0) {
+            meta_buffer = f.meta.data();
+            payload_buffer = f.payload.data();
+        }
+        CHECK(f.meta.data() == meta_buffer);
+        CHECK(f.payload.data() == payload_buffer);
+    }
+    // A frame without a payload leaves none behind from the one before.
+    REQUIRE(out.send(call_frame(small_call_meta(9, 99), {}, 21), after(5s)));
+    REQUIRE(in.receive_into(f, after(5s), 5s));
+    CHECK(f.payload.empty());
+    // Smaller limits from now on: a payload past them is refused before it is read.
+    frame_limits small;
+    small.max_payload = 1024;
+    in.set_limits(small);
+    REQUIRE(out.send(call_frame(small_call_meta(9, 100), pattern(1025, 1), 22), after(5s)));
+    auto r = in.receive_into(f, after(5s), 5s);
+    REQUIRE(!r);
+    CHECK(r.error().code == transport_errc::protocol);
+}
+
 TEST_CASE("a 512 MiB payload arrives intact", "[unit][integration][transport][large]") {
     const auto kind = GENERATE(transport_kind::unix_socket, transport_kind::tcp);
     INFO(name_of(kind));
