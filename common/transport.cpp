@@ -133,7 +133,8 @@ bool is_unix_socket(int fd) {
 
 stream::stream(int fd) : fd_(fd), local_(is_unix_socket(fd)) {}
 stream::stream(stream&& o) noexcept
-    : fd_(o.fd_), local_(o.local_), rings_(std::move(o.rings_)), spin_(o.spin_), fds_received_(o.fds_received_),
+    : fd_(o.fd_), local_(o.local_), rbuf_(std::move(o.rbuf_)), rpos_(o.rpos_), rlen_(o.rlen_), rings_(std::move(o.rings_)),
+      spin_(o.spin_), fds_received_(o.fds_received_),
       lost_(o.lost_.load()), reported_(o.reported_.load()), peer_(std::move(o.peer_)),
       received_fds_(std::move(o.received_fds_)) {
     o.fd_ = -1;
@@ -144,6 +145,9 @@ stream& stream::operator=(stream&& o) noexcept {
         close_received();
         fd_ = o.fd_;
         local_ = o.local_;
+        rbuf_ = std::move(o.rbuf_);
+        rpos_ = o.rpos_;
+        rlen_ = o.rlen_;
         rings_ = std::move(o.rings_);
         spin_ = o.spin_;
         fds_received_ = o.fds_received_;
@@ -331,9 +335,25 @@ transport_result<void> stream::socket_read(void* buf, size_t n, deadline until) 
     auto* p = static_cast<char*>(buf);
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
     clock::time_point spin_end{};
+    if (!local_ && !rbuf_) rbuf_ = std::make_unique<char[]>(read_buffer_size);
     while (n > 0) {
+        if (rpos_ < rlen_) {  // bytes read ahead before
+            size_t k = std::min(n, rlen_ - rpos_);
+            std::memcpy(p, rbuf_.get() + rpos_, k);
+            rpos_ += k;
+            p += k;
+            n -= k;
+            continue;
+        }
         ssize_t r;
-        if (local_) {  // descriptors passed with the bytes would be dropped by a plain recv
+        if (!local_ && n < read_buffer_size) {  // a small read fills the buffer: the bytes after it come with it
+            r = ::recv(fd_, rbuf_.get(), read_buffer_size, MSG_DONTWAIT);
+            if (r > 0) {
+                rpos_ = 0;
+                rlen_ = static_cast<size_t>(r);
+                continue;
+            }
+        } else if (local_) {  // descriptors passed with the bytes would be dropped by a plain recv
             iovec iov{p, n};
             msghdr m{};
             m.msg_iov = &iov;

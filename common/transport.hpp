@@ -119,6 +119,11 @@ private:
 
     int fd_ = -1;
     bool local_ = false;
+    // TCP reads go through this buffer: a frame's header and metadata (and the next frames of a batch) then cost
+    // one recv, not one each. Unix sockets read exactly, since descriptors travel with particular bytes.
+    static constexpr size_t read_buffer_size = 64u << 10;
+    std::unique_ptr<char[]> rbuf_;
+    size_t rpos_ = 0, rlen_ = 0;
     std::unique_ptr<shm_rings> rings_;
     std::chrono::microseconds spin_{0};
     uint64_t fds_received_ = 0;
