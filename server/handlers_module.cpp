@@ -22,6 +22,12 @@ bool name_arg(call_context& cx, std::string& out) {
     return out.find('\0') == std::string::npos;
 }
 
+// The module or library `id` names, for ops that take either.
+CUresult lookup_module_or_library(call_context& cx, uint64_t id, void*& raw, handle_entry& e) {
+    CUresult rc = cx.lookup(id, handle_kind::module, raw, &e);
+    return rc == CUDA_SUCCESS ? rc : cx.lookup(id, handle_kind::library, raw, &e);
+}
+
 template <class Query>
 std::shared_ptr<param_layout> query_layout(Query&& q) {
     auto layout = std::make_shared<param_layout>();
@@ -130,8 +136,7 @@ CUresult handle_module_unload(call_context& cx) {
     uint64_t id = cx.arg(0);
     void* raw = nullptr;
     handle_entry e;
-    CUresult rc = cx.lookup(id, handle_kind::module, raw, &e);
-    if (rc != CUDA_SUCCESS) rc = cx.lookup(id, handle_kind::library, raw, &e);
+    CUresult rc = lookup_module_or_library(cx, id, raw, e);
     if (rc != CUDA_SUCCESS) return rc;
     if (e.owned) return cx.fail(CUDA_ERROR_INVALID_HANDLE, "this module belongs to a library");
     auto& d = cx.drv();
@@ -206,8 +211,7 @@ CUresult handle_module_entries(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
     void* raw = nullptr;
     handle_entry e;
-    CUresult rc = cx.lookup(cx.arg(0), handle_kind::module, raw, &e);
-    if (rc != CUDA_SUCCESS) rc = cx.lookup(cx.arg(0), handle_kind::library, raw, &e);
+    CUresult rc = lookup_module_or_library(cx, cx.arg(0), raw, e);
     if (rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     unsigned n = 0;
@@ -243,8 +247,7 @@ CUresult handle_module_get_global(call_context& cx) {
     if (!name_arg(cx, name)) return cx.bad_arguments();
     void* raw = nullptr;
     handle_entry e;
-    CUresult rc = cx.lookup(cx.arg(0), handle_kind::module, raw, &e);
-    if (rc != CUDA_SUCCESS) rc = cx.lookup(cx.arg(0), handle_kind::library, raw, &e);
+    CUresult rc = lookup_module_or_library(cx, cx.arg(0), raw, e);
     if (rc != CUDA_SUCCESS) return rc;
     CUdeviceptr p = 0;
     size_t size = 0;
