@@ -110,9 +110,10 @@ bulk_hub::connection* bulk_hub::join(uint32_t set, uint32_t per_set, frame_strea
               " bulk connections per set (--bulk-streams)";
         return nullptr;
     }
-    // The client uses its newest set only: older ones are closed.
+    // The client uses its newest set only: older ones are closed, and forgotten once their connections left.
     for (auto& [other, s] : sets_)
         if (other != set && !s.broken) break_set(other, "replaced by bulk set " + std::to_string(set));
+    std::erase_if(sets_, [&](auto& kv) { return kv.first != set && kv.second.live == 0; });
     ++st.joined;
     ++st.live;
     auto c = std::make_unique<connection>();
@@ -139,6 +140,7 @@ void bulk_hub::serve(connection* c) {
     for (;;) {
         {
             std::unique_lock lock(mu_);
+            target = nullptr;  // the last chunk's buffer is the transfer's now
             while (c->live && !(target = take_free(c, false, lock))) {
                 c->starved = true;
                 cv_.wait(lock);
@@ -396,8 +398,9 @@ void bulk_hub::leave(connection* c, const std::string& why) {
             "session {}: bulk connection {} (set {}) ended ({}): {} chunks in, {} out, {} staging buffers",
             session_, c->number, c->set, why, c->chunks_in, c->chunks_out, c->buffers.size());
         mine = std::move(c->buffers);
-        auto st = sets_.find(c->set);
-        if (st != sets_.end() && --st->second.live == 0) sets_.erase(st);
+        // A set whose connections all left stays known (broken, with why) until a newer set joins: a copy
+        // that names it still learns why it failed.
+        if (auto st = sets_.find(c->set); st != sets_.end()) --st->second.live;
         std::erase_if(connections_, [&](auto& p) { return p.get() == c; });
         cv_.notify_all();
     }

@@ -343,6 +343,8 @@ TEST_CASE("a bulk connection lost during a copy fails the copy but not the lane"
     REQUIRE(a->send_chunk(1, 0, pattern(n, 1)));
     b.reset();  // gone before its chunk
     auto r = s.lane->receive_reply();
+    INFO(s.server.log());
+    INFO(r.detail);
     CHECK(r.result == CUDA_ERROR_DEVICE_UNAVAILABLE);
     CHECK(r.detail.find("lost") != std::string::npos);
     CHECK(s.lane->call(op::mem_get_info, {}).result == CUDA_SUCCESS);

@@ -73,6 +73,8 @@ raw_reply raw_client::receive_reply() {
     auto in = fs_.receive(after(std::chrono::seconds(20)));
     if (!in || in->kind() != frame_kind::reply) {
         r.connection_ok = false;
+        r.detail = !in ? "no reply: " + in.error().message
+                       : "a frame of kind " + std::to_string(static_cast<int>(in->kind())) + " instead of a reply";
         return r;
     }
     auto* rep = root_of<wire::Reply>(*in);
