@@ -117,13 +117,22 @@ bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
     }
     std::unique_lock lock(mu_);
     if (failed_) return false;
-    // Writes `iov` from this thread while the writer is held off; the lock is held on entry and on return.
+    // Writes the queued frames, then `iov`, from this thread while the writer is held off; the lock is held
+    // on entry and on return.
     auto write_here = [&] {
+        std::vector<std::byte> queued;
+        queued.swap(queue_);
         writing_ = true;
         lock.unlock();
-        auto r = fs_.raw().write_all(iov);
+        iovec all[4] = {{queued.data(), queued.size()}, iov[0], iov[1], iov[2]};
+        const size_t skip = queued.empty() ? 1 : 0;
+        auto r = fs_.raw().write_all(std::span<iovec>(all + skip, 4 - skip));
         lock.lock();
         writing_ = false;
+        if (queue_.empty()) {  // keep the queue's capacity
+            queued.clear();
+            queue_.swap(queued);
+        }
         if (!r) {
             failed_ = true;
             failure_ = r.error();
@@ -131,10 +140,11 @@ bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
         cv_.notify_all();
         return !failed_;
     };
-    // A synchronous call on an idle link goes out from this thread: no hand-off to the writer on the
-    // latency-critical path. On shared-memory rings a write is a copy into the ring, cheaper than waking the
-    // writer, so every frame goes out from here while the link is idle.
-    if ((wait_for_reply || fs_.raw().has_rings()) && queue_.empty() && !writing_) return write_here();
+    // A synchronous call on a link the writer is not writing goes out from this thread, with the frames queued
+    // before it: no hand-off to the writer on the latency-critical path (a launch then a synchronize would
+    // otherwise wait for the writer to wake). On shared-memory rings a write is a copy into the ring, cheaper
+    // than waking the writer, so every frame goes out from here while the link is idle.
+    if (!writing_ && (wait_for_reply || fs_.raw().has_rings())) return write_here();
     if (f.payload.size() <= direct_payload) {
         queue_.insert(queue_.end(), header, header + frame_header_size);
         queue_.insert(queue_.end(), f.meta.begin(), f.meta.end());

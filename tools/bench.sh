@@ -2,12 +2,13 @@
 # The performance benchmark, on a machine with a GPU: runs tests/bench's vcuda_bench natively and through vcuda
 # over TCP loopback, over the Unix socket alone (VCUDA_SHM=0) and over shared-memory rings (the default on one
 # host), then a PyTorch training step the same ways when PyTorch is installed, and prints one table with each
-# figure's ratio to native (for GB/s, higher is better; for µs and ms, lower).
+# figure's ratio to native (for GB/s, higher is better; for µs and ms, lower). The modes take turns, BENCH_RUNS
+# times (default 3): each figure is the median of its runs, and the range of every figure follows the table.
 #
-# Usage: tools/bench.sh BUILD_DIR        (BENCH_TORCH=0 leaves the PyTorch row out)
+# Usage: tools/bench.sh BUILD_DIR        (BENCH_TORCH=0 leaves the PyTorch row out; BENCH_RUNS=N)
 set -u
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 build=$(cd "$1" && pwd) || exit 2
@@ -30,11 +31,15 @@ via() {  # via MODE CMD...: runs CMD natively or through vcuda over MODE
         shm) LD_LIBRARY_PATH=$build/lib/vcuda VCUDA_SERVER=unix:$tmp/s.sock "$@" ;;
     esac
 }
-for m in "${modes[@]}"; do via "$m" "$bench" >"$tmp/$m" 2>&1; done
-
+runs=${BENCH_RUNS:-3}
 table_id=""
 [ -f "$build/lib/vcuda/private_table_id" ] && table_id=$(tr -d ' \t\r\n' <"$build/lib/vcuda/private_table_id")
-if [ "${BENCH_TORCH:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
+torch=0
+[ "${BENCH_TORCH:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null && torch=1
+# Each run: every mode in turn, so that a noisy spell of the machine falls on all of them alike.
+for r in $(seq "$runs"); do
+    for m in "${modes[@]}"; do via "$m" "$bench" >>"$tmp/$m" 2>&1; done
+    [ $torch = 1 ] || continue
     for m in "${modes[@]}"; do
         out=$(via "$m" env VCUDA_PRIVATE_TABLE_ID="$table_id" timeout 300 \
               python3 "$here/tests/gpu/frameworks/torch_train.py" step_time 2>>"$tmp/torch.err")
@@ -43,15 +48,20 @@ if [ "${BENCH_TORCH:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
         [ -n "$step" ] && echo "metric torch_training_step $step ms" >>"$tmp/$m"
         [ -n "$trips" ] && [ "$m" != native ] && echo "trips $trips" >>"$tmp/$m"
     done
-fi
+done
 kill $server 2>/dev/null; wait $server 2>/dev/null
 
-value() { awk -v m="$2" '$1=="metric" && $2==m {print $3}' "$tmp/$1"; }
+# A figure's runs in mode $1, sorted; value: their median.
+runs_of() { awk -v m="$2" '$1=="metric" && $2==m {print $3}' "$tmp/$1" | sort -g; }
+value() { runs_of "$1" "$2" | awk '{v[NR]=$1} END{if(NR) print v[int((NR+1)/2)]}'; }
+range() { runs_of "$1" "$2" | awk 'NR==1{lo=$1} {hi=$1} END{if(NR) printf "%s-%s", lo, hi}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{if(a==""||b==""||b+0==0)print "-"; else printf "%.2fx", a/b}'; }
+figures=$(awk '$1=="metric" {print $2}' "$tmp/native" | awk '!seen[$0]++')
+echo "median of $runs runs per mode"
 printf "%-28s %-5s %10s %10s %7s %10s %7s %10s %7s\n" figure unit native tcp ratio unix ratio shm ratio
-for m in $(awk '$1=="metric" {print $2}' "$tmp/native"); do
+for m in $figures; do
     n=$(value native "$m")
-    unit=$(awk -v m="$m" '$1=="metric" && $2==m {print $4}' "$tmp/native")
+    unit=$(awk -v m="$m" '$1=="metric" && $2==m {print $4; exit}' "$tmp/native")
     line=$(printf "%-28s %-5s %10s" "$m" "$unit" "$n")
     for v in tcp unix shm; do
         x=$(value "$v" "$m")
@@ -59,8 +69,18 @@ for m in $(awk '$1=="metric" {print $2}' "$tmp/native"); do
     done
     echo "$line"
 done
+if [ "$runs" -gt 1 ]; then
+    echo
+    echo "range over the runs (min-max)"
+    printf "%-28s %18s %18s %18s %18s\n" figure native tcp unix shm
+    for m in $figures; do
+        line=$(printf "%-28s" "$m")
+        for v in native tcp unix shm; do line="$line $(printf "%18s" "$(range "$v" "$m")")"; done
+        echo "$line"
+    done
+fi
 for v in tcp unix shm; do
-    t=$(awk '$1=="trips" {print $2}' "$tmp/$v")
+    t=$(awk '$1=="trips" {print $2}' "$tmp/$v" | sort -g | awk '{v[NR]=$1} END{if(NR) print v[int((NR+1)/2)]}')
     [ -n "$t" ] && echo "torch step, sync round trips per step ($v): $t"
 done
 grep -h "FAIL" "$tmp"/native "$tmp"/tcp "$tmp"/unix "$tmp"/shm
