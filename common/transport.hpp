@@ -93,6 +93,8 @@ public:
     // file descriptors, doorbells and the end of the connection. A reader spins up to `spin` before it sleeps.
     void attach_rings(std::unique_ptr<shm_rings> rings, std::chrono::microseconds spin);
     bool has_rings() const { return rings_ != nullptr; }
+    // Bytes read ahead from a TCP socket and not yet handed out (0 on other streams).
+    size_t buffered() const { return rlen_ - rpos_; }
     // A reader on the socket spins up to `spin` (retrying it) before it sleeps (rings: attach_rings' own spin).
     void set_spin(std::chrono::microseconds spin) { spin_ = spin; }
 

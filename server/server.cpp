@@ -204,22 +204,24 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
         staged = pool.take();
         return staged ? static_cast<std::byte*>(staged->data) : nullptr;
     };
+    frame f;  // reused, so that receiving a call allocates nothing
+    constexpr size_t payload_kept = 1u << 20;
     for (;;) {
-        auto f = fs.receive(never, std::chrono::seconds(60), sink);
-        if (!f) {
+        if (f.payload.capacity() > payload_kept) std::vector<std::byte>().swap(f.payload);
+        if (auto r = fs.receive_into(f, never, std::chrono::seconds(60), sink); !r) {
             if (staged) pool.give_back(staged, nullptr);
-            if (f.error().code == transport_errc::protocol) {
-                VCUDA_LOG_WARN("session {} lane {}: bad frame ({}); closing the lane", sess->id(), lane_number, f.error().message);
-                send_wire_error(fs, wire_errc::verify_failed, f.error().message);
+            if (r.error().code == transport_errc::protocol) {
+                VCUDA_LOG_WARN("session {} lane {}: bad frame ({}); closing the lane", sess->id(), lane_number, r.error().message);
+                send_wire_error(fs, wire_errc::verify_failed, r.error().message);
             }
             return;
         }
-        if (f->kind() == frame_kind::goodbye) return;
-        if (f->kind() != frame_kind::call) {
+        if (f.kind() == frame_kind::goodbye) return;
+        if (f.kind() != frame_kind::call) {
             send_wire_error(fs, wire_errc::unexpected_kind, "expected a CALL frame");
             return;
         }
-        auto* call = root_of<wire::Call>(*f);
+        auto* call = root_of<wire::Call>(f);
         if (call->after_seq() != 0 && call->after_lane() != lane_number &&
             !sess->wait_for_lane(call->after_lane(), call->after_seq()))
             VCUDA_LOG_DEBUG("session {} lane {}: lane {} ended before its call {}; going on", sess->id(), lane_number,
@@ -229,8 +231,8 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
         const bool blocks = call->op() == static_cast<uint32_t>(op::ctx_synchronize) ||
                             call->op() == static_cast<uint32_t>(op::cuStreamSynchronize) ||
                             call->op() == static_cast<uint32_t>(op::cuEventSynchronize);
-        if (blocks) sess->lane_progress(lane_number, f->header.sequence);
-        call_context cx(*sess, lane, *call, *f, staged);
+        if (blocks) sess->lane_progress(lane_number, f.header.sequence);
+        call_context cx(*sess, lane, *call, f, staged);
         staged = nullptr;
         CUresult rc;
         const dispatch_entry* entry = find_op(call->op());
@@ -256,7 +258,7 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
             
             VCUDA_LOG_TRACE("session {} lane {}: {} -> {}", sess->id(), lane_number, entry->name, static_cast<int>(rc));
         }
-        if (!blocks) sess->lane_progress(lane_number, f->header.sequence);
+        if (!blocks) sess->lane_progress(lane_number, f.header.sequence);
         if (cx.staged() && cx.staged()->busy) pool.give_back(cx.staged(), nullptr);  // the handler did not use it
         if (cx.queued()) {
             if (rc != CUDA_SUCCESS && lane.pending_error == CUDA_SUCCESS) {
