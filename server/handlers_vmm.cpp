@@ -28,6 +28,12 @@ bool reserved(session& s, CUdeviceptr va, size_t size) {
     return va - it->first < it->second && size <= it->second - (va - it->first);
 }
 
+// The allocation's memory went back to the driver: credit the quota.
+void vmm_freed(session& s, std::map<uint64_t, session::vmm_allocation>::iterator it) {
+    s.memory(it->second.device).credit(it->second.size);
+    s.vmm_allocations.erase(it);
+}
+
 }  // namespace
 
 // args {flags}; blob {prop}. Out {granularity}.
@@ -99,7 +105,7 @@ CUresult handle_vmm_create(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {mem_handle}. The memory goes once no mapping uses it (as with the driver); the quota is credited now.
+// args {mem_handle}. As with the driver, the memory goes once no mapping uses it: the quota is credited then.
 CUresult handle_vmm_release(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
     void* raw = nullptr;
@@ -108,8 +114,10 @@ CUresult handle_vmm_release(call_context& cx) {
     if (rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
     if (auto it = cx.sess.vmm_allocations.find(cx.arg(0)); it != cx.sess.vmm_allocations.end()) {
-        cx.sess.memory(it->second.device).credit(it->second.size);
-        cx.sess.vmm_allocations.erase(it);
+        if (it->second.maps > 0)
+            it->second.released = true;
+        else
+            vmm_freed(cx.sess, it);
     }
     cx.sess.handles.erase(cx.arg(0));
     return CUDA_SUCCESS;
@@ -141,7 +149,8 @@ CUresult handle_vmm_unmap(call_context& cx) {
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a mapping of this session");
     CUresult rc = cx.drv().cuMemUnmap(va, it->second.size);
     if (rc != CUDA_SUCCESS) return rc;
-    if (auto a = cx.sess.vmm_allocations.find(it->second.handle); a != cx.sess.vmm_allocations.end()) a->second.maps--;
+    if (auto a = cx.sess.vmm_allocations.find(it->second.handle); a != cx.sess.vmm_allocations.end())
+        if (--a->second.maps == 0 && a->second.released) vmm_freed(cx.sess, a);
     cx.sess.vmm_mapped.erase(it);
     return CUDA_SUCCESS;
 }

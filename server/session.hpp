@@ -97,8 +97,9 @@ public:
         size_t size = 0;
         size_t device = 0;  // charged to this device's quota
         int maps = 0;       // mappings that use it
+        bool released = false;  // cuMemRelease'd while mapped: the driver frees it at the last unmap
     };
-    std::map<uint64_t, vmm_allocation> vmm_allocations;  // under mu: mem_handle id -> allocation
+    std::map<uint64_t, vmm_allocation> vmm_allocations;  // under mu: mem_handle id -> allocation, charged until freed
     // Stream-ordered allocations (server/handlers_pool.cpp): start -> size and the device charged.
     struct pool_allocation {
         size_t size = 0;

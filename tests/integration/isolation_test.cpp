@@ -92,6 +92,35 @@ TEST_CASE("the memory quota refuses the allocation that passes it and nothing el
     alloc(*b, 16u << 20);
 }
 
+TEST_CASE("physical memory released while still mapped stays charged to the quota until its last unmap",
+          "[integration]") {
+    server_process server({"--memory-quota", "64MiB"});
+    auto a = raw_client::open(server.address());
+    REQUIRE(a);
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    std::vector<std::byte> blob(sizeof prop);
+    std::memcpy(blob.data(), &prop, sizeof prop);
+    const uint64_t size = 32u << 20;
+    auto create = [&] { return a->call(op::vmm_create, {size, 0}, {blob}); };
+    auto va = a->call(op::vmm_reserve, {2 * size, 0, 0, 0});
+    REQUIRE(va.result == CUDA_SUCCESS);
+    auto first = create();
+    REQUIRE(first.result == CUDA_SUCCESS);
+    REQUIRE(a->call(op::vmm_map, {va.outs.at(0), size, 0, first.outs.at(0), 0}).result == CUDA_SUCCESS);
+    // Released, but the mapping keeps the memory in use: it still counts.
+    REQUIRE(a->call(op::vmm_release, {first.outs.at(0)}).result == CUDA_SUCCESS);
+    REQUIRE(create().result == CUDA_SUCCESS);
+    auto over = create();
+    CHECK(over.result == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(over.detail.find("quota") != std::string::npos);
+    // The last unmap frees it.
+    REQUIRE(a->call(op::vmm_unmap, {va.outs.at(0), size}).result == CUDA_SUCCESS);
+    CHECK(create().result == CUDA_SUCCESS);
+}
+
 TEST_CASE("a session's end releases its memory for others", "[integration]") {
     server_process server({"--memory-quota", "64MiB"});
     {
