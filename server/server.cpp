@@ -239,6 +239,14 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
         if (!entry) {
             rc = cx.fail(CUDA_ERROR_NOT_SUPPORTED, "op " + std::to_string(call->op()) + " is not allowed by this server");
             VCUDA_LOG_WARN("session {}: refused op {}", sess->id(), call->op());
+        } else if (!cx.queued() && lane.pending_error != CUDA_SUCCESS &&
+                   call->op() != static_cast<uint32_t>(op::copy_htod_striped)) {  // it must take its chunks
+            // An earlier queued call failed: this one reports it and does not run, as calls do after a sticky
+            // error (running it and then answering the error would leave what it made behind, unknown to the
+            // client).
+            rc = cx.fail(lane.pending_error, "an earlier asynchronous call failed: " + lane.pending_detail);
+            lane.pending_error = CUDA_SUCCESS;
+            lane.pending_detail.clear();
         } else {
             // The caller's current device: its session context becomes current on this thread.
             int dev = call->device();
@@ -263,19 +271,13 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
         if (cx.queued()) {
             if (rc != CUDA_SUCCESS && lane.pending_error == CUDA_SUCCESS) {
                 lane.pending_error = rc;
+                lane.pending_detail = std::string(entry ? entry->name : "op") + ": " + cx.detail;
                 VCUDA_LOG_DEBUG("session {}: queued {} failed with {} ({})", sess->id(), entry ? entry->name : "op",
                                 static_cast<int>(rc), cx.detail);
             }
             continue;
         }
         if (cx.replied) continue;
-        if (rc == CUDA_SUCCESS && lane.pending_error != CUDA_SUCCESS) {
-            rc = lane.pending_error;
-            lane.pending_error = CUDA_SUCCESS;
-            cx.outs.clear();
-            cx.out_blobs.clear();
-            cx.reply_payload.clear();
-        }
         if (!send_reply(cx, rc)) return;
     }
 }

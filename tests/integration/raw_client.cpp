@@ -61,13 +61,18 @@ raw_reply raw_client::call(op o, std::vector<uint64_t> args, std::vector<std::ve
     return receive_reply();
 }
 
-bool raw_client::send_call(op o, std::vector<uint64_t> args, int device) {
+bool raw_client::send_call(op o, std::vector<uint64_t> args, int device) { return send_args(o, args, device, 0); }
+
+bool raw_client::send_queued(op o, std::vector<uint64_t> args, int device) {
+    return send_args(o, args, device, frame_flags::no_reply);
+}
+
+bool raw_client::send_args(op o, const std::vector<uint64_t>& args, int device, uint32_t flags) {
     flatbuffers::FlatBufferBuilder b;
     auto a = b.CreateVector(args);
     b.Finish(wire::CreateCall(b, static_cast<uint32_t>(o), device, a));
-    return fs_.send(make_frame(frame_kind::call, b, ++sequence_)).has_value();
+    return fs_.send(make_frame(frame_kind::call, b, ++sequence_, 0, flags)).has_value();
 }
-
 raw_reply raw_client::receive_reply() {
     raw_reply r;
     auto in = fs_.receive(after(std::chrono::seconds(20)));

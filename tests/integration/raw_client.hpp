@@ -31,6 +31,8 @@ public:
     raw_reply call(uint32_t raw_op, std::vector<uint64_t> args, int device = 0);
     // A call in two steps, for calls that wait for what the test sends elsewhere meanwhile (striped copies).
     bool send_call(op o, std::vector<uint64_t> args, int device = 0);
+    // A queued call: no reply comes; a failure is reported by the next synchronous call.
+    bool send_queued(op o, std::vector<uint64_t> args, int device = 0);
     raw_reply receive_reply();
     // On a bulk connection: one chunk of a striped copy.
     bool send_chunk(uint64_t transfer, uint64_t offset, const std::vector<std::byte>& bytes);
@@ -48,6 +50,7 @@ public:
 
 private:
     explicit raw_client(frame_stream s) : fs_(std::move(s)) {}
+    bool send_args(op o, const std::vector<uint64_t>& args, int device, uint32_t flags);
     frame_stream fs_;
     uint64_t session_ = 0, secret_ = 0, sequence_ = 0, features_ = 0;
     uint32_t bulk_streams_ = 0;
