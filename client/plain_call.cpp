@@ -48,6 +48,9 @@ struct reply_cache {
     std::unordered_map<std::string, std::vector<uint64_t>> answers;
     std::unordered_map<uint64_t, std::map<std::string, std::string>> setters;
     std::unordered_set<std::string> accepted;
+    // Bumped by whatever changes answers (a setter, a drop): an answer asked for before it is not kept, since
+    // the server may have run the setter first (another thread's call).
+    uint64_t epoch = 0;
 };
 reply_cache& cache() {
     static auto* c = new reply_cache();  // never destroyed: atexit handlers of the application may still query
@@ -71,6 +74,7 @@ void drop_cached_replies() {
     c.answers.clear();
     c.setters.clear();
     c.accepted.clear();
+    ++c.epoch;
 }
 
 void plain_call::about(uint64_t function_or_kernel) { about_ = attribute_owner(function_or_kernel); }
@@ -110,6 +114,7 @@ CUresult plain_call::send_cached() {
     if (error_ != CUDA_SUCCESS) return error_;
     std::string key = cache_key();
     auto& c = cache();
+    uint64_t epoch;
     {
         std::lock_guard lock(c.mu);
         key += state_of(c, about_);
@@ -118,11 +123,12 @@ CUresult plain_call::send_cached() {
             reply_.outs = it->second;
             return CUDA_SUCCESS;
         }
+        epoch = c.epoch;
     }
     CUresult rc = send_sync();
     if (rc == CUDA_SUCCESS) {
         std::lock_guard lock(c.mu);
-        c.answers.emplace(std::move(key), reply_.outs);
+        if (c.epoch == epoch) c.answers.emplace(std::move(key), reply_.outs);
     }
     return rc;
 }
@@ -162,6 +168,7 @@ CUresult plain_call::send_uncaching(size_t value_index) {
         // longer known to be in effect.
         std::erase_if(group, [&](const auto& kv) { return !same_op(kv.first); });
         group.erase(target);
+        ++c.epoch;
         if (!about_) {
             c.answers.clear();  // context-wide: limits and cache configuration bear on every answer
             for (auto& [k, g] : c.setters)
@@ -177,6 +184,7 @@ CUresult plain_call::send_uncaching(size_t value_index) {
         std::lock_guard lock(c.mu);
         c.setters[about_][target] = full;
         c.accepted.insert(std::move(full));
+        ++c.epoch;
     }
     return rc;
 }
