@@ -18,7 +18,7 @@ namespace vcuda::server {
 struct lane_state {
     frame_stream* stream = nullptr;
     staging_pool* staging = nullptr;
-    // The first failure of a queued call: the next synchronous call reports it instead of running.
+    // The first failure of a queued call, for the next synchronous call's answer.
     CUresult pending_error = CUDA_SUCCESS;
     std::string pending_detail;
     int current_device = -2;                // the device whose context is current on this thread (-2: unknown)

@@ -239,14 +239,6 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
         if (!entry) {
             rc = cx.fail(CUDA_ERROR_NOT_SUPPORTED, "op " + std::to_string(call->op()) + " is not allowed by this server");
             VCUDA_LOG_WARN("session {}: refused op {}", sess->id(), call->op());
-        } else if (!cx.queued() && lane.pending_error != CUDA_SUCCESS &&
-                   call->op() != static_cast<uint32_t>(op::copy_htod_striped)) {  // it must take its chunks
-            // An earlier queued call failed: this one reports it and does not run, as calls do after a sticky
-            // error (running it and then answering the error would leave what it made behind, unknown to the
-            // client).
-            rc = cx.fail(lane.pending_error, "an earlier asynchronous call failed: " + lane.pending_detail);
-            lane.pending_error = CUDA_SUCCESS;
-            lane.pending_detail.clear();
         } else {
             // The caller's current device: its session context becomes current on this thread.
             int dev = call->device();
@@ -278,6 +270,16 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
             continue;
         }
         if (cx.replied) continue;
+        // An earlier queued call failed: this call answers that failure. It still ran (frees, destroys and host
+        // function completions must; what a successful creation made stays the session's until it ends).
+        if (rc == CUDA_SUCCESS && lane.pending_error != CUDA_SUCCESS) {
+            rc = cx.fail(lane.pending_error, "an earlier asynchronous call failed: " + lane.pending_detail);
+            lane.pending_error = CUDA_SUCCESS;
+            lane.pending_detail.clear();
+            cx.outs.clear();
+            cx.out_blobs.clear();
+            cx.reply_payload.clear();
+        }
         if (!send_reply(cx, rc)) return;
     }
 }
