@@ -684,15 +684,14 @@ transport_result<frame> frame_stream::receive(deadline first_byte, std::chrono::
 transport_result<void> frame_stream::receive_into(frame& f, deadline first_byte, std::chrono::milliseconds rest,
                                                   const payload_sink& sink) {
     std::byte raw[frame_header_size];
-    deadline until;
-    if (s_.buffered() >= frame_header_size) {  // the header came with earlier bytes: no wait, one copy
-        if (auto r = s_.read_exact(raw, frame_header_size); !r) return unexpected{r.error()};
-        until = after(rest);
-    } else {
+    // The first byte may be waited for until `first_byte`; a header that came with earlier bytes is copied at once.
+    size_t have = 0;
+    if (s_.buffered() < frame_header_size) {
         if (auto r = s_.read_exact(raw, 1, first_byte); !r) return unexpected{r.error()};
-        until = after(rest);
-        if (auto r = s_.read_exact(raw + 1, frame_header_size - 1, until); !r) return unexpected{r.error()};
+        have = 1;
     }
+    deadline until = after(rest);
+    if (auto r = s_.read_exact(raw + have, frame_header_size - have, until); !r) return unexpected{r.error()};
     auto h = check_header(raw, limits_);
     if (!h) return unexpected{transport_error{transport_errc::protocol, h.error().message}};
     f.header = *h;

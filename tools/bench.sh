@@ -53,7 +53,8 @@ kill $server 2>/dev/null; wait $server 2>/dev/null
 
 # A figure's runs in mode $1, sorted; value: their median.
 runs_of() { awk -v m="$2" '$1=="metric" && $2==m {print $3}' "$tmp/$1" | sort -g; }
-value() { runs_of "$1" "$2" | awk '{v[NR]=$1} END{if(NR) print v[int((NR+1)/2)]}'; }
+median() { awk '{v[NR]=$1} END{if(NR) print v[int((NR+1)/2)]}'; }  # of sorted numbers on stdin
+value() { runs_of "$1" "$2" | median; }
 range() { runs_of "$1" "$2" | awk 'NR==1{lo=$1} {hi=$1} END{if(NR) printf "%s-%s", lo, hi}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{if(a==""||b==""||b+0==0)print "-"; else printf "%.2fx", a/b}'; }
 figures=$(awk '$1=="metric" {print $2}' "$tmp/native" | awk '!seen[$0]++')
@@ -80,7 +81,7 @@ if [ "$runs" -gt 1 ]; then
     done
 fi
 for v in tcp unix shm; do
-    t=$(awk '$1=="trips" {print $2}' "$tmp/$v" | sort -g | awk '{v[NR]=$1} END{if(NR) print v[int((NR+1)/2)]}')
+    t=$(awk '$1=="trips" {print $2}' "$tmp/$v" | sort -g | median)
     [ -n "$t" ] && echo "torch step, sync round trips per step ($v): $t"
 done
 grep -h "FAIL" "$tmp"/native "$tmp"/tcp "$tmp"/unix "$tmp"/shm
