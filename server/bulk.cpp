@@ -420,6 +420,12 @@ void bulk_hub::destroy(buffer* b) {
     munmap(b->data, buffer_size);
 }
 
+std::string bulk_hub::unusable(uint32_t set) const {
+    auto st = sets_.find(set);
+    if (st == sets_.end()) return "bulk set " + std::to_string(set) + " is not connected";
+    return st->second.broken ? lost_during_copy(st->second.why) : std::string();
+}
+
 bool bulk_hub::recently_finished(uint64_t transfer) const {
     return std::find(finished_.begin(), finished_.end(), transfer) != finished_.end();
 }
@@ -456,12 +462,7 @@ bool bulk_hub::after_copy(buffer* b, CUstream s) {
 CUresult bulk_hub::to_device(uint32_t set, uint64_t transfer, CUdeviceptr dst, uint64_t n, uint64_t chunk,
                              CUstream s, CUresult rc, std::string& detail) {
     std::unique_lock lock(mu_);
-    auto st = sets_.find(set);
-    if (st == sets_.end() || st->second.broken) {
-        detail = st == sets_.end() ? "bulk set " + std::to_string(set) + " is not connected"
-                                   : lost_during_copy(st->second.why);
-        return CUDA_ERROR_DEVICE_UNAVAILABLE;  // chunks that came on it went with it
-    }
+    if (detail = unusable(set); !detail.empty()) return CUDA_ERROR_DEVICE_UNAVAILABLE;  // its chunks went with it
     auto found = inbound_.find(transfer);
     if (recently_finished(transfer) || (found != inbound_.end() && found->second->claimed)) {
         detail = "transfer " + std::to_string(transfer) + " was already used";
@@ -496,11 +497,10 @@ CUresult bulk_hub::to_device(uint32_t set, uint64_t transfer, CUdeviceptr dst, u
     // Every chunk is taken, copied or not, so that none is left holding a buffer.
     auto busy_until = clock::now();  // the last time the set's receivers were waiting for buffers
     while (t.handled < t.total) {
-        st = sets_.find(set);
-        if (st == sets_.end() || st->second.broken) {
+        if (std::string why = unusable(set); !why.empty()) {
             if (rc == CUDA_SUCCESS) {
                 rc = CUDA_ERROR_DEVICE_UNAVAILABLE;
-                detail = lost_during_copy(st == sets_.end() ? "closed" : st->second.why);
+                detail = std::move(why);
             }
             break;
         }
@@ -559,11 +559,8 @@ CUresult bulk_hub::to_host(uint32_t set, uint64_t transfer, CUdeviceptr src, uin
     CUresult rc = CUDA_SUCCESS;
     size_t turn = 0;
     for (uint64_t off = 0; off < n;) {
-        auto st = sets_.find(set);
-        if (st == sets_.end() || st->second.broken) {
+        if (detail = unusable(set); !detail.empty()) {
             rc = CUDA_ERROR_DEVICE_UNAVAILABLE;
-            detail = st == sets_.end() ? "bulk set " + std::to_string(set) + " is not connected"
-                                       : lost_during_copy(st->second.why);
             break;
         }
         // The set's connections in turn, each with a free buffer: the chunks spread over them.

@@ -95,6 +95,8 @@ class bulk_hub {
     void send_loop(connection* c);
     void break_set(uint32_t set, const std::string& why);  // mu_ held
     void leave(connection* c, const std::string& why);
+    // mu_ held: empty when set `set` can carry copies, else why not.
+    std::string unusable(uint32_t set) const;
     bool recently_finished(uint64_t transfer) const;
     void finished(uint64_t transfer);
     // On the lane's thread, mu_ held: page-lock `b` in the current context (once); record `b`'s event after
