@@ -30,7 +30,8 @@ bool power_of_two(size_t n) { return n >= 4096 && (n & (n - 1)) == 0; }
 }  // namespace
 
 size_t ring_end::write_some(const std::byte* src, size_t n) {
-    uint64_t used = mine_ - c_->tail.load(std::memory_order_acquire);
+    if (size_ - (mine_ - peer_) < n) peer_ = c_->tail.load(std::memory_order_acquire);
+    uint64_t used = mine_ - peer_;
     if (used > size_) return SIZE_MAX;
     n = std::min<uint64_t>(n, size_ - used);
     if (n == 0) return 0;
@@ -38,21 +39,40 @@ size_t ring_end::write_some(const std::byte* src, size_t n) {
     std::memcpy(data_ + off, src, first);
     std::memcpy(data_, src + first, n - first);
     mine_ += n;
-    c_->head.store(mine_, std::memory_order_seq_cst);  // seq_cst: pairs with the reader's reader_sleeping store
     return n;
 }
 
 size_t ring_end::read_some(std::byte* dst, size_t n) {
-    uint64_t avail = c_->head.load(std::memory_order_acquire) - mine_;
+    if (peer_ - mine_ < n) peer_ = c_->head.load(std::memory_order_acquire);
+    uint64_t avail = peer_ - mine_;
     if (avail > size_) return SIZE_MAX;
     n = std::min<uint64_t>(n, avail);
-    if (n == 0) return 0;
+    if (n == 0) {
+        release_read();  // about to wait: the producer may be waiting for room
+        return 0;
+    }
     size_t off = mine_ & (size_ - 1), first = std::min(n, size_ - off);
     std::memcpy(dst, data_ + off, first);
     std::memcpy(dst + first, data_, n - first);
     mine_ += n;
-    c_->tail.store(mine_, std::memory_order_release);
+    if (mine_ - published_ >= size_ / 4 || mine_ == peer_) release_read();
     return n;
+}
+
+void ring_end::release_read() {
+    if (published_ == mine_) return;
+    published_ = mine_;
+    c_->tail.store(mine_, std::memory_order_release);
+}
+
+bool ring_end::readable() {
+    if (peer_ == mine_) peer_ = c_->head.load(std::memory_order_acquire);
+    return peer_ != mine_;
+}
+
+bool ring_end::writable() {
+    if (mine_ - peer_ >= size_) peer_ = c_->tail.load(std::memory_order_acquire);
+    return mine_ - peer_ < size_;
 }
 
 shm_rings::~shm_rings() {

@@ -26,25 +26,34 @@ struct ring_control {
     std::atomic<uint64_t> fds_sent{0};                      // descriptors sent on the socket with this direction's bytes
 };
 
-// One direction, as seen by one side.
+// One direction, as seen by one side. Each side keeps the last value it read of the peer's counter and reads
+// the shared one again only when that runs out, and the consumer publishes its tail in steps (a quarter of the
+// ring, or whenever it finds the ring empty): the counters' cache lines then move between the cores once per
+// batch of frames, not several times per frame.
 class ring_end {
 public:
     ring_end() = default;
     ring_end(ring_control* c, std::byte* data, size_t size) : c_(c), data_(data), size_(size) {}
 
-    // Copies what fits (producer); returns bytes written.
+    // Copies what fits (producer); returns bytes written. The reader sees them after publish().
     size_t write_some(const std::byte* src, size_t n);
+    // Makes the bytes written so far visible to the reader (producer).
+    void publish() { c_->head.store(mine_, std::memory_order_seq_cst); }  // seq_cst: pairs with reader_sleeping
     // Copies what is there, up to n (consumer); returns bytes read, or SIZE_MAX if the counters are corrupt.
     size_t read_some(std::byte* dst, size_t n);
-    bool readable() const { return c_->head.load(std::memory_order_acquire) != mine_; }
-    bool writable() const { return mine_ - c_->tail.load(std::memory_order_acquire) < size_; }
+    bool readable();
+    bool writable();
     ring_control& control() { return *c_; }
 
 private:
+    void release_read();  // consumer: publish the tail
+
     ring_control* c_ = nullptr;
     std::byte* data_ = nullptr;
     size_t size_ = 0;
-    uint64_t mine_ = 0;  // this side's own counter (head or tail), kept here: the shared copy is the peer's to read
+    uint64_t mine_ = 0;       // this side's own counter (head or tail): the shared copy is the peer's to read
+    uint64_t peer_ = 0;       // the peer's counter as last read
+    uint64_t published_ = 0;  // consumer: the tail the producer last saw
 };
 
 class shm_rings {

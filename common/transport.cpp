@@ -413,25 +413,30 @@ transport_result<void> stream::ring_write(std::span<iovec> bufs, deadline until,
     }
     auto& out = rings_->outbound();
     auto& ctl = out.control();
+    // The bytes become visible once all are in (one store of the head), or before waiting for room.
+    auto publish = [&] {
+        out.publish();
+        // A sleeping reader gets one doorbell byte; it clears the flag when it wakes.
+        if (ctl.reader_sleeping.load(std::memory_order_seq_cst) && ctl.reader_sleeping.exchange(0)) {
+            char bell = 0;
+            [[maybe_unused]] auto n = ::send(fd_, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        }
+    };
     for (auto& b : bufs) {
         auto* p = static_cast<const std::byte*>(b.iov_base);
         size_t left = b.iov_len;
         while (left > 0) {
             size_t w = out.write_some(p, left);
             if (w == SIZE_MAX) return unexpected{lost("the peer corrupted the frame ring")};
-            if (w > 0) {
-                p += w;
-                left -= w;
-            }
-            // A sleeping reader gets one doorbell byte; it clears the flag when it wakes.
-            if (ctl.reader_sleeping.load(std::memory_order_seq_cst) && ctl.reader_sleeping.exchange(0)) {
-                char bell = 0;
-                [[maybe_unused]] auto n = ::send(fd_, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-            }
-            if (left > 0 && w == 0)
+            p += w;
+            left -= w;
+            if (left > 0 && w == 0) {
+                publish();
                 if (auto r = wait_writable(until); !r) return r;
+            }
         }
     }
+    publish();
     return {};
 }
 

@@ -76,6 +76,7 @@ TEST_CASE("ring bytes wrap around the end intact, in pieces of every size", "[un
         REQUIRE(n != SIZE_MAX);
         REQUIRE(n <= 4096);
         w += n;
+        out.publish();
         size_t k = in.read_some(got.data() + r, 1 + rng() % 5000);
         REQUIRE(k != SIZE_MAX);
         r += k;
@@ -95,10 +96,30 @@ TEST_CASE("a full ring takes nothing more and an empty one gives nothing", "[uni
     CHECK_FALSE(out.writable());
     CHECK(out.write_some(block.data(), 1) == 0);
     bytes got(8192);
+    CHECK(in.read_some(got.data(), got.size()) == 0);  // nothing published yet
+    out.publish();
     CHECK(in.read_some(got.data(), got.size()) == 4096);
     CHECK(std::equal(block.begin(), block.end(), got.begin()));
     CHECK(in.read_some(got.data(), 1) == 0);
     CHECK(out.writable());
+}
+
+TEST_CASE("the producer sees the consumer's room after a quarter of the ring or when it has read all", "[unit][shm]") {
+    ring_pair rp(4096);
+    auto& out = rp.creator->outbound();
+    auto& in = rp.opener->inbound();
+    const bytes block = pattern(4096, 3);
+    REQUIRE(out.write_some(block.data(), block.size()) == 4096);
+    out.publish();
+    bytes got(4096);
+    REQUIRE(in.read_some(got.data(), 100) == 100);
+    CHECK_FALSE(out.writable());  // 100 bytes read: not published yet
+    REQUIRE(in.read_some(got.data() + 100, 1024) == 1024);
+    CHECK(out.writable());  // past a quarter
+    CHECK(out.write_some(block.data(), 2000) == 1124);
+    REQUIRE(in.read_some(got.data(), 4096) == 2972);
+    CHECK(std::equal(block.begin() + 1124, block.end(), got.begin()));
+    CHECK(out.write_some(block.data(), 4096) == 2972);  // everything read: all of it is room again
 }
 
 TEST_CASE("counters a peer corrupted read as an error, never as bytes", "[unit][shm]") {
@@ -115,6 +136,8 @@ TEST_CASE("counters a peer corrupted read as an error, never as bytes", "[unit][
     }
     SECTION("tail runs past what was written") {
         ctl.tail.store(12345);
+        bytes full(4096);  // the producer reads the tail when it needs room
+        CHECK(rp.creator->outbound().write_some(full.data(), full.size()) == 4096);
         CHECK(rp.creator->outbound().write_some(buf.data(), buf.size()) == SIZE_MAX);
     }
 }
