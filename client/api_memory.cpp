@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "client/bulk.hpp"
 #include "client/plain_call.hpp"
@@ -91,6 +94,128 @@ uint64_t shared_address(const void* p, size_t n) {
     return h.server_addr + (a - h.base);
 }
 
+// ---------------------------------------------------------------- pageable copies through staging slots
+
+// Pageable copies of at least this size to a server on this host go through staging slots: pinned pages shared
+// with the server (as cuMemAllocHost's), which the client fills or empties while the GPU reads or writes the
+// other slot of the copy. One memcpy here and none on the server, where a frame costs one on each side.
+constexpr size_t staged_min = 1u << 20;
+constexpr size_t slot_size = 4u << 20;
+constexpr size_t slots_per_session = 4;  // two copies at a time; a third thread's copy goes in frames
+
+struct staging_slot {
+    host_allocation h;
+    bool busy = false;     // a copy is using it
+    bool pending = false;  // a marked copy may still read or write it: wait (host_region_wait) before touching it
+};
+
+// The slots of each session, made at its first large pageable copy and kept for the process's life (the server
+// frees them with the session). Not in a forked child: the pages are shared with the parent.
+class staging_slots {
+public:
+    // Two free slots of the current device's session; false when there are none to be had.
+    bool take(staging_slot*& a, staging_slot*& b) {
+        session& s = state::get().remote();
+        std::lock_guard lock(mu_);
+        auto& mine = sessions_[&s];
+        if (mine.pid == 0) {
+            mine.pid = getpid();
+            for (size_t i = 0; i < slots_per_session; ++i) {
+                auto slot = std::make_unique<staging_slot>();
+                slot->h.size = slot_size;
+                if (shared_host_alloc(slot->h) != CUDA_SUCCESS) break;
+                mine.slots.push_back(std::move(slot));
+            }
+            if (mine.slots.size() < 2) VCUDA_LOG_INFO("no staging slots for pageable copies: they travel in frames");
+        }
+        if (mine.pid != getpid()) return false;
+        staging_slot* two[2] = {};
+        size_t found = 0;
+        for (auto& slot : mine.slots)
+            if (!slot->busy && found < 2) two[found++] = slot.get();
+        if (found < 2) return false;
+        a = two[0];
+        b = two[1];
+        a->busy = b->busy = true;
+        return true;
+    }
+    void give_back(staging_slot* a, staging_slot* b) {
+        std::lock_guard lock(mu_);
+        a->busy = b->busy = false;
+    }
+
+private:
+    struct per_session {
+        int pid = 0;
+        std::vector<std::unique_ptr<staging_slot>> slots;
+    };
+    std::mutex mu_;
+    std::map<session*, per_session> sessions_;
+};
+
+staging_slots& staging() {
+    static staging_slots* s = new staging_slots;  // never destroyed: copies may run while the process exits
+    return *s;
+}
+
+// Whether a pageable copy of n bytes may be staged: large enough, the server on this host, and no capture (a
+// captured copy would keep reading the slot).
+bool stageable(size_t n) {
+    return n >= staged_min && state::get().remote().local() && sharing_enabled() && !capture_under_way();
+}
+
+// Waits until the slot's last copy is done with it.
+CUresult slot_ready(staging_slot& s) {
+    if (!s.pending) return CUDA_SUCCESS;
+    CUresult rc = remote(op::host_region_wait, {s.h.server_addr}, mode::sync);
+    if (rc == CUDA_SUCCESS) s.pending = false;
+    return rc;
+}
+
+// Slot-sized chunks alternate between the two slots: the next chunk is copied in while the GPU reads this one.
+// The last chunk goes as `m` says (sync: the copy is done when the call returns). CUDA_ERROR_NOT_SUPPORTED: no
+// slots, the caller sends the bytes in frames.
+CUresult staged_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
+    staging_slot* slot[2];
+    if (!staging().take(slot[0], slot[1])) return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = CUDA_SUCCESS;
+    for (size_t off = 0, k = 0; off < n && rc == CUDA_SUCCESS; off += slot_size, ++k) {
+        staging_slot& s = *slot[k % 2];
+        size_t len = std::min(slot_size, n - off);
+        if ((rc = slot_ready(s)) != CUDA_SUCCESS) break;
+        std::memcpy(reinterpret_cast<void*>(s.h.base), static_cast<const char*>(src) + off, len);
+        s.pending = true;
+        rc = remote(op::copy_htod_shared, {dst + off, s.h.server_addr, len, stream_arg(stream), 1},
+                    off + len == n ? m : mode::post);
+    }
+    staging().give_back(slot[0], slot[1]);
+    return rc;
+}
+
+// The GPU fills one slot while the other's bytes are copied out; the call returns with every byte in `dst`.
+CUresult staged_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream) {
+    staging_slot* slot[2];
+    if (!staging().take(slot[0], slot[1])) return CUDA_ERROR_NOT_SUPPORTED;
+    const size_t chunks = (n + slot_size - 1) / slot_size;
+    auto length = [&](size_t k) { return std::min(slot_size, n - k * slot_size); };
+    auto issue = [&](size_t k) {
+        staging_slot& s = *slot[k % 2];
+        if (CUresult rc = slot_ready(s); rc != CUDA_SUCCESS) return rc;  // its last copy may be another's upload
+        s.pending = true;
+        return remote(op::copy_dtoh_shared, {s.h.server_addr, src + k * slot_size, length(k), stream_arg(stream), 1},
+                      mode::post);
+    };
+    CUresult rc = issue(0);
+    for (size_t k = 0; k < chunks && rc == CUDA_SUCCESS; ++k) {
+        if (k + 1 < chunks && (rc = issue(k + 1)) != CUDA_SUCCESS) break;
+        staging_slot& s = *slot[k % 2];
+        if ((rc = slot_ready(s)) != CUDA_SUCCESS) break;
+        std::memcpy(static_cast<char*>(dst) + k * slot_size, reinterpret_cast<const void*>(s.h.base), length(k));
+    }
+    staging().give_back(slot[0], slot[1]);
+    return rc;
+}
+
 // ---------------------------------------------------------------- striped copies (client/bulk.hpp)
 
 // Copies of at least this size to a server over TCP travel as chunks over the session's bulk connections.
@@ -162,7 +287,7 @@ CUresult striped_dtoh(bulk_link& link, void* dst, CUdeviceptr src, size_t n, CUs
 }
 
 // Host to device: from shared pinned memory the server copies straight from the pages; large copies over TCP go
-// striped; otherwise every chunk but the last is queued and the last waits for the server when `m` is sync, so
+// striped, large pageable ones to a server on this host through staging slots; otherwise every chunk but the last is queued and the last waits for the server when `m` is sync, so
 // the copy is enqueued on the GPU before the call returns, as with the real driver.
 CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
@@ -170,8 +295,11 @@ CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, 
     if (!src) return CUDA_ERROR_INVALID_VALUE;
     if (m == mode::post && !device_range(dst, n)) return CUDA_ERROR_INVALID_VALUE;
     if (uint64_t from = shared_address(src, n)) return remote(op::copy_htod_shared, {dst, from, n, stream_arg(stream)}, m);
-    if (device_range(dst, n))  // else the lane's copy gets the server's refusal
+    if (device_range(dst, n)) {  // else the lane's copy gets the server's refusal
         if (auto link = striping(n)) return striped_htod(*link, dst, src, n, stream, m);
+        if (stageable(n))
+            if (CUresult rc = staged_htod(dst, src, n, stream, m); rc != CUDA_ERROR_NOT_SUPPORTED) return rc;
+    }
     for (size_t off = 0; off < n; off += copy_chunk) {
         size_t len = std::min(copy_chunk, n - off);
         bool last = off + len == n;
@@ -184,7 +312,7 @@ CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, 
 
 // Device to host: into shared pinned memory the GPU writes the pages itself, and the asynchronous form is
 // truly asynchronous (the bytes are there once the stream is synchronized with, as with the real driver).
-// Otherwise the reply's payload (or a striped copy's chunks) is read straight into the caller's buffer, and the
+// Otherwise the reply's payload (or a striped copy's chunks, or staging slots) fills the caller's buffer, and the
 // asynchronous form also waits, so the bytes are there whenever any later call synchronizes with the stream.
 CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m = mode::sync) {
     VCUDA_REQUIRE_INIT();
@@ -194,8 +322,11 @@ CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m
         if (m == mode::post && (!device_range(src, n) || check_stream(stream) != CUDA_SUCCESS)) return CUDA_ERROR_INVALID_VALUE;
         return remote(op::copy_dtoh_shared, {to, src, n, stream_arg(stream)}, m);
     }
-    if (device_range(src, n))
+    if (device_range(src, n)) {
         if (auto link = striping(n)) return striped_dtoh(*link, dst, src, n, stream);
+        if (stageable(n))
+            if (CUresult rc = staged_dtoh(dst, src, n, stream); rc != CUDA_ERROR_NOT_SUPPORTED) return rc;
+    }
     call_reply rp;
     rp.payload_dst = static_cast<std::byte*>(dst);
     rp.payload_cap = n;

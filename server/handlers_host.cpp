@@ -14,6 +14,34 @@ namespace vcuda::server {
 namespace {
 // Registration flags: every context may use the pages, and kernels may address them.
 constexpr unsigned register_flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
+
+// A shared copy's optional 5th argument, 1: mark the copy against its host region (the client's staging slot),
+// for host_region_wait. The copy was just issued on `s`.
+CUresult mark_copy(call_context& cx, uintptr_t host, uint64_t n, CUstream s) {
+    if (cx.arg_count() < 5 || cx.arg(4) == 0) return CUDA_SUCCESS;
+    auto mark = cx.sess.host_copy_mark(host, n);
+    if (!mark) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not this session's shared host memory");
+    auto& d = cx.drv();
+    std::lock_guard lock(mark->mu);
+    CUcontext ctx = nullptr;
+    d.cuCtxGetCurrent(&ctx);
+    if (mark->event && mark->ctx != ctx) {  // an event is recorded only on a stream of its own context
+        d.cuEventDestroy_v2(mark->event);
+        mark->event = nullptr;
+    }
+    if (!mark->event) {
+        if (CUresult rc = d.cuEventCreate(&mark->event, CU_EVENT_DISABLE_TIMING); rc != CUDA_SUCCESS) {
+            mark->event = nullptr;
+            return rc;
+        }
+        mark->ctx = ctx;
+    }
+    return d.cuEventRecord(mark->event, s);
+}
+
+bool shared_copy_args(const call_context& cx) {
+    return cx.expect_args(4) || (cx.expect_args(5) && cx.arg(4) <= 1);
+}
 }  // namespace
 
 // args {size}; out {server address, device pointer}; the memfd travels with the reply.
@@ -88,10 +116,10 @@ CUresult handle_host_free(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {device dst, server address of the source, bytes, stream}. Queued: enqueued on the stream as it is.
+// args {device dst, server address of the source, bytes, stream[, mark (mark_copy)]}. Queued: enqueued on the stream as it is.
 // Waited for: the copy is complete when the reply goes (cuMemcpyHtoD's behaviour).
 CUresult handle_copy_htod_shared(call_context& cx) {
-    if (!cx.expect_args(4)) return cx.bad_arguments();
+    if (!shared_copy_args(cx)) return cx.bad_arguments();
     CUdeviceptr dst = cx.arg(0);
     auto src = static_cast<uintptr_t>(cx.arg(1));
     uint64_t n = cx.arg(2);
@@ -101,13 +129,14 @@ CUresult handle_copy_htod_shared(call_context& cx) {
     CUstream s;
     if (CUresult rc = cx.handle(3, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     CUresult rc = cx.drv().cuMemcpyHtoDAsync_v2(dst, reinterpret_cast<const void*>(src), n, s);
+    if (rc == CUDA_SUCCESS) rc = mark_copy(cx, src, n, s);
     if (rc == CUDA_SUCCESS && !cx.queued()) rc = cx.drv().cuStreamSynchronize(s);
     return rc;
 }
 
-// args {server address of the destination, device src, bytes, stream}; as handle_copy_htod_shared.
+// args {server address of the destination, device src, bytes, stream[, mark]}; as handle_copy_htod_shared.
 CUresult handle_copy_dtoh_shared(call_context& cx) {
-    if (!cx.expect_args(4)) return cx.bad_arguments();
+    if (!shared_copy_args(cx)) return cx.bad_arguments();
     auto dst = static_cast<uintptr_t>(cx.arg(0));
     CUdeviceptr src = cx.arg(1);
     uint64_t n = cx.arg(2);
@@ -117,8 +146,19 @@ CUresult handle_copy_dtoh_shared(call_context& cx) {
     CUstream s;
     if (CUresult rc = cx.handle(3, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     CUresult rc = cx.drv().cuMemcpyDtoHAsync_v2(reinterpret_cast<void*>(dst), src, n, s);
+    if (rc == CUDA_SUCCESS) rc = mark_copy(cx, dst, n, s);
     if (rc == CUDA_SUCCESS && !cx.queued()) rc = cx.drv().cuStreamSynchronize(s);
     return rc;
+}
+
+// args {server address}: waits until the last copy marked against the region holding it is done (the
+// client's staging slot may be refilled or read).
+CUresult handle_host_region_wait(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    auto mark = cx.sess.host_copy_mark(static_cast<uintptr_t>(cx.arg(0)), 1);
+    if (!mark) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not this session's shared host memory");
+    std::lock_guard lock(mark->mu);
+    return mark->event ? cx.drv().cuEventSynchronize(mark->event) : CUDA_SUCCESS;
 }
 
 }  // namespace vcuda::server

@@ -257,6 +257,21 @@ bool session::owns_host(uintptr_t p, size_t n) {
     return p - it->first < size && n <= size - (p - it->first);
 }
 
+std::shared_ptr<session::copy_mark> session::host_copy_mark(uintptr_t p, size_t n) {
+    std::lock_guard lock(mu);
+    auto it = host_regions.upper_bound(p);
+    if (it == host_regions.begin()) return nullptr;
+    --it;
+    size_t size = it->second.size;
+    if (p - it->first >= size || n > size - (p - it->first)) return nullptr;
+    if (!it->second.last_copy) it->second.last_copy = std::make_shared<copy_mark>(api());
+    return it->second.last_copy;
+}
+
+session::copy_mark::~copy_mark() {
+    if (event) drv.cuEventDestroy_v2(event);
+}
+
 void session::release_host_regions() {
     auto& d = api();
     std::lock_guard lock(mu);

@@ -74,14 +74,26 @@ public:
 
     // Pinned host memory shared with a client on this host (client and server map the same pages): mapped
     // and registered with the driver by handlers_host.cpp, released at session end.
+    // The last copy marked against a region (a client's staging slot, refilled once that copy is done).
+    struct copy_mark {
+        explicit copy_mark(const driver_table& d) : drv(d) {}
+        ~copy_mark();
+        std::mutex mu;
+        CUevent event = nullptr;  // recorded behind the copy; made in the context current then
+        CUcontext ctx = nullptr;
+        const driver_table& drv;
+    };
     struct host_region {
         size_t size = 0;
+        std::shared_ptr<copy_mark> last_copy;  // made at the first marked copy
     };
     std::map<uintptr_t, host_region> host_regions;  // under mu: server address -> region
     uint64_t host_bytes = 0;                        // under mu
     uint64_t host_quota() const { return opts_.host_memory_quota; }
     // True when [p, p+n) lies inside one of this session's host regions.
     bool owns_host(uintptr_t p, size_t n);
+    // The copy mark of the region holding [p, p+n) (made now if it has none); null when no region holds it.
+    std::shared_ptr<copy_mark> host_copy_mark(uintptr_t p, size_t n);
     void release_host_regions();
 
     // The virtual memory management API as the application uses it (server/handlers_vmm.cpp): its address

@@ -188,6 +188,35 @@ TEST_CASE("bad input gets an error and harms no other session", "[integration]")
     CHECK(back.payload == data);
 }
 
+TEST_CASE("waits for staging slots name only the session's shared host memory", "[integration]") {
+    server_process server;
+    auto good = raw_client::open(server.address());
+    REQUIRE(good);
+    uint64_t p = alloc(*good, 4096);
+    auto shared = good->call(op::host_alloc, {1u << 20});
+    REQUIRE(shared.result == CUDA_SUCCESS);
+    REQUIRE(shared.outs.size() == 2);
+    uint64_t slot = shared.outs[0];
+    CHECK(good->call(op::host_region_wait, {slot}).result == CUDA_SUCCESS);  // no copy marked yet
+    CHECK(good->call(op::copy_htod_shared, {p, slot, 4096, 0, 1}).result == CUDA_SUCCESS);
+    CHECK(good->call(op::host_region_wait, {slot + 4096}).result == CUDA_SUCCESS);
+    CHECK(good->call(op::copy_dtoh_shared, {slot, p, 4096, 0, 1}).result == CUDA_SUCCESS);
+    CHECK(good->call(op::host_region_wait, {slot}).result == CUDA_SUCCESS);
+    CHECK(good->call(op::copy_htod_shared, {p, slot, 4096, 0, 2}).result == CUDA_ERROR_INVALID_VALUE);  // no such mark
+    CHECK(good->call(op::host_region_wait, {0}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(good->call(op::host_region_wait, {slot + (1u << 20)}).result == CUDA_ERROR_INVALID_VALUE);
+
+    auto other = raw_client::open(server.address());
+    REQUIRE(other);
+    uint64_t q = alloc(*other, 4096);
+    CHECK(other->call(op::host_region_wait, {slot}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(other->call(op::copy_dtoh_shared, {slot, q, 4096, 0, 1}).result == CUDA_ERROR_INVALID_VALUE);
+
+    REQUIRE(good->call(op::host_free, {slot}).result == CUDA_SUCCESS);
+    CHECK(good->call(op::host_region_wait, {slot}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(good->call(op::copy_dtoh, {p, 4096, 0}).result == CUDA_SUCCESS);
+}
+
 namespace {
 
 std::vector<std::byte> ids(std::initializer_list<uint64_t> v) {

@@ -6,13 +6,15 @@
 # On failure it prints the program's output and the server's log.
 #
 # Usage: run_via_vcuda.sh --build-dir DIR [--transport unix|tcp] [--env NAME=VALUE]... [--server-arg=ARG]...
-#                         [--timeout SECONDS] [--driver PATH] [--expect-exit N] -- PROGRAM [ARGS...]
+#                         [--timeout SECONDS] [--driver PATH] [--expect-exit N] [--expect-output REGEX]
+#                         -- PROGRAM [ARGS...]
 #   --transport      unix (default) or tcp (127.0.0.1 and a free port)
 #   --env            set for the program only (repeatable), e.g. --env CUDA_MODULE_LOADING=EAGER
 #   --server-arg     one extra server argument (repeatable), e.g. --server-arg=--memory-quota --server-arg=1GiB
 #   --timeout        kill the program after this many seconds (default 120)
 #   --driver         the driver library the server loads (default BUILD/lib/libvcuda-softdriver.so)
 #   --expect-exit    the program must exit with N (a refusal it reports), not pass; the server must live on
+#   --expect-output  the program's output (stdout and stderr) must also match this extended regex
 set -u
 
 build_dir=""
@@ -22,6 +24,7 @@ driver=""
 prog_env=()
 server_args=()
 expect_exit=""
+expect_output=""
 
 
 die() {
@@ -44,8 +47,9 @@ while [ $# -gt 0 ]; do
         --driver) [ $# -ge 2 ] || die "--driver needs a value"; driver="$2"; shift 2 ;;
         --driver=*) driver="${1#*=}"; shift ;;
         --expect-exit) [ $# -ge 2 ] || die "--expect-exit needs a value"; expect_exit="$2"; shift 2 ;;
+        --expect-output) [ $# -ge 2 ] || die "--expect-output needs a value"; expect_output="$2"; shift 2 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
@@ -203,6 +207,8 @@ elif ! grep -q "^PASS " "$prog_out"; then
     why="exit 0 but no PASS line"
 elif [ "$server_alive" != 1 ]; then
     why="the program passed but the server died"
+elif [ -n "$expect_output" ] && ! grep -Eq -- "$expect_output" "$prog_out"; then
+    why="its output has nothing matching '$expect_output'"
 fi
 
 desc="$name via vcuda ($transport${prog_env[*]:+, ${prog_env[*]}}${server_args[*]:+, server ${server_args[*]}})"
