@@ -3,6 +3,7 @@
 // runs on: any lane thread (NVML is thread-safe; loading happens once).
 #include <dlfcn.h>
 
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -10,6 +11,7 @@
 #include "common/log.hpp"
 #include "common/nvml_api.hpp"
 #include "server/call_context.hpp"
+#include "server/server.hpp"
 
 namespace vcuda::server {
 namespace {
@@ -36,6 +38,11 @@ public:
         if (get_by_uuid_ && get_by_uuid_(text, &mig) == NVML_SUCCESS && parent_of_mig_ && parent_of_mig_(mig, &h) == NVML_SUCCESS)
             return h;
         return nullptr;
+    }
+
+    std::optional<uint32_t> utilization(nvmlDevice_t h) const {
+        if (nvmlUtilization_t u{}; call(utilization_, h, &u)) return u.gpu;
+        return std::nullopt;
     }
 
     void query(nvmlDevice_t h, gpu_status& st) const {
@@ -216,6 +223,13 @@ void out_string(call_context& cx, const char (&s)[N]) {
 }
 
 }  // namespace
+
+std::optional<uint32_t> gpu_utilization(const CUuuid& u) {
+    auto& nv = host_nvml::get();
+    nvmlDevice_t h = nv.usable() ? nv.find(u) : nullptr;
+    if (!h) return std::nullopt;
+    return nv.utilization(h);
+}
 
 // args {session device index}; reply: common/gpu_status.hpp. Needs no context: NVML-only clients
 // (nvidia-smi) never create one.

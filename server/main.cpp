@@ -202,8 +202,11 @@ int main(int argc, char** argv) {
                                            s.peer(), s.memory(i).mapped()});
                 }
             });
-            for (size_t i = 0; i < drv.gpus().size(); ++i)
-                hb.gpus.push_back({vcuda::server::gpu_uuid_string(drv.gpus()[i].uuid), 0, used[i], count[i]});
+            for (size_t i = 0; i < drv.gpus().size(); ++i) {
+                auto& uuid = drv.gpus()[i].uuid;
+                hb.gpus.push_back({vcuda::server::gpu_uuid_string(uuid), vcuda::server::gpu_utilization(uuid).value_or(0),
+                                   used[i], count[i]});
+            }
             return hb;
         };
         // A session whose lease the manager no longer has (released by an operator, or expired) is ended.

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +18,9 @@ namespace vcuda::server {
 
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi and the manager write GPU UUIDs.
 std::string gpu_uuid_string(const CUuuid& u);
+// The GPU's utilization in percent over NVML's last sample period (server/handlers_nvml.cpp), for the manager's
+// heartbeats; nothing when the host's NVML is missing or does not know the GPU.
+std::optional<uint32_t> gpu_utilization(const CUuuid& u);
 
 class server {
 public:
