@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -137,6 +138,41 @@ int fetch_gpu_status(int dev, gpu_status* out, size_t size, unsigned timeout_ms)
     return status_worker::get().query(state::get().device(dev), *out, std::chrono::milliseconds(timeout_ms));
 }
 
+int listed_gpus(int index, listed_gpu* out, size_t size) {
+    auto& st = state::get();
+    if (!st.initialized()) return -1;
+    auto& all = st.listed_devices();
+    if (!out || index < 0 || static_cast<size_t>(index) >= all.size()) return static_cast<int>(all.size());
+    if (size != sizeof(listed_gpu)) return -1;
+    const server_device& d = all[index];
+    *out = listed_gpu{};
+    out->cuda_ordinal = st.cuda_ordinal_of_listed(static_cast<size_t>(index));
+    std::snprintf(out->name, sizeof out->name, "%s", d.name.c_str());
+    std::memcpy(out->uuid, d.uuid.data(), sizeof out->uuid);
+    out->total_memory = d.total_memory;
+    auto attr = [&](CUdevice_attribute a) {
+        return static_cast<size_t>(a) < d.attributes.size() ? d.attributes[a] : 0;
+    };
+    out->pci_domain = attr(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
+    out->pci_bus = attr(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
+    out->pci_device = attr(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
+    out->pci_device_id = attr(CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID);
+    out->pci_subsystem_id = attr(CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID);
+    out->cc_major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    out->cc_minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    return static_cast<int>(all.size());
+}
+
+int fetch_listed_gpu_status(int index, gpu_status* out, size_t size, unsigned timeout_ms) {
+    if (!out || size != sizeof(gpu_status)) return CUDA_ERROR_INVALID_VALUE;
+    auto& st = state::get();
+    if (!st.initialized()) return st.init_status();
+    if (index < 0 || static_cast<size_t>(index) >= st.listed_devices().size()) return CUDA_ERROR_INVALID_DEVICE;
+    const server_device& d = st.listed_devices()[index];
+    if (d.owner->lost()) return connection_lost_result;
+    return status_worker::get().query(d, *out, std::chrono::milliseconds(timeout_ms));
+}
+
 int call_counts(unsigned long long* round_trips, unsigned long long* posted) {
     if (round_trips) *round_trips = counters().round_trips.load(std::memory_order_relaxed);
     if (posted) *posted = counters().posted.load(std::memory_order_relaxed);
@@ -146,7 +182,8 @@ int call_counts(unsigned long long* round_trips, unsigned long long* posted) {
 }  // namespace
 
 const private_table& the_private_table() {
-    static const private_table t{sizeof(private_table), &device_usage, &fetch_gpu_status, &call_counts};
+    static const private_table t{sizeof(private_table), &device_usage,  &fetch_gpu_status,
+                                 &call_counts,          &listed_gpus,   &fetch_listed_gpu_status};
     return t;
 }
 

@@ -30,12 +30,30 @@ using gpu_status_fn = int (*)(int dev, gpu_status* out, size_t size, unsigned ti
 // (every session together). Always CUDA_SUCCESS.
 using call_counts_fn = int (*)(unsigned long long* round_trips, unsigned long long* posted);
 
+// Slot 4: the GPUs as NVML lists them: every GPU of this process's sessions in the servers' order, also those
+// CUDA_VISIBLE_DEVICES hides from CUDA (the real NVML ignores the variable; tools that honour it, such as
+// PyTorch's device count, apply it themselves). Fills `out` (when not null; `size` must be sizeof(listed_gpu))
+// for listing index `index` and returns how many there are, or -1 before a successful cuInit.
+struct listed_gpu {
+    int cuda_ordinal;  // -1: hidden by CUDA_VISIBLE_DEVICES
+    char name[256];
+    unsigned char uuid[16];
+    unsigned long long total_memory;
+    int pci_domain, pci_bus, pci_device, pci_device_id, pci_subsystem_id, cc_major, cc_minor;
+};
+using listed_gpus_fn = int (*)(int index, listed_gpu* out, size_t size);
+
+// Slot 5: slot 2's answer for listing index `index` (slot 4), hidden GPUs included.
+using listed_gpu_status_fn = int (*)(int index, gpu_status* out, size_t size, unsigned timeout_ms);
+
 // Slots are only ever appended: a reader checks `size` before using a later slot.
 struct private_table {
     size_t size;  // bytes, this word included
     device_usage_fn device_usage;
     gpu_status_fn gpu_status;
     call_counts_fn call_counts;
+    listed_gpus_fn listed_gpus;
+    listed_gpu_status_fn listed_gpu_status;
 };
 
 namespace client {

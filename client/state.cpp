@@ -179,12 +179,21 @@ bool state::connect_sessions(std::string& why) {
         all = s->devices();
         sessions_.push_back(std::move(s));
     }
+    listed_ = all;
     devices_ = visible(std::move(all));
     if (devices_.empty()) {
         why = "the server offers no GPU" + std::string(std::getenv("CUDA_VISIBLE_DEVICES") ? " visible under CUDA_VISIBLE_DEVICES" : "");
         return false;
     }
     return true;
+}
+
+int state::cuda_ordinal_of_listed(size_t i) const {
+    if (i >= listed_.size()) return -1;
+    for (size_t o = 0; o < devices_.size(); ++o)
+        if (devices_[o].owner == listed_[i].owner && devices_[o].server_index == listed_[i].server_index)
+            return static_cast<int>(o);
+    return -1;
 }
 
 session& state::remote() {

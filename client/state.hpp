@@ -93,6 +93,10 @@ public:
     int device_count() const { return static_cast<int>(devices_.size()); }
     size_t session_count() const { return sessions_.size(); }
     const server_device& device(int ordinal) const { return devices_[ordinal]; }
+    // Every GPU of the sessions in the servers' order, also those CUDA_VISIBLE_DEVICES hides: what NVML lists.
+    const std::vector<server_device>& listed_devices() const { return listed_; }
+    // The CUDA ordinal of listed_devices()[i], or -1 when CUDA_VISIBLE_DEVICES hides it.
+    int cuda_ordinal_of_listed(size_t i) const;
     int attribute(int ordinal, int attr) const;
 
     // Contexts.
@@ -147,6 +151,7 @@ private:
 
     std::vector<std::unique_ptr<session>> sessions_;
     std::vector<server_device> devices_;  // by client ordinal, after CUDA_VISIBLE_DEVICES
+    std::vector<server_device> listed_;   // before it
 public:
     void* lease_keeper_ = nullptr;  // mgmt::lease_keeper, alive until exit (released by an exit handler)
     std::vector<uint64_t> primary_;

@@ -72,12 +72,6 @@ nvmlReturn_t vgpu::load() {
     auto get_table = reinterpret_cast<CUresult (*)(const void**, const CUuuid*)>(sym("cuGetExportTable"));
     auto cu_init = reinterpret_cast<CUresult (*)(unsigned)>(sym("cuInit"));
     auto driver_version = reinterpret_cast<CUresult (*)(int*)>(sym("cuDriverGetVersion"));
-    auto count = reinterpret_cast<CUresult (*)(int*)>(sym("cuDeviceGetCount"));
-    auto device_get = reinterpret_cast<CUresult (*)(CUdevice*, int)>(sym("cuDeviceGet"));
-    auto name = reinterpret_cast<CUresult (*)(char*, int, CUdevice)>(sym("cuDeviceGetName"));
-    auto uuid = reinterpret_cast<CUresult (*)(CUuuid*, CUdevice)>(sym("cuDeviceGetUuid_v2"));
-    auto attribute = reinterpret_cast<CUresult (*)(int*, CUdevice_attribute, CUdevice)>(sym("cuDeviceGetAttribute"));
-    auto total_mem = reinterpret_cast<CUresult (*)(size_t*, CUdevice)>(sym("cuDeviceTotalMem_v2"));
     auto can_access = reinterpret_cast<CUresult (*)(int*, CUdevice, CUdevice)>(sym("cuDeviceCanAccessPeer"));
     CUuuid id;
     std::memcpy(id.bytes, vcuda_private_table_id, 16);
@@ -94,41 +88,33 @@ nvmlReturn_t vgpu::load() {
         return NVML_ERROR_DRIVER_NOT_LOADED;
     }
     driver_version(&cuda_version_);
-    int n = 0;
-    count(&n);
+    // Every GPU of the sessions, also those CUDA_VISIBLE_DEVICES hides (as the real NVML lists them).
+    int n = table_->listed_gpus(0, nullptr, 0);
     for (int i = 0; i < n; ++i) {
-        CUdevice dev = 0;
-        device_get(&dev, i);
+        listed_gpu g{};
+        if (table_->listed_gpus(i, &g, sizeof g) != n) break;
         vgpu_device d;
         d.index = static_cast<unsigned>(i);
-        char text[256] = {};
-        name(text, sizeof text - 1, dev);
-        d.name = text;
-        CUuuid u{};
-        uuid(&u, dev);
-        format_gpu_uuid(u.bytes, d.uuid);
-        auto attr = [&](CUdevice_attribute a) {
-            int v = 0;
-            attribute(&v, a, dev);
-            return v;
-        };
-        d.pci_domain = static_cast<unsigned>(attr(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID));
-        d.pci_bus = static_cast<unsigned>(attr(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID));
-        d.pci_device = static_cast<unsigned>(attr(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID));
-        d.pci_device_id = static_cast<unsigned>(attr(CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID));
-        d.pci_subsystem_id = static_cast<unsigned>(attr(CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID));
-        d.cc_major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
-        d.cc_minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
-        size_t bytes = 0;
-        total_mem(&bytes, dev);
-        d.total_memory = bytes;
+        d.cuda_ordinal = g.cuda_ordinal;
+        d.name = std::string(g.name, ::strnlen(g.name, sizeof g.name));
+        format_gpu_uuid(g.uuid, d.uuid);
+        d.pci_domain = static_cast<unsigned>(g.pci_domain);
+        d.pci_bus = static_cast<unsigned>(g.pci_bus);
+        d.pci_device = static_cast<unsigned>(g.pci_device);
+        d.pci_device_id = static_cast<unsigned>(g.pci_device_id);
+        d.pci_subsystem_id = static_cast<unsigned>(g.pci_subsystem_id);
+        d.cc_major = g.cc_major;
+        d.cc_minor = g.cc_minor;
+        d.total_memory = g.total_memory;
         devices_.push_back(std::move(d));
     }
+    // Peer access between GPUs CUDA sees (cuDeviceCanAccessPeer); a hidden GPU has none to tell.
     for (auto& d : devices_) {
         d.can_access_peer.assign(devices_.size(), false);
         for (auto& peer : devices_) {
             int yes = 0;
-            if (&peer != &d && can_access && can_access(&yes, static_cast<CUdevice>(d.index), static_cast<CUdevice>(peer.index)) == CUDA_SUCCESS)
+            if (&peer != &d && d.cuda_ordinal >= 0 && peer.cuda_ordinal >= 0 && can_access &&
+                can_access(&yes, static_cast<CUdevice>(d.cuda_ordinal), static_cast<CUdevice>(peer.cuda_ordinal)) == CUDA_SUCCESS)
                 d.can_access_peer[peer.index] = yes != 0;
         }
     }
@@ -170,7 +156,12 @@ const vgpu_device* vgpu::from_handle(nvmlDevice_t h) const {
 nvmlReturn_t vgpu::usage(const vgpu_device& d, uint64_t& bytes, bool& has_context) {
     unsigned long long b = 0;
     int c = 0;
-    if (int rc = table_->device_usage(static_cast<int>(d.index), &b, &c); rc != CUDA_SUCCESS) return from_cuda(rc);
+    if (d.cuda_ordinal < 0) {  // hidden from CUDA in this process: it cannot have used it
+        bytes = 0;
+        has_context = false;
+        return NVML_SUCCESS;
+    }
+    if (int rc = table_->device_usage(d.cuda_ordinal, &b, &c); rc != CUDA_SUCCESS) return from_cuda(rc);
     bytes = b;
     has_context = c != 0;
     return NVML_SUCCESS;
@@ -187,7 +178,7 @@ nvmlReturn_t vgpu::status(const vgpu_device& d, gpu_status& out) {
         }
     }
     gpu_status st;
-    nvmlReturn_t rc = from_cuda(table_->gpu_status(static_cast<int>(d.index), &st, sizeof st, status_timeout_ms));
+    nvmlReturn_t rc = from_cuda(table_->listed_gpu_status(static_cast<int>(d.index), &st, sizeof st, status_timeout_ms));
     std::lock_guard lock(mu_);
     auto& c = cache_[d.index];
     c = cached_status{std::chrono::steady_clock::now(), true, rc, st};

@@ -1,7 +1,7 @@
-// What vcuda's libnvidia-ml.so.1 knows: the vGPUs of this process, exactly as vcuda's libcuda.so.1 reports
-// them. It opens no connection of its own: it loads the libcuda.so.1 that sits beside it, initializes it and
-// reads the devices through the public driver API; this process's memory use and the physical GPU's live
-// state come through vcuda's private export table (client/private_table.hpp). Live state is cached for a
+// What vcuda's libnvidia-ml.so.1 knows: the vGPUs of this process's sessions, as vcuda's libcuda.so.1 lists
+// them for NVML (all of them: like the real NVML, it ignores CUDA_VISIBLE_DEVICES). It opens no connection of
+// its own: it loads the libcuda.so.1 that sits beside it, initializes it and reads the devices, this process's
+// memory use and the physical GPU's live state through vcuda's private export table (client/private_table.hpp). Live state is cached for a
 // second, so that a tool's many queries cost one round trip.
 // locks: `mu_` guards the init count and the status cache; the device list is written once, under it.
 #pragma once
@@ -19,14 +19,15 @@
 namespace vcuda::nvml {
 
 struct vgpu_device {
-    unsigned index = 0;  // the CUDA ordinal
+    unsigned index = 0;     // NVML's index: the position in the list
+    int cuda_ordinal = -1;  // the CUDA ordinal in this process; -1: hidden by CUDA_VISIBLE_DEVICES
     std::string name;
     char uuid[41] = {};  // "GPU-..."
     unsigned pci_domain = 0, pci_bus = 0, pci_device = 0;
     unsigned pci_device_id = 0, pci_subsystem_id = 0;
     int cc_major = 0, cc_minor = 0;
     uint64_t total_memory = 0;  // the vGPU's size (the session's quota)
-    std::vector<bool> can_access_peer;  // by CUDA ordinal: cuDeviceCanAccessPeer (false for itself)
+    std::vector<bool> can_access_peer;  // by NVML index: cuDeviceCanAccessPeer (false for itself and hidden GPUs)
 };
 
 class vgpu {

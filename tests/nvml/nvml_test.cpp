@@ -73,14 +73,14 @@ struct temp_dir {
     std::string operator/(const std::string& name) const { return (path / name).string(); }
 };
 
-// vcuda-server on the software test driver, serving a Unix socket with a 1 GiB quota.
+// vcuda-server on the software test driver (`devices` GPUs), serving a Unix socket with a 1 GiB quota.
 struct soft_server {
     temp_dir dir;
     std::string socket = dir / "s.sock";
     std::string address = "unix:" + socket;
     pid_t pid = -1;
 
-    soft_server() {
+    explicit soft_server(int devices = 1) {
         std::string log = dir / "server.log";
         pid = fork();
         REQUIRE(pid >= 0);
@@ -88,6 +88,7 @@ struct soft_server {
             FILE* f = std::freopen(log.c_str(), "w", stdout);
             (void)f;
             dup2(fileno(stdout), 2);
+            setenv("VCUDA_SOFT_DEVICES", std::to_string(devices).c_str(), 1);
             execl(VCUDA_SERVER_BIN, VCUDA_SERVER_BIN, "--listen", address.c_str(), "--driver", VCUDA_SOFTDRIVER,
                   "--memory-quota", "1GiB", "--log-level", "debug", static_cast<char*>(nullptr));
             _exit(127);
@@ -242,6 +243,29 @@ TEST_CASE("NVML reports the vGPU as CUDA does, through vcuda-server on the softw
     }
     CHECK(num(kv, "shutdown.rc") == NVML_SUCCESS);
     CHECK(num(kv, "after_shutdown.rc") == NVML_ERROR_UNINITIALIZED);
+}
+
+TEST_CASE("NVML lists every GPU whatever CUDA_VISIBLE_DEVICES says, as the real NVML does", "[integration]") {
+    soft_server server(2);
+    auto kv = run_probe(server.env() + " CUDA_VISIBLE_DEVICES=1", "listing", server.dir / "probe.log");
+    INFO("probe log: " << server.dir / "probe.log");
+    REQUIRE(num(kv, "init.rc") == NVML_SUCCESS);
+    CHECK(num(kv, "count") == 2);
+    CHECK(num(kv, "cuda.count") == 1);
+    CHECK(kv["nvml0.uuid"] != kv["nvml1.uuid"]);
+    CHECK(kv["cuda0.uuid"] == kv["nvml1.uuid"]);  // CUDA's only device is the server's second
+    REQUIRE(num(kv, "cuda.alloc.rc") == 0);
+    CHECK(num(kv, "nvml1.memory.used") == (64ll << 20));
+    CHECK(num(kv, "nvml1.processes.count") == 1);
+    CHECK(num(kv, "nvml0.memory.rc") == NVML_SUCCESS);
+    CHECK(num(kv, "nvml0.memory.used") == 0);
+    CHECK(num(kv, "nvml0.processes.count") == 0);
+
+    auto all = run_probe(server.env(), "listing", server.dir / "probe2.log");
+    CHECK(num(all, "count") == 2);
+    CHECK(num(all, "cuda.count") == 2);
+    CHECK(all["cuda0.uuid"] == all["nvml0.uuid"]);
+    CHECK(all["cuda1.uuid"] == all["nvml1.uuid"]);
 }
 
 TEST_CASE("a lost server gives NVML errors, not a hang", "[integration]") {

@@ -4,6 +4,8 @@
 //   probe init            nvmlInit's result and how long it took
 //   probe query           devices seen by NVML and by CUDA; memory and processes around a cuMemAlloc
 //   probe lost SERVER_PID queries, then kills the server and queries again
+//   probe listing         the GPUs NVML lists and those CUDA sees (CUDA_VISIBLE_DEVICES applies to CUDA only),
+//                         and NVML's memory use of each after a cuMemAlloc on CUDA device 0
 #include <cuda.h>
 #include <dlfcn.h>
 #include <signal.h>
@@ -164,6 +166,44 @@ int query() {
     return 0;
 }
 
+int listing() {
+    print("init.rc", NVML(nvmlInit_v2)());
+    unsigned count = 0;
+    print("count.rc", NVML(nvmlDeviceGetCount_v2)(&count));
+    print("count", count);
+    char text[96];
+    for (unsigned i = 0; i < count; ++i) {
+        nvmlDevice_t h = nullptr;
+        NVML(nvmlDeviceGetHandleByIndex_v2)(i, &h);
+        NVML(nvmlDeviceGetUUID)(h, text, sizeof text);
+        print(("nvml" + std::to_string(i) + ".uuid").c_str(), text);
+    }
+    int cuda_count = 0;
+    cuda<CUresult (*)(unsigned)>("cuInit")(0);
+    cuda<CUresult (*)(int*)>("cuDeviceGetCount")(&cuda_count);
+    print("cuda.count", cuda_count);
+    for (int i = 0; i < cuda_count; ++i) {
+        CUdevice dev = 0;
+        cuda<CUresult (*)(CUdevice*, int)>("cuDeviceGet")(&dev, i);
+        CUuuid id{};
+        cuda<CUresult (*)(CUuuid*, CUdevice)>("cuDeviceGetUuid_v2")(&id, dev);
+        char uuid[41];
+        vcuda::nvml::format_gpu_uuid(id.bytes, uuid);
+        print(("cuda" + std::to_string(i) + ".uuid").c_str(), uuid);
+    }
+    CUcontext ctx = nullptr;
+    cuda<CUresult (*)(CUcontext*, CUdevice)>("cuDevicePrimaryCtxRetain")(&ctx, 0);
+    cuda<CUresult (*)(CUcontext)>("cuCtxSetCurrent")(ctx);
+    CUdeviceptr ptr = 0;
+    print("cuda.alloc.rc", cuda<CUresult (*)(CUdeviceptr*, size_t)>("cuMemAlloc_v2")(&ptr, 64u << 20));
+    for (unsigned i = 0; i < count; ++i) {
+        nvmlDevice_t h = nullptr;
+        NVML(nvmlDeviceGetHandleByIndex_v2)(i, &h);
+        memory_and_processes(h, ("nvml" + std::to_string(i)).c_str());
+    }
+    return 0;
+}
+
 long long ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -210,8 +250,9 @@ int main(int argc, char** argv) {
     int rc = 2;
     if (mode == "init") rc = init();
     else if (mode == "query") rc = query();
+    else if (mode == "listing") rc = listing();
     else if (mode == "lost" && argc > 2) rc = lost(static_cast<pid_t>(std::atoi(argv[2])));
-    else std::fprintf(stderr, "usage: vcuda_nvml_probe init | query | lost SERVER_PID\n");
+    else std::fprintf(stderr, "usage: vcuda_nvml_probe init | query | listing | lost SERVER_PID\n");
     std::fflush(stdout);
     return rc;
 }
