@@ -140,8 +140,8 @@ int fetch_gpu_status(int dev, gpu_status* out, size_t size, unsigned timeout_ms)
 
 int listed_gpus(int index, listed_gpu* out, size_t size) {
     auto& st = state::get();
-    if (!st.initialized()) return -1;
-    auto& all = st.listed_devices();
+    auto& all = st.listed_devices();  // written once by cuInit, also when CUDA_VISIBLE_DEVICES hid every GPU
+    if (all.empty()) return st.initialized() ? 0 : -1;
     if (!out || index < 0 || static_cast<size_t>(index) >= all.size()) return static_cast<int>(all.size());
     if (size != sizeof(listed_gpu)) return -1;
     const server_device& d = all[index];
@@ -166,7 +166,6 @@ int listed_gpus(int index, listed_gpu* out, size_t size) {
 int fetch_listed_gpu_status(int index, gpu_status* out, size_t size, unsigned timeout_ms) {
     if (!out || size != sizeof(gpu_status)) return CUDA_ERROR_INVALID_VALUE;
     auto& st = state::get();
-    if (!st.initialized()) return st.init_status();
     if (index < 0 || static_cast<size_t>(index) >= st.listed_devices().size()) return CUDA_ERROR_INVALID_DEVICE;
     const server_device& d = st.listed_devices()[index];
     if (d.owner->lost()) return connection_lost_result;

@@ -82,7 +82,8 @@ nvmlReturn_t vgpu::load() {
         return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
     }
     table_ = static_cast<const private_table*>(table);
-    if (CUresult rc = cu_init(0); rc != CUDA_SUCCESS) {
+    // A cuInit that failed only because CUDA_VISIBLE_DEVICES hid every GPU still lists them for NVML.
+    if (CUresult rc = cu_init(0); rc != CUDA_SUCCESS && table_->listed_gpus(0, nullptr, 0) <= 0) {
         // libcuda has said why (no VCUDA_SERVER, server unreachable, no GPU there).
         VCUDA_LOG_ERROR("nvmlInit: vcuda's cuInit failed with error {}: no remote GPU to report", static_cast<int>(rc));
         return NVML_ERROR_DRIVER_NOT_LOADED;

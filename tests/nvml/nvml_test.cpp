@@ -266,6 +266,14 @@ TEST_CASE("NVML lists every GPU whatever CUDA_VISIBLE_DEVICES says, as the real 
     CHECK(num(all, "cuda.count") == 2);
     CHECK(all["cuda0.uuid"] == all["nvml0.uuid"]);
     CHECK(all["cuda1.uuid"] == all["nvml1.uuid"]);
+
+    // Every GPU hidden from CUDA: cuInit fails, NVML still lists them (nvidia-smi works as natively).
+    auto none = run_probe(server.env() + " CUDA_VISIBLE_DEVICES=7", "listing", server.dir / "probe3.log");
+    CHECK(num(none, "init.rc") == NVML_SUCCESS);
+    CHECK(num(none, "count") == 2);
+    CHECK(num(none, "cuda.count") == 0);
+    CHECK(none["nvml0.uuid"] == all["nvml0.uuid"]);
+    CHECK(num(none, "nvml0.memory.used") == 0);
 }
 
 TEST_CASE("a lost server gives NVML errors, not a hang", "[integration]") {
