@@ -143,6 +143,27 @@ public:
         std::lock_guard lock(mu_);
         a->busy = b->busy = false;
     }
+    // Frees the current session's slots when none is in use, for an allocation of the application's that the
+    // server's host memory quota refused; pageable copies then go in frames. False when there were none to free.
+    bool release_for_application() {
+        session& s = state::get().remote();
+        std::vector<std::unique_ptr<staging_slot>> freed;
+        {
+            std::lock_guard lock(mu_);
+            auto it = sessions_.find(&s);
+            if (it == sessions_.end() || it->second.pid != getpid() || it->second.slots.empty()) return false;
+            for (auto& slot : it->second.slots)
+                if (slot->busy) return false;
+            freed = std::move(it->second.slots);
+            it->second.slots.clear();
+        }
+        for (auto& slot : freed) {
+            shared_host_free(slot->h);
+            munmap(reinterpret_cast<void*>(slot->h.base), slot->h.size);
+        }
+        VCUDA_LOG_INFO("the host memory quota is reached: staging slots freed for the application's pinned memory");
+        return true;
+    }
 
 private:
     struct per_session {
@@ -630,7 +651,9 @@ VCUDA_API cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) noexcep
     host_allocation h;
     h.size = bytesize;
     h.flags = flags;
-    if (CUresult rc = shared_host_alloc(h); rc != CUDA_ERROR_NOT_SUPPORTED) {
+    CUresult rc = shared_host_alloc(h);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && staging().release_for_application()) rc = shared_host_alloc(h);
+    if (rc != CUDA_ERROR_NOT_SUPPORTED) {
         if (rc != CUDA_SUCCESS) return rc;
     } else {  // a server on another host: this process's own pages, copied over the socket
         void* p = mmap(nullptr, bytesize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

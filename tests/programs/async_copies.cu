@@ -19,7 +19,34 @@ extern "C" __global__ void ac_transform(int* d, int n, int salt) {
 
 static int want_value(int input, int salt) { return static_cast<int>(static_cast<unsigned>(input) * 3u + static_cast<unsigned>(salt)); }
 
-int main() {
+// `async_copies pinned-after-pageable MIB`: a large pageable round trip, then MIB of pinned memory, used. Run
+// under a small host memory quota, the pinned allocation must not fail for what vcuda's pageable copies took.
+static int pinned_after_pageable(size_t mib) {
+    const size_t n = size_t(1) << 20;  // ints: 4 MiB
+    std::vector<int> in(n), out(n);
+    for (size_t i = 0; i < n; ++i) in[i] = static_cast<int>(i * 7);
+    int* d;
+    CHECK(cudaMalloc(&d, n * sizeof(int)));
+    CHECK(cudaMemcpy(d, in.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(out.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
+    if (out != in) fail("pageable round trip: the bytes came back different");
+    int* pinned;
+    CHECK(cudaMallocHost(&pinned, mib << 20));
+    const size_t m = std::min(n, (mib << 20) / sizeof(int));
+    for (size_t i = 0; i < m; ++i) pinned[i] = static_cast<int>(i) - 5;
+    CHECK(cudaMemcpy(d, pinned, m * sizeof(int), cudaMemcpyHostToDevice));
+    std::fill(out.begin(), out.end(), 0);
+    CHECK(cudaMemcpy(out.data(), d, m * sizeof(int), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < m; ++i)
+        if (out[i] != static_cast<int>(i) - 5) fail("through %zu MiB of pinned memory: [%zu] = %d", mib, i, out[i]);
+    printf("pageable round trip, then %zu MiB of pinned memory: ok\n", mib);
+    CHECK(cudaFreeHost(pinned));
+    CHECK(cudaFree(d));
+    return pass();
+}
+
+int main(int argc, char** argv) {
+    if (argc == 3 && std::string(argv[1]) == "pinned-after-pageable") return pinned_after_pageable(std::stoul(argv[2]));
     const int nstreams = 4, nchunks = 16;
     const int chunk = 1 << 18;  // ints per chunk (1 MiB)
     const int n = nchunks * chunk;
