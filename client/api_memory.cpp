@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "client/bulk.hpp"
+#include "client/parallel_copy.hpp"
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
@@ -98,7 +99,8 @@ uint64_t shared_address(const void* p, size_t n) {
 
 // Pageable copies of at least this size to a server on this host go through staging slots: pinned pages shared
 // with the server (as cuMemAllocHost's), which the client fills or empties while the GPU reads or writes the
-// other slot of the copy. One memcpy here and none on the server, where a frame costs one on each side.
+// other slot of the copy. One memcpy here (spread over helper threads: client/parallel_copy.hpp) and none on
+// the server, where a frame costs one on each side.
 constexpr size_t staged_min = 1u << 20;
 constexpr size_t slot_size = 4u << 20;
 constexpr size_t slots_per_session = 4;  // two copies at a time; a third thread's copy goes in frames
@@ -204,7 +206,7 @@ CUresult staged_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream
         staging_slot& s = *slot[k % 2];
         size_t len = std::min(slot_size, n - off);
         if ((rc = slot_ready(s)) != CUDA_SUCCESS) break;
-        std::memcpy(reinterpret_cast<void*>(s.h.base), static_cast<const char*>(src) + off, len);
+        parallel_copy(reinterpret_cast<void*>(s.h.base), static_cast<const char*>(src) + off, len);
         s.pending = true;
         rc = remote(op::copy_htod_shared, {dst + off, s.h.server_addr, len, stream_arg(stream), 1},
                     off + len == n ? m : mode::post);
@@ -231,7 +233,7 @@ CUresult staged_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream) {
         if (k + 1 < chunks && (rc = issue(k + 1)) != CUDA_SUCCESS) break;
         staging_slot& s = *slot[k % 2];
         if ((rc = slot_ready(s)) != CUDA_SUCCESS) break;
-        std::memcpy(static_cast<char*>(dst) + k * slot_size, reinterpret_cast<const void*>(s.h.base), length(k));
+        parallel_copy(static_cast<char*>(dst) + k * slot_size, reinterpret_cast<const void*>(s.h.base), length(k));
     }
     staging().give_back(slot[0], slot[1]);
     return rc;
