@@ -116,7 +116,8 @@ CUresult handle_host_free(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {device dst, server address of the source, bytes, stream[, mark (mark_copy)]}. Queued: enqueued on the stream as it is.
+// args {device dst, server address of the source, bytes, stream[, mark (mark_copy)]}. Queued: enqueued on the
+// stream as it is.
 // Waited for: the copy is complete when the reply goes (cuMemcpyHtoD's behaviour).
 CUresult handle_copy_htod_shared(call_context& cx) {
     if (!shared_copy_args(cx)) return cx.bad_arguments();
