@@ -9,6 +9,7 @@
 #include "common/log.hpp"
 #include "common/wire.hpp"
 #include "ops.hpp"
+#include "server/staging.hpp"
 
 namespace vcuda::server {
 
@@ -448,14 +449,7 @@ void bulk_hub::pin(buffer* b) {
 }
 
 bool bulk_hub::after_copy(buffer* b, CUstream s) {
-    CUcontext ctx = nullptr;
-    drv_.cuCtxGetCurrent(&ctx);
-    if (b->done && b->done_ctx != ctx) {  // events belong to a context: make one in the context now current
-        drv_.cuEventDestroy_v2(b->done);
-        b->done = nullptr;
-    }
-    if (!b->done && drv_.cuEventCreate(&b->done, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) b->done_ctx = ctx;
-    b->pending = b->done && drv_.cuEventRecord(b->done, s) == CUDA_SUCCESS;
+    b->pending = record_in_current_context(drv_, b->done, b->done_ctx, s) == CUDA_SUCCESS;
     return b->pending;
 }
 

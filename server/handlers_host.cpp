@@ -21,22 +21,8 @@ CUresult mark_copy(call_context& cx, uintptr_t host, uint64_t n, CUstream s) {
     if (cx.arg_count() < 5 || cx.arg(4) == 0) return CUDA_SUCCESS;
     auto mark = cx.sess.host_copy_mark(host, n);
     if (!mark) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not this session's shared host memory");
-    auto& d = cx.drv();
     std::lock_guard lock(mark->mu);
-    CUcontext ctx = nullptr;
-    d.cuCtxGetCurrent(&ctx);
-    if (mark->event && mark->ctx != ctx) {  // an event is recorded only on a stream of its own context
-        d.cuEventDestroy_v2(mark->event);
-        mark->event = nullptr;
-    }
-    if (!mark->event) {
-        if (CUresult rc = d.cuEventCreate(&mark->event, CU_EVENT_DISABLE_TIMING); rc != CUDA_SUCCESS) {
-            mark->event = nullptr;
-            return rc;
-        }
-        mark->ctx = ctx;
-    }
-    return d.cuEventRecord(mark->event, s);
+    return record_in_current_context(cx.drv(), mark->event, mark->ctx, s);
 }
 
 bool shared_copy_args(const call_context& cx) {

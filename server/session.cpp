@@ -248,24 +248,25 @@ void session::end(const std::string& why) {
     for (auto* fs : streams_) fs->shutdown();
 }
 
-bool session::owns_host(uintptr_t p, size_t n) {
-    std::lock_guard lock(mu);
-    auto it = host_regions.upper_bound(p);
-    if (it == host_regions.begin()) return false;
-    --it;
-    size_t size = it->second.size;
-    return p - it->first < size && n <= size - (p - it->first);
-}
-
-std::shared_ptr<session::copy_mark> session::host_copy_mark(uintptr_t p, size_t n) {
-    std::lock_guard lock(mu);
+session::host_region* session::host_region_holding(uintptr_t p, size_t n) {
     auto it = host_regions.upper_bound(p);
     if (it == host_regions.begin()) return nullptr;
     --it;
     size_t size = it->second.size;
-    if (p - it->first >= size || n > size - (p - it->first)) return nullptr;
-    if (!it->second.last_copy) it->second.last_copy = std::make_shared<copy_mark>(api());
-    return it->second.last_copy;
+    return p - it->first < size && n <= size - (p - it->first) ? &it->second : nullptr;
+}
+
+bool session::owns_host(uintptr_t p, size_t n) {
+    std::lock_guard lock(mu);
+    return host_region_holding(p, n) != nullptr;
+}
+
+std::shared_ptr<session::copy_mark> session::host_copy_mark(uintptr_t p, size_t n) {
+    std::lock_guard lock(mu);
+    host_region* r = host_region_holding(p, n);
+    if (!r) return nullptr;
+    if (!r->last_copy) r->last_copy = std::make_shared<copy_mark>(api());
+    return r->last_copy;
 }
 
 session::copy_mark::~copy_mark() {

@@ -72,9 +72,7 @@ public:
     // True when [p, p+n) is this session's memory on any of its GPUs (allocations or module globals).
     bool owns_range(CUdeviceptr p, size_t n);
 
-    // Pinned host memory shared with a client on this host (client and server map the same pages): mapped
-    // and registered with the driver by handlers_host.cpp, released at session end.
-    // The last copy marked against a region (a client's staging slot, refilled once that copy is done).
+    // The last copy marked against a host region (a client's staging slot, refilled once that copy is done).
     struct copy_mark {
         explicit copy_mark(const driver_table& d) : drv(d) {}
         ~copy_mark();
@@ -83,6 +81,8 @@ public:
         CUcontext ctx = nullptr;
         const driver_table& drv;
     };
+    // Pinned host memory shared with a client on this host (client and server map the same pages): mapped
+    // and registered with the driver by handlers_host.cpp, released at session end.
     struct host_region {
         size_t size = 0;
         std::shared_ptr<copy_mark> last_copy;  // made at the first marked copy
@@ -159,6 +159,9 @@ public:
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
 private:
+    // mu held: the host region holding [p, p+n), or null.
+    host_region* host_region_holding(uintptr_t p, size_t n);
+
     struct device_slot {
         CUdevice device = 0;
         CUcontext ctx = nullptr;

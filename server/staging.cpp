@@ -38,16 +38,26 @@ staging_pool::buffer* staging_pool::take() {
     return nullptr;
 }
 
-void staging_pool::give_back(buffer* b, CUstream stream) {
-    CUcontext ctx = nullptr;
-    drv_->cuCtxGetCurrent(&ctx);
-    if (b->done && b->ctx != ctx) {  // events belong to a context: make one in the context now current
-        drv_->cuEventDestroy_v2(b->done);
-        b->done = nullptr;
+CUresult record_in_current_context(const driver_table& drv, CUevent& event, CUcontext& ctx, CUstream stream) {
+    CUcontext current = nullptr;
+    drv.cuCtxGetCurrent(&current);
+    if (event && ctx != current) {
+        drv.cuEventDestroy_v2(event);
+        event = nullptr;
     }
-    if (!b->done && drv_->cuEventCreate(&b->done, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) b->ctx = ctx;
+    if (!event) {
+        if (CUresult rc = drv.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING); rc != CUDA_SUCCESS) {
+            event = nullptr;
+            return rc;
+        }
+        ctx = current;
+    }
+    return drv.cuEventRecord(event, stream);
+}
+
+void staging_pool::give_back(buffer* b, CUstream stream) {
     b->busy = false;
-    b->pending = b->done && drv_->cuEventRecord(b->done, stream) == CUDA_SUCCESS;
+    b->pending = record_in_current_context(*drv_, b->done, b->ctx, stream) == CUDA_SUCCESS;
     if (!b->pending) drv_->cuStreamSynchronize(stream);  // no event to wait on later: wait now
 }
 

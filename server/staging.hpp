@@ -10,6 +10,11 @@
 
 namespace vcuda::server {
 
+// Records `event` on `stream` behind the copies issued there. An event can be recorded only on a stream of its
+// own context: one missing or of another context than the current one is (re)made first, `ctx` noting its
+// context. The driver's error when none could be made or recorded.
+CUresult record_in_current_context(const driver_table& drv, CUevent& event, CUcontext& ctx, CUstream stream);
+
 class staging_pool {
 public:
     static constexpr size_t buffer_size = 8u << 20;
