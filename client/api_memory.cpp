@@ -310,8 +310,9 @@ CUresult striped_dtoh(bulk_link& link, void* dst, CUdeviceptr src, size_t n, CUs
 }
 
 // Host to device: from shared pinned memory the server copies straight from the pages; large copies over TCP go
-// striped, large pageable ones to a server on this host through staging slots; otherwise every chunk but the last is queued and the last waits for the server when `m` is sync, so
-// the copy is enqueued on the GPU before the call returns, as with the real driver.
+// striped, large pageable ones to a server on this host through staging slots; otherwise every chunk but the
+// last is queued and the last waits for the server when `m` is sync, so the copy is enqueued on the GPU before
+// the call returns, as with the real driver.
 CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;

@@ -132,10 +132,16 @@ int device_usage(int dev, unsigned long long* bytes, int* has_context) {
     return CUDA_SUCCESS;
 }
 
+// The live state of `d` into `out` (slots 2 and 5, once they checked their arguments).
+int query_status(const server_device& d, gpu_status& out, unsigned timeout_ms) {
+    if (d.owner->lost()) return connection_lost_result;
+    return status_worker::get().query(d, out, std::chrono::milliseconds(timeout_ms));
+}
+
 int fetch_gpu_status(int dev, gpu_status* out, size_t size, unsigned timeout_ms) {
     if (!out || size != sizeof(gpu_status)) return CUDA_ERROR_INVALID_VALUE;
     if (int rc = checked_device(dev); rc != CUDA_SUCCESS) return rc;
-    return status_worker::get().query(state::get().device(dev), *out, std::chrono::milliseconds(timeout_ms));
+    return query_status(state::get().device(dev), *out, timeout_ms);
 }
 
 int listed_gpus(int index, listed_gpu* out, size_t size) {
@@ -150,26 +156,21 @@ int listed_gpus(int index, listed_gpu* out, size_t size) {
     std::snprintf(out->name, sizeof out->name, "%s", d.name.c_str());
     std::memcpy(out->uuid, d.uuid.data(), sizeof out->uuid);
     out->total_memory = d.total_memory;
-    auto attr = [&](CUdevice_attribute a) {
-        return static_cast<size_t>(a) < d.attributes.size() ? d.attributes[a] : 0;
-    };
-    out->pci_domain = attr(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
-    out->pci_bus = attr(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
-    out->pci_device = attr(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
-    out->pci_device_id = attr(CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID);
-    out->pci_subsystem_id = attr(CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID);
-    out->cc_major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
-    out->cc_minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    out->pci_domain = d.attribute(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
+    out->pci_bus = d.attribute(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
+    out->pci_device = d.attribute(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
+    out->pci_device_id = d.attribute(CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID);
+    out->pci_subsystem_id = d.attribute(CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID);
+    out->cc_major = d.attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    out->cc_minor = d.attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     return static_cast<int>(all.size());
 }
 
 int fetch_listed_gpu_status(int index, gpu_status* out, size_t size, unsigned timeout_ms) {
     if (!out || size != sizeof(gpu_status)) return CUDA_ERROR_INVALID_VALUE;
-    auto& st = state::get();
-    if (index < 0 || static_cast<size_t>(index) >= st.listed_devices().size()) return CUDA_ERROR_INVALID_DEVICE;
-    const server_device& d = st.listed_devices()[index];
-    if (d.owner->lost()) return connection_lost_result;
-    return status_worker::get().query(d, *out, std::chrono::milliseconds(timeout_ms));
+    auto& all = state::get().listed_devices();
+    if (index < 0 || static_cast<size_t>(index) >= all.size()) return CUDA_ERROR_INVALID_DEVICE;
+    return query_status(all[index], *out, timeout_ms);
 }
 
 int call_counts(unsigned long long* round_trips, unsigned long long* posted) {

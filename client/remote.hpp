@@ -109,6 +109,11 @@ struct server_device {
     std::vector<int> attributes;  // indexed by CUdevice_attribute
     int server_index = 0;         // the GPU's index on its server
     session* owner = nullptr;     // the session that serves it
+
+    // Attribute `attr` (a CUdevice_attribute); 0 for one the server did not send.
+    int attribute(int attr) const {
+        return attr >= 0 && static_cast<size_t>(attr) < attributes.size() ? attributes[attr] : 0;
+    }
 };
 
 class session {

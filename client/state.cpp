@@ -201,10 +201,7 @@ session& state::remote() {
     return d >= 0 ? *devices_[d].owner : *devices_.front().owner;
 }
 
-int state::attribute(int ordinal, int attr) const {
-    auto& a = device(ordinal).attributes;
-    return attr >= 0 && static_cast<size_t>(attr) < a.size() ? a[attr] : 0;
-}
+int state::attribute(int ordinal, int attr) const { return device(ordinal).attribute(attr); }
 
 // ---------------------------------------------------------------- contexts
 

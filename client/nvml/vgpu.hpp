@@ -1,8 +1,8 @@
 // What vcuda's libnvidia-ml.so.1 knows: the vGPUs of this process's sessions, as vcuda's libcuda.so.1 lists
 // them for NVML (all of them: like the real NVML, it ignores CUDA_VISIBLE_DEVICES). It opens no connection of
 // its own: it loads the libcuda.so.1 that sits beside it, initializes it and reads the devices, this process's
-// memory use and the physical GPU's live state through vcuda's private export table (client/private_table.hpp). Live state is cached for a
-// second, so that a tool's many queries cost one round trip.
+// memory use and the physical GPU's live state through vcuda's private export table (client/private_table.hpp).
+// Live state is cached for a second, so that a tool's many queries cost one round trip.
 // locks: `mu_` guards the init count and the status cache; the device list is written once, under it.
 #pragma once
 
