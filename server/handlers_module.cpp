@@ -28,15 +28,40 @@ CUresult lookup_module_or_library(call_context& cx, uint64_t id, void*& raw, han
     return rc == CUDA_SUCCESS ? rc : cx.lookup(id, handle_kind::library, raw, &e);
 }
 
+// A function's or kernel's parameter layout, as the driver reports it. The driver needs a context current
+// (cuKernelGetParamInfo answers CUDA_ERROR_INVALID_CONTEXT without one): a call that named no device gets the
+// session's first context for the query. The list ends where the driver answers CUDA_ERROR_INVALID_VALUE; any
+// other error fails the lookup, so that no handle is given out with a layout that is not the kernel's (a
+// launch packed at a wrong layout hands the driver a parameter array it reads past).
 template <class Query>
-std::shared_ptr<param_layout> query_layout(Query&& q) {
+CUresult query_layout(call_context& cx, Query&& q, std::shared_ptr<param_layout>& out) {
+    auto& d = cx.drv();
+    CUcontext current = nullptr;
+    if (d.cuCtxGetCurrent(&current) != CUDA_SUCCESS) current = nullptr;
+    const bool borrowed = current == nullptr;
+    if (borrowed) {
+        CUresult rc;
+        CUcontext ctx = cx.sess.first_context(rc);
+        if (!ctx) return cx.fail(rc, "no context for the parameter layout query");
+        d.cuCtxSetCurrent(ctx);
+    }
     auto layout = std::make_shared<param_layout>();
-    for (size_t i = 0; i < 4096; ++i) {
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    constexpr size_t max_params = 32768;  // kernel parameters take at most 32,764 bytes
+    for (size_t i = 0; i < max_params; ++i) {
         size_t off = 0, size = 0;
-        if (q(i, &off, &size) != CUDA_SUCCESS) break;
+        rc = q(i, &off, &size);
+        if (rc != CUDA_SUCCESS) break;
         layout->params.emplace_back(static_cast<uint32_t>(off), static_cast<uint32_t>(size));
     }
-    return layout;
+    if (borrowed) d.cuCtxSetCurrent(nullptr);
+    if (rc == CUDA_SUCCESS) return cx.fail(CUDA_ERROR_INVALID_VALUE, "the kernel reports too many parameters");
+    if (rc != CUDA_ERROR_INVALID_VALUE) {
+        VCUDA_LOG_WARN("session {}: parameter layout query failed with error {}", cx.sess.id(), static_cast<int>(rc));
+        return cx.fail(rc, "the driver did not report the kernel's parameters");
+    }
+    out = std::move(layout);
+    return CUDA_SUCCESS;
 }
 
 void out_layout(call_context& cx, const param_layout& l) {
@@ -159,7 +184,10 @@ CUresult handle_module_get_function(call_context& cx) {
     auto& d = cx.drv();
     CUfunction f = nullptr;
     if (CUresult rc = d.cuModuleGetFunction(&f, m, name.c_str()); rc != CUDA_SUCCESS) return rc;
-    auto layout = query_layout([&](size_t i, size_t* o, size_t* s) { return d.cuFuncGetParamInfo(f, i, o, s); });
+    std::shared_ptr<param_layout> layout;
+    if (CUresult rc = query_layout(cx, [&](size_t i, size_t* o, size_t* s) { return d.cuFuncGetParamInfo(f, i, o, s); }, layout);
+        rc != CUDA_SUCCESS)
+        return rc;
     cx.out_handle(handle_kind::function, f, cx.arg(0), true, layout);
     out_layout(cx, *layout);
     return CUDA_SUCCESS;
@@ -175,7 +203,10 @@ CUresult handle_library_get_kernel(call_context& cx) {
     auto& d = cx.drv();
     CUkernel k = nullptr;
     if (CUresult rc = d.cuLibraryGetKernel(&k, l, name.c_str()); rc != CUDA_SUCCESS) return rc;
-    auto layout = query_layout([&](size_t i, size_t* o, size_t* s) { return d.cuKernelGetParamInfo(k, i, o, s); });
+    std::shared_ptr<param_layout> layout;
+    if (CUresult rc = query_layout(cx, [&](size_t i, size_t* o, size_t* s) { return d.cuKernelGetParamInfo(k, i, o, s); }, layout);
+        rc != CUDA_SUCCESS)
+        return rc;
     cx.out_handle(handle_kind::kernel, k, cx.arg(0), true, layout);
     out_layout(cx, *layout);
     return CUDA_SUCCESS;
@@ -361,6 +392,16 @@ CUresult launch_dims(call_context& cx, size_t first, unsigned (&dims)[7]) {
     return CUDA_SUCCESS;
 }
 
+namespace {
+// A launch whose parameters do not match the kernel: refused and logged (the first few per lane: a client
+// sending many must not fill the log).
+CUresult refuse_launch(call_context& cx, std::string why) {
+    if (cx.lane.refused_launches++ < 8)
+        VCUDA_LOG_WARN("session {}: launch refused: {}", cx.sess.id(), why);
+    return cx.fail(CUDA_ERROR_INVALID_VALUE, std::move(why));
+}
+}  // namespace
+
 CUresult kernel_args::set(call_context& cx, std::span<const std::byte> block, uint64_t form, const handle_entry& e) {
     if (form > 1) return cx.bad_arguments();
     form_ = form;
@@ -381,9 +422,20 @@ CUresult kernel_args::set(call_context& cx, std::span<const std::byte> block, ui
     extra_[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
     extra_[3] = &size_;
     extra_[4] = CU_LAUNCH_PARAM_END;
-    if (form == 1) return CUDA_SUCCESS;
-    if (!e.layout || e.layout->total() != block.size())
-        return cx.fail(CUDA_ERROR_INVALID_VALUE, "parameter block does not match the kernel's parameters");
+    // The driver reads the kernel's parameters at its own layout: from the `extra` buffer up to the end of the
+    // last one, through one kernelParams pointer per parameter. A block that does not cover them would have it
+    // read past what the client sent, so the launch is refused before the driver sees it.
+    if (!e.layout) return refuse_launch(cx, "the kernel's parameter layout is unknown");
+    const size_t need = e.layout->total();
+    if (form == 1) {
+        if (block.size() < need)
+            return refuse_launch(cx, "the extra buffer holds " + std::to_string(block.size()) + " bytes, the kernel's parameters " +
+                                         std::to_string(need));
+        return CUDA_SUCCESS;
+    }
+    if (block.size() != need)
+        return refuse_launch(cx, "the parameter block holds " + std::to_string(block.size()) + " bytes, the kernel's " +
+                                     std::to_string(e.layout->params.size()) + " parameters " + std::to_string(need));
     if (e.layout->params.size() > small_params) {
         big_pointers_.resize(e.layout->params.size());
         pointers_ = big_pointers_.data();

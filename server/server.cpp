@@ -240,13 +240,17 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
             rc = cx.fail(CUDA_ERROR_NOT_SUPPORTED, "op " + std::to_string(call->op()) + " is not allowed by this server");
             VCUDA_LOG_WARN("session {}: refused op {}", sess->id(), call->op());
         } else {
-            // The caller's current device: its session context becomes current on this thread.
+            // The caller's current device: its session context becomes current on this thread. A call that
+            // names none (the client thread has no context: library loads, kernel lookups) runs under the
+            // session's first context when it has one, never under whatever this thread had before; it is
+            // looked up again each time, since another lane may make that context meanwhile.
             int dev = call->device();
             rc = CUDA_SUCCESS;
-            if (dev != lane.current_device) {
-                if (dev < 0) {
-                    d.cuCtxSetCurrent(nullptr);
-                } else if (!sess->allowed(static_cast<size_t>(dev))) {
+            if (dev < 0) {
+                d.cuCtxSetCurrent(sess->existing_first_context());
+                lane.current_device = -2;
+            } else if (dev != lane.current_device) {
+                if (!sess->allowed(static_cast<size_t>(dev))) {
                     rc = cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
                 } else {
                     CUcontext ctx = sess->context(dev, rc);

@@ -47,6 +47,20 @@ CUcontext session::context(size_t device, CUresult& rc) {
     return s.ctx;
 }
 
+CUcontext session::first_context(CUresult& rc) {
+    for (size_t i = 0; i < devices_.size(); ++i)
+        if (devices_[i].allowed) return context(i, rc);
+    rc = CUDA_ERROR_NO_DEVICE;
+    return nullptr;
+}
+
+CUcontext session::existing_first_context() {
+    std::lock_guard lock(mu);
+    for (auto& s : devices_)
+        if (s.allowed) return s.ctx;
+    return nullptr;
+}
+
 bool session::owns_range(CUdeviceptr p, size_t n) {
     std::lock_guard lock(mu);
     for (auto& s : devices_)

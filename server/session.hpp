@@ -61,6 +61,10 @@ public:
 
     // The session's context on `device`, created on first use. Null with `rc` set if creation failed.
     CUcontext context(size_t device, CUresult& rc);
+    // The context of the session's first GPU: created on first use (context(), above) or only if it exists.
+    // For calls that name no device but still need a context (parameter layouts of a CUkernel).
+    CUcontext first_context(CUresult& rc);
+    CUcontext existing_first_context();
     device_memory& memory(size_t device) { return *devices_[device].memory; }
     // The real CUdevice behind the session's device index.
     CUresult real_device(size_t device, CUdevice& out) const {

@@ -301,3 +301,65 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
     CHECK(a->call(op::cuGraphDestroyNode, {n2.outs[0]}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(a->call(op::graph_nodes, {node, 2, 0, 0, 0}).result == CUDA_ERROR_INVALID_HANDLE);
 }
+
+TEST_CASE("a kernel looked up on a lane with no context gets its real layout, and launches that do not match it are refused",
+          "[integration]") {
+    // The crash this guards against: a new client thread (no context) looked a kernel up, the parameter-layout
+    // query failed for want of a context, the kernel was given out with no parameters, and its launch reached the
+    // driver with a parameter array that did not match the kernel (SIGSEGV in the driver, every tenant lost).
+    server_process server;
+    auto a = raw_client::open(server.address());
+    auto b = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(b);
+    const std::vector<std::byte> image(16, std::byte{0x5a});  // the software driver does not parse images
+    auto lib = a->call(op::module_load, {1, 0, 0x1a7e1a7e, 1, image.size()}, {}, image, -1);
+    REQUIRE(lib.result == CUDA_SUCCESS);
+    const std::string name = "drv_scale";  // (float* x, float a, int n)
+    std::vector<std::byte> name_blob(reinterpret_cast<const std::byte*>(name.data()),
+                                     reinterpret_cast<const std::byte*>(name.data()) + name.size());
+    auto k = a->call(op::library_get_kernel, {lib.outs.at(0)}, {name_blob}, {}, -1);
+    REQUIRE(k.result == CUDA_SUCCESS);
+    REQUIRE(k.outs.size() == 8);
+    CHECK(k.outs[1] == 3);
+    CHECK((k.outs[2] == 0 && k.outs[3] == 8));
+    CHECK((k.outs[4] == 8 && k.outs[5] == 4));
+    CHECK((k.outs[6] == 12 && k.outs[7] == 4));
+
+    const int n = 256;
+    uint64_t x = alloc(*a, n * sizeof(float));
+    std::vector<float> host(n);
+    for (int i = 0; i < n; ++i) host[i] = static_cast<float>(i);
+    std::vector<std::byte> bytes(n * sizeof(float));
+    std::memcpy(bytes.data(), host.data(), bytes.size());
+    REQUIRE(a->call(op::copy_htod, {x, 0}, {}, bytes).result == CUDA_SUCCESS);
+    auto block = [&](size_t size) {
+        std::vector<std::byte> p(size);
+        const float scale = 2.0f;
+        if (size >= 8) std::memcpy(p.data(), &x, 8);
+        if (size >= 12) std::memcpy(p.data() + 8, &scale, 4);
+        if (size >= 16) std::memcpy(p.data() + 12, &n, 4);
+        return p;
+    };
+    auto launch = [&](uint64_t form, std::vector<std::byte> params) {
+        return a->call(op::launch, {k.outs[0], 1, 1, 1, static_cast<uint64_t>(n), 1, 1, 0, 0, form, 0}, {params});
+    };
+    // Too short, too long, empty (what the client packed when the layout came back empty), a short extra buffer.
+    for (size_t size : {0, 12, 24}) {
+        INFO("kernelParams block of " << size << " bytes");
+        auto r = launch(0, block(size));
+        CHECK(r.result == CUDA_ERROR_INVALID_VALUE);
+        CHECK(r.detail.find("parameter") != std::string::npos);
+    }
+    CHECK(launch(1, block(8)).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(server.wait_for_log("launch refused"));
+    // The server runs on; the right launch works, in both forms, and the other session is untouched.
+    REQUIRE(launch(0, block(16)).result == CUDA_SUCCESS);
+    REQUIRE(launch(1, block(16)).result == CUDA_SUCCESS);
+    auto back = a->call(op::copy_dtoh, {x, bytes.size(), 0});
+    REQUIRE(back.result == CUDA_SUCCESS);
+    std::vector<float> out(n);
+    std::memcpy(out.data(), back.payload.data(), bytes.size());
+    for (int i = 0; i < n; ++i) REQUIRE(out[i] == 4.0f * static_cast<float>(i));
+    CHECK(b->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
+}

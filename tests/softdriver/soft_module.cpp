@@ -550,6 +550,9 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuKernelGetName(const char** name, CUkernel h
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t* paramOffset,
                                                         size_t* paramSize) {
     return entry([&](state& s) -> CUresult {
+        // Measured on the real driver (580): without a current context this answers CUDA_ERROR_INVALID_CONTEXT.
+        context_obj* c = nullptr;
+        if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
         kernel_obj* k = s.find<kernel_obj>(kernel);
         if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
         return param_info(*k->entry, paramIndex, paramOffset, paramSize);

@@ -535,6 +535,10 @@ TEST_CASE("libraries, modules and kernels come from the registry, parameter layo
     CHECK(d.cuKernelGetParamInfo(k, 7, &off, &size) == CUDA_ERROR_INVALID_VALUE);
     CHECK(d.cuKernelGetParamInfo(k, 0, nullptr, &size) == CUDA_ERROR_INVALID_VALUE);
     REQUIRE(d.cuKernelGetParamInfo(k, 6, &off, nullptr) == CUDA_SUCCESS);
+    // As the real driver: a thread with no current context gets no layout (the library and kernel need none).
+    CUresult other_thread = CUDA_SUCCESS;
+    std::thread([&] { other_thread = d.cuKernelGetParamInfo(k, 0, &off, &size); }).join();
+    CHECK(other_thread == CUDA_ERROR_INVALID_CONTEXT);
 
     // As the real driver: cuFuncGetParamInfo refuses a CUkernel cast to CUfunction, answers for a CUfunction.
     CHECK(d.cuFuncGetParamInfo(reinterpret_cast<CUfunction>(k), 0, &off, &size) == CUDA_ERROR_INVALID_HANDLE);
