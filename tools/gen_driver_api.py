@@ -16,6 +16,8 @@ Outputs (build tree only, never edited by hand):
   procaddress_table.cpp   cuGetProcAddress answers per (name, version, flags)
   server_dispatch.cpp     the server's allowlist: op -> handler, generated handlers for plain calls
   driver_table.hpp/.cpp   the server's table of real-driver entry points, loaded with dlsym
+  surface.md              how each of the driver's entry points is served, counted (README.md holds a copy,
+                          kept equal by the test readme.surface)
 """
 import argparse
 import os
@@ -595,6 +597,24 @@ def server_plain(name, spec, params):
 
 # ------------------------------------------------------------------------------------------------ main
 
+def emit_surface(out, fns, symbols, unsupported):
+    """The README's table of how the driver's entry points are served, from the same spec as the code."""
+    classes = {sym: fns[sym]['class'] for sym in symbols if sym in fns}
+    count = lambda *cs: sum(1 for c in classes.values() if c in cs)
+    variants = len(symbols) - len(classes) - len(unsupported)
+    rows = [
+        ('forwarded to the server, generated from the spec (`sync`, `async`)', count('sync', 'async')),
+        ('per-thread-stream variants (`_ptsz`, `_ptds`) of implemented functions', variants),
+        ('hand-written in `client/`, forwarded through hand-written ops (`hand`)', count('hand')),
+        ('answered by the client from its vGPU mirror (`local`)', count('local')),
+        ('not supported: `CUDA_ERROR_NOT_SUPPORTED`, the name logged once', len(unsupported)),
+        ('all of the driver\'s exported entry points', len(symbols)),
+    ]
+    lines = ['| how vcuda serves it | entry points |', '|---|---|']
+    lines += [f'| {what} | {n} |' for what, n in rows]
+    open(os.path.join(out, 'surface.md'), 'w').write('\n'.join(lines) + '\n')
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--cuda-include', required=True)
@@ -628,6 +648,7 @@ def main():
     emit_driver_table(a.out, protos)
     emit_errors(a.out, a.cuda_include)
     emit_server(a.out, fns, ops, protos)
+    emit_surface(a.out, fns, symbols, unsupported)
     print(f'gen_driver_api: {len(symbols)} symbols, {len(fns)} in the spec, {len(ops)} ops, '
           f'{len(unsupported)} unsupported stubs')
 
