@@ -36,10 +36,12 @@ for f in "$SERVER_BIN" "$VCUDA_BIN"; do
     [ -x "$f" ] || { echo "run_frameworks: $f is missing or not executable" >&2; exit 2; }
 done
 
-ALL_ROWS=(torch_plain torch_expandable torch_graph torch_autocast torch_queries torch_step_time triton cupy jax)
+ALL_ROWS=(torch_plain torch_expandable torch_graph torch_autocast torch_queries torch_step_time triton cupy jax
+          newuser_torch newuser_compile newuser_jax)
 row_probe() {  # the probe and its arguments
     case "$1" in
         torch_*) echo "torch_train.py ${1#torch_}" ;;
+        newuser_*) echo "newuser_probe.py ${1#newuser_}" ;;
         *) echo "${1}_probe.py" ;;
     esac
 }
