@@ -155,7 +155,6 @@ private:
     std::vector<std::unique_ptr<session>> sessions_;
     std::vector<server_device> devices_;  // by client ordinal, after CUDA_VISIBLE_DEVICES
     std::vector<server_device> listed_;   // before it
-public:
     void* lease_keeper_ = nullptr;  // mgmt::lease_keeper, alive until exit (released by an exit handler)
     std::vector<uint64_t> primary_;
     std::unordered_map<uint64_t, std::unique_ptr<context_info>> contexts_;
