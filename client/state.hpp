@@ -20,13 +20,9 @@
 
 #include "client/remote.hpp"
 #include "common/handle_kind.hpp"
+#include "common/param_layout.hpp"
 
 namespace vcuda::client {
-
-struct param_layout {
-    std::vector<std::pair<uint32_t, uint32_t>> params;  // (offset, size) per parameter
-    size_t total() const { return params.empty() ? 0 : params.back().first + params.back().second; }
-};
 
 // What the mirror knows about one server-backed handle.
 struct handle_info {
