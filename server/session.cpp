@@ -144,11 +144,14 @@ void session::release_device(size_t device) {
         destroy(handle_kind::library);
         destroy(handle_kind::link_state);
     }
+    // The device's module globals go with its context; those of its modules and libraries in other devices'
+    // contexts go with the libraries.
     for (auto& [id, e] : doomed) {
         handles.erase(id);
         links.erase(id);
+        globals.erase_owner(id);
     }
-    globals.clear();
+    globals.erase_device(device);
     s.memory->release_all();
     if (s.ctx) {
         d.cuCtxSetCurrent(nullptr);
