@@ -1,10 +1,9 @@
 // Contexts are client-side objects over the session's one server context per device: creating, pushing,
 // popping and querying them costs no message. Synchronize and reset go to the server.
+#include "client/entry_point.hpp"
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
-
-#define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
 
 using namespace vcuda;
 using namespace vcuda::client;

@@ -2,32 +2,17 @@
 #include <cstdio>
 #include <cstring>
 
+#include "client/entry_point.hpp"
+#include "client/error_names.hpp"
 #include "client/plain_call.hpp"
 #include "client/procaddress.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
 
-#define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
-
 using namespace vcuda;
 using namespace vcuda::client;
 
 namespace {
-
-struct error_name {
-    int code;
-    const char* name;
-    const char* text;
-};
-constexpr error_name error_names[] = {
-#include "error_names.inc"
-};
-
-const error_name* find_error(CUresult e) {
-    for (auto& n : error_names)
-        if (n.code == e) return &n;
-    return nullptr;
-}
 
 bool valid_device(CUdevice d) {
     auto& st = state::get();
@@ -66,7 +51,7 @@ VCUDA_API cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuui
 VCUDA_API cuGetErrorName(CUresult error, const char** str) noexcept {
     VCUDA_TRACE_HOOK(cuGetErrorName, error, str);
     if (!str) return CUDA_ERROR_INVALID_VALUE;
-    auto* e = find_error(error);
+    auto* e = find_error_name(error);
     if (!e) {
         *str = nullptr;
         return CUDA_ERROR_INVALID_VALUE;
@@ -78,7 +63,7 @@ VCUDA_API cuGetErrorName(CUresult error, const char** str) noexcept {
 VCUDA_API cuGetErrorString(CUresult error, const char** str) noexcept {
     VCUDA_TRACE_HOOK(cuGetErrorString, error, str);
     if (!str) return CUDA_ERROR_INVALID_VALUE;
-    auto* e = find_error(error);
+    auto* e = find_error_name(error);
     if (!e) {
         *str = nullptr;
         return CUDA_ERROR_INVALID_VALUE;

@@ -13,13 +13,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client/entry_point.hpp"
 #include "client/jit.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
 #include "common/log.hpp"
-
-#define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
 
 using namespace vcuda;
 using namespace vcuda::client;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "client/entry_point.hpp"
 #include "client/images.hpp"
 #include "client/jit.hpp"
 #include "client/plain_call.hpp"
@@ -14,8 +15,6 @@
 #include "client/state.hpp"
 #include "client/trace.hpp"
 #include "common/log.hpp"
-
-#define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
 
 using namespace vcuda;
 using namespace vcuda::client;

@@ -4,12 +4,11 @@
 // Stream-ordered allocations join the mirror's device allocations: copies and pointer queries know them.
 #include <cstring>
 
+#include "client/entry_point.hpp"
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
-
-#define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
 
 using namespace vcuda;
 using namespace vcuda::client;

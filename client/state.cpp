@@ -11,7 +11,7 @@
 #include <cstdlib>
 
 #include "common/log.hpp"
-#include "mgmt/client/lease.hpp"
+#include "mgmt/wire/lease.hpp"
 
 namespace vcuda::client {
 

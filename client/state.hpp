@@ -1,7 +1,7 @@
 // The vGPU mirror: everything about the remote GPU that the application can observe and that the client
 // answers itself — devices and attributes (fetched once at cuInit), contexts and each thread's current
 // context, context-local storage, handles and what they are, kernels' parameter layouts, device and host
-// allocations — plus the journal of state-changing calls, in order.
+// allocations — plus a journal of some state-changing calls (see journal_entry).
 // locks: `mu` guards the maps; the per-thread context stack needs no lock.
 #pragma once
 
@@ -20,13 +20,9 @@
 
 #include "client/remote.hpp"
 #include "common/handle_kind.hpp"
+#include "common/param_layout.hpp"
 
 namespace vcuda::client {
-
-struct param_layout {
-    std::vector<std::pair<uint32_t, uint32_t>> params;  // (offset, size) per parameter
-    size_t total() const { return params.empty() ? 0 : params.back().first + params.back().second; }
-};
 
 // What the mirror knows about one server-backed handle.
 struct handle_info {
@@ -72,7 +68,9 @@ struct host_allocation {
     bool shared() const { return server_addr != 0; }
 };
 
-// One entry of the journal: what a replay after a failover would redo.
+// One entry of the journal: module loads, device allocations and frees, in the order they succeeded. Nothing
+// reads it yet: it is the record a replay onto another server after a failover would start from, and no such
+// replay exists (a lost server fails every later call with the documented CUresult).
 struct journal_entry {
     op operation;
     std::vector<uint64_t> args;
@@ -137,6 +135,7 @@ public:
     bool image_sent(uint64_t hash);
     void mark_image_sent(uint64_t hash);
 
+    // Appends to the journal (journal_entry).
     void record(op o, std::vector<uint64_t> args, uint64_t result_handle = 0);
 
     std::shared_mutex mu;
@@ -152,7 +151,6 @@ private:
     std::vector<std::unique_ptr<session>> sessions_;
     std::vector<server_device> devices_;  // by client ordinal, after CUDA_VISIBLE_DEVICES
     std::vector<server_device> listed_;   // before it
-public:
     void* lease_keeper_ = nullptr;  // mgmt::lease_keeper, alive until exit (released by an exit handler)
     std::vector<uint64_t> primary_;
     std::unordered_map<uint64_t, std::unique_ptr<context_info>> contexts_;

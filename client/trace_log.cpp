@@ -15,18 +15,11 @@
 #include <mutex>
 #include <string>
 
+#include "client/error_names.hpp"
+
 namespace vcuda::client::trace {
 
 namespace {
-
-struct error_name {
-    int code;
-    const char* name;
-    const char* text;
-};
-constexpr error_name error_names[] = {
-#include "error_names.inc"
-};
 
 std::atomic<int> out_fd{-1};
 uint64_t start_ns = 0;
@@ -130,9 +123,8 @@ uint64_t now_ns() { return monotonic_ns(); }
 int& depth() { return tls_depth; }
 
 const char* result_name(int rc) {
-    for (auto& e : error_names)
-        if (e.code == rc) return e.name;
-    return nullptr;
+    auto* e = find_error_name(rc);
+    return e ? e->name : nullptr;
 }
 
 // ---------------------------------------------------------------- safe reads

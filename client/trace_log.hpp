@@ -1,7 +1,8 @@
 // The output of the record mode (VCUDA_TRACE, client/TRACE.md): one line per driver call or export-table slot
 // call, built in a buffer on the caller's stack and written with a single write(2), so that lines of different
 // threads and processes never mix and a crash loses nothing already returned.
-// runs on: any thread. Depends on nothing but the C library, so that tests can build it on its own.
+// runs on: any thread. Depends on nothing but the C library (and the header-only client/error_names.hpp), so
+// that tests can link it without the rest of the client.
 #pragma once
 
 #include <cstddef>

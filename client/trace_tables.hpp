@@ -1,6 +1,6 @@
 // Record mode, private export tables (client/TRACE.md): the table cuGetExportTable hands back in trace mode is
 // a copy of the real driver's in which every entry point is replaced by a logging shim that forwards to the real
-// slot. Depends only on client/trace_log.hpp, so that tests can build it on its own.
+// slot. Depends only on client/trace_log.hpp, so that tests can link it without the rest of the client.
 #pragma once
 
 #include <cstddef>

@@ -67,16 +67,6 @@ add_library(vcuda_daemon_deps INTERFACE)
 target_include_directories(vcuda_daemon_deps SYSTEM INTERFACE ${VCUDA_CLI11_INCLUDE} ${VCUDA_JSON_INCLUDE} ${VCUDA_SQLITE_INCLUDE})
 target_link_libraries(vcuda_daemon_deps INTERFACE ${VCUDA_SQLITE_STATIC} ${VCUDA_CRYPTO_STATIC} Threads::Threads ${CMAKE_DL_LIBS})
 
-# --- libibverbs: optional, loaded with dlopen at run time, so only its header matters here.
-find_path(VCUDA_IBVERBS_INCLUDE infiniband/verbs.h)
-if(VCUDA_WITH_RDMA AND VCUDA_IBVERBS_INCLUDE)
-  set(VCUDA_HAVE_IBVERBS ON)
-  message(STATUS "vcuda: libibverbs headers found, RDMA transport enabled")
-else()
-  set(VCUDA_HAVE_IBVERBS OFF)
-  message(STATUS "vcuda: libibverbs not found, RDMA transport disabled")
-endif()
-
 # Warnings for our own targets; sanitizers come from presets through VCUDA_SANITIZE.
 set(VCUDA_SANITIZE "" CACHE STRING "Sanitizers: address,undefined | thread | empty")
 add_library(vcuda_warnings INTERFACE)

@@ -1,6 +1,8 @@
-// Kinds of the handles an application holds. A handle is a 64-bit id: kind in the top byte, then a 24-bit
-// generation and a 32-bit index (server/handle_table.hpp). The same id is what the application sees, so it
-// never aliases a host pointer (the top byte is never set in user-space addresses).
+// Kinds of the handles an application holds. A handle is a 64-bit id: the kind in the top byte (bits 56-63),
+// the session's tag in bits 52-55, a generation in bits 32-51 (below 2^20) and a 32-bit index
+// (server/handle_table.hpp sets the tag and wraps the generation). make_handle and handle_generation work on
+// bits 32-55, so they see the tag as part of the generation: strip it first. The same id is what the application
+// sees, so it never aliases a host pointer (the top byte is never set in user-space addresses).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The part of NVIDIA's NVML ABI that vcuda uses, declared here because nvml.h is not in the toolkit: the
-// server calls the host's real libnvidia-ml.so.1 through it (dlopen, server/host_nvml.cpp) and vcuda's own
+// server calls the host's real libnvidia-ml.so.1 through it (dlopen, server/handlers_nvml.cpp) and vcuda's own
 // libnvidia-ml.so.1 (client/nvml/) implements these functions. Types and values follow NVIDIA's public NVML
 // reference (docs.nvidia.com/deploy/nvml-api); tests/nvml/layout_test.cpp checks every struct's size and
 // offsets against it. Only what vcuda needs is here: add a declaration before using a new function.

@@ -14,13 +14,9 @@
 #include <vector>
 
 #include "common/handle_kind.hpp"
+#include "common/param_layout.hpp"
 
 namespace vcuda::server {
-
-struct param_layout {
-    std::vector<std::pair<uint32_t, uint32_t>> params;  // (offset, size)
-    size_t total() const { return params.empty() ? 0 : params.back().first + params.back().second; }
-};
 
 struct handle_entry {
     handle_kind kind = handle_kind::none;

@@ -40,14 +40,13 @@ CUresult handle_host_alloc(call_context& cx) {
     size = (size + 4095) & ~uint64_t{4095};
     {
         std::lock_guard lock(cx.sess.mu);
-        if (cx.sess.host_quota() && cx.sess.host_bytes + size > cx.sess.host_quota())
+        if (!cx.sess.host.reserve(size, cx.sess.host_quota()))  // reserved now: concurrent lanes cannot both pass
             return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "pinned host memory of " + std::to_string(size) +
                                                          " bytes exceeds the session's host memory quota");
-        cx.sess.host_bytes += size;  // reserved now, so concurrent lanes cannot both pass the check
     }
     auto unreserve = [&] {
         std::lock_guard lock(cx.sess.mu);
-        cx.sess.host_bytes -= size;
+        cx.sess.host.unreserve(size);
     };
     int fd = ::memfd_create("vcuda-pinned", MFD_CLOEXEC);
     if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
@@ -74,7 +73,7 @@ CUresult handle_host_alloc(call_context& cx) {
     }
     {
         std::lock_guard lock(cx.sess.mu);
-        cx.sess.host_regions[reinterpret_cast<uintptr_t>(p)] = {size};
+        cx.sess.host.add(reinterpret_cast<uintptr_t>(p), size);
     }
     cx.reply_fd = fd;
     cx.out(reinterpret_cast<uint64_t>(p));
@@ -89,11 +88,9 @@ CUresult handle_host_free(call_context& cx) {
     size_t size;
     {
         std::lock_guard lock(cx.sess.mu);
-        auto it = cx.sess.host_regions.find(addr);
-        if (it == cx.sess.host_regions.end()) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a shared host region of this session");
-        size = it->second.size;
-        cx.sess.host_regions.erase(it);
-        cx.sess.host_bytes -= size;
+        auto removed = cx.sess.host.remove(addr);
+        if (!removed) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a shared host region of this session");
+        size = *removed;
     }
     auto& d = cx.drv();
     d.cuCtxSynchronize();  // as cuMemFreeHost: no copy in flight may still use the pages

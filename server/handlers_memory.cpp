@@ -71,10 +71,10 @@ CUresult handle_mem_free(call_context& cx) {
     if (rc == CUDA_SUCCESS) return CUDA_SUCCESS;
     // cuMemFree also takes a stream-ordered allocation (server/handlers_pool.cpp).
     auto p = static_cast<CUdeviceptr>(cx.arg(0));
-    if (auto it = cx.sess.pool_allocations.find(p); it != cx.sess.pool_allocations.end()) {
+    if (auto a = cx.sess.pools.find(p)) {
         if (CUresult r = cx.drv().cuMemFree_v2(p); r != CUDA_SUCCESS) return r;
-        cx.sess.memory(it->second.device).credit(it->second.size);
-        cx.sess.pool_allocations.erase(it);
+        cx.sess.memory(a->device).credit(a->size);
+        cx.sess.pools.erase(p);
         return CUDA_SUCCESS;
     }
     return cx.fail(rc, "not the start of an allocation of this session");
@@ -337,15 +337,7 @@ CUresult handle_stream_memop(call_context& cx) {
     auto flags = static_cast<unsigned>(cx.arg(4));
     if (kind > 3) return cx.bad_arguments();
     const size_t width = kind < 2 ? 4 : 8;
-    bool host = false;
-    {
-        std::lock_guard lock(cx.sess.mu);
-        if (auto it = cx.sess.host_regions.upper_bound(addr); it != cx.sess.host_regions.begin()) {
-            --it;
-            host = addr - it->first < it->second.size && width <= it->second.size - (addr - it->first);
-        }
-    }
-    if (!host)
+    if (!cx.sess.owns_host(addr, width))
         if (CUresult rc = cx.device_range(addr, width); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     if (legacy && d.cuStreamWriteValue32 && d.cuStreamWaitValue32 && d.cuStreamWriteValue64 && d.cuStreamWaitValue64) {

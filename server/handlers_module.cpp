@@ -168,8 +168,7 @@ CUresult handle_module_unload(call_context& cx) {
     rc = e.kind == handle_kind::module ? d.cuModuleUnload(static_cast<CUmodule>(raw)) : d.cuLibraryUnload(static_cast<CUlibrary>(raw));
     if (rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
-    for (auto it = cx.sess.globals.begin(); it != cx.sess.globals.end();)
-        it = it->second.second == id ? cx.sess.globals.erase(it) : std::next(it);
+    cx.sess.globals.erase_owner(id);
     cx.sess.handles.erase(id);  // with its functions, kernels and their functions (handle_table: dependents)
     return CUDA_SUCCESS;
 }
@@ -287,7 +286,7 @@ CUresult handle_module_get_global(call_context& cx) {
     if (rc != CUDA_SUCCESS) return rc;
     {
         std::lock_guard lock(cx.sess.mu);
-        cx.sess.globals[p] = {size, cx.arg(0)};
+        cx.sess.globals.add(p, size, cx.arg(0), static_cast<size_t>(cx.device_index()));
     }
     cx.out(p);
     cx.out(static_cast<uint64_t>(size));

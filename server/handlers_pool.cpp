@@ -61,7 +61,7 @@ CUresult handle_pool_alloc(call_context& cx) {
         mem->credit(size);
         return rc;
     }
-    cx.sess.pool_allocations[p] = {size, device};
+    cx.sess.pools.add(p, size, device);
     cx.out(static_cast<uint64_t>(p));
     return CUDA_SUCCESS;
 }
@@ -72,17 +72,16 @@ CUresult handle_pool_free(call_context& cx) {
     CUstream stream;
     if (CUresult rc = cx.handle(1, handle_kind::stream, stream); rc != CUDA_SUCCESS) return rc;
     auto p = static_cast<CUdeviceptr>(cx.arg(0));
-    session::pool_allocation a;
+    pool_allocations::allocation a;
     {
         std::lock_guard lock(cx.sess.mu);
-        auto it = cx.sess.pool_allocations.find(p);
-        if (it == cx.sess.pool_allocations.end())
-            return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a stream-ordered allocation of this session");
-        a = it->second;
+        auto found = cx.sess.pools.find(p);
+        if (!found) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a stream-ordered allocation of this session");
+        a = *found;
     }
     if (CUresult rc = cx.drv().cuMemFreeAsync(p, stream); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
-    cx.sess.pool_allocations.erase(p);
+    cx.sess.pools.erase(p);
     cx.sess.memory(a.device).credit(a.size);
     return CUDA_SUCCESS;
 }

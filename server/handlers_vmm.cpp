@@ -20,19 +20,8 @@ CUresult allocation_prop(call_context& cx, size_t i, CUmemAllocationProp& prop, 
     return cx.device_location(prop.location, device, host_ok);
 }
 
-// [va, va+size) inside one reservation of this session.
-bool reserved(session& s, CUdeviceptr va, size_t size) {
-    auto it = s.vmm_reserved.upper_bound(va);
-    if (it == s.vmm_reserved.begin()) return false;
-    --it;
-    return va - it->first < it->second && size <= it->second - (va - it->first);
-}
-
 // The allocation's memory went back to the driver: credit the quota.
-void vmm_freed(session& s, std::map<uint64_t, session::vmm_allocation>::iterator it) {
-    s.memory(it->second.device).credit(it->second.size);
-    s.vmm_allocations.erase(it);
-}
+void vmm_freed(session& s, const vmm_tables::allocation& a) { s.memory(a.device).credit(a.size); }
 
 }  // namespace
 
@@ -55,7 +44,7 @@ CUresult handle_vmm_reserve(call_context& cx) {
     CUresult rc = cx.drv().cuMemAddressReserve(&va, cx.arg(0), cx.arg(1), cx.arg(2), cx.arg(3));
     if (rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
-    cx.sess.vmm_reserved[va] = cx.arg(0);
+    cx.sess.vmm.add_reservation(va, cx.arg(0));
     cx.out(static_cast<uint64_t>(va));
     return CUDA_SUCCESS;
 }
@@ -65,14 +54,12 @@ CUresult handle_vmm_address_free(call_context& cx) {
     if (!cx.expect_args(2)) return cx.bad_arguments();
     CUdeviceptr va = cx.arg(0);
     std::lock_guard lock(cx.sess.mu);
-    auto it = cx.sess.vmm_reserved.find(va);
-    if (it == cx.sess.vmm_reserved.end() || it->second != cx.arg(1))
-        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a reservation of this session");
-    auto m = cx.sess.vmm_mapped.lower_bound(va);
-    if (m != cx.sess.vmm_mapped.end() && m->first < va + it->second)
+    auto size = cx.sess.vmm.reservation(va);
+    if (!size || *size != cx.arg(1)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a reservation of this session");
+    if (cx.sess.vmm.has_mapping_in(va, *size))
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "the reservation still has mappings");
-    CUresult rc = cx.drv().cuMemAddressFree(va, it->second);
-    if (rc == CUDA_SUCCESS) cx.sess.vmm_reserved.erase(it);
+    CUresult rc = cx.drv().cuMemAddressFree(va, *size);
+    if (rc == CUDA_SUCCESS) cx.sess.vmm.erase_reservation(va);
     return rc;
 }
 
@@ -100,7 +87,7 @@ CUresult handle_vmm_create(call_context& cx) {
     e.raw = reinterpret_cast<void*>(h);
     e.device = static_cast<int>(device);
     uint64_t id = cx.sess.handles.insert(std::move(e));
-    cx.sess.vmm_allocations[id] = {size, device, 0};
+    cx.sess.vmm.add_allocation(id, size, device);
     cx.out(id);
     return CUDA_SUCCESS;
 }
@@ -113,12 +100,7 @@ CUresult handle_vmm_release(call_context& cx) {
     CUresult rc = cx.drv().cuMemRelease(reinterpret_cast<CUmemGenericAllocationHandle>(raw));
     if (rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
-    if (auto it = cx.sess.vmm_allocations.find(cx.arg(0)); it != cx.sess.vmm_allocations.end()) {
-        if (it->second.maps > 0)
-            it->second.released = true;
-        else
-            vmm_freed(cx.sess, it);
-    }
+    if (auto freed = cx.sess.vmm.release(cx.arg(0))) vmm_freed(cx.sess, *freed);
     cx.sess.handles.erase(cx.arg(0));
     return CUDA_SUCCESS;
 }
@@ -131,11 +113,10 @@ CUresult handle_vmm_map(call_context& cx) {
     void* raw = nullptr;
     if (CUresult rc = cx.lookup(cx.arg(3), handle_kind::mem_handle, raw); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
-    if (!reserved(cx.sess, va, size)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "range is not inside a reservation of this session");
+    if (!cx.sess.vmm.reserved(va, size)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "range is not inside a reservation of this session");
     CUresult rc = cx.drv().cuMemMap(va, size, cx.arg(2), reinterpret_cast<CUmemGenericAllocationHandle>(raw), cx.arg(4));
     if (rc != CUDA_SUCCESS) return rc;
-    cx.sess.vmm_mapped[va] = {size, cx.arg(3)};
-    cx.sess.vmm_allocations[cx.arg(3)].maps++;
+    cx.sess.vmm.add_mapping(va, size, cx.arg(3));
     return CUDA_SUCCESS;
 }
 
@@ -144,14 +125,11 @@ CUresult handle_vmm_unmap(call_context& cx) {
     if (!cx.expect_args(2)) return cx.bad_arguments();
     CUdeviceptr va = cx.arg(0);
     std::lock_guard lock(cx.sess.mu);
-    auto it = cx.sess.vmm_mapped.find(va);
-    if (it == cx.sess.vmm_mapped.end() || it->second.size != cx.arg(1))
-        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a mapping of this session");
-    CUresult rc = cx.drv().cuMemUnmap(va, it->second.size);
+    auto m = cx.sess.vmm.mapping_at(va);
+    if (!m || m->size != cx.arg(1)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a mapping of this session");
+    CUresult rc = cx.drv().cuMemUnmap(va, m->size);
     if (rc != CUDA_SUCCESS) return rc;
-    if (auto a = cx.sess.vmm_allocations.find(it->second.handle); a != cx.sess.vmm_allocations.end())
-        if (--a->second.maps == 0 && a->second.released) vmm_freed(cx.sess, a);
-    cx.sess.vmm_mapped.erase(it);
+    if (auto freed = cx.sess.vmm.erase_mapping(va)) vmm_freed(cx.sess, *freed);
     return CUDA_SUCCESS;
 }
 
@@ -171,7 +149,7 @@ CUresult handle_vmm_set_access(call_context& cx) {
     size_t size = cx.arg(1);
     {
         std::lock_guard lock(cx.sess.mu);
-        if (!reserved(cx.sess, va, size)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "range is not inside a reservation of this session");
+        if (!cx.sess.vmm.reserved(va, size)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "range is not inside a reservation of this session");
     }
     return cx.drv().cuMemSetAccess(va, size, desc.data(), count);
 }

@@ -10,7 +10,7 @@
 #include <condition_variable>
 
 #include "common/log.hpp"
-#include "mgmt/client/server_agent.hpp"
+#include "mgmt/wire/server_agent.hpp"
 #include "mgmt/token.hpp"
 #include "server/server.hpp"
 

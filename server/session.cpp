@@ -65,23 +65,20 @@ bool session::owns_range(CUdeviceptr p, size_t n) {
     std::lock_guard lock(mu);
     for (auto& s : devices_)
         if (s.memory->contains(p, n)) return true;
-    if (auto m = vmm_mapped.upper_bound(p); m != vmm_mapped.begin()) {
+    auto& mapped = vmm.mapped_;
+    if (auto m = mapped.upper_bound(p); m != mapped.begin()) {
         --m;
         if (p - m->first < m->second.size) {  // mappings back to back count as one range, as with the driver
             uint64_t end = m->first + m->second.size;
-            for (++m; n > end - p && m != vmm_mapped.end() && m->first == end; ++m) end += m->second.size;
+            for (++m; n > end - p && m != mapped.end() && m->first == end; ++m) end += m->second.size;
             if (n <= end - p) return true;
         }
     }
-    if (auto a = pool_allocations.upper_bound(p); a != pool_allocations.begin()) {
+    if (auto a = pools.allocations_.upper_bound(p); a != pools.allocations_.begin()) {
         --a;
         if (p - a->first < a->second.size && n <= a->second.size - (p - a->first)) return true;
     }
-    auto it = globals.upper_bound(p);
-    if (it == globals.begin()) return false;
-    --it;
-    size_t size = it->second.first;
-    return p - it->first < size && n <= size - (p - it->first);
+    return globals.holds(p, n);
 }
 
 void session::synchronize_any_context() {
@@ -97,18 +94,18 @@ void session::synchronize_any_context() {
 void session::release_vmm() {
     auto& d = api();
     std::lock_guard lock(mu);
-    if (vmm_mapped.empty() && vmm_reserved.empty() && vmm_allocations.empty()) return;
+    if (vmm.mapped_.empty() && vmm.reserved_.empty() && vmm.allocations_.empty()) return;
     synchronize_any_context();
-    for (auto& [va, m] : vmm_mapped) d.cuMemUnmap(va, m.size);
-    vmm_mapped.clear();
-    for (auto& [va, size] : vmm_reserved) d.cuMemAddressFree(va, size);
-    vmm_reserved.clear();
+    for (auto& [va, m] : vmm.mapped_) d.cuMemUnmap(va, m.size);
+    vmm.mapped_.clear();
+    for (auto& [va, size] : vmm.reserved_) d.cuMemAddressFree(va, size);
+    vmm.reserved_.clear();
     handles.for_each([&](uint64_t, handle_entry& e) {
         if (e.kind != handle_kind::mem_handle) return;
         d.cuMemRelease(reinterpret_cast<CUmemGenericAllocationHandle>(e.raw));
     });
-    for (auto& [id, a] : vmm_allocations) devices_[a.device].memory->credit(a.size);
-    vmm_allocations.clear();
+    for (auto& [id, a] : vmm.allocations_) devices_[a.device].memory->credit(a.size);
+    vmm.allocations_.clear();
 }
 
 void session::release_device(size_t device) {
@@ -121,14 +118,14 @@ void session::release_device(size_t device) {
         bulk_->forget_context(s.ctx);
     }
     // Stream-ordered allocations go back to their pools before pools are destroyed.
-    for (auto it = pool_allocations.begin(); it != pool_allocations.end();) {
+    for (auto it = pools.allocations_.begin(); it != pools.allocations_.end();) {
         if (it->second.device != device) {
             ++it;
             continue;
         }
         if (s.ctx) d.cuMemFree_v2(it->first);
         s.memory->credit(it->second.size);
-        it = pool_allocations.erase(it);
+        it = pools.allocations_.erase(it);
     }
     // Dependents first: events and streams, then functions/kernels (owned), then modules and libraries.
     std::vector<std::pair<uint64_t, handle_entry>> doomed;
@@ -161,11 +158,14 @@ void session::release_device(size_t device) {
         destroy(handle_kind::library);
         destroy(handle_kind::link_state);
     }
+    // The device's module globals go with its context; those of its modules and libraries in other devices'
+    // contexts go with the libraries.
     for (auto& [id, e] : doomed) {
         handles.erase(id);
         links.erase(id);
+        globals.erase_owner(id);
     }
-    for (auto it = globals.begin(); it != globals.end();) it = globals.erase(it);
+    globals.erase_device(device);
     s.memory->release_all();
     if (s.ctx) {
         d.cuCtxSetCurrent(nullptr);
@@ -262,42 +262,34 @@ void session::end(const std::string& why) {
     for (auto* fs : streams_) fs->shutdown();
 }
 
-session::host_region* session::host_region_holding(uintptr_t p, size_t n) {
-    auto it = host_regions.upper_bound(p);
-    if (it == host_regions.begin()) return nullptr;
-    --it;
-    size_t size = it->second.size;
-    return p - it->first < size && n <= size - (p - it->first) ? &it->second : nullptr;
-}
-
 bool session::owns_host(uintptr_t p, size_t n) {
     std::lock_guard lock(mu);
-    return host_region_holding(p, n) != nullptr;
+    return host.holding(p, n) != nullptr;
 }
 
-std::shared_ptr<session::copy_mark> session::host_copy_mark(uintptr_t p, size_t n) {
+std::shared_ptr<copy_mark> session::host_copy_mark(uintptr_t p, size_t n) {
     std::lock_guard lock(mu);
-    host_region* r = host_region_holding(p, n);
+    host_regions::region* r = host.holding(p, n);
     if (!r) return nullptr;
     if (!r->last_copy) r->last_copy = std::make_shared<copy_mark>(api());
     return r->last_copy;
 }
 
-session::copy_mark::~copy_mark() {
+copy_mark::~copy_mark() {
     if (event) drv.cuEventDestroy_v2(event);
 }
 
 void session::release_host_regions() {
     auto& d = api();
     std::lock_guard lock(mu);
-    if (host_regions.empty()) return;
+    if (host.regions_.empty()) return;
     synchronize_any_context();  // the regions are portable: any context will do to unregister them
-    for (auto& [addr, r] : host_regions) {
+    for (auto& [addr, r] : host.regions_) {
         d.cuMemHostUnregister(reinterpret_cast<void*>(addr));
         ::munmap(reinterpret_cast<void*>(addr), r.size);
     }
-    host_regions.clear();
-    host_bytes = 0;
+    host.regions_.clear();
+    host.bytes_ = 0;
 }
 
 void session::release_all() {

@@ -2,7 +2,8 @@
 // GPU, its handle table, its device memory and quota, its cached images. Lanes (one per client thread, each
 // its own connection and thread) run calls under it. The session ends when its last lane ends, and then
 // releases everything it held.
-// locks: `mu` guards handles, memory, globals and images; contexts are created once under it.
+// locks: `mu` guards the handles, memory, the tables of server/session_tables.hpp (globals, stream-ordered
+// allocations, host regions, VMM), images and links; contexts are created once under it.
 #pragma once
 
 #include <atomic>
@@ -24,6 +25,7 @@
 #include "server/driver.hpp"
 #include "server/handle_table.hpp"
 #include "server/jit.hpp"
+#include "server/session_tables.hpp"
 
 namespace vcuda::server {
 
@@ -76,23 +78,8 @@ public:
     // True when [p, p+n) is this session's memory on any of its GPUs (allocations or module globals).
     bool owns_range(CUdeviceptr p, size_t n);
 
-    // The last copy marked against a host region (a client's staging slot, refilled once that copy is done).
-    struct copy_mark {
-        explicit copy_mark(const driver_table& d) : drv(d) {}
-        ~copy_mark();
-        std::mutex mu;
-        CUevent event = nullptr;  // recorded behind the copy; made in the context current then
-        CUcontext ctx = nullptr;
-        const driver_table& drv;
-    };
-    // Pinned host memory shared with a client on this host (client and server map the same pages): mapped
-    // and registered with the driver by handlers_host.cpp, released at session end.
-    struct host_region {
-        size_t size = 0;
-        std::shared_ptr<copy_mark> last_copy;  // made at the first marked copy
-    };
-    std::map<uintptr_t, host_region> host_regions;  // under mu: server address -> region
-    uint64_t host_bytes = 0;                        // under mu
+    // Pinned host memory shared with a client on this host (server/session_tables.hpp).
+    host_regions host;  // under mu
     uint64_t host_quota() const { return opts_.host_memory_quota; }
     // True when [p, p+n) lies inside one of this session's host regions.
     bool owns_host(uintptr_t p, size_t n);
@@ -100,28 +87,11 @@ public:
     std::shared_ptr<copy_mark> host_copy_mark(uintptr_t p, size_t n);
     void release_host_regions();
 
-    // The virtual memory management API as the application uses it (server/handlers_vmm.cpp): its address
-    // reservations and what is mapped in them. Physical allocations are handles (mem_handle) whose size is
-    // charged to the device's quota at creation.
-    struct vmm_mapping {
-        size_t size = 0;
-        uint64_t handle = 0;  // the mem_handle id mapped here
-    };
-    std::map<CUdeviceptr, size_t> vmm_reserved;       // under mu: start -> size
-    std::map<CUdeviceptr, vmm_mapping> vmm_mapped;    // under mu: start -> mapping
-    struct vmm_allocation {
-        size_t size = 0;
-        size_t device = 0;  // charged to this device's quota
-        int maps = 0;       // mappings that use it
-        bool released = false;  // cuMemRelease'd while mapped: the driver frees it at the last unmap
-    };
-    std::map<uint64_t, vmm_allocation> vmm_allocations;  // under mu: mem_handle id -> allocation, charged until freed
-    // Stream-ordered allocations (server/handlers_pool.cpp): start -> size and the device charged.
-    struct pool_allocation {
-        size_t size = 0;
-        size_t device = 0;
-    };
-    std::map<CUdeviceptr, pool_allocation> pool_allocations;  // under mu
+    // The virtual memory management API as the application uses it (server/handlers_vmm.cpp). Physical
+    // allocations are handles (mem_handle) whose size is charged to the device's quota at creation.
+    vmm_tables vmm;  // under mu
+    // Stream-ordered allocations (server/handlers_pool.cpp).
+    pool_allocations pools;  // under mu
     void release_vmm();
 
     // Ends the session's use of `device` (context reset) or of everything (session end).
@@ -130,7 +100,7 @@ public:
 
     std::mutex mu;
     handle_table handles;
-    std::map<CUdeviceptr, std::pair<size_t, uint64_t>> globals;  // module globals: start -> (size, owner)
+    module_globals globals;  // under mu
     std::unordered_map<uint64_t, std::vector<std::vector<uint64_t>>> images;  // content hash -> parts (8-byte aligned)
     size_t image_bytes = 0;
     // Link states' creation options, with the log buffers the driver writes into (server/handlers_link.cpp).
@@ -160,12 +130,8 @@ public:
     void attach(frame_stream* fs);
     void detach(frame_stream* fs);
     void end(const std::string& why);
-    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
 private:
-    // mu held: the host region holding [p, p+n), or null.
-    host_region* host_region_holding(uintptr_t p, size_t n);
-
     struct device_slot {
         CUdevice device = 0;
         CUcontext ctx = nullptr;

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what vcuda needs to build and test, from Debian packages. Idempotent: installs only what is missing.
 set -euo pipefail
-pkgs=(cmake ninja-build g++ python3 pkg-config
+pkgs=(cmake ninja-build g++ python3
       libboost-dev libflatbuffers-dev flatbuffers-compiler libspdlog-dev libfmt-dev catch2
-      libcli11-dev nlohmann-json3-dev libsqlite3-dev libssl-dev libibverbs-dev)
+      libcli11-dev nlohmann-json3-dev libsqlite3-dev libssl-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "mgmt/cli/table.hpp"
-#include "mgmt/client/rpc.hpp"
-#include "mgmt/client/units.hpp"
+#include "mgmt/wire/rpc.hpp"
+#include "mgmt/wire/units.hpp"
 
 namespace vcuda::cli {
 

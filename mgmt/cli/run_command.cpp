@@ -9,7 +9,7 @@
 #include <filesystem>
 
 #include "common/transport.hpp"
-#include "mgmt/client/units.hpp"
+#include "mgmt/wire/units.hpp"
 
 namespace vcuda::cli {
 

@@ -6,7 +6,7 @@
 #include <set>
 #include <tuple>
 
-#include "mgmt/client/units.hpp"
+#include "mgmt/wire/units.hpp"
 
 namespace vcuda::mgmt {
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "mgmt/client/types.hpp"
+#include "mgmt/wire/types.hpp"
 
 namespace vcuda::mgmt {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/log.hpp"
-#include "mgmt/client/units.hpp"
+#include "mgmt/wire/units.hpp"
 #include "mgmt/daemon/server.hpp"
 #include "mgmt/daemon/service.hpp"
 #include "mgmt/store/store.hpp"

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/log.hpp"
-#include "mgmt/client/codec.hpp"
+#include "mgmt/wire/codec.hpp"
 #include "mgmt/token.hpp"
 
 namespace vcuda::mgmt {

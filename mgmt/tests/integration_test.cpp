@@ -7,9 +7,9 @@
 #include <atomic>
 #include <set>
 
-#include "mgmt/client/lease.hpp"
-#include "mgmt/client/rpc.hpp"
-#include "mgmt/client/server_agent.hpp"
+#include "mgmt/wire/lease.hpp"
+#include "mgmt/wire/rpc.hpp"
+#include "mgmt/wire/server_agent.hpp"
 #include "mgmt/daemon/server.hpp"
 #include "mgmt/tests/helpers.hpp"
 #include "mgmt/token.hpp"

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "mgmt/client/lease.hpp"
-#include "mgmt/client/rpc.hpp"
-#include "mgmt/client/server_agent.hpp"
+#include "mgmt/wire/lease.hpp"
+#include "mgmt/wire/rpc.hpp"
+#include "mgmt/wire/server_agent.hpp"
 #include "mgmt/tests/helpers.hpp"
 
 using namespace vcuda;

@@ -2,7 +2,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "mgmt/client/codec.hpp"
+#include "mgmt/wire/codec.hpp"
 #include "mgmt/daemon/service.hpp"
 #include "mgmt/tests/helpers.hpp"
 #include "mgmt/token.hpp"

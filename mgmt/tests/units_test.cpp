@@ -4,7 +4,7 @@
 
 #include "mgmt/cli/run_command.hpp"
 #include "mgmt/cli/table.hpp"
-#include "mgmt/client/units.hpp"
+#include "mgmt/wire/units.hpp"
 
 using namespace vcuda::mgmt;
 using namespace vcuda::cli;

@@ -65,7 +65,7 @@ void same(const unsigned char* got, const unsigned char* want, size_t n, const c
     std::exit(1);
 }
 
-// Small copies travel on the lane, never striped (client/api_memory.cpp: striped_threshold).
+// Small copies travel on the lane, never striped (client/copy_paths.cpp: striped_threshold).
 constexpr size_t small = 1u << 20;
 
 void verify(size_t n) {

@@ -1,13 +1,13 @@
-#include "mgmt/client/lease.hpp"
+#include "mgmt/wire/lease.hpp"
 
 #include <unistd.h>
 
 #include <cstdlib>
 
 #include "common/log.hpp"
-#include "mgmt/client/codec.hpp"
-#include "mgmt/client/rpc.hpp"
-#include "mgmt/client/units.hpp"
+#include "mgmt/wire/codec.hpp"
+#include "mgmt/wire/rpc.hpp"
+#include "mgmt/wire/units.hpp"
 
 namespace vcuda::mgmt {
 

@@ -1,4 +1,4 @@
-// JSON encodings of the manager protocol's messages (mgmt/client/types.hpp), with nlohmann-json.
+// JSON encodings of the manager protocol's messages (mgmt/wire/types.hpp), with nlohmann-json.
 // Decoding is lenient about missing fields (they keep their defaults) and strict about types: a field of the
 // wrong type throws nlohmann::json::exception, so callers decode inside decode() below, which never throws.
 #pragma once
@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "common/result.hpp"
-#include "mgmt/client/types.hpp"
+#include "mgmt/wire/types.hpp"
 
 namespace vcuda::mgmt {
 

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "common/transport.hpp"
-#include "mgmt/client/types.hpp"
+#include "mgmt/wire/types.hpp"
 
 namespace vcuda::mgmt {
 

@@ -19,7 +19,7 @@
 
 #include "common/result.hpp"
 #include "common/transport.hpp"
-#include "mgmt/client/types.hpp"
+#include "mgmt/wire/types.hpp"
 
 namespace vcuda::mgmt {
 

@@ -1,4 +1,4 @@
-#include "mgmt/client/rpc.hpp"
+#include "mgmt/wire/rpc.hpp"
 
 #include <flatbuffers/flatbuffers.h>
 

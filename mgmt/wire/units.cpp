@@ -1,4 +1,4 @@
-#include "mgmt/client/units.hpp"
+#include "mgmt/wire/units.hpp"
 
 #include <cctype>
 #include <cmath>

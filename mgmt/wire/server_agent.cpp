@@ -1,10 +1,10 @@
-#include "mgmt/client/server_agent.hpp"
+#include "mgmt/wire/server_agent.hpp"
 
 #include <optional>
 
 #include "common/log.hpp"
-#include "mgmt/client/codec.hpp"
-#include "mgmt/client/rpc.hpp"
+#include "mgmt/wire/codec.hpp"
+#include "mgmt/wire/rpc.hpp"
 
 namespace vcuda::mgmt {
 

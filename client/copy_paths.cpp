@@ -1,0 +1,510 @@
+// The paths of copies and sets between the application's memory and the server's (declared in
+// client/copy_paths.hpp): pinned memory shared with a server on this host (memory the server allocated and
+// exported as a file descriptor, mapped here), the staging-slot pool for large pageable copies to such a server,
+// striped copies over the bulk connections (client/bulk.hpp) to a server over TCP, and the routing that picks one
+// of these or plain frames on the calling thread's lane for each copy. The exported functions are in
+// client/api_memory.cpp.
+#include "client/copy_paths.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "client/bulk.hpp"
+#include "client/parallel_copy.hpp"
+#include "client/plain_call.hpp"
+#include "client/remote_call.hpp"
+#include "client/state.hpp"
+#include "common/log.hpp"
+
+namespace vcuda::client {
+
+namespace {
+
+// Host-to-device copies travel in chunks so the server can stage them through reused pinned buffers.
+constexpr size_t copy_chunk = 8u << 20;
+
+std::span<const std::byte> bytes(const void* p, size_t n) { return {static_cast<const std::byte*>(p), n}; }
+
+bool device_range(CUdeviceptr p, size_t n) {
+    device_allocation a;
+    return state::get().find_allocation(p, n, a);
+}
+
+uint64_t stream_arg(CUstream s) { return reinterpret_cast<uint64_t>(s); }
+
+}  // namespace
+
+CUresult check_stream(CUstream s) { return valid_handle(stream_arg(s), handle_kind::stream) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+
+namespace {
+
+// ---------------------------------------------------------------- pinned host memory shared with the server
+
+// Whether pinned allocations are shared with a server on this host: VCUDA_SHARED_HOST=0 turns it off (to
+// compare with the copy-over-the-socket path).
+bool sharing_enabled() {
+    static const bool on = [] {
+        const char* v = std::getenv("VCUDA_SHARED_HOST");
+        return !v || std::strcmp(v, "0") != 0;
+    }();
+    return on;
+}
+
+}  // namespace
+
+// Pinned memory the server created and registered, mapped here at the server's address where that is free
+// (then host pointer == device pointer, as unified addressing promises). CUDA_ERROR_NOT_SUPPORTED when the
+// server is on another host (or sharing is off): the caller falls back to its own pages.
+CUresult shared_host_alloc(host_allocation& h) {
+    session& s = state::get().remote();
+    if (!s.local() || !sharing_enabled()) return CUDA_ERROR_NOT_SUPPORTED;
+    call_reply rp;
+    CUresult rc = remote(op::host_alloc, {h.size}, mode::sync, &rp);
+    if (rc != CUDA_SUCCESS || rp.outs.size() != 2 || rp.fd < 0) {
+        if (rp.fd >= 0) ::close(rp.fd);
+        return rc == CUDA_SUCCESS ? CUDA_ERROR_UNKNOWN : rc;
+    }
+    uint64_t server_addr = rp.outs[0], device_ptr = rp.outs[1];
+    void* want = reinterpret_cast<void*>(server_addr);
+    void* p = mmap(want, h.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, rp.fd, 0);
+    if (p == MAP_FAILED) p = mmap(nullptr, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, rp.fd, 0);
+    ::close(rp.fd);
+    if (p == MAP_FAILED) {
+        remote(op::host_free, {server_addr}, mode::post);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (p != want)
+        VCUDA_LOG_DEBUG("pinned memory mapped at {} (the server's address {} is taken here): host and device pointers differ",
+                        p, want);
+    h.base = reinterpret_cast<uintptr_t>(p);
+    h.server_addr = server_addr;
+    h.device_ptr = device_ptr;
+    h.owner = &s;
+    return CUDA_SUCCESS;
+}
+
+void shared_host_free(const host_allocation& h) {
+    if (!h.owner->lost()) remote(op::host_free, {h.server_addr}, mode::sync);
+}
+
+namespace {
+
+// The server's address for [p, p+n) when it lies in shared pinned memory of the current device's server, else 0.
+uint64_t shared_address(const void* p, size_t n) {
+    host_allocation h;
+    auto a = reinterpret_cast<uintptr_t>(p);
+    if (!state::get().find_host(a, h) || !h.shared() || h.owner != &state::get().remote()) return 0;
+    if (n > h.size - (a - h.base)) return 0;
+    return h.server_addr + (a - h.base);
+}
+
+// ---------------------------------------------------------------- pageable copies through staging slots
+
+// Pageable copies of at least this size to a server on this host go through staging slots: pinned pages shared
+// with the server (as cuMemAllocHost's), which the client fills or empties while the GPU reads or writes the
+// other slot of the copy. One memcpy here (spread over helper threads: client/parallel_copy.hpp) and none on
+// the server, where a frame costs one on each side.
+constexpr size_t staged_min = 1u << 20;
+constexpr size_t slot_size = 4u << 20;
+constexpr size_t slots_per_session = 4;  // two copies at a time; a third thread's copy goes in frames
+
+struct staging_slot {
+    host_allocation h;
+    bool busy = false;     // a copy is using it
+    bool pending = false;  // a marked copy may still read or write it: wait (host_region_wait) before touching it
+};
+
+// The slots of each session, made at its first large pageable copy and kept for the process's life (the server
+// frees them with the session). Not in a forked child: the pages are shared with the parent.
+class staging_slots {
+public:
+    // Two free slots of the current device's session; false when there are none to be had.
+    bool take(staging_slot*& a, staging_slot*& b) {
+        session& s = state::get().remote();
+        std::lock_guard lock(mu_);
+        auto& mine = sessions_[&s];
+        if (mine.pid == 0) {
+            mine.pid = getpid();
+            for (size_t i = 0; i < slots_per_session; ++i) {
+                auto slot = std::make_unique<staging_slot>();
+                slot->h.size = slot_size;
+                if (shared_host_alloc(slot->h) != CUDA_SUCCESS) break;
+                mine.slots.push_back(std::move(slot));
+            }
+            if (mine.slots.size() < 2) VCUDA_LOG_INFO("no staging slots for pageable copies: they travel in frames");
+        }
+        if (mine.pid != getpid()) return false;
+        staging_slot* two[2] = {};
+        size_t found = 0;
+        for (auto& slot : mine.slots)
+            if (!slot->busy && found < 2) two[found++] = slot.get();
+        if (found < 2) return false;
+        a = two[0];
+        b = two[1];
+        a->busy = b->busy = true;
+        return true;
+    }
+    void give_back(staging_slot* a, staging_slot* b) {
+        std::lock_guard lock(mu_);
+        a->busy = b->busy = false;
+    }
+    // Frees the current session's slots when none is in use, for an allocation of the application's that the
+    // server's host memory quota refused; pageable copies then go in frames. False when there were none to free.
+    bool release_for_application() {
+        session& s = state::get().remote();
+        std::vector<std::unique_ptr<staging_slot>> freed;
+        {
+            std::lock_guard lock(mu_);
+            auto it = sessions_.find(&s);
+            if (it == sessions_.end() || it->second.pid != getpid() || it->second.slots.empty()) return false;
+            for (auto& slot : it->second.slots)
+                if (slot->busy) return false;
+            freed = std::move(it->second.slots);
+            it->second.slots.clear();
+        }
+        for (auto& slot : freed) {
+            shared_host_free(slot->h);
+            munmap(reinterpret_cast<void*>(slot->h.base), slot->h.size);
+        }
+        VCUDA_LOG_INFO("the host memory quota is reached: staging slots freed for the application's pinned memory");
+        return true;
+    }
+
+private:
+    struct per_session {
+        int pid = 0;
+        std::vector<std::unique_ptr<staging_slot>> slots;
+    };
+    std::mutex mu_;
+    std::map<session*, per_session> sessions_;
+};
+
+staging_slots& staging() {
+    static staging_slots* s = new staging_slots;  // never destroyed: copies may run while the process exits
+    return *s;
+}
+
+}  // namespace
+
+bool release_staging_slots() { return staging().release_for_application(); }
+
+namespace {
+
+// Whether a pageable copy of n bytes may be staged: large enough, the server on this host, and no capture (a
+// captured copy would keep reading the slot).
+bool stageable(size_t n) {
+    return n >= staged_min && state::get().remote().local() && sharing_enabled() && !capture_under_way();
+}
+
+// Waits until the slot's last copy is done with it.
+CUresult slot_ready(staging_slot& s) {
+    if (!s.pending) return CUDA_SUCCESS;
+    CUresult rc = remote(op::host_region_wait, {s.h.server_addr}, mode::sync);
+    if (rc == CUDA_SUCCESS) s.pending = false;
+    return rc;
+}
+
+// Slot-sized chunks alternate between the two slots: the next chunk is copied in while the GPU reads this one.
+// The last chunk goes as `m` says (sync: the copy is done when the call returns). CUDA_ERROR_NOT_SUPPORTED: no
+// slots, the caller sends the bytes in frames.
+CUresult staged_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
+    staging_slot* slot[2];
+    if (!staging().take(slot[0], slot[1])) return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = CUDA_SUCCESS;
+    for (size_t off = 0, k = 0; off < n && rc == CUDA_SUCCESS; off += slot_size, ++k) {
+        staging_slot& s = *slot[k % 2];
+        size_t len = std::min(slot_size, n - off);
+        if ((rc = slot_ready(s)) != CUDA_SUCCESS) break;
+        parallel_copy(reinterpret_cast<void*>(s.h.base), static_cast<const char*>(src) + off, len);
+        s.pending = true;
+        rc = remote(op::copy_htod_shared, {dst + off, s.h.server_addr, len, stream_arg(stream), 1},
+                    off + len == n ? m : mode::post);
+    }
+    staging().give_back(slot[0], slot[1]);
+    return rc;
+}
+
+// The GPU fills one slot while the other's bytes are copied out; the call returns with every byte in `dst`.
+CUresult staged_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream) {
+    staging_slot* slot[2];
+    if (!staging().take(slot[0], slot[1])) return CUDA_ERROR_NOT_SUPPORTED;
+    const size_t chunks = (n + slot_size - 1) / slot_size;
+    auto length = [&](size_t k) { return std::min(slot_size, n - k * slot_size); };
+    auto issue = [&](size_t k) {
+        staging_slot& s = *slot[k % 2];
+        if (CUresult rc = slot_ready(s); rc != CUDA_SUCCESS) return rc;  // its last copy may be another's upload
+        s.pending = true;
+        return remote(op::copy_dtoh_shared, {s.h.server_addr, src + k * slot_size, length(k), stream_arg(stream), 1},
+                      mode::post);
+    };
+    CUresult rc = issue(0);
+    for (size_t k = 0; k < chunks && rc == CUDA_SUCCESS; ++k) {
+        if (k + 1 < chunks && (rc = issue(k + 1)) != CUDA_SUCCESS) break;
+        staging_slot& s = *slot[k % 2];
+        if ((rc = slot_ready(s)) != CUDA_SUCCESS) break;
+        parallel_copy(static_cast<char*>(dst) + k * slot_size, reinterpret_cast<const void*>(s.h.base), length(k));
+    }
+    staging().give_back(slot[0], slot[1]);
+    return rc;
+}
+
+// ---------------------------------------------------------------- striped copies (client/bulk.hpp)
+
+// Copies of at least this size to a server over TCP travel as chunks over the session's bulk connections.
+constexpr size_t striped_threshold = 16u << 20;
+
+// The bulk connections for a copy of n bytes, or null when it goes on its lane. Not while a capture is under
+// way: a captured copy would keep the server's staging buffer (the server refuses it too).
+std::shared_ptr<bulk_link> striping(size_t n) {
+    if (n < striped_threshold || capture_under_way()) return nullptr;
+    return state::get().remote().bulk();
+}
+
+// The call of a striped copy: {device address, size, stream, transfer id, chunk size, bulk set}.
+struct striped_call {
+    uint64_t args[6];
+    call_request rq;
+    striped_call(op o, uint64_t device_ptr, const bulk_link::transfer& t, CUstream stream, uint32_t set)
+        : args{device_ptr, t.n, stream_arg(stream), t.id, t.chunk, set} {
+        rq.operation = o;
+        rq.device = current_server_device();
+        rq.args = args;
+    }
+};
+
+bulk_link::transfer striped_transfer(bulk_link& link, const void* host, size_t n) {
+    bulk_link::transfer t;
+    t.id = state::get().remote().next_transfer();
+    t.host = static_cast<std::byte*>(const_cast<void*>(host));
+    t.n = n;
+    t.chunk = link.chunk_for(n);
+    return t;
+}
+
+// The call goes on the lane in its place among the thread's calls; the chunks are queued right after it, and
+// the caller returns once they are all written (the source may be reused then, as after the lane's own copy).
+// A sync copy also waits for the server's reply: by then every chunk was taken and the copy enqueued.
+CUresult striped_htod(bulk_link& link, CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
+    lane* l = state::get().remote().this_thread_lane();
+    if (!l) return static_cast<CUresult>(connection_lost_result);
+    auto t = striped_transfer(link, src, n);
+    striped_call c(op::copy_htod_striped, dst, t, stream, link.set());
+    std::unique_lock order(link.order());
+    const std::function<void()> queue = [&] {
+        link.queue(t);
+        order.unlock();
+    };
+    c.rq.after_send = &queue;
+    call_reply rp;
+    int rc = m == mode::post ? l->post(c.rq) : l->call(c.rq, rp);
+    link.wait_written(t);  // a failed write fails the copy on the server too: its reply or the next one says so
+    if (rc == CUDA_ERROR_DEVICE_UNAVAILABLE) link.close("the server closed them");
+    return static_cast<CUresult>(rc);
+}
+
+// The chunks land in `dst` at their offsets, read by the bulk connections; the call returns once the reply and
+// every chunk came.
+CUresult striped_dtoh(bulk_link& link, void* dst, CUdeviceptr src, size_t n, CUstream stream) {
+    lane* l = state::get().remote().this_thread_lane();
+    if (!l) return static_cast<CUresult>(connection_lost_result);
+    auto t = striped_transfer(link, dst, n);
+    striped_call c(op::copy_dtoh_striped, src, t, stream, link.set());
+    link.expect(t);
+    call_reply rp;
+    int rc = l->call(c.rq, rp);
+    bool complete = link.finish(t, rc == 0);
+    if (rc == 0 && !complete) return CUDA_ERROR_DEVICE_UNAVAILABLE;  // the bulk connections failed (logged)
+    if (rc == CUDA_ERROR_DEVICE_UNAVAILABLE) link.close("the server closed them");
+    return static_cast<CUresult>(rc);
+}
+
+}  // namespace
+
+// Host to device: from shared pinned memory the server copies straight from the pages; large copies over TCP go
+// striped, large pageable ones to a server on this host through staging slots; otherwise every chunk but the
+// last is queued and the last waits for the server when `m` is sync, so the copy is enqueued on the GPU before
+// the call returns, as with the real driver.
+CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
+    VCUDA_REQUIRE_INIT();
+    if (n == 0) return CUDA_SUCCESS;
+    if (!src) return CUDA_ERROR_INVALID_VALUE;
+    if (m == mode::post && !device_range(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+    if (uint64_t from = shared_address(src, n)) return remote(op::copy_htod_shared, {dst, from, n, stream_arg(stream)}, m);
+    if (device_range(dst, n)) {  // else the lane's copy gets the server's refusal
+        if (auto link = striping(n)) return striped_htod(*link, dst, src, n, stream, m);
+        if (stageable(n))
+            if (CUresult rc = staged_htod(dst, src, n, stream, m); rc != CUDA_ERROR_NOT_SUPPORTED) return rc;
+    }
+    for (size_t off = 0; off < n; off += copy_chunk) {
+        size_t len = std::min(copy_chunk, n - off);
+        bool last = off + len == n;
+        CUresult rc = remote(op::copy_htod, {dst + off, stream_arg(stream)}, last ? m : mode::post, nullptr,
+                             bytes(static_cast<const char*>(src) + off, len));
+        if (rc != CUDA_SUCCESS) return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
+// Device to host: into shared pinned memory the GPU writes the pages itself, and the asynchronous form is
+// truly asynchronous (the bytes are there once the stream is synchronized with, as with the real driver).
+// Otherwise the reply's payload (or a striped copy's chunks, or staging slots) fills the caller's buffer, and the
+// asynchronous form also waits, so the bytes are there whenever any later call synchronizes with the stream.
+CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m) {
+    VCUDA_REQUIRE_INIT();
+    if (n == 0) return CUDA_SUCCESS;
+    if (!dst) return CUDA_ERROR_INVALID_VALUE;
+    if (uint64_t to = shared_address(dst, n)) {
+        if (m == mode::post && (!device_range(src, n) || check_stream(stream) != CUDA_SUCCESS)) return CUDA_ERROR_INVALID_VALUE;
+        return remote(op::copy_dtoh_shared, {to, src, n, stream_arg(stream)}, m);
+    }
+    if (device_range(src, n)) {
+        if (auto link = striping(n)) return striped_dtoh(*link, dst, src, n, stream);
+        if (stageable(n))
+            if (CUresult rc = staged_dtoh(dst, src, n, stream); rc != CUDA_ERROR_NOT_SUPPORTED) return rc;
+    }
+    call_reply rp;
+    rp.payload_dst = static_cast<std::byte*>(dst);
+    rp.payload_cap = n;
+    CUresult rc = remote(op::copy_dtoh, {src, n, stream_arg(stream)}, mode::sync, &rp);
+    if (rc == CUDA_SUCCESS && !rp.payload.empty()) return CUDA_ERROR_UNKNOWN;  // size mismatch from the server
+    return rc;
+}
+
+CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, mode m) {
+    VCUDA_REQUIRE_INIT();
+    if (n == 0) return CUDA_SUCCESS;
+    if (m == mode::post && (!device_range(dst, n) || !device_range(src, n))) return CUDA_ERROR_INVALID_VALUE;
+    return remote(op::copy_dtod, {dst, src, n, stream_arg(stream)}, m);
+}
+
+CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, unsigned elem, size_t width, size_t height,
+                   CUstream stream, mode m) {
+    VCUDA_REQUIRE_INIT();
+    if (width == 0 || height == 0) return CUDA_SUCCESS;
+    if (height > 1 && pitch < width * elem) return CUDA_ERROR_INVALID_VALUE;
+    if (m == mode::post) {
+        if (check_stream(stream) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
+        size_t span = (height - 1) * pitch + width * elem;
+        if (!device_range(dst, span)) return CUDA_ERROR_INVALID_VALUE;
+    }
+    return remote(op::memset, {dst, value, elem, width, height, pitch, stream_arg(stream)}, m);
+}
+
+namespace {
+
+// Which side a unified-addressing pointer is on.
+bool is_device(uint64_t p) {
+    device_allocation a;
+    return state::get().find_allocation(p, 1, a);
+}
+
+}  // namespace
+
+CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, mode m) {
+    bool dd = is_device(dst), sd = is_device(src);
+    if (dd && sd) return copy_dtod(dst, src, n, stream, m);
+    if (dd) return copy_htod(dst, reinterpret_cast<const void*>(src), n, stream, m);
+    if (sd) return copy_dtoh(reinterpret_cast<void*>(dst), src, n, stream, m);
+    if (m == mode::sync) {  // host to host: the copy is ordered after prior work in the stream
+        if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS) return rc;
+    }
+    std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+    return CUDA_SUCCESS;
+}
+
+// 2D/3D copies: the host side travels packed (rows back to back); the server unpacks into the device
+// layout, or packs device rows for us to spread into the caller's pitch.
+CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream stream, mode m) {
+    VCUDA_REQUIRE_INIT();
+    auto side = [](CUmemorytype t, const void* host, CUdeviceptr dev) -> int {
+        if (t == CU_MEMORYTYPE_UNIFIED) return is_device(dev) ? 1 : 0;
+        if (t == CU_MEMORYTYPE_DEVICE) return 1;
+        if (t == CU_MEMORYTYPE_HOST) return 0;
+        return -1;  // arrays
+    };
+    int s = side(c.srcMemoryType, c.srcHost, c.srcDevice), d = side(c.dstMemoryType, c.dstHost, c.dstDevice);
+    if (s < 0 || d < 0) return static_cast<CUresult>(unsupported("cuMemcpy2D/3D with CUDA arrays"));
+    size_t w = c.WidthInBytes, h = c.Height ? c.Height : 1, depth = c.Depth ? c.Depth : 1;
+    if (w == 0) return CUDA_SUCCESS;
+    size_t spitch = c.srcPitch ? c.srcPitch : w, dpitch = c.dstPitch ? c.dstPitch : w;
+    size_t sheight = c.srcHeight ? c.srcHeight : h, dheight = c.dstHeight ? c.dstHeight : h;
+    if ((h > 1 && (spitch < w + c.srcXInBytes || dpitch < w + c.dstXInBytes))) return CUDA_ERROR_INVALID_VALUE;
+    const char* shost = static_cast<const char*>(c.srcMemoryType == CU_MEMORYTYPE_UNIFIED ? reinterpret_cast<void*>(c.srcDevice) : c.srcHost);
+    char* dhost = static_cast<char*>(c.dstMemoryType == CU_MEMORYTYPE_UNIFIED ? reinterpret_cast<void*>(c.dstDevice) : c.dstHost);
+    auto host_row = [&](const char* base, size_t pitch, size_t height, size_t x, size_t y, size_t z, size_t row, size_t slice) {
+        return base + ((z + slice) * height + (y + row)) * pitch + x;
+    };
+    if (s == 0 && d == 0) {
+        if (m == mode::sync)
+            if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS) return rc;
+        for (size_t z = 0; z < depth; ++z)
+            for (size_t y = 0; y < h; ++y)
+                std::memmove(const_cast<char*>(host_row(dhost, dpitch, dheight, c.dstXInBytes, c.dstY, c.dstZ, y, z)),
+                             host_row(shost, spitch, sheight, c.srcXInBytes, c.srcY, c.srcZ, y, z), w);
+        return CUDA_SUCCESS;
+    }
+    std::vector<std::byte> packed;
+    if (s == 0) {
+        packed.resize(w * h * depth);
+        for (size_t z = 0; z < depth; ++z)
+            for (size_t y = 0; y < h; ++y)
+                std::memcpy(&packed[(z * h + y) * w], host_row(shost, spitch, sheight, c.srcXInBytes, c.srcY, c.srcZ, y, z), w);
+    }
+    call_reply rp;
+    CUresult rc;
+    {
+        lane* l = state::get().remote().this_thread_lane();
+        if (!l) return static_cast<CUresult>(connection_lost_result);
+        uint64_t args[] = {static_cast<uint64_t>(s), c.srcDevice, c.srcXInBytes, c.srcY, c.srcZ, spitch, sheight,
+                           static_cast<uint64_t>(d), c.dstDevice, c.dstXInBytes, c.dstY, c.dstZ, dpitch, dheight,
+                           w, h, depth, stream_arg(stream)};
+        call_request rq;
+        rq.operation = op::copy_3d;
+        rq.device = current_server_device();
+        rq.args = args;
+        rq.payload = packed;
+        // Copies that return bytes always wait; device-side ones may be queued.
+        bool wait = d == 0 || m == mode::sync;
+        rc = static_cast<CUresult>(wait ? l->call(rq, rp) : l->post(rq));
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+    if (d == 0) {
+        if (rp.payload.size() != w * h * depth) return CUDA_ERROR_UNKNOWN;
+        for (size_t z = 0; z < depth; ++z)
+            for (size_t y = 0; y < h; ++y)
+                std::memcpy(const_cast<char*>(host_row(dhost, dpitch, dheight, c.dstXInBytes, c.dstY, c.dstZ, y, z)),
+                            &rp.payload[(z * h + y) * w], w);
+    }
+    return CUDA_SUCCESS;
+}
+
+CUDA_MEMCPY3D from_2d(const CUDA_MEMCPY2D& p) {
+    CUDA_MEMCPY3D c{};
+    c.srcXInBytes = p.srcXInBytes;
+    c.srcY = p.srcY;
+    c.srcMemoryType = p.srcMemoryType;
+    c.srcHost = p.srcHost;
+    c.srcDevice = p.srcDevice;
+    c.srcArray = p.srcArray;
+    c.srcPitch = p.srcPitch;
+    c.dstXInBytes = p.dstXInBytes;
+    c.dstY = p.dstY;
+    c.dstMemoryType = p.dstMemoryType;
+    c.dstHost = p.dstHost;
+    c.dstDevice = p.dstDevice;
+    c.dstArray = p.dstArray;
+    c.dstPitch = p.dstPitch;
+    c.WidthInBytes = p.WidthInBytes;
+    c.Height = p.Height;
+    c.Depth = 1;
+    return c;
+}
+
+}  // namespace vcuda::client

@@ -1,0 +1,216 @@
+// The tables a session keeps of what its handlers made, each behind the few operations those handlers use:
+// module globals (server/handlers_module.cpp), stream-ordered allocations (handlers_pool.cpp, and cuMemFree in
+// handlers_memory.cpp), pinned host regions shared with a client on this host (handlers_host.cpp), and the
+// virtual memory management API's reservations, mappings and physical allocations (handlers_vmm.cpp). The
+// session (a friend) reads them whole for owns_range and releases what they hold at a device reset and at its end
+// (server/session.cpp).
+// locks: none inside; every call is made with the session's `mu` held.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "driver_table.hpp"
+
+namespace vcuda::server {
+
+class session;
+
+// True when [p, p+n) lies inside [start, start+size), for p >= start (overflow-safe).
+inline bool range_inside(uint64_t p, size_t n, uint64_t start, size_t size) {
+    return p - start < size && n <= size - (p - start);
+}
+
+// Module globals (cuModuleGetGlobal, cuLibraryGetGlobal): device ranges the session may copy to and from, each
+// known with the module or library it came from and the session device whose context it was looked up in. One
+// address may be known for several devices (a driver that gives a library's global one address in every
+// context): it stays the session's until the last of them goes.
+class module_globals {
+public:
+    void add(CUdeviceptr p, size_t size, uint64_t owner, size_t device) { globals_[{p, device}] = {size, owner}; }
+    // True when [p, p+n) lies inside one global.
+    bool holds(CUdeviceptr p, size_t n) const {
+        auto it = globals_.upper_bound({p, SIZE_MAX});
+        if (it == globals_.begin()) return false;
+        --it;
+        return range_inside(p, n, it->first.first, it->second.size);
+    }
+    // Forgets the globals of a module or library (unloaded), or those in the context of `device` (reset).
+    void erase_owner(uint64_t owner) {
+        std::erase_if(globals_, [&](const auto& g) { return g.second.owner == owner; });
+    }
+    void erase_device(size_t device) {
+        std::erase_if(globals_, [&](const auto& g) { return g.first.second == device; });
+    }
+    void clear() { globals_.clear(); }
+
+private:
+    struct global {
+        size_t size = 0;
+        uint64_t owner = 0;  // the module or library handle
+    };
+    std::map<std::pair<CUdeviceptr, size_t>, global> globals_;  // (start, session device) -> global
+};
+
+// Stream-ordered allocations (cuMemAllocAsync, cuMemAllocFromPoolAsync): start -> size and the device charged.
+class pool_allocations {
+public:
+    struct allocation {
+        size_t size = 0;
+        size_t device = 0;
+    };
+    void add(CUdeviceptr p, size_t size, size_t device) { allocations_[p] = {size, device}; }
+    // The allocation starting at p, or nothing.
+    std::optional<allocation> find(CUdeviceptr p) const {
+        auto it = allocations_.find(p);
+        if (it == allocations_.end()) return std::nullopt;
+        return it->second;
+    }
+    void erase(CUdeviceptr p) { allocations_.erase(p); }
+
+private:
+    friend class session;
+    std::map<CUdeviceptr, allocation> allocations_;
+};
+
+// The last copy marked against a host region (a client's staging slot, refilled once that copy is done).
+struct copy_mark {
+    explicit copy_mark(const driver_table& d) : drv(d) {}
+    ~copy_mark();
+    std::mutex mu;
+    CUevent event = nullptr;  // recorded behind the copy; made in the context current then
+    CUcontext ctx = nullptr;
+    const driver_table& drv;
+};
+
+// Pinned host memory shared with a client on this host (client and server map the same pages): mapped and
+// registered with the driver by handlers_host.cpp, released at session end. Counted against the session's host
+// memory quota from before the pages exist.
+class host_regions {
+public:
+    struct region {
+        size_t size = 0;
+        std::shared_ptr<copy_mark> last_copy;  // made at the first marked copy
+    };
+    // Counts `size` more bytes unless that passes `quota` (0: no quota); reserved before the pages are made, so
+    // that concurrent lanes cannot both pass the check.
+    bool reserve(uint64_t size, uint64_t quota) {
+        if (quota && bytes_ + size > quota) return false;
+        bytes_ += size;
+        return true;
+    }
+    void unreserve(uint64_t size) { bytes_ -= size; }
+    // A region of reserved bytes, at the server's address `addr`.
+    void add(uintptr_t addr, size_t size) { regions_[addr] = {size}; }
+    // Forgets the region at `addr` and its bytes; its size, or nothing when there is no region there.
+    std::optional<size_t> remove(uintptr_t addr) {
+        auto it = regions_.find(addr);
+        if (it == regions_.end()) return std::nullopt;
+        size_t size = it->second.size;
+        regions_.erase(it);
+        bytes_ -= size;
+        return size;
+    }
+    // The region holding [p, p+n), or null.
+    region* holding(uintptr_t p, size_t n) {
+        auto it = regions_.upper_bound(p);
+        if (it == regions_.begin()) return nullptr;
+        --it;
+        return range_inside(p, n, it->first, it->second.size) ? &it->second : nullptr;
+    }
+
+private:
+    friend class session;
+    std::map<uintptr_t, region> regions_;  // server address -> region
+    uint64_t bytes_ = 0;
+};
+
+// The virtual memory management API as the application uses it: its address reservations, what is mapped in
+// them, and the physical allocations (mem_handle ids), whose size is charged to a device's quota from
+// cuMemCreate until the memory goes back to the driver.
+class vmm_tables {
+public:
+    struct allocation {
+        size_t size = 0;
+        size_t device = 0;      // charged to this device's quota
+        int maps = 0;           // mappings that use it
+        bool released = false;  // cuMemRelease'd while mapped: the driver frees it at the last unmap
+    };
+    struct mapping {
+        size_t size = 0;
+        uint64_t handle = 0;  // the mem_handle id mapped here
+    };
+
+    void add_reservation(CUdeviceptr va, size_t size) { reserved_[va] = size; }
+    // The size of the reservation starting at va, or nothing.
+    std::optional<size_t> reservation(CUdeviceptr va) const {
+        auto it = reserved_.find(va);
+        if (it == reserved_.end()) return std::nullopt;
+        return it->second;
+    }
+    void erase_reservation(CUdeviceptr va) { reserved_.erase(va); }
+    // True when [va, va+size) lies inside one reservation.
+    bool reserved(CUdeviceptr va, size_t size) const {
+        auto it = reserved_.upper_bound(va);
+        if (it == reserved_.begin()) return false;
+        --it;
+        return range_inside(va, size, it->first, it->second);
+    }
+    // True when a mapping starts in [va, va+size).
+    bool has_mapping_in(CUdeviceptr va, size_t size) const {
+        auto m = mapped_.lower_bound(va);
+        return m != mapped_.end() && m->first < va + size;
+    }
+
+    void add_allocation(uint64_t id, size_t size, size_t device) { allocations_[id] = {size, device, 0}; }
+    // cuMemRelease of `id`: the allocation, when its memory goes now (no mapping uses it) and it is forgotten;
+    // otherwise it is marked released and goes at its last unmap.
+    std::optional<allocation> release(uint64_t id) {
+        auto it = allocations_.find(id);
+        if (it == allocations_.end()) return std::nullopt;
+        if (it->second.maps > 0) {
+            it->second.released = true;
+            return std::nullopt;
+        }
+        allocation a = it->second;
+        allocations_.erase(it);
+        return a;
+    }
+
+    void add_mapping(CUdeviceptr va, size_t size, uint64_t id) {
+        mapped_[va] = {size, id};
+        allocations_[id].maps++;
+    }
+    // The mapping starting at va, or nothing.
+    std::optional<mapping> mapping_at(CUdeviceptr va) const {
+        auto it = mapped_.find(va);
+        if (it == mapped_.end()) return std::nullopt;
+        return it->second;
+    }
+    // Forgets the mapping at va (which exists): the allocation it used, when that was released and this was its
+    // last mapping, so its memory went with the unmap (it is forgotten too).
+    std::optional<allocation> erase_mapping(CUdeviceptr va) {
+        auto it = mapped_.find(va);
+        std::optional<allocation> freed;
+        if (auto a = allocations_.find(it->second.handle); a != allocations_.end())
+            if (--a->second.maps == 0 && a->second.released) {
+                freed = a->second;
+                allocations_.erase(a);
+            }
+        mapped_.erase(it);
+        return freed;
+    }
+
+private:
+    friend class session;
+    std::map<CUdeviceptr, size_t> reserved_;        // start -> size
+    std::map<CUdeviceptr, mapping> mapped_;         // start -> mapping
+    std::map<uint64_t, allocation> allocations_;    // mem_handle id -> allocation, charged until freed
+};
+
+}  // namespace vcuda::server
