@@ -426,7 +426,8 @@ TEST_CASE("a HELLO announcing a 1 GiB payload is refused before anything is allo
     CHECK(rss_kib(server.pid()) - before < 64 * 1024);
 }
 
-TEST_CASE("--max-sessions and --max-connections refuse with a message past the limit", "[integration]") {
+TEST_CASE("the session and connection limits refuse with a message naming --max-sessions or --max-connections",
+          "[integration]") {
     server_process server({"--max-sessions", "2", "--max-connections", "4"});
     std::string why;
     auto a = raw_client::open(server.address());
