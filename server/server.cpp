@@ -323,7 +323,6 @@ bool server::authorize(const wire::Hello& h, session_grant& grant, std::string& 
             grant.gpus = {i};
             grant.memory_quota = claims->memory_quota;
             grant.lease_id = claims->lease_id;
-            grant.lease_expires = claims->expires_at;
             return true;
         }
     }

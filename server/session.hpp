@@ -50,7 +50,6 @@ struct session_grant {
     std::vector<size_t> gpus;  // empty = all
     uint64_t memory_quota = 0;  // 0 = the server's default
     std::string lease_id;
-    std::chrono::system_clock::time_point lease_expires{};  // the lease token's expiry
 };
 
 class session : public std::enable_shared_from_this<session> {
