@@ -37,7 +37,7 @@ class bulk_link {
 
     // Opens `count` connections of bulk set `set` to session `session_id` at `ep`. Null, with `why`, if one
     // fails.
-    static std::shared_ptr<bulk_link> open(const endpoint& ep, uint64_t session_id, uint64_t secret,
+    static std::shared_ptr<bulk_link> open(const endpoint& ep, uint64_t session_id, const std::string& key,
                                            uint32_t set, unsigned count, std::chrono::milliseconds timeout,
                                            std::string& why);
     ~bulk_link();

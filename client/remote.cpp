@@ -274,8 +274,8 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
     const char* shm = std::getenv("VCUDA_SHM");
     const bool want_rings = fs.raw().is_local() && !(shm && std::string_view(shm) == "0");
     b.Finish(wire::CreateHello(b, protocol_version, features::all | features::bulk | (want_rings ? features::shm_rings : 0),
-                               b.CreateString(token_), id_, secret_, number,
-                               static_cast<uint32_t>(getpid()), b.CreateString(host), 0, tag_));
+                               b.CreateString(token_), id_, number, static_cast<uint32_t>(getpid()), b.CreateString(host),
+                               0, tag_, 0, number == 0 ? 0 : b.CreateVector(reinterpret_cast<const uint8_t*>(key_.data()), key_.size())));
     if (auto r = fs.send(make_frame(frame_kind::hello, b, 0, number), after(timeout_)); !r) {
         why = "sending HELLO to " + address_ + " failed: " + r.error().message;
         return nullptr;
@@ -309,7 +309,8 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
     }
     if (number == 0) {
         id_ = hr->session_id();
-        secret_ = hr->session_secret();
+        key_ = hr->session_key() ? std::string(reinterpret_cast<const char*>(hr->session_key()->data()), hr->session_key()->size())
+                                 : std::string();
         bulk_cap_ = hr->features() & features::bulk ? hr->bulk_streams() : 0;
         pid_ = getpid();
     }
@@ -378,7 +379,7 @@ std::shared_ptr<bulk_link> session::bulk() {
     }
     if (bulk_off_) return nullptr;
     std::string why;
-    bulk_ = bulk_link::open(endpoint_, id_, secret_, ++bulk_sets_, count, timeout_, why);
+    bulk_ = bulk_link::open(endpoint_, id_, key_, ++bulk_sets_, count, timeout_, why);
     if (!bulk_) {
         bulk_off_ = true;
         VCUDA_LOG_WARN("no striped copies to {} ({}): large copies travel on their lane", address_, why);

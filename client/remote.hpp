@@ -156,7 +156,8 @@ private:
     std::string address_;
     std::string token_;
     std::chrono::milliseconds timeout_{5000};
-    uint64_t id_ = 0, secret_ = 0;
+    uint64_t id_ = 0;
+    std::string key_;  // the session's key from the first HELLO reply: later lanes present it to join
     uint32_t tag_ = 0;
     std::atomic<uint32_t> next_lane_{0};
     std::atomic<bool> lost_{false};

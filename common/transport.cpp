@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -537,6 +538,15 @@ void stream::shutdown() {
     }
 }
 
+bool stream::peer_gone() const {
+    if (fd_ < 0 || lost_) return true;
+    pollfd p{fd_, POLLRDHUP, 0};
+    int n;
+    do n = ::poll(&p, 1, 0);
+    while (n < 0 && errno == EINTR);
+    return n > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
 // ---------------------------------------------------------------- listener
 
 listener::listener(listener&& o) noexcept : fd_(o.fd_), local_(std::move(o.local_)) {
@@ -577,7 +587,10 @@ transport_result<listener> listener::listen(const endpoint& ep, int backlog) {
         sa.sun_family = AF_UNIX;
         std::memcpy(sa.sun_path, ep.path.data(), std::min(ep.path.size(), sizeof sa.sun_path - 1));
         ::unlink(ep.path.c_str());
-        if (::bind(l.fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(l.fd_, backlog) != 0)
+        // Owner and group only (0660), set before listen() so that nobody else ever connects; who of them may is
+        // the server's business (SO_PEERCRED).
+        if (::bind(l.fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::chmod(ep.path.c_str(), 0660) != 0 ||
+            ::listen(l.fd_, backlog) != 0)
             return unexpected{transport_error{transport_errc::io, ep.to_string() + ": " + errno_text(errno)}};
         return l;
     }

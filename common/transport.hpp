@@ -100,6 +100,10 @@ public:
 
     // Ends the connection: pending and later reads and writes fail with `closed`.
     void shutdown();
+    // True when the peer has closed or reset its end (or this end was shut down), looked at without reading or
+    // waiting: for a thread that waits on something else (a host function's turn, another lane) while its client
+    // may have gone.
+    bool peer_gone() const;
     bool is_open() const { return fd_ >= 0 && !lost_.load(); }
     int native_handle() const { return fd_; }
     std::string peer_description() const { return peer_; }
@@ -142,6 +146,7 @@ public:
     listener& operator=(listener&&) noexcept;
     ~listener();
 
+    // A Unix socket is made with mode 0660 (its owner and group may connect).
     static transport_result<listener> listen(const endpoint& ep, int backlog = 256);
     // Waits for a connection; returns `closed` once close() was called.
     transport_result<stream> accept(deadline until = never);

@@ -38,7 +38,11 @@ CUresult handle_host_func(call_context& cx) {
 CUresult handle_host_func_next(call_context& cx) {
     if (!cx.expect_args(0)) return cx.bad_arguments();
     uint64_t id;
-    if (!cx.sess.host_func_next(id)) return cx.fail(CUDA_ERROR_DEINITIALIZED, "session ending");
+    // The client's host-function thread waits in this call for as long as its process lives; when the process
+    // ends, this lane must notice (it reads nothing meanwhile), or the session would never end.
+    frame_stream* fs = cx.lane.stream;
+    if (!cx.sess.host_func_next(id, [fs] { return fs && fs->raw().peer_gone(); }))
+        return cx.fail(CUDA_ERROR_DEINITIALIZED, "session ending");
     cx.out(id);
     return CUDA_SUCCESS;
 }

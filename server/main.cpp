@@ -17,6 +17,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/resource.h>
 
 namespace {
 
@@ -49,6 +54,49 @@ bool parse_size(const std::string& text, uint64_t& out) {
     if (v < 0) return false;
     out = static_cast<uint64_t>(v * static_cast<double>(mult));
     return true;
+}
+
+// True for addresses of this host only: 127.0.0.0/8, ::1 (also as ::ffff:127.x), and names that resolve to
+// nothing else ("localhost").
+bool is_loopback(const std::string& host) {
+    in_addr a4{};
+    in6_addr a6{};
+    if (inet_pton(AF_INET, host.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host.c_str(), &a6) == 1) {
+        if (IN6_IS_ADDR_LOOPBACK(&a6)) return true;
+        return IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127;
+    }
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* list = nullptr;
+    if (getaddrinfo(host.c_str(), nullptr, &hints, &list) != 0 || !list) return false;
+    bool all = true;
+    for (addrinfo* ai = list; ai; ai = ai->ai_next) {
+        char text[INET6_ADDRSTRLEN] = {};
+        if (ai->ai_family == AF_INET)
+            inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(ai->ai_addr)->sin_addr, text, sizeof text);
+        else if (ai->ai_family == AF_INET6)
+            inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(ai->ai_addr)->sin6_addr, text, sizeof text);
+        if (!*text || !is_loopback(text)) all = false;
+    }
+    freeaddrinfo(list);
+    return all;
+}
+
+// Each connection holds a descriptor (two with shared-memory rings while they are set up): the soft limit is
+// raised to the hard one, and a hard limit below what --max-connections needs is reported.
+void raise_descriptor_limit(uint32_t max_connections) {
+    rlimit rl{};
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < rlim_t(max_connections) + 64)
+        VCUDA_LOG_WARN("the descriptor limit ({}) is below what --max-connections {} needs (about {}): clients past it "
+                       "wait until descriptors free up. Raise it (`ulimit -n`, LimitNOFILE=) or lower --max-connections",
+                       rl.rlim_cur, max_connections, max_connections + 64);
 }
 
 }  // namespace
@@ -91,7 +139,28 @@ int main(int argc, char** argv) {
     app.add_option("--manager", manager,
                    "Attach to the vcuda-mgmt at ADDR: register this server's GPUs, send heartbeats, and accept only "
                    "sessions that present a valid lease token (needs --secret-file)");
-    app.add_option("--secret-file", secret_file, "File holding the secret shared with the manager (mode 600)");
+    app.add_option("--secret-file", secret_file,
+                   "File holding the secret (mode 600; make one with `head -c 32 /dev/urandom | base64 > FILE`). With "
+                   "--manager: the manager's, for its lease tokens. Without: every new session needs a token signed "
+                   "with it, made by `vcuda token create --secret-file FILE` and given to clients (VCUDA_TOKEN or "
+                   "`vcuda run --token`)");
+    bool insecure = false;
+    app.add_flag("--insecure", insecure,
+                 "Serve TCP addresses other than loopback without --secret-file: anyone who reaches the port can use "
+                 "the GPUs (refused at start without this flag)");
+    std::string allow_uid_text;
+    app.add_option("--allow-uid", allow_uid_text,
+                   "Unix sockets: admit only peers with these user ids, e.g. 1000,1001 (checked with SO_PEERCRED; "
+                   "default: anyone the socket's mode, 0660, lets in)");
+    long max_sessions = -1, max_connections = -1;
+    app.add_option("--max-sessions", max_sessions,
+                   "The most sessions (client processes) served at once (default 256); past it a new session is "
+                   "refused with a message")
+        ->check(CLI::Range(1, 1 << 20));
+    app.add_option("--max-connections", max_connections,
+                   "The most connections (a session has one per client thread, plus bulk connections) at once "
+                   "(default 1024); past it a connection is refused with a message")
+        ->check(CLI::Range(1, 1 << 20));
     app.add_option("--advertise", advertise,
                    "Address clients should use to reach this server, as told to the manager, repeatable "
                    "(default: the --listen addresses, with 0.0.0.0 replaced by this host's name)");
@@ -120,18 +189,36 @@ int main(int argc, char** argv) {
     if (spin_us >= 0) opts.spin = std::chrono::microseconds(spin_us);
     if (bulk_streams >= 0) opts.bulk_streams = static_cast<uint32_t>(bulk_streams);
     if (listen.empty()) listen.push_back("127.0.0.1:7300");
-    if (!manager.empty()) {
-        if (secret_file.empty()) {
-            std::cerr << "vcuda-server: --manager needs --secret-file (the secret the manager signs lease tokens with)\n";
-            return 2;
-        }
+    if (!manager.empty() && secret_file.empty()) {
+        std::cerr << "vcuda-server: --manager needs --secret-file (the secret the manager signs lease tokens with)\n";
+        return 2;
+    }
+    if (!secret_file.empty()) {
         auto secret = vcuda::mgmt::read_secret_file(secret_file);
         if (!secret) {
             std::cerr << "vcuda-server: --secret-file: " << secret.error() << "\n";
             return 2;
         }
         opts.secret = *secret;
+        opts.managed = !manager.empty();
     }
+    if (max_sessions > 0) opts.max_sessions = static_cast<uint32_t>(max_sessions);
+    if (max_connections > 0) opts.max_connections = static_cast<uint32_t>(max_connections);
+    if (!allow_uid_text.empty()) {
+        for (size_t pos = 0; pos <= allow_uid_text.size();) {
+            size_t comma = std::min(allow_uid_text.find(',', pos), allow_uid_text.size());
+            std::string item = allow_uid_text.substr(pos, comma - pos);
+            uint32_t uid = 0;
+            auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), uid);
+            if (item.empty() || ec != std::errc() || end != item.data() + item.size()) {
+                std::cerr << "vcuda-server: --allow-uid: '" << item << "' is not a user id (write numbers: --allow-uid 1000,1001)\n";
+                return 2;
+            }
+            opts.allowed_uids.push_back(uid);
+            pos = comma + 1;
+        }
+    }
+    raise_descriptor_limit(opts.max_connections);
 
     vcuda::server::driver drv;
     std::string why;
@@ -149,6 +236,20 @@ int main(int argc, char** argv) {
         if (!ep) {
             VCUDA_LOG_ERROR("--listen {}: {}", a, ep.error());
             return 2;
+        }
+        // Who can connect: anyone who reaches a TCP port. Without a secret only this host may (loopback), unless
+        // the operator says otherwise; a Unix socket is guarded by its mode (0660) and --allow-uid.
+        if (ep->type == vcuda::endpoint::kind::tcp && opts.secret.empty() && !is_loopback(ep->host)) {
+            if (!insecure) {
+                VCUDA_LOG_ERROR("--listen {}: refusing to serve a network address without authentication: anyone who "
+                                "reaches it could use the GPUs. Give --secret-file FILE (clients then need a token from "
+                                "`vcuda token create --secret-file FILE`), or listen on 127.0.0.1 or a Unix socket, or "
+                                "add --insecure on a network you trust",
+                                a);
+                return 2;
+            }
+            VCUDA_LOG_WARN("--listen {} with --insecure: no authentication; anyone who reaches this address can use the "
+                           "GPUs and nothing is encrypted", a);
         }
         auto l = vcuda::listener::listen(*ep);
         if (!l) {
@@ -211,6 +312,10 @@ int main(int argc, char** argv) {
         };
         // A session whose lease the manager no longer has (released by an operator, or expired) is ended.
         cfg.on_leases = [&srv](const std::vector<vcuda::mgmt::active_lease>& alive) {
+            std::vector<std::pair<std::string, std::chrono::system_clock::time_point>> live;
+            for (auto& l : alive)
+                live.emplace_back(l.lease_id, std::chrono::system_clock::time_point(std::chrono::milliseconds(l.expires_at)));
+            srv.note_live_leases(live);  // their tokens open no session once they are gone
             srv.sessions().for_each([&](vcuda::server::session& s) {
                 if (s.lease_id().empty()) return;
                 bool live = std::any_of(alive.begin(), alive.end(), [&](auto& l) { return l.lease_id == s.lease_id(); });

@@ -1,5 +1,6 @@
 #include "server/server.hpp"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 
@@ -9,6 +10,7 @@
 #include "mgmt/token.hpp"
 #include "server/dispatch.hpp"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -39,25 +41,104 @@ void server::stop() {
         if (t.joinable()) t.join();
 }
 
+namespace {
+
+// At most one log line per `every` for a condition that can repeat thousands of times a second (descriptor
+// exhaustion, a flood of connections): the line says how many were not logged.
+class log_limiter {
+public:
+    explicit log_limiter(std::chrono::seconds every) : every_(every) {}
+    // True when a line may be written now; `held_back` is then the number of calls since the last line.
+    bool allow(uint64_t& held_back) {
+        std::lock_guard lock(mu_);
+        auto now = std::chrono::steady_clock::now();
+        if (now < next_) {
+            ++held_back_;
+            return false;
+        }
+        next_ = now + every_;
+        held_back = held_back_;
+        held_back_ = 0;
+        return true;
+    }
+
+private:
+    std::mutex mu_;
+    std::chrono::seconds every_;
+    std::chrono::steady_clock::time_point next_{};
+    uint64_t held_back_ = 0;
+};
+
+// Connections past --max-connections are told why on a thread of their own, up to this many at once; past
+// that they are closed at once (a flood must not turn into threads).
+constexpr uint32_t refusal_threads = 16;
+
+}  // namespace
+
 void server::accept_loop(listener* l) {
+    log_limiter accept_log(std::chrono::seconds(10)), limit_log(std::chrono::seconds(10));
+    std::chrono::milliseconds backoff{0};
     while (!stopping_) {
         auto s = l->accept();
         if (!s) {
             if (s.error().code == transport_errc::closed) return;
-            VCUDA_LOG_WARN("accept on {}: {}", l->local().to_string(), s.error().message);
+            // Out of descriptors (EMFILE/ENFILE) or memory: the connection stays in the backlog and poll() says
+            // readable again at once. Waiting (10 ms, doubling to 1 s) keeps this loop from spinning.
+            backoff = std::clamp(backoff * 2, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
+            if (uint64_t held; accept_log.allow(held))
+                VCUDA_LOG_WARN("accept on {}: {}{}; retrying in {} ms (raise the descriptor limit, `ulimit -n`, or lower "
+                               "--max-connections)", l->local().to_string(), s.error().message,
+                               held ? fmt::format(" ({} more failures since the last report)", held) : "", backoff.count());
+            std::this_thread::sleep_for(backoff);
             continue;
         }
-        std::thread([this, st = std::move(*s)]() mutable { run_connection(std::move(st)); }).detach();
+        backoff = std::chrono::milliseconds(0);
+        const uint32_t n = ++connections_;
+        const bool over = n > opts_.max_connections;
+        if (over && n > opts_.max_connections + refusal_threads) {
+            --connections_;
+            if (uint64_t held; limit_log.allow(held))
+                VCUDA_LOG_WARN("{}: closed at once: {} connections are open (--max-connections {}){}", s->peer_description(),
+                               n - 1, opts_.max_connections, held ? fmt::format("; {} more since the last report", held) : "");
+            continue;  // the stream's destructor closes it
+        }
+        try {
+            std::thread([this, over, st = std::move(*s)]() mutable {
+                run_connection(std::move(st), over);
+                --connections_;
+            }).detach();
+        } catch (const std::system_error& e) {  // no thread to be had: the connection is closed
+            --connections_;
+            if (uint64_t held; limit_log.allow(held))
+                VCUDA_LOG_WARN("cannot start a thread for a connection ({}); it was closed", e.what());
+        }
     }
 }
 
-void server::run_connection(stream s) {
+void server::run_connection(stream s, bool over_limit) {
     std::string peer = s.peer_description();
-    frame_stream fs(std::move(s));
-    auto hello = fs.receive(after(std::chrono::seconds(10)), std::chrono::seconds(10));
+    // Nothing is allocated on an unauthenticated peer's word past a small bound: HELLO (metadata only, no
+    // payload) fits in 64 KiB, and a header announcing more is refused before anything is read or allocated.
+    frame_limits hello_limits;
+    hello_limits.max_meta = max_hello_bytes;
+    hello_limits.max_payload = 0;
+    frame_stream fs(std::move(s), hello_limits);
+    auto hello = fs.receive(after(std::chrono::seconds(over_limit ? 2 : 10)), std::chrono::seconds(10));
     if (!hello) {
         VCUDA_LOG_DEBUG("{}: no valid HELLO ({})", peer, hello.error().message);
-        if (hello.error().code == transport_errc::protocol) send_wire_error(fs, wire_errc::verify_failed, hello.error().message);
+        if (hello.error().code == transport_errc::protocol)
+            send_wire_error(fs, wire_errc::verify_failed,
+                            "not a valid HELLO of at most " + std::to_string(max_hello_bytes >> 10) + " KiB: " +
+                                hello.error().message);
+        return;
+    }
+    fs.set_limits(frame_limits{});
+    if (over_limit) {
+        VCUDA_LOG_WARN("{}: connection refused: {} connections are open (--max-connections {})", peer,
+                       connections_.load() - 1, opts_.max_connections);
+        send_wire_error(fs, wire_errc::not_allowed,
+                        "this vcuda-server is at its limit of " + std::to_string(opts_.max_connections) +
+                            " connections (--max-connections): retry later, or ask its operator to raise the limit");
         return;
     }
     if (hello->kind() != frame_kind::hello) {
@@ -68,6 +149,19 @@ void server::run_connection(stream s) {
     if (h->protocol_version() != protocol_version) {
         send_wire_error(fs, wire_errc::bad_version, "this server speaks protocol version " + std::to_string(protocol_version));
         return;
+    }
+    if (!opts_.allowed_uids.empty() && fs.raw().is_local()) {
+        ucred cred{};
+        socklen_t len = sizeof cred;
+        bool known = ::getsockopt(fs.raw().native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+        if (!known || std::find(opts_.allowed_uids.begin(), opts_.allowed_uids.end(), cred.uid) == opts_.allowed_uids.end()) {
+            std::string who = known ? "uid " + std::to_string(cred.uid) : "a peer of unknown uid";
+            VCUDA_LOG_WARN("{}: refused {} (not in --allow-uid)", peer, who);
+            send_wire_error(fs, wire_errc::auth_failed,
+                            "this vcuda-server's socket admits only some users (--allow-uid), and " + who +
+                                " is not one of them: ask its operator to add it");
+            return;
+        }
     }
     const bool bulk = h->bulk_set() != 0;
     if (bulk && h->session_id() == 0) {
@@ -83,12 +177,33 @@ void server::run_connection(stream s) {
             send_wire_error(fs, wire_errc::auth_failed, refusal);
             return;
         }
-        sess = sessions_.create(drv_, opts_, grant, peer + " pid " + std::to_string(h->client_pid()));
+        {
+            std::lock_guard lock(open_mu_);
+            if (!claim_lease(grant, refusal)) {
+                VCUDA_LOG_WARN("{}: session refused: {}", peer, refusal);
+                send_wire_error(fs, wire_errc::auth_failed, refusal);
+                return;
+            }
+            if (sessions_.size() >= opts_.max_sessions) {
+                drop_lease_claim(grant.lease_id, grant.gpus, 0);
+                VCUDA_LOG_WARN("{}: session refused: {} sessions are open (--max-sessions {})", peer, sessions_.size(),
+                               opts_.max_sessions);
+                send_wire_error(fs, wire_errc::not_allowed,
+                                "this vcuda-server is at its limit of " + std::to_string(opts_.max_sessions) +
+                                    " sessions (--max-sessions): retry later, or ask its operator to raise the limit");
+                return;
+            }
+            sess = sessions_.create(drv_, opts_, grant, peer + " pid " + std::to_string(h->client_pid()));
+            if (!grant.lease_id.empty()) lease_sessions_[{grant.lease_id, grant.gpus.front()}] = sess->id();
+        }
         sess->handles.set_tag(h->handle_tag());
         VCUDA_LOG_INFO("session {} opened by {} (host {})", sess->id(), sess->peer(), h->client_host() ? h->client_host()->str() : "?");
     } else {
-        sess = sessions_.find(h->session_id(), h->session_secret());
+        const auto* key = h->session_key();
+        sess = sessions_.find(h->session_id(), key ? std::string_view(reinterpret_cast<const char*>(key->data()), key->size())
+                                                   : std::string_view());
         if (!sess) {
+            VCUDA_LOG_WARN("{}: refused a join of session {}: unknown session or wrong key", peer, h->session_id());
             send_wire_error(fs, wire_errc::auth_failed, "unknown session or wrong session secret");
             return;
         }
@@ -114,8 +229,24 @@ void server::run_connection(stream s) {
     }
     flatbuffers::FlatBufferBuilder b(128);
     const uint64_t feats = features::all | (rings ? features::shm_rings : 0) | (opts_.bulk_streams ? features::bulk : 0);
-    b.Finish(wire::CreateHelloReply(b, protocol_version, feats, sess->id(), sess->secret(), b.CreateString("vcuda-server"),
-                                    opts_.memory_quota, opts_.bulk_streams));
+    // The quota in force (a lease's or a token's, else the server's), 0 when the session may use the whole GPU.
+    uint64_t quota = 0;
+    for (size_t d = 0; d < sess->device_count(); ++d)
+        if (sess->allowed(d)) {
+            if (sess->quota(d) < drv_.gpus()[d].total_memory) quota = sess->quota(d);
+            break;
+        }
+    auto key = b.CreateVector(reinterpret_cast<const uint8_t*>(sess->key().data()), sess->key().size());
+    auto name = b.CreateString("vcuda-server");
+    wire::HelloReplyBuilder rb(b);
+    rb.add_protocol_version(protocol_version);
+    rb.add_features(feats);
+    rb.add_session_id(sess->id());
+    rb.add_server_name(name);
+    rb.add_memory_quota(quota);
+    rb.add_bulk_streams(opts_.bulk_streams);
+    rb.add_session_key(key);
+    b.Finish(rb.Finish());
     bool greeted = (!bulk || bulk_conn) &&
                    fs.send(make_frame(frame_kind::hello_reply, b), after(std::chrono::seconds(10)), rings_fd).has_value();
     if (rings_fd >= 0) close(rings_fd);
@@ -141,6 +272,11 @@ void server::run_connection(stream s) {
             handles = sess->handles.size();
         }
         sessions_.remove(sess->id());
+        if (!sess->lease_id().empty()) {
+            std::lock_guard lock(open_mu_);
+            for (size_t d = 0; d < sess->device_count(); ++d)
+                if (sess->allowed(d)) drop_lease_claim(sess->lease_id(), {d}, sess->id());
+        }
         sess->release_all();
         auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
         VCUDA_LOG_INFO("session {} ended ({}): released {} MiB of GPU memory and {} handles in {} ms", sess->id(), sess->peer(),
@@ -157,16 +293,30 @@ bool server::authorize(const wire::Hello& h, session_grant& grant, std::string& 
             }
             grant.gpus.push_back(static_cast<size_t>(d));
         }
-    if (opts_.secret.empty()) return true;  // not attached to a manager: the server's own defaults apply
+    // Without a secret the server listens only where the operator allowed that (loopback, a Unix socket, or
+    // --insecure: see main.cpp): its own defaults apply.
+    if (opts_.secret.empty()) return true;
     std::string token = h.token() ? h.token()->str() : "";
     if (token.empty()) {
-        refusal = "this server is attached to a manager: a lease token is required (run the program with vcuda run --manager ADDR)";
+        refusal = opts_.managed
+                      ? "this server is attached to a manager: a lease token is required (run the program with vcuda run --manager ADDR)"
+                      : "this server requires a token: run the program with `vcuda run --token TOKEN` or set VCUDA_TOKEN "
+                        "(the server's operator makes one with `vcuda token create --secret-file FILE`)";
         return false;
     }
     auto claims = mgmt::verify_token(opts_.secret, token, std::chrono::system_clock::now());
     if (!claims) {
-        refusal = "lease token rejected: " + claims.error();
+        refusal = (opts_.managed ? "lease token rejected: " : "token rejected: ") + claims.error();
         return false;
+    }
+    if (claims->gpu_uuid == mgmt::any_gpu) {  // `vcuda token create`: any GPU the client asks for
+        if (opts_.managed || !claims->lease_id.empty()) {
+            refusal = "this server is attached to a manager and takes its lease tokens only, not tokens made with "
+                      "`vcuda token create`: run the program with vcuda run --manager ADDR";
+            return false;
+        }
+        grant.memory_quota = claims->memory_quota;
+        return true;
     }
     for (size_t i = 0; i < drv_.gpus().size(); ++i) {
         if (gpu_uuid_string(drv_.gpus()[i].uuid) == claims->gpu_uuid) {
@@ -178,6 +328,47 @@ bool server::authorize(const wire::Hello& h, session_grant& grant, std::string& 
     }
     refusal = "lease token is for GPU " + claims->gpu_uuid + ", which this server does not have";
     return false;
+}
+
+bool server::claim_lease(const session_grant& grant, std::string& refusal) {
+    if (grant.lease_id.empty()) return true;
+    auto now = std::chrono::system_clock::now();
+    std::erase_if(released_, [&](auto& r) { return r.second < now; });  // their tokens have expired anyway
+    if (released_.count(grant.lease_id)) {
+        refusal = "lease " + grant.lease_id + " was released or has expired: its tokens open no session; get a new "
+                  "lease from the manager (vcuda run --manager ADDR)";
+        return false;
+    }
+    auto key = std::make_pair(grant.lease_id, grant.gpus.front());
+    if (lease_sessions_.count(key)) {
+        refusal = "lease " + grant.lease_id + " already has a session open on this GPU (session " +
+                  std::to_string(lease_sessions_[key]) + "): a lease token opens one session per GPU of its lease; "
+                  "end that program first, or lease another GPU";
+        return false;
+    }
+    lease_sessions_[key] = 0;  // taken; the session's id once it exists
+    return true;
+}
+
+void server::drop_lease_claim(const std::string& lease_id, const std::vector<size_t>& gpus, uint64_t session_id) {
+    if (lease_id.empty()) return;
+    for (size_t g : gpus) {
+        auto it = lease_sessions_.find({lease_id, g});
+        if (it != lease_sessions_.end() && it->second == session_id) lease_sessions_.erase(it);
+    }
+}
+
+void server::note_live_leases(const std::vector<std::pair<std::string, std::chrono::system_clock::time_point>>& alive) {
+    std::lock_guard lock(open_mu_);
+    std::map<std::string, std::chrono::system_clock::time_point> now_alive(alive.begin(), alive.end());
+    // Leases this server knew alive (reported, or holding a session) that the manager no longer has: released
+    // or expired. Their tokens are refused until they would have expired anyway (a lease's expiry only grows).
+    auto forget_at = std::chrono::system_clock::now() + std::chrono::hours(24);
+    for (auto& [id, until] : live_leases_)
+        if (!now_alive.count(id)) released_[id] = until;
+    for (auto& [key, sid] : lease_sessions_)
+        if (!now_alive.count(key.first) && !live_leases_.count(key.first)) released_.emplace(key.first, forget_at);
+    live_leases_ = std::move(now_alive);
 }
 
 std::string gpu_uuid_string(const CUuuid& u) {
@@ -223,9 +414,16 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
         }
         auto* call = root_of<wire::Call>(f);
         if (call->after_seq() != 0 && call->after_lane() != lane_number &&
-            !sess->wait_for_lane(call->after_lane(), call->after_seq()))
+            !sess->wait_for_lane(call->after_lane(), call->after_seq(), [&fs] { return fs.raw().peer_gone(); })) {
+            if (fs.raw().peer_gone()) {  // the client closed while its call waited: nobody wants the answer
+                VCUDA_LOG_DEBUG("session {} lane {}: the client left while a call waited for lane {}", sess->id(),
+                                lane_number, call->after_lane());
+                if (staged) pool.give_back(staged, nullptr);
+                return;
+            }
             VCUDA_LOG_DEBUG("session {} lane {}: lane {} ended before its call {}; going on", sess->id(), lane_number,
                             call->after_lane(), call->after_seq());
+        }
         // A call that blocks until the GPU is done counts as run once it starts, so that other threads' calls
         // that come after it in time do not wait for the GPU too (they would not with the real driver).
         const bool blocks = call->op() == static_cast<uint32_t>(op::ctx_synchronize) ||

@@ -3,15 +3,14 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <random>
-
 #include "common/log.hpp"
+#include "common/random.hpp"
 
 namespace vcuda::server {
 
-session::session(uint64_t id, uint64_t secret, driver& drv, const server_options& opts, const session_grant& grant,
+session::session(uint64_t id, std::string key, driver& drv, const server_options& opts, const session_grant& grant,
                  std::string peer)
-    : id_(id), secret_(secret), drv_(&drv), opts_(opts), peer_(std::move(peer)), lease_id_(grant.lease_id),
+    : id_(id), key_(std::move(key)), drv_(&drv), opts_(opts), peer_(std::move(peer)), lease_id_(grant.lease_id),
       bulk_(std::make_unique<bulk_hub>(drv.api(), id)) {
     for (size_t i = 0; i < drv.gpus().size(); ++i) {
         auto& g = drv.gpus()[i];
@@ -190,9 +189,10 @@ void session::host_func_started(uint64_t id) {
     hf_cv_.notify_all();
 }
 
-bool session::host_func_next(uint64_t& id) {
+bool session::host_func_next(uint64_t& id, const std::function<bool()>& client_gone) {
     std::unique_lock lock(hf_mu_);
-    hf_cv_.wait(lock, [&] { return hf_stopped_ || !hf_started_.empty(); });
+    while (!hf_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return hf_stopped_ || !hf_started_.empty(); }))
+        if (client_gone && client_gone()) return false;
     if (hf_started_.empty()) return false;
     id = hf_started_.front();
     hf_started_.pop_front();
@@ -231,7 +231,7 @@ void session::lane_gone(uint32_t lane) {
     progress_cv_.notify_all();
 }
 
-bool session::wait_for_lane(uint32_t lane, uint64_t seq) {
+bool session::wait_for_lane(uint32_t lane, uint64_t seq, const std::function<bool()>& client_gone) {
     std::unique_lock lock(progress_mu_);
     ++progress_waiters_;
     bool ok = false;
@@ -248,6 +248,7 @@ bool session::wait_for_lane(uint32_t lane, uint64_t seq) {
             if (ending_) break;
         }
         if (it == progress_.end() && gone_lanes_.count(lane)) break;
+        if (client_gone && client_gone()) break;  // nobody waits for this call any more
         progress_cv_.wait_for(lock, std::chrono::milliseconds(100));
     }
     --progress_waiters_;
@@ -304,20 +305,21 @@ void session::release_all() {
 
 std::shared_ptr<session> session_registry::create(driver& drv, const server_options& opts, const session_grant& grant,
                                                   const std::string& peer) {
-    static std::mt19937_64 rng{std::random_device{}()};
+    // Ids and keys from the OS CSPRNG: one session's must tell nothing about another's (a seeded library
+    // generator let a client that opened a few hundred sessions compute the next tenant's secret).
     std::lock_guard lock(mu_);
     uint64_t id;
-    do id = rng() & 0x7fffffffffffffffULL;
+    do id = os_random_u64() & 0x7fffffffffffffffULL;
     while (id == 0 || sessions_.count(id));
-    auto s = std::make_shared<session>(id, rng(), drv, opts, grant, peer);
+    auto s = std::make_shared<session>(id, os_random_bytes(session_key_bytes), drv, opts, grant, peer);
     sessions_[id] = s;
     return s;
 }
 
-std::shared_ptr<session> session_registry::find(uint64_t id, uint64_t secret) {
+std::shared_ptr<session> session_registry::find(uint64_t id, std::string_view key) {
     std::lock_guard lock(mu_);
     auto it = sessions_.find(id);
-    if (it == sessions_.end() || it->second->secret() != secret) return nullptr;
+    if (it == sessions_.end() || !equal_constant_time(it->second->key(), key)) return nullptr;
     return it->second;
 }
 

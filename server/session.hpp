@@ -11,10 +11,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -29,13 +31,20 @@
 
 namespace vcuda::server {
 
+// A session's key (the secret that lets lanes join it): 256 bits from the OS CSPRNG.
+inline constexpr size_t session_key_bytes = 32;
+
 struct server_options {
     uint64_t memory_quota = 0;  // bytes per GPU per session; 0 = the GPU's own memory
     uint64_t host_memory_quota = 0;  // pinned host memory shared with a local client, bytes per session; 0 = none
-    std::string secret;         // shared with the manager: when set, every session needs a valid lease token
+    std::string secret;         // when set, every new session needs a token signed with it (mgmt/token.hpp)
+    bool managed = false;       // the secret is the manager's: only lease tokens for this server's GPUs open sessions
+    std::vector<uint32_t> allowed_uids;  // Unix sockets: only peers with these uids (SO_PEERCRED); empty = any
     bool shm_rings = true;      // frames of local (Unix socket) clients through shared-memory rings
     std::chrono::microseconds spin = default_spin();  // how long a lane thread spins for the next frame before it sleeps
     uint32_t bulk_streams = 8;  // the most bulk connections one bulk set of a session may have; 0: striping off
+    uint32_t max_sessions = 256;      // sessions open at once; a HELLO past it is refused with a message
+    uint32_t max_connections = 1024;  // connections (lanes, bulk connections, HELLOs under way) at once
 };
 
 // What a session may use: which of the server's GPUs (by index) and how much memory on each.
@@ -47,11 +56,12 @@ struct session_grant {
 
 class session : public std::enable_shared_from_this<session> {
 public:
-    session(uint64_t id, uint64_t secret, driver& drv, const server_options& opts, const session_grant& grant, std::string peer);
+    // `key`: the secret a lane presents to join (session_key_bytes from the OS CSPRNG).
+    session(uint64_t id, std::string key, driver& drv, const server_options& opts, const session_grant& grant, std::string peer);
     ~session();
 
     uint64_t id() const { return id_; }
-    uint64_t secret() const { return secret_; }
+    const std::string& key() const { return key_; }
     const std::string& peer() const { return peer_; }
     driver& drv() { return *drv_; }
     const driver_table& api() const { return drv_->api(); }
@@ -109,7 +119,9 @@ public:
     // Host functions (cuLaunchHostFunc) run in the client: the driver's callback waits here until the client
     // has run it (server/handlers_hostfn.cpp). Stopped at session end so that no callback waits for ever.
     void host_func_started(uint64_t id);
-    bool host_func_next(uint64_t& id);   // waits for a started one; false once stopped
+    // Waits for a started one; false once stopped, or once `client_gone` (looked at every 100 ms) says the
+    // client that waits for it has gone (its process ended: nothing else would end this wait).
+    bool host_func_next(uint64_t& id, const std::function<bool()>& client_gone = {});
     void host_func_done(uint64_t id);
     void host_func_wait(uint64_t id);    // in the driver's callback: until done or stopped
     void stop_host_funcs();
@@ -118,8 +130,9 @@ public:
     // call depending on another lane's call (Call.after_lane/after_seq) waits for it.
     void lane_progress(uint32_t lane, uint64_t seq);
     void lane_gone(uint32_t lane);
-    // Waits until `lane` has run call `seq`; false when the lane is gone or the session ends first.
-    bool wait_for_lane(uint32_t lane, uint64_t seq);
+    // Waits until `lane` has run call `seq`; false when the lane is gone, the session ends, or `client_gone`
+    // (looked at every 100 ms: the waiting lane's own client closed) says so first.
+    bool wait_for_lane(uint32_t lane, uint64_t seq, const std::function<bool()>& client_gone = {});
 
     std::atomic<int> lanes{0};       // connections: lanes and bulk connections; the session ends at 0
     std::atomic<int> call_lanes{0};  // lanes only: at 0 the client is gone, and its bulk connections are closed
@@ -143,7 +156,8 @@ private:
     // are released under any context). The caller holds `mu`.
     void synchronize_any_context();
 
-    uint64_t id_, secret_;
+    uint64_t id_;
+    std::string key_;
     driver* drv_;
     server_options opts_;
     std::string peer_;
@@ -175,7 +189,8 @@ public:
         std::lock_guard lock(mu_);
         for (auto& [id, s] : sessions_) f(*s);
     }
-    std::shared_ptr<session> find(uint64_t id, uint64_t secret);
+    // The session `id` when `key` is its key (compared in constant time); null otherwise.
+    std::shared_ptr<session> find(uint64_t id, std::string_view key);
     void remove(uint64_t id);
     size_t size();
 

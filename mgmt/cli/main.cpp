@@ -12,6 +12,7 @@
 
 #include "mgmt/cli/operator_commands.hpp"
 #include "mgmt/cli/run_command.hpp"
+#include "mgmt/cli/token_command.hpp"
 
 namespace {
 
@@ -41,9 +42,24 @@ int main(int argc, char** argv) {
     auto* gpus_opt = run->add_option("--gpus", gpus, "with a manager: how many GPUs to lease (default 1)");
     run->add_option("--memory", run_opts.memory, "with a manager: memory per GPU, e.g. 8G (default: the whole GPU)");
     run->add_flag("--exclusive", run_opts.exclusive, "with a manager: lease whole GPUs that nobody else shares");
+    run->add_option("--token", run_opts.token,
+                    "the token a server started with --secret-file requires (made by `vcuda token create`; default: "
+                    "$VCUDA_TOKEN, which keeps it out of the process list)");
     run->footer(run_footer);
 
     vcuda::cli::operator_commands ops(app);
+
+    // ---- token create
+    auto* token = app.add_subcommand("token", "Tokens for a vcuda-server started with --secret-file (no manager)");
+    token->require_subcommand(1);
+    auto* token_create = token->add_subcommand(
+        "create", "Print a new token signed with the server's secret; clients present it with VCUDA_TOKEN or `vcuda run --token`");
+    std::string token_secret_file, token_ttl = "30d", token_memory;
+    token_create->add_option("--secret-file", token_secret_file, "the server's --secret-file")->required();
+    token_create->add_option("--ttl", token_ttl,
+                             "how long the token opens sessions, e.g. 12h, 30d (default 30d); sessions it opened go on after");
+    token_create->add_option("--memory", token_memory,
+                             "GPU memory per GPU a session opened with it may hold, e.g. 8G (default: the server's --memory-quota)");
 
     // Everything from PROGRAM on belongs to the program, its options included, so CLI11 only sees what comes
     // before it: the arguments after `--`, or from the first word that is not one of run's options.
@@ -59,7 +75,7 @@ int main(int argc, char** argv) {
             }
             if (a.starts_with("-")) {
                 bool takes_value = a == "--server" || a == "-s" || a == "--manager" || a == "-m" || a == "--gpus" ||
-                                   a == "--memory";
+                                   a == "--memory" || a == "--token";
                 if (takes_value) ++i;
                 continue;
             }
@@ -87,5 +103,6 @@ int main(int argc, char** argv) {
         }
         return vcuda::cli::exec_plan(*plan);
     }
+    if (token_create->parsed()) return vcuda::cli::create_token(token_secret_file, token_ttl, token_memory);
     return ops.execute();
 }

@@ -91,6 +91,12 @@ result<run_plan, run_error> plan_run(const run_options& opts, const std::functio
         plan.set_env.emplace_back("VCUDA_MEMORY", std::to_string(*bytes));
     }
     if (opts.exclusive) plan.set_env.emplace_back("VCUDA_EXCLUSIVE", "1");
+    if (!opts.token.empty()) {
+        if (!opts.manager.empty())
+            return unexpected{run_error{2, "vcuda run: --token is for a server started with --secret-file; with --manager "
+                                           "the manager hands out the tokens"}};
+        plan.set_env.emplace_back("VCUDA_TOKEN", opts.token);
+    }
     plan.argv = std::move(cmd);
     return plan;
 }

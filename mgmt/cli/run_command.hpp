@@ -19,6 +19,7 @@ struct run_options {
     std::optional<unsigned> gpus;      // --gpus N        -> VCUDA_GPUS (lease request)
     std::string memory;                // --memory SIZE   -> VCUDA_MEMORY (per GPU, e.g. 8G; lease request)
     bool exclusive = false;            // --exclusive     -> VCUDA_EXCLUSIVE=1 (lease request)
+    std::string token;                 // --token TOKEN   -> VCUDA_TOKEN (a server started with --secret-file)
     std::vector<std::string> command;  // PROGRAM ARGS...
 };
 

@@ -180,7 +180,7 @@ struct striped_session {
         p = alloc(*lane, size);
     }
     std::unique_ptr<raw_client> bulk(uint32_t set) {
-        auto b = raw_client::open(server.address(), lane->session_id(), lane->secret(), nullptr, set);
+        auto b = raw_client::open(server.address(), lane->session_id(), lane->key(), nullptr, set);
         REQUIRE(b);
         return b;
     }
@@ -227,7 +227,7 @@ TEST_CASE("with striping off on either side large copies travel on their lane", 
         REQUIRE(lane);
         CHECK((lane->features() & features::bulk) == 0);
         std::string why;
-        CHECK(!raw_client::open(server.address(), lane->session_id(), lane->secret(), &why, 1));
+        CHECK(!raw_client::open(server.address(), lane->session_id(), lane->key(), &why, 1));
         CHECK(why.find("bulk") != std::string::npos);
         lane.reset();
         REQUIRE(sessions_ended(server, 1));
@@ -242,10 +242,10 @@ TEST_CASE("a bulk connection must name its session's secret", "[integration]") {
     CHECK(lane->features() & features::bulk);
     CHECK(lane->bulk_streams() == 8);
     std::string why;
-    CHECK(!raw_client::open(server.address(), lane->session_id(), lane->secret() + 1, &why, 1));
+    CHECK(!raw_client::open(server.address(), lane->session_id(), altered(lane->key()), &why, 1));
     CHECK(why.find("secret") != std::string::npos);
-    CHECK(!raw_client::open(server.address(), 0, 0, &why, 1));  // no session to join
-    CHECK(raw_client::open(server.address(), lane->session_id(), lane->secret(), &why, 1));
+    CHECK(!raw_client::open(server.address(), 0, {}, &why, 1));  // no session to join
+    CHECK(raw_client::open(server.address(), lane->session_id(), lane->key(), &why, 1));
 }
 
 TEST_CASE("a chunk that does not fit its copy fails that copy; the session and its bulk connection go on",

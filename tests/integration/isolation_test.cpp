@@ -180,7 +180,7 @@ TEST_CASE("bad input gets an error and harms no other session", "[integration]")
 
     // Joining a session with the wrong secret is refused.
     std::string why;
-    CHECK(!raw_client::open(server.address(), good->session_id(), good->secret() + 1, &why));
+    CHECK(!raw_client::open(server.address(), good->session_id(), altered(good->key()), &why));
     CHECK(why.find("secret") != std::string::npos);
 
     auto back = good->call(op::copy_dtoh, {p, 4096, 0});

@@ -23,9 +23,10 @@ struct raw_reply {
 
 class raw_client {
 public:
-    // Opens a session (session_id 0) or joins one: as a lane, or as a connection of bulk set `bulk_set`.
-    static std::unique_ptr<raw_client> open(const std::string& address, uint64_t session_id = 0, uint64_t secret = 0,
-                                            std::string* why = nullptr, uint32_t bulk_set = 0);
+    // Opens a session (session_id 0) or joins one with its key: as a lane, or as a connection of bulk set
+    // `bulk_set`. `token`: what the server's --secret-file or manager requires to open a session.
+    static std::unique_ptr<raw_client> open(const std::string& address, uint64_t session_id = 0, const std::string& key = {},
+                                            std::string* why = nullptr, uint32_t bulk_set = 0, const std::string& token = {});
     raw_reply call(op o, std::vector<uint64_t> args, std::vector<std::vector<std::byte>> blobs = {},
                    std::vector<std::byte> payload = {}, int device = 0);
     raw_reply call(uint32_t raw_op, std::vector<uint64_t> args, int device = 0);
@@ -46,22 +47,40 @@ public:
     // True once the server has closed the connection.
     bool closed_by_peer();
     uint64_t session_id() const { return session_; }
-    uint64_t secret() const { return secret_; }
+    const std::string& key() const { return key_; }
+    // The 64-bit session_secret of HELLO's reply, retired (field 3, deprecated): what an old server sends.
+    uint64_t legacy_secret() const { return legacy_secret_; }
+    // HELLO reply's memory quota (0: the whole GPU).
+    uint64_t memory_quota() const { return memory_quota_; }
+    frame_stream& stream() { return fs_; }
 
 private:
     explicit raw_client(frame_stream s) : fs_(std::move(s)) {}
     bool send_args(op o, const std::vector<uint64_t>& args, int device, uint32_t flags);
     frame_stream fs_;
-    uint64_t session_ = 0, secret_ = 0, sequence_ = 0, features_ = 0;
+    uint64_t session_ = 0, sequence_ = 0, features_ = 0, memory_quota_ = 0, legacy_secret_ = 0;
+    std::string key_;
     uint32_t bulk_streams_ = 0;
 };
 
 // A vcuda-server child process on a private Unix socket (or 127.0.0.1 and a port the system picks), stopped
 // when destroyed.
+// A session key with one bit changed: a wrong key of the right length.
+inline std::string altered(std::string key) {
+    if (key.empty()) key.push_back('\0');
+    key[0] = static_cast<char>(key[0] ^ 1);
+    return key;
+}
+
 class server_process {
 public:
     enum class transport { unix_socket, tcp };
-    explicit server_process(std::vector<std::string> extra_args = {}, transport t = transport::unix_socket);
+    // `max_fds` > 0: the server runs with RLIMIT_NOFILE (soft and hard) lowered to it. `listen`: the address to
+    // serve instead of the private socket or 127.0.0.1:0.
+    explicit server_process(std::vector<std::string> extra_args = {}, transport t = transport::unix_socket, int max_fds = 0,
+                            std::string listen = {});
+    // The server's exit status once it has exited by itself within `seconds` (start-up refusals), else -1.
+    int wait_exit(int seconds);
     ~server_process();
     const std::string& address() const { return address_; }
     std::string log() const;
@@ -70,8 +89,10 @@ public:
     bool wait_for_log(const std::string& text, int seconds = 10) const;
 
 private:
-    int pid_ = -1;
+    int pid_ = -1, exit_status_ = -1;
     std::string dir_, address_;
+public:
+    const std::string& dir() const { return dir_; }
 };
 
 }  // namespace vcuda::test

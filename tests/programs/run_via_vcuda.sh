@@ -7,7 +7,7 @@
 #
 # Usage: run_via_vcuda.sh --build-dir DIR [--transport unix|tcp] [--env NAME=VALUE]... [--server-arg=ARG]...
 #                         [--timeout SECONDS] [--driver PATH] [--expect-exit N] [--expect-output REGEX]
-#                         -- PROGRAM [ARGS...]
+#                         [--expect-session-end] -- PROGRAM [ARGS...]
 #   --transport      unix (default) or tcp (127.0.0.1 and a free port)
 #   --env            set for the program only (repeatable), e.g. --env CUDA_MODULE_LOADING=EAGER
 #   --server-arg     one extra server argument (repeatable), e.g. --server-arg=--memory-quota --server-arg=1GiB
@@ -15,6 +15,8 @@
 #   --driver         the driver library the server loads (default BUILD/lib/libvcuda-softdriver.so)
 #   --expect-exit    the program must exit with N (a refusal it reports), not pass; the server must live on
 #   --expect-output  the program's output (stdout and stderr) must also match this extended regex
+#   --expect-session-end  within 2 s of the program's exit the server must log that its session ended, and its
+#                    thread and descriptor counts must be back where they were before the program started
 set -u
 
 build_dir=""
@@ -25,6 +27,7 @@ prog_env=()
 server_args=()
 expect_exit=""
 expect_output=""
+expect_session_end=0
 
 
 die() {
@@ -48,8 +51,9 @@ while [ $# -gt 0 ]; do
         --driver=*) driver="${1#*=}"; shift ;;
         --expect-exit) [ $# -ge 2 ] || die "--expect-exit needs a value"; expect_exit="$2"; shift 2 ;;
         --expect-output) [ $# -ge 2 ] || die "--expect-output needs a value"; expect_output="$2"; shift 2 ;;
+        --expect-session-end) expect_session_end=1; shift ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
@@ -136,6 +140,7 @@ start_server() {
     local listen="$1"
     : >"$server_log"
     local level=(--log-level warn)
+    [ "$expect_session_end" = 1 ] && level=(--log-level info)  # session ends are logged at info
     case " ${server_args[*]-} " in *" --log-level"*) level=() ;; esac  # the caller's level wins
     "$server_bin" --listen "$listen" --driver "$driver" ${level[@]+"${level[@]}"} ${server_args[@]+"${server_args[@]}"} \
         >>"$server_log" 2>&1 &
@@ -180,6 +185,12 @@ if [ "$started" != 1 ]; then
     exit 1
 fi
 
+# What the server holds with no session: what it must come back to once the program's session ends.
+server_threads() { ls "/proc/$server_pid/task" 2>/dev/null | wc -l; }
+server_fds() { ls "/proc/$server_pid/fd" 2>/dev/null | wc -l; }
+base_threads=$(server_threads)
+base_fds=$(server_fds)
+
 # The program, with the client library in front of any libcuda.so.1, killed after the timeout.
 ld_path="$client_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 start_ns=$(date +%s%N)
@@ -209,6 +220,21 @@ elif [ "$server_alive" != 1 ]; then
     why="the program passed but the server died"
 elif [ -n "$expect_output" ] && ! grep -Eq -- "$expect_output" "$prog_out"; then
     why="its output has nothing matching '$expect_output'"
+fi
+
+if [ -z "$why" ] && [ "$expect_session_end" = 1 ]; then
+    ended=0
+    for _ in $(seq 1 20); do  # 2 s
+        if grep -q "session [0-9]* ended" "$server_log" && [ "$(server_threads)" -le "$base_threads" ] &&
+           [ "$(server_fds)" -le "$base_fds" ]; then
+            ended=1
+            break
+        fi
+        sleep 0.1
+    done
+    if [ "$ended" != 1 ]; then
+        why="2 s after the program's exit the server still holds its session (threads $(server_threads), were $base_threads; descriptors $(server_fds), were $base_fds; a 'session N ended' line: $(grep -c "session [0-9]* ended" "$server_log"))"
+    fi
 fi
 
 desc="$name via vcuda ($transport${prog_env[*]:+, ${prog_env[*]}}${server_args[*]:+, server ${server_args[*]}})"

@@ -67,16 +67,18 @@ inline bytes hello_meta() {
     auto token = b.CreateString("lease-7f3a9c");
     auto host = b.CreateString("vm-17.example");
     auto devices = b.CreateVector(std::vector<int32_t>{0, 2, 3});
-    b.Finish(wire::CreateHello(b, protocol_version, features::all, token, 0x1122334455667788ull,
-                               0xDEADBEEFCAFEF00Dull, 7, 4242, host, devices));
+    auto key = b.CreateVector(std::vector<uint8_t>(32, 0xA5));
+    b.Finish(wire::CreateHello(b, protocol_version, features::all, token, 0x1122334455667788ull, 7, 4242, host, devices,
+                               0, 0, key));
     return to_bytes(b);
 }
 
 inline bytes hello_reply_meta() {
     flatbuffers::FlatBufferBuilder b;
     auto name = b.CreateString("gpu-host-1");
-    b.Finish(wire::CreateHelloReply(b, protocol_version, features::async_calls, 0x1122334455667788ull,
-                                    0xDEADBEEFCAFEF00Dull, name, uint64_t{8} << 30));
+    auto key = b.CreateVector(std::vector<uint8_t>(32, 0x5A));
+    b.Finish(wire::CreateHelloReply(b, protocol_version, features::async_calls, 0x1122334455667788ull, name,
+                                    uint64_t{8} << 30, 0, key));
     return to_bytes(b);
 }
 
@@ -207,12 +209,12 @@ inline uint64_t read_everything(frame_kind kind, std::span<const std::byte> meta
         case frame_kind::hello: {
             auto* t = flatbuffers::GetRoot<wire::Hello>(p);
             return t->protocol_version() + t->features() + touch(t->token()) + t->session_id() +
-                   t->session_secret() + t->lane() + t->client_pid() + touch(t->client_host()) +
+                   touch(t->session_key()) + t->lane() + t->client_pid() + touch(t->client_host()) +
                    touch(t->devices());
         }
         case frame_kind::hello_reply: {
             auto* t = flatbuffers::GetRoot<wire::HelloReply>(p);
-            return t->protocol_version() + t->features() + t->session_id() + t->session_secret() +
+            return t->protocol_version() + t->features() + t->session_id() + touch(t->session_key()) +
                    touch(t->server_name()) + t->memory_quota();
         }
         case frame_kind::call: {

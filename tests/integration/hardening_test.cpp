@@ -1,0 +1,530 @@
+// Issue 17 (hardening), each finding as a test against a vcuda-server process on the software driver: session
+// secrets from the CSPRNG, authentication on every listener, lease tokens bound to their lease, bounds on what
+// an unauthenticated peer can make the server hold, and sessions that end when their client is gone.
+#include <catch2/catch.hpp>
+
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common/wire.hpp"
+#include "mgmt/wire/lease.hpp"
+#include "mgmt/wire/rpc.hpp"
+#include "mgmt/token.hpp"
+#include "raw_client.hpp"
+
+using namespace vcuda;
+using namespace vcuda::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// ---------------------------------------------------------------- helpers
+
+std::string temp_secret_file(const std::string& secret) {
+    char tmpl[] = "/tmp/vcuda-secret-XXXXXX";
+    int fd = mkstemp(tmpl);
+    REQUIRE(fd >= 0);
+    std::string text = secret + "\n";
+    REQUIRE(write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+    close(fd);
+    chmod(tmpl, 0600);
+    return tmpl;
+}
+
+std::string run_command(const std::string& cmd, int* status = nullptr) {
+    std::string out;
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    REQUIRE(p);
+    char buf[512];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    int st = pclose(p);
+    if (status) *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+    return out;
+}
+
+// The software driver's GPU 0 as the server names it (tests/softdriver/soft_device.cpp).
+std::string soft_gpu0_uuid() {
+    const unsigned char b[16] = {'v', 'c', 'u', 'd', 'a', '-', 's', 'o', 'f', 't', '-', 'g', 'p', 0, 0, 0};
+    char s[64];
+    std::snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+                  b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    return s;
+}
+
+std::string lease_token(const std::string& secret, const std::string& lease, uint64_t quota,
+                        std::chrono::seconds life = std::chrono::seconds(600)) {
+    return mgmt::sign_token(secret, {lease, soft_gpu0_uuid(), quota, std::chrono::system_clock::now() + life});
+}
+
+long proc_number(int pid, const std::string& file, const std::string& key) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/" + file);
+    for (std::string line; std::getline(in, line);)
+        if (line.rfind(key, 0) == 0) return std::strtol(line.c_str() + key.size(), nullptr, 10);
+    return -1;
+}
+long rss_kib(int pid) { return proc_number(pid, "status", "VmRSS:"); }
+long thread_count(int pid) { return proc_number(pid, "status", "Threads:"); }
+
+// utime + stime of a process, in clock ticks.
+long cpu_ticks(int pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::istringstream rest(all.substr(all.rfind(')') + 2));
+    std::string field;
+    long utime = 0, stime = 0;
+    for (int i = 3; rest >> field; ++i) {
+        if (i == 14) utime = std::stol(field);
+        if (i == 15) {
+            stime = std::stol(field);
+            break;
+        }
+    }
+    return utime + stime;
+}
+
+// ---- MT19937-64 (std::mt19937_64): is a sequence of (id, secret) pairs the generator's consecutive outputs?
+constexpr uint64_t mt_a = 0xB5026F5AA96619E9ull, mt_upper = 0xFFFFFFFF80000000ull, mt_lower = 0x7FFFFFFFull;
+
+uint64_t untemper(uint64_t y) {
+    y ^= y >> 43;
+    y ^= (y << 37) & 0xFFF7EEE000000000ull;
+    uint64_t x = y;
+    for (int i = 0; i < 4; ++i) x = y ^ ((x << 17) & 0x71D67FFFEDA60000ull);
+    y = x;
+    for (int i = 0; i < 3; ++i) x = y ^ ((x >> 29) & 0x5555555555555555ull);
+    return x;
+}
+
+// Outputs o[k] of the generator satisfy state[k+312] = state[k+156] ^ twist(state[k], state[k+1]). The server
+// drew an id (top bit cleared) and then a secret for each session: a secret 156 sessions later follows from
+// three earlier values. True when any such prediction comes true (2^-63 by chance per try).
+bool looks_like_mt19937(const std::vector<std::pair<uint64_t, uint64_t>>& pairs) {
+    auto twist = [](uint64_t hi, uint64_t lo) {
+        uint64_t y = (hi & mt_upper) | (lo & mt_lower);
+        return (y >> 1) ^ ((y & 1) ? mt_a : 0);
+    };
+    for (size_t j = 0; j + 156 < pairs.size(); ++j) {
+        uint64_t s_j = untemper(pairs[j].second), s_mid = untemper(pairs[j + 78].second);
+        uint64_t want = untemper(pairs[j + 156].second);
+        for (uint64_t top : {uint64_t{0}, uint64_t{1} << 63}) {
+            uint64_t next_id = untemper(pairs[j + 1].first | top);
+            if ((s_mid ^ twist(s_j, next_id)) == want) return true;
+        }
+    }
+    return false;
+}
+
+uint64_t first_word(const std::string& key) {
+    uint64_t v = 0;
+    std::memcpy(&v, key.data(), std::min(key.size(), sizeof v));
+    return v;
+}
+
+// Opens (or joins) until the server has counted a connection that just closed: refusals at a limit are
+// checked for each attempt's message.
+std::unique_ptr<raw_client> open_retrying(const std::string& address, uint64_t session = 0, const std::string& key = {}) {
+    for (int i = 0; i < 50; ++i) {
+        if (auto c = raw_client::open(address, session, key)) return c;
+        std::this_thread::sleep_for(50ms);
+    }
+    return nullptr;
+}
+
+bool ended_within(const server_process& s, uint64_t session, std::chrono::milliseconds limit) {
+    auto until = std::chrono::steady_clock::now() + limit;
+    std::string line = "session " + std::to_string(session) + " ended";
+    while (std::chrono::steady_clock::now() < until) {
+        if (s.log().find(line) != std::string::npos) return true;
+        std::this_thread::sleep_for(20ms);
+    }
+    return s.log().find(line) != std::string::npos;
+}
+
+// A CALL that the server must run only after lane `after_lane` has run its call `after_seq`.
+void send_ordered_call(raw_client& c, op o, uint32_t after_lane, uint64_t after_seq) {
+    flatbuffers::FlatBufferBuilder b;
+    auto args = b.CreateVector(std::vector<uint64_t>{});
+    b.Finish(wire::CreateCall(b, static_cast<uint32_t>(o), 0, args, 0, after_lane, after_seq));
+    REQUIRE(c.stream().send(make_frame(frame_kind::call, b, 1)));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- 1. session ids and keys
+
+TEST_CASE("the detector of std::mt19937_64 sequences finds one", "[unit]") {
+    std::mt19937_64 rng(12345);
+    std::vector<std::pair<uint64_t, uint64_t>> pairs;
+    for (int i = 0; i < 170; ++i) {
+        uint64_t id = rng() & 0x7fffffffffffffffull;
+        pairs.emplace_back(id, rng());
+    }
+    CHECK(looks_like_mt19937(pairs));
+    std::random_device rd;
+    std::vector<std::pair<uint64_t, uint64_t>> other;
+    for (int i = 0; i < 170; ++i) other.emplace_back(rng() >> 1, (uint64_t(rd()) << 32) | rd());
+    CHECK_FALSE(looks_like_mt19937(other));
+}
+
+TEST_CASE("session ids and keys are unpredictable: 256-bit keys from the CSPRNG, not a seeded generator",
+          "[integration]") {
+    server_process server;
+    std::vector<std::pair<uint64_t, uint64_t>> pairs;
+    std::set<uint64_t> ids;
+    std::set<std::string> keys;
+    std::string key_or(32, '\0'), key_and(32, '\xff');
+    uint64_t id_or = 0, id_and = ~uint64_t{0};
+    for (int i = 0; i < 170; ++i) {
+        std::string why;
+        auto c = raw_client::open(server.address(), 0, {}, &why);
+        REQUIRE(c);
+        const std::string& k = c->key();
+        pairs.emplace_back(c->session_id(), k.size() >= 8 ? first_word(k) : c->legacy_secret());
+        ids.insert(c->session_id());
+        keys.insert(k);
+        id_or |= c->session_id();
+        id_and &= c->session_id();
+        for (size_t b = 0; b < std::min<size_t>(k.size(), 32); ++b) {
+            key_or[b] = static_cast<char>(key_or[b] | k[b]);
+            key_and[b] = static_cast<char>(key_and[b] & k[b]);
+        }
+    }
+    // The old server's 64-bit secrets were consecutive outputs of a 32-bit-seeded std::mt19937_64: a client that
+    // opened 160 sessions could compute the next tenant's.
+    CHECK_FALSE(looks_like_mt19937(pairs));
+    REQUIRE(pairs.front().second != 0);
+    CHECK(ids.size() == 170);
+    CHECK(keys.size() == 170);
+    // Every bit of the 63-bit id and the 256-bit key is used (each is set and clear in some of 170 sessions).
+    CHECK(id_or == 0x7fffffffffffffffull);
+    CHECK(id_and == 0);
+    for (auto& k : keys) CHECK(k.size() == 32);
+    CHECK(key_or == std::string(32, '\xff'));
+    CHECK(key_and == std::string(32, '\0'));
+}
+
+TEST_CASE("joining a session needs its key", "[integration]") {
+    server_process server;
+    auto a = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(a->key().size() >= 16);
+    std::string why;
+    CHECK(!raw_client::open(server.address(), a->session_id(), altered(a->key()), &why));
+    CHECK(why.find("secret") != std::string::npos);
+    CHECK(!raw_client::open(server.address(), a->session_id(), {}, &why));
+    CHECK(!raw_client::open(server.address(), a->session_id(), a->key().substr(0, 8), &why));
+    auto lane = raw_client::open(server.address(), a->session_id(), a->key(), &why);
+    REQUIRE(lane);
+    CHECK(lane->session_id() == a->session_id());
+    CHECK(lane->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
+}
+
+// ---------------------------------------------------------------- 2. authentication on every listener
+
+TEST_CASE("a server with --secret-file serves only clients with a token signed with it", "[integration]") {
+    const std::string secret = "standalone-secret-0123456789abcdef";
+    std::string file = temp_secret_file(secret);
+    server_process server({"--secret-file", file}, server_process::transport::tcp);
+    std::string why;
+    CHECK(!raw_client::open(server.address(), 0, {}, &why));
+    CHECK(why.find("requires a token") != std::string::npos);
+    CHECK(why.find("vcuda token create") != std::string::npos);
+
+    // A token made by the command line with another secret, and a forged one: refused.
+    std::string other = temp_secret_file("another-secret-0123456789abcdef");
+    std::string wrong = run_command(std::string(VCUDA_CLI_BIN) + " token create --secret-file " + other);
+    REQUIRE(wrong.rfind("vct1.", 0) == 0);
+    CHECK(!raw_client::open(server.address(), 0, {}, &why, 0, wrong));
+    CHECK(why.find("bad token signature") != std::string::npos);
+    CHECK(!raw_client::open(server.address(), 0, {}, &why, 0, "vct1.forged.token"));
+    // Expired: refused.
+    std::string old = mgmt::sign_token(secret, {"", "*", 0, std::chrono::system_clock::now() - 1s});
+    CHECK(!raw_client::open(server.address(), 0, {}, &why, 0, old));
+    CHECK(why.find("expired") != std::string::npos);
+
+    // The right one opens sessions; its --memory is the session's quota.
+    int status = -1;
+    std::string good = run_command(std::string(VCUDA_CLI_BIN) + " token create --secret-file " + file + " --ttl 1h --memory 64M",
+                                   &status);
+    REQUIRE(status == 0);
+    auto c = raw_client::open(server.address(), 0, {}, &why, 0, good);
+    REQUIRE(c);
+    CHECK(c->memory_quota() == 64u << 20);
+    CHECK(c->call(op::mem_alloc, {1u << 20}).result == CUDA_SUCCESS);
+    CHECK(c->call(op::mem_alloc, {128u << 20}).result == CUDA_ERROR_OUT_OF_MEMORY);
+    auto d = raw_client::open(server.address(), 0, {}, &why, 0, good);  // a shared token: more than one session
+    CHECK(d);
+    // A lane joins with the session's key (no token needed: the key is the proof).
+    CHECK(raw_client::open(server.address(), c->session_id(), c->key(), &why));
+    unlink(file.c_str());
+    unlink(other.c_str());
+}
+
+TEST_CASE("a network address without a secret is refused at start unless --insecure", "[integration]") {
+    {
+        server_process server({}, server_process::transport::tcp, 0, "0.0.0.0:0");
+        CHECK(server.wait_exit(15) == 2);
+        CHECK(server.log().find("refusing to serve a network address without authentication") != std::string::npos);
+    }
+    {
+        server_process server({"--insecure"}, server_process::transport::tcp, 0, "0.0.0.0:0");
+        CHECK(server.wait_for_log("GPU(s) on 0.0.0.0:"));
+        CHECK(server.log().find("with --insecure: no authentication") != std::string::npos);
+        CHECK(server.wait_exit(1) == -1);  // still running
+    }
+    // Loopback and Unix sockets need no secret (same host: the socket's mode and --allow-uid guard those).
+    server_process loopback({}, server_process::transport::tcp);
+    CHECK(raw_client::open(loopback.address()));
+}
+
+TEST_CASE("a Unix socket is made with mode 0660 and admits only the uids of --allow-uid", "[integration]") {
+    {
+        server_process server;
+        struct stat st {};
+        REQUIRE(stat(server.address().substr(5).c_str(), &st) == 0);
+        CHECK((st.st_mode & 0777) == 0660);
+    }
+    {
+        server_process server({"--allow-uid", std::to_string(getuid() + 1) + "," + std::to_string(getuid() + 2)});
+        std::string why;
+        CHECK(!raw_client::open(server.address(), 0, {}, &why));
+        CHECK(why.find("uid " + std::to_string(getuid())) != std::string::npos);
+        CHECK(why.find("--allow-uid") != std::string::npos);
+    }
+    {
+        server_process server({"--allow-uid", std::to_string(getuid() + 1) + "," + std::to_string(getuid())});
+        CHECK(raw_client::open(server.address()));
+    }
+}
+
+// ---------------------------------------------------------------- 3. lease tokens
+
+TEST_CASE("a lease token opens one session per GPU of its lease, with the lease's quota", "[integration]") {
+    const std::string secret = "manager-secret-0123456789abcdef";
+    std::string file = temp_secret_file(secret);
+    // The manager is not there: the server still checks tokens (its agent keeps trying to register).
+    server_process server({"--manager", "unix:/nonexistent/vcuda-mgmt.sock", "--secret-file", file});
+    std::string token = lease_token(secret, "lease-one", 64u << 20);
+    std::string why;
+    auto a = raw_client::open(server.address(), 0, {}, &why, 0, token);
+    REQUIRE(a);
+    CHECK(a->memory_quota() == 64u << 20);  // the lease's, not 0
+    uint64_t first = a->session_id();
+    CHECK(!raw_client::open(server.address(), 0, {}, &why, 0, token));
+    CHECK(why.find("one session per GPU") != std::string::npos);
+    // A standalone token (`vcuda token create`) opens nothing on a managed server.
+    std::string any = mgmt::sign_token(secret, {"", "*", 0, std::chrono::system_clock::now() + 1h});
+    CHECK(!raw_client::open(server.address(), 0, {}, &why, 0, any));
+    CHECK(why.find("lease tokens only") != std::string::npos);
+    // Another lease's token opens its own session; once the first session ends its token may open one again.
+    CHECK(raw_client::open(server.address(), 0, {}, &why, 0, lease_token(secret, "lease-two", 64u << 20)));
+    a.reset();
+    REQUIRE(ended_within(server, first, 5s));
+    CHECK(raw_client::open(server.address(), 0, {}, &why, 0, token));
+    unlink(file.c_str());
+}
+
+TEST_CASE("a released lease's token opens no session", "[integration]") {
+    const std::string secret = "manager-secret-0123456789abcdef";
+    std::string file = temp_secret_file(secret);
+    char tmpl[] = "/tmp/vcuda-mgr-XXXXXX";
+    std::string dir = mkdtemp(tmpl);
+    std::string msock = dir + "/m.sock";
+    pid_t mgr = fork();
+    if (mgr == 0) {
+        freopen((dir + "/mgmt.log").c_str(), "w", stderr);
+        execl(VCUDA_MGMT_BIN, VCUDA_MGMT_BIN, "--listen", ("unix:" + msock).c_str(), "--db", (dir + "/m.db").c_str(),
+              "--secret-file", file.c_str(), "--heartbeat-timeout", "1s", "--log-level", "debug", nullptr);
+        _exit(127);
+    }
+    for (int i = 0; i < 250 && access(msock.c_str(), F_OK) != 0; ++i) std::this_thread::sleep_for(20ms);
+    {
+        server_process server({"--manager", "unix:" + msock, "--secret-file", file, "--advertise", "unix:/unused"});
+        REQUIRE(server.wait_for_log("registered with the manager"));
+        auto manager = endpoint::parse("unix:" + msock);
+        REQUIRE(manager);
+        mgmt::lease_request req;
+        req.client_host = "test";
+        req.memory_per_gpu = 32u << 20;
+        // The server registers its endpoints from --listen; this test connects to its socket itself.
+        auto grant = mgmt::acquire_lease(*manager, req, 5s);
+        REQUIRE(grant);
+        REQUIRE(grant->devices.size() == 1);
+        const std::string token = grant->devices[0].token;
+        std::string why;
+        auto a = raw_client::open(server.address(), 0, {}, &why, 0, token);
+        REQUIRE(a);
+        CHECK(a->memory_quota() == 32u << 20);
+        uint64_t id = a->session_id();
+        auto r = mgmt::mgmt_call(*manager, "lease.release", nlohmann::json{{"lease_id", grant->lease_id}}.dump(), 5s);
+        REQUIRE(r);
+        // The server learns it at the next heartbeat (every ~0.3 s here): the session ends, the token is dead.
+        CHECK(ended_within(server, id, 5s));
+        CHECK(!raw_client::open(server.address(), 0, {}, &why, 0, token));
+        CHECK(why.find("was released or has expired") != std::string::npos);
+    }
+    kill(mgr, SIGTERM);
+    waitpid(mgr, nullptr, 0);
+    unlink(file.c_str());
+}
+
+// ---------------------------------------------------------------- 4. bounded resources
+
+TEST_CASE("a HELLO announcing a 1 GiB payload is refused before anything is allocated", "[integration]") {
+    server_process server;
+    auto probe = raw_client::open(server.address());  // the server is up and has served once
+    REQUIRE(probe);
+    long before = rss_kib(server.pid());
+    REQUIRE(before > 0);
+    std::vector<std::unique_ptr<raw_client>> held;
+    for (int i = 0; i < 3; ++i) {
+        auto ep = endpoint::parse(server.address());
+        auto s = stream::connect(*ep, 5s);
+        REQUIRE(s);
+        flatbuffers::FlatBufferBuilder b;
+        b.Finish(wire::CreateHello(b, protocol_version, features::all, b.CreateString("")));
+        frame_header h{};
+        h.magic = frame_magic;
+        h.version = protocol_version;
+        h.kind = static_cast<uint16_t>(frame_kind::hello);
+        h.meta_len = b.GetSize();
+        h.payload_len = uint64_t{1} << 30;
+        std::vector<std::byte> bytes(frame_header_size + b.GetSize() + 4096);
+        encode_header(h, bytes.data());
+        std::memcpy(bytes.data() + frame_header_size, b.GetBufferPointer(), b.GetSize());
+        iovec iov{bytes.data(), bytes.size()};
+        REQUIRE(s->write_all({&iov, 1}, after(5s)));
+        // The server answers with an error and closes at once (it used to wait 26 s for the gigabyte).
+        frame_stream fs(std::move(*s));
+        auto in = fs.receive(after(5s), 5s);
+        REQUIRE(in);
+        CHECK(in->kind() == frame_kind::error);
+        std::byte x;
+        auto end = fs.raw().read_exact(&x, 1, after(3s));
+        REQUIRE(!end);
+        CHECK(end.error().code != transport_errc::timeout);
+    }
+    CHECK(rss_kib(server.pid()) - before < 64 * 1024);
+}
+
+TEST_CASE("the session and connection limits refuse with a message naming --max-sessions or --max-connections",
+          "[integration]") {
+    server_process server({"--max-sessions", "2", "--max-connections", "4"});
+    std::string why;
+    auto a = raw_client::open(server.address());
+    auto b = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(!raw_client::open(server.address(), 0, {}, &why));
+    CHECK(why.find("--max-sessions") != std::string::npos);
+    // Two more lanes of a: four connections; the fifth is refused with a message.
+    auto a1 = open_retrying(server.address(), a->session_id(), a->key());
+    auto a2 = open_retrying(server.address(), a->session_id(), a->key());
+    REQUIRE(a1);
+    REQUIRE(a2);
+    CHECK(!raw_client::open(server.address(), a->session_id(), a->key(), &why));
+    CHECK(why.find("--max-connections") != std::string::npos);
+    // Room again once a session is gone.
+    uint64_t bid = b->session_id();
+    b.reset();
+    REQUIRE(ended_within(server, bid, 5s));
+    a2.reset();
+    a1.reset();
+    CHECK(open_retrying(server.address()));
+}
+
+TEST_CASE("out of descriptors, the accept loop backs off instead of spinning and flooding the log", "[integration]") {
+    // 40 descriptors: the server's own, and a few connections; the rest wait in the backlog.
+    server_process server({}, server_process::transport::tcp, 40);
+    REQUIRE(server.wait_for_log("serving"));
+    auto ep = endpoint::parse(server.address());
+    REQUIRE(ep);
+    std::vector<stream> idle;
+    for (int i = 0; i < 60; ++i) {
+        auto s = stream::connect(*ep, 2s);  // completes in the kernel's backlog even when the server cannot accept
+        if (s) idle.push_back(std::move(*s));
+    }
+    REQUIRE(server.wait_for_log("Too many open files", 10));
+    std::this_thread::sleep_for(300ms);
+    long cpu0 = cpu_ticks(server.pid());
+    size_t log0 = server.log().size();
+    std::this_thread::sleep_for(2s);
+    long cpu = cpu_ticks(server.pid()) - cpu0;
+    size_t logged = server.log().size() - log0;
+    INFO("CPU ticks in 2 s: " << cpu << ", log bytes: " << logged);
+    CHECK(cpu < sysconf(_SC_CLK_TCK) / 2);  // a spinning loop takes about a full core: 2 s
+    CHECK(logged < 4096);
+    // Descriptors come back when the idle connections go: new clients are served again.
+    idle.clear();
+    std::unique_ptr<raw_client> c;
+    for (int i = 0; i < 100 && !c; ++i) {
+        c = raw_client::open(server.address());
+        if (!c) std::this_thread::sleep_for(100ms);
+    }
+    CHECK(c);
+}
+
+// ---------------------------------------------------------------- 5. nothing left behind
+
+TEST_CASE("a client that leaves while its host-function thread waits has its session ended", "[integration]") {
+    server_process server;
+    {  // a session that comes and goes first: what stays after it (the driver's own threads) is the baseline
+        auto warm = raw_client::open(server.address());
+        REQUIRE(warm);
+        REQUIRE(warm->call(op::mem_alloc, {1u << 20}).result == CUDA_SUCCESS);
+        uint64_t wid = warm->session_id();
+        warm.reset();
+        REQUIRE(ended_within(server, wid, 5s));
+    }
+    long threads_before = thread_count(server.pid());
+    auto a = raw_client::open(server.address());
+    REQUIRE(a);
+    uint64_t id = a->session_id();
+    REQUIRE(a->call(op::mem_alloc, {64u << 20}).result == CUDA_SUCCESS);
+    // The client's host-function thread waits in host_func_next on its own lane, as vcuda's client does.
+    auto hf = raw_client::open(server.address(), id, a->key());
+    REQUIRE(hf);
+    REQUIRE(hf->send_call(op::host_func_next, {}));
+    std::this_thread::sleep_for(200ms);
+    a.reset();
+    hf.reset();  // the process ended
+    CHECK(ended_within(server, id, 2s));
+    for (int i = 0; i < 100 && thread_count(server.pid()) > threads_before; ++i) std::this_thread::sleep_for(20ms);
+    CHECK(thread_count(server.pid()) <= threads_before);
+}
+
+TEST_CASE("a client that leaves while a call waits for a lane that never connects has its session ended",
+          "[integration]") {
+    server_process server;
+    auto a = raw_client::open(server.address());
+    REQUIRE(a);
+    uint64_t id = a->session_id();
+    REQUIRE(a->call(op::mem_alloc, {64u << 20}).result == CUDA_SUCCESS);
+    auto b = raw_client::open(server.address(), id, a->key());
+    REQUIRE(b);
+    send_ordered_call(*b, op::session_info, 7, 1);  // lane 7 never comes
+    std::this_thread::sleep_for(200ms);
+    b.reset();
+    a.reset();
+    CHECK(ended_within(server, id, 2s));
+    CHECK(server.log().find("released 64 MiB") != std::string::npos);
+}
