@@ -7,8 +7,8 @@
 //
 // What this needs, and the limits (each refusal is CUDA_ERROR_NOT_SUPPORTED with the reason logged):
 // - a server on this host (Unix socket) with shared host memory on (VCUDA_SHARED_HOST);
-// - private anonymous memory (malloc, new, anonymous mmap, the heap): a file's pages or shared memory would lose
-//   their file or their sharing; thread stacks are refused too;
+// - private anonymous memory (malloc, new, anonymous mmap, the heap), or pages an earlier registration moved: a
+//   file's pages or shared memory would lose their file or their sharing; the caller's stack is refused too;
 // - whole pages move: bytes before and after the range on its first and last page move with it (same contents);
 // - the application must not write the range from another thread while cuMemHostRegister runs (the copy would
 //   miss the write);
@@ -64,7 +64,10 @@ bool private_anonymous(uintptr_t lo, uintptr_t hi, std::vector<segment>& out, st
         }
         std::string path(line + consumed);
         while (!path.empty() && (path.back() == '\n' || path.back() == ' ')) path.pop_back();
-        if (perms[3] != 'p' || inode != 0 || (!path.empty() && path != "[heap]" && path.rfind("[anon:", 0) != 0)) {
+        // Pages an earlier registration moved and unregistration left here (vcuda's own memfd) move again.
+        const bool ours_before = perms[3] == 's' && path.rfind("/memfd:vcuda-pinned", 0) == 0;
+        if (!ours_before &&
+            (perms[3] != 'p' || inode != 0 || (!path.empty() && path != "[heap]" && path.rfind("[anon:", 0) != 0))) {
             why = "the range is not private anonymous memory (" + (path.empty() ? std::string("shared") : path) + ")";
             ok = false;
             break;

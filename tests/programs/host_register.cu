@@ -1,10 +1,10 @@
 // host_register: the application's own memory registered with cudaHostRegister. Mapped (cudaHostRegisterMapped,
 // with Portable, and ReadOnly for the input): a kernel reads one malloc'd buffer and writes another through the
 // device pointers cudaHostGetDevicePointer gives; the host sees the results after a synchronize, and its own writes
-// reach the next launch. The buffers keep their contents across registration and unregistration. Default flags:
-// copies from and into the registered buffer. Through vcuda the mapped part needs a server on this host (Unix
-// socket): over TCP cudaHostRegister(Mapped) answers cudaErrorNotSupported, which the program reports as its one
-// line and stops with exit code 3 (see tests/programs/CMakeLists.txt).
+// reach the next launch. The buffers keep their contents across registration and unregistration, and register
+// mapped again. Default flags: copies from and into the registered buffer. Through vcuda the mapped part needs a
+// server on this host (Unix socket): over TCP cudaHostRegister(Mapped) answers cudaErrorNotSupported, which the
+// program reports as its one line and stops with exit code 3 (see tests/programs/CMakeLists.txt).
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -76,6 +76,18 @@ int main() {
         if (out[i] != (in[i] - 1) * 3u + 2u) fail("out[%d] changed by unregistration: %u", i, out[i]);
     for (int i = 0; i < n; ++i) out[i] = static_cast<unsigned>(i);
     std::printf("unregistered: contents kept, memory writable\n");
+
+    // Registered mapped again (the same pages a second time): the kernel reads what the host wrote since.
+    CHECK(cudaHostRegister(out, bytes, cudaHostRegisterMapped));
+    CHECK(cudaHostGetDevicePointer(&d_out, out, 0));
+    hr_times3_plus<<<(n + 255) / 256, 256>>>(d_out, d_out, n, 9);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    for (int i = 0; i < n; ++i)
+        if (out[i] != static_cast<unsigned>(i) * 3u + 9u) fail("registered again: out[%d] = %u", i, out[i]);
+    CHECK(cudaHostUnregister(out));
+    for (int i = 0; i < n; ++i) out[i] = static_cast<unsigned>(i);
+    std::printf("registered mapped a second time: ok\n");
 
     // Default registration: copies from and into it.
     std::vector<unsigned> back(n);
