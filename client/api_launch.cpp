@@ -92,6 +92,16 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
     rq.device = state::get().device(device).server_index;
     rq.args = args;
     rq.blobs = std::span(blobs, n_attrs ? 2 : 1);  // no empty attribute block on the wire
+    // A cooperative grid must fit on the device at once, which only the driver knows (it answers
+    // CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE at call time): such launches wait for the server's answer.
+    for (size_t i = 0; i < n_attrs; ++i) {
+        CUlaunchAttribute a;
+        std::memcpy(&a, attrs.data() + i * sizeof a, sizeof a);
+        if (a.id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && a.value.cooperative) {
+            call_reply rp;
+            return static_cast<CUresult>(l->call(rq, rp));
+        }
+    }
     if (shared > static_shared_limit) {
         // Once such a launch of this function passed, the same amount passes until an attribute changes (the
         // reply cache is dropped then), so repeats are queued.
@@ -123,6 +133,19 @@ VCUDA_API cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** ke
     std::span<const std::byte> attrs(reinterpret_cast<const std::byte*>(config->attrs), config->numAttrs * sizeof(CUlaunchAttribute));
     return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
                   config->blockDimZ, config->sharedMemBytes, config->hStream, kernelParams, extra, attrs, config->numAttrs);
+}
+
+// A cooperative launch is cuLaunchKernelEx's with the cooperative attribute: the server's launch op passes it to
+// the driver as it is, and the driver checks that the grid fits on the device at once.
+VCUDA_API cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                                    unsigned int by, unsigned int bz, unsigned int shared, CUstream stream,
+                                    void** kernelParams) noexcept {
+    VCUDA_TRACE_HOOK(cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shared, stream, kernelParams);
+    CUlaunchAttribute cooperative{};
+    cooperative.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    cooperative.value.cooperative = 1;
+    std::span<const std::byte> attrs(reinterpret_cast<const std::byte*>(&cooperative), sizeof cooperative);
+    return launch(f, gx, gy, gz, bx, by, bz, shared, stream, kernelParams, nullptr, attrs, 1);
 }
 
 namespace {

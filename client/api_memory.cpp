@@ -10,6 +10,7 @@
 
 #include "client/copy_paths.hpp"
 #include "client/entry_point.hpp"
+#include "client/host_register.hpp"
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
@@ -222,15 +223,26 @@ VCUDA_API cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) noe
     VCUDA_TRACE_HOOK(cuMemHostRegister_v2, p, bytesize, flags);
     VCUDA_REQUIRE_INIT();
     if (!p || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-    host_allocation h;
-    if (state::get().find_host(reinterpret_cast<uintptr_t>(p), h)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-    if (flags & CU_MEMHOSTREGISTER_DEVICEMAP)  // the application's own pages: the GPU cannot reach them
-        return static_cast<CUresult>(unsupported("cuMemHostRegister with CU_MEMHOSTREGISTER_DEVICEMAP (use cuMemHostAlloc)"));
+    if (flags & ~(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY |
+                  CU_MEMHOSTREGISTER_READ_ONLY))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (flags & CU_MEMHOSTREGISTER_IOMEMORY)  // device memory of a third party (PCIe BARs): not this process's pages
+        return static_cast<CUresult>(unsupported("cuMemHostRegister with CU_MEMHOSTREGISTER_IOMEMORY"));
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    uintptr_t end = 0;
+    if (__builtin_add_overflow(a, bytesize, &end)) return CUDA_ERROR_INVALID_VALUE;
+    // DEVICEMAP moves whole pages (client/host_register.cpp): no other host memory of ours may share them.
+    const bool mapped = flags & CU_MEMHOSTREGISTER_DEVICEMAP;
+    const uintptr_t lo = mapped ? a & ~uintptr_t{4095} : a, hi = mapped ? (end + 4095) & ~uintptr_t{4095} : end;
+    if (state::get().host_overlaps(lo, hi)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
     host_allocation r;
-    r.base = reinterpret_cast<uintptr_t>(p);
+    r.base = a;
     r.size = bytesize;
     r.flags = flags;
     r.registered = true;
+    // PORTABLE and READ_ONLY change nothing here: one context per device, and the GPU only reads what it is given.
+    if (mapped)
+        if (CUresult rc = share_registered_range(p, bytesize, r); rc != CUDA_SUCCESS) return rc;
     state::get().add_host(r);
     return CUDA_SUCCESS;
 }
@@ -242,6 +254,7 @@ VCUDA_API cuMemHostUnregister(void* p) noexcept {
     if (!p || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h) || !h.registered || h.base != reinterpret_cast<uintptr_t>(p))
         return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
     state::get().remove_host(h.base, h);
+    unshare_registered_range(h);
     return CUDA_SUCCESS;
 }
 

@@ -377,6 +377,14 @@ bool state::find_host(uintptr_t p, host_allocation& out) {
     return true;
 }
 
+bool state::host_overlaps(uintptr_t lo, uintptr_t hi) {
+    std::shared_lock lock(mu);
+    auto it = host_.lower_bound(hi);  // the first starting at or after hi: the one before it is the last candidate
+    if (it == host_.begin()) return false;
+    --it;
+    return it->second.base + it->second.size > lo;
+}
+
 // Images are cached per session: the key mixes in the session serving the current device.
 bool state::image_sent(uint64_t hash) {
     uint64_t key = hash ^ (uint64_t{remote().tag()} << 56);

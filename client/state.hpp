@@ -130,6 +130,8 @@ public:
     void add_host(const host_allocation& h);
     bool remove_host(uintptr_t base, host_allocation& out);
     bool find_host(uintptr_t p, host_allocation& out);
+    // Whether any host allocation or registration overlaps [lo, hi).
+    bool host_overlaps(uintptr_t lo, uintptr_t hi);
 
     // Images already sent to the server (by content hash).
     bool image_sent(uint64_t hash);

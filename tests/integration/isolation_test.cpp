@@ -363,3 +363,67 @@ TEST_CASE("a kernel looked up on a lane with no context gets its real layout, an
     for (int i = 0; i < n; ++i) REQUIRE(out[i] == 4.0f * static_cast<float>(i));
     CHECK(b->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
 }
+
+TEST_CASE("tensor maps are encoded only over the session's own memory, from well-formed arguments", "[integration]") {
+    server_process server;
+    auto a = raw_client::open(server.address());
+    auto b = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(b);
+    const uint64_t rows = 64, cols = 64, bytes = rows * cols * 4;
+    uint64_t a_ptr = alloc(*a, bytes);
+    uint64_t b_ptr = alloc(*b, bytes);
+    auto u64s = [](std::vector<uint64_t> v) {
+        std::vector<std::byte> out(v.size() * 8);
+        if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+        return out;
+    };
+    auto u32s = [](std::vector<uint32_t> v) {
+        std::vector<std::byte> out(v.size() * 4);
+        if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+        return out;
+    };
+    auto tiled = [&](raw_client& c, uint64_t addr, uint64_t r, uint64_t stride) {
+        return c.call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, addr, 0, 0, 0, 0},
+                      {u64s({cols, r}), u64s({stride}), u32s({1, 1}), u32s({16, 16})});
+    };
+    CHECK(tiled(*a, a_ptr, rows, cols * 4).result == CUDA_SUCCESS);
+    CHECK(tiled(*b, b_ptr, rows, cols * 4).result == CUDA_SUCCESS);
+    // B's memory, from A.
+    auto r = tiled(*a, b_ptr, rows, cols * 4);
+    CHECK(r.result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(r.detail.find("not memory this session owns") != std::string::npos);
+    // A's allocation, but the tensor runs past its end: one row more, or a stride that walks out of it.
+    CHECK(tiled(*a, a_ptr, rows + 1, cols * 4).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(tiled(*a, a_ptr, rows, cols * 8).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(tiled(*a, a_ptr, rows, ~uint64_t{0} - 15).result == CUDA_ERROR_INVALID_VALUE);  // overflow
+    CHECK(tiled(*a, 0, rows, cols * 4).result == CUDA_ERROR_INVALID_VALUE);
+    // Malformed: unknown kind, ranks out of range, wrong argument and blob counts and sizes, an unknown type.
+    const std::vector<std::vector<std::byte>> good_blobs = {u64s({cols, rows}), u64s({cols * 4}), u32s({1, 1}),
+                                                            u32s({16, 16})};
+    CHECK(a->call(op::tensor_map_encode, {3, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0}, good_blobs).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 6, a_ptr, 0, 0, 0, 0}, good_blobs).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 0, a_ptr, 0, 0, 0, 0}, good_blobs).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, a_ptr, 0, 0, 0, 0}, good_blobs).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, {0, 99, 2, a_ptr, 0, 0, 0, 0}, good_blobs).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0}, good_blobs).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0},
+                  {u64s({cols, rows}), u64s({cols * 4}), u32s({1, 1})})
+              .result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0},
+                  {u64s({cols, rows}), u64s({cols * 4}), u32s({1, 1}), u32s({16, 16, 16})})
+              .result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 1u << 20, 0, 0, 0}, good_blobs)
+              .result == CUDA_ERROR_INVALID_VALUE);
+    // im2col needs rank 3 or more, and its corners.
+    CHECK(a->call(op::tensor_map_encode, {1, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0, 16, 32},
+                  {u64s({cols, rows}), u64s({cols * 4}), u32s({1, 1}), {}})
+              .result == CUDA_ERROR_INVALID_VALUE);
+    // A's session goes on.
+    CHECK(tiled(*a, a_ptr, rows, cols * 4).result == CUDA_SUCCESS);
+}

@@ -4,6 +4,7 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <cuda.h>
+#include <cudaProfiler.h>
 #include <dlfcn.h>
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "soft_kernel.hpp"
+#include "soft_tensor_map.hpp"
 
 namespace {
 
@@ -736,4 +738,66 @@ TEST_CASE("cuGetProcAddress_v2 answers as the real driver's table says", "[unit]
     fn = &status;
     CHECK(d.cuGetProcAddress_v2("cuMemAlloc", &fn, 13010, 0, &status) == CUDA_ERROR_INVALID_VALUE);
     CHECK(fn == &status);  // left alone
+}
+
+TEST_CASE("tensor maps are written in the documented format, moved, and checked", "[unit]") {
+    primary_context pc;
+    auto tiled = reinterpret_cast<decltype(&::cuTensorMapEncodeTiled)>(drv().sym("cuTensorMapEncodeTiled"));
+    auto replace = reinterpret_cast<decltype(&::cuTensorMapReplaceAddress)>(drv().sym("cuTensorMapReplaceAddress"));
+    auto start = reinterpret_cast<decltype(&::cuProfilerStart)>(drv().sym("cuProfilerStart"));
+    auto stop = reinterpret_cast<decltype(&::cuProfilerStop)>(drv().sym("cuProfilerStop"));
+    REQUIRE(tiled);
+    REQUIRE(replace);
+    REQUIRE(start);
+    REQUIRE(stop);
+    CUdeviceptr a = 0, b = 0;
+    REQUIRE(drv().cuMemAlloc_v2(&a, 64 * 64 * 4) == CUDA_SUCCESS);
+    REQUIRE(drv().cuMemAlloc_v2(&b, 64 * 64 * 4) == CUDA_SUCCESS);
+    const cuuint64_t dims[2] = {64, 48};
+    const cuuint64_t strides[1] = {256};
+    const cuuint32_t box[2] = {16, 8};
+    const cuuint32_t es[2] = {1, 1};
+    CUtensorMap m{};
+    REQUIRE(tiled(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, reinterpret_cast<void*>(a), dims, strides, box, es,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS);
+    vcuda::soft::tensor_map_desc d;
+    REQUIRE(vcuda::soft::decode_tensor_map(&m, d));
+    CHECK(d.kind == 0);
+    CHECK(d.rank == 2);
+    CHECK(d.element_bytes == 4);
+    CHECK(d.address == a);
+    CHECK(d.dims[0] == 64);
+    CHECK(d.dims[1] == 48);
+    CHECK(d.strides[0] == 256);
+    CHECK(d.box(0) == 16);
+    CHECK(d.box(1) == 8);
+    REQUIRE(replace(&m, reinterpret_cast<void*>(b)) == CUDA_SUCCESS);
+    REQUIRE(vcuda::soft::decode_tensor_map(&m, d));
+    CHECK(d.address == b);
+    CHECK(replace(&m, reinterpret_cast<void*>(b + 4)) == CUDA_ERROR_INVALID_VALUE);
+    CUtensorMap junk{};
+    CHECK(replace(&junk, reinterpret_cast<void*>(b)) == CUDA_ERROR_INVALID_VALUE);
+    // Refused: rank 0 and 6, a misaligned address, a stride not a multiple of 16, a box row not a multiple of 16 bytes.
+    CHECK(tiled(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 0, reinterpret_cast<void*>(a), dims, strides, box, es,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(tiled(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 6, reinterpret_cast<void*>(a), dims, strides, box, es,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(tiled(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, reinterpret_cast<void*>(a + 8), dims, strides, box, es,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_ERROR_INVALID_VALUE);
+    const cuuint64_t odd_stride[1] = {260};
+    CHECK(tiled(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, reinterpret_cast<void*>(a), dims, odd_stride, box, es,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_ERROR_INVALID_VALUE);
+    const cuuint32_t narrow_box[2] = {2, 8};
+    CHECK(tiled(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, reinterpret_cast<void*>(a), dims, strides, narrow_box, es,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(start() == CUDA_SUCCESS);
+    CHECK(stop() == CUDA_SUCCESS);
+    CHECK(drv().cuMemFree_v2(a) == CUDA_SUCCESS);
+    CHECK(drv().cuMemFree_v2(b) == CUDA_SUCCESS);
 }
