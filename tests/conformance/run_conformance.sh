@@ -20,11 +20,11 @@
 #                          jax 0.8; CONFORMANCE_WEIGHT_<mode>: native 0.8, shm 1, tcp 1.2), capped by
 #                          CONFORMANCE_TIMEOUT_<suite> when set
 #   CONFORMANCE_MAX_TESTS_<suite>  pytest suites: run this many tests, picked by a hash of their ids (the same
-#                          ones in every mode); 0 = all. Defaults: torch 1200, cupy 2500, jax 300
+#                          ones in every mode); 0 = all. Defaults: torch 500, cupy 2000, jax 300
 #   CONFORMANCE_PATHS_<suite>      pytest suites: the test paths (relative to the suite's folder)
 #   CONFORMANCE_K_<suite>          pytest suites: a -k expression
 #   CONFORMANCE_WORKERS    pytest-xdist workers (default 4; 0 = no xdist)
-#   CONFORMANCE_TEST_TIMEOUT  pytest-timeout per test, seconds (default 60)
+#   CONFORMANCE_TEST_TIMEOUT  pytest-timeout per test, seconds (default 30)
 #   CONFORMANCE_SAMPLES    sample names to run (default: every folder of SUITES_DIR/samples)
 #   CONFORMANCE_SAMPLE_TIMEOUT  seconds per sample run (default 30); CONFORMANCE_SAMPLES_JOBS parallel (default 4)
 #   CONFORMANCE_EXCEPTIONS the exceptions list (default tests/conformance/exceptions.txt)
@@ -77,7 +77,7 @@ done
 
 BUDGET="${CONFORMANCE_BUDGET:-450}"
 WORKERS="${CONFORMANCE_WORKERS:-4}"
-TEST_TIMEOUT="${CONFORMANCE_TEST_TIMEOUT:-60}"
+TEST_TIMEOUT="${CONFORMANCE_TEST_TIMEOUT:-30}"
 start=$(date +%s)
 say() { echo "[conformance +$(( $(date +%s) - start ))s] $*"; }
 getv() { local v="$1"; echo "${!v:-$2}"; }  # getv NAME DEFAULT
@@ -361,7 +361,7 @@ suite_dir() {  # where pytest runs (its rootdir, with the suite's conftest.py an
     esac
 }
 max_tests() {
-    case "$1" in torch) getv CONFORMANCE_MAX_TESTS_torch 1200 ;; cupy) getv CONFORMANCE_MAX_TESTS_cupy 2500 ;;
+    case "$1" in torch) getv CONFORMANCE_MAX_TESTS_torch 500 ;; cupy) getv CONFORMANCE_MAX_TESTS_cupy 2000 ;;
         jax) getv CONFORMANCE_MAX_TESTS_jax 300 ;; esac
 }
 suite_env() {  # the suite's environment, NAME=VALUE words
