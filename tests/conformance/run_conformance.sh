@@ -281,7 +281,9 @@ one_sample() {
             VCUDA_LOG_FILE="$OUTDIR/samples.$mode.logs/$id.client.log" "${PREFIX[@]}" "./$name" "$@" </dev/null
     ) >"$log" 2>&1
     rc=$?
-    if [ "$rc" = 0 ]; then
+    if [ "$rc" = 0 ] && grep -q -E 'Test failed|TEST FAILED|Test FAILED|Result = FAIL|FAILED!' "$log"; then
+        outcome=failed  # exits 0 but says it failed
+    elif [ "$rc" = 0 ]; then
         outcome=passed
     elif [ "$rc" = 2 ] || grep -q -i 'waiv' "$log"; then
         outcome=skipped
@@ -334,6 +336,7 @@ run_samples_mode() {  # run_samples_mode MODE LIMIT
         done
     done
     for p in ${pids[@]+"${pids[@]}"}; do wait "$p" 2>/dev/null; done
+    rm -rf "$OUTDIR/samples.$mode.work"  # links and the samples' own output files: not outputs of the run
 }
 
 # ------------------------------------------------------------------------------------------ pytest suites
@@ -383,7 +386,7 @@ run_pytest_mode() {  # run_pytest_mode SUITE MODE LIMIT; sets $run_rc
     kargs=()
     [ -n "$kexpr" ] && kargs=(-k "$kexpr")
     rm -f "$base.results" "$base.xml" "$base.log"
-    local -a cmd=("$PY" -m pytest -p no:cacheprovider -p conformance_plugin -q -rN --no-header
+    local -a cmd=("$PY" -m pytest -p no:cacheprovider -p conformance_plugin -q -rN --no-header --tb=short
         ${XDIST[@]+"${XDIST[@]}"} ${PTIMEOUT[@]+"${PTIMEOUT[@]}"} --junitxml="$base.xml"
         ${kargs[@]+"${kargs[@]}"} "${paths[@]}")
     set_prefix "$mode"
@@ -424,6 +427,9 @@ for suite in "${SUITES[@]}"; do
     if [ "$suite" = samples ]; then
         [ -d "$SUITES_DIR/samples" ] || { say "samples: no $SUITES_DIR/samples; skipped"; continue; }
         [ "$DRY" = 1 ] || find_sample_libs
+    elif [ "$DRY" != 1 ] && ! "$PY" -c 'import pytest' >/dev/null 2>&1; then
+        say "$suite: $PY has no pytest; skipped"
+        continue
     elif [ ! -d "$(suite_dir "$suite")" ] && [ "$suite" != torch ]; then
         say "$suite: no $(suite_dir "$suite"); skipped"
         continue
