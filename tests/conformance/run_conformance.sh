@@ -15,8 +15,8 @@
 # Environment:
 #   CONFORMANCE_SUITES     suites to run (default "samples torch cupy jax")
 #   CONFORMANCE_MODES      default "native shm tcp" (native always runs first: it is the reference)
-#   CONFORMANCE_BUDGET     seconds for everything (default 450): each run's limit is its suite's share of what
-#                          is left (weights: CONFORMANCE_WEIGHT_<suite>, default samples 1, torch 1.2, cupy 1.2,
+#   CONFORMANCE_BUDGET     seconds for everything (default 480): each run's limit is its suite's share of what
+#                          is left (weights: CONFORMANCE_WEIGHT_<suite>, default samples 1.5, torch 1.2, cupy 1.2,
 #                          jax 0.8; CONFORMANCE_WEIGHT_<mode>: native 0.8, shm 1, tcp 1.2), capped by
 #                          CONFORMANCE_TIMEOUT_<suite> when set
 #   CONFORMANCE_MAX_TESTS_<suite>  pytest suites: run this many tests, picked by a hash of their ids (the same
@@ -26,7 +26,7 @@
 #   CONFORMANCE_WORKERS    pytest-xdist workers (default 4; 0 = no xdist)
 #   CONFORMANCE_TEST_TIMEOUT  pytest-timeout per test, seconds (default 30)
 #   CONFORMANCE_SAMPLES    sample names to run (default: every folder of SUITES_DIR/samples)
-#   CONFORMANCE_SAMPLE_TIMEOUT  seconds per sample run (default 30); CONFORMANCE_SAMPLES_JOBS parallel (default 4)
+#   CONFORMANCE_SAMPLE_TIMEOUT  seconds per sample run (default 30); CONFORMANCE_SAMPLES_JOBS parallel (default 8)
 #   CONFORMANCE_EXCEPTIONS the exceptions list (default tests/conformance/exceptions.txt)
 #   CONFORMANCE_DRY=1      print what would run (no GPU, no server needed) and stop
 #   PYTHON                 the interpreter (default python3)
@@ -75,7 +75,7 @@ for s in "${SUITES[@]}"; do
     case "$s" in samples | torch | cupy | jax) ;; *) echo "run_conformance: unknown suite $s" >&2; exit 2 ;; esac
 done
 
-BUDGET="${CONFORMANCE_BUDGET:-450}"
+BUDGET="${CONFORMANCE_BUDGET:-480}"
 WORKERS="${CONFORMANCE_WORKERS:-4}"
 TEST_TIMEOUT="${CONFORMANCE_TEST_TIMEOUT:-30}"
 start=$(date +%s)
@@ -83,7 +83,7 @@ say() { echo "[conformance +$(( $(date +%s) - start ))s] $*"; }
 getv() { local v="$1"; echo "${!v:-$2}"; }  # getv NAME DEFAULT
 
 suite_weight() {
-    case "$1" in samples) getv CONFORMANCE_WEIGHT_samples 1 ;; torch) getv CONFORMANCE_WEIGHT_torch 1.2 ;;
+    case "$1" in samples) getv CONFORMANCE_WEIGHT_samples 1.5 ;; torch) getv CONFORMANCE_WEIGHT_torch 1.2 ;;
         cupy) getv CONFORMANCE_WEIGHT_cupy 1.2 ;; jax) getv CONFORMANCE_WEIGHT_jax 0.8 ;; esac
 }
 mode_weight() {  # runs through vcuda are given more time than the native one
@@ -295,7 +295,7 @@ one_sample() {
 }
 
 run_samples_mode() {  # run_samples_mode MODE LIMIT
-    local mode="$1" limit="$2" deadline name idx line jobs="${CONFORMANCE_SAMPLES_JOBS:-4}"
+    local mode="$1" limit="$2" deadline name idx line jobs="${CONFORMANCE_SAMPLES_JOBS:-8}"
     deadline=$(( $(date +%s) + limit ))
     rm -rf "$OUTDIR/samples.$mode.work" "$OUTDIR/samples.$mode.logs" "$OUTDIR/samples.$mode.results"
     mkdir -p "$OUTDIR/samples.$mode.logs"
