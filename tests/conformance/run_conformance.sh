@@ -20,7 +20,7 @@
 #                          jax 0.8; CONFORMANCE_WEIGHT_<mode>: native 0.8, shm 1, tcp 1.2), capped by
 #                          CONFORMANCE_TIMEOUT_<suite> when set
 #   CONFORMANCE_MAX_TESTS_<suite>  pytest suites: run this many tests, picked by a hash of their ids (the same
-#                          ones in every mode); 0 = all. Defaults: torch 500, cupy 2000, jax 300
+#                          ones in every mode); 0 = all. Defaults: torch 400, cupy 2000, jax 300
 #   CONFORMANCE_PATHS_<suite>      pytest suites: the test paths (relative to the suite's folder)
 #   CONFORMANCE_K_<suite>          pytest suites: a -k expression
 #   CONFORMANCE_WORKERS    pytest-xdist workers (default 4; 0 = no xdist)
@@ -364,7 +364,7 @@ suite_dir() {  # where pytest runs (its rootdir, with the suite's conftest.py an
     esac
 }
 max_tests() {
-    case "$1" in torch) getv CONFORMANCE_MAX_TESTS_torch 500 ;; cupy) getv CONFORMANCE_MAX_TESTS_cupy 2000 ;;
+    case "$1" in torch) getv CONFORMANCE_MAX_TESTS_torch 400 ;; cupy) getv CONFORMANCE_MAX_TESTS_cupy 2000 ;;
         jax) getv CONFORMANCE_MAX_TESTS_jax 300 ;; esac
 }
 suite_env() {  # the suite's environment, NAME=VALUE words
