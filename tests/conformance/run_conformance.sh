@@ -28,6 +28,7 @@
 #   CONFORMANCE_SAMPLES    sample names to run (default: every folder of SUITES_DIR/samples)
 #   CONFORMANCE_SAMPLE_TIMEOUT  seconds per sample run (default 30); CONFORMANCE_SAMPLES_JOBS parallel (default 8)
 #   CONFORMANCE_EXCEPTIONS the exceptions list (default tests/conformance/exceptions.txt)
+#   CONFORMANCE_SERVER_ARGS  extra vcuda-server arguments (e.g. `--driver BUILD/lib/libvcuda-softdriver.so`)
 #   CONFORMANCE_DRY=1      print what would run (no GPU, no server needed) and stop
 #   PYTHON                 the interpreter (default python3)
 # Exit status: 0 when every test that passed natively passed through vcuda (the exceptions list aside) and the
@@ -35,7 +36,7 @@
 set -u
 
 if [ $# -lt 2 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-    sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 DRY="${CONFORMANCE_DRY:-0}"
@@ -168,7 +169,9 @@ start_server() {  # TCP on 127.0.0.1:PORT and the Unix socket, the log appended 
         TCP_ADDR="127.0.0.1:$port"
         rm -f "$SOCK"
         echo "=== $(date '+%F %T') vcuda-server --listen $TCP_ADDR --listen $UNIX_ADDR" >>"$SERVER_LOG"
-        "$SERVER_BIN" --listen "$TCP_ADDR" --listen "$UNIX_ADDR" --log-level info >>"$SERVER_LOG" 2>&1 &
+        # shellcheck disable=SC2086  # CONFORMANCE_SERVER_ARGS: words
+        "$SERVER_BIN" --listen "$TCP_ADDR" --listen "$UNIX_ADDR" --log-level info ${CONFORMANCE_SERVER_ARGS:-} \
+            >>"$SERVER_LOG" 2>&1 &
         server_pid=$!
         for _ in $(seq 1 200); do
             server_alive || { wait "$server_pid" 2>/dev/null; server_pid=""; break; }
