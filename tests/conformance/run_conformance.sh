@@ -23,6 +23,7 @@
 #                          ones in every mode); 0 = all. Defaults: torch 400, cupy 2000, jax 300
 #   CONFORMANCE_PATHS_<suite>      pytest suites: the test paths (relative to the suite's folder)
 #   CONFORMANCE_K_<suite>          pytest suites: a -k expression
+#   CONFORMANCE_M_<suite>          pytest suites: a -m expression (default for cupy: "not slow and not multi_gpu")
 #   CONFORMANCE_WORKERS    pytest-xdist workers (default 4; 0 = no xdist)
 #   CONFORMANCE_TEST_TIMEOUT  pytest-timeout per test, seconds (default 30)
 #   CONFORMANCE_SAMPLES    sample names to run (default: every folder of SUITES_DIR/samples)
@@ -36,7 +37,7 @@
 set -u
 
 if [ $# -lt 2 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-    sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 DRY="${CONFORMANCE_DRY:-0}"
@@ -370,6 +371,9 @@ max_tests() {
     case "$1" in torch) getv CONFORMANCE_MAX_TESTS_torch 400 ;; cupy) getv CONFORMANCE_MAX_TESTS_cupy 2000 ;;
         jax) getv CONFORMANCE_MAX_TESTS_jax 300 ;; esac
 }
+default_marks() {  # the default -m expression
+    case "$1" in cupy) echo "not slow and not multi_gpu" ;; esac
+}
 suite_env() {  # the suite's environment, NAME=VALUE words
     case "$1" in
         jax) echo "XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_NUM_GENERATED_CASES=${JAX_NUM_GENERATED_CASES:-2}" \
@@ -380,7 +384,7 @@ suite_env() {  # the suite's environment, NAME=VALUE words
 }
 
 run_pytest_mode() {  # run_pytest_mode SUITE MODE LIMIT; sets $run_rc
-    local suite="$1" mode="$2" limit="$3" base="$OUTDIR/$1.$2" dir kexpr
+    local suite="$1" mode="$2" limit="$3" base="$OUTDIR/$1.$2" dir kexpr mexpr
     local -a paths kargs envs
     dir="$(suite_dir "$suite")"
     read -r -a paths <<<"$(suite_paths "$suite")"
@@ -388,6 +392,8 @@ run_pytest_mode() {  # run_pytest_mode SUITE MODE LIMIT; sets $run_rc
     kexpr="$(getv "CONFORMANCE_K_$suite" "")"
     kargs=()
     [ -n "$kexpr" ] && kargs=(-k "$kexpr")
+    mexpr="$(getv "CONFORMANCE_M_$suite" "$(default_marks "$suite")")"
+    [ -n "$mexpr" ] && kargs+=(-m "$mexpr")
     rm -f "$base.results" "$base.xml" "$base.log"
     local -a cmd=("$PY" -m pytest -p no:cacheprovider -p conformance_plugin -q -rN --no-header --tb=short
         ${XDIST[@]+"${XDIST[@]}"} ${PTIMEOUT[@]+"${PTIMEOUT[@]}"} --junitxml="$base.xml"
