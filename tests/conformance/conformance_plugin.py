@@ -1,0 +1,51 @@
+"""pytest plugin of the conformance runner (run_conformance.sh loads it with `-p conformance_plugin`).
+
+- CONFORMANCE_MAX_TESTS=N: keep N of the collected tests, chosen by a hash of each test's id (the same N tests
+  natively and through vcuda, and in every xdist worker, whatever the collection order); the rest deselected.
+- CONFORMANCE_RESULTS=FILE: append one line per test phase report, `OUTCOME<TAB>WHEN<TAB>NODEID`, flushed at once,
+  so a run killed by its time limit still leaves the outcomes of the tests that finished (the JUnit XML file is
+  written only at the end of the session). Written by the controlling process only (not by xdist workers).
+"""
+import os
+import zlib
+
+
+def _key(nodeid):
+    return zlib.crc32(nodeid.encode("utf-8", "replace"))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    limit = os.environ.get("CONFORMANCE_MAX_TESTS", "").strip()
+    if not limit or int(limit) <= 0 or len(items) <= int(limit):
+        return
+    keep_ids = {it.nodeid for it in sorted(items, key=lambda it: (_key(it.nodeid), it.nodeid))[: int(limit)]}
+    kept = [it for it in items if it.nodeid in keep_ids]
+    dropped = [it for it in items if it.nodeid not in keep_ids]
+    items[:] = kept
+    config.hook.pytest_deselected(items=dropped)
+
+
+_results = None
+
+
+def pytest_configure(config):
+    global _results
+    path = os.environ.get("CONFORMANCE_RESULTS", "").strip()
+    if path and not hasattr(config, "workerinput"):  # not in an xdist worker
+        _results = open(path, "a", buffering=1)
+
+
+def pytest_runtest_logreport(report):
+    if _results is None:
+        return
+    outcome = report.outcome
+    if hasattr(report, "wasxfail"):
+        outcome = "xfailed" if report.skipped else "xpassed"
+    _results.write("%s\t%s\t%s\n" % (outcome, report.when, report.nodeid))
+
+
+def pytest_unconfigure(config):
+    global _results
+    if _results is not None:
+        _results.close()
+        _results = None
