@@ -8,12 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "client/entry_point.hpp"
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
 #include "common/log.hpp"
-
-#define VCUDA_API extern "C" __attribute__((visibility("default"))) CUresult
 
 using namespace vcuda;
 using namespace vcuda::client;
