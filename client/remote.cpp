@@ -245,6 +245,9 @@ int lane::call(const call_request& rq, call_reply& rp) {
                                   bytes ? reinterpret_cast<const std::byte*>(bytes->data()) + bytes->size() : nullptr);
         }
     rp.detail = r->detail() ? r->detail()->str() : std::string();
+    // What kernels printed, flushed by the driver on the server during this lane's calls: into the process's
+    // stdout as the driver would have written it (the application's own buffering and order apply).
+    if (auto* printed = r->device_output(); printed && printed->size()) std::fwrite(printed->data(), 1, printed->size(), stdout);
     if (!rp.payload_dst) rp.payload = std::move(in->payload);
     else if (in->header.payload_len != rp.payload_cap && in->header.payload_len != 0)
         rp.payload = std::move(in->payload);  // the caller checks sizes; nothing was written to its buffer

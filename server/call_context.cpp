@@ -113,7 +113,10 @@ transport_result<void> send_reply(call_context& cx, CUresult rc, uint64_t payloa
     auto outs = b.CreateVector(cx.outs);
     auto bv = b.CreateVector(blobs);
     auto detail = cx.detail.empty() ? 0 : b.CreateString(cx.detail);
-    b.Finish(wire::CreateReply(b, rc, outs, bv, detail));
+    auto& printed = cx.lane.device_output;
+    auto output = printed.empty() ? 0 : b.CreateVector(reinterpret_cast<const uint8_t*>(printed.data()), printed.size());
+    printed.clear();
+    b.Finish(wire::CreateReply(b, rc, outs, bv, detail, output));
     auto f = make_frame(frame_kind::reply, b, cx.sequence(), 0, 0, cx.reply_payload);
     if (payload_len > cx.reply_payload.size()) {
         // Header and metadata now, the payload streamed by the caller.

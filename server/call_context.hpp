@@ -22,6 +22,7 @@ struct lane_state {
     CUresult pending_error = CUDA_SUCCESS;
     std::string pending_detail;
     int current_device = -2;                // the device whose context is current on this thread (-2: unknown)
+    std::string device_output;              // device printf written on this lane's thread, sent with the next reply
     unsigned refused_launches = 0;          // launches refused for their parameters (the first few are logged)
 };
 

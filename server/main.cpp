@@ -12,6 +12,7 @@
 #include "common/log.hpp"
 #include "mgmt/wire/server_agent.hpp"
 #include "mgmt/token.hpp"
+#include "server/device_output.hpp"
 #include "server/server.hpp"
 
 #include <unistd.h>
@@ -220,6 +221,7 @@ int main(int argc, char** argv) {
     }
     raise_descriptor_limit(opts.max_connections);
 
+    vcuda::server::device_output::install();  // before the driver: kernels' printf goes to each lane's client
     vcuda::server::driver drv;
     std::string why;
     if (!drv.load(driver_path, why)) {

@@ -8,6 +8,7 @@
 #include "common/wire.hpp"
 #include "server/call_context.hpp"
 #include "mgmt/token.hpp"
+#include "server/device_output.hpp"
 #include "server/dispatch.hpp"
 
 #include <sys/socket.h>
@@ -384,6 +385,7 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
     staging_pool pool(d);
     lane_state lane;
     lane.stream = &fs;
+    device_output::capture printed(lane.device_output);  // this thread is the lane's for its whole life
     lane.staging = &pool;
     staging_pool::buffer* staged = nullptr;
     // Host-to-device payloads land straight in a pinned staging buffer when they fit one.
