@@ -3,10 +3,7 @@
 // as with the driver. The log buffers named at cuLinkCreate are the caller's; the driver writes its logs at
 // every later call, so each add and the completion answer them again. The linked image stays here, owned by
 // the link state, until cuLinkDestroy (as the driver keeps it).
-#include <fcntl.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -14,6 +11,7 @@
 #include <vector>
 
 #include "client/entry_point.hpp"
+#include "client/images.hpp"
 #include "client/jit.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
@@ -112,20 +110,8 @@ VCUDA_API cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void* data, s
 namespace {
 // A file is read here, where its path means something, and added as data named by its path.
 CUresult link_add_file(CUlinkState state, CUjitInputType type, const char* path, unsigned n, CUjit_option* o, void** v) {
-    if (!path) return CUDA_ERROR_INVALID_VALUE;
-    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return CUDA_ERROR_FILE_NOT_FOUND;
     std::vector<std::byte> bytes;
-    std::byte buf[1 << 16];
-    for (ssize_t k; (k = ::read(fd, buf, sizeof buf)) != 0;) {
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            ::close(fd);
-            return CUDA_ERROR_FILE_NOT_FOUND;
-        }
-        bytes.insert(bytes.end(), buf, buf + k);
-    }
-    ::close(fd);
+    if (CUresult rc = read_image_file(path, bytes); rc != CUDA_SUCCESS) return rc;
     if (type == CU_JIT_INPUT_PTX) bytes.push_back(std::byte{0});  // PTX is text: the driver reads it to its NUL
     if (bytes.empty()) return CUDA_ERROR_INVALID_VALUE;
     return link_add(state, type, bytes.data(), bytes.size(), path, n, o, v);

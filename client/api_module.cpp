@@ -245,6 +245,43 @@ VCUDA_API cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int n
     return rc;
 }
 
+// Images named by file: the file is the application's, on this machine, read here and sent like any image. Text
+// (PTX) images get their terminating NUL.
+namespace {
+CUresult load_file(target t, const char* path, uint64_t& handle, const jit_call& jit = {}) {
+    VCUDA_REQUIRE_INIT();
+    std::vector<std::byte> bytes;
+    if (CUresult rc = read_image_file(path, bytes); rc != CUDA_SUCCESS) return rc;
+    if (bytes.empty()) return CUDA_ERROR_INVALID_IMAGE;
+    bytes.push_back(std::byte{0});
+    return load(t, bytes.data(), handle, jit);
+}
+}  // namespace
+
+VCUDA_API cuModuleLoad(CUmodule* module, const char* fname) noexcept {
+    VCUDA_TRACE_HOOK(cuModuleLoad, module, fname);
+    if (!module || !fname) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t h = 0;
+    CUresult rc = load_file(target::module, fname, h);
+    if (rc == CUDA_SUCCESS) *module = reinterpret_cast<CUmodule>(h);
+    return rc;
+}
+
+VCUDA_API cuLibraryLoadFromFile(CUlibrary* library, const char* fileName, CUjit_option* jitOptions,
+                                void** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption* libraryOptions,
+                                void** libraryOptionValues, unsigned int numLibraryOptions) noexcept {
+    VCUDA_TRACE_HOOK(cuLibraryLoadFromFile, library, fileName, jitOptions, jitOptionsValues, numJitOptions,
+                     libraryOptions, libraryOptionValues, numLibraryOptions);
+    if (!library || !fileName) return CUDA_ERROR_INVALID_VALUE;
+    jit_call jit;
+    if (CUresult rc = jit.take(numJitOptions, jitOptions, jitOptionsValues, "cuLibraryLoadFromFile"); rc != CUDA_SUCCESS)
+        return rc;
+    uint64_t h = 0;
+    CUresult rc = load_file(target::library, fileName, h, jit);
+    if (rc == CUDA_SUCCESS) *library = reinterpret_cast<CUlibrary>(h);
+    return rc;
+}
+
 VCUDA_API cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) noexcept {
     VCUDA_TRACE_HOOK(cuModuleLoadFatBinary, module, fatCubin);
     return cuModuleLoadData(module, fatCubin);

@@ -1,6 +1,10 @@
 #include "client/images.hpp"
 
 #include <elf.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstring>
@@ -111,6 +115,24 @@ bool describe_image(const void* p, image& out) {
     }
     out.hash = h;
     return true;
+}
+
+CUresult read_image_file(const char* path, std::vector<std::byte>& out) {
+    out.clear();
+    if (!path) return CUDA_ERROR_INVALID_VALUE;
+    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_FILE_NOT_FOUND;
+    std::byte buf[1 << 16];
+    for (ssize_t k; (k = ::read(fd, buf, sizeof buf)) != 0;) {
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            ::close(fd);
+            return CUDA_ERROR_FILE_NOT_FOUND;
+        }
+        out.insert(out.end(), buf, buf + k);
+    }
+    ::close(fd);
+    return CUDA_SUCCESS;
 }
 
 }  // namespace vcuda::client

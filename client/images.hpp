@@ -3,6 +3,9 @@
 // wrapper points at a fatbin (v1) or also at a NULL-terminated list of more fatbins (v2, prelinked).
 #pragma once
 
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -23,6 +26,11 @@ struct image {
 bool describe_image(const void* p, image& out);
 
 // 64-bit FNV-1a, for content-addressed image caching.
+// The whole file at `path` (on this machine: the application's paths are the client's), for the calls that
+// take an image by file name (cuModuleLoad, cuLibraryLoadFromFile, cuLinkAddFile). CUDA_ERROR_FILE_NOT_FOUND
+// when it cannot be read.
+CUresult read_image_file(const char* path, std::vector<std::byte>& out);
+
 uint64_t content_hash(std::span<const std::byte> bytes, uint64_t seed = 0xcbf29ce484222325ULL);
 
 }  // namespace vcuda::client

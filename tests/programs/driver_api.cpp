@@ -7,6 +7,8 @@
 #include <cuda.h>
 
 #include <cstring>
+#include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "common.cuh"
@@ -337,6 +339,46 @@ int main() {
         CU_CHECK(cuMemGetInfo(&free_b, &total_b));
         printf("cuMemGetInfo total %zu\n", total_b);
         printf("info: cuMemGetInfo free %zu\n", free_b);
+    }
+
+    // 8. images named by file: a fatbin through cuModuleLoad, PTX through cuLibraryLoadFromFile (Triton's launcher
+    // loads its cubins with cuModuleLoad); a missing file.
+    {
+        auto write_temp = [](const void* data, size_t size, const char* suffix) {
+            char path[64];
+            snprintf(path, sizeof path, "/tmp/driver_api_XXXXXX%s", suffix);
+            int fd = mkstemps(path, static_cast<int>(strlen(suffix)));
+            EXPECT(fd >= 0, "mkstemps failed");
+            EXPECT(write(fd, data, size) == static_cast<ssize_t>(size), "writing %s failed", path);
+            close(fd);
+            return std::string(path);
+        };
+        std::string fatbin_path = write_temp(driver_api_fatbin, sizeof(driver_api_fatbin), ".fatbin");
+        std::string ptx_path = write_temp(driver_api_ptx, strlen(reinterpret_cast<const char*>(driver_api_ptx)), ".ptx");
+        CUmodule fmod;
+        CU_CHECK(cuModuleLoad(&fmod, fatbin_path.c_str()));
+        CUfunction f_file;
+        CU_CHECK(cuModuleGetFunction(&f_file, fmod, "drv_iota"));
+        CUlibrary flib;
+        CU_CHECK(cuLibraryLoadFromFile(&flib, ptx_path.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+        CUkernel k_file;
+        CU_CHECK(cuLibraryGetKernel(&k_file, flib, "drv_iota"));
+        for (int round = 0; round < 2; ++round) {
+            int base = 1000 * (round + 1);
+            void* iargs[] = {&iv, &base, &nn};
+            CUfunction which = round == 0 ? f_file : reinterpret_cast<CUfunction>(k_file);
+            CU_CHECK(cuLaunchKernel(which, grid, 1, 1, 256, 1, 1, 0, nullptr, iargs, nullptr));
+            std::vector<int> hi(n);
+            CU_CHECK(cuMemcpyDtoH(hi.data(), iv, n * sizeof(int)));
+            for (int i = 0; i < n; ++i) EXPECT(hi[i] == base + i, "image from a file, round %d: [%d] = %d", round, i, hi[i]);
+        }
+        printf("cuModuleLoad (fatbin file) and cuLibraryLoadFromFile (PTX file): drv_iota ok\n");
+        CUmodule missing;
+        printf("cuModuleLoad(a missing file) = %s\n", err_name(cuModuleLoad(&missing, "/nonexistent/vcuda.cubin")));
+        CU_CHECK(cuLibraryUnload(flib));
+        CU_CHECK(cuModuleUnload(fmod));
+        unlink(fatbin_path.c_str());
+        unlink(ptx_path.c_str());
     }
 
     CU_CHECK(cuStreamDestroy(s));
