@@ -133,12 +133,14 @@ VCUDA_API cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev) noexcep
     VCUDA_TRACE_HOOK(cuCtxCreate, pctx, flags, dev);
     return cuCtxCreate_v2(pctx, flags, dev);
 }
-VCUDA_API cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int n, unsigned int flags, CUdevice dev) noexcept {
+VCUDA_API cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int n, unsigned int flags,
+                         CUdevice dev) noexcept {
     VCUDA_TRACE_HOOK(cuCtxCreate_v3, pctx, params, n, flags, dev);
     if (n < 0 || (n > 0 && !params)) return CUDA_ERROR_INVALID_VALUE;
     return cuCtxCreate_v2(pctx, flags, dev);
 }
-VCUDA_API cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags, CUdevice dev) noexcept {
+VCUDA_API cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,
+                         CUdevice dev) noexcept {
     VCUDA_TRACE_HOOK(cuCtxCreate_v4, pctx, params, flags, dev);
     if (params && (params->numExecAffinityParams > 0 || params->cigParams))
         return static_cast<CUresult>(unsupported("cuCtxCreate_v4 (execution affinity / CIG parameters)"));
@@ -197,8 +199,10 @@ VCUDA_API cuCtxSetCurrent(CUcontext ctx) noexcept {
         return CUDA_SUCCESS;
     }
     if (!context_exists(id_of(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
-    if (s.empty()) s.push_back(id_of(ctx));
-    else s.back() = id_of(ctx);
+    if (s.empty())
+        s.push_back(id_of(ctx));
+    else
+        s.back() = id_of(ctx);
     return CUDA_SUCCESS;
 }
 
@@ -252,8 +256,10 @@ VCUDA_API cuCtxSetFlags(unsigned int flags) noexcept {
     std::unique_lock lock(st.mu);
     auto* c = st.find_context(current_context());
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
-    if (c->primary) primaries()[c->device].flags = flags;
-    else c->flags = flags;
+    if (c->primary)
+        primaries()[c->device].flags = flags;
+    else
+        c->flags = flags;
     return CUDA_SUCCESS;
 }
 

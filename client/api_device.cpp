@@ -145,8 +145,10 @@ VCUDA_API cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) noexcept {
     if (!pciBusId || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     auto& st = state::get();
-    std::snprintf(pciBusId, static_cast<size_t>(len), "%04x:%02x:%02x.0", st.attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
-                  st.attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID), st.attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID));
+    std::snprintf(pciBusId, static_cast<size_t>(len), "%04x:%02x:%02x.0",
+                  st.attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
+                  st.attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID),
+                  st.attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID));
     return CUDA_SUCCESS;
 }
 
@@ -212,4 +214,3 @@ VCUDA_API cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) noexcept 
     *can = 0;  // peer access between vGPUs is not offered
     return CUDA_SUCCESS;
 }
-

@@ -1,13 +1,13 @@
 // Graphs: the hand-written entry points. The plain ones (cuGraphCreate, cuGraphDestroy, cuGraphExecDestroy,
-// cuGraphLaunch, cuGraphUpload, cuGraphExecChildGraphNodeSetParams, cuGraphDestroyNode) are generated from the
-// spec; graphs come from them or from cuStreamEndCapture (client/api_stream.cpp) and are session handles like
-// streams. Graph nodes are session handles too: those added here come back from the server's graph_add_node,
-// those the driver made (captured work) when a listing (cuGraphGetNodes, ...) first names them. The mirror
-// keeps each node's graph and type, and each executable graph's graph, so that cuGraphNodeGetType is answered
-// here and cuGraphExecKernelNodeSetParams (XLA: about ninety per step) is checked here and queued.
-// Served node types: kernel, memset, memcpy between device memory, child graph (cloned), empty, event record
-// and event wait; the others answer CUDA_ERROR_NOT_SUPPORTED (logged once).
-// The graph functions answer CUDA_ERROR_INVALID_VALUE for an unknown graph, node or parameter, as cuda.h lists.
+// cuGraphLaunch, cuGraphUpload, cuGraphExecChildGraphNodeSetParams, cuGraphDestroyNode) are generated from
+// the spec; graphs come from them or from cuStreamEndCapture (client/api_stream.cpp) and are session handles
+// like streams. Graph nodes are session handles too: those added here come back from the server's
+// graph_add_node, those the driver made (captured work) when a listing (cuGraphGetNodes, ...) first names
+// them. The mirror keeps each node's graph and type, and each executable graph's graph, so that
+// cuGraphNodeGetType is answered here and cuGraphExecKernelNodeSetParams (XLA: about ninety per step) is
+// checked here and queued. Served node types: kernel, memset, memcpy between device memory, child graph
+// (cloned), empty, event record and event wait; the others answer CUDA_ERROR_NOT_SUPPORTED (logged once). The
+// graph functions answer CUDA_ERROR_INVALID_VALUE for an unknown graph, node or parameter, as cuda.h lists.
 #include <algorithm>
 #include <cstring>
 #include <span>
@@ -24,8 +24,8 @@ using namespace vcuda;
 using namespace vcuda::client;
 
 namespace vcuda::client {
-// Begins a capture on `s` (client/api_stream.cpp): into a graph of the driver's, or into the application's graph
-// `into` after the nodes `deps` (ids checked) with their edge data.
+// Begins a capture on `s` (client/api_stream.cpp): into a graph of the driver's, or into the application's
+// graph `into` after the nodes `deps` (ids checked) with their edge data.
 CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, const char* name, CUgraph into,
                        std::span<const std::byte> deps, std::span<const std::byte> edges);
 }  // namespace vcuda::client
@@ -78,8 +78,8 @@ CUresult node_context(CUcontext ctx, const char* name) {
     return c->device == device ? CUDA_SUCCESS : static_cast<CUresult>(unsupported(name));
 }
 
-// One node as it travels: its type, the arguments of its type (server/handlers_graph.cpp, graph_add_node) and its
-// data (a kernel's packed parameters, a memcpy's CUDA_MEMCPY3D).
+// One node as it travels: its type, the arguments of its type (server/handlers_graph.cpp, graph_add_node) and
+// its data (a kernel's packed parameters, a memcpy's CUDA_MEMCPY3D).
 struct node_spec {
     CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
     std::vector<uint64_t> args;
@@ -87,14 +87,15 @@ struct node_spec {
 };
 
 // A kernel node's kernel: `func`, or `kern` in `ctx`, checked and packed as a launch's.
-CUresult kernel_spec(CUfunction func, CUkernel kern, CUcontext ctx, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                     unsigned by, unsigned bz, unsigned shared, void** kernel_params, void** extra, node_spec& s,
-                     const char* name) {
+CUresult kernel_spec(CUfunction func, CUkernel kern, CUcontext ctx, unsigned gx, unsigned gy, unsigned gz,
+                     unsigned bx, unsigned by, unsigned bz, unsigned shared, void** kernel_params,
+                     void** extra, node_spec& s, const char* name) {
     s.type = CU_GRAPH_NODE_TYPE_KERNEL;
     uint64_t fid = func ? id_of(func) : id_of(kern);
     handle_info info;
     if (!state::get().lookup_kind(fid, info.kind, &info.layout)) return CUDA_ERROR_INVALID_VALUE;
-    if (func ? info.kind != handle_kind::function && info.kind != handle_kind::kernel : info.kind != handle_kind::kernel)
+    if (func ? info.kind != handle_kind::function && info.kind != handle_kind::kernel
+             : info.kind != handle_kind::kernel)
         return CUDA_ERROR_INVALID_VALUE;
     if (!func)
         if (CUresult rc = node_context(ctx, name); rc != CUDA_SUCCESS) return rc;
@@ -110,8 +111,8 @@ CUresult kernel_spec(CUfunction func, CUkernel kern, CUcontext ctx, unsigned gx,
 
 template <class P>
 CUresult kernel_spec(const P& p, CUkernel kern, CUcontext ctx, node_spec& s, const char* name) {
-    return kernel_spec(p.func, kern, ctx, p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ,
-                       p.sharedMemBytes, p.kernelParams, p.extra, s, name);
+    return kernel_spec(p.func, kern, ctx, p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY,
+                       p.blockDimZ, p.sharedMemBytes, p.kernelParams, p.extra, s, name);
 }
 
 CUresult memset_spec(const CUDA_MEMSET_NODE_PARAMS& p, CUcontext ctx, node_spec& s, const char* name) {
@@ -126,7 +127,8 @@ CUresult memset_spec(const CUDA_MEMSET_NODE_PARAMS& p, CUcontext ctx, node_spec&
 CUresult memcpy_spec(const CUDA_MEMCPY3D& p, CUcontext ctx, node_spec& s, const char* name) {
     auto device_side = [](CUmemorytype t, CUdeviceptr ptr) {
         device_allocation a;
-        return t == CU_MEMORYTYPE_DEVICE || (t == CU_MEMORYTYPE_UNIFIED && state::get().find_allocation(ptr, 1, a));
+        return t == CU_MEMORYTYPE_DEVICE ||
+               (t == CU_MEMORYTYPE_UNIFIED && state::get().find_allocation(ptr, 1, a));
     };
     if (!device_side(p.srcMemoryType, p.srcDevice) || !device_side(p.dstMemoryType, p.dstDevice)) {
         std::string what = std::string(name) + " (a copy from or to host memory or an array)";
@@ -163,7 +165,8 @@ CUresult event_spec(CUgraphNodeType type, CUevent event, node_spec& s) {
 CUresult spec_of(const CUgraphNodeParams* p, node_spec& s, const char* name) {
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     switch (p->type) {
-        case CU_GRAPH_NODE_TYPE_KERNEL: return kernel_spec(p->kernel, p->kernel.kern, p->kernel.ctx, s, name);
+        case CU_GRAPH_NODE_TYPE_KERNEL:
+            return kernel_spec(p->kernel, p->kernel.kern, p->kernel.ctx, s, name);
         case CU_GRAPH_NODE_TYPE_MEMSET: {
             const auto& m = p->memset;
             return memset_spec({m.dst, m.pitch, m.value, m.elementSize, m.width, m.height}, m.ctx, s, name);
@@ -171,12 +174,18 @@ CUresult spec_of(const CUgraphNodeParams* p, node_spec& s, const char* name) {
         case CU_GRAPH_NODE_TYPE_MEMCPY:
             if (p->memcpy.flags || p->memcpy.reserved) return CUDA_ERROR_INVALID_VALUE;
             return memcpy_spec(p->memcpy.copyParams, p->memcpy.copyCtx, s, name);
-        case CU_GRAPH_NODE_TYPE_GRAPH: return child_spec(p->graph.graph, p->graph.ownership, s, name);
-        case CU_GRAPH_NODE_TYPE_EMPTY: s.type = CU_GRAPH_NODE_TYPE_EMPTY; return CUDA_SUCCESS;
-        case CU_GRAPH_NODE_TYPE_WAIT_EVENT: return event_spec(p->type, p->eventWait.event, s);
-        case CU_GRAPH_NODE_TYPE_EVENT_RECORD: return event_spec(p->type, p->eventRecord.event, s);
+        case CU_GRAPH_NODE_TYPE_GRAPH:
+            return child_spec(p->graph.graph, p->graph.ownership, s, name);
+        case CU_GRAPH_NODE_TYPE_EMPTY:
+            s.type = CU_GRAPH_NODE_TYPE_EMPTY;
+            return CUDA_SUCCESS;
+        case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+            return event_spec(p->type, p->eventWait.event, s);
+        case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+            return event_spec(p->type, p->eventRecord.event, s);
         default: {
-            std::string what = std::string(name) + " (node type " + std::to_string(static_cast<int>(p->type)) + ")";
+            std::string what =
+                std::string(name) + " (node type " + std::to_string(static_cast<int>(p->type)) + ")";
             return static_cast<CUresult>(unsupported(what.c_str()));
         }
     }
@@ -184,8 +193,8 @@ CUresult spec_of(const CUgraphNodeParams* p, node_spec& s, const char* name) {
 
 // Adds the node `build(spec)` describes (and checks) to `g` after `deps`.
 template <class Build>
-CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* edges, size_t n,
-                  const char* name, Build&& build) {
+CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* edges,
+                  size_t n, const char* name, Build&& build) {
     VCUDA_REQUIRE_INIT();
     node_spec spec;
     CUresult built = build(spec);
@@ -205,9 +214,9 @@ CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CU
     return CUDA_SUCCESS;
 }
 
-// A kernel node's new kernel, as `build(spec)` describes it: on the node itself (exec null, waited for), or on
-// its copy in an executable graph of its graph (checked here, queued: the driver's own checks of the kernel
-// report at the next synchronizing call).
+// A kernel node's new kernel, as `build(spec)` describes it: on the node itself (exec null, waited for), or
+// on its copy in an executable graph of its graph (checked here, queued: the driver's own checks of the
+// kernel report at the next synchronizing call).
 template <class Build>
 CUresult set_kernel(CUgraphExec exec, CUgraphNode node, const char* name, Build&& build) {
     VCUDA_REQUIRE_INIT();
@@ -215,7 +224,8 @@ CUresult set_kernel(CUgraphExec exec, CUgraphNode node, const char* name, Build&
     CUresult built = build(spec);
     handle_info n, e;
     if (!node_info(node, n) || n.node_type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
-    if (exec && (!state::get().lookup(id_of(exec), e) || e.kind != handle_kind::graph_exec || e.owner != n.owner))
+    if (exec &&
+        (!state::get().lookup(id_of(exec), e) || e.kind != handle_kind::graph_exec || e.owner != n.owner))
         return CUDA_ERROR_INVALID_VALUE;
     if (built != CUDA_SUCCESS) return built;
     plain_call c(op::kernel_node_params, name);
@@ -236,13 +246,13 @@ CUresult instantiate(CUgraphExec* exec, CUgraph g, uint64_t flags, CUstream uplo
     c.arg(flags);
     c.handle(upload, handle_kind::stream);  // the driver reads the stream only to upload
     CUresult rc = c.send_sync();
-    // The result and failing node come back even when instantiation fails (not when a queued call's error took
-    // the reply).
+    // The result and failing node come back even when instantiation fails (not when a queued call's error
+    // took the reply).
     const bool answered = c.reply().outs.size() >= 4;
     if (result) {
-        *result = answered                 ? c.out<CUgraphInstantiateResult>(1)
-                  : rc == CUDA_SUCCESS     ? CUDA_GRAPH_INSTANTIATE_SUCCESS
-                                           : CUDA_GRAPH_INSTANTIATE_ERROR;
+        *result = answered             ? c.out<CUgraphInstantiateResult>(1)
+                  : rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS
+                                       : CUDA_GRAPH_INSTANTIATE_ERROR;
     }
     if (error_node) {
         uint64_t id = answered ? c.out<uint64_t>(2) : 0;
@@ -254,32 +264,33 @@ CUresult instantiate(CUgraphExec* exec, CUgraph g, uint64_t flags, CUstream uplo
 }
 
 // The pre-12.0 form: no flags, and a log buffer the driver writes only on failure.
-CUresult instantiate_with_log(CUgraphExec* exec, CUgraph g, CUgraphNode* error_node, char* log, size_t log_size,
-                              const char* name) {
+CUresult instantiate_with_log(CUgraphExec* exec, CUgraph g, CUgraphNode* error_node, char* log,
+                              size_t log_size, const char* name) {
     if (log && log_size) log[0] = '\0';
     return instantiate(exec, g, 0, nullptr, error_node, nullptr, name);
 }
 
-CUresult instantiate_with_params(CUgraphExec* exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS* params, CUstream upload,
-                                 const char* name) {
+CUresult instantiate_with_params(CUgraphExec* exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS* params,
+                                 CUstream upload, const char* name) {
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     bool uploads = params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
-    return instantiate(exec, g, params->flags, uploads ? upload : nullptr, &params->hErrNode_out, &params->result_out,
-                       name);
+    return instantiate(exec, g, params->flags, uploads ? upload : nullptr, &params->hErrNode_out,
+                       &params->result_out, name);
 }
 
 enum class listing : uint64_t { nodes = 0, root_nodes = 1, dependencies = 2, dependents = 3 };
 
-// cuGraphGetNodes, cuGraphGetRootNodes (of graph `of`), cuGraphNodeGetDependencies, cuGraphNodeGetDependentNodes
-// (of node `of`): as the driver answers, a count without an array, else up to *count nodes (the rest of the array
-// set to NULL) and how many there were. The nodes listed join the mirror.
+// cuGraphGetNodes, cuGraphGetRootNodes (of graph `of`), cuGraphNodeGetDependencies,
+// cuGraphNodeGetDependentNodes (of node `of`): as the driver answers, a count without an array, else up to
+// *count nodes (the rest of the array set to NULL) and how many there were. The nodes listed join the mirror.
 CUresult list_nodes(uint64_t of, listing what, CUgraphNode* nodes, CUgraphEdgeData* edges, size_t* count,
                     const char* name) {
     VCUDA_REQUIRE_INIT();
     if (!count || (edges && !nodes)) return CUDA_ERROR_INVALID_VALUE;
     const bool of_graph = what == listing::nodes || what == listing::root_nodes;
     handle_info info;
-    if (!state::get().lookup(of, info) || info.kind != (of_graph ? handle_kind::graph : handle_kind::graph_node))
+    if (!state::get().lookup(of, info) ||
+        info.kind != (of_graph ? handle_kind::graph : handle_kind::graph_node))
         return CUDA_ERROR_INVALID_VALUE;
     const uint64_t graph = of_graph ? of : info.owner;
     const size_t capacity = nodes ? *count : 0;
@@ -292,10 +303,12 @@ CUresult list_nodes(uint64_t of, listing what, CUgraphNode* nodes, CUgraphEdgeDa
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     const auto& outs = c.reply().outs;
     const size_t total = c.out<uint64_t>(0), listed = nodes ? std::min(total, capacity) : 0;
-    if (outs.size() != 1 + 2 * listed || (edges && (c.reply().blobs.size() != 1 ||
-                                                    c.reply().blobs[0].size() != listed * sizeof(CUgraphEdgeData))))
+    if (outs.size() != 1 + 2 * listed ||
+        (edges &&
+         (c.reply().blobs.size() != 1 || c.reply().blobs[0].size() != listed * sizeof(CUgraphEdgeData))))
         return CUDA_ERROR_UNKNOWN;  // a server that answers otherwise is not speaking this protocol
-    for (size_t i = 0; i < listed; ++i) nodes[i] = adopt_node(outs[1 + 2 * i], graph, c.out<CUgraphNodeType>(2 + 2 * i));
+    for (size_t i = 0; i < listed; ++i)
+        nodes[i] = adopt_node(outs[1 + 2 * i], graph, c.out<CUgraphNodeType>(2 + 2 * i));
     for (size_t i = listed; i < capacity; ++i) nodes[i] = nullptr;
     if (edges) {
         std::memcpy(edges, c.reply().blobs[0].data(), listed * sizeof(CUgraphEdgeData));
@@ -306,8 +319,8 @@ CUresult list_nodes(uint64_t of, listing what, CUgraphNode* nodes, CUgraphEdgeDa
 }
 
 // cuGraphAddDependencies / cuGraphRemoveDependencies: edges from[i] -> to[i].
-CUresult change_edges(CUgraph g, const CUgraphNode* from, const CUgraphNode* to, const CUgraphEdgeData* edges, size_t n,
-                      uint64_t remove, const char* name) {
+CUresult change_edges(CUgraph g, const CUgraphNode* from, const CUgraphNode* to, const CUgraphEdgeData* edges,
+                      size_t n, uint64_t remove, const char* name) {
     VCUDA_REQUIRE_INIT();
     if (!state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
     std::vector<uint64_t> from_ids, to_ids;
@@ -326,24 +339,28 @@ CUresult change_edges(CUgraph g, const CUgraphNode* from, const CUgraphNode* to,
 
 // ---------------------------------------------------------------- capture into an existing graph
 
-VCUDA_API cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* edges,
-                                      size_t n, CUstreamCaptureMode mode) noexcept {
+VCUDA_API cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode* deps,
+                                      const CUgraphEdgeData* edges, size_t n,
+                                      CUstreamCaptureMode mode) noexcept {
     VCUDA_TRACE_HOOK(cuStreamBeginCaptureToGraph, s, g, deps, edges, n, mode);
     VCUDA_REQUIRE_INIT();
     if (!state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
     std::vector<uint64_t> dep_ids;
     if (CUresult rc = node_ids(deps, n, dep_ids); rc != CUDA_SUCCESS) return rc;
-    return begin_capture(s, mode, "cuStreamBeginCaptureToGraph", g, std::as_bytes(std::span(dep_ids)), edge_bytes(edges, n));
+    return begin_capture(s, mode, "cuStreamBeginCaptureToGraph", g, std::as_bytes(std::span(dep_ids)),
+                         edge_bytes(edges, n));
 }
 
 // ---------------------------------------------------------------- instantiation
 
-VCUDA_API cuGraphInstantiate(CUgraphExec* exec, CUgraph g, CUgraphNode* error_node, char* log, size_t log_size) noexcept {
+VCUDA_API cuGraphInstantiate(CUgraphExec* exec, CUgraph g, CUgraphNode* error_node, char* log,
+                             size_t log_size) noexcept {
     VCUDA_TRACE_HOOK(cuGraphInstantiate, exec, g, error_node, log, log_size);
     return instantiate_with_log(exec, g, error_node, log, log_size, "cuGraphInstantiate");
 }
 
-VCUDA_API cuGraphInstantiate_v2(CUgraphExec* exec, CUgraph g, CUgraphNode* error_node, char* log, size_t log_size) noexcept {
+VCUDA_API cuGraphInstantiate_v2(CUgraphExec* exec, CUgraph g, CUgraphNode* error_node, char* log,
+                                size_t log_size) noexcept {
     VCUDA_TRACE_HOOK(cuGraphInstantiate_v2, exec, g, error_node, log, log_size);
     return instantiate_with_log(exec, g, error_node, log, log_size, "cuGraphInstantiate_v2");
 }
@@ -353,15 +370,19 @@ VCUDA_API cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph g, unsigned lon
     return instantiate(exec, g, flags, nullptr, nullptr, nullptr, "cuGraphInstantiateWithFlags");
 }
 
-VCUDA_API cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS* params) noexcept {
+VCUDA_API cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph g,
+                                       CUDA_GRAPH_INSTANTIATE_PARAMS* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphInstantiateWithParams, exec, g, params);
-    return instantiate_with_params(exec, g, params, params ? params->hUploadStream : nullptr, "cuGraphInstantiateWithParams");
+    return instantiate_with_params(exec, g, params, params ? params->hUploadStream : nullptr,
+                                   "cuGraphInstantiateWithParams");
 }
 
 // The per-thread-stream variant: the upload stream inside the parameters is the one to map.
-VCUDA_API cuGraphInstantiateWithParams_ptsz(CUgraphExec* exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS* params) noexcept {
+VCUDA_API cuGraphInstantiateWithParams_ptsz(CUgraphExec* exec, CUgraph g,
+                                            CUDA_GRAPH_INSTANTIATE_PARAMS* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphInstantiateWithParams_ptsz, exec, g, params);
-    return instantiate_with_params(exec, g, params, params ? per_thread_stream(params->hUploadStream) : nullptr,
+    return instantiate_with_params(exec, g, params,
+                                   params ? per_thread_stream(params->hUploadStream) : nullptr,
                                    "cuGraphInstantiateWithParams_ptsz");
 }
 
@@ -382,20 +403,24 @@ VCUDA_API cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode* deps, size_t
     return list_nodes(id_of(node), listing::dependencies, deps, nullptr, count, "cuGraphNodeGetDependencies");
 }
 
-VCUDA_API cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode* deps, CUgraphEdgeData* edges, size_t* count) noexcept {
+VCUDA_API cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode* deps, CUgraphEdgeData* edges,
+                                        size_t* count) noexcept {
     VCUDA_TRACE_HOOK(cuGraphNodeGetDependencies_v2, node, deps, edges, count);
-    return list_nodes(id_of(node), listing::dependencies, deps, edges, count, "cuGraphNodeGetDependencies_v2");
+    return list_nodes(id_of(node), listing::dependencies, deps, edges, count,
+                      "cuGraphNodeGetDependencies_v2");
 }
 
 VCUDA_API cuGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode* dependents, size_t* count) noexcept {
     VCUDA_TRACE_HOOK(cuGraphNodeGetDependentNodes, node, dependents, count);
-    return list_nodes(id_of(node), listing::dependents, dependents, nullptr, count, "cuGraphNodeGetDependentNodes");
+    return list_nodes(id_of(node), listing::dependents, dependents, nullptr, count,
+                      "cuGraphNodeGetDependentNodes");
 }
 
 VCUDA_API cuGraphNodeGetDependentNodes_v2(CUgraphNode node, CUgraphNode* dependents, CUgraphEdgeData* edges,
                                           size_t* count) noexcept {
     VCUDA_TRACE_HOOK(cuGraphNodeGetDependentNodes_v2, node, dependents, edges, count);
-    return list_nodes(id_of(node), listing::dependents, dependents, edges, count, "cuGraphNodeGetDependentNodes_v2");
+    return list_nodes(id_of(node), listing::dependents, dependents, edges, count,
+                      "cuGraphNodeGetDependentNodes_v2");
 }
 
 VCUDA_API cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType* type) noexcept {
@@ -409,14 +434,15 @@ VCUDA_API cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType* type) noexcept {
 
 // ---------------------------------------------------------------- adding nodes and edges
 
-VCUDA_API cuGraphAddNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n, CUgraphNodeParams* params) noexcept {
+VCUDA_API cuGraphAddNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                         CUgraphNodeParams* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddNode, node, g, deps, n, params);
     const char* name = "cuGraphAddNode";
     return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) { return spec_of(params, s, name); });
 }
 
-VCUDA_API cuGraphAddNode_v2(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* edges, size_t n,
-                            CUgraphNodeParams* params) noexcept {
+VCUDA_API cuGraphAddNode_v2(CUgraphNode* node, CUgraph g, const CUgraphNode* deps,
+                            const CUgraphEdgeData* edges, size_t n, CUgraphNodeParams* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddNode_v2, node, g, deps, edges, n, params);
     const char* name = "cuGraphAddNode_v2";
     return add_node(node, g, deps, edges, n, name, [&](node_spec& s) { return spec_of(params, s, name); });
@@ -460,10 +486,12 @@ VCUDA_API cuGraphAddMemcpyNode(CUgraphNode* node, CUgraph g, const CUgraphNode* 
 
 VCUDA_API cuGraphAddEmptyNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddEmptyNode, node, g, deps, n);
-    return add_node(node, g, deps, nullptr, n, "cuGraphAddEmptyNode", [](node_spec&) { return CUDA_SUCCESS; });
+    return add_node(node, g, deps, nullptr, n, "cuGraphAddEmptyNode",
+                    [](node_spec&) { return CUDA_SUCCESS; });
 }
 
-VCUDA_API cuGraphAddChildGraphNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n, CUgraph child) noexcept {
+VCUDA_API cuGraphAddChildGraphNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                                   CUgraph child) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddChildGraphNode, node, g, deps, n, child);
     const char* name = "cuGraphAddChildGraphNode";
     return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) {
@@ -471,30 +499,34 @@ VCUDA_API cuGraphAddChildGraphNode(CUgraphNode* node, CUgraph g, const CUgraphNo
     });
 }
 
-VCUDA_API cuGraphAddEventRecordNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n, CUevent event) noexcept {
+VCUDA_API cuGraphAddEventRecordNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                                    CUevent event) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddEventRecordNode, node, g, deps, n, event);
     return add_node(node, g, deps, nullptr, n, "cuGraphAddEventRecordNode",
                     [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_EVENT_RECORD, event, s); });
 }
 
-VCUDA_API cuGraphAddEventWaitNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n, CUevent event) noexcept {
+VCUDA_API cuGraphAddEventWaitNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                                  CUevent event) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddEventWaitNode, node, g, deps, n, event);
     return add_node(node, g, deps, nullptr, n, "cuGraphAddEventWaitNode",
                     [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_WAIT_EVENT, event, s); });
 }
 
-VCUDA_API cuGraphAddDependencies(CUgraph g, const CUgraphNode* from, const CUgraphNode* to, size_t n) noexcept {
+VCUDA_API cuGraphAddDependencies(CUgraph g, const CUgraphNode* from, const CUgraphNode* to,
+                                 size_t n) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddDependencies, g, from, to, n);
     return change_edges(g, from, to, nullptr, n, 0, "cuGraphAddDependencies");
 }
 
-VCUDA_API cuGraphAddDependencies_v2(CUgraph g, const CUgraphNode* from, const CUgraphNode* to, const CUgraphEdgeData* edges,
-                                    size_t n) noexcept {
+VCUDA_API cuGraphAddDependencies_v2(CUgraph g, const CUgraphNode* from, const CUgraphNode* to,
+                                    const CUgraphEdgeData* edges, size_t n) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddDependencies_v2, g, from, to, edges, n);
     return change_edges(g, from, to, edges, n, 0, "cuGraphAddDependencies_v2");
 }
 
-VCUDA_API cuGraphRemoveDependencies(CUgraph g, const CUgraphNode* from, const CUgraphNode* to, size_t n) noexcept {
+VCUDA_API cuGraphRemoveDependencies(CUgraph g, const CUgraphNode* from, const CUgraphNode* to,
+                                    size_t n) noexcept {
     VCUDA_TRACE_HOOK(cuGraphRemoveDependencies, g, from, to, n);
     return change_edges(g, from, to, nullptr, n, 1, "cuGraphRemoveDependencies");
 }
@@ -530,11 +562,13 @@ VCUDA_API cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams* params) noex
     handle_info n;
     if (!params || !node_info(node, n) || n.node_type != params->type) return CUDA_ERROR_INVALID_VALUE;
     const char* name = "cuGraphNodeSetParams";
-    if (params->type != CU_GRAPH_NODE_TYPE_KERNEL) return static_cast<CUresult>(unsupported("cuGraphNodeSetParams (other than kernel nodes)"));
+    if (params->type != CU_GRAPH_NODE_TYPE_KERNEL)
+        return static_cast<CUresult>(unsupported("cuGraphNodeSetParams (other than kernel nodes)"));
     return set_kernel(nullptr, node, name, [&](node_spec& s) { return spec_of(params, s, name); });
 }
 
-VCUDA_API cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS_v1* params) noexcept {
+VCUDA_API cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                         const CUDA_KERNEL_NODE_PARAMS_v1* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphExecKernelNodeSetParams, exec, node, params);
     const char* name = "cuGraphExecKernelNodeSetParams";
     if (!exec) return CUDA_ERROR_INVALID_VALUE;
@@ -543,7 +577,8 @@ VCUDA_API cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node, con
     });
 }
 
-VCUDA_API cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS* params) noexcept {
+VCUDA_API cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
+                                            const CUDA_KERNEL_NODE_PARAMS* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphExecKernelNodeSetParams_v2, exec, node, params);
     const char* name = "cuGraphExecKernelNodeSetParams_v2";
     if (!exec) return CUDA_ERROR_INVALID_VALUE;
@@ -557,10 +592,13 @@ VCUDA_API cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNo
     VCUDA_TRACE_HOOK(cuGraphExecNodeSetParams, exec, node, params);
     VCUDA_REQUIRE_INIT();
     handle_info n;
-    if (!exec || !params || !node_info(node, n) || n.node_type != params->type) return CUDA_ERROR_INVALID_VALUE;
-    if (params->type == CU_GRAPH_NODE_TYPE_GRAPH) return cuGraphExecChildGraphNodeSetParams(exec, node, params->graph.graph);
+    if (!exec || !params || !node_info(node, n) || n.node_type != params->type)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (params->type == CU_GRAPH_NODE_TYPE_GRAPH)
+        return cuGraphExecChildGraphNodeSetParams(exec, node, params->graph.graph);
     if (params->type != CU_GRAPH_NODE_TYPE_KERNEL)
-        return static_cast<CUresult>(unsupported("cuGraphExecNodeSetParams (other than kernel and child graph nodes)"));
+        return static_cast<CUresult>(
+            unsupported("cuGraphExecNodeSetParams (other than kernel and child graph nodes)"));
     const char* name = "cuGraphExecNodeSetParams";
     return set_kernel(exec, node, name, [&](node_spec& s) { return spec_of(params, s, name); });
 }

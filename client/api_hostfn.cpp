@@ -60,8 +60,10 @@ void run_host_functions(session* s) {
                 r.pending.erase(it);
             }
         }
-        if (c.fn) c.fn(c.data);
-        else if (c.callback) c.callback(c.stream, CUDA_SUCCESS, c.data);
+        if (c.fn)
+            c.fn(c.data);
+        else if (c.callback)
+            c.callback(c.stream, CUDA_SUCCESS, c.data);
         uint64_t arg = id;
         call_request done;
         done.operation = op::host_func_done;
@@ -72,7 +74,8 @@ void run_host_functions(session* s) {
 
 CUresult enqueue(CUstream stream, const host_call& c) {
     VCUDA_REQUIRE_INIT();
-    if (!valid_handle(reinterpret_cast<uint64_t>(stream), handle_kind::stream)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!valid_handle(reinterpret_cast<uint64_t>(stream), handle_kind::stream))
+        return CUDA_ERROR_INVALID_HANDLE;
     session* s = &state::get().remote();
     uint64_t id;
     {
@@ -107,7 +110,8 @@ VCUDA_API cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) noexce
     return enqueue(hStream, c);
 }
 
-VCUDA_API cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void* userData, unsigned int flags) noexcept {
+VCUDA_API cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void* userData,
+                              unsigned int flags) noexcept {
     VCUDA_TRACE_HOOK(cuStreamAddCallback, hStream, callback, userData, flags);
     if (!callback || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     host_call c;

@@ -14,21 +14,24 @@ using namespace vcuda::client;
 
 namespace vcuda::client {
 
-CUresult check_shape(int device, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz) {
+CUresult check_shape(int device, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                     unsigned bz) {
     auto& st = state::get();
     auto a = [&](CUdevice_attribute x) { return static_cast<unsigned>(st.attribute(device, x)); };
     if (!gx || !gy || !gz || !bx || !by || !bz) return CUDA_ERROR_INVALID_VALUE;
     if (bx > a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X) || by > a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y) ||
         bz > a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z))
         return CUDA_ERROR_INVALID_VALUE;
-    if (uint64_t{bx} * by * bz > a(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)) return CUDA_ERROR_INVALID_VALUE;
+    if (uint64_t{bx} * by * bz > a(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK))
+        return CUDA_ERROR_INVALID_VALUE;
     if (gx > a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X) || gy > a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y) ||
         gz > a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z))
         return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;
 }
 
-CUresult pack_params(const handle_info& f, void** kernel_params, void** extra, std::vector<std::byte>& buf, param_form& form) {
+CUresult pack_params(const handle_info& f, void** kernel_params, void** extra, std::vector<std::byte>& buf,
+                     param_form& form) {
     if (kernel_params) {
         if (!f.layout) return CUDA_ERROR_INVALID_HANDLE;
         buf.assign(f.layout->total(), std::byte{0});
@@ -44,9 +47,12 @@ CUresult pack_params(const handle_info& f, void** kernel_params, void** extra, s
         const void* ptr = nullptr;
         size_t size = 0;
         for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) ptr = extra[i + 1];
-            else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<size_t*>(extra[i + 1]);
-            else return CUDA_ERROR_INVALID_VALUE;
+            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+                ptr = extra[i + 1];
+            else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE)
+                size = *static_cast<size_t*>(extra[i + 1]);
+            else
+                return CUDA_ERROR_INVALID_VALUE;
         }
         if (size && !ptr) return CUDA_ERROR_INVALID_VALUE;
         buf.assign(static_cast<const std::byte*>(ptr), static_cast<const std::byte*>(ptr) + size);
@@ -67,15 +73,17 @@ namespace {
 // launches wait for its answer instead of being queued.
 constexpr unsigned static_shared_limit = 48u << 10;
 
-CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared,
-                CUstream stream, void** kernel_params, void** extra, std::span<const std::byte> attrs, size_t n_attrs) {
+CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                unsigned shared, CUstream stream, void** kernel_params, void** extra,
+                std::span<const std::byte> attrs, size_t n_attrs) {
     VCUDA_REQUIRE_INIT();
     handle_info info;
     uint64_t fid = reinterpret_cast<uint64_t>(f);
     if (!state::get().lookup_kind(fid, info.kind, &info.layout) ||
         (info.kind != handle_kind::function && info.kind != handle_kind::kernel))
         return CUDA_ERROR_INVALID_HANDLE;
-    if (!valid_handle(reinterpret_cast<uint64_t>(stream), handle_kind::stream)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!valid_handle(reinterpret_cast<uint64_t>(stream), handle_kind::stream))
+        return CUDA_ERROR_INVALID_HANDLE;
     int device = current_device();
     if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (CUresult rc = check_shape(device, gx, gy, gz, bx, by, bz); rc != CUDA_SUCCESS) return rc;
@@ -85,7 +93,9 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
 
     lane* l = state::get().remote().this_thread_lane();
     if (!l) return static_cast<CUresult>(connection_lost_result);
-    uint64_t args[] = {state::get().route(fid), gx, gy, gz, bx, by, bz, shared, reinterpret_cast<uint64_t>(stream), static_cast<uint64_t>(form), n_attrs};
+    uint64_t args[] = {
+        state::get().route(fid),     gx,     gy, gz, bx, by, bz, shared, reinterpret_cast<uint64_t>(stream),
+        static_cast<uint64_t>(form), n_attrs};
     std::span<const std::byte> blobs[] = {params, attrs};
     call_request rq;
     rq.operation = op::launch;
@@ -121,25 +131,29 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
 
 }  // namespace
 
-VCUDA_API cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
-                         unsigned int bz, unsigned int shared, CUstream stream, void** kernelParams, void** extra) noexcept {
+VCUDA_API cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                         unsigned int by, unsigned int bz, unsigned int shared, CUstream stream,
+                         void** kernelParams, void** extra) noexcept {
     VCUDA_TRACE_HOOK(cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shared, stream, kernelParams, extra);
     return launch(f, gx, gy, gz, bx, by, bz, shared, stream, kernelParams, extra, {}, 0);
 }
 
-VCUDA_API cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra) noexcept {
+VCUDA_API cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams,
+                           void** extra) noexcept {
     VCUDA_TRACE_HOOK(cuLaunchKernelEx, config, f, kernelParams, extra);
     if (!config || (config->numAttrs && !config->attrs)) return CUDA_ERROR_INVALID_VALUE;
-    std::span<const std::byte> attrs(reinterpret_cast<const std::byte*>(config->attrs), config->numAttrs * sizeof(CUlaunchAttribute));
-    return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
-                  config->blockDimZ, config->sharedMemBytes, config->hStream, kernelParams, extra, attrs, config->numAttrs);
+    std::span<const std::byte> attrs(reinterpret_cast<const std::byte*>(config->attrs),
+                                     config->numAttrs * sizeof(CUlaunchAttribute));
+    return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
+                  config->blockDimY, config->blockDimZ, config->sharedMemBytes, config->hStream, kernelParams,
+                  extra, attrs, config->numAttrs);
 }
 
-// A cooperative launch is cuLaunchKernelEx's with the cooperative attribute: the server's launch op passes it to
-// the driver as it is, and the driver checks that the grid fits on the device at once.
-VCUDA_API cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                                    unsigned int by, unsigned int bz, unsigned int shared, CUstream stream,
-                                    void** kernelParams) noexcept {
+// A cooperative launch is cuLaunchKernelEx's with the cooperative attribute: the server's launch op passes it
+// to the driver as it is, and the driver checks that the grid fits on the device at once.
+VCUDA_API cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                    unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
+                                    CUstream stream, void** kernelParams) noexcept {
     VCUDA_TRACE_HOOK(cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shared, stream, kernelParams);
     CUlaunchAttribute cooperative{};
     cooperative.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
@@ -149,16 +163,18 @@ VCUDA_API cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int 
 }
 
 namespace {
-// cuOccupancyMaxActiveClusters (what 0) and cuOccupancyMaxPotentialClusterSize (what 1): answered by the server
-// once per function and configuration, then from the reply cache (PyTorch asks about a hundred times a step).
+// cuOccupancyMaxActiveClusters (what 0) and cuOccupancyMaxPotentialClusterSize (what 1): answered by the
+// server once per function and configuration, then from the reply cache (PyTorch asks about a hundred times a
+// step).
 CUresult occupancy_clusters(int* answer, CUfunction f, const CUlaunchConfig* config, uint64_t what) {
     VCUDA_REQUIRE_INIT();
     if (!answer || !config || (config->numAttrs && !config->attrs)) return CUDA_ERROR_INVALID_VALUE;
     if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    plain_call c(op::occupancy_clusters, what ? "cuOccupancyMaxPotentialClusterSize" : "cuOccupancyMaxActiveClusters");
+    plain_call c(op::occupancy_clusters,
+                 what ? "cuOccupancyMaxPotentialClusterSize" : "cuOccupancyMaxActiveClusters");
     c.handle(f, handle_kind::function);
-    for (unsigned v : {config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
-                       config->blockDimZ, config->sharedMemBytes})
+    for (unsigned v : {config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
+                       config->blockDimY, config->blockDimZ, config->sharedMemBytes})
         c.arg(v);
     c.handle(config->hStream, handle_kind::stream);
     c.arg(config->numAttrs);
@@ -170,12 +186,14 @@ CUresult occupancy_clusters(int* answer, CUfunction f, const CUlaunchConfig* con
 }
 }  // namespace
 
-VCUDA_API cuOccupancyMaxActiveClusters(int* num_clusters, CUfunction f, const CUlaunchConfig* config) noexcept {
+VCUDA_API cuOccupancyMaxActiveClusters(int* num_clusters, CUfunction f,
+                                       const CUlaunchConfig* config) noexcept {
     VCUDA_TRACE_HOOK(cuOccupancyMaxActiveClusters, num_clusters, f, config);
     return occupancy_clusters(num_clusters, f, config, 0);
 }
 
-VCUDA_API cuOccupancyMaxPotentialClusterSize(int* cluster_size, CUfunction f, const CUlaunchConfig* config) noexcept {
+VCUDA_API cuOccupancyMaxPotentialClusterSize(int* cluster_size, CUfunction f,
+                                             const CUlaunchConfig* config) noexcept {
     VCUDA_TRACE_HOOK(cuOccupancyMaxPotentialClusterSize, cluster_size, f, config);
     return occupancy_clusters(cluster_size, f, config, 1);
 }

@@ -1,8 +1,8 @@
 // The linker (cuLinkCreate / AddData / AddFile / Complete / Destroy). A link state is a server handle: inputs
-// are compiled and linked by the real driver there as they arrive, so errors come at the call that caused them,
-// as with the driver. The log buffers named at cuLinkCreate are the caller's; the driver writes its logs at
-// every later call, so each add and the completion answer them again. The linked image stays here, owned by
-// the link state, until cuLinkDestroy (as the driver keeps it).
+// are compiled and linked by the real driver there as they arrive, so errors come at the call that caused
+// them, as with the driver. The log buffers named at cuLinkCreate are the caller's; the driver writes its
+// logs at every later call, so each add and the completion answer them again. The linked image stays here,
+// owned by the link state, until cuLinkDestroy (as the driver keeps it).
 
 #include <cstring>
 #include <mutex>
@@ -46,7 +46,9 @@ bool known_link(uint64_t id) {
     return links().count(id) != 0;
 }
 
-std::span<const std::byte> text(const char* s) { return {reinterpret_cast<const std::byte*>(s), s ? std::strlen(s) : 0}; }
+std::span<const std::byte> text(const char* s) {
+    return {reinterpret_cast<const std::byte*>(s), s ? std::strlen(s) : 0};
+}
 
 CUresult link_create(unsigned n, CUjit_option* o, void** v, CUlinkState* out) {
     VCUDA_REQUIRE_INIT();
@@ -68,8 +70,8 @@ CUresult link_create(unsigned n, CUjit_option* o, void** v, CUlinkState* out) {
     return CUDA_SUCCESS;
 }
 
-CUresult link_add(CUlinkState state, CUjitInputType type, const void* data, size_t size, const char* name, unsigned n,
-                  CUjit_option* o, void** v) {
+CUresult link_add(CUlinkState state, CUjitInputType type, const void* data, size_t size, const char* name,
+                  unsigned n, CUjit_option* o, void** v) {
     VCUDA_REQUIRE_INIT();
     auto id = reinterpret_cast<uint64_t>(state);
     if (!known_link(id)) return CUDA_ERROR_INVALID_HANDLE;
@@ -90,7 +92,8 @@ VCUDA_API cuLinkCreate(unsigned int n, CUjit_option* options, void** values, CUl
     return link_create(n, options, values, stateOut);
 }
 
-VCUDA_API cuLinkCreate_v2(unsigned int n, CUjit_option* options, void** values, CUlinkState* stateOut) noexcept {
+VCUDA_API cuLinkCreate_v2(unsigned int n, CUjit_option* options, void** values,
+                          CUlinkState* stateOut) noexcept {
     VCUDA_TRACE_HOOK(cuLinkCreate_v2, n, options, values, stateOut);
     return link_create(n, options, values, stateOut);
 }
@@ -109,10 +112,12 @@ VCUDA_API cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void* data, s
 
 namespace {
 // A file is read here, where its path means something, and added as data named by its path.
-CUresult link_add_file(CUlinkState state, CUjitInputType type, const char* path, unsigned n, CUjit_option* o, void** v) {
+CUresult link_add_file(CUlinkState state, CUjitInputType type, const char* path, unsigned n, CUjit_option* o,
+                       void** v) {
     std::vector<std::byte> bytes;
     if (CUresult rc = read_image_file(path, bytes); rc != CUDA_SUCCESS) return rc;
-    if (type == CU_JIT_INPUT_PTX) bytes.push_back(std::byte{0});  // PTX is text: the driver reads it to its NUL
+    if (type == CU_JIT_INPUT_PTX)
+        bytes.push_back(std::byte{0});  // PTX is text: the driver reads it to its NUL
     if (bytes.empty()) return CUDA_ERROR_INVALID_VALUE;
     return link_add(state, type, bytes.data(), bytes.size(), path, n, o, v);
 }

@@ -38,7 +38,8 @@ VCUDA_API cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) noexcept {
     return CUDA_SUCCESS;
 }
 
-VCUDA_API cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height, unsigned int elem) noexcept {
+VCUDA_API cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
+                             unsigned int elem) noexcept {
     VCUDA_TRACE_HOOK(cuMemAllocPitch_v2, dptr, pitch, width, height, elem);
     VCUDA_REQUIRE_INIT();
     if (!dptr || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
@@ -111,7 +112,8 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr
             *static_cast<unsigned*>(data) = dev ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
             return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
-            if (!dev && !h.shared()) return CUDA_ERROR_INVALID_VALUE;  // this process's own pages: the GPU cannot reach them
+            if (!dev && !h.shared())
+                return CUDA_ERROR_INVALID_VALUE;  // this process's own pages: the GPU cannot reach them
             *static_cast<CUdeviceptr*>(data) = dev ? ptr : h.device_ptr + (ptr - h.base);
             return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_HOST_POINTER:
@@ -146,7 +148,8 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr
         case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
             *static_cast<void**>(data) = nullptr;
             return CUDA_SUCCESS;
-        default: return CUDA_ERROR_INVALID_VALUE;
+        default:
+            return CUDA_ERROR_INVALID_VALUE;
     }
 }
 }  // namespace
@@ -158,7 +161,8 @@ VCUDA_API cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdevicept
     return pointer_attribute(data, attr, ptr);
 }
 
-VCUDA_API cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) noexcept {
+VCUDA_API cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, void** data,
+                                 CUdeviceptr ptr) noexcept {
     VCUDA_TRACE_HOOK(cuPointerGetAttributes, n, attrs, data, ptr);
     VCUDA_REQUIRE_INIT();
     if (!attrs || !data) return CUDA_ERROR_INVALID_VALUE;
@@ -166,9 +170,12 @@ VCUDA_API cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, voi
         if (!data[i]) continue;
         if (pointer_attribute(data[i], attrs[i], ptr) != CUDA_SUCCESS) {
             // Unknown memory: the driver reports it as unregistered instead of failing the whole query.
-            if (attrs[i] == CU_POINTER_ATTRIBUTE_MEMORY_TYPE) *static_cast<unsigned*>(data[i]) = 0;
-            else if (attrs[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) *static_cast<int*>(data[i]) = -2;
-            else if (attrs[i] == CU_POINTER_ATTRIBUTE_CONTEXT || attrs[i] == CU_POINTER_ATTRIBUTE_HOST_POINTER ||
+            if (attrs[i] == CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+                *static_cast<unsigned*>(data[i]) = 0;
+            else if (attrs[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+                *static_cast<int*>(data[i]) = -2;
+            else if (attrs[i] == CU_POINTER_ATTRIBUTE_CONTEXT ||
+                     attrs[i] == CU_POINTER_ATTRIBUTE_HOST_POINTER ||
                      attrs[i] == CU_POINTER_ATTRIBUTE_DEVICE_POINTER)
                 *static_cast<void**>(data[i]) = nullptr;
         }
@@ -211,7 +218,8 @@ VCUDA_API cuMemFreeHost(void* p) noexcept {
     VCUDA_TRACE_HOOK(cuMemFreeHost, p);
     VCUDA_REQUIRE_INIT();
     host_allocation h;
-    if (!p || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h) || h.registered || h.base != reinterpret_cast<uintptr_t>(p))
+    if (!p || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h) || h.registered ||
+        h.base != reinterpret_cast<uintptr_t>(p))
         return CUDA_ERROR_INVALID_VALUE;
     state::get().remove_host(h.base, h);
     if (h.shared()) shared_host_free(h);
@@ -226,21 +234,24 @@ VCUDA_API cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) noe
     if (flags & ~(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY |
                   CU_MEMHOSTREGISTER_READ_ONLY))
         return CUDA_ERROR_INVALID_VALUE;
-    if (flags & CU_MEMHOSTREGISTER_IOMEMORY)  // device memory of a third party (PCIe BARs): not this process's pages
+    if (flags &
+        CU_MEMHOSTREGISTER_IOMEMORY)  // device memory of a third party (PCIe BARs): not this process's pages
         return static_cast<CUresult>(unsupported("cuMemHostRegister with CU_MEMHOSTREGISTER_IOMEMORY"));
     const auto a = reinterpret_cast<uintptr_t>(p);
     uintptr_t end = 0;
     if (__builtin_add_overflow(a, bytesize, &end)) return CUDA_ERROR_INVALID_VALUE;
     // DEVICEMAP moves whole pages (client/host_register.cpp): no other host memory of ours may share them.
     const bool mapped = flags & CU_MEMHOSTREGISTER_DEVICEMAP;
-    const uintptr_t lo = mapped ? a & ~uintptr_t{4095} : a, hi = mapped ? (end + 4095) & ~uintptr_t{4095} : end;
+    const uintptr_t lo = mapped ? a & ~uintptr_t{4095} : a,
+                    hi = mapped ? (end + 4095) & ~uintptr_t{4095} : end;
     if (state::get().host_overlaps(lo, hi)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
     host_allocation r;
     r.base = a;
     r.size = bytesize;
     r.flags = flags;
     r.registered = true;
-    // PORTABLE and READ_ONLY change nothing here: one context per device, and the GPU only reads what it is given.
+    // PORTABLE and READ_ONLY change nothing here: one context per device, and the GPU only reads what it is
+    // given.
     if (mapped)
         if (CUresult rc = share_registered_range(p, bytesize, r); rc != CUDA_SUCCESS) return rc;
     state::get().add_host(r);
@@ -251,7 +262,8 @@ VCUDA_API cuMemHostUnregister(void* p) noexcept {
     VCUDA_TRACE_HOOK(cuMemHostUnregister, p);
     VCUDA_REQUIRE_INIT();
     host_allocation h;
-    if (!p || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h) || !h.registered || h.base != reinterpret_cast<uintptr_t>(p))
+    if (!p || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h) || !h.registered ||
+        h.base != reinterpret_cast<uintptr_t>(p))
         return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
     state::get().remove_host(h.base, h);
     unshare_registered_range(h);
@@ -275,7 +287,8 @@ VCUDA_API cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int
     if (!state::get().find_host(reinterpret_cast<uintptr_t>(p), h)) return CUDA_ERROR_INVALID_VALUE;
     if (!h.shared())  // the GPU is on another host: it cannot address this process's pages
         return static_cast<CUresult>(
-            unsupported("cuMemHostGetDevicePointer (mapped host memory needs a server on this host, over a Unix socket)"));
+            unsupported("cuMemHostGetDevicePointer (mapped host memory needs a server on this host, over a "
+                        "Unix socket)"));
     *pdptr = h.device_ptr + (reinterpret_cast<uintptr_t>(p) - h.base);
     return CUDA_SUCCESS;
 }

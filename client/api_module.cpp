@@ -34,17 +34,18 @@ const char* intern(const std::string& s) {
 }  // namespace
 
 namespace vcuda::client {
-CUresult load_parts(uint64_t t, uint64_t format, uint64_t hash, const std::vector<std::span<const std::byte>>& parts,
-                    uint64_t& handle);
+CUresult load_parts(uint64_t t, uint64_t format, uint64_t hash,
+                    const std::vector<std::span<const std::byte>>& parts, uint64_t& handle);
 }
 
 namespace {
 
-// Loads an image into the session of the current device (sending the bytes unless that session has them), with
-// the caller's JIT options when `jit` has some: their answers (logs, sizes) are written back also when the load
-// fails.
-CUresult load_image(uint64_t t, uint64_t format, uint64_t hash, const std::vector<std::span<const std::byte>>& parts,
-                    uint64_t& handle, const jit_call& jit) {
+// Loads an image into the session of the current device (sending the bytes unless that session has them),
+// with the caller's JIT options when `jit` has some: their answers (logs, sizes) are written back also when
+// the load fails.
+CUresult load_image(uint64_t t, uint64_t format, uint64_t hash,
+                    const std::vector<std::span<const std::byte>>& parts, uint64_t& handle,
+                    const jit_call& jit) {
     auto& st = state::get();
     bool send = !st.image_sent(hash);
     for (int attempt = 0; attempt < 2; ++attempt) {
@@ -74,7 +75,8 @@ CUresult load_image(uint64_t t, uint64_t format, uint64_t hash, const std::vecto
             send = true;
             continue;
         }
-        if (jit.count && !rp.outs.empty() && !jit.answer(rp, 1) && rc == CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
+        if (jit.count && !rp.outs.empty() && !jit.answer(rp, 1) && rc == CUDA_SUCCESS)
+            return CUDA_ERROR_UNKNOWN;
         if (rc != CUDA_SUCCESS) return rc;
         if (rp.outs.empty()) return CUDA_ERROR_UNKNOWN;
         handle = rp.outs[0];
@@ -87,8 +89,8 @@ CUresult load_image(uint64_t t, uint64_t format, uint64_t hash, const std::vecto
 
 }  // namespace
 
-CUresult vcuda::client::load_parts(uint64_t t, uint64_t format, uint64_t hash, const std::vector<std::span<const std::byte>>& parts,
-                                   uint64_t& handle) {
+CUresult vcuda::client::load_parts(uint64_t t, uint64_t format, uint64_t hash,
+                                   const std::vector<std::span<const std::byte>>& parts, uint64_t& handle) {
     return load_image(t, format, hash, parts, handle, jit_call{});
 }
 
@@ -103,7 +105,8 @@ CUresult load(target t, const void* code, uint64_t& handle, const jit_call& jit 
     image img;
     if (!describe_image(code, img)) return CUDA_ERROR_INVALID_IMAGE;
     auto& st = state::get();
-    if (CUresult rc = load_image(static_cast<uint64_t>(t), static_cast<uint64_t>(img.format), img.hash, img.parts, handle, jit);
+    if (CUresult rc = load_image(static_cast<uint64_t>(t), static_cast<uint64_t>(img.format), img.hash,
+                                 img.parts, handle, jit);
         rc != CUDA_SUCCESS)
         return rc;
     handle_info info;
@@ -130,11 +133,13 @@ CUresult unload(uint64_t h, handle_kind k) {
 }
 
 // Adopts a function or kernel from a reply: outs = {handle, nparams, offset0, size0, ...}.
-CUresult adopt_entry(const call_reply& rp, handle_kind k, uint64_t owner, const std::string& name, uint64_t& out) {
+CUresult adopt_entry(const call_reply& rp, handle_kind k, uint64_t owner, const std::string& name,
+                     uint64_t& out) {
     if (rp.outs.size() < 2 || rp.outs.size() != 2 + 2 * rp.outs[1]) return CUDA_ERROR_UNKNOWN;
     auto layout = std::make_shared<param_layout>();
     for (size_t i = 0; i < rp.outs[1]; ++i)
-        layout->params.emplace_back(static_cast<uint32_t>(rp.outs[2 + 2 * i]), static_cast<uint32_t>(rp.outs[3 + 2 * i]));
+        layout->params.emplace_back(static_cast<uint32_t>(rp.outs[2 + 2 * i]),
+                                    static_cast<uint32_t>(rp.outs[3 + 2 * i]));
     handle_info info;
     info.kind = k;
     info.ctx = current_context();
@@ -147,9 +152,12 @@ CUresult adopt_entry(const call_reply& rp, handle_kind k, uint64_t owner, const 
     return CUDA_SUCCESS;
 }
 
-std::span<const std::byte> name_blob(const char* name) { return {reinterpret_cast<const std::byte*>(name), std::strlen(name)}; }
+std::span<const std::byte> name_blob(const char* name) {
+    return {reinterpret_cast<const std::byte*>(name), std::strlen(name)};
+}
 
-CUresult get_entry(op o, uint64_t owner, handle_kind owner_kind, handle_kind k, const char* name, uint64_t& out) {
+CUresult get_entry(op o, uint64_t owner, handle_kind owner_kind, handle_kind k, const char* name,
+                   uint64_t& out) {
     VCUDA_REQUIRE_INIT();
     if (!name) return CUDA_ERROR_INVALID_VALUE;
     if (!state::get().known(owner, owner_kind)) return CUDA_ERROR_INVALID_HANDLE;
@@ -181,7 +189,8 @@ CUresult entry_count(uint64_t owner, handle_kind owner_kind, unsigned* count) {
 }
 
 // Up to `n` handles, each looked up by name as cuModuleGetFunction / cuLibraryGetKernel do.
-CUresult enumerate_entries(uint64_t owner, handle_kind owner_kind, op get, handle_kind k, uint64_t* out, unsigned n) {
+CUresult enumerate_entries(uint64_t owner, handle_kind owner_kind, op get, handle_kind k, uint64_t* out,
+                           unsigned n) {
     if (!out || n == 0) return CUDA_ERROR_INVALID_VALUE;
     std::vector<std::string> names;
     CUresult rc = entry_names(owner, owner_kind, names);
@@ -190,12 +199,14 @@ CUresult enumerate_entries(uint64_t owner, handle_kind owner_kind, op get, handl
     return rc;
 }
 
-CUresult get_global(uint64_t owner, handle_kind owner_kind, CUdeviceptr* dptr, size_t* bytes, const char* name) {
+CUresult get_global(uint64_t owner, handle_kind owner_kind, CUdeviceptr* dptr, size_t* bytes,
+                    const char* name) {
     VCUDA_REQUIRE_INIT();
     if (!name) return CUDA_ERROR_INVALID_VALUE;
     if (!state::get().known(owner, owner_kind)) return CUDA_ERROR_INVALID_HANDLE;
     call_reply rp;
-    CUresult rc = remote(op::module_get_global, {state::get().route(owner)}, mode::sync, &rp, {}, {name_blob(name)});
+    CUresult rc =
+        remote(op::module_get_global, {state::get().route(owner)}, mode::sync, &rp, {}, {name_blob(name)});
     if (rc != CUDA_SUCCESS) return rc;
     if (rp.outs.size() != 2) return CUDA_ERROR_UNKNOWN;
     state::get().add_allocation(rp.outs[0], rp.outs[1], current_device(), true);
@@ -238,15 +249,16 @@ VCUDA_API cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int n
     VCUDA_TRACE_HOOK(cuModuleLoadDataEx, module, image, numOptions, options, optionValues);
     if (!module) return CUDA_ERROR_INVALID_VALUE;
     jit_call jit;
-    if (CUresult rc = jit.take(numOptions, options, optionValues, "cuModuleLoadDataEx"); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = jit.take(numOptions, options, optionValues, "cuModuleLoadDataEx"); rc != CUDA_SUCCESS)
+        return rc;
     uint64_t h = 0;
     CUresult rc = load(target::module, image, h, jit);
     if (rc == CUDA_SUCCESS) *module = reinterpret_cast<CUmodule>(h);
     return rc;
 }
 
-// Images named by file: the file is the application's, on this machine, read here and sent like any image. Text
-// (PTX) images get their terminating NUL.
+// Images named by file: the file is the application's, on this machine, read here and sent like any image.
+// Text (PTX) images get their terminating NUL.
 namespace {
 CUresult load_file(target t, const char* path, uint64_t& handle, const jit_call& jit = {}) {
     VCUDA_REQUIRE_INIT();
@@ -268,13 +280,15 @@ VCUDA_API cuModuleLoad(CUmodule* module, const char* fname) noexcept {
 }
 
 VCUDA_API cuLibraryLoadFromFile(CUlibrary* library, const char* fileName, CUjit_option* jitOptions,
-                                void** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption* libraryOptions,
-                                void** libraryOptionValues, unsigned int numLibraryOptions) noexcept {
+                                void** jitOptionsValues, unsigned int numJitOptions,
+                                CUlibraryOption* libraryOptions, void** libraryOptionValues,
+                                unsigned int numLibraryOptions) noexcept {
     VCUDA_TRACE_HOOK(cuLibraryLoadFromFile, library, fileName, jitOptions, jitOptionsValues, numJitOptions,
                      libraryOptions, libraryOptionValues, numLibraryOptions);
     if (!library || !fileName) return CUDA_ERROR_INVALID_VALUE;
     jit_call jit;
-    if (CUresult rc = jit.take(numJitOptions, jitOptions, jitOptionsValues, "cuLibraryLoadFromFile"); rc != CUDA_SUCCESS)
+    if (CUresult rc = jit.take(numJitOptions, jitOptions, jitOptionsValues, "cuLibraryLoadFromFile");
+        rc != CUDA_SUCCESS)
         return rc;
     uint64_t h = 0;
     CUresult rc = load_file(target::library, fileName, h, jit);
@@ -307,7 +321,8 @@ VCUDA_API cuModuleGetFunctionCount(unsigned int* count, CUmodule mod) noexcept {
     return entry_count(reinterpret_cast<uint64_t>(mod), handle_kind::module, count);
 }
 
-VCUDA_API cuModuleEnumerateFunctions(CUfunction* functions, unsigned int numFunctions, CUmodule mod) noexcept {
+VCUDA_API cuModuleEnumerateFunctions(CUfunction* functions, unsigned int numFunctions,
+                                     CUmodule mod) noexcept {
     VCUDA_TRACE_HOOK(cuModuleEnumerateFunctions, functions, numFunctions, mod);
     static_assert(sizeof(CUfunction) == sizeof(uint64_t));
     return enumerate_entries(reinterpret_cast<uint64_t>(mod), handle_kind::module, op::module_get_function,
@@ -339,7 +354,9 @@ VCUDA_API cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* 
                      libraryOptions, libraryOptionValues, numLibraryOptions);
     if (!library) return CUDA_ERROR_INVALID_VALUE;
     jit_call jit;
-    if (CUresult rc = jit.take(numJitOptions, jitOptions, jitOptionsValues, "cuLibraryLoadData"); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = jit.take(numJitOptions, jitOptions, jitOptionsValues, "cuLibraryLoadData");
+        rc != CUDA_SUCCESS)
+        return rc;
     uint64_t h = 0;
     CUresult rc = load(target::library, code, h, jit);
     if (rc == CUDA_SUCCESS) *library = reinterpret_cast<CUlibrary>(h);
@@ -463,7 +480,8 @@ VCUDA_API cuFuncGetModule(CUmodule* mod, CUfunction func) noexcept {
     if (!state::get().lookup(reinterpret_cast<uint64_t>(func), info) || info.kind != handle_kind::function)
         return CUDA_ERROR_INVALID_HANDLE;
     handle_info owner;
-    if (!state::get().lookup(info.owner, owner) || owner.kind != handle_kind::module) return CUDA_ERROR_NOT_FOUND;
+    if (!state::get().lookup(info.owner, owner) || owner.kind != handle_kind::module)
+        return CUDA_ERROR_NOT_FOUND;
     *mod = reinterpret_cast<CUmodule>(info.owner);
     return CUDA_SUCCESS;
 }
@@ -472,7 +490,8 @@ VCUDA_API cuFuncIsLoaded(CUfunctionLoadingState* st, CUfunction func) noexcept {
     VCUDA_TRACE_HOOK(cuFuncIsLoaded, st, func);
     VCUDA_REQUIRE_INIT();
     if (!st) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_handle(reinterpret_cast<uint64_t>(func), handle_kind::function)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!valid_handle(reinterpret_cast<uint64_t>(func), handle_kind::function))
+        return CUDA_ERROR_INVALID_HANDLE;
     *st = CU_FUNCTION_LOADING_STATE_LOADED;  // the server loads eagerly
     return CUDA_SUCCESS;
 }
@@ -480,5 +499,6 @@ VCUDA_API cuFuncIsLoaded(CUfunctionLoadingState* st, CUfunction func) noexcept {
 VCUDA_API cuFuncLoad(CUfunction func) noexcept {
     VCUDA_TRACE_HOOK(cuFuncLoad, func);
     VCUDA_REQUIRE_INIT();
-    return valid_handle(reinterpret_cast<uint64_t>(func), handle_kind::function) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    return valid_handle(reinterpret_cast<uint64_t>(func), handle_kind::function) ? CUDA_SUCCESS
+                                                                                 : CUDA_ERROR_INVALID_HANDLE;
 }

@@ -31,8 +31,10 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream
     plain_call c(op::pool_alloc, pool ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync");
     c.arg(size);
     c.handle(stream, handle_kind::stream);
-    if (pool) c.handle(pool, handle_kind::mem_pool);
-    else c.arg(uint64_t{0});
+    if (pool)
+        c.handle(pool, handle_kind::mem_pool);
+    else
+        c.arg(uint64_t{0});
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     auto p = c.out<uint64_t>(0);
     if (!p) return CUDA_ERROR_UNKNOWN;
@@ -67,7 +69,8 @@ VCUDA_API cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) 
     return alloc_async(dptr, bytesize, nullptr, hStream);
 }
 
-VCUDA_API cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) noexcept {
+VCUDA_API cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                  CUstream hStream) noexcept {
     VCUDA_TRACE_HOOK(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
     if (!pool) return CUDA_ERROR_INVALID_VALUE;
     return alloc_async(dptr, bytesize, pool, hStream);
@@ -93,7 +96,8 @@ VCUDA_API cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* poolProps) n
     CUmemPoolProps p = *poolProps;
     p.win32SecurityAttributes = nullptr;
     if (p.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return static_cast<CUresult>(unsupported("cuMemPoolCreate of a host-located pool (not shared with this process)"));
+        return static_cast<CUresult>(
+            unsupported("cuMemPoolCreate of a host-located pool (not shared with this process)"));
     if (CUresult rc = server_location(p.location); rc != CUDA_SUCCESS) return rc;
     plain_call c(op::pool_create, "cuMemPoolCreate");
     c.blob({reinterpret_cast<const std::byte*>(&p), sizeof p});
@@ -126,8 +130,10 @@ VCUDA_API cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, voi
     VCUDA_REQUIRE_INIT();
     if (!value || !known_attribute(attr)) return CUDA_ERROR_INVALID_VALUE;
     uint64_t v = 0;
-    if (wide_attribute(attr)) std::memcpy(&v, value, sizeof(uint64_t));
-    else v = static_cast<uint32_t>(*static_cast<const int*>(value));
+    if (wide_attribute(attr))
+        std::memcpy(&v, value, sizeof(uint64_t));
+    else
+        v = static_cast<uint32_t>(*static_cast<const int*>(value));
     plain_call c(op::pool_set_attribute, "cuMemPoolSetAttribute");
     c.handle(pool, handle_kind::mem_pool);
     c.arg(static_cast<uint64_t>(attr));
@@ -144,8 +150,10 @@ VCUDA_API cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, voi
     c.arg(static_cast<uint64_t>(attr));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     uint64_t v = c.out<uint64_t>(0);
-    if (wide_attribute(attr)) std::memcpy(value, &v, sizeof v);
-    else *static_cast<int*>(value) = static_cast<int>(v);
+    if (wide_attribute(attr))
+        std::memcpy(value, &v, sizeof v);
+    else
+        *static_cast<int*>(value) = static_cast<int>(v);
     return CUDA_SUCCESS;
 }
 
@@ -163,7 +171,8 @@ VCUDA_API cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size
     return c.send_sync();
 }
 
-VCUDA_API cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool memPool, CUmemLocation* location) noexcept {
+VCUDA_API cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool memPool,
+                             CUmemLocation* location) noexcept {
     VCUDA_TRACE_HOOK(cuMemPoolGetAccess, flags, memPool, location);
     VCUDA_REQUIRE_INIT();
     if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;

@@ -1,5 +1,5 @@
-// Stream queries answered from the mirror, stream capture (mirrored: which streams capture, each thread's capture
-// mode), and occupancy helpers built on the forwarded per-block-size query.
+// Stream queries answered from the mirror, stream capture (mirrored: which streams capture, each thread's
+// capture mode), and occupancy helpers built on the forwarded per-block-size query.
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -50,33 +50,37 @@ VCUDA_API cuStreamGetDevice(CUstream s, CUdevice* dev) noexcept {
 
 // ---------------------------------------------------------------- stream capture
 // Capture happens on the server: the calls a capturing thread makes reach its lane in order and the server's
-// driver records them. The client mirrors which streams capture, from cuStreamBeginCapture to cuStreamEndCapture,
-// and each thread's capture mode, because PyTorch asks about both all the time (cuThreadExchangeStreamCaptureMode
-// about a thousand times a step, cuStreamIsCapturing before many allocations): those answers need no round trip.
-// What the mirror does not see: a capture the server's driver invalidated (it still reads ACTIVE until
-// cuStreamEndCapture reports the failure) and the capture's current dependency nodes (reported as none).
+// driver records them. The client mirrors which streams capture, from cuStreamBeginCapture to
+// cuStreamEndCapture, and each thread's capture mode, because PyTorch asks about both all the time
+// (cuThreadExchangeStreamCaptureMode about a thousand times a step, cuStreamIsCapturing before many
+// allocations): those answers need no round trip. What the mirror does not see: a capture the server's driver
+// invalidated (it still reads ACTIVE until cuStreamEndCapture reports the failure) and the capture's current
+// dependency nodes (reported as none).
 
 namespace {
 
 // One capture sequence, as the server reported it at cuStreamBeginCapture*.
 struct capture_sequence {
-    uint64_t id = 0;      // the driver's capture id
-    uint64_t graph = 0;   // the graph it captures into: a session handle, the application's after cuStreamEndCapture
-    uint64_t origin = 0;  // the key of the stream it began on
+    uint64_t id = 0;  // the driver's capture id
+    uint64_t graph =
+        0;  // the graph it captures into: a session handle, the application's after cuStreamEndCapture
+    uint64_t origin = 0;    // the key of the stream it began on
     bool existing = false;  // cuStreamBeginCaptureToGraph: the graph was the application's all along
 };
 
-// Streams that capture: the ones a capture began on, and ones the server said joined a capture (a stream joins by
-// waiting on an event recorded in a capturing stream) until that capture ends.
-// locks: mu guards streams; `sequences` is also read without it, as the fast path of every query.
+// Streams that capture: the ones a capture began on, and ones the server said joined a capture (a stream
+// joins by waiting on an event recorded in a capturing stream) until that capture ends. locks: mu guards
+// streams; `sequences` is also read without it, as the fast path of every query.
 struct capture_mirror {
     std::mutex mu;
-    std::unordered_map<uint64_t, std::shared_ptr<const capture_sequence>> streams;  // stream key -> its capture
+    std::unordered_map<uint64_t, std::shared_ptr<const capture_sequence>>
+        streams;                    // stream key -> its capture
     std::atomic<int> sequences{0};  // captures under way in this process
 };
 
 capture_mirror& captures() {
-    static auto* m = new capture_mirror();  // never destroyed: atexit handlers of the application may still query
+    static auto* m =
+        new capture_mirror();  // never destroyed: atexit handlers of the application may still query
     return *m;
 }
 
@@ -136,9 +140,10 @@ void sync_lane_mode() {
     if (c.send_async() == CUDA_SUCCESS) sent = thread_capture_mode;
 }
 
-// The capture status of stream `s` (already checked) and its capture when known. With no capture under way, or for
-// a stream the mirror knows, the answer is immediate. Otherwise the server is asked: the stream may have joined a
-// capture, and the legacy stream answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking stream captures.
+// The capture status of stream `s` (already checked) and its capture when known. With no capture under way,
+// or for a stream the mirror knows, the answer is immediate. Otherwise the server is asked: the stream may
+// have joined a capture, and the legacy stream answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking
+// stream captures.
 CUresult capture_status(CUstream s, CUstreamCaptureStatus& status, uint64_t& id,
                         std::shared_ptr<const capture_sequence>& seq) {
     auto& m = captures();
@@ -191,12 +196,14 @@ CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, const char* name, C
     lane_mode(state::get().remote()) = thread_capture_mode;
     auto seq = std::make_shared<capture_sequence>();
     seq->id = c.out<uint64_t>(0);
-    seq->graph = into ? reinterpret_cast<uint64_t>(into) : reinterpret_cast<uint64_t>(c.out_handle<CUgraph>(1, handle_kind::graph));
+    seq->graph = into ? reinterpret_cast<uint64_t>(into)
+                      : reinterpret_cast<uint64_t>(c.out_handle<CUgraph>(1, handle_kind::graph));
     seq->existing = into != nullptr;
     seq->origin = stream_key(s);
     auto& m = captures();
     std::lock_guard lock(m.mu);
-    if (auto it = m.streams.find(seq->origin); it != m.streams.end()) end_sequence(it->second.get());  // stale
+    if (auto it = m.streams.find(seq->origin); it != m.streams.end())
+        end_sequence(it->second.get());  // stale
     m.streams[seq->origin] = std::move(seq);
     ++m.sequences;
     return CUDA_SUCCESS;
@@ -207,7 +214,8 @@ CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, const char* name, C
 namespace {
 
 CUresult capture_info(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id_out, CUgraph* graph_out,
-                      const CUgraphNode** dependencies_out, const CUgraphEdgeData** edges_out, size_t* count_out) {
+                      const CUgraphNode** dependencies_out, const CUgraphEdgeData** edges_out,
+                      size_t* count_out) {
     VCUDA_REQUIRE_INIT();
     if (!status) return CUDA_ERROR_INVALID_VALUE;
     handle_info info;
@@ -254,11 +262,14 @@ VCUDA_API cuStreamEndCapture(CUstream s, CUgraph* graph) noexcept {
     bool ended = rc == CUDA_SUCCESS || c.reply().outs.size() < 2 || c.out<uint64_t>(1) == 0;
     uint64_t result = rc == CUDA_SUCCESS ? c.out<uint64_t>(0) : 0;
     if (seq && ended) {
-        if (seq->graph != result && !seq->existing) state::get().forget(seq->graph);  // the driver destroyed it
+        if (seq->graph != result && !seq->existing)
+            state::get().forget(seq->graph);  // the driver destroyed it
         auto& m = captures();
         std::lock_guard lock(m.mu);
-        if (seq->origin == key) end_sequence(seq.get());
-        else m.streams.erase(key);
+        if (seq->origin == key)
+            end_sequence(seq.get());
+        else
+            m.streams.erase(key);
     }
     *graph = rc == CUDA_SUCCESS ? c.out_handle<CUgraph>(0, handle_kind::graph) : nullptr;
     return rc;
@@ -289,7 +300,8 @@ VCUDA_API cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus* status, c
 
 VCUDA_API cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) noexcept {
     VCUDA_TRACE_HOOK(cuThreadExchangeStreamCaptureMode, mode);
-    if (!mode || static_cast<unsigned>(*mode) > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+    if (!mode || static_cast<unsigned>(*mode) > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
     std::swap(thread_capture_mode, *mode);
     sync_lane_mode();
     return CUDA_SUCCESS;
@@ -304,7 +316,9 @@ CUresult max_potential_block_size(int* min_grid, int* block_size, CUfunction f, 
     if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
     auto& st = state::get();
     int max_threads = 0;
-    if (CUresult rc = cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, f); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, f);
+        rc != CUDA_SUCCESS)
+        return rc;
     int warp = st.attribute(device, CU_DEVICE_ATTRIBUTE_WARP_SIZE);
     int sms = st.attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
     if (limit > 0 && limit < max_threads) max_threads = limit;
@@ -312,7 +326,8 @@ CUresult max_potential_block_size(int* min_grid, int* block_size, CUfunction f, 
     for (int b = max_threads - max_threads % warp; b > 0; b -= warp) {
         size_t s = smem_of ? smem_of(b) : smem;
         int blocks = 0;
-        if (CUresult rc = cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&blocks, f, b, s, flags); rc != CUDA_SUCCESS)
+        if (CUresult rc = cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&blocks, f, b, s, flags);
+            rc != CUDA_SUCCESS)
             return rc;
         if (blocks * b > best_threads) {
             best_threads = blocks * b;
@@ -325,14 +340,15 @@ CUresult max_potential_block_size(int* min_grid, int* block_size, CUfunction f, 
 }
 }  // namespace
 
-VCUDA_API cuOccupancyMaxPotentialBlockSize(int* min_grid, int* block, CUfunction f, CUoccupancyB2DSize smem_of, size_t smem,
-                                           int limit) noexcept {
+VCUDA_API cuOccupancyMaxPotentialBlockSize(int* min_grid, int* block, CUfunction f,
+                                           CUoccupancyB2DSize smem_of, size_t smem, int limit) noexcept {
     VCUDA_TRACE_HOOK(cuOccupancyMaxPotentialBlockSize, min_grid, block, f, smem_of, smem, limit);
     return max_potential_block_size(min_grid, block, f, smem_of, smem, limit, 0);
 }
 
-VCUDA_API cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block, CUfunction f, CUoccupancyB2DSize smem_of,
-                                                    size_t smem, int limit, unsigned int flags) noexcept {
+VCUDA_API cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block, CUfunction f,
+                                                    CUoccupancyB2DSize smem_of, size_t smem, int limit,
+                                                    unsigned int flags) noexcept {
     VCUDA_TRACE_HOOK(cuOccupancyMaxPotentialBlockSizeWithFlags, min_grid, block, f, smem_of, smem, limit,
                      flags);
     return max_potential_block_size(min_grid, block, f, smem_of, smem, limit, flags);
@@ -341,18 +357,20 @@ VCUDA_API cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block, C
 // ---------------------------------------------------------------- stream memory operations
 
 namespace {
-// Flags are checked here so that a bad one fails at the call; the address on the server. An address the mirror
-// knows as this process's device memory is queued like any stream work, any other waits for the server's verdict.
-// `legacy`: the entry points without _v2 (binaries built before CUDA 12), which still take
+// Flags are checked here so that a bad one fails at the call; the address on the server. An address the
+// mirror knows as this process's device memory is queued like any stream work, any other waits for the
+// server's verdict. `legacy`: the entry points without _v2 (binaries built before CUDA 12), which still take
 // CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER; the _v2 ones refuse it (as the real driver does).
 constexpr uint64_t memop_legacy = 4;
-CUresult stream_memop(CUstream stream, CUdeviceptr addr, uint64_t value, unsigned flags, uint64_t kind, const char* name) {
+CUresult stream_memop(CUstream stream, CUdeviceptr addr, uint64_t value, unsigned flags, uint64_t kind,
+                      const char* name) {
     VCUDA_REQUIRE_INIT();
     const bool legacy = kind & memop_legacy;
     const bool wait = (kind & 3) == 1 || (kind & 3) == 3;
     const size_t width = (kind & 3) < 2 ? 4 : 8;
     const unsigned write_flags = legacy ? unsigned(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) : 0u;
-    if (wait ? (flags & ~unsigned(CU_STREAM_WAIT_VALUE_FLUSH)) > CU_STREAM_WAIT_VALUE_NOR : (flags & ~write_flags) != 0)
+    if (wait ? (flags & ~unsigned(CU_STREAM_WAIT_VALUE_FLUSH)) > CU_STREAM_WAIT_VALUE_NOR
+             : (flags & ~write_flags) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (addr % width) return CUDA_ERROR_INVALID_VALUE;
     plain_call c(op::stream_memop, name);
@@ -367,14 +385,14 @@ CUresult stream_memop(CUstream stream, CUdeviceptr addr, uint64_t value, unsigne
 }  // namespace
 
 // Each operation's _v2 entry point (what cuda.h names since CUDA 12) and its legacy one.
-#define VCUDA_STREAM_MEMOP(name, value_type, kind)                                                                 \
-    VCUDA_API name##_v2(CUstream stream, CUdeviceptr addr, value_type value, unsigned int flags) noexcept {        \
-        VCUDA_TRACE_HOOK(name##_v2, stream, addr, value, flags);                                                    \
-        return stream_memop(stream, addr, value, flags, kind, #name);                                               \
-    }                                                                                                              \
-    VCUDA_API name(CUstream stream, CUdeviceptr addr, value_type value, unsigned int flags) noexcept {              \
-        VCUDA_TRACE_HOOK(name, stream, addr, value, flags);                                                         \
-        return stream_memop(stream, addr, value, flags, (kind) | memop_legacy, #name);                              \
+#define VCUDA_STREAM_MEMOP(name, value_type, kind)                                                          \
+    VCUDA_API name##_v2(CUstream stream, CUdeviceptr addr, value_type value, unsigned int flags) noexcept { \
+        VCUDA_TRACE_HOOK(name##_v2, stream, addr, value, flags);                                            \
+        return stream_memop(stream, addr, value, flags, kind, #name);                                       \
+    }                                                                                                       \
+    VCUDA_API name(CUstream stream, CUdeviceptr addr, value_type value, unsigned int flags) noexcept {      \
+        VCUDA_TRACE_HOOK(name, stream, addr, value, flags);                                                 \
+        return stream_memop(stream, addr, value, flags, (kind) | memop_legacy, #name);                      \
     }
 VCUDA_STREAM_MEMOP(cuStreamWriteValue32, cuuint32_t, 0)
 VCUDA_STREAM_MEMOP(cuStreamWaitValue32, cuuint32_t, 1)

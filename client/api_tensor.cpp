@@ -1,6 +1,7 @@
-// Tensor maps: the server encodes the descriptor with the real driver over memory the session owns and answers its
-// 128 bytes (server/handlers_tensor.cpp). cuTensorMapReplaceAddress encodes again with the new address, from the
-// arguments this process remembers for each descriptor it was given, so that the server checks that address too.
+// Tensor maps: the server encodes the descriptor with the real driver over memory the session owns and
+// answers its 128 bytes (server/handlers_tensor.cpp). cuTensorMapReplaceAddress encodes again with the new
+// address, from the arguments this process remembers for each descriptor it was given, so that the server
+// checks that address too.
 #include <cstring>
 #include <deque>
 #include <map>
@@ -27,7 +28,7 @@ struct encoding {
 
 // The descriptors this process was given, by their bytes (at most `max_kept`, the oldest forgotten first).
 class known_maps {
-public:
+  public:
     void keep(const CUtensorMap& m, encoding e) {
         std::lock_guard lock(mu_);
         auto [it, fresh] = maps_.insert_or_assign(key(m), std::move(e));
@@ -45,7 +46,7 @@ public:
         return true;
     }
 
-private:
+  private:
     static constexpr size_t max_kept = 1 << 16;
     static std::string key(const CUtensorMap& m) { return {reinterpret_cast<const char*>(&m), sizeof m}; }
     std::mutex mu_;
@@ -65,7 +66,8 @@ std::vector<std::byte> bytes_of(const T* p, size_t n) {
     return b;
 }
 
-const char* const encoder_names[] = {"cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapEncodeIm2colWide"};
+const char* const encoder_names[] = {"cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col",
+                                     "cuTensorMapEncodeIm2colWide"};
 
 // Sends one encoding; on success writes the descriptor and remembers how it was made.
 CUresult encode(CUtensorMap* map, encoding e) {
@@ -83,12 +85,18 @@ CUresult encode(CUtensorMap* map, encoding e) {
 }
 
 // The arguments every encoder shares; false when an array the rank asks for is missing.
-bool common(encoding& e, uint64_t kind, CUtensorMapDataType type, cuuint32_t rank, void* address, const cuuint64_t* dims,
-            const cuuint64_t* strides, const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
-            CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion, CUtensorMapFloatOOBfill fill) {
+bool common(encoding& e, uint64_t kind, CUtensorMapDataType type, cuuint32_t rank, void* address,
+            const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* element_strides,
+            CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion,
+            CUtensorMapFloatOOBfill fill) {
     if (rank == 0 || rank > 5 || !dims || !element_strides || (rank > 1 && !strides)) return false;
-    e.args = {kind, static_cast<uint64_t>(type), rank, reinterpret_cast<uint64_t>(address),
-              static_cast<uint64_t>(interleave), static_cast<uint64_t>(swizzle), static_cast<uint64_t>(promotion),
+    e.args = {kind,
+              static_cast<uint64_t>(type),
+              rank,
+              reinterpret_cast<uint64_t>(address),
+              static_cast<uint64_t>(interleave),
+              static_cast<uint64_t>(swizzle),
+              static_cast<uint64_t>(promotion),
               static_cast<uint64_t>(fill)};
     e.blobs = {bytes_of(dims, rank), bytes_of(strides, rank - 1), bytes_of(element_strides, rank)};
     return true;
@@ -96,40 +104,43 @@ bool common(encoding& e, uint64_t kind, CUtensorMapDataType type, cuuint32_t ran
 
 }  // namespace
 
-VCUDA_API cuTensorMapEncodeTiled(CUtensorMap* tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank,
-                                 void* globalAddress, const cuuint64_t* globalDim, const cuuint64_t* globalStrides,
-                                 const cuuint32_t* boxDim, const cuuint32_t* elementStrides,
-                                 CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
-                                 CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill) noexcept {
+VCUDA_API cuTensorMapEncodeTiled(CUtensorMap* tensorMap, CUtensorMapDataType tensorDataType,
+                                 cuuint32_t tensorRank, void* globalAddress, const cuuint64_t* globalDim,
+                                 const cuuint64_t* globalStrides, const cuuint32_t* boxDim,
+                                 const cuuint32_t* elementStrides, CUtensorMapInterleave interleave,
+                                 CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion,
+                                 CUtensorMapFloatOOBfill oobFill) noexcept {
     VCUDA_TRACE_HOOK(cuTensorMapEncodeTiled, tensorMap, tensorDataType, tensorRank, globalAddress, globalDim,
                      globalStrides, boxDim, elementStrides, interleave, swizzle, l2Promotion, oobFill);
     encoding e;
     if (!tensorMap || !boxDim ||
-        !common(e, 0, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, elementStrides, interleave,
-                swizzle, l2Promotion, oobFill))
+        !common(e, 0, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, elementStrides,
+                interleave, swizzle, l2Promotion, oobFill))
         return CUDA_ERROR_INVALID_VALUE;
     e.blobs.push_back(bytes_of(boxDim, tensorRank));
     return encode(tensorMap, std::move(e));
 }
 
-VCUDA_API cuTensorMapEncodeIm2col(CUtensorMap* tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank,
-                                  void* globalAddress, const cuuint64_t* globalDim, const cuuint64_t* globalStrides,
-                                  const int* pixelBoxLowerCorner, const int* pixelBoxUpperCorner,
-                                  cuuint32_t channelsPerPixel, cuuint32_t pixelsPerColumn,
-                                  const cuuint32_t* elementStrides, CUtensorMapInterleave interleave,
-                                  CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion,
+VCUDA_API cuTensorMapEncodeIm2col(CUtensorMap* tensorMap, CUtensorMapDataType tensorDataType,
+                                  cuuint32_t tensorRank, void* globalAddress, const cuuint64_t* globalDim,
+                                  const cuuint64_t* globalStrides, const int* pixelBoxLowerCorner,
+                                  const int* pixelBoxUpperCorner, cuuint32_t channelsPerPixel,
+                                  cuuint32_t pixelsPerColumn, const cuuint32_t* elementStrides,
+                                  CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                  CUtensorMapL2promotion l2Promotion,
                                   CUtensorMapFloatOOBfill oobFill) noexcept {
     VCUDA_TRACE_HOOK(cuTensorMapEncodeIm2col, tensorMap, tensorDataType, tensorRank, globalAddress, globalDim,
-                     globalStrides, pixelBoxLowerCorner, pixelBoxUpperCorner, channelsPerPixel, pixelsPerColumn,
-                     elementStrides, interleave, swizzle, l2Promotion, oobFill);
+                     globalStrides, pixelBoxLowerCorner, pixelBoxUpperCorner, channelsPerPixel,
+                     pixelsPerColumn, elementStrides, interleave, swizzle, l2Promotion, oobFill);
     encoding e;
     if (!tensorMap || tensorRank < 3 || !pixelBoxLowerCorner || !pixelBoxUpperCorner ||
-        !common(e, 1, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, elementStrides, interleave,
-                swizzle, l2Promotion, oobFill))
+        !common(e, 1, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, elementStrides,
+                interleave, swizzle, l2Promotion, oobFill))
         return CUDA_ERROR_INVALID_VALUE;
     e.args.push_back(channelsPerPixel);
     e.args.push_back(pixelsPerColumn);
-    auto corners = bytes_of(pixelBoxLowerCorner, tensorRank - 2);  // one blob, lower then upper (4 blobs at most)
+    auto corners =
+        bytes_of(pixelBoxLowerCorner, tensorRank - 2);  // one blob, lower then upper (4 blobs at most)
     auto upper = bytes_of(pixelBoxUpperCorner, tensorRank - 2);
     corners.insert(corners.end(), upper.begin(), upper.end());
     e.blobs.push_back(std::move(corners));
@@ -144,13 +155,14 @@ VCUDA_API cuTensorMapEncodeIm2colWide(CUtensorMap* tensorMap, CUtensorMapDataTyp
                                       CUtensorMapInterleave interleave, CUtensorMapIm2ColWideMode mode,
                                       CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion,
                                       CUtensorMapFloatOOBfill oobFill) noexcept {
-    VCUDA_TRACE_HOOK(cuTensorMapEncodeIm2colWide, tensorMap, tensorDataType, tensorRank, globalAddress, globalDim,
-                     globalStrides, pixelBoxLowerCornerWidth, pixelBoxUpperCornerWidth, channelsPerPixel,
-                     pixelsPerColumn, elementStrides, interleave, mode, swizzle, l2Promotion, oobFill);
+    VCUDA_TRACE_HOOK(cuTensorMapEncodeIm2colWide, tensorMap, tensorDataType, tensorRank, globalAddress,
+                     globalDim, globalStrides, pixelBoxLowerCornerWidth, pixelBoxUpperCornerWidth,
+                     channelsPerPixel, pixelsPerColumn, elementStrides, interleave, mode, swizzle,
+                     l2Promotion, oobFill);
     encoding e;
     if (!tensorMap || tensorRank < 3 ||
-        !common(e, 2, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, elementStrides, interleave,
-                swizzle, l2Promotion, oobFill))
+        !common(e, 2, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, elementStrides,
+                interleave, swizzle, l2Promotion, oobFill))
         return CUDA_ERROR_INVALID_VALUE;
     e.args.push_back(channelsPerPixel);
     e.args.push_back(pixelsPerColumn);
@@ -165,8 +177,9 @@ VCUDA_API cuTensorMapReplaceAddress(CUtensorMap* tensorMap, void* globalAddress)
     if (!tensorMap) return CUDA_ERROR_INVALID_VALUE;
     encoding e;
     if (!maps().find(*tensorMap, e)) {
-        VCUDA_LOG_WARN("cuTensorMapReplaceAddress: the descriptor was not made by this process's "
-                       "cuTensorMapEncode* calls (or was changed since): refused");
+        VCUDA_LOG_WARN(
+            "cuTensorMapReplaceAddress: the descriptor was not made by this process's "
+            "cuTensorMapEncode* calls (or was changed since): refused");
         return CUDA_ERROR_INVALID_VALUE;
     }
     e.args[3] = reinterpret_cast<uint64_t>(globalAddress);

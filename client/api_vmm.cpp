@@ -1,7 +1,7 @@
-// The virtual memory management API (cuMemAddressReserve, cuMemCreate, cuMemMap, ...), forwarded to the server
-// of the device the properties name (server/handlers_vmm.cpp). Reservations are also made here, PROT_NONE, so
-// that nothing of this process lands in the device's address range; mapped ranges join the mirror's device
-// allocations, so copies and pointer queries know them.
+// The virtual memory management API (cuMemAddressReserve, cuMemCreate, cuMemMap, ...), forwarded to the
+// server of the device the properties name (server/handlers_vmm.cpp). Reservations are also made here,
+// PROT_NONE, so that nothing of this process lands in the device's address range; mapped ranges join the
+// mirror's device allocations, so copies and pointer queries know them.
 #include <sys/mman.h>
 
 #include <cstring>
@@ -67,15 +67,19 @@ VCUDA_API cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, C
     VCUDA_REQUIRE_INIT();
     if (!ptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
     call_reply rp;
-    if (CUresult rc = remote(op::vmm_reserve, {size, alignment, addr, flags}, mode::sync, &rp); rc != CUDA_SUCCESS)
+    if (CUresult rc = remote(op::vmm_reserve, {size, alignment, addr, flags}, mode::sync, &rp);
+        rc != CUDA_SUCCESS)
         return rc;
     if (rp.outs.empty()) return CUDA_ERROR_UNKNOWN;
     CUdeviceptr va = rp.outs[0];
     void* want = reinterpret_cast<void*>(va);
-    void* got = mmap(want, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    void* got =
+        mmap(want, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
     std::lock_guard lock(vmm_mu);
-    if (got == want) local_reservations()[va] = size;
-    else if (got != MAP_FAILED) munmap(got, size);  // a kernel without MAP_FIXED_NOREPLACE put it elsewhere
+    if (got == want)
+        local_reservations()[va] = size;
+    else if (got != MAP_FAILED)
+        munmap(got, size);  // a kernel without MAP_FIXED_NOREPLACE put it elsewhere
     *ptr = va;
     return CUDA_SUCCESS;
 }
@@ -100,7 +104,8 @@ VCUDA_API cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const C
     // Host-located physical memory would be reachable by the CPU only in the server's process. Callers probe
     // for it and fall back (NCCL uses /dev/shm), so this is a refusal, not a failure.
     if (host_location(prop->location))
-        return static_cast<CUresult>(unsupported("cuMemCreate of host-located memory (not shared with this process)"));
+        return static_cast<CUresult>(
+            unsupported("cuMemCreate of host-located memory (not shared with this process)"));
     CUmemAllocationProp p;
     if (CUresult rc = server_prop(prop, p); rc != CUDA_SUCCESS) return rc;
     plain_call c(op::vmm_create, "cuMemCreate");
@@ -171,7 +176,8 @@ VCUDA_API cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* de
                   {bytes_of(d.data(), d.size() * sizeof(CUmemAccessDesc))});
 }
 
-VCUDA_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) noexcept {
+VCUDA_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                 CUmemGenericAllocationHandle handle) noexcept {
     VCUDA_TRACE_HOOK(cuMemGetAllocationPropertiesFromHandle, prop, handle);
     VCUDA_REQUIRE_INIT();
     if (!prop) return CUDA_ERROR_INVALID_VALUE;

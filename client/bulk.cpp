@@ -43,7 +43,8 @@ std::shared_ptr<bulk_link> bulk_link::open(const endpoint& ep, uint64_t session_
         frame_stream fs(std::move(*s));
         flatbuffers::FlatBufferBuilder b(256);
         b.Finish(wire::CreateHello(b, protocol_version, features::all | features::bulk, b.CreateString(""),
-                                   session_id, 0, static_cast<uint32_t>(getpid()), b.CreateString(host), 0, 0, set,
+                                   session_id, 0, static_cast<uint32_t>(getpid()), b.CreateString(host), 0, 0,
+                                   set,
                                    b.CreateVector(reinterpret_cast<const uint8_t*>(key.data()), key.size())));
         if (auto r = fs.send(make_frame(frame_kind::hello, b), after(timeout)); !r) {
             why = "sending HELLO failed: " + r.error().message;

@@ -1,9 +1,9 @@
 // The paths of copies and sets between the application's memory and the server's (declared in
 // client/copy_paths.hpp): pinned memory shared with a server on this host (memory the server allocated and
-// exported as a file descriptor, mapped here), the staging-slot pool for large pageable copies to such a server,
-// striped copies over the bulk connections (client/bulk.hpp) to a server over TCP, and the routing that picks one
-// of these or plain frames on the calling thread's lane for each copy. The exported functions are in
-// client/api_memory.cpp.
+// exported as a file descriptor, mapped here), the staging-slot pool for large pageable copies to such a
+// server, striped copies over the bulk connections (client/bulk.hpp) to a server over TCP, and the routing
+// that picks one of these or plain frames on the calling thread's lane for each copy. The exported functions
+// are in client/api_memory.cpp.
 #include "client/copy_paths.hpp"
 
 #include <sys/mman.h>
@@ -41,7 +41,9 @@ uint64_t stream_arg(CUstream s) { return reinterpret_cast<uint64_t>(s); }
 
 }  // namespace
 
-CUresult check_stream(CUstream s) { return valid_handle(stream_arg(s), handle_kind::stream) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+CUresult check_stream(CUstream s) {
+    return valid_handle(stream_arg(s), handle_kind::stream) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
 
 namespace {
 
@@ -81,8 +83,10 @@ CUresult shared_host_alloc(host_allocation& h) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (p != want)
-        VCUDA_LOG_DEBUG("pinned memory mapped at {} (the server's address {} is taken here): host and device pointers differ",
-                        p, want);
+        VCUDA_LOG_DEBUG(
+            "pinned memory mapped at {} (the server's address {} is taken here): host and device pointers "
+            "differ",
+            p, want);
     h.base = reinterpret_cast<uintptr_t>(p);
     h.server_addr = server_addr;
     h.device_ptr = device_ptr;
@@ -96,7 +100,8 @@ void shared_host_free(const host_allocation& h) {
 
 namespace {
 
-// The server's address for [p, p+n) when it lies in shared pinned memory of the current device's server, else 0.
+// The server's address for [p, p+n) when it lies in shared pinned memory of the current device's server, else
+// 0.
 uint64_t shared_address(const void* p, size_t n) {
     host_allocation h;
     auto a = reinterpret_cast<uintptr_t>(p);
@@ -107,24 +112,25 @@ uint64_t shared_address(const void* p, size_t n) {
 
 // ---------------------------------------------------------------- pageable copies through staging slots
 
-// Pageable copies of at least this size to a server on this host go through staging slots: pinned pages shared
-// with the server (as cuMemAllocHost's), which the client fills or empties while the GPU reads or writes the
-// other slot of the copy. One memcpy here (spread over helper threads: client/parallel_copy.hpp) and none on
-// the server, where a frame costs one on each side.
+// Pageable copies of at least this size to a server on this host go through staging slots: pinned pages
+// shared with the server (as cuMemAllocHost's), which the client fills or empties while the GPU reads or
+// writes the other slot of the copy. One memcpy here (spread over helper threads: client/parallel_copy.hpp)
+// and none on the server, where a frame costs one on each side.
 constexpr size_t staged_min = 1u << 20;
 constexpr size_t slot_size = 4u << 20;
 constexpr size_t slots_per_session = 4;  // two copies at a time; a third thread's copy goes in frames
 
 struct staging_slot {
     host_allocation h;
-    bool busy = false;     // a copy is using it
-    bool pending = false;  // a marked copy may still read or write it: wait (host_region_wait) before touching it
+    bool busy = false;  // a copy is using it
+    bool pending =
+        false;  // a marked copy may still read or write it: wait (host_region_wait) before touching it
 };
 
-// The slots of each session, made at its first large pageable copy and kept for the process's life (the server
-// frees them with the session). Not in a forked child: the pages are shared with the parent.
+// The slots of each session, made at its first large pageable copy and kept for the process's life (the
+// server frees them with the session). Not in a forked child: the pages are shared with the parent.
 class staging_slots {
-public:
+  public:
     // Two free slots of the current device's session; false when there are none to be had.
     bool take(staging_slot*& a, staging_slot*& b) {
         session& s = state::get().remote();
@@ -138,7 +144,8 @@ public:
                 if (shared_host_alloc(slot->h) != CUDA_SUCCESS) break;
                 mine.slots.push_back(std::move(slot));
             }
-            if (mine.slots.size() < 2) VCUDA_LOG_INFO("no staging slots for pageable copies: they travel in frames");
+            if (mine.slots.size() < 2)
+                VCUDA_LOG_INFO("no staging slots for pageable copies: they travel in frames");
         }
         if (mine.pid != getpid()) return false;
         staging_slot* two[2] = {};
@@ -156,7 +163,8 @@ public:
         a->busy = b->busy = false;
     }
     // Frees the current session's slots when none is in use, for an allocation of the application's that the
-    // server's host memory quota refused; pageable copies then go in frames. False when there were none to free.
+    // server's host memory quota refused; pageable copies then go in frames. False when there were none to
+    // free.
     bool release_for_application() {
         session& s = state::get().remote();
         std::vector<std::unique_ptr<staging_slot>> freed;
@@ -173,11 +181,12 @@ public:
             shared_host_free(slot->h);
             munmap(reinterpret_cast<void*>(slot->h.base), slot->h.size);
         }
-        VCUDA_LOG_INFO("the host memory quota is reached: staging slots freed for the application's pinned memory");
+        VCUDA_LOG_INFO(
+            "the host memory quota is reached: staging slots freed for the application's pinned memory");
         return true;
     }
 
-private:
+  private:
     struct per_session {
         int pid = 0;
         std::vector<std::unique_ptr<staging_slot>> slots;
@@ -211,9 +220,9 @@ CUresult slot_ready(staging_slot& s) {
     return rc;
 }
 
-// Slot-sized chunks alternate between the two slots: the next chunk is copied in while the GPU reads this one.
-// The last chunk goes as `m` says (sync: the copy is done when the call returns). CUDA_ERROR_NOT_SUPPORTED: no
-// slots, the caller sends the bytes in frames.
+// Slot-sized chunks alternate between the two slots: the next chunk is copied in while the GPU reads this
+// one. The last chunk goes as `m` says (sync: the copy is done when the call returns).
+// CUDA_ERROR_NOT_SUPPORTED: no slots, the caller sends the bytes in frames.
 CUresult staged_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
     staging_slot* slot[2];
     if (!staging().take(slot[0], slot[1])) return CUDA_ERROR_NOT_SUPPORTED;
@@ -239,17 +248,19 @@ CUresult staged_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream) {
     auto length = [&](size_t k) { return std::min(slot_size, n - k * slot_size); };
     auto issue = [&](size_t k) {
         staging_slot& s = *slot[k % 2];
-        if (CUresult rc = slot_ready(s); rc != CUDA_SUCCESS) return rc;  // its last copy may be another's upload
+        if (CUresult rc = slot_ready(s); rc != CUDA_SUCCESS)
+            return rc;  // its last copy may be another's upload
         s.pending = true;
-        return remote(op::copy_dtoh_shared, {s.h.server_addr, src + k * slot_size, length(k), stream_arg(stream), 1},
-                      mode::post);
+        return remote(op::copy_dtoh_shared,
+                      {s.h.server_addr, src + k * slot_size, length(k), stream_arg(stream), 1}, mode::post);
     };
     CUresult rc = issue(0);
     for (size_t k = 0; k < chunks && rc == CUDA_SUCCESS; ++k) {
         if (k + 1 < chunks && (rc = issue(k + 1)) != CUDA_SUCCESS) break;
         staging_slot& s = *slot[k % 2];
         if ((rc = slot_ready(s)) != CUDA_SUCCESS) break;
-        parallel_copy(static_cast<char*>(dst) + k * slot_size, reinterpret_cast<const void*>(s.h.base), length(k));
+        parallel_copy(static_cast<char*>(dst) + k * slot_size, reinterpret_cast<const void*>(s.h.base),
+                      length(k));
     }
     staging().give_back(slot[0], slot[1]);
     return rc;
@@ -304,13 +315,14 @@ CUresult striped_htod(bulk_link& link, CUdeviceptr dst, const void* src, size_t 
     c.rq.after_send = &queue;
     call_reply rp;
     int rc = m == mode::post ? l->post(c.rq) : l->call(c.rq, rp);
-    link.wait_written(t);  // a failed write fails the copy on the server too: its reply or the next one says so
+    link.wait_written(
+        t);  // a failed write fails the copy on the server too: its reply or the next one says so
     if (rc == CUDA_ERROR_DEVICE_UNAVAILABLE) link.close("the server closed them");
     return static_cast<CUresult>(rc);
 }
 
-// The chunks land in `dst` at their offsets, read by the bulk connections; the call returns once the reply and
-// every chunk came.
+// The chunks land in `dst` at their offsets, read by the bulk connections; the call returns once the reply
+// and every chunk came.
 CUresult striped_dtoh(bulk_link& link, void* dst, CUdeviceptr src, size_t n, CUstream stream) {
     lane* l = state::get().remote().this_thread_lane();
     if (!l) return static_cast<CUresult>(connection_lost_result);
@@ -327,16 +339,17 @@ CUresult striped_dtoh(bulk_link& link, void* dst, CUdeviceptr src, size_t n, CUs
 
 }  // namespace
 
-// Host to device: from shared pinned memory the server copies straight from the pages; large copies over TCP go
-// striped, large pageable ones to a server on this host through staging slots; otherwise every chunk but the
-// last is queued and the last waits for the server when `m` is sync, so the copy is enqueued on the GPU before
-// the call returns, as with the real driver.
+// Host to device: from shared pinned memory the server copies straight from the pages; large copies over TCP
+// go striped, large pageable ones to a server on this host through staging slots; otherwise every chunk but
+// the last is queued and the last waits for the server when `m` is sync, so the copy is enqueued on the GPU
+// before the call returns, as with the real driver.
 CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
     if (!src) return CUDA_ERROR_INVALID_VALUE;
     if (m == mode::post && !device_range(dst, n)) return CUDA_ERROR_INVALID_VALUE;
-    if (uint64_t from = shared_address(src, n)) return remote(op::copy_htod_shared, {dst, from, n, stream_arg(stream)}, m);
+    if (uint64_t from = shared_address(src, n))
+        return remote(op::copy_htod_shared, {dst, from, n, stream_arg(stream)}, m);
     if (device_range(dst, n)) {  // else the lane's copy gets the server's refusal
         if (auto link = striping(n)) return striped_htod(*link, dst, src, n, stream, m);
         if (stageable(n))
@@ -354,14 +367,16 @@ CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, 
 
 // Device to host: into shared pinned memory the GPU writes the pages itself, and the asynchronous form is
 // truly asynchronous (the bytes are there once the stream is synchronized with, as with the real driver).
-// Otherwise the reply's payload (or a striped copy's chunks, or staging slots) fills the caller's buffer, and the
-// asynchronous form also waits, so the bytes are there whenever any later call synchronizes with the stream.
+// Otherwise the reply's payload (or a striped copy's chunks, or staging slots) fills the caller's buffer, and
+// the asynchronous form also waits, so the bytes are there whenever any later call synchronizes with the
+// stream.
 CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
     if (!dst) return CUDA_ERROR_INVALID_VALUE;
     if (uint64_t to = shared_address(dst, n)) {
-        if (m == mode::post && (!device_range(src, n) || check_stream(stream) != CUDA_SUCCESS)) return CUDA_ERROR_INVALID_VALUE;
+        if (m == mode::post && (!device_range(src, n) || check_stream(stream) != CUDA_SUCCESS))
+            return CUDA_ERROR_INVALID_VALUE;
         return remote(op::copy_dtoh_shared, {to, src, n, stream_arg(stream)}, m);
     }
     if (device_range(src, n)) {
@@ -373,7 +388,8 @@ CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m
     rp.payload_dst = static_cast<std::byte*>(dst);
     rp.payload_cap = n;
     CUresult rc = remote(op::copy_dtoh, {src, n, stream_arg(stream)}, mode::sync, &rp);
-    if (rc == CUDA_SUCCESS && !rp.payload.empty()) return CUDA_ERROR_UNKNOWN;  // size mismatch from the server
+    if (rc == CUDA_SUCCESS && !rp.payload.empty())
+        return CUDA_ERROR_UNKNOWN;  // size mismatch from the server
     return rc;
 }
 
@@ -413,7 +429,8 @@ CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, m
     if (dd) return copy_htod(dst, reinterpret_cast<const void*>(src), n, stream, m);
     if (sd) return copy_dtoh(reinterpret_cast<void*>(dst), src, n, stream, m);
     if (m == mode::sync) {  // host to host: the copy is ordered after prior work in the stream
-        if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS) return rc;
+        if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS)
+            return rc;
     }
     std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
     return CUDA_SUCCESS;
@@ -435,19 +452,24 @@ CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream stream, mode m) {
     if (w == 0) return CUDA_SUCCESS;
     size_t spitch = c.srcPitch ? c.srcPitch : w, dpitch = c.dstPitch ? c.dstPitch : w;
     size_t sheight = c.srcHeight ? c.srcHeight : h, dheight = c.dstHeight ? c.dstHeight : h;
-    if ((h > 1 && (spitch < w + c.srcXInBytes || dpitch < w + c.dstXInBytes))) return CUDA_ERROR_INVALID_VALUE;
-    const char* shost = static_cast<const char*>(c.srcMemoryType == CU_MEMORYTYPE_UNIFIED ? reinterpret_cast<void*>(c.srcDevice) : c.srcHost);
-    char* dhost = static_cast<char*>(c.dstMemoryType == CU_MEMORYTYPE_UNIFIED ? reinterpret_cast<void*>(c.dstDevice) : c.dstHost);
-    auto host_row = [&](const char* base, size_t pitch, size_t height, size_t x, size_t y, size_t z, size_t row, size_t slice) {
-        return base + ((z + slice) * height + (y + row)) * pitch + x;
-    };
+    if ((h > 1 && (spitch < w + c.srcXInBytes || dpitch < w + c.dstXInBytes)))
+        return CUDA_ERROR_INVALID_VALUE;
+    const char* shost = static_cast<const char*>(
+        c.srcMemoryType == CU_MEMORYTYPE_UNIFIED ? reinterpret_cast<void*>(c.srcDevice) : c.srcHost);
+    char* dhost = static_cast<char*>(
+        c.dstMemoryType == CU_MEMORYTYPE_UNIFIED ? reinterpret_cast<void*>(c.dstDevice) : c.dstHost);
+    auto host_row = [&](const char* base, size_t pitch, size_t height, size_t x, size_t y, size_t z,
+                        size_t row,
+                        size_t slice) { return base + ((z + slice) * height + (y + row)) * pitch + x; };
     if (s == 0 && d == 0) {
         if (m == mode::sync)
-            if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS) return rc;
+            if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS)
+                return rc;
         for (size_t z = 0; z < depth; ++z)
             for (size_t y = 0; y < h; ++y)
-                std::memmove(const_cast<char*>(host_row(dhost, dpitch, dheight, c.dstXInBytes, c.dstY, c.dstZ, y, z)),
-                             host_row(shost, spitch, sheight, c.srcXInBytes, c.srcY, c.srcZ, y, z), w);
+                std::memmove(
+                    const_cast<char*>(host_row(dhost, dpitch, dheight, c.dstXInBytes, c.dstY, c.dstZ, y, z)),
+                    host_row(shost, spitch, sheight, c.srcXInBytes, c.srcY, c.srcZ, y, z), w);
         return CUDA_SUCCESS;
     }
     std::vector<std::byte> packed;
@@ -455,16 +477,32 @@ CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream stream, mode m) {
         packed.resize(w * h * depth);
         for (size_t z = 0; z < depth; ++z)
             for (size_t y = 0; y < h; ++y)
-                std::memcpy(&packed[(z * h + y) * w], host_row(shost, spitch, sheight, c.srcXInBytes, c.srcY, c.srcZ, y, z), w);
+                std::memcpy(&packed[(z * h + y) * w],
+                            host_row(shost, spitch, sheight, c.srcXInBytes, c.srcY, c.srcZ, y, z), w);
     }
     call_reply rp;
     CUresult rc;
     {
         lane* l = state::get().remote().this_thread_lane();
         if (!l) return static_cast<CUresult>(connection_lost_result);
-        uint64_t args[] = {static_cast<uint64_t>(s), c.srcDevice, c.srcXInBytes, c.srcY, c.srcZ, spitch, sheight,
-                           static_cast<uint64_t>(d), c.dstDevice, c.dstXInBytes, c.dstY, c.dstZ, dpitch, dheight,
-                           w, h, depth, stream_arg(stream)};
+        uint64_t args[] = {static_cast<uint64_t>(s),
+                           c.srcDevice,
+                           c.srcXInBytes,
+                           c.srcY,
+                           c.srcZ,
+                           spitch,
+                           sheight,
+                           static_cast<uint64_t>(d),
+                           c.dstDevice,
+                           c.dstXInBytes,
+                           c.dstY,
+                           c.dstZ,
+                           dpitch,
+                           dheight,
+                           w,
+                           h,
+                           depth,
+                           stream_arg(stream)};
         call_request rq;
         rq.operation = op::copy_3d;
         rq.device = current_server_device();
@@ -479,8 +517,9 @@ CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream stream, mode m) {
         if (rp.payload.size() != w * h * depth) return CUDA_ERROR_UNKNOWN;
         for (size_t z = 0; z < depth; ++z)
             for (size_t y = 0; y < h; ++y)
-                std::memcpy(const_cast<char*>(host_row(dhost, dpitch, dheight, c.dstXInBytes, c.dstY, c.dstZ, y, z)),
-                            &rp.payload[(z * h + y) * w], w);
+                std::memcpy(
+                    const_cast<char*>(host_row(dhost, dpitch, dheight, c.dstXInBytes, c.dstY, c.dstZ, y, z)),
+                    &rp.payload[(z * h + y) * w], w);
     }
     return CUDA_SUCCESS;
 }

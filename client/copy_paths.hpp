@@ -1,10 +1,10 @@
 // Copies and sets between the application's memory and the server's, each routed to the cheapest path it can
-// take: straight from or into pinned memory shared with a server on this host, through the staging slots (pinned
-// pages shared with such a server) for large pageable copies, striped over the bulk connections to a server over
-// TCP, else in frames on the calling thread's lane. Also the shared pinned allocations themselves, which
-// cuMemAllocHost and cuMemHostAlloc use. The exported functions that call these are in client/api_memory.cpp.
-// runs on: the calling application thread. locks: the staging-slot pool has its own mutex; everything else is the
-// lane's and the state's (client/remote.hpp, client/state.hpp).
+// take: straight from or into pinned memory shared with a server on this host, through the staging slots
+// (pinned pages shared with such a server) for large pageable copies, striped over the bulk connections to a
+// server over TCP, else in frames on the calling thread's lane. Also the shared pinned allocations
+// themselves, which cuMemAllocHost and cuMemHostAlloc use. The exported functions that call these are in
+// client/api_memory.cpp. runs on: the calling application thread. locks: the staging-slot pool has its own
+// mutex; everything else is the lane's and the state's (client/remote.hpp, client/state.hpp).
 #pragma once
 
 #include "client/remote_call.hpp"
@@ -20,11 +20,12 @@ CUresult check_stream(CUstream s);
 CUresult shared_host_alloc(host_allocation& h);
 void shared_host_free(const host_allocation& h);
 
-// Frees the current session's staging slots when none is in use, for an application allocation the server's host
-// memory quota refused; later pageable copies go in frames. False when there were none to free.
+// Frees the current session's staging slots when none is in use, for an application allocation the server's
+// host memory quota refused; later pageable copies go in frames. False when there were none to free.
 bool release_staging_slots();
 
-// `m` sync: the copy is enqueued on the GPU (or done, for device to host) when the call returns; post: queued.
+// `m` sync: the copy is enqueued on the GPU (or done, for device to host) when the call returns; post:
+// queued.
 CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m);
 CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m = mode::sync);
 CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, mode m);

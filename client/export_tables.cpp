@@ -24,16 +24,26 @@ struct table_id {
     bool operator==(const CUuuid& u) const { return std::memcmp(bytes, u.bytes, 16) == 0; }
 };
 
-constexpr table_id id_unknown_first = {{0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9}};
-constexpr table_id id_cudart = {{0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9}};
-constexpr table_id id_callbacks = {{0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66}};
-constexpr table_id id_tools_tls = {{0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc}};
-constexpr table_id id_cls = {{0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93}};
-constexpr table_id id_ctx_checks = {{0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e}};
-constexpr table_id id_integrity = {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2}};
-constexpr table_id id_tools_context = {{0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2}};
-constexpr table_id id_cublaslt = {{0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca}};
-constexpr table_id id_cufft = {{0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e}};
+constexpr table_id id_unknown_first = {
+    {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9}};
+constexpr table_id id_cudart = {
+    {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9}};
+constexpr table_id id_callbacks = {
+    {0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66}};
+constexpr table_id id_tools_tls = {
+    {0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc}};
+constexpr table_id id_cls = {
+    {0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93}};
+constexpr table_id id_ctx_checks = {
+    {0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e}};
+constexpr table_id id_integrity = {
+    {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2}};
+constexpr table_id id_tools_context = {
+    {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2}};
+constexpr table_id id_cublaslt = {
+    {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca}};
+constexpr table_id id_cufft = {
+    {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e}};
 
 // A slot whose meaning is not known: says so in the log, once per slot, and refuses.
 template <int Table, int Slot>
@@ -41,7 +51,9 @@ CUresult unknown_slot() {
     static bool said = false;
     if (!said) {
         said = true;
-        VCUDA_LOG_WARN("export table {:04x}… slot {} called: not implemented, answering CUDA_ERROR_NOT_SUPPORTED", Table, Slot);
+        VCUDA_LOG_WARN(
+            "export table {:04x}… slot {} called: not implemented, answering CUDA_ERROR_NOT_SUPPORTED", Table,
+            Slot);
     }
     return CUDA_ERROR_NOT_SUPPORTED;
 }
@@ -194,20 +206,20 @@ sized_table<0x2131, 93>& tools_context_table() {
     }();
     return t;
 }
-// ---- 1734dc26: asked for by cuBLASLt, which crashes when the table is refused. What its slots [4] and [13] do is
-// not known yet; they answer CUDA_ERROR_NOT_SUPPORTED, and cuBLASLt then goes on without them (checked on an
-// H100: cublasSgemm and cublasGemmEx give the native results).
+// ---- 1734dc26: asked for by cuBLASLt, which crashes when the table is refused. What its slots [4] and [13]
+// do is not known yet; they answer CUDA_ERROR_NOT_SUPPORTED, and cuBLASLt then goes on without them (checked
+// on an H100: cublasSgemm and cublasGemmEx give the native results).
 sized_table<0x1734, 17>& cublaslt_table() {
     static sized_table<0x1734, 17> t;
     return t;
 }
 
-// ---- 6e163fbe: asked for by cuFFT. [7](ctx, module, deliver, user, module, info) hands each function of a module
-// cuFFT has just loaded to deliver(user, function) and answers how many it handed over. Learnt from a trace of the
-// real driver (cuFFT 12.0, driver 580): cuFFT's deliver stores the function through `user`, cuFFT then launches it;
-// its plan modules hold one function. The other slots were not seen in use.
-uintptr_t cufft_module_functions(CUcontext, CUmodule mod, void (*deliver)(void*, CUfunction), void* user, CUmodule,
-                                 const void*) {
+// ---- 6e163fbe: asked for by cuFFT. [7](ctx, module, deliver, user, module, info) hands each function of a
+// module cuFFT has just loaded to deliver(user, function) and answers how many it handed over. Learnt from a
+// trace of the real driver (cuFFT 12.0, driver 580): cuFFT's deliver stores the function through `user`,
+// cuFFT then launches it; its plan modules hold one function. The other slots were not seen in use.
+uintptr_t cufft_module_functions(CUcontext, CUmodule mod, void (*deliver)(void*, CUfunction), void* user,
+                                 CUmodule, const void*) {
     unsigned n = 0;
     std::vector<CUfunction> fs;
     CUresult rc = deliver ? cuModuleGetFunctionCount(&n, mod) : CUDA_ERROR_INVALID_VALUE;
@@ -216,7 +228,8 @@ uintptr_t cufft_module_functions(CUcontext, CUmodule mod, void (*deliver)(void*,
         rc = cuModuleEnumerateFunctions(fs.data(), n, mod);
     }
     if (rc != CUDA_SUCCESS) {
-        VCUDA_LOG_WARN("export table 6e163fbe… slot 7: the module's functions could not be listed (error {})", static_cast<int>(rc));
+        VCUDA_LOG_WARN("export table 6e163fbe… slot 7: the module's functions could not be listed (error {})",
+                       static_cast<int>(rc));
         return 0;
     }
     for (CUfunction f : fs) deliver(user, f);
@@ -256,7 +269,8 @@ sized_table<0xd408, 3>& integrity_table() {
 
 template <class T>
 void put_le(std::vector<uint8_t>& m, T v) {
-    for (size_t i = 0; i < sizeof(T); ++i) m.push_back(static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i)));
+    for (size_t i = 0; i < sizeof(T); ++i)
+        m.push_back(static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i)));
 }
 
 CUresult integrity_check(unsigned version, unsigned long long secs, unsigned long long result[2]) {
@@ -270,7 +284,8 @@ CUresult integrity_check(unsigned version, unsigned long long secs, unsigned lon
             result[0] = 0x1841181C03CB675CULL;
             result[1] = 0x8ED383AA1F4CD1E8ULL;
             return CUDA_SUCCESS;
-        default: break;
+        default:
+            break;
     }
     static constexpr uint8_t key[16] = {0x14, 0x6A, 0xDD, 0xAE, 0x53, 0xA9, 0xA7, 0x52,
                                         0xAA, 0x08, 0x41, 0x36, 0x0B, 0xF5, 0x5A, 0x9F};
@@ -303,22 +318,34 @@ CUresult integrity_check(unsigned version, unsigned long long secs, unsigned lon
 
 using namespace vcuda::client;
 
-extern "C" __attribute__((visibility("default"))) CUresult cuGetExportTable(const void** table, const CUuuid* id) noexcept {
+extern "C" __attribute__((visibility("default"))) CUresult cuGetExportTable(const void** table,
+                                                                            const CUuuid* id) noexcept {
     VCUDA_TRACE_HOOK(cuGetExportTable, table, id);
     if (!table || !id) return CUDA_ERROR_INVALID_VALUE;
-    if (id_cudart == *id) *table = cudart_table().words.data();
-    else if (id_callbacks == *id) *table = callbacks_table().words.data();
-    else if (id_tools_tls == *id) *table = tools_tls_table().words.data();
-    else if (id_cls == *id) *table = cls_table().data();
-    else if (id_ctx_checks == *id) *table = ctx_checks_table().words.data();
-    else if (id_integrity == *id) *table = integrity_table().words.data();
-    else if (id_tools_context == *id) *table = tools_context_table().words.data();
-    else if (id_cublaslt == *id) *table = cublaslt_table().words.data();
-    else if (id_cufft == *id) *table = cufft_table().words.data();
-    else if (std::memcmp(id->bytes, vcuda::vcuda_private_table_id, 16) == 0) *table = &the_private_table();
+    if (id_cudart == *id)
+        *table = cudart_table().words.data();
+    else if (id_callbacks == *id)
+        *table = callbacks_table().words.data();
+    else if (id_tools_tls == *id)
+        *table = tools_tls_table().words.data();
+    else if (id_cls == *id)
+        *table = cls_table().data();
+    else if (id_ctx_checks == *id)
+        *table = ctx_checks_table().words.data();
+    else if (id_integrity == *id)
+        *table = integrity_table().words.data();
+    else if (id_tools_context == *id)
+        *table = tools_context_table().words.data();
+    else if (id_cublaslt == *id)
+        *table = cublaslt_table().words.data();
+    else if (id_cufft == *id)
+        *table = cufft_table().words.data();
+    else if (std::memcmp(id->bytes, vcuda::vcuda_private_table_id, 16) == 0)
+        *table = &the_private_table();
     else {
         char hex[33];
-        for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", static_cast<unsigned char>(id->bytes[i]));
+        for (int i = 0; i < 16; ++i)
+            std::snprintf(hex + 2 * i, 3, "%02x", static_cast<unsigned char>(id->bytes[i]));
         if (!(id_unknown_first == *id)) VCUDA_LOG_DEBUG("cuGetExportTable: unknown table {} refused", hex);
         return CUDA_ERROR_INVALID_VALUE;
     }

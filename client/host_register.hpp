@@ -1,5 +1,5 @@
-// cuMemHostRegister with CU_MEMHOSTREGISTER_DEVICEMAP: the application's own pages made reachable by the GPU of a
-// server on this host (client/host_register.cpp).
+// cuMemHostRegister with CU_MEMHOSTREGISTER_DEVICEMAP: the application's own pages made reachable by the GPU
+// of a server on this host (client/host_register.cpp).
 #pragma once
 
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -11,12 +11,13 @@ namespace vcuda::client {
 
 // Moves the pages holding [p, p+size) onto pinned pages shared with the current device's server (a memfd the
 // server registers with its driver, as for cuMemHostAlloc), keeping their addresses and contents, and fills
-// r's server address and device pointer. CUDA_ERROR_NOT_SUPPORTED (logged with the reason) when the server is on
-// another host, sharing is off, or the range is not private anonymous memory (a file's pages, shared memory).
+// r's server address and device pointer. CUDA_ERROR_NOT_SUPPORTED (logged with the reason) when the server is
+// on another host, sharing is off, or the range is not private anonymous memory (a file's pages, shared
+// memory).
 CUresult share_registered_range(void* p, size_t size, host_allocation& r);
 
-// At cuMemHostUnregister of a range share_registered_range moved: the server lets the pages go; they stay mapped
-// here, with their contents, as the application's memory.
+// At cuMemHostUnregister of a range share_registered_range moved: the server lets the pages go; they stay
+// mapped here, with their contents, as the application's memory.
 void unshare_registered_range(const host_allocation& r);
 
 }  // namespace vcuda::client

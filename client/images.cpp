@@ -60,9 +60,12 @@ bool raw_part(const void* p, std::span<const std::byte>& out) {
     uint32_t magic;
     std::memcpy(&magic, p, sizeof magic);
     auto* b = static_cast<const std::byte*>(p);
-    if (magic == fatbin_magic) out = {b, fatbin_size(p)};
-    else if (std::memcmp(p, ELFMAG, SELFMAG) == 0) out = {b, elf_size(p)};
-    else out = {b, std::strlen(static_cast<const char*>(p)) + 1};  // PTX text
+    if (magic == fatbin_magic)
+        out = {b, fatbin_size(p)};
+    else if (std::memcmp(p, ELFMAG, SELFMAG) == 0)
+        out = {b, elf_size(p)};
+    else
+        out = {b, std::strlen(static_cast<const char*>(p)) + 1};  // PTX text
     return true;
 }
 

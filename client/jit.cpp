@@ -15,8 +15,10 @@ CUresult jit_call::take(unsigned n, CUjit_option* o, void** v, const char* calle
     if (!o || !v || n > jit::max_options) return CUDA_ERROR_INVALID_VALUE;
     for (unsigned i = 0; i < n; ++i) {
         if (jit::role_of(o[i]) == jit::role::refused) {
-            VCUDA_LOG_WARN("{}: JIT option {} is not supported by vcuda (it names arrays in the caller's memory, or is "
-                           "unknown): CUDA_ERROR_NOT_SUPPORTED", caller, static_cast<int>(o[i]));
+            VCUDA_LOG_WARN(
+                "{}: JIT option {} is not supported by vcuda (it names arrays in the caller's memory, or is "
+                "unknown): CUDA_ERROR_NOT_SUPPORTED",
+                caller, static_cast<int>(o[i]));
             return CUDA_ERROR_NOT_SUPPORTED;
         }
         words.push_back(static_cast<uint64_t>(o[i]));
@@ -36,7 +38,8 @@ bool jit_call::answer(const call_reply& rp, size_t first) const {
         if (jit::role_of(options[i]) != jit::role::log_buffer || !values[i]) continue;
         uint64_t cap = 0;
         for (unsigned j = 0; j < count; ++j)
-            if (options[j] == static_cast<CUjit_option>(jit::size_option_of(options[i]))) cap = words[2 * j + 1];
+            if (options[j] == static_cast<CUjit_option>(jit::size_option_of(options[i])))
+                cap = words[2 * j + 1];
         if (cap == 0) continue;
         const auto& log = rp.blobs[options[i] == CU_JIT_INFO_LOG_BUFFER ? 0 : 1];
         size_t n = std::min<size_t>(log.size(), cap - 1);
@@ -44,7 +47,8 @@ bool jit_call::answer(const call_reply& rp, size_t first) const {
         static_cast<char*>(values[i])[n] = '\0';
     }
     for (unsigned i = 0; i < count; ++i)
-        if (jit::written_back(options[i])) values[i] = reinterpret_cast<void*>(static_cast<uintptr_t>(rp.outs[first + i]));
+        if (jit::written_back(options[i]))
+            values[i] = reinterpret_cast<void*>(static_cast<uintptr_t>(rp.outs[first + i]));
     return true;
 }
 

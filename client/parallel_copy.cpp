@@ -24,7 +24,7 @@ struct piece {
 
 // The helper threads of one process (a forked child makes its own: the parent's threads are not in it).
 class helpers {
-public:
+  public:
     explicit helpers(unsigned count) : count_(count) {
         for (unsigned i = 0; i < count_; ++i) std::thread([this] { run(); }).detach();
     }
@@ -60,7 +60,7 @@ public:
         done_.wait(lock, [&] { return left == 0; });
     }
 
-private:
+  private:
     void run() {
         std::unique_lock lock(mu_);
         for (;;) {

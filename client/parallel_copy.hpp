@@ -1,6 +1,6 @@
 // Large host memory copies split over helper threads: one core copies pageable memory at 6-9 GB/s, well
-// under what PCIe and the memory take, and the staging slots (client/copy_paths.cpp) would cap pageable copies
-// there. The calling thread copies a part itself and runs any part no helper has started yet.
+// under what PCIe and the memory take, and the staging slots (client/copy_paths.cpp) would cap pageable
+// copies there. The calling thread copies a part itself and runs any part no helper has started yet.
 #pragma once
 
 #include <cstddef>

@@ -10,7 +10,8 @@
 namespace vcuda::client {
 
 bool valid_handle(uint64_t h, handle_kind k) {
-    if (k == handle_kind::stream && (h == stream_null || h == stream_legacy || h == stream_per_thread)) return true;
+    if (k == handle_kind::stream && (h == stream_null || h == stream_legacy || h == stream_per_thread))
+        return true;
     handle_kind kind;
     if (!state::get().lookup_kind(h, kind)) return false;
     if (kind == k) return true;
@@ -37,12 +38,12 @@ CUresult plain_call::send_sync() {
 
 namespace {
 
-// Answers of `cached` queries, keyed by op, device, arguments, blobs and, for a query about a function or kernel,
-// the state of that kernel's settable attributes (so answers under each state stay valid side by side: PyTorch
-// switches a kernel's dynamic shared memory limit back and forth every step).
-// Setters: by target (op, device, arguments but the value) the full call in effect, grouped by kernel (0 for
-// context-wide setters); `accepted` every setter call the driver accepted once (validity is static: the same
-// call cannot fail later while its handle lives).
+// Answers of `cached` queries, keyed by op, device, arguments, blobs and, for a query about a function or
+// kernel, the state of that kernel's settable attributes (so answers under each state stay valid side by
+// side: PyTorch switches a kernel's dynamic shared memory limit back and forth every step). Setters: by
+// target (op, device, arguments but the value) the full call in effect, grouped by kernel (0 for context-wide
+// setters); `accepted` every setter call the driver accepted once (validity is static: the same call cannot
+// fail later while its handle lives).
 struct reply_cache {
     std::mutex mu;
     std::unordered_map<std::string, std::vector<uint64_t>> answers;
@@ -53,7 +54,8 @@ struct reply_cache {
     uint64_t epoch = 0;
 };
 reply_cache& cache() {
-    static auto* c = new reply_cache();  // never destroyed: atexit handlers of the application may still query
+    static auto* c =
+        new reply_cache();  // never destroyed: atexit handlers of the application may still query
     return *c;
 }
 
@@ -152,9 +154,13 @@ CUresult plain_call::send_uncaching(size_t value_index) {
     if (error_ != CUDA_SUCCESS) return error_;
     std::string full = cache_key();
     std::string target = full;
-    if (value_index < n_) std::memset(target.data() + sizeof(uint32_t) + sizeof(int) + value_index * sizeof(uint64_t), 0, sizeof(uint64_t));
+    if (value_index < n_)
+        std::memset(target.data() + sizeof(uint32_t) + sizeof(int) + value_index * sizeof(uint64_t), 0,
+                    sizeof(uint64_t));
     auto& c = cache();
-    auto same_op = [&](const std::string& k) { return k.compare(0, sizeof(uint32_t), target, 0, sizeof(uint32_t)) == 0; };
+    auto same_op = [&](const std::string& k) {
+        return k.compare(0, sizeof(uint32_t), target, 0, sizeof(uint32_t)) == 0;
+    };
     bool queue = false;
     {
         std::lock_guard lock(c.mu);
@@ -164,8 +170,8 @@ CUresult plain_call::send_uncaching(size_t value_index) {
             reply_.outs.clear();
             return CUDA_SUCCESS;
         }
-        // The same attribute may be set through the kernel or through its function: what the other op set is no
-        // longer known to be in effect.
+        // The same attribute may be set through the kernel or through its function: what the other op set is
+        // no longer known to be in effect.
         std::erase_if(group, [&](const auto& kv) { return !same_op(kv.first); });
         group.erase(target);
         ++c.epoch;
@@ -174,7 +180,8 @@ CUresult plain_call::send_uncaching(size_t value_index) {
             for (auto& [k, g] : c.setters)
                 if (k) g.clear();
         }
-        // Only a kernel's attributes: a context limit accepted once may still fail later (memory for the stack).
+        // Only a kernel's attributes: a context limit accepted once may still fail later (memory for the
+        // stack).
         queue = about_ != 0 && c.accepted.count(full) != 0;
         if (queue) group[target] = full;  // in effect once the queued call runs, before any later call
     }

@@ -40,7 +40,7 @@ bool valid_handle(uint64_t h, handle_kind k);
 void drop_cached_replies();
 
 class plain_call {
-public:
+  public:
     plain_call(op o, const char* name) : op_(o), name_(name) {}
 
     template <class T>
@@ -52,7 +52,8 @@ public:
         uint64_t id = reinterpret_cast<uint64_t>(h);
         if (!valid_handle(id, k) && error_ == CUDA_SUCCESS) error_ = CUDA_ERROR_INVALID_HANDLE;
         if (k == handle_kind::function || k == handle_kind::kernel) about(id);
-        if (k == handle_kind::function || k == handle_kind::kernel || k == handle_kind::library) id = state::get().route(id);
+        if (k == handle_kind::function || k == handle_kind::kernel || k == handle_kind::library)
+            id = state::get().route(id);
         arg(id);
     }
     // The call is about this function or kernel (handle() notes it itself): its cached answers are kept per
@@ -70,14 +71,14 @@ public:
     // send_sync for a `cached` query: a repeat of a successful call (same op, device, arguments) is answered
     // from the reply cache without a round trip.
     CUresult send_cached();
-    // For an `uncaches` setter whose argument `value_index` is the value set. The same value already in effect:
-    // nothing is sent. A kernel attribute value accepted before (valid, so it cannot fail now): queued.
-    // Otherwise sent synchronously. A setter about a function or kernel changes the state its answers are kept
-    // under; a context-wide one drops every cached answer.
+    // For an `uncaches` setter whose argument `value_index` is the value set. The same value already in
+    // effect: nothing is sent. A kernel attribute value accepted before (valid, so it cannot fail now):
+    // queued. Otherwise sent synchronously. A setter about a function or kernel changes the state its answers
+    // are kept under; a context-wide one drops every cached answer.
     CUresult send_uncaching(size_t value_index);
 
-    // The reply cache as a record of facts: whether this call (op, device, arguments) is known to succeed, and
-    // noting that it did. Dropped like the cached answers.
+    // The reply cache as a record of facts: whether this call (op, device, arguments) is known to succeed,
+    // and noting that it did. Dropped like the cached answers.
     bool known_to_succeed() const;
     void note_success() const;
 
@@ -99,8 +100,9 @@ public:
 
     const call_reply& reply() const { return reply_; }
 
-private:
-    std::string cache_key() const;  // op, device, arguments, blobs and the attribute state of about()'s kernel
+  private:
+    std::string cache_key()
+        const;  // op, device, arguments, blobs and the attribute state of about()'s kernel
     void adopt_handle(uint64_t id, handle_kind k, uint64_t owner);
     call_request request();
 

@@ -48,9 +48,10 @@ int decode(const call_reply& rp, gpu_status& st) {
 }
 
 class status_worker {
-public:
+  public:
     static status_worker& get() {
-        static auto* w = new status_worker();  // never destroyed: its thread may still wait on the server at exit
+        static auto* w =
+            new status_worker();  // never destroyed: its thread may still wait on the server at exit
         return *w;
     }
 
@@ -64,7 +65,8 @@ public:
             q = std::make_shared<status_query>();
             q->device = &dev;
             queue_.push_back(q);
-            if (worker_pid_ != getpid()) {  // not started yet, or this is a forked child: the worker stayed behind
+            if (worker_pid_ !=
+                getpid()) {  // not started yet, or this is a forked child: the worker stayed behind
                 worker_pid_ = getpid();
                 std::thread([this] { run(); }).detach();
             }
@@ -75,7 +77,7 @@ public:
         return q->result;
     }
 
-private:
+  private:
     void run() {
         std::unique_lock lock(mu_);
         for (;;) {
@@ -182,8 +184,8 @@ int call_counts(unsigned long long* round_trips, unsigned long long* posted) {
 }  // namespace
 
 const private_table& the_private_table() {
-    static const private_table t{sizeof(private_table), &device_usage,  &fetch_gpu_status,
-                                 &call_counts,          &listed_gpus,   &fetch_listed_gpu_status};
+    static const private_table t{sizeof(private_table), &device_usage, &fetch_gpu_status,
+                                 &call_counts,          &listed_gpus,  &fetch_listed_gpu_status};
     return t;
 }
 

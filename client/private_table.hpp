@@ -32,9 +32,9 @@ using call_counts_fn = int (*)(unsigned long long* round_trips, unsigned long lo
 
 // Slot 4: the GPUs as NVML lists them: every GPU of this process's sessions in the servers' order, also those
 // CUDA_VISIBLE_DEVICES hides from CUDA (the real NVML ignores the variable; tools that honour it, such as
-// PyTorch's device count, apply it themselves). Fills `out` (when not null; `size` must be sizeof(listed_gpu))
-// for listing index `index` and returns how many there are, or -1 when cuInit connected no session (a cuInit
-// that failed only because CUDA_VISIBLE_DEVICES hid every GPU still has them listed).
+// PyTorch's device count, apply it themselves). Fills `out` (when not null; `size` must be
+// sizeof(listed_gpu)) for listing index `index` and returns how many there are, or -1 when cuInit connected
+// no session (a cuInit that failed only because CUDA_VISIBLE_DEVICES hid every GPU still has them listed).
 struct listed_gpu {
     int cuda_ordinal;  // -1: hidden by CUDA_VISIBLE_DEVICES
     char name[256];

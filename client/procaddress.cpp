@@ -14,8 +14,9 @@ int get_proc_address(const char* symbol, void** pfn, int cuda_version, uint64_t 
         if (status) *status = s;
     };
     const proc_entry* end = proc_table + proc_table_size;
-    const proc_entry* e = std::lower_bound(proc_table, end, symbol,
-                                           [](const proc_entry& a, const char* s) { return std::strcmp(a.name, s) < 0; });
+    const proc_entry* e = std::lower_bound(proc_table, end, symbol, [](const proc_entry& a, const char* s) {
+        return std::strcmp(a.name, s) < 0;
+    });
     if (e == end || std::strcmp(e->name, symbol) != 0) {
         *pfn = nullptr;
         set_status(symbol_not_found);

@@ -14,9 +14,9 @@
 namespace vcuda::client {
 
 namespace {
-// The calling thread's lane to each of the client's sessions (indexed by session tag). Plain pointers (trivially
-// destructible) so that calls made after the thread's destructors ran — cudart unloads its modules from an exit
-// handler — still find a valid state: a new lane.
+// The calling thread's lane to each of the client's sessions (indexed by session tag). Plain pointers
+// (trivially destructible) so that calls made after the thread's destructors ran — cudart unloads its modules
+// from an exit handler — still find a valid state: a new lane.
 thread_local lane* tls_lanes[session::max_sessions] = {};
 struct lane_closer {
     bool armed = false;
@@ -45,7 +45,8 @@ outgoing_frame lane::build(const call_request& rq, bool async) {
     fbb_.Clear();
     blob_offsets_.clear();
     for (auto& b : rq.blobs)
-        blob_offsets_.push_back(wire::CreateBlob(fbb_, fbb_.CreateVector(reinterpret_cast<const uint8_t*>(b.data()), b.size())));
+        blob_offsets_.push_back(
+            wire::CreateBlob(fbb_, fbb_.CreateVector(reinterpret_cast<const uint8_t*>(b.data()), b.size())));
     auto args = fbb_.CreateVector(rq.args.data(), rq.args.size());
     auto blobs = fbb_.CreateVector(blob_offsets_);
     // The host-function thread's calls and NVML's status queries stand outside the order of the application's
@@ -54,8 +55,10 @@ outgoing_frame lane::build(const call_request& rq, bool async) {
                          rq.operation != op::gpu_status;
     ++sequence_;
     auto after = ordered ? session_.note_send(number_, sequence_) : session::frame_ref{};
-    fbb_.Finish(wire::CreateCall(fbb_, static_cast<uint32_t>(rq.operation), rq.device, args, blobs, after.lane, after.seq));
-    return make_frame(frame_kind::call, fbb_, sequence_, number_, async ? frame_flags::no_reply : 0, rq.payload);
+    fbb_.Finish(wire::CreateCall(fbb_, static_cast<uint32_t>(rq.operation), rq.device, args, blobs,
+                                 after.lane, after.seq));
+    return make_frame(frame_kind::call, fbb_, sequence_, number_, async ? frame_flags::no_reply : 0,
+                      rq.payload);
 }
 
 session::frame_ref session::note_send(uint32_t lane, uint64_t seq) {
@@ -140,10 +143,10 @@ bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
         cv_.notify_all();
         return !failed_;
     };
-    // A synchronous call on a link the writer is not writing goes out from this thread, with the frames queued
-    // before it: no hand-off to the writer on the latency-critical path (a launch then a synchronize would
-    // otherwise wait for the writer to wake). On shared-memory rings a write is a copy into the ring, cheaper
-    // than waking the writer, so every frame goes out from here while the link is idle.
+    // A synchronous call on a link the writer is not writing goes out from this thread, with the frames
+    // queued before it: no hand-off to the writer on the latency-critical path (a launch then a synchronize
+    // would otherwise wait for the writer to wake). On shared-memory rings a write is a copy into the ring,
+    // cheaper than waking the writer, so every frame goes out from here while the link is idle.
     if (!writing_ && (wait_for_reply || fs_.raw().has_rings())) return write_here();
     if (f.payload.size() <= direct_payload) {
         queue_.insert(queue_.end(), header, header + frame_header_size);
@@ -179,7 +182,8 @@ void print_call_stats() {
     std::fprintf(stderr, "  %-36s %12s %12s\n", "operation", "round trips", "async");
     for (auto& [sync, i] : rows)
         std::fprintf(stderr, "  %-36s %12llu %12llu\n", std::string(op_name(static_cast<op>(i))).c_str(),
-                     static_cast<unsigned long long>(sync), static_cast<unsigned long long>(c.async_by_op[i].load()));
+                     static_cast<unsigned long long>(sync),
+                     static_cast<unsigned long long>(c.async_by_op[i].load()));
 }
 }  // namespace
 
@@ -200,7 +204,9 @@ int lane::post(const call_request& rq) {
     if (session_.lost()) return connection_lost_result;
     auto& c = counters();
     c.posted.fetch_add(1, std::memory_order_relaxed);
-    if (c.by_op) c.async_by_op[static_cast<uint32_t>(rq.operation) % op_id_limit].fetch_add(1, std::memory_order_relaxed);
+    if (c.by_op)
+        c.async_by_op[static_cast<uint32_t>(rq.operation) % op_id_limit].fetch_add(1,
+                                                                                   std::memory_order_relaxed);
     if (!send(build(rq, true), false)) return lost(failure_);
     if (rq.after_send) (*rq.after_send)();
     return 0;
@@ -210,7 +216,9 @@ int lane::call(const call_request& rq, call_reply& rp) {
     if (session_.lost()) return connection_lost_result;
     auto& c = counters();
     c.round_trips.fetch_add(1, std::memory_order_relaxed);
-    if (c.by_op) c.sync_by_op[static_cast<uint32_t>(rq.operation) % op_id_limit].fetch_add(1, std::memory_order_relaxed);
+    if (c.by_op)
+        c.sync_by_op[static_cast<uint32_t>(rq.operation) % op_id_limit].fetch_add(1,
+                                                                                  std::memory_order_relaxed);
     if (!send(build(rq, false), true)) return lost(failure_);
     if (rq.after_send) (*rq.after_send)();
     payload_sink sink;
@@ -225,7 +233,8 @@ int lane::call(const call_request& rq, call_reply& rp) {
     if (!in) return lost(in.error());
     if (in->kind() == frame_kind::error) {
         auto* e = root_of<wire::Error>(*in);
-        session_.mark_lost("server refused a call: " + (e->message() ? e->message()->str() : std::string("?")));
+        session_.mark_lost("server refused a call: " +
+                           (e->message() ? e->message()->str() : std::string("?")));
         return connection_lost_result;
     }
     if (in->kind() != frame_kind::reply || in->header.sequence != sequence_) {
@@ -241,17 +250,21 @@ int lane::call(const call_request& rq, call_reply& rp) {
     if (r->blobs())
         for (auto* b : *r->blobs()) {
             auto* bytes = b->bytes();
-            rp.blobs.emplace_back(bytes ? reinterpret_cast<const std::byte*>(bytes->data()) : nullptr,
-                                  bytes ? reinterpret_cast<const std::byte*>(bytes->data()) + bytes->size() : nullptr);
+            rp.blobs.emplace_back(
+                bytes ? reinterpret_cast<const std::byte*>(bytes->data()) : nullptr,
+                bytes ? reinterpret_cast<const std::byte*>(bytes->data()) + bytes->size() : nullptr);
         }
     rp.detail = r->detail() ? r->detail()->str() : std::string();
     // What kernels printed, flushed by the driver on the server during this lane's calls: into the process's
     // stdout as the driver would have written it (the application's own buffering and order apply).
-    if (auto* printed = r->device_output(); printed && printed->size()) std::fwrite(printed->data(), 1, printed->size(), stdout);
-    if (!rp.payload_dst) rp.payload = std::move(in->payload);
+    if (auto* printed = r->device_output(); printed && printed->size())
+        std::fwrite(printed->data(), 1, printed->size(), stdout);
+    if (!rp.payload_dst)
+        rp.payload = std::move(in->payload);
     else if (in->header.payload_len != rp.payload_cap && in->header.payload_len != 0)
         rp.payload = std::move(in->payload);  // the caller checks sizes; nothing was written to its buffer
-    if (rp.result != 0 && !rp.detail.empty()) VCUDA_LOG_DEBUG("{}: server says: {}", op_name(rq.operation), rp.detail);
+    if (rp.result != 0 && !rp.detail.empty())
+        VCUDA_LOG_DEBUG("{}: server says: {}", op_name(rq.operation), rp.detail);
     return rp.result;
 }
 
@@ -259,8 +272,10 @@ int lane::call(const call_request& rq, call_reply& rp) {
 
 void session::mark_lost(const std::string& why) {
     if (!lost_.exchange(true))
-        VCUDA_LOG_ERROR("lost the connection to vcuda-server at {} ({}); every CUDA call now fails with "
-                        "CUDA_ERROR_DEVICE_UNAVAILABLE", address_, why);
+        VCUDA_LOG_ERROR(
+            "lost the connection to vcuda-server at {} ({}); every CUDA call now fails with "
+            "CUDA_ERROR_DEVICE_UNAVAILABLE",
+            address_, why);
 }
 
 std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
@@ -276,9 +291,10 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
     // Shared-memory rings unless VCUDA_SHM=0 (frames then stay on the Unix socket).
     const char* shm = std::getenv("VCUDA_SHM");
     const bool want_rings = fs.raw().is_local() && !(shm && std::string_view(shm) == "0");
-    b.Finish(wire::CreateHello(b, protocol_version, features::all | features::bulk | (want_rings ? features::shm_rings : 0),
-                               b.CreateString(token_), id_, number, static_cast<uint32_t>(getpid()), b.CreateString(host),
-                               0, tag_, 0, number == 0 ? 0 : b.CreateVector(reinterpret_cast<const uint8_t*>(key_.data()), key_.size())));
+    b.Finish(wire::CreateHello(
+        b, protocol_version, features::all | features::bulk | (want_rings ? features::shm_rings : 0),
+        b.CreateString(token_), id_, number, static_cast<uint32_t>(getpid()), b.CreateString(host), 0, tag_,
+        0, number == 0 ? 0 : b.CreateVector(reinterpret_cast<const uint8_t*>(key_.data()), key_.size())));
     if (auto r = fs.send(make_frame(frame_kind::hello, b, 0, number), after(timeout_)); !r) {
         why = "sending HELLO to " + address_ + " failed: " + r.error().message;
         return nullptr;
@@ -290,7 +306,8 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
     }
     if (in->kind() == frame_kind::error) {
         auto* e = root_of<wire::Error>(*in);
-        why = "vcuda-server at " + address_ + " refused the session: " + (e->message() ? e->message()->str() : "?");
+        why = "vcuda-server at " + address_ +
+              " refused the session: " + (e->message() ? e->message()->str() : "?");
         return nullptr;
     }
     if (in->kind() != frame_kind::hello_reply) {
@@ -300,7 +317,8 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
     auto* hr = root_of<wire::HelloReply>(*in);
     if (hr->features() & features::shm_rings) {
         int fd = fs.raw().take_fd();
-        auto rings = fd >= 0 ? shm_rings::open(fd) : unexpected{std::string("no descriptor came with the reply")};
+        auto rings =
+            fd >= 0 ? shm_rings::open(fd) : unexpected{std::string("no descriptor came with the reply")};
         if (fd >= 0) close(fd);
         if (!rings) {
             why = "shared-memory rings offered by " + address_ + " unusable: " + rings.error();
@@ -312,7 +330,8 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
     }
     if (number == 0) {
         id_ = hr->session_id();
-        key_ = hr->session_key() ? std::string(reinterpret_cast<const char*>(hr->session_key()->data()), hr->session_key()->size())
+        key_ = hr->session_key() ? std::string(reinterpret_cast<const char*>(hr->session_key()->data()),
+                                               hr->session_key()->size())
                                  : std::string();
         bulk_cap_ = hr->features() & features::bulk ? hr->bulk_streams() : 0;
         pid_ = getpid();
@@ -340,7 +359,8 @@ std::unique_ptr<session> session::open(const std::string& address, std::chrono::
     rq.operation = op::session_info;
     call_reply rp;
     if (int rc = first->call(rq, rp); rc != 0) {
-        why = "vcuda-server at " + address + " did not describe its devices (error " + std::to_string(rc) + ")";
+        why =
+            "vcuda-server at " + address + " did not describe its devices (error " + std::to_string(rc) + ")";
         return nullptr;
     }
     size_t n = rp.outs.empty() ? 0 : rp.outs[0];
@@ -365,9 +385,11 @@ std::unique_ptr<session> session::open(const std::string& address, std::chrono::
 }
 
 std::shared_ptr<bulk_link> session::bulk() {
-    static const unsigned wanted = [] {  // VCUDA_BULK_STREAMS, default 6 (H100 host, loopback: 4 gave 8-11 GB/s, 6 gave 12-13.5, 8 no more)
+    static const unsigned wanted = [] {  // VCUDA_BULK_STREAMS, default 6 (H100 host, loopback: 4 gave 8-11
+                                         // GB/s, 6 gave 12-13.5, 8 no more)
         const char* v = std::getenv("VCUDA_BULK_STREAMS");
-        return v && *v ? static_cast<unsigned>(std::min<unsigned long>(std::strtoul(v, nullptr, 10), 1024)) : 6u;
+        return v && *v ? static_cast<unsigned>(std::min<unsigned long>(std::strtoul(v, nullptr, 10), 1024))
+                       : 6u;
     }();
     const unsigned count = std::min(wanted, bulk_cap_);
     if (count == 0 || endpoint_.type != endpoint::kind::tcp || lost_ || getpid() != pid_) return nullptr;
@@ -377,7 +399,8 @@ std::shared_ptr<bulk_link> session::bulk() {
         bulk_.reset();
         if (++bulk_failures_ == 3) {
             bulk_off_ = true;
-            VCUDA_LOG_WARN("striped copies to {} failed three times: large copies now travel on their lane", address_);
+            VCUDA_LOG_WARN("striped copies to {} failed three times: large copies now travel on their lane",
+                           address_);
         }
     }
     if (bulk_off_) return nullptr;

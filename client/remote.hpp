@@ -6,16 +6,16 @@
 
 #include <flatbuffers/flatbuffers.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
-#include <functional>
-#include <thread>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
-#include <array>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/bulk.hpp"
@@ -44,7 +44,8 @@ struct call_reply {
     std::vector<std::vector<std::byte>> blobs;
     std::string detail;
     int fd = -1;  // a file descriptor passed with the reply (Unix sockets); the caller owns it
-    // Where a reply payload goes: into payload_dst (exactly payload_cap bytes expected) or, if null, `payload`.
+    // Where a reply payload goes: into payload_dst (exactly payload_cap bytes expected) or, if null,
+    // `payload`.
     std::byte* payload_dst = nullptr;
     size_t payload_cap = 0;
     std::vector<std::byte> payload;
@@ -68,7 +69,7 @@ call_counters& counters();
 // flight and sent at once when the link is idle. Frames with a large payload are written by the calling
 // thread itself, after the queue has drained, so bulk bytes are never copied twice.
 class lane {
-public:
+  public:
     lane(session& s, frame_stream fs, uint32_t number);
     ~lane();
 
@@ -78,7 +79,7 @@ public:
     int post(const call_request& rq);
     uint32_t number() const { return number_; }
 
-private:
+  private:
     outgoing_frame build(const call_request& rq, bool async);
     int lost(const transport_error& e);
     // Queues the frame (or writes it directly when its payload is large). False when the link is gone.
@@ -105,7 +106,7 @@ private:
 struct server_device {
     std::string name;
     std::array<unsigned char, 16> uuid{};
-    uint64_t total_memory = 0;  // the vGPU's size: the quota when one is set
+    uint64_t total_memory = 0;    // the vGPU's size: the quota when one is set
     std::vector<int> attributes;  // indexed by CUdevice_attribute
     int server_index = 0;         // the GPU's index on its server
     session* owner = nullptr;     // the session that serves it
@@ -117,7 +118,7 @@ struct server_device {
 };
 
 class session {
-public:
+  public:
     // Connects, says HELLO and fetches the devices. `why` explains a failure in one line.
     // `tag` (0-15) distinguishes this session's handles from those of the client's other sessions.
     static std::unique_ptr<session> open(const std::string& address, std::chrono::milliseconds timeout,
@@ -133,10 +134,11 @@ public:
     bool local() const { return endpoint_.type == endpoint::kind::unix_socket; }
     bool lost() const { return lost_.load(); }
     void mark_lost(const std::string& why);
-    // Lanes are separate connections served by separate server threads, so frames of two threads are not ordered
-    // on the server by themselves. Each frame notes itself here; a frame from another lane than the previous
-    // frame's carries that frame as a dependency, which the server waits for (program order across threads, as
-    // the real driver keeps it: a launch made after another thread's launch runs after it on a shared stream).
+    // Lanes are separate connections served by separate server threads, so frames of two threads are not
+    // ordered on the server by themselves. Each frame notes itself here; a frame from another lane than the
+    // previous frame's carries that frame as a dependency, which the server waits for (program order across
+    // threads, as the real driver keeps it: a launch made after another thread's launch runs after it on a
+    // shared stream).
     struct frame_ref {
         uint32_t lane = 0;
         uint64_t seq = 0;  // 0: none
@@ -144,12 +146,12 @@ public:
     frame_ref note_send(uint32_t lane, uint64_t seq);
 
     // Striped copies (client/bulk.hpp): this session's bulk connections, opened at the first large copy. Null
-    // when striping is off (VCUDA_BULK_STREAMS=0, a Unix socket, a server that does not offer it, a forked child)
-    // or the connections cannot be opened; after three sets that failed, striping stays off.
+    // when striping is off (VCUDA_BULK_STREAMS=0, a Unix socket, a server that does not offer it, a forked
+    // child) or the connections cannot be opened; after three sets that failed, striping stays off.
     std::shared_ptr<bulk_link> bulk();
     uint64_t next_transfer() { return ++transfers_; }
 
-private:
+  private:
     std::unique_ptr<lane> connect_lane(uint32_t number, std::string& why);
 
     endpoint endpoint_;

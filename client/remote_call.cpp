@@ -9,8 +9,8 @@ int current_server_device() {
     return d < 0 ? -1 : state::get().device(d).server_index;
 }
 
-CUresult remote(op o, std::initializer_list<uint64_t> args, mode m, call_reply* reply, std::span<const std::byte> payload,
-                std::initializer_list<std::span<const std::byte>> blobs) {
+CUresult remote(op o, std::initializer_list<uint64_t> args, mode m, call_reply* reply,
+                std::span<const std::byte> payload, std::initializer_list<std::span<const std::byte>> blobs) {
     VCUDA_REQUIRE_INIT();
     lane* l = state::get().remote().this_thread_lane();
     if (!l) return static_cast<CUresult>(connection_lost_result);
@@ -32,12 +32,14 @@ bool host_location(const CUmemLocation& loc) {
 
 CUresult server_location(CUmemLocation& loc, bool host_ok) {
     if (host_ok && host_location(loc)) return CUDA_SUCCESS;
-    if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE) return static_cast<CUresult>(unsupported("memory at a location other than a device"));
+    if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return static_cast<CUresult>(unsupported("memory at a location other than a device"));
     auto& st = state::get();
     if (loc.id < 0 || loc.id >= st.device_count()) return CUDA_ERROR_INVALID_DEVICE;
     auto& dev = st.device(loc.id);
     if (dev.owner != &st.remote())
-        return static_cast<CUresult>(unsupported("memory on a device of another server than the current one"));
+        return static_cast<CUresult>(
+            unsupported("memory on a device of another server than the current one"));
     loc.id = dev.server_index;
     return CUDA_SUCCESS;
 }

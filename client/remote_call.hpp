@@ -12,7 +12,8 @@ enum class mode { sync, post };
 
 // Sends one op from the calling thread's lane with the current context's device.
 CUresult remote(op o, std::initializer_list<uint64_t> args, mode m = mode::sync, call_reply* reply = nullptr,
-                std::span<const std::byte> payload = {}, std::initializer_list<std::span<const std::byte>> blobs = {});
+                std::span<const std::byte> payload = {},
+                std::initializer_list<std::span<const std::byte>> blobs = {});
 
 // The server index of the current context's device, or -1.
 int current_server_device();

@@ -52,7 +52,8 @@ void release_range(uint64_t base, size_t size) {
 }
 
 std::chrono::milliseconds connect_timeout() {
-    if (const char* t = std::getenv("VCUDA_CONNECT_TIMEOUT_MS"); t && *t) return std::chrono::milliseconds(std::atol(t));
+    if (const char* t = std::getenv("VCUDA_CONNECT_TIMEOUT_MS"); t && *t)
+        return std::chrono::milliseconds(std::atol(t));
     return std::chrono::milliseconds(5000);
 }
 
@@ -65,7 +66,8 @@ state& state::get() {
 
 CUresult state::initialize(unsigned flags) {
     std::call_once(once_, [&] {
-        log::init("vcuda-client", {}, "warn");  // an application's stderr is not ours: warnings and errors only
+        log::init("vcuda-client", {},
+                  "warn");  // an application's stderr is not ours: warnings and errors only
         std::string why;
         if (!connect_sessions(why)) {
             VCUDA_LOG_ERROR("cuInit: {}", why);
@@ -73,8 +75,8 @@ CUresult state::initialize(unsigned flags) {
             return;
         }
         primary_.resize(devices_.size());
-        VCUDA_LOG_INFO("connected: {} device(s) from {} session(s), first: {}", devices_.size(), sessions_.size(),
-                       devices_.empty() ? "-" : devices_[0].name);
+        VCUDA_LOG_INFO("connected: {} device(s) from {} session(s), first: {}", devices_.size(),
+                       sessions_.size(), devices_.empty() ? "-" : devices_[0].name);
         init_result_ = CUDA_SUCCESS;
     });
     return init_result_;
@@ -84,8 +86,9 @@ namespace {
 
 std::string uuid_text(const std::array<unsigned char, 16>& b) {
     char s[64];
-    std::snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
-                  b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    std::snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                  b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                  b[14], b[15]);
     return s;
 }
 
@@ -169,8 +172,10 @@ bool state::connect_sessions(std::string& why) {
         });
     } else {
         if (!addr || !*addr) {
-            why = "no vcuda server configured: set VCUDA_SERVER=host:port (or unix:/path) or VCUDA_MANAGER=host:port, "
-                  "or run the program with `vcuda run --server ADDR -- PROGRAM`";
+            why =
+                "no vcuda server configured: set VCUDA_SERVER=host:port (or unix:/path) or "
+                "VCUDA_MANAGER=host:port, "
+                "or run the program with `vcuda run --server ADDR -- PROGRAM`";
             return false;
         }
         const char* token = std::getenv("VCUDA_TOKEN");
@@ -182,7 +187,8 @@ bool state::connect_sessions(std::string& why) {
     listed_ = all;
     devices_ = visible(std::move(all));
     if (devices_.empty()) {
-        why = "the server offers no GPU" + std::string(std::getenv("CUDA_VISIBLE_DEVICES") ? " visible under CUDA_VISIBLE_DEVICES" : "");
+        why = "the server offers no GPU" +
+              std::string(std::getenv("CUDA_VISIBLE_DEVICES") ? " visible under CUDA_VISIBLE_DEVICES" : "");
         return false;
     }
     return true;
@@ -240,12 +246,13 @@ void state::run_cls_destructors(context_info& c) {
     auto entries = std::move(c.cls);
     c.cls.clear();
     for (auto& [key, v] : entries)
-        if (v.second) v.second(reinterpret_cast<CUcontext>(c.id), reinterpret_cast<void*>(key.second), v.first);
+        if (v.second)
+            v.second(reinterpret_cast<CUcontext>(c.id), reinterpret_cast<void*>(key.second), v.first);
 }
 
 namespace {
-// Bumped whenever a context is destroyed: a thread's remembered context -> device answer is then looked up again.
-// (Context ids are never reused and a context's device never changes.)
+// Bumped whenever a context is destroyed: a thread's remembered context -> device answer is then looked up
+// again. (Context ids are never reused and a context's device never changes.)
 std::atomic<uint64_t> contexts_destroyed{0};
 }  // namespace
 
@@ -379,7 +386,8 @@ bool state::find_host(uintptr_t p, host_allocation& out) {
 
 bool state::host_overlaps(uintptr_t lo, uintptr_t hi) {
     std::shared_lock lock(mu);
-    auto it = host_.lower_bound(hi);  // the first starting at or after hi: the one before it is the last candidate
+    auto it =
+        host_.lower_bound(hi);  // the first starting at or after hi: the one before it is the last candidate
     if (it == host_.begin()) return false;
     --it;
     return it->second.base + it->second.size > lo;
@@ -442,7 +450,8 @@ CUstream per_thread_stream(CUstream s) {
 
 namespace vcuda::client {
 
-CUresult load_parts(uint64_t t, uint64_t format, uint64_t hash, const std::vector<std::span<const std::byte>>& parts,
+CUresult load_parts(uint64_t t, uint64_t format, uint64_t hash,
+                    const std::vector<std::span<const std::byte>>& parts,
                     uint64_t& handle);  // api_module.cpp
 
 uint64_t state::route(uint64_t id) {
@@ -466,7 +475,8 @@ uint64_t state::route(uint64_t id) {
         call_reply rp;
         call_request rq;
         uint64_t arg = owner;
-        std::span<const std::byte> name(reinterpret_cast<const std::byte*>(info.name.data()), info.name.size());
+        std::span<const std::byte> name(reinterpret_cast<const std::byte*>(info.name.data()),
+                                        info.name.size());
         rq.operation = info.kind == handle_kind::kernel ? op::library_get_kernel : op::kernel_get_function;
         rq.device = device(current_device() < 0 ? 0 : current_device()).server_index;
         rq.args = {&arg, 1};

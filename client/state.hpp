@@ -27,10 +27,10 @@ namespace vcuda::client {
 // What the mirror knows about one server-backed handle.
 struct handle_info {
     handle_kind kind = handle_kind::none;
-    uint64_t ctx = 0;      // the context it was created in
-    int device = 0;        // client ordinal
-    uint64_t owner = 0;    // module or library of a function/kernel; graph of a node or an executable graph
-    std::string name;      // functions and kernels
+    uint64_t ctx = 0;    // the context it was created in
+    int device = 0;      // client ordinal
+    uint64_t owner = 0;  // module or library of a function/kernel; graph of a node or an executable graph
+    std::string name;    // functions and kernels
     CUgraphNodeType node_type{};  // graph nodes
     std::shared_ptr<const param_layout> layout;
     // Libraries are context-independent: the image is kept so the library can be loaded into the session of
@@ -45,14 +45,15 @@ struct context_info {
     bool primary = false;
     unsigned flags = 0;
     unsigned long long uid = 0;  // cuCtxGetId
-    std::map<std::pair<uint64_t, uint64_t>, std::pair<void*, void (*)(CUcontext, void*, void*)>> cls;  // context-local storage
+    std::map<std::pair<uint64_t, uint64_t>, std::pair<void*, void (*)(CUcontext, void*, void*)>>
+        cls;  // context-local storage
 };
 
 struct device_allocation {
     uint64_t base = 0;
     size_t size = 0;
     int device = 0;
-    bool module_global = false;   // a __device__ variable of a module: copyable, never freed by cuMemFree
+    bool module_global = false;  // a __device__ variable of a module: copyable, never freed by cuMemFree
 };
 
 struct host_allocation {
@@ -78,7 +79,7 @@ struct journal_entry {
 };
 
 class state {
-public:
+  public:
     static state& get();
 
     // Connects to the server once; later calls return the first call's answer.
@@ -91,14 +92,15 @@ public:
     int device_count() const { return static_cast<int>(devices_.size()); }
     size_t session_count() const { return sessions_.size(); }
     const server_device& device(int ordinal) const { return devices_[ordinal]; }
-    // Every GPU of the sessions in the servers' order, also those CUDA_VISIBLE_DEVICES hides: what NVML lists.
+    // Every GPU of the sessions in the servers' order, also those CUDA_VISIBLE_DEVICES hides: what NVML
+    // lists.
     const std::vector<server_device>& listed_devices() const { return listed_; }
     // The CUDA ordinal of listed_devices()[i], or -1 when CUDA_VISIBLE_DEVICES hides it.
     int cuda_ordinal_of_listed(size_t i) const;
     int attribute(int ordinal, int attr) const;
 
     // Contexts.
-    uint64_t primary_context(int device);  // the id; the context exists from first use, retained or not
+    uint64_t primary_context(int device);     // the id; the context exists from first use, retained or not
     context_info* find_context(uint64_t id);  // caller holds mu
     uint64_t create_context(int device, unsigned flags);
     CUresult destroy_context(uint64_t id);
@@ -114,7 +116,8 @@ public:
     // The id under which the session of the current device knows library/kernel/function `id` (which
     // another session minted), loading it there on first use. Other ids are returned unchanged.
     uint64_t route(uint64_t id);
-    std::map<std::pair<uint64_t, uint32_t>, uint64_t> routes;  // (id, session tag) -> that session's id; under mu
+    std::map<std::pair<uint64_t, uint32_t>, uint64_t>
+        routes;  // (id, session tag) -> that session's id; under mu
 
     // Device allocations (the server's real addresses).
     void add_allocation(uint64_t base, size_t size, int device, bool module_global = false);
@@ -142,12 +145,13 @@ public:
 
     std::shared_mutex mu;
 
-private:
+  private:
     state() = default;
 
     std::once_flag once_;
     CUresult init_result_ = CUDA_ERROR_NOT_INITIALIZED;
-    // Opens the sessions: one to VCUDA_SERVER, or one per GPU of a lease from VCUDA_MANAGER. `why` on failure.
+    // Opens the sessions: one to VCUDA_SERVER, or one per GPU of a lease from VCUDA_MANAGER. `why` on
+    // failure.
     bool connect_sessions(std::string& why);
 
     std::vector<std::unique_ptr<session>> sessions_;
@@ -158,7 +162,8 @@ private:
     std::unordered_map<uint64_t, std::unique_ptr<context_info>> contexts_;
     uint32_t next_context_ = 1;
     std::unordered_map<uint64_t, handle_info> handles_;
-    std::unordered_map<uint64_t, std::unordered_set<uint64_t>> graph_nodes_;  // graph -> its nodes the mirror knows
+    std::unordered_map<uint64_t, std::unordered_set<uint64_t>>
+        graph_nodes_;  // graph -> its nodes the mirror knows
     std::map<uint64_t, device_allocation> allocations_;
     std::map<uintptr_t, host_allocation> host_;
     std::unordered_set<uint64_t> images_;
@@ -173,10 +178,10 @@ uint64_t current_context();
 int current_device();
 
 // Guard at the top of every entry point that needs cuInit to have succeeded.
-#define VCUDA_REQUIRE_INIT()                                                      \
-    do {                                                                          \
-        auto& vcuda_st_ = ::vcuda::client::state::get();                          \
-        if (!vcuda_st_.initialized()) return vcuda_st_.init_status();             \
+#define VCUDA_REQUIRE_INIT()                                          \
+    do {                                                              \
+        auto& vcuda_st_ = ::vcuda::client::state::get();              \
+        if (!vcuda_st_.initialized()) return vcuda_st_.init_status(); \
     } while (0)
 
 // Maps NULL/legacy/per-thread stream handles for the _ptsz variants.

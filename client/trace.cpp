@@ -1,6 +1,6 @@
 // The record mode: activation, the real driver, and the three trace functions that rewrite what the driver
-// answers (cuGetProcAddress[_v2]: our traced entry points instead of the driver's; cuGetExportTable: tables of
-// logging shims). See client/TRACE.md.
+// answers (cuGetProcAddress[_v2]: our traced entry points instead of the driver's; cuGetExportTable: tables
+// of logging shims). See client/TRACE.md.
 #include "client/trace.hpp"
 
 #include <dlfcn.h>
@@ -69,9 +69,12 @@ bool is_ours(const void* p) {
 std::vector<std::string> candidates() {
     if (const char* d = std::getenv("VCUDA_TRACE_DRIVER"); d && *d) return {d};
     std::vector<std::string> c = {
-        "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib/aarch64-linux-gnu/libcuda.so.1",
-        "/usr/local/nvidia/lib64/libcuda.so.1",   "/usr/local/nvidia/lib/libcuda.so.1",
-        "/usr/lib64/libcuda.so.1",                "/usr/lib/libcuda.so.1",
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib/aarch64-linux-gnu/libcuda.so.1",
+        "/usr/local/nvidia/lib64/libcuda.so.1",
+        "/usr/local/nvidia/lib/libcuda.so.1",
+        "/usr/lib64/libcuda.so.1",
+        "/usr/lib/libcuda.so.1",
         "/usr/lib/wsl/lib/libcuda.so.1",
     };
     if (const char* lp = std::getenv("LD_LIBRARY_PATH")) {
@@ -143,8 +146,10 @@ void load_driver() {
         break;
     }
     if (!handle) {
-        std::string msg = "vcuda: VCUDA_TRACE: no real libcuda.so.1 could be loaded (set VCUDA_TRACE_DRIVER to its path);"
-                          " tried:" + (tried.empty() ? std::string(" nothing found") : tried);
+        std::string msg =
+            "vcuda: VCUDA_TRACE: no real libcuda.so.1 could be loaded (set VCUDA_TRACE_DRIVER to its path);"
+            " tried:" +
+            (tried.empty() ? std::string(" nothing found") : tried);
         std::fprintf(stderr, "%s\n", msg.c_str());
         write_raw(("# " + msg).c_str());
         driver_state.store(2, std::memory_order_release);
@@ -165,8 +170,8 @@ void load_driver() {
         range_search s{reinterpret_cast<uintptr_t>(probe), &code_ranges};
         dl_iterate_phdr(&collect_code, &s);
     }
-    std::string head = "# real driver: " + path + " (" + std::to_string(found) + " of " + std::to_string(symbol_count) +
-                       " symbols)";
+    std::string head = "# real driver: " + path + " (" + std::to_string(found) + " of " +
+                       std::to_string(symbol_count) + " symbols)";
     write_raw(head.c_str());
     driver_state.store(1, std::memory_order_release);
 }
@@ -208,7 +213,8 @@ std::string substitute(const char* symbol, void** pfn, int cuda_version, cuuint6
     void* ours = nullptr;
     int st = 0;
     int version = cuda_version > driver_version ? driver_version : cuda_version;
-    if (get_proc_address(symbol, &ours, version, flags, &st) != 0 || !ours) return " untraced: not in vcuda's table";
+    if (get_proc_address(symbol, &ours, version, flags, &st) != 0 || !ours)
+        return " untraced: not in vcuda's table";
     const char* name = chosen_name(ours);
     int i = name ? symbol_index(name) : -1;
     if (i < 0) return " untraced: no traced twin";
@@ -277,8 +283,8 @@ CUresult cuGetExportTable(const void** ppExportTable, const CUuuid* pExportTable
     const void* real = ok && ppExportTable ? *ppExportTable : nullptr;
     std::string note;
     if (real && pExportTableId) {
-        *ppExportTable = wrap_export_table(reinterpret_cast<const unsigned char*>(pExportTableId->bytes), real,
-                                           &in_real_driver_code, note);
+        *ppExportTable = wrap_export_table(reinterpret_cast<const unsigned char*>(pExportTableId->bytes),
+                                           real, &in_real_driver_code, note);
     }
     c.out("ppExportTable", ppExportTable, ok);
     c.uuid("pExportTableId", pExportTableId);

@@ -28,7 +28,7 @@ bool in_real_driver_code(const void* p);
 }  // namespace vcuda::client::trace
 
 // First statement of every exported driver function: in record mode the call goes to the real driver, traced.
-#define VCUDA_TRACE_HOOK(fn, ...)                                                               \
-    do {                                                                                          \
-        if (::vcuda::client::trace::active()) return ::vcuda::client::trace::fn(__VA_ARGS__);    \
+#define VCUDA_TRACE_HOOK(fn, ...)                                                             \
+    do {                                                                                      \
+        if (::vcuda::client::trace::active()) return ::vcuda::client::trace::fn(__VA_ARGS__); \
     } while (0)

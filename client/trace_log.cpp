@@ -98,7 +98,8 @@ bool open_output(const char* spec) {
         }
         int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
         if (fd < 0) {
-            std::fprintf(stderr, "vcuda: VCUDA_TRACE: cannot open %s: %s\n", path.c_str(), std::strerror(errno));
+            std::fprintf(stderr, "vcuda: VCUDA_TRACE: cannot open %s: %s\n", path.c_str(),
+                         std::strerror(errno));
             return false;
         }
         out_fd.store(fd);
@@ -257,8 +258,9 @@ void line::uuid(const unsigned char* b) {
 void line::prefix(uint64_t t, int d) {
     char b[96];
     uint64_t rel = t > start_ns ? t - start_ns : 0;
-    int k = std::snprintf(b, sizeof b, "%llu.%06llu pid=%d tid=%d ", static_cast<unsigned long long>(rel / 1000000000ull),
-                          static_cast<unsigned long long>(rel % 1000000000ull / 1000), cached_pid, thread_id());
+    int k = std::snprintf(
+        b, sizeof b, "%llu.%06llu pid=%d tid=%d ", static_cast<unsigned long long>(rel / 1000000000ull),
+        static_cast<unsigned long long>(rel % 1000000000ull / 1000), cached_pid, thread_id());
     put(b, static_cast<size_t>(k));
     if (d > 0) {
         put("depth=", 6);
@@ -314,8 +316,10 @@ void call::key(const char* n) {
 
 void call::result_arg(const char* n, int rc) {
     key(n);
-    if (const char* s = result_name(rc)) l_.put(s);
-    else l_.dec(rc);
+    if (const char* s = result_name(rc))
+        l_.put(s);
+    else
+        l_.dec(rc);
 }
 
 void call::uuid(const char* n, const void* p) {
@@ -359,8 +363,10 @@ void call::out_str(const char* n, const char* const* p, bool ok) {
 void call::result(int rc) {
     if (end_ == 0) done();
     l_.put(") = ", 4);
-    if (const char* s = result_name(rc)) l_.put(s);
-    else l_.dec(rc);
+    if (const char* s = result_name(rc))
+        l_.put(s);
+    else
+        l_.dec(rc);
     char b[40];
     uint64_t dt = end_ - start_;
     int k = std::snprintf(b, sizeof b, " %llu.%01lluus", static_cast<unsigned long long>(dt / 1000),

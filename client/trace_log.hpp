@@ -1,8 +1,8 @@
 // The output of the record mode (VCUDA_TRACE, client/TRACE.md): one line per driver call or export-table slot
-// call, built in a buffer on the caller's stack and written with a single write(2), so that lines of different
-// threads and processes never mix and a crash loses nothing already returned.
-// runs on: any thread. Depends on nothing but the C library (and the header-only client/error_names.hpp), so
-// that tests can link it without the rest of the client.
+// call, built in a buffer on the caller's stack and written with a single write(2), so that lines of
+// different threads and processes never mix and a crash loses nothing already returned. runs on: any thread.
+// Depends on nothing but the C library (and the header-only client/error_names.hpp), so that tests can link
+// it without the rest of the client.
 #pragma once
 
 #include <cstddef>
@@ -32,7 +32,7 @@ const char* result_name(int rc);
 
 // A line under construction; overlong lines are cut and end in "...".
 class line {
-public:
+  public:
     static constexpr size_t capacity = 8192;
 
     void put(const char* s);
@@ -43,13 +43,13 @@ public:
     void hex(unsigned long long v);
     void flt(double v);
     void quoted(const char* s, size_t max_chars);  // "text" with C escapes; `null` for a null pointer
-    void bytes(const void* p, size_t n);            // {0x.., 0x..}: 8-byte words, then the rest byte by byte
-    void uuid(const unsigned char* b);              // 8-4-4-4-12 lower-case hex
+    void bytes(const void* p, size_t n);           // {0x.., 0x..}: 8-byte words, then the rest byte by byte
+    void uuid(const unsigned char* b);             // 8-4-4-4-12 lower-case hex
     // The common prefix: seconds since start, pid, thread id and nesting depth (when inside another call).
     void prefix(uint64_t start_ns, int depth);
-    void emit();                                    // adds '\n' and writes the line
+    void emit();  // adds '\n' and writes the line
 
-private:
+  private:
     char buf_[capacity];
     size_t n_ = 0;
     bool cut_ = false;
@@ -64,7 +64,7 @@ extern bool enter_lines;
 // One traced call of a driver function: stamped before the real function runs, formatted and written after it
 // returned (the arguments in declaration order, output parameters with the value the call wrote).
 class call {
-public:
+  public:
     explicit call(const char* name);
     void done();  // the real function returned: stamps the end
 
@@ -88,8 +88,8 @@ public:
     // const char** filled by the call: the string it points to afterwards.
     void out_str(const char* n, const char* const* p, bool ok);
     void out_uuid(const char* n, const void* p, bool ok);
-    // A pointer parameter the call writes through: "name=ADDR->VALUE", VALUE read after a successful call (for
-    // an array, its first element); only the address for pointers to structures and void.
+    // A pointer parameter the call writes through: "name=ADDR->VALUE", VALUE read after a successful call
+    // (for an array, its first element); only the address for pointers to structures and void.
     template <class T>
     void out(const char* n, T* p, bool ok) {
         key(n);
@@ -113,7 +113,7 @@ public:
     }
 
     void note(const char* text) { note_ = text; }  // static text, written after the time
-    void result(int rc);  // ") = NAME 1.2us" and the note
+    void result(int rc);                           // ") = NAME 1.2us" and the note
     line& text() { return l_; }
     void emit();  // writes the line; errno is as the real function left it
     void end(int rc) {
@@ -121,7 +121,7 @@ public:
         emit();
     }
 
-private:
+  private:
     void key(const char* n);
     template <class T>
     void value(const T& v) {
@@ -140,7 +140,8 @@ private:
         } else if constexpr (std::is_floating_point_v<T>) {
             l_.flt(static_cast<double>(v));
         } else {
-            static_assert(std::is_trivially_copyable_v<T>, "a structure passed by value is printed as its bytes");
+            static_assert(std::is_trivially_copyable_v<T>,
+                          "a structure passed by value is printed as its bytes");
             l_.bytes(&v, sizeof v);
         }
     }

@@ -32,7 +32,8 @@ inline constexpr uint16_t frame_kind_max = 8;
 std::string_view to_string(frame_kind k);
 
 namespace frame_flags {
-inline constexpr uint32_t no_reply = 1u << 0;  // asynchronous call: errors come back at the next synchronous one
+inline constexpr uint32_t no_reply = 1u
+                                     << 0;  // asynchronous call: errors come back at the next synchronous one
 inline constexpr uint32_t known = no_reply;
 }  // namespace frame_flags
 
@@ -44,8 +45,9 @@ inline constexpr uint64_t all = async_calls | lanes;
 // Asked for by a client on the same host; granted by a server that passes the rings' memfd with HELLO's reply
 // (common/shm_ring.hpp). Not in `all`: it depends on the connection.
 inline constexpr uint64_t shm_rings = 1u << 2;
-// Striped bulk copies: a session may open extra bulk connections that carry the bytes of large copies as chunks
-// (protocol/README.md, *Bulk connections*). Not in `all`: a server offers it only when it accepts them.
+// Striped bulk copies: a session may open extra bulk connections that carry the bytes of large copies as
+// chunks (protocol/README.md, *Bulk connections*). Not in `all`: a server offers it only when it accepts
+// them.
 inline constexpr uint64_t bulk = 1u << 3;
 }  // namespace features
 

@@ -24,36 +24,36 @@ enum class gpu_field : uint32_t {
     clock_sm,
     clock_memory,
     clock_video,
-    max_clock_graphics,    // ... and maximum
+    max_clock_graphics,  // ... and maximum
     max_clock_sm,
     max_clock_memory,
     max_clock_video,
-    compute_mode,          // nvmlComputeMode_t
-    mig_current,           // NVML_DEVICE_MIG_DISABLE (0) / ENABLE (1)
+    compute_mode,  // nvmlComputeMode_t
+    mig_current,   // NVML_DEVICE_MIG_DISABLE (0) / ENABLE (1)
     mig_pending,
-    fan_speed,             // percent
-    performance_state,     // nvmlPstates_t
-    persistence_mode,      // nvmlEnableState_t
+    fan_speed,          // percent
+    performance_state,  // nvmlPstates_t
+    persistence_mode,   // nvmlEnableState_t
     display_mode,
     display_active,
-    bar1_total,            // bytes
+    bar1_total,  // bytes
     bar1_free,
     bar1_used,
-    pci_base_class,        // PCI class code
+    pci_base_class,  // PCI class code
     pci_sub_class,
-    ecc_current,           // nvmlEnableState_t
+    ecc_current,  // nvmlEnableState_t
     ecc_pending,
-    virtualization_mode,   // nvmlGpuVirtualizationMode_t
-    brand,                 // nvmlBrandType_t
-    architecture,          // nvmlDeviceArchitecture_t
+    virtualization_mode,  // nvmlGpuVirtualizationMode_t
+    brand,                // nvmlBrandType_t
+    architecture,         // nvmlDeviceArchitecture_t
     max_mig_devices,
-    inforom_valid,         // 1: nvmlDeviceValidateInforom succeeded, 0: the infoROM is corrupted
-    pcie_gen_current,      // PCIe link generation and width, now and at most (device and system), ...
+    inforom_valid,     // 1: nvmlDeviceValidateInforom succeeded, 0: the infoROM is corrupted
+    pcie_gen_current,  // PCIe link generation and width, now and at most (device and system), ...
     pcie_width_current,
     pcie_gen_max,
     pcie_width_max,
-    pcie_gen_gpu_max,      // ... the most the GPU itself supports
-    pcie_speed,            // MB/s per lane (nvmlDeviceGetPcieSpeed)
+    pcie_gen_gpu_max,  // ... the most the GPU itself supports
+    pcie_speed,        // MB/s per lane (nvmlDeviceGetPcieSpeed)
     count
 };
 inline constexpr size_t gpu_field_count = static_cast<size_t>(gpu_field::count);

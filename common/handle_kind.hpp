@@ -1,8 +1,8 @@
 // Kinds of the handles an application holds. A handle is a 64-bit id: the kind in the top byte (bits 56-63),
 // the session's tag in bits 52-55, a generation in bits 32-51 (below 2^20) and a 32-bit index
 // (server/handle_table.hpp sets the tag and wraps the generation). make_handle and handle_generation work on
-// bits 32-55, so they see the tag as part of the generation: strip it first. The same id is what the application
-// sees, so it never aliases a host pointer (the top byte is never set in user-space addresses).
+// bits 32-55, so they see the tag as part of the generation: strip it first. The same id is what the
+// application sees, so it never aliases a host pointer (the top byte is never set in user-space addresses).
 #pragma once
 
 #include <cstdint>
@@ -38,21 +38,36 @@ constexpr uint32_t handle_generation(uint64_t id) { return static_cast<uint32_t>
 
 constexpr std::string_view to_string(handle_kind k) {
     switch (k) {
-        case handle_kind::none: return "none";
-        case handle_kind::context: return "context";
-        case handle_kind::module: return "module";
-        case handle_kind::function: return "function";
-        case handle_kind::library: return "library";
-        case handle_kind::kernel: return "kernel";
-        case handle_kind::stream: return "stream";
-        case handle_kind::event: return "event";
-        case handle_kind::graph: return "graph";
-        case handle_kind::graph_exec: return "graph_exec";
-        case handle_kind::graph_node: return "graph_node";
-        case handle_kind::mem_pool: return "mem_pool";
-        case handle_kind::link_state: return "link_state";
-        case handle_kind::array: return "array";
-        case handle_kind::mem_handle: return "mem_handle";
+        case handle_kind::none:
+            return "none";
+        case handle_kind::context:
+            return "context";
+        case handle_kind::module:
+            return "module";
+        case handle_kind::function:
+            return "function";
+        case handle_kind::library:
+            return "library";
+        case handle_kind::kernel:
+            return "kernel";
+        case handle_kind::stream:
+            return "stream";
+        case handle_kind::event:
+            return "event";
+        case handle_kind::graph:
+            return "graph";
+        case handle_kind::graph_exec:
+            return "graph_exec";
+        case handle_kind::graph_node:
+            return "graph_node";
+        case handle_kind::mem_pool:
+            return "mem_pool";
+        case handle_kind::link_state:
+            return "link_state";
+        case handle_kind::array:
+            return "array";
+        case handle_kind::mem_handle:
+            return "mem_handle";
     }
     return "unknown";
 }

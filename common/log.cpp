@@ -15,8 +15,9 @@ std::mutex init_mutex;
 
 bool parse_level(std::string_view text, spdlog::level::level_enum& out) {
     static constexpr std::pair<std::string_view, spdlog::level::level_enum> names[] = {
-        {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug}, {"info", spdlog::level::info},
-        {"warn", spdlog::level::warn},   {"warning", spdlog::level::warn}, {"error", spdlog::level::err},
+        {"trace", spdlog::level::trace},       {"debug", spdlog::level::debug},
+        {"info", spdlog::level::info},         {"warn", spdlog::level::warn},
+        {"warning", spdlog::level::warn},      {"error", spdlog::level::err},
         {"critical", spdlog::level::critical}, {"off", spdlog::level::off}};
     for (auto& [n, l] : names) {
         if (n == text) {

@@ -1,5 +1,5 @@
-// A kernel's parameter layout: (offset, size) of each parameter, in order, as the server reads it from the driver
-// (cuFuncGetParamInfo) and sends it with each function or kernel handle. The server's handle table
+// A kernel's parameter layout: (offset, size) of each parameter, in order, as the server reads it from the
+// driver (cuFuncGetParamInfo) and sends it with each function or kernel handle. The server's handle table
 // (server/handle_table.hpp) and the client's mirror (client/state.hpp) keep one per function and kernel; the
 // client packs a launch's kernelParams into one block at this layout and the server unpacks it.
 #pragma once

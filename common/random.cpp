@@ -27,8 +27,10 @@ bool os_random(void* buf, size_t n) {
     if (fd < 0) return false;
     while (got < n) {
         ssize_t r = ::read(fd, p + got, n - got);
-        if (r > 0) got += static_cast<size_t>(r);
-        else if (!(r < 0 && errno == EINTR)) break;
+        if (r > 0)
+            got += static_cast<size_t>(r);
+        else if (!(r < 0 && errno == EINTR))
+            break;
     }
     ::close(fd);
     return got == n;
@@ -37,8 +39,10 @@ bool os_random(void* buf, size_t n) {
 std::string os_random_bytes(size_t n) {
     std::string s(n, '\0');
     if (!os_random(s.data(), n)) {
-        std::fputs("vcuda: the system's random number generator (getrandom, /dev/urandom) gave nothing; cannot make "
-                   "a secret\n", stderr);
+        std::fputs(
+            "vcuda: the system's random number generator (getrandom, /dev/urandom) gave nothing; cannot make "
+            "a secret\n",
+            stderr);
         std::abort();
     }
     return s;

@@ -1,6 +1,6 @@
-// Secrets from the operating system's CSPRNG (getrandom(2), /dev/urandom where that is missing): session ids and
-// join secrets, anything a peer must not be able to guess. Never a seeded library generator.
-// runs on: any thread (no shared state).
+// Secrets from the operating system's CSPRNG (getrandom(2), /dev/urandom where that is missing): session ids
+// and join secrets, anything a peer must not be able to guess. Never a seeded library generator. runs on: any
+// thread (no shared state).
 #pragma once
 
 #include <cstddef>

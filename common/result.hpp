@@ -1,4 +1,5 @@
-// result<T, E>: a value or an error, returned across layers instead of exceptions (C++20 has no std::expected).
+// result<T, E>: a value or an error, returned across layers instead of exceptions (C++20 has no
+// std::expected).
 #pragma once
 
 #include <cassert>
@@ -18,7 +19,7 @@ unexpected(E) -> unexpected<E>;
 
 template <class T, class E>
 class [[nodiscard]] result {
-public:
+  public:
     result(T value) : v_(std::in_place_index<0>, std::move(value)) {}
     result(unexpected<E> e) : v_(std::in_place_index<1>, std::move(e.error)) {}
 
@@ -33,20 +34,20 @@ public:
     const T* operator->() const { return &value(); }
     const E& error() const { return std::get<1>(v_); }
 
-private:
+  private:
     std::variant<T, E> v_;
 };
 
 template <class E>
 class [[nodiscard]] result<void, E> {
-public:
+  public:
     result() = default;
     result(unexpected<E> e) : err_(std::move(e.error)), ok_(false) {}
     bool has_value() const noexcept { return ok_; }
     explicit operator bool() const noexcept { return ok_; }
     const E& error() const { return err_; }
 
-private:
+  private:
     E err_{};
     bool ok_ = true;
 };

@@ -95,7 +95,8 @@ result<std::unique_ptr<shm_rings>, std::string> shm_rings::map(int fd, size_t to
 }
 
 result<std::unique_ptr<shm_rings>, std::string> shm_rings::create(size_t ring_bytes, int& fd) {
-    if (!power_of_two(ring_bytes)) return unexpected{std::string("ring size must be a power of two of at least 4 KiB")};
+    if (!power_of_two(ring_bytes))
+        return unexpected{std::string("ring size must be a power of two of at least 4 KiB")};
     fd = memfd_create("vcuda-frame-rings", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return unexpected{std::string("memfd_create: ") + std::strerror(errno)};
     size_t total = header_bytes + 2 * ring_bytes;
@@ -120,7 +121,8 @@ result<std::unique_ptr<shm_rings>, std::string> shm_rings::create(size_t ring_by
 
 result<std::unique_ptr<shm_rings>, std::string> shm_rings::open(int fd) {
     struct stat st {};
-    if (fstat(fd, &st) != 0) return unexpected{std::string("fstat of the frame rings: ") + std::strerror(errno)};
+    if (fstat(fd, &st) != 0)
+        return unexpected{std::string("fstat of the frame rings: ") + std::strerror(errno)};
     size_t total = static_cast<size_t>(st.st_size);
     if (total < header_bytes + 2 * 4096) return unexpected{std::string("frame rings too small")};
     auto r = map(fd, total, false);

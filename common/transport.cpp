@@ -25,13 +25,20 @@ namespace vcuda {
 
 std::string_view to_string(transport_errc e) {
     switch (e) {
-        case transport_errc::peer_lost: return "peer lost";
-        case transport_errc::closed: return "connection closed";
-        case transport_errc::timeout: return "timed out";
-        case transport_errc::refused: return "connection refused";
-        case transport_errc::bad_address: return "bad address";
-        case transport_errc::io: return "i/o error";
-        case transport_errc::protocol: return "protocol error";
+        case transport_errc::peer_lost:
+            return "peer lost";
+        case transport_errc::closed:
+            return "connection closed";
+        case transport_errc::timeout:
+            return "timed out";
+        case transport_errc::refused:
+            return "connection refused";
+        case transport_errc::bad_address:
+            return "bad address";
+        case transport_errc::io:
+            return "i/o error";
+        case transport_errc::protocol:
+            return "protocol error";
     }
     return "unknown";
 }
@@ -43,7 +50,8 @@ result<endpoint, std::string> endpoint::parse(std::string_view text) {
     if (text.starts_with("unix:")) {
         text.remove_prefix(5);
         while (text.starts_with("//")) text.remove_prefix(1);
-        if (text.empty()) return unexpected{std::string("unix: needs a socket path, e.g. unix:/run/vcuda.sock")};
+        if (text.empty())
+            return unexpected{std::string("unix: needs a socket path, e.g. unix:/run/vcuda.sock")};
         if (text.size() >= sizeof(sockaddr_un::sun_path))
             return unexpected{std::string("unix socket path too long (max 107 bytes)")};
         ep.type = kind::unix_socket;
@@ -80,7 +88,7 @@ void tune_socket(int fd, bool tcp) {
     int one = 1;
     if (tcp) {
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // small calls must not wait for Nagle
-        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);   // notice hosts that vanish
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);  // notice hosts that vanish
     }
     int buf = 8 << 20;  // large buffers keep bulk copies streaming
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
@@ -92,31 +100,36 @@ int poll_timeout_ms(deadline until) {
     auto left = *until - clock::now();
     if (left <= clock::duration::zero()) return 0;
     // Rounded up: a wait never gives up before its deadline (truncating made the last millisecond a poll(0)).
-    return static_cast<int>(std::min<long long>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), INT_MAX));
+    return static_cast<int>(
+        std::min<long long>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), INT_MAX));
 }
 
 std::string errno_text(int e) { return std::strerror(e); }
 
-transport_result<int> connect_fd(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout) {
+transport_result<int> connect_fd(int fd, const sockaddr* addr, socklen_t len,
+                                 std::chrono::milliseconds timeout) {
     int flags = fcntl(fd, F_GETFL);
     fcntl(fd, F_SETFL, flags | O_NONBLOCK);
     int rc = ::connect(fd, addr, len);
     if (rc != 0 && errno != EINPROGRESS) {
         int e = errno;
-        return unexpected{transport_error{e == ECONNREFUSED || e == ENOENT ? transport_errc::refused : transport_errc::io,
-                                          errno_text(e)}};
+        return unexpected{transport_error{
+            e == ECONNREFUSED || e == ENOENT ? transport_errc::refused : transport_errc::io, errno_text(e)}};
     }
     if (rc != 0) {
         pollfd p{fd, POLLOUT, 0};
         int n;
         do n = ::poll(&p, 1, static_cast<int>(timeout.count()));
         while (n < 0 && errno == EINTR);
-        if (n == 0) return unexpected{transport_error{transport_errc::timeout, "no answer within " + std::to_string(timeout.count()) + " ms"}};
+        if (n == 0)
+            return unexpected{transport_error{transport_errc::timeout,
+                                              "no answer within " + std::to_string(timeout.count()) + " ms"}};
         int err = 0;
         socklen_t el = sizeof err;
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
         if (err != 0)
-            return unexpected{transport_error{err == ECONNREFUSED ? transport_errc::refused : transport_errc::io, errno_text(err)}};
+            return unexpected{transport_error{
+                err == ECONNREFUSED ? transport_errc::refused : transport_errc::io, errno_text(err)}};
     }
     fcntl(fd, F_SETFL, flags);
     return fd;
@@ -128,15 +141,24 @@ namespace {
 bool is_unix_socket(int fd) {
     sockaddr_storage sa{};
     socklen_t len = sizeof sa;
-    return fd >= 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0 && sa.ss_family == AF_UNIX;
+    return fd >= 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0 &&
+           sa.ss_family == AF_UNIX;
 }
 }  // namespace
 
 stream::stream(int fd) : fd_(fd), local_(is_unix_socket(fd)) {}
 stream::stream(stream&& o) noexcept
-    : fd_(o.fd_), local_(o.local_), rbuf_(std::move(o.rbuf_)), rpos_(o.rpos_), rlen_(o.rlen_), rings_(std::move(o.rings_)),
-      spin_(o.spin_), fds_received_(o.fds_received_),
-      lost_(o.lost_.load()), reported_(o.reported_.load()), peer_(std::move(o.peer_)),
+    : fd_(o.fd_),
+      local_(o.local_),
+      rbuf_(std::move(o.rbuf_)),
+      rpos_(o.rpos_),
+      rlen_(o.rlen_),
+      rings_(std::move(o.rings_)),
+      spin_(o.spin_),
+      fds_received_(o.fds_received_),
+      lost_(o.lost_.load()),
+      reported_(o.reported_.load()),
+      peer_(std::move(o.peer_)),
       received_fds_(std::move(o.received_fds_)) {
     o.fd_ = -1;
 }
@@ -171,8 +193,8 @@ void stream::close_received() {
 }
 
 int stream::take_fd() {
-    // On rings a descriptor goes out on the socket before its frame's bytes enter the ring: if the peer counted
-    // more than arrived, it is in the socket already or about to be.
+    // On rings a descriptor goes out on the socket before its frame's bytes enter the ring: if the peer
+    // counted more than arrived, it is in the socket already or about to be.
     if (received_fds_.empty() && rings_ &&
         rings_->inbound().control().fds_sent.load(std::memory_order_acquire) > fds_received_) {
         deadline until = after(std::chrono::seconds(10));
@@ -253,7 +275,9 @@ transport_result<void> stream::wait(short events, deadline until) {
 
 transport_result<void> stream::write_all(std::span<iovec> bufs, deadline until, int pass_fd) {
     if (fd_ < 0 || lost_) return unexpected{transport_error{transport_errc::closed, "connection closed"}};
-    if (pass_fd >= 0 && !local_) return unexpected{transport_error{transport_errc::io, "file descriptors pass only over Unix sockets"}};
+    if (pass_fd >= 0 && !local_)
+        return unexpected{
+            transport_error{transport_errc::io, "file descriptors pass only over Unix sockets"}};
     return rings_ ? ring_write(bufs, until, pass_fd) : socket_write(bufs, until, pass_fd);
 }
 
@@ -347,7 +371,8 @@ transport_result<void> stream::socket_read(void* buf, size_t n, deadline until) 
             continue;
         }
         ssize_t r;
-        if (!local_ && n < read_buffer_size) {  // a small read fills the buffer: the bytes after it come with it
+        if (!local_ &&
+            n < read_buffer_size) {  // a small read fills the buffer: the bytes after it come with it
             r = ::recv(fd_, rbuf_.get(), read_buffer_size, MSG_DONTWAIT);
             if (r > 0) {
                 rpos_ = 0;
@@ -394,7 +419,8 @@ transport_result<void> stream::socket_read(void* buf, size_t n, deadline until) 
 // ---------------------------------------------------------------- stream on shared-memory rings
 
 std::chrono::microseconds default_spin() {
-    if (const char* v = std::getenv("VCUDA_SPIN_US"); v && *v) return std::chrono::microseconds(std::strtoul(v, nullptr, 10));
+    if (const char* v = std::getenv("VCUDA_SPIN_US"); v && *v)
+        return std::chrono::microseconds(std::strtoul(v, nullptr, 10));
     return std::chrono::microseconds(std::thread::hardware_concurrency() >= 4 ? 50 : 0);
 }
 
@@ -404,9 +430,9 @@ void stream::attach_rings(std::unique_ptr<shm_rings> rings, std::chrono::microse
     fds_received_ = 0;  // the peer counts only descriptors it sends once rings are up (not the rings' own)
 }
 
-
 transport_result<void> stream::ring_write(std::span<iovec> bufs, deadline until, int pass_fd) {
-    if (pass_fd >= 0) {  // the descriptor first, on the socket, with one byte; then the count the reader checks
+    if (pass_fd >=
+        0) {  // the descriptor first, on the socket, with one byte; then the count the reader checks
         char one = 0;
         iovec b{&one, 1};
         if (auto r = socket_write({&b, 1}, until, pass_fd); !r) return r;
@@ -452,7 +478,8 @@ transport_result<void> stream::wait_writable(deadline until) {
         }
     for (;;) {
         if (out.writable()) return {};
-        if (until && clock::now() >= *until) return unexpected{transport_error{transport_errc::timeout, "deadline passed"}};
+        if (until && clock::now() >= *until)
+            return unexpected{transport_error{transport_errc::timeout, "deadline passed"}};
         pollfd p{fd_, POLLRDHUP, 0};
         if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
             return unexpected{lost("peer closed the connection")};
@@ -489,7 +516,8 @@ transport_result<void> stream::wait_readable(deadline until) {
     }
     auto& ctl = in.control();
     for (;;) {
-        ctl.reader_sleeping.store(1, std::memory_order_seq_cst);  // then look again: pairs with the writer's head store
+        ctl.reader_sleeping.store(
+            1, std::memory_order_seq_cst);  // then look again: pairs with the writer's head store
         if (in.readable()) {
             ctl.reader_sleeping.store(0, std::memory_order_relaxed);
             return {};
@@ -576,21 +604,22 @@ transport_result<listener> listener::listen(const endpoint& ep, int backlog) {
     if (::pipe2(l.wake_, O_CLOEXEC | O_NONBLOCK) != 0)
         return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
     if (ep.type == endpoint::kind::unix_socket) {
-        // A stale socket file from a crashed server would block the bind; replace it only if nobody answers there.
-        // Probe before `l` owns a socket: a listener that owns one unlinks its path when it goes, and here that
-        // path would be the live server's.
+        // A stale socket file from a crashed server would block the bind; replace it only if nobody answers
+        // there. Probe before `l` owns a socket: a listener that owns one unlinks its path when it goes, and
+        // here that path would be the live server's.
         if (auto probe = stream::connect(ep, std::chrono::milliseconds(200)); probe)
-            return unexpected{transport_error{transport_errc::io, ep.to_string() + " is already served by another process"}};
+            return unexpected{transport_error{transport_errc::io,
+                                              ep.to_string() + " is already served by another process"}};
         l.fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (l.fd_ < 0) return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
         sockaddr_un sa{};
         sa.sun_family = AF_UNIX;
         std::memcpy(sa.sun_path, ep.path.data(), std::min(ep.path.size(), sizeof sa.sun_path - 1));
         ::unlink(ep.path.c_str());
-        // Owner and group only (0660), set before listen() so that nobody else ever connects; who of them may is
-        // the server's business (SO_PEERCRED).
-        if (::bind(l.fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::chmod(ep.path.c_str(), 0660) != 0 ||
-            ::listen(l.fd_, backlog) != 0)
+        // Owner and group only (0660), set before listen() so that nobody else ever connects; who of them may
+        // is the server's business (SO_PEERCRED).
+        if (::bind(l.fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+            ::chmod(ep.path.c_str(), 0660) != 0 || ::listen(l.fd_, backlog) != 0)
             return unexpected{transport_error{transport_errc::io, ep.to_string() + ": " + errno_text(errno)}};
         return l;
     }
@@ -615,7 +644,8 @@ transport_result<listener> listener::listen(const endpoint& ep, int backlog) {
     socklen_t bl = sizeof bound;
     ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bl);
     if (bound.ss_family == AF_INET) l.local_.port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-    if (bound.ss_family == AF_INET6) l.local_.port = ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+    if (bound.ss_family == AF_INET6)
+        l.local_.port = ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
     l.fd_ = fd;
     return l;
 }
@@ -644,10 +674,12 @@ transport_result<stream> listener::accept(deadline until) {
         char host[INET6_ADDRSTRLEN] = "?";
         if (sa.ss_family == AF_INET) {
             inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&sa)->sin_addr, host, sizeof host);
-            s.set_peer_description(std::string(host) + ":" + std::to_string(ntohs(reinterpret_cast<sockaddr_in*>(&sa)->sin_port)));
+            s.set_peer_description(std::string(host) + ":" +
+                                   std::to_string(ntohs(reinterpret_cast<sockaddr_in*>(&sa)->sin_port)));
         } else if (sa.ss_family == AF_INET6) {
             inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&sa)->sin6_addr, host, sizeof host);
-            s.set_peer_description(std::string("[") + host + "]:" + std::to_string(ntohs(reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port)));
+            s.set_peer_description(std::string("[") + host + "]:" +
+                                   std::to_string(ntohs(reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port)));
         } else {
             s.set_peer_description(local_.to_string() + " (local peer)");
         }
@@ -664,7 +696,8 @@ void listener::close() {
 
 // ---------------------------------------------------------------- frame_stream
 
-transport_result<void> frame_stream::send(std::span<const outgoing_frame> frames, deadline until, int pass_fd) {
+transport_result<void> frame_stream::send(std::span<const outgoing_frame> frames, deadline until,
+                                          int pass_fd) {
     // One frame (replies, bulk chunks) is laid out on the stack: no allocation per frame.
     std::byte one_header[frame_header_size];
     iovec one_iov[3];
@@ -685,7 +718,8 @@ transport_result<void> frame_stream::send(std::span<const outgoing_frame> frames
         h.payload_len = frames[i].payload.size();
         encode_header(h, &hdr[i * frame_header_size]);
         iov[n++] = {&hdr[i * frame_header_size], frame_header_size};
-        if (!frames[i].meta.empty()) iov[n++] = {const_cast<std::byte*>(frames[i].meta.data()), frames[i].meta.size()};
+        if (!frames[i].meta.empty())
+            iov[n++] = {const_cast<std::byte*>(frames[i].meta.data()), frames[i].meta.size()};
         if (!frames[i].payload.empty())
             iov[n++] = {const_cast<std::byte*>(frames[i].payload.data()), frames[i].payload.size()};
     }
@@ -693,16 +727,18 @@ transport_result<void> frame_stream::send(std::span<const outgoing_frame> frames
     return s_.write_all({iov, n}, until, pass_fd);
 }
 
-transport_result<frame> frame_stream::receive(deadline first_byte, std::chrono::milliseconds rest, const payload_sink& sink) {
+transport_result<frame> frame_stream::receive(deadline first_byte, std::chrono::milliseconds rest,
+                                              const payload_sink& sink) {
     frame f;
     if (auto r = receive_into(f, first_byte, rest, sink); !r) return unexpected{r.error()};
     return f;
 }
 
-transport_result<void> frame_stream::receive_into(frame& f, deadline first_byte, std::chrono::milliseconds rest,
-                                                  const payload_sink& sink) {
+transport_result<void> frame_stream::receive_into(frame& f, deadline first_byte,
+                                                  std::chrono::milliseconds rest, const payload_sink& sink) {
     std::byte raw[frame_header_size];
-    // The first byte may be waited for until `first_byte`; a header that came with earlier bytes is copied at once.
+    // The first byte may be waited for until `first_byte`; a header that came with earlier bytes is copied at
+    // once.
     size_t have = 0;
     if (s_.buffered() < frame_header_size) {
         if (auto r = s_.read_exact(raw, 1, first_byte); !r) return unexpected{r.error()};
@@ -726,7 +762,8 @@ transport_result<void> frame_stream::receive_into(frame& f, deadline first_byte,
             dst = f.payload.data();
         }
         // Bulk payloads may be large: allow the per-frame time to scale (1 s per 64 MiB beyond the base).
-        deadline payload_until = until ? deadline(*until + std::chrono::milliseconds((h->payload_len >> 26) * 1000)) : until;
+        deadline payload_until =
+            until ? deadline(*until + std::chrono::milliseconds((h->payload_len >> 26) * 1000)) : until;
         if (auto r = s_.read_exact(dst, h->payload_len, payload_until); !r) return unexpected{r.error()};
     }
     return {};

@@ -32,13 +32,13 @@ namespace vcuda {
 std::chrono::microseconds default_spin();
 
 enum class transport_errc {
-    peer_lost,      // the other side closed or reset the connection, or vanished mid-frame
-    closed,         // this stream was already closed or lost earlier
-    timeout,        // a deadline passed
-    refused,        // nothing listens at the address
-    bad_address,    // the address could not be parsed or resolved
-    io,             // any other system error
-    protocol,       // the peer sent a frame that failed checks (see message)
+    peer_lost,    // the other side closed or reset the connection, or vanished mid-frame
+    closed,       // this stream was already closed or lost earlier
+    timeout,      // a deadline passed
+    refused,      // nothing listens at the address
+    bad_address,  // the address could not be parsed or resolved
+    io,           // any other system error
+    protocol,     // the peer sent a frame that failed checks (see message)
 };
 std::string_view to_string(transport_errc e);
 
@@ -68,7 +68,7 @@ struct endpoint {
 };
 
 class stream {
-public:
+  public:
     stream() = default;
     explicit stream(int fd);
     stream(stream&& o) noexcept;
@@ -89,27 +89,29 @@ public:
     int take_fd();
     // Both ends on this host: a Unix socket, which can pass file descriptors and so share memory.
     bool is_local() const { return local_; }
-    // From now on bytes travel through `rings` (both ends switch right after HELLO); the socket keeps carrying
-    // file descriptors, doorbells and the end of the connection. A reader spins up to `spin` before it sleeps.
+    // From now on bytes travel through `rings` (both ends switch right after HELLO); the socket keeps
+    // carrying file descriptors, doorbells and the end of the connection. A reader spins up to `spin` before
+    // it sleeps.
     void attach_rings(std::unique_ptr<shm_rings> rings, std::chrono::microseconds spin);
     bool has_rings() const { return rings_ != nullptr; }
     // Bytes read ahead from a TCP socket and not yet handed out (0 on other streams).
     size_t buffered() const { return rlen_ - rpos_; }
-    // A reader on the socket spins up to `spin` (retrying it) before it sleeps (rings: attach_rings' own spin).
+    // A reader on the socket spins up to `spin` (retrying it) before it sleeps (rings: attach_rings' own
+    // spin).
     void set_spin(std::chrono::microseconds spin) { spin_ = spin; }
 
     // Ends the connection: pending and later reads and writes fail with `closed`.
     void shutdown();
-    // True when the peer has closed or reset its end (or this end was shut down), looked at without reading or
-    // waiting: for a thread that waits on something else (a host function's turn, another lane) while its client
-    // may have gone.
+    // True when the peer has closed or reset its end (or this end was shut down), looked at without reading
+    // or waiting: for a thread that waits on something else (a host function's turn, another lane) while its
+    // client may have gone.
     bool peer_gone() const;
     bool is_open() const { return fd_ >= 0 && !lost_.load(); }
     int native_handle() const { return fd_; }
     std::string peer_description() const { return peer_; }
     void set_peer_description(std::string p) { peer_ = std::move(p); }
 
-private:
+  private:
     transport_error lost(std::string why);
     transport_result<void> wait(short events, deadline until);
     transport_result<void> socket_write(std::span<iovec> bufs, deadline until, int pass_fd);
@@ -125,8 +127,8 @@ private:
 
     int fd_ = -1;
     bool local_ = false;
-    // TCP reads go through this buffer: a frame's header and metadata (and the next frames of a batch) then cost
-    // one recv, not one each. Unix sockets read exactly, since descriptors travel with particular bytes.
+    // TCP reads go through this buffer: a frame's header and metadata (and the next frames of a batch) then
+    // cost one recv, not one each. Unix sockets read exactly, since descriptors travel with particular bytes.
     static constexpr size_t read_buffer_size = 64u << 10;
     std::unique_ptr<char[]> rbuf_;
     size_t rpos_ = 0, rlen_ = 0;
@@ -140,7 +142,7 @@ private:
 };
 
 class listener {
-public:
+  public:
     listener() = default;
     listener(listener&&) noexcept;
     listener& operator=(listener&&) noexcept;
@@ -154,7 +156,7 @@ public:
     // The bound address; for "host:0" it carries the port the system chose.
     const endpoint& local() const { return local_; }
 
-private:
+  private:
     int fd_ = -1;
     int wake_[2] = {-1, -1};  // close() writes here to end a blocked accept()
     endpoint local_;
@@ -176,27 +178,32 @@ struct outgoing_frame {
     std::span<const std::byte> payload;
 };
 
-// Where a frame's payload goes: returns a buffer of `len` bytes to read it into, or nullptr to use frame::payload.
+// Where a frame's payload goes: returns a buffer of `len` bytes to read it into, or nullptr to use
+// frame::payload.
 using payload_sink = std::function<std::byte*(const frame_header& h, const std::vector<std::byte>& meta)>;
 
 class frame_stream {
-public:
+  public:
     explicit frame_stream(stream s, frame_limits limits = {}) : s_(std::move(s)), limits_(limits) {}
 
-    // Sends the frames in order in one scatter-gather write (split only where the system's iovec limit forces it).
-    // `pass_fd` >= 0: a file descriptor that travels with the frames (Unix sockets only; see stream::write_all).
-    transport_result<void> send(std::span<const outgoing_frame> frames, deadline until = never, int pass_fd = -1);
+    // Sends the frames in order in one scatter-gather write (split only where the system's iovec limit forces
+    // it). `pass_fd` >= 0: a file descriptor that travels with the frames (Unix sockets only; see
+    // stream::write_all).
+    transport_result<void> send(std::span<const outgoing_frame> frames, deadline until = never,
+                                int pass_fd = -1);
     transport_result<void> send(const outgoing_frame& f, deadline until = never, int pass_fd = -1) {
         return send({&f, 1}, until, pass_fd);
     }
 
     // Receives one frame: waits up to `first_byte` for it to start, then up to `rest` for the remainder.
-    transport_result<frame> receive(deadline first_byte = never, std::chrono::milliseconds rest = std::chrono::seconds(30),
+    transport_result<frame> receive(deadline first_byte = never,
+                                    std::chrono::milliseconds rest = std::chrono::seconds(30),
                                     const payload_sink& sink = {});
-    // The same into `f`, whose buffers are reused: a loop that receives many frames allocates nothing per frame
-    // once its buffers have grown (bulk connections). `f` holds the frame when this succeeds.
+    // The same into `f`, whose buffers are reused: a loop that receives many frames allocates nothing per
+    // frame once its buffers have grown (bulk connections). `f` holds the frame when this succeeds.
     transport_result<void> receive_into(frame& f, deadline first_byte = never,
-                                        std::chrono::milliseconds rest = std::chrono::seconds(30), const payload_sink& sink = {});
+                                        std::chrono::milliseconds rest = std::chrono::seconds(30),
+                                        const payload_sink& sink = {});
 
     stream& raw() { return s_; }
     const frame_limits& limits() const { return limits_; }
@@ -204,10 +211,11 @@ public:
     void set_limits(const frame_limits& l) { limits_ = l; }
     void shutdown() { s_.shutdown(); }
 
-private:
+  private:
     stream s_;
     frame_limits limits_;
-    std::unique_ptr<std::mutex> write_mutex_ = std::make_unique<std::mutex>();  // whole frames never interleave
+    std::unique_ptr<std::mutex> write_mutex_ =
+        std::make_unique<std::mutex>();  // whole frames never interleave
 };
 
 }  // namespace vcuda

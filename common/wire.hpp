@@ -22,8 +22,9 @@ const Table* root_of(const frame& f) {
     return flatbuffers::GetRoot<Table>(f.meta.data());
 }
 
-inline outgoing_frame make_frame(frame_kind kind, const flatbuffers::FlatBufferBuilder& b, uint64_t sequence = 0,
-                                 uint32_t lane = 0, uint32_t flags = 0, std::span<const std::byte> payload = {}) {
+inline outgoing_frame make_frame(frame_kind kind, const flatbuffers::FlatBufferBuilder& b,
+                                 uint64_t sequence = 0, uint32_t lane = 0, uint32_t flags = 0,
+                                 std::span<const std::byte> payload = {}) {
     outgoing_frame f;
     f.header.kind = static_cast<uint16_t>(kind);
     f.header.sequence = sequence;

@@ -55,8 +55,8 @@ bool b64url_decode(std::string_view in, std::string& out) {
 std::string mac(std::string_view secret, std::string_view data) {
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int len = 0;
-    HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(data.data()),
-         data.size(), md, &len);
+    HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+         reinterpret_cast<const unsigned char*>(data.data()), data.size(), md, &len);
     return std::string(reinterpret_cast<char*>(md), len);
 }
 
@@ -75,18 +75,23 @@ std::string sign_token(std::string_view secret, const token_claims& c) {
 
 result<token_claims, std::string> verify_token(std::string_view secret, std::string_view token,
                                                std::chrono::system_clock::time_point now) {
-    if (token.empty()) return unexpected{std::string("no token: this server only serves clients with a lease from its manager (run with VCUDA_MANAGER or `vcuda run --manager`)")};
+    if (token.empty())
+        return unexpected{
+            std::string("no token: this server only serves clients with a lease from its manager (run with "
+                        "VCUDA_MANAGER or `vcuda run --manager`)")};
     if (token.size() > 4096 || !token.starts_with(prefix))
         return unexpected{std::string("malformed token: not a vcuda lease token")};
     auto dot = token.rfind('.');
     if (dot < prefix.size()) return unexpected{std::string("malformed token: no signature")};
     std::string_view signed_part = token.substr(0, dot), sig_text = token.substr(dot + 1);
     std::string sig;
-    if (!b64url_decode(sig_text, sig) || sig.size() != 32) return unexpected{std::string("malformed token: bad signature encoding")};
+    if (!b64url_decode(sig_text, sig) || sig.size() != 32)
+        return unexpected{std::string("malformed token: bad signature encoding")};
     std::string expected = mac(secret, signed_part);
     if (CRYPTO_memcmp(expected.data(), sig.data(), 32) != 0)
-        return unexpected{std::string("bad token signature: forged, altered, or signed with another secret "
-                                      "(the manager and this server must use the same --secret-file)")};
+        return unexpected{
+            std::string("bad token signature: forged, altered, or signed with another secret "
+                        "(the manager and this server must use the same --secret-file)")};
     std::string claims;
     if (!b64url_decode(signed_part.substr(prefix.size()), claims))
         return unexpected{std::string("malformed token: bad claims encoding")};
@@ -105,9 +110,9 @@ result<token_claims, std::string> verify_token(std::string_view secret, std::str
         return unexpected{std::string("malformed token: bad numbers in claims")};
     c.expires_at = std::chrono::system_clock::time_point(std::chrono::milliseconds(exp));
     if (now >= c.expires_at)
-        return unexpected{"token for lease " + c.lease_id + " expired " +
-                          std::to_string((unix_ms(now) - exp) / 1000) +
-                          " s ago: the lease was not renewed; the client must get a fresh lease from the manager"};
+        return unexpected{
+            "token for lease " + c.lease_id + " expired " + std::to_string((unix_ms(now) - exp) / 1000) +
+            " s ago: the lease was not renewed; the client must get a fresh lease from the manager"};
     return c;
 }
 
@@ -116,9 +121,11 @@ result<std::string, std::string> read_secret_file(const std::string& path) {
     if (::stat(path.c_str(), &st) != 0)
         return unexpected{"cannot read the secret file " + path +
                           ": it does not exist. Create one with `head -c 32 /dev/urandom | base64 > " + path +
-                          " && chmod 600 " + path + "` and give the same file to vcuda-mgmt and every vcuda-server"};
+                          " && chmod 600 " + path +
+                          "` and give the same file to vcuda-mgmt and every vcuda-server"};
     if (st.st_mode & 077)
-        return unexpected{"the secret file " + path + " can be read by other users; run `chmod 600 " + path + "`"};
+        return unexpected{"the secret file " + path + " can be read by other users; run `chmod 600 " + path +
+                          "`"};
     std::ifstream f(path, std::ios::binary);
     if (!f) return unexpected{"cannot open the secret file " + path + " (permission denied?)"};
     std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -129,7 +136,8 @@ result<std::string, std::string> read_secret_file(const std::string& path) {
     s.erase(0, b);
     if (s.size() < 16)
         return unexpected{"the secret in " + path + " is too short (" + std::to_string(s.size()) +
-                          " bytes; at least 16): create one with `head -c 32 /dev/urandom | base64 > " + path + "`"};
+                          " bytes; at least 16): create one with `head -c 32 /dev/urandom | base64 > " +
+                          path + "`"};
     return s;
 }
 

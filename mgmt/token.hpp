@@ -1,8 +1,9 @@
-// Lease tokens: the manager signs one per leased GPU; a vcuda-server attached to a manager opens a session only
-// for a valid, unexpired token naming one of its GPUs, and uses the token's memory quota as the session's quota.
-// A standalone server started with --secret-file takes tokens made with `vcuda token create` (any_gpu).
-// Format: "vct1.<base64url(claims)>.<base64url(HMAC-SHA256(secret, "vct1.<base64url(claims)>"))>", claims being
-// "lease_id\ngpu_uuid\nmemory_quota\nexpires_at_unix_ms". The secret is shared by the manager and its servers
+// Lease tokens: the manager signs one per leased GPU; a vcuda-server attached to a manager opens a session
+// only for a valid, unexpired token naming one of its GPUs, and uses the token's memory quota as the
+// session's quota. A standalone server started with --secret-file takes tokens made with `vcuda token create`
+// (any_gpu). Format: "vct1.<base64url(claims)>.<base64url(HMAC-SHA256(secret, "vct1.<base64url(claims)>"))>",
+// claims being "lease_id\ngpu_uuid\nmemory_quota\nexpires_at_unix_ms". The secret is shared by the manager
+// and its servers
 // (--secret-file); anyone without it cannot mint or alter a token.
 // runs on: any thread (no shared state).
 #pragma once
@@ -16,9 +17,9 @@
 
 namespace vcuda::mgmt {
 
-// gpu_uuid of a token made with `vcuda token create` for a standalone server (one started with --secret-file and
-// no --manager): it opens a session on any of the server's GPUs; lease_id is empty. Servers attached to a manager
-// refuse it.
+// gpu_uuid of a token made with `vcuda token create` for a standalone server (one started with --secret-file
+// and no --manager): it opens a session on any of the server's GPUs; lease_id is empty. Servers attached to a
+// manager refuse it.
 inline constexpr std::string_view any_gpu = "*";
 
 struct token_claims {

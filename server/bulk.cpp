@@ -456,7 +456,8 @@ bool bulk_hub::after_copy(buffer* b, CUstream s) {
 CUresult bulk_hub::to_device(uint32_t set, uint64_t transfer, CUdeviceptr dst, uint64_t n, uint64_t chunk,
                              CUstream s, CUresult rc, std::string& detail) {
     std::unique_lock lock(mu_);
-    if (detail = unusable(set); !detail.empty()) return CUDA_ERROR_DEVICE_UNAVAILABLE;  // its chunks went with it
+    if (detail = unusable(set); !detail.empty())
+        return CUDA_ERROR_DEVICE_UNAVAILABLE;  // its chunks went with it
     auto found = inbound_.find(transfer);
     if (recently_finished(transfer) || (found != inbound_.end() && found->second->claimed)) {
         detail = "transfer " + std::to_string(transfer) + " was already used";

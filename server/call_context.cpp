@@ -27,7 +27,8 @@ CUresult call_context::lookup(uint64_t id, handle_kind k, void*& raw, handle_ent
         return CUDA_SUCCESS;
     }
     std::lock_guard lock(sess.mu);
-    handle_entry* e = sess.handles.find(id, k, k == handle_kind::function ? handle_kind::kernel : handle_kind::none);
+    handle_entry* e =
+        sess.handles.find(id, k, k == handle_kind::function ? handle_kind::kernel : handle_kind::none);
     if (!e) {
         detail = std::string("unknown ") + std::string(to_string(k)) + " handle";
         return CUDA_ERROR_INVALID_HANDLE;
@@ -44,7 +45,8 @@ CUresult call_context::device(size_t i, CUdevice& out) {
     return CUDA_SUCCESS;
 }
 
-void call_context::out_handle(handle_kind k, void* raw, uint64_t owner, bool owned, std::shared_ptr<const param_layout> layout) {
+void call_context::out_handle(handle_kind k, void* raw, uint64_t owner, bool owned,
+                              std::shared_ptr<const param_layout> layout) {
     handle_entry e;
     e.kind = k;
     e.raw = raw;
@@ -52,8 +54,8 @@ void call_context::out_handle(handle_kind k, void* raw, uint64_t owner, bool own
     e.owner = owner;
     e.owned = owned;
     e.layout = std::move(layout);
-    const bool derived = owned && (k == handle_kind::function || k == handle_kind::kernel || k == handle_kind::module ||
-                                   k == handle_kind::graph_node);
+    const bool derived = owned && (k == handle_kind::function || k == handle_kind::kernel ||
+                                   k == handle_kind::module || k == handle_kind::graph_node);
     std::lock_guard lock(sess.mu);
     outs.push_back(derived ? sess.handles.insert_derived(std::move(e)) : sess.handles.insert(std::move(e)));
 }
@@ -65,8 +67,10 @@ CUresult call_context::device_location(CUmemLocation& loc, size_t& device, bool 
         device = SIZE_MAX;
         return CUDA_SUCCESS;
     }
-    if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE) return fail(CUDA_ERROR_NOT_SUPPORTED, "only device locations are served");
-    if (loc.id < 0 || !sess.allowed(static_cast<size_t>(loc.id))) return fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+    if (loc.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return fail(CUDA_ERROR_NOT_SUPPORTED, "only device locations are served");
+    if (loc.id < 0 || !sess.allowed(static_cast<size_t>(loc.id)))
+        return fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
     device = static_cast<size_t>(loc.id);
     CUdevice real;
     if (CUresult rc = sess.real_device(device, real); rc != CUDA_SUCCESS) return rc;
@@ -74,17 +78,19 @@ CUresult call_context::device_location(CUmemLocation& loc, size_t& device, bool 
     return CUDA_SUCCESS;
 }
 
-CUresult call_context::device_box(CUdeviceptr p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height,
-                                  uint64_t w, uint64_t h, uint64_t depth) {
+CUresult call_context::device_box(CUdeviceptr p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch,
+                                  uint64_t height, uint64_t w, uint64_t h, uint64_t depth) {
     // First and one-past-last byte touched, overflow-checked.
     uint64_t first, rows, last;
     if (pitch < w + x && h > 1) return CUDA_ERROR_INVALID_VALUE;
     if (!mul_add(z, height, y, rows) || !mul_add(rows, pitch, x, first)) return CUDA_ERROR_INVALID_VALUE;
-    if (!mul_add(z + depth - 1, height, y + h - 1, rows) || !mul_add(rows, pitch, x + w, last)) return CUDA_ERROR_INVALID_VALUE;
+    if (!mul_add(z + depth - 1, height, y + h - 1, rows) || !mul_add(rows, pitch, x + w, last))
+        return CUDA_ERROR_INVALID_VALUE;
     return device_range(p + first, last - first);
 }
 
-CUresult call_context::memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height, uint64_t pitch) {
+CUresult call_context::memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height,
+                                    uint64_t pitch) {
     if ((elem != 1 && elem != 2 && elem != 4) || !width || !height) return bad_arguments();
     uint64_t row, span;
     if (!mul_add(width, elem, 0, row) || !mul_add(height - 1, pitch, row, span)) return bad_arguments();
@@ -109,12 +115,15 @@ transport_result<void> send_reply(call_context& cx, CUresult rc, uint64_t payloa
     flatbuffers::FlatBufferBuilder b(256);
     std::vector<flatbuffers::Offset<wire::Blob>> blobs;
     for (auto& bl : cx.out_blobs)
-        blobs.push_back(wire::CreateBlob(b, b.CreateVector(reinterpret_cast<const uint8_t*>(bl.data()), bl.size())));
+        blobs.push_back(
+            wire::CreateBlob(b, b.CreateVector(reinterpret_cast<const uint8_t*>(bl.data()), bl.size())));
     auto outs = b.CreateVector(cx.outs);
     auto bv = b.CreateVector(blobs);
     auto detail = cx.detail.empty() ? 0 : b.CreateString(cx.detail);
     auto& printed = cx.lane.device_output;
-    auto output = printed.empty() ? 0 : b.CreateVector(reinterpret_cast<const uint8_t*>(printed.data()), printed.size());
+    auto output = printed.empty()
+                      ? 0
+                      : b.CreateVector(reinterpret_cast<const uint8_t*>(printed.data()), printed.size());
     printed.clear();
     b.Finish(wire::CreateReply(b, rc, outs, bv, detail, output));
     auto f = make_frame(frame_kind::reply, b, cx.sequence(), 0, 0, cx.reply_payload);

@@ -21,13 +21,13 @@ struct lane_state {
     // The first failure of a queued call, for the next synchronous call's answer.
     CUresult pending_error = CUDA_SUCCESS;
     std::string pending_detail;
-    int current_device = -2;                // the device whose context is current on this thread (-2: unknown)
-    std::string device_output;              // device printf written on this lane's thread, sent with the next reply
-    unsigned refused_launches = 0;          // launches refused for their parameters (the first few are logged)
+    int current_device = -2;        // the device whose context is current on this thread (-2: unknown)
+    std::string device_output;      // device printf written on this lane's thread, sent with the next reply
+    unsigned refused_launches = 0;  // launches refused for their parameters (the first few are logged)
 };
 
 class call_context {
-public:
+  public:
     call_context(session& s, lane_state& l, const wire::Call& call, frame& f, staging_pool::buffer* staged)
         : sess(s), lane(l), call_(call), frame_(f), staged_(staged) {}
     ~call_context();
@@ -73,11 +73,15 @@ public:
     // (queries: a NUMA id the application knows is already the server's); other kinds are not served.
     CUresult device_location(CUmemLocation& loc, size_t& device, bool host_ok = false);
     // A device range this session owns, or CUDA_ERROR_INVALID_VALUE.
-    CUresult device_range(CUdeviceptr p, size_t n) { return sess.owns_range(p, n) ? CUDA_SUCCESS : fail(CUDA_ERROR_INVALID_VALUE, "address range not owned by this session"); }
+    CUresult device_range(CUdeviceptr p, size_t n) {
+        return sess.owns_range(p, n)
+                   ? CUDA_SUCCESS
+                   : fail(CUDA_ERROR_INVALID_VALUE, "address range not owned by this session");
+    }
     // The bytes one device side of a 2D/3D copy touches (w bytes x h rows x depth slices from (x, y, z) of a
     // pitch x height layout), checked as one range from the first byte to the last.
-    CUresult device_box(CUdeviceptr p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height, uint64_t w,
-                        uint64_t h, uint64_t depth);
+    CUresult device_box(CUdeviceptr p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height,
+                        uint64_t w, uint64_t h, uint64_t depth);
     // The bytes a memset of `height` rows of `width` elements of `elem` bytes, `pitch` apart, touches.
     CUresult memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height, uint64_t pitch);
 
@@ -111,7 +115,7 @@ public:
     bool replied = false;  // the handler sent its reply itself (streamed payloads)
     int reply_fd = -1;     // a file descriptor to pass with a successful reply (Unix sockets); closed after
 
-private:
+  private:
     const wire::Call& call_;
     frame& frame_;
     staging_pool::buffer* staged_;

@@ -10,7 +10,8 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 CUresult device_memory::map_new(size_t size, bool shared, CUdeviceptr& va) {
     auto& d = *drv_;
-    if (!d.cuMemCreate || !d.cuMemAddressReserve || !d.cuMemMap || !d.cuMemSetAccess) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!d.cuMemCreate || !d.cuMemAddressReserve || !d.cuMemMap || !d.cuMemSetAccess)
+        return CUDA_ERROR_NOT_SUPPORTED;
     if (quota_ && (size > quota_ || mapped_ > quota_ - size)) return CUDA_ERROR_OUT_OF_MEMORY;
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;

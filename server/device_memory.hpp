@@ -13,8 +13,9 @@
 namespace vcuda::server {
 
 class device_memory {
-public:
-    device_memory(const driver_table& drv, CUdevice dev, uint64_t quota) : drv_(&drv), dev_(dev), quota_(quota) {}
+  public:
+    device_memory(const driver_table& drv, CUdevice dev, uint64_t quota)
+        : drv_(&drv), dev_(dev), quota_(quota) {}
 
     CUresult allocate(size_t size, CUdeviceptr& out);
     CUresult release(CUdeviceptr p);  // only the exact start of a live allocation
@@ -38,7 +39,7 @@ public:
     static constexpr size_t small_limit = 1u << 20;  // allocations up to this share 2 MiB mappings
     static constexpr size_t small_align = 512;
 
-private:
+  private:
     struct mapping {
         size_t size = 0;
         CUmemGenericAllocationHandle handle = 0;

@@ -14,7 +14,8 @@ thread_local std::string* sink = nullptr;
 ssize_t write_out(void*, const char* buf, size_t n) {
     if (sink) {
         if (sink->size() < capture::limit) {
-            static const char note[] = "\n[vcuda: device printf output beyond 4 MiB between two calls was dropped]\n";
+            static const char note[] =
+                "\n[vcuda: device printf output beyond 4 MiB between two calls was dropped]\n";
             size_t room = capture::limit - sink->size();
             sink->append(buf, n <= room ? n : room);
             if (n > room) sink->append(note, sizeof note - 1);

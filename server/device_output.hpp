@@ -17,7 +17,7 @@ void install();
 // While alive, what this thread writes to stdout is appended to `into`, at most `limit` bytes pending (the
 // driver's own printf buffer is 1 MiB by default); past that it is dropped and the loss noted once.
 class capture {
-public:
+  public:
     static constexpr size_t limit = size_t{4} << 20;
     explicit capture(std::string& into);
     ~capture();

@@ -21,7 +21,8 @@ bool driver::load(const std::string& path, std::string& why) {
         return false;
     }
     if (CUresult rc = table_.cuInit(0); rc != CUDA_SUCCESS) {
-        why = "cuInit failed with error " + std::to_string(rc) + " (no usable GPU, or the driver is not loaded)";
+        why = "cuInit failed with error " + std::to_string(rc) +
+              " (no usable GPU, or the driver is not loaded)";
         return false;
     }
     if (table_.cuDriverGetVersion) table_.cuDriverGetVersion(&version_);

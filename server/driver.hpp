@@ -18,7 +18,7 @@ struct gpu_info {
 };
 
 class driver {
-public:
+  public:
     // Loads `path` (default libcuda.so.1), initializes it and describes its GPUs. `why` says what failed.
     bool load(const std::string& path, std::string& why);
     const driver_table& api() const { return table_; }
@@ -26,7 +26,7 @@ public:
     const std::string& path() const { return path_; }
     int version() const { return version_; }
 
-private:
+  private:
     driver_table table_;
     std::vector<gpu_info> gpus_;
     std::string path_;

@@ -1,8 +1,8 @@
 // A session's handles: one typed table, ids = kind | generation | index (common/handle_kind.hpp), so a stale,
 // foreign or forged id is refused without touching the driver. Freed slots are reused with a new generation.
-// An `owned` entry depends on its owner (a module's functions, a library's kernels, a graph's nodes): erasing the
-// owner erases its dependents too, so no id outlives the object that held it.
-// locks: none inside; the session's mutex guards it.
+// An `owned` entry depends on its owner (a module's functions, a library's kernels, a graph's nodes): erasing
+// the owner erases its dependents too, so no id outlives the object that held it. locks: none inside; the
+// session's mutex guards it.
 #pragma once
 
 #include <cstdint>
@@ -20,15 +20,15 @@ namespace vcuda::server {
 
 struct handle_entry {
     handle_kind kind = handle_kind::none;
-    void* raw = nullptr;       // the real driver's handle
-    int device = 0;            // the session's device index it belongs to
-    uint64_t owner = 0;        // module/library of functions, kernels, library modules; graph of nodes
-    bool owned = false;        // destroyed with its owner, never on its own
+    void* raw = nullptr;  // the real driver's handle
+    int device = 0;       // the session's device index it belongs to
+    uint64_t owner = 0;   // module/library of functions, kernels, library modules; graph of nodes
+    bool owned = false;   // destroyed with its owner, never on its own
     std::shared_ptr<const param_layout> layout;
 };
 
 class handle_table {
-public:
+  public:
     // Bits 52-55 of every id carry the session's tag (chosen by the client, see Hello.handle_tag).
     static constexpr int tag_shift = 52;
     static constexpr uint32_t generation_limit = 1u << 20;
@@ -51,9 +51,9 @@ public:
         return id;
     }
 
-    // For handles derived from a module, library or graph (its functions, kernels, modules, nodes): the id already
-    // given for the same driver object and owner, else a new one. Asking again (PyTorch asks cuKernelGetFunction
-    // at each launch, a graph's nodes may be listed many times) must not grow the table.
+    // For handles derived from a module, library or graph (its functions, kernels, modules, nodes): the id
+    // already given for the same driver object and owner, else a new one. Asking again (PyTorch asks
+    // cuKernelGetFunction at each launch, a graph's nodes may be listed many times) must not grow the table.
     uint64_t insert_derived(handle_entry e) {
         auto key = std::make_pair(e.raw, e.kind);
         if (auto it = derived_.find(key); it != derived_.end()) {
@@ -82,9 +82,12 @@ public:
         if ((id & (uint64_t{0xf} << tag_shift)) != tag_) return false;
         const uint64_t bare = id & ~(uint64_t{0xf} << tag_shift);
         uint32_t index = handle_index(bare);
-        if (index >= slots_.size() || !slots_[index].live || slots_[index].generation != handle_generation(bare)) return false;
+        if (index >= slots_.size() || !slots_[index].live ||
+            slots_[index].generation != handle_generation(bare))
+            return false;
         auto& s = slots_[index];
-        if (auto it = derived_.find({s.entry.raw, s.entry.kind}); it != derived_.end() && it->second == id) derived_.erase(it);
+        if (auto it = derived_.find({s.entry.raw, s.entry.kind}); it != derived_.end() && it->second == id)
+            derived_.erase(it);
         if (s.entry.owned && s.entry.owner)
             if (auto it = dependents_.find(s.entry.owner); it != dependents_.end()) it->second.erase(id);
         s.live = false;
@@ -104,12 +107,13 @@ public:
     template <class F>
     void for_each(F&& f) {
         for (uint32_t i = 0; i < slots_.size(); ++i)
-            if (slots_[i].live) f(make_handle(slots_[i].entry.kind, slots_[i].generation, i) | tag_, slots_[i].entry);
+            if (slots_[i].live)
+                f(make_handle(slots_[i].entry.kind, slots_[i].generation, i) | tag_, slots_[i].entry);
     }
 
     size_t size() const { return slots_.size() - free_.size(); }
 
-private:
+  private:
     struct slot {
         handle_entry entry;
         uint32_t generation = 1;

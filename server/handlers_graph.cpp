@@ -1,12 +1,12 @@
 // Hand-written ops for stream capture and graphs. Capture itself needs nothing here: the calls a capturing
-// thread makes arrive in order on its lane, whose thread is the one the driver sees capturing. What is here keeps
-// the session's handle table right: the graph a capture records into is the driver's until cuStreamEndCapture
-// hands it over (entered `owned`, so never destroyed on its own), and the application's from then on.
-// Graph nodes are session handles owned by their graph (erased with it, handle_table.hpp): those made by the
-// client's calls are entered when made, those the driver made (captured work, a cloned child graph's) when
-// first reported. Every node, graph, function, event and device range a node names is checked like a launch's,
-// memset's or copy's is.
-// The plain graph calls (create, destroy, launch, upload, child graph update, node destroy) are generated.
+// thread makes arrive in order on its lane, whose thread is the one the driver sees capturing. What is here
+// keeps the session's handle table right: the graph a capture records into is the driver's until
+// cuStreamEndCapture hands it over (entered `owned`, so never destroyed on its own), and the application's
+// from then on. Graph nodes are session handles owned by their graph (erased with it, handle_table.hpp):
+// those made by the client's calls are entered when made, those the driver made (captured work, a cloned
+// child graph's) when first reported. Every node, graph, function, event and device range a node names is
+// checked like a launch's, memset's or copy's is. The plain graph calls (create, destroy, launch, upload,
+// child graph update, node destroy) are generated.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -20,8 +20,8 @@ namespace {
 
 bool valid_capture_mode(uint64_t m) { return m <= CU_STREAM_CAPTURE_MODE_RELAXED; }
 
-// This lane's thread takes the client thread's capture mode (cuThreadExchangeStreamCaptureMode): it decides which
-// calls the driver allows while a capture is under way.
+// This lane's thread takes the client thread's capture mode (cuThreadExchangeStreamCaptureMode): it decides
+// which calls the driver allows while a capture is under way.
 CUresult set_thread_capture_mode(call_context& cx, uint64_t mode) {
     auto& d = cx.drv();
     if (!d.cuThreadExchangeStreamCaptureMode) return cx.unsupported("cuThreadExchangeStreamCaptureMode");
@@ -30,27 +30,31 @@ CUresult set_thread_capture_mode(call_context& cx, uint64_t mode) {
 }
 
 // The capture status and id of `s` and the graph it records into (graph may be null).
-CUresult capture_info(call_context& cx, CUstream s, CUstreamCaptureStatus& status, cuuint64_t& id, CUgraph* graph) {
+CUresult capture_info(call_context& cx, CUstream s, CUstreamCaptureStatus& status, cuuint64_t& id,
+                      CUgraph* graph) {
     auto& d = cx.drv();
-    if (d.cuStreamGetCaptureInfo_v3) return d.cuStreamGetCaptureInfo_v3(s, &status, &id, graph, nullptr, nullptr, nullptr);
-    if (d.cuStreamGetCaptureInfo_v2) return d.cuStreamGetCaptureInfo_v2(s, &status, &id, graph, nullptr, nullptr);
+    if (d.cuStreamGetCaptureInfo_v3)
+        return d.cuStreamGetCaptureInfo_v3(s, &status, &id, graph, nullptr, nullptr, nullptr);
+    if (d.cuStreamGetCaptureInfo_v2)
+        return d.cuStreamGetCaptureInfo_v2(s, &status, &id, graph, nullptr, nullptr);
     return cx.unsupported("cuStreamGetCaptureInfo_v3");
 }
 
-// The capture just begun on `s`: its id and graph. Without them the client could not follow the capture, so it
-// is undone (its graph destroyed, unless it is the application's: `into` non-null).
+// The capture just begun on `s`: its id and graph. Without them the client could not follow the capture, so
+// it is undone (its graph destroyed, unless it is the application's: `into` non-null).
 CUresult begun_capture(call_context& cx, CUstream s, CUgraph into, cuuint64_t& id, CUgraph& g) {
     auto& d = cx.drv();
     CUstreamCaptureStatus status{};
     CUresult rc = capture_info(cx, s, status, id, &g);
     if (rc == CUDA_SUCCESS && g) return CUDA_SUCCESS;
     CUgraph undone = nullptr;
-    if (d.cuStreamEndCapture(s, &undone) == CUDA_SUCCESS && undone && !into && d.cuGraphDestroy) d.cuGraphDestroy(undone);
+    if (d.cuStreamEndCapture(s, &undone) == CUDA_SUCCESS && undone && !into && d.cuGraphDestroy)
+        d.cuGraphDestroy(undone);
     return rc != CUDA_SUCCESS ? rc : cx.fail(CUDA_ERROR_UNKNOWN, "the driver named no graph for the capture");
 }
 
-// At most this many nodes in one array (dependencies, edges, node lists): more is a malformed call. A listing's
-// reply (two words a node) stays well inside a frame's metadata limit.
+// At most this many nodes in one array (dependencies, edges, node lists): more is a malformed call. A
+// listing's reply (two words a node) stays well inside a frame's metadata limit.
 constexpr size_t max_nodes = size_t{1} << 17;
 
 // The node ids in blob `i` (8 bytes each), each looked up in the session's table.
@@ -97,13 +101,15 @@ struct dependencies {
 
 // args {stream, capture mode, the calling thread's capture mode} -> outs {capture id, graph}
 CUresult handle_begin_capture(call_context& cx) {
-    if (!cx.expect_args(3) || !valid_capture_mode(cx.arg(1)) || !valid_capture_mode(cx.arg(2))) return cx.bad_arguments();
+    if (!cx.expect_args(3) || !valid_capture_mode(cx.arg(1)) || !valid_capture_mode(cx.arg(2)))
+        return cx.bad_arguments();
     CUstream s;
     if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     if (!d.cuStreamBeginCapture_v2 || !d.cuStreamEndCapture) return cx.unsupported("cuStreamBeginCapture_v2");
     if (CUresult rc = set_thread_capture_mode(cx, cx.arg(2)); rc != CUDA_SUCCESS) return rc;
-    if (CUresult rc = d.cuStreamBeginCapture_v2(s, static_cast<CUstreamCaptureMode>(cx.arg(1))); rc != CUDA_SUCCESS)
+    if (CUresult rc = d.cuStreamBeginCapture_v2(s, static_cast<CUstreamCaptureMode>(cx.arg(1)));
+        rc != CUDA_SUCCESS)
         return rc;
     cuuint64_t id = 0;
     CUgraph g = nullptr;
@@ -116,7 +122,8 @@ CUresult handle_begin_capture(call_context& cx) {
 // args {stream, the application's graph, capture mode, the calling thread's capture mode}; blobs {dependency
 // nodes, their edge data (may be empty)} -> outs {capture id}
 CUresult handle_begin_capture_to_graph(call_context& cx) {
-    if (!cx.expect_args(4) || !valid_capture_mode(cx.arg(2)) || !valid_capture_mode(cx.arg(3))) return cx.bad_arguments();
+    if (!cx.expect_args(4) || !valid_capture_mode(cx.arg(2)) || !valid_capture_mode(cx.arg(3)))
+        return cx.bad_arguments();
     CUstream s;
     if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     CUgraph into;
@@ -124,7 +131,8 @@ CUresult handle_begin_capture_to_graph(call_context& cx) {
     dependencies deps;
     if (CUresult rc = deps.read(cx); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
-    if (!d.cuStreamBeginCaptureToGraph || !d.cuStreamEndCapture) return cx.unsupported("cuStreamBeginCaptureToGraph");
+    if (!d.cuStreamBeginCaptureToGraph || !d.cuStreamEndCapture)
+        return cx.unsupported("cuStreamBeginCaptureToGraph");
     if (CUresult rc = set_thread_capture_mode(cx, cx.arg(3)); rc != CUDA_SUCCESS) return rc;
     if (CUresult rc = d.cuStreamBeginCaptureToGraph(s, into, deps.nodes.data(), deps.edges, deps.nodes.size(),
                                                     static_cast<CUstreamCaptureMode>(cx.arg(2)));
@@ -138,7 +146,8 @@ CUresult handle_begin_capture_to_graph(call_context& cx) {
 }
 
 // args {stream, the graph begin_capture answered (0: none known)} -> outs {graph, whether the stream still
-// captures}. The second out tells the client, after a failure, whether the capture went on (wrong thread) or ended.
+// captures}. The second out tells the client, after a failure, whether the capture went on (wrong thread) or
+// ended.
 CUresult handle_end_capture(call_context& cx) {
     if (!cx.expect_args(2)) return cx.bad_arguments();
     CUstream s;
@@ -155,7 +164,8 @@ CUresult handle_end_capture(call_context& cx) {
         std::lock_guard lock(cx.sess.mu);
         handle_entry* e = begun ? cx.sess.handles.find(begun, handle_kind::graph) : nullptr;
         if (rc == CUDA_SUCCESS && e && e->raw == g) {
-            e->owned = false;  // the application's now: destroyed with the session unless it destroys it first
+            e->owned =
+                false;  // the application's now: destroyed with the session unless it destroys it first
             result = begun;
         } else if (e && e->owned && (rc == CUDA_SUCCESS || still == CU_STREAM_CAPTURE_STATUS_NONE)) {
             cx.sess.handles.erase(begun);  // the driver destroyed it with the failed capture
@@ -166,14 +176,17 @@ CUresult handle_end_capture(call_context& cx) {
         cx.out(uint64_t{still != CU_STREAM_CAPTURE_STATUS_NONE});
         return rc;
     }
-    if (result) cx.out(result);
-    else cx.out_handle(handle_kind::graph, g);
+    if (result)
+        cx.out(result);
+    else
+        cx.out_handle(handle_kind::graph, g);
     cx.out(uint64_t{0});
     return CUDA_SUCCESS;
 }
 
-// args {stream} -> outs {status, capture id}: a stream the client does not know to capture, asked about while a
-// capture is under way (it may have joined one; the legacy stream may answer CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
+// args {stream} -> outs {status, capture id}: a stream the client does not know to capture, asked about while
+// a capture is under way (it may have joined one; the legacy stream may answer
+// CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
 CUresult handle_capture_status(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
     CUstream s;
@@ -192,8 +205,8 @@ CUresult handle_capture_mode(call_context& cx) {
     return set_thread_capture_mode(cx, cx.arg(0));
 }
 
-// args {graph, flags, upload stream} -> outs {executable graph, CUgraphInstantiateResult, the failing node, its
-// type}; the result and node also come back on failure.
+// args {graph, flags, upload stream} -> outs {executable graph, CUgraphInstantiateResult, the failing node,
+// its type}; the result and node also come back on failure.
 CUresult handle_graph_instantiate(call_context& cx) {
     if (!cx.expect_args(3)) return cx.bad_arguments();
     CUgraph g;
@@ -207,11 +220,14 @@ CUresult handle_graph_instantiate(call_context& cx) {
     params.hUploadStream = s;
     CUgraphExec exec = nullptr;
     CUresult rc = d.cuGraphInstantiateWithParams(&exec, g, &params);
-    if (rc != CUDA_SUCCESS) cx.out(uint64_t{0});
-    else cx.out_handle(handle_kind::graph_exec, exec);
+    if (rc != CUDA_SUCCESS)
+        cx.out(uint64_t{0});
+    else
+        cx.out_handle(handle_kind::graph_exec, exec);
     cx.out(static_cast<uint64_t>(params.result_out));
     CUgraphNodeType type{};
-    if (params.hErrNode_out && d.cuGraphNodeGetType && d.cuGraphNodeGetType(params.hErrNode_out, &type) == CUDA_SUCCESS) {
+    if (params.hErrNode_out && d.cuGraphNodeGetType &&
+        d.cuGraphNodeGetType(params.hErrNode_out, &type) == CUDA_SUCCESS) {
         cx.out_handle(handle_kind::graph_node, params.hErrNode_out, cx.arg(0), /*owned=*/true);
     } else {
         cx.out(uint64_t{0});
@@ -224,16 +240,17 @@ namespace {
 enum class listing : uint64_t { nodes = 0, root_nodes = 1, dependencies = 2, dependents = 3 };
 }  // namespace
 
-// args {graph (nodes, root nodes) or node (its dependencies or dependents), what (listing), whether the caller
-// gave an array, its capacity, whether it wants edge data} -> outs {count, then (node, type) per node listed};
-// blob {edge data, one per node listed} when wanted. The nodes listed become the session's (those it knows keep
-// their ids), owned by their graph.
+// args {graph (nodes, root nodes) or node (its dependencies or dependents), what (listing), whether the
+// caller gave an array, its capacity, whether it wants edge data} -> outs {count, then (node, type) per node
+// listed}; blob {edge data, one per node listed} when wanted. The nodes listed become the session's (those it
+// knows keep their ids), owned by their graph.
 CUresult handle_graph_nodes(call_context& cx) {
     if (!cx.expect_args(5) || cx.arg(1) > 3 || cx.arg(3) > max_nodes) return cx.bad_arguments();
     auto what = static_cast<listing>(cx.arg(1));
     const bool of_graph = what == listing::nodes || what == listing::root_nodes;
     const bool array = cx.arg(2) != 0, with_edges = cx.arg(4) != 0;
-    if (with_edges && (!array || of_graph)) return cx.bad_arguments();  // edge data comes with a node's own list
+    if (with_edges && (!array || of_graph))
+        return cx.bad_arguments();  // edge data comes with a node's own list
     void* raw = nullptr;
     handle_entry e;
     if (CUresult rc = cx.lookup(cx.arg(0), of_graph ? handle_kind::graph : handle_kind::graph_node, raw, &e);
@@ -283,9 +300,10 @@ CUresult handle_graph_nodes(call_context& cx) {
 
 namespace {
 
-// The kernel of a kernel node: args first..first+8 are {function or kernel, grid xyz, block xyz, shared bytes,
-// form}, blob `block` its parameters. `args` must outlive the call that reads `p`.
-CUresult kernel_node(call_context& cx, size_t first, size_t block, kernel_args& args, CUDA_KERNEL_NODE_PARAMS_v2& p) {
+// The kernel of a kernel node: args first..first+8 are {function or kernel, grid xyz, block xyz, shared
+// bytes, form}, blob `block` its parameters. `args` must outlive the call that reads `p`.
+CUresult kernel_node(call_context& cx, size_t first, size_t block, kernel_args& args,
+                     CUDA_KERNEL_NODE_PARAMS_v2& p) {
     void* raw = nullptr;
     handle_entry e;
     if (CUresult rc = cx.lookup(cx.arg(first), handle_kind::function, raw, &e); rc != CUDA_SUCCESS) return rc;
@@ -294,15 +312,18 @@ CUresult kernel_node(call_context& cx, size_t first, size_t block, kernel_args& 
     if (CUresult rc = args.set(cx, cx.blob(block), cx.arg(first + 8), e); rc != CUDA_SUCCESS) return rc;
     p = {};
     // A CUkernel runs in the current context (the session's, made current for this call).
-    if (e.kind == handle_kind::kernel) p.kern = static_cast<CUkernel>(raw);
-    else p.func = static_cast<CUfunction>(raw);
+    if (e.kind == handle_kind::kernel)
+        p.kern = static_cast<CUkernel>(raw);
+    else
+        p.func = static_cast<CUfunction>(raw);
     set_dims(p, dims);
     p.kernelParams = args.kernel_params();
     p.extra = args.extra();
     return CUDA_SUCCESS;
 }
 
-// A memcpy node's copy (blob `i`, a CUDA_MEMCPY3D): device to device only, both sides in the session's memory.
+// A memcpy node's copy (blob `i`, a CUDA_MEMCPY3D): device to device only, both sides in the session's
+// memory.
 CUresult memcpy_node(call_context& cx, size_t i, CUDA_MEMCPY3D& c) {
     auto b = cx.blob(i);
     if (b.size() != sizeof c) return cx.bad_arguments();
@@ -314,11 +335,11 @@ CUresult memcpy_node(call_context& cx, size_t i, CUDA_MEMCPY3D& c) {
     c.srcHost = c.dstHost = nullptr;  // nothing but the device sides is read from the wire
     c.srcArray = c.dstArray = nullptr;
     c.reserved0 = c.reserved1 = nullptr;
-    if (cx.device_box(c.srcDevice, c.srcXInBytes, c.srcY, c.srcZ, c.srcPitch, c.srcHeight, c.WidthInBytes, c.Height,
-                      c.Depth) != CUDA_SUCCESS)
+    if (cx.device_box(c.srcDevice, c.srcXInBytes, c.srcY, c.srcZ, c.srcPitch, c.srcHeight, c.WidthInBytes,
+                      c.Height, c.Depth) != CUDA_SUCCESS)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad source of memcpy node");
-    if (cx.device_box(c.dstDevice, c.dstXInBytes, c.dstY, c.dstZ, c.dstPitch, c.dstHeight, c.WidthInBytes, c.Height,
-                      c.Depth) != CUDA_SUCCESS)
+    if (cx.device_box(c.dstDevice, c.dstXInBytes, c.dstY, c.dstZ, c.dstPitch, c.dstHeight, c.WidthInBytes,
+                      c.Height, c.Depth) != CUDA_SUCCESS)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad destination of memcpy node");
     return CUDA_SUCCESS;
 }
@@ -327,8 +348,8 @@ CUresult memcpy_node(call_context& cx, size_t i, CUDA_MEMCPY3D& c) {
 
 // args {graph, node type, then by type: kernel {function or kernel, grid xyz, block xyz, shared bytes, form};
 // memset {dst, value, element size, width, height, pitch}; child graph {graph}; event record / wait {event};
-// memcpy and empty nothing}; blobs {dependency nodes, their edge data (may be empty), kernel parameters or the
-// memcpy's CUDA_MEMCPY3D} -> outs {node}
+// memcpy and empty nothing}; blobs {dependency nodes, their edge data (may be empty), kernel parameters or
+// the memcpy's CUDA_MEMCPY3D} -> outs {node}
 CUresult handle_graph_add_node(call_context& cx) {
     static constexpr size_t arg_count[] = {11, 2, 8, 0, 3, 2, 3, 3};  // by CUgraphNodeType; 0: not served
     if (cx.arg_count() < 2 || cx.arg(1) >= std::size(arg_count) || !arg_count[cx.arg(1)] ||
@@ -357,11 +378,12 @@ CUresult handle_graph_add_node(call_context& cx) {
             p.memcpy.copyCtx = ctx;
             break;
         case CU_GRAPH_NODE_TYPE_MEMSET: {
-            uint64_t dst = cx.arg(2), value = cx.arg(3), elem = cx.arg(4), width = cx.arg(5), height = cx.arg(6),
-                     pitch = cx.arg(7);
+            uint64_t dst = cx.arg(2), value = cx.arg(3), elem = cx.arg(4), width = cx.arg(5),
+                     height = cx.arg(6), pitch = cx.arg(7);
             if (value > 0xffffffffu) return cx.bad_arguments();
             if (CUresult rc = cx.memset_range(dst, elem, width, height, pitch); rc != CUDA_SUCCESS) return rc;
-            p.memset = {dst, pitch, static_cast<unsigned>(value), static_cast<unsigned>(elem), width, height, ctx};
+            p.memset = {dst,    pitch, static_cast<unsigned>(value), static_cast<unsigned>(elem), width,
+                        height, ctx};
             break;
         }
         case CU_GRAPH_NODE_TYPE_GRAPH:
@@ -369,25 +391,31 @@ CUresult handle_graph_add_node(call_context& cx) {
             p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
             break;
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
-            if (CUresult rc = cx.handle(2, handle_kind::event, p.eventWait.event); rc != CUDA_SUCCESS) return rc;
+            if (CUresult rc = cx.handle(2, handle_kind::event, p.eventWait.event); rc != CUDA_SUCCESS)
+                return rc;
             break;
         case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
-            if (CUresult rc = cx.handle(2, handle_kind::event, p.eventRecord.event); rc != CUDA_SUCCESS) return rc;
+            if (CUresult rc = cx.handle(2, handle_kind::event, p.eventRecord.event); rc != CUDA_SUCCESS)
+                return rc;
             break;
-        default: break;  // empty
+        default:
+            break;  // empty
     }
     CUgraphNode node = nullptr;
     CUresult rc;
-    if (d.cuGraphAddNode_v2) rc = d.cuGraphAddNode_v2(&node, g, deps.nodes.data(), deps.edges, deps.nodes.size(), &p);
-    else if (d.cuGraphAddNode && !deps.edges) rc = d.cuGraphAddNode(&node, g, deps.nodes.data(), deps.nodes.size(), &p);
-    else return cx.unsupported("cuGraphAddNode_v2");
+    if (d.cuGraphAddNode_v2)
+        rc = d.cuGraphAddNode_v2(&node, g, deps.nodes.data(), deps.edges, deps.nodes.size(), &p);
+    else if (d.cuGraphAddNode && !deps.edges)
+        rc = d.cuGraphAddNode(&node, g, deps.nodes.data(), deps.nodes.size(), &p);
+    else
+        return cx.unsupported("cuGraphAddNode_v2");
     if (rc != CUDA_SUCCESS) return rc;
     cx.out_handle(handle_kind::graph_node, node, cx.arg(0), /*owned=*/true);
     return CUDA_SUCCESS;
 }
 
-// args {executable graph (0: the node itself), kernel node, function or kernel, grid xyz, block xyz, shared bytes,
-// form}; blob {parameters}. Queued when it updates an executable graph.
+// args {executable graph (0: the node itself), kernel node, function or kernel, grid xyz, block xyz, shared
+// bytes, form}; blob {parameters}. Queued when it updates an executable graph.
 CUresult handle_kernel_node_params(call_context& cx) {
     if (!cx.expect_args(11) || cx.blob_count() > 1) return cx.bad_arguments();
     CUgraphNode node;

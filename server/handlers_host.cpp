@@ -15,8 +15,8 @@ namespace {
 // Registration flags: every context may use the pages, and kernels may address them.
 constexpr unsigned register_flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
 
-// A shared copy's optional 5th argument, 1: mark the copy against its host region (the client's staging slot),
-// for host_region_wait. The copy was just issued on `s`.
+// A shared copy's optional 5th argument, 1: mark the copy against its host region (the client's staging
+// slot), for host_region_wait. The copy was just issued on `s`.
 CUresult mark_copy(call_context& cx, uintptr_t host, uint64_t n, CUstream s) {
     if (cx.arg_count() < 5 || cx.arg(4) == 0) return CUDA_SUCCESS;
     auto mark = cx.sess.host_copy_mark(host, n);
@@ -34,13 +34,15 @@ bool shared_copy_args(const call_context& cx) {
 CUresult handle_host_alloc(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
     if (!cx.lane.stream->raw().is_local())
-        return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "shared host memory needs a client on this host (Unix socket)");
+        return cx.fail(CUDA_ERROR_NOT_SUPPORTED,
+                       "shared host memory needs a client on this host (Unix socket)");
     uint64_t size = cx.arg(0);
     if (size == 0 || size > (uint64_t{1} << 40)) return CUDA_ERROR_INVALID_VALUE;
     size = (size + 4095) & ~uint64_t{4095};
     {
         std::lock_guard lock(cx.sess.mu);
-        if (!cx.sess.host.reserve(size, cx.sess.host_quota()))  // reserved now: concurrent lanes cannot both pass
+        if (!cx.sess.host.reserve(size,
+                                  cx.sess.host_quota()))  // reserved now: concurrent lanes cannot both pass
             return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "pinned host memory of " + std::to_string(size) +
                                                          " bytes exceeds the session's host memory quota");
     }
@@ -109,7 +111,8 @@ CUresult handle_copy_htod_shared(call_context& cx) {
     uint64_t n = cx.arg(2);
     if (n == 0) return CUDA_SUCCESS;
     if (CUresult rc = cx.device_range(dst, n); rc != CUDA_SUCCESS) return rc;
-    if (!cx.sess.owns_host(src, n)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "source is not this session's shared host memory");
+    if (!cx.sess.owns_host(src, n))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "source is not this session's shared host memory");
     CUstream s;
     if (CUresult rc = cx.handle(3, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     CUresult rc = cx.drv().cuMemcpyHtoDAsync_v2(dst, reinterpret_cast<const void*>(src), n, s);
@@ -126,7 +129,8 @@ CUresult handle_copy_dtoh_shared(call_context& cx) {
     uint64_t n = cx.arg(2);
     if (n == 0) return CUDA_SUCCESS;
     if (CUresult rc = cx.device_range(src, n); rc != CUDA_SUCCESS) return rc;
-    if (!cx.sess.owns_host(dst, n)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "destination is not this session's shared host memory");
+    if (!cx.sess.owns_host(dst, n))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "destination is not this session's shared host memory");
     CUstream s;
     if (CUresult rc = cx.handle(3, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     CUresult rc = cx.drv().cuMemcpyDtoHAsync_v2(reinterpret_cast<void*>(dst), src, n, s);

@@ -56,18 +56,21 @@ CUresult handle_link_add(call_context& cx) {
     uint64_t type = cx.arg(1);
     auto name_bytes = cx.blob(0);
     auto data = cx.payload();
-    if (type >= CU_JIT_NUM_INPUT_TYPES || name_bytes.size() > max_link_name || data.empty()) return cx.bad_arguments();
+    if (type >= CU_JIT_NUM_INPUT_TYPES || name_bytes.size() > max_link_name || data.empty())
+        return cx.bad_arguments();
     std::string name(reinterpret_cast<const char*>(name_bytes.data()), name_bytes.size());
     jit_request input;
     std::string why;
     if (CUresult rc = input.parse(cx.blob(1), why); rc != CUDA_SUCCESS) return cx.fail(rc, why);
     if (!input.info_log.empty() || !input.error_log.empty())
-        return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "log buffers per link input are not supported by vcuda (give them to cuLinkCreate)");
+        return cx.fail(CUDA_ERROR_NOT_SUPPORTED,
+                       "log buffers per link input are not supported by vcuda (give them to cuLinkCreate)");
     // The driver reads PTX up to its NUL: an input of type PTX must end with one inside the bytes sent.
     if (type == CU_JIT_INPUT_PTX && data.back() != std::byte{0})
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "PTX input without its terminating NUL");
-    CUresult rc = cx.drv().cuLinkAddData_v2(st, static_cast<CUjitInputType>(type), const_cast<std::byte*>(data.data()),
-                                            data.size(), name.c_str(), input.count(), input.option_array(), input.value_array());
+    CUresult rc = cx.drv().cuLinkAddData_v2(st, static_cast<CUjitInputType>(type),
+                                            const_cast<std::byte*>(data.data()), data.size(), name.c_str(),
+                                            input.count(), input.option_array(), input.value_array());
     job->answer(cx);
     return rc;
 }

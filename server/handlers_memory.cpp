@@ -30,7 +30,8 @@ CUresult handle_mem_alloc(call_context& cx) {
         rc = mem->allocate(cx.arg(0), p);
     }
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && mem->quota())
-        return cx.fail(rc, "allocation of " + std::to_string(cx.arg(0)) + " bytes exceeds the session's memory quota");
+        return cx.fail(
+            rc, "allocation of " + std::to_string(cx.arg(0)) + " bytes exceeds the session's memory quota");
     if (rc != CUDA_SUCCESS) return rc;
     cx.out(p);
     return CUDA_SUCCESS;
@@ -39,13 +40,15 @@ CUresult handle_mem_alloc(call_context& cx) {
 CUresult handle_mem_alloc_pitch(call_context& cx) {
     if (!cx.expect_args(3)) return cx.bad_arguments();
     uint64_t width = cx.arg(0), height = cx.arg(1), elem = cx.arg(2);
-    if (!width || !height || (elem != 4 && elem != 8 && elem != 16) || width > (1ull << 40) || height > (1ull << 40))
+    if (!width || !height || (elem != 4 && elem != 8 && elem != 16) || width > (1ull << 40) ||
+        height > (1ull << 40))
         return CUDA_ERROR_INVALID_VALUE;
     // The pitch the real driver would choose for this row width, asked of it with a one-row allocation.
     size_t pitch = (width + 511) / 512 * 512;
     CUdeviceptr probe = 0;
     size_t real_pitch = 0;
-    if (cx.drv().cuMemAllocPitch_v2 && cx.drv().cuMemAllocPitch_v2(&probe, &real_pitch, width, 1, elem) == CUDA_SUCCESS) {
+    if (cx.drv().cuMemAllocPitch_v2 &&
+        cx.drv().cuMemAllocPitch_v2(&probe, &real_pitch, width, 1, elem) == CUDA_SUCCESS) {
         cx.drv().cuMemFree_v2(probe);
         pitch = real_pitch;
     }
@@ -104,8 +107,10 @@ CUresult handle_copy_htod(call_context& cx) {
     CUstream s;
     if (CUresult rc = cx.handle(1, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     CUresult rc = cx.drv().cuMemcpyHtoDAsync_v2(dst, data.data(), data.size(), s);
-    if (cx.staged()) cx.lane.staging->give_back(cx.staged(), s);
-    else if (rc == CUDA_SUCCESS) rc = cx.drv().cuStreamSynchronize(s);  // the payload buffer dies with this call
+    if (cx.staged())
+        cx.lane.staging->give_back(cx.staged(), s);
+    else if (rc == CUDA_SUCCESS)
+        rc = cx.drv().cuStreamSynchronize(s);  // the payload buffer dies with this call
     return rc;
 }
 
@@ -116,7 +121,8 @@ CUresult handle_copy_dtoh(call_context& cx) {
     CUdeviceptr src = cx.arg(0);
     uint64_t n = cx.arg(1);
     if (n == 0) return CUDA_SUCCESS;
-    if (n > cx.lane.stream->limits().max_payload) return cx.fail(CUDA_ERROR_INVALID_VALUE, "copy larger than one frame");
+    if (n > cx.lane.stream->limits().max_payload)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "copy larger than one frame");
     if (CUresult rc = cx.device_range(src, n); rc != CUDA_SUCCESS) return rc;
     CUstream s;
     if (CUresult rc = cx.handle(2, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
@@ -153,7 +159,8 @@ CUresult handle_copy_dtoh(call_context& cx) {
             next_len = std::min<uint64_t>(chunk, n - off - len);
             if (!next || drv.cuMemcpyDtoHAsync_v2(next->data, src + off + len, next_len, s) != CUDA_SUCCESS) {
                 // Mid-stream failure: the reply already promised n bytes, so the connection must end.
-                VCUDA_LOG_ERROR("session {}: device-to-host copy failed mid-stream; closing the lane", cx.sess.id());
+                VCUDA_LOG_ERROR("session {}: device-to-host copy failed mid-stream; closing the lane",
+                                cx.sess.id());
                 pool->give_back(cur, s);
                 if (next) pool->give_back(next, s);
                 cx.lane.stream->shutdown();
@@ -210,7 +217,8 @@ CUresult handle_copy_htod_striped(call_context& cx) {
     striped_args a;
     if (!read_striped(cx, a)) {
         // Its chunks cannot be told apart: the set they come on is closed.
-        if (cx.arg_count() == 6) cx.sess.bulk().abandon(static_cast<uint32_t>(cx.arg(5)), "a malformed striped copy");
+        if (cx.arg_count() == 6)
+            cx.sess.bulk().abandon(static_cast<uint32_t>(cx.arg(5)), "a malformed striped copy");
         return cx.bad_arguments();
     }
     CUstream s = nullptr;
@@ -246,26 +254,38 @@ CUresult handle_copy_dtod(call_context& cx) {
     return cx.drv().cuMemcpyDtoDAsync_v2(dst, src, n, s);
 }
 
-// args {src kind, src ptr, x, y, z, pitch, height, dst kind, dst ptr, x, y, z, pitch, height, width, h, depth,
-// stream}; host sides travel packed (pitch = width, height = h).
+// args {src kind, src ptr, x, y, z, pitch, height, dst kind, dst ptr, x, y, z, pitch, height, width, h,
+// depth, stream}; host sides travel packed (pitch = width, height = h).
 CUresult handle_copy_3d(call_context& cx) {
     if (!cx.expect_args(18)) return cx.bad_arguments();
     uint64_t w = cx.arg(14), h = cx.arg(15), depth = cx.arg(16);
     uint64_t packed;
-    if (!w || !h || !depth || !mul_add(w, h, 0, packed) || !mul_add(packed, depth, 0, packed) || packed > (1ull << 32))
+    if (!w || !h || !depth || !mul_add(w, h, 0, packed) || !mul_add(packed, depth, 0, packed) ||
+        packed > (1ull << 32))
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad copy extent");
     CUDA_MEMCPY3D c{};
     std::vector<std::byte> host;
     auto side = [&](size_t base, bool src) -> CUresult {
-        uint64_t kind = cx.arg(base), ptr = cx.arg(base + 1), x = cx.arg(base + 2), y = cx.arg(base + 3), z = cx.arg(base + 4),
-                 pitch = cx.arg(base + 5), height = cx.arg(base + 6);
+        uint64_t kind = cx.arg(base), ptr = cx.arg(base + 1), x = cx.arg(base + 2), y = cx.arg(base + 3),
+                 z = cx.arg(base + 4), pitch = cx.arg(base + 5), height = cx.arg(base + 6);
         if (kind == 1) {
-            if (CUresult rc = cx.device_box(ptr, x, y, z, pitch, height, w, h, depth); rc != CUDA_SUCCESS) return rc;
+            if (CUresult rc = cx.device_box(ptr, x, y, z, pitch, height, w, h, depth); rc != CUDA_SUCCESS)
+                return rc;
             (src ? c.srcMemoryType : c.dstMemoryType) = CU_MEMORYTYPE_DEVICE;
             if (src) {
-                c.srcDevice = ptr; c.srcXInBytes = x; c.srcY = y; c.srcZ = z; c.srcPitch = pitch; c.srcHeight = height;
+                c.srcDevice = ptr;
+                c.srcXInBytes = x;
+                c.srcY = y;
+                c.srcZ = z;
+                c.srcPitch = pitch;
+                c.srcHeight = height;
             } else {
-                c.dstDevice = ptr; c.dstXInBytes = x; c.dstY = y; c.dstZ = z; c.dstPitch = pitch; c.dstHeight = height;
+                c.dstDevice = ptr;
+                c.dstXInBytes = x;
+                c.dstY = y;
+                c.dstZ = z;
+                c.dstPitch = pitch;
+                c.dstHeight = height;
             }
             return CUDA_SUCCESS;
         }
@@ -287,7 +307,8 @@ CUresult handle_copy_3d(call_context& cx) {
     };
     if (CUresult rc = side(0, true); rc != CUDA_SUCCESS) return cx.fail(rc, "bad source of 2D/3D copy");
     if (CUresult rc = side(7, false); rc != CUDA_SUCCESS) return cx.fail(rc, "bad destination of 2D/3D copy");
-    if (c.srcMemoryType == CU_MEMORYTYPE_HOST && c.dstMemoryType == CU_MEMORYTYPE_HOST) return cx.bad_arguments();
+    if (c.srcMemoryType == CU_MEMORYTYPE_HOST && c.dstMemoryType == CU_MEMORYTYPE_HOST)
+        return cx.bad_arguments();
     CUstream s;
     if (CUresult rc = cx.handle(17, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     c.WidthInBytes = w;
@@ -295,7 +316,8 @@ CUresult handle_copy_3d(call_context& cx) {
     c.Depth = depth;
     CUresult rc = cx.drv().cuMemcpy3DAsync_v2(&c, s);
     // Host buffers here live only for this call: wait unless the copy was device to device.
-    if (rc == CUDA_SUCCESS && (c.srcMemoryType == CU_MEMORYTYPE_HOST || c.dstMemoryType == CU_MEMORYTYPE_HOST))
+    if (rc == CUDA_SUCCESS &&
+        (c.srcMemoryType == CU_MEMORYTYPE_HOST || c.dstMemoryType == CU_MEMORYTYPE_HOST))
         rc = cx.drv().cuStreamSynchronize(s);
     if (rc == CUDA_SUCCESS && !host.empty()) cx.reply_payload = std::move(host);
     return rc;
@@ -312,20 +334,26 @@ CUresult handle_memset(call_context& cx) {
     auto& d = cx.drv();
     if (height == 1) {
         switch (elem) {
-            case 1: return d.cuMemsetD8Async(dst, static_cast<unsigned char>(value), width, s);
-            case 2: return d.cuMemsetD16Async(dst, static_cast<unsigned short>(value), width, s);
-            default: return d.cuMemsetD32Async(dst, static_cast<unsigned>(value), width, s);
+            case 1:
+                return d.cuMemsetD8Async(dst, static_cast<unsigned char>(value), width, s);
+            case 2:
+                return d.cuMemsetD16Async(dst, static_cast<unsigned short>(value), width, s);
+            default:
+                return d.cuMemsetD32Async(dst, static_cast<unsigned>(value), width, s);
         }
     }
     switch (elem) {
-        case 1: return d.cuMemsetD2D8Async(dst, pitch, static_cast<unsigned char>(value), width, height, s);
-        case 2: return d.cuMemsetD2D16Async(dst, pitch, static_cast<unsigned short>(value), width, height, s);
-        default: return d.cuMemsetD2D32Async(dst, pitch, static_cast<unsigned>(value), width, height, s);
+        case 1:
+            return d.cuMemsetD2D8Async(dst, pitch, static_cast<unsigned char>(value), width, height, s);
+        case 2:
+            return d.cuMemsetD2D16Async(dst, pitch, static_cast<unsigned short>(value), width, height, s);
+        default:
+            return d.cuMemsetD2D32Async(dst, pitch, static_cast<unsigned>(value), width, height, s);
     }
 }
 
-// args {stream, kind (0 write32, 1 wait32, 2 write64, 3 wait64; +4: a legacy entry point), address, value, flags}: the word must be this
-// session's device memory or its shared pinned host memory.
+// args {stream, kind (0 write32, 1 wait32, 2 write64, 3 wait64; +4: a legacy entry point), address, value,
+// flags}: the word must be this session's device memory or its shared pinned host memory.
 CUresult handle_stream_memop(call_context& cx) {
     if (!cx.expect_args(5)) return cx.bad_arguments();
     CUstream stream;
@@ -340,19 +368,28 @@ CUresult handle_stream_memop(call_context& cx) {
     if (!cx.sess.owns_host(addr, width))
         if (CUresult rc = cx.device_range(addr, width); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
-    if (legacy && d.cuStreamWriteValue32 && d.cuStreamWaitValue32 && d.cuStreamWriteValue64 && d.cuStreamWaitValue64) {
+    if (legacy && d.cuStreamWriteValue32 && d.cuStreamWaitValue32 && d.cuStreamWriteValue64 &&
+        d.cuStreamWaitValue64) {
         switch (kind) {
-            case 0: return d.cuStreamWriteValue32(stream, addr, static_cast<cuuint32_t>(value), flags);
-            case 1: return d.cuStreamWaitValue32(stream, addr, static_cast<cuuint32_t>(value), flags);
-            case 2: return d.cuStreamWriteValue64(stream, addr, value, flags);
-            default: return d.cuStreamWaitValue64(stream, addr, value, flags);
+            case 0:
+                return d.cuStreamWriteValue32(stream, addr, static_cast<cuuint32_t>(value), flags);
+            case 1:
+                return d.cuStreamWaitValue32(stream, addr, static_cast<cuuint32_t>(value), flags);
+            case 2:
+                return d.cuStreamWriteValue64(stream, addr, value, flags);
+            default:
+                return d.cuStreamWaitValue64(stream, addr, value, flags);
         }
     }
     switch (kind) {
-        case 0: return d.cuStreamWriteValue32_v2(stream, addr, static_cast<cuuint32_t>(value), flags);
-        case 1: return d.cuStreamWaitValue32_v2(stream, addr, static_cast<cuuint32_t>(value), flags);
-        case 2: return d.cuStreamWriteValue64_v2(stream, addr, value, flags);
-        default: return d.cuStreamWaitValue64_v2(stream, addr, value, flags);
+        case 0:
+            return d.cuStreamWriteValue32_v2(stream, addr, static_cast<cuuint32_t>(value), flags);
+        case 1:
+            return d.cuStreamWaitValue32_v2(stream, addr, static_cast<cuuint32_t>(value), flags);
+        case 2:
+            return d.cuStreamWriteValue64_v2(stream, addr, value, flags);
+        default:
+            return d.cuStreamWaitValue64_v2(stream, addr, value, flags);
     }
 }
 

@@ -55,9 +55,11 @@ CUresult query_layout(call_context& cx, Query&& q, std::shared_ptr<param_layout>
         layout->params.emplace_back(static_cast<uint32_t>(off), static_cast<uint32_t>(size));
     }
     if (borrowed) d.cuCtxSetCurrent(nullptr);
-    if (rc == CUDA_SUCCESS) return cx.fail(CUDA_ERROR_INVALID_VALUE, "the kernel reports too many parameters");
+    if (rc == CUDA_SUCCESS)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "the kernel reports too many parameters");
     if (rc != CUDA_ERROR_INVALID_VALUE) {
-        VCUDA_LOG_WARN("session {}: parameter layout query failed with error {}", cx.sess.id(), static_cast<int>(rc));
+        VCUDA_LOG_WARN("session {}: parameter layout query failed with error {}", cx.sess.id(),
+                       static_cast<int>(rc));
         return cx.fail(rc, "the driver did not report the kernel's parameters");
     }
     out = std::move(layout);
@@ -95,14 +97,17 @@ CUresult handle_module_load(call_context& cx) {
         std::lock_guard lock(cx.sess.mu);
         if (payload.empty()) {
             auto it = cx.sess.images.find(hash);
-            if (it == cx.sess.images.end()) return cx.fail(CUDA_ERROR_NOT_FOUND, "image not cached; send its bytes");
+            if (it == cx.sess.images.end())
+                return cx.fail(CUDA_ERROR_NOT_FOUND, "image not cached; send its bytes");
             parts = &it->second;
         } else {
             uint64_t total = 0;
             for (size_t i = 0; i < nparts; ++i) {
-                if (cx.arg(4 + i) == 0 || __builtin_add_overflow(total, cx.arg(4 + i), &total)) return cx.bad_arguments();
+                if (cx.arg(4 + i) == 0 || __builtin_add_overflow(total, cx.arg(4 + i), &total))
+                    return cx.bad_arguments();
             }
-            if (total != payload.size()) return cx.fail(CUDA_ERROR_INVALID_VALUE, "image part sizes do not add up");
+            if (total != payload.size())
+                return cx.fail(CUDA_ERROR_INVALID_VALUE, "image part sizes do not add up");
             if (cx.sess.image_bytes + total > max_cached_image_bytes) {
                 cx.sess.images.clear();  // a simple bound: start the cache over
                 cx.sess.image_bytes = 0;
@@ -147,7 +152,8 @@ CUresult handle_module_load(call_context& cx) {
     } else {
         CUlibrary l = nullptr;
         if (!d.cuLibraryLoadData) return cx.unsupported("cuLibraryLoadData");
-        rc = d.cuLibraryLoadData(&l, image, jit.option_array(), jit.value_array(), jit.count(), nullptr, nullptr, 0);
+        rc = d.cuLibraryLoadData(&l, image, jit.option_array(), jit.value_array(), jit.count(), nullptr,
+                                 nullptr, 0);
         if (rc == CUDA_SUCCESS) cx.out_handle(handle_kind::library, l);
     }
     if (rc != CUDA_SUCCESS) cx.out(uint64_t{0});
@@ -165,7 +171,8 @@ CUresult handle_module_unload(call_context& cx) {
     if (rc != CUDA_SUCCESS) return rc;
     if (e.owned) return cx.fail(CUDA_ERROR_INVALID_HANDLE, "this module belongs to a library");
     auto& d = cx.drv();
-    rc = e.kind == handle_kind::module ? d.cuModuleUnload(static_cast<CUmodule>(raw)) : d.cuLibraryUnload(static_cast<CUlibrary>(raw));
+    rc = e.kind == handle_kind::module ? d.cuModuleUnload(static_cast<CUmodule>(raw))
+                                       : d.cuLibraryUnload(static_cast<CUlibrary>(raw));
     if (rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
     cx.sess.globals.erase_owner(id);
@@ -184,7 +191,8 @@ CUresult handle_module_get_function(call_context& cx) {
     CUfunction f = nullptr;
     if (CUresult rc = d.cuModuleGetFunction(&f, m, name.c_str()); rc != CUDA_SUCCESS) return rc;
     std::shared_ptr<param_layout> layout;
-    if (CUresult rc = query_layout(cx, [&](size_t i, size_t* o, size_t* s) { return d.cuFuncGetParamInfo(f, i, o, s); }, layout);
+    if (CUresult rc = query_layout(
+            cx, [&](size_t i, size_t* o, size_t* s) { return d.cuFuncGetParamInfo(f, i, o, s); }, layout);
         rc != CUDA_SUCCESS)
         return rc;
     cx.out_handle(handle_kind::function, f, cx.arg(0), true, layout);
@@ -203,7 +211,8 @@ CUresult handle_library_get_kernel(call_context& cx) {
     CUkernel k = nullptr;
     if (CUresult rc = d.cuLibraryGetKernel(&k, l, name.c_str()); rc != CUDA_SUCCESS) return rc;
     std::shared_ptr<param_layout> layout;
-    if (CUresult rc = query_layout(cx, [&](size_t i, size_t* o, size_t* s) { return d.cuKernelGetParamInfo(k, i, o, s); }, layout);
+    if (CUresult rc = query_layout(
+            cx, [&](size_t i, size_t* o, size_t* s) { return d.cuKernelGetParamInfo(k, i, o, s); }, layout);
         rc != CUDA_SUCCESS)
         return rc;
     cx.out_handle(handle_kind::kernel, k, cx.arg(0), true, layout);
@@ -218,7 +227,8 @@ CUresult handle_kernel_get_function(call_context& cx) {
     handle_entry e;
     if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::kernel, raw, &e); rc != CUDA_SUCCESS) return rc;
     CUfunction f = nullptr;
-    if (CUresult rc = cx.drv().cuKernelGetFunction(&f, static_cast<CUkernel>(raw)); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.drv().cuKernelGetFunction(&f, static_cast<CUkernel>(raw)); rc != CUDA_SUCCESS)
+        return rc;
     cx.out_handle(handle_kind::function, f, cx.arg(0), true, e.layout);
     return CUDA_SUCCESS;
 }
@@ -247,15 +257,19 @@ CUresult handle_module_entries(call_context& cx) {
     unsigned n = 0;
     std::vector<void*> entries;
     if (e.kind == handle_kind::module) {
-        if (!d.cuModuleGetFunctionCount || !d.cuModuleEnumerateFunctions) return cx.unsupported("cuModuleEnumerateFunctions");
+        if (!d.cuModuleGetFunctionCount || !d.cuModuleEnumerateFunctions)
+            return cx.unsupported("cuModuleEnumerateFunctions");
         if ((rc = d.cuModuleGetFunctionCount(&n, static_cast<CUmodule>(raw))) != CUDA_SUCCESS) return rc;
         entries.resize(n);
-        rc = d.cuModuleEnumerateFunctions(reinterpret_cast<CUfunction*>(entries.data()), n, static_cast<CUmodule>(raw));
+        rc = d.cuModuleEnumerateFunctions(reinterpret_cast<CUfunction*>(entries.data()), n,
+                                          static_cast<CUmodule>(raw));
     } else {
-        if (!d.cuLibraryGetKernelCount || !d.cuLibraryEnumerateKernels) return cx.unsupported("cuLibraryEnumerateKernels");
+        if (!d.cuLibraryGetKernelCount || !d.cuLibraryEnumerateKernels)
+            return cx.unsupported("cuLibraryEnumerateKernels");
         if ((rc = d.cuLibraryGetKernelCount(&n, static_cast<CUlibrary>(raw))) != CUDA_SUCCESS) return rc;
         entries.resize(n);
-        rc = d.cuLibraryEnumerateKernels(reinterpret_cast<CUkernel*>(entries.data()), n, static_cast<CUlibrary>(raw));
+        rc = d.cuLibraryEnumerateKernels(reinterpret_cast<CUkernel*>(entries.data()), n,
+                                         static_cast<CUlibrary>(raw));
     }
     if (rc != CUDA_SUCCESS) return rc;
     cx.out(static_cast<uint64_t>(n));
@@ -281,8 +295,9 @@ CUresult handle_module_get_global(call_context& cx) {
     if (rc != CUDA_SUCCESS) return rc;
     CUdeviceptr p = 0;
     size_t size = 0;
-    rc = e.kind == handle_kind::module ? cx.drv().cuModuleGetGlobal_v2(&p, &size, static_cast<CUmodule>(raw), name.c_str())
-                                       : cx.drv().cuLibraryGetGlobal(&p, &size, static_cast<CUlibrary>(raw), name.c_str());
+    rc = e.kind == handle_kind::module
+             ? cx.drv().cuModuleGetGlobal_v2(&p, &size, static_cast<CUmodule>(raw), name.c_str())
+             : cx.drv().cuLibraryGetGlobal(&p, &size, static_cast<CUlibrary>(raw), name.c_str());
     if (rc != CUDA_SUCCESS) return rc;
     {
         std::lock_guard lock(cx.sess.mu);
@@ -294,7 +309,8 @@ CUresult handle_module_get_global(call_context& cx) {
 }
 
 namespace {
-// Launch attributes that carry no handle or pointer, so the client's bytes can be given to the driver as they are.
+// Launch attributes that carry no handle or pointer, so the client's bytes can be given to the driver as they
+// are.
 bool plain_launch_attribute(CUlaunchAttributeID id) {
     switch (id) {
         case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
@@ -318,13 +334,15 @@ CUresult launch_attributes(call_context& cx, size_t i, uint64_t n, std::vector<C
     std::memcpy(attrs.data(), bytes.data(), bytes.size());
     for (auto& a : attrs)
         if (!plain_launch_attribute(a.id))  // handles or pointers would need translating
-            return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "launch attribute " + std::to_string(a.id) + " not supported");
+            return cx.fail(CUDA_ERROR_NOT_SUPPORTED,
+                           "launch attribute " + std::to_string(a.id) + " not supported");
     return CUDA_SUCCESS;
 }
 }  // namespace
 
 // args {function or kernel, grid xyz, block xyz, shared bytes, stream, number of launch attributes, what
-// (0 cuOccupancyMaxActiveClusters, 1 cuOccupancyMaxPotentialClusterSize)}; blob {attributes}. Out {the answer}.
+// (0 cuOccupancyMaxActiveClusters, 1 cuOccupancyMaxPotentialClusterSize)}; blob {attributes}. Out {the
+// answer}.
 CUresult handle_occupancy_clusters(call_context& cx) {
     if (!cx.expect_args(11) || cx.blob_count() != 1) return cx.bad_arguments();
     void* raw = nullptr;
@@ -335,8 +353,8 @@ CUresult handle_occupancy_clusters(call_context& cx) {
     if (CUresult rc = launch_dims(cx, 1, dims); rc != CUDA_SUCCESS) return rc;
     std::vector<CUlaunchAttribute> attrs;
     if (CUresult rc = launch_attributes(cx, 0, cx.arg(9), attrs); rc != CUDA_SUCCESS) return rc;
-    CUlaunchConfig config{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s,
-                          attrs.data(), static_cast<unsigned>(attrs.size())};
+    CUlaunchConfig config{dims[0], dims[1], dims[2], dims[3],      dims[4],
+                          dims[5], dims[6], s,       attrs.data(), static_cast<unsigned>(attrs.size())};
     auto& d = cx.drv();
     int answer = 0;
     CUresult rc;
@@ -344,7 +362,8 @@ CUresult handle_occupancy_clusters(call_context& cx) {
         if (!d.cuOccupancyMaxActiveClusters) return cx.unsupported("cuOccupancyMaxActiveClusters");
         rc = d.cuOccupancyMaxActiveClusters(&answer, static_cast<CUfunction>(raw), &config);
     } else if (cx.arg(10) == 1) {
-        if (!d.cuOccupancyMaxPotentialClusterSize) return cx.unsupported("cuOccupancyMaxPotentialClusterSize");
+        if (!d.cuOccupancyMaxPotentialClusterSize)
+            return cx.unsupported("cuOccupancyMaxPotentialClusterSize");
         rc = d.cuOccupancyMaxPotentialClusterSize(&answer, static_cast<CUfunction>(raw), &config);
     } else {
         return cx.bad_arguments();
@@ -395,13 +414,13 @@ namespace {
 // A launch whose parameters do not match the kernel: refused and logged (the first few per lane: a client
 // sending many must not fill the log).
 CUresult refuse_launch(call_context& cx, std::string why) {
-    if (cx.lane.refused_launches++ < 8)
-        VCUDA_LOG_WARN("session {}: launch refused: {}", cx.sess.id(), why);
+    if (cx.lane.refused_launches++ < 8) VCUDA_LOG_WARN("session {}: launch refused: {}", cx.sess.id(), why);
     return cx.fail(CUDA_ERROR_INVALID_VALUE, std::move(why));
 }
 }  // namespace
 
-CUresult kernel_args::set(call_context& cx, std::span<const std::byte> block, uint64_t form, const handle_entry& e) {
+CUresult kernel_args::set(call_context& cx, std::span<const std::byte> block, uint64_t form,
+                          const handle_entry& e) {
     if (form > 1) return cx.bad_arguments();
     form_ = form;
     // Parameters copied into 8-byte-aligned storage; kernelParams point into it at the server's own layout.
@@ -421,20 +440,21 @@ CUresult kernel_args::set(call_context& cx, std::span<const std::byte> block, ui
     extra_[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
     extra_[3] = &size_;
     extra_[4] = CU_LAUNCH_PARAM_END;
-    // The driver reads the kernel's parameters at its own layout: from the `extra` buffer up to the end of the
-    // last one, through one kernelParams pointer per parameter. A block that does not cover them would have it
-    // read past what the client sent, so the launch is refused before the driver sees it.
+    // The driver reads the kernel's parameters at its own layout: from the `extra` buffer up to the end of
+    // the last one, through one kernelParams pointer per parameter. A block that does not cover them would
+    // have it read past what the client sent, so the launch is refused before the driver sees it.
     if (!e.layout) return refuse_launch(cx, "the kernel's parameter layout is unknown");
     const size_t need = e.layout->total();
     if (form == 1) {
         if (block.size() < need)
-            return refuse_launch(cx, "the extra buffer holds " + std::to_string(block.size()) + " bytes, the kernel's parameters " +
-                                         std::to_string(need));
+            return refuse_launch(cx, "the extra buffer holds " + std::to_string(block.size()) +
+                                         " bytes, the kernel's parameters " + std::to_string(need));
         return CUDA_SUCCESS;
     }
     if (block.size() != need)
-        return refuse_launch(cx, "the parameter block holds " + std::to_string(block.size()) + " bytes, the kernel's " +
-                                     std::to_string(e.layout->params.size()) + " parameters " + std::to_string(need));
+        return refuse_launch(cx, "the parameter block holds " + std::to_string(block.size()) +
+                                     " bytes, the kernel's " + std::to_string(e.layout->params.size()) +
+                                     " parameters " + std::to_string(need));
     if (e.layout->params.size() > small_params) {
         big_pointers_.resize(e.layout->params.size());
         pointers_ = big_pointers_.data();

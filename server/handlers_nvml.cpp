@@ -18,7 +18,7 @@ namespace {
 
 // The host's NVML, reached only through the entry points below.
 class host_nvml {
-public:
+  public:
     static host_nvml& get() {
         static host_nvml n;  // loads on first use
         return n;
@@ -35,7 +35,8 @@ public:
         if (get_by_uuid_ && get_by_uuid_(text, &h) == NVML_SUCCESS) return h;
         std::memcpy(text, "MIG", 3);
         nvmlDevice_t mig = nullptr;
-        if (get_by_uuid_ && get_by_uuid_(text, &mig) == NVML_SUCCESS && parent_of_mig_ && parent_of_mig_(mig, &h) == NVML_SUCCESS)
+        if (get_by_uuid_ && get_by_uuid_(text, &mig) == NVML_SUCCESS && parent_of_mig_ &&
+            parent_of_mig_(mig, &h) == NVML_SUCCESS)
             return h;
         return nullptr;
     }
@@ -50,7 +51,8 @@ public:
             st.set(gpu_field::utilization_gpu, u.gpu);
             st.set(gpu_field::utilization_memory, u.memory);
         }
-        if (unsigned t = 0; call(temperature_, h, NVML_TEMPERATURE_GPU, &t)) st.set(gpu_field::temperature, t);
+        if (unsigned t = 0; call(temperature_, h, NVML_TEMPERATURE_GPU, &t))
+            st.set(gpu_field::temperature, t);
         read_uint(power_usage_, h, st, gpu_field::power_usage);
         read_uint(power_limit_, h, st, gpu_field::power_limit);
         read_uint(power_default_limit_, h, st, gpu_field::power_default_limit);
@@ -99,20 +101,22 @@ public:
         read_uint(pcie_speed_, h, st, gpu_field::pcie_speed);
         if (validate_inforom_) {
             nvmlReturn_t rc = validate_inforom_(h);
-            if (rc == NVML_SUCCESS || rc == NVML_ERROR_CORRUPTED_INFOROM) st.set(gpu_field::inforom_valid, rc == NVML_SUCCESS);
+            if (rc == NVML_SUCCESS || rc == NVML_ERROR_CORRUPTED_INFOROM)
+                st.set(gpu_field::inforom_valid, rc == NVML_SUCCESS);
         }
         if (driver_version_) driver_version_(st.driver_version, sizeof st.driver_version);
         if (nvml_version_) nvml_version_(st.nvml_version, sizeof st.nvml_version);
         if (serial_) serial_(h, st.serial, sizeof st.serial);
     }
 
-private:
+  private:
     host_nvml() {
         const char* path = "libnvidia-ml.so.1";
         lib_ = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         if (!lib_) {
             why_ = std::string("no NVML on this server (") + dlerror() + ")";
-            VCUDA_LOG_INFO("{}: GPU status queries (nvidia-smi in clients) will answer 'not supported'", why_);
+            VCUDA_LOG_INFO("{}: GPU status queries (nvidia-smi in clients) will answer 'not supported'",
+                           why_);
             return;
         }
         auto init = sym<decltype(&nvmlInit_v2)>("nvmlInit_v2");
@@ -123,13 +127,16 @@ private:
             return;
         }
         get_by_uuid_ = sym<decltype(&nvmlDeviceGetHandleByUUID)>("nvmlDeviceGetHandleByUUID");
-        parent_of_mig_ = sym<decltype(&nvmlDeviceGetDeviceHandleFromMigDeviceHandle)>("nvmlDeviceGetDeviceHandleFromMigDeviceHandle");
+        parent_of_mig_ = sym<decltype(&nvmlDeviceGetDeviceHandleFromMigDeviceHandle)>(
+            "nvmlDeviceGetDeviceHandleFromMigDeviceHandle");
         utilization_ = sym<decltype(&nvmlDeviceGetUtilizationRates)>("nvmlDeviceGetUtilizationRates");
         temperature_ = sym<decltype(&nvmlDeviceGetTemperature)>("nvmlDeviceGetTemperature");
         power_usage_ = sym<decltype(&nvmlDeviceGetPowerUsage)>("nvmlDeviceGetPowerUsage");
         power_limit_ = sym<decltype(&nvmlDeviceGetPowerManagementLimit)>("nvmlDeviceGetPowerManagementLimit");
-        power_default_limit_ = sym<decltype(&nvmlDeviceGetPowerManagementDefaultLimit)>("nvmlDeviceGetPowerManagementDefaultLimit");
-        enforced_power_limit_ = sym<decltype(&nvmlDeviceGetEnforcedPowerLimit)>("nvmlDeviceGetEnforcedPowerLimit");
+        power_default_limit_ = sym<decltype(&nvmlDeviceGetPowerManagementDefaultLimit)>(
+            "nvmlDeviceGetPowerManagementDefaultLimit");
+        enforced_power_limit_ =
+            sym<decltype(&nvmlDeviceGetEnforcedPowerLimit)>("nvmlDeviceGetEnforcedPowerLimit");
         clock_ = sym<decltype(&nvmlDeviceGetClockInfo)>("nvmlDeviceGetClockInfo");
         max_clock_ = sym<decltype(&nvmlDeviceGetMaxClockInfo)>("nvmlDeviceGetMaxClockInfo");
         compute_mode_ = sym<decltype(&nvmlDeviceGetComputeMode)>("nvmlDeviceGetComputeMode");
@@ -145,16 +152,20 @@ private:
         serial_ = sym<decltype(&nvmlDeviceGetSerial)>("nvmlDeviceGetSerial");
         pci_ext_ = sym<decltype(&nvmlDeviceGetPciInfoExt)>("nvmlDeviceGetPciInfoExt");
         ecc_mode_ = sym<decltype(&nvmlDeviceGetEccMode)>("nvmlDeviceGetEccMode");
-        virtualization_mode_ = sym<decltype(&nvmlDeviceGetVirtualizationMode)>("nvmlDeviceGetVirtualizationMode");
+        virtualization_mode_ =
+            sym<decltype(&nvmlDeviceGetVirtualizationMode)>("nvmlDeviceGetVirtualizationMode");
         brand_ = sym<decltype(&nvmlDeviceGetBrand)>("nvmlDeviceGetBrand");
         architecture_ = sym<decltype(&nvmlDeviceGetArchitecture)>("nvmlDeviceGetArchitecture");
         max_mig_devices_ = sym<decltype(&nvmlDeviceGetMaxMigDeviceCount)>("nvmlDeviceGetMaxMigDeviceCount");
         validate_inforom_ = sym<decltype(&nvmlDeviceValidateInforom)>("nvmlDeviceValidateInforom");
-        pcie_gen_ = sym<decltype(&nvmlDeviceGetCurrPcieLinkGeneration)>("nvmlDeviceGetCurrPcieLinkGeneration");
+        pcie_gen_ =
+            sym<decltype(&nvmlDeviceGetCurrPcieLinkGeneration)>("nvmlDeviceGetCurrPcieLinkGeneration");
         pcie_width_ = sym<decltype(&nvmlDeviceGetCurrPcieLinkWidth)>("nvmlDeviceGetCurrPcieLinkWidth");
-        max_pcie_gen_ = sym<decltype(&nvmlDeviceGetMaxPcieLinkGeneration)>("nvmlDeviceGetMaxPcieLinkGeneration");
+        max_pcie_gen_ =
+            sym<decltype(&nvmlDeviceGetMaxPcieLinkGeneration)>("nvmlDeviceGetMaxPcieLinkGeneration");
         max_pcie_width_ = sym<decltype(&nvmlDeviceGetMaxPcieLinkWidth)>("nvmlDeviceGetMaxPcieLinkWidth");
-        gpu_max_pcie_gen_ = sym<decltype(&nvmlDeviceGetGpuMaxPcieLinkGeneration)>("nvmlDeviceGetGpuMaxPcieLinkGeneration");
+        gpu_max_pcie_gen_ =
+            sym<decltype(&nvmlDeviceGetGpuMaxPcieLinkGeneration)>("nvmlDeviceGetGpuMaxPcieLinkGeneration");
         pcie_speed_ = sym<decltype(&nvmlDeviceGetPcieSpeed)>("nvmlDeviceGetPcieSpeed");
         usable_ = get_by_uuid_ != nullptr;
         if (!usable_) why_ = "the host's NVML lacks nvmlDeviceGetHandleByUUID";
@@ -236,7 +247,8 @@ std::optional<uint32_t> gpu_utilization(const CUuuid& u) {
 CUresult handle_gpu_status(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
     uint64_t d = cx.arg(0);
-    if (d >= cx.sess.device_count()) return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+    if (d >= cx.sess.device_count())
+        return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
     auto& nv = host_nvml::get();
     if (!nv.usable()) return cx.fail(CUDA_ERROR_NOT_SUPPORTED, nv.why());
     nvmlDevice_t h = nv.find(cx.sess.drv().gpus()[d].uuid);

@@ -1,7 +1,7 @@
 // Stream-ordered allocation and memory pools (cuMemAllocAsync, cuMemFreeAsync, cuMemPoolCreate, ...). Every
-// stream-ordered allocation is this session's memory (copies and kernels may use it; charged to the quota when
-// made, credited when freed); pools are session handles, the devices' default pools owned by the session (never
-// destroyed by it). Only device-located pools are served.
+// stream-ordered allocation is this session's memory (copies and kernels may use it; charged to the quota
+// when made, credited when freed); pools are session handles, the devices' default pools owned by the session
+// (never destroyed by it). Only device-located pools are served.
 #include <cstring>
 
 #include "server/call_context.hpp"
@@ -13,14 +13,15 @@ namespace {
 // The current device's index and memory account.
 CUresult current_device_memory(call_context& cx, size_t& device, device_memory*& mem) {
     int d = cx.device_index();
-    if (d < 0 || static_cast<size_t>(d) >= cx.sess.device_count()) return cx.fail(CUDA_ERROR_INVALID_CONTEXT, "no current context");
+    if (d < 0 || static_cast<size_t>(d) >= cx.sess.device_count())
+        return cx.fail(CUDA_ERROR_INVALID_CONTEXT, "no current context");
     device = static_cast<size_t>(d);
     mem = &cx.sess.memory(device);
     return CUDA_SUCCESS;
 }
 
-// The handle the session already gave for the driver's pool `raw`, else a new owned one (a device's default or
-// current pool: asking twice gives the same handle).
+// The handle the session already gave for the driver's pool `raw`, else a new owned one (a device's default
+// or current pool: asking twice gives the same handle).
 void out_pool(call_context& cx, CUmemoryPool raw) {
     uint64_t found = 0;
     {
@@ -29,8 +30,10 @@ void out_pool(call_context& cx, CUmemoryPool raw) {
             if (e.kind == handle_kind::mem_pool && e.raw == raw && !found) found = id;
         });
     }
-    if (found) cx.out(found);
-    else cx.out_handle(handle_kind::mem_pool, raw, 0, /*owned=*/true);
+    if (found)
+        cx.out(found);
+    else
+        cx.out_handle(handle_kind::mem_pool, raw, 0, /*owned=*/true);
 }
 
 }  // namespace
@@ -51,11 +54,13 @@ CUresult handle_pool_alloc(call_context& cx) {
     {
         std::lock_guard lock(cx.sess.mu);
         if (!mem->charge(size))
-            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "allocation of " + std::to_string(size) + " bytes exceeds the session's memory quota");
+            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "allocation of " + std::to_string(size) +
+                                                         " bytes exceeds the session's memory quota");
     }
     CUdeviceptr p = 0;
     auto& d = cx.drv();
-    CUresult rc = pool ? d.cuMemAllocFromPoolAsync(&p, size, pool, stream) : d.cuMemAllocAsync(&p, size, stream);
+    CUresult rc =
+        pool ? d.cuMemAllocFromPoolAsync(&p, size, pool, stream) : d.cuMemAllocAsync(&p, size, stream);
     std::lock_guard lock(cx.sess.mu);
     if (rc != CUDA_SUCCESS) {
         mem->credit(size);
@@ -76,7 +81,8 @@ CUresult handle_pool_free(call_context& cx) {
     {
         std::lock_guard lock(cx.sess.mu);
         auto found = cx.sess.pools.find(p);
-        if (!found) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a stream-ordered allocation of this session");
+        if (!found)
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a stream-ordered allocation of this session");
         a = *found;
     }
     if (CUresult rc = cx.drv().cuMemFreeAsync(p, stream); rc != CUDA_SUCCESS) return rc;
@@ -88,7 +94,8 @@ CUresult handle_pool_free(call_context& cx) {
 
 // blob {CUmemPoolProps} (location: the session's device index) -> outs {pool}
 CUresult handle_pool_create(call_context& cx) {
-    if (!cx.expect_args(0) || cx.blob_count() != 1 || cx.blob(0).size() != sizeof(CUmemPoolProps)) return cx.bad_arguments();
+    if (!cx.expect_args(0) || cx.blob_count() != 1 || cx.blob(0).size() != sizeof(CUmemPoolProps))
+        return cx.bad_arguments();
     CUmemPoolProps props;
     std::memcpy(&props, cx.blob(0).data(), sizeof props);
     props.win32SecurityAttributes = nullptr;
@@ -106,8 +113,10 @@ CUresult handle_pool_destroy(call_context& cx) {
     void* raw = nullptr;
     handle_entry e;
     if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::mem_pool, raw, &e); rc != CUDA_SUCCESS) return rc;
-    if (e.owned) return cx.fail(CUDA_ERROR_INVALID_VALUE, "a device's default or current pool cannot be destroyed");
-    if (CUresult rc = cx.drv().cuMemPoolDestroy(static_cast<CUmemoryPool>(raw)); rc != CUDA_SUCCESS) return rc;
+    if (e.owned)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "a device's default or current pool cannot be destroyed");
+    if (CUresult rc = cx.drv().cuMemPoolDestroy(static_cast<CUmemoryPool>(raw)); rc != CUDA_SUCCESS)
+        return rc;
     cx.forget_handle(0);
     return CUDA_SUCCESS;
 }
@@ -126,7 +135,8 @@ CUresult handle_device_pool(call_context& cx) {
 }
 
 namespace {
-// The attributes of 64 bits (cuuint64_t): the release threshold and the four memory figures; the others are int.
+// The attributes of 64 bits (cuuint64_t): the release threshold and the four memory figures; the others are
+// int.
 bool wide_attribute(CUmemPool_attribute a) { return a >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD; }
 }  // namespace
 
@@ -139,7 +149,8 @@ CUresult handle_pool_set_attribute(call_context& cx) {
     uint64_t wide = cx.arg(2);
     int narrow = static_cast<int>(wide);
     const bool is_wide = wide_attribute(attr);
-    return cx.drv().cuMemPoolSetAttribute(pool, attr, is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
+    return cx.drv().cuMemPoolSetAttribute(pool, attr,
+                                          is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
 }
 
 // args {pool, attribute} -> outs {value}
@@ -151,7 +162,8 @@ CUresult handle_pool_get_attribute(call_context& cx) {
     uint64_t wide = 0;
     int narrow = 0;
     const bool is_wide = wide_attribute(attr);
-    if (CUresult rc = cx.drv().cuMemPoolGetAttribute(pool, attr, is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
+    if (CUresult rc = cx.drv().cuMemPoolGetAttribute(
+            pool, attr, is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
         rc != CUDA_SUCCESS)
         return rc;
     cx.out(is_wide ? wide : static_cast<uint64_t>(static_cast<uint32_t>(narrow)));

@@ -20,7 +20,8 @@ CUresult handle_session_info(call_context& cx) {
         auto& g = gpus[i];
         cx.out_blob({reinterpret_cast<const std::byte*>(g.name.data()), g.name.size()});
         cx.out_blob({reinterpret_cast<const std::byte*>(g.uuid.bytes), 16});
-        cx.out_blob({reinterpret_cast<const std::byte*>(g.attributes.data()), g.attributes.size() * sizeof(int)});
+        cx.out_blob(
+            {reinterpret_cast<const std::byte*>(g.attributes.data()), g.attributes.size() * sizeof(int)});
     }
     return CUDA_SUCCESS;
 }

@@ -1,8 +1,8 @@
 // Tensor maps (cuTensorMapEncodeTiled, cuTensorMapEncodeIm2col, cuTensorMapEncodeIm2colWide): the 128-byte
-// descriptor embeds the global address and travels to kernels by value, as parameter bytes. So the server encodes
-// it with the real driver, over memory this session owns (checked across every dimension's stride), and answers
-// the descriptor's bytes; the client hands them to the application. cuTensorMapReplaceAddress is the client
-// encoding again with the new address (client/api_tensor.cpp), so every address is checked here.
+// descriptor embeds the global address and travels to kernels by value, as parameter bytes. So the server
+// encodes it with the real driver, over memory this session owns (checked across every dimension's stride),
+// and answers the descriptor's bytes; the client hands them to the application. cuTensorMapReplaceAddress is
+// the client encoding again with the new address (client/api_tensor.cpp), so every address is checked here.
 #include <cstring>
 
 #include "server/call_context.hpp"
@@ -15,23 +15,41 @@ namespace {
 bool element_bits(uint64_t type, uint64_t& bits, uint64_t& packed) {
     packed = 0;
     switch (type) {
-        case CU_TENSOR_MAP_DATA_TYPE_UINT8: bits = 8; return true;
+        case CU_TENSOR_MAP_DATA_TYPE_UINT8:
+            bits = 8;
+            return true;
         case CU_TENSOR_MAP_DATA_TYPE_UINT16:
         case CU_TENSOR_MAP_DATA_TYPE_FLOAT16:
-        case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16: bits = 16; return true;
+        case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16:
+            bits = 16;
+            return true;
         case CU_TENSOR_MAP_DATA_TYPE_UINT32:
         case CU_TENSOR_MAP_DATA_TYPE_INT32:
         case CU_TENSOR_MAP_DATA_TYPE_FLOAT32:
         case CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ:
         case CU_TENSOR_MAP_DATA_TYPE_TFLOAT32:
-        case CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ: bits = 32; return true;
+        case CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ:
+            bits = 32;
+            return true;
         case CU_TENSOR_MAP_DATA_TYPE_UINT64:
         case CU_TENSOR_MAP_DATA_TYPE_INT64:
-        case CU_TENSOR_MAP_DATA_TYPE_FLOAT64: bits = 64; return true;
-        case CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B: bits = 4; packed = 8; return true;
-        case CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B: bits = 4; packed = 16; return true;
-        case CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B: bits = 6; packed = 16; return true;
-        default: return false;
+        case CU_TENSOR_MAP_DATA_TYPE_FLOAT64:
+            bits = 64;
+            return true;
+        case CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B:
+            bits = 4;
+            packed = 8;
+            return true;
+        case CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B:
+            bits = 4;
+            packed = 16;
+            return true;
+        case CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B:
+            bits = 6;
+            packed = 16;
+            return true;
+        default:
+            return false;
     }
 }
 
@@ -47,11 +65,10 @@ bool blob_array(call_context& cx, size_t i, size_t n, T (&out)[N]) {
 }  // namespace
 
 // args {kind (0 tiled, 1 im2col, 2 im2col wide), data type, rank, global address, interleave, swizzle,
-// L2 promotion, OOB fill, then by kind: im2col {channels per pixel, pixels per column}; im2col wide {channels per
-// pixel, pixels per column, lower corner width, upper corner width, mode}};
-// blobs {global dims (rank u64), global strides (rank-1 u64), element strides (rank u32), then by kind:
-// tiled {box dims (rank u32)}; im2col {the lower corner then the upper one (2 x (rank-2) int)}}.
-// Out blob: the 128-byte descriptor.
+// L2 promotion, OOB fill, then by kind: im2col {channels per pixel, pixels per column}; im2col wide {channels
+// per pixel, pixels per column, lower corner width, upper corner width, mode}}; blobs {global dims (rank
+// u64), global strides (rank-1 u64), element strides (rank u32), then by kind: tiled {box dims (rank u32)};
+// im2col {the lower corner then the upper one (2 x (rank-2) int)}}. Out blob: the 128-byte descriptor.
 CUresult handle_tensor_map_encode(call_context& cx) {
     if (cx.arg_count() < 8) return cx.bad_arguments();
     const uint64_t kind = cx.arg(0);
@@ -59,12 +76,13 @@ CUresult handle_tensor_map_encode(call_context& cx) {
     static constexpr size_t want_blobs[] = {4, 4, 3};
     static constexpr const char* names[] = {"cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col",
                                             "cuTensorMapEncodeIm2colWide"};
-    if (kind > 2 || cx.arg_count() != want_args[kind] || cx.blob_count() != want_blobs[kind]) return cx.bad_arguments();
+    if (kind > 2 || cx.arg_count() != want_args[kind] || cx.blob_count() != want_blobs[kind])
+        return cx.bad_arguments();
     const uint64_t rank = cx.arg(2);
     const uint64_t min_rank = kind == 0 ? 1 : 3;
     if (rank < min_rank || rank > 5)
-        return cx.fail(CUDA_ERROR_INVALID_VALUE, std::string(names[kind]) + ": tensor rank " + std::to_string(rank) +
-                                                     " out of range");
+        return cx.fail(CUDA_ERROR_INVALID_VALUE,
+                       std::string(names[kind]) + ": tensor rank " + std::to_string(rank) + " out of range");
     uint64_t bits = 0, packed = 0;
     if (!element_bits(cx.arg(1), bits, packed))
         return cx.fail(CUDA_ERROR_INVALID_VALUE, std::string(names[kind]) + ": unknown tensor data type");
@@ -84,8 +102,10 @@ CUresult handle_tensor_map_encode(call_context& cx) {
         if (dims[i] == 0 || dims[i] > (uint64_t{1} << 32))
             return cx.fail(CUDA_ERROR_INVALID_VALUE, std::string(names[kind]) + ": global dimension " +
                                                          std::to_string(i) + " out of range");
-    if (packed) extent = (dims[0] + 15) / 16 * packed;
-    else extent = dims[0] * bits / 8;
+    if (packed)
+        extent = (dims[0] + 15) / 16 * packed;
+    else
+        extent = dims[0] * bits / 8;
     for (uint64_t i = 1; i < rank; ++i)
         if (!mul_add(dims[i] - 1, strides[i - 1], extent, extent))
             return cx.fail(CUDA_ERROR_INVALID_VALUE, std::string(names[kind]) + ": tensor extent overflows");
@@ -108,8 +128,8 @@ CUresult handle_tensor_map_encode(call_context& cx) {
         cuuint32_t box[5] = {};
         if (!blob_array(cx, 3, rank, box)) return cx.bad_arguments();
         if (!d.cuTensorMapEncodeTiled) return cx.unsupported(names[kind]);
-        rc = d.cuTensorMapEncodeTiled(&map, type, rank32, global, dims, strides, box, element_strides, interleave,
-                                      swizzle, promotion, fill);
+        rc = d.cuTensorMapEncodeTiled(&map, type, rank32, global, dims, strides, box, element_strides,
+                                      interleave, swizzle, promotion, fill);
     } else if (kind == 1) {
         int corners[6] = {};  // the lower corner, then the upper one
         if (!blob_array(cx, 3, 2 * (rank - 2), corners)) return cx.bad_arguments();
@@ -121,12 +141,13 @@ CUresult handle_tensor_map_encode(call_context& cx) {
                                        static_cast<cuuint32_t>(cx.arg(8)), static_cast<cuuint32_t>(cx.arg(9)),
                                        element_strides, interleave, swizzle, promotion, fill);
     } else {
-        if (cx.arg(8) > 0xffffffffu || cx.arg(9) > 0xffffffffu || cx.arg(12) > 0xff) return cx.bad_arguments();
+        if (cx.arg(8) > 0xffffffffu || cx.arg(9) > 0xffffffffu || cx.arg(12) > 0xff)
+            return cx.bad_arguments();
         if (!d.cuTensorMapEncodeIm2colWide) return cx.unsupported(names[kind]);
-        rc = d.cuTensorMapEncodeIm2colWide(&map, type, rank32, global, dims, strides, cx.scalar<int>(10),
-                                           cx.scalar<int>(11), static_cast<cuuint32_t>(cx.arg(8)),
-                                           static_cast<cuuint32_t>(cx.arg(9)), element_strides, interleave,
-                                           static_cast<CUtensorMapIm2ColWideMode>(cx.arg(12)), swizzle, promotion, fill);
+        rc = d.cuTensorMapEncodeIm2colWide(
+            &map, type, rank32, global, dims, strides, cx.scalar<int>(10), cx.scalar<int>(11),
+            static_cast<cuuint32_t>(cx.arg(8)), static_cast<cuuint32_t>(cx.arg(9)), element_strides,
+            interleave, static_cast<CUtensorMapIm2ColWideMode>(cx.arg(12)), swizzle, promotion, fill);
     }
     if (rc != CUDA_SUCCESS) return rc;
     cx.out_blob({reinterpret_cast<const std::byte*>(&map), sizeof map});

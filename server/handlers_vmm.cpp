@@ -12,7 +12,8 @@ namespace vcuda::server {
 namespace {
 
 // A CUmemAllocationProp from blob `i`, its location turned into the real device.
-CUresult allocation_prop(call_context& cx, size_t i, CUmemAllocationProp& prop, size_t& device, bool host_ok = false) {
+CUresult allocation_prop(call_context& cx, size_t i, CUmemAllocationProp& prop, size_t& device,
+                         bool host_ok = false) {
     auto b = cx.blob(i);
     if (b.size() != sizeof prop) return cx.bad_arguments();
     std::memcpy(&prop, b.data(), sizeof prop);
@@ -32,7 +33,8 @@ CUresult handle_vmm_granularity(call_context& cx) {
     size_t device;
     if (CUresult rc = allocation_prop(cx, 0, prop, device, /*host_ok=*/true); rc != CUDA_SUCCESS) return rc;
     size_t g = 0;
-    CUresult rc = cx.drv().cuMemGetAllocationGranularity(&g, &prop, static_cast<CUmemAllocationGranularity_flags>(cx.arg(0)));
+    CUresult rc = cx.drv().cuMemGetAllocationGranularity(
+        &g, &prop, static_cast<CUmemAllocationGranularity_flags>(cx.arg(0)));
     if (rc == CUDA_SUCCESS) cx.out(static_cast<uint64_t>(g));
     return rc;
 }
@@ -55,7 +57,8 @@ CUresult handle_vmm_address_free(call_context& cx) {
     CUdeviceptr va = cx.arg(0);
     std::lock_guard lock(cx.sess.mu);
     auto size = cx.sess.vmm.reservation(va);
-    if (!size || *size != cx.arg(1)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a reservation of this session");
+    if (!size || *size != cx.arg(1))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a reservation of this session");
     if (cx.sess.vmm.has_mapping_in(va, *size))
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "the reservation still has mappings");
     CUresult rc = cx.drv().cuMemAddressFree(va, *size);
@@ -73,7 +76,8 @@ CUresult handle_vmm_create(call_context& cx) {
     {
         std::lock_guard lock(cx.sess.mu);
         if (!cx.sess.memory(device).charge(size))
-            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate of " + std::to_string(size) + " bytes exceeds the session's memory quota");
+            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate of " + std::to_string(size) +
+                                                         " bytes exceeds the session's memory quota");
     }
     CUmemGenericAllocationHandle h = 0;
     CUresult rc = cx.drv().cuMemCreate(&h, size, &prop, cx.arg(1));
@@ -113,8 +117,10 @@ CUresult handle_vmm_map(call_context& cx) {
     void* raw = nullptr;
     if (CUresult rc = cx.lookup(cx.arg(3), handle_kind::mem_handle, raw); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
-    if (!cx.sess.vmm.reserved(va, size)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "range is not inside a reservation of this session");
-    CUresult rc = cx.drv().cuMemMap(va, size, cx.arg(2), reinterpret_cast<CUmemGenericAllocationHandle>(raw), cx.arg(4));
+    if (!cx.sess.vmm.reserved(va, size))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "range is not inside a reservation of this session");
+    CUresult rc = cx.drv().cuMemMap(va, size, cx.arg(2), reinterpret_cast<CUmemGenericAllocationHandle>(raw),
+                                    cx.arg(4));
     if (rc != CUDA_SUCCESS) return rc;
     cx.sess.vmm.add_mapping(va, size, cx.arg(3));
     return CUDA_SUCCESS;
@@ -149,7 +155,8 @@ CUresult handle_vmm_set_access(call_context& cx) {
     size_t size = cx.arg(1);
     {
         std::lock_guard lock(cx.sess.mu);
-        if (!cx.sess.vmm.reserved(va, size)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "range is not inside a reservation of this session");
+        if (!cx.sess.vmm.reserved(va, size))
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "range is not inside a reservation of this session");
     }
     return cx.drv().cuMemSetAccess(va, size, desc.data(), count);
 }

@@ -26,7 +26,8 @@ CUresult jit_request::parse(std::span<const std::byte> blob, std::string& why) {
         uint64_t o = words[2 * i], v = words[2 * i + 1];
         switch (jit::role_of(o)) {
             case jit::role::refused:
-                why = "JIT option " + std::to_string(o) + " (it names arrays in the caller's memory) is not supported by vcuda";
+                why = "JIT option " + std::to_string(o) +
+                      " (it names arrays in the caller's memory) is not supported by vcuda";
                 options.clear();
                 values.clear();
                 return CUDA_ERROR_NOT_SUPPORTED;
@@ -49,7 +50,8 @@ CUresult jit_request::parse(std::span<const std::byte> blob, std::string& why) {
 
 void jit_request::answer(call_context& cx) const {
     for (size_t i = 0; i < options.size(); ++i)
-        cx.out(jit::role_of(options[i]) == jit::role::log_buffer ? uint64_t{0} : reinterpret_cast<uintptr_t>(values[i]));
+        cx.out(jit::role_of(options[i]) == jit::role::log_buffer ? uint64_t{0}
+                                                                 : reinterpret_cast<uintptr_t>(values[i]));
     for (const auto* log : {&info_log, &error_log}) {
         size_t len = log->empty() ? 0 : strnlen(log->data(), log->size());
         cx.out_blob({reinterpret_cast<const std::byte*>(log->data()), len});

@@ -1,6 +1,6 @@
-// The caller's JIT options, rebuilt for the real driver: values as sent, log buffers of the server's own (sized
-// as the caller's), answered back as each value word after the call plus the two logs.
-// Kept alive as long as the driver may write into it (a link state writes its logs at cuLinkComplete).
+// The caller's JIT options, rebuilt for the real driver: values as sent, log buffers of the server's own
+// (sized as the caller's), answered back as each value word after the call plus the two logs. Kept alive as
+// long as the driver may write into it (a link state writes its logs at cuLinkComplete).
 #pragma once
 
 #include <span>
@@ -18,7 +18,8 @@ struct jit_request {
     std::vector<void*> values;
     std::vector<char> info_log, error_log;
 
-    // Parses blob bytes (see common/jit_options.hpp). On failure `why` says which option and the request is empty.
+    // Parses blob bytes (see common/jit_options.hpp). On failure `why` says which option and the request is
+    // empty.
     CUresult parse(std::span<const std::byte> blob, std::string& why);
     unsigned count() const { return static_cast<unsigned>(options.size()); }
     CUjit_option* option_array() { return options.empty() ? nullptr : options.data(); }

@@ -12,7 +12,8 @@
 
 namespace vcuda::server {
 
-// Grid xyz, block xyz and shared bytes: arguments first..first+6 of a launch-shaped call, each a 32-bit value.
+// Grid xyz, block xyz and shared bytes: arguments first..first+6 of a launch-shaped call, each a 32-bit
+// value.
 CUresult launch_dims(call_context& cx, size_t first, unsigned (&dims)[7]);
 
 // launch_dims' answer into a CUlaunchConfig or a CUDA_KERNEL_NODE_PARAMS (their fields have the same names).
@@ -28,7 +29,7 @@ void set_dims(P& p, const unsigned (&dims)[7]) {
 }
 
 class kernel_args {
-public:
+  public:
     kernel_args() = default;
     kernel_args(const kernel_args&) = delete;  // extra() points into the object
     kernel_args& operator=(const kernel_args&) = delete;
@@ -39,7 +40,7 @@ public:
     void** kernel_params() { return form_ == 0 ? pointers_ : nullptr; }
     void** extra() { return form_ == 1 ? extra_ : nullptr; }
 
-private:
+  private:
     static constexpr size_t small_words = 128, small_params = 64;
     uint64_t small_storage_[small_words];
     void* small_pointers_[small_params];

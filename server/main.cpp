@@ -3,15 +3,15 @@
 
 #include <unistd.h>
 
+#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
-#include <condition_variable>
 
 #include "common/log.hpp"
-#include "mgmt/wire/server_agent.hpp"
 #include "mgmt/token.hpp"
+#include "mgmt/wire/server_agent.hpp"
 #include "server/device_output.hpp"
 #include "server/server.hpp"
 
@@ -46,12 +46,18 @@ bool parse_size(const std::string& text, uint64_t& out) {
     }
     std::string unit = text.substr(pos);
     uint64_t mult = 1;
-    if (unit.empty() || unit == "B") mult = 1;
-    else if (unit == "K" || unit == "KiB" || unit == "k") mult = 1ull << 10;
-    else if (unit == "M" || unit == "MiB") mult = 1ull << 20;
-    else if (unit == "G" || unit == "GiB") mult = 1ull << 30;
-    else if (unit == "T" || unit == "TiB") mult = 1ull << 40;
-    else return false;
+    if (unit.empty() || unit == "B")
+        mult = 1;
+    else if (unit == "K" || unit == "KiB" || unit == "k")
+        mult = 1ull << 10;
+    else if (unit == "M" || unit == "MiB")
+        mult = 1ull << 20;
+    else if (unit == "G" || unit == "GiB")
+        mult = 1ull << 30;
+    else if (unit == "T" || unit == "TiB")
+        mult = 1ull << 40;
+    else
+        return false;
     if (v < 0) return false;
     out = static_cast<uint64_t>(v * static_cast<double>(mult));
     return true;
@@ -95,72 +101,88 @@ void raise_descriptor_limit(uint32_t max_connections) {
         getrlimit(RLIMIT_NOFILE, &rl);
     }
     if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < rlim_t(max_connections) + 64)
-        VCUDA_LOG_WARN("the descriptor limit ({}) is below what --max-connections {} needs (about {}): clients past it "
-                       "wait until descriptors free up. Raise it (`ulimit -n`, LimitNOFILE=) or lower --max-connections",
-                       rl.rlim_cur, max_connections, max_connections + 64);
+        VCUDA_LOG_WARN(
+            "the descriptor limit ({}) is below what --max-connections {} needs (about {}): clients past it "
+            "wait until descriptors free up. Raise it (`ulimit -n`, LimitNOFILE=) or lower --max-connections",
+            rl.rlim_cur, max_connections, max_connections + 64);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"vcuda-server: serves this host's GPUs to vcuda clients.\n"
-                 "Clients (libcuda.so.1 from vcuda, usually started with `vcuda run`) connect over TCP or a Unix socket;\n"
-                 "each client process gets a session with its own CUDA context, handle table and memory quota."};
+    CLI::App app{
+        "vcuda-server: serves this host's GPUs to vcuda clients.\n"
+        "Clients (libcuda.so.1 from vcuda, usually started with `vcuda run`) connect over TCP or a Unix "
+        "socket;\n"
+        "each client process gets a session with its own CUDA context, handle table and memory quota."};
     std::vector<std::string> listen;
     std::string driver_path = "libcuda.so.1";
     std::string quota_text;
     std::string level = "info";
     app.add_option("-l,--listen", listen,
-                   "Address to serve, repeatable: HOST:PORT for TCP (e.g. 0.0.0.0:7300) or unix:/PATH for a Unix socket. "
+                   "Address to serve, repeatable: HOST:PORT for TCP (e.g. 0.0.0.0:7300) or unix:/PATH for a "
+                   "Unix socket. "
                    "Default: 127.0.0.1:7300");
     app.add_option("--driver", driver_path,
                    "The CUDA driver library to execute calls with (default: libcuda.so.1 from the system)");
     app.add_option("--memory-quota", quota_text,
-                   "GPU memory each session may hold per GPU, e.g. 8GiB (default: the whole GPU). Allocations past it fail "
+                   "GPU memory each session may hold per GPU, e.g. 8GiB (default: the whole GPU). "
+                   "Allocations past it fail "
                    "with CUDA_ERROR_OUT_OF_MEMORY; cuMemGetInfo and the device's total memory report it.");
     std::string host_quota_text;
-    app.add_option("--host-memory-quota", host_quota_text,
-                   "Pinned host memory each session on this host (Unix socket) may share with the server, e.g. 16GiB "
-                   "(default: half of this machine's memory). Past it, cuMemHostAlloc fails with CUDA_ERROR_OUT_OF_MEMORY.");
+    app.add_option(
+        "--host-memory-quota", host_quota_text,
+        "Pinned host memory each session on this host (Unix socket) may share with the server, e.g. 16GiB "
+        "(default: half of this machine's memory). Past it, cuMemHostAlloc fails with "
+        "CUDA_ERROR_OUT_OF_MEMORY.");
     bool no_shm_rings = false;
     app.add_flag("--no-shm-rings", no_shm_rings,
                  "Keep frames of local (Unix socket) clients on the socket instead of shared-memory rings");
     long spin_us = -1;
     app.add_option("--spin-us", spin_us,
-                   "Microseconds a lane thread spins for the next frame (on shared-memory rings or its socket) before it sleeps "
+                   "Microseconds a lane thread spins for the next frame (on shared-memory rings or its "
+                   "socket) before it sleeps "
                    "(default 50 with 4 or more CPUs, else 0; env VCUDA_SPIN_US)");
     long bulk_streams = -1;
-    app.add_option("--bulk-streams", bulk_streams,
-                   "The most bulk connections a client session may open for striped copies over TCP (default 8); "
-                   "0: none (large copies then travel on their lane)")
+    app.add_option(
+           "--bulk-streams", bulk_streams,
+           "The most bulk connections a client session may open for striped copies over TCP (default 8); "
+           "0: none (large copies then travel on their lane)")
         ->check(CLI::Range(0, 1024));
-    app.add_option("--log-level", level, "trace, debug, info, warn, error or off (default info; env VCUDA_LOG_LEVEL)");
+    app.add_option("--log-level", level,
+                   "trace, debug, info, warn, error or off (default info; env VCUDA_LOG_LEVEL)");
     std::string manager, secret_file;
     std::vector<std::string> advertise;
-    app.add_option("--manager", manager,
-                   "Attach to the vcuda-mgmt at ADDR: register this server's GPUs, send heartbeats, and accept only "
-                   "sessions that present a valid lease token (needs --secret-file)");
-    app.add_option("--secret-file", secret_file,
-                   "File holding the secret (mode 600; make one with `head -c 32 /dev/urandom | base64 > FILE`). With "
-                   "--manager: the manager's, for its lease tokens. Without: every new session needs a token signed "
-                   "with it, made by `vcuda token create --secret-file FILE` and given to clients (VCUDA_TOKEN or "
-                   "`vcuda run --token`)");
+    app.add_option(
+        "--manager", manager,
+        "Attach to the vcuda-mgmt at ADDR: register this server's GPUs, send heartbeats, and accept only "
+        "sessions that present a valid lease token (needs --secret-file)");
+    app.add_option(
+        "--secret-file", secret_file,
+        "File holding the secret (mode 600; make one with `head -c 32 /dev/urandom | base64 > FILE`). With "
+        "--manager: the manager's, for its lease tokens. Without: every new session needs a token signed "
+        "with it, made by `vcuda token create --secret-file FILE` and given to clients (VCUDA_TOKEN or "
+        "`vcuda run --token`)");
     bool insecure = false;
-    app.add_flag("--insecure", insecure,
-                 "Serve TCP addresses other than loopback without --secret-file: anyone who reaches the port can use "
-                 "the GPUs (refused at start without this flag)");
+    app.add_flag(
+        "--insecure", insecure,
+        "Serve TCP addresses other than loopback without --secret-file: anyone who reaches the port can use "
+        "the GPUs (refused at start without this flag)");
     std::string allow_uid_text;
-    app.add_option("--allow-uid", allow_uid_text,
-                   "Unix sockets: admit only peers with these user ids, e.g. 1000,1001 (checked with SO_PEERCRED; "
-                   "default: anyone the socket's mode, 0660, lets in)");
+    app.add_option(
+        "--allow-uid", allow_uid_text,
+        "Unix sockets: admit only peers with these user ids, e.g. 1000,1001 (checked with SO_PEERCRED; "
+        "default: anyone the socket's mode, 0660, lets in)");
     long max_sessions = -1, max_connections = -1;
-    app.add_option("--max-sessions", max_sessions,
-                   "The most sessions (client processes) served at once (default 256); past it a new session is "
-                   "refused with a message")
+    app.add_option(
+           "--max-sessions", max_sessions,
+           "The most sessions (client processes) served at once (default 256); past it a new session is "
+           "refused with a message")
         ->check(CLI::Range(1, 1 << 20));
-    app.add_option("--max-connections", max_connections,
-                   "The most connections (a session has one per client thread, plus bulk connections) at once "
-                   "(default 1024); past it a connection is refused with a message")
+    app.add_option(
+           "--max-connections", max_connections,
+           "The most connections (a session has one per client thread, plus bulk connections) at once "
+           "(default 1024); past it a connection is refused with a message")
         ->check(CLI::Range(1, 1 << 20));
     app.add_option("--advertise", advertise,
                    "Address clients should use to reach this server, as told to the manager, repeatable "
@@ -169,18 +191,21 @@ int main(int argc, char** argv) {
 
     spdlog::level::level_enum lvl;
     if (!vcuda::log::parse_level(level, lvl)) {
-        std::cerr << "vcuda-server: --log-level: unknown level '" << level << "' (use trace, debug, info, warn, error, off)\n";
+        std::cerr << "vcuda-server: --log-level: unknown level '" << level
+                  << "' (use trace, debug, info, warn, error, off)\n";
         return 2;
     }
     vcuda::log::init("vcuda-server", level);
     vcuda::server::server_options opts;
     if (!quota_text.empty() && (!parse_size(quota_text, opts.memory_quota) || opts.memory_quota == 0)) {
-        std::cerr << "vcuda-server: --memory-quota: '" << quota_text << "' is not a size (examples: 512MiB, 8GiB)\n";
+        std::cerr << "vcuda-server: --memory-quota: '" << quota_text
+                  << "' is not a size (examples: 512MiB, 8GiB)\n";
         return 2;
     }
     if (!host_quota_text.empty()) {
         if (!parse_size(host_quota_text, opts.host_memory_quota) || opts.host_memory_quota == 0) {
-            std::cerr << "vcuda-server: --host-memory-quota: '" << host_quota_text << "' is not a size (examples: 512MiB, 8GiB)\n";
+            std::cerr << "vcuda-server: --host-memory-quota: '" << host_quota_text
+                      << "' is not a size (examples: 512MiB, 8GiB)\n";
             return 2;
         }
     } else {
@@ -191,7 +216,8 @@ int main(int argc, char** argv) {
     if (bulk_streams >= 0) opts.bulk_streams = static_cast<uint32_t>(bulk_streams);
     if (listen.empty()) listen.push_back("127.0.0.1:7300");
     if (!manager.empty() && secret_file.empty()) {
-        std::cerr << "vcuda-server: --manager needs --secret-file (the secret the manager signs lease tokens with)\n";
+        std::cerr << "vcuda-server: --manager needs --secret-file (the secret the manager signs lease tokens "
+                     "with)\n";
         return 2;
     }
     if (!secret_file.empty()) {
@@ -212,7 +238,8 @@ int main(int argc, char** argv) {
             uint32_t uid = 0;
             auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), uid);
             if (item.empty() || ec != std::errc() || end != item.data() + item.size()) {
-                std::cerr << "vcuda-server: --allow-uid: '" << item << "' is not a user id (write numbers: --allow-uid 1000,1001)\n";
+                std::cerr << "vcuda-server: --allow-uid: '" << item
+                          << "' is not a user id (write numbers: --allow-uid 1000,1001)\n";
                 return 2;
             }
             opts.allowed_uids.push_back(uid);
@@ -239,27 +266,31 @@ int main(int argc, char** argv) {
             VCUDA_LOG_ERROR("--listen {}: {}", a, ep.error());
             return 2;
         }
-        // Who can connect: anyone who reaches a TCP port. Without a secret only this host may (loopback), unless
-        // the operator says otherwise; a Unix socket is guarded by its mode (0660) and --allow-uid.
+        // Who can connect: anyone who reaches a TCP port. Without a secret only this host may (loopback),
+        // unless the operator says otherwise; a Unix socket is guarded by its mode (0660) and --allow-uid.
         if (ep->type == vcuda::endpoint::kind::tcp && opts.secret.empty() && !is_loopback(ep->host)) {
             if (!insecure) {
-                VCUDA_LOG_ERROR("--listen {}: refusing to serve a network address without authentication: anyone who "
-                                "reaches it could use the GPUs. Give --secret-file FILE (clients then need a token from "
-                                "`vcuda token create --secret-file FILE`), or listen on 127.0.0.1 or a Unix socket, or "
-                                "add --insecure on a network you trust",
-                                a);
+                VCUDA_LOG_ERROR(
+                    "--listen {}: refusing to serve a network address without authentication: anyone who "
+                    "reaches it could use the GPUs. Give --secret-file FILE (clients then need a token from "
+                    "`vcuda token create --secret-file FILE`), or listen on 127.0.0.1 or a Unix socket, or "
+                    "add --insecure on a network you trust",
+                    a);
                 return 2;
             }
-            VCUDA_LOG_WARN("--listen {} with --insecure: no authentication; anyone who reaches this address can use the "
-                           "GPUs and nothing is encrypted", a);
+            VCUDA_LOG_WARN(
+                "--listen {} with --insecure: no authentication; anyone who reaches this address can use the "
+                "GPUs and nothing is encrypted",
+                a);
         }
         auto l = vcuda::listener::listen(*ep);
         if (!l) {
             VCUDA_LOG_ERROR("cannot listen on {}: {}", a, l.error().message);
             return 1;
         }
-        VCUDA_LOG_INFO("serving {} GPU(s) on {}{}", drv.gpus().size(), l->local().to_string(),
-                       opts.memory_quota ? fmt::format(" (quota {} MiB per session)", opts.memory_quota >> 20) : "");
+        VCUDA_LOG_INFO(
+            "serving {} GPU(s) on {}{}", drv.gpus().size(), l->local().to_string(),
+            opts.memory_quota ? fmt::format(" (quota {} MiB per session)", opts.memory_quota >> 20) : "");
         srv.serve(std::move(*l));
     }
     std::unique_ptr<vcuda::mgmt::server_agent> agent;
@@ -286,10 +317,9 @@ int main(int argc, char** argv) {
         std::snprintf(version, sizeof version, "%d.%d", drv.version() / 1000, drv.version() % 1000 / 10);
         for (size_t i = 0; i < drv.gpus().size(); ++i) {
             auto& g = drv.gpus()[i];
-            cfg.registration.gpus.push_back({static_cast<uint32_t>(i), vcuda::server::gpu_uuid_string(g.uuid), g.name,
-                                              g.total_memory,
-                                              static_cast<uint32_t>(g.attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT]),
-                                              version});
+            cfg.registration.gpus.push_back(
+                {static_cast<uint32_t>(i), vcuda::server::gpu_uuid_string(g.uuid), g.name, g.total_memory,
+                 static_cast<uint32_t>(g.attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT]), version});
         }
         cfg.load = [&srv, &drv] {
             vcuda::mgmt::heartbeat hb;
@@ -301,14 +331,15 @@ int main(int argc, char** argv) {
                     if (!s.allowed(i)) continue;
                     used[i] += s.memory(i).mapped();
                     ++count[i];
-                    hb.sessions.push_back({std::to_string(s.id()), s.lease_id(), vcuda::server::gpu_uuid_string(drv.gpus()[i].uuid),
-                                           s.peer(), s.memory(i).mapped()});
+                    hb.sessions.push_back({std::to_string(s.id()), s.lease_id(),
+                                           vcuda::server::gpu_uuid_string(drv.gpus()[i].uuid), s.peer(),
+                                           s.memory(i).mapped()});
                 }
             });
             for (size_t i = 0; i < drv.gpus().size(); ++i) {
                 auto& uuid = drv.gpus()[i].uuid;
-                hb.gpus.push_back({vcuda::server::gpu_uuid_string(uuid), vcuda::server::gpu_utilization(uuid).value_or(0),
-                                   used[i], count[i]});
+                hb.gpus.push_back({vcuda::server::gpu_uuid_string(uuid),
+                                   vcuda::server::gpu_utilization(uuid).value_or(0), used[i], count[i]});
             }
             return hb;
         };
@@ -316,11 +347,13 @@ int main(int argc, char** argv) {
         cfg.on_leases = [&srv](const std::vector<vcuda::mgmt::active_lease>& alive) {
             std::vector<std::pair<std::string, std::chrono::system_clock::time_point>> live;
             for (auto& l : alive)
-                live.emplace_back(l.lease_id, std::chrono::system_clock::time_point(std::chrono::milliseconds(l.expires_at)));
+                live.emplace_back(l.lease_id, std::chrono::system_clock::time_point(
+                                                  std::chrono::milliseconds(l.expires_at)));
             srv.note_live_leases(live);  // their tokens open no session once they are gone
             srv.sessions().for_each([&](vcuda::server::session& s) {
                 if (s.lease_id().empty()) return;
-                bool live = std::any_of(alive.begin(), alive.end(), [&](auto& l) { return l.lease_id == s.lease_id(); });
+                bool live = std::any_of(alive.begin(), alive.end(),
+                                        [&](auto& l) { return l.lease_id == s.lease_id(); });
                 if (!live) s.end("its lease " + s.lease_id() + " was released or expired");
             });
         };
@@ -334,7 +367,8 @@ int main(int argc, char** argv) {
         std::unique_lock lock(stop_mu);
         stop_cv.wait_for(lock, std::chrono::milliseconds(200));
     }
-    VCUDA_LOG_INFO("stopping: no new sessions; {} live session(s) end with their connections", srv.sessions().size());
+    VCUDA_LOG_INFO("stopping: no new sessions; {} live session(s) end with their connections",
+                   srv.sessions().size());
     srv.stop();
     return 0;
 }

@@ -6,8 +6,8 @@
 
 #include "common/log.hpp"
 #include "common/wire.hpp"
-#include "server/call_context.hpp"
 #include "mgmt/token.hpp"
+#include "server/call_context.hpp"
 #include "server/device_output.hpp"
 #include "server/dispatch.hpp"
 
@@ -21,7 +21,8 @@ namespace vcuda::server {
 const dispatch_entry* find_op(uint32_t id) {
     static const auto index = [] {
         std::array<const dispatch_entry*, op_id_limit> t{};
-        for (size_t i = 0; i < dispatch_table_size; ++i) t[static_cast<uint32_t>(dispatch_table[i].id)] = &dispatch_table[i];
+        for (size_t i = 0; i < dispatch_table_size; ++i)
+            t[static_cast<uint32_t>(dispatch_table[i].id)] = &dispatch_table[i];
         return t;
     }();
     return id < index.size() ? index[id] : nullptr;
@@ -47,7 +48,7 @@ namespace {
 // At most one log line per `every` for a condition that can repeat thousands of times a second (descriptor
 // exhaustion, a flood of connections): the line says how many were not logged.
 class log_limiter {
-public:
+  public:
     explicit log_limiter(std::chrono::seconds every) : every_(every) {}
     // True when a line may be written now; `held_back` is then the number of calls since the last line.
     bool allow(uint64_t& held_back) {
@@ -63,7 +64,7 @@ public:
         return true;
     }
 
-private:
+  private:
     std::mutex mu_;
     std::chrono::seconds every_;
     std::chrono::steady_clock::time_point next_{};
@@ -83,13 +84,17 @@ void server::accept_loop(listener* l) {
         auto s = l->accept();
         if (!s) {
             if (s.error().code == transport_errc::closed) return;
-            // Out of descriptors (EMFILE/ENFILE) or memory: the connection stays in the backlog and poll() says
-            // readable again at once. Waiting (10 ms, doubling to 1 s) keeps this loop from spinning.
+            // Out of descriptors (EMFILE/ENFILE) or memory: the connection stays in the backlog and poll()
+            // says readable again at once. Waiting (10 ms, doubling to 1 s) keeps this loop from spinning.
             backoff = std::clamp(backoff * 2, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
             if (uint64_t held; accept_log.allow(held))
-                VCUDA_LOG_WARN("accept on {}: {}{}; retrying in {} ms (raise the descriptor limit, `ulimit -n`, or lower "
-                               "--max-connections)", l->local().to_string(), s.error().message,
-                               held ? fmt::format(" ({} more failures since the last report)", held) : "", backoff.count());
+                VCUDA_LOG_WARN(
+                    "accept on {}: {}{}; retrying in {} ms (raise the descriptor limit, `ulimit -n`, or "
+                    "lower "
+                    "--max-connections)",
+                    l->local().to_string(), s.error().message,
+                    held ? fmt::format(" ({} more failures since the last report)", held) : "",
+                    backoff.count());
             std::this_thread::sleep_for(backoff);
             continue;
         }
@@ -99,8 +104,9 @@ void server::accept_loop(listener* l) {
         if (over && n > opts_.max_connections + refusal_threads) {
             --connections_;
             if (uint64_t held; limit_log.allow(held))
-                VCUDA_LOG_WARN("{}: closed at once: {} connections are open (--max-connections {}){}", s->peer_description(),
-                               n - 1, opts_.max_connections, held ? fmt::format("; {} more since the last report", held) : "");
+                VCUDA_LOG_WARN("{}: closed at once: {} connections are open (--max-connections {}){}",
+                               s->peer_description(), n - 1, opts_.max_connections,
+                               held ? fmt::format("; {} more since the last report", held) : "");
             continue;  // the stream's destructor closes it
         }
         try {
@@ -129,17 +135,18 @@ void server::run_connection(stream s, bool over_limit) {
         VCUDA_LOG_DEBUG("{}: no valid HELLO ({})", peer, hello.error().message);
         if (hello.error().code == transport_errc::protocol)
             send_wire_error(fs, wire_errc::verify_failed,
-                            "not a valid HELLO of at most " + std::to_string(max_hello_bytes >> 10) + " KiB: " +
-                                hello.error().message);
+                            "not a valid HELLO of at most " + std::to_string(max_hello_bytes >> 10) +
+                                " KiB: " + hello.error().message);
         return;
     }
     fs.set_limits(frame_limits{});
     if (over_limit) {
         VCUDA_LOG_WARN("{}: connection refused: {} connections are open (--max-connections {})", peer,
                        connections_.load() - 1, opts_.max_connections);
-        send_wire_error(fs, wire_errc::not_allowed,
-                        "this vcuda-server is at its limit of " + std::to_string(opts_.max_connections) +
-                            " connections (--max-connections): retry later, or ask its operator to raise the limit");
+        send_wire_error(
+            fs, wire_errc::not_allowed,
+            "this vcuda-server is at its limit of " + std::to_string(opts_.max_connections) +
+                " connections (--max-connections): retry later, or ask its operator to raise the limit");
         return;
     }
     if (hello->kind() != frame_kind::hello) {
@@ -148,14 +155,16 @@ void server::run_connection(stream s, bool over_limit) {
     }
     auto* h = root_of<wire::Hello>(*hello);
     if (h->protocol_version() != protocol_version) {
-        send_wire_error(fs, wire_errc::bad_version, "this server speaks protocol version " + std::to_string(protocol_version));
+        send_wire_error(fs, wire_errc::bad_version,
+                        "this server speaks protocol version " + std::to_string(protocol_version));
         return;
     }
     if (!opts_.allowed_uids.empty() && fs.raw().is_local()) {
         ucred cred{};
         socklen_t len = sizeof cred;
         bool known = ::getsockopt(fs.raw().native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
-        if (!known || std::find(opts_.allowed_uids.begin(), opts_.allowed_uids.end(), cred.uid) == opts_.allowed_uids.end()) {
+        if (!known || std::find(opts_.allowed_uids.begin(), opts_.allowed_uids.end(), cred.uid) ==
+                          opts_.allowed_uids.end()) {
             std::string who = known ? "uid " + std::to_string(cred.uid) : "a peer of unknown uid";
             VCUDA_LOG_WARN("{}: refused {} (not in --allow-uid)", peer, who);
             send_wire_error(fs, wire_errc::auth_failed,
@@ -187,24 +196,28 @@ void server::run_connection(stream s, bool over_limit) {
             }
             if (sessions_.size() >= opts_.max_sessions) {
                 drop_lease_claim(grant.lease_id, grant.gpus, 0);
-                VCUDA_LOG_WARN("{}: session refused: {} sessions are open (--max-sessions {})", peer, sessions_.size(),
-                               opts_.max_sessions);
-                send_wire_error(fs, wire_errc::not_allowed,
-                                "this vcuda-server is at its limit of " + std::to_string(opts_.max_sessions) +
-                                    " sessions (--max-sessions): retry later, or ask its operator to raise the limit");
+                VCUDA_LOG_WARN("{}: session refused: {} sessions are open (--max-sessions {})", peer,
+                               sessions_.size(), opts_.max_sessions);
+                send_wire_error(
+                    fs, wire_errc::not_allowed,
+                    "this vcuda-server is at its limit of " + std::to_string(opts_.max_sessions) +
+                        " sessions (--max-sessions): retry later, or ask its operator to raise the limit");
                 return;
             }
             sess = sessions_.create(drv_, opts_, grant, peer + " pid " + std::to_string(h->client_pid()));
             if (!grant.lease_id.empty()) lease_sessions_[{grant.lease_id, grant.gpus.front()}] = sess->id();
         }
         sess->handles.set_tag(h->handle_tag());
-        VCUDA_LOG_INFO("session {} opened by {} (host {})", sess->id(), sess->peer(), h->client_host() ? h->client_host()->str() : "?");
+        VCUDA_LOG_INFO("session {} opened by {} (host {})", sess->id(), sess->peer(),
+                       h->client_host() ? h->client_host()->str() : "?");
     } else {
         const auto* key = h->session_key();
-        sess = sessions_.find(h->session_id(), key ? std::string_view(reinterpret_cast<const char*>(key->data()), key->size())
-                                                   : std::string_view());
+        sess = sessions_.find(h->session_id(),
+                              key ? std::string_view(reinterpret_cast<const char*>(key->data()), key->size())
+                                  : std::string_view());
         if (!sess) {
-            VCUDA_LOG_WARN("{}: refused a join of session {}: unknown session or wrong key", peer, h->session_id());
+            VCUDA_LOG_WARN("{}: refused a join of session {}: unknown session or wrong key", peer,
+                           h->session_id());
             send_wire_error(fs, wire_errc::auth_failed, "unknown session or wrong session secret");
             return;
         }
@@ -225,12 +238,16 @@ void server::run_connection(stream s, bool over_limit) {
     int rings_fd = -1;
     if (!bulk && (h->features() & features::shm_rings) && fs.raw().is_local() && opts_.shm_rings) {
         auto r = shm_rings::create(shm_rings::default_ring_bytes, rings_fd);
-        if (r) rings = std::move(*r);
-        else VCUDA_LOG_WARN("{}: no shared-memory rings ({}); frames go through the socket", peer, r.error());
+        if (r)
+            rings = std::move(*r);
+        else
+            VCUDA_LOG_WARN("{}: no shared-memory rings ({}); frames go through the socket", peer, r.error());
     }
     flatbuffers::FlatBufferBuilder b(128);
-    const uint64_t feats = features::all | (rings ? features::shm_rings : 0) | (opts_.bulk_streams ? features::bulk : 0);
-    // The quota in force (a lease's or a token's, else the server's), 0 when the session may use the whole GPU.
+    const uint64_t feats =
+        features::all | (rings ? features::shm_rings : 0) | (opts_.bulk_streams ? features::bulk : 0);
+    // The quota in force (a lease's or a token's, else the server's), 0 when the session may use the whole
+    // GPU.
     uint64_t quota = 0;
     for (size_t d = 0; d < sess->device_count(); ++d)
         if (sess->allowed(d)) {
@@ -249,10 +266,13 @@ void server::run_connection(stream s, bool over_limit) {
     rb.add_session_key(key);
     b.Finish(rb.Finish());
     bool greeted = (!bulk || bulk_conn) &&
-                   fs.send(make_frame(frame_kind::hello_reply, b), after(std::chrono::seconds(10)), rings_fd).has_value();
+                   fs.send(make_frame(frame_kind::hello_reply, b), after(std::chrono::seconds(10)), rings_fd)
+                       .has_value();
     if (rings_fd >= 0) close(rings_fd);
-    if (greeted && rings) fs.raw().attach_rings(std::move(rings), opts_.spin);
-    else fs.raw().set_spin(opts_.spin);
+    if (greeted && rings)
+        fs.raw().attach_rings(std::move(rings), opts_.spin);
+    else
+        fs.raw().set_spin(opts_.spin);
     sess->attach(&fs);
     if (bulk_conn) {
         sess->bulk().serve(bulk_conn);  // also when the reply could not be sent: it releases the connection
@@ -279,9 +299,10 @@ void server::run_connection(stream s, bool over_limit) {
                 if (sess->allowed(d)) drop_lease_claim(sess->lease_id(), {d}, sess->id());
         }
         sess->release_all();
-        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-        VCUDA_LOG_INFO("session {} ended ({}): released {} MiB of GPU memory and {} handles in {} ms", sess->id(), sess->peer(),
-                       held >> 20, handles, ms);
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+                      .count();
+        VCUDA_LOG_INFO("session {} ended ({}): released {} MiB of GPU memory and {} handles in {} ms",
+                       sess->id(), sess->peer(), held >> 20, handles, ms);
     }
 }
 
@@ -300,8 +321,10 @@ bool server::authorize(const wire::Hello& h, session_grant& grant, std::string& 
     std::string token = h.token() ? h.token()->str() : "";
     if (token.empty()) {
         refusal = opts_.managed
-                      ? "this server is attached to a manager: a lease token is required (run the program with vcuda run --manager ADDR)"
-                      : "this server requires a token: run the program with `vcuda run --token TOKEN` or set VCUDA_TOKEN "
+                      ? "this server is attached to a manager: a lease token is required (run the program "
+                        "with vcuda run --manager ADDR)"
+                      : "this server requires a token: run the program with `vcuda run --token TOKEN` or set "
+                        "VCUDA_TOKEN "
                         "(the server's operator makes one with `vcuda token create --secret-file FILE`)";
         return false;
     }
@@ -312,8 +335,9 @@ bool server::authorize(const wire::Hello& h, session_grant& grant, std::string& 
     }
     if (claims->gpu_uuid == mgmt::any_gpu) {  // `vcuda token create`: any GPU the client asks for
         if (opts_.managed || !claims->lease_id.empty()) {
-            refusal = "this server is attached to a manager and takes its lease tokens only, not tokens made with "
-                      "`vcuda token create`: run the program with vcuda run --manager ADDR";
+            refusal =
+                "this server is attached to a manager and takes its lease tokens only, not tokens made with "
+                "`vcuda token create`: run the program with vcuda run --manager ADDR";
             return false;
         }
         grant.memory_quota = claims->memory_quota;
@@ -336,14 +360,16 @@ bool server::claim_lease(const session_grant& grant, std::string& refusal) {
     auto now = std::chrono::system_clock::now();
     std::erase_if(released_, [&](auto& r) { return r.second < now; });  // their tokens have expired anyway
     if (released_.count(grant.lease_id)) {
-        refusal = "lease " + grant.lease_id + " was released or has expired: its tokens open no session; get a new "
+        refusal = "lease " + grant.lease_id +
+                  " was released or has expired: its tokens open no session; get a new "
                   "lease from the manager (vcuda run --manager ADDR)";
         return false;
     }
     auto key = std::make_pair(grant.lease_id, grant.gpus.front());
     if (lease_sessions_.count(key)) {
         refusal = "lease " + grant.lease_id + " already has a session open on this GPU (session " +
-                  std::to_string(lease_sessions_[key]) + "): a lease token opens one session per GPU of its lease; "
+                  std::to_string(lease_sessions_[key]) +
+                  "): a lease token opens one session per GPU of its lease; "
                   "end that program first, or lease another GPU";
         return false;
     }
@@ -351,7 +377,8 @@ bool server::claim_lease(const session_grant& grant, std::string& refusal) {
     return true;
 }
 
-void server::drop_lease_claim(const std::string& lease_id, const std::vector<size_t>& gpus, uint64_t session_id) {
+void server::drop_lease_claim(const std::string& lease_id, const std::vector<size_t>& gpus,
+                              uint64_t session_id) {
     if (lease_id.empty()) return;
     for (size_t g : gpus) {
         auto it = lease_sessions_.find({lease_id, g});
@@ -359,24 +386,28 @@ void server::drop_lease_claim(const std::string& lease_id, const std::vector<siz
     }
 }
 
-void server::note_live_leases(const std::vector<std::pair<std::string, std::chrono::system_clock::time_point>>& alive) {
+void server::note_live_leases(
+    const std::vector<std::pair<std::string, std::chrono::system_clock::time_point>>& alive) {
     std::lock_guard lock(open_mu_);
     std::map<std::string, std::chrono::system_clock::time_point> now_alive(alive.begin(), alive.end());
     // Leases this server knew alive (reported, or holding a session) that the manager no longer has: released
-    // or expired. Their tokens are refused until they would have expired anyway (a lease's expiry only grows).
+    // or expired. Their tokens are refused until they would have expired anyway (a lease's expiry only
+    // grows).
     auto forget_at = std::chrono::system_clock::now() + std::chrono::hours(24);
     for (auto& [id, until] : live_leases_)
         if (!now_alive.count(id)) released_[id] = until;
     for (auto& [key, sid] : lease_sessions_)
-        if (!now_alive.count(key.first) && !live_leases_.count(key.first)) released_.emplace(key.first, forget_at);
+        if (!now_alive.count(key.first) && !live_leases_.count(key.first))
+            released_.emplace(key.first, forget_at);
     live_leases_ = std::move(now_alive);
 }
 
 std::string gpu_uuid_string(const CUuuid& u) {
     const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
     char s[64];
-    std::snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
-                  b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    std::snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                  b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                  b[14], b[15]);
     return s;
 }
 
@@ -391,7 +422,8 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
     // Host-to-device payloads land straight in a pinned staging buffer when they fit one.
     payload_sink sink = [&](const frame_header& h, const std::vector<std::byte>& meta) -> std::byte* {
         staged = nullptr;
-        if (h.kind != static_cast<uint16_t>(frame_kind::call) || h.payload_len > staging_pool::buffer_size) return nullptr;
+        if (h.kind != static_cast<uint16_t>(frame_kind::call) || h.payload_len > staging_pool::buffer_size)
+            return nullptr;
         auto* call = flatbuffers::GetRoot<wire::Call>(meta.data());
         if (call->op() != static_cast<uint32_t>(op::copy_htod)) return nullptr;
         staged = pool.take();
@@ -404,7 +436,8 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
         if (auto r = fs.receive_into(f, never, std::chrono::seconds(60), sink); !r) {
             if (staged) pool.give_back(staged, nullptr);
             if (r.error().code == transport_errc::protocol) {
-                VCUDA_LOG_WARN("session {} lane {}: bad frame ({}); closing the lane", sess->id(), lane_number, r.error().message);
+                VCUDA_LOG_WARN("session {} lane {}: bad frame ({}); closing the lane", sess->id(),
+                               lane_number, r.error().message);
                 send_wire_error(fs, wire_errc::verify_failed, r.error().message);
             }
             return;
@@ -416,15 +449,16 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
         }
         auto* call = root_of<wire::Call>(f);
         if (call->after_seq() != 0 && call->after_lane() != lane_number &&
-            !sess->wait_for_lane(call->after_lane(), call->after_seq(), [&fs] { return fs.raw().peer_gone(); })) {
+            !sess->wait_for_lane(call->after_lane(), call->after_seq(),
+                                 [&fs] { return fs.raw().peer_gone(); })) {
             if (fs.raw().peer_gone()) {  // the client closed while its call waited: nobody wants the answer
-                VCUDA_LOG_DEBUG("session {} lane {}: the client left while a call waited for lane {}", sess->id(),
-                                lane_number, call->after_lane());
+                VCUDA_LOG_DEBUG("session {} lane {}: the client left while a call waited for lane {}",
+                                sess->id(), lane_number, call->after_lane());
                 if (staged) pool.give_back(staged, nullptr);
                 return;
             }
-            VCUDA_LOG_DEBUG("session {} lane {}: lane {} ended before its call {}; going on", sess->id(), lane_number,
-                            call->after_lane(), call->after_seq());
+            VCUDA_LOG_DEBUG("session {} lane {}: lane {} ended before its call {}; going on", sess->id(),
+                            lane_number, call->after_lane(), call->after_seq());
         }
         // A call that blocks until the GPU is done counts as run once it starts, so that other threads' calls
         // that come after it in time do not wait for the GPU too (they would not with the real driver).
@@ -437,7 +471,8 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
         CUresult rc;
         const dispatch_entry* entry = find_op(call->op());
         if (!entry) {
-            rc = cx.fail(CUDA_ERROR_NOT_SUPPORTED, "op " + std::to_string(call->op()) + " is not allowed by this server");
+            rc = cx.fail(CUDA_ERROR_NOT_SUPPORTED,
+                         "op " + std::to_string(call->op()) + " is not allowed by this server");
             VCUDA_LOG_WARN("session {}: refused op {}", sess->id(), call->op());
         } else {
             // The caller's current device: its session context becomes current on this thread. A call that
@@ -459,23 +494,25 @@ void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t 
                 lane.current_device = rc == CUDA_SUCCESS ? dev : -2;
             }
             if (rc == CUDA_SUCCESS) rc = entry->handler(cx);
-            
-            VCUDA_LOG_TRACE("session {} lane {}: {} -> {}", sess->id(), lane_number, entry->name, static_cast<int>(rc));
+
+            VCUDA_LOG_TRACE("session {} lane {}: {} -> {}", sess->id(), lane_number, entry->name,
+                            static_cast<int>(rc));
         }
         if (!blocks) sess->lane_progress(lane_number, f.header.sequence);
-        if (cx.staged() && cx.staged()->busy) pool.give_back(cx.staged(), nullptr);  // the handler did not use it
+        if (cx.staged() && cx.staged()->busy)
+            pool.give_back(cx.staged(), nullptr);  // the handler did not use it
         if (cx.queued()) {
             if (rc != CUDA_SUCCESS && lane.pending_error == CUDA_SUCCESS) {
                 lane.pending_error = rc;
                 lane.pending_detail = std::string(entry ? entry->name : "op") + ": " + cx.detail;
-                VCUDA_LOG_DEBUG("session {}: queued {} failed with {} ({})", sess->id(), entry ? entry->name : "op",
-                                static_cast<int>(rc), cx.detail);
+                VCUDA_LOG_DEBUG("session {}: queued {} failed with {} ({})", sess->id(),
+                                entry ? entry->name : "op", static_cast<int>(rc), cx.detail);
             }
             continue;
         }
         if (cx.replied) continue;
-        // An earlier queued call failed: this call answers that failure. It still ran (frees, destroys and host
-        // function completions must; what a successful creation made stays the session's until it ends).
+        // An earlier queued call failed: this call answers that failure. It still ran (frees, destroys and
+        // host function completions must; what a successful creation made stays the session's until it ends).
         if (rc == CUDA_SUCCESS && lane.pending_error != CUDA_SUCCESS) {
             rc = cx.fail(lane.pending_error, "an earlier asynchronous call failed: " + lane.pending_detail);
             lane.pending_error = CUDA_SUCCESS;

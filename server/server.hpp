@@ -21,15 +21,16 @@ namespace vcuda::server {
 
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi and the manager write GPU UUIDs.
 std::string gpu_uuid_string(const CUuuid& u);
-// The GPU's utilization in percent over NVML's last sample period (server/handlers_nvml.cpp), for the manager's
-// heartbeats; nothing when the host's NVML is missing or does not know the GPU.
+// The GPU's utilization in percent over NVML's last sample period (server/handlers_nvml.cpp), for the
+// manager's heartbeats; nothing when the host's NVML is missing or does not know the GPU.
 std::optional<uint32_t> gpu_utilization(const CUuuid& u);
 
-// The largest HELLO a server reads (header excluded): nothing else is allocated before a peer is authenticated.
+// The largest HELLO a server reads (header excluded): nothing else is allocated before a peer is
+// authenticated.
 inline constexpr uint32_t max_hello_bytes = 64u << 10;
 
 class server {
-public:
+  public:
     server(driver& drv, server_options opts) : drv_(drv), opts_(opts) {}
     ~server();
 
@@ -39,17 +40,18 @@ public:
     void stop();
     session_registry& sessions() { return sessions_; }
     // Attached to a manager: the leases it reports alive on this server's GPUs (id, expiry), after every
-    // heartbeat. A lease that was alive, or held a session, and is no longer reported was released or expired:
-    // its tokens open no session from then on.
-    void note_live_leases(const std::vector<std::pair<std::string, std::chrono::system_clock::time_point>>& alive);
+    // heartbeat. A lease that was alive, or held a session, and is no longer reported was released or
+    // expired: its tokens open no session from then on.
+    void note_live_leases(
+        const std::vector<std::pair<std::string, std::chrono::system_clock::time_point>>& alive);
 
-private:
+  private:
     void accept_loop(listener* l);
     // `over_limit`: this connection is past --max-connections: it is only told so, and closed.
     void run_connection(stream s, bool over_limit);
     void run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t lane_number);
-    // Decides what a new session may use: the GPUs it asks for, or — when the server is attached to a manager —
-    // exactly the GPU and memory its lease token grants. False with `refusal` set when it may not open.
+    // Decides what a new session may use: the GPUs it asks for, or — when the server is attached to a manager
+    // — exactly the GPU and memory its lease token grants. False with `refusal` set when it may not open.
     bool authorize(const wire::Hello& h, session_grant& grant, std::string& refusal);
     // open_mu_ held. A lease token opens one session per GPU of its lease, and none once the lease is gone:
     // false with `refusal` set, else the (lease, GPU) is taken until drop_lease_claim.
@@ -64,11 +66,12 @@ private:
     std::vector<std::thread> acceptors_;
     std::atomic<bool> stopping_{false};
     std::atomic<uint32_t> connections_{0};  // threads serving a connection (accepted, not yet closed)
-    std::mutex open_mu_;                     // a session count check and the creation it allows, together
+    std::mutex open_mu_;                    // a session count check and the creation it allows, together
     // Under open_mu_: (lease id, GPU index) -> the session open with that lease token (0 while it opens).
     std::map<std::pair<std::string, size_t>, uint64_t> lease_sessions_;
-    std::map<std::string, std::chrono::system_clock::time_point> live_leases_;  // as last reported: id -> expiry
-    std::map<std::string, std::chrono::system_clock::time_point> released_;     // id -> when its tokens expire
+    std::map<std::string, std::chrono::system_clock::time_point>
+        live_leases_;                                                        // as last reported: id -> expiry
+    std::map<std::string, std::chrono::system_clock::time_point> released_;  // id -> when its tokens expire
 };
 
 }  // namespace vcuda::server

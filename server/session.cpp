@@ -8,15 +8,21 @@
 
 namespace vcuda::server {
 
-session::session(uint64_t id, std::string key, driver& drv, const server_options& opts, const session_grant& grant,
-                 std::string peer)
-    : id_(id), key_(std::move(key)), drv_(&drv), opts_(opts), peer_(std::move(peer)), lease_id_(grant.lease_id),
+session::session(uint64_t id, std::string key, driver& drv, const server_options& opts,
+                 const session_grant& grant, std::string peer)
+    : id_(id),
+      key_(std::move(key)),
+      drv_(&drv),
+      opts_(opts),
+      peer_(std::move(peer)),
+      lease_id_(grant.lease_id),
       bulk_(std::make_unique<bulk_hub>(drv.api(), id)) {
     for (size_t i = 0; i < drv.gpus().size(); ++i) {
         auto& g = drv.gpus()[i];
         device_slot s;
         s.device = g.device;
-        s.allowed = grant.gpus.empty() || std::find(grant.gpus.begin(), grant.gpus.end(), i) != grant.gpus.end();
+        s.allowed =
+            grant.gpus.empty() || std::find(grant.gpus.begin(), grant.gpus.end(), i) != grant.gpus.end();
         uint64_t want = grant.memory_quota ? grant.memory_quota : opts.memory_quota;
         uint64_t q = want ? std::min<uint64_t>(want, g.total_memory) : g.total_memory;
         s.memory = std::make_unique<device_memory>(drv.api(), g.device, q);
@@ -34,11 +40,15 @@ CUcontext session::context(size_t device, CUresult& rc) {
     rc = CUDA_SUCCESS;
     if (s.ctx) return s.ctx;
     auto& d = api();
-    if (d.cuCtxCreate_v4) rc = d.cuCtxCreate_v4(&s.ctx, nullptr, 0, s.device);
-    else if (d.cuCtxCreate_v2) rc = d.cuCtxCreate_v2(&s.ctx, 0, s.device);
-    else rc = CUDA_ERROR_NOT_SUPPORTED;
+    if (d.cuCtxCreate_v4)
+        rc = d.cuCtxCreate_v4(&s.ctx, nullptr, 0, s.device);
+    else if (d.cuCtxCreate_v2)
+        rc = d.cuCtxCreate_v2(&s.ctx, 0, s.device);
+    else
+        rc = CUDA_ERROR_NOT_SUPPORTED;
     if (rc != CUDA_SUCCESS) {
-        VCUDA_LOG_ERROR("session {}: cannot create a context on GPU {} (error {})", id_, device, static_cast<int>(rc));
+        VCUDA_LOG_ERROR("session {}: cannot create a context on GPU {} (error {})", id_, device,
+                        static_cast<int>(rc));
         s.ctx = nullptr;
         return nullptr;
     }
@@ -113,7 +123,8 @@ void session::release_device(size_t device) {
     std::lock_guard lock(mu);
     if (s.ctx) {
         d.cuCtxSetCurrent(s.ctx);
-        d.cuCtxSynchronize();  // nothing may still use what is freed below (errors: the context is going anyway)
+        d.cuCtxSynchronize();  // nothing may still use what is freed below (errors: the context is going
+                               // anyway)
         bulk_->forget_context(s.ctx);
     }
     // Stream-ordered allocations go back to their pools before pools are destroyed.
@@ -135,15 +146,32 @@ void session::release_device(size_t device) {
         for (auto& [id, e] : doomed) {
             if (e.kind != k || e.owned) continue;
             switch (k) {
-                case handle_kind::event: d.cuEventDestroy_v2(static_cast<CUevent>(e.raw)); break;
-                case handle_kind::stream: d.cuStreamDestroy_v2(static_cast<CUstream>(e.raw)); break;
-                case handle_kind::module: d.cuModuleUnload(static_cast<CUmodule>(e.raw)); break;
-                case handle_kind::library: d.cuLibraryUnload(static_cast<CUlibrary>(e.raw)); break;
-                case handle_kind::graph_exec: d.cuGraphExecDestroy(static_cast<CUgraphExec>(e.raw)); break;
-                case handle_kind::graph: d.cuGraphDestroy(static_cast<CUgraph>(e.raw)); break;
-                case handle_kind::mem_pool: d.cuMemPoolDestroy(static_cast<CUmemoryPool>(e.raw)); break;
-                case handle_kind::link_state: d.cuLinkDestroy(static_cast<CUlinkState>(e.raw)); break;
-                default: break;
+                case handle_kind::event:
+                    d.cuEventDestroy_v2(static_cast<CUevent>(e.raw));
+                    break;
+                case handle_kind::stream:
+                    d.cuStreamDestroy_v2(static_cast<CUstream>(e.raw));
+                    break;
+                case handle_kind::module:
+                    d.cuModuleUnload(static_cast<CUmodule>(e.raw));
+                    break;
+                case handle_kind::library:
+                    d.cuLibraryUnload(static_cast<CUlibrary>(e.raw));
+                    break;
+                case handle_kind::graph_exec:
+                    d.cuGraphExecDestroy(static_cast<CUgraphExec>(e.raw));
+                    break;
+                case handle_kind::graph:
+                    d.cuGraphDestroy(static_cast<CUgraph>(e.raw));
+                    break;
+                case handle_kind::mem_pool:
+                    d.cuMemPoolDestroy(static_cast<CUmemoryPool>(e.raw));
+                    break;
+                case handle_kind::link_state:
+                    d.cuLinkDestroy(static_cast<CUlinkState>(e.raw));
+                    break;
+                default:
+                    break;
             }
         }
     };
@@ -191,7 +219,8 @@ void session::host_func_started(uint64_t id) {
 
 bool session::host_func_next(uint64_t& id, const std::function<bool()>& client_gone) {
     std::unique_lock lock(hf_mu_);
-    while (!hf_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return hf_stopped_ || !hf_started_.empty(); }))
+    while (!hf_cv_.wait_for(lock, std::chrono::milliseconds(100),
+                            [&] { return hf_stopped_ || !hf_started_.empty(); }))
         if (client_gone && client_gone()) return false;
     if (hf_started_.empty()) return false;
     id = hf_started_.front();
@@ -294,7 +323,7 @@ void session::release_host_regions() {
 }
 
 void session::release_all() {
-    stop_host_funcs();  // the client is gone: callbacks still queued on streams return at once
+    stop_host_funcs();       // the client is gone: callbacks still queued on streams return at once
     release_host_regions();  // while the contexts still exist
     release_vmm();
     for (size_t i = 0; i < devices_.size(); ++i) release_device(i);
@@ -303,8 +332,8 @@ void session::release_all() {
     image_bytes = 0;
 }
 
-std::shared_ptr<session> session_registry::create(driver& drv, const server_options& opts, const session_grant& grant,
-                                                  const std::string& peer) {
+std::shared_ptr<session> session_registry::create(driver& drv, const server_options& opts,
+                                                  const session_grant& grant, const std::string& peer) {
     // Ids and keys from the OS CSPRNG: one session's must tell nothing about another's (a seeded library
     // generator let a client that opened a few hundred sessions compute the next tenant's secret).
     std::lock_guard lock(mu_);

@@ -36,28 +36,34 @@ inline constexpr size_t session_key_bytes = 32;
 
 struct server_options {
     uint64_t memory_quota = 0;  // bytes per GPU per session; 0 = the GPU's own memory
-    uint64_t host_memory_quota = 0;  // pinned host memory shared with a local client, bytes per session; 0 = none
-    std::string secret;         // when set, every new session needs a token signed with it (mgmt/token.hpp)
-    bool managed = false;       // the secret is the manager's: only lease tokens for this server's GPUs open sessions
-    std::vector<uint32_t> allowed_uids;  // Unix sockets: only peers with these uids (SO_PEERCRED); empty = any
-    bool shm_rings = true;      // frames of local (Unix socket) clients through shared-memory rings
-    std::chrono::microseconds spin = default_spin();  // how long a lane thread spins for the next frame before it sleeps
-    uint32_t bulk_streams = 8;  // the most bulk connections one bulk set of a session may have; 0: striping off
+    uint64_t host_memory_quota =
+        0;               // pinned host memory shared with a local client, bytes per session; 0 = none
+    std::string secret;  // when set, every new session needs a token signed with it (mgmt/token.hpp)
+    bool managed =
+        false;  // the secret is the manager's: only lease tokens for this server's GPUs open sessions
+    std::vector<uint32_t>
+        allowed_uids;       // Unix sockets: only peers with these uids (SO_PEERCRED); empty = any
+    bool shm_rings = true;  // frames of local (Unix socket) clients through shared-memory rings
+    std::chrono::microseconds spin =
+        default_spin();  // how long a lane thread spins for the next frame before it sleeps
+    uint32_t bulk_streams =
+        8;  // the most bulk connections one bulk set of a session may have; 0: striping off
     uint32_t max_sessions = 256;      // sessions open at once; a HELLO past it is refused with a message
     uint32_t max_connections = 1024;  // connections (lanes, bulk connections, HELLOs under way) at once
 };
 
 // What a session may use: which of the server's GPUs (by index) and how much memory on each.
 struct session_grant {
-    std::vector<size_t> gpus;  // empty = all
+    std::vector<size_t> gpus;   // empty = all
     uint64_t memory_quota = 0;  // 0 = the server's default
     std::string lease_id;
 };
 
 class session : public std::enable_shared_from_this<session> {
-public:
+  public:
     // `key`: the secret a lane presents to join (session_key_bytes from the OS CSPRNG).
-    session(uint64_t id, std::string key, driver& drv, const server_options& opts, const session_grant& grant, std::string peer);
+    session(uint64_t id, std::string key, driver& drv, const server_options& opts, const session_grant& grant,
+            std::string peer);
     ~session();
 
     uint64_t id() const { return id_; }
@@ -111,7 +117,8 @@ public:
     std::mutex mu;
     handle_table handles;
     module_globals globals;  // under mu
-    std::unordered_map<uint64_t, std::vector<std::vector<uint64_t>>> images;  // content hash -> parts (8-byte aligned)
+    std::unordered_map<uint64_t, std::vector<std::vector<uint64_t>>>
+        images;  // content hash -> parts (8-byte aligned)
     size_t image_bytes = 0;
     // Link states' creation options, with the log buffers the driver writes into (server/handlers_link.cpp).
     std::map<uint64_t, std::unique_ptr<jit_request>> links;  // under mu: link_state handle -> options
@@ -123,7 +130,7 @@ public:
     // client that waits for it has gone (its process ended: nothing else would end this wait).
     bool host_func_next(uint64_t& id, const std::function<bool()>& client_gone = {});
     void host_func_done(uint64_t id);
-    void host_func_wait(uint64_t id);    // in the driver's callback: until done or stopped
+    void host_func_wait(uint64_t id);  // in the driver's callback: until done or stopped
     void stop_host_funcs();
 
     // Progress of each lane (the last call number it has run, or started for a call that blocks), so that a
@@ -134,8 +141,9 @@ public:
     // (looked at every 100 ms: the waiting lane's own client closed) says so first.
     bool wait_for_lane(uint32_t lane, uint64_t seq, const std::function<bool()>& client_gone = {});
 
-    std::atomic<int> lanes{0};       // connections: lanes and bulk connections; the session ends at 0
-    std::atomic<int> call_lanes{0};  // lanes only: at 0 the client is gone, and its bulk connections are closed
+    std::atomic<int> lanes{0};  // connections: lanes and bulk connections; the session ends at 0
+    std::atomic<int> call_lanes{
+        0};  // lanes only: at 0 the client is gone, and its bulk connections are closed
     // Striped copies: the rendezvous of the session's bulk connections and lanes (server/bulk.hpp).
     bulk_hub& bulk() { return *bulk_; }
     // Lanes register their connections so the session can be ended from outside (its lease was released or
@@ -144,7 +152,7 @@ public:
     void detach(frame_stream* fs);
     void end(const std::string& why);
 
-private:
+  private:
     struct device_slot {
         CUdevice device = 0;
         CUcontext ctx = nullptr;
@@ -181,8 +189,9 @@ private:
 
 // All live sessions of this server, for lanes that join one and for operators' queries.
 class session_registry {
-public:
-    std::shared_ptr<session> create(driver& drv, const server_options& opts, const session_grant& grant, const std::string& peer);
+  public:
+    std::shared_ptr<session> create(driver& drv, const server_options& opts, const session_grant& grant,
+                                    const std::string& peer);
     // Sessions, for heartbeats: (lease id, GPU memory held per server GPU).
     template <class F>
     void for_each(F&& f) {
@@ -194,7 +203,7 @@ public:
     void remove(uint64_t id);
     size_t size();
 
-private:
+  private:
     std::mutex mu_;
     std::unordered_map<uint64_t, std::shared_ptr<session>> sessions_;
 };

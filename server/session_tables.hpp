@@ -1,10 +1,9 @@
 // The tables a session keeps of what its handlers made, each behind the few operations those handlers use:
-// module globals (server/handlers_module.cpp), stream-ordered allocations (handlers_pool.cpp, and cuMemFree in
-// handlers_memory.cpp), pinned host regions shared with a client on this host (handlers_host.cpp), and the
+// module globals (server/handlers_module.cpp), stream-ordered allocations (handlers_pool.cpp, and cuMemFree
+// in handlers_memory.cpp), pinned host regions shared with a client on this host (handlers_host.cpp), and the
 // virtual memory management API's reservations, mappings and physical allocations (handlers_vmm.cpp). The
-// session (a friend) reads them whole for owns_range and releases what they hold at a device reset and at its end
-// (server/session.cpp).
-// locks: none inside; every call is made with the session's `mu` held.
+// session (a friend) reads them whole for owns_range and releases what they hold at a device reset and at its
+// end (server/session.cpp). locks: none inside; every call is made with the session's `mu` held.
 #pragma once
 
 #include <cstddef>
@@ -26,13 +25,15 @@ inline bool range_inside(uint64_t p, size_t n, uint64_t start, size_t size) {
     return p - start < size && n <= size - (p - start);
 }
 
-// Module globals (cuModuleGetGlobal, cuLibraryGetGlobal): device ranges the session may copy to and from, each
-// known with the module or library it came from and the session device whose context it was looked up in. One
-// address may be known for several devices (a driver that gives a library's global one address in every
-// context): it stays the session's until the last of them goes.
+// Module globals (cuModuleGetGlobal, cuLibraryGetGlobal): device ranges the session may copy to and from,
+// each known with the module or library it came from and the session device whose context it was looked up
+// in. One address may be known for several devices (a driver that gives a library's global one address in
+// every context): it stays the session's until the last of them goes.
 class module_globals {
-public:
-    void add(CUdeviceptr p, size_t size, uint64_t owner, size_t device) { globals_[{p, device}] = {size, owner}; }
+  public:
+    void add(CUdeviceptr p, size_t size, uint64_t owner, size_t device) {
+        globals_[{p, device}] = {size, owner};
+    }
     // True when [p, p+n) lies inside one global.
     bool holds(CUdeviceptr p, size_t n) const {
         auto it = globals_.upper_bound({p, SIZE_MAX});
@@ -49,7 +50,7 @@ public:
     }
     void clear() { globals_.clear(); }
 
-private:
+  private:
     struct global {
         size_t size = 0;
         uint64_t owner = 0;  // the module or library handle
@@ -57,9 +58,10 @@ private:
     std::map<std::pair<CUdeviceptr, size_t>, global> globals_;  // (start, session device) -> global
 };
 
-// Stream-ordered allocations (cuMemAllocAsync, cuMemAllocFromPoolAsync): start -> size and the device charged.
+// Stream-ordered allocations (cuMemAllocAsync, cuMemAllocFromPoolAsync): start -> size and the device
+// charged.
 class pool_allocations {
-public:
+  public:
     struct allocation {
         size_t size = 0;
         size_t device = 0;
@@ -73,7 +75,7 @@ public:
     }
     void erase(CUdeviceptr p) { allocations_.erase(p); }
 
-private:
+  private:
     friend class session;
     std::map<CUdeviceptr, allocation> allocations_;
 };
@@ -89,16 +91,16 @@ struct copy_mark {
 };
 
 // Pinned host memory shared with a client on this host (client and server map the same pages): mapped and
-// registered with the driver by handlers_host.cpp, released at session end. Counted against the session's host
-// memory quota from before the pages exist.
+// registered with the driver by handlers_host.cpp, released at session end. Counted against the session's
+// host memory quota from before the pages exist.
 class host_regions {
-public:
+  public:
     struct region {
         size_t size = 0;
         std::shared_ptr<copy_mark> last_copy;  // made at the first marked copy
     };
-    // Counts `size` more bytes unless that passes `quota` (0: no quota); reserved before the pages are made, so
-    // that concurrent lanes cannot both pass the check.
+    // Counts `size` more bytes unless that passes `quota` (0: no quota); reserved before the pages are made,
+    // so that concurrent lanes cannot both pass the check.
     bool reserve(uint64_t size, uint64_t quota) {
         if (quota && bytes_ + size > quota) return false;
         bytes_ += size;
@@ -124,7 +126,7 @@ public:
         return range_inside(p, n, it->first, it->second.size) ? &it->second : nullptr;
     }
 
-private:
+  private:
     friend class session;
     std::map<uintptr_t, region> regions_;  // server address -> region
     uint64_t bytes_ = 0;
@@ -134,7 +136,7 @@ private:
 // them, and the physical allocations (mem_handle ids), whose size is charged to a device's quota from
 // cuMemCreate until the memory goes back to the driver.
 class vmm_tables {
-public:
+  public:
     struct allocation {
         size_t size = 0;
         size_t device = 0;      // charged to this device's quota
@@ -168,8 +170,8 @@ public:
     }
 
     void add_allocation(uint64_t id, size_t size, size_t device) { allocations_[id] = {size, device, 0}; }
-    // cuMemRelease of `id`: the allocation, when its memory goes now (no mapping uses it) and it is forgotten;
-    // otherwise it is marked released and goes at its last unmap.
+    // cuMemRelease of `id`: the allocation, when its memory goes now (no mapping uses it) and it is
+    // forgotten; otherwise it is marked released and goes at its last unmap.
     std::optional<allocation> release(uint64_t id) {
         auto it = allocations_.find(id);
         if (it == allocations_.end()) return std::nullopt;
@@ -192,8 +194,8 @@ public:
         if (it == mapped_.end()) return std::nullopt;
         return it->second;
     }
-    // Forgets the mapping at va (which exists): the allocation it used, when that was released and this was its
-    // last mapping, so its memory went with the unmap (it is forgotten too).
+    // Forgets the mapping at va (which exists): the allocation it used, when that was released and this was
+    // its last mapping, so its memory went with the unmap (it is forgotten too).
     std::optional<allocation> erase_mapping(CUdeviceptr va) {
         auto it = mapped_.find(va);
         std::optional<allocation> freed;
@@ -206,11 +208,11 @@ public:
         return freed;
     }
 
-private:
+  private:
     friend class session;
-    std::map<CUdeviceptr, size_t> reserved_;        // start -> size
-    std::map<CUdeviceptr, mapping> mapped_;         // start -> mapping
-    std::map<uint64_t, allocation> allocations_;    // mem_handle id -> allocation, charged until freed
+    std::map<CUdeviceptr, size_t> reserved_;      // start -> size
+    std::map<CUdeviceptr, mapping> mapped_;       // start -> mapping
+    std::map<uint64_t, allocation> allocations_;  // mem_handle id -> allocation, charged until freed
 };
 
 }  // namespace vcuda::server

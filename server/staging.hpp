@@ -10,13 +10,13 @@
 
 namespace vcuda::server {
 
-// Records `event` on `stream` behind the copies issued there. An event can be recorded only on a stream of its
-// own context: one missing or of another context than the current one is (re)made first, `ctx` noting its
+// Records `event` on `stream` behind the copies issued there. An event can be recorded only on a stream of
+// its own context: one missing or of another context than the current one is (re)made first, `ctx` noting its
 // context. The driver's error when none could be made or recorded.
 CUresult record_in_current_context(const driver_table& drv, CUevent& event, CUcontext& ctx, CUstream stream);
 
 class staging_pool {
-public:
+  public:
     static constexpr size_t buffer_size = 8u << 20;
     static constexpr size_t max_buffers = 4;
 
@@ -27,7 +27,7 @@ public:
         void* data = nullptr;
         CUevent done = nullptr;
         CUcontext ctx = nullptr;
-        bool busy = false;  // handed out and not yet returned
+        bool busy = false;     // handed out and not yet returned
         bool pending = false;  // returned, with `done` recorded behind a copy
     };
 
@@ -36,7 +36,7 @@ public:
     // Returns the buffer once the copy issued on `stream` has finished with it.
     void give_back(buffer* b, CUstream stream);
 
-private:
+  private:
     const driver_table* drv_;
     std::vector<buffer> buffers_;
 };

@@ -121,7 +121,8 @@ nvmlReturn_t pci_info_legacy(nvmlDevice_t h, vcuda_nvmlPciInfo_legacy_t* pci) {
     const vgpu_device* d;
     if (nvmlReturn_t rc = device_of(h, d); rc != NVML_SUCCESS) return rc;
     if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
-    std::snprintf(pci->busId, sizeof pci->busId, NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT, d->pci_domain, d->pci_bus, d->pci_device);
+    std::snprintf(pci->busId, sizeof pci->busId, NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT, d->pci_domain, d->pci_bus,
+                  d->pci_device);
     fill_pci_common(*d, pci);
     return NVML_SUCCESS;
 }
@@ -172,38 +173,70 @@ nvmlReturn_t memory(nvmlDevice_t h, uint64_t& total, uint64_t& used) {
 
 extern "C" const char* nvmlErrorString(nvmlReturn_t result) noexcept {
     switch (result) {
-        case NVML_SUCCESS: return "Success";
-        case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
-        case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-        case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
-        case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
-        case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
-        case NVML_ERROR_NOT_FOUND: return "Not Found";
-        case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
-        case NVML_ERROR_INSUFFICIENT_POWER: return "Insufficient External Power";
-        case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
-        case NVML_ERROR_TIMEOUT: return "Timeout";
-        case NVML_ERROR_IRQ_ISSUE: return "Interrupt Request Issue";
-        case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
-        case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
-        case NVML_ERROR_CORRUPTED_INFOROM: return "Corrupted infoROM";
-        case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
-        case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
-        case NVML_ERROR_OPERATING_SYSTEM: return "The operating system has blocked the request.";
-        case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "Driver/library version mismatch";
-        case NVML_ERROR_IN_USE: return "In use by another client";
-        case NVML_ERROR_MEMORY: return "Insufficient Memory";
-        case NVML_ERROR_NO_DATA: return "No data";
-        case NVML_ERROR_VGPU_ECC_NOT_SUPPORTED: return "The requested vgpu operation is not available on target device, because ECC is enabled";
-        case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Ran out of critical resources, other than memory";
-        case NVML_ERROR_FREQ_NOT_SUPPORTED: return "The requested frequency is not supported";
-        case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "The provided version is invalid/unsupported";
-        case NVML_ERROR_DEPRECATED: return "The requested functionality has been deprecated";
-        case NVML_ERROR_NOT_READY: return "The system is not ready for the request";
-        case NVML_ERROR_GPU_NOT_FOUND: return "The GPU was not found";
-        case NVML_ERROR_INVALID_STATE: return "Resource not in correct state to perform requested operation";
-        case NVML_ERROR_RESET_TYPE_NOT_SUPPORTED: return "Reset not supported for given device/parameters";
-        default: return "Unknown Error";
+        case NVML_SUCCESS:
+            return "Success";
+        case NVML_ERROR_UNINITIALIZED:
+            return "Uninitialized";
+        case NVML_ERROR_INVALID_ARGUMENT:
+            return "Invalid Argument";
+        case NVML_ERROR_NOT_SUPPORTED:
+            return "Not Supported";
+        case NVML_ERROR_NO_PERMISSION:
+            return "Insufficient Permissions";
+        case NVML_ERROR_ALREADY_INITIALIZED:
+            return "Already Initialized";
+        case NVML_ERROR_NOT_FOUND:
+            return "Not Found";
+        case NVML_ERROR_INSUFFICIENT_SIZE:
+            return "Insufficient Size";
+        case NVML_ERROR_INSUFFICIENT_POWER:
+            return "Insufficient External Power";
+        case NVML_ERROR_DRIVER_NOT_LOADED:
+            return "Driver Not Loaded";
+        case NVML_ERROR_TIMEOUT:
+            return "Timeout";
+        case NVML_ERROR_IRQ_ISSUE:
+            return "Interrupt Request Issue";
+        case NVML_ERROR_LIBRARY_NOT_FOUND:
+            return "NVML Shared Library Not Found";
+        case NVML_ERROR_FUNCTION_NOT_FOUND:
+            return "Function Not Found";
+        case NVML_ERROR_CORRUPTED_INFOROM:
+            return "Corrupted infoROM";
+        case NVML_ERROR_GPU_IS_LOST:
+            return "GPU is lost";
+        case NVML_ERROR_RESET_REQUIRED:
+            return "GPU requires restart";
+        case NVML_ERROR_OPERATING_SYSTEM:
+            return "The operating system has blocked the request.";
+        case NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+            return "Driver/library version mismatch";
+        case NVML_ERROR_IN_USE:
+            return "In use by another client";
+        case NVML_ERROR_MEMORY:
+            return "Insufficient Memory";
+        case NVML_ERROR_NO_DATA:
+            return "No data";
+        case NVML_ERROR_VGPU_ECC_NOT_SUPPORTED:
+            return "The requested vgpu operation is not available on target device, because ECC is enabled";
+        case NVML_ERROR_INSUFFICIENT_RESOURCES:
+            return "Ran out of critical resources, other than memory";
+        case NVML_ERROR_FREQ_NOT_SUPPORTED:
+            return "The requested frequency is not supported";
+        case NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+            return "The provided version is invalid/unsupported";
+        case NVML_ERROR_DEPRECATED:
+            return "The requested functionality has been deprecated";
+        case NVML_ERROR_NOT_READY:
+            return "The system is not ready for the request";
+        case NVML_ERROR_GPU_NOT_FOUND:
+            return "The GPU was not found";
+        case NVML_ERROR_INVALID_STATE:
+            return "Resource not in correct state to perform requested operation";
+        case NVML_ERROR_RESET_TYPE_NOT_SUPPORTED:
+            return "Reset not supported for given device/parameters";
+        default:
+            return "Unknown Error";
     }
 }
 
@@ -255,21 +288,27 @@ extern "C" nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char* name, u
 // vcuda answers with a table that holds no entry point: nvidia-smi checks the table's size word before every
 // use and shows "N/A" for what only the table could tell (observed with driver 580's nvidia-smi). Any other
 // table is refused.
-extern "C" nvmlReturn_t nvmlInternalGetExportTable(const void** table, const unsigned char* table_id) noexcept {
+extern "C" nvmlReturn_t nvmlInternalGetExportTable(const void** table,
+                                                   const unsigned char* table_id) noexcept {
     static constexpr unsigned char smi_table_id[16] = {0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e,
                                                        0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4};
     static const size_t empty_table[1] = {sizeof empty_table};
     if (!table || !table_id) return NVML_ERROR_INVALID_ARGUMENT;
     if (std::memcmp(table_id, smi_table_id, 16) != 0)
-        return static_cast<nvmlReturn_t>(vcuda::nvml::unsupported("nvmlInternalGetExportTable for a table other than nvidia-smi's"));
+        return static_cast<nvmlReturn_t>(
+            vcuda::nvml::unsupported("nvmlInternalGetExportTable for a table other than nvidia-smi's"));
     *table = empty_table;
     return NVML_SUCCESS;
 }
 
 // ---------------------------------------------------------------- enumeration
 
-extern "C" nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* deviceCount) noexcept { return device_count(deviceCount); }
-extern "C" nvmlReturn_t nvmlDeviceGetCount(unsigned int* deviceCount) noexcept { return device_count(deviceCount); }
+extern "C" nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* deviceCount) noexcept {
+    return device_count(deviceCount);
+}
+extern "C" nvmlReturn_t nvmlDeviceGetCount(unsigned int* deviceCount) noexcept {
+    return device_count(deviceCount);
+}
 
 extern "C" nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device) noexcept {
     return handle_by_index(index, device);
@@ -289,7 +328,8 @@ extern "C" nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t
     return NVML_ERROR_NOT_FOUND;
 }
 
-extern "C" nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char* pciBusId, nvmlDevice_t* device) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char* pciBusId,
+                                                         nvmlDevice_t* device) noexcept {
     return handle_by_pci_bus_id(pciBusId, device);
 }
 extern "C" nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char* pciBusId, nvmlDevice_t* device) noexcept {
@@ -337,12 +377,15 @@ extern "C" nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo
     const vgpu_device* d;
     if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
     if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
-    std::snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT, d->pci_domain, d->pci_bus, d->pci_device);
-    std::snprintf(pci->busId, sizeof pci->busId, NVML_DEVICE_PCI_BUS_ID_FMT, d->pci_domain, d->pci_bus, d->pci_device);
+    std::snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT, d->pci_domain,
+                  d->pci_bus, d->pci_device);
+    std::snprintf(pci->busId, sizeof pci->busId, NVML_DEVICE_PCI_BUS_ID_FMT, d->pci_domain, d->pci_bus,
+                  d->pci_device);
     fill_pci_common(*d, pci);
     return NVML_SUCCESS;
 }
-extern "C" nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, vcuda_nvmlPciInfo_legacy_t* pci) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device,
+                                                vcuda_nvmlPciInfo_legacy_t* pci) noexcept {
     return pci_info_legacy(device, pci);
 }
 extern "C" nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, vcuda_nvmlPciInfo_legacy_t* pci) noexcept {
@@ -358,14 +401,18 @@ extern "C" nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfo
     gpu_status st;
     nvmlReturn_t rc = vgpu::get().status(*d, st);
     if (rc != NVML_SUCCESS && rc != NVML_ERROR_NOT_SUPPORTED) return rc;
-    std::snprintf(pci->busId, sizeof pci->busId, NVML_DEVICE_PCI_BUS_ID_FMT, d->pci_domain, d->pci_bus, d->pci_device);
+    std::snprintf(pci->busId, sizeof pci->busId, NVML_DEVICE_PCI_BUS_ID_FMT, d->pci_domain, d->pci_bus,
+                  d->pci_device);
     fill_pci_common(*d, pci);
-    pci->baseClass = st.has(gpu_field::pci_base_class) ? static_cast<unsigned>(st.get(gpu_field::pci_base_class)) : 0;
-    pci->subClass = st.has(gpu_field::pci_sub_class) ? static_cast<unsigned>(st.get(gpu_field::pci_sub_class)) : 0;
+    pci->baseClass =
+        st.has(gpu_field::pci_base_class) ? static_cast<unsigned>(st.get(gpu_field::pci_base_class)) : 0;
+    pci->subClass =
+        st.has(gpu_field::pci_sub_class) ? static_cast<unsigned>(st.get(gpu_field::pci_sub_class)) : 0;
     return NVML_SUCCESS;
 }
 
-extern "C" nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major, int* minor) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major,
+                                                           int* minor) noexcept {
     const vgpu_device* d;
     if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
     if (!major || !minor) return NVML_ERROR_INVALID_ARGUMENT;
@@ -396,51 +443,68 @@ extern "C" nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemo
     return NVML_SUCCESS;
 }
 
-extern "C" nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_t* infos) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
+                                                                nvmlProcessInfo_t* infos) noexcept {
     return running_processes(device, infoCount, infos, true);
 }
-extern "C" nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v2_t* infos) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount,
+                                                                nvmlProcessInfo_v2_t* infos) noexcept {
     return running_processes(device, infoCount, infos, true);
 }
-extern "C" nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v1_t* infos) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
+                                                             nvmlProcessInfo_v1_t* infos) noexcept {
     return running_processes(device, infoCount, infos, true);
 }
-extern "C" nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_t* infos) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
+                                                                 nvmlProcessInfo_t* infos) noexcept {
     return running_processes(device, infoCount, infos, false);
 }
-extern "C" nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v2_t* infos) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount,
+                                                                 nvmlProcessInfo_v2_t* infos) noexcept {
     return running_processes(device, infoCount, infos, false);
 }
-extern "C" nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v1_t* infos) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
+                                                              nvmlProcessInfo_v1_t* infos) noexcept {
     return running_processes(device, infoCount, infos, false);
 }
-extern "C" nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_t* infos) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                                   unsigned int* infoCount,
+                                                                   nvmlProcessInfo_t* infos) noexcept {
     return running_processes(device, infoCount, infos, false);
 }
-extern "C" nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v2_t* infos) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                                   unsigned int* infoCount,
+                                                                   nvmlProcessInfo_v2_t* infos) noexcept {
     return running_processes(device, infoCount, infos, false);
 }
-extern "C" nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_v1_t* infos) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
+                                                                nvmlProcessInfo_v1_t* infos) noexcept {
     return running_processes(device, infoCount, infos, false);
 }
 
-// ---------------------------------------------------------------- live state of the physical GPU (server's NVML)
+// ---------------------------------------------------------------- live state of the physical GPU (server's
+// NVML)
 
-extern "C" nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t* utilization) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
+                                                      nvmlUtilization_t* utilization) noexcept {
     nvmlUtilization_t u{};
-    if (nvmlReturn_t rc = live_value(device, gpu_field::utilization_gpu, &u.gpu); rc != NVML_SUCCESS) return rc;
-    if (nvmlReturn_t rc = live_value(device, gpu_field::utilization_memory, &u.memory); rc != NVML_SUCCESS) return rc;
+    if (nvmlReturn_t rc = live_value(device, gpu_field::utilization_gpu, &u.gpu); rc != NVML_SUCCESS)
+        return rc;
+    if (nvmlReturn_t rc = live_value(device, gpu_field::utilization_memory, &u.memory); rc != NVML_SUCCESS)
+        return rc;
     if (!utilization) return NVML_ERROR_INVALID_ARGUMENT;
     *utilization = u;
     return NVML_SUCCESS;
 }
 
-extern "C" nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType, unsigned int* temp) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType,
+                                                 unsigned int* temp) noexcept {
     if (sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
     return live_value(device, gpu_field::temperature, temp);
 }
 
-extern "C" nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t* temperature) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device,
+                                                  nvmlTemperature_t* temperature) noexcept {
     if (!temperature) return NVML_ERROR_INVALID_ARGUMENT;
     if (temperature->version != nvmlTemperature_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     if (temperature->sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
@@ -453,7 +517,8 @@ extern "C" nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned in
 extern "C" nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int* limit) noexcept {
     return live_value(device, gpu_field::power_limit, limit);
 }
-extern "C" nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device, unsigned int* defaultLimit) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device,
+                                                                 unsigned int* defaultLimit) noexcept {
     return live_value(device, gpu_field::power_default_limit, defaultLimit);
 }
 extern "C" nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int* limit) noexcept {
@@ -473,18 +538,21 @@ extern "C" nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, 
 extern "C" nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int* width) noexcept {
     return live_value(device, gpu_field::pcie_width_max, width);
 }
-extern "C" nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int* gen) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t device,
+                                                              unsigned int* gen) noexcept {
     return live_value(device, gpu_field::pcie_gen_gpu_max, gen);
 }
 extern "C" nvmlReturn_t nvmlDeviceGetPcieSpeed(nvmlDevice_t device, unsigned int* speed) noexcept {
     return live_value(device, gpu_field::pcie_speed, speed);
 }
 
-extern "C" nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int* clock) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type,
+                                               unsigned int* clock) noexcept {
     if (static_cast<unsigned>(type) >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
     return live_value(device, clock_field(gpu_field::clock_graphics, type), clock);
 }
-extern "C" nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int* clock) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type,
+                                                  unsigned int* clock) noexcept {
     if (static_cast<unsigned>(type) >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
     return live_value(device, clock_field(gpu_field::max_clock_graphics, type), clock);
 }
@@ -493,7 +561,8 @@ extern "C" nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComput
     return live_value(device, gpu_field::compute_mode, mode);
 }
 
-extern "C" nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int* currentMode, unsigned int* pendingMode) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int* currentMode,
+                                             unsigned int* pendingMode) noexcept {
     if (!currentMode || !pendingMode) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned cur = 0, pending = 0;
     if (nvmlReturn_t rc = live_value(device, gpu_field::mig_current, &cur); rc != NVML_SUCCESS) return rc;
@@ -509,7 +578,8 @@ extern "C" nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEn
 extern "C" nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t device, nvmlEnableState_t* display) noexcept {
     return live_value(device, gpu_field::display_mode, display);
 }
-extern "C" nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t device, nvmlEnableState_t* isActive) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t device,
+                                                   nvmlEnableState_t* isActive) noexcept {
     return live_value(device, gpu_field::display_active, isActive);
 }
 extern "C" nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int* speed) noexcept {
@@ -522,7 +592,8 @@ extern "C" nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t device, nvmlPstates
     return live_value(device, gpu_field::performance_state, pState);
 }
 
-extern "C" nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t* current, nvmlEnableState_t* pending) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t* current,
+                                             nvmlEnableState_t* pending) noexcept {
     if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
     nvmlEnableState_t cur{}, pend{};
     if (nvmlReturn_t rc = live_value(device, gpu_field::ecc_current, &cur); rc != NVML_SUCCESS) return rc;
@@ -531,7 +602,8 @@ extern "C" nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableStat
     *pending = pend;
     return NVML_SUCCESS;
 }
-extern "C" nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, unsigned int* pVirtualMode) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t device,
+                                                        unsigned int* pVirtualMode) noexcept {
     return live_value(device, gpu_field::virtualization_mode, pVirtualMode);
 }
 extern "C" nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, unsigned int* type) noexcept {
@@ -561,7 +633,8 @@ extern "C" nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigne
 // Peer-to-peer status between two vGPUs, as the CUDA side sees it (NCCL asks, a device with itself too).
 // A GPU with itself answers as the real NVML does on the H100 (driver 580): NOT_SUPPORTED for reads, writes,
 // NVLink, atomics and PCI, OK for loopback (index 5) and index 6.
-extern "C" nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, nvmlGpuP2PCapsIndex_t p2pIndex,
+extern "C" nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2,
+                                               nvmlGpuP2PCapsIndex_t p2pIndex,
                                                nvmlGpuP2PStatus_t* p2pStatus) noexcept {
     const vgpu_device *a, *b;
     if (nvmlReturn_t rc = device_of(device1, a); rc != NVML_SUCCESS) return rc;
@@ -582,11 +655,14 @@ extern "C" nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_
 
 // Field values (NVML_FI_*) are not forwarded: each requested field answers NOT_SUPPORTED in its own return
 // code, as NVML reports fields a GPU lacks, so that tools show "N/A" rather than read an unset value.
-extern "C" nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t* values) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
+                                                 nvmlFieldValue_t* values) noexcept {
     const vgpu_device* d;
     if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
     if (valuesCount < 0 || (valuesCount > 0 && !values)) return NVML_ERROR_INVALID_ARGUMENT;
-    auto now = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    auto now = std::chrono::duration_cast<std::chrono::microseconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count();
     for (int i = 0; i < valuesCount; ++i) {
         values[i].timestamp = now;
         values[i].latencyUsec = 0;
@@ -596,12 +672,16 @@ extern "C" nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int values
     return NVML_SUCCESS;
 }
 
-extern "C" nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t* bar1Memory) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device,
+                                                    nvmlBAR1Memory_t* bar1Memory) noexcept {
     if (!bar1Memory) return NVML_ERROR_INVALID_ARGUMENT;
     nvmlBAR1Memory_t b{};
-    if (nvmlReturn_t rc = live_value(device, gpu_field::bar1_total, &b.bar1Total); rc != NVML_SUCCESS) return rc;
-    if (nvmlReturn_t rc = live_value(device, gpu_field::bar1_free, &b.bar1Free); rc != NVML_SUCCESS) return rc;
-    if (nvmlReturn_t rc = live_value(device, gpu_field::bar1_used, &b.bar1Used); rc != NVML_SUCCESS) return rc;
+    if (nvmlReturn_t rc = live_value(device, gpu_field::bar1_total, &b.bar1Total); rc != NVML_SUCCESS)
+        return rc;
+    if (nvmlReturn_t rc = live_value(device, gpu_field::bar1_free, &b.bar1Free); rc != NVML_SUCCESS)
+        return rc;
+    if (nvmlReturn_t rc = live_value(device, gpu_field::bar1_used, &b.bar1Used); rc != NVML_SUCCESS)
+        return rc;
     *bar1Memory = b;
     return NVML_SUCCESS;
 }
@@ -646,7 +726,8 @@ extern "C" nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t* set) noexcept {
     return NVML_SUCCESS;
 }
 
-// A set being waited on is left allocated (its waiters wake with TIMEOUT); NVML forbids freeing it then anyway.
+// A set being waited on is left allocated (its waiters wake with TIMEOUT); NVML forbids freeing it then
+// anyway.
 extern "C" nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) noexcept {
     if (!vgpu::get().initialized()) return NVML_ERROR_UNINITIALIZED;
     {
@@ -659,14 +740,17 @@ extern "C" nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) noexcept {
     return NVML_SUCCESS;
 }
 
-extern "C" nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeoutms) noexcept {
+extern "C" nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data,
+                                            unsigned int timeoutms) noexcept {
     return event_wait(set, data, timeoutms);
 }
-extern "C" nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeoutms) noexcept {
+extern "C" nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t* data,
+                                         unsigned int timeoutms) noexcept {
     return event_wait(set, data, timeoutms);
 }
 
-extern "C" nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long* eventTypes) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                                         unsigned long long* eventTypes) noexcept {
     const vgpu_device* d;
     if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
     if (!eventTypes) return NVML_ERROR_INVALID_ARGUMENT;
@@ -674,7 +758,8 @@ extern "C" nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, un
     return NVML_SUCCESS;
 }
 
-extern "C" nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set) noexcept {
+extern "C" nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                                 nvmlEventSet_t set) noexcept {
     const vgpu_device* d;
     if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
     if (!live(set)) return NVML_ERROR_INVALID_ARGUMENT;

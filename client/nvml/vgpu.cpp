@@ -22,7 +22,8 @@ std::string cuda_library_path() {
     Dl_info info{};
     if (dladdr(reinterpret_cast<void*>(&unsupported), &info) && info.dli_fname) {
         std::string self = info.dli_fname;
-        if (auto slash = self.rfind('/'); slash != std::string::npos) return self.substr(0, slash + 1) + "libcuda.so.1";
+        if (auto slash = self.rfind('/'); slash != std::string::npos)
+            return self.substr(0, slash + 1) + "libcuda.so.1";
     }
     return "libcuda.so.1";
 }
@@ -45,12 +46,18 @@ int unsupported(const char* name) noexcept {
 
 nvmlReturn_t from_cuda(int cuda_result) {
     switch (cuda_result) {
-        case CUDA_SUCCESS: return NVML_SUCCESS;
-        case CUDA_ERROR_NOT_SUPPORTED: return NVML_ERROR_NOT_SUPPORTED;
-        case CUDA_ERROR_TIMEOUT: return NVML_ERROR_TIMEOUT;
-        case CUDA_ERROR_DEVICE_UNAVAILABLE: return NVML_ERROR_GPU_IS_LOST;  // the server connection is gone
-        case CUDA_ERROR_INVALID_DEVICE: return NVML_ERROR_INVALID_ARGUMENT;
-        default: return NVML_ERROR_UNKNOWN;
+        case CUDA_SUCCESS:
+            return NVML_SUCCESS;
+        case CUDA_ERROR_NOT_SUPPORTED:
+            return NVML_ERROR_NOT_SUPPORTED;
+        case CUDA_ERROR_TIMEOUT:
+            return NVML_ERROR_TIMEOUT;
+        case CUDA_ERROR_DEVICE_UNAVAILABLE:
+            return NVML_ERROR_GPU_IS_LOST;  // the server connection is gone
+        case CUDA_ERROR_INVALID_DEVICE:
+            return NVML_ERROR_INVALID_ARGUMENT;
+        default:
+            return NVML_ERROR_UNKNOWN;
     }
 }
 
@@ -64,8 +71,11 @@ nvmlReturn_t vgpu::load() {
     std::string path = cuda_library_path();
     void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-        VCUDA_LOG_ERROR("nvmlInit: cannot load vcuda's CUDA driver {}: {} (libnvidia-ml.so.1 and libcuda.so.1 of vcuda must "
-                        "sit in the same folder)", path, dlerror());
+        VCUDA_LOG_ERROR(
+            "nvmlInit: cannot load vcuda's CUDA driver {}: {} (libnvidia-ml.so.1 and libcuda.so.1 of vcuda "
+            "must "
+            "sit in the same folder)",
+            path, dlerror());
         return NVML_ERROR_LIBRARY_NOT_FOUND;
     }
     auto sym = [&](const char* name) { return dlsym(lib, name); };
@@ -78,14 +88,17 @@ nvmlReturn_t vgpu::load() {
     const void* table = nullptr;
     if (!get_table || get_table(&table, &id) != CUDA_SUCCESS || !table ||
         static_cast<const private_table*>(table)->size < sizeof(private_table)) {
-        VCUDA_LOG_ERROR("nvmlInit: {} is not vcuda's CUDA driver (or not the same version as this libnvidia-ml.so.1)", path);
+        VCUDA_LOG_ERROR(
+            "nvmlInit: {} is not vcuda's CUDA driver (or not the same version as this libnvidia-ml.so.1)",
+            path);
         return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
     }
     table_ = static_cast<const private_table*>(table);
     // A cuInit that failed only because CUDA_VISIBLE_DEVICES hid every GPU still lists them for NVML.
     if (CUresult rc = cu_init(0); rc != CUDA_SUCCESS && table_->listed_gpus(0, nullptr, 0) <= 0) {
         // libcuda has said why (no VCUDA_SERVER, server unreachable, no GPU there).
-        VCUDA_LOG_ERROR("nvmlInit: vcuda's cuInit failed with error {}: no remote GPU to report", static_cast<int>(rc));
+        VCUDA_LOG_ERROR("nvmlInit: vcuda's cuInit failed with error {}: no remote GPU to report",
+                        static_cast<int>(rc));
         return NVML_ERROR_DRIVER_NOT_LOADED;
     }
     driver_version(&cuda_version_);
@@ -115,7 +128,8 @@ nvmlReturn_t vgpu::load() {
         for (auto& peer : devices_) {
             int yes = 0;
             if (&peer != &d && d.cuda_ordinal >= 0 && peer.cuda_ordinal >= 0 && can_access &&
-                can_access(&yes, static_cast<CUdevice>(d.cuda_ordinal), static_cast<CUdevice>(peer.cuda_ordinal)) == CUDA_SUCCESS)
+                can_access(&yes, static_cast<CUdevice>(d.cuda_ordinal),
+                           static_cast<CUdevice>(peer.cuda_ordinal)) == CUDA_SUCCESS)
                 d.can_access_peer[peer.index] = yes != 0;
         }
     }
@@ -179,7 +193,8 @@ nvmlReturn_t vgpu::status(const vgpu_device& d, gpu_status& out) {
         }
     }
     gpu_status st;
-    nvmlReturn_t rc = from_cuda(table_->listed_gpu_status(static_cast<int>(d.index), &st, sizeof st, status_timeout_ms));
+    nvmlReturn_t rc =
+        from_cuda(table_->listed_gpu_status(static_cast<int>(d.index), &st, sizeof st, status_timeout_ms));
     std::lock_guard lock(mu_);
     auto& c = cache_[d.index];
     c = cached_status{std::chrono::steady_clock::now(), true, rc, st};

@@ -1,9 +1,9 @@
 // What vcuda's libnvidia-ml.so.1 knows: the vGPUs of this process's sessions, as vcuda's libcuda.so.1 lists
 // them for NVML (all of them: like the real NVML, it ignores CUDA_VISIBLE_DEVICES). It opens no connection of
-// its own: it loads the libcuda.so.1 that sits beside it, initializes it and reads the devices, this process's
-// memory use and the physical GPU's live state through vcuda's private export table (client/private_table.hpp).
-// Live state is cached for a second, so that a tool's many queries cost one round trip.
-// locks: `mu_` guards the init count and the status cache; the device list is written once, under it.
+// its own: it loads the libcuda.so.1 that sits beside it, initializes it and reads the devices, this
+// process's memory use and the physical GPU's live state through vcuda's private export table
+// (client/private_table.hpp). Live state is cached for a second, so that a tool's many queries cost one round
+// trip. locks: `mu_` guards the init count and the status cache; the device list is written once, under it.
 #pragma once
 
 #include <chrono>
@@ -27,11 +27,12 @@ struct vgpu_device {
     unsigned pci_device_id = 0, pci_subsystem_id = 0;
     int cc_major = 0, cc_minor = 0;
     uint64_t total_memory = 0;  // the vGPU's size (the session's quota)
-    std::vector<bool> can_access_peer;  // by NVML index: cuDeviceCanAccessPeer (false for itself and hidden GPUs)
+    std::vector<bool>
+        can_access_peer;  // by NVML index: cuDeviceCanAccessPeer (false for itself and hidden GPUs)
 };
 
 class vgpu {
-public:
+  public:
     static vgpu& get();
 
     // nvmlInit*: the first call loads and initializes libcuda; later ones count.
@@ -53,7 +54,7 @@ public:
     // The physical GPU's live state (cached for a second; failures too).
     nvmlReturn_t status(const vgpu_device& d, gpu_status& out);
 
-private:
+  private:
     vgpu() = default;
     nvmlReturn_t load();
 

@@ -1,5 +1,6 @@
 // `vcuda`: the command line users and operators meet. `vcuda run -- ./app` runs a program through vcuda;
-// the other subcommands ask the manager (vcuda-mgmt) about GPUs, servers, leases and sessions and change them.
+// the other subcommands ask the manager (vcuda-mgmt) about GPUs, servers, leases and sessions and change
+// them.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -37,29 +38,38 @@ int main(int argc, char** argv) {
     vcuda::cli::run_options run_opts;
     unsigned gpus = 0;
     auto* run = app.add_subcommand("run", run_description);
-    run->add_option("--server,-s", run_opts.server, "vcuda-server address HOST:PORT or unix:/path (default: $VCUDA_SERVER)");
-    run->add_option("--manager,-m", run_opts.manager, "vcuda-mgmt address HOST:PORT or unix:/path (default: $VCUDA_MANAGER)");
+    run->add_option("--server,-s", run_opts.server,
+                    "vcuda-server address HOST:PORT or unix:/path (default: $VCUDA_SERVER)");
+    run->add_option("--manager,-m", run_opts.manager,
+                    "vcuda-mgmt address HOST:PORT or unix:/path (default: $VCUDA_MANAGER)");
     auto* gpus_opt = run->add_option("--gpus", gpus, "with a manager: how many GPUs to lease (default 1)");
-    run->add_option("--memory", run_opts.memory, "with a manager: memory per GPU, e.g. 8G (default: the whole GPU)");
-    run->add_flag("--exclusive", run_opts.exclusive, "with a manager: lease whole GPUs that nobody else shares");
-    run->add_option("--token", run_opts.token,
-                    "the token a server started with --secret-file requires (made by `vcuda token create`; default: "
-                    "$VCUDA_TOKEN, which keeps it out of the process list)");
+    run->add_option("--memory", run_opts.memory,
+                    "with a manager: memory per GPU, e.g. 8G (default: the whole GPU)");
+    run->add_flag("--exclusive", run_opts.exclusive,
+                  "with a manager: lease whole GPUs that nobody else shares");
+    run->add_option(
+        "--token", run_opts.token,
+        "the token a server started with --secret-file requires (made by `vcuda token create`; default: "
+        "$VCUDA_TOKEN, which keeps it out of the process list)");
     run->footer(run_footer);
 
     vcuda::cli::operator_commands ops(app);
 
     // ---- token create
-    auto* token = app.add_subcommand("token", "Tokens for a vcuda-server started with --secret-file (no manager)");
+    auto* token =
+        app.add_subcommand("token", "Tokens for a vcuda-server started with --secret-file (no manager)");
     token->require_subcommand(1);
-    auto* token_create = token->add_subcommand(
-        "create", "Print a new token signed with the server's secret; clients present it with VCUDA_TOKEN or `vcuda run --token`");
+    auto* token_create = token->add_subcommand("create",
+                                               "Print a new token signed with the server's secret; clients "
+                                               "present it with VCUDA_TOKEN or `vcuda run --token`");
     std::string token_secret_file, token_ttl = "30d", token_memory;
     token_create->add_option("--secret-file", token_secret_file, "the server's --secret-file")->required();
-    token_create->add_option("--ttl", token_ttl,
-                             "how long the token opens sessions, e.g. 12h, 30d (default 30d); sessions it opened go on after");
+    token_create->add_option(
+        "--ttl", token_ttl,
+        "how long the token opens sessions, e.g. 12h, 30d (default 30d); sessions it opened go on after");
     token_create->add_option("--memory", token_memory,
-                             "GPU memory per GPU a session opened with it may hold, e.g. 8G (default: the server's --memory-quota)");
+                             "GPU memory per GPU a session opened with it may hold, e.g. 8G (default: the "
+                             "server's --memory-quota)");
 
     // Everything from PROGRAM on belongs to the program, its options included, so CLI11 only sees what comes
     // before it: the arguments after `--`, or from the first word that is not one of run's options.
@@ -74,8 +84,8 @@ int main(int argc, char** argv) {
                 break;
             }
             if (a.starts_with("-")) {
-                bool takes_value = a == "--server" || a == "-s" || a == "--manager" || a == "-m" || a == "--gpus" ||
-                                   a == "--memory" || a == "--token";
+                bool takes_value = a == "--server" || a == "-s" || a == "--manager" || a == "-m" ||
+                                   a == "--gpus" || a == "--memory" || a == "--token";
                 if (takes_value) ++i;
                 continue;
             }
@@ -96,7 +106,8 @@ int main(int argc, char** argv) {
         run_opts.command = program;
         std::string lib_dir = vcuda::cli::default_lib_dir();
         bool lib_ok = ::access((lib_dir + "/libcuda.so.1").c_str(), R_OK) == 0;
-        auto plan = vcuda::cli::plan_run(run_opts, [](const char* k) { return std::getenv(k); }, lib_dir, lib_ok);
+        auto plan = vcuda::cli::plan_run(
+            run_opts, [](const char* k) { return std::getenv(k); }, lib_dir, lib_ok);
         if (!plan) {
             std::fprintf(stderr, "%s\n", plan.error().message.c_str());
             return plan.error().exit_code;

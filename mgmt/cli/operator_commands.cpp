@@ -13,8 +13,8 @@ namespace vcuda::cli {
 
 namespace {
 
-using nlohmann::json;
 using mgmt::format_size;
+using nlohmann::json;
 constexpr auto call_timeout = std::chrono::seconds(10);
 
 std::string str(const json& j, const char* key, std::string fallback = "") {
@@ -39,7 +39,8 @@ const json& list(const json& j, const char* key) {
 }
 
 int64_t now_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
         .count();
 }
 // "in 25s", "3m ago"
@@ -48,7 +49,9 @@ std::string relative(int64_t at_ms) {
     int64_t d = at_ms - now_ms();
     bool future = d >= 0;
     int64_t s = (future ? d : -d) / 1000;
-    std::string t = s < 120 ? std::to_string(s) + "s" : s < 7200 ? std::to_string(s / 60) + "m" : std::to_string(s / 3600) + "h";
+    std::string t = s < 120    ? std::to_string(s) + "s"
+                    : s < 7200 ? std::to_string(s / 60) + "m"
+                               : std::to_string(s / 3600) + "h";
     return future ? "in " + t : t + " ago";
 }
 
@@ -58,7 +61,8 @@ std::string gpu_state(const json& g) {
 }
 
 void print_gpus(const json& body) {
-    table t({"HOST", "GPU>", "MODEL", "MEMORY LEASED/TOTAL>", "UTIL>", "SESSIONS>", "LEASES>", "STATE", "UUID"});
+    table t(
+        {"HOST", "GPU>", "MODEL", "MEMORY LEASED/TOTAL>", "UTIL>", "SESSIONS>", "LEASES>", "STATE", "UUID"});
     for (auto& g : list(body, "gpus")) {
         std::string mem = format_size(num(g, "leased_memory")) + " / " + format_size(num(g, "memory"));
         std::string util = g.contains("utilization") ? std::to_string(num(g, "utilization")) + "%" : "-";
@@ -67,7 +71,9 @@ void print_gpus(const json& body) {
                std::to_string(num(g, "sessions")), leases, gpu_state(g), str(g, "uuid")});
     }
     if (t.empty()) {
-        std::printf("no GPUs registered: start `vcuda-server --manager ADDR` on each GPU host so it registers here.\n");
+        std::printf(
+            "no GPUs registered: start `vcuda-server --manager ADDR` on each GPU host so it registers "
+            "here.\n");
         return;
     }
     std::fputs(t.render().c_str(), stdout);
@@ -77,9 +83,11 @@ void print_servers(const json& body) {
     table t({"SERVER", "HOST", "ENDPOINTS", "GPUS>", "LEASES>", "STATE", "LAST HEARTBEAT"});
     for (auto& s : list(body, "servers")) {
         std::string eps;
-        for (auto& e : list(s, "endpoints")) eps += (eps.empty() ? "" : ",") + (e.is_string() ? e.get<std::string>() : e.dump());
-        t.add({str(s, "server_id"), str(s, "host"), eps, std::to_string(num(s, "gpus")), std::to_string(num(s, "leases")),
-               str(s, "state"), relative(static_cast<int64_t>(num(s, "last_heartbeat")))});
+        for (auto& e : list(s, "endpoints"))
+            eps += (eps.empty() ? "" : ",") + (e.is_string() ? e.get<std::string>() : e.dump());
+        t.add({str(s, "server_id"), str(s, "host"), eps, std::to_string(num(s, "gpus")),
+               std::to_string(num(s, "leases")), str(s, "state"),
+               relative(static_cast<int64_t>(num(s, "last_heartbeat")))});
     }
     if (t.empty()) {
         std::printf("no servers registered: start `vcuda-server --manager ADDR` on each GPU host.\n");
@@ -94,8 +102,9 @@ void print_leases(const json& body) {
         std::string client = str(l, "client_host"), mode = flag(l, "exclusive") ? "exclusive" : "shared";
         bool first = true;
         for (auto& d : list(l, "devices")) {
-            t.add({first ? str(l, "lease_id") : "", first ? client : "", first ? std::to_string(num(l, "pid")) : "",
-                   str(d, "host"), std::to_string(num(d, "gpu_index")), format_size(num(d, "memory_quota")),
+            t.add({first ? str(l, "lease_id") : "", first ? client : "",
+                   first ? std::to_string(num(l, "pid")) : "", str(d, "host"),
+                   std::to_string(num(d, "gpu_index")), format_size(num(d, "memory_quota")),
                    first ? mode : "", first ? relative(static_cast<int64_t>(num(l, "expires_at"))) : ""});
             first = false;
         }
@@ -110,8 +119,8 @@ void print_leases(const json& body) {
 void print_sessions(const json& body) {
     table t({"HOST", "GPU", "SESSION", "LEASE", "CLIENT", "MEMORY USED>"});
     for (auto& s : list(body, "sessions"))
-        t.add({str(s, "host"), str(s, "gpu_uuid"), str(s, "session_id"), str(s, "lease_id", "-"), str(s, "client", "-"),
-               format_size(num(s, "memory_used"))});
+        t.add({str(s, "host"), str(s, "gpu_uuid"), str(s, "session_id"), str(s, "lease_id", "-"),
+               str(s, "client", "-"), format_size(num(s, "memory_used"))});
     if (t.empty()) {
         std::printf("no sessions: no client is connected to a vcuda-server that reports to this manager.\n");
         return;
@@ -121,25 +130,31 @@ void print_sessions(const json& body) {
 
 }  // namespace
 
-operator_commands::command operator_commands::add(CLI::App& app, const std::string& name, const std::string& help,
-                                                  const char* target_help) {
+operator_commands::command operator_commands::add(CLI::App& app, const std::string& name,
+                                                  const std::string& help, const char* target_help) {
     command c;
     c.app = app.add_subcommand(name, help);
-    c.app->add_option("--manager,-m", manager_, "vcuda-mgmt address HOST:PORT or unix:/path (default: $VCUDA_MANAGER)");
+    c.app->add_option("--manager,-m", manager_,
+                      "vcuda-mgmt address HOST:PORT or unix:/path (default: $VCUDA_MANAGER)");
     c.app->add_flag("--json", json_, "print the manager's answer as JSON instead of a table");
     return c;
 }
 
 operator_commands::operator_commands(CLI::App& app) {
-    gpus_ = add(app, "gpus", "List GPUs: host, index, model, memory leased/total, utilization, sessions, state.");
+    gpus_ =
+        add(app, "gpus", "List GPUs: host, index, model, memory leased/total, utilization, sessions, state.");
     servers_ = add(app, "servers", "List vcuda-servers registered with the manager and whether they are up.");
     leases_ = add(app, "leases", "List leases: which client holds which GPUs, how much memory, until when.");
     sessions_ = add(app, "sessions", "List client sessions that the servers report.");
-    cordon_ = add(app, "cordon", "Stop new leases on a GPU (by UUID) or on every GPU of a server (by host); existing leases keep running.");
+    cordon_ = add(app, "cordon",
+                  "Stop new leases on a GPU (by UUID) or on every GPU of a server (by host); existing leases "
+                  "keep running.");
     cordon_.app->add_option("target", cordon_.target, "GPU UUID, server host or server id")->required();
     uncordon_ = add(app, "uncordon", "Allow new leases again on a GPU or server (also ends a drain).");
     uncordon_.app->add_option("target", uncordon_.target, "GPU UUID, server host or server id")->required();
-    drain_ = add(app, "drain", "Drain a server: no new leases on it; existing leases run out. `vcuda servers` shows when it is empty.");
+    drain_ = add(app, "drain",
+                 "Drain a server: no new leases on it; existing leases run out. `vcuda servers` shows when "
+                 "it is empty.");
     drain_.app->add_option("host", drain_.target, "server host or server id")->required();
     release_ = add(app, "release", "Release a lease now (the client loses its GPUs).");
     release_.app->add_option("lease", release_.target, "lease id, as `vcuda leases` shows it")->required();
@@ -152,12 +167,14 @@ int operator_commands::execute() {
     if (addr.empty()) {
         std::fprintf(stderr,
                      "vcuda: which manager? Pass --manager HOST:PORT or set VCUDA_MANAGER=HOST:PORT.\n"
-                     "  No manager yet? Start one with `vcuda-mgmt --listen HOST:PORT --db mgmt.db --secret-file secret`.\n");
+                     "  No manager yet? Start one with `vcuda-mgmt --listen HOST:PORT --db mgmt.db "
+                     "--secret-file secret`.\n");
         return 2;
     }
     auto ep = endpoint::parse(addr);
     if (!ep) {
-        std::fprintf(stderr, "vcuda: the manager address '%s' is not valid: %s\n", addr.c_str(), ep.error().c_str());
+        std::fprintf(stderr, "vcuda: the manager address '%s' is not valid: %s\n", addr.c_str(),
+                     ep.error().c_str());
         return 2;
     }
 
@@ -165,29 +182,39 @@ int operator_commands::execute() {
     json body = json::object();
     void (*print)(const json&) = nullptr;
     const command* cmd = nullptr;
-    if (gpus_.app->parsed()) method = "gpus.list", print = print_gpus;
-    else if (servers_.app->parsed()) method = "servers.list", print = print_servers;
-    else if (leases_.app->parsed()) method = "leases.list", print = print_leases;
-    else if (sessions_.app->parsed()) method = "sessions.list", print = print_sessions;
-    else if (cordon_.app->parsed()) method = "gpu.cordon", cmd = &cordon_, body["target"] = cordon_.target;
-    else if (uncordon_.app->parsed()) method = "gpu.uncordon", cmd = &uncordon_, body["target"] = uncordon_.target;
-    else if (drain_.app->parsed()) method = "server.drain", cmd = &drain_, body["host"] = drain_.target;
-    else if (release_.app->parsed()) method = "lease.release", cmd = &release_, body["lease_id"] = release_.target;
-    else return 2;
+    if (gpus_.app->parsed())
+        method = "gpus.list", print = print_gpus;
+    else if (servers_.app->parsed())
+        method = "servers.list", print = print_servers;
+    else if (leases_.app->parsed())
+        method = "leases.list", print = print_leases;
+    else if (sessions_.app->parsed())
+        method = "sessions.list", print = print_sessions;
+    else if (cordon_.app->parsed())
+        method = "gpu.cordon", cmd = &cordon_, body["target"] = cordon_.target;
+    else if (uncordon_.app->parsed())
+        method = "gpu.uncordon", cmd = &uncordon_, body["target"] = uncordon_.target;
+    else if (drain_.app->parsed())
+        method = "server.drain", cmd = &drain_, body["host"] = drain_.target;
+    else if (release_.app->parsed())
+        method = "lease.release", cmd = &release_, body["lease_id"] = release_.target;
+    else
+        return 2;
 
     auto reply = mgmt::mgmt_call(*ep, method, body.dump(), call_timeout);
     if (!reply) {
         std::string name;
-        for (const command* c : {&gpus_, &servers_, &leases_, &sessions_, &cordon_, &uncordon_, &drain_, &release_})
+        for (const command* c :
+             {&gpus_, &servers_, &leases_, &sessions_, &cordon_, &uncordon_, &drain_, &release_})
             if (c->app->parsed()) name = c->app->get_name();
-        std::fprintf(stderr, "vcuda %s: %s\n", name.c_str(),
-                     mgmt::describe(reply.error(), *ep).c_str());
+        std::fprintf(stderr, "vcuda %s: %s\n", name.c_str(), mgmt::describe(reply.error(), *ep).c_str());
         return reply.error().kind == mgmt::rpc_errc::remote ? 1 : 3;
     }
     json out = json::parse(*reply, nullptr, false);
     if (out.is_discarded()) {
-        std::fprintf(stderr, "vcuda: the manager at %s sent a reply that is not JSON; is it the same vcuda version?\n",
-                     addr.c_str());
+        std::fprintf(
+            stderr, "vcuda: the manager at %s sent a reply that is not JSON; is it the same vcuda version?\n",
+            addr.c_str());
         return 3;
     }
     if (json_) {
@@ -202,18 +229,25 @@ int operator_commands::execute() {
     if (cmd == &cordon_ || cmd == &uncordon_) {
         bool on = cmd == &cordon_;
         std::string what;
-        for (auto& g : list(out, "gpus")) what += (what.empty() ? "" : ", ") + std::string("GPU ") + str(g, "host") + "/" + std::to_string(num(g, "index"));
-        for (auto& s : list(out, "servers")) what += (what.empty() ? "" : ", ") + std::string("server ") + str(s, "host") + " (" + str(s, "server_id") + ")";
+        for (auto& g : list(out, "gpus"))
+            what += (what.empty() ? "" : ", ") + std::string("GPU ") + str(g, "host") + "/" +
+                    std::to_string(num(g, "index"));
+        for (auto& s : list(out, "servers"))
+            what += (what.empty() ? "" : ", ") + std::string("server ") + str(s, "host") + " (" +
+                    str(s, "server_id") + ")";
         if (on)
-            std::printf("cordoned %s: no new leases there; existing leases keep running. Undo with `vcuda uncordon %s`.\n",
-                        what.c_str(), cmd->target.c_str());
+            std::printf(
+                "cordoned %s: no new leases there; existing leases keep running. Undo with `vcuda uncordon "
+                "%s`.\n",
+                what.c_str(), cmd->target.c_str());
         else
             std::printf("uncordoned %s: it takes new leases again.\n", what.c_str());
     } else if (cmd == &drain_) {
         uint64_t left = num(out, "leases_left");
-        std::printf("draining %s: no new leases; %llu lease(s) still running will run out. `vcuda servers` shows "
-                    "'drained' when it is empty; `vcuda uncordon %s` ends the drain.\n",
-                    drain_.target.c_str(), static_cast<unsigned long long>(left), drain_.target.c_str());
+        std::printf(
+            "draining %s: no new leases; %llu lease(s) still running will run out. `vcuda servers` shows "
+            "'drained' when it is empty; `vcuda uncordon %s` ends the drain.\n",
+            drain_.target.c_str(), static_cast<unsigned long long>(left), drain_.target.c_str());
     } else if (cmd == &release_) {
         std::printf("released lease %s\n", release_.target.c_str());
     }

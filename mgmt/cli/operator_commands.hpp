@@ -1,5 +1,6 @@
 // The operator subcommands of `vcuda`: gpus, servers, leases, sessions, cordon, uncordon, drain, release.
-// Each asks the manager one question (mgmt/PROTOCOL.md) and prints a table, or the manager's JSON with --json.
+// Each asks the manager one question (mgmt/PROTOCOL.md) and prints a table, or the manager's JSON with
+// --json.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -8,18 +9,19 @@
 namespace vcuda::cli {
 
 class operator_commands {
-public:
+  public:
     // Adds the subcommands to `app`.
     explicit operator_commands(CLI::App& app);
     // Runs the subcommand that was parsed; returns the process exit code.
     int execute();
 
-private:
+  private:
     struct command {
         CLI::App* app = nullptr;
         std::string target;
     };
-    command add(CLI::App& app, const std::string& name, const std::string& help, const char* target_help = nullptr);
+    command add(CLI::App& app, const std::string& name, const std::string& help,
+                const char* target_help = nullptr);
 
     std::string manager_;
     bool json_ = false;

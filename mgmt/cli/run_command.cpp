@@ -38,16 +38,21 @@ std::string default_lib_dir() {
     return dir.string();
 }
 
-result<run_plan, run_error> plan_run(const run_options& opts, const std::function<const char*(const char*)>& getenv,
+result<run_plan, run_error> plan_run(const run_options& opts,
+                                     const std::function<const char*(const char*)>& getenv,
                                      const std::string& lib_dir, bool lib_dir_ok) {
     run_plan plan;
     std::vector<std::string> cmd = opts.command;
     if (!cmd.empty() && cmd.front() == "--") cmd.erase(cmd.begin());
     if (cmd.empty())
-        return unexpected{run_error{2, "vcuda run: no program given.\n  usage: vcuda run [--server ADDR | --manager ADDR] -- PROGRAM ARGS..."}};
+        return unexpected{run_error{2,
+                                    "vcuda run: no program given.\n  usage: vcuda run [--server ADDR | "
+                                    "--manager ADDR] -- PROGRAM ARGS..."}};
     if (!opts.server.empty() && !opts.manager.empty())
-        return unexpected{run_error{2, "vcuda run: give either --server (one GPU host, no manager) or --manager (the manager "
-                                       "chooses the GPUs), not both."}};
+        return unexpected{
+            run_error{2,
+                      "vcuda run: give either --server (one GPU host, no manager) or --manager (the manager "
+                      "chooses the GPUs), not both."}};
 
     std::string server = opts.server, manager = opts.manager;
     if (server.empty() && manager.empty()) {
@@ -58,15 +63,16 @@ result<run_plan, run_error> plan_run(const run_options& opts, const std::functio
     for (auto [flag, value] : {std::pair{"server", &server}, std::pair{"manager", &manager}}) {
         if (value->empty()) continue;
         if (auto ep = endpoint::parse(*value); !ep)
-            return unexpected{run_error{2, std::string("vcuda run: the ") + flag + " address '" + *value +
-                                               "' is not valid: " + ep.error() +
-                                               "\n  write HOST:PORT (e.g. 10.0.0.5:7300) or unix:/path/to/socket"}};
+            return unexpected{run_error{
+                2, std::string("vcuda run: the ") + flag + " address '" + *value + "' is not valid: " +
+                       ep.error() + "\n  write HOST:PORT (e.g. 10.0.0.5:7300) or unix:/path/to/socket"}};
     }
     if (!lib_dir_ok)
-        return unexpected{run_error{2, "vcuda run: vcuda's driver library is missing: " + lib_dir +
-                                           "/libcuda.so.1 does not exist.\n  Build it (cmake --build build/dev) or "
-                                           "reinstall vcuda so that lib/vcuda/ sits beside bin/; VCUDA_LIB_DIR=DIR "
-                                           "points vcuda run at another folder."}};
+        return unexpected{
+            run_error{2, "vcuda run: vcuda's driver library is missing: " + lib_dir +
+                             "/libcuda.so.1 does not exist.\n  Build it (cmake --build build/dev) or "
+                             "reinstall vcuda so that lib/vcuda/ sits beside bin/; VCUDA_LIB_DIR=DIR "
+                             "points vcuda run at another folder."}};
 
     std::string ld = lib_dir;
     if (std::string old = nonempty(getenv("LD_LIBRARY_PATH")); !old.empty()) ld += ":" + old;
@@ -93,8 +99,10 @@ result<run_plan, run_error> plan_run(const run_options& opts, const std::functio
     if (opts.exclusive) plan.set_env.emplace_back("VCUDA_EXCLUSIVE", "1");
     if (!opts.token.empty()) {
         if (!opts.manager.empty())
-            return unexpected{run_error{2, "vcuda run: --token is for a server started with --secret-file; with --manager "
-                                           "the manager hands out the tokens"}};
+            return unexpected{
+                run_error{2,
+                          "vcuda run: --token is for a server started with --secret-file; with --manager "
+                          "the manager hands out the tokens"}};
         plan.set_env.emplace_back("VCUDA_TOKEN", opts.token);
     }
     plan.argv = std::move(cmd);
@@ -103,8 +111,10 @@ result<run_plan, run_error> plan_run(const run_options& opts, const std::functio
 
 int exec_plan(const run_plan& plan) {
     for (auto& [k, v] : plan.set_env) {
-        if (v.empty()) ::unsetenv(k.c_str());
-        else ::setenv(k.c_str(), v.c_str(), 1);
+        if (v.empty())
+            ::unsetenv(k.c_str());
+        else
+            ::setenv(k.c_str(), v.c_str(), 1);
     }
     std::vector<char*> argv;
     for (auto& a : plan.argv) argv.push_back(const_cast<char*>(a.c_str()));

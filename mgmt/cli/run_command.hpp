@@ -35,7 +35,8 @@ struct run_error {
 
 // `getenv` reads the current environment; `lib_dir` is where libcuda.so.1 and libnvidia-ml.so.1 of vcuda live
 // (<dir of the vcuda executable>/../lib/vcuda); `lib_dir_ok` says whether libcuda.so.1 was found there.
-result<run_plan, run_error> plan_run(const run_options& opts, const std::function<const char*(const char*)>& getenv,
+result<run_plan, run_error> plan_run(const run_options& opts,
+                                     const std::function<const char*(const char*)>& getenv,
                                      const std::string& lib_dir, bool lib_dir_ok);
 
 // <dir of /proc/self/exe>/../lib/vcuda, normalized; VCUDA_LIB_DIR overrides it.

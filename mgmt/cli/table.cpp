@@ -28,8 +28,10 @@ std::string table::render() const {
         std::string l;
         for (size_t i = 0; i < cells.size(); ++i) {
             size_t pad = width[i] - cells[i].size();
-            if (right_[i]) l.append(pad, ' ').append(cells[i]);
-            else l.append(cells[i]).append(i + 1 < cells.size() ? pad : 0, ' ');
+            if (right_[i])
+                l.append(pad, ' ').append(cells[i]);
+            else
+                l.append(cells[i]).append(i + 1 < cells.size() ? pad : 0, ' ');
             if (i + 1 < cells.size()) l.append("  ");
         }
         while (!l.empty() && l.back() == ' ') l.pop_back();

@@ -3,8 +3,8 @@
 #include <chrono>
 #include <cstdio>
 
-#include "mgmt/wire/units.hpp"
 #include "mgmt/token.hpp"
+#include "mgmt/wire/units.hpp"
 
 namespace vcuda::cli {
 
@@ -17,19 +17,22 @@ int create_token(const std::string& secret_file, const std::string& ttl, const s
     // Durations as elsewhere ("90s", "12h"), and days, which tokens are usually counted in.
     std::optional<std::chrono::milliseconds> life;
     if (!ttl.empty() && ttl.back() == 'd') {
-        if (auto days = mgmt::parse_duration(ttl.substr(0, ttl.size() - 1))) life = *days * 86400;  // seconds -> days
+        if (auto days = mgmt::parse_duration(ttl.substr(0, ttl.size() - 1)))
+            life = *days * 86400;  // seconds -> days
     } else {
         life = mgmt::parse_duration(ttl);
     }
     if (!life || life->count() <= 0) {
-        std::fprintf(stderr, "vcuda token create: --ttl '%s' is not a duration; write e.g. 12h or 30d\n", ttl.c_str());
+        std::fprintf(stderr, "vcuda token create: --ttl '%s' is not a duration; write e.g. 12h or 30d\n",
+                     ttl.c_str());
         return 2;
     }
     uint64_t quota = 0;
     if (!memory.empty()) {
         auto bytes = mgmt::parse_size(memory);
         if (!bytes || *bytes == 0) {
-            std::fprintf(stderr, "vcuda token create: --memory '%s' is not a size; write e.g. 8G or 512M\n", memory.c_str());
+            std::fprintf(stderr, "vcuda token create: --memory '%s' is not a size; write e.g. 8G or 512M\n",
+                         memory.c_str());
             return 2;
         }
         quota = *bytes;

@@ -1,6 +1,6 @@
 // `vcuda token create`: mints a token for a standalone vcuda-server (one started with --secret-file and no
-// --manager), signed with that server's secret (mgmt/token.hpp, gpu_uuid any_gpu). The operator hands it to the
-// users who may use the server; it opens sessions until it expires.
+// --manager), signed with that server's secret (mgmt/token.hpp, gpu_uuid any_gpu). The operator hands it to
+// the users who may use the server; it opens sessions until it expires.
 #pragma once
 
 #include <string>

@@ -120,8 +120,10 @@ mgmt_result<std::string> manager_state::register_server(const server_registratio
     // GPUs of this server that it no longer reports are forgotten (their leases stay until they run out).
     std::set<std::string> previous_owners;
     for (auto it = gpus_.begin(); it != gpus_.end();) {
-        if (it->second.server_id == server->id && !seen.contains(it->first)) it = gpus_.erase(it);
-        else ++it;
+        if (it->second.server_id == server->id && !seen.contains(it->first))
+            it = gpus_.erase(it);
+        else
+            ++it;
     }
     for (auto& d : reg.gpus) {
         auto& g = gpus_[d.uuid];
@@ -133,7 +135,8 @@ mgmt_result<std::string> manager_state::register_server(const server_registratio
     changes.servers_put.push_back(server->id);
     // A server whose GPUs all moved here (it came back on another address) is gone.
     for (auto& old : previous_owners) {
-        bool has_gpus = std::any_of(gpus_.begin(), gpus_.end(), [&](auto& kv) { return kv.second.server_id == old; });
+        bool has_gpus =
+            std::any_of(gpus_.begin(), gpus_.end(), [&](auto& kv) { return kv.second.server_id == old; });
         if (!has_gpus) {
             servers_.erase(old);
             changes.servers_deleted.push_back(old);
@@ -142,11 +145,12 @@ mgmt_result<std::string> manager_state::register_server(const server_registratio
     return server->id;
 }
 
-mgmt_result<heartbeat_reply> manager_state::heartbeat(const mgmt::heartbeat& hb, time_ms now, state_changes& changes) {
+mgmt_result<heartbeat_reply> manager_state::heartbeat(const mgmt::heartbeat& hb, time_ms now,
+                                                      state_changes& changes) {
     auto it = servers_.find(hb.server_id);
     if (it == servers_.end())
-        return unexpected{mgmt_error{errc::unknown_server,
-                                     "server id '" + hb.server_id + "' is not registered here; register again"}};
+        return unexpected{mgmt_error{
+            errc::unknown_server, "server id '" + hb.server_id + "' is not registered here; register again"}};
     auto& s = it->second;
     s.last_heartbeat = now;
     if (s.down) {
@@ -169,10 +173,11 @@ mgmt_result<heartbeat_reply> manager_state::heartbeat(const mgmt::heartbeat& hb,
 
 // ------------------------------------------------------------------------------------------------ leases
 
-mgmt_result<lease_record> manager_state::acquire(const lease_request& req, time_ms now, state_changes& changes) {
+mgmt_result<lease_record> manager_state::acquire(const lease_request& req, time_ms now,
+                                                 state_changes& changes) {
     if (req.gpus == 0 || req.gpus > cfg_.max_gpus_per_lease)
-        return unexpected{mgmt_error{errc::bad_request, "'gpus' must be between 1 and " +
-                                                            std::to_string(cfg_.max_gpus_per_lease)}};
+        return unexpected{mgmt_error{
+            errc::bad_request, "'gpus' must be between 1 and " + std::to_string(cfg_.max_gpus_per_lease)}};
     const bool exclusive = req.hints.exclusive;
     const std::string model = lower(req.hints.model);
 
@@ -200,13 +205,15 @@ mgmt_result<lease_record> manager_state::acquire(const lease_request& req, time_
             ++too_small;
             continue;
         }
-        bool fits = exclusive ? v.leases == 0 : !v.exclusive && v.leased_memory <= mem && quota <= mem - v.leased_memory;
+        bool fits = exclusive ? v.leases == 0
+                              : !v.exclusive && v.leased_memory <= mem && quota <= mem - v.leased_memory;
         if (!fits) {
             ++full;
             continue;
         }
         uint64_t leftover = mem - v.leased_memory - quota;
-        candidates.push_back({v, quota,
+        candidates.push_back({v,
+                              quota,
                               {is_local(*v.server, req.client_host) ? 0 : 1, leftover, g.load.utilization,
                                g.load.sessions, v.leases, v.server->host, g.info.index}});
     }
@@ -232,12 +239,12 @@ mgmt_result<lease_record> manager_state::acquire(const lease_request& req, time_
     }
 
     if (picked.size() < req.gpus) {
-        std::string what = std::to_string(req.gpus) + (req.gpus == 1 ? " GPU" : " GPUs") +
-                           (exclusive ? " (exclusive)" : "") +
-                           (req.memory_per_gpu ? " with " + format_size(req.memory_per_gpu) + " each"
-                                               : " (whole GPU)") +
-                           (model.empty() ? "" : " of model '" + req.hints.model + "'") +
-                           (req.hints.same_host ? " on one host" : "");
+        std::string what =
+            std::to_string(req.gpus) + (req.gpus == 1 ? " GPU" : " GPUs") +
+            (exclusive ? " (exclusive)" : "") +
+            (req.memory_per_gpu ? " with " + format_size(req.memory_per_gpu) + " each" : " (whole GPU)") +
+            (model.empty() ? "" : " of model '" + req.hints.model + "'") +
+            (req.hints.same_host ? " on one host" : "");
         std::string why;
         if (total == 0) {
             why = "no GPUs are registered: start vcuda-server with --manager on the GPU hosts";
@@ -247,8 +254,9 @@ mgmt_result<lease_record> manager_state::acquire(const lease_request& req, time_
             if (wrong_model) why += "; " + std::to_string(wrong_model) + " of another model";
             if (too_small) why += "; " + std::to_string(too_small) + " smaller than the request";
             if (full) why += "; " + std::to_string(full) + " without enough free memory";
-            why += ". Ask for less memory or fewer GPUs, wait for leases to end, or uncordon GPUs (`vcuda gpus` "
-                   "shows them)";
+            why +=
+                ". Ask for less memory or fewer GPUs, wait for leases to end, or uncordon GPUs (`vcuda gpus` "
+                "shows them)";
         }
         return unexpected{mgmt_error{errc::no_capacity, "cannot place " + what + ": " + why + "."}};
     }
@@ -266,11 +274,12 @@ mgmt_result<lease_record> manager_state::acquire(const lease_request& req, time_
     return l;
 }
 
-mgmt_result<lease_record> manager_state::renew(const std::string& lease_id, time_ms now, state_changes& changes) {
+mgmt_result<lease_record> manager_state::renew(const std::string& lease_id, time_ms now,
+                                               state_changes& changes) {
     auto it = leases_.find(lease_id);
     if (it == leases_.end())
-        return unexpected{mgmt_error{errc::unknown_lease,
-                                     "lease '" + lease_id + "' is unknown or has expired; acquire a new one"}};
+        return unexpected{mgmt_error{
+            errc::unknown_lease, "lease '" + lease_id + "' is unknown or has expired; acquire a new one"}};
     it->second.expires_at = now + cfg_.lease_ttl;
     changes.leases_put.push_back(lease_id);
     return it->second;
@@ -279,8 +288,9 @@ mgmt_result<lease_record> manager_state::renew(const std::string& lease_id, time
 mgmt_result<lease_record> manager_state::release(const std::string& lease_id, state_changes& changes) {
     auto it = leases_.find(lease_id);
     if (it == leases_.end())
-        return unexpected{mgmt_error{errc::unknown_lease,
-                                     "lease '" + lease_id + "' is unknown or has already ended (`vcuda leases` lists them)"}};
+        return unexpected{mgmt_error{
+            errc::unknown_lease,
+            "lease '" + lease_id + "' is unknown or has already ended (`vcuda leases` lists them)"}};
     lease_record l = std::move(it->second);
     leases_.erase(it);
     changes.leases_deleted.push_back(lease_id);
@@ -311,8 +321,9 @@ mgmt_result<manager_state::cordon_result> manager_state::cordon(const std::strin
     }
     auto servers = servers_matching(target);
     if (servers.empty())
-        return unexpected{mgmt_error{errc::not_found, "no GPU uuid, server host or server id '" + target +
-                                                          "' is known; `vcuda gpus` and `vcuda servers` list them"}};
+        return unexpected{
+            mgmt_error{errc::not_found, "no GPU uuid, server host or server id '" + target +
+                                            "' is known; `vcuda gpus` and `vcuda servers` list them"}};
     for (auto* cs : servers) {
         auto& s = servers_.at(cs->id);
         s.cordoned = on;
@@ -331,7 +342,8 @@ mgmt_result<manager_state::cordon_result> manager_state::cordon(const std::strin
     return r;
 }
 
-mgmt_result<std::vector<std::string>> manager_state::drain(const std::string& host_or_id, state_changes& changes) {
+mgmt_result<std::vector<std::string>> manager_state::drain(const std::string& host_or_id,
+                                                           state_changes& changes) {
     auto servers = servers_matching(host_or_id);
     if (servers.empty())
         return unexpected{mgmt_error{errc::not_found, "no server with host or id '" + host_or_id +
@@ -389,10 +401,14 @@ gpu_view manager_state::view(const gpu_record& g) const {
                 ++v.leases;
                 v.exclusive = v.exclusive || l.exclusive;
             }
-    if (!v.server || v.server->down) v.state = "down";
-    else if (v.server->draining) v.state = "draining";
-    else if (v.server->cordoned || g.cordoned) v.state = "cordoned";
-    else v.state = "up";
+    if (!v.server || v.server->down)
+        v.state = "down";
+    else if (v.server->draining)
+        v.state = "draining";
+    else if (v.server->cordoned || g.cordoned)
+        v.state = "cordoned";
+    else
+        v.state = "up";
     return v;
 }
 

@@ -1,14 +1,14 @@
-// The manager's state machine: the inventory of servers and GPUs, the leases on them, placement, cordon/drain,
-// heartbeat timeouts and lease expiry. Pure: no I/O, no threads, no clock of its own — every call that depends on
-// time takes `now`, so tests drive it with a fake clock. The daemon (mgmt/daemon/service.hpp) puts a lock, the
-// SQLite store and the wire around it.
+// The manager's state machine: the inventory of servers and GPUs, the leases on them, placement,
+// cordon/drain, heartbeat timeouts and lease expiry. Pure: no I/O, no threads, no clock of its own — every
+// call that depends on time takes `now`, so tests drive it with a fake clock. The daemon
+// (mgmt/daemon/service.hpp) puts a lock, the SQLite store and the wire around it.
 //
 // Placement (DESIGN.md, "Manager"): among the GPUs that may take the lease, the client's own host first, then
 // best fit by memory (least memory left over after this lease), then least loaded (utilization, sessions).
 // Shared GPUs are never over-committed: the quotas of the leases on a GPU add up to at most its memory.
-// An exclusive lease takes a whole GPU that has no other lease. Cordoned GPUs, cordoned or draining servers and
-// servers that are down take no new leases; leases already there keep running and can be renewed.
-// runs on: the caller's thread; not thread-safe (the daemon serializes calls).
+// An exclusive lease takes a whole GPU that has no other lease. Cordoned GPUs, cordoned or draining servers
+// and servers that are down take no new leases; leases already there keep running and can be renewed. runs
+// on: the caller's thread; not thread-safe (the daemon serializes calls).
 #pragma once
 
 #include <chrono>
@@ -28,7 +28,8 @@ using time_ms = std::chrono::time_point<std::chrono::system_clock, std::chrono::
 inline int64_t to_unix_ms(time_ms t) { return t.time_since_epoch().count(); }
 inline time_ms from_unix_ms(int64_t ms) { return time_ms(std::chrono::milliseconds(ms)); }
 
-// An error the manager returns to a caller: `code` is stable (mgmt/PROTOCOL.md), `message` says what to do next.
+// An error the manager returns to a caller: `code` is stable (mgmt/PROTOCOL.md), `message` says what to do
+// next.
 struct mgmt_error {
     std::string code;
     std::string message;
@@ -62,7 +63,7 @@ struct gpu_record {
     gpu_description info;
     std::string server_id;
     bool cordoned = false;
-    gpu_load load;              // from the last heartbeat; not persisted
+    gpu_load load;  // from the last heartbeat; not persisted
     bool load_reported = false;
 };
 
@@ -119,27 +120,32 @@ struct gpu_view {
 };
 
 class manager_state {
-public:
+  public:
     explicit manager_state(state_config cfg, std::function<std::string()> new_id = {});
 
     const state_config& config() const { return cfg_; }
 
-    // Replaces the whole state with a stored snapshot (manager start). Servers get a fresh heartbeat timeout from
-    // `now`; leases get at least one TTL from `now`, since their clients could not renew while the manager was away.
+    // Replaces the whole state with a stored snapshot (manager start). Servers get a fresh heartbeat timeout
+    // from `now`; leases get at least one TTL from `now`, since their clients could not renew while the
+    // manager was away.
     void load(state_snapshot snap, time_ms now);
     state_snapshot snapshot() const;
 
-    // A server (re)announces itself and its GPUs. The same host + endpoints keeps its server id (and cordon flags);
-    // GPUs are keyed by UUID, so a GPU keeps its cordon flag and its leases when its server re-registers.
-    mgmt_result<std::string> register_server(const server_registration& reg, time_ms now, state_changes& changes);
-    // Records load; a server that was down is up again. unknown_server when the id is not known (register again).
+    // A server (re)announces itself and its GPUs. The same host + endpoints keeps its server id (and cordon
+    // flags); GPUs are keyed by UUID, so a GPU keeps its cordon flag and its leases when its server
+    // re-registers.
+    mgmt_result<std::string> register_server(const server_registration& reg, time_ms now,
+                                             state_changes& changes);
+    // Records load; a server that was down is up again. unknown_server when the id is not known (register
+    // again).
     mgmt_result<heartbeat_reply> heartbeat(const mgmt::heartbeat& hb, time_ms now, state_changes& changes);
 
     mgmt_result<lease_record> acquire(const lease_request& req, time_ms now, state_changes& changes);
     mgmt_result<lease_record> renew(const std::string& lease_id, time_ms now, state_changes& changes);
     mgmt_result<lease_record> release(const std::string& lease_id, state_changes& changes);
 
-    // `target`: a GPU uuid, a server id or a server host (every server on it). Returns the GPUs and servers changed.
+    // `target`: a GPU uuid, a server id or a server host (every server on it). Returns the GPUs and servers
+    // changed.
     struct cordon_result {
         std::vector<std::string> gpus;     // uuids
         std::vector<std::string> servers;  // server ids
@@ -166,7 +172,7 @@ public:
     uint32_t leases_on_server(const std::string& server_id) const;
     std::vector<active_lease> active_leases_on(const std::string& server_id) const;
 
-private:
+  private:
     std::string make_id(const char* prefix);
     std::vector<const server_record*> servers_matching(const std::string& host_or_id) const;
 

@@ -1,5 +1,5 @@
-// vcuda-mgmt: the manager. Servers register their GPUs with it and send heartbeats; clients lease GPUs from it;
-// operators ask it with `vcuda gpus|servers|leases|sessions|cordon|uncordon|drain|release`.
+// vcuda-mgmt: the manager. Servers register their GPUs with it and send heartbeats; clients lease GPUs from
+// it; operators ask it with `vcuda gpus|servers|leases|sessions|cordon|uncordon|drain|release`.
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "common/log.hpp"
-#include "mgmt/wire/units.hpp"
 #include "mgmt/daemon/server.hpp"
 #include "mgmt/daemon/service.hpp"
 #include "mgmt/store/store.hpp"
 #include "mgmt/token.hpp"
+#include "mgmt/wire/units.hpp"
 
 namespace {
 
@@ -27,34 +27,44 @@ int main(int argc, char** argv) {
     using namespace vcuda;
     using namespace vcuda::mgmt;
 
-    CLI::App app{"vcuda-mgmt: the vcuda manager. vcuda-servers register their GPUs here; clients lease GPUs from it; "
-                 "operators use `vcuda gpus`, `vcuda leases`, `vcuda drain` ... against it.",
-                 "vcuda-mgmt"};
+    CLI::App app{
+        "vcuda-mgmt: the vcuda manager. vcuda-servers register their GPUs here; clients lease GPUs from it; "
+        "operators use `vcuda gpus`, `vcuda leases`, `vcuda drain` ... against it.",
+        "vcuda-mgmt"};
     std::vector<std::string> listen;
     std::string db, secret_file, heartbeat_text = "10s", ttl_text = "30s", level;
-    app.add_option("--listen,-l", listen, "address to serve on, HOST:PORT or unix:/path (repeat for several)")->required();
-    app.add_option("--db", db, "SQLite database that keeps servers, GPUs, leases and cordons across restarts")->required();
-    app.add_option("--secret-file", secret_file,
-                   "file holding the secret shared with every vcuda-server (signs lease tokens); create it with "
-                   "`head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`")
+    app.add_option("--listen,-l", listen, "address to serve on, HOST:PORT or unix:/path (repeat for several)")
         ->required();
-    app.add_option("--heartbeat-timeout", heartbeat_text, "a server silent this long is marked down")->capture_default_str();
-    app.add_option("--lease-ttl", ttl_text, "a lease not renewed for this long expires")->capture_default_str();
+    app.add_option("--db", db, "SQLite database that keeps servers, GPUs, leases and cordons across restarts")
+        ->required();
+    app.add_option(
+           "--secret-file", secret_file,
+           "file holding the secret shared with every vcuda-server (signs lease tokens); create it with "
+           "`head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`")
+        ->required();
+    app.add_option("--heartbeat-timeout", heartbeat_text, "a server silent this long is marked down")
+        ->capture_default_str();
+    app.add_option("--lease-ttl", ttl_text, "a lease not renewed for this long expires")
+        ->capture_default_str();
     app.add_option("--log-level", level, "trace|debug|info|warn|error (default: $VCUDA_LOG_LEVEL or info)");
-    app.footer("Example:\n  vcuda-mgmt --listen 0.0.0.0:7400 --db /var/lib/vcuda/mgmt.db --secret-file /etc/vcuda/secret\n"
-               "then start each GPU host's server with `vcuda-server --listen HOST:7300 --manager MGMT:7400 "
-               "--secret-file /etc/vcuda/secret`\nand run programs with `vcuda run --manager MGMT:7400 -- ./app`.");
+    app.footer(
+        "Example:\n  vcuda-mgmt --listen 0.0.0.0:7400 --db /var/lib/vcuda/mgmt.db --secret-file "
+        "/etc/vcuda/secret\n"
+        "then start each GPU host's server with `vcuda-server --listen HOST:7300 --manager MGMT:7400 "
+        "--secret-file /etc/vcuda/secret`\nand run programs with `vcuda run --manager MGMT:7400 -- ./app`.");
     CLI11_PARSE(app, argc, argv);
 
     spdlog::level::level_enum lvl;
     if (!level.empty() && !log::parse_level(level, lvl))
-        return fail("--log-level '" + level + "' is not one of trace, debug, info, warn, error, critical, off");
+        return fail("--log-level '" + level +
+                    "' is not one of trace, debug, info, warn, error, critical, off");
     log::init("vcuda-mgmt", level);
 
     service_config cfg;
     auto hb = parse_duration(heartbeat_text);
     auto ttl = parse_duration(ttl_text);
-    if (!hb || hb->count() <= 0) return fail("--heartbeat-timeout '" + heartbeat_text + "' is not a duration like 10s");
+    if (!hb || hb->count() <= 0)
+        return fail("--heartbeat-timeout '" + heartbeat_text + "' is not a duration like 10s");
     if (!ttl || ttl->count() <= 0) return fail("--lease-ttl '" + ttl_text + "' is not a duration like 30s");
     cfg.state.heartbeat_timeout = *hb;
     cfg.state.lease_ttl = *ttl;

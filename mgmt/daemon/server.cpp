@@ -21,7 +21,8 @@ frame_limits mgmt_limits() {
 
 }  // namespace
 
-mgmt_server::mgmt_server(service& svc, std::chrono::milliseconds tick_every) : svc_(svc), tick_every_(tick_every) {}
+mgmt_server::mgmt_server(service& svc, std::chrono::milliseconds tick_every)
+    : svc_(svc), tick_every_(tick_every) {}
 
 mgmt_server::~mgmt_server() { stop(); }
 
@@ -30,8 +31,9 @@ result<void, std::string> mgmt_server::listen(const std::vector<endpoint>& endpo
     for (auto& ep : endpoints) {
         auto l = listener::listen(ep);
         if (!l)
-            return unexpected{"cannot listen on " + ep.to_string() + ": " + l.error().message +
-                              " (is another vcuda-mgmt already running there? pick another --listen address)"};
+            return unexpected{
+                "cannot listen on " + ep.to_string() + ": " + l.error().message +
+                " (is another vcuda-mgmt already running there? pick another --listen address)"};
         bound.push_back(std::make_unique<listener>(std::move(*l)));
     }
     for (auto& l : bound) listeners_.push_back(std::move(l));
@@ -129,10 +131,11 @@ void mgmt_server::serve(connection& c) {
             break;
         }
         if (f->kind() != frame_kind::mgmt_request) {
-            send_wire_error(fs, wire_errc::unexpected_kind,
-                            "this is vcuda-mgmt, the manager: it only answers mgmt_request frames (clients connect "
-                            "to a vcuda-server for CUDA calls)",
-                            f->header.sequence);
+            send_wire_error(
+                fs, wire_errc::unexpected_kind,
+                "this is vcuda-mgmt, the manager: it only answers mgmt_request frames (clients connect "
+                "to a vcuda-server for CUDA calls)",
+                f->header.sequence);
             break;
         }
         auto* req = root_of<wire::MgmtRequest>(*f);
@@ -145,7 +148,8 @@ void mgmt_server::serve(connection& c) {
         auto body_off = b.CreateString(r.body);
         auto err_off = r.error.empty() ? flatbuffers::Offset<flatbuffers::String>() : b.CreateString(r.error);
         b.Finish(wire::CreateMgmtReply(b, r.ok, body_off, err_off));
-        if (auto s = fs.send(make_frame(frame_kind::mgmt_reply, b, f->header.sequence), after(std::chrono::seconds(10)));
+        if (auto s = fs.send(make_frame(frame_kind::mgmt_reply, b, f->header.sequence),
+                             after(std::chrono::seconds(10)));
             !s)
             break;
     }

@@ -1,8 +1,8 @@
 // Serves the manager protocol (mgmt/PROTOCOL.md) on one or more listening endpoints: a thread per listener
-// accepts, a thread per connection reads MgmtRequest frames and answers each with a MgmtReply (same sequence),
-// and a timer thread drives service::tick() (heartbeat timeouts, lease expiry).
-// runs on: its own threads; start()/stop() from one controlling thread. locks: conns_mutex_ guards the connection
-// list; the service has its own lock.
+// accepts, a thread per connection reads MgmtRequest frames and answers each with a MgmtReply (same
+// sequence), and a timer thread drives service::tick() (heartbeat timeouts, lease expiry). runs on: its own
+// threads; start()/stop() from one controlling thread. locks: conns_mutex_ guards the connection list; the
+// service has its own lock.
 #pragma once
 
 #include <atomic>
@@ -22,7 +22,7 @@
 namespace vcuda::mgmt {
 
 class mgmt_server {
-public:
+  public:
     explicit mgmt_server(service& svc, std::chrono::milliseconds tick_every = std::chrono::milliseconds(250));
     ~mgmt_server();
 
@@ -35,7 +35,7 @@ public:
     // Closes the listeners and every connection, joins all threads. Idempotent.
     void stop();
 
-private:
+  private:
     struct connection {
         std::unique_ptr<frame_stream> stream;
         std::thread thread;

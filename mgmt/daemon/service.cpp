@@ -4,8 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/log.hpp"
-#include "mgmt/wire/codec.hpp"
 #include "mgmt/token.hpp"
+#include "mgmt/wire/codec.hpp"
 
 namespace vcuda::mgmt {
 
@@ -42,9 +42,14 @@ std::string field(const json& j, std::initializer_list<const char*> keys) {
 
 service::service(service_config cfg, std::unique_ptr<sqlite_store> store, clock_fn clock,
                  std::function<std::string()> new_id)
-    : cfg_(std::move(cfg)), store_(std::move(store)), clock_(std::move(clock)), state_(cfg_.state, std::move(new_id)) {
+    : cfg_(std::move(cfg)),
+      store_(std::move(store)),
+      clock_(std::move(clock)),
+      state_(cfg_.state, std::move(new_id)) {
     if (!clock_)
-        clock_ = [] { return std::chrono::time_point_cast<std::chrono::milliseconds>(std::chrono::system_clock::now()); };
+        clock_ = [] {
+            return std::chrono::time_point_cast<std::chrono::milliseconds>(std::chrono::system_clock::now());
+        };
 }
 
 result<void, std::string> service::start() {
@@ -100,8 +105,9 @@ std::string service::grant_json(const lease_record& l) {
             dg.server_endpoints = s->endpoints;
             dg.host = s->host;
         }
-        dg.token = sign_token(cfg_.secret, {l.id, d.uuid, d.memory_quota,
-                                            std::chrono::system_clock::time_point(l.expires_at.time_since_epoch())});
+        dg.token =
+            sign_token(cfg_.secret, {l.id, d.uuid, d.memory_quota,
+                                     std::chrono::system_clock::time_point(l.expires_at.time_since_epoch())});
         g.devices.push_back(std::move(dg));
     }
     return encode(g);
@@ -133,17 +139,19 @@ service_reply service::handle(std::string_view method, std::string_view body) {
 service_reply service::dispatch(std::string_view method, std::string_view body_text, time_ms now,
                                 state_changes& changes) {
     json body = body_text.empty() ? json::object() : json::parse(body_text, nullptr, false);
-    if (body.is_discarded() || !body.is_object()) return fail(errc::bad_request, "the request body is not a JSON object");
+    if (body.is_discarded() || !body.is_object())
+        return fail(errc::bad_request, "the request body is not a JSON object");
 
     if (method == "server.register") {
         auto reg = decode<server_registration>(body_text);
         if (!reg) return fail(errc::bad_request, reg.error());
         auto id = state_.register_server(*reg, now, changes);
         if (!id) return fail(id.error());
-        VCUDA_LOG_INFO("server {} registered: host {}, {} GPUs, endpoints {}", *id, reg->host, reg->gpus.size(),
-                       dump(json(reg->endpoints)));
-        return ok({{"server_id", *id},
-                   {"heartbeat_interval_ms", std::max<int64_t>(cfg_.state.heartbeat_timeout.count() / 3, 100)}});
+        VCUDA_LOG_INFO("server {} registered: host {}, {} GPUs, endpoints {}", *id, reg->host,
+                       reg->gpus.size(), dump(json(reg->endpoints)));
+        return ok(
+            {{"server_id", *id},
+             {"heartbeat_interval_ms", std::max<int64_t>(cfg_.state.heartbeat_timeout.count() / 3, 100)}});
     }
     if (method == "server.heartbeat") {
         auto hb = decode<heartbeat>(body_text);
@@ -186,13 +194,20 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
         json gpus = json::array();
         for (auto& v : state_.gpu_views()) {
             auto& g = *v.gpu;
-            json j{{"uuid", g.info.uuid},          {"index", g.info.index},
-                   {"name", g.info.name},          {"memory", g.info.memory},
-                   {"sms", g.info.sms},            {"driver_version", g.info.driver_version},
-                   {"server_id", g.server_id},     {"host", v.server ? v.server->host : ""},
-                   {"leased_memory", v.leased_memory}, {"leases", v.leases},
-                   {"exclusive", v.exclusive},     {"cordoned", g.cordoned},
-                   {"state", v.state},             {"sessions", g.load.sessions},
+            json j{{"uuid", g.info.uuid},
+                   {"index", g.info.index},
+                   {"name", g.info.name},
+                   {"memory", g.info.memory},
+                   {"sms", g.info.sms},
+                   {"driver_version", g.info.driver_version},
+                   {"server_id", g.server_id},
+                   {"host", v.server ? v.server->host : ""},
+                   {"leased_memory", v.leased_memory},
+                   {"leases", v.leases},
+                   {"exclusive", v.exclusive},
+                   {"cordoned", g.cordoned},
+                   {"state", v.state},
+                   {"sessions", g.load.sessions},
                    {"memory_used", g.load.memory_used}};
             if (g.load_reported) j["utilization"] = g.load.utilization;
             gpus.push_back(std::move(j));
@@ -205,7 +220,10 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
             uint32_t gpus = 0;
             for (auto& [uuid, g] : state_.gpus()) gpus += g.server_id == id;
             uint32_t leases = state_.leases_on_server(id);
-            std::string st = s.down ? "down" : s.draining ? (leases ? "draining" : "drained") : s.cordoned ? "cordoned" : "up";
+            std::string st = s.down       ? "down"
+                             : s.draining ? (leases ? "draining" : "drained")
+                             : s.cordoned ? "cordoned"
+                                          : "up";
             servers.push_back({{"server_id", id},
                                {"host", s.host},
                                {"endpoints", s.endpoints},
@@ -265,7 +283,8 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
             auto* s = state_.server_of_gpu(uuid);
             gpus.push_back({{"uuid", uuid}, {"index", g.info.index}, {"host", s ? s->host : ""}});
         }
-        for (auto& id : r->servers) servers.push_back({{"server_id", id}, {"host", state_.servers().at(id).host}});
+        for (auto& id : r->servers)
+            servers.push_back({{"server_id", id}, {"host", state_.servers().at(id).host}});
         VCUDA_LOG_INFO("{} {}", on ? "cordoned" : "uncordoned", target);
         return ok({{"gpus", gpus}, {"servers", servers}});
     }
@@ -278,10 +297,11 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
         VCUDA_LOG_INFO("draining {}: {} leases left", target, left);
         return ok({{"servers", *r}, {"leases_left", left}});
     }
-    return fail(errc::unknown_method, "unknown method '" + std::string(method) +
-                                          "'; this manager knows server.register, server.heartbeat, lease.acquire, "
-                                          "lease.renew, lease.release, gpus.list, servers.list, leases.list, "
-                                          "sessions.list, gpu.cordon, gpu.uncordon, server.drain");
+    return fail(errc::unknown_method,
+                "unknown method '" + std::string(method) +
+                    "'; this manager knows server.register, server.heartbeat, lease.acquire, "
+                    "lease.renew, lease.release, gpus.list, servers.list, leases.list, "
+                    "sessions.list, gpu.cordon, gpu.uncordon, server.drain");
 }
 
 }  // namespace vcuda::mgmt

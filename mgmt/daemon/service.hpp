@@ -1,7 +1,8 @@
 // The manager's request handler: decodes a JSON request, runs it against the core state under one lock,
 // persists what changed, signs the lease tokens and encodes the reply. Transport-free, so tests call
 // handle() directly with a fake clock; mgmt/daemon/server.hpp puts it on sockets.
-// runs on: any thread; locks: mutex_ around the state and the store (calls are short; SQLite writes included).
+// runs on: any thread; locks: mutex_ around the state and the store (calls are short; SQLite writes
+// included).
 #pragma once
 
 #include <functional>
@@ -27,7 +28,7 @@ struct service_reply {
 };
 
 class service {
-public:
+  public:
     using clock_fn = std::function<time_ms()>;
     // `store` may be null (state in memory only: tests). `clock` defaults to the system clock.
     service(service_config cfg, std::unique_ptr<sqlite_store> store, clock_fn clock = {},
@@ -44,8 +45,9 @@ public:
     time_ms now() const { return clock_(); }
     const service_config& config() const { return cfg_; }
 
-private:
-    service_reply dispatch(std::string_view method, std::string_view body, time_ms now, state_changes& changes);
+  private:
+    service_reply dispatch(std::string_view method, std::string_view body, time_ms now,
+                           state_changes& changes);
     std::string grant_json(const lease_record& l);
     bool persist(const state_changes& changes);
 

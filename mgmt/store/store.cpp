@@ -50,7 +50,7 @@ CREATE TABLE IF NOT EXISTS lease_devices (
 
 // A prepared statement that finalizes itself.
 class stmt {
-public:
+  public:
     stmt(sqlite3* db, const char* sql) { ok_ = sqlite3_prepare_v2(db, sql, -1, &s_, nullptr) == SQLITE_OK; }
     ~stmt() { sqlite3_finalize(s_); }
     bool ok() const { return ok_; }
@@ -75,11 +75,12 @@ public:
     }
     std::string text(int col) const {
         auto* p = sqlite3_column_text(s_, col);
-        return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(s_, col)) : std::string();
+        return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(s_, col))
+                 : std::string();
     }
     int64_t integer(int col) const { return sqlite3_column_int64(s_, col); }
 
-private:
+  private:
     sqlite3_stmt* s_ = nullptr;
     bool ok_ = false;
 };
@@ -107,22 +108,25 @@ result<void, std::string> sqlite_store::exec(const char* sql) {
 result<std::unique_ptr<sqlite_store>, std::string> sqlite_store::open(const std::string& path) {
     std::unique_ptr<sqlite_store> s(new sqlite_store);
     s->path_ = path;
-    if (sqlite3_open_v2(path.c_str(), &s->db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+    if (sqlite3_open_v2(path.c_str(), &s->db_,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                         nullptr) != SQLITE_OK)
         return unexpected{s->error_text("cannot open the database") +
                           "; check that its folder exists and is writable, or pass another --db PATH"};
     sqlite3_busy_timeout(s->db_, 5000);
     // WAL: readers never block the writer and a crash mid-write leaves the last committed state;
     // synchronous=FULL: a granted lease is on disk before the client hears about it.
-    for (const char* pragma : {"PRAGMA journal_mode=WAL;", "PRAGMA synchronous=FULL;", "PRAGMA foreign_keys=ON;"})
+    for (const char* pragma :
+         {"PRAGMA journal_mode=WAL;", "PRAGMA synchronous=FULL;", "PRAGMA foreign_keys=ON;"})
         if (auto r = s->exec(pragma); !r) return unexpected{r.error()};
     {
         stmt v(s->db_, "PRAGMA user_version;");
-        if (!v.ok() || v.step() != SQLITE_ROW) return unexpected{s->error_text("cannot read the schema version")};
+        if (!v.ok() || v.step() != SQLITE_ROW)
+            return unexpected{s->error_text("cannot read the schema version")};
         int64_t have = v.integer(0);
         if (have > schema_version)
-            return unexpected{"database " + path + " was written by a newer vcuda-mgmt (schema " + std::to_string(have) +
-                              "); run that version, or start with another --db"};
+            return unexpected{"database " + path + " was written by a newer vcuda-mgmt (schema " +
+                              std::to_string(have) + "); run that version, or start with another --db"};
     }
     if (auto r = s->exec(schema_sql); !r) return unexpected{r.error()};
     if (auto r = s->exec(("PRAGMA user_version=" + std::to_string(schema_version) + ";").c_str()); !r)
@@ -133,7 +137,9 @@ result<std::unique_ptr<sqlite_store>, std::string> sqlite_store::open(const std:
 result<state_snapshot, std::string> sqlite_store::load() {
     state_snapshot snap;
     {
-        stmt q(db_, "SELECT id, host, endpoints, cordoned, draining, down, registered_at FROM servers ORDER BY id;");
+        stmt q(
+            db_,
+            "SELECT id, host, endpoints, cordoned, draining, down, registered_at FROM servers ORDER BY id;");
         if (!q.ok()) return unexpected{error_text("cannot read servers")};
         while (q.step() == SQLITE_ROW) {
             server_record s;
@@ -151,7 +157,9 @@ result<state_snapshot, std::string> sqlite_store::load() {
         }
     }
     {
-        stmt q(db_, "SELECT uuid, server_id, idx, name, memory, sms, driver_version, cordoned FROM gpus ORDER BY uuid;");
+        stmt q(db_,
+               "SELECT uuid, server_id, idx, name, memory, sms, driver_version, cordoned FROM gpus ORDER BY "
+               "uuid;");
         if (!q.ok()) return unexpected{error_text("cannot read GPUs")};
         while (q.step() == SQLITE_ROW) {
             gpu_record g;
@@ -167,7 +175,8 @@ result<state_snapshot, std::string> sqlite_store::load() {
         }
     }
     {
-        stmt q(db_, "SELECT id, client_host, pid, exclusive, created_at, expires_at FROM leases ORDER BY id;");
+        stmt q(db_,
+               "SELECT id, client_host, pid, exclusive, created_at, expires_at FROM leases ORDER BY id;");
         stmt d(db_, "SELECT uuid, memory_quota FROM lease_devices WHERE lease_id = ?1 ORDER BY position;");
         if (!q.ok() || !d.ok()) return unexpected{error_text("cannot read leases")};
         while (q.step() == SQLITE_ROW) {
@@ -179,7 +188,8 @@ result<state_snapshot, std::string> sqlite_store::load() {
             l.created_at = from_unix_ms(q.integer(4));
             l.expires_at = from_unix_ms(q.integer(5));
             d.bind(1, l.id);
-            while (d.step() == SQLITE_ROW) l.devices.push_back({d.text(0), static_cast<uint64_t>(d.integer(1))});
+            while (d.step() == SQLITE_ROW)
+                l.devices.push_back({d.text(0), static_cast<uint64_t>(d.integer(1))});
             d.reset();
             snap.leases.push_back(std::move(l));
         }
@@ -195,21 +205,25 @@ result<void, std::string> sqlite_store::apply(const manager_state& state, const 
         (void)exec("ROLLBACK;");
         return unexpected{e};
     };
-    stmt put_server(db_,
-                    "INSERT OR REPLACE INTO servers (id, host, endpoints, cordoned, draining, down, registered_at) "
-                    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7);");
+    stmt put_server(
+        db_,
+        "INSERT OR REPLACE INTO servers (id, host, endpoints, cordoned, draining, down, registered_at) "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7);");
     stmt del_server(db_, "DELETE FROM servers WHERE id = ?1;");
     stmt del_server_gpus(db_, "DELETE FROM gpus WHERE server_id = ?1;");
-    stmt put_gpu(db_,
-                 "INSERT OR REPLACE INTO gpus (uuid, server_id, idx, name, memory, sms, driver_version, cordoned) "
-                 "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);");
+    stmt put_gpu(
+        db_,
+        "INSERT OR REPLACE INTO gpus (uuid, server_id, idx, name, memory, sms, driver_version, cordoned) "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);");
     stmt put_lease(db_,
                    "INSERT OR REPLACE INTO leases (id, client_host, pid, exclusive, created_at, expires_at) "
                    "VALUES (?1, ?2, ?3, ?4, ?5, ?6);");
     stmt del_lease(db_, "DELETE FROM leases WHERE id = ?1;");
     stmt del_lease_devices(db_, "DELETE FROM lease_devices WHERE lease_id = ?1;");
-    stmt put_device(db_, "INSERT INTO lease_devices (lease_id, position, uuid, memory_quota) VALUES (?1, ?2, ?3, ?4);");
-    for (auto* s : {&put_server, &del_server, &del_server_gpus, &put_gpu, &put_lease, &del_lease, &del_lease_devices, &put_device})
+    stmt put_device(
+        db_, "INSERT INTO lease_devices (lease_id, position, uuid, memory_quota) VALUES (?1, ?2, ?3, ?4);");
+    for (auto* s : {&put_server, &del_server, &del_server_gpus, &put_gpu, &put_lease, &del_lease,
+                    &del_lease_devices, &put_device})
         if (!s->ok()) return fail("cannot prepare a statement");
 
     auto write_gpu = [&](const gpu_record& g) {
@@ -225,7 +239,8 @@ result<void, std::string> sqlite_store::apply(const manager_state& state, const 
     };
 
     for (auto& id : changes.servers_deleted) {
-        if (!del_server_gpus.bind(1, id).run() || !del_server.bind(1, id).run()) return fail("cannot delete a server");
+        if (!del_server_gpus.bind(1, id).run() || !del_server.bind(1, id).run())
+            return fail("cannot delete a server");
     }
     for (auto& id : changes.servers_put) {
         auto it = state.servers().find(id);
@@ -250,7 +265,8 @@ result<void, std::string> sqlite_store::apply(const manager_state& state, const 
         if (it != state.gpus().end() && !write_gpu(it->second)) return fail("cannot write a GPU");
     }
     for (auto& id : changes.leases_deleted) {
-        if (!del_lease_devices.bind(1, id).run() || !del_lease.bind(1, id).run()) return fail("cannot delete a lease");
+        if (!del_lease_devices.bind(1, id).run() || !del_lease.bind(1, id).run())
+            return fail("cannot delete a lease");
     }
     for (auto& id : changes.leases_put) {
         auto it = state.leases().find(id);
@@ -266,7 +282,11 @@ result<void, std::string> sqlite_store::apply(const manager_state& state, const 
             return fail("cannot write a lease");
         if (!del_lease_devices.bind(1, id).run()) return fail("cannot write a lease's devices");
         for (size_t i = 0; i < l.devices.size(); ++i)
-            if (!put_device.bind(1, l.id).bind(2, int64_t(i)).bind(3, l.devices[i].uuid).bind(4, int64_t(l.devices[i].memory_quota)).run())
+            if (!put_device.bind(1, l.id)
+                     .bind(2, int64_t(i))
+                     .bind(3, l.devices[i].uuid)
+                     .bind(4, int64_t(l.devices[i].memory_quota))
+                     .run())
                 return fail("cannot write a lease's devices");
     }
     if (auto r = exec("COMMIT;"); !r) {

@@ -16,7 +16,7 @@ struct sqlite3;
 namespace vcuda::mgmt {
 
 class sqlite_store {
-public:
+  public:
     // Opens (creating if needed) the database at `path` and its schema. ":memory:" works for tests.
     static result<std::unique_ptr<sqlite_store>, std::string> open(const std::string& path);
     ~sqlite_store();
@@ -28,7 +28,7 @@ public:
     result<void, std::string> apply(const manager_state& state, const state_changes& changes);
     const std::string& path() const { return path_; }
 
-private:
+  private:
     sqlite_store() = default;
     result<void, std::string> exec(const char* sql);
     std::string error_text(const char* what) const;

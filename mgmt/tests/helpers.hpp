@@ -21,7 +21,8 @@ struct fake_clock {
     void advance(std::chrono::milliseconds d) { t += d; }
 };
 
-inline gpu_description gpu(uint32_t index, std::string uuid, uint64_t memory, std::string name = "NVIDIA H100 80GB HBM3") {
+inline gpu_description gpu(uint32_t index, std::string uuid, uint64_t memory,
+                           std::string name = "NVIDIA H100 80GB HBM3") {
     gpu_description g;
     g.index = index;
     g.uuid = std::move(uuid);
@@ -32,7 +33,8 @@ inline gpu_description gpu(uint32_t index, std::string uuid, uint64_t memory, st
     return g;
 }
 
-inline server_registration server(std::string host, std::vector<gpu_description> gpus, std::string endpoint = "") {
+inline server_registration server(std::string host, std::vector<gpu_description> gpus,
+                                  std::string endpoint = "") {
     server_registration r;
     r.endpoints = {endpoint.empty() ? host + ":7300" : endpoint};
     r.host = std::move(host);
@@ -40,7 +42,8 @@ inline server_registration server(std::string host, std::vector<gpu_description>
     return r;
 }
 
-inline lease_request request(std::string client_host, uint64_t memory, uint32_t gpus = 1, bool exclusive = false) {
+inline lease_request request(std::string client_host, uint64_t memory, uint32_t gpus = 1,
+                             bool exclusive = false) {
     lease_request r;
     r.client_host = std::move(client_host);
     r.pid = 4242;

@@ -1,18 +1,18 @@
-// The manager over real sockets: one vcuda-mgmt (in this process), two servers reporting through server_agent,
-// three clients leasing through acquire_lease/lease_keeper; each lands where the placement policy says, tokens
-// verify only with the shared secret, renewals keep leases alive and expiry frees them.
+// The manager over real sockets: one vcuda-mgmt (in this process), two servers reporting through
+// server_agent, three clients leasing through acquire_lease/lease_keeper; each lands where the placement
+// policy says, tokens verify only with the shared secret, renewals keep leases alive and expiry frees them.
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <set>
 
-#include "mgmt/wire/lease.hpp"
-#include "mgmt/wire/rpc.hpp"
-#include "mgmt/wire/server_agent.hpp"
 #include "mgmt/daemon/server.hpp"
 #include "mgmt/tests/helpers.hpp"
 #include "mgmt/token.hpp"
+#include "mgmt/wire/lease.hpp"
+#include "mgmt/wire/rpc.hpp"
+#include "mgmt/wire/server_agent.hpp"
 
 using namespace vcuda;
 using namespace vcuda::mgmt;
@@ -70,7 +70,8 @@ struct fake_server {
 
 }  // namespace
 
-TEST_CASE("one manager, two servers, three clients: each lands where the policy says", "[integration][mgmt]") {
+TEST_CASE("one manager, two servers, three clients: each lands where the policy says",
+          "[integration][mgmt]") {
     temp_dir dir;
     auto store = sqlite_store::open(dir / "mgmt.db");
     REQUIRE(store);
@@ -84,7 +85,9 @@ TEST_CASE("one manager, two servers, three clients: each lands where the policy 
     REQUIRE(manager.port != 0);
 
     fake_server a(manager, test::server("gpu-a", {gpu(0, "GPU-a0", 16 * GiB)}, "127.0.0.1:7301"));
-    fake_server b(manager_unix, test::server("gpu-b", {gpu(0, "GPU-b0", 16 * GiB), gpu(1, "GPU-b1", 40 * GiB)}, "127.0.0.1:7302"));
+    fake_server b(
+        manager_unix,
+        test::server("gpu-b", {gpu(0, "GPU-b0", 16 * GiB), gpu(1, "GPU-b1", 40 * GiB)}, "127.0.0.1:7302"));
     REQUIRE(a.agent->wait_registered(5s));
     REQUIRE(b.agent->wait_registered(5s));
     REQUIRE(eventually([&] { return a.heartbeats > 0 && b.heartbeats > 0; }));
@@ -110,7 +113,8 @@ TEST_CASE("one manager, two servers, three clients: each lands where the policy 
     REQUIRE_FALSE(c4);
     CHECK(c4.error().find("cannot place") != std::string::npos);
 
-    // Each device's token opens a session only on its own GPU, only with the shared secret, only until expiry.
+    // Each device's token opens a session only on its own GPU, only with the shared secret, only until
+    // expiry.
     auto now = std::chrono::system_clock::now();
     for (auto* g : {&*c1, &*c2, &*c3}) {
         auto claims = verify_token(secret, g->devices[0].token, now);
@@ -157,12 +161,14 @@ TEST_CASE("one manager, two servers, three clients: each lands where the policy 
 
     // A server that stops sending heartbeats is marked down; its GPUs take no new leases.
     b.agent->stop();
-    REQUIRE(eventually([&] {
-        json all = list(manager, "servers.list");
-        for (auto& s : all.at("servers"))
-            if (s.at("host") == "gpu-b") return s.at("state") == "down";
-        return false;
-    }, 5s));
+    REQUIRE(eventually(
+        [&] {
+            json all = list(manager, "servers.list");
+            for (auto& s : all.at("servers"))
+                if (s.at("host") == "gpu-b") return s.at("state") == "down";
+            return false;
+        },
+        5s));
     auto c6 = acquire_lease(manager, request("gpu-b", 20 * GiB), 5s);
     REQUIRE_FALSE(c6);
     CHECK(c6.error().find("down, cordoned or draining") != std::string::npos);
@@ -191,7 +197,8 @@ TEST_CASE("the manager refuses what is not a manager request", "[integration][mg
     auto gone = mgmt_call(*endpoint::parse("127.0.0.1:1"), "gpus.list", "{}", 2s);
     REQUIRE_FALSE(gone);
     CHECK(gone.error().kind == rpc_errc::unreachable);
-    CHECK(describe(gone.error(), *endpoint::parse("127.0.0.1:1")).find("is vcuda-mgmt running") != std::string::npos);
+    CHECK(describe(gone.error(), *endpoint::parse("127.0.0.1:1")).find("is vcuda-mgmt running") !=
+          std::string::npos);
     // A client asking for a lease gets the same advice.
     auto lease = acquire_lease(*endpoint::parse("127.0.0.1:1"), request("x", 1), 2s);
     REQUIRE_FALSE(lease);

@@ -6,7 +6,9 @@
 #include "common/log.hpp"
 
 int main(int argc, char** argv) {
-    if (!std::getenv("VCUDA_LOG_LEVEL")) vcuda::log::get()->set_level(spdlog::level::off);
-    else vcuda::log::init("vcuda-mgmt-tests");
+    if (!std::getenv("VCUDA_LOG_LEVEL"))
+        vcuda::log::get()->set_level(spdlog::level::off);
+    else
+        vcuda::log::init("vcuda-mgmt-tests");
     return Catch::Session().run(argc, argv);
 }

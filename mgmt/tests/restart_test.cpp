@@ -1,6 +1,6 @@
-// The real vcuda-mgmt binary killed with SIGKILL while leases are out: started again on the same database, it has
-// the same leases, the client's lease_keeper and the server's agent carry on without an error. Also drives the
-// `vcuda` command line against it.
+// The real vcuda-mgmt binary killed with SIGKILL while leases are out: started again on the same database, it
+// has the same leases, the client's lease_keeper and the server's agent carry on without an error. Also
+// drives the `vcuda` command line against it.
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "mgmt/tests/helpers.hpp"
 #include "mgmt/wire/lease.hpp"
 #include "mgmt/wire/rpc.hpp"
 #include "mgmt/wire/server_agent.hpp"
-#include "mgmt/tests/helpers.hpp"
 
 using namespace vcuda;
 using namespace vcuda::mgmt;
@@ -31,10 +31,10 @@ struct manager_process {
 
     manager_process(temp_dir& d, std::string db_name) : dir(d), db(d / db_name), socket(d / "mgmt.sock") {}
     void start() {
-        child = child_process::spawn({bin + "/vcuda-mgmt", "--listen", "unix:" + socket, "--db", db, "--secret-file",
-                                      dir / "secret", "--heartbeat-timeout", "2s", "--lease-ttl", "2s",
-                                      "--log-level", "debug"},
-                                     dir / "mgmt.log");
+        child = child_process::spawn(
+            {bin + "/vcuda-mgmt", "--listen", "unix:" + socket, "--db", db, "--secret-file", dir / "secret",
+             "--heartbeat-timeout", "2s", "--lease-ttl", "2s", "--log-level", "debug"},
+            dir / "mgmt.log");
         REQUIRE(eventually([&] { return mgmt_call(address(), "servers.list", "{}", 500ms).has_value(); }));
     }
     endpoint address() const { return *endpoint::parse("unix:" + socket); }
@@ -58,9 +58,7 @@ std::string log_of(temp_dir& dir) {
 
 TEST_CASE("a manager killed with SIGKILL comes back with the same leases", "[integration][mgmt]") {
     temp_dir dir;
-    {
-        std::ofstream(dir / "secret") << "restart-test-secret-0123456789\n";
-    }
+    { std::ofstream(dir / "secret") << "restart-test-secret-0123456789\n"; }
     ::chmod((dir / "secret").c_str(), 0600);
     manager_process mgr(dir, "mgmt.db");
     mgr.start();
@@ -85,7 +83,8 @@ TEST_CASE("a manager killed with SIGKILL comes back with the same leases", "[int
     REQUIRE(g1);
     REQUIRE(g2);
     std::atomic<bool> lost{false};
-    auto keeper1 = std::make_unique<lease_keeper>(mgr.address(), *g1, [&](const std::string&) { lost = true; });
+    auto keeper1 =
+        std::make_unique<lease_keeper>(mgr.address(), *g1, [&](const std::string&) { lost = true; });
     lease_keeper keeper2(mgr.address(), *g2, [&](const std::string&) { lost = true; });
     std::set<std::string> before = lease_ids(mgr.address());
     REQUIRE(before == std::set<std::string>{g1->lease_id, g2->lease_id});
@@ -93,7 +92,8 @@ TEST_CASE("a manager killed with SIGKILL comes back with the same leases", "[int
     // The operator's view, through the real command line.
     std::string cli = bin + "/vcuda";
     std::string m = " --manager unix:" + mgr.socket;
-    REQUIRE(eventually([&] { return run_command(cli + " gpus" + m).first.find("37%") != std::string::npos; }));
+    REQUIRE(
+        eventually([&] { return run_command(cli + " gpus" + m).first.find("37%") != std::string::npos; }));
     auto [gpus, gpus_rc] = run_command(cli + " gpus" + m);
     CHECK(gpus_rc == 0);
     CHECK(gpus.find("gpu-a") != std::string::npos);

@@ -2,10 +2,10 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "mgmt/wire/codec.hpp"
 #include "mgmt/daemon/service.hpp"
 #include "mgmt/tests/helpers.hpp"
 #include "mgmt/token.hpp"
+#include "mgmt/wire/codec.hpp"
 
 using namespace vcuda::mgmt;
 using namespace vcuda::mgmt::test;
@@ -24,7 +24,8 @@ struct fixture {
     void open() {
         auto store = sqlite_store::open(dir / "mgmt.db");
         REQUIRE(store);
-        svc = std::make_unique<service>(service_config{{10s, 30s}, secret}, std::move(*store), [this] { return clock(); });
+        svc = std::make_unique<service>(service_config{{10s, 30s}, secret}, std::move(*store),
+                                        [this] { return clock(); });
         REQUIRE(svc->start());
     }
     json call(const std::string& method, const json& body) {
@@ -41,13 +42,17 @@ struct fixture {
     }
 };
 
-std::chrono::system_clock::time_point sys(time_ms t) { return std::chrono::system_clock::time_point(t.time_since_epoch()); }
+std::chrono::system_clock::time_point sys(time_ms t) {
+    return std::chrono::system_clock::time_point(t.time_since_epoch());
+}
 
 }  // namespace
 
 TEST_CASE("service: register, lease with signed tokens, renew, release", "[unit][mgmt]") {
     fixture f;
-    auto reg = f.call("server.register", json(server("gpu-a", {gpu(0, "GPU-a0", 16 * GiB), gpu(1, "GPU-a1", 16 * GiB)}, "10.0.0.1:7300")));
+    auto reg = f.call(
+        "server.register",
+        json(server("gpu-a", {gpu(0, "GPU-a0", 16 * GiB), gpu(1, "GPU-a1", 16 * GiB)}, "10.0.0.1:7300")));
     std::string sid = reg.at("server_id");
     CHECK(reg.at("heartbeat_interval_ms") == 3333);
 
@@ -76,8 +81,16 @@ TEST_CASE("service: register, lease with signed tokens, renew, release", "[unit]
     CHECK(renewed->expires_at == to_unix_ms(f.clock() + 30s));
     CHECK(verify_token(secret, renewed->devices[0].token, sys(f.clock() + 29s)));
 
-    auto hb = f.call("server.heartbeat", {{"server_id", sid}, {"gpus", {{{"uuid", "GPU-a0"}, {"utilization", 42}, {"memory_used", 1 << 30}, {"sessions", 1}}}},
-                                          {"sessions", {{{"session_id", "s1"}, {"lease_id", grant->lease_id}, {"gpu_uuid", "GPU-a0"}, {"client", "10.0.0.9:5555"}, {"memory_used", 1 << 20}}}}});
+    auto hb = f.call(
+        "server.heartbeat",
+        {{"server_id", sid},
+         {"gpus", {{{"uuid", "GPU-a0"}, {"utilization", 42}, {"memory_used", 1 << 30}, {"sessions", 1}}}},
+         {"sessions",
+          {{{"session_id", "s1"},
+            {"lease_id", grant->lease_id},
+            {"gpu_uuid", "GPU-a0"},
+            {"client", "10.0.0.9:5555"},
+            {"memory_used", 1 << 20}}}}});
     CHECK(hb.at("leases").size() == 2);
 
     auto gpus = f.call("gpus.list", json::object()).at("gpus");
@@ -119,9 +132,11 @@ TEST_CASE("service: errors carry a code and a next step", "[unit][mgmt]") {
     CHECK(f.code("server.register", R"({"host":"h"})") == "bad_request");  // no endpoints
 }
 
-TEST_CASE("service: expiry and heartbeat timeouts run on tick, and a reopened manager has the same leases", "[unit][mgmt]") {
+TEST_CASE("service: expiry and heartbeat timeouts run on tick, and a reopened manager has the same leases",
+          "[unit][mgmt]") {
     fixture f;
-    std::string sid = f.call("server.register", json(server("gpu-a", {gpu(0, "GPU-a0", 16 * GiB)}))).at("server_id");
+    std::string sid =
+        f.call("server.register", json(server("gpu-a", {gpu(0, "GPU-a0", 16 * GiB)}))).at("server_id");
     auto kept = f.call("lease.acquire", json(request("x", 4 * GiB))).at("lease_id").get<std::string>();
     auto dropped = f.call("lease.acquire", json(request("x", 4 * GiB))).at("lease_id").get<std::string>();
     f.clock.advance(20s);

@@ -1,5 +1,5 @@
-// The manager's core with a fake clock: placement order, no over-commit, exclusive leases, renewal and expiry,
-// heartbeat timeouts, cordon and drain, re-registration and restart.
+// The manager's core with a fake clock: placement order, no over-commit, exclusive leases, renewal and
+// expiry, heartbeat timeouts, cordon and drain, re-registration and restart.
 #include <catch2/catch.hpp>
 
 #include "mgmt/core/state.hpp"
@@ -90,7 +90,7 @@ TEST_CASE("shared GPUs are never over-committed", "[unit][mgmt]") {
     auto l1 = f.acquire(request("x", 6 * GiB));
     auto l2 = f.acquire(request("x", 6 * GiB));
     CHECK(f.code_of(request("x", 6 * GiB)) == errc::no_capacity);  // 12 + 6 > 16
-    auto l3 = f.acquire(request("x", 4 * GiB));                     // exactly full
+    auto l3 = f.acquire(request("x", 4 * GiB));                    // exactly full
     CHECK(f.code_of(request("x", 1)) == errc::no_capacity);
     auto v = f.st.view(f.st.gpus().at("GPU-a0"));
     CHECK(v.leased_memory == 16 * GiB);
@@ -118,7 +118,7 @@ TEST_CASE("exclusive leases take a whole GPU nobody else uses", "[unit][mgmt]") 
     auto excl = f.acquire(request("x", 1 * GiB, 1, true));
     CHECK(excl.exclusive);
     CHECK(excl.devices.at(0).uuid != shared.devices.at(0).uuid);  // not the GPU that has a shared lease
-    CHECK(excl.devices.at(0).memory_quota == 16 * GiB);            // the whole GPU
+    CHECK(excl.devices.at(0).memory_quota == 16 * GiB);           // the whole GPU
     // The exclusive GPU takes no shared lease even though the other GPU is fuller.
     auto s2 = f.acquire(request("x", 2 * GiB));
     CHECK(s2.devices.at(0).uuid == shared.devices.at(0).uuid);
@@ -283,7 +283,8 @@ TEST_CASE("re-registration keeps the server id, cordons and leases", "[unit][mgm
     CHECK(f.st.leases().contains(l.id));
     // The same GPUs announced from another address: the old server record goes, the GPUs and leases stay.
     state_changes ch;
-    auto moved = f.st.register_server(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}, "alpha:7301"), f.clock(), ch);
+    auto moved =
+        f.st.register_server(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}, "alpha:7301"), f.clock(), ch);
     REQUIRE(moved);
     CHECK(*moved != a);
     CHECK(ch.servers_deleted == std::vector<std::string>{a});

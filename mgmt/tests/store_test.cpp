@@ -18,7 +18,8 @@ TEST_CASE("the store persists servers, GPUs, leases and cordons across a reopen"
         auto store = sqlite_store::open(db);
         REQUIRE(store);
         state_changes ch;
-        a = *st.register_server(server("alpha", {gpu(0, "GPU-a0", 16 * GiB), gpu(1, "GPU-a1", 16 * GiB)}), clock(), ch);
+        a = *st.register_server(server("alpha", {gpu(0, "GPU-a0", 16 * GiB), gpu(1, "GPU-a1", 16 * GiB)}),
+                                clock(), ch);
         drained = *st.register_server(server("beta", {gpu(0, "GPU-b0", 40 * GiB)}), clock(), ch);
         auto l = st.acquire(request("alpha", 4 * GiB, 2), clock(), ch);
         REQUIRE(l);
@@ -64,13 +65,15 @@ TEST_CASE("the store follows re-registration, expiry and server removal", "[unit
     fake_clock clock;
     manager_state st(state_config{10s, 30s});
     state_changes ch;
-    auto a = *st.register_server(server("alpha", {gpu(0, "GPU-a0", 16 * GiB), gpu(1, "GPU-a1", 16 * GiB)}), clock(), ch);
+    auto a = *st.register_server(server("alpha", {gpu(0, "GPU-a0", 16 * GiB), gpu(1, "GPU-a1", 16 * GiB)}),
+                                 clock(), ch);
     REQUIRE(st.acquire(request("x", 1 * GiB), clock(), ch));
     REQUIRE((*store)->apply(st, ch));
     // The server drops a GPU, then comes back on another port; the lease expires.
     state_changes ch2;
     REQUIRE(*st.register_server(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}), clock(), ch2) == a);
-    auto moved = *st.register_server(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}, "alpha:7301"), clock(), ch2);
+    auto moved =
+        *st.register_server(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}, "alpha:7301"), clock(), ch2);
     REQUIRE(moved != a);
     clock.advance(31s);
     st.tick(clock(), ch2);

@@ -61,7 +61,9 @@ TEST_CASE("forged, altered and expired tokens are refused", "[unit][mgmt][token]
         CHECK(verify_token(secret, t, now + 29s));
     }
     SECTION("garbage") {
-        for (const std::string& g : std::vector<std::string>{"", "vct1.", "vct1..", "vct1.abc.def", "vct2." + t.substr(5), t + "x", std::string(10000, 'a')})
+        for (const std::string& g :
+             std::vector<std::string>{"", "vct1.", "vct1..", "vct1.abc.def", "vct2." + t.substr(5), t + "x",
+                                      std::string(10000, 'a')})
             CHECK_FALSE(verify_token(secret, g, now));
     }
 }
@@ -69,9 +71,7 @@ TEST_CASE("forged, altered and expired tokens are refused", "[unit][mgmt][token]
 TEST_CASE("secret files: trimmed, long enough, private", "[unit][mgmt][token]") {
     vcuda::mgmt::test::temp_dir dir;
     auto path = dir / "secret";
-    {
-        std::ofstream(path) << "  c2VjcmV0LXNlY3JldC1zZWNyZXQ=\n";
-    }
+    { std::ofstream(path) << "  c2VjcmV0LXNlY3JldC1zZWNyZXQ=\n"; }
     ::chmod(path.c_str(), 0600);
     auto s = read_secret_file(path);
     REQUIRE(s);
@@ -80,9 +80,7 @@ TEST_CASE("secret files: trimmed, long enough, private", "[unit][mgmt][token]") 
     auto open = read_secret_file(path);
     REQUIRE_FALSE(open);
     CHECK(open.error().find("chmod 600") != std::string::npos);
-    {
-        std::ofstream(path) << "short\n";
-    }
+    { std::ofstream(path) << "short\n"; }
     ::chmod(path.c_str(), 0600);
     CHECK_FALSE(read_secret_file(path));
     auto missing = read_secret_file(dir / "none");

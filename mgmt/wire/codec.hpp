@@ -14,13 +14,15 @@ namespace vcuda::mgmt {
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(lease_hints, same_host, model, exclusive)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(lease_request, client_host, pid, gpus, memory_per_gpu, hints)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(device_grant, server_endpoints, host, gpu_index, uuid, name, memory_quota,
-                                                token)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(device_grant, server_endpoints, host, gpu_index, uuid, name,
+                                                memory_quota, token)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(lease_grant, lease_id, expires_at, ttl_ms, devices)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(gpu_description, index, uuid, name, memory, sms, driver_version)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(gpu_description, index, uuid, name, memory, sms,
+                                                driver_version)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(server_registration, host, endpoints, gpus)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(gpu_load, uuid, utilization, memory_used, sessions)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(session_report, session_id, lease_id, gpu_uuid, client, memory_used)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(session_report, session_id, lease_id, gpu_uuid, client,
+                                                memory_used)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(heartbeat, server_id, gpus, sessions)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(active_lease, lease_id, uuid, memory_quota, expires_at)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(heartbeat_reply, leases, heartbeat_interval_ms)

@@ -21,7 +21,8 @@ std::string env(const char* name) {
 bool truthy(const std::string& v) { return v == "1" || v == "true" || v == "yes" || v == "on"; }
 
 std::string describe_for_client(const rpc_error& e, const endpoint& manager, const char* what) {
-    if (e.kind == rpc_errc::remote) return std::string(what) + " refused by the manager at " + manager.to_string() + ": " + e.message;
+    if (e.kind == rpc_errc::remote)
+        return std::string(what) + " refused by the manager at " + manager.to_string() + ": " + e.message;
     return describe(e, manager);
 }
 
@@ -36,12 +37,16 @@ lease_request lease_request_from_env(std::string* error) {
     if (auto g = env("VCUDA_GPUS"); !g.empty()) {
         char* end = nullptr;
         long n = std::strtol(g.c_str(), &end, 10);
-        if (end && *end == 0 && n >= 1 && n <= 64) r.gpus = static_cast<uint32_t>(n);
-        else problems += "VCUDA_GPUS='" + g + "' is not a number of GPUs (1-64); ";
+        if (end && *end == 0 && n >= 1 && n <= 64)
+            r.gpus = static_cast<uint32_t>(n);
+        else
+            problems += "VCUDA_GPUS='" + g + "' is not a number of GPUs (1-64); ";
     }
     if (auto m = env("VCUDA_MEMORY"); !m.empty()) {
-        if (auto b = parse_size(m)) r.memory_per_gpu = *b;
-        else problems += "VCUDA_MEMORY='" + m + "' is not a size like 8G; ";
+        if (auto b = parse_size(m))
+            r.memory_per_gpu = *b;
+        else
+            problems += "VCUDA_MEMORY='" + m + "' is not a size like 8G; ";
     }
     r.hints.exclusive = truthy(env("VCUDA_EXCLUSIVE"));
     r.hints.same_host = truthy(env("VCUDA_SAME_HOST"));
@@ -56,10 +61,13 @@ result<lease_grant, std::string> acquire_lease(const endpoint& manager, const le
         auto reply = mgmt_call(manager, "lease.acquire", encode(request), timeout);
         if (!reply) return unexpected{describe_for_client(reply.error(), manager, "lease")};
         auto grant = decode<lease_grant>(*reply);
-        if (!grant) return unexpected{"the manager at " + manager.to_string() + " sent a lease vcuda cannot read: " + grant.error()};
+        if (!grant)
+            return unexpected{"the manager at " + manager.to_string() +
+                              " sent a lease vcuda cannot read: " + grant.error()};
         if (grant->devices.size() != request.gpus)
             return unexpected{"the manager at " + manager.to_string() + " granted " +
-                              std::to_string(grant->devices.size()) + " GPUs instead of " + std::to_string(request.gpus)};
+                              std::to_string(grant->devices.size()) + " GPUs instead of " +
+                              std::to_string(request.gpus)};
         return grant;
     } catch (const std::exception& e) {
         return unexpected{std::string("lease request failed: ") + e.what()};
@@ -69,7 +77,8 @@ result<lease_grant, std::string> acquire_lease(const endpoint& manager, const le
 result<lease_grant, std::string> renew_lease(const endpoint& manager, const std::string& lease_id,
                                              std::chrono::milliseconds timeout) {
     try {
-        auto reply = mgmt_call(manager, "lease.renew", nlohmann::json{{"lease_id", lease_id}}.dump(), timeout);
+        auto reply =
+            mgmt_call(manager, "lease.renew", nlohmann::json{{"lease_id", lease_id}}.dump(), timeout);
         if (!reply) return unexpected{describe_for_client(reply.error(), manager, "lease renewal")};
         auto grant = decode<lease_grant>(*reply);
         if (!grant) return unexpected{grant.error()};
@@ -82,7 +91,8 @@ result<lease_grant, std::string> renew_lease(const endpoint& manager, const std:
 result<void, std::string> release_lease(const endpoint& manager, const std::string& lease_id,
                                         std::chrono::milliseconds timeout) {
     try {
-        auto reply = mgmt_call(manager, "lease.release", nlohmann::json{{"lease_id", lease_id}}.dump(), timeout);
+        auto reply =
+            mgmt_call(manager, "lease.release", nlohmann::json{{"lease_id", lease_id}}.dump(), timeout);
         if (!reply) return unexpected{describe_for_client(reply.error(), manager, "lease release")};
         return {};
     } catch (const std::exception& e) {
@@ -90,11 +100,16 @@ result<void, std::string> release_lease(const endpoint& manager, const std::stri
     }
 }
 
-// ------------------------------------------------------------------------------------------------ lease_keeper
+// ------------------------------------------------------------------------------------------------
+// lease_keeper
 
-lease_keeper::lease_keeper(endpoint manager, lease_grant grant, std::function<void(const std::string&)> on_lost,
+lease_keeper::lease_keeper(endpoint manager, lease_grant grant,
+                           std::function<void(const std::string&)> on_lost,
                            std::function<void(const lease_grant&)> on_renewed)
-    : manager_(std::move(manager)), on_lost_(std::move(on_lost)), on_renewed_(std::move(on_renewed)), grant_(std::move(grant)) {
+    : manager_(std::move(manager)),
+      on_lost_(std::move(on_lost)),
+      on_renewed_(std::move(on_renewed)),
+      grant_(std::move(grant)) {
     try {
         thread_ = std::thread([this] { run(); });
     } catch (const std::exception& e) {
@@ -150,8 +165,10 @@ void lease_keeper::run() {
         if (stop_) break;
         std::string id = grant_.lease_id;
         lock.unlock();
-        auto reply = mgmt_call(manager_, "lease.renew", nlohmann::json{{"lease_id", id}}.dump(), std::chrono::seconds(5));
-        result<lease_grant, std::string> grant = reply ? decode<lease_grant>(*reply) : unexpected{std::string()};
+        auto reply = mgmt_call(manager_, "lease.renew", nlohmann::json{{"lease_id", id}}.dump(),
+                               std::chrono::seconds(5));
+        result<lease_grant, std::string> grant =
+            reply ? decode<lease_grant>(*reply) : unexpected{std::string()};
         lock.lock();
         if (stop_) break;
         if (reply && grant) {
@@ -170,8 +187,8 @@ void lease_keeper::run() {
         }
         if (!reply && reply.error().kind == rpc_errc::remote && reply.error().code == "unknown_lease") {
             lost_ = true;
-            std::string why = "the manager at " + manager_.to_string() + " no longer knows lease " + id + ": " +
-                              reply.error().message;
+            std::string why = "the manager at " + manager_.to_string() + " no longer knows lease " + id +
+                              ": " + reply.error().message;
             VCUDA_LOG_ERROR("{}", why);
             if (on_lost_) {
                 lock.unlock();

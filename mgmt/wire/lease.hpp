@@ -1,8 +1,9 @@
 // Client side of the manager: ask for a lease (which GPUs, where, with which tokens) and keep it alive.
-// Linked into the client libcuda.so: depends only on vcuda_common and nlohmann-json headers; nothing here throws.
+// Linked into the client libcuda.so: depends only on vcuda_common and nlohmann-json headers; nothing here
+// throws.
 //
-//   auto req = mgmt::lease_request_from_env();                 // VCUDA_GPUS, VCUDA_MEMORY, ... + host name, pid
-//   auto grant = mgmt::acquire_lease(manager, req, 10s);       // result<lease_grant, std::string>
+//   auto req = mgmt::lease_request_from_env();                 // VCUDA_GPUS, VCUDA_MEMORY, ... + host name,
+//   pid auto grant = mgmt::acquire_lease(manager, req, 10s);       // result<lease_grant, std::string>
 //   mgmt::lease_keeper keeper(manager, *grant);                // renews every ttl/3; releases when destroyed
 //   ... connect to grant->devices[i].server_endpoints, present devices[i].token ...
 //
@@ -24,8 +25,8 @@
 namespace vcuda::mgmt {
 
 // A lease request from the environment that `vcuda run` sets: VCUDA_GPUS (default 1), VCUDA_MEMORY (bytes or
-// "8G"; default 0 = whole GPU), VCUDA_EXCLUSIVE=1, VCUDA_SAME_HOST=1, VCUDA_GPU_MODEL=H100; client_host is this
-// host's name, pid this process. Malformed values are reported in `error` and left at their defaults.
+// "8G"; default 0 = whole GPU), VCUDA_EXCLUSIVE=1, VCUDA_SAME_HOST=1, VCUDA_GPU_MODEL=H100; client_host is
+// this host's name, pid this process. Malformed values are reported in `error` and left at their defaults.
 lease_request lease_request_from_env(std::string* error = nullptr);
 
 // Asks the manager for GPUs. The error is one sentence for the user: why, and what to do next
@@ -40,12 +41,13 @@ result<lease_grant, std::string> renew_lease(const endpoint& manager, const std:
 result<void, std::string> release_lease(const endpoint& manager, const std::string& lease_id,
                                         std::chrono::milliseconds timeout);
 
-// Keeps a lease alive from a background thread: renews it every ttl/3 (retrying every second while the manager
-// cannot be reached — a restarted manager keeps its leases), and releases it when destroyed.
-// If the manager says the lease is gone (expired or released by an operator), on_lost runs once and renewal stops.
+// Keeps a lease alive from a background thread: renews it every ttl/3 (retrying every second while the
+// manager cannot be reached — a restarted manager keeps its leases), and releases it when destroyed. If the
+// manager says the lease is gone (expired or released by an operator), on_lost runs once and renewal stops.
 class lease_keeper {
-public:
-    lease_keeper(endpoint manager, lease_grant grant, std::function<void(const std::string& why)> on_lost = {},
+  public:
+    lease_keeper(endpoint manager, lease_grant grant,
+                 std::function<void(const std::string& why)> on_lost = {},
                  std::function<void(const lease_grant&)> on_renewed = {});
     ~lease_keeper();  // stops the thread, then releases the lease (waits at most ~2 s for the manager)
     lease_keeper(const lease_keeper&) = delete;
@@ -57,7 +59,7 @@ public:
     // Stops renewing without releasing (e.g. in a forked child that must not release its parent's lease).
     void abandon();
 
-private:
+  private:
     void run();
 
     endpoint manager_;

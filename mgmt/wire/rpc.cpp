@@ -20,7 +20,8 @@ mgmt_connection::~mgmt_connection() {
     if (stream_) stream_->shutdown();
 }
 
-result<mgmt_connection, rpc_error> mgmt_connection::connect(const endpoint& manager, std::chrono::milliseconds timeout) {
+result<mgmt_connection, rpc_error> mgmt_connection::connect(const endpoint& manager,
+                                                            std::chrono::milliseconds timeout) {
     auto s = stream::connect(manager, timeout);
     if (!s) return unexpected{from_transport(s.error(), rpc_errc::unreachable)};
     mgmt_connection c;
@@ -61,18 +62,20 @@ result<std::string, rpc_error> mgmt_connection::call(std::string_view method, st
     }
     auto* reply = root_of<wire::MgmtReply>(*f);
     if (!reply->ok()) {
-        rpc_error e{rpc_errc::remote, "error", reply->error() ? reply->error()->str() : std::string("request refused")};
+        rpc_error e{rpc_errc::remote, "error",
+                    reply->error() ? reply->error()->str() : std::string("request refused")};
         if (reply->body()) {
             auto j = nlohmann::json::parse(reply->body()->str(), nullptr, false);
-            if (j.is_object() && j.contains("code") && j["code"].is_string()) e.code = j["code"].get<std::string>();
+            if (j.is_object() && j.contains("code") && j["code"].is_string())
+                e.code = j["code"].get<std::string>();
         }
         return unexpected{std::move(e)};
     }
     return reply->body() ? reply->body()->str() : std::string("{}");
 }
 
-result<std::string, rpc_error> mgmt_call(const endpoint& manager, std::string_view method, std::string_view body,
-                                         std::chrono::milliseconds timeout) {
+result<std::string, rpc_error> mgmt_call(const endpoint& manager, std::string_view method,
+                                         std::string_view body, std::chrono::milliseconds timeout) {
     auto c = mgmt_connection::connect(manager, timeout);
     if (!c) return unexpected{c.error()};
     return c->call(method, body, timeout);
@@ -91,7 +94,8 @@ std::string describe(const rpc_error& e, const endpoint& manager) {
                    "); check that vcuda-mgmt is still running and try again.";
         case rpc_errc::bad_reply:
             return "the program at " + at + " did not answer as a vcuda manager: " + e.message;
-        case rpc_errc::remote: return e.message;
+        case rpc_errc::remote:
+            return e.message;
     }
     return e.message;
 }

@@ -25,13 +25,15 @@ enum class rpc_errc {
 
 struct rpc_error {
     rpc_errc kind = rpc_errc::transport;
-    std::string code;     // for remote: bad_request, unknown_method, unknown_server, unknown_lease, no_capacity, not_found, internal
+    std::string code;  // for remote: bad_request, unknown_method, unknown_server, unknown_lease, no_capacity,
+                       // not_found, internal
     std::string message;  // human-readable, says what to do next where it can
 };
 
 class mgmt_connection {
-public:
-    static result<mgmt_connection, rpc_error> connect(const endpoint& manager, std::chrono::milliseconds timeout);
+  public:
+    static result<mgmt_connection, rpc_error> connect(const endpoint& manager,
+                                                      std::chrono::milliseconds timeout);
 
     // Sends `method` with a JSON body (an object, "{}" when empty) and returns the reply's JSON body.
     result<std::string, rpc_error> call(std::string_view method, std::string_view body,
@@ -43,7 +45,7 @@ public:
     mgmt_connection& operator=(mgmt_connection&&) noexcept = default;
     ~mgmt_connection();
 
-private:
+  private:
     mgmt_connection() = default;
     endpoint peer_;
     std::unique_ptr<frame_stream> stream_;  // frame_stream holds a mutex, so it is not movable itself
@@ -51,11 +53,11 @@ private:
 };
 
 // Connects, calls once, disconnects.
-result<std::string, rpc_error> mgmt_call(const endpoint& manager, std::string_view method, std::string_view body,
-                                         std::chrono::milliseconds timeout);
+result<std::string, rpc_error> mgmt_call(const endpoint& manager, std::string_view method,
+                                         std::string_view body, std::chrono::milliseconds timeout);
 
-// "cannot reach the manager at X: ... is vcuda-mgmt running? ..." for unreachable/transport errors; the manager's
-// own message for remote ones.
+// "cannot reach the manager at X: ... is vcuda-mgmt running? ..." for unreachable/transport errors; the
+// manager's own message for remote ones.
 std::string describe(const rpc_error& e, const endpoint& manager);
 
 }  // namespace vcuda::mgmt

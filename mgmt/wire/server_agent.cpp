@@ -39,7 +39,8 @@ bool server_agent::connected() const {
 
 bool server_agent::wait_registered(std::chrono::milliseconds timeout) const {
     std::unique_lock lock(mutex_);
-    return cv_.wait_for(lock, timeout, [this] { return !server_id_.empty() || stop_; }) && !server_id_.empty();
+    return cv_.wait_for(lock, timeout, [this] { return !server_id_.empty() || stop_; }) &&
+           !server_id_.empty();
 }
 
 void server_agent::run() {
@@ -71,12 +72,15 @@ void server_agent::run() {
             body = encode(hb);
         }
 
-        result<std::string, rpc_error> reply = unexpected{rpc_error{rpc_errc::unreachable, "", "not connected"}};
+        result<std::string, rpc_error> reply =
+            unexpected{rpc_error{rpc_errc::unreachable, "", "not connected"}};
         if (!conn || !conn->is_open()) {
             conn.reset();
             auto c = mgmt_connection::connect(cfg_.manager, call_timeout);
-            if (c) conn.emplace(std::move(*c));
-            else reply = unexpected{c.error()};
+            if (c)
+                conn.emplace(std::move(*c));
+            else
+                reply = unexpected{c.error()};
         }
         if (conn) reply = conn->call(method, body, call_timeout);
 
@@ -85,7 +89,8 @@ void server_agent::run() {
         if (!reply) {
             const auto& e = reply.error();
             if (e.kind == rpc_errc::remote && e.code == "unknown_server") {
-                VCUDA_LOG_WARN("the manager at {} no longer knows this server ({}); registering again", where, id);
+                VCUDA_LOG_WARN("the manager at {} no longer knows this server ({}); registering again", where,
+                               id);
                 server_id_.clear();
                 connected_ = false;
                 wait = milliseconds(0);
@@ -93,7 +98,8 @@ void server_agent::run() {
             }
             if (e.kind != rpc_errc::remote) conn.reset();
             if (!warned || connected_)
-                VCUDA_LOG_WARN("manager {}: {}", method, e.kind == rpc_errc::remote ? e.message : describe(e, cfg_.manager));
+                VCUDA_LOG_WARN("manager {}: {}", method,
+                               e.kind == rpc_errc::remote ? e.message : describe(e, cfg_.manager));
             warned = true;
             connected_ = false;
             wait = std::min(interval, milliseconds(1000));
@@ -105,7 +111,8 @@ void server_agent::run() {
             auto j = nlohmann::json::parse(*reply, nullptr, false);
             if (j.is_object() && j.contains("server_id") && j["server_id"].is_string()) {
                 server_id_ = j["server_id"].get<std::string>();
-                if (cfg_.interval.count() == 0 && j.contains("heartbeat_interval_ms") && j["heartbeat_interval_ms"].is_number_integer())
+                if (cfg_.interval.count() == 0 && j.contains("heartbeat_interval_ms") &&
+                    j["heartbeat_interval_ms"].is_number_integer())
                     interval = milliseconds(std::max<int64_t>(j["heartbeat_interval_ms"].get<int64_t>(), 50));
                 VCUDA_LOG_INFO("registered with the manager at {} as {} ({} GPUs)", where, server_id_,
                                cfg_.registration.gpus.size());

@@ -23,7 +23,8 @@ namespace vcuda::mgmt {
 struct server_agent_config {
     endpoint manager;
     server_registration registration;  // host, endpoints clients connect to, GPUs
-    // Called before every heartbeat: per-GPU load (by uuid) and, optionally, the sessions. server_id is filled in.
+    // Called before every heartbeat: per-GPU load (by uuid) and, optionally, the sessions. server_id is
+    // filled in.
     std::function<heartbeat()> load;
     // Called after every answered heartbeat with the leases alive on this server.
     std::function<void(const std::vector<active_lease>&)> on_leases;
@@ -32,7 +33,7 @@ struct server_agent_config {
 };
 
 class server_agent {
-public:
+  public:
     explicit server_agent(server_agent_config cfg);
     ~server_agent();  // stops the thread (waits for a call in flight, at most a few seconds)
     server_agent(const server_agent&) = delete;
@@ -46,7 +47,7 @@ public:
     bool wait_registered(std::chrono::milliseconds timeout) const;
     void stop();
 
-private:
+  private:
     void run();
 
     server_agent_config cfg_;

@@ -78,8 +78,8 @@ struct heartbeat {
     std::vector<session_report> sessions;  // optional: what `vcuda sessions` shows
 };
 
-// What the heartbeat reply tells a server: the leases that are alive on its GPUs. A session whose lease is not
-// in this list (released, expired) should be closed and its memory freed.
+// What the heartbeat reply tells a server: the leases that are alive on its GPUs. A session whose lease is
+// not in this list (released, expired) should be closed and its memory freed.
 struct active_lease {
     std::string lease_id;
     std::string uuid;

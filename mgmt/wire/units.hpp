@@ -1,4 +1,5 @@
-// Byte sizes and durations as operators write them ("8G", "512MiB", "30s"), for flags, environment and tables.
+// Byte sizes and durations as operators write them ("8G", "512MiB", "30s"), for flags, environment and
+// tables.
 #pragma once
 
 #include <chrono>

@@ -9,13 +9,13 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(x)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            std::printf("FAIL %s: %s at line %d\n", #x, cudaGetErrorName(e_), __LINE__);          \
-            std::exit(1);                                                                         \
-        }                                                                                         \
+#define CHECK(x)                                                                         \
+    do {                                                                                 \
+        cudaError_t e_ = (x);                                                            \
+        if (e_ != cudaSuccess) {                                                         \
+            std::printf("FAIL %s: %s at line %d\n", #x, cudaGetErrorName(e_), __LINE__); \
+            std::exit(1);                                                                \
+        }                                                                                \
     } while (0)
 
 __global__ void empty_kernel() {}
@@ -35,7 +35,9 @@ double per_call_us(int n, int reps, F&& f) {
     return t[t.size() / 2];
 }
 
-void metric(const char* name, double v, const char* unit) { std::printf("metric %s %.3f %s\n", name, v, unit); }
+void metric(const char* name, double v, const char* unit) {
+    std::printf("metric %s %.3f %s\n", name, v, unit);
+}
 
 int main() {
     CHECK(cudaSetDevice(0));
@@ -47,27 +49,41 @@ int main() {
 
     metric("sync_call_stream_query", per_call_us(2000, 5, [&] { CHECK(cudaStreamQuery(s)); }), "us");
     metric("sync_call_device_sync_idle", per_call_us(2000, 5, [&] { CHECK(cudaDeviceSynchronize()); }), "us");
-    metric("launch_plus_sync", per_call_us(2000, 5, [&] {
-               empty_kernel<<<1, 1, 0, s>>>();
-               CHECK(cudaStreamSynchronize(s));
-           }), "us");
-    // 100,000 launches and the synchronize that waits for them, 5 times: launch times drift by 10-20% from one
-    // such run to the next even natively, so one run says little.
-    metric("async_launch", per_call_us(1, 5, [&] {
-               const int n = 100000;
-               for (int i = 0; i < n; ++i) empty_kernel<<<1, 1, 0, s>>>();
-               CHECK(cudaStreamSynchronize(s));
-           }) / 100000, "us");
+    metric("launch_plus_sync",
+           per_call_us(2000, 5,
+                       [&] {
+                           empty_kernel<<<1, 1, 0, s>>>();
+                           CHECK(cudaStreamSynchronize(s));
+                       }),
+           "us");
+    // 100,000 launches and the synchronize that waits for them, 5 times: launch times drift by 10-20% from
+    // one such run to the next even natively, so one run says little.
+    metric("async_launch",
+           per_call_us(1, 5,
+                       [&] {
+                           const int n = 100000;
+                           for (int i = 0; i < n; ++i) empty_kernel<<<1, 1, 0, s>>>();
+                           CHECK(cudaStreamSynchronize(s));
+                       }) /
+               100000,
+           "us");
     void* dev;
     CHECK(cudaMalloc(&dev, 256u << 20));
     std::vector<char> small(4096, 1);
-    metric("htod_4KiB", per_call_us(2000, 5, [&] { CHECK(cudaMemcpy(dev, small.data(), 4096, cudaMemcpyHostToDevice)); }), "us");
-    metric("dtoh_4KiB", per_call_us(2000, 5, [&] { CHECK(cudaMemcpy(small.data(), dev, 4096, cudaMemcpyDeviceToHost)); }), "us");
-    metric("alloc_free_1MiB", per_call_us(500, 5, [&] {
-               void* p;
-               CHECK(cudaMalloc(&p, 1u << 20));
-               CHECK(cudaFree(p));
-           }), "us");
+    metric("htod_4KiB",
+           per_call_us(2000, 5, [&] { CHECK(cudaMemcpy(dev, small.data(), 4096, cudaMemcpyHostToDevice)); }),
+           "us");
+    metric("dtoh_4KiB",
+           per_call_us(2000, 5, [&] { CHECK(cudaMemcpy(small.data(), dev, 4096, cudaMemcpyDeviceToHost)); }),
+           "us");
+    metric("alloc_free_1MiB",
+           per_call_us(500, 5,
+                       [&] {
+                           void* p;
+                           CHECK(cudaMalloc(&p, 1u << 20));
+                           CHECK(cudaFree(p));
+                       }),
+           "us");
     const size_t big = 256u << 20;
     void* pinned;
     CHECK(cudaMallocHost(&pinned, big));

@@ -42,6 +42,7 @@ TEST_CASE("HMAC-MD2 is MD2(K^opad || MD2(K^ipad || m))", "[unit]") {
     }
     auto h = md2_of(inner + msg);
     auto expected = md2_of(outer + std::string(h.begin(), h.end()));
-    auto got = vcuda::client::hmac_md2(std::span<const uint8_t, 16>(key, 16), {reinterpret_cast<const uint8_t*>(msg.data()), msg.size()});
+    auto got = vcuda::client::hmac_md2(std::span<const uint8_t, 16>(key, 16),
+                                       {reinterpret_cast<const uint8_t*>(msg.data()), msg.size()});
     CHECK(got == expected);
 }

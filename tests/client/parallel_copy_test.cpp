@@ -1,8 +1,8 @@
 // client/parallel_copy.cpp: large copies split over helper threads land byte for byte, from several threads
 // at once and in a forked child (whose helpers are its own).
-#include <catch2/catch.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <random>

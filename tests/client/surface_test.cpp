@@ -1,6 +1,6 @@
 // The client library's surface as applications and cudart see it.
-#include <catch2/catch.hpp>
 #include <dlfcn.h>
+#include <catch2/catch.hpp>
 
 #include <cstdio>
 #include <fstream>
@@ -90,7 +90,8 @@ TEST_CASE("libcuda.so.1 exports exactly the driver's symbols", "[unit]") {
         if (!ours.count(s)) missing.push_back(s);
     for (auto& s : ours)
         if (!stub.count(s)) extra.push_back(s);
-    INFO("missing: " << (missing.empty() ? "" : missing.front()) << " extra: " << (extra.empty() ? "" : extra.front()));
+    INFO("missing: " << (missing.empty() ? "" : missing.front())
+                     << " extra: " << (extra.empty() ? "" : extra.front()));
     CHECK(missing.empty());
     CHECK(extra.empty());
 }
@@ -165,7 +166,8 @@ TEST_CASE("cuGetProcAddress_v2 answers as driver 580 does", "[unit]") {
 TEST_CASE("cuInit without a reachable server fails cleanly and fast", "[unit]") {
     // A fresh process, so the client's one-time initialization runs with the environment set here.
     auto lines = run_lines(std::string("env VCUDA_SERVER=127.0.0.1:1 VCUDA_CONNECT_TIMEOUT_MS=2000 ") +
-                           "python3 -c \"import ctypes,time; l=ctypes.CDLL('" VCUDA_CLIENT_LIB "'); t=time.time(); "
+                           "python3 -c \"import ctypes,time; l=ctypes.CDLL('" VCUDA_CLIENT_LIB
+                           "'); t=time.time(); "
                            "r=l.cuInit(0); print(r, round(time.time()-t, 3))\" 2>&1");
     REQUIRE(!lines.empty());
     std::string last = lines.back();

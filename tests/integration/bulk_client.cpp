@@ -20,6 +20,8 @@
 
 namespace {
 
+// clang-format 14 reflows this list differently on each run: left as written.
+// clang-format off
 #define VCUDA_BULK_CLIENT_API(X)                                                                       \
     X(cuInit)                                                                                          \
     X(cuDeviceGet)                                                                                     \
@@ -27,6 +29,7 @@ namespace {
         X(cuMemcpyDtoH_v2) X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2) X(cuStreamCreate)           \
             X(cuStreamSynchronize) X(cuStreamDestroy_v2) X(cuMemHostAlloc) X(cuMemFreeHost)            \
                 X(cuGetErrorName)
+// clang-format on
 
 struct api {
 #define X(name) decltype(&::name) name = nullptr;

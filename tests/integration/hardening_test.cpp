@@ -1,6 +1,6 @@
 // Issue 17 (hardening), each finding as a test against a vcuda-server process on the software driver: session
-// secrets from the CSPRNG, authentication on every listener, lease tokens bound to their lease, bounds on what
-// an unauthenticated peer can make the server hold, and sessions that end when their client is gone.
+// secrets from the CSPRNG, authentication on every listener, lease tokens bound to their lease, bounds on
+// what an unauthenticated peer can make the server hold, and sessions that end when their client is gone.
 #include <catch2/catch.hpp>
 
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -8,14 +8,14 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <set>
@@ -25,9 +25,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/wire.hpp"
+#include "mgmt/token.hpp"
 #include "mgmt/wire/lease.hpp"
 #include "mgmt/wire/rpc.hpp"
-#include "mgmt/token.hpp"
 #include "raw_client.hpp"
 
 using namespace vcuda;
@@ -65,14 +65,16 @@ std::string run_command(const std::string& cmd, int* status = nullptr) {
 std::string soft_gpu0_uuid() {
     const unsigned char b[16] = {'v', 'c', 'u', 'd', 'a', '-', 's', 'o', 'f', 't', '-', 'g', 'p', 0, 0, 0};
     char s[64];
-    std::snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-                  b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    std::snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                  b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                  b[14], b[15]);
     return s;
 }
 
 std::string lease_token(const std::string& secret, const std::string& lease, uint64_t quota,
                         std::chrono::seconds life = std::chrono::seconds(600)) {
-    return mgmt::sign_token(secret, {lease, soft_gpu0_uuid(), quota, std::chrono::system_clock::now() + life});
+    return mgmt::sign_token(secret,
+                            {lease, soft_gpu0_uuid(), quota, std::chrono::system_clock::now() + life});
 }
 
 long proc_number(int pid, const std::string& file, const std::string& key) {
@@ -141,7 +143,8 @@ uint64_t first_word(const std::string& key) {
 
 // Opens (or joins) until the server has counted a connection that just closed: refusals at a limit are
 // checked for each attempt's message.
-std::unique_ptr<raw_client> open_retrying(const std::string& address, uint64_t session = 0, const std::string& key = {}) {
+std::unique_ptr<raw_client> open_retrying(const std::string& address, uint64_t session = 0,
+                                          const std::string& key = {}) {
     for (int i = 0; i < 50; ++i) {
         if (auto c = raw_client::open(address, session, key)) return c;
         std::this_thread::sleep_for(50ms);
@@ -208,8 +211,8 @@ TEST_CASE("session ids and keys are unpredictable: 256-bit keys from the CSPRNG,
             key_and[b] = static_cast<char>(key_and[b] & k[b]);
         }
     }
-    // The old server's 64-bit secrets were consecutive outputs of a 32-bit-seeded std::mt19937_64: a client that
-    // opened 160 sessions could compute the next tenant's.
+    // The old server's 64-bit secrets were consecutive outputs of a 32-bit-seeded std::mt19937_64: a client
+    // that opened 160 sessions could compute the next tenant's.
     CHECK_FALSE(looks_like_mt19937(pairs));
     REQUIRE(pairs.front().second != 0);
     CHECK(ids.size() == 170);
@@ -263,15 +266,17 @@ TEST_CASE("a server with --secret-file serves only clients with a token signed w
 
     // The right one opens sessions; its --memory is the session's quota.
     int status = -1;
-    std::string good = run_command(std::string(VCUDA_CLI_BIN) + " token create --secret-file " + file + " --ttl 1h --memory 64M",
-                                   &status);
+    std::string good = run_command(
+        std::string(VCUDA_CLI_BIN) + " token create --secret-file " + file + " --ttl 1h --memory 64M",
+        &status);
     REQUIRE(status == 0);
     auto c = raw_client::open(server.address(), 0, {}, &why, 0, good);
     REQUIRE(c);
     CHECK(c->memory_quota() == 64u << 20);
     CHECK(c->call(op::mem_alloc, {1u << 20}).result == CUDA_SUCCESS);
     CHECK(c->call(op::mem_alloc, {128u << 20}).result == CUDA_ERROR_OUT_OF_MEMORY);
-    auto d = raw_client::open(server.address(), 0, {}, &why, 0, good);  // a shared token: more than one session
+    auto d =
+        raw_client::open(server.address(), 0, {}, &why, 0, good);  // a shared token: more than one session
     CHECK(d);
     // A lane joins with the session's key (no token needed: the key is the proof).
     CHECK(raw_client::open(server.address(), c->session_id(), c->key(), &why));
@@ -283,7 +288,8 @@ TEST_CASE("a network address without a secret is refused at start unless --insec
     {
         server_process server({}, server_process::transport::tcp, 0, "0.0.0.0:0");
         CHECK(server.wait_exit(15) == 2);
-        CHECK(server.log().find("refusing to serve a network address without authentication") != std::string::npos);
+        CHECK(server.log().find("refusing to serve a network address without authentication") !=
+              std::string::npos);
     }
     {
         server_process server({"--insecure"}, server_process::transport::tcp, 0, "0.0.0.0:0");
@@ -304,7 +310,8 @@ TEST_CASE("a Unix socket is made with mode 0660 and admits only the uids of --al
         CHECK((st.st_mode & 0777) == 0660);
     }
     {
-        server_process server({"--allow-uid", std::to_string(getuid() + 1) + "," + std::to_string(getuid() + 2)});
+        server_process server(
+            {"--allow-uid", std::to_string(getuid() + 1) + "," + std::to_string(getuid() + 2)});
         std::string why;
         CHECK(!raw_client::open(server.address(), 0, {}, &why));
         CHECK(why.find("uid " + std::to_string(getuid())) != std::string::npos);
@@ -352,13 +359,15 @@ TEST_CASE("a released lease's token opens no session", "[integration]") {
     pid_t mgr = fork();
     if (mgr == 0) {
         freopen((dir + "/mgmt.log").c_str(), "w", stderr);
-        execl(VCUDA_MGMT_BIN, VCUDA_MGMT_BIN, "--listen", ("unix:" + msock).c_str(), "--db", (dir + "/m.db").c_str(),
-              "--secret-file", file.c_str(), "--heartbeat-timeout", "1s", "--log-level", "debug", nullptr);
+        execl(VCUDA_MGMT_BIN, VCUDA_MGMT_BIN, "--listen", ("unix:" + msock).c_str(), "--db",
+              (dir + "/m.db").c_str(), "--secret-file", file.c_str(), "--heartbeat-timeout", "1s",
+              "--log-level", "debug", nullptr);
         _exit(127);
     }
     for (int i = 0; i < 250 && access(msock.c_str(), F_OK) != 0; ++i) std::this_thread::sleep_for(20ms);
     {
-        server_process server({"--manager", "unix:" + msock, "--secret-file", file, "--advertise", "unix:/unused"});
+        server_process server(
+            {"--manager", "unix:" + msock, "--secret-file", file, "--advertise", "unix:/unused"});
         REQUIRE(server.wait_for_log("registered with the manager"));
         auto manager = endpoint::parse("unix:" + msock);
         REQUIRE(manager);
@@ -375,9 +384,11 @@ TEST_CASE("a released lease's token opens no session", "[integration]") {
         REQUIRE(a);
         CHECK(a->memory_quota() == 32u << 20);
         uint64_t id = a->session_id();
-        auto r = mgmt::mgmt_call(*manager, "lease.release", nlohmann::json{{"lease_id", grant->lease_id}}.dump(), 5s);
+        auto r = mgmt::mgmt_call(*manager, "lease.release",
+                                 nlohmann::json{{"lease_id", grant->lease_id}}.dump(), 5s);
         REQUIRE(r);
-        // The server learns it at the next heartbeat (every ~0.3 s here): the session ends, the token is dead.
+        // The server learns it at the next heartbeat (every ~0.3 s here): the session ends, the token is
+        // dead.
         CHECK(ended_within(server, id, 5s));
         CHECK(!raw_client::open(server.address(), 0, {}, &why, 0, token));
         CHECK(why.find("was released or has expired") != std::string::npos);
@@ -426,8 +437,9 @@ TEST_CASE("a HELLO announcing a 1 GiB payload is refused before anything is allo
     CHECK(rss_kib(server.pid()) - before < 64 * 1024);
 }
 
-TEST_CASE("the session and connection limits refuse with a message naming --max-sessions or --max-connections",
-          "[integration]") {
+TEST_CASE(
+    "the session and connection limits refuse with a message naming --max-sessions or --max-connections",
+    "[integration]") {
     server_process server({"--max-sessions", "2", "--max-connections", "4"});
     std::string why;
     auto a = raw_client::open(server.address());
@@ -452,7 +464,8 @@ TEST_CASE("the session and connection limits refuse with a message naming --max-
     CHECK(open_retrying(server.address()));
 }
 
-TEST_CASE("out of descriptors, the accept loop backs off instead of spinning and flooding the log", "[integration]") {
+TEST_CASE("out of descriptors, the accept loop backs off instead of spinning and flooding the log",
+          "[integration]") {
     // 40 descriptors: the server's own, and a few connections; the rest wait in the backlog.
     server_process server({}, server_process::transport::tcp, 40);
     REQUIRE(server.wait_for_log("serving"));
@@ -460,7 +473,8 @@ TEST_CASE("out of descriptors, the accept loop backs off instead of spinning and
     REQUIRE(ep);
     std::vector<stream> idle;
     for (int i = 0; i < 60; ++i) {
-        auto s = stream::connect(*ep, 2s);  // completes in the kernel's backlog even when the server cannot accept
+        auto s =
+            stream::connect(*ep, 2s);  // completes in the kernel's backlog even when the server cannot accept
         if (s) idle.push_back(std::move(*s));
     }
     REQUIRE(server.wait_for_log("Too many open files", 10));
@@ -485,7 +499,8 @@ TEST_CASE("out of descriptors, the accept loop backs off instead of spinning and
 
 // ---------------------------------------------------------------- 5. nothing left behind
 
-TEST_CASE("a client that leaves while its host-function thread waits has its session ended", "[integration]") {
+TEST_CASE("a client that leaves while its host-function thread waits has its session ended",
+          "[integration]") {
     server_process server;
     {  // a session that comes and goes first: what stays after it (the driver's own threads) is the baseline
         auto warm = raw_client::open(server.address());
@@ -508,7 +523,8 @@ TEST_CASE("a client that leaves while its host-function thread waits has its ses
     a.reset();
     hf.reset();  // the process ended
     CHECK(ended_within(server, id, 2s));
-    for (int i = 0; i < 100 && thread_count(server.pid()) > threads_before; ++i) std::this_thread::sleep_for(20ms);
+    for (int i = 0; i < 100 && thread_count(server.pid()) > threads_before; ++i)
+        std::this_thread::sleep_for(20ms);
     CHECK(thread_count(server.pid()) <= threads_before);
 }
 

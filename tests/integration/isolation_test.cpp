@@ -63,7 +63,8 @@ TEST_CASE("a session cannot touch another session's memory or handles", "[integr
     CHECK(a->call(op::copy_dtoh, {a_ptr, 16, b_stream}).result == CUDA_ERROR_INVALID_HANDLE);
     // Forged handles: right kind, wrong index or generation.
     CHECK(a->call(op::cuStreamSynchronize, {b_stream + 1}).result == CUDA_ERROR_INVALID_HANDLE);
-    CHECK(a->call(op::cuStreamSynchronize, {b_stream ^ (uint64_t{1} << 33)}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(a->call(op::cuStreamSynchronize, {b_stream ^ (uint64_t{1} << 33)}).result ==
+          CUDA_ERROR_INVALID_HANDLE);
 
     // B's data and handles are unchanged and still work.
     auto back = b->call(op::copy_dtoh, {b_ptr, n, b_stream});
@@ -202,7 +203,8 @@ TEST_CASE("waits for staging slots name only the session's shared host memory", 
     CHECK(good->call(op::host_region_wait, {slot + 4096}).result == CUDA_SUCCESS);
     CHECK(good->call(op::copy_dtoh_shared, {slot, p, 4096, 0, 1}).result == CUDA_SUCCESS);
     CHECK(good->call(op::host_region_wait, {slot}).result == CUDA_SUCCESS);
-    CHECK(good->call(op::copy_htod_shared, {p, slot, 4096, 0, 2}).result == CUDA_ERROR_INVALID_VALUE);  // no such mark
+    CHECK(good->call(op::copy_htod_shared, {p, slot, 4096, 0, 2}).result ==
+          CUDA_ERROR_INVALID_VALUE);  // no such mark
     CHECK(good->call(op::host_region_wait, {0}).result == CUDA_ERROR_INVALID_VALUE);
     CHECK(good->call(op::host_region_wait, {slot + (1u << 20)}).result == CUDA_ERROR_INVALID_VALUE);
 
@@ -232,7 +234,8 @@ raw_reply add_memset(raw_client& c, uint64_t graph, uint64_t dst, std::vector<st
 
 }  // namespace
 
-TEST_CASE("graph nodes are their session's, die with their graph, and name only the session's memory", "[integration]") {
+TEST_CASE("graph nodes are their session's, die with their graph, and name only the session's memory",
+          "[integration]") {
     server_process server;
     auto a = raw_client::open(server.address());
     auto b = raw_client::open(server.address());
@@ -279,7 +282,8 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
           CUDA_ERROR_INVALID_VALUE);
     copy.srcDevice = b_ptr;
     std::memcpy(desc.data(), &copy, sizeof copy);
-    CHECK(b->call(op::graph_add_node, {gb.outs[0], CU_GRAPH_NODE_TYPE_MEMCPY}, {{}, {}, desc}).result == CUDA_SUCCESS);
+    CHECK(b->call(op::graph_add_node, {gb.outs[0], CU_GRAPH_NODE_TYPE_MEMCPY}, {{}, {}, desc}).result ==
+          CUDA_SUCCESS);
     // Host memory is not the server's to name: refused.
     copy.srcMemoryType = CU_MEMORYTYPE_HOST;
     std::memcpy(desc.data(), &copy, sizeof copy);
@@ -287,10 +291,12 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
           CUDA_ERROR_NOT_SUPPORTED);
 
     // Malformed: a node type not served, node ids that are not 8 bytes each, edge data of the wrong length.
-    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_HOST}).result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_EMPTY}, {std::vector<std::byte>(5), {}}).result ==
+    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_HOST}).result ==
           CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_EMPTY}, {ids({node}), std::vector<std::byte>(3)})
+    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_EMPTY}, {std::vector<std::byte>(5), {}})
+              .result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_EMPTY},
+                  {ids({node}), std::vector<std::byte>(3)})
               .result == CUDA_ERROR_INVALID_VALUE);
 
     // The graph takes its nodes with it: their ids are stale.
@@ -302,11 +308,14 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
     CHECK(a->call(op::graph_nodes, {node, 2, 0, 0, 0}).result == CUDA_ERROR_INVALID_HANDLE);
 }
 
-TEST_CASE("a kernel looked up on a lane with no context gets its real layout, and launches that do not match it are refused",
-          "[integration]") {
-    // The crash this guards against: a new client thread (no context) looked a kernel up, the parameter-layout
-    // query failed for want of a context, the kernel was given out with no parameters, and its launch reached the
-    // driver with a parameter array that did not match the kernel (SIGSEGV in the driver, every tenant lost).
+TEST_CASE(
+    "a kernel looked up on a lane with no context gets its real layout, and launches that do not match it "
+    "are refused",
+    "[integration]") {
+    // The crash this guards against: a new client thread (no context) looked a kernel up, the
+    // parameter-layout query failed for want of a context, the kernel was given out with no parameters, and
+    // its launch reached the driver with a parameter array that did not match the kernel (SIGSEGV in the
+    // driver, every tenant lost).
     server_process server;
     auto a = raw_client::open(server.address());
     auto b = raw_client::open(server.address());
@@ -342,9 +351,11 @@ TEST_CASE("a kernel looked up on a lane with no context gets its real layout, an
         return p;
     };
     auto launch = [&](uint64_t form, std::vector<std::byte> params) {
-        return a->call(op::launch, {k.outs[0], 1, 1, 1, static_cast<uint64_t>(n), 1, 1, 0, 0, form, 0}, {params});
+        return a->call(op::launch, {k.outs[0], 1, 1, 1, static_cast<uint64_t>(n), 1, 1, 0, 0, form, 0},
+                       {params});
     };
-    // Too short, too long, empty (what the client packed when the layout came back empty), a short extra buffer.
+    // Too short, too long, empty (what the client packed when the layout came back empty), a short extra
+    // buffer.
     for (size_t size : {0, 12, 24}) {
         INFO("kernelParams block of " << size << " bytes");
         auto r = launch(0, block(size));
@@ -364,7 +375,8 @@ TEST_CASE("a kernel looked up on a lane with no context gets its real layout, an
     CHECK(b->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
 }
 
-TEST_CASE("tensor maps are encoded only over the session's own memory, from well-formed arguments", "[integration]") {
+TEST_CASE("tensor maps are encoded only over the session's own memory, from well-formed arguments",
+          "[integration]") {
     server_process server;
     auto a = raw_client::open(server.address());
     auto b = raw_client::open(server.address());
@@ -399,26 +411,32 @@ TEST_CASE("tensor maps are encoded only over the session's own memory, from well
     CHECK(tiled(*a, a_ptr, rows, ~uint64_t{0} - 15).result == CUDA_ERROR_INVALID_VALUE);  // overflow
     CHECK(tiled(*a, 0, rows, cols * 4).result == CUDA_ERROR_INVALID_VALUE);
     // Malformed: unknown kind, ranks out of range, wrong argument and blob counts and sizes, an unknown type.
-    const std::vector<std::vector<std::byte>> good_blobs = {u64s({cols, rows}), u64s({cols * 4}), u32s({1, 1}),
-                                                            u32s({16, 16})};
-    CHECK(a->call(op::tensor_map_encode, {3, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0}, good_blobs).result ==
+    const std::vector<std::vector<std::byte>> good_blobs = {u64s({cols, rows}), u64s({cols * 4}),
+                                                            u32s({1, 1}), u32s({16, 16})};
+    CHECK(
+        a->call(op::tensor_map_encode, {3, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0}, good_blobs)
+            .result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(
+        a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 6, a_ptr, 0, 0, 0, 0}, good_blobs)
+            .result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(
+        a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 0, a_ptr, 0, 0, 0, 0}, good_blobs)
+            .result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(
+        a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, a_ptr, 0, 0, 0, 0}, good_blobs)
+            .result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, {0, 99, 2, a_ptr, 0, 0, 0, 0}, good_blobs).result ==
           CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 6, a_ptr, 0, 0, 0, 0}, good_blobs).result ==
-          CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 0, a_ptr, 0, 0, 0, 0}, good_blobs).result ==
-          CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, a_ptr, 0, 0, 0, 0}, good_blobs).result ==
-          CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tensor_map_encode, {0, 99, 2, a_ptr, 0, 0, 0, 0}, good_blobs).result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0}, good_blobs).result ==
-          CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0}, good_blobs)
+              .result == CUDA_ERROR_INVALID_VALUE);
     CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0},
                   {u64s({cols, rows}), u64s({cols * 4}), u32s({1, 1})})
               .result == CUDA_ERROR_INVALID_VALUE);
     CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0},
                   {u64s({cols, rows}), u64s({cols * 4}), u32s({1, 1}), u32s({16, 16, 16})})
               .result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 1u << 20, 0, 0, 0}, good_blobs)
+    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 1u << 20, 0, 0, 0},
+                  good_blobs)
               .result == CUDA_ERROR_INVALID_VALUE);
     // im2col needs rank 3 or more, and its corners.
     CHECK(a->call(op::tensor_map_encode, {1, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0, 16, 32},

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -17,8 +17,9 @@
 
 namespace vcuda::test {
 
-std::unique_ptr<raw_client> raw_client::open(const std::string& address, uint64_t session_id, const std::string& key,
-                                             std::string* why, uint32_t bulk_set, const std::string& token) {
+std::unique_ptr<raw_client> raw_client::open(const std::string& address, uint64_t session_id,
+                                             const std::string& key, std::string* why, uint32_t bulk_set,
+                                             const std::string& token) {
     auto ep = endpoint::parse(address);
     if (!ep) return nullptr;
     auto s = stream::connect(*ep, std::chrono::seconds(5));
@@ -61,10 +62,12 @@ std::unique_ptr<raw_client> raw_client::open(const std::string& address, uint64_
     }
     auto* r = root_of<wire::HelloReply>(*in);
     c->session_ = r->session_id();
-    if (r->session_key()) c->key_.assign(reinterpret_cast<const char*>(r->session_key()->data()), r->session_key()->size());
+    if (r->session_key())
+        c->key_.assign(reinterpret_cast<const char*>(r->session_key()->data()), r->session_key()->size());
     c->memory_quota_ = r->memory_quota();
     c->legacy_secret_ = reinterpret_cast<const flatbuffers::Table*>(r)->GetField<uint64_t>(4 + 2 * 3, 0);
-    if (c->key_.empty() && c->legacy_secret_) c->key_.assign(reinterpret_cast<const char*>(&c->legacy_secret_), 8);
+    if (c->key_.empty() && c->legacy_secret_)
+        c->key_.assign(reinterpret_cast<const char*>(&c->legacy_secret_), 8);
     c->features_ = r->features();
     c->bulk_streams_ = r->bulk_streams();
     return c;
@@ -74,7 +77,9 @@ raw_reply raw_client::call(op o, std::vector<uint64_t> args, std::vector<std::ve
                            std::vector<std::byte> payload, int device) {
     flatbuffers::FlatBufferBuilder b;
     std::vector<flatbuffers::Offset<wire::Blob>> bo;
-    for (auto& x : blobs) bo.push_back(wire::CreateBlob(b, b.CreateVector(reinterpret_cast<const uint8_t*>(x.data()), x.size())));
+    for (auto& x : blobs)
+        bo.push_back(
+            wire::CreateBlob(b, b.CreateVector(reinterpret_cast<const uint8_t*>(x.data()), x.size())));
     auto a = b.CreateVector(args);
     auto bv = b.CreateVector(bo);
     b.Finish(wire::CreateCall(b, static_cast<uint32_t>(o), device, a, bv));
@@ -86,7 +91,9 @@ raw_reply raw_client::call(op o, std::vector<uint64_t> args, std::vector<std::ve
     return receive_reply();
 }
 
-bool raw_client::send_call(op o, std::vector<uint64_t> args, int device) { return send_args(o, args, device, 0); }
+bool raw_client::send_call(op o, std::vector<uint64_t> args, int device) {
+    return send_args(o, args, device, 0);
+}
 
 bool raw_client::send_queued(op o, std::vector<uint64_t> args, int device) {
     return send_args(o, args, device, frame_flags::no_reply);
@@ -103,8 +110,9 @@ raw_reply raw_client::receive_reply() {
     auto in = fs_.receive(after(std::chrono::seconds(20)));
     if (!in || in->kind() != frame_kind::reply) {
         r.connection_ok = false;
-        r.detail = !in ? "no reply: " + in.error().message
-                       : "a frame of kind " + std::to_string(static_cast<int>(in->kind())) + " instead of a reply";
+        r.detail =
+            !in ? "no reply: " + in.error().message
+                : "a frame of kind " + std::to_string(static_cast<int>(in->kind())) + " instead of a reply";
         return r;
     }
     auto* rep = root_of<wire::Reply>(*in);
@@ -119,14 +127,16 @@ bool raw_client::send_chunk(uint64_t transfer, uint64_t offset, const std::vecto
     flatbuffers::FlatBufferBuilder b;
     auto a = b.CreateVector(std::vector<uint64_t>{transfer, offset});
     b.Finish(wire::CreateCall(b, static_cast<uint32_t>(op::bulk_chunk), -1, a));
-    return fs_.send(make_frame(frame_kind::call, b, ++sequence_, 0, frame_flags::no_reply, bytes)).has_value();
+    return fs_.send(make_frame(frame_kind::call, b, ++sequence_, 0, frame_flags::no_reply, bytes))
+        .has_value();
 }
 
 bool raw_client::receive_chunk(uint64_t& transfer, uint64_t& offset, std::vector<std::byte>& bytes) {
     auto in = fs_.receive(after(std::chrono::seconds(20)));
     if (!in || in->kind() != frame_kind::call) return false;
     auto* c = root_of<wire::Call>(*in);
-    if (c->op() != static_cast<uint32_t>(op::bulk_chunk) || !c->args() || c->args()->size() != 2) return false;
+    if (c->op() != static_cast<uint32_t>(op::bulk_chunk) || !c->args() || c->args()->size() != 2)
+        return false;
     transfer = c->args()->Get(0);
     offset = c->args()->Get(1);
     bytes = std::move(in->payload);
@@ -148,7 +158,8 @@ bool raw_client::closed_by_peer() {
     for (int i = 0; i < (1 << 16); ++i) {
         std::byte b;
         auto r = fs_.raw().read_exact(&b, 1, until);
-        if (!r) return r.error().code == transport_errc::peer_lost || r.error().code == transport_errc::closed;
+        if (!r)
+            return r.error().code == transport_errc::peer_lost || r.error().code == transport_errc::closed;
     }
     return false;
 }
@@ -159,7 +170,13 @@ server_process::server_process(std::vector<std::string> extra, transport t, int 
     address_ = !listen.empty() ? listen : t == transport::tcp ? "127.0.0.1:0" : "unix:" + dir_ + "/s.sock";
     // VCUDA_TEST_SERVER_BIN: another server binary (an older build, to see a test fail on the code it fixes).
     const char* bin = std::getenv("VCUDA_TEST_SERVER_BIN");
-    std::vector<std::string> args = {bin && *bin ? bin : VCUDA_SERVER_BIN, "--listen", address_, "--driver", VCUDA_SOFTDRIVER, "--log-level", "debug"};
+    std::vector<std::string> args = {bin && *bin ? bin : VCUDA_SERVER_BIN,
+                                     "--listen",
+                                     address_,
+                                     "--driver",
+                                     VCUDA_SOFTDRIVER,
+                                     "--log-level",
+                                     "debug"};
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = fork();
     if (pid_ == 0) {

@@ -22,11 +22,12 @@ struct raw_reply {
 };
 
 class raw_client {
-public:
+  public:
     // Opens a session (session_id 0) or joins one with its key: as a lane, or as a connection of bulk set
     // `bulk_set`. `token`: what the server's --secret-file or manager requires to open a session.
-    static std::unique_ptr<raw_client> open(const std::string& address, uint64_t session_id = 0, const std::string& key = {},
-                                            std::string* why = nullptr, uint32_t bulk_set = 0, const std::string& token = {});
+    static std::unique_ptr<raw_client> open(const std::string& address, uint64_t session_id = 0,
+                                            const std::string& key = {}, std::string* why = nullptr,
+                                            uint32_t bulk_set = 0, const std::string& token = {});
     raw_reply call(op o, std::vector<uint64_t> args, std::vector<std::vector<std::byte>> blobs = {},
                    std::vector<std::byte> payload = {}, int device = 0);
     raw_reply call(uint32_t raw_op, std::vector<uint64_t> args, int device = 0);
@@ -54,7 +55,7 @@ public:
     uint64_t memory_quota() const { return memory_quota_; }
     frame_stream& stream() { return fs_; }
 
-private:
+  private:
     explicit raw_client(frame_stream s) : fs_(std::move(s)) {}
     bool send_args(op o, const std::vector<uint64_t>& args, int device, uint32_t flags);
     frame_stream fs_;
@@ -73,12 +74,12 @@ inline std::string altered(std::string key) {
 }
 
 class server_process {
-public:
+  public:
     enum class transport { unix_socket, tcp };
-    // `max_fds` > 0: the server runs with RLIMIT_NOFILE (soft and hard) lowered to it. `listen`: the address to
-    // serve instead of the private socket or 127.0.0.1:0.
-    explicit server_process(std::vector<std::string> extra_args = {}, transport t = transport::unix_socket, int max_fds = 0,
-                            std::string listen = {});
+    // `max_fds` > 0: the server runs with RLIMIT_NOFILE (soft and hard) lowered to it. `listen`: the address
+    // to serve instead of the private socket or 127.0.0.1:0.
+    explicit server_process(std::vector<std::string> extra_args = {}, transport t = transport::unix_socket,
+                            int max_fds = 0, std::string listen = {});
     // The server's exit status once it has exited by itself within `seconds` (start-up refusals), else -1.
     int wait_exit(int seconds);
     ~server_process();
@@ -88,10 +89,11 @@ public:
     // Polls the log until it holds `text` (true) or `seconds` passed.
     bool wait_for_log(const std::string& text, int seconds = 10) const;
 
-private:
+  private:
     int pid_ = -1, exit_status_ = -1;
     std::string dir_, address_;
-public:
+
+  public:
     const std::string& dir() const { return dir_; }
 };
 

@@ -1,11 +1,11 @@
 // vcuda's libnvidia-ml.so.1 as NVML users see it: its exported surface, its answers without a server, and
 // its answers next to the CUDA side's, through a real vcuda-server on the software test driver.
 // The queries run in vcuda_nvml_probe (a child process), so every run starts with a fresh client.
-#include <catch2/catch.hpp>
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -39,7 +39,8 @@ std::vector<std::string> run_lines(const std::string& cmd) {
 }
 
 // key=value lines of the probe.
-std::map<std::string, std::string> run_probe(const std::string& env, const std::string& args, const std::string& log) {
+std::map<std::string, std::string> run_probe(const std::string& env, const std::string& args,
+                                             const std::string& log) {
     std::map<std::string, std::string> kv;
     for (auto& line : run_lines("env " + env + " " VCUDA_NVML_PROBE " " + args + " 2>" + log)) {
         auto eq = line.find('=');
@@ -89,8 +90,9 @@ struct soft_server {
             (void)f;
             dup2(fileno(stdout), 2);
             setenv("VCUDA_SOFT_DEVICES", std::to_string(devices).c_str(), 1);
-            execl(VCUDA_SERVER_BIN, VCUDA_SERVER_BIN, "--listen", address.c_str(), "--driver", VCUDA_SOFTDRIVER,
-                  "--memory-quota", "1GiB", "--log-level", "debug", static_cast<char*>(nullptr));
+            execl(VCUDA_SERVER_BIN, VCUDA_SERVER_BIN, "--listen", address.c_str(), "--driver",
+                  VCUDA_SOFTDRIVER, "--memory-quota", "1GiB", "--log-level", "debug",
+                  static_cast<char*>(nullptr));
             _exit(127);
         }
         for (int i = 0; i < 200 && !std::filesystem::exists(socket); ++i)
@@ -122,7 +124,8 @@ TEST_CASE("libnvidia-ml.so.1 exports exactly the real NVML's symbols", "[unit]")
         if (!ours.count(s)) missing.push_back(s);
     for (auto& s : ours)
         if (!want.count(s)) extra.push_back(s);
-    INFO("missing: " << (missing.empty() ? "" : missing.front()) << " extra: " << (extra.empty() ? "" : extra.front()));
+    INFO("missing: " << (missing.empty() ? "" : missing.front())
+                     << " extra: " << (extra.empty() ? "" : extra.front()));
     CHECK(missing.empty());
     CHECK(extra.empty());
 }
@@ -150,7 +153,8 @@ TEST_CASE("before nvmlInit: errors, error strings and stubs answer locally", "[u
     auto error_string = reinterpret_cast<decltype(&nvmlErrorString)>(dlsym(lib, "nvmlErrorString"));
     auto count = reinterpret_cast<decltype(&nvmlDeviceGetCount_v2)>(dlsym(lib, "nvmlDeviceGetCount_v2"));
     auto shutdown = reinterpret_cast<decltype(&nvmlShutdown)>(dlsym(lib, "nvmlShutdown"));
-    auto vbios = reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned)>(dlsym(lib, "nvmlDeviceGetVbiosVersion"));
+    auto vbios = reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned)>(
+        dlsym(lib, "nvmlDeviceGetVbiosVersion"));
     REQUIRE((error_string && count && shutdown && vbios));
     CHECK(std::string(error_string(NVML_SUCCESS)) == "Success");
     CHECK(std::string(error_string(NVML_ERROR_NOT_SUPPORTED)) == "Not Supported");
@@ -175,7 +179,8 @@ TEST_CASE("nvmlInit without a reachable server fails fast with an NVML error", "
     }
 }
 
-TEST_CASE("NVML reports the vGPU as CUDA does, through vcuda-server on the software driver", "[integration]") {
+TEST_CASE("NVML reports the vGPU as CUDA does, through vcuda-server on the software driver",
+          "[integration]") {
     soft_server server;
     auto kv = run_probe(server.env(), "query", server.dir / "probe.log");
     INFO("probe log: " << server.dir / "probe.log");
@@ -235,7 +240,7 @@ TEST_CASE("NVML reports the vGPU as CUDA does, through vcuda-server on the softw
         CHECK(num(kv, p + "fields.field_rc") == NVML_ERROR_NOT_SUPPORTED);
         CHECK(num(kv, p + "is_mig.rc") == NVML_SUCCESS);
         CHECK(num(kv, p + "is_mig") == 0);
-        CHECK(num(kv, p + "p2p_self.rc") == NVML_SUCCESS);  // NCCL asks this of every GPU
+        CHECK(num(kv, p + "p2p_self.rc") == NVML_SUCCESS);                // NCCL asks this of every GPU
         CHECK(num(kv, p + "p2p_self") == NVML_P2P_STATUS_NOT_SUPPORTED);  // as the real NVML answers
         CHECK(num(kv, p + "p2p_loopback.rc") == NVML_SUCCESS);
         CHECK(num(kv, p + "p2p_loopback") == NVML_P2P_STATUS_OK);

@@ -4,7 +4,8 @@
 //   probe init            nvmlInit's result and how long it took
 //   probe query           devices seen by NVML and by CUDA; memory and processes around a cuMemAlloc
 //   probe lost SERVER_PID queries, then kills the server and queries again
-//   probe listing         the GPUs NVML lists and those CUDA sees (CUDA_VISIBLE_DEVICES applies to CUDA only),
+//   probe listing         the GPUs NVML lists and those CUDA sees (CUDA_VISIBLE_DEVICES applies to CUDA
+//   only),
 //                         and NVML's memory use of each after a cuMemAlloc on CUDA device 0
 #include <cuda.h>
 #include <dlfcn.h>
@@ -119,7 +120,8 @@ int query() {
         print(key("temperature.rc").c_str(), NVML(nvmlDeviceGetTemperature)(h, NVML_TEMPERATURE_GPU, &t));
         print(key("power.rc").c_str(), NVML(nvmlDeviceGetPowerUsage)(h, &t));
         print(key("serial.rc").c_str(), NVML(nvmlDeviceGetSerial)(h, text, sizeof text));
-        auto vbios = nvml<nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned)>("nvmlDeviceGetVbiosVersion");  // a generated stub
+        auto vbios = nvml<nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned)>(
+            "nvmlDeviceGetVbiosVersion");  // a generated stub
         print(key("vbios.rc").c_str(), vbios(h, text, sizeof text));
         nvmlFieldValue_t field{};
         field.fieldId = 1;
@@ -131,9 +133,11 @@ int query() {
         nvmlGpuP2PStatus_t p2p = NVML_P2P_STATUS_UNKNOWN;
         print(key("p2p_self.rc").c_str(), NVML(nvmlDeviceGetP2PStatus)(h, h, NVML_P2P_CAPS_INDEX_READ, &p2p));
         print(key("p2p_self").c_str(), p2p);
-        print(key("p2p_loopback.rc").c_str(), NVML(nvmlDeviceGetP2PStatus)(h, h, NVML_P2P_CAPS_INDEX_LOOPBACK, &p2p));
+        print(key("p2p_loopback.rc").c_str(),
+              NVML(nvmlDeviceGetP2PStatus)(h, h, NVML_P2P_CAPS_INDEX_LOOPBACK, &p2p));
         print(key("p2p_loopback").c_str(), p2p);
-        print(key("p2p_bad_index.rc").c_str(), NVML(nvmlDeviceGetP2PStatus)(h, h, static_cast<nvmlGpuP2PCapsIndex_t>(99), &p2p));
+        print(key("p2p_bad_index.rc").c_str(),
+              NVML(nvmlDeviceGetP2PStatus)(h, h, static_cast<nvmlGpuP2PCapsIndex_t>(99), &p2p));
 
         // The same device as CUDA sees it.
         CUdevice dev = 0;
@@ -156,7 +160,8 @@ int query() {
         cuda<CUresult (*)(CUcontext*, CUdevice)>("cuDevicePrimaryCtxRetain")(&ctx, dev);
         cuda<CUresult (*)(CUcontext)>("cuCtxSetCurrent")(ctx);
         CUdeviceptr ptr = 0;
-        print(key("cuda.alloc.rc").c_str(), cuda<CUresult (*)(CUdeviceptr*, size_t)>("cuMemAlloc_v2")(&ptr, 64u << 20));
+        print(key("cuda.alloc.rc").c_str(),
+              cuda<CUresult (*)(CUdeviceptr*, size_t)>("cuMemAlloc_v2")(&ptr, 64u << 20));
         memory_and_processes(h, (p + "allocated").c_str());
         cuda<CUresult (*)(CUdeviceptr)>("cuMemFree_v2")(ptr);
         memory_and_processes(h, (p + "freed").c_str());
@@ -205,7 +210,8 @@ int listing() {
 }
 
 long long ms_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+        .count();
 }
 
 int init() {
@@ -224,7 +230,8 @@ int lost(pid_t server) {
     nvmlUtilization_t u{};
     print("before.utilization.rc", NVML(nvmlDeviceGetUtilizationRates)(h, &u));
     kill(server, SIGKILL);
-    std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // the server is gone and the cached status stale
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(1200));  // the server is gone and the cached status stale
     auto t0 = std::chrono::steady_clock::now();
     print("after.utilization.rc", NVML(nvmlDeviceGetUtilizationRates)(h, &u));
     nvmlMemory_t m{};
@@ -248,11 +255,16 @@ int main(int argc, char** argv) {
     }
     std::string mode = argc > 1 ? argv[1] : "";
     int rc = 2;
-    if (mode == "init") rc = init();
-    else if (mode == "query") rc = query();
-    else if (mode == "listing") rc = listing();
-    else if (mode == "lost" && argc > 2) rc = lost(static_cast<pid_t>(std::atoi(argv[2])));
-    else std::fprintf(stderr, "usage: vcuda_nvml_probe init | query | listing | lost SERVER_PID\n");
+    if (mode == "init")
+        rc = init();
+    else if (mode == "query")
+        rc = query();
+    else if (mode == "listing")
+        rc = listing();
+    else if (mode == "lost" && argc > 2)
+        rc = lost(static_cast<pid_t>(std::atoi(argv[2])));
+    else
+        std::fprintf(stderr, "usage: vcuda_nvml_probe init | query | listing | lost SERVER_PID\n");
     std::fflush(stdout);
     return rc;
 }

@@ -17,7 +17,9 @@ extern "C" __global__ void ac_transform(int* d, int n, int salt) {
     if (i < n) d[i] = static_cast<int>(static_cast<unsigned>(d[i]) * 3u + static_cast<unsigned>(salt));
 }
 
-static int want_value(int input, int salt) { return static_cast<int>(static_cast<unsigned>(input) * 3u + static_cast<unsigned>(salt)); }
+static int want_value(int input, int salt) {
+    return static_cast<int>(static_cast<unsigned>(input) * 3u + static_cast<unsigned>(salt));
+}
 
 // `async_copies pinned-after-pageable MIB`: a large pageable round trip, then MIB of pinned memory, used. Run
 // under a small host memory quota, the pinned allocation must not fail for what vcuda's pageable copies took.
@@ -38,7 +40,8 @@ static int pinned_after_pageable(size_t mib) {
     std::fill(out.begin(), out.end(), 0);
     CHECK(cudaMemcpy(out.data(), d, m * sizeof(int), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < m; ++i)
-        if (out[i] != static_cast<int>(i) - 5) fail("through %zu MiB of pinned memory: [%zu] = %d", mib, i, out[i]);
+        if (out[i] != static_cast<int>(i) - 5)
+            fail("through %zu MiB of pinned memory: [%zu] = %d", mib, i, out[i]);
     printf("pageable round trip, then %zu MiB of pinned memory: ok\n", mib);
     CHECK(cudaFreeHost(pinned));
     CHECK(cudaFree(d));
@@ -46,7 +49,8 @@ static int pinned_after_pageable(size_t mib) {
 }
 
 int main(int argc, char** argv) {
-    if (argc == 3 && std::string(argv[1]) == "pinned-after-pageable") return pinned_after_pageable(std::stoul(argv[2]));
+    if (argc == 3 && std::string(argv[1]) == "pinned-after-pageable")
+        return pinned_after_pageable(std::stoul(argv[2]));
     const int nstreams = 4, nchunks = 16;
     const int chunk = 1 << 18;  // ints per chunk (1 MiB)
     const int n = nchunks * chunk;
@@ -79,8 +83,10 @@ int main(int argc, char** argv) {
             size_t off = size_t(c) * chunk;
             for (int i = 0; i < chunk; ++i)
                 if (hout[off + i] != want_value(hin[off + i], c))
-                    fail("stream %d chunk %d: hout[%zu] = %d, expected %d (async copy not complete after "
-                         "cudaStreamSynchronize?)", k, c, off + i, hout[off + i], want_value(hin[off + i], c));
+                    fail(
+                        "stream %d chunk %d: hout[%zu] = %d, expected %d (async copy not complete after "
+                        "cudaStreamSynchronize?)",
+                        k, c, off + i, hout[off + i], want_value(hin[off + i], c));
         }
         printf("stream %d: %d chunks correct after cudaStreamSynchronize\n", k, nchunks / nstreams);
     }
@@ -97,7 +103,8 @@ int main(int argc, char** argv) {
         CHECK(cudaEventSynchronize(ev));
         for (int i = 0; i < n; ++i) {
             int want = want_value(want_value(hin[i], i / chunk), 1000);
-            if (hout[i] != want) fail("after cudaEventSynchronize: hout[%d] = %d, expected %d", i, hout[i], want);
+            if (hout[i] != want)
+                fail("after cudaEventSynchronize: hout[%d] = %d, expected %d", i, hout[i], want);
         }
         printf("DtoH then cudaEventSynchronize: ok\n");
         CHECK(cudaEventDestroy(ev));
@@ -116,7 +123,8 @@ int main(int argc, char** argv) {
         printf("info: %ld polls\n", polls);
         for (int i = 0; i < n; ++i) {
             int want = want_value(want_value(want_value(hin[i], i / chunk), 1000), 7);
-            if (hout[i] != want) fail("after cudaStreamQuery == cudaSuccess: hout[%d] = %d, expected %d", i, hout[i], want);
+            if (hout[i] != want)
+                fail("after cudaStreamQuery == cudaSuccess: hout[%d] = %d, expected %d", i, hout[i], want);
         }
         printf("DtoH then cudaStreamQuery polling: ok\n");
     }
@@ -155,15 +163,16 @@ int main(int argc, char** argv) {
         CHECK(cudaStreamSynchronize(st[3]));
         for (int i = 0; i < chunk; ++i) {
             int want = want_value(want_value(page_in[i], -5), 11);
-            if (page_out[i] != want) fail("pageable round trip: [%d] = %d, expected %d", i, page_out[i], want);
+            if (page_out[i] != want)
+                fail("pageable round trip: [%d] = %d, expected %d", i, page_out[i], want);
         }
         printf("pageable async round trip: ok\n");
         CHECK(cudaFree(d2));
     }
 
-    // Large pageable copies (vcuda stages them through pinned slots it shares with a server on the same host):
-    // sizes around the slot size, a source overwritten as soon as the copy returns (the bytes were taken by
-    // then), copies ordered after kernels on a stream, and three threads copying at once.
+    // Large pageable copies (vcuda stages them through pinned slots it shares with a server on the same
+    // host): sizes around the slot size, a source overwritten as soon as the copy returns (the bytes were
+    // taken by then), copies ordered after kernels on a stream, and three threads copying at once.
     {
         const size_t sizes[] = {size_t(1) << 18, (size_t(1) << 20) + 1, (size_t(13) << 18) + 3};  // ints
         std::vector<int> page_in(n), page_out(n);
@@ -178,7 +187,8 @@ int main(int argc, char** argv) {
             CHECK(cudaMemcpy(page_out.data(), d, count * sizeof(int), cudaMemcpyDeviceToHost));
             for (size_t i = 0; i < count; ++i)
                 if (page_out[i] != want_value(sent[i], 21))
-                    fail("pageable copy of %zu ints: [%zu] = %d, expected %d", count, i, page_out[i], want_value(sent[i], 21));
+                    fail("pageable copy of %zu ints: [%zu] = %d, expected %d", count, i, page_out[i],
+                         want_value(sent[i], 21));
             if (page_out[count] != 0) fail("pageable copy of %zu ints wrote past its end", count);
             printf("pageable copies of %zu bytes each way: ok\n", count * sizeof(int));
         }
@@ -194,7 +204,8 @@ int main(int argc, char** argv) {
         CHECK(cudaStreamSynchronize(st[1]));
         for (size_t i = 0; i < 2 * count; ++i) {
             int want = i < count ? want_value(static_cast<int>(i) - 77, 3) : 5;
-            if (page_out[i] != want) fail("async pageable copies on a stream: [%zu] = %d, expected %d", i, page_out[i], want);
+            if (page_out[i] != want)
+                fail("async pageable copies on a stream: [%zu] = %d, expected %d", i, page_out[i], want);
         }
         printf("async pageable copies on a stream, around a kernel: ok\n");
         // Three threads, each on its own stream and its own part of d.
@@ -207,8 +218,10 @@ int main(int argc, char** argv) {
                 int* dp = d + t * part;
                 for (int round = 0; round < 3; ++round) {
                     for (size_t i = 0; i < part; ++i) in[i] = static_cast<int>(i * 31 + t * 1000 + round);
-                    if (cudaMemcpyAsync(dp, in.data(), part * sizeof(int), cudaMemcpyHostToDevice, st[t]) != cudaSuccess ||
-                        cudaMemcpyAsync(out.data(), dp, part * sizeof(int), cudaMemcpyDeviceToHost, st[t]) != cudaSuccess ||
+                    if (cudaMemcpyAsync(dp, in.data(), part * sizeof(int), cudaMemcpyHostToDevice, st[t]) !=
+                            cudaSuccess ||
+                        cudaMemcpyAsync(out.data(), dp, part * sizeof(int), cudaMemcpyDeviceToHost, st[t]) !=
+                            cudaSuccess ||
                         cudaStreamSynchronize(st[t]) != cudaSuccess) {
                         errors[t] = "a copy failed";
                         return;

@@ -7,13 +7,15 @@
 
 #include "common.cuh"
 
-extern "C" __global__ void ba_mark(unsigned long long* p, unsigned long long words, unsigned long long stride) {
+extern "C" __global__ void ba_mark(unsigned long long* p, unsigned long long words,
+                                   unsigned long long stride) {
     for (unsigned long long k = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; k * stride < words;
          k += (unsigned long long)gridDim.x * blockDim.x)
         p[k * stride] = k + 1;
 }
 
-extern "C" __global__ void ba_sum(const unsigned long long* p, unsigned long long words, unsigned long long* out) {
+extern "C" __global__ void ba_sum(const unsigned long long* p, unsigned long long words,
+                                  unsigned long long* out) {
     unsigned long long s = 0;
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < words;
          i += (unsigned long long)gridDim.x * blockDim.x)

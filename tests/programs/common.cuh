@@ -38,12 +38,12 @@ static inline int pass() {
 
 #ifdef __CUDA_RUNTIME_H__
 // A runtime call that must succeed.
-#define CHECK(call)                                                                                       \
-    do {                                                                                                  \
-        cudaError_t e_ = (call);                                                                          \
-        if (e_ != cudaSuccess)                                                                            \
-            fail("%s returned %s (%s) at line %d", #call, cudaGetErrorName(e_), cudaGetErrorString(e_),   \
-                 __LINE__);                                                                               \
+#define CHECK(call)                                                                                     \
+    do {                                                                                                \
+        cudaError_t e_ = (call);                                                                        \
+        if (e_ != cudaSuccess)                                                                          \
+            fail("%s returned %s (%s) at line %d", #call, cudaGetErrorName(e_), cudaGetErrorString(e_), \
+                 __LINE__);                                                                             \
     } while (0)
 
 // After a <<<>>> launch: the launch itself must have been accepted.
@@ -63,7 +63,10 @@ static inline bool vcuda_round_trips(unsigned long long* n) {
     }
     void* get = nullptr;
     cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuGetExportTable", &get, 12000, cudaEnableDefault, &q) != cudaSuccess || !get) return false;
+    if (cudaGetDriverEntryPointByVersion("cuGetExportTable", &get, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        !get)
+        return false;
     const void* table = nullptr;
     if (reinterpret_cast<int (*)(const void**, const void*)>(get)(&table, id) != 0 || !table) return false;
     auto words = static_cast<void* const*>(table);
@@ -73,9 +76,9 @@ static inline bool vcuda_round_trips(unsigned long long* n) {
 }
 #endif
 
-#define EXPECT(cond, ...)                       \
-    do {                                        \
-        if (!(cond)) fail(__VA_ARGS__);         \
+#define EXPECT(cond, ...)               \
+    do {                                \
+        if (!(cond)) fail(__VA_ARGS__); \
     } while (0)
 
 // splitmix64: the same sequence on every machine, so native and vcuda runs see the same inputs.

@@ -1,10 +1,11 @@
-// cooperative_launch: a two-phase kernel joined by a grid-wide barrier (cooperative_groups::this_grid().sync()),
-// launched with cudaLaunchCooperativeKernel (cuLaunchCooperativeKernel) and with cudaLaunchKernelEx and the
-// cooperative attribute (cuLaunchKernelEx), as many blocks as fit on the device at once. Phase 1: each block
-// sums its share of the input into partial[block]; phase 2, after the grid barrier: every element becomes
-// in[i] + the total of all partials (which only a grid-wide barrier makes correct). A grid larger than fits is
-// refused with cudaErrorCooperativeLaunchTooLarge. cuProfilerStart/cuProfilerStop (cudaProfilerStart/Stop)
-// bracket the work, as profiled programs do. Everything is compared with the CPU.
+// cooperative_launch: a two-phase kernel joined by a grid-wide barrier
+// (cooperative_groups::this_grid().sync()), launched with cudaLaunchCooperativeKernel
+// (cuLaunchCooperativeKernel) and with cudaLaunchKernelEx and the cooperative attribute (cuLaunchKernelEx),
+// as many blocks as fit on the device at once. Phase 1: each block sums its share of the input into
+// partial[block]; phase 2, after the grid barrier: every element becomes in[i] + the total of all partials
+// (which only a grid-wide barrier makes correct). A grid larger than fits is refused with
+// cudaErrorCooperativeLaunchTooLarge. cuProfilerStart/cuProfilerStop (cudaProfilerStart/Stop) bracket the
+// work, as profiled programs do. Everything is compared with the CPU.
 #include <cooperative_groups.h>
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
@@ -32,7 +33,8 @@ extern "C" __global__ void coop_add_total(const int* in, int* partial, int* out,
     grid.sync();
     int total = 0;
     for (unsigned b = 0; b < gridDim.x; ++b) total += partial[b];
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = in[i] + total;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        out[i] = in[i] + total;
 }
 
 namespace {
@@ -41,7 +43,8 @@ void check(const std::vector<int>& in, const std::vector<int>& out, const char* 
     long long total = 0;
     for (int v : in) total += v;
     for (size_t i = 0; i < in.size(); ++i)
-        if (out[i] != in[i] + static_cast<int>(total)) fail("%s: out[%zu] = %d, want %lld", what, i, out[i], in[i] + total);
+        if (out[i] != in[i] + static_cast<int>(total))
+            fail("%s: out[%zu] = %d, want %lld", what, i, out[i], in[i] + total);
     std::printf("%s: %zu elements ok (total %lld)\n", what, in.size(), total);
 }
 
@@ -76,8 +79,8 @@ int main() {
         int nn = n;
         void* args[] = {&d_in, &d_partial, &d_out, &nn};
         CHECK(cudaMemset(d_out, 0, n * sizeof(int)));
-        CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(coop_add_total), dim3(blocks), dim3(threads), args, 0,
-                                          nullptr));
+        CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(coop_add_total), dim3(blocks),
+                                          dim3(threads), args, 0, nullptr));
         CHECK(cudaDeviceSynchronize());
         CHECK(cudaMemcpy(out.data(), d_out, n * sizeof(int), cudaMemcpyDeviceToHost));
         check(in, out, "cudaLaunchCooperativeKernel");
@@ -95,7 +98,8 @@ int main() {
         config.attrs = attr;
         config.numAttrs = 1;
         CHECK(cudaMemset(d_out, 0, n * sizeof(int)));
-        CHECK(cudaLaunchKernelEx(&config, coop_add_total, static_cast<const int*>(d_in), d_partial, d_out, n));
+        CHECK(
+            cudaLaunchKernelEx(&config, coop_add_total, static_cast<const int*>(d_in), d_partial, d_out, n));
         CHECK(cudaStreamSynchronize(s));
         CHECK(cudaMemcpy(out.data(), d_out, n * sizeof(int), cudaMemcpyDeviceToHost));
         check(in, out, "cudaLaunchKernelEx with the cooperative attribute");
@@ -107,13 +111,14 @@ int main() {
     {
         int nn = n;
         void* args[] = {&d_in, &d_partial, &d_out, &nn};
-        cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<void*>(coop_add_total), dim3(max_blocks + 1),
-                                                    dim3(threads), args, 0, nullptr);
+        cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<void*>(coop_add_total),
+                                                    dim3(max_blocks + 1), dim3(threads), args, 0, nullptr);
         if (e != cudaErrorCooperativeLaunchTooLarge)
             fail("a grid of %d blocks (%d fit): %s, want cudaErrorCooperativeLaunchTooLarge", max_blocks + 1,
                  max_blocks, cudaGetErrorName(e));
         cudaGetLastError();
-        std::printf("a cooperative grid too large to be resident: refused (cudaErrorCooperativeLaunchTooLarge)\n");
+        std::printf(
+            "a cooperative grid too large to be resident: refused (cudaErrorCooperativeLaunchTooLarge)\n");
         CHECK(cudaDeviceSynchronize());
     }
 

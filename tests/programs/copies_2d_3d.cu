@@ -54,7 +54,8 @@ int main() {
     for (int y = 0; y < H; ++y)
         for (int x = 0; x < W; ++x)
             if (hdst[size_t(y) * W + x] != after2d(x, y))
-                fail("2D HtoD/kernel/DtoD/DtoH: (%d, %d) = %d, expected %d", x, y, hdst[size_t(y) * W + x], after2d(x, y));
+                fail("2D HtoD/kernel/DtoD/DtoH: (%d, %d) = %d, expected %d", x, y, hdst[size_t(y) * W + x],
+                     after2d(x, y));
     printf("cudaMemcpy2D HtoD -> kernel -> DtoD -> DtoH: ok (fnv %016llx)\n",
            static_cast<unsigned long long>(fnv1a(hdst.data(), hdst.size())));
 
@@ -83,7 +84,8 @@ int main() {
         CHECK(cudaStreamCreate(&s));
         std::vector<unsigned char> rows(300 * 10), back(size_t(W) * H);
         for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<unsigned char>(i * 31 + 1);
-        CHECK(cudaMemcpy2DAsync(p1 + 20 * pitch1 + 200, pitch1, rows.data(), 300, 300, 10, cudaMemcpyHostToDevice, s));
+        CHECK(cudaMemcpy2DAsync(p1 + 20 * pitch1 + 200, pitch1, rows.data(), 300, 300, 10,
+                                cudaMemcpyHostToDevice, s));
         CHECK(cudaMemcpy2DAsync(back.data(), W, p1, pitch1, W, H, cudaMemcpyDeviceToHost, s));
         CHECK(cudaStreamSynchronize(s));
         for (int y = 0; y < H; ++y)
@@ -145,7 +147,8 @@ int main() {
                 for (int x = 0; x < hw; ++x) {
                     float got = padded[(size_t(z) * hh + y) * hw + x];
                     float want = (x < w && y < h) ? after3d(x, y, z) : -1.0f;
-                    if (got != want) fail("cudaMemcpy3D DtoH padded: (%d, %d, %d) = %g, expected %g", x, y, z, got, want);
+                    if (got != want)
+                        fail("cudaMemcpy3D DtoH padded: (%d, %d, %d) = %g, expected %g", x, y, z, got, want);
                 }
         printf("cudaMemcpy3D HtoD -> kernel -> DtoD -> DtoH (padded host layout): ok\n");
     }
@@ -193,7 +196,8 @@ int main() {
                     if (x >= 100 && x < 107 && y >= 14 && y < 17 && z >= 7 && z < 9)
                         want = box[(size_t(z - 7) * bh + (y - 14)) * bw + (x - 100)];
                     float got = all[(size_t(z) * h + y) * w + x];
-                    if (got != want) fail("cudaMemcpy3D HtoD sub-box: (%d, %d, %d) = %g, expected %g", x, y, z, got, want);
+                    if (got != want)
+                        fail("cudaMemcpy3D HtoD sub-box: (%d, %d, %d) = %g, expected %g", x, y, z, got, want);
                 }
         printf("cudaMemcpy3D HtoD into a sub-box: ok (fnv %016llx)\n",
                static_cast<unsigned long long>(fnv1a(all.data(), all.size() * sizeof(float))));

@@ -11,12 +11,12 @@
 
 #include "common.cuh"
 
-#define CHECK_CUBLAS(call)                                                                                \
-    do {                                                                                                  \
-        cublasStatus_t s_ = (call);                                                                       \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                  \
-            fail("%s returned %s (%s) at line %d", #call, cublasGetStatusName(s_),                        \
-                 cublasGetStatusString(s_), __LINE__);                                                    \
+#define CHECK_CUBLAS(call)                                                         \
+    do {                                                                           \
+        cublasStatus_t s_ = (call);                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                           \
+            fail("%s returned %s (%s) at line %d", #call, cublasGetStatusName(s_), \
+                 cublasGetStatusString(s_), __LINE__);                             \
     } while (0)
 
 // Multiples of 1/128 in [-1, 1]: exact as float, half (and TF32), so the CPU reference sees the GPU's inputs.
@@ -77,8 +77,8 @@ int main() {
             // The inputs are multiples of 2^-7 and the partial sums stay below 2^7: every FP32 sum is exact,
             // whatever the order; the tolerance only covers a library that rounds somewhere.
             if (!(err <= 1e-4 * mag + 1e-5))
-                fail("sgemm: C(%d,%d) = %.9g, expected %.9g (error %.3g, magnitude %.3g)", i, j, got, ref, err,
-                     mag);
+                fail("sgemm: C(%d,%d) = %.9g, expected %.9g (error %.3g, magnitude %.3g)", i, j, got, ref,
+                     err, mag);
             if (mag > 0 && err / mag > max_err) max_err = err / mag;
             sum += got;
         }
@@ -105,8 +105,9 @@ int main() {
     CHECK(cudaMemcpyAsync(dbh, bh16.data(), bh16.size() * sizeof(__half), cudaMemcpyHostToDevice, stream));
     CHECK(cudaMemsetAsync(dch, 0xff, ch16.size() * sizeof(__half), stream));  // NaNs: beta = 0 must ignore C
     const float one = 1.0f, zero = 0.0f;  // CUBLAS_COMPUTE_32F: alpha and beta are floats
-    CHECK_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dah, CUDA_R_16F, k, dbh, CUDA_R_16F,
-                              k, &zero, dch, CUDA_R_16F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CHECK_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dah, CUDA_R_16F, k, dbh,
+                              CUDA_R_16F, k, &zero, dch, CUDA_R_16F, m, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
     CHECK(cudaMemcpyAsync(ch16.data(), dch, ch16.size() * sizeof(__half), cudaMemcpyDeviceToHost, stream));
     CHECK(cudaStreamSynchronize(stream));
 

@@ -12,20 +12,20 @@
 
 #include "common.cuh"
 
-#define CHECK_CUDNN(call)                                                                                 \
-    do {                                                                                                  \
-        cudnnStatus_t s_ = (call);                                                                        \
-        if (s_ != CUDNN_STATUS_SUCCESS)                                                                   \
-            fail("%s returned %d (%s) at line %d", #call, int(s_), cudnnGetErrorString(s_), __LINE__);    \
+#define CHECK_CUDNN(call)                                                                              \
+    do {                                                                                               \
+        cudnnStatus_t s_ = (call);                                                                     \
+        if (s_ != CUDNN_STATUS_SUCCESS)                                                                \
+            fail("%s returned %d (%s) at line %d", #call, int(s_), cudnnGetErrorString(s_), __LINE__); \
     } while (0)
 
 // An algorithm query: NOT_SUPPORTED gets its own message, naming the algorithm.
-#define CHECK_ALGO(call, what)                                                                            \
-    do {                                                                                                  \
-        cudnnStatus_t s_ = (call);                                                                        \
-        if (s_ == CUDNN_STATUS_NOT_SUPPORTED) fail("%s is not supported for this convolution", what);     \
-        if (s_ != CUDNN_STATUS_SUCCESS)                                                                   \
-            fail("%s returned %d (%s) at line %d", #call, int(s_), cudnnGetErrorString(s_), __LINE__);    \
+#define CHECK_ALGO(call, what)                                                                         \
+    do {                                                                                               \
+        cudnnStatus_t s_ = (call);                                                                     \
+        if (s_ == CUDNN_STATUS_NOT_SUPPORTED) fail("%s is not supported for this convolution", what);  \
+        if (s_ != CUDNN_STATUS_SUCCESS)                                                                \
+            fail("%s returned %d (%s) at line %d", #call, int(s_), cudnnGetErrorString(s_), __LINE__); \
     } while (0)
 
 static const int N = 2, C = 3, H = 16, W = 16, K = 4, R = 3, S = 3, PAD = 1, STRIDE = 1, DIL = 1;
@@ -46,8 +46,8 @@ static double check(const char* what, const std::vector<float>& got, const std::
     for (size_t i = 0; i < got.size(); ++i) {
         const double err = std::fabs(double(got[i]) - ref[i]);
         if (!(err <= 1e-5 * mag[i] + 1e-6))
-            fail("%s: element %zu = %.9g, expected %.9g (error %.3g, magnitude %.3g)", what, i, got[i], ref[i], err,
-                 mag[i]);
+            fail("%s: element %zu = %.9g, expected %.9g (error %.3g, magnitude %.3g)", what, i, got[i],
+                 ref[i], err, mag[i]);
         if (mag[i] > 0 && err / mag[i] > max_err) max_err = err / mag[i];
         sum += got[i];
     }
@@ -90,9 +90,10 @@ int main() {
     CHECK_CUDNN(cudnnSetConvolutionMathType(convDesc, CUDNN_FMA_MATH));
     int on, oc, oh, ow;
     CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(convDesc, xDesc, wDesc, &on, &oc, &oh, &ow));
-    printf("x %dx%dx%dx%d, w %dx%dx%dx%d, pad %d -> y %dx%dx%dx%d\n", N, C, H, W, K, C, R, S, PAD, on, oc, oh, ow);
-    EXPECT(on == N && oc == K && oh == P && ow == Q, "output dims %dx%dx%dx%d, expected %dx%dx%dx%d", on, oc, oh,
-           ow, N, K, P, Q);
+    printf("x %dx%dx%dx%d, w %dx%dx%dx%d, pad %d -> y %dx%dx%dx%d\n", N, C, H, W, K, C, R, S, PAD, on, oc, oh,
+           ow);
+    EXPECT(on == N && oc == K && oh == P && ow == Q, "output dims %dx%dx%dx%d, expected %dx%dx%dx%d", on, oc,
+           oh, ow, N, K, P, Q);
     CHECK_CUDNN(cudnnSetTensor4dDescriptor(yDesc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, N, K, P, Q));
 
     // ------------------------------------------------------------------ algorithms and workspaces
@@ -100,15 +101,17 @@ int main() {
     const cudnnConvolutionBwdDataAlgo_t bwd_data_algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
     const cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
     size_t ws_fwd = 0, ws_bwd_data = 0, ws_bwd_filter = 0;
-    CHECK_ALGO(cudnnGetConvolutionForwardWorkspaceSize(handle, xDesc, wDesc, convDesc, yDesc, fwd_algo, &ws_fwd),
-               "CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM");
-    CHECK_ALGO(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, wDesc, yDesc, convDesc, xDesc, bwd_data_algo,
-                                                            &ws_bwd_data),
+    CHECK_ALGO(
+        cudnnGetConvolutionForwardWorkspaceSize(handle, xDesc, wDesc, convDesc, yDesc, fwd_algo, &ws_fwd),
+        "CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM");
+    CHECK_ALGO(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, wDesc, yDesc, convDesc, xDesc,
+                                                            bwd_data_algo, &ws_bwd_data),
                "CUDNN_CONVOLUTION_BWD_DATA_ALGO_1");
     CHECK_ALGO(cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, xDesc, yDesc, convDesc, wDesc,
                                                               bwd_filter_algo, &ws_bwd_filter),
                "CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1");
-    printf("info: workspace bytes: fwd %zu, bwd data %zu, bwd filter %zu\n", ws_fwd, ws_bwd_data, ws_bwd_filter);
+    printf("info: workspace bytes: fwd %zu, bwd data %zu, bwd filter %zu\n", ws_fwd, ws_bwd_data,
+           ws_bwd_filter);
     size_t ws_bytes = ws_fwd;
     if (ws_bwd_data > ws_bytes) ws_bytes = ws_bwd_data;
     if (ws_bwd_filter > ws_bytes) ws_bytes = ws_bwd_filter;
@@ -133,12 +136,12 @@ int main() {
 
     // ------------------------------------------------------------------ the three convolutions
     const float one = 1.0f, zero = 0.0f;
-    CHECK_CUDNN(cudnnConvolutionForward(handle, &one, xDesc, d_x, wDesc, d_w, convDesc, fwd_algo, d_ws, ws_fwd, &zero,
-                                        yDesc, d_y));
-    CHECK_CUDNN(cudnnConvolutionBackwardData(handle, &one, wDesc, d_w, yDesc, d_dy, convDesc, bwd_data_algo, d_ws,
-                                             ws_bwd_data, &zero, xDesc, d_dx));
-    CHECK_CUDNN(cudnnConvolutionBackwardFilter(handle, &one, xDesc, d_x, yDesc, d_dy, convDesc, bwd_filter_algo,
-                                               d_ws, ws_bwd_filter, &zero, wDesc, d_dw));
+    CHECK_CUDNN(cudnnConvolutionForward(handle, &one, xDesc, d_x, wDesc, d_w, convDesc, fwd_algo, d_ws,
+                                        ws_fwd, &zero, yDesc, d_y));
+    CHECK_CUDNN(cudnnConvolutionBackwardData(handle, &one, wDesc, d_w, yDesc, d_dy, convDesc, bwd_data_algo,
+                                             d_ws, ws_bwd_data, &zero, xDesc, d_dx));
+    CHECK_CUDNN(cudnnConvolutionBackwardFilter(handle, &one, xDesc, d_x, yDesc, d_dy, convDesc,
+                                               bwd_filter_algo, d_ws, ws_bwd_filter, &zero, wDesc, d_dw));
     std::vector<float> y(dy.size()), dx(x.size()), dw(w.size());
     CHECK(cudaMemcpyAsync(y.data(), d_y, y.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
     CHECK(cudaMemcpyAsync(dx.data(), d_dx, dx.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
@@ -169,7 +172,8 @@ int main() {
                             }
 
     const double y_sum = check("forward", y, y_ref, y_mag);
-    printf("forward (implicit gemm): ok, sum = %.4f, y[0] = %.4f, y[last] = %.4f\n", y_sum, y[0], y[y.size() - 1]);
+    printf("forward (implicit gemm): ok, sum = %.4f, y[0] = %.4f, y[last] = %.4f\n", y_sum, y[0],
+           y[y.size() - 1]);
     const double dx_sum = check("backward data", dx, dx_ref, dx_mag);
     printf("backward data (algo 1): ok, sum = %.4f, dx[0] = %.4f, dx[last] = %.4f\n", dx_sum, dx[0],
            dx[dx.size() - 1]);

@@ -53,10 +53,12 @@ int main() {
     unsigned long long hs[2], ds[2];
     host_checksum(h.data(), n, hs);
     device_checksum(b, n, ds);
-    EXPECT(hs[0] == ds[0] && hs[1] == ds[1], "checksum after DtoD: device %llx/%llx, host %llx/%llx", ds[0], ds[1], hs[0], hs[1]);
+    EXPECT(hs[0] == ds[0] && hs[1] == ds[1], "checksum after DtoD: device %llx/%llx, host %llx/%llx", ds[0],
+           ds[1], hs[0], hs[1]);
     printf("64 MiB DtoD: checksum %016llx %016llx\n", ds[0], ds[1]);
 
-    // Within one allocation, byte-granular: b[1 .. 1+L) <- a-bytes at offset 7 + 3 MiB (disjoint ranges of b).
+    // Within one allocation, byte-granular: b[1 .. 1+L) <- a-bytes at offset 7 + 3 MiB (disjoint ranges of
+    // b).
     {
         unsigned char* bb = reinterpret_cast<unsigned char*>(b);
         const size_t L = (1 << 20) + 13;
@@ -67,7 +69,8 @@ int main() {
         for (size_t i = 0; i < L; ++i) want[(3 << 20) + 7 + i] = want[1 + i];
         const unsigned char* got = reinterpret_cast<const unsigned char*>(back.data());
         for (size_t i = 0; i < bytes; ++i)
-            if (got[i] != want[i]) fail("DtoD within an allocation: byte %zu = %#x, expected %#x", i, got[i], want[i]);
+            if (got[i] != want[i])
+                fail("DtoD within an allocation: byte %zu = %#x, expected %#x", i, got[i], want[i]);
         printf("DtoD within one allocation at odd offsets: ok\n");
         CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));  // restore
     }
@@ -109,9 +112,10 @@ int main() {
         CHECK(cudaStreamCreate(&s));
         const int blocks = 1000, words = 1024;
         for (int k = 0; k < blocks; ++k)
-            CHECK(cudaMemcpyAsync(b + size_t(blocks - 1 - k) * words, a + size_t(k) * words, words * sizeof(unsigned),
-                                  cudaMemcpyDeviceToDevice, s));
-        CHECK(cudaMemcpyAsync(back.data(), b, size_t(blocks) * words * sizeof(unsigned), cudaMemcpyDeviceToHost, s));
+            CHECK(cudaMemcpyAsync(b + size_t(blocks - 1 - k) * words, a + size_t(k) * words,
+                                  words * sizeof(unsigned), cudaMemcpyDeviceToDevice, s));
+        CHECK(cudaMemcpyAsync(back.data(), b, size_t(blocks) * words * sizeof(unsigned),
+                              cudaMemcpyDeviceToHost, s));
         CHECK(cudaStreamSynchronize(s));
         for (int k = 0; k < blocks; ++k)
             for (int i = 0; i < words; ++i)

@@ -1,10 +1,13 @@
-// device_printf: what kernels print reaches the program's own stdout, in order with its own lines, flushed where
-// CUDA flushes it (at a synchronize). Through vcuda the server's driver writes it; the lane brings it back.
+// device_printf: what kernels print reaches the program's own stdout, in order with its own lines, flushed
+// where CUDA flushes it (at a synchronize). Through vcuda the server's driver writes it; the lane brings it
+// back.
 #include <cuda_runtime.h>
 
 #include "common.cuh"
 
-extern "C" __global__ void dp_say(int k, float v) { printf("kernel %d thread %d says %.2f\n", k, threadIdx.x, v); }
+extern "C" __global__ void dp_say(int k, float v) {
+    printf("kernel %d thread %d says %.2f\n", k, threadIdx.x, v);
+}
 
 extern "C" __global__ void dp_count_lines(int n) {
     for (int i = 0; i < n; ++i) printf("line %d of %d\n", i, n);

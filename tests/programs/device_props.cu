@@ -1,8 +1,9 @@
 // device_props: everything the runtime reports about each device, one field per line, so that a native run
 // and a run through vcuda can be diffed field by field — every scalar field of cudaDeviceProp in CUDA 13, the
-// UUID and PCI ids, every cudaDeviceAttr (name = value, or the error), the PCI bus id string, the total memory,
-// and the driver and runtime versions. Fields that legitimately vary (free memory; the LUID, undefined on
-// Linux) are printed as info:. Checks: sane values, and the properties agree with the attributes.
+// UUID and PCI ids, every cudaDeviceAttr (name = value, or the error), the PCI bus id string, the total
+// memory, and the driver and runtime versions. Fields that legitimately vary (free memory; the LUID,
+// undefined on Linux) are printed as info:. Checks: sane values, and the properties agree with the
+// attributes.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -14,143 +15,143 @@
 #define P3(f) printf("  " #f " = %d %d %d\n", p.f[0], p.f[1], p.f[2])
 
 // Every cudaDeviceAttr of CUDA 13.0 (driver_types.h), cudaDevAttrMax excluded.
-#define VCUDA_DEVICE_ATTRS(A) \
-    A(cudaDevAttrMaxThreadsPerBlock) \
-    A(cudaDevAttrMaxBlockDimX) \
-    A(cudaDevAttrMaxBlockDimY) \
-    A(cudaDevAttrMaxBlockDimZ) \
-    A(cudaDevAttrMaxGridDimX) \
-    A(cudaDevAttrMaxGridDimY) \
-    A(cudaDevAttrMaxGridDimZ) \
-    A(cudaDevAttrMaxSharedMemoryPerBlock) \
-    A(cudaDevAttrTotalConstantMemory) \
-    A(cudaDevAttrWarpSize) \
-    A(cudaDevAttrMaxPitch) \
-    A(cudaDevAttrMaxRegistersPerBlock) \
-    A(cudaDevAttrClockRate) \
-    A(cudaDevAttrTextureAlignment) \
-    A(cudaDevAttrGpuOverlap) \
-    A(cudaDevAttrMultiProcessorCount) \
-    A(cudaDevAttrKernelExecTimeout) \
-    A(cudaDevAttrIntegrated) \
-    A(cudaDevAttrCanMapHostMemory) \
-    A(cudaDevAttrComputeMode) \
-    A(cudaDevAttrMaxTexture1DWidth) \
-    A(cudaDevAttrMaxTexture2DWidth) \
-    A(cudaDevAttrMaxTexture2DHeight) \
-    A(cudaDevAttrMaxTexture3DWidth) \
-    A(cudaDevAttrMaxTexture3DHeight) \
-    A(cudaDevAttrMaxTexture3DDepth) \
-    A(cudaDevAttrMaxTexture2DLayeredWidth) \
-    A(cudaDevAttrMaxTexture2DLayeredHeight) \
-    A(cudaDevAttrMaxTexture2DLayeredLayers) \
-    A(cudaDevAttrSurfaceAlignment) \
-    A(cudaDevAttrConcurrentKernels) \
-    A(cudaDevAttrEccEnabled) \
-    A(cudaDevAttrPciBusId) \
-    A(cudaDevAttrPciDeviceId) \
-    A(cudaDevAttrTccDriver) \
-    A(cudaDevAttrMemoryClockRate) \
-    A(cudaDevAttrGlobalMemoryBusWidth) \
-    A(cudaDevAttrL2CacheSize) \
-    A(cudaDevAttrMaxThreadsPerMultiProcessor) \
-    A(cudaDevAttrAsyncEngineCount) \
-    A(cudaDevAttrUnifiedAddressing) \
-    A(cudaDevAttrMaxTexture1DLayeredWidth) \
-    A(cudaDevAttrMaxTexture1DLayeredLayers) \
-    A(cudaDevAttrMaxTexture2DGatherWidth) \
-    A(cudaDevAttrMaxTexture2DGatherHeight) \
-    A(cudaDevAttrMaxTexture3DWidthAlt) \
-    A(cudaDevAttrMaxTexture3DHeightAlt) \
-    A(cudaDevAttrMaxTexture3DDepthAlt) \
-    A(cudaDevAttrPciDomainId) \
-    A(cudaDevAttrTexturePitchAlignment) \
-    A(cudaDevAttrMaxTextureCubemapWidth) \
-    A(cudaDevAttrMaxTextureCubemapLayeredWidth) \
-    A(cudaDevAttrMaxTextureCubemapLayeredLayers) \
-    A(cudaDevAttrMaxSurface1DWidth) \
-    A(cudaDevAttrMaxSurface2DWidth) \
-    A(cudaDevAttrMaxSurface2DHeight) \
-    A(cudaDevAttrMaxSurface3DWidth) \
-    A(cudaDevAttrMaxSurface3DHeight) \
-    A(cudaDevAttrMaxSurface3DDepth) \
-    A(cudaDevAttrMaxSurface1DLayeredWidth) \
-    A(cudaDevAttrMaxSurface1DLayeredLayers) \
-    A(cudaDevAttrMaxSurface2DLayeredWidth) \
-    A(cudaDevAttrMaxSurface2DLayeredHeight) \
-    A(cudaDevAttrMaxSurface2DLayeredLayers) \
-    A(cudaDevAttrMaxSurfaceCubemapWidth) \
-    A(cudaDevAttrMaxSurfaceCubemapLayeredWidth) \
-    A(cudaDevAttrMaxSurfaceCubemapLayeredLayers) \
-    A(cudaDevAttrMaxTexture1DLinearWidth) \
-    A(cudaDevAttrMaxTexture2DLinearWidth) \
-    A(cudaDevAttrMaxTexture2DLinearHeight) \
-    A(cudaDevAttrMaxTexture2DLinearPitch) \
-    A(cudaDevAttrMaxTexture2DMipmappedWidth) \
-    A(cudaDevAttrMaxTexture2DMipmappedHeight) \
-    A(cudaDevAttrComputeCapabilityMajor) \
-    A(cudaDevAttrComputeCapabilityMinor) \
-    A(cudaDevAttrMaxTexture1DMipmappedWidth) \
-    A(cudaDevAttrStreamPrioritiesSupported) \
-    A(cudaDevAttrGlobalL1CacheSupported) \
-    A(cudaDevAttrLocalL1CacheSupported) \
-    A(cudaDevAttrMaxSharedMemoryPerMultiprocessor) \
-    A(cudaDevAttrMaxRegistersPerMultiprocessor) \
-    A(cudaDevAttrManagedMemory) \
-    A(cudaDevAttrIsMultiGpuBoard) \
-    A(cudaDevAttrMultiGpuBoardGroupID) \
-    A(cudaDevAttrHostNativeAtomicSupported) \
-    A(cudaDevAttrSingleToDoublePrecisionPerfRatio) \
-    A(cudaDevAttrPageableMemoryAccess) \
-    A(cudaDevAttrConcurrentManagedAccess) \
-    A(cudaDevAttrComputePreemptionSupported) \
-    A(cudaDevAttrCanUseHostPointerForRegisteredMem) \
-    A(cudaDevAttrReserved92) \
-    A(cudaDevAttrReserved93) \
-    A(cudaDevAttrReserved94) \
-    A(cudaDevAttrCooperativeLaunch) \
-    A(cudaDevAttrReserved96) \
-    A(cudaDevAttrMaxSharedMemoryPerBlockOptin) \
-    A(cudaDevAttrCanFlushRemoteWrites) \
-    A(cudaDevAttrHostRegisterSupported) \
+#define VCUDA_DEVICE_ATTRS(A)                            \
+    A(cudaDevAttrMaxThreadsPerBlock)                     \
+    A(cudaDevAttrMaxBlockDimX)                           \
+    A(cudaDevAttrMaxBlockDimY)                           \
+    A(cudaDevAttrMaxBlockDimZ)                           \
+    A(cudaDevAttrMaxGridDimX)                            \
+    A(cudaDevAttrMaxGridDimY)                            \
+    A(cudaDevAttrMaxGridDimZ)                            \
+    A(cudaDevAttrMaxSharedMemoryPerBlock)                \
+    A(cudaDevAttrTotalConstantMemory)                    \
+    A(cudaDevAttrWarpSize)                               \
+    A(cudaDevAttrMaxPitch)                               \
+    A(cudaDevAttrMaxRegistersPerBlock)                   \
+    A(cudaDevAttrClockRate)                              \
+    A(cudaDevAttrTextureAlignment)                       \
+    A(cudaDevAttrGpuOverlap)                             \
+    A(cudaDevAttrMultiProcessorCount)                    \
+    A(cudaDevAttrKernelExecTimeout)                      \
+    A(cudaDevAttrIntegrated)                             \
+    A(cudaDevAttrCanMapHostMemory)                       \
+    A(cudaDevAttrComputeMode)                            \
+    A(cudaDevAttrMaxTexture1DWidth)                      \
+    A(cudaDevAttrMaxTexture2DWidth)                      \
+    A(cudaDevAttrMaxTexture2DHeight)                     \
+    A(cudaDevAttrMaxTexture3DWidth)                      \
+    A(cudaDevAttrMaxTexture3DHeight)                     \
+    A(cudaDevAttrMaxTexture3DDepth)                      \
+    A(cudaDevAttrMaxTexture2DLayeredWidth)               \
+    A(cudaDevAttrMaxTexture2DLayeredHeight)              \
+    A(cudaDevAttrMaxTexture2DLayeredLayers)              \
+    A(cudaDevAttrSurfaceAlignment)                       \
+    A(cudaDevAttrConcurrentKernels)                      \
+    A(cudaDevAttrEccEnabled)                             \
+    A(cudaDevAttrPciBusId)                               \
+    A(cudaDevAttrPciDeviceId)                            \
+    A(cudaDevAttrTccDriver)                              \
+    A(cudaDevAttrMemoryClockRate)                        \
+    A(cudaDevAttrGlobalMemoryBusWidth)                   \
+    A(cudaDevAttrL2CacheSize)                            \
+    A(cudaDevAttrMaxThreadsPerMultiProcessor)            \
+    A(cudaDevAttrAsyncEngineCount)                       \
+    A(cudaDevAttrUnifiedAddressing)                      \
+    A(cudaDevAttrMaxTexture1DLayeredWidth)               \
+    A(cudaDevAttrMaxTexture1DLayeredLayers)              \
+    A(cudaDevAttrMaxTexture2DGatherWidth)                \
+    A(cudaDevAttrMaxTexture2DGatherHeight)               \
+    A(cudaDevAttrMaxTexture3DWidthAlt)                   \
+    A(cudaDevAttrMaxTexture3DHeightAlt)                  \
+    A(cudaDevAttrMaxTexture3DDepthAlt)                   \
+    A(cudaDevAttrPciDomainId)                            \
+    A(cudaDevAttrTexturePitchAlignment)                  \
+    A(cudaDevAttrMaxTextureCubemapWidth)                 \
+    A(cudaDevAttrMaxTextureCubemapLayeredWidth)          \
+    A(cudaDevAttrMaxTextureCubemapLayeredLayers)         \
+    A(cudaDevAttrMaxSurface1DWidth)                      \
+    A(cudaDevAttrMaxSurface2DWidth)                      \
+    A(cudaDevAttrMaxSurface2DHeight)                     \
+    A(cudaDevAttrMaxSurface3DWidth)                      \
+    A(cudaDevAttrMaxSurface3DHeight)                     \
+    A(cudaDevAttrMaxSurface3DDepth)                      \
+    A(cudaDevAttrMaxSurface1DLayeredWidth)               \
+    A(cudaDevAttrMaxSurface1DLayeredLayers)              \
+    A(cudaDevAttrMaxSurface2DLayeredWidth)               \
+    A(cudaDevAttrMaxSurface2DLayeredHeight)              \
+    A(cudaDevAttrMaxSurface2DLayeredLayers)              \
+    A(cudaDevAttrMaxSurfaceCubemapWidth)                 \
+    A(cudaDevAttrMaxSurfaceCubemapLayeredWidth)          \
+    A(cudaDevAttrMaxSurfaceCubemapLayeredLayers)         \
+    A(cudaDevAttrMaxTexture1DLinearWidth)                \
+    A(cudaDevAttrMaxTexture2DLinearWidth)                \
+    A(cudaDevAttrMaxTexture2DLinearHeight)               \
+    A(cudaDevAttrMaxTexture2DLinearPitch)                \
+    A(cudaDevAttrMaxTexture2DMipmappedWidth)             \
+    A(cudaDevAttrMaxTexture2DMipmappedHeight)            \
+    A(cudaDevAttrComputeCapabilityMajor)                 \
+    A(cudaDevAttrComputeCapabilityMinor)                 \
+    A(cudaDevAttrMaxTexture1DMipmappedWidth)             \
+    A(cudaDevAttrStreamPrioritiesSupported)              \
+    A(cudaDevAttrGlobalL1CacheSupported)                 \
+    A(cudaDevAttrLocalL1CacheSupported)                  \
+    A(cudaDevAttrMaxSharedMemoryPerMultiprocessor)       \
+    A(cudaDevAttrMaxRegistersPerMultiprocessor)          \
+    A(cudaDevAttrManagedMemory)                          \
+    A(cudaDevAttrIsMultiGpuBoard)                        \
+    A(cudaDevAttrMultiGpuBoardGroupID)                   \
+    A(cudaDevAttrHostNativeAtomicSupported)              \
+    A(cudaDevAttrSingleToDoublePrecisionPerfRatio)       \
+    A(cudaDevAttrPageableMemoryAccess)                   \
+    A(cudaDevAttrConcurrentManagedAccess)                \
+    A(cudaDevAttrComputePreemptionSupported)             \
+    A(cudaDevAttrCanUseHostPointerForRegisteredMem)      \
+    A(cudaDevAttrReserved92)                             \
+    A(cudaDevAttrReserved93)                             \
+    A(cudaDevAttrReserved94)                             \
+    A(cudaDevAttrCooperativeLaunch)                      \
+    A(cudaDevAttrReserved96)                             \
+    A(cudaDevAttrMaxSharedMemoryPerBlockOptin)           \
+    A(cudaDevAttrCanFlushRemoteWrites)                   \
+    A(cudaDevAttrHostRegisterSupported)                  \
     A(cudaDevAttrPageableMemoryAccessUsesHostPageTables) \
-    A(cudaDevAttrDirectManagedMemAccessFromHost) \
-    A(cudaDevAttrMaxBlocksPerMultiprocessor) \
-    A(cudaDevAttrMaxPersistingL2CacheSize) \
-    A(cudaDevAttrMaxAccessPolicyWindowSize) \
-    A(cudaDevAttrReservedSharedMemoryPerBlock) \
-    A(cudaDevAttrSparseCudaArraySupported) \
-    A(cudaDevAttrHostRegisterReadOnlySupported) \
-    A(cudaDevAttrTimelineSemaphoreInteropSupported) \
-    A(cudaDevAttrMemoryPoolsSupported) \
-    A(cudaDevAttrGPUDirectRDMASupported) \
-    A(cudaDevAttrGPUDirectRDMAFlushWritesOptions) \
-    A(cudaDevAttrGPUDirectRDMAWritesOrdering) \
-    A(cudaDevAttrMemoryPoolSupportedHandleTypes) \
-    A(cudaDevAttrClusterLaunch) \
-    A(cudaDevAttrDeferredMappingCudaArraySupported) \
-    A(cudaDevAttrReserved122) \
-    A(cudaDevAttrReserved123) \
-    A(cudaDevAttrReserved124) \
-    A(cudaDevAttrIpcEventSupport) \
-    A(cudaDevAttrMemSyncDomainCount) \
-    A(cudaDevAttrReserved127) \
-    A(cudaDevAttrReserved128) \
-    A(cudaDevAttrReserved129) \
-    A(cudaDevAttrNumaConfig) \
-    A(cudaDevAttrNumaId) \
-    A(cudaDevAttrReserved132) \
-    A(cudaDevAttrMpsEnabled) \
-    A(cudaDevAttrHostNumaId) \
-    A(cudaDevAttrD3D12CigSupported) \
-    A(cudaDevAttrVulkanCigSupported) \
-    A(cudaDevAttrGpuPciDeviceId) \
-    A(cudaDevAttrGpuPciSubsystemId) \
-    A(cudaDevAttrReserved141) \
-    A(cudaDevAttrHostNumaMemoryPoolsSupported) \
-    A(cudaDevAttrHostNumaMultinodeIpcSupported) \
-    A(cudaDevAttrHostMemoryPoolsSupported) \
-    A(cudaDevAttrReserved145) \
+    A(cudaDevAttrDirectManagedMemAccessFromHost)         \
+    A(cudaDevAttrMaxBlocksPerMultiprocessor)             \
+    A(cudaDevAttrMaxPersistingL2CacheSize)               \
+    A(cudaDevAttrMaxAccessPolicyWindowSize)              \
+    A(cudaDevAttrReservedSharedMemoryPerBlock)           \
+    A(cudaDevAttrSparseCudaArraySupported)               \
+    A(cudaDevAttrHostRegisterReadOnlySupported)          \
+    A(cudaDevAttrTimelineSemaphoreInteropSupported)      \
+    A(cudaDevAttrMemoryPoolsSupported)                   \
+    A(cudaDevAttrGPUDirectRDMASupported)                 \
+    A(cudaDevAttrGPUDirectRDMAFlushWritesOptions)        \
+    A(cudaDevAttrGPUDirectRDMAWritesOrdering)            \
+    A(cudaDevAttrMemoryPoolSupportedHandleTypes)         \
+    A(cudaDevAttrClusterLaunch)                          \
+    A(cudaDevAttrDeferredMappingCudaArraySupported)      \
+    A(cudaDevAttrReserved122)                            \
+    A(cudaDevAttrReserved123)                            \
+    A(cudaDevAttrReserved124)                            \
+    A(cudaDevAttrIpcEventSupport)                        \
+    A(cudaDevAttrMemSyncDomainCount)                     \
+    A(cudaDevAttrReserved127)                            \
+    A(cudaDevAttrReserved128)                            \
+    A(cudaDevAttrReserved129)                            \
+    A(cudaDevAttrNumaConfig)                             \
+    A(cudaDevAttrNumaId)                                 \
+    A(cudaDevAttrReserved132)                            \
+    A(cudaDevAttrMpsEnabled)                             \
+    A(cudaDevAttrHostNumaId)                             \
+    A(cudaDevAttrD3D12CigSupported)                      \
+    A(cudaDevAttrVulkanCigSupported)                     \
+    A(cudaDevAttrGpuPciDeviceId)                         \
+    A(cudaDevAttrGpuPciSubsystemId)                      \
+    A(cudaDevAttrReserved141)                            \
+    A(cudaDevAttrHostNumaMemoryPoolsSupported)           \
+    A(cudaDevAttrHostNumaMultinodeIpcSupported)          \
+    A(cudaDevAttrHostMemoryPoolsSupported)               \
+    A(cudaDevAttrReserved145)                            \
     A(cudaDevAttrOnlyPartialHostNativeAtomicSupported)
 
 struct attr_name {
@@ -187,28 +188,94 @@ int main() {
         for (int i = 0; i < 8; ++i) printf("%02x", static_cast<unsigned char>(p.luid[i]));
         printf(", luidDeviceNodeMask = %u\n", p.luidDeviceNodeMask);
         printf("  pci = %04x:%02x:%02x\n", p.pciDomainID, p.pciBusID, p.pciDeviceID);
-        P(totalGlobalMem); P(sharedMemPerBlock); P(regsPerBlock); P(warpSize); P(memPitch);
-        P(maxThreadsPerBlock); P3(maxThreadsDim); P3(maxGridSize); P(totalConstMem); P(major); P(minor);
-        P(textureAlignment); P(texturePitchAlignment); P(multiProcessorCount); P(integrated);
-        P(canMapHostMemory); P(maxTexture1D); P(maxTexture1DMipmap); P2(maxTexture2D); P2(maxTexture2DMipmap);
-        P3(maxTexture2DLinear); P2(maxTexture2DGather); P3(maxTexture3D); P3(maxTexture3DAlt);
-        P(maxTextureCubemap); P2(maxTexture1DLayered); P3(maxTexture2DLayered); P2(maxTextureCubemapLayered);
-        P(maxSurface1D); P2(maxSurface2D); P3(maxSurface3D); P2(maxSurface1DLayered); P3(maxSurface2DLayered);
-        P(maxSurfaceCubemap); P2(maxSurfaceCubemapLayered); P(surfaceAlignment); P(concurrentKernels);
-        P(ECCEnabled); P(pciBusID); P(pciDeviceID); P(pciDomainID); P(tccDriver); P(asyncEngineCount);
-        P(unifiedAddressing); P(memoryBusWidth); P(l2CacheSize); P(persistingL2CacheMaxSize);
-        P(maxThreadsPerMultiProcessor); P(streamPrioritiesSupported); P(globalL1CacheSupported);
-        P(localL1CacheSupported); P(sharedMemPerMultiprocessor); P(regsPerMultiprocessor); P(managedMemory);
-        P(isMultiGpuBoard); P(multiGpuBoardGroupID); P(hostNativeAtomicSupported); P(pageableMemoryAccess);
-        P(concurrentManagedAccess); P(computePreemptionSupported); P(canUseHostPointerForRegisteredMem);
-        P(cooperativeLaunch); P(sharedMemPerBlockOptin); P(pageableMemoryAccessUsesHostPageTables);
-        P(directManagedMemAccessFromHost); P(maxBlocksPerMultiProcessor); P(accessPolicyMaxWindowSize);
-        P(reservedSharedMemPerBlock); P(hostRegisterSupported); P(sparseCudaArraySupported);
-        P(hostRegisterReadOnlySupported); P(timelineSemaphoreInteropSupported); P(memoryPoolsSupported);
-        P(gpuDirectRDMASupported); P(gpuDirectRDMAFlushWritesOptions); P(gpuDirectRDMAWritesOrdering);
-        P(memoryPoolSupportedHandleTypes); P(deferredMappingCudaArraySupported); P(ipcEventSupported);
-        P(clusterLaunch); P(unifiedFunctionPointers); P(deviceNumaConfig); P(deviceNumaId); P(mpsEnabled);
-        P(hostNumaId); P(gpuPciDeviceID); P(gpuPciSubsystemID); P(hostNumaMultinodeIpcSupported);
+        P(totalGlobalMem);
+        P(sharedMemPerBlock);
+        P(regsPerBlock);
+        P(warpSize);
+        P(memPitch);
+        P(maxThreadsPerBlock);
+        P3(maxThreadsDim);
+        P3(maxGridSize);
+        P(totalConstMem);
+        P(major);
+        P(minor);
+        P(textureAlignment);
+        P(texturePitchAlignment);
+        P(multiProcessorCount);
+        P(integrated);
+        P(canMapHostMemory);
+        P(maxTexture1D);
+        P(maxTexture1DMipmap);
+        P2(maxTexture2D);
+        P2(maxTexture2DMipmap);
+        P3(maxTexture2DLinear);
+        P2(maxTexture2DGather);
+        P3(maxTexture3D);
+        P3(maxTexture3DAlt);
+        P(maxTextureCubemap);
+        P2(maxTexture1DLayered);
+        P3(maxTexture2DLayered);
+        P2(maxTextureCubemapLayered);
+        P(maxSurface1D);
+        P2(maxSurface2D);
+        P3(maxSurface3D);
+        P2(maxSurface1DLayered);
+        P3(maxSurface2DLayered);
+        P(maxSurfaceCubemap);
+        P2(maxSurfaceCubemapLayered);
+        P(surfaceAlignment);
+        P(concurrentKernels);
+        P(ECCEnabled);
+        P(pciBusID);
+        P(pciDeviceID);
+        P(pciDomainID);
+        P(tccDriver);
+        P(asyncEngineCount);
+        P(unifiedAddressing);
+        P(memoryBusWidth);
+        P(l2CacheSize);
+        P(persistingL2CacheMaxSize);
+        P(maxThreadsPerMultiProcessor);
+        P(streamPrioritiesSupported);
+        P(globalL1CacheSupported);
+        P(localL1CacheSupported);
+        P(sharedMemPerMultiprocessor);
+        P(regsPerMultiprocessor);
+        P(managedMemory);
+        P(isMultiGpuBoard);
+        P(multiGpuBoardGroupID);
+        P(hostNativeAtomicSupported);
+        P(pageableMemoryAccess);
+        P(concurrentManagedAccess);
+        P(computePreemptionSupported);
+        P(canUseHostPointerForRegisteredMem);
+        P(cooperativeLaunch);
+        P(sharedMemPerBlockOptin);
+        P(pageableMemoryAccessUsesHostPageTables);
+        P(directManagedMemAccessFromHost);
+        P(maxBlocksPerMultiProcessor);
+        P(accessPolicyMaxWindowSize);
+        P(reservedSharedMemPerBlock);
+        P(hostRegisterSupported);
+        P(sparseCudaArraySupported);
+        P(hostRegisterReadOnlySupported);
+        P(timelineSemaphoreInteropSupported);
+        P(memoryPoolsSupported);
+        P(gpuDirectRDMASupported);
+        P(gpuDirectRDMAFlushWritesOptions);
+        P(gpuDirectRDMAWritesOrdering);
+        P(memoryPoolSupportedHandleTypes);
+        P(deferredMappingCudaArraySupported);
+        P(ipcEventSupported);
+        P(clusterLaunch);
+        P(unifiedFunctionPointers);
+        P(deviceNumaConfig);
+        P(deviceNumaId);
+        P(mpsEnabled);
+        P(hostNumaId);
+        P(gpuPciDeviceID);
+        P(gpuPciSubsystemID);
+        P(hostNumaMultinodeIpcSupported);
 
         EXPECT(p.name[0] != 0, "empty device name");
         EXPECT(p.warpSize == 32, "warpSize %d", p.warpSize);
@@ -246,7 +313,8 @@ int main() {
             {cudaDevAttrComputeCapabilityMinor, p.minor, "minor"},
             {cudaDevAttrMaxBlockDimX, p.maxThreadsDim[0], "maxThreadsDim[0]"},
             {cudaDevAttrMaxGridDimX, p.maxGridSize[0], "maxGridSize[0]"},
-            {cudaDevAttrMaxSharedMemoryPerBlock, static_cast<long long>(p.sharedMemPerBlock), "sharedMemPerBlock"},
+            {cudaDevAttrMaxSharedMemoryPerBlock, static_cast<long long>(p.sharedMemPerBlock),
+             "sharedMemPerBlock"},
             {cudaDevAttrMaxRegistersPerBlock, p.regsPerBlock, "regsPerBlock"},
             {cudaDevAttrL2CacheSize, p.l2CacheSize, "l2CacheSize"},
             {cudaDevAttrPciBusId, p.pciBusID, "pciBusID"},
@@ -270,7 +338,8 @@ int main() {
         CHECK(cudaMemGetInfo(&free_b, &total_b));
         printf("  cudaMemGetInfo total = %zu\n", total_b);
         printf("info:   cudaMemGetInfo free = %zu\n", free_b);
-        EXPECT(total_b == p.totalGlobalMem, "cudaMemGetInfo total %zu != totalGlobalMem %zu", total_b, p.totalGlobalMem);
+        EXPECT(total_b == p.totalGlobalMem, "cudaMemGetInfo total %zu != totalGlobalMem %zu", total_b,
+               p.totalGlobalMem);
         EXPECT(free_b <= total_b, "free > total");
     }
     return pass();

@@ -1,14 +1,14 @@
 // driver_api: a program written against the driver API alone (linked with -lcuda, no runtime). It loads its
 // own device code: an embedded fatbin with cuModuleLoadData and cuLibraryLoadData, an embedded PTX with
 // cuModuleLoadData (JIT-compiled by the driver); finds functions, kernels and a global; reads parameter
-// layouts; and launches with kernelParams, with the `extra` buffer form, with cuLaunchKernelEx, with a CUkernel
-// cast to CUfunction (as cudart does), on the NULL stream and on a stream; with cuMemAlloc/cuMemAllocHost
-// memory and sync and async copies.
+// layouts; and launches with kernelParams, with the `extra` buffer form, with cuLaunchKernelEx, with a
+// CUkernel cast to CUfunction (as cudart does), on the NULL stream and on a stream; with
+// cuMemAlloc/cuMemAllocHost memory and sync and async copies.
 #include <cuda.h>
 
+#include <unistd.h>
 #include <cstring>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "common.cuh"
@@ -80,7 +80,8 @@ int main() {
     memcpy(fatbin_buf.data(), driver_api_fatbin, sizeof(driver_api_fatbin));
     std::vector<unsigned long long> ptx_buf(sizeof(driver_api_ptx) / 8 + 64, 0x4141414141414141ull);
     memcpy(ptx_buf.data(), driver_api_ptx, sizeof(driver_api_ptx));
-    printf("fatbin image %zu bytes, PTX %zu bytes\n", sizeof(driver_api_fatbin), strlen(reinterpret_cast<const char*>(driver_api_ptx)));
+    printf("fatbin image %zu bytes, PTX %zu bytes\n", sizeof(driver_api_fatbin),
+           strlen(reinterpret_cast<const char*>(driver_api_ptx)));
 
     CUmodule mod;
     CU_CHECK(cuModuleLoadData(&mod, fatbin_buf.data()));
@@ -144,11 +145,13 @@ int main() {
         memcpy(buf + 8, &a2, 4);
         memcpy(buf + 12, &nn, 4);
         size_t size = sizeof buf;
-        void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+        void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                         CU_LAUNCH_PARAM_END};
         CU_CHECK(cuLaunchKernel(f_scale, grid, 1, 1, 256, 1, 1, 0, s, nullptr, extra));
         CU_CHECK(cuStreamSynchronize(s));
         CU_CHECK(cuMemcpyDtoH(out.data(), x, bytes));
-        for (int i = 0; i < n; ++i) EXPECT(out[i] == h[i] * 3.0f * -0.5f, "extra launch: [%d] = %g", i, out[i]);
+        for (int i = 0; i < n; ++i)
+            EXPECT(out[i] == h[i] * 3.0f * -0.5f, "extra launch: [%d] = %g", i, out[i]);
         printf("cuLaunchKernel with extra: ok\n");
     }
 
@@ -163,7 +166,8 @@ int main() {
         CU_CHECK(cuLaunchKernel(f_bias, grid, 1, 1, 256, 1, 1, 0, s, bargs, nullptr));
         CU_CHECK(cuStreamSynchronize(s));
         CU_CHECK(cuMemcpyDtoH(out.data(), x, bytes));
-        for (int i = 0; i < n; ++i) EXPECT(out[i] == h[i] * -1.5f + 10.0f, "bias launch: [%d] = %g", i, out[i]);
+        for (int i = 0; i < n; ++i)
+            EXPECT(out[i] == h[i] * -1.5f + 10.0f, "bias launch: [%d] = %g", i, out[i]);
         printf("global set with cuMemcpyHtoD and used by a kernel: ok\n");
     }
 
@@ -182,7 +186,8 @@ int main() {
         CU_CHECK(cuLaunchKernelEx(&cfg, f_scale, eargs, nullptr));
         CU_CHECK(cuStreamSynchronize(s));
         CU_CHECK(cuMemcpyDtoH(out.data(), x, bytes));
-        for (int i = 0; i < n; ++i) EXPECT(out[i] == (h[i] * -1.5f + 10.0f) * 2.0f, "cuLaunchKernelEx: [%d] = %g", i, out[i]);
+        for (int i = 0; i < n; ++i)
+            EXPECT(out[i] == (h[i] * -1.5f + 10.0f) * 2.0f, "cuLaunchKernelEx: [%d] = %g", i, out[i]);
         printf("cuLaunchKernelEx: ok\n");
     }
 
@@ -207,8 +212,9 @@ int main() {
     // 5b. JIT options: log buffers and sizes, wall time; a bad PTX fails with its error log; the linker.
     {
         char info_log[4096], error_log[4096];
-        CUjit_option o[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
-                            CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, CU_JIT_LOG_VERBOSE, CU_JIT_WALL_TIME};
+        CUjit_option o[] = {CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                            CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                            CU_JIT_LOG_VERBOSE,      CU_JIT_WALL_TIME};
         auto reset = [&](void** v) {
             info_log[0] = error_log[0] = 'X';
             v[0] = info_log;
@@ -223,7 +229,8 @@ int main() {
         CUmodule jm;
         CU_CHECK(cuModuleLoadDataEx(&jm, ptx_buf.data(), 6, o, v));
         size_t info_len = reinterpret_cast<uintptr_t>(v[1]);
-        EXPECT(info_len <= sizeof info_log && strlen(info_log) < sizeof info_log, "info log size %zu", info_len);
+        EXPECT(info_len <= sizeof info_log && strlen(info_log) < sizeof info_log, "info log size %zu",
+               info_len);
         EXPECT(info_log[0] != 'X', "the info log buffer was not written");
         float wall = 0;
         memcpy(&wall, &v[5], sizeof wall);
@@ -237,7 +244,8 @@ int main() {
         reset(v);
         CUmodule bad;
         CUresult rb = cuModuleLoadDataEx(&bad, bad_ptx, 6, o, v);
-        printf("cuModuleLoadDataEx(bad PTX): %s, error log %s\n", err_name(rb), error_log[0] && error_log[0] != 'X' ? "written" : "empty");
+        printf("cuModuleLoadDataEx(bad PTX): %s, error log %s\n", err_name(rb),
+               error_log[0] && error_log[0] != 'X' ? "written" : "empty");
         printf("info: JIT error log: %.100s\n", error_log);
         EXPECT(rb == CUDA_ERROR_INVALID_PTX, "bad PTX gave %s", err_name(rb));
         EXPECT(error_log[0] && error_log[0] != 'X', "no error log for bad PTX");
@@ -250,16 +258,19 @@ int main() {
         reset(v);
         CUlinkState link;
         CU_CHECK(cuLinkCreate(6, o, v, &link));
-        CU_CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, ptx_buf.data(), strlen(reinterpret_cast<const char*>(ptx_buf.data())) + 1,
-                               "driver_api.ptx", 0, nullptr, nullptr));
-        CUresult rl = cuLinkAddData(link, CU_JIT_INPUT_PTX, const_cast<char*>(bad_ptx), sizeof bad_ptx, "bad.ptx", 0, nullptr, nullptr);
+        CU_CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, ptx_buf.data(),
+                               strlen(reinterpret_cast<const char*>(ptx_buf.data())) + 1, "driver_api.ptx", 0,
+                               nullptr, nullptr));
+        CUresult rl = cuLinkAddData(link, CU_JIT_INPUT_PTX, const_cast<char*>(bad_ptx), sizeof bad_ptx,
+                                    "bad.ptx", 0, nullptr, nullptr);
         printf("cuLinkAddData(bad PTX): %s\n", err_name(rl));
         EXPECT(rl == CUDA_ERROR_INVALID_PTX, "linking bad PTX gave %s", err_name(rl));
         CU_CHECK(cuLinkDestroy(link));
         reset(v);
         CU_CHECK(cuLinkCreate(6, o, v, &link));
-        CU_CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, ptx_buf.data(), strlen(reinterpret_cast<const char*>(ptx_buf.data())) + 1,
-                               "driver_api.ptx", 0, nullptr, nullptr));
+        CU_CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, ptx_buf.data(),
+                               strlen(reinterpret_cast<const char*>(ptx_buf.data())) + 1, "driver_api.ptx", 0,
+                               nullptr, nullptr));
         void* cubin = nullptr;
         size_t cubin_size = 0;
         CU_CHECK(cuLinkComplete(link, &cubin, &cubin_size));
@@ -303,10 +314,12 @@ int main() {
         CU_CHECK(cuStreamSynchronize(s));
         for (int i = 0; i < n; ++i) EXPECT(pinned[i] == -7 + i, "library kernel: [%d] = %d", i, pinned[i]);
         base = 5;
-        CU_CHECK(cuLaunchKernel(reinterpret_cast<CUfunction>(k), grid, 1, 1, 256, 1, 1, 0, s, kargs, nullptr));
+        CU_CHECK(
+            cuLaunchKernel(reinterpret_cast<CUfunction>(k), grid, 1, 1, 256, 1, 1, 0, s, kargs, nullptr));
         CU_CHECK(cuMemcpyDtoHAsync(pinned, iv, n * sizeof(int), s));
         CU_CHECK(cuStreamSynchronize(s));
-        for (int i = 0; i < n; ++i) EXPECT(pinned[i] == 5 + i, "CUkernel as CUfunction: [%d] = %d", i, pinned[i]);
+        for (int i = 0; i < n; ++i)
+            EXPECT(pinned[i] == 5 + i, "CUkernel as CUfunction: [%d] = %d", i, pinned[i]);
         printf("library kernel via cuKernelGetFunction and as a cast CUkernel: ok\n");
         CU_CHECK(cuMemFreeHost(pinned));
         CU_CHECK(cuLibraryUnload(lib));
@@ -323,7 +336,8 @@ int main() {
         CU_CHECK(cuLaunchKernel(f_scale, grid, 1, 1, 256, 1, 1, 0, s, sargs, nullptr));
         CU_CHECK(cuMemcpyDtoHAsync(ph, x, bytes, s));
         CU_CHECK(cuStreamSynchronize(s));
-        for (int i = 0; i < n; ++i) EXPECT(ph[i] == static_cast<float>(i) * 0.25f, "async round trip: [%d] = %g", i, ph[i]);
+        for (int i = 0; i < n; ++i)
+            EXPECT(ph[i] == static_cast<float>(i) * 0.25f, "async round trip: [%d] = %g", i, ph[i]);
         printf("async HtoD, launch, DtoH on a stream: ok\n");
         CU_CHECK(cuMemFreeHost(ph));
 
@@ -334,15 +348,16 @@ int main() {
         EXPECT(base == x && size >= bytes, "cuMemGetAddressRange: size %zu", size);
         unsigned mtype = 0;
         CU_CHECK(cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, x));
-        printf("cuPointerGetAttribute(MEMORY_TYPE, x) = %s\n", mtype == CU_MEMORYTYPE_DEVICE ? "device" : "other");
+        printf("cuPointerGetAttribute(MEMORY_TYPE, x) = %s\n",
+               mtype == CU_MEMORYTYPE_DEVICE ? "device" : "other");
         size_t free_b = 0, total_b = 0;
         CU_CHECK(cuMemGetInfo(&free_b, &total_b));
         printf("cuMemGetInfo total %zu\n", total_b);
         printf("info: cuMemGetInfo free %zu\n", free_b);
     }
 
-    // 8. images named by file: a fatbin through cuModuleLoad, PTX through cuLibraryLoadFromFile (Triton's launcher
-    // loads its cubins with cuModuleLoad); a missing file.
+    // 8. images named by file: a fatbin through cuModuleLoad, PTX through cuLibraryLoadFromFile (Triton's
+    // launcher loads its cubins with cuModuleLoad); a missing file.
     {
         auto write_temp = [](const void* data, size_t size, const char* suffix) {
             char path[64];
@@ -354,7 +369,8 @@ int main() {
             return std::string(path);
         };
         std::string fatbin_path = write_temp(driver_api_fatbin, sizeof(driver_api_fatbin), ".fatbin");
-        std::string ptx_path = write_temp(driver_api_ptx, strlen(reinterpret_cast<const char*>(driver_api_ptx)), ".ptx");
+        std::string ptx_path =
+            write_temp(driver_api_ptx, strlen(reinterpret_cast<const char*>(driver_api_ptx)), ".ptx");
         CUmodule fmod;
         CU_CHECK(cuModuleLoad(&fmod, fatbin_path.c_str()));
         CUfunction f_file;
@@ -370,11 +386,13 @@ int main() {
             CU_CHECK(cuLaunchKernel(which, grid, 1, 1, 256, 1, 1, 0, nullptr, iargs, nullptr));
             std::vector<int> hi(n);
             CU_CHECK(cuMemcpyDtoH(hi.data(), iv, n * sizeof(int)));
-            for (int i = 0; i < n; ++i) EXPECT(hi[i] == base + i, "image from a file, round %d: [%d] = %d", round, i, hi[i]);
+            for (int i = 0; i < n; ++i)
+                EXPECT(hi[i] == base + i, "image from a file, round %d: [%d] = %d", round, i, hi[i]);
         }
         printf("cuModuleLoad (fatbin file) and cuLibraryLoadFromFile (PTX file): drv_iota ok\n");
         CUmodule missing;
-        printf("cuModuleLoad(a missing file) = %s\n", err_name(cuModuleLoad(&missing, "/nonexistent/vcuda.cubin")));
+        printf("cuModuleLoad(a missing file) = %s\n",
+               err_name(cuModuleLoad(&missing, "/nonexistent/vcuda.cubin")));
         CU_CHECK(cuLibraryUnload(flib));
         CU_CHECK(cuModuleUnload(fmod));
         unlink(fatbin_path.c_str());

@@ -127,7 +127,8 @@ int main() {
         am.fill(64, &b16, 2, 1000);
         am.fill(1024, &b32, 4, 500);
         for (size_t i = 0; i < n; ++i)
-            if (h[i] != am.bytes[i]) fail("async memsets: byte %zu = %#x, expected %#x", i, h[i], am.bytes[i]);
+            if (h[i] != am.bytes[i])
+                fail("async memsets: byte %zu = %#x, expected %#x", i, h[i], am.bytes[i]);
         printf("cuMemsetD8/D16/D32Async then cuMemcpyDtoHAsync: ok\n");
         CU_CHECK(cuStreamDestroy(s));
     }

@@ -107,9 +107,11 @@ static child_result in_child(const char* self, const char* name) {
         r = r.substr(0, r.find('\n'));
         return {r, r != "cudaSuccess", false};
     }
-    if (WIFSIGNALED(status)) return {"child killed by signal " + std::to_string(WTERMSIG(status)), false, true};
+    if (WIFSIGNALED(status))
+        return {"child killed by signal " + std::to_string(WTERMSIG(status)), false, true};
     std::string first = out.substr(0, out.find('\n'));
-    return {"child exited " + std::to_string(WEXITSTATUS(status)) + " without a result (" + first + ")", false, false};
+    return {"child exited " + std::to_string(WEXITSTATUS(status)) + " without a result (" + first + ")",
+            false, false};
 }
 
 // --------------------------------------------------------------------------------------- main process
@@ -181,10 +183,16 @@ int main(int argc, char** argv) {
         printf("cudaMemcpy of 0 bytes: %s\n", cudaGetErrorName(e));
     }
     {
-        const cudaError_t codes[] = {cudaSuccess, cudaErrorInvalidValue, cudaErrorMemoryAllocation,
-                                     cudaErrorInvalidConfiguration, cudaErrorInvalidResourceHandle,
-                                     cudaErrorNotReady, cudaErrorIllegalAddress, static_cast<cudaError_t>(9999)};
-        for (cudaError_t c : codes) printf("error %d: %s / %s\n", static_cast<int>(c), cudaGetErrorName(c), cudaGetErrorString(c));
+        const cudaError_t codes[] = {cudaSuccess,
+                                     cudaErrorInvalidValue,
+                                     cudaErrorMemoryAllocation,
+                                     cudaErrorInvalidConfiguration,
+                                     cudaErrorInvalidResourceHandle,
+                                     cudaErrorNotReady,
+                                     cudaErrorIllegalAddress,
+                                     static_cast<cudaError_t>(9999)};
+        for (cudaError_t c : codes)
+            printf("error %d: %s / %s\n", static_cast<int>(c), cudaGetErrorName(c), cudaGetErrorString(c));
     }
 
     // Child cases. Errors expected; what exactly each returns is compared between native and vcuda.
@@ -192,19 +200,26 @@ int main(int argc, char** argv) {
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     EXPECT(len > 0, "readlink /proc/self/exe failed");
     self[len] = 0;
-    // Bogus pointers get a defined error (cudaErrorInvalidValue natively), compared by name. Destroyed and bogus
-    // stream and event handles are undefined use: the native driver 580 dereferences them and the child dies
-    // of SIGSEGV; vcuda checks every handle and returns an error. Both refuse the call, which is what is
+    // Bogus pointers get a defined error (cudaErrorInvalidValue natively), compared by name. Destroyed and
+    // bogus stream and event handles are undefined use: the native driver 580 dereferences them and the child
+    // dies of SIGSEGV; vcuda checks every handle and returns an error. Both refuse the call, which is what is
     // compared ("refused"); the exact outcome is printed as info:. Only success would be wrong.
     struct child_case {
         const char* name;
         bool must_fail;  // a defined error, compared by name; else undefined use, compared as refused or not
     };
     const child_case cases[] = {
-        {"memcpy_dtoh_bogus", true},     {"memcpy_htod_bogus", true},      {"memcpy_dtod_bogus", true},
-        {"memset_bogus", true},           {"free_twice", true},
-        {"stream_sync_destroyed", false}, {"stream_sync_bogus", false},     {"stream_destroy_twice", false},
-        {"event_query_destroyed", false}, {"event_query_bogus", false},     {"event_record_bogus", false},
+        {"memcpy_dtoh_bogus", true},
+        {"memcpy_htod_bogus", true},
+        {"memcpy_dtod_bogus", true},
+        {"memset_bogus", true},
+        {"free_twice", true},
+        {"stream_sync_destroyed", false},
+        {"stream_sync_bogus", false},
+        {"stream_destroy_twice", false},
+        {"event_query_destroyed", false},
+        {"event_query_bogus", false},
+        {"event_record_bogus", false},
     };
     for (const auto& c : cases) {
         child_result r = in_child(self, c.name);

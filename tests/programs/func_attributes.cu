@@ -2,8 +2,8 @@
 // constant and local sizes, registers, max threads under __launch_bounds__, versions, cluster fields) and the
 // occupancy API (cudaOccupancyMaxActiveBlocksPerMultiprocessor, cudaOccupancyMaxPotentialBlockSize) — then
 // launches each kernel at the suggested shape and checks its result. Then setters repeated as PyTorch repeats
-// them every step: the same value again changes nothing (through vcuda: no round trip), a new value takes effect
-// at once, also for launches that need more than 48 KiB of dynamic shared memory.
+// them every step: the same value again changes nothing (through vcuda: no round trip), a new value takes
+// effect at once, also for launches that need more than 48 KiB of dynamic shared memory.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -43,14 +43,15 @@ extern "C" __global__ void fa_dynamic(float* out, int n) {
 static void print_attrs(const char* name, const void* fn) {
     cudaFuncAttributes a;
     CHECK(cudaFuncGetAttributes(&a, fn));
-    printf("%s: sharedSizeBytes %zu, constSizeBytes %zu, localSizeBytes %zu, maxThreadsPerBlock %d, numRegs %d, "
-           "ptxVersion %d, binaryVersion %d, cacheModeCA %d, maxDynamicSharedSizeBytes %d, "
-           "preferredShmemCarveout %d, clusterDimMustBeSet %d, requiredCluster %d %d %d, "
-           "clusterSchedulingPolicyPreference %d, nonPortableClusterSizeAllowed %d\n",
-           name, a.sharedSizeBytes, a.constSizeBytes, a.localSizeBytes, a.maxThreadsPerBlock, a.numRegs,
-           a.ptxVersion, a.binaryVersion, a.cacheModeCA, a.maxDynamicSharedSizeBytes, a.preferredShmemCarveout,
-           a.clusterDimMustBeSet, a.requiredClusterWidth, a.requiredClusterHeight, a.requiredClusterDepth,
-           a.clusterSchedulingPolicyPreference, a.nonPortableClusterSizeAllowed);
+    printf(
+        "%s: sharedSizeBytes %zu, constSizeBytes %zu, localSizeBytes %zu, maxThreadsPerBlock %d, numRegs %d, "
+        "ptxVersion %d, binaryVersion %d, cacheModeCA %d, maxDynamicSharedSizeBytes %d, "
+        "preferredShmemCarveout %d, clusterDimMustBeSet %d, requiredCluster %d %d %d, "
+        "clusterSchedulingPolicyPreference %d, nonPortableClusterSizeAllowed %d\n",
+        name, a.sharedSizeBytes, a.constSizeBytes, a.localSizeBytes, a.maxThreadsPerBlock, a.numRegs,
+        a.ptxVersion, a.binaryVersion, a.cacheModeCA, a.maxDynamicSharedSizeBytes, a.preferredShmemCarveout,
+        a.clusterDimMustBeSet, a.requiredClusterWidth, a.requiredClusterHeight, a.requiredClusterDepth,
+        a.clusterSchedulingPolicyPreference, a.nonPortableClusterSizeAllowed);
     EXPECT(a.maxThreadsPerBlock > 0, "%s: maxThreadsPerBlock %d", name, a.maxThreadsPerBlock);
 }
 
@@ -119,22 +120,26 @@ int main() {
         CHECK(cudaFuncSetAttribute(fa_small, cudaFuncAttributePreferredSharedMemoryCarveout, 50));
         cudaFuncAttributes a;
         CHECK(cudaFuncGetAttributes(&a, fa_dynamic));
-        EXPECT(a.maxDynamicSharedSizeBytes == big, "step %d: maxDynamicSharedSizeBytes %d", step, a.maxDynamicSharedSizeBytes);
+        EXPECT(a.maxDynamicSharedSizeBytes == big, "step %d: maxDynamicSharedSizeBytes %d", step,
+               a.maxDynamicSharedSizeBytes);
         CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fa_dynamic, 256, big));
         EXPECT(blocks > 0, "step %d: occupancy 0 with 64 KiB of dynamic shared memory", step);
         CHECK(dyn_launch(big));
         // Switched to a smaller limit and back within the step, as PyTorch does between kernels' needs.
         CHECK(cudaFuncSetAttribute(fa_dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize, 40 << 10));
         CHECK(cudaFuncGetAttributes(&a, fa_dynamic));
-        EXPECT(a.maxDynamicSharedSizeBytes == (40 << 10), "step %d: switched maxDynamicSharedSizeBytes %d", step,
-               a.maxDynamicSharedSizeBytes);
+        EXPECT(a.maxDynamicSharedSizeBytes == (40 << 10), "step %d: switched maxDynamicSharedSizeBytes %d",
+               step, a.maxDynamicSharedSizeBytes);
         CHECK(dyn_launch(40 << 10));
         CHECK(cudaFuncSetAttribute(fa_dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
     }
     if (counted && vcuda_round_trips(&trips1)) {
-        printf("info: 50 steps (after one) of 4 setters, 3 queries and 2 big-shared launches: %llu round trips\n",
-               trips1 - trips0);
-        EXPECT(trips1 - trips0 <= 10, "repeated setters, queries and launches cost %llu round trips (at most 10 expected)",
+        printf(
+            "info: 50 steps (after one) of 4 setters, 3 queries and 2 big-shared launches: %llu round "
+            "trips\n",
+            trips1 - trips0);
+        EXPECT(trips1 - trips0 <= 10,
+               "repeated setters, queries and launches cost %llu round trips (at most 10 expected)",
                trips1 - trips0);
     }
     CHECK(cudaMemcpy(out.data(), dout, n * sizeof(float), cudaMemcpyDeviceToHost));

@@ -1,9 +1,10 @@
-// graphs_capture: stream capture into a graph and its replay. A capture on a non-blocking stream records kernel
-// launches, a memset and a device-to-device copy, forks to a second stream and joins back through events, and
-// allocates memory in RELAXED capture mode meanwhile (as PyTorch's allocator does). Capture status and id are
-// checked before, during (on the capturing, the joined and an unrelated stream) and after; the graph's node
-// counts are checked; nothing may run during the capture. The graph is then instantiated twice (plain and with
-// parameters, uploading), launched four times, and the results are compared with a CPU reference.
+// graphs_capture: stream capture into a graph and its replay. A capture on a non-blocking stream records
+// kernel launches, a memset and a device-to-device copy, forks to a second stream and joins back through
+// events, and allocates memory in RELAXED capture mode meanwhile (as PyTorch's allocator does). Capture
+// status and id are checked before, during (on the capturing, the joined and an unrelated stream) and after;
+// the graph's node counts are checked; nothing may run during the capture. The graph is then instantiated
+// twice (plain and with parameters, uploading), launched four times, and the results are compared with a CPU
+// reference.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -26,9 +27,12 @@ namespace {
 
 const char* status_name(cudaStreamCaptureStatus s) {
     switch (s) {
-        case cudaStreamCaptureStatusNone: return "none";
-        case cudaStreamCaptureStatusActive: return "active";
-        case cudaStreamCaptureStatusInvalidated: return "invalidated";
+        case cudaStreamCaptureStatusNone:
+            return "none";
+        case cudaStreamCaptureStatusActive:
+            return "active";
+        case cudaStreamCaptureStatusInvalidated:
+            return "invalidated";
     }
     return "unknown";
 }
@@ -104,7 +108,8 @@ int main() {
     CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
 
     printf("before capture: %s\n", status_name(capture_status(s)));
-    EXPECT(capture_status(s) == cudaStreamCaptureStatusNone, "a stream captures before cudaStreamBeginCapture");
+    EXPECT(capture_status(s) == cudaStreamCaptureStatusNone,
+           "a stream captures before cudaStreamBeginCapture");
 
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     printf("during capture: %s\n", status_name(capture_status(s)));
@@ -114,8 +119,8 @@ int main() {
     CHECK(cudaStreamGetCaptureInfo(s, &st, &id));
     CHECK(cudaStreamGetCaptureInfo(s, &st, &id_again));
     printf("capture id nonzero and stable: %s\n", id != 0 && id == id_again ? "yes" : "no");
-    EXPECT(st == cudaStreamCaptureStatusActive && id != 0 && id == id_again, "capture info: status %d, id %llu then %llu",
-           static_cast<int>(st), id, id_again);
+    EXPECT(st == cudaStreamCaptureStatusActive && id != 0 && id == id_again,
+           "capture info: status %d, id %llu then %llu", static_cast<int>(st), id, id_again);
 
     // An allocation during the capture, allowed by the RELAXED mode of this thread.
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
@@ -135,7 +140,8 @@ int main() {
     // Fork: s2 joins the capture by waiting on an event recorded in it.
     CHECK(cudaEventRecord(fork, s));
     CHECK(cudaStreamWaitEvent(s2, fork, 0));
-    printf("joined stream: %s, unrelated stream: %s\n", status_name(capture_status(s2)), status_name(capture_status(other)));
+    printf("joined stream: %s, unrelated stream: %s\n", status_name(capture_status(s2)),
+           status_name(capture_status(other)));
     EXPECT(capture_status(s2) == cudaStreamCaptureStatusActive, "the joined stream is not capturing");
     EXPECT(capture_status(other) == cudaStreamCaptureStatusNone, "an unrelated stream is capturing");
     unsigned long long id2 = 0;
@@ -154,7 +160,8 @@ int main() {
     cudaGraph_t graph = nullptr;
     CHECK(cudaStreamEndCapture(s, &graph));
     EXPECT(graph != nullptr, "cudaStreamEndCapture gave no graph");
-    printf("after capture: %s, joined stream: %s\n", status_name(capture_status(s)), status_name(capture_status(s2)));
+    printf("after capture: %s, joined stream: %s\n", status_name(capture_status(s)),
+           status_name(capture_status(s2)));
     EXPECT(capture_status(s) == cudaStreamCaptureStatusNone, "still capturing after cudaStreamEndCapture");
     EXPECT(capture_status(s2) == cudaStreamCaptureStatusNone, "the joined stream still captures");
 
@@ -189,7 +196,8 @@ int main() {
     params.flags = cudaGraphInstantiateFlagUpload;
     params.uploadStream = s;
     CHECK(cudaGraphInstantiateWithParams(&exec2, graph, &params));
-    EXPECT(params.result_out == cudaGraphInstantiateSuccess, "instantiate result %d", static_cast<int>(params.result_out));
+    EXPECT(params.result_out == cudaGraphInstantiateSuccess, "instantiate result %d",
+           static_cast<int>(params.result_out));
     CHECK(cudaGraphLaunch(exec2, s));
     ref.replay();
     CHECK(cudaGraphUpload(exec, s));

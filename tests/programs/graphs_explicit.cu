@@ -1,13 +1,14 @@
-// graphs_explicit: graphs built the way XLA's command buffers build them (JAX), through the driver entry points
-// cudart hands out (cudaGetDriverEntryPointByVersion, at the versions XLA asks for). Work is captured into an
-// existing graph (cuStreamBeginCaptureToGraph, thread-local mode), which becomes a child graph node of an outer
-// graph; kernel nodes (a CUfunction with kernelParams, a CUkernel with an `extra` buffer), a memset, a device to
-// device memcpy, an empty node and an event record node are added with cuGraphAddNode (edge data given). Node
-// types, root and full node arrays and dependencies are checked; the graph is instantiated with
-// CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY and launched; the executable graph's kernel nodes and child
-// graph are updated between launches (cuGraphExecKernelNodeSetParams, cuGraphExecChildGraphNodeSetParams) and
-// a node of the graph itself is changed for a second executable graph. Every launch is compared with a CPU
-// reference. Calls the driver must refuse print the error they got (the native run is the reference).
+// graphs_explicit: graphs built the way XLA's command buffers build them (JAX), through the driver entry
+// points cudart hands out (cudaGetDriverEntryPointByVersion, at the versions XLA asks for). Work is captured
+// into an existing graph (cuStreamBeginCaptureToGraph, thread-local mode), which becomes a child graph node
+// of an outer graph; kernel nodes (a CUfunction with kernelParams, a CUkernel with an `extra` buffer), a
+// memset, a device to device memcpy, an empty node and an event record node are added with cuGraphAddNode
+// (edge data given). Node types, root and full node arrays and dependencies are checked; the graph is
+// instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY and launched; the executable graph's kernel
+// nodes and child graph are updated between launches (cuGraphExecKernelNodeSetParams,
+// cuGraphExecChildGraphNodeSetParams) and a node of the graph itself is changed for a second executable
+// graph. Every launch is compared with a CPU reference. Calls the driver must refuse print the error they got
+// (the native run is the reference).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -108,21 +109,28 @@ const char* error_name(CUresult r) {
     return s;
 }
 
-#define DRV(call)                                                                                     \
-    do {                                                                                              \
-        CUresult r_ = (call);                                                                         \
-        if (r_ != CUDA_SUCCESS) fail("%s returned %s at line %d", #call, error_name(r_), __LINE__);  \
+#define DRV(call)                                                                                   \
+    do {                                                                                            \
+        CUresult r_ = (call);                                                                       \
+        if (r_ != CUDA_SUCCESS) fail("%s returned %s at line %d", #call, error_name(r_), __LINE__); \
     } while (0)
 
 const char* type_name(CUgraphNodeType t) {
     switch (t) {
-        case CU_GRAPH_NODE_TYPE_KERNEL: return "kernel";
-        case CU_GRAPH_NODE_TYPE_MEMCPY: return "memcpy";
-        case CU_GRAPH_NODE_TYPE_MEMSET: return "memset";
-        case CU_GRAPH_NODE_TYPE_GRAPH: return "graph";
-        case CU_GRAPH_NODE_TYPE_EMPTY: return "empty";
-        case CU_GRAPH_NODE_TYPE_EVENT_RECORD: return "event_record";
-        default: return "other";
+        case CU_GRAPH_NODE_TYPE_KERNEL:
+            return "kernel";
+        case CU_GRAPH_NODE_TYPE_MEMCPY:
+            return "memcpy";
+        case CU_GRAPH_NODE_TYPE_MEMSET:
+            return "memset";
+        case CU_GRAPH_NODE_TYPE_GRAPH:
+            return "graph";
+        case CU_GRAPH_NODE_TYPE_EMPTY:
+            return "empty";
+        case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+            return "event_record";
+        default:
+            return "other";
     }
 }
 
@@ -132,8 +140,8 @@ CUgraphNodeType type_of(CUgraphNode node) {
     return t;
 }
 
-// What one launch of the outer graph does, on the host: the child graph (x = base + i; y = y * a_child + x), then
-// z = z * a1 + y and z += v2, a memset of w and a copy of z into w2.
+// What one launch of the outer graph does, on the host: the child graph (x = base + i; y = y * a_child + x),
+// then z = z * a1 + y and z += v2, a memset of w and a copy of z into w2.
 struct reference {
     std::vector<unsigned> x, y, z, w, w2;
     void launch(unsigned base, unsigned a_child, unsigned a1, unsigned v2) {
@@ -154,12 +162,17 @@ struct buffers {
 void expect_results(const char* when, const buffers& b, const reference& ref) {
     std::vector<unsigned> got(n);
     const std::pair<const char*, std::pair<unsigned*, const std::vector<unsigned>*>> all[] = {
-        {"x", {b.x, &ref.x}}, {"y", {b.y, &ref.y}}, {"z", {b.z, &ref.z}}, {"w", {b.w, &ref.w}}, {"w2", {b.w2, &ref.w2}}};
+        {"x", {b.x, &ref.x}},
+        {"y", {b.y, &ref.y}},
+        {"z", {b.z, &ref.z}},
+        {"w", {b.w, &ref.w}},
+        {"w2", {b.w2, &ref.w2}}};
     uint64_t digest = 0xcbf29ce484222325ull;
     for (auto& [name, bufs] : all) {
         CHECK(cudaMemcpy(got.data(), bufs.first, bytes, cudaMemcpyDeviceToHost));
         for (int i = 0; i < n; ++i)
-            if (got[i] != (*bufs.second)[i]) fail("%s: %s[%d] = %u, expected %u", when, name, i, got[i], (*bufs.second)[i]);
+            if (got[i] != (*bufs.second)[i])
+                fail("%s: %s[%d] = %u, expected %u", when, name, i, got[i], (*bufs.second)[i]);
         digest = fnv1a(got.data(), bytes, digest);
     }
     printf("%s: ok (digest %016llx)\n", when, static_cast<unsigned long long>(digest));
@@ -170,7 +183,8 @@ void capture_child(CUgraph g, cudaStream_t s, const buffers& b, unsigned base, u
     DRV(drv.begin_capture_to_graph(s, g, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
     CUstreamCaptureStatus st{};
     DRV(drv.is_capturing(s, &st));
-    EXPECT(st == CU_STREAM_CAPTURE_STATUS_ACTIVE, "the stream is not capturing into the graph (status %d)", int(st));
+    EXPECT(st == CU_STREAM_CAPTURE_STATUS_ACTIVE, "the stream is not capturing into the graph (status %d)",
+           int(st));
     cuuint64_t id = 0;
     CUgraph into = nullptr;
     DRV(drv.capture_info(s, &st, &id, &into, nullptr, nullptr, nullptr));
@@ -265,7 +279,8 @@ int main() {
     DRV(drv.get_root_nodes(inner, nullptr, &roots));
     DRV(drv.get_nodes(inner, nullptr, &count));
     printf("captured graph: %zu nodes, %zu root\n", count, roots);
-    EXPECT(count == 2 && roots == 1, "the captured graph has %zu nodes and %zu roots, expected 2 and 1", count, roots);
+    EXPECT(count == 2 && roots == 1, "the captured graph has %zu nodes and %zu roots, expected 2 and 1",
+           count, roots);
     CUgraphNode inner_nodes[4] = {}, inner_root = nullptr;
     count = 4;
     DRV(drv.get_nodes(inner, inner_nodes, &count));
@@ -285,9 +300,11 @@ int main() {
     printf("captured nodes: %s, %s; the second depends on the root: %s, default edge: %s\n",
            type_name(type_of(inner_nodes[0])), type_name(type_of(inner_nodes[1])),
            deps == 1 && dep == inner_root ? "yes" : "no", default_edge ? "yes" : "no");
-    EXPECT(type_of(inner_nodes[0]) == CU_GRAPH_NODE_TYPE_KERNEL && type_of(inner_nodes[1]) == CU_GRAPH_NODE_TYPE_KERNEL,
+    EXPECT(type_of(inner_nodes[0]) == CU_GRAPH_NODE_TYPE_KERNEL &&
+               type_of(inner_nodes[1]) == CU_GRAPH_NODE_TYPE_KERNEL,
            "captured launches are not kernel nodes");
-    EXPECT(deps == 1 && dep == inner_root && default_edge, "the second captured node does not depend on the first");
+    EXPECT(deps == 1 && dep == inner_root && default_edge,
+           "the second captured node does not depend on the first");
 
     // ---- the outer graph, node by node
     CUgraphNode child = nullptr;
@@ -301,11 +318,13 @@ int main() {
     unsigned a1 = 5;
     void* axpy_params[] = {&zv, &yv, &count_n, &a1};
     CUgraphNodeParams p = kernel_node(axpy_fn, nullptr, axpy_params, nullptr);
-    CUgraphNode k1 = nullptr, k2 = nullptr, memset_node = nullptr, copy_node = nullptr, join = nullptr, record = nullptr;
+    CUgraphNode k1 = nullptr, k2 = nullptr, memset_node = nullptr, copy_node = nullptr, join = nullptr,
+                record = nullptr;
     DRV(drv.add_node(&k1, outer, &child, edge, 1, &p));
     add_args add{b.z, n, 7};
     size_t add_size = sizeof add;
-    void* add_extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &add, CU_LAUNCH_PARAM_BUFFER_SIZE, &add_size, CU_LAUNCH_PARAM_END};
+    void* add_extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &add, CU_LAUNCH_PARAM_BUFFER_SIZE, &add_size,
+                         CU_LAUNCH_PARAM_END};
     p = kernel_node(nullptr, reinterpret_cast<CUkernel>(add_kernel), nullptr, add_extra);
     DRV(drv.add_node(&k2, outer, &k1, edge, 1, &p));
     std::memset(&p, 0, sizeof p);
@@ -344,8 +363,9 @@ int main() {
     printf("outer nodes:");
     for (size_t i = 0; i < 7; ++i) printf(" %s=%s", names[i], type_name(type_of(mine[i])));
     printf("\n");
-    const CUgraphNodeType want[] = {CU_GRAPH_NODE_TYPE_GRAPH,  CU_GRAPH_NODE_TYPE_KERNEL, CU_GRAPH_NODE_TYPE_KERNEL,
-                                    CU_GRAPH_NODE_TYPE_MEMSET, CU_GRAPH_NODE_TYPE_MEMCPY, CU_GRAPH_NODE_TYPE_EMPTY,
+    const CUgraphNodeType want[] = {CU_GRAPH_NODE_TYPE_GRAPH,       CU_GRAPH_NODE_TYPE_KERNEL,
+                                    CU_GRAPH_NODE_TYPE_KERNEL,      CU_GRAPH_NODE_TYPE_MEMSET,
+                                    CU_GRAPH_NODE_TYPE_MEMCPY,      CU_GRAPH_NODE_TYPE_EMPTY,
                                     CU_GRAPH_NODE_TYPE_EVENT_RECORD};
     for (size_t i = 0; i < 7; ++i)
         EXPECT(type_of(mine[i]) == want[i], "node %s has type %s", names[i], type_name(type_of(mine[i])));
@@ -358,15 +378,17 @@ int main() {
     roots = 3;
     DRV(drv.get_root_nodes(outer, root_list, &roots));
     const bool right_roots = roots == 2 && std::count(root_list, root_list + 2, child) == 1 &&
-                             std::count(root_list, root_list + 2, memset_node) == 1 && root_list[2] == nullptr;
+                             std::count(root_list, root_list + 2, memset_node) == 1 &&
+                             root_list[2] == nullptr;
     CUgraphNode join_deps[2] = {};
     CUgraphEdgeData join_edges[2];
     deps = 2;
     DRV(drv.get_dependencies(join, join_deps, join_edges, &deps));
     const bool right_join = deps == 2 && std::count(join_deps, join_deps + 2, memset_node) == 1 &&
                             std::count(join_deps, join_deps + 2, copy_node) == 1;
-    printf("outer graph: all 7 nodes listed: %s, roots child and memset: %s, join after memset and memcpy: %s\n",
-           all_listed ? "yes" : "no", right_roots ? "yes" : "no", right_join ? "yes" : "no");
+    printf(
+        "outer graph: all 7 nodes listed: %s, roots child and memset: %s, join after memset and memcpy: %s\n",
+        all_listed ? "yes" : "no", right_roots ? "yes" : "no", right_join ? "yes" : "no");
     EXPECT(all_listed && right_roots && right_join, "the outer graph's node lists are wrong");
 
     // ---- instantiate as XLA does, launch
@@ -391,7 +413,8 @@ int main() {
     CUDA_KERNEL_NODE_PARAMS u1 = kernel_update(axpy_fn, nullptr, axpy_params, nullptr);
     unsigned v2 = 11;
     void* add_params[] = {&zv, &count_n, &v2};
-    CUDA_KERNEL_NODE_PARAMS u2 = kernel_update(nullptr, reinterpret_cast<CUkernel>(add_kernel), add_params, nullptr);
+    CUDA_KERNEL_NODE_PARAMS u2 =
+        kernel_update(nullptr, reinterpret_cast<CUkernel>(add_kernel), add_params, nullptr);
     // Through vcuda these are answered and queued locally: no round trip (natively there is no counter).
     unsigned long long trips_mid = 0, trips_after = 0;
     const bool counted = vcuda_round_trips(&trips_mid);
@@ -405,7 +428,8 @@ int main() {
         vcuda_round_trips(&trips_after);
         printf("info: through vcuda: 20 kernel node updates and 10 type queries made %llu round trips\n",
                trips_after - trips_mid);
-        EXPECT(trips_after == trips_mid, "kernel node updates or type queries waited for the server (%llu round trips)",
+        EXPECT(trips_after == trips_mid,
+               "kernel node updates or type queries waited for the server (%llu round trips)",
                trips_after - trips_mid);
     }
     DRV(drv.launch(exec, run_stream));

@@ -1,10 +1,11 @@
-// host_register: the application's own memory registered with cudaHostRegister. Mapped (cudaHostRegisterMapped,
-// with Portable, and ReadOnly for the input): a kernel reads one malloc'd buffer and writes another through the
-// device pointers cudaHostGetDevicePointer gives; the host sees the results after a synchronize, and its own writes
-// reach the next launch. The buffers keep their contents across registration and unregistration, and register
-// mapped again. Default flags: copies from and into the registered buffer. Through vcuda the mapped part needs a
-// server on this host (Unix socket): over TCP cudaHostRegister(Mapped) answers cudaErrorNotSupported, which the
-// program reports as its one line and stops with exit code 3 (see tests/programs/CMakeLists.txt).
+// host_register: the application's own memory registered with cudaHostRegister. Mapped
+// (cudaHostRegisterMapped, with Portable, and ReadOnly for the input): a kernel reads one malloc'd buffer and
+// writes another through the device pointers cudaHostGetDevicePointer gives; the host sees the results after
+// a synchronize, and its own writes reach the next launch. The buffers keep their contents across
+// registration and unregistration, and register mapped again. Default flags: copies from and into the
+// registered buffer. Through vcuda the mapped part needs a server on this host (Unix socket): over TCP
+// cudaHostRegister(Mapped) answers cudaErrorNotSupported, which the program reports as its one line and stops
+// with exit code 3 (see tests/programs/CMakeLists.txt).
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -31,9 +32,10 @@ int main() {
     std::memset(out, 0xab, bytes);
 
     CHECK(cudaFree(nullptr));  // a context first, as the driver requires for registration
-    int read_only = 0;  // read-only registration is not offered on every system
+    int read_only = 0;         // read-only registration is not offered on every system
     CHECK(cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, 0));
-    cudaError_t e = cudaHostRegister(in, bytes, cudaHostRegisterMapped | (read_only ? cudaHostRegisterReadOnly : 0));
+    cudaError_t e =
+        cudaHostRegister(in, bytes, cudaHostRegisterMapped | (read_only ? cudaHostRegisterReadOnly : 0));
     if (e == cudaErrorNotSupported) {
         std::printf("mapped registered host memory not supported here: %s\n", cudaGetErrorName(e));
         return 3;
@@ -43,7 +45,8 @@ int main() {
     // The contents survive registration.
     if (in_block[0] != 0x12345678u) fail("the word before the registered range changed");
     for (int i = 0; i < n; ++i)
-        if (in[i] != static_cast<unsigned>(i * 7 % 1000)) fail("in[%d] changed by registration: %u", i, in[i]);
+        if (in[i] != static_cast<unsigned>(i * 7 % 1000))
+            fail("in[%d] changed by registration: %u", i, in[i]);
     for (int i = 0; i < n; ++i)
         if (out[i] != 0xababababu) fail("out[%d] changed by registration: %#x", i, out[i]);
     unsigned* d_in = nullptr;
@@ -99,12 +102,14 @@ int main() {
     CHECK(cudaGetLastError());
     CHECK(cudaMemcpy(out, dev, bytes, cudaMemcpyDeviceToHost));
     for (int i = 0; i < n; ++i)
-        if (out[i] != static_cast<unsigned>(i) * 3u + 5u) fail("copies through registered memory: out[%d] = %u", i, out[i]);
+        if (out[i] != static_cast<unsigned>(i) * 3u + 5u)
+            fail("copies through registered memory: out[%d] = %u", i, out[i]);
     if (cudaHostRegister(out, bytes, cudaHostRegisterDefault) != cudaErrorHostMemoryAlreadyRegistered)
         fail("registering the same range twice was not refused");
     cudaGetLastError();
     CHECK(cudaHostUnregister(out));
-    if (cudaHostUnregister(out) != cudaErrorHostMemoryNotRegistered) fail("unregistering twice was not refused");
+    if (cudaHostUnregister(out) != cudaErrorHostMemoryNotRegistered)
+        fail("unregistering twice was not refused");
     cudaGetLastError();
     std::printf("copies from and into registered memory: ok\n");
 

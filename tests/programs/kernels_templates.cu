@@ -155,10 +155,11 @@ int main() {
     float sf = device_sum(hf, "float");
     int si = device_sum(hi, "int");
     double sd = device_sum(hd, "double");
-    EXPECT(std::fabs(sf - ref_f) <= 1e-5 * std::fabs(ref_f), "reduce_sum<float> = %.9g, expected %.9g", sf, ref_f);
+    EXPECT(std::fabs(sf - ref_f) <= 1e-5 * std::fabs(ref_f), "reduce_sum<float> = %.9g, expected %.9g", sf,
+           ref_f);
     EXPECT(si == ref_i, "reduce_sum<int> = %d, expected %lld", si, ref_i);
-    EXPECT(std::fabs(sd - ref_d) <= 1e-12 * std::fabs(ref_d), "reduce_sum<double> = %.17g, expected %.17g", sd,
-           ref_d);
+    EXPECT(std::fabs(sd - ref_d) <= 1e-12 * std::fabs(ref_d), "reduce_sum<double> = %.17g, expected %.17g",
+           sd, ref_d);
     printf("reduce_sum<float>: %.7g\n", sf);
     printf("reduce_sum<int>: %d\n", si);
     printf("reduce_sum<double>: %.15g\n", sd);
@@ -236,8 +237,10 @@ int main() {
         int out[8];
         CHECK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
         const int want[7] = {'Z', 3250, -1234, 750, 0x1234567, static_cast<int>(0x89abcdef), 200};
-        for (int i = 0; i < 7; ++i) EXPECT(out[i] == want[i], "kt_mixed_params out[%d] = %d, expected %d", i, out[i], want[i]);
-        printf("kt_mixed_params: %d %d %d %d %#x %#x %d\n", out[0], out[1], out[2], out[3], out[4], out[5], out[6]);
+        for (int i = 0; i < 7; ++i)
+            EXPECT(out[i] == want[i], "kt_mixed_params out[%d] = %d, expected %d", i, out[i], want[i]);
+        printf("kt_mixed_params: %d %d %d %d %#x %#x %d\n", out[0], out[1], out[2], out[3], out[4], out[5],
+               out[6]);
         CHECK(cudaFree(dout));
     }
     return pass();

@@ -1,7 +1,8 @@
-// late_thread: kernels looked up and launched by threads started after the library was loaded, the lookup made
-// before the thread has a context (context-free in CUDA: cuLibraryGetKernel), then the launch with the context
-// made current. Through vcuda such a thread is a new lane whose first call names no device: the kernel's
-// parameter layout must still be the real one (it once came back empty, and the launch crashed the server).
+// late_thread: kernels looked up and launched by threads started after the library was loaded, the lookup
+// made before the thread has a context (context-free in CUDA: cuLibraryGetKernel), then the launch with the
+// context made current. Through vcuda such a thread is a new lane whose first call names no device: the
+// kernel's parameter layout must still be the real one (it once came back empty, and the launch crashed the
+// server).
 #include <cuda.h>
 
 #include <thread>
@@ -25,7 +26,8 @@ int main() {
     for (int i = 0; i < n; ++i) host[i] = static_cast<float>(i % 1000) - 500.0f;
     CU_CHECK(cuMemcpyHtoD(x, host.data(), n * sizeof(float)));
 
-    // Thread 1: no context when it looks drv_scale up; launches it (CUkernel cast to CUfunction, as cudart does).
+    // Thread 1: no context when it looks drv_scale up; launches it (CUkernel cast to CUfunction, as cudart
+    // does).
     std::thread([&] {
         CUcontext none = reinterpret_cast<CUcontext>(1);
         CU_CHECK(cuCtxGetCurrent(&none));
@@ -36,7 +38,8 @@ int main() {
         float a = -2.5f;
         int count = n;
         void* params[] = {&x, &a, &count};
-        CU_CHECK(cuLaunchKernel(reinterpret_cast<CUfunction>(k), (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, params, nullptr));
+        CU_CHECK(cuLaunchKernel(reinterpret_cast<CUfunction>(k), (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr,
+                                params, nullptr));
         CU_CHECK(cuCtxSynchronize());
     }).join();
 
@@ -53,8 +56,10 @@ int main() {
             int n;
         } packed{y, 7, n};
         size_t size = sizeof packed;
-        void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
-        CU_CHECK(cuLaunchKernel(reinterpret_cast<CUfunction>(k), (n + 127) / 128, 1, 1, 128, 1, 1, 0, s, nullptr, extra));
+        void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                         CU_LAUNCH_PARAM_END};
+        CU_CHECK(cuLaunchKernel(reinterpret_cast<CUfunction>(k), (n + 127) / 128, 1, 1, 128, 1, 1, 0, s,
+                                nullptr, extra));
         CU_CHECK(cuStreamSynchronize(s));
         CU_CHECK(cuStreamDestroy(s));
     }).join();

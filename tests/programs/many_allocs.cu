@@ -43,7 +43,8 @@ int main() {
             for (size_t j = 0; j < size[i]; ++j) {
                 unsigned char want = i % 10 == 0 ? static_cast<unsigned char>(i * 7 + j * 3 + round)
                                                  : static_cast<unsigned char>(i & 0xff);
-                if (buf[j] != want) fail("round %d allocation %d byte %zu = %#x, expected %#x", round, i, j, buf[j], want);
+                if (buf[j] != want)
+                    fail("round %d allocation %d byte %zu = %#x, expected %#x", round, i, j, buf[j], want);
             }
         }
         printf("round %d: contents of %d allocations ok\n", round, count / 5);

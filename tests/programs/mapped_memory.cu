@@ -1,8 +1,9 @@
-// mapped_memory: zero-copy host memory (cudaHostAllocMapped): a kernel reads the host pages through the device
-// pointer cudaHostGetDevicePointer gives and writes its results into other host pages, which the host reads
-// after a synchronize, with no cudaMemcpy at all; then pinned copies from and into such memory. Through vcuda
-// this needs a server on the same host (Unix socket): over TCP cudaHostGetDevicePointer answers
-// cudaErrorNotSupported, which the program reports as its one line and stops (see tests/programs/CMakeLists.txt).
+// mapped_memory: zero-copy host memory (cudaHostAllocMapped): a kernel reads the host pages through the
+// device pointer cudaHostGetDevicePointer gives and writes its results into other host pages, which the host
+// reads after a synchronize, with no cudaMemcpy at all; then pinned copies from and into such memory. Through
+// vcuda this needs a server on the same host (Unix socket): over TCP cudaHostGetDevicePointer answers
+// cudaErrorNotSupported, which the program reports as its one line and stops (see
+// tests/programs/CMakeLists.txt).
 #include <cuda_runtime.h>
 
 #include <cstring>

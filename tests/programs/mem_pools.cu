@@ -1,6 +1,6 @@
-// mem_pools: stream-ordered allocation and memory pools — cudaMallocAsync/cudaFreeAsync on a stream, the device's
-// default and current pools, a pool of its own (attributes, access, trim, cudaMallocFromPoolAsync, destroy),
-// kernels and copies on pooled memory, a free of a pointer that is not an allocation.
+// mem_pools: stream-ordered allocation and memory pools — cudaMallocAsync/cudaFreeAsync on a stream, the
+// device's default and current pools, a pool of its own (attributes, access, trim, cudaMallocFromPoolAsync,
+// destroy), kernels and copies on pooled memory, a free of a pointer that is not an allocation.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -71,7 +71,8 @@ int main() {
     CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&c), 4096 * sizeof(int), pool, s));
     uint64_t used = 0;
     CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
-    printf("own pool in use with two allocations: %s\n", used >= (n + 4096) * sizeof(int) ? "at least their size" : "too little");
+    printf("own pool in use with two allocations: %s\n",
+           used >= (n + 4096) * sizeof(int) ? "at least their size" : "too little");
     fill_and_check(b, n, -3, s, "cudaMallocFromPoolAsync");
     CHECK(cudaMemcpyAsync(c, b + 1000, 4096 * sizeof(int), cudaMemcpyDeviceToDevice, s));
     std::vector<int> h(4096);

@@ -1,7 +1,7 @@
-// memset_widths: the runtime's memsets — cudaMemset (byte values at odd offsets and lengths), cudaMemsetAsync,
-// cudaMemset2D and cudaMemset2DAsync on pitched memory — checked on the host after a copy back and on the
-// device by a kernel that counts mismatches. The runtime only exposes byte memsets; the 16- and 32-bit widths
-// are exercised through the driver API by driver_memset.
+// memset_widths: the runtime's memsets — cudaMemset (byte values at odd offsets and lengths),
+// cudaMemsetAsync, cudaMemset2D and cudaMemset2DAsync on pitched memory — checked on the host after a copy
+// back and on the device by a kernel that counts mismatches. The runtime only exposes byte memsets; the 16-
+// and 32-bit widths are exercised through the driver API by driver_memset.
 #include <cuda_runtime.h>
 
 #include <vector>

@@ -1,11 +1,11 @@
 // multi_thread: four std::threads share the device, each with streams of its own. Thread 0 launches a kernel
 // that spins for 400 ms and blocks in cudaStreamSynchronize on it; threads 1-3, started once the spin kernel
-// is queued (their streams and buffers made before), each run 30 rounds of copy in / kernel / copy out / synchronize on their two streams and check
-// every result. A blocking synchronize in one thread must not stall the others: they finish before it.
-// Usage: multi_thread [SPIN_MS [serial]]   (default 400). `serial`: the driver runs each kernel inside its launch
-// call (CI's software driver), so the long kernel holds up whatever is ordered after its launch — with vcuda,
-// every later call of the other threads (calls keep their order across threads). Then the overlap is only
-// reported; on a GPU it is required.
+// is queued (their streams and buffers made before), each run 30 rounds of copy in / kernel / copy out /
+// synchronize on their two streams and check every result. A blocking synchronize in one thread must not
+// stall the others: they finish before it. Usage: multi_thread [SPIN_MS [serial]]   (default 400). `serial`:
+// the driver runs each kernel inside its launch call (CI's software driver), so the long kernel holds up
+// whatever is ordered after its launch — with vcuda, every later call of the other threads (calls keep their
+// order across threads). Then the overlap is only reported; on a GPU it is required.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -74,8 +74,9 @@ static void worker(int id, worker_result* res) {
             for (int i = 0; i < n; ++i) {
                 int want = (i + id * 1000 + r * 10 + k) * 2 + id;
                 if (h[k][i] != want) {
-                    snprintf(res->error, sizeof res->error, "thread %d round %d stream %d: [%d] = %d, expected %d",
-                             id, r, k, i, h[k][i], want);
+                    snprintf(res->error, sizeof res->error,
+                             "thread %d round %d stream %d: [%d] = %d, expected %d", id, r, k, i, h[k][i],
+                             want);
                     res->done = clock_type::now();
                     return;
                 }
@@ -137,19 +138,24 @@ int main(int argc, char** argv) {
     printf("info: long synchronize returned after %.1f ms\n", long_ms);
     printf("long kernel flag: %d\n", long_flag);
     EXPECT(long_flag == 1, "the spin kernel did not finish");
-    EXPECT(long_ms >= spin_ns / 1e6 * 0.9, "cudaStreamSynchronize returned after %.1f ms, before the kernel's %llu ms",
-           long_ms, spin_ns / 1000000);
+    EXPECT(long_ms >= spin_ns / 1e6 * 0.9,
+           "cudaStreamSynchronize returned after %.1f ms, before the kernel's %llu ms", long_ms,
+           spin_ns / 1000000);
     bool all_before = true;
     for (int id = 1; id <= 3; ++id) {
         if (res[id].error[0]) fail("%s", res[id].error);
         printf("thread %d: %d rounds ok\n", id, res[id].rounds_ok);
-        printf("info: thread %d finished %.1f ms after the long launch\n", id, ms(res[id].done - long_start).count());
+        printf("info: thread %d finished %.1f ms after the long launch\n", id,
+               ms(res[id].done - long_start).count());
         EXPECT(res[id].rounds_ok == rounds, "thread %d: %d rounds", id, res[id].rounds_ok);
         if (res[id].done >= long_done) all_before = false;
     }
-    printf("the other threads finished before the long synchronize returned: %s\n", all_before ? "yes" : "no");
+    printf("the other threads finished before the long synchronize returned: %s\n",
+           all_before ? "yes" : "no");
     if (!serial_driver)
-        EXPECT(all_before, "a thread finished after the long synchronize: one thread's blocking synchronize stalled the others");
+        EXPECT(all_before,
+               "a thread finished after the long synchronize: one thread's blocking synchronize stalled the "
+               "others");
     CHECK(cudaFree(flag));
     return pass();
 }

@@ -10,11 +10,11 @@
 
 #include "common.cuh"
 
-#define CHECK_NCCL(call)                                                                                  \
-    do {                                                                                                  \
-        ncclResult_t r_ = (call);                                                                         \
-        if (r_ != ncclSuccess)                                                                            \
-            fail("%s returned %d (%s) at line %d", #call, int(r_), ncclGetErrorString(r_), __LINE__);     \
+#define CHECK_NCCL(call)                                                                              \
+    do {                                                                                              \
+        ncclResult_t r_ = (call);                                                                     \
+        if (r_ != ncclSuccess)                                                                        \
+            fail("%s returned %d (%s) at line %d", #call, int(r_), ncclGetErrorString(r_), __LINE__); \
     } while (0)
 
 int main() {
@@ -34,8 +34,8 @@ int main() {
     CHECK_NCCL(ncclCommUserRank(comm, &rank));
     CHECK_NCCL(ncclCommCuDevice(comm, &dev));
     printf("communicator: %d rank(s), rank %d on device %d\n", nranks, rank, dev);
-    EXPECT(nranks == 1 && rank == 0 && dev == 0, "unexpected communicator: %d ranks, rank %d, device %d", nranks,
-           rank, dev);
+    EXPECT(nranks == 1 && rank == 0 && dev == 0, "unexpected communicator: %d ranks, rank %d, device %d",
+           nranks, rank, dev);
 
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -46,7 +46,8 @@ int main() {
     std::vector<float> in(n), out(n, -1.0f);
     std::vector<int32_t> ints(n), ints_out(n, -1);
     for (size_t i = 0; i < n; ++i) {
-        in[i] = static_cast<float>(static_cast<int>(g.u32() % 2001) - 1000) / 8.0f;  // exact: multiples of 1/8
+        in[i] =
+            static_cast<float>(static_cast<int>(g.u32() % 2001) - 1000) / 8.0f;  // exact: multiples of 1/8
         ints[i] = static_cast<int32_t>(g.u32());
     }
 
@@ -68,8 +69,9 @@ int main() {
         if (out[i] != in[i]) fail("out-of-place sum: recv[%zu] = %.9g, expected %.9g", i, out[i], in[i]);
         sum += out[i];
     }
-    printf("allreduce float sum out of place, n = %zu: ok, checksum = %.3f, recv[0] = %.3f, recv[n-1] = %.3f\n", n,
-           sum, out[0], out[n - 1]);
+    printf(
+        "allreduce float sum out of place, n = %zu: ok, checksum = %.3f, recv[0] = %.3f, recv[n-1] = %.3f\n",
+        n, sum, out[0], out[n - 1]);
 
     // --- in place, two operations in one group
     CHECK_NCCL(ncclGroupStart());

@@ -16,10 +16,14 @@ extern "C" __global__ void pm_negate(int* d, int n) {
 
 static const char* type_name(cudaMemoryType t) {
     switch (t) {
-        case cudaMemoryTypeUnregistered: return "unregistered";
-        case cudaMemoryTypeHost: return "host";
-        case cudaMemoryTypeDevice: return "device";
-        case cudaMemoryTypeManaged: return "managed";
+        case cudaMemoryTypeUnregistered:
+            return "unregistered";
+        case cudaMemoryTypeHost:
+            return "host";
+        case cudaMemoryTypeDevice:
+            return "device";
+        case cudaMemoryTypeManaged:
+            return "managed";
     }
     return "?";
 }
@@ -56,7 +60,8 @@ static void round_trip(const char* what, int* src, int* dst, int n, int* d, cuda
         CHECK(cudaMemcpy(dst, d, n * sizeof(int), cudaMemcpyDeviceToHost));
     }
     for (int i = 0; i < n; ++i)
-        if (dst[i] != -(i * 5 + 1) + i) fail("%s (%s): dst[%d] = %d", what, async ? "async" : "sync", i, dst[i]);
+        if (dst[i] != -(i * 5 + 1) + i)
+            fail("%s (%s): dst[%d] = %d", what, async ? "async" : "sync", i, dst[i]);
     printf("%s: %s round trip ok\n", what, async ? "async" : "sync");
 }
 
@@ -102,7 +107,8 @@ int main() {
     // cudaHostRegister of ordinary, page-aligned memory, with default and portable flags.
     const unsigned reg_flags[] = {cudaHostRegisterDefault, cudaHostRegisterPortable};
     for (unsigned f : reg_flags) {
-        const char* name = f == cudaHostRegisterDefault ? "cudaHostRegisterDefault" : "cudaHostRegisterPortable";
+        const char* name =
+            f == cudaHostRegisterDefault ? "cudaHostRegisterDefault" : "cudaHostRegisterPortable";
         void* raw = aligned_alloc(4096, bytes);
         EXPECT(raw != nullptr, "aligned_alloc failed");
         int* r = static_cast<int*>(raw);

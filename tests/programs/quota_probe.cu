@@ -1,7 +1,7 @@
 // quota_probe (GPU suite, under `vcuda-server --memory-quota`): allocates 256 MiB blocks until an allocation
-// fails, prints how many succeeded and the error, checks the session still works (a memset, a kernel, a copy),
-// frees everything and checks that the space can be allocated again.
-// Usage: quota_probe [MAX_BLOCKS]   (default 64, i.e. stop at 16 GiB even if nothing fails)
+// fails, prints how many succeeded and the error, checks the session still works (a memset, a kernel, a
+// copy), frees everything and checks that the space can be allocated again. Usage: quota_probe [MAX_BLOCKS]
+// (default 64, i.e. stop at 16 GiB even if nothing fails)
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
     printf("256 MiB allocations that succeeded: %zu\n", blocks.size());
     printf("the next one returned: %s\n", cudaGetErrorName(last));
     EXPECT(last != cudaSuccess, "no allocation failed within %d blocks: is a quota set?", max_blocks);
-    EXPECT(last == cudaErrorMemoryAllocation, "the failing allocation returned %s, expected cudaErrorMemoryAllocation",
-           cudaGetErrorName(last));
+    EXPECT(last == cudaErrorMemoryAllocation,
+           "the failing allocation returned %s, expected cudaErrorMemoryAllocation", cudaGetErrorName(last));
     EXPECT(!blocks.empty(), "not even one 256 MiB block could be allocated");
     EXPECT(cudaGetLastError() == cudaErrorMemoryAllocation, "the error was not recorded");
     EXPECT(cudaGetLastError() == cudaSuccess, "the allocation error is sticky");

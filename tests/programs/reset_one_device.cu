@@ -1,9 +1,9 @@
-// reset_one_device: a context reset on one device leaves the other devices' module globals alone. Both devices
-// load the module and write a __device__ array through the address cudaGetSymbolAddress gave; cudaDeviceReset on
-// device 1 must not take device 0's global from it (the server once forgot every device's module globals at any
-// reset, and then refused copies to the address device 0's program kept): device 0's array is written through
-// that address, read by a kernel and read back after the reset, and device 1 uses its own again afterwards.
-// Needs two devices (CI: two software GPUs, VCUDA_SOFT_DEVICES=2).
+// reset_one_device: a context reset on one device leaves the other devices' module globals alone. Both
+// devices load the module and write a __device__ array through the address cudaGetSymbolAddress gave;
+// cudaDeviceReset on device 1 must not take device 0's global from it (the server once forgot every device's
+// module globals at any reset, and then refused copies to the address device 0's program kept): device 0's
+// array is written through that address, read by a kernel and read back after the reset, and device 1 uses
+// its own again afterwards. Needs two devices (CI: two software GPUs, VCUDA_SOFT_DEVICES=2).
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -27,8 +27,8 @@ static int* address_of(int d) {
     return values;
 }
 
-// Writes `base + i` into device d's rd_values through the kept address, and checks it through a kernel, a copy
-// from that address and cudaMemcpyFromSymbol.
+// Writes `base + i` into device d's rd_values through the kept address, and checks it through a kernel, a
+// copy from that address and cudaMemcpyFromSymbol.
 static void write_and_check(int d, int* values, int base) {
     CHECK(cudaSetDevice(d));
     std::vector<int> vals(64), back(64), by_symbol(64), doubled(64);
@@ -43,8 +43,8 @@ static void write_and_check(int d, int* values, int base) {
     CHECK(cudaMemcpyFromSymbol(by_symbol.data(), rd_values, 64 * sizeof(int)));
     for (int i = 0; i < 64; ++i) {
         EXPECT(back[i] == vals[i], "device %d: rd_values[%d] = %d, expected %d", d, i, back[i], vals[i]);
-        EXPECT(by_symbol[i] == vals[i], "device %d: rd_values[%d] by symbol = %d, expected %d", d, i, by_symbol[i],
-               vals[i]);
+        EXPECT(by_symbol[i] == vals[i], "device %d: rd_values[%d] by symbol = %d, expected %d", d, i,
+               by_symbol[i], vals[i]);
         EXPECT(doubled[i] == 2 * vals[i], "device %d: kernel read rd_values[%d] as %d, expected %d", d, i,
                doubled[i] / 2, vals[i]);
     }

@@ -1,7 +1,7 @@
 // stream_memops: cuStreamWriteValue32/64 and cuStreamWaitValue32/64 on device memory, in stream order with
-// copies: words written, waits whose condition an earlier write met (each comparison), a wait in one stream on
-// a word another stream wrote (ordered by an event), and flags and alignments the driver refuses.
-// Linked with -lcuda, no runtime.
+// copies: words written, waits whose condition an earlier write met (each comparison), a wait in one stream
+// on a word another stream wrote (ordered by an event), and flags and alignments the driver refuses. Linked
+// with -lcuda, no runtime.
 #include <cuda.h>
 
 #include <cstring>
@@ -39,7 +39,8 @@ int main() {
     CU_CHECK(cuMemcpyDtoHAsync(&h64, words + 8, 8, s));
     CU_CHECK(cuStreamSynchronize(s));
     std::printf("words: %u 0x%x 0x%llx %u\n", h32[0], h32[1], static_cast<unsigned long long>(h64), h32[4]);
-    EXPECT(h32[0] == 7 && h32[1] == 0xf0 && h64 == 0x1122334455667788ull && h32[4] == 99, "stream memory operations wrote wrong values");
+    EXPECT(h32[0] == 7 && h32[1] == 0xf0 && h64 == 0x1122334455667788ull && h32[4] == 99,
+           "stream memory operations wrote wrong values");
 
     // Across streams: t waits for s's event, then for the word s wrote, then writes its own.
     CUevent e;

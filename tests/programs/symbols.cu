@@ -13,8 +13,8 @@ __constant__ float sym_coeffs[16];
 __device__ unsigned long long sym_counter;
 __device__ int sym_init[4] = {11, 22, 33, 44};
 
-extern "C" __global__ void sym_apply(const int* table, const float* coeffs, float* out, unsigned long long* counter,
-                                     int n) {
+extern "C" __global__ void sym_apply(const int* table, const float* coeffs, float* out,
+                                     unsigned long long* counter, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         out[i] = coeffs[i % 16] * static_cast<float>(table[i % 256]);
@@ -55,7 +55,8 @@ int main() {
     CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&p_coeffs), sym_coeffs));
     CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&p_counter), sym_counter));
     EXPECT(p_table && p_coeffs && p_counter, "null symbol address");
-    printf("info: sym_table at %p, sym_coeffs at %p\n", static_cast<void*>(p_table), static_cast<void*>(p_coeffs));
+    printf("info: sym_table at %p, sym_coeffs at %p\n", static_cast<void*>(p_table),
+           static_cast<void*>(p_coeffs));
 
     const int n = 50000;
     float* d_out;
@@ -112,7 +113,8 @@ int main() {
         EXPECT(all == src, "device-to-device symbol copy differs");
         int first[4];
         CHECK(cudaMemcpy(first, d_src, sizeof first, cudaMemcpyDeviceToHost));
-        for (int i = 0; i < 4; ++i) EXPECT(first[i] == init[i], "sym_init -> device copy [%d] = %d", i, first[i]);
+        for (int i = 0; i < 4; ++i)
+            EXPECT(first[i] == init[i], "sym_init -> device copy [%d] = %d", i, first[i]);
         printf("device-to-device symbol copies: ok\n");
         CHECK(cudaFree(d_src));
         CHECK(cudaStreamDestroy(s));

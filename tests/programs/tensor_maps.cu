@@ -1,9 +1,9 @@
-// tensor_maps: Hopper tensor memory access (TMA). The host encodes a 2D tiled tensor map over a float matrix with
-// cuTensorMapEncodeTiled (found through cudaGetDriverEntryPointByVersion, as CUTLASS, Triton and XLA do); a kernel
-// takes the map by value (__grid_constant__), loads one 16 x 16 tile per block into shared memory with
-// cp.async.bulk.tensor (out-of-bounds elements read as zero) and writes every element * 2 + 1 out. Then
-// cuTensorMapReplaceAddress points the same map at a second matrix and the kernel runs again; an im2col map is
-// encoded; bad arguments are refused. Everything is compared with the CPU.
+// tensor_maps: Hopper tensor memory access (TMA). The host encodes a 2D tiled tensor map over a float matrix
+// with cuTensorMapEncodeTiled (found through cudaGetDriverEntryPointByVersion, as CUTLASS, Triton and XLA
+// do); a kernel takes the map by value (__grid_constant__), loads one 16 x 16 tile per block into shared
+// memory with cp.async.bulk.tensor (out-of-bounds elements read as zero) and writes every element * 2 + 1
+// out. Then cuTensorMapReplaceAddress points the same map at a second matrix and the kernel runs again; an
+// im2col map is encoded; bad arguments are refused. Everything is compared with the CPU.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -15,7 +15,8 @@
 constexpr int box = 16;  // the tile: box x box floats
 
 // One block per tile, box * box threads. out is [tiles y][tiles x][box][box].
-extern "C" __global__ void tm_tile_copy(const __grid_constant__ CUtensorMap map, float* out, float scale, float bias) {
+extern "C" __global__ void tm_tile_copy(const __grid_constant__ CUtensorMap map, float* out, float scale,
+                                        float bias) {
     __shared__ alignas(128) float tile[box][box];
     __shared__ alignas(8) unsigned long long bar;
     const unsigned bar_addr = static_cast<unsigned>(__cvta_generic_to_shared(&bar));
@@ -27,17 +28,20 @@ extern "C" __global__ void tm_tile_copy(const __grid_constant__ CUtensorMap map,
     __syncthreads();
     if (threadIdx.x == 0) {
         const unsigned bytes = sizeof tile;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar_addr), "r"(bytes) : "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar_addr), "r"(bytes)
+                     : "memory");
         const int x = blockIdx.x * box, y = blockIdx.y * box;
         asm volatile(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-            ::"r"(tile_addr), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(bar_addr)
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
+            "{%2, %3}], [%4];" ::"r"(tile_addr),
+            "l"(reinterpret_cast<unsigned long long>(&map)), "r"(x), "r"(y), "r"(bar_addr)
             : "memory");
     }
     unsigned done = 0;
     do {
         asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}\n"
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, "
+            "p;\n}\n"
             : "=r"(done)
             : "r"(bar_addr)
             : "memory");
@@ -57,7 +61,8 @@ void* driver_entry(const char* name) {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
     CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || !fn) fail("%s: no driver entry point (%d)", name, static_cast<int>(q));
+    if (q != cudaDriverEntryPointSuccess || !fn)
+        fail("%s: no driver entry point (%d)", name, static_cast<int>(q));
     return fn;
 }
 
@@ -66,7 +71,8 @@ void check_cu(CUresult rc, const char* what) {
 }
 
 // Runs the kernel over the matrix `map` describes (rows x cols) and compares with host[] * 2 + 1 per tile.
-void run_and_check(const CUtensorMap& map, const std::vector<float>& host, int rows, int cols, const char* what) {
+void run_and_check(const CUtensorMap& map, const std::vector<float>& host, int rows, int cols,
+                   const char* what) {
     const int tiles_x = (cols + box - 1) / box, tiles_y = (rows + box - 1) / box;
     const size_t n_out = size_t(tiles_x) * tiles_y * box * box;
     float* d_out = nullptr;
@@ -84,10 +90,13 @@ void run_and_check(const CUtensorMap& map, const std::vector<float>& host, int r
             for (int r = 0; r < box; ++r)
                 for (int c = 0; c < box; ++c) {
                     const int y = ty * box + r, x = tx * box + c;
-                    const float v = (y < rows && x < cols) ? host[size_t(y) * cols + x] : 0.0f;  // OOB reads zero
+                    const float v =
+                        (y < rows && x < cols) ? host[size_t(y) * cols + x] : 0.0f;  // OOB reads zero
                     const float want = v * 2.0f + 1.0f;
                     const float got = out[((size_t(ty) * tiles_x + tx) * box + r) * box + c];
-                    if (got != want) fail("%s: tile (%d, %d) element (%d, %d) = %g, want %g", what, tx, ty, r, c, got, want);
+                    if (got != want)
+                        fail("%s: tile (%d, %d) element (%d, %d) = %g, want %g", what, tx, ty, r, c, got,
+                             want);
                     sum += got;
                 }
     std::printf("%s: %d x %d tiles of %d x %d ok, checksum %.0f\n", what, tiles_x, tiles_y, box, box, sum);
@@ -96,11 +105,15 @@ void run_and_check(const CUtensorMap& map, const std::vector<float>& host, int r
 }  // namespace
 
 int main() {
-    encode_tiled = reinterpret_cast<decltype(&::cuTensorMapEncodeTiled)>(driver_entry("cuTensorMapEncodeTiled"));
-    encode_im2col = reinterpret_cast<decltype(&::cuTensorMapEncodeIm2col)>(driver_entry("cuTensorMapEncodeIm2col"));
-    replace_address = reinterpret_cast<decltype(&::cuTensorMapReplaceAddress)>(driver_entry("cuTensorMapReplaceAddress"));
+    encode_tiled =
+        reinterpret_cast<decltype(&::cuTensorMapEncodeTiled)>(driver_entry("cuTensorMapEncodeTiled"));
+    encode_im2col =
+        reinterpret_cast<decltype(&::cuTensorMapEncodeIm2col)>(driver_entry("cuTensorMapEncodeIm2col"));
+    replace_address =
+        reinterpret_cast<decltype(&::cuTensorMapReplaceAddress)>(driver_entry("cuTensorMapReplaceAddress"));
 
-    // 90 x 72 floats: rows of 288 bytes (a multiple of 16, as tensor maps need); the last tiles run past the edge.
+    // 90 x 72 floats: rows of 288 bytes (a multiple of 16, as tensor maps need); the last tiles run past the
+    // edge.
     const int rows = 90, cols = 72;
     const size_t n = size_t(rows) * cols;
     std::vector<float> a(n), b(n);
@@ -120,9 +133,9 @@ int main() {
     const cuuint64_t strides[1] = {cols * sizeof(float)};
     const cuuint32_t box_dims[2] = {box, box};
     const cuuint32_t element_strides[2] = {1, 1};
-    check_cu(encode_tiled(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, d_a, dims, strides, box_dims, element_strides,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+    check_cu(encode_tiled(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, d_a, dims, strides, box_dims,
+                          element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                          CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
              "cuTensorMapEncodeTiled");
     run_and_check(map, a, rows, cols, "tiled map over a");
 
@@ -136,8 +149,8 @@ int main() {
         const cuuint64_t s4[3] = {16 * sizeof(float), 16 * 8 * sizeof(float), 16 * 8 * 8 * sizeof(float)};
         const cuuint32_t e4[4] = {1, 1, 1, 1};
         const int lower[2] = {-1, -1}, upper[2] = {-1, -1};
-        check_cu(encode_im2col(&im2col, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, d_a, d4, s4, lower, upper, 16, 32, e4,
-                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+        check_cu(encode_im2col(&im2col, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, d_a, d4, s4, lower, upper, 16, 32,
+                               e4, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
                  "cuTensorMapEncodeIm2col");
         std::printf("im2col map over a 1 x 8 x 8 x 16 tensor: encoded\n");
@@ -146,17 +159,18 @@ int main() {
     // Refusals: rank 0, a null address, a misaligned address, an im2col rank below 3.
     {
         alignas(64) CUtensorMap bad;
-        if (encode_tiled(&bad, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 0, d_a, dims, strides, box_dims, element_strides,
-                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS)
-            fail("rank 0 accepted");
-        if (encode_tiled(&bad, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, nullptr, dims, strides, box_dims, element_strides,
-                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS)
-            fail("a null address accepted");
-        if (encode_tiled(&bad, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, reinterpret_cast<char*>(d_a) + 4, dims, strides,
-                         box_dims, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+        if (encode_tiled(&bad, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 0, d_a, dims, strides, box_dims,
+                         element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                          CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS)
+            fail("rank 0 accepted");
+        if (encode_tiled(&bad, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, nullptr, dims, strides, box_dims,
+                         element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                         CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS)
+            fail("a null address accepted");
+        if (encode_tiled(&bad, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, reinterpret_cast<char*>(d_a) + 4, dims,
+                         strides, box_dims, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                         CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS)
             fail("a misaligned address accepted");
         if (replace_address(&map, reinterpret_cast<char*>(d_b) + 4) == CUDA_SUCCESS)
             fail("cuTensorMapReplaceAddress accepted a misaligned address");

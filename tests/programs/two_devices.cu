@@ -38,7 +38,8 @@ int main() {
         for (int i = 0; i < n; ++i) {
             float want = float(d + 2) * hx[i] + 1.0f;
             if (out[i] != want) {
-                std::printf("FAIL two_devices: device %d element %d is %f, expected %f\n", d, i, out[i], want);
+                std::printf("FAIL two_devices: device %d element %d is %f, expected %f\n", d, i, out[i],
+                            want);
                 return 1;
             }
         }

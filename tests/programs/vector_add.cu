@@ -1,5 +1,6 @@
 // vector_add: the smallest whole program — allocate, copy in, launch, copy out, check.
-// Also built with `-cudart shared` as vector_add_shared, and run with CUDA_MODULE_LOADING=EAGER by the scripts.
+// Also built with `-cudart shared` as vector_add_shared, and run with CUDA_MODULE_LOADING=EAGER by the
+// scripts.
 #include <cuda_runtime.h>
 
 #include <vector>

@@ -61,7 +61,8 @@ int main() {
     CU_CHECK(cuMemcpyHtoD(base + 100, host.data(), host.size() * 4 - 200));
     std::vector<unsigned> again(host.size());
     CU_CHECK(cuMemcpyDtoH(again.data(), base + 100, host.size() * 4 - 200));
-    if (std::memcmp(again.data(), host.data(), host.size() * 4 - 200) != 0) fail("copy across chunks differs");
+    if (std::memcmp(again.data(), host.data(), host.size() * 4 - 200) != 0)
+        fail("copy across chunks differs");
     std::printf("%d chunks mapped contiguously: memsets and copies across them ok\n", chunks);
 
     // Refusals leave everything as it was.

@@ -109,7 +109,8 @@ void release_context_resources(state& s, context_obj& c) {
             case kind::graph_exec:
                 if (static_cast<graph_exec_obj*>(obj.get())->ctx == c.handle) others.push_back(h);
                 break;
-            default: break;
+            default:
+                break;
         }
     }
     end_captures_of(s, c.handle);
@@ -170,7 +171,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags,
+                                                              int* active) {
     return entry([&](state& s) -> CUresult {
         if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
         if (!s.valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -206,15 +208,15 @@ CUresult CUDAAPI cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
 // --- Created contexts. cuda.h declares only the newest cuCtxCreate; the older signatures are declared here.
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev);
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams,
-                                                  unsigned int flags, CUdevice dev);
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray,
+                                                  int numParams, unsigned int flags, CUdevice dev);
 
 CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
     return entry([&](state& s) { return create_context(s, pctx, flags, dev, 3020); });
 }
 
-CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams, unsigned int flags,
-                                CUdevice dev) {
+CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams,
+                                unsigned int flags, CUdevice dev) {
     return entry([&](state& s) -> CUresult {
         if (numParams < 0 || (numParams > 0 && paramsArray == nullptr)) return CUDA_ERROR_INVALID_VALUE;
         if (numParams > 0) return CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;
@@ -222,11 +224,12 @@ CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArra
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams, unsigned int flags,
-                                                  CUdevice dev) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams,
+                                                  unsigned int flags, CUdevice dev) {
     return entry([&](state& s) -> CUresult {
         if (ctxCreateParams != nullptr) {
-            bool affinity = ctxCreateParams->execAffinityParams != nullptr || ctxCreateParams->numExecAffinityParams != 0;
+            bool affinity =
+                ctxCreateParams->execAffinityParams != nullptr || ctxCreateParams->numExecAffinityParams != 0;
             if (affinity && ctxCreateParams->cigParams != nullptr) return CUDA_ERROR_INVALID_VALUE;
             if (ctxCreateParams->numExecAffinityParams < 0) return CUDA_ERROR_INVALID_VALUE;
             if (affinity) return CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;
@@ -275,7 +278,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxGetCurrent(CUcontext* pctx) {
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx) {
     return entry([&](state& s) -> CUresult {
-        if (ctx == nullptr || s.find<context_obj>(from_handle(ctx)) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+        if (ctx == nullptr || s.find<context_obj>(from_handle(ctx)) == nullptr)
+            return CUDA_ERROR_INVALID_CONTEXT;
         ctx_stack.push_back(from_handle(ctx));
         return CUDA_SUCCESS;
     });
@@ -354,14 +358,16 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value) {
         switch (limit) {
             case CU_LIMIT_SHMEM_SIZE:
             case CU_LIMIT_CIG_ENABLED:
-            case CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED: return CUDA_ERROR_UNSUPPORTED_LIMIT;
+            case CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED:
+                return CUDA_ERROR_UNSUPPORTED_LIMIT;
             case CU_LIMIT_MAX_L2_FETCH_GRANULARITY:
                 if (value > 128) value = 128;
                 break;
             case CU_LIMIT_PERSISTING_L2_CACHE_SIZE:
                 if (value > 39321600) value = 39321600;
                 break;
-            default: break;
+            default:
+                break;
         }
         c->limits[static_cast<size_t>(limit)] = value;
         return CUDA_SUCCESS;
@@ -412,7 +418,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxSetCacheConfig(CUfunc_cache config) {
     return entry([&](state& s) -> CUresult {
         context_obj* c = nullptr;
         if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
-        if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
+        if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL)
+            return CUDA_ERROR_INVALID_VALUE;
         c->cache_config = config;
         return CUDA_SUCCESS;
     });

@@ -1,8 +1,8 @@
 // The software test driver: copies and memsets. Every call is checked under the lock like the real driver
-// checks it at call time (device ranges must lie in recorded memory, pitches must hold a row), then runs at once
-// in the calling thread with the lock released. The Async forms check their stream and are just as synchronous:
-// when they return, the bytes are there (on a capturing stream they are recorded into the capture's graph instead).
-// CUDA arrays are not supported (CUDA_ERROR_NOT_SUPPORTED).
+// checks it at call time (device ranges must lie in recorded memory, pitches must hold a row), then runs at
+// once in the calling thread with the lock released. The Async forms check their stream and are just as
+// synchronous: when they return, the bytes are there (on a capturing stream they are recorded into the
+// capture's graph instead). CUDA arrays are not supported (CUDA_ERROR_NOT_SUPPORTED).
 #include <algorithm>
 #include <cstring>
 
@@ -59,8 +59,10 @@ CUresult end_from(CUmemorytype type, const void* host, CUdeviceptr device, copy_
             e.k = side::unified;
             e.base = static_cast<uintptr_t>(device);
             return CUDA_SUCCESS;
-        case CU_MEMORYTYPE_ARRAY: return CUDA_ERROR_NOT_SUPPORTED;
-        default: return CUDA_ERROR_INVALID_VALUE;
+        case CU_MEMORYTYPE_ARRAY:
+            return CUDA_ERROR_NOT_SUPPORTED;
+        default:
+            return CUDA_ERROR_INVALID_VALUE;
     }
 }
 
@@ -73,15 +75,18 @@ CUresult check_end(state& s, copy_end& e, size_t width, size_t height, size_t de
     size_t slice = e.height;
     if (depth > 1) {
         size_t rows_end = 0;
-        if (__builtin_add_overflow(e.y, height, &rows_end) || slice < rows_end) return CUDA_ERROR_INVALID_VALUE;
+        if (__builtin_add_overflow(e.y, height, &rows_end) || slice < rows_end)
+            return CUDA_ERROR_INVALID_VALUE;
     }
     // start = base + (z * slice + y) * pitch + x; extent = ((depth-1) * slice + (height-1)) * pitch + width.
     size_t first_row = 0, offset = 0, last_row = 0, extent = 0;
-    if (__builtin_mul_overflow(e.z, slice, &first_row) || __builtin_add_overflow(first_row, e.y, &first_row) ||
+    if (__builtin_mul_overflow(e.z, slice, &first_row) ||
+        __builtin_add_overflow(first_row, e.y, &first_row) ||
         __builtin_mul_overflow(first_row, e.pitch, &offset) || __builtin_add_overflow(offset, e.x, &offset) ||
         __builtin_add_overflow(e.base, offset, &e.start))
         return CUDA_ERROR_INVALID_VALUE;
-    if (__builtin_mul_overflow(depth - 1, slice, &last_row) || __builtin_add_overflow(last_row, height - 1, &last_row) ||
+    if (__builtin_mul_overflow(depth - 1, slice, &last_row) ||
+        __builtin_add_overflow(last_row, height - 1, &last_row) ||
         __builtin_mul_overflow(last_row, e.pitch, &extent) || __builtin_add_overflow(extent, width, &extent))
         return CUDA_ERROR_INVALID_VALUE;
     if (e.base == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -129,7 +134,8 @@ CUresult memset_2d(state& s, work& w, CUdeviceptr dst, size_t pitch, T value, si
     if (__builtin_mul_overflow(width, es, &row)) return CUDA_ERROR_INVALID_VALUE;
     if (height > 1) {
         if (pitch < row || pitch % es != 0) return CUDA_ERROR_INVALID_VALUE;
-        if (__builtin_mul_overflow(height - 1, pitch, &extent) || __builtin_add_overflow(extent, row, &extent))
+        if (__builtin_mul_overflow(height - 1, pitch, &extent) ||
+            __builtin_add_overflow(extent, row, &extent))
             return CUDA_ERROR_INVALID_VALUE;
     } else {
         extent = row;
@@ -156,7 +162,8 @@ CUresult memset_1d(state& s, work& w, CUdeviceptr dst, T value, size_t n) {
 }  // namespace
 
 CUresult copy_3d_desc(state& s, work& w, const CUDA_MEMCPY3D* p) {
-    if (p == nullptr || p->srcLOD != 0 || p->dstLOD != 0 || p->reserved0 != nullptr || p->reserved1 != nullptr)
+    if (p == nullptr || p->srcLOD != 0 || p->dstLOD != 0 || p->reserved0 != nullptr ||
+        p->reserved1 != nullptr)
         return CUDA_ERROR_INVALID_VALUE;
     copy_end src, dst;
     if (CUresult r = end_from(p->srcMemoryType, p->srcHost, p->srcDevice, src); r != CUDA_SUCCESS) return r;
@@ -176,10 +183,16 @@ CUresult copy_3d_desc(state& s, work& w, const CUDA_MEMCPY3D* p) {
 
 CUresult memset_node_work(state& s, const CUDA_MEMSET_NODE_PARAMS& p, work& w) {
     switch (p.elementSize) {
-        case 1: return memset_2d<unsigned char>(s, w, p.dst, p.pitch, static_cast<unsigned char>(p.value), p.width, p.height);
-        case 2: return memset_2d<unsigned short>(s, w, p.dst, p.pitch, static_cast<unsigned short>(p.value), p.width, p.height);
-        case 4: return memset_2d<unsigned int>(s, w, p.dst, p.pitch, p.value, p.width, p.height);
-        default: return CUDA_ERROR_INVALID_VALUE;
+        case 1:
+            return memset_2d<unsigned char>(s, w, p.dst, p.pitch, static_cast<unsigned char>(p.value),
+                                            p.width, p.height);
+        case 2:
+            return memset_2d<unsigned short>(s, w, p.dst, p.pitch, static_cast<unsigned short>(p.value),
+                                             p.width, p.height);
+        case 4:
+            return memset_2d<unsigned int>(s, w, p.dst, p.pitch, p.value, p.width, p.height);
+        default:
+            return CUDA_ERROR_INVALID_VALUE;
     }
 }
 }  // namespace vcuda::soft
@@ -216,7 +229,8 @@ CUresult async_op(CUstream stream, CUgraphNodeType type, F&& f) noexcept {
 
 // --- Linear copies.
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost,
+                                                   size_t ByteCount) {
     return sync_op(CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dstDevice), side::device, addr(srcHost), side::host, ByteCount);
     });
@@ -228,28 +242,29 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr sr
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                                   size_t ByteCount) {
     return sync_op(CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dstDevice), side::device, addr(srcDevice), side::device, ByteCount);
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount,
-                                                        CUstream hStream) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost,
+                                                        size_t ByteCount, CUstream hStream) {
     return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dstDevice), side::device, addr(srcHost), side::host, ByteCount);
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount,
-                                                        CUstream hStream) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice,
+                                                        size_t ByteCount, CUstream hStream) {
     return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dstHost), side::host, addr(srcDevice), side::device, ByteCount);
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
-                                                        CUstream hStream) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                                        size_t ByteCount, CUstream hStream) {
     return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dstDevice), side::device, addr(srcDevice), side::device, ByteCount);
     });
@@ -262,25 +277,30 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, si
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
+                                                 CUstream hStream) {
     return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) {
         return copy_linear(s, w, addr(dst), side::unified, addr(src), side::unified, ByteCount);
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
-                                                CUcontext srcContext, size_t ByteCount) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext,
+                                                CUdeviceptr srcDevice, CUcontext srcContext,
+                                                size_t ByteCount) {
     return sync_op(CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) -> CUresult {
-        if (usable_context(s, from_handle(dstContext)) == nullptr || usable_context(s, from_handle(srcContext)) == nullptr)
+        if (usable_context(s, from_handle(dstContext)) == nullptr ||
+            usable_context(s, from_handle(srcContext)) == nullptr)
             return CUDA_ERROR_INVALID_CONTEXT;
         return copy_linear(s, w, addr(dstDevice), side::device, addr(srcDevice), side::device, ByteCount);
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
-                                                     CUcontext srcContext, size_t ByteCount, CUstream hStream) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext,
+                                                     CUdeviceptr srcDevice, CUcontext srcContext,
+                                                     size_t ByteCount, CUstream hStream) {
     return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) -> CUresult {
-        if (usable_context(s, from_handle(dstContext)) == nullptr || usable_context(s, from_handle(srcContext)) == nullptr)
+        if (usable_context(s, from_handle(dstContext)) == nullptr ||
+            usable_context(s, from_handle(srcContext)) == nullptr)
             return CUDA_ERROR_INVALID_CONTEXT;
         return copy_linear(s, w, addr(dstDevice), side::device, addr(srcDevice), side::device, ByteCount);
     });
@@ -297,7 +317,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* p
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
-    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) { return copy_2d_desc(s, w, pCopy); });
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY,
+                    [&](state& s, work& w) { return copy_2d_desc(s, w, pCopy); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy) {
@@ -305,21 +326,25 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy) {
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream hStream) {
-    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY, [&](state& s, work& w) { return copy_3d_desc(s, w, pCopy); });
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMCPY,
+                    [&](state& s, work& w) { return copy_3d_desc(s, w, pCopy); });
 }
 
 // --- Memsets.
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-    return sync_op(CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) { return memset_1d<unsigned char>(s, w, dstDevice, uc, N); });
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMSET,
+                   [&](state& s, work& w) { return memset_1d<unsigned char>(s, w, dstDevice, uc, N); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N) {
-    return sync_op(CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) { return memset_1d<unsigned short>(s, w, dstDevice, us, N); });
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMSET,
+                   [&](state& s, work& w) { return memset_1d<unsigned short>(s, w, dstDevice, us, N); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
-    return sync_op(CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) { return memset_1d<unsigned int>(s, w, dstDevice, ui, N); });
+    return sync_op(CU_GRAPH_NODE_TYPE_MEMSET,
+                   [&](state& s, work& w) { return memset_1d<unsigned int>(s, w, dstDevice, ui, N); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc,
@@ -345,17 +370,20 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
                                                    CUstream hStream) {
-    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) { return memset_1d<unsigned char>(s, w, dstDevice, uc, N); });
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET,
+                    [&](state& s, work& w) { return memset_1d<unsigned char>(s, w, dstDevice, uc, N); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N,
                                                     CUstream hStream) {
-    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) { return memset_1d<unsigned short>(s, w, dstDevice, us, N); });
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET,
+                    [&](state& s, work& w) { return memset_1d<unsigned short>(s, w, dstDevice, us, N); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                                     CUstream hStream) {
-    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) { return memset_1d<unsigned int>(s, w, dstDevice, ui, N); });
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET,
+                    [&](state& s, work& w) { return memset_1d<unsigned int>(s, w, dstDevice, ui, N); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc,
@@ -365,8 +393,9 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D8Async(CUdeviceptr dstDevice, size
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us,
-                                                      size_t Width, size_t Height, CUstream hStream) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch,
+                                                      unsigned short us, size_t Width, size_t Height,
+                                                      CUstream hStream) {
     return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) {
         return memset_2d<unsigned short>(s, w, dstDevice, dstPitch, us, Width, Height);
     });

@@ -168,9 +168,12 @@ constexpr std::array<int, attribute_table_size> attribute_table = make_attribute
 
 int attribute(CUdevice dev, int attr) {
     switch (attr) {
-        case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return pci_bus_base + dev;
-        case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: return dev;
-        default: return attribute_table[static_cast<size_t>(attr)];
+        case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+            return pci_bus_base + dev;
+        case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID:
+            return dev;
+        default:
+            return attribute_table[static_cast<size_t>(attr)];
     }
 }
 
@@ -190,7 +193,8 @@ struct error_text {
     const char* name;
     const char* text;
 };
-#define VCUDA_SOFT_ERR(code, text) {code, #code, text}
+#define VCUDA_SOFT_ERR(code, text) \
+    { code, #code, text }
 constexpr error_text error_table[] = {
     VCUDA_SOFT_ERR(CUDA_SUCCESS, "no error"),
     VCUDA_SOFT_ERR(CUDA_ERROR_INVALID_VALUE, "invalid argument"),
@@ -198,7 +202,8 @@ constexpr error_text error_table[] = {
     VCUDA_SOFT_ERR(CUDA_ERROR_NOT_INITIALIZED, "initialization error"),
     VCUDA_SOFT_ERR(CUDA_ERROR_DEINITIALIZED, "driver shutting down"),
     VCUDA_SOFT_ERR(CUDA_ERROR_PROFILER_DISABLED, "profiler disabled while using external profiling tool"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_PROFILER_NOT_INITIALIZED, "profiler not initialized: call cudaProfilerInitialize()"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_PROFILER_NOT_INITIALIZED,
+                   "profiler not initialized: call cudaProfilerInitialize()"),
     VCUDA_SOFT_ERR(CUDA_ERROR_PROFILER_ALREADY_STARTED, "profiler already started"),
     VCUDA_SOFT_ERR(CUDA_ERROR_PROFILER_ALREADY_STOPPED, "profiler already stopped"),
     VCUDA_SOFT_ERR(CUDA_ERROR_STUB_LIBRARY, "CUDA driver is a stub library"),
@@ -221,16 +226,21 @@ constexpr error_text error_table[] = {
     VCUDA_SOFT_ERR(CUDA_ERROR_NOT_MAPPED_AS_POINTER, "resource not mapped as pointer"),
     VCUDA_SOFT_ERR(CUDA_ERROR_ECC_UNCORRECTABLE, "uncorrectable ECC error encountered"),
     VCUDA_SOFT_ERR(CUDA_ERROR_UNSUPPORTED_LIMIT, "limit is not supported on this architecture"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_CONTEXT_ALREADY_IN_USE, "exclusive-thread device already in use by a different thread"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access is not supported between these two devices"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_CONTEXT_ALREADY_IN_USE,
+                   "exclusive-thread device already in use by a different thread"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED,
+                   "peer access is not supported between these two devices"),
     VCUDA_SOFT_ERR(CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed"),
     VCUDA_SOFT_ERR(CUDA_ERROR_INVALID_GRAPHICS_CONTEXT, "invalid OpenGL or DirectX context"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_NVLINK_UNCORRECTABLE, "uncorrectable NVLink error detected during the execution"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_NVLINK_UNCORRECTABLE,
+                   "uncorrectable NVLink error detected during the execution"),
     VCUDA_SOFT_ERR(CUDA_ERROR_JIT_COMPILER_NOT_FOUND, "PTX JIT compiler library not found"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "the provided PTX was compiled with an unsupported toolchain."),
+    VCUDA_SOFT_ERR(CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+                   "the provided PTX was compiled with an unsupported toolchain."),
     VCUDA_SOFT_ERR(CUDA_ERROR_JIT_COMPILATION_DISABLED, "PTX JIT compilation was disabled"),
     VCUDA_SOFT_ERR(CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY, "the provided execution affinity is not supported"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_UNSUPPORTED_DEVSIDE_SYNC, "the provided PTX contains unsupported call to cudaDeviceSynchronize"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_UNSUPPORTED_DEVSIDE_SYNC,
+                   "the provided PTX contains unsupported call to cudaDeviceSynchronize"),
     VCUDA_SOFT_ERR(CUDA_ERROR_CONTAINED, "an exception occurred on the device that is now contained"),
     VCUDA_SOFT_ERR(CUDA_ERROR_INVALID_SOURCE, "device kernel image is invalid"),
     VCUDA_SOFT_ERR(CUDA_ERROR_FILE_NOT_FOUND, "file not found"),
@@ -252,12 +262,15 @@ constexpr error_text error_table[] = {
     VCUDA_SOFT_ERR(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed"),
     VCUDA_SOFT_ERR(CUDA_ERROR_ASSERT, "device-side assert triggered"),
     VCUDA_SOFT_ERR(CUDA_ERROR_TOO_MANY_PEERS, "peer mapping resources exhausted"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "part or all of the requested memory range is already mapped"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "pointer does not correspond to a registered memory region"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+                   "part or all of the requested memory range is already mapped"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+                   "pointer does not correspond to a registered memory region"),
     VCUDA_SOFT_ERR(CUDA_ERROR_HARDWARE_STACK_ERROR, "hardware stack error"),
     VCUDA_SOFT_ERR(CUDA_ERROR_ILLEGAL_INSTRUCTION, "an illegal instruction was encountered"),
     VCUDA_SOFT_ERR(CUDA_ERROR_MISALIGNED_ADDRESS, "misaligned address"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_INVALID_ADDRESS_SPACE, "operation not supported on global/shared address space"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_INVALID_ADDRESS_SPACE,
+                   "operation not supported on global/shared address space"),
     VCUDA_SOFT_ERR(CUDA_ERROR_INVALID_PC, "invalid program counter"),
     VCUDA_SOFT_ERR(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure"),
     VCUDA_SOFT_ERR(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "too many blocks in cooperative launch"),
@@ -265,32 +278,57 @@ constexpr error_text error_table[] = {
     VCUDA_SOFT_ERR(CUDA_ERROR_NOT_PERMITTED, "operation not permitted"),
     VCUDA_SOFT_ERR(CUDA_ERROR_NOT_SUPPORTED, "operation not supported"),
     VCUDA_SOFT_ERR(CUDA_ERROR_SYSTEM_NOT_READY, "system not yet initialized"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "system has unsupported display driver / cuda driver combination"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, "forward compatibility was attempted on non supported HW"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_MPS_CONNECTION_FAILED, "MPS client failed to connect to the MPS control daemon or the MPS server"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_MPS_RPC_FAILURE, "the remote procedural call between the MPS server and the MPS client failed"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_MPS_SERVER_NOT_READY, "MPS server is not ready to accept new MPS client requests"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_MPS_MAX_CLIENTS_REACHED, "the hardware resources required to create MPS client have been exhausted"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED, "the hardware resources required to support device connections have been exhausted"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
+                   "system has unsupported display driver / cuda driver combination"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE,
+                   "forward compatibility was attempted on non supported HW"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_MPS_CONNECTION_FAILED,
+                   "MPS client failed to connect to the MPS control daemon or the MPS server"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_MPS_RPC_FAILURE,
+                   "the remote procedural call between the MPS server and the MPS client failed"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_MPS_SERVER_NOT_READY,
+                   "MPS server is not ready to accept new MPS client requests"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_MPS_MAX_CLIENTS_REACHED,
+                   "the hardware resources required to create MPS client have been exhausted"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED,
+                   "the hardware resources required to support device connections have been exhausted"),
     VCUDA_SOFT_ERR(CUDA_ERROR_MPS_CLIENT_TERMINATED, "the MPS client has been terminated by the server"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_CDP_NOT_SUPPORTED, "the module is using CUDA Dynamic Parallelism, but the current configuration does not support it"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_CDP_VERSION_MISMATCH, "the module contains an unsupported interaction between different versions of CUDA Dynamic Parallelism"),
+    VCUDA_SOFT_ERR(
+        CUDA_ERROR_CDP_NOT_SUPPORTED,
+        "the module is using CUDA Dynamic Parallelism, but the current configuration does not support it"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_CDP_VERSION_MISMATCH,
+                   "the module contains an unsupported interaction between different versions of CUDA "
+                   "Dynamic Parallelism"),
     VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "operation failed due to a previous error during capture"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_MERGE, "operation would result in a merge of separate capture sequences"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "capture was not ended in the same stream as it began"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                   "operation failed due to a previous error during capture"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_MERGE,
+                   "operation would result in a merge of separate capture sequences"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
+                   "capture was not ended in the same stream as it began"),
     VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "capturing stream has unjoined work"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "dependency created on uncaptured work in another stream"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "operation would make the legacy stream depend on a capturing blocking stream"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_CAPTURED_EVENT, "operation not permitted on an event last recorded in a capturing stream"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "attempt to terminate a thread-local capture sequence from another thread"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_ISOLATION,
+                   "dependency created on uncaptured work in another stream"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+                   "operation would make the legacy stream depend on a capturing blocking stream"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_CAPTURED_EVENT,
+                   "operation not permitted on an event last recorded in a capturing stream"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+                   "attempt to terminate a thread-local capture sequence from another thread"),
     VCUDA_SOFT_ERR(CUDA_ERROR_TIMEOUT, "wait operation timed out"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_EXTERNAL_DEVICE, "an async error has occured in external entity outside of CUDA"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_INVALID_CLUSTER_SIZE, "a kernel launch error has occurred due to cluster misconfiguration"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_FUNCTION_NOT_LOADED, "the function handle is not loaded when calling an API that requires a loaded function"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_INVALID_RESOURCE_TYPE, "one or more resources passed in are not valid resource types for the operation"),
-    VCUDA_SOFT_ERR(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, "one or more resources are insufficient or non-applicable for the operation"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE,
+                   "the graph update was not performed because it included changes which violated "
+                   "constraints specific to instantiated graph update"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_EXTERNAL_DEVICE,
+                   "an async error has occured in external entity outside of CUDA"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_INVALID_CLUSTER_SIZE,
+                   "a kernel launch error has occurred due to cluster misconfiguration"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_FUNCTION_NOT_LOADED,
+                   "the function handle is not loaded when calling an API that requires a loaded function"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_INVALID_RESOURCE_TYPE,
+                   "one or more resources passed in are not valid resource types for the operation"),
+    VCUDA_SOFT_ERR(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION,
+                   "one or more resources are insufficient or non-applicable for the operation"),
     VCUDA_SOFT_ERR(CUDA_ERROR_KEY_ROTATION, "an error happened during the key rotation sequence"),
     VCUDA_SOFT_ERR(CUDA_ERROR_UNKNOWN, "unknown error"),
 };
@@ -415,7 +453,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetPCIBusId(char* pciBusId, int len, 
     return device_entry(dev, [&](state&) -> CUresult {
         if (pciBusId == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
         std::snprintf(pciBusId, static_cast<size_t>(len), "%04x:%02x:%02x.0",
-                      attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID), attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID),
+                      attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
+                      attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID),
                       attribute(dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID));
         return CUDA_SUCCESS;
     });
@@ -438,7 +477,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetByPCIBusId(CUdevice* dev, const ch
             CUdevice d = static_cast<CUdevice>(i);
             if (domain == static_cast<unsigned>(attribute(d, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)) &&
                 bus == static_cast<unsigned>(attribute(d, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)) &&
-                device == static_cast<unsigned>(attribute(d, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)) && function == 0) {
+                device == static_cast<unsigned>(attribute(d, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)) &&
+                function == 0) {
                 *dev = d;
                 return CUDA_SUCCESS;
             }
@@ -456,19 +496,30 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceCanAccessPeer(int* canAccessPeer, CUd
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attrib, CUdevice srcDevice,
-                                                           CUdevice dstDevice) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attrib,
+                                                           CUdevice srcDevice, CUdevice dstDevice) {
     return entry([&](state& s) -> CUresult {
         if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
         if (!s.valid_device(srcDevice) || !s.valid_device(dstDevice) || srcDevice == dstDevice)
             return CUDA_ERROR_INVALID_DEVICE;
         switch (attrib) {
-            case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: *value = 0; break;
-            case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: *value = 1; break;
-            case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: *value = 1; break;
-            case CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED: *value = 1; break;
-            case CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED: *value = 0; break;
-            default: return CUDA_ERROR_INVALID_VALUE;
+            case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK:
+                *value = 0;
+                break;
+            case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED:
+                *value = 1;
+                break;
+            case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED:
+                *value = 1;
+                break;
+            case CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED:
+                *value = 1;
+                break;
+            case CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED:
+                *value = 0;
+                break;
+            default:
+                return CUDA_ERROR_INVALID_VALUE;
         }
         return CUDA_SUCCESS;
     });

@@ -1,15 +1,16 @@
-// The software test driver: stream capture and graphs, emulated. A graph is a list of nodes in insertion order,
-// each with the nodes it runs after; instantiating copies the nodes' work in a topological order (dependencies
-// first, then insertion order) and launching runs it, like everything here, in the calling thread. Executable
-// graphs keep their own copies, so kernel and child graph updates change only them.
-// Work enqueued on a capturing stream (launches, copies, memsets, host functions, graph launches) becomes a node
-// of the capture's graph instead of running, after the node recorded before it (a capture is one chain, a valid
-// order of the real graph); cuStreamBeginCaptureToGraph captures into the application's graph after the nodes
-// it names. A stream joins a capture by waiting on an event recorded in it. The call-time rules of the real
-// driver that programs meet are kept: the legacy stream is off limits while a blocking stream captures
-// (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), synchronizing with a capturing stream invalidates its capture, allocations
-// follow the thread's capture mode, cuStreamEndCapture belongs to the thread that began (unless RELAXED).
-// Node types made explicitly: kernel, memset, memcpy, child graph (cloned), empty, event record and wait.
+// The software test driver: stream capture and graphs, emulated. A graph is a list of nodes in insertion
+// order, each with the nodes it runs after; instantiating copies the nodes' work in a topological order
+// (dependencies first, then insertion order) and launching runs it, like everything here, in the calling
+// thread. Executable graphs keep their own copies, so kernel and child graph updates change only them. Work
+// enqueued on a capturing stream (launches, copies, memsets, host functions, graph launches) becomes a node
+// of the capture's graph instead of running, after the node recorded before it (a capture is one chain, a
+// valid order of the real graph); cuStreamBeginCaptureToGraph captures into the application's graph after the
+// nodes it names. A stream joins a capture by waiting on an event recorded in it. The call-time rules of the
+// real driver that programs meet are kept: the legacy stream is off limits while a blocking stream captures
+// (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), synchronizing with a capturing stream invalidates its capture,
+// allocations follow the thread's capture mode, cuStreamEndCapture belongs to the thread that began (unless
+// RELAXED). Node types made explicitly: kernel, memset, memcpy, child graph (cloned), empty, event record and
+// wait.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -58,8 +59,8 @@ void destroy_graph(state& s, uint64_t h) {
     for (uint64_t n : nodes) destroy_node(s, n);
 }
 
-// Edge data for an edge from `from` into a node of type `to`: zeroed unused bytes, no port on the receiving end,
-// and anything but a full dependency only between kernel nodes.
+// Edge data for an edge from `from` into a node of type `to`: zeroed unused bytes, no port on the receiving
+// end, and anything but a full dependency only between kernel nodes.
 bool valid_edge(const CUgraphEdgeData& e, const node_obj& from, CUgraphNodeType to) {
     for (unsigned char b : e.reserved)
         if (b != 0) return false;
@@ -70,9 +71,11 @@ bool valid_edge(const CUgraphEdgeData& e, const node_obj& from, CUgraphNodeType 
     return kernels || (e.from_port == 0 && e.type == CU_GRAPH_DEPENDENCY_TYPE_DEFAULT);
 }
 
-// The dependencies of a new node of `type` in `g`: nodes of `g`, each once, with valid edge data (null: default).
-CUresult check_deps(state& s, const graph_obj& g, const CUgraphNode* deps, const CUgraphEdgeData* edges, size_t n,
-                    CUgraphNodeType type, std::vector<uint64_t>& out, std::vector<CUgraphEdgeData>& out_edges) {
+// The dependencies of a new node of `type` in `g`: nodes of `g`, each once, with valid edge data (null:
+// default).
+CUresult check_deps(state& s, const graph_obj& g, const CUgraphNode* deps, const CUgraphEdgeData* edges,
+                    size_t n, CUgraphNodeType type, std::vector<uint64_t>& out,
+                    std::vector<CUgraphEdgeData>& out_edges) {
     if (n > 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
     out.clear();
     out_edges.clear();
@@ -122,15 +125,16 @@ uint64_t clone_graph(state& s, uint64_t src, uint64_t parent) {
     return to->handle;
 }
 
-// The nodes of `g` in the order they run: each after its dependencies, otherwise in insertion order. False when
-// the dependencies form a cycle (`culprit`: a node on or behind it).
+// The nodes of `g` in the order they run: each after its dependencies, otherwise in insertion order. False
+// when the dependencies form a cycle (`culprit`: a node on or behind it).
 bool run_order(state& s, const graph_obj& g, std::vector<node_obj*>& order, uint64_t& culprit) {
     std::vector<node_obj*> pending;
     for (uint64_t h : g.nodes) pending.push_back(s.find<node_obj>(h));
     std::set<uint64_t> done;
     while (!pending.empty()) {
         auto ready = std::find_if(pending.begin(), pending.end(), [&](const node_obj* n) {
-            return std::all_of(n->deps.begin(), n->deps.end(), [&](uint64_t d) { return done.count(d) != 0; });
+            return std::all_of(n->deps.begin(), n->deps.end(),
+                               [&](uint64_t d) { return done.count(d) != 0; });
         });
         if (ready == pending.end()) {
             culprit = pending.front()->handle;
@@ -143,7 +147,8 @@ bool run_order(state& s, const graph_obj& g, std::vector<node_obj*>& order, uint
     return true;
 }
 
-// What an executable graph of `g` runs: copies of the nodes' work in run order, child graphs inside their nodes.
+// What an executable graph of `g` runs: copies of the nodes' work in run order, child graphs inside their
+// nodes.
 bool flatten(state& s, const graph_obj& g, std::vector<exec_node>& out, uint64_t& culprit) {
     std::vector<node_obj*> order;
     if (!run_order(s, g, order, culprit)) return false;
@@ -167,7 +172,8 @@ CUresult run_nodes(const std::vector<exec_node>& nodes) {
     return CUDA_SUCCESS;
 }
 
-// True when `a` and `b` have the same nodes (types, in insertion order), the same edges and alike child graphs.
+// True when `a` and `b` have the same nodes (types, in insertion order), the same edges and alike child
+// graphs.
 bool same_topology(state& s, const graph_obj& a, const graph_obj& b) {
     if (a.nodes.size() != b.nodes.size()) return false;
     auto positions = [](const graph_obj& g) {
@@ -187,7 +193,8 @@ bool same_topology(state& s, const graph_obj& a, const graph_obj& b) {
         std::sort(dy.begin(), dy.end());
         if (dx != dy) return false;
         if ((x->child == 0) != (y->child == 0)) return false;
-        if (x->child != 0 && !same_topology(s, *s.find<graph_obj>(x->child), *s.find<graph_obj>(y->child))) return false;
+        if (x->child != 0 && !same_topology(s, *s.find<graph_obj>(x->child), *s.find<graph_obj>(y->child)))
+            return false;
     }
     return true;
 }
@@ -221,7 +228,8 @@ CUresult instantiate(state& s, CUgraphExec* phGraphExec, CUgraph hGraph, unsigne
 // Starts capture sequence on `hStream` into `g`: a new graph, or the application's (`existing`) after `deps`.
 CUresult begin_capture(state& s, CUstream hStream, CUstreamCaptureMode mode, graph_obj* g, bool existing,
                        std::vector<uint64_t> deps, std::vector<CUgraphEdgeData> edges) {
-    if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+    if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
     context_obj* c = nullptr;
     if (CUresult r = check_stream(s, hStream, &c); r != CUDA_SUCCESS) return r;
     uint64_t* slot = capture_slot(s, hStream);
@@ -247,10 +255,10 @@ CUresult begin_capture(state& s, CUstream hStream, CUstreamCaptureMode mode, gra
     return CUDA_SUCCESS;
 }
 
-// Up to *count of `items` (with their edge data when `edges` is given) into `out`, the rest of it NULL; *count
-// becomes how many were written, or, without `out`, how many there are.
-CUresult list_nodes(const std::vector<uint64_t>& items, const std::vector<CUgraphEdgeData>& item_edges, CUgraphNode* out,
-                    CUgraphEdgeData* edges, size_t* count) {
+// Up to *count of `items` (with their edge data when `edges` is given) into `out`, the rest of it NULL;
+// *count becomes how many were written, or, without `out`, how many there are.
+CUresult list_nodes(const std::vector<uint64_t>& items, const std::vector<CUgraphEdgeData>& item_edges,
+                    CUgraphNode* out, CUgraphEdgeData* edges, size_t* count) {
     if (count == nullptr || (edges != nullptr && out == nullptr)) return CUDA_ERROR_INVALID_VALUE;
     if (out == nullptr) {
         *count = items.size();
@@ -273,8 +281,10 @@ bool lossy(const std::vector<CUgraphEdgeData>& edges) {
 
 // cuGraphAddNode*: a node of the type `p` names, its work checked and made now (kernel parameters copied).
 CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* dependencies,
-                       const CUgraphEdgeData* dependencyData, size_t numDependencies, const CUgraphNodeParams* p) {
-    if (phGraphNode == nullptr || p == nullptr || p->reserved0[0] != 0 || p->reserved0[1] != 0 || p->reserved0[2] != 0)
+                       const CUgraphEdgeData* dependencyData, size_t numDependencies,
+                       const CUgraphNodeParams* p) {
+    if (phGraphNode == nullptr || p == nullptr || p->reserved0[0] != 0 || p->reserved0[1] != 0 ||
+        p->reserved0[2] != 0)
         return CUDA_ERROR_INVALID_VALUE;
     graph_obj* g = s.find<graph_obj>(hGraph);
     if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -297,7 +307,8 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
         }
         case CU_GRAPH_NODE_TYPE_MEMSET: {
             const auto& m = p->memset;
-            if (CUresult r = memset_node_work(s, {m.dst, m.pitch, m.value, m.elementSize, m.width, m.height}, w);
+            if (CUresult r =
+                    memset_node_work(s, {m.dst, m.pitch, m.value, m.elementSize, m.width, m.height}, w);
                 r != CUDA_SUCCESS)
                 return r;
             break;
@@ -311,7 +322,8 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
             if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) return CUDA_ERROR_NOT_SUPPORTED;
             child = from_handle(p->graph.graph);
             break;
-        case CU_GRAPH_NODE_TYPE_EMPTY: break;
+        case CU_GRAPH_NODE_TYPE_EMPTY:
+            break;
         case CU_GRAPH_NODE_TYPE_EVENT_RECORD: {
             if (s.find<event_obj>(p->eventRecord.event) == nullptr) return CUDA_ERROR_INVALID_VALUE;
             w = [event = from_handle(p->eventRecord.event)]() {
@@ -329,7 +341,8 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:  // everything before it has run: nothing to wait for
             if (s.find<event_obj>(p->eventWait.event) == nullptr) return CUDA_ERROR_INVALID_VALUE;
             break;
-        default: return CUDA_ERROR_NOT_SUPPORTED;
+        default:
+            return CUDA_ERROR_NOT_SUPPORTED;
     }
     node_obj* n = add_node(s, *g, p->type, std::move(deps), std::move(edges), std::move(w));
     if (child != 0) {
@@ -341,14 +354,15 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
     return CUDA_SUCCESS;
 }
 
-// The top-level node of executable graph `e` made from graph node `node` of `type`, in a copy of its list that
-// the caller then puts in place (a launch under way keeps the old one).
+// The top-level node of executable graph `e` made from graph node `node` of `type`, in a copy of its list
+// that the caller then puts in place (a launch under way keeps the old one).
 exec_node* exec_copy_of(state& s, graph_exec_obj& e, CUgraphNode node, CUgraphNodeType type,
                         std::shared_ptr<std::vector<exec_node>>& copy) {
     node_obj* n = s.find<node_obj>(node);
     if (n == nullptr || n->graph != e.graph || n->type != type) return nullptr;
     copy = std::make_shared<std::vector<exec_node>>(*e.nodes);
-    auto it = std::find_if(copy->begin(), copy->end(), [&](const exec_node& x) { return x.node == n->handle; });
+    auto it =
+        std::find_if(copy->begin(), copy->end(), [&](const exec_node& x) { return x.node == n->handle; });
     return it == copy->end() ? nullptr : &*it;
 }
 
@@ -429,7 +443,8 @@ CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type
 
 CUresult check_not_capturing(state& s, CUstream stream) {
     if (s.captures.empty()) return CUDA_SUCCESS;
-    if (legacy_stream(stream)) return invalidate_blocking_captures(s) ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+    if (legacy_stream(stream))
+        return invalidate_blocking_captures(s) ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
     if (capture_seq* q = capture_of(s, stream)) {
         q->invalidated = true;
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -437,8 +452,9 @@ CUresult check_not_capturing(state& s, CUstream stream) {
     return CUDA_SUCCESS;
 }
 
-// cuThreadExchangeStreamCaptureMode: GLOBAL refuses while this thread, or any thread in GLOBAL mode, captures;
-// THREAD_LOCAL only while this thread captures; RELAXED never. Captures begun RELAXED refuse nothing.
+// cuThreadExchangeStreamCaptureMode: GLOBAL refuses while this thread, or any thread in GLOBAL mode,
+// captures; THREAD_LOCAL only while this thread captures; RELAXED never. Captures begun RELAXED refuse
+// nothing.
 CUresult check_unsafe_call(state& s) {
     const CUstreamCaptureMode mode = thread_capture_mode();
     if (s.captures.empty() || mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
@@ -476,15 +492,16 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUs
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
                                                                const CUgraphNode* dependencies,
                                                                const CUgraphEdgeData* dependencyData,
-                                                               size_t numDependencies, CUstreamCaptureMode mode) {
+                                                               size_t numDependencies,
+                                                               CUstreamCaptureMode mode) {
     return entry([&](state& s) -> CUresult {
         graph_obj* g = s.find<graph_obj>(hGraph);
         if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
         std::vector<uint64_t> deps;
         std::vector<CUgraphEdgeData> edges;
         // The first node captured is not known yet: edge data is checked as for a kernel node.
-        if (CUresult r = check_deps(s, *g, dependencies, dependencyData, numDependencies, CU_GRAPH_NODE_TYPE_KERNEL,
-                                    deps, edges);
+        if (CUresult r = check_deps(s, *g, dependencies, dependencyData, numDependencies,
+                                    CU_GRAPH_NODE_TYPE_KERNEL, deps, edges);
             r != CUDA_SUCCESS)
             return r;
         return begin_capture(s, hStream, mode, g, true, std::move(deps), std::move(edges));
@@ -508,7 +525,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph*
         *capture_slot(s, hStream) = 0;
         if (graph_obj* g = s.find<graph_obj>(done.graph)) g->capture = 0;
         if (done.invalidated) {
-            if (!done.existing) destroy_graph(s, done.graph);  // a failed capture's own graph is the driver's to destroy
+            if (!done.existing)
+                destroy_graph(s, done.graph);  // a failed capture's own graph is the driver's to destroy
             *phGraph = nullptr;
             return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
         }
@@ -530,8 +548,10 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphCreate(CUgraph* phGraph, unsigned int 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph) {
     return entry([&](state& s) -> CUresult {
         graph_obj* g = s.find<graph_obj>(hGraph);
-        if (g == nullptr || g->parent != 0) return CUDA_ERROR_INVALID_VALUE;  // a child graph node's is the node's
-        if (g->capture != 0 && s.captures.count(g->capture) != 0) return CUDA_ERROR_ILLEGAL_STATE;  // still capturing
+        if (g == nullptr || g->parent != 0)
+            return CUDA_ERROR_INVALID_VALUE;  // a child graph node's is the node's
+        if (g->capture != 0 && s.captures.count(g->capture) != 0)
+            return CUDA_ERROR_ILLEGAL_STATE;  // still capturing
         destroy_graph(s, g->handle);
         return CUDA_SUCCESS;
     });
@@ -545,7 +565,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hGraph, CUgraphNode* 
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphGetRootNodes(CUgraph hGraph, CUgraphNode* rootNodes, size_t* numRootNodes) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphGetRootNodes(CUgraph hGraph, CUgraphNode* rootNodes,
+                                                       size_t* numRootNodes) {
     return entry([&](state& s) -> CUresult {
         graph_obj* g = s.find<graph_obj>(hGraph);
         if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -566,7 +587,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode hNode, CUgraph
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeGetDependencies_v2(CUgraphNode hNode, CUgraphNode* dependencies,
-                                                                 CUgraphEdgeData* edgeData, size_t* numDependencies) {
+                                                                 CUgraphEdgeData* edgeData,
+                                                                 size_t* numDependencies) {
     return entry([&](state& s) -> CUresult {
         node_obj* n = s.find<node_obj>(hNode);
         if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -575,8 +597,10 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeGetDependencies_v2(CUgraphNode hNo
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeGetDependentNodes_v2(CUgraphNode hNode, CUgraphNode* dependentNodes,
-                                                                   CUgraphEdgeData* edgeData, size_t* numDependentNodes) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeGetDependentNodes_v2(CUgraphNode hNode,
+                                                                   CUgraphNode* dependentNodes,
+                                                                   CUgraphEdgeData* edgeData,
+                                                                   size_t* numDependentNodes) {
     return entry([&](state& s) -> CUresult {
         node_obj* n = s.find<node_obj>(hNode);
         if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -595,22 +619,29 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeGetDependentNodes_v2(CUgraphNode h
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphAddNode_v2(CUgraphNode* phGraphNode, CUgraph hGraph,
-                                                     const CUgraphNode* dependencies, const CUgraphEdgeData* dependencyData,
+                                                     const CUgraphNode* dependencies,
+                                                     const CUgraphEdgeData* dependencyData,
                                                      size_t numDependencies, CUgraphNodeParams* nodeParams) {
     return entry([&](state& s) {
-        return add_node_from(s, phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams);
+        return add_node_from(s, phGraphNode, hGraph, dependencies, dependencyData, numDependencies,
+                             nodeParams);
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphAddDependencies_v2(CUgraph hGraph, const CUgraphNode* from, const CUgraphNode* to,
-                                                             const CUgraphEdgeData* edgeData, size_t numDependencies) {
-    return entry([&](state& s) { return change_edges(s, hGraph, from, to, edgeData, numDependencies, true); });
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphAddDependencies_v2(CUgraph hGraph, const CUgraphNode* from,
+                                                             const CUgraphNode* to,
+                                                             const CUgraphEdgeData* edgeData,
+                                                             size_t numDependencies) {
+    return entry(
+        [&](state& s) { return change_edges(s, hGraph, from, to, edgeData, numDependencies, true); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphRemoveDependencies_v2(CUgraph hGraph, const CUgraphNode* from,
-                                                                const CUgraphNode* to, const CUgraphEdgeData* edgeData,
+                                                                const CUgraphNode* to,
+                                                                const CUgraphEdgeData* edgeData,
                                                                 size_t numDependencies) {
-    return entry([&](state& s) { return change_edges(s, hGraph, from, to, edgeData, numDependencies, false); });
+    return entry(
+        [&](state& s) { return change_edges(s, hGraph, from, to, edgeData, numDependencies, false); });
 }
 
 // The node goes, and so do the edges into and out of it.
@@ -632,10 +663,12 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphDestroyNode(CUgraphNode hNode) {
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphKernelNodeSetParams_v2(CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS* nodeParams) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphKernelNodeSetParams_v2(CUgraphNode hNode,
+                                                                 const CUDA_KERNEL_NODE_PARAMS* nodeParams) {
     return entry([&](state& s) -> CUresult {
         node_obj* n = s.find<node_obj>(hNode);
-        if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_KERNEL || nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_KERNEL || nodeParams == nullptr)
+            return CUDA_ERROR_INVALID_VALUE;
         context_obj* c = nullptr;
         if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
         work w;
@@ -652,8 +685,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* phGr
     return entry([&](state& s) { return instantiate(s, phGraphExec, hGraph, flags); });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, CUgraph hGraph,
-                                                                CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams(
+    CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams) {
     return entry([&](state& s) -> CUresult {
         if (instantiateParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
         CUDA_GRAPH_INSTANTIATE_PARAMS& p = *instantiateParams;
@@ -662,7 +695,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec* phG
         bool upload = (p.flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0;
         if (upload)
             if (CUresult r = check_stream(s, p.hUploadStream); r != CUDA_SUCCESS) return r;
-        return instantiate(s, phGraphExec, hGraph, p.flags & ~static_cast<cuuint64_t>(CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD),
+        return instantiate(s, phGraphExec, hGraph,
+                           p.flags & ~static_cast<cuuint64_t>(CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD),
                            &p.hErrNode_out, &p.result_out);
     });
 }
@@ -677,8 +711,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec) {
 }
 
 // The node's kernel in this executable graph only; checked in the executable graph's context.
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode,
-                                                                     const CUDA_KERNEL_NODE_PARAMS* nodeParams) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(
+    CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS* nodeParams) {
     return entry([&](state& s) -> CUresult {
         graph_exec_obj* e = s.find<graph_exec_obj>(hGraphExec);
         if (e == nullptr || nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -693,10 +727,10 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec
     });
 }
 
-// The child graph must have the topology of the one in the node; its work replaces the node's in this executable
-// graph only.
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecChildGraphNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
-                                                                      CUgraph childGraph) {
+// The child graph must have the topology of the one in the node; its work replaces the node's in this
+// executable graph only.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecChildGraphNodeSetParams(CUgraphExec hGraphExec,
+                                                                      CUgraphNode hNode, CUgraph childGraph) {
     return entry([&](state& s) -> CUresult {
         graph_exec_obj* e = s.find<graph_exec_obj>(hGraphExec);
         graph_obj* child = s.find<graph_obj>(childGraph);
@@ -723,8 +757,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphUpload(CUgraphExec hGraphExec, CUstrea
     });
 }
 
-// Runs the executable graph's nodes in order, without the lock; launched into a capturing stream, the whole graph
-// is one recorded node.
+// Runs the executable graph's nodes in order, without the lock; launched into a capturing stream, the whole
+// graph is one recorded node.
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
     return entry_then([&](state& s, work& w) -> CUresult {
         graph_exec_obj* e = s.find<graph_exec_obj>(hGraphExec);

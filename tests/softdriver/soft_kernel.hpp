@@ -23,15 +23,17 @@ struct launch {
     void* const* params = nullptr;  // params[i] points at parameter i, as in cuLaunchKernel's kernelParams
 
     template <class T>
-    T param(size_t i) const { return *static_cast<const T*>(params[i]); }
+    T param(size_t i) const {
+        return *static_cast<const T*>(params[i]);
+    }
     size_t threads() const { return size_t{grid.x} * grid.y * grid.z * block.x * block.y * block.z; }
 };
 
 using kernel_fn = void (*)(const launch&);
 
 struct kernel_entry {
-    std::string_view name;                 // the symbol name in the image (mangled for C++ kernels)
-    std::vector<size_t> param_sizes;       // in bytes, in order; offsets follow the C ABI alignment rules
+    std::string_view name;            // the symbol name in the image (mangled for C++ kernels)
+    std::vector<size_t> param_sizes;  // in bytes, in order; offsets follow the C ABI alignment rules
     kernel_fn fn;
 };
 

@@ -2,7 +2,8 @@
 // virtual memory management API maps memfd-backed "physical" allocations (cuMemCreate) into PROT_NONE
 // reservations (cuMemAddressReserve, which honours address hints), pinned host memory is its own device
 // pointer. Every device allocation counts against the device's VCUDA_SOFT_MEMORY quota; going past it
-// answers CUDA_ERROR_OUT_OF_MEMORY. Every range is recorded so that copies and memsets are checked against it.
+// answers CUDA_ERROR_OUT_OF_MEMORY. Every range is recorded so that copies and memsets are checked against
+// it.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -37,7 +38,8 @@ std::map<uintptr_t, size_t>::iterator find_reservation(state& s, uintptr_t p, si
     return it;
 }
 
-CUresult device_alloc(state& s, context_obj& c, size_t bytes, range_kind k, unsigned flags, CUdeviceptr* out) {
+CUresult device_alloc(state& s, context_obj& c, size_t bytes, range_kind k, unsigned flags,
+                      CUdeviceptr* out) {
     if (out == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     if (bytes > (size_t{1} << 48)) return CUDA_ERROR_OUT_OF_MEMORY;
     size_t os_size = round_up(bytes, page_size());
@@ -63,7 +65,8 @@ CUresult device_alloc(state& s, context_obj& c, size_t bytes, range_kind k, unsi
 
 CUresult host_alloc(state& s, void** pp, size_t bytes, unsigned flags) {
     if (pp == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-    if ((flags & ~(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)) != 0)
+    if ((flags & ~(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)) !=
+        0)
         return CUDA_ERROR_INVALID_VALUE;
     context_obj* c = nullptr;
     if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
@@ -99,10 +102,13 @@ bool valid_alloc_prop(state& s, const CUmemAllocationProp* prop, CUresult& err, 
         case CU_MEM_LOCATION_TYPE_HOST:
         case CU_MEM_LOCATION_TYPE_HOST_NUMA:
         case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
-            if (host_ok) return true;  // granularity queries (NCCL's probe); host memory itself is not modelled
+            if (host_ok)
+                return true;  // granularity queries (NCCL's probe); host memory itself is not modelled
             err = CUDA_ERROR_NOT_SUPPORTED;
             return false;
-        default: err = CUDA_ERROR_INVALID_VALUE; return false;
+        default:
+            err = CUDA_ERROR_INVALID_VALUE;
+            return false;
     }
 }
 
@@ -131,9 +137,12 @@ size_t pointer_attribute_size(CUpointer_attribute a) {
         case CU_POINTER_ATTRIBUTE_MAPPED:
         case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
         case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
-        case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: return 4;
-        case CU_POINTER_ATTRIBUTE_P2P_TOKENS: return 0;
-        default: return 8;
+        case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+            return 4;
+        case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
+            return 0;
+        default:
+            return 8;
     }
 }
 
@@ -148,20 +157,32 @@ CUresult pointer_attribute(state& s, void* data, CUpointer_attribute attribute, 
     if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const bool host = r->k == range_kind::host_alloc || r->k == range_kind::host_registered;
     switch (attribute) {
-        case CU_POINTER_ATTRIBUTE_CONTEXT: put(data, to_handle<CUcontext>(r->ctx)); break;
+        case CU_POINTER_ATTRIBUTE_CONTEXT:
+            put(data, to_handle<CUcontext>(r->ctx));
+            break;
         case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
             put(data, static_cast<unsigned>(host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE));
             break;
-        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: put(data, ptr); break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+            put(data, ptr);
+            break;
         case CU_POINTER_ATTRIBUTE_HOST_POINTER:
             if (!host && r->k != range_kind::managed) return CUDA_ERROR_INVALID_VALUE;
             put(data, reinterpret_cast<void*>(static_cast<uintptr_t>(ptr)));
             break;
-        case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: put(data, static_cast<unsigned>(r->sync_memops)); break;
+        case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+            put(data, static_cast<unsigned>(r->sync_memops));
+            break;
         case CU_POINTER_ATTRIBUTE_BUFFER_ID:
-        case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: put(data, static_cast<unsigned long long>(r->buffer_id)); break;
-        case CU_POINTER_ATTRIBUTE_IS_MANAGED: put(data, static_cast<unsigned>(r->k == range_kind::managed)); break;
-        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: put(data, r->device); break;
+        case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+            put(data, static_cast<unsigned long long>(r->buffer_id));
+            break;
+        case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+            put(data, static_cast<unsigned>(r->k == range_kind::managed));
+            break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+            put(data, r->device);
+            break;
         case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
             put(data, static_cast<unsigned>(r->k == range_kind::device));
             break;
@@ -182,7 +203,9 @@ CUresult pointer_attribute(state& s, void* data, CUpointer_attribute attribute, 
                 put(data, size);
             break;
         }
-        case CU_POINTER_ATTRIBUTE_MAPPED: put(data, 1u); break;
+        case CU_POINTER_ATTRIBUTE_MAPPED:
+            put(data, 1u);
+            break;
         case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: {
             unsigned long long types = 0;
             if (r->k == range_kind::vmm)
@@ -195,16 +218,27 @@ CUresult pointer_attribute(state& s, void* data, CUpointer_attribute attribute, 
             break;
         case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: {
             unsigned flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-            if (r->k == range_kind::vmm) flags = r->access[static_cast<size_t>(current_device_or(s, r->device))];
+            if (r->k == range_kind::vmm)
+                flags = r->access[static_cast<size_t>(current_device_or(s, r->device))];
             put(data, flags);
             break;
         }
-        case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: put(data, static_cast<CUmemoryPool>(nullptr)); break;
-        case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: put(data, r->size); break;
-        case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: put(data, reinterpret_cast<void*>(r->base)); break;
-        case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: put(data, 0u); break;
-        case CU_POINTER_ATTRIBUTE_P2P_TOKENS: return CUDA_ERROR_NOT_SUPPORTED;
-        default: return CUDA_ERROR_INVALID_VALUE;
+        case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+            put(data, static_cast<CUmemoryPool>(nullptr));
+            break;
+        case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+            put(data, r->size);
+            break;
+        case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+            put(data, reinterpret_cast<void*>(r->base));
+            break;
+        case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+            put(data, 0u);
+            break;
+        case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
+            return CUDA_ERROR_NOT_SUPPORTED;
+        default:
+            return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
 }
@@ -212,7 +246,8 @@ CUresult pointer_attribute(state& s, void* data, CUpointer_attribute attribute, 
 }  // namespace
 
 void* os_alloc(size_t bytes) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p =
+        mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     return p == MAP_FAILED ? nullptr : p;
 }
 
@@ -242,7 +277,8 @@ CUresult check_device_range(state& s, uintptr_t p, size_t n, bool write) {
     bool first = true;
     while (first || cur < end) {
         mem_range* r = find_range(s, cur);
-        if (r == nullptr) return in_reservation(s, cur) ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_ERROR_INVALID_VALUE;
+        if (r == nullptr)
+            return in_reservation(s, cur) ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_ERROR_INVALID_VALUE;
         if (!first && r->k != range_kind::vmm) return CUDA_ERROR_INVALID_VALUE;
         if (r->k == range_kind::vmm) {
             // Mapped but never given access (cuMemSetAccess): a GPU would fault.
@@ -299,8 +335,11 @@ void free_range(state& s, uintptr_t base) {
             }
             break;
         }
-        case range_kind::global: std::free(reinterpret_cast<void*>(r.base)); break;
-        case range_kind::host_registered: break;
+        case range_kind::global:
+            std::free(reinterpret_cast<void*>(r.base));
+            break;
+        case range_kind::host_registered:
+            break;
     }
 }
 
@@ -373,8 +412,10 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t b
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
                                                       size_t Height, unsigned int ElementSizeBytes) {
     return entry([&](state& s) -> CUresult {
-        if (dptr == nullptr || pPitch == nullptr || WidthInBytes == 0 || Height == 0) return CUDA_ERROR_INVALID_VALUE;
-        if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16) return CUDA_ERROR_INVALID_VALUE;
+        if (dptr == nullptr || pPitch == nullptr || WidthInBytes == 0 || Height == 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)
+            return CUDA_ERROR_INVALID_VALUE;
         context_obj* c = nullptr;
         if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
         if (WidthInBytes > (size_t{1} << 40)) return CUDA_ERROR_INVALID_VALUE;
@@ -394,7 +435,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
         if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
         if (CUresult r = check_unsafe_call(s); r != CUDA_SUCCESS) return r;
         auto it = s.ranges.find(static_cast<uintptr_t>(dptr));
-        if (it == s.ranges.end() || (it->second.k != range_kind::device && it->second.k != range_kind::managed))
+        if (it == s.ranges.end() ||
+            (it->second.k != range_kind::device && it->second.k != range_kind::managed))
             return CUDA_ERROR_INVALID_VALUE;
         release_pooled(s, it->second);
         free_range(s, it->first);
@@ -446,7 +488,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t byt
     return entry([&](state& s) -> CUresult { return pool_alloc(s, dptr, bytesize, nullptr, hStream); });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize,
+                                                           CUmemoryPool pool, CUstream hStream) {
     return entry([&](state& s) -> CUresult {
         auto* p = s.find<pool_obj>(pool);
         if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -467,7 +510,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hSt
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
     return entry([&](state& s) -> CUresult {
-        if (pool == nullptr || props == nullptr || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+        if (pool == nullptr || props == nullptr || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
+            return CUDA_ERROR_INVALID_VALUE;
         if (props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !s.valid_device(props->location.id))
             return CUDA_ERROR_INVALID_VALUE;
         pool_obj* p = s.create<pool_obj>();
@@ -520,10 +564,13 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t) {
-    return entry([&](state& s) -> CUresult { return s.find<pool_obj>(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; });
+    return entry([&](state& s) -> CUresult {
+        return s.find<pool_obj>(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                                                         void* value) {
     return entry([&](state& s) -> CUresult {
         auto* p = s.find<pool_obj>(pool);
         if (p == nullptr || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -533,18 +580,22 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUme
             case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
                 p->reuse[attr - 1] = *static_cast<int*>(value) != 0;
                 return CUDA_SUCCESS;
-            case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->release_threshold = *static_cast<cuuint64_t*>(value); return CUDA_SUCCESS;
+            case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+                p->release_threshold = *static_cast<cuuint64_t*>(value);
+                return CUDA_SUCCESS;
             case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
             case CU_MEMPOOL_ATTR_USED_MEM_HIGH:  // only resetting to 0 is allowed
                 if (*static_cast<cuuint64_t*>(value) != 0) return CUDA_ERROR_INVALID_VALUE;
                 p->used_high = p->used;
                 return CUDA_SUCCESS;
-            default: return CUDA_ERROR_INVALID_VALUE;
+            default:
+                return CUDA_ERROR_INVALID_VALUE;
         }
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                                                         void* value) {
     return entry([&](state& s) -> CUresult {
         auto* p = s.find<pool_obj>(pool);
         if (p == nullptr || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -552,19 +603,29 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUme
         switch (attr) {
             case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
             case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-            case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *static_cast<int*>(value) = p->reuse[attr - 1]; break;
-            case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: put(p->release_threshold); break;
+            case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+                *static_cast<int*>(value) = p->reuse[attr - 1];
+                break;
+            case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+                put(p->release_threshold);
+                break;
             case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-            case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: put(p->used); break;
+            case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+                put(p->used);
+                break;
             case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-            case CU_MEMPOOL_ATTR_USED_MEM_HIGH: put(p->used_high); break;
-            default: return CUDA_ERROR_INVALID_VALUE;
+            case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+                put(p->used_high);
+                break;
+            default:
+                return CUDA_ERROR_INVALID_VALUE;
         }
         return CUDA_SUCCESS;
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map,
+                                                      size_t count) {
     return entry([&](state& s) -> CUresult {
         auto* p = s.find<pool_obj>(pool);
         if (p == nullptr || map == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -576,11 +637,12 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const C
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool, CUmemLocation* location) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool,
+                                                      CUmemLocation* location) {
     return entry([&](state& s) -> CUresult {
         auto* p = s.find<pool_obj>(pool);
-        if (p == nullptr || flags == nullptr || location == nullptr || location->type != CU_MEM_LOCATION_TYPE_DEVICE ||
-            !s.valid_device(location->id))
+        if (p == nullptr || flags == nullptr || location == nullptr ||
+            location->type != CU_MEM_LOCATION_TYPE_DEVICE || !s.valid_device(location->id))
             return CUDA_ERROR_INVALID_VALUE;
         *flags = p->access[static_cast<size_t>(location->id)];
         return CUDA_SUCCESS;
@@ -600,7 +662,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free, size_t* total) 
 }
 
 // Answers for every recorded range: allocations, VMM mappings, pinned and registered host memory, globals.
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize,
+                                                           CUdeviceptr dptr) {
     return entry([&](state& s) -> CUresult {
         mem_range* r = find_range(s, static_cast<uintptr_t>(dptr));
         if (r == nullptr) return CUDA_ERROR_NOT_FOUND;
@@ -612,7 +675,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, s
 
 // --- Virtual memory management.
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity,
+                                                                 const CUmemAllocationProp* prop,
                                                                  CUmemAllocationGranularity_flags option) {
     return entry([&](state& s) -> CUresult {
         if (granularity == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -628,7 +692,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granula
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                                                const CUmemAllocationProp* prop, unsigned long long flags) {
     return entry([&](state& s) -> CUresult {
-        if (handle == nullptr || flags != 0 || size == 0 || size % vmm_granularity != 0) return CUDA_ERROR_INVALID_VALUE;
+        if (handle == nullptr || flags != 0 || size == 0 || size % vmm_granularity != 0)
+            return CUDA_ERROR_INVALID_VALUE;
         if (CUresult r = check_unsafe_call(s); r != CUDA_SUCCESS) return r;
         CUresult err = CUDA_SUCCESS;
         if (!valid_alloc_prop(s, prop, err)) return err;
@@ -636,8 +701,10 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* han
                                CU_MEM_HANDLE_TYPE_WIN32_KMT | CU_MEM_HANDLE_TYPE_FABRIC;
         unsigned types = static_cast<unsigned>(prop->requestedHandleTypes);
         if ((types & ~known) != 0) return CUDA_ERROR_INVALID_VALUE;
-        if ((types & CU_MEM_HANDLE_TYPE_FABRIC) != 0) return CUDA_ERROR_NOT_PERMITTED;  // as measured on an H100
-        if ((types & (CU_MEM_HANDLE_TYPE_WIN32 | CU_MEM_HANDLE_TYPE_WIN32_KMT)) != 0) return CUDA_ERROR_NOT_SUPPORTED;
+        if ((types & CU_MEM_HANDLE_TYPE_FABRIC) != 0)
+            return CUDA_ERROR_NOT_PERMITTED;  // as measured on an H100
+        if ((types & (CU_MEM_HANDLE_TYPE_WIN32 | CU_MEM_HANDLE_TYPE_WIN32_KMT)) != 0)
+            return CUDA_ERROR_NOT_SUPPORTED;
         int device = prop->location.id;
         if (CUresult r = charge(s, device, size); r != CUDA_SUCCESS) return r;
         int fd = memfd_create("vcuda-soft-vmm", MFD_CLOEXEC);
@@ -666,7 +733,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle han
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
+                                                               void* addr) {
     return entry([&](state& s) -> CUresult {
         if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
         mem_range* r = find_range(s, reinterpret_cast<uintptr_t>(addr));
@@ -679,8 +747,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAlloc
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
-                                                                         CUmemGenericAllocationHandle handle) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI
+cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) {
     return entry([&](state& s) -> CUresult {
         if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
         mem_handle_obj* m = live_mem_handle(s, handle);
@@ -692,10 +760,11 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemA
 
 // A PROT_NONE reservation. A nonzero, aligned `addr` is tried exactly (MAP_FIXED_NOREPLACE); if something is
 // already there the range goes wherever the kernel puts it, as the real driver treats addr as a hint.
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
-                                                       unsigned long long flags) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                                                       CUdeviceptr addr, unsigned long long flags) {
     return entry([&](state& s) -> CUresult {
-        if (ptr == nullptr || size == 0 || size % vmm_granularity != 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+        if (ptr == nullptr || size == 0 || size % vmm_granularity != 0 || flags != 0)
+            return CUDA_ERROR_INVALID_VALUE;
         if (alignment == 0) alignment = vmm_granularity;
         if (!is_pow2(alignment)) return CUDA_ERROR_INVALID_VALUE;
         if (alignment < vmm_granularity) alignment = vmm_granularity;
@@ -718,7 +787,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t 
             uintptr_t raw = reinterpret_cast<uintptr_t>(p);
             base = round_up(raw, alignment);
             if (base > raw) munmap(p, base - raw);
-            if (raw + total > base + size) munmap(reinterpret_cast<void*>(base + size), raw + total - (base + size));
+            if (raw + total > base + size)
+                munmap(reinterpret_cast<void*>(base + size), raw + total - (base + size));
         }
         s.reservations.emplace(base, size);
         *ptr = static_cast<CUdeviceptr>(base);
@@ -731,7 +801,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size
         auto it = s.reservations.find(static_cast<uintptr_t>(ptr));
         if (it == s.reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
         std::vector<uintptr_t> inside;
-        for (auto r = s.ranges.lower_bound(it->first); r != s.ranges.end() && r->first < it->first + size; ++r)
+        for (auto r = s.ranges.lower_bound(it->first); r != s.ranges.end() && r->first < it->first + size;
+             ++r)
             if (r->second.k == range_kind::vmm) inside.push_back(r->first);
         for (uintptr_t b : inside) free_range(s, b);
         munmap(reinterpret_cast<void*>(it->first), size);
@@ -756,8 +827,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t
         if (it != s.ranges.end() && it->first < base + size) return CUDA_ERROR_INVALID_VALUE;
         if (it != s.ranges.begin() && std::prev(it)->first + std::prev(it)->second.size > base)
             return CUDA_ERROR_INVALID_VALUE;
-        void* p = mmap(reinterpret_cast<void*>(base), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->fd,
-                       static_cast<off_t>(offset));
+        void* p = mmap(reinterpret_cast<void*>(base), size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                       m->fd, static_cast<off_t>(offset));
         if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
         mem_range r;
         r.base = base;
@@ -817,7 +888,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, 
             cur = r->base + r->size;
         }
         for (mem_range* r : covered)
-            for (size_t i = 0; i < count; ++i) r->access[static_cast<size_t>(desc[i].location.id)] = desc[i].flags;
+            for (size_t i = 0; i < count; ++i)
+                r->access[static_cast<size_t>(desc[i].location.id)] = desc[i].flags;
         return CUDA_SUCCESS;
     });
 }
@@ -858,8 +930,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags) {
     return entry([&](state& s) -> CUresult {
         if (p == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-        if ((Flags & ~(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY |
-                       CU_MEMHOSTREGISTER_READ_ONLY)) != 0)
+        if ((Flags & ~(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                       CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY)) != 0)
             return CUDA_ERROR_INVALID_VALUE;
         context_obj* c = nullptr;
         if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
@@ -892,7 +964,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemHostUnregister(void* p) {
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int Flags) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p,
+                                                                unsigned int Flags) {
     return entry([&](state& s) -> CUresult {
         if (pdptr == nullptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
         context_obj* c = nullptr;
@@ -917,14 +990,16 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemHostGetFlags(unsigned int* pFlags, void*
 
 // --- Pointer attributes.
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
+                                                         CUdeviceptr ptr) {
     return entry([&](state& s) { return pointer_attribute(s, data, attribute, ptr); });
 }
 
 // Unlike the single form, an unknown pointer is not an error: every attribute reads as zero (NULL context,
 // memory type 0, device ordinal -2).
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute* attributes,
-                                                          void** data, CUdeviceptr ptr) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
+                                                          CUpointer_attribute* attributes, void** data,
+                                                          CUdeviceptr ptr) {
     return entry([&](state& s) -> CUresult {
         if (numAttributes == 0 || attributes == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
         const bool known = find_range(s, static_cast<uintptr_t>(ptr)) != nullptr;
@@ -932,7 +1007,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttrib
             if (data[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
             size_t size = pointer_attribute_size(attributes[i]);
             if (size == 0) return CUDA_ERROR_INVALID_VALUE;
-            if (attributes[i] < CU_POINTER_ATTRIBUTE_CONTEXT || attributes[i] > CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE)
+            if (attributes[i] < CU_POINTER_ATTRIBUTE_CONTEXT ||
+                attributes[i] > CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE)
                 return CUDA_ERROR_INVALID_VALUE;
             if (known && pointer_attribute(s, data[i], attributes[i], ptr) == CUDA_SUCCESS) continue;
             std::memset(data[i], 0, size);
@@ -945,7 +1021,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttrib
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuPointerSetAttribute(const void* value, CUpointer_attribute attribute,
                                                          CUdeviceptr ptr) {
     return entry([&](state& s) -> CUresult {
-        if (value == nullptr || attribute != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS) return CUDA_ERROR_INVALID_VALUE;
+        if (value == nullptr || attribute != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS)
+            return CUDA_ERROR_INVALID_VALUE;
         mem_range* r = find_range(s, static_cast<uintptr_t>(ptr));
         if (r == nullptr) return CUDA_ERROR_INVALID_VALUE;
         unsigned v = 0;

@@ -1,11 +1,12 @@
 // The software test driver: libraries, modules, kernels, functions, occupancy and launches. Images are not
-// parsed (their size is unknown and there is no GPU code to run): any non-null image loads, and every module or
-// library "contains" every kernel and global of the registry (soft_kernel.hpp); a name not registered is
+// parsed (their size is unknown and there is no GPU code to run): any non-null image loads, and every module
+// or library "contains" every kernel and global of the registry (soft_kernel.hpp); a name not registered is
 // CUDA_ERROR_NOT_FOUND. Each module and library gets its own zeroed copy of each global. A launch is checked
 // as the real driver checks it at call time, then runs the host kernel at once, with the lock released.
 //
 // CUkernel handles may be passed where a CUfunction is taken (cudart launches that way) except to
-// cuFuncGetParamInfo and cuFuncGetModule, which answer CUDA_ERROR_INVALID_HANDLE for them as the real driver does.
+// cuFuncGetParamInfo and cuFuncGetModule, which answer CUDA_ERROR_INVALID_HANDLE for them as the real driver
+// does.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -37,23 +38,56 @@ CUresult resolve_callable(state& s, CUfunction f, callable& out) {
 
 CUresult get_attr(const func_attrs& a, CUfunction_attribute attrib, int& out) {
     switch (attrib) {
-        case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: out = max_threads_per_block; break;
-        case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: out = 0; break;
-        case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: out = 0; break;
-        case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: out = 0; break;
-        case CU_FUNC_ATTRIBUTE_NUM_REGS: out = regs_per_thread; break;
-        case CU_FUNC_ATTRIBUTE_PTX_VERSION: out = 90; break;
-        case CU_FUNC_ATTRIBUTE_BINARY_VERSION: out = 90; break;
-        case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: out = 0; break;
-        case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: out = a.max_dynamic_shared; break;
-        case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: out = a.carveout; break;
-        case CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: out = 0; break;
-        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: out = a.cluster_w; break;
-        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: out = a.cluster_h; break;
-        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: out = a.cluster_d; break;
-        case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: out = a.non_portable_cluster; break;
-        case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: out = a.cluster_sched; break;
-        default: return CUDA_ERROR_INVALID_VALUE;
+        case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+            out = max_threads_per_block;
+            break;
+        case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES:
+            out = 0;
+            break;
+        case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES:
+            out = 0;
+            break;
+        case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES:
+            out = 0;
+            break;
+        case CU_FUNC_ATTRIBUTE_NUM_REGS:
+            out = regs_per_thread;
+            break;
+        case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+            out = 90;
+            break;
+        case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
+            out = 90;
+            break;
+        case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA:
+            out = 0;
+            break;
+        case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+            out = a.max_dynamic_shared;
+            break;
+        case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+            out = a.carveout;
+            break;
+        case CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET:
+            out = 0;
+            break;
+        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
+            out = a.cluster_w;
+            break;
+        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
+            out = a.cluster_h;
+            break;
+        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
+            out = a.cluster_d;
+            break;
+        case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+            out = a.non_portable_cluster;
+            break;
+        case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+            out = a.cluster_sched;
+            break;
+        default:
+            return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
 }
@@ -83,11 +117,13 @@ CUresult set_attr(func_attrs& a, CUfunction_attribute attrib, int value) {
             a.non_portable_cluster = value;
             return CUDA_SUCCESS;
         case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
-            if (value < CU_CLUSTER_SCHEDULING_POLICY_DEFAULT || value > CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING)
+            if (value < CU_CLUSTER_SCHEDULING_POLICY_DEFAULT ||
+                value > CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING)
                 return CUDA_ERROR_INVALID_VALUE;
             a.cluster_sched = value;
             return CUDA_SUCCESS;
-        default: return CUDA_ERROR_INVALID_VALUE;  // read-only or unknown
+        default:
+            return CUDA_ERROR_INVALID_VALUE;  // read-only or unknown
     }
 }
 
@@ -100,8 +136,8 @@ CUresult param_info(const kernel_entry& k, size_t index, size_t* offset, size_t*
 
 // --- Objects.
 
-function_obj* make_function(state& s, const kernel_entry* entry, uint64_t ctx, uint64_t module, uint64_t kernel,
-                            std::shared_ptr<func_attrs> attrs) {
+function_obj* make_function(state& s, const kernel_entry* entry, uint64_t ctx, uint64_t module,
+                            uint64_t kernel, std::shared_ptr<func_attrs> attrs) {
     function_obj* f = s.create<function_obj>();
     f->entry = entry;
     f->name = std::string(entry->name);
@@ -164,7 +200,8 @@ global_set& globals_of(state& s, module_obj& m) {
     return m.globals;
 }
 
-CUresult get_global(state& s, global_set& set, CUdeviceptr* dptr, size_t* bytes, const char* name, int device) {
+CUresult get_global(state& s, global_set& set, CUdeviceptr* dptr, size_t* bytes, const char* name,
+                    int device) {
     if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const global_entry* g = find_global(name);
     if (g == nullptr) return CUDA_ERROR_NOT_FOUND;
@@ -191,7 +228,8 @@ void destroy_library(state& s, library_obj& lib) {
     s.erase(lib.handle);
 }
 
-// --- Occupancy of a block on one SM, for a kernel that uses 32 registers a thread and no static shared memory.
+// --- Occupancy of a block on one SM, for a kernel that uses 32 registers a thread and no static shared
+// memory.
 
 int blocks_per_sm(const func_attrs& a, long block_size, size_t dynamic_smem) {
     if (block_size <= 0 || block_size > static_cast<long>(max_threads_per_block)) return 0;
@@ -204,9 +242,11 @@ int blocks_per_sm(const func_attrs& a, long block_size, size_t dynamic_smem) {
 }
 
 CUresult max_potential_block_size(state& s, work& w, int* minGridSize, int* blockSize, CUfunction func,
-                                  CUoccupancyB2DSize b2d, size_t dynamicSMemSize, int blockSizeLimit, unsigned flags) {
+                                  CUoccupancyB2DSize b2d, size_t dynamicSMemSize, int blockSizeLimit,
+                                  unsigned flags) {
     if (minGridSize == nullptr || blockSize == nullptr || blockSizeLimit < 0) return CUDA_ERROR_INVALID_VALUE;
-    if (flags != CU_OCCUPANCY_DEFAULT && flags != CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE) return CUDA_ERROR_INVALID_VALUE;
+    if (flags != CU_OCCUPANCY_DEFAULT && flags != CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE)
+        return CUDA_ERROR_INVALID_VALUE;
     callable c;
     if (CUresult r = resolve_callable(s, func, c); r != CUDA_SUCCESS) return r;
     func_attrs attrs = *c.attrs;
@@ -297,7 +337,8 @@ CUresult launch_work(state& s, work& w, const launch_request& q, const context_o
         }
         std::vector<size_t> offsets = param_offsets(*k);
         const size_t needed = count == 0 ? 0 : offsets.back() + k->param_sizes.back();
-        if (needed > 0 && (data == nullptr || size == nullptr || *size < needed)) return CUDA_ERROR_INVALID_VALUE;
+        if (needed > 0 && (data == nullptr || size == nullptr || *size < needed))
+            return CUDA_ERROR_INVALID_VALUE;
         // An aligned copy, so that a kernel may read its parameters as the types they are.
         buffer = std::make_shared<std::vector<std::max_align_t>>((needed + sizeof(std::max_align_t) - 1) /
                                                                  sizeof(std::max_align_t));
@@ -305,7 +346,8 @@ CUresult launch_work(state& s, work& w, const launch_request& q, const context_o
         auto* bytes = reinterpret_cast<char*>(buffer->data());
         for (size_t i = 0; i < count; ++i) (*params)[i] = bytes + offsets[i];
     } else if (count > 0) {
-        // Copied, as the real driver copies them at launch: a captured launch runs after the caller's are gone.
+        // Copied, as the real driver copies them at launch: a captured launch runs after the caller's are
+        // gone.
         if (q.kernel_params == nullptr) return CUDA_ERROR_INVALID_VALUE;
         std::vector<size_t> offsets = param_offsets(*k);
         const size_t needed = offsets.back() + k->param_sizes.back();
@@ -390,17 +432,21 @@ using namespace vcuda::soft;
 
 // --- Libraries (context-independent).
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jitOptions,
-                                                     void** jitOptionsValues, unsigned int numJitOptions,
-                                                     CUlibraryOption* libraryOptions, void** libraryOptionValues,
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary* library, const void* code,
+                                                     CUjit_option* jitOptions, void** jitOptionsValues,
+                                                     unsigned int numJitOptions,
+                                                     CUlibraryOption* libraryOptions,
+                                                     void** libraryOptionValues,
                                                      unsigned int numLibraryOptions) {
     return entry([&](state& s) -> CUresult {
         if (library == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
-        if (numJitOptions > 0 && (jitOptions == nullptr || jitOptionsValues == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+        if (numJitOptions > 0 && (jitOptions == nullptr || jitOptionsValues == nullptr))
+            return CUDA_ERROR_INVALID_VALUE;
         // Both library options are flags whose presence is what counts: a NULL value array is accepted.
         if (numLibraryOptions > 0 && libraryOptions == nullptr) return CUDA_ERROR_INVALID_VALUE;
         for (unsigned i = 0; i < numLibraryOptions; ++i)
-            if (libraryOptions[i] < 0 || libraryOptions[i] >= CU_LIBRARY_NUM_OPTIONS) return CUDA_ERROR_INVALID_VALUE;
+            if (libraryOptions[i] < 0 || libraryOptions[i] >= CU_LIBRARY_NUM_OPTIONS)
+                return CUDA_ERROR_INVALID_VALUE;
         library_obj* lib = s.create<library_obj>();
         lib->image = code;
         *library = to_handle<CUlibrary>(lib->handle);
@@ -417,7 +463,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary library) {
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, const char* name) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library,
+                                                      const char* name) {
     return entry([&](state& s) -> CUresult {
         if (pKernel == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
         library_obj* lib = s.find<library_obj>(library);
@@ -438,7 +485,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLibraryGetKernelCount(unsigned int* count, 
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLibraryEnumerateKernels(CUkernel* kernels, unsigned int numKernels, CUlibrary lib) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLibraryEnumerateKernels(CUkernel* kernels, unsigned int numKernels,
+                                                             CUlibrary lib) {
     return entry([&](state& s) -> CUresult {
         if (kernels == nullptr || numKernels == 0) return CUDA_ERROR_INVALID_VALUE;
         library_obj* l = s.find<library_obj>(lib);
@@ -526,12 +574,14 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuKernelSetAttribute(CUfunction_attribute att
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice dev) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config,
+                                                          CUdevice dev) {
     return entry([&](state& s) -> CUresult {
         kernel_obj* k = s.find<kernel_obj>(kernel);
         if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
         if (!s.valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-        if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
+        if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL)
+            return CUDA_ERROR_INVALID_VALUE;
         k->attrs->cache = config;
         return CUDA_SUCCESS;
     });
@@ -547,10 +597,11 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuKernelGetName(const char** name, CUkernel h
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t* paramOffset,
-                                                        size_t* paramSize) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex,
+                                                        size_t* paramOffset, size_t* paramSize) {
     return entry([&](state& s) -> CUresult {
-        // Measured on the real driver (580): without a current context this answers CUDA_ERROR_INVALID_CONTEXT.
+        // Measured on the real driver (580): without a current context this answers
+        // CUDA_ERROR_INVALID_CONTEXT.
         context_obj* c = nullptr;
         if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
         kernel_obj* k = s.find<kernel_obj>(kernel);
@@ -580,11 +631,22 @@ struct jit_logs {
         for (unsigned i = 0; i < n; ++i) {
             auto size = static_cast<size_t>(reinterpret_cast<uintptr_t>(v[i]));
             switch (o[i]) {
-                case CU_JIT_INFO_LOG_BUFFER: info = static_cast<char*>(v[i]); break;
-                case CU_JIT_ERROR_LOG_BUFFER: error = static_cast<char*>(v[i]); break;
-                case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: info_size = size; info_size_slot = &v[i]; break;
-                case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: error_size = size; error_size_slot = &v[i]; break;
-                default: break;
+                case CU_JIT_INFO_LOG_BUFFER:
+                    info = static_cast<char*>(v[i]);
+                    break;
+                case CU_JIT_ERROR_LOG_BUFFER:
+                    error = static_cast<char*>(v[i]);
+                    break;
+                case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES:
+                    info_size = size;
+                    info_size_slot = &v[i];
+                    break;
+                case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES:
+                    error_size = size;
+                    error_size_slot = &v[i];
+                    break;
+                default:
+                    break;
             }
         }
     }
@@ -601,15 +663,22 @@ struct jit_logs {
 
 // PTX is text: the software driver "compiles" it by checking for the directive every PTX file has and for a
 // line a test marks as invalid.
-bool is_ptx(const void* image) { return std::strncmp(static_cast<const char*>(image), "//", 2) == 0 || std::strncmp(static_cast<const char*>(image), ".version", 8) == 0; }
-bool valid_ptx(const char* text) { return std::strstr(text, ".version") && !std::strstr(text, "this is not PTX"); }
+bool is_ptx(const void* image) {
+    return std::strncmp(static_cast<const char*>(image), "//", 2) == 0 ||
+           std::strncmp(static_cast<const char*>(image), ".version", 8) == 0;
+}
+bool valid_ptx(const char* text) {
+    return std::strstr(text, ".version") && !std::strstr(text, "this is not PTX");
+}
 
 }  // namespace
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions,
-                                                      CUjit_option* options, void** optionValues) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule* module, const void* image,
+                                                      unsigned int numOptions, CUjit_option* options,
+                                                      void** optionValues) {
     return entry([&](state& s) -> CUresult {
-        if (numOptions > 0 && (options == nullptr || optionValues == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+        if (numOptions > 0 && (options == nullptr || optionValues == nullptr))
+            return CUDA_ERROR_INVALID_VALUE;
         jit_logs logs(numOptions, options, optionValues);
         if (image && is_ptx(image) && !valid_ptx(static_cast<const char*>(image))) {
             logs.error_text("soft driver: invalid PTX");
@@ -620,10 +689,11 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule* module, const vo
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLinkCreate_v2(unsigned int numOptions, CUjit_option* options, void** optionValues,
-                                                   CUlinkState* stateOut) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLinkCreate_v2(unsigned int numOptions, CUjit_option* options,
+                                                   void** optionValues, CUlinkState* stateOut) {
     return entry([&](state& s) -> CUresult {
-        if (!stateOut || (numOptions > 0 && (options == nullptr || optionValues == nullptr))) return CUDA_ERROR_INVALID_VALUE;
+        if (!stateOut || (numOptions > 0 && (options == nullptr || optionValues == nullptr)))
+            return CUDA_ERROR_INVALID_VALUE;
         context_obj* c = nullptr;
         if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
         jit_logs logs(numOptions, options, optionValues);
@@ -637,8 +707,9 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLinkCreate_v2(unsigned int numOptions, CUji
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void* data, size_t size,
-                                                    const char*, unsigned int, CUjit_option*, void**) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void* data,
+                                                    size_t size, const char*, unsigned int, CUjit_option*,
+                                                    void**) {
     return entry([&](struct state& s) -> CUresult {
         link_obj* l = s.find<link_obj>(state);
         if (l == nullptr) return CUDA_ERROR_INVALID_HANDLE;
@@ -708,8 +779,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuModuleGetFunctionCount(unsigned int* count,
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuModuleEnumerateFunctions(CUfunction* functions, unsigned int numFunctions,
-                                                              CUmodule mod) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuModuleEnumerateFunctions(CUfunction* functions,
+                                                              unsigned int numFunctions, CUmodule mod) {
     return entry([&](state& s) -> CUresult {
         if (functions == nullptr || numFunctions == 0) return CUDA_ERROR_INVALID_VALUE;
         module_obj* m = s.find<module_obj>(mod);
@@ -736,14 +807,16 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuModuleGetLoadingMode(CUmoduleLoadingMode* m
     return entry([&](state&) -> CUresult {
         if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
         const char* env = std::getenv("CUDA_MODULE_LOADING");
-        *mode = env != nullptr && std::strcmp(env, "EAGER") == 0 ? CU_MODULE_EAGER_LOADING : CU_MODULE_LAZY_LOADING;
+        *mode = env != nullptr && std::strcmp(env, "EAGER") == 0 ? CU_MODULE_EAGER_LOADING
+                                                                 : CU_MODULE_LAZY_LOADING;
         return CUDA_SUCCESS;
     });
 }
 
 // --- Functions (CUfunction; a CUkernel cast to CUfunction is accepted where the real driver accepts it).
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuFuncGetAttribute(int* pi, CUfunction_attribute attrib, CUfunction hfunc) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuFuncGetAttribute(int* pi, CUfunction_attribute attrib,
+                                                      CUfunction hfunc) {
     return entry([&](state& s) -> CUresult {
         if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
         callable c;
@@ -752,7 +825,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuFuncGetAttribute(int* pi, CUfunction_attrib
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib,
+                                                      int value) {
     return entry([&](state& s) -> CUresult {
         callable c;
         if (CUresult r = resolve_callable(s, hfunc, c); r != CUDA_SUCCESS) return r;
@@ -764,7 +838,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc
     return entry([&](state& s) -> CUresult {
         callable c;
         if (CUresult r = resolve_callable(s, hfunc, c); r != CUDA_SUCCESS) return r;
-        if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
+        if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL)
+            return CUDA_ERROR_INVALID_VALUE;
         c.attrs->cache = config;
         return CUDA_SUCCESS;
     });
@@ -819,10 +894,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuFuncLoad(CUfunction function) {
 
 // --- Occupancy.
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* numBlocks, CUfunction func,
-                                                                                        int blockSize,
-                                                                                        size_t dynamicSMemSize,
-                                                                                        unsigned int flags) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    int* numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags) {
     return entry([&](state& s) -> CUresult {
         if (numBlocks == nullptr || blockSize <= 0) return CUDA_ERROR_INVALID_VALUE;
         if (flags != CU_OCCUPANCY_DEFAULT && flags != CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE)
@@ -834,32 +907,32 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessorWi
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, CUfunction func,
-                                                                              int blockSize, size_t dynamicSMemSize) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks,
+                                                                               CUfunction func, int blockSize,
+                                                                               size_t dynamicSMemSize) {
     return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks, func, blockSize, dynamicSMemSize,
                                                                 CU_OCCUPANCY_DEFAULT);
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSizeWithFlags(int* minGridSize, int* blockSize,
-                                                                             CUfunction func,
-                                                                             CUoccupancyB2DSize blockSizeToDynamicSMemSize,
-                                                                             size_t dynamicSMemSize, int blockSizeLimit,
-                                                                             unsigned int flags) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSizeWithFlags(
+    int* minGridSize, int* blockSize, CUfunction func, CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+    size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags) {
     return entry_then([&](state& s, work& w) {
-        return max_potential_block_size(s, w, minGridSize, blockSize, func, blockSizeToDynamicSMemSize, dynamicSMemSize,
-                                        blockSizeLimit, flags);
+        return max_potential_block_size(s, w, minGridSize, blockSize, func, blockSizeToDynamicSMemSize,
+                                        dynamicSMemSize, blockSizeLimit, flags);
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSize(int* minGridSize, int* blockSize, CUfunction func,
-                                                                    CUoccupancyB2DSize blockSizeToDynamicSMemSize,
-                                                                    size_t dynamicSMemSize, int blockSizeLimit) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSize(
+    int* minGridSize, int* blockSize, CUfunction func, CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+    size_t dynamicSMemSize, int blockSizeLimit) {
     return cuOccupancyMaxPotentialBlockSizeWithFlags(minGridSize, blockSize, func, blockSizeToDynamicSMemSize,
                                                      dynamicSMemSize, blockSizeLimit, CU_OCCUPANCY_DEFAULT);
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t* dynamicSmemSize, CUfunction func,
-                                                                           int numBlocks, int blockSize) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t* dynamicSmemSize,
+                                                                           CUfunction func, int numBlocks,
+                                                                           int blockSize) {
     return entry([&](state& s) -> CUresult {
         if (dynamicSmemSize == nullptr || numBlocks <= 0 || blockSize <= 0) return CUDA_ERROR_INVALID_VALUE;
         callable c;
@@ -929,8 +1002,9 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialClusterSize(int* clust
 // --- Launches.
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                                                  unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
-                                                  unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                                  unsigned int gridDimZ, unsigned int blockDimX,
+                                                  unsigned int blockDimY, unsigned int blockDimZ,
+                                                  unsigned int sharedMemBytes, CUstream hStream,
                                                   void** kernelParams, void** extra) {
     return entry_then([&](state& s, work& w) {
         launch_request q;
@@ -945,9 +1019,10 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gri
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                                                             unsigned int gridDimZ, unsigned int blockDimX,
-                                                             unsigned int blockDimY, unsigned int blockDimZ,
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
+                                                             unsigned int gridDimY, unsigned int gridDimZ,
+                                                             unsigned int blockDimX, unsigned int blockDimY,
+                                                             unsigned int blockDimZ,
                                                              unsigned int sharedMemBytes, CUstream hStream,
                                                              void** kernelParams) {
     return entry_then([&](state& s, work& w) {
@@ -964,8 +1039,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsig
 }
 
 // Attributes are checked, and honoured where they change what is valid (cooperative, cluster dimension).
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams,
-                                                    void** extra) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f,
+                                                    void** kernelParams, void** extra) {
     return entry_then([&](state& s, work& w) -> CUresult {
         if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
         if (config->numAttrs > 0 && config->attrs == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -980,7 +1055,9 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config
         for (unsigned i = 0; i < config->numAttrs; ++i) {
             const CUlaunchAttribute& a = config->attrs[i];
             switch (a.id) {
-                case CU_LAUNCH_ATTRIBUTE_COOPERATIVE: q.cooperative = a.value.cooperative != 0; break;
+                case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+                    q.cooperative = a.value.cooperative != 0;
+                    break;
                 case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
                     q.cluster_x = a.value.clusterDim.x;
                     q.cluster_y = a.value.clusterDim.y;
@@ -1000,8 +1077,10 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config
                 case CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT:
                 case CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE:
                 case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
-                case CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING: break;
-                default: return CUDA_ERROR_INVALID_VALUE;
+                case CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING:
+                    break;
+                default:
+                    return CUDA_ERROR_INVALID_VALUE;
             }
         }
         return prepare_launch(s, w, q);

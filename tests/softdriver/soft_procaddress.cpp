@@ -2,8 +2,8 @@
 // at build time from protocol/procaddress-driver580.tsv), resolving the symbol the table names among the ones
 // this library exports (dlsym on its own handle). A name the table knows but this library does not implement
 // answers SYMBOL_NOT_FOUND. The per-thread-default-stream variants (_ptsz/_ptds) are not exported: with flags
-// CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM the default-stream symbol is returned instead, which is the same
-// thing here since all work is synchronous.
+// CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM the default-stream symbol is returned instead, which is the
+// same thing here since all work is synchronous.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -58,10 +58,12 @@ const char* pick(unsigned first, unsigned count, int cuda_version) {
 using namespace vcuda::soft;
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
-                                                       cuuint64_t flags, CUdriverProcAddressQueryResult* symbolStatus) {
+                                                       cuuint64_t flags,
+                                                       CUdriverProcAddressQueryResult* symbolStatus) {
     return guarded([&]() -> CUresult {
         if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-        if ((flags & ~cuuint64_t{CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM}) != 0)
+        if ((flags & ~cuuint64_t{CU_GET_PROC_ADDRESS_LEGACY_STREAM |
+                                 CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM}) != 0)
             return CUDA_ERROR_INVALID_VALUE;
         if (cudaVersion > driver_version) return CUDA_ERROR_INVALID_VALUE;  // leaves *pfn alone
         auto answer = [&](void* fn, CUdriverProcAddressQueryResult status) {
@@ -75,7 +77,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void*
         if (name == nullptr) return answer(nullptr, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
         void* self = self_handle();
         void* fn = self != nullptr ? dlsym(self, name) : nullptr;
-        if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0 && e->ptds_count != 0 && self != nullptr)
+        if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0 && e->ptds_count != 0 &&
+            self != nullptr)
             if (const char* ptds = pick(e->ptds_first, e->ptds_count, cudaVersion))
                 if (void* p = dlsym(self, ptds)) fn = p;
         return answer(fn, fn != nullptr ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);

@@ -49,7 +49,8 @@ void register_kernel(kernel_entry e) {
     std::string name(e.name);
     if (name.empty() || e.fn == nullptr) return;
     if (r.kernels.count(name) != 0) {
-        std::fprintf(stderr, "vcuda softdriver: kernel '%s' registered twice; keeping the first\n", name.c_str());
+        std::fprintf(stderr, "vcuda softdriver: kernel '%s' registered twice; keeping the first\n",
+                     name.c_str());
         return;
     }
     auto stored = std::make_unique<stored_kernel>();

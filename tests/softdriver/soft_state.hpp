@@ -58,7 +58,19 @@ inline constexpr int regs_per_thread = 32;
 inline constexpr int least_stream_priority = 0, greatest_stream_priority = -5;
 
 enum class kind : uint8_t {
-    context = 1, stream, event, module, library, kernel, function, mem_handle, graph, graph_exec, mem_pool, graph_node, link
+    context = 1,
+    stream,
+    event,
+    module,
+    library,
+    kernel,
+    function,
+    mem_handle,
+    graph,
+    graph_exec,
+    mem_pool,
+    graph_node,
+    link
 };
 
 inline constexpr uint64_t handle_tag = uint64_t{0x5c0d} << 48;
@@ -94,8 +106,8 @@ struct stream_obj : object {
     uint64_t capture = 0;  // the capture sequence it records into (0: none; stale once that capture ended)
 };
 
-// A memory pool (cuMemPoolCreate, or a device's default pool): stream-ordered allocations come from it and give
-// their memory back at once (no caching), so its figures are what is in use.
+// A memory pool (cuMemPoolCreate, or a device's default pool): stream-ordered allocations come from it and
+// give their memory back at once (no caching), so its figures are what is in use.
 struct pool_obj : object {
     static constexpr kind tag = kind::mem_pool;
     pool_obj() : object(tag) {}
@@ -114,15 +126,18 @@ struct event_obj : object {
     unsigned flags = 0;
     bool recorded = false;
     std::chrono::steady_clock::time_point when{};
-    uint64_t capture = 0;  // last recorded inside this capture sequence: a stream waiting on it joins the capture
+    uint64_t capture =
+        0;  // last recorded inside this capture sequence: a stream waiting on it joins the capture
 };
 
-// A stream capture under way (cuStreamBeginCapture* .. cuStreamEndCapture): the work of its streams is recorded
-// into its graph instead of running, each piece a node after the one before (the capture is one chain).
+// A stream capture under way (cuStreamBeginCapture* .. cuStreamEndCapture): the work of its streams is
+// recorded into its graph instead of running, each piece a node after the one before (the capture is one
+// chain).
 struct capture_seq {
     uint64_t id = 0;
     uint64_t graph = 0;
-    bool existing = false;  // cuStreamBeginCaptureToGraph: the application's graph, never destroyed with the capture
+    bool existing =
+        false;  // cuStreamBeginCaptureToGraph: the application's graph, never destroyed with the capture
     std::vector<uint64_t> last;  // what the next node recorded depends on (at first: the dependencies given)
     std::vector<CUgraphEdgeData> last_edges;  // their edge data (empty: default)
     uint64_t ctx = 0;
@@ -199,7 +214,8 @@ struct kernel_obj : object {
     std::map<uint64_t, uint64_t> functions;  // context -> function
 };
 
-// A cuMemCreate allocation: a memfd of its size, mapped with cuMemMap. Freed when it is released and unmapped.
+// A cuMemCreate allocation: a memfd of its size, mapped with cuMemMap. Freed when it is released and
+// unmapped.
 struct mem_handle_obj : object {
     static constexpr kind tag = kind::mem_handle;
     mem_handle_obj() : object(tag) {}
@@ -218,10 +234,10 @@ struct mem_range {
     size_t size = 0;
     range_kind k = range_kind::device;
     int device = 0;
-    uint64_t ctx = 0;       // owning context (0: none, e.g. VMM and globals)
-    unsigned flags = 0;     // host alloc / register flags
-    size_t charged = 0;     // bytes counted against the device's memory quota
-    size_t os_size = 0;     // bytes to munmap (device, managed, host_alloc)
+    uint64_t ctx = 0;    // owning context (0: none, e.g. VMM and globals)
+    unsigned flags = 0;  // host alloc / register flags
+    size_t charged = 0;  // bytes counted against the device's memory quota
+    size_t os_size = 0;  // bytes to munmap (device, managed, host_alloc)
     uint64_t buffer_id = 0;
     uint64_t mem_handle = 0;  // vmm: the handle mapped here
     size_t handle_offset = 0;
@@ -327,9 +343,9 @@ CUresult entry_then(F&& f) noexcept {
     });
 }
 
-// A graph: its nodes in the order they were added, each with the nodes it runs after. Instantiating copies the
-// nodes' work in a topological order (dependencies first, then insertion order); launching runs it, one node at a
-// time like everything here.
+// A graph: its nodes in the order they were added, each with the nodes it runs after. Instantiating copies
+// the nodes' work in a topological order (dependencies first, then insertion order); launching runs it, one
+// node at a time like everything here.
 struct graph_obj : object {
     static constexpr kind tag = kind::graph;
     graph_obj() : object(tag) {}
@@ -346,7 +362,7 @@ struct node_obj : object {
     std::vector<uint64_t> deps;          // nodes of the same graph it runs after
     std::vector<CUgraphEdgeData> edges;  // one per dependency
     work run;                            // what it does (nothing for empty and child graph nodes)
-    uint64_t child = 0;                  // child graph nodes: the graph cloned into the node, destroyed with it
+    uint64_t child = 0;  // child graph nodes: the graph cloned into the node, destroyed with it
 };
 
 // One node of an executable graph: its own copy of the node's work, which updates replace.
@@ -380,9 +396,9 @@ void release_context_resources(state& s, context_obj& c);
 CUresult check_stream(state& s, CUstream h, context_obj** ctx = nullptr);
 
 // --- Stream capture and graphs (soft_graph.cpp).
-// The work an operation on `stream` left: recorded into the capture's graph as a node of `type` when the stream
-// captures (w is emptied), else left to run. Using the legacy stream while a blocking stream of its context
-// captures fails with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidates those captures.
+// The work an operation on `stream` left: recorded into the capture's graph as a node of `type` when the
+// stream captures (w is emptied), else left to run. Using the legacy stream while a blocking stream of its
+// context captures fails with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidates those captures.
 CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type);
 // The capture `stream` records into, or null (a stale reference to an ended capture is dropped here).
 capture_seq* capture_of(state& s, CUstream stream);
@@ -393,8 +409,8 @@ bool blocked_by_capture(state& s, CUstream stream);
 // Synchronizing with `stream` (cuStreamSynchronize, cuStreamQuery): not while it captures (the capture is
 // invalidated), nor with the legacy stream while a blocking stream captures.
 CUresult check_not_capturing(state& s, CUstream stream);
-// A potentially unsafe call (allocations) while captures are under way: refused by the calling thread's capture
-// mode (cuThreadExchangeStreamCaptureMode) with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
+// A potentially unsafe call (allocations) while captures are under way: refused by the calling thread's
+// capture mode (cuThreadExchangeStreamCaptureMode) with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
 CUresult check_unsafe_call(state& s);
 CUstreamCaptureMode thread_capture_mode();  // soft_stream.cpp
 // Forgets the captures of context `ctx` and the graphs they made (context destroyed or reset).
@@ -412,7 +428,7 @@ bool in_reservation(const state& s, uintptr_t p);
 // unmapped or inaccessible part of a VMM reservation.
 CUresult check_device_range(state& s, uintptr_t p, size_t n, bool write);
 void insert_range(state& s, mem_range r);
-void free_range(state& s, uintptr_t base);  // releases the memory and the quota; erases the range
+void free_range(state& s, uintptr_t base);          // releases the memory and the quota; erases the range
 void release_pooled(state& s, const mem_range& r);  // a stream-ordered allocation's pool figures drop
 CUresult charge(state& s, int device, size_t bytes);
 void uncharge(state& s, int device, size_t bytes);

@@ -1,8 +1,9 @@
 // The software test driver: streams, events, host functions. All work runs synchronously in the calling
 // thread, so every stream is always complete and every recorded event has happened; what remains is the
-// bookkeeping and the call-time checks of the real driver. NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are
-// valid wherever a stream is taken (they need a current context). Host functions and stream callbacks run at
-// once, with the driver's lock released. Capture status queries are here; the capture itself is soft_graph.cpp.
+// bookkeeping and the call-time checks of the real driver. NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD
+// are valid wherever a stream is taken (they need a current context). Host functions and stream callbacks run
+// at once, with the driver's lock released. Capture status queries are here; the capture itself is
+// soft_graph.cpp.
 #include <chrono>
 #include <type_traits>
 
@@ -16,7 +17,8 @@ thread_local CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 bool special_stream(CUstream h) { return h == nullptr || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD; }
 
 CUresult create_stream(state& s, CUstream* ph, unsigned flags, int priority) {
-    if (ph == nullptr || (flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (ph == nullptr || (flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
     context_obj* c = nullptr;
     if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
     // Out-of-range priorities are clamped, as the real driver does.
@@ -72,7 +74,7 @@ CUresult capture_status(state& s, CUstream h, CUstreamCaptureStatus& status, cap
     if (CUresult r = check_stream(s, h); r != CUDA_SUCCESS) return r;
     if (blocked_by_capture(s, h)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     q = capture_of(s, h);
-    status = q == nullptr      ? CU_STREAM_CAPTURE_STATUS_NONE
+    status = q == nullptr     ? CU_STREAM_CAPTURE_STATUS_NONE
              : q->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
                               : CU_STREAM_CAPTURE_STATUS_ACTIVE;
     return CUDA_SUCCESS;
@@ -120,7 +122,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamCreate(CUstream* phStream, unsigned i
     return entry([&](state& s) { return create_stream(s, phStream, Flags, least_stream_priority); });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags,
+                                                              int priority) {
     return entry([&](state& s) { return create_stream(s, phStream, flags, priority); });
 }
 
@@ -159,7 +162,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent h
         if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
         if ((Flags & ~static_cast<unsigned>(CU_EVENT_WAIT_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
         work none;
-        if (CUresult r = capture_or_run(s, hStream, none, CU_GRAPH_NODE_TYPE_EMPTY); r != CUDA_SUCCESS) return r;
+        if (CUresult r = capture_or_run(s, hStream, none, CU_GRAPH_NODE_TYPE_EMPTY); r != CUDA_SUCCESS)
+            return r;
         // An event recorded in a capture under way: the waiting stream joins that capture.
         if (e->capture == 0 || s.captures.count(e->capture) == 0) return CUDA_SUCCESS;
         capture_seq* q = capture_of(s, hStream);
@@ -212,7 +216,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCtx(CUstream hStream, CUcontext* p
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCtx_v2(CUstream hStream, CUcontext* pCtx, CUgreenCtx* pGreenCtx) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCtx_v2(CUstream hStream, CUcontext* pCtx,
+                                                     CUgreenCtx* pGreenCtx) {
     return entry([&](state& s) -> CUresult {
         if (pCtx == nullptr || pGreenCtx == nullptr) return CUDA_ERROR_INVALID_VALUE;
         context_obj* c = nullptr;
@@ -233,7 +238,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetDevice(CUstream hStream, CUdevice*
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream,
+                                                       CUstreamCaptureStatus* captureStatus) {
     return entry([&](state& s) -> CUresult {
         if (captureStatus == nullptr) return CUDA_ERROR_INVALID_VALUE;
         capture_seq* q = nullptr;
@@ -241,7 +247,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstrea
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hStream,
+                                                             CUstreamCaptureStatus* captureStatus_out,
                                                              cuuint64_t* id_out, CUgraph* graph_out,
                                                              const CUgraphNode** dependencies_out,
                                                              size_t* numDependencies_out) {
@@ -251,11 +258,9 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hStream, C
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
-                                                             cuuint64_t* id_out, CUgraph* graph_out,
-                                                             const CUgraphNode** dependencies_out,
-                                                             const CUgraphEdgeData** edgeData_out,
-                                                             size_t* numDependencies_out) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(
+    CUstream hStream, CUstreamCaptureStatus* captureStatus_out, cuuint64_t* id_out, CUgraph* graph_out,
+    const CUgraphNode** dependencies_out, const CUgraphEdgeData** edgeData_out, size_t* numDependencies_out) {
     return entry([&](state& s) {
         return capture_info(s, hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
                             numDependencies_out);
@@ -264,7 +269,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hStream, C
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
     return entry([&](state&) -> CUresult {
-        if (mode == nullptr || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        if (mode == nullptr || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL ||
+            *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
             return CUDA_ERROR_INVALID_VALUE;
         CUstreamCaptureMode old = capture_mode;
         capture_mode = *mode;
@@ -287,8 +293,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn f
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void* userData,
-                                                       unsigned int flags) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamAddCallback(CUstream hStream, CUstreamCallback callback,
+                                                       void* userData, unsigned int flags) {
     return entry_then([&](state& s, work& w) -> CUresult {
         if (callback == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
         if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
@@ -297,7 +303,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamAddCallback(CUstream hStream, CUstrea
             return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
         work none;
-        if (CUresult r = capture_or_run(s, hStream, none, CU_GRAPH_NODE_TYPE_EMPTY); r != CUDA_SUCCESS) return r;
+        if (CUresult r = capture_or_run(s, hStream, none, CU_GRAPH_NODE_TYPE_EMPTY); r != CUDA_SUCCESS)
+            return r;
         w = [hStream, callback, userData]() -> CUresult {
             callback(hStream, CUDA_SUCCESS, userData);
             return CUDA_SUCCESS;
@@ -328,7 +335,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStrea
     return entry([&](state& s) { return record_event(s, hEvent, hStream); });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream,
+                                                          unsigned int flags) {
     return entry([&](state& s) -> CUresult {
         if ((flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
         return record_event(s, hEvent, hStream);
@@ -369,8 +377,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
     });
 }
 
-// --- Stream memory operations. Streams run their work at the call here, so a write is done at once and a wait
-// polls its word (another thread may write it through host memory) for up to 10 s.
+// --- Stream memory operations. Streams run their work at the call here, so a write is done at once and a
+// wait polls its word (another thread may write it through host memory) for up to 10 s.
 
 namespace {
 // The _v2 entry points (the only ones here) refuse CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER.
@@ -379,7 +387,9 @@ CUresult stream_write(CUstream stream, CUdeviceptr addr, T value, unsigned flags
     return entry([&](state& s) -> CUresult {
         if (CUresult r = check_stream(s, stream); r != CUDA_SUCCESS) return r;
         if (flags != 0 || addr % sizeof(T)) return CUDA_ERROR_INVALID_VALUE;
-        if (CUresult r = check_device_range(s, static_cast<uintptr_t>(addr), sizeof(T), true); r != CUDA_SUCCESS) return r;
+        if (CUresult r = check_device_range(s, static_cast<uintptr_t>(addr), sizeof(T), true);
+            r != CUDA_SUCCESS)
+            return r;
         __atomic_store_n(reinterpret_cast<T*>(addr), value, __ATOMIC_SEQ_CST);
         return CUDA_SUCCESS;
     });
@@ -392,7 +402,9 @@ CUresult stream_wait(CUstream stream, CUdeviceptr addr, T value, unsigned flags)
     CUresult checked = entry([&](state& s) -> CUresult {
         if (CUresult r = check_stream(s, stream); r != CUDA_SUCCESS) return r;
         if (op > CU_STREAM_WAIT_VALUE_NOR || addr % sizeof(T)) return CUDA_ERROR_INVALID_VALUE;
-        if (CUresult r = check_device_range(s, static_cast<uintptr_t>(addr), sizeof(T), false); r != CUDA_SUCCESS) return r;
+        if (CUresult r = check_device_range(s, static_cast<uintptr_t>(addr), sizeof(T), false);
+            r != CUDA_SUCCESS)
+            return r;
         word = reinterpret_cast<T*>(addr);
         return CUDA_SUCCESS;
     });
@@ -400,10 +412,14 @@ CUresult stream_wait(CUstream stream, CUdeviceptr addr, T value, unsigned flags)
     auto met = [&] {
         T v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
         switch (op) {
-            case CU_STREAM_WAIT_VALUE_GEQ: return static_cast<std::make_signed_t<T>>(v - value) >= 0;
-            case CU_STREAM_WAIT_VALUE_EQ: return v == value;
-            case CU_STREAM_WAIT_VALUE_AND: return (v & value) != 0;
-            default: return static_cast<T>(~(v | value)) != 0;
+            case CU_STREAM_WAIT_VALUE_GEQ:
+                return static_cast<std::make_signed_t<T>>(v - value) >= 0;
+            case CU_STREAM_WAIT_VALUE_EQ:
+                return v == value;
+            case CU_STREAM_WAIT_VALUE_AND:
+                return (v & value) != 0;
+            default:
+                return static_cast<T>(~(v | value)) != 0;
         }
     };
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -415,15 +431,19 @@ CUresult stream_wait(CUstream stream, CUdeviceptr addr, T value, unsigned flags)
 }
 }  // namespace
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr,
+                                                           cuuint32_t value, unsigned int flags) {
     return stream_write<cuuint32_t>(stream, addr, value, flags);
 }
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr,
+                                                           cuuint64_t value, unsigned int flags) {
     return stream_write<cuuint64_t>(stream, addr, value, flags);
 }
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                                          unsigned int flags) {
     return stream_wait<cuuint32_t>(stream, addr, value, flags);
 }
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value,
+                                                          unsigned int flags) {
     return stream_wait<cuuint64_t>(stream, addr, value, flags);
 }

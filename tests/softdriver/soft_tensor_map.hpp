@@ -1,6 +1,6 @@
-// The software test driver's tensor map descriptor: what its cuTensorMapEncode* write into the 128 opaque bytes of a
-// CUtensorMap (the real format is undocumented; this one is the software driver's own), and what host kernels that
-// take a CUtensorMap read back. Little-endian, all fields at fixed offsets:
+// The software test driver's tensor map descriptor: what its cuTensorMapEncode* write into the 128 opaque
+// bytes of a CUtensorMap (the real format is undocumented; this one is the software driver's own), and what
+// host kernels that take a CUtensorMap read back. Little-endian, all fields at fixed offsets:
 //
 //   offset size field
 //   0      4    magic 0x4d545356 ("VSTM")

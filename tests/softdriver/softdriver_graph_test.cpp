@@ -1,11 +1,11 @@
-// Unit tests of the software test driver's stream capture and graphs (soft_graph.cpp): work on a capturing stream
-// is recorded, not run; instantiated graphs replay it; the real driver's capture rules that programs meet hold;
-// graphs built node by node run in dependency order, and executable graphs take kernel and child graph updates.
-// The library is dlopened, as vcuda-server does.
+// Unit tests of the software test driver's stream capture and graphs (soft_graph.cpp): work on a capturing
+// stream is recorded, not run; instantiated graphs replay it; the real driver's capture rules that programs
+// meet hold; graphs built node by node run in dependency order, and executable graphs take kernel and child
+// graph updates. The library is dlopened, as vcuda-server does.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <cuda.h>
 #include <dlfcn.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -17,6 +17,8 @@
 
 namespace {
 
+// clang-format 14 reflows this list differently on each run: left as written.
+// clang-format off
 #define VCUDA_SOFT_GRAPH_FUNCTIONS(X)                                                                              \
     X(cuInit) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuCtxSetCurrent) X(cuMemAlloc_v2)      \
     X(cuMemFree_v2) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoH_v2) X(cuMemsetD32Async) X(cuMemsetD32_v2) X(cuStreamCreate)  \
@@ -29,6 +31,7 @@ namespace {
     X(cuGraphNodeGetType) X(cuGraphNodeGetDependencies_v2) X(cuGraphNodeGetDependentNodes_v2)                      \
     X(cuGraphAddDependencies_v2) X(cuGraphRemoveDependencies_v2) X(cuGraphDestroyNode)                             \
     X(cuGraphKernelNodeSetParams_v2) X(cuGraphExecKernelNodeSetParams_v2) X(cuGraphExecChildGraphNodeSetParams)
+// clang-format on
 
 struct soft_driver {
     void* lib = nullptr;
@@ -43,8 +46,8 @@ soft_driver& drv() {
         auto* s = new soft_driver;
         s->lib = dlopen(VCUDA_SOFTDRIVER_PATH, RTLD_NOW | RTLD_LOCAL);
         if (s->lib == nullptr) FAIL("dlopen " VCUDA_SOFTDRIVER_PATH ": " << dlerror());
-#define VCUDA_SOFT_GRAPH_LOAD(name)                                                \
-    s->name = reinterpret_cast<decltype(&::name)>(dlsym(s->lib, #name));           \
+#define VCUDA_SOFT_GRAPH_LOAD(name)                                      \
+    s->name = reinterpret_cast<decltype(&::name)>(dlsym(s->lib, #name)); \
     if (s->name == nullptr) FAIL("the software driver does not export " #name);
         VCUDA_SOFT_GRAPH_FUNCTIONS(VCUDA_SOFT_GRAPH_LOAD)
 #undef VCUDA_SOFT_GRAPH_LOAD
@@ -79,7 +82,8 @@ struct fixture {
     fixture() {
         REQUIRE(d.cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS);
         REQUIRE(d.cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
-        REQUIRE(d.cuLibraryLoadData(&lib, fake_image, nullptr, nullptr, 0, nullptr, nullptr, 0) == CUDA_SUCCESS);
+        REQUIRE(d.cuLibraryLoadData(&lib, fake_image, nullptr, nullptr, 0, nullptr, nullptr, 0) ==
+                CUDA_SUCCESS);
         CUkernel k = nullptr;
         REQUIRE(d.cuLibraryGetKernel(&k, lib, "soft_graph_test_add_one") == CUDA_SUCCESS);
         REQUIRE(d.cuKernelGetFunction(&add_one, k) == CUDA_SUCCESS);
@@ -94,7 +98,8 @@ struct fixture {
         d.cuCtxSetCurrent(nullptr);
         d.cuDevicePrimaryCtxRelease_v2(0);
     }
-    // Launches add_one on `s` with parameters that are gone when the call returns, as a captured launch's are.
+    // Launches add_one on `s` with parameters that are gone when the call returns, as a captured launch's
+    // are.
     CUresult launch(CUstream s) {
         CUdeviceptr p = buf;
         int count = n;
@@ -132,7 +137,9 @@ struct fixture {
         REQUIRE(d.cuGraphAddNode_v2(&node, g, deps.data(), nullptr, deps.size(), &copy) == CUDA_SUCCESS);
         return node;
     }
-    CUgraphNode add_kernel(CUgraph g, std::vector<CUgraphNode> deps = {}) { return add(g, add_one_node(add_one, buf).node, deps); }
+    CUgraphNode add_kernel(CUgraph g, std::vector<CUgraphNode> deps = {}) {
+        return add(g, add_one_node(add_one, buf).node, deps);
+    }
     CUgraphNode add_memset(CUgraph g, unsigned value, std::vector<CUgraphNode> deps = {}) {
         CUgraphNodeParams p{};
         p.type = CU_GRAPH_NODE_TYPE_MEMSET;
@@ -151,7 +158,9 @@ struct fixture {
     }
     CUresult run(CUgraph g) {
         CUgraphExec exec = nullptr;
-        if (CUresult r = d.cuGraphInstantiateWithFlags(&exec, g, CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY); r != CUDA_SUCCESS)
+        if (CUresult r =
+                d.cuGraphInstantiateWithFlags(&exec, g, CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY);
+            r != CUDA_SUCCESS)
             return r;
         CUresult r = d.cuGraphLaunch(exec, stream);
         d.cuGraphExecDestroy(exec);
@@ -175,7 +184,8 @@ TEST_CASE("capture records work, graphs replay it", "[unit]") {
     CUstreamCaptureStatus st;
     cuuint64_t id = 0;
     CUgraph during = nullptr;
-    REQUIRE(d.cuStreamGetCaptureInfo_v3(f.stream, &st, &id, &during, nullptr, nullptr, nullptr) == CUDA_SUCCESS);
+    REQUIRE(d.cuStreamGetCaptureInfo_v3(f.stream, &st, &id, &during, nullptr, nullptr, nullptr) ==
+            CUDA_SUCCESS);
     CHECK(id != 0);
     REQUIRE(d.cuMemsetD32Async(f.buf, 10, fixture::n, f.stream) == CUDA_SUCCESS);
     REQUIRE(f.launch(f.stream) == CUDA_SUCCESS);
@@ -194,7 +204,8 @@ TEST_CASE("capture records work, graphs replay it", "[unit]") {
 
     CUgraphExec exec = nullptr;
     REQUIRE(d.cuGraphInstantiateWithFlags(&exec, g, 0) == CUDA_SUCCESS);
-    CHECK(d.cuGraphInstantiateWithFlags(&exec, g, CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(d.cuGraphInstantiateWithFlags(&exec, g, CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) ==
+          CUDA_ERROR_INVALID_VALUE);
     REQUIRE(d.cuGraphLaunch(exec, f.stream) == CUDA_SUCCESS);
     CHECK(f.read()[fixture::n - 1] == 12);
     REQUIRE(d.cuMemsetD32_v2(f.buf, 0, fixture::n) == CUDA_SUCCESS);
@@ -314,7 +325,8 @@ TEST_CASE("capture rules: legacy stream, synchronization, capture mode, thread",
     CHECK(d.cuGraphDestroy(g) == CUDA_SUCCESS);
 }
 
-TEST_CASE("nodes added one by one run after their dependencies, whatever order they were added in", "[unit]") {
+TEST_CASE("nodes added one by one run after their dependencies, whatever order they were added in",
+          "[unit]") {
     fixture f;
     auto& d = f.d;
     CUgraph g = nullptr;
@@ -324,7 +336,8 @@ TEST_CASE("nodes added one by one run after their dependencies, whatever order t
     CUgraphNode k = f.add_kernel(g, {set});
     CUgraphNode join = f.add_empty(g, {k, late});
     REQUIRE(d.cuGraphAddDependencies_v2(g, &set, &late, nullptr, 1) == CUDA_SUCCESS);
-    CHECK(d.cuGraphAddDependencies_v2(g, &set, &late, nullptr, 1) == CUDA_ERROR_INVALID_VALUE);  // already there
+    CHECK(d.cuGraphAddDependencies_v2(g, &set, &late, nullptr, 1) ==
+          CUDA_ERROR_INVALID_VALUE);  // already there
     CHECK(f.type(late) == CU_GRAPH_NODE_TYPE_KERNEL);
     CHECK(f.type(set) == CU_GRAPH_NODE_TYPE_MEMSET);
     CHECK(f.type(join) == CU_GRAPH_NODE_TYPE_EMPTY);
@@ -392,7 +405,8 @@ TEST_CASE("dependencies and edge data are checked", "[unit]") {
     CUgraphEdgeData programmatic{};
     programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
     programmatic.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
-    CHECK(d.cuGraphAddNode_v2(&node, g, &set, &programmatic, 1, &kp.node) == CUDA_ERROR_INVALID_VALUE);  // kernels only
+    CHECK(d.cuGraphAddNode_v2(&node, g, &set, &programmatic, 1, &kp.node) ==
+          CUDA_ERROR_INVALID_VALUE);  // kernels only
     REQUIRE(d.cuGraphAddNode_v2(&node, g, &k, &programmatic, 1, &kp.node) == CUDA_SUCCESS);
     size_t count = 1;
     CUgraphNode dep = nullptr;
@@ -414,12 +428,13 @@ TEST_CASE("capture into an existing graph adds typed nodes after the given depen
     CUgraph g = nullptr;
     REQUIRE(d.cuGraphCreate(&g, 0) == CUDA_SUCCESS);
     CUgraphNode first = f.add_memset(g, 20);
-    REQUIRE(d.cuStreamBeginCaptureToGraph(f.stream, g, &first, nullptr, 1, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) ==
-            CUDA_SUCCESS);
+    REQUIRE(d.cuStreamBeginCaptureToGraph(f.stream, g, &first, nullptr, 1,
+                                          CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS);
     CUgraph during = nullptr;
     CUstreamCaptureStatus st;
     cuuint64_t id = 0;
-    REQUIRE(d.cuStreamGetCaptureInfo_v3(f.stream, &st, &id, &during, nullptr, nullptr, nullptr) == CUDA_SUCCESS);
+    REQUIRE(d.cuStreamGetCaptureInfo_v3(f.stream, &st, &id, &during, nullptr, nullptr, nullptr) ==
+            CUDA_SUCCESS);
     CHECK(during == g);
     REQUIRE(f.launch(f.stream) == CUDA_SUCCESS);
     REQUIRE(d.cuMemsetD32Async(f.buf + 4, 30, 1, f.stream) == CUDA_SUCCESS);
@@ -446,7 +461,8 @@ TEST_CASE("capture into an existing graph adds typed nodes after the given depen
     CHECK(got[1] == 30);
 
     // A failed capture leaves the application's graph to the application.
-    REQUIRE(d.cuStreamBeginCaptureToGraph(f.stream, g, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    REQUIRE(d.cuStreamBeginCaptureToGraph(f.stream, g, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL) ==
+            CUDA_SUCCESS);
     CHECK(d.cuStreamSynchronize(f.stream) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     CHECK(d.cuStreamEndCapture(f.stream, &ended) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     REQUIRE(d.cuGraphGetNodes(g, nullptr, &count) == CUDA_SUCCESS);

@@ -1,13 +1,13 @@
 // The record mode (VCUDA_TRACE): libcuda.so.1 forwards every call to a real driver — here the software test
 // driver or the fake driver — and writes one line per call. Each case loads the client in a child process
-// (the mode is chosen when the library is loaded), which reports what it saw as "key value" lines; this process
-// checks those and the trace file.
-#include <catch2/catch.hpp>
+// (the mode is chosen when the library is loaded), which reports what it saw as "key value" lines; this
+// process checks those and the trace file.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -33,7 +33,7 @@ namespace {
 using report = std::map<std::string, std::string>;
 
 class reporter {
-public:
+  public:
     explicit reporter(int fd) : fd_(fd) {}
     template <class T>
     void put(const std::string& key, const T& v) {
@@ -43,19 +43,21 @@ public:
         (void)!::write(fd_, text.data(), text.size());
     }
 
-private:
+  private:
     int fd_;
 };
 
 // Runs `body` in a child process after setting `env`; returns what it reported. The child must exit normally.
-report in_child(const std::vector<std::pair<std::string, std::string>>& env, const std::function<void(reporter&)>& body) {
+report in_child(const std::vector<std::pair<std::string, std::string>>& env,
+                const std::function<void(reporter&)>& body) {
     int p[2];
     REQUIRE(pipe(p) == 0);
     pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
         close(p[0]);
-        for (const char* v : {"VCUDA_SERVER", "VCUDA_TRACE", "VCUDA_TRACE_DRIVER", "VCUDA_TRACE_ENTER", "VCUDA_TRACE_DEREF"})
+        for (const char* v :
+             {"VCUDA_SERVER", "VCUDA_TRACE", "VCUDA_TRACE_DRIVER", "VCUDA_TRACE_ENTER", "VCUDA_TRACE_DEREF"})
             unsetenv(v);
         for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
         reporter r(p[1]);
@@ -112,7 +114,8 @@ std::vector<std::string> lines_of(const std::vector<std::string>& all, const std
     static const std::regex prefix(R"(^\d+\.\d{6} pid=\d+ tid=\d+ (depth=\d+ )?)");
     for (auto& l : all) {
         std::smatch m;
-        if (std::regex_search(l, m, prefix) && l.compare(m.length(0), head.size(), head) == 0) out.push_back(l);
+        if (std::regex_search(l, m, prefix) && l.compare(m.length(0), head.size(), head) == 0)
+            out.push_back(l);
     }
     return out;
 }
@@ -165,8 +168,10 @@ TEST_CASE("record mode forwards to the real driver and writes one line per call"
         auto cuMemcpyHtoD_ = entry<CUresult (*)(CUdeviceptr, const void*, size_t)>(h, "cuMemcpyHtoD_v2");
         auto cuMemcpyDtoH_ = entry<CUresult (*)(void*, CUdeviceptr, size_t)>(h, "cuMemcpyDtoH_v2");
         auto cuGetProcAddress_v2_ =
-            entry<CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*)>(h, "cuGetProcAddress_v2");
-        auto cuGetProcAddress_ = entry<CUresult (*)(const char*, void**, int, cuuint64_t)>(h, "cuGetProcAddress");
+            entry<CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*)>(
+                h, "cuGetProcAddress_v2");
+        auto cuGetProcAddress_ =
+            entry<CUresult (*)(const char*, void**, int, cuuint64_t)>(h, "cuGetProcAddress");
 
         out.put("init", cuInit_(0));
         int count = -1;
@@ -203,7 +208,8 @@ TEST_CASE("record mode forwards to the real driver and writes one line per call"
         other.join();
         out.put("destroy_rc", cuCtxDestroy_(ctx));
         void* fn1 = nullptr;
-        out.put("gpa1_rc", cuGetProcAddress_("cuInit", &fn1, 12000, 0));  // the soft driver has no cuGetProcAddress
+        out.put("gpa1_rc",
+                cuGetProcAddress_("cuInit", &fn1, 12000, 0));  // the soft driver has no cuGetProcAddress
     });
 
     CHECK(r["init"] == "0");
@@ -225,15 +231,17 @@ TEST_CASE("record mode forwards to the real driver and writes one line per call"
     CHECK(r["gpa1_rc"] == "801");
 
     auto all = read_lines(path);
-    INFO("trace:\n" << [&] {
-        std::string s;
-        for (auto& l : all) s += l + "\n";
-        return s;
-    }());
+    INFO("trace:\n"
+         << [&] {
+                std::string s;
+                for (auto& l : all) s += l + "\n";
+                return s;
+            }());
     REQUIRE(!all.empty());
     CHECK(all[0].rfind("# vcuda trace: pid=", 0) == 0);
     bool driver_line = false;
-    for (auto& l : all) driver_line |= l.rfind(std::string("# real driver: ") + VCUDA_SOFTDRIVER + " (", 0) == 0;
+    for (auto& l : all)
+        driver_line |= l.rfind(std::string("# real driver: ") + VCUDA_SOFTDRIVER + " (", 0) == 0;
     CHECK(driver_line);
 
     auto calls = call_lines(all);
@@ -249,23 +257,36 @@ TEST_CASE("record mode forwards to the real driver and writes one line per call"
         return v[0];
     };
     CHECK(one("cuInit(").find("cuInit(Flags=0x0) = CUDA_SUCCESS ") != std::string::npos);
-    CHECK(std::regex_search(one("cuDeviceGet("), std::regex(R"(cuDeviceGet\(device=0x[0-9a-f]+->0, ordinal=0\) = CUDA_SUCCESS)")));
-    CHECK(std::regex_search(one("cuDeviceGetName("),
-                            std::regex(R"re(cuDeviceGetName\(name=0x[0-9a-f]+->"vcuda software test driver \(CPU\)", len=128, dev=0\) = CUDA_SUCCESS)re")));
+    CHECK(std::regex_search(one("cuDeviceGet("),
+                            std::regex(R"(cuDeviceGet\(device=0x[0-9a-f]+->0, ordinal=0\) = CUDA_SUCCESS)")));
+    CHECK(std::regex_search(
+        one("cuDeviceGetName("),
+        std::regex(
+            R"re(cuDeviceGetName\(name=0x[0-9a-f]+->"vcuda software test driver \(CPU\)", len=128, dev=0\) = CUDA_SUCCESS)re")));
     CHECK(std::regex_search(one("cuCtxCreate_v2("),
-                            std::regex("cuCtxCreate_v2\\(pctx=0x[0-9a-f]+->" + r["ctx"] + ", flags=0x0, dev=0\\) = CUDA_SUCCESS")));
-    CHECK(std::regex_search(one("cuMemAlloc_v2("),
-                            std::regex("cuMemAlloc_v2\\(dptr=0x[0-9a-f]+->" + r["ptr"] + ", bytesize=4096\\) = CUDA_SUCCESS")));
+                            std::regex("cuCtxCreate_v2\\(pctx=0x[0-9a-f]+->" + r["ctx"] +
+                                       ", flags=0x0, dev=0\\) = CUDA_SUCCESS")));
+    CHECK(std::regex_search(
+        one("cuMemAlloc_v2("),
+        std::regex("cuMemAlloc_v2\\(dptr=0x[0-9a-f]+->" + r["ptr"] + ", bytesize=4096\\) = CUDA_SUCCESS")));
     CHECK(std::regex_search(one("cuMemcpyHtoD_v2("),
-                            std::regex("cuMemcpyHtoD_v2\\(dstDevice=" + r["ptr"] + ", srcHost=0x[0-9a-f]+, ByteCount=4096\\) = CUDA_SUCCESS")));
+                            std::regex("cuMemcpyHtoD_v2\\(dstDevice=" + r["ptr"] +
+                                       ", srcHost=0x[0-9a-f]+, ByteCount=4096\\) = CUDA_SUCCESS")));
     CHECK(std::regex_search(one("cuMemcpyDtoH_v2("),
-                            std::regex("cuMemcpyDtoH_v2\\(dstHost=0x[0-9a-f]+, srcDevice=" + r["ptr"] + ", ByteCount=4096\\) = CUDA_SUCCESS")));
-    CHECK(std::regex_search(one("cuGetProcAddress_v2("),
-                            std::regex(R"re(cuGetProcAddress_v2\(symbol="cuMemFree", pfn=0x[0-9a-f]+->0x[0-9a-f]+, cudaVersion=12000, flags=0x0, symbolStatus=0x[0-9a-f]+->0\) = CUDA_SUCCESS \d+\.\dus -> cuMemFree_v2)re")));
-    CHECK(std::regex_search(one("cuMemFree_v2("), std::regex("cuMemFree_v2\\(dptr=" + r["ptr"] + "\\) = CUDA_SUCCESS")));
-    CHECK(one("cuCtxDestroy_v2(").find("cuCtxDestroy_v2(ctx=" + r["ctx"] + ") = CUDA_SUCCESS") != std::string::npos);
-    CHECK(std::regex_search(one("cuGetProcAddress("),
-                            std::regex(R"re(cuGetProcAddress\(symbol="cuInit", pfn=0x[0-9a-f]+, cudaVersion=12000, flags=0x0\) = CUDA_ERROR_NOT_SUPPORTED \d+\.\dus \(the real driver lacks it\)$)re")));
+                            std::regex("cuMemcpyDtoH_v2\\(dstHost=0x[0-9a-f]+, srcDevice=" + r["ptr"] +
+                                       ", ByteCount=4096\\) = CUDA_SUCCESS")));
+    CHECK(std::regex_search(
+        one("cuGetProcAddress_v2("),
+        std::regex(
+            R"re(cuGetProcAddress_v2\(symbol="cuMemFree", pfn=0x[0-9a-f]+->0x[0-9a-f]+, cudaVersion=12000, flags=0x0, symbolStatus=0x[0-9a-f]+->0\) = CUDA_SUCCESS \d+\.\dus -> cuMemFree_v2)re")));
+    CHECK(std::regex_search(one("cuMemFree_v2("),
+                            std::regex("cuMemFree_v2\\(dptr=" + r["ptr"] + "\\) = CUDA_SUCCESS")));
+    CHECK(one("cuCtxDestroy_v2(").find("cuCtxDestroy_v2(ctx=" + r["ctx"] + ") = CUDA_SUCCESS") !=
+          std::string::npos);
+    CHECK(std::regex_search(
+        one("cuGetProcAddress("),
+        std::regex(
+            R"re(cuGetProcAddress\(symbol="cuInit", pfn=0x[0-9a-f]+, cudaVersion=12000, flags=0x0\) = CUDA_ERROR_NOT_SUPPORTED \d+\.\dus \(the real driver lacks it\)$)re")));
 
     auto counts = lines_of(all, "cuDeviceGetCount(");
     REQUIRE(counts.size() == 2);
@@ -290,7 +311,9 @@ TEST_CASE("record mode: every exported symbol forwards to the real driver's", "[
             int rc = f(0, 0, 0, 0, 0, 0, 0, 0);  // all arguments zero: the fake looks at none of them
             if (!fake) fake = dlopen(VCUDA_FAKE_DRIVER, RTLD_NOW | RTLD_NOLOAD);
             const char* last = fake ? *static_cast<const char**>(dlsym(fake, "fake_last_call")) : nullptr;
-            int expected = name == "cuInit" ? 0 : (name == "cuDriverGetVersion" || name == "cuGetExportTable") ? 1 : 999;
+            int expected = name == "cuInit"                                               ? 0
+                           : (name == "cuDriverGetVersion" || name == "cuGetExportTable") ? 1
+                                                                                          : 999;
             if (!last || name != last || rc != expected) {
                 ++wrong;
                 wrong_names += " " + name + "=" + std::to_string(rc);
@@ -318,11 +341,16 @@ TEST_CASE("record mode: every exported symbol forwards to the real driver's", "[
 
 namespace {
 
-constexpr unsigned char id_tools[16] = {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2};
-constexpr unsigned char id_cls[16] = {0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93};
-constexpr unsigned char id_cudart[16] = {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9};
-constexpr unsigned char id_integrity[16] = {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2};
-constexpr unsigned char id_callbacks[16] = {0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66};
+constexpr unsigned char id_tools[16] = {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48,
+                                        0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2};
+constexpr unsigned char id_cls[16] = {0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11,
+                                      0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93};
+constexpr unsigned char id_cudart[16] = {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a,
+                                         0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9};
+constexpr unsigned char id_integrity[16] = {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b,
+                                            0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2};
+constexpr unsigned char id_callbacks[16] = {0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74,
+                                            0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66};
 constexpr unsigned char id_unlisted_sized[16] = {0x01, 0x02, 0x03, 0x04, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
 constexpr unsigned char id_unlisted_plain[16] = {0x05, 0x06, 0x07, 0x08, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2};
 constexpr unsigned char id_unknown[16] = {0xee, 0xee, 0xee, 0xee, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3};
@@ -390,7 +418,8 @@ TEST_CASE("record mode: export tables are copies whose slots are logging shims",
         out.put("callbacks_beyond_untouched", c[7] == rl[7] && c[8] == rl[8]);
 
         both(id_unlisted_sized, c, rl);
-        out.put("sized_layout", c != rl && c[0] == rl[0] && c[1] != rl[1] && c[2] == rl[2] && c[3] != rl[3] && c[4] == 0);
+        out.put("sized_layout",
+                c != rl && c[0] == rl[0] && c[1] != rl[1] && c[2] == rl[2] && c[3] != rl[3] && c[4] == 0);
         out.put("sized_sum", reinterpret_cast<slot_fn>(c[1])(1, 2, 3, 4, 5, 6));
 
         both(id_unlisted_plain, c, rl);
@@ -425,15 +454,18 @@ TEST_CASE("record mode: export tables are copies whose slots are logging shims",
     CHECK(r["unknown_left"] == "1");
 
     auto all = read_lines(path);
-    INFO("trace:\n" << [&] {
-        std::string s;
-        for (auto& l : all) s += l + "\n";
-        return s;
-    }());
+    INFO("trace:\n"
+         << [&] {
+                std::string s;
+                for (auto& l : all) s += l + "\n";
+                return s;
+            }());
     auto slot4 = lines_of(all, "export 21318c60[4](");
     REQUIRE(slot4.size() == 1);
-    CHECK(slot4[0].find("export 21318c60[4](" + r["buf"] + ", 0x7, 0x3, 0x0, 0x0, 0x0) = 0x6b ") != std::string::npos);
-    CHECK(slot4[0].find(" *a0=[0x7<-0x0, 0x8<-0x0, 0x9<-0x0, 0xa<-0x0]") != std::string::npos);  // written: old values shown
+    CHECK(slot4[0].find("export 21318c60[4](" + r["buf"] + ", 0x7, 0x3, 0x0, 0x0, 0x0) = 0x6b ") !=
+          std::string::npos);
+    CHECK(slot4[0].find(" *a0=[0x7<-0x0, 0x8<-0x0, 0x9<-0x0, 0xa<-0x0]") !=
+          std::string::npos);  // written: old values shown
     auto slot92 = lines_of(all, "export 21318c60[92](");
     REQUIRE(slot92.size() == 1);
     CHECK(slot92[0].find(", " + r["gone"] + ", ") != std::string::npos);
@@ -442,7 +474,8 @@ TEST_CASE("record mode: export tables are copies whose slots are logging shims",
     REQUIRE(cls.size() == 1);
     CHECK(cls[0].find(", 0x0, 0x15, ") != std::string::npos);
     CHECK(cls[0].find(") = 0x0 ") != std::string::npos);
-    CHECK(cls[0].find(" *a0=[0x2a<-0x0, 0x7, ") != std::string::npos);  // only the written word shows its old value
+    CHECK(cls[0].find(" *a0=[0x2a<-0x0, 0x7, ") !=
+          std::string::npos);  // only the written word shows its old value
     CHECK(lines_of(all, "export 01020304[1](0x1, 0x2, 0x3, 0x4, 0x5, 0x6) = 0x15 ").size() == 1);
     CHECK(lines_of(all, "export 05060708[2](0x1, 0x1, 0x1, 0x1, 0x1, 0x1) = 0x6 ").size() == 1);
     CHECK(lines_of(all, "export 6bd5fb6c").empty());
@@ -461,7 +494,8 @@ TEST_CASE("record mode: export tables are copies whose slots are logging shims",
     CHECK(with("untouched (cudart interface") == 1);
     CHECK(with("untouched (integrity check") == 1);
     CHECK(with("6 entry points traced, 2 words past the listed slots copied untraced") == 1);
-    CHECK(with("copy of 5 words (size word kept): 2 entry points traced, 1 words that are not code copied as they are") == 1);
+    CHECK(with("copy of 5 words (size word kept): 2 entry points traced, 1 words that are not code copied as "
+               "they are") == 1);
     CHECK(with(") = CUDA_ERROR_NOT_FOUND ") == 1);
     unlink(path.c_str());
 }
@@ -478,8 +512,9 @@ TEST_CASE("record mode never forwards to vcuda itself", "[unit]") {
     CHECK(r["count_rc"] == "100");
     auto all = read_lines(path);
     bool said = false;
-    for (auto& l : all) said |= l.find("no real libcuda.so.1 could be loaded") != std::string::npos &&
-                                l.find("(vcuda itself)") != std::string::npos;
+    for (auto& l : all)
+        said |= l.find("no real libcuda.so.1 could be loaded") != std::string::npos &&
+                l.find("(vcuda itself)") != std::string::npos;
     CHECK(said);
     auto init = lines_of(all, "cuInit(Flags=0x0) = CUDA_ERROR_NO_DEVICE ");
     REQUIRE(init.size() == 1);
@@ -508,7 +543,8 @@ TEST_CASE("record mode: VCUDA_TRACE_ENTER writes a line before each call", "[uni
 TEST_CASE("record mode is off without VCUDA_TRACE", "[unit]") {
     auto r = in_child({}, [](reporter& out) {
         void* h = load_client();
-        out.put("init", entry<int (*)(unsigned)>(h, "cuInit")(0));  // no server configured: vcuda's own answer
+        out.put("init",
+                entry<int (*)(unsigned)>(h, "cuInit")(0));  // no server configured: vcuda's own answer
     });
     CHECK(r["init"] == "100");
 }
@@ -563,7 +599,10 @@ TEST_CASE("trace lines: formatting, safe reads", "[unit]") {
     close(p[0]);
     REQUIRE(n > 0);
     std::string line(buf, static_cast<size_t>(n));
-    CHECK(std::regex_match(line, std::regex(R"re(\d+\.\d{6} pid=\d+ tid=\d+ cuExample\(n=-3, s="a\\"b\\x0a", none=null, out=0x[0-9a-f]+->5, notwritten=0x[0-9a-f]+, flags=0x10, f=0.5, st=\{0x200000001\}\) = CUDA_ERROR_INVALID_VALUE \d+\.\dus\n)re")));
+    CHECK(std::regex_match(
+        line,
+        std::regex(
+            R"re(\d+\.\d{6} pid=\d+ tid=\d+ cuExample\(n=-3, s="a\\"b\\x0a", none=null, out=0x[0-9a-f]+->5, notwritten=0x[0-9a-f]+, flags=0x10, f=0.5, st=\{0x200000001\}\) = CUDA_ERROR_INVALID_VALUE \d+\.\dus\n)re")));
 }
 
 TEST_CASE("export-table shims built in this process", "[unit]") {
@@ -582,19 +621,22 @@ TEST_CASE("export-table shims built in this process", "[unit]") {
     set_output_fd(p[1]);
     std::string note;
     constexpr unsigned char id[16] = {0xab, 0xcd, 0xef, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9};
-    auto* copy = static_cast<const word*>(
-        wrap_export_table(id, table, [](const void* q) { return q == code_fn; }, note));
+    auto* copy = static_cast<const word*>(wrap_export_table(
+        id, table, [](const void* q) { return q == code_fn; }, note));
     REQUIRE(copy != table);
     CHECK(copy[0] == table[0]);
     CHECK(copy[2] == table[2]);
     CHECK(copy[1] != table[1]);
     CHECK(reinterpret_cast<slot_fn>(copy[1])(21, 0, 0, 0, 0, 0) == 42);
-    CHECK(note == "copy of 4 words (size word kept): 1 entry points traced, 1 words that are not code copied as they are");
+    CHECK(note ==
+          "copy of 4 words (size word kept): 1 entry points traced, 1 words that are not code copied as they "
+          "are");
     set_output_fd(-1);
     close(p[1]);
     char buf[1024] = {0};
     ssize_t n = read(p[0], buf, sizeof buf - 1);
     close(p[0]);
     REQUIRE(n > 0);
-    CHECK(std::string(buf).find("export abcdef01[1](0x15, 0x0, 0x0, 0x0, 0x0, 0x0) = 0x2a ") != std::string::npos);
+    CHECK(std::string(buf).find("export abcdef01[1](0x15, 0x0, 0x0, 0x0, 0x0, 0x0) = 0x2a ") !=
+          std::string::npos);
 }

@@ -1,5 +1,5 @@
-// The server's handle table (server/handle_table.hpp): typed, generation-checked ids, and dependents (a graph's
-// nodes, a module's functions) erased with their owner, so that no id outlives what held it.
+// The server's handle table (server/handle_table.hpp): typed, generation-checked ids, and dependents (a
+// graph's nodes, a module's functions) erased with their owner, so that no id outlives what held it.
 #include <catch2/catch.hpp>
 
 #include "server/handle_table.hpp"

@@ -104,7 +104,8 @@ TEST_CASE("a full ring takes nothing more and an empty one gives nothing", "[uni
     CHECK(out.writable());
 }
 
-TEST_CASE("the producer sees the consumer's room after a quarter of the ring or when it has read all", "[unit][shm]") {
+TEST_CASE("the producer sees the consumer's room after a quarter of the ring or when it has read all",
+          "[unit][shm]") {
     ring_pair rp(4096);
     auto& out = rp.creator->outbound();
     auto& in = rp.opener->inbound();

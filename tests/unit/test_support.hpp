@@ -68,8 +68,8 @@ inline bytes hello_meta() {
     auto host = b.CreateString("vm-17.example");
     auto devices = b.CreateVector(std::vector<int32_t>{0, 2, 3});
     auto key = b.CreateVector(std::vector<uint8_t>(32, 0xA5));
-    b.Finish(wire::CreateHello(b, protocol_version, features::all, token, 0x1122334455667788ull, 7, 4242, host, devices,
-                               0, 0, key));
+    b.Finish(wire::CreateHello(b, protocol_version, features::all, token, 0x1122334455667788ull, 7, 4242,
+                               host, devices, 0, 0, key));
     return to_bytes(b);
 }
 

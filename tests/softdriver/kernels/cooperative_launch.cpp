@@ -1,5 +1,6 @@
-// Host kernels of tests/programs/cooperative_launch.cu. The grid barrier splits the kernel into two phases; here
-// the first runs for every block before the second starts, which is what grid.sync() guarantees on a GPU.
+// Host kernels of tests/programs/cooperative_launch.cu. The grid barrier splits the kernel into two phases;
+// here the first runs for every block before the second starts, which is what grid.sync() guarantees on a
+// GPU.
 #include "host_threads.hpp"
 
 namespace {
@@ -7,8 +8,8 @@ using vcuda::soft::launch;
 using vcuda::soft::kernels::element_count;
 using vcuda::soft::kernels::grid_stride_x;
 
-// coop_add_total(const int* in, int* partial, int* out, int n): partial[b] = block b's grid-stride share of in;
-// grid.sync(); out[i] = in[i] + the sum of all partials.
+// coop_add_total(const int* in, int* partial, int* out, int n): partial[b] = block b's grid-stride share of
+// in; grid.sync(); out[i] = in[i] + the sum of all partials.
 void coop_add_total(const launch& l) {
     auto in = l.param<const int*>(0);
     auto partial = l.param<int*>(1);

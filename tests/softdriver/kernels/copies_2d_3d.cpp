@@ -34,7 +34,8 @@ void c23_scale3d(const launch& l) {
     for_each_thread(l, [&](dim b, dim t) {
         int x = int(b.x * l.block.x + t.x), y = int(b.y * l.block.y + t.y), z = int(b.z * l.block.z + t.z);
         if (x < w && y < h && z < d) {
-            float* row = reinterpret_cast<float*>(reinterpret_cast<char*>(base) + size_t(z) * slice_pitch + size_t(y) * pitch);
+            float* row = reinterpret_cast<float*>(reinterpret_cast<char*>(base) + size_t(z) * slice_pitch +
+                                                  size_t(y) * pitch);
             row[x] = std::fma(row[x], s, static_cast<float>(z));
         }
     });

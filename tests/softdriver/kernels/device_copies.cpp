@@ -7,8 +7,8 @@
 namespace {
 using vcuda::soft::launch;
 
-// dc_checksum(const unsigned* p, unsigned long long n, unsigned long long* out): grid-stride over all n words;
-// out[0] += sum of words, out[1] += sum of word * (index + 1), both modulo 2^64.
+// dc_checksum(const unsigned* p, unsigned long long n, unsigned long long* out): grid-stride over all n
+// words; out[0] += sum of words, out[1] += sum of word * (index + 1), both modulo 2^64.
 void dc_checksum(const launch& l) {
     auto p = l.param<const uint32_t*>(0);
     auto n = l.param<unsigned long long>(1);

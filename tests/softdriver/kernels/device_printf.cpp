@@ -8,7 +8,9 @@ namespace {
 using vcuda::soft::launch;
 
 // dp_say(int k, float v), one thread
-void say(const launch& l) { std::printf("kernel %d thread %d says %.2f\n", l.param<int>(0), 0, l.param<float>(1)); }
+void say(const launch& l) {
+    std::printf("kernel %d thread %d says %.2f\n", l.param<int>(0), 0, l.param<float>(1));
+}
 
 // dp_count_lines(int n), one thread
 void count_lines(const launch& l) {

@@ -1,5 +1,5 @@
-// Host kernels and the global of tests/programs/driver_api_kernels.cu (loaded by driver_api as a fatbin, a PTX
-// image and a library).
+// Host kernels and the global of tests/programs/driver_api_kernels.cu (loaded by driver_api as a fatbin, a
+// PTX image and a library).
 #include "host_threads.hpp"
 
 namespace {

@@ -11,8 +11,8 @@ using vcuda::soft::launch;
 using vcuda::soft::kernels::for_each_index_x;
 using vcuda::soft::kernels::grid_stride_x;
 
-// kt::reduce_sum<T>(const T* in, T* out, unsigned n): per-thread grid-stride sums, then the same shared-memory
-// tree per block, in the same order, so the results match the GPU's bit for bit.
+// kt::reduce_sum<T>(const T* in, T* out, unsigned n): per-thread grid-stride sums, then the same
+// shared-memory tree per block, in the same order, so the results match the GPU's bit for bit.
 template <class T>
 void reduce_sum(const launch& l) {
     auto in = l.param<const T*>(0);
@@ -44,7 +44,8 @@ void axpy(const launch& l) {
             if constexpr (std::is_floating_point_v<T>)
                 y[i] = std::fma(alpha, x[i], y[i]);
             else
-                y[i] = static_cast<T>(static_cast<uint32_t>(alpha) * static_cast<uint32_t>(x[i]) + static_cast<uint32_t>(y[i]));
+                y[i] = static_cast<T>(static_cast<uint32_t>(alpha) * static_cast<uint32_t>(x[i]) +
+                                      static_cast<uint32_t>(y[i]));
         }
     });
 }

@@ -7,8 +7,8 @@
 namespace {
 using vcuda::soft::launch;
 
-// mw_count_mismatch(const unsigned char* p, unsigned long long n, unsigned char v, unsigned long long* count):
-// grid-stride, so it counts over all n bytes; the GPU adds with atomics, so may this.
+// mw_count_mismatch(const unsigned char* p, unsigned long long n, unsigned char v, unsigned long long*
+// count): grid-stride, so it counts over all n bytes; the GPU adds with atomics, so may this.
 void mw_count_mismatch(const launch& l) {
     auto p = l.param<const unsigned char*>(0);
     auto n = l.param<unsigned long long>(1);

@@ -8,7 +8,8 @@ namespace {
 using vcuda::soft::launch;
 using vcuda::soft::kernels::for_each_index_x;
 
-// mt_spin(unsigned long long ns, int* flag): the GPU spins on its global timer; here the launch sleeps as long.
+// mt_spin(unsigned long long ns, int* flag): the GPU spins on its global timer; here the launch sleeps as
+// long.
 void mt_spin(const launch& l) {
     auto ns = l.param<unsigned long long>(0);
     auto flag = l.param<int*>(1);

@@ -1,5 +1,6 @@
 // Host kernels of tests/programs/tensor_maps.cu: the tensor map parameter is this driver's own descriptor
-// (../soft_tensor_map.hpp); the TMA tile load is done here element by element, out-of-bounds elements reading zero.
+// (../soft_tensor_map.hpp); the TMA tile load is done here element by element, out-of-bounds elements reading
+// zero.
 #include <cstring>
 
 #include "../soft_tensor_map.hpp"
@@ -14,9 +15,10 @@ constexpr unsigned box = 16;
 // box x box tile of the 2D float32 tensor; out[(tile * box + r) * box + c] = tile[r][c] * scale + bias.
 void tm_tile_copy(const launch& l) {
     vcuda::soft::tensor_map_desc d;
-    if (!vcuda::soft::decode_tensor_map(l.params[0], d) || d.rank != 2 || d.element_bytes != 4 || d.box(0) != box ||
-        d.box(1) != box)
-        return;  // not a map this kernel can use: the output stays as it was (the program reports the mismatch)
+    if (!vcuda::soft::decode_tensor_map(l.params[0], d) || d.rank != 2 || d.element_bytes != 4 ||
+        d.box(0) != box || d.box(1) != box)
+        return;  // not a map this kernel can use: the output stays as it was (the program reports the
+                 // mismatch)
     auto out = l.param<float*>(1);
     auto scale = l.param<float>(2);
     auto bias = l.param<float>(3);
@@ -27,7 +29,8 @@ void tm_tile_copy(const launch& l) {
                 for (unsigned c = 0; c < box; ++c) {
                     const uint64_t x = uint64_t{bx} * box + c, y = uint64_t{by} * box + r;
                     float v = 0.0f;
-                    if (x < d.dims[0] && y < d.dims[1]) std::memcpy(&v, base + y * d.strides[0] + x * 4, sizeof v);
+                    if (x < d.dims[0] && y < d.dims[1])
+                        std::memcpy(&v, base + y * d.strides[0] + x * 4, sizeof v);
                     const size_t t = size_t{by} * l.grid.x + bx;
                     out[(t * box + r) * box + c] = v * scale + bias;
                 }
