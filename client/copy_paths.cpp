@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -408,7 +409,15 @@ CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, unsigned elem,
     if (m == mode::post) {
         if (check_stream(stream) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
         size_t span = (height - 1) * pitch + width * elem;
-        if (!device_range(dst, span)) return CUDA_ERROR_INVALID_VALUE;
+        if (!device_range(dst, span)) {
+            static std::atomic<bool> said{false};
+            if (!said.exchange(true))
+                VCUDA_LOG_WARN(
+                    "an asynchronous memset of [{:#x}, +{}) names memory that is not the device memory of "
+                    "this process's vGPUs: CUDA_ERROR_INVALID_VALUE (said once)",
+                    dst, span);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
     }
     return remote(op::memset, {dst, value, elem, width, height, pitch, stream_arg(stream)}, m);
 }
