@@ -401,20 +401,42 @@ CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, 
     return remote(op::copy_dtod, {dst, src, n, stream_arg(stream)}, m);
 }
 
+namespace {
+// A memset of the application's own pinned memory, which no GPU here reaches (over TCP): done in this process
+// once the stream's earlier work is done, as the device would in stream order.
+CUresult memset_local(uint64_t dst, size_t pitch, uint32_t value, unsigned elem, size_t width, size_t height,
+                      CUstream stream) {
+    if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS) return rc;
+    for (size_t row = 0; row < height; ++row) {
+        auto* p = reinterpret_cast<unsigned char*>(dst + row * pitch);
+        for (size_t i = 0; i < width; ++i)
+            std::memcpy(p + i * elem, &value, elem);  // little-endian: low bytes
+    }
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
 CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, unsigned elem, size_t width, size_t height,
                    CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     if (width == 0 || height == 0) return CUDA_SUCCESS;
     if (height > 1 && pitch < width * elem) return CUDA_ERROR_INVALID_VALUE;
-    if (m == mode::post) {
-        if (check_stream(stream) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
-        size_t span = (height - 1) * pitch + width * elem;
-        if (!device_range(dst, span)) {
+    if (m == mode::post && check_stream(stream) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
+    const size_t span = (height - 1) * pitch + width * elem;
+    if (!device_range(dst, span)) {
+        // Pinned host memory is the device's to set too (unified addressing): shared pages through the device
+        // pointer the server gave them, the process's own pages here.
+        host_allocation h;
+        if (state::get().find_host(dst, h) && span <= h.size - (dst - h.base)) {
+            if (!h.shared()) return memset_local(dst, pitch, value, elem, width, height, stream);
+            dst = h.device_ptr + (dst - h.base);
+        } else {
             static std::atomic<bool> said{false};
             if (!said.exchange(true))
                 VCUDA_LOG_WARN(
-                    "an asynchronous memset of [{:#x}, +{}) names memory that is not the device memory of "
-                    "this process's vGPUs: CUDA_ERROR_INVALID_VALUE (said once)",
+                    "a memset of [{:#x}, +{}) names memory that is neither the device memory of this "
+                    "process's "
+                    "vGPUs nor its pinned host memory: CUDA_ERROR_INVALID_VALUE (said once)",
                     dst, span);
             return CUDA_ERROR_INVALID_VALUE;
         }

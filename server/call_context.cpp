@@ -95,6 +95,9 @@ CUresult call_context::memset_range(CUdeviceptr dst, uint64_t elem, uint64_t wid
     uint64_t row, span;
     if (!mul_add(width, elem, 0, row) || !mul_add(height - 1, pitch, row, span)) return bad_arguments();
     if (height > 1 && pitch < row) return CUDA_ERROR_INVALID_VALUE;
+    // Pinned host memory the session shares with its client is the GPU's to set too, as under unified
+    // addressing natively (XLA clears small pinned buffers with cuMemsetD32Async).
+    if (sess.owns_host(static_cast<uintptr_t>(dst), span)) return CUDA_SUCCESS;
     return device_range(dst, span);
 }
 
