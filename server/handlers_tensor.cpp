@@ -109,8 +109,10 @@ CUresult handle_tensor_map_encode(call_context& cx) {
     for (uint64_t i = 1; i < rank; ++i)
         if (!mul_add(dims[i] - 1, strides[i - 1], extent, extent))
             return cx.fail(CUDA_ERROR_INVALID_VALUE, std::string(names[kind]) + ": tensor extent overflows");
+    // A null address is encoded as the driver does (a descriptor made before its tensor, given an address
+    // later with cuTensorMapReplaceAddress); any other must be this session's memory.
     const CUdeviceptr address = cx.arg(3);
-    if (CUresult rc = cx.device_range(address, extent); rc != CUDA_SUCCESS)
+    if (CUresult rc = address ? cx.device_range(address, extent) : CUDA_SUCCESS; rc != CUDA_SUCCESS)
         return cx.fail(rc, std::string(names[kind]) + ": the tensor (" + std::to_string(extent) +
                                " bytes from its address) is not memory this session owns");
 

@@ -48,7 +48,8 @@ CUresult encode_common(tensor_map_desc& d, uint8_t kind, CUtensorMap* map, CUten
                        CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion,
                        CUtensorMapFloatOOBfill fill) {
     unsigned esize = 0;
-    if (map == nullptr || address == nullptr || dims == nullptr || element_strides == nullptr)
+    if (map == nullptr || dims == nullptr ||
+        element_strides == nullptr)  // a null address is accepted (driver 580)
         return CUDA_ERROR_INVALID_VALUE;
     if (rank < (kind == 0 ? 1u : 3u) || rank > 5 || (rank > 1 && strides == nullptr))
         return CUDA_ERROR_INVALID_VALUE;
