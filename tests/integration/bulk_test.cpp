@@ -248,7 +248,7 @@ TEST_CASE("a bulk connection must name its session's secret", "[integration]") {
     CHECK(raw_client::open(server.address(), lane->session_id(), lane->key(), &why, 1));
 }
 
-TEST_CASE("a chunk that does not fit its copy fails that copy; the session and its bulk connection go on",
+TEST_CASE("a chunk that does not fit its copy fails that copy, and the session and its bulk connection go on",
           "[integration]") {
     const uint64_t n = striped_session::n;
     striped_session s(2 * n);
@@ -282,7 +282,7 @@ TEST_CASE("a chunk that does not fit its copy fails that copy; the session and i
     CHECK(back.payload == data);
 }
 
-TEST_CASE("a chunk of no copy under way closes its bulk set; the lanes go on", "[integration]") {
+TEST_CASE("a chunk of no copy under way closes its bulk set, and the lanes go on", "[integration]") {
     const uint64_t n = striped_session::n;
     striped_session s(n);
     auto bulk = s.bulk(1);
