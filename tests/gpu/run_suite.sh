@@ -38,7 +38,7 @@ PROGRAMS=(vector_add vector_add_shared kernels_templates streams_events async_co
           driver_memset copies_2d_3d device_copies big_alloc many_allocs device_props error_cases multi_thread
           driver_api symbols func_attributes graphs_capture graphs_explicit vmm host_functions mem_pools stream_memops
           late_thread late_thread_runtime tensor_maps cooperative_launch host_register
-          device_printf)
+          device_printf arrays_textures)
 # NVIDIA libraries (cuBLAS, cuDNN, NCCL), found where PyTorch's pip packages put them (tests/gpu/find_libs.sh).
 LIB_PROGRAMS=(cublas_gemm cudnn_conv nccl_allreduce)
 
