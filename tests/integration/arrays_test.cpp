@@ -6,7 +6,9 @@
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "raw_client.hpp"
 
@@ -190,4 +192,26 @@ TEST_CASE("malformed array and resource descriptors are refused; arrays count ag
     auto c = raw_client::open(server.address());
     REQUIRE(c);
     CHECK(make_array(*c, 16, 16).result == CUDA_SUCCESS);
+}
+
+TEST_CASE("a session's end destroys its arrays and objects and gives their memory back to the device",
+          "[integration]") {
+    // A 100 MiB software GPU: a second session's 64 MiB of arrays fit only if the first session's went back.
+    setenv("VCUDA_SOFT_MEMORY", std::to_string(100u << 20).c_str(), 1);
+    server_process server;
+    unsetenv("VCUDA_SOFT_MEMORY");
+    {
+        auto a = raw_client::open(server.address());
+        REQUIRE(a);
+        auto arr = make_array(*a, 4096, 4096, CUDA_ARRAY3D_SURFACE_LDST);  // 64 MiB
+        REQUIRE(arr.result == CUDA_SUCCESS);
+        REQUIRE(a->call(op::tex_create, {}, {array_resource(arr.outs.at(0)), tex_desc()}).result ==
+                CUDA_SUCCESS);
+        REQUIRE(a->call(op::surf_create, {}, {array_resource(arr.outs.at(0))}).result == CUDA_SUCCESS);
+        CHECK(make_array(*a, 4096, 4096).result == CUDA_ERROR_OUT_OF_MEMORY);  // the device is full
+    }  // closed without any cleanup call, as a crashed client would
+    CHECK(server.wait_for_log("released 64 MiB"));
+    auto b = raw_client::open(server.address());
+    REQUIRE(b);
+    CHECK(make_array(*b, 4096, 4096).result == CUDA_SUCCESS);
 }
