@@ -141,7 +141,7 @@ TEST_CASE("arrays and texture and surface objects are their session's own, copie
     CHECK(b->call(op::array_descriptor, {arr_b}).result == CUDA_ERROR_INVALID_HANDLE);  // stale
 }
 
-TEST_CASE("malformed array and resource descriptors are refused; arrays count against the quota",
+TEST_CASE("malformed array and resource descriptors are refused, and arrays count against the quota",
           "[integration]") {
     server_process server({"--memory-quota", "64MiB"});
     auto a = raw_client::open(server.address());
