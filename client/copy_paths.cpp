@@ -468,22 +468,33 @@ CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, m
 }
 
 // 2D/3D copies: the host side travels packed (rows back to back); the server unpacks into the device
-// layout, or packs device rows for us to spread into the caller's pitch.
+// layout, or packs device rows for us to spread into the caller's pitch. A CUDA array side travels as its
+// handle (side kind 2).
 CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     auto side = [](CUmemorytype t, const void* host, CUdeviceptr dev) -> int {
         if (t == CU_MEMORYTYPE_UNIFIED) return is_device(dev) ? 1 : 0;
         if (t == CU_MEMORYTYPE_DEVICE) return 1;
         if (t == CU_MEMORYTYPE_HOST) return 0;
-        return -1;  // arrays
+        if (t == CU_MEMORYTYPE_ARRAY) return 2;  // the server checks the box against the array's extent
+        return -1;
     };
     int s = side(c.srcMemoryType, c.srcHost, c.srcDevice), d = side(c.dstMemoryType, c.dstHost, c.dstDevice);
-    if (s < 0 || d < 0) return static_cast<CUresult>(unsupported("cuMemcpy2D/3D with CUDA arrays"));
+    if (s < 0 || d < 0) return CUDA_ERROR_INVALID_VALUE;
+    if ((s == 2 && !valid_handle(reinterpret_cast<uint64_t>(c.srcArray), handle_kind::array)) ||
+        (d == 2 && !valid_handle(reinterpret_cast<uint64_t>(c.dstArray), handle_kind::array)))
+        return CUDA_ERROR_INVALID_HANDLE;
     size_t w = c.WidthInBytes, h = c.Height ? c.Height : 1, depth = c.Depth ? c.Depth : 1;
     if (w == 0) return CUDA_SUCCESS;
     size_t spitch = c.srcPitch ? c.srcPitch : w, dpitch = c.dstPitch ? c.dstPitch : w;
     size_t sheight = c.srcHeight ? c.srcHeight : h, dheight = c.dstHeight ? c.dstHeight : h;
-    if ((h > 1 && (spitch < w + c.srcXInBytes || dpitch < w + c.dstXInBytes)))
+    if ((s == 2 && !array_box_fits(reinterpret_cast<uint64_t>(c.srcArray), c.srcXInBytes, c.srcY, c.srcZ, w,
+                                   h, depth)) ||
+        (d == 2 &&
+         !array_box_fits(reinterpret_cast<uint64_t>(c.dstArray), c.dstXInBytes, c.dstY, c.dstZ, w, h, depth)))
+        return CUDA_ERROR_INVALID_VALUE;
+    // An array's layout is its own: its pitch and height in the descriptor are ignored, as by the driver.
+    if ((h > 1 && ((s != 2 && spitch < w + c.srcXInBytes) || (d != 2 && dpitch < w + c.dstXInBytes))))
         return CUDA_ERROR_INVALID_VALUE;
     const char* shost = static_cast<const char*>(
         c.srcMemoryType == CU_MEMORYTYPE_UNIFIED ? reinterpret_cast<void*>(c.srcDevice) : c.srcHost);
@@ -517,14 +528,14 @@ CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream stream, mode m) {
         lane* l = state::get().remote().this_thread_lane();
         if (!l) return static_cast<CUresult>(connection_lost_result);
         uint64_t args[] = {static_cast<uint64_t>(s),
-                           c.srcDevice,
+                           s == 2 ? reinterpret_cast<uint64_t>(c.srcArray) : c.srcDevice,
                            c.srcXInBytes,
                            c.srcY,
                            c.srcZ,
                            spitch,
                            sheight,
                            static_cast<uint64_t>(d),
-                           c.dstDevice,
+                           d == 2 ? reinterpret_cast<uint64_t>(c.dstArray) : c.dstDevice,
                            c.dstXInBytes,
                            c.dstY,
                            c.dstZ,

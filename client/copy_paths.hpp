@@ -33,6 +33,9 @@ CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, 
 CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, mode m);
 CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream stream, mode m);
 CUDA_MEMCPY3D from_2d(const CUDA_MEMCPY2D& p);
+// True when the box of w bytes x h rows x d slices from (x bytes, y, z) lies inside the array `id` this
+// process made (client/api_array.cpp).
+bool array_box_fits(uint64_t id, uint64_t x, uint64_t y, uint64_t z, uint64_t w, uint64_t h, uint64_t d);
 // Sets `height` rows of `width` elements of `elem` bytes (1, 2 or 4), `pitch` bytes apart.
 CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, unsigned elem, size_t width, size_t height,
                    CUstream stream, mode m);

@@ -4,6 +4,7 @@
 
 #include "common/log.hpp"
 #include "server/call_context.hpp"
+#include "server/handlers_array.hpp"
 
 namespace vcuda::server {
 
@@ -255,7 +256,8 @@ CUresult handle_copy_dtod(call_context& cx) {
 }
 
 // args {src kind, src ptr, x, y, z, pitch, height, dst kind, dst ptr, x, y, z, pitch, height, width, h,
-// depth, stream}; host sides travel packed (pitch = width, height = h).
+// depth, stream}; kind 0 host, 1 device, 2 array (ptr: its handle); host sides travel packed (pitch = width,
+// height = h).
 CUresult handle_copy_3d(call_context& cx) {
     if (!cx.expect_args(18)) return cx.bad_arguments();
     uint64_t w = cx.arg(14), h = cx.arg(15), depth = cx.arg(16);
@@ -286,6 +288,24 @@ CUresult handle_copy_3d(call_context& cx) {
                 c.dstZ = z;
                 c.dstPitch = pitch;
                 c.dstHeight = height;
+            }
+            return CUDA_SUCCESS;
+        }
+        if (kind == 2) {  // a CUDA array of this session (server/handlers_array.cpp); pitch and height unused
+            CUarray a = nullptr;
+            if (CUresult rc = array_box(cx, ptr, x, y, z, w, h, depth, a); rc != CUDA_SUCCESS) return rc;
+            if (src) {
+                c.srcMemoryType = CU_MEMORYTYPE_ARRAY;
+                c.srcArray = a;
+                c.srcXInBytes = x;
+                c.srcY = y;
+                c.srcZ = z;
+            } else {
+                c.dstMemoryType = CU_MEMORYTYPE_ARRAY;
+                c.dstArray = a;
+                c.dstXInBytes = x;
+                c.dstY = y;
+                c.dstZ = z;
             }
             return CUDA_SUCCESS;
         }

@@ -175,6 +175,23 @@ void session::release_device(size_t device) {
             }
         }
     };
+    // Texture and surface objects before the arrays they read; arrays give their bytes back to the quota.
+    for (auto it = arrays.objects.begin(); it != arrays.objects.end();) {
+        if (it->second.device != device) {
+            ++it;
+            continue;
+        }
+        if (s.ctx) (it->second.surface ? d.cuSurfObjectDestroy : d.cuTexObjectDestroy)(it->first);
+        it = arrays.objects.erase(it);
+    }
+    for (auto& [id, e] : doomed) {
+        if (e.kind != handle_kind::array) continue;
+        if (s.ctx) d.cuArrayDestroy(static_cast<CUarray>(e.raw));
+        if (auto a = arrays.arrays.find(id); a != arrays.arrays.end()) {
+            s.memory->credit(a->second.bytes);
+            arrays.arrays.erase(a);
+        }
+    }
     if (s.ctx) {
         destroy(handle_kind::graph_exec);  // graphs use kernels of modules: before them
         destroy(handle_kind::graph);

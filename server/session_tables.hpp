@@ -215,4 +215,24 @@ class vmm_tables {
     std::map<uint64_t, allocation> allocations_;  // mem_handle id -> allocation, charged until freed
 };
 
+// CUDA arrays and the texture and surface objects of a session (server/handlers_array.cpp). Arrays are
+// handles (kind array) whose bytes are charged to their device's quota; texture and surface objects are the
+// driver's own values (kernels receive them by value), kept here so that only the session's own are destroyed
+// or asked about. Both are released per device at a reset and at session end (server/session.cpp).
+class array_tables {
+  public:
+    struct array {
+        size_t device = 0;
+        uint64_t bytes = 0;  // charged
+        CUDA_ARRAY3D_DESCRIPTOR desc{};
+    };
+    struct object {
+        size_t device = 0;
+        bool surface = false;
+        CUDA_RESOURCE_DESC res{};  // as the client gave it (its array handle, not the driver's)
+    };
+    std::map<uint64_t, array> arrays;    // array handle id -> array
+    std::map<uint64_t, object> objects;  // the driver's CUtexObject / CUsurfObject -> object
+};
+
 }  // namespace vcuda::server

@@ -2,7 +2,7 @@
 // checks it at call time (device ranges must lie in recorded memory, pitches must hold a row), then runs at
 // once in the calling thread with the lock released. The Async forms check their stream and are just as
 // synchronous: when they return, the bytes are there (on a capturing stream they are recorded into the
-// capture's graph instead). CUDA arrays are not supported (CUDA_ERROR_NOT_SUPPORTED).
+// capture's graph instead). A CUDA array end (soft_array.cpp) is its memory, checked against its extent.
 #include <algorithm>
 #include <cstring>
 
@@ -11,12 +11,12 @@
 namespace vcuda::soft {
 namespace {
 
-enum class side { host, device, unified };
+enum class side { host, device, unified, array };
 
 // Resolves one end of a copy: host memory is taken as given (non-null), device memory must be recorded.
 CUresult resolve(state& s, side k, uintptr_t p, size_t n, bool write) {
     if (k == side::unified) k = find_range(s, p) != nullptr ? side::device : side::host;
-    if (k == side::host) return p != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (k == side::host || k == side::array) return p != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     return check_device_range(s, p, n, write);
 }
 
@@ -43,9 +43,11 @@ struct copy_end {
     uintptr_t base = 0;
     size_t x = 0, y = 0, z = 0, pitch = 0, height = 0;
     uintptr_t start = 0;  // first byte copied
+    size_t depth = 0;     // arrays: their slices
 };
 
-CUresult end_from(CUmemorytype type, const void* host, CUdeviceptr device, copy_end& e) {
+CUresult end_from(state& s, CUmemorytype type, const void* host, CUdeviceptr device, CUarray array,
+                  copy_end& e) {
     switch (type) {
         case CU_MEMORYTYPE_HOST:
             e.k = side::host;
@@ -59,8 +61,14 @@ CUresult end_from(CUmemorytype type, const void* host, CUdeviceptr device, copy_
             e.k = side::unified;
             e.base = static_cast<uintptr_t>(device);
             return CUDA_SUCCESS;
-        case CU_MEMORYTYPE_ARRAY:
-            return CUDA_ERROR_NOT_SUPPORTED;
+        case CU_MEMORYTYPE_ARRAY: {
+            auto* a = s.find<array_obj>(array);
+            if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+            e.k = side::array;
+            e.base = reinterpret_cast<uintptr_t>(a->data.data());
+            e.depth = a->desc.Depth ? a->desc.Depth : 1;
+            return CUDA_SUCCESS;
+        }
         default:
             return CUDA_ERROR_INVALID_VALUE;
     }
@@ -68,6 +76,13 @@ CUresult end_from(CUmemorytype type, const void* host, CUdeviceptr device, copy_
 
 // Checks one end of a width x height x depth copy and computes where it starts.
 CUresult check_end(state& s, copy_end& e, size_t width, size_t height, size_t depth, bool write) {
+    if (e.k == side::array) {  // the box must lie inside the array's width, height and depth
+        size_t xe = 0, ye = 0, ze = 0;
+        if (__builtin_add_overflow(e.x, width, &xe) || xe > e.pitch ||
+            __builtin_add_overflow(e.y, height, &ye) || ye > e.height ||
+            __builtin_add_overflow(e.z, depth, &ze) || ze > e.depth)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
     const bool rows = height > 1 || depth > 1;
     size_t row_end = 0;
     if (__builtin_add_overflow(e.x, width, &row_end)) return CUDA_ERROR_INVALID_VALUE;
@@ -93,6 +108,14 @@ CUresult check_end(state& s, copy_end& e, size_t width, size_t height, size_t de
     return resolve(s, e.k, e.start, extent, write);
 }
 
+// An array end's pitch and slice height are the array's own, whatever the descriptor says.
+void array_layout(state& s, CUarray array, copy_end& e) {
+    if (e.k != side::array) return;
+    auto* a = s.find<array_obj>(array);
+    e.pitch = a->row_bytes();
+    e.height = a->rows();
+}
+
 CUresult copy_3d(state& s, work& w, copy_end src, copy_end dst, size_t width, size_t height, size_t depth) {
     if (width == 0 || height == 0 || depth == 0) return CUDA_SUCCESS;
     if (CUresult r = check_end(s, src, width, height, depth, false); r != CUDA_SUCCESS) return r;
@@ -113,14 +136,20 @@ CUresult copy_3d(state& s, work& w, copy_end src, copy_end dst, size_t width, si
 CUresult copy_2d_desc(state& s, work& w, const CUDA_MEMCPY2D* p) {
     if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
     copy_end src, dst;
-    if (CUresult r = end_from(p->srcMemoryType, p->srcHost, p->srcDevice, src); r != CUDA_SUCCESS) return r;
-    if (CUresult r = end_from(p->dstMemoryType, p->dstHost, p->dstDevice, dst); r != CUDA_SUCCESS) return r;
+    if (CUresult r = end_from(s, p->srcMemoryType, p->srcHost, p->srcDevice, p->srcArray, src);
+        r != CUDA_SUCCESS)
+        return r;
+    if (CUresult r = end_from(s, p->dstMemoryType, p->dstHost, p->dstDevice, p->dstArray, dst);
+        r != CUDA_SUCCESS)
+        return r;
     src.x = p->srcXInBytes;
     src.y = p->srcY;
     src.pitch = p->srcPitch;
     dst.x = p->dstXInBytes;
     dst.y = p->dstY;
     dst.pitch = p->dstPitch;
+    array_layout(s, p->srcArray, src);
+    array_layout(s, p->dstArray, dst);
     return copy_3d(s, w, src, dst, p->WidthInBytes, p->Height, 1);
 }
 
@@ -166,8 +195,12 @@ CUresult copy_3d_desc(state& s, work& w, const CUDA_MEMCPY3D* p) {
         p->reserved1 != nullptr)
         return CUDA_ERROR_INVALID_VALUE;
     copy_end src, dst;
-    if (CUresult r = end_from(p->srcMemoryType, p->srcHost, p->srcDevice, src); r != CUDA_SUCCESS) return r;
-    if (CUresult r = end_from(p->dstMemoryType, p->dstHost, p->dstDevice, dst); r != CUDA_SUCCESS) return r;
+    if (CUresult r = end_from(s, p->srcMemoryType, p->srcHost, p->srcDevice, p->srcArray, src);
+        r != CUDA_SUCCESS)
+        return r;
+    if (CUresult r = end_from(s, p->dstMemoryType, p->dstHost, p->dstDevice, p->dstArray, dst);
+        r != CUDA_SUCCESS)
+        return r;
     src.x = p->srcXInBytes;
     src.y = p->srcY;
     src.z = p->srcZ;
@@ -178,6 +211,8 @@ CUresult copy_3d_desc(state& s, work& w, const CUDA_MEMCPY3D* p) {
     dst.z = p->dstZ;
     dst.pitch = p->dstPitch;
     dst.height = p->dstHeight;
+    array_layout(s, p->srcArray, src);
+    array_layout(s, p->dstArray, dst);
     return copy_3d(s, w, src, dst, p->WidthInBytes, p->Height, p->Depth);
 }
 

@@ -48,6 +48,15 @@ void register_global(global_entry e);
 const kernel_entry* find_kernel(std::string_view name);
 const global_entry* find_global(std::string_view name);
 
+// Texture and surface objects for host kernels (soft_array.cpp). tex_read: the `n`-byte element at integer
+// coordinates (x in elements; point filtering, as tex2D at x + 0.5 or tex1Dfetch at x), clamped to the
+// edge, zeros outside with border addressing. surf_write / surf_read: x in bytes, as surf2Dwrite; outside
+// the array they do nothing and answer false (the GPU would trap). False also for an unknown object or a
+// size that is not the element's.
+bool tex_read(uint64_t object, long x, long y, long z, void* out, size_t n);
+bool surf_write(uint64_t object, long x_bytes, long y, long z, const void* in, size_t n);
+bool surf_read(uint64_t object, long x_bytes, long y, long z, void* out, size_t n);
+
 struct registrar {
     registrar(std::string_view name, std::initializer_list<size_t> sizes, kernel_fn fn) {
         register_kernel({name, std::vector<size_t>(sizes), fn});

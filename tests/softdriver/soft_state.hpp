@@ -70,7 +70,8 @@ enum class kind : uint8_t {
     graph_exec,
     mem_pool,
     graph_node,
-    link
+    link,
+    array
 };
 
 inline constexpr uint64_t handle_tag = uint64_t{0x5c0d} << 48;
@@ -224,6 +225,19 @@ struct mem_handle_obj : object {
     CUmemAllocationProp prop{};
     unsigned refs = 1;  // cuMemCreate / cuMemRetainAllocationHandle minus cuMemRelease
     unsigned maps = 0;  // live cuMemMap mappings
+};
+
+// A CUDA array (soft_array.cpp): host memory with a plain layout, rows of width * element bytes, `height`
+// rows a slice (at least 1), `depth` slices (at least 1). Texture and surface objects point into it.
+struct array_obj : object {
+    static constexpr kind tag = kind::array;
+    array_obj() : object(tag) {}
+    CUDA_ARRAY3D_DESCRIPTOR desc{};
+    size_t element = 0;  // bytes per element (all channels)
+    int device = 0;      // charged to this device's memory
+    std::vector<std::byte> data;
+    size_t row_bytes() const { return desc.Width * element; }
+    size_t rows() const { return desc.Height ? desc.Height : 1; }
 };
 
 enum class range_kind : uint8_t { device, managed, vmm, host_alloc, host_registered, global };

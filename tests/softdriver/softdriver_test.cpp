@@ -430,8 +430,8 @@ TEST_CASE("copies and memsets are checked against the allocations", "[unit]") {
     c.Height = 65;  // 65 rows of 64 bytes run past the 4096-byte allocation
     CHECK(d.cuMemcpy2D_v2(&c) == CUDA_ERROR_INVALID_VALUE);
     c.Height = 8;
-    c.srcMemoryType = CU_MEMORYTYPE_ARRAY;
-    CHECK(d.cuMemcpy2D_v2(&c) == CUDA_ERROR_NOT_SUPPORTED);
+    c.srcMemoryType = CU_MEMORYTYPE_ARRAY;  // no array handle
+    CHECK(d.cuMemcpy2D_v2(&c) == CUDA_ERROR_INVALID_HANDLE);
 
     // Pinned and registered host memory are their own device pointers.
     void* pinned = nullptr;

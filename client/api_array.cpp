@@ -1,0 +1,259 @@
+// CUDA arrays, texture objects and surface objects (server/handlers_array.cpp). Arrays are session handles
+// the mirror knows by kind, so a copy naming an unknown array fails here at once; the server checks every
+// copy's box against the array's extent. Texture and surface objects are the server's real values (kernels
+// receive them by value): the server keeps which belong to the session. The array copies (cuMemcpyHtoA ...)
+// are 1D copies through the 2D/3D path (client/copy_paths.cpp).
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "client/copy_paths.hpp"
+#include "client/entry_point.hpp"
+#include "client/plain_call.hpp"
+#include "client/state.hpp"
+#include "client/trace.hpp"
+
+using namespace vcuda;
+using namespace vcuda::client;
+
+namespace {
+
+// The extent of each array this process made (its id -> row bytes, rows, slices), so that a copy past it
+// fails at call time even when it is queued, as with the driver.
+struct extent {
+    uint64_t row = 0, rows = 1, slices = 1;
+};
+std::mutex arrays_mu;
+std::map<uint64_t, extent>& arrays() {
+    static auto* m = new std::map<uint64_t, extent>();
+    return *m;
+}
+
+uint64_t element_bytes(CUarray_format f, unsigned channels) {
+    switch (f) {
+        case CU_AD_FORMAT_UNSIGNED_INT8:
+        case CU_AD_FORMAT_SIGNED_INT8:
+            return channels;
+        case CU_AD_FORMAT_UNSIGNED_INT16:
+        case CU_AD_FORMAT_SIGNED_INT16:
+        case CU_AD_FORMAT_HALF:
+            return 2ull * channels;
+        default:
+            return 4ull * channels;  // the server refuses formats it does not serve before any copy
+    }
+}
+
+std::span<const std::byte> bytes_of(const void* p, size_t n) { return {static_cast<const std::byte*>(p), n}; }
+
+CUresult create_array(CUarray* out, size_t width, size_t height, size_t depth, CUarray_format format,
+                      unsigned channels, unsigned flags, bool three_d, const char* name) {
+    plain_call c(op::array_create, name);
+    c.arg(static_cast<uint64_t>(width));
+    c.arg(static_cast<uint64_t>(height));
+    c.arg(static_cast<uint64_t>(depth));
+    c.arg(static_cast<uint64_t>(format));
+    c.arg(static_cast<uint64_t>(channels));
+    c.arg(static_cast<uint64_t>(flags));
+    c.arg(static_cast<uint64_t>(three_d));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *out = c.out_handle<CUarray>(0, handle_kind::array);
+    std::lock_guard lock(arrays_mu);
+    arrays()[reinterpret_cast<uint64_t>(*out)] = {width * element_bytes(format, channels),
+                                                  height ? height : 1, depth ? depth : 1};
+    return CUDA_SUCCESS;
+}
+
+CUresult array_descriptor(CUarray a, CUDA_ARRAY3D_DESCRIPTOR& d) {
+    plain_call c(op::array_descriptor, "cuArray3DGetDescriptor");
+    c.handle(a, handle_kind::array);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    d.Width = c.out<uint64_t>(0);
+    d.Height = c.out<uint64_t>(1);
+    d.Depth = c.out<uint64_t>(2);
+    d.Format = static_cast<CUarray_format>(c.out<uint64_t>(3));
+    d.NumChannels = static_cast<unsigned>(c.out<uint64_t>(4));
+    d.Flags = static_cast<unsigned>(c.out<uint64_t>(5));
+    return CUDA_SUCCESS;
+}
+
+// A 1D copy of n bytes between an array (at a byte offset in its first row) and host or device memory.
+CUresult copy_1d(CUmemorytype dt, void* dhost, CUdeviceptr ddev, CUarray darr, size_t doff, CUmemorytype st,
+                 const void* shost, CUdeviceptr sdev, CUarray sarr, size_t soff, size_t n) {
+    CUDA_MEMCPY3D c{};
+    c.dstMemoryType = dt;
+    c.dstHost = dhost;
+    c.dstDevice = ddev;
+    c.dstArray = darr;
+    c.dstXInBytes = doff;
+    c.srcMemoryType = st;
+    c.srcHost = shost;
+    c.srcDevice = sdev;
+    c.srcArray = sarr;
+    c.srcXInBytes = soff;
+    c.WidthInBytes = n;
+    c.Height = 1;
+    c.Depth = 1;
+    return copy_3d(c, nullptr, mode::sync);
+}
+
+}  // namespace
+
+bool vcuda::client::array_box_fits(uint64_t id, uint64_t x, uint64_t y, uint64_t z, uint64_t w, uint64_t h,
+                                   uint64_t d) {
+    std::lock_guard lock(arrays_mu);
+    auto it = arrays().find(id);
+    if (it == arrays().end()) return false;
+    uint64_t xe, ye, ze;
+    return !__builtin_add_overflow(x, w, &xe) && xe <= it->second.row && !__builtin_add_overflow(y, h, &ye) &&
+           ye <= it->second.rows && !__builtin_add_overflow(z, d, &ze) && ze <= it->second.slices;
+}
+
+VCUDA_API cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* d) noexcept {
+    VCUDA_TRACE_HOOK(cuArrayCreate_v2, pHandle, d);
+    VCUDA_REQUIRE_INIT();
+    if (!pHandle || !d) return CUDA_ERROR_INVALID_VALUE;
+    return create_array(pHandle, d->Width, d->Height, 0, d->Format, d->NumChannels, 0, false,
+                        "cuArrayCreate");
+}
+
+VCUDA_API cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d) noexcept {
+    VCUDA_TRACE_HOOK(cuArray3DCreate_v2, pHandle, d);
+    VCUDA_REQUIRE_INIT();
+    if (!pHandle || !d) return CUDA_ERROR_INVALID_VALUE;
+    return create_array(pHandle, d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags, true,
+                        "cuArray3DCreate");
+}
+
+VCUDA_API cuArrayDestroy(CUarray hArray) noexcept {
+    VCUDA_TRACE_HOOK(cuArrayDestroy, hArray);
+    VCUDA_REQUIRE_INIT();
+    plain_call c(op::array_destroy, "cuArrayDestroy");
+    c.handle(hArray, handle_kind::array);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    c.forget(hArray, handle_kind::array);
+    std::lock_guard lock(arrays_mu);
+    arrays().erase(reinterpret_cast<uint64_t>(hArray));
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR* out, CUarray hArray) noexcept {
+    VCUDA_TRACE_HOOK(cuArray3DGetDescriptor_v2, out, hArray);
+    VCUDA_REQUIRE_INIT();
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    if (CUresult rc = array_descriptor(hArray, d); rc != CUDA_SUCCESS) return rc;
+    *out = d;
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* out, CUarray hArray) noexcept {
+    VCUDA_TRACE_HOOK(cuArrayGetDescriptor_v2, out, hArray);
+    VCUDA_REQUIRE_INIT();
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    if (CUresult rc = array_descriptor(hArray, d); rc != CUDA_SUCCESS) return rc;
+    out->Width = d.Width;
+    out->Height = d.Height;
+    out->Format = d.Format;
+    out->NumChannels = d.NumChannels;
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemcpyHtoA_v2(CUarray dstArray, size_t dstOffset, const void* srcHost,
+                          size_t ByteCount) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyHtoA_v2, dstArray, dstOffset, srcHost, ByteCount);
+    if (!srcHost) return CUDA_ERROR_INVALID_VALUE;
+    return copy_1d(CU_MEMORYTYPE_ARRAY, nullptr, 0, dstArray, dstOffset, CU_MEMORYTYPE_HOST, srcHost, 0,
+                   nullptr, 0, ByteCount);
+}
+
+VCUDA_API cuMemcpyAtoH_v2(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyAtoH_v2, dstHost, srcArray, srcOffset, ByteCount);
+    if (!dstHost) return CUDA_ERROR_INVALID_VALUE;
+    return copy_1d(CU_MEMORYTYPE_HOST, dstHost, 0, nullptr, 0, CU_MEMORYTYPE_ARRAY, nullptr, 0, srcArray,
+                   srcOffset, ByteCount);
+}
+
+VCUDA_API cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice,
+                          size_t ByteCount) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyDtoA_v2, dstArray, dstOffset, srcDevice, ByteCount);
+    return copy_1d(CU_MEMORYTYPE_ARRAY, nullptr, 0, dstArray, dstOffset, CU_MEMORYTYPE_DEVICE, nullptr,
+                   srcDevice, nullptr, 0, ByteCount);
+}
+
+VCUDA_API cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset,
+                          size_t ByteCount) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyAtoD_v2, dstDevice, srcArray, srcOffset, ByteCount);
+    return copy_1d(CU_MEMORYTYPE_DEVICE, nullptr, dstDevice, nullptr, 0, CU_MEMORYTYPE_ARRAY, nullptr, 0,
+                   srcArray, srcOffset, ByteCount);
+}
+
+VCUDA_API cuMemcpyAtoA_v2(CUarray dstArray, size_t dstOffset, CUarray srcArray, size_t srcOffset,
+                          size_t ByteCount) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyAtoA_v2, dstArray, dstOffset, srcArray, srcOffset, ByteCount);
+    return copy_1d(CU_MEMORYTYPE_ARRAY, nullptr, 0, dstArray, dstOffset, CU_MEMORYTYPE_ARRAY, nullptr, 0,
+                   srcArray, srcOffset, ByteCount);
+}
+
+VCUDA_API cuTexObjectCreate(CUtexObject* pTexObject, const CUDA_RESOURCE_DESC* pResDesc,
+                            const CUDA_TEXTURE_DESC* pTexDesc,
+                            const CUDA_RESOURCE_VIEW_DESC* pResViewDesc) noexcept {
+    VCUDA_TRACE_HOOK(cuTexObjectCreate, pTexObject, pResDesc, pTexDesc, pResViewDesc);
+    VCUDA_REQUIRE_INIT();
+    if (!pTexObject || !pResDesc || !pTexDesc) return CUDA_ERROR_INVALID_VALUE;
+    if (pResDesc->resType == CU_RESOURCE_TYPE_ARRAY &&
+        !valid_handle(reinterpret_cast<uint64_t>(pResDesc->res.array.hArray), handle_kind::array))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (pResDesc->resType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY)
+        return static_cast<CUresult>(unsupported("cuTexObjectCreate over a mipmapped array"));
+    plain_call c(op::tex_create, "cuTexObjectCreate");
+    c.blob(bytes_of(pResDesc, sizeof *pResDesc));
+    c.blob(bytes_of(pTexDesc, sizeof *pTexDesc));
+    if (pResViewDesc) c.blob(bytes_of(pResViewDesc, sizeof *pResViewDesc));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *pTexObject = c.out<uint64_t>(0);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuTexObjectDestroy(CUtexObject texObject) noexcept {
+    VCUDA_TRACE_HOOK(cuTexObjectDestroy, texObject);
+    VCUDA_REQUIRE_INIT();
+    plain_call c(op::tex_destroy, "cuTexObjectDestroy");
+    c.arg(static_cast<uint64_t>(texObject));
+    return c.send_sync();
+}
+
+VCUDA_API cuTexObjectGetResourceDesc(CUDA_RESOURCE_DESC* pResDesc, CUtexObject texObject) noexcept {
+    VCUDA_TRACE_HOOK(cuTexObjectGetResourceDesc, pResDesc, texObject);
+    VCUDA_REQUIRE_INIT();
+    if (!pResDesc) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::tex_resource_desc, "cuTexObjectGetResourceDesc");
+    c.arg(static_cast<uint64_t>(texObject));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const auto& blobs = c.reply().blobs;
+    if (blobs.size() != 1 || blobs[0].size() != sizeof *pResDesc) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(pResDesc, blobs[0].data(), sizeof *pResDesc);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuSurfObjectCreate(CUsurfObject* pSurfObject, const CUDA_RESOURCE_DESC* pResDesc) noexcept {
+    VCUDA_TRACE_HOOK(cuSurfObjectCreate, pSurfObject, pResDesc);
+    VCUDA_REQUIRE_INIT();
+    if (!pSurfObject || !pResDesc) return CUDA_ERROR_INVALID_VALUE;
+    if (pResDesc->resType == CU_RESOURCE_TYPE_ARRAY &&
+        !valid_handle(reinterpret_cast<uint64_t>(pResDesc->res.array.hArray), handle_kind::array))
+        return CUDA_ERROR_INVALID_HANDLE;
+    plain_call c(op::surf_create, "cuSurfObjectCreate");
+    c.blob(bytes_of(pResDesc, sizeof *pResDesc));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *pSurfObject = c.out<uint64_t>(0);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuSurfObjectDestroy(CUsurfObject surfObject) noexcept {
+    VCUDA_TRACE_HOOK(cuSurfObjectDestroy, surfObject);
+    VCUDA_REQUIRE_INIT();
+    plain_call c(op::surf_destroy, "cuSurfObjectDestroy");
+    c.arg(static_cast<uint64_t>(surfObject));
+    return c.send_sync();
+}

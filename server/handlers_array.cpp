@@ -1,0 +1,273 @@
+// Hand-written ops for CUDA arrays, texture objects and surface objects (protocol/spec/driver.spec, ids
+// 390-397). Arrays are session handles whose bytes (rows rounded up to 512 bytes, as the driver lays them
+// out) are charged to the device's quota before the driver makes them. Texture and surface objects are the
+// driver's own 64-bit values, answered to the client because kernels receive them by value; the session keeps
+// which are its own (array_tables), so destroy and queries refuse any other value. A resource descriptor
+// names an array by the session's handle (translated here) or device memory (checked against the session's
+// allocations). runs on: the lane's thread. locks: the session's `mu` around its tables, never across a
+// driver call that may block.
+#include "server/handlers_array.hpp"
+
+#include <cstring>
+
+#include "common/log.hpp"
+#include "server/call_context.hpp"
+
+namespace vcuda::server {
+
+namespace {
+
+// Bytes of one element of `f` with `channels` channels; 0 for formats vcuda does not serve.
+uint64_t element_bytes(uint64_t f, uint64_t channels) {
+    if (channels != 1 && channels != 2 && channels != 4) return 0;
+    switch (f) {
+        case CU_AD_FORMAT_UNSIGNED_INT8:
+        case CU_AD_FORMAT_SIGNED_INT8:
+            return channels;
+        case CU_AD_FORMAT_UNSIGNED_INT16:
+        case CU_AD_FORMAT_SIGNED_INT16:
+        case CU_AD_FORMAT_HALF:
+            return 2 * channels;
+        case CU_AD_FORMAT_UNSIGNED_INT32:
+        case CU_AD_FORMAT_SIGNED_INT32:
+        case CU_AD_FORMAT_FLOAT:
+            return 4 * channels;
+        default:
+            return 0;
+    }
+}
+
+CUresult current_device(call_context& cx, size_t& device) {
+    int d = cx.device_index();
+    if (d < 0 || static_cast<size_t>(d) >= cx.sess.device_count())
+        return cx.fail(CUDA_ERROR_INVALID_CONTEXT, "no current context");
+    device = static_cast<size_t>(d);
+    return CUDA_SUCCESS;
+}
+
+// A blob that is exactly one T.
+template <class T>
+bool blob_as(call_context& cx, size_t i, T& out) {
+    auto b = cx.blob(i);
+    if (b.size() != sizeof(T)) return false;
+    std::memcpy(&out, b.data(), sizeof(T));
+    return true;
+}
+
+// The resource descriptor as the driver must see it: the session's array handle replaced by the driver's,
+// device memory checked against the session's own.
+CUresult translate_resource(call_context& cx, CUDA_RESOURCE_DESC& r, bool surface) {
+    if (r.flags != 0) return cx.fail(CUDA_ERROR_INVALID_VALUE, "resource descriptor flags must be 0");
+    switch (r.resType) {
+        case CU_RESOURCE_TYPE_ARRAY: {
+            void* raw = nullptr;
+            uint64_t id = reinterpret_cast<uint64_t>(r.res.array.hArray);
+            if (CUresult rc = cx.lookup(id, handle_kind::array, raw); rc != CUDA_SUCCESS) return rc;
+            r.res.array.hArray = static_cast<CUarray>(raw);
+            return CUDA_SUCCESS;
+        }
+        case CU_RESOURCE_TYPE_LINEAR: {
+            if (surface) break;
+            auto& l = r.res.linear;
+            if (!element_bytes(l.format, l.numChannels) || l.sizeInBytes == 0)
+                return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad linear resource");
+            return cx.device_range(l.devPtr, l.sizeInBytes);
+        }
+        case CU_RESOURCE_TYPE_PITCH2D: {
+            if (surface) break;
+            auto& p = r.res.pitch2D;
+            uint64_t elem = element_bytes(p.format, p.numChannels), row, span;
+            if (!elem || !p.width || !p.height || !mul_add(p.width, elem, 0, row) || p.pitchInBytes < row ||
+                !mul_add(p.height - 1, p.pitchInBytes, row, span))
+                return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad pitch2D resource");
+            return cx.device_range(p.devPtr, span);
+        }
+        case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
+            return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "mipmapped arrays are not served by vcuda yet");
+        default:
+            break;
+    }
+    return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad resource type");
+}
+
+// Records a texture or surface object the driver made.
+void keep_object(call_context& cx, uint64_t value, size_t device, bool surface,
+                 const CUDA_RESOURCE_DESC& as_given) {
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.arrays.objects[value] = {device, surface, as_given};
+}
+
+// Forgets the session's object `value` (of the right kind) and destroys it.
+CUresult destroy_object(call_context& cx, bool surface) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    uint64_t value = cx.arg(0);
+    {
+        std::lock_guard lock(cx.sess.mu);
+        auto it = cx.sess.arrays.objects.find(value);
+        if (it == cx.sess.arrays.objects.end() || it->second.surface != surface)
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, surface ? "not a surface object of this session"
+                                                             : "not a texture object of this session");
+        cx.sess.arrays.objects.erase(it);
+    }
+    return surface ? cx.drv().cuSurfObjectDestroy(value) : cx.drv().cuTexObjectDestroy(value);
+}
+
+}  // namespace
+
+CUresult array_box(call_context& cx, uint64_t id, uint64_t x, uint64_t y, uint64_t z, uint64_t w, uint64_t h,
+                   uint64_t depth, CUarray& out) {
+    void* raw = nullptr;
+    if (CUresult rc = cx.lookup(id, handle_kind::array, raw); rc != CUDA_SUCCESS) return rc;
+    std::lock_guard lock(cx.sess.mu);
+    auto it = cx.sess.arrays.arrays.find(id);
+    if (it == cx.sess.arrays.arrays.end()) return CUDA_ERROR_INVALID_HANDLE;
+    const auto& d = it->second.desc;
+    uint64_t row = d.Width * element_bytes(d.Format, d.NumChannels), xe, ye, ze;
+    uint64_t rows = d.Height ? d.Height : 1, slices = d.Depth ? d.Depth : 1;
+    if (!mul_add(1, x, w, xe) || xe > row || !mul_add(1, y, h, ye) || ye > rows ||
+        !mul_add(1, z, depth, ze) || ze > slices)
+        return CUDA_ERROR_INVALID_VALUE;
+    out = static_cast<CUarray>(raw);
+    return CUDA_SUCCESS;
+}
+
+// args {width, height, depth, format, channels, flags, 3d}. Out {array}.
+CUresult handle_array_create(call_context& cx) {
+    if (!cx.expect_args(7)) return cx.bad_arguments();
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    uint64_t width = cx.arg(0), height = cx.arg(1), depth = cx.arg(2), format = cx.arg(3),
+             channels = cx.arg(4), flags = cx.arg(5);
+    const bool three_d = cx.arg(6) != 0;
+    constexpr uint64_t limit = uint64_t{1} << 20;  // past any dimension the driver allows
+    // Layered, surface load/store, cubemap, texture gather, depth texture, colour attachment; not sparse.
+    constexpr uint64_t known_flags = 0x3f;
+    uint64_t elem = element_bytes(format, channels);
+    if (!elem) return cx.fail(CUDA_ERROR_INVALID_VALUE, "array format or channel count not served");
+    if (!width || width > limit || height > limit || depth > limit || (flags & ~known_flags) ||
+        (!three_d && (depth || flags)) || (depth && !height && !(flags & CUDA_ARRAY3D_LAYERED)))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad array descriptor");
+    uint64_t row = (width * elem + 511) / 512 * 512, bytes;
+    if (!mul_add(row, height ? height : 1, 0, bytes) || !mul_add(bytes, depth ? depth : 1, 0, bytes))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "array too large");
+    size_t device;
+    if (CUresult rc = current_device(cx, device); rc != CUDA_SUCCESS) return rc;
+    d.Width = width;
+    d.Height = height;
+    d.Depth = depth;
+    d.Format = static_cast<CUarray_format>(format);
+    d.NumChannels = static_cast<unsigned>(channels);
+    d.Flags = static_cast<unsigned>(flags);
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (!cx.sess.memory(device).charge(bytes))
+            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY,
+                           "array of " + std::to_string(bytes) + " bytes exceeds the session's memory quota");
+    }
+    CUarray a = nullptr;
+    CUresult rc;
+    if (three_d) {
+        rc = cx.drv().cuArray3DCreate_v2(&a, &d);
+    } else {
+        CUDA_ARRAY_DESCRIPTOR d2{};
+        d2.Width = width;
+        d2.Height = height;
+        d2.Format = d.Format;
+        d2.NumChannels = d.NumChannels;
+        rc = cx.drv().cuArrayCreate_v2(&a, &d2);
+    }
+    if (rc != CUDA_SUCCESS) {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.memory(device).credit(bytes);
+        return rc;
+    }
+    cx.out_handle(handle_kind::array, a);
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.arrays.arrays[cx.outs.back()] = {device, bytes, d};
+    return CUDA_SUCCESS;
+}
+
+// args {array}.
+CUresult handle_array_destroy(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    CUarray a;
+    if (CUresult rc = cx.handle(0, handle_kind::array, a); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.drv().cuArrayDestroy(a); rc != CUDA_SUCCESS) return rc;
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.handles.erase(cx.arg(0));
+    if (auto it = cx.sess.arrays.arrays.find(cx.arg(0)); it != cx.sess.arrays.arrays.end()) {
+        cx.sess.memory(it->second.device).credit(it->second.bytes);
+        cx.sess.arrays.arrays.erase(it);
+    }
+    return CUDA_SUCCESS;
+}
+
+// args {array}. Out {width, height, depth, format, channels, flags}.
+CUresult handle_array_descriptor(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    CUarray a;
+    if (CUresult rc = cx.handle(0, handle_kind::array, a); rc != CUDA_SUCCESS) return rc;
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    if (CUresult rc = cx.drv().cuArray3DGetDescriptor_v2(&d, a); rc != CUDA_SUCCESS) return rc;
+    cx.out(static_cast<uint64_t>(d.Width));
+    cx.out(static_cast<uint64_t>(d.Height));
+    cx.out(static_cast<uint64_t>(d.Depth));
+    cx.out(static_cast<uint64_t>(d.Format));
+    cx.out(static_cast<uint64_t>(d.NumChannels));
+    cx.out(static_cast<uint64_t>(d.Flags));
+    return CUDA_SUCCESS;
+}
+
+// blobs {resource desc, texture desc, view desc?}. Out {texture object}.
+CUresult handle_tex_create(call_context& cx) {
+    CUDA_RESOURCE_DESC r{};
+    CUDA_TEXTURE_DESC t{};
+    CUDA_RESOURCE_VIEW_DESC v{};
+    const bool view = cx.blob_count() == 3;
+    if (!cx.expect_args(0) || (cx.blob_count() != 2 && !view) || !blob_as(cx, 0, r) || !blob_as(cx, 1, t) ||
+        (view && !blob_as(cx, 2, v)))
+        return cx.bad_arguments();
+    size_t device;
+    if (CUresult rc = current_device(cx, device); rc != CUDA_SUCCESS) return rc;
+    const CUDA_RESOURCE_DESC as_given = r;
+    if (CUresult rc = translate_resource(cx, r, false); rc != CUDA_SUCCESS) return rc;
+    CUtexObject o = 0;
+    if (CUresult rc = cx.drv().cuTexObjectCreate(&o, &r, &t, view ? &v : nullptr); rc != CUDA_SUCCESS)
+        return rc;
+    keep_object(cx, o, device, false, as_given);
+    cx.out(static_cast<uint64_t>(o));
+    return CUDA_SUCCESS;
+}
+
+CUresult handle_tex_destroy(call_context& cx) { return destroy_object(cx, false); }
+
+// args {texture object}. Blob out {resource desc, as created}.
+CUresult handle_tex_resource_desc(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    std::lock_guard lock(cx.sess.mu);
+    auto it = cx.sess.arrays.objects.find(cx.arg(0));
+    if (it == cx.sess.arrays.objects.end() || it->second.surface)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a texture object of this session");
+    cx.out_blob({reinterpret_cast<const std::byte*>(&it->second.res), sizeof(CUDA_RESOURCE_DESC)});
+    return CUDA_SUCCESS;
+}
+
+// blob {resource desc: an array}. Out {surface object}.
+CUresult handle_surf_create(call_context& cx) {
+    CUDA_RESOURCE_DESC r{};
+    if (!cx.expect_args(0) || cx.blob_count() != 1 || !blob_as(cx, 0, r)) return cx.bad_arguments();
+    if (r.resType != CU_RESOURCE_TYPE_ARRAY)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "a surface object needs an array");
+    size_t device;
+    if (CUresult rc = current_device(cx, device); rc != CUDA_SUCCESS) return rc;
+    const CUDA_RESOURCE_DESC as_given = r;
+    if (CUresult rc = translate_resource(cx, r, true); rc != CUDA_SUCCESS) return rc;
+    CUsurfObject o = 0;
+    if (CUresult rc = cx.drv().cuSurfObjectCreate(&o, &r); rc != CUDA_SUCCESS) return rc;
+    keep_object(cx, o, device, true, as_given);
+    cx.out(static_cast<uint64_t>(o));
+    return CUDA_SUCCESS;
+}
+
+CUresult handle_surf_destroy(call_context& cx) { return destroy_object(cx, true); }
+
+}  // namespace vcuda::server
