@@ -395,7 +395,7 @@ run_pytest_mode() {  # run_pytest_mode SUITE MODE LIMIT; sets $run_rc
     mexpr="$(getv "CONFORMANCE_M_$suite" "$(default_marks "$suite")")"
     [ -n "$mexpr" ] && kargs+=(-m "$mexpr")
     rm -f "$base.results" "$base.xml" "$base.log"
-    local -a cmd=("$PY" -m pytest -p no:cacheprovider -p conformance_plugin -q -rN --no-header --tb=short
+    local -a cmd=("$PY" -m pytest -p no:cacheprovider -p no:benchmark -p conformance_plugin -q -rN --no-header --tb=short
         ${XDIST[@]+"${XDIST[@]}"} ${PTIMEOUT[@]+"${PTIMEOUT[@]}"} --junitxml="$base.xml"
         ${kargs[@]+"${kargs[@]}"} "${paths[@]}")
     set_prefix "$mode"
