@@ -254,6 +254,49 @@ transport_result<stream> stream::connect(const endpoint& ep, std::chrono::millis
     return unexpected{last};
 }
 
+namespace fault_injection {
+#ifdef VCUDA_FAULT_INJECTION
+namespace {
+std::atomic<uint64_t> reads_left{0}, writes_left{0};  // 0: disarmed; 1: the next call fails
+
+uint64_t env_count(const char* name) {
+    const char* v = std::getenv(name);
+    return v && *v ? std::strtoull(v, nullptr, 10) : 0;
+}
+// Armed from the environment before main() (the client library: when it is loaded).
+[[maybe_unused]] const bool armed_from_env = [] {
+    reads_left = env_count("VCUDA_FAULT_READ_N");
+    writes_left = env_count("VCUDA_FAULT_WRITE_N");
+    return true;
+}();
+
+bool fire(std::atomic<uint64_t>& left) {
+    uint64_t n = left.load(std::memory_order_relaxed);
+    while (n != 0)
+        if (left.compare_exchange_weak(n, n - 1)) return n == 1;
+    return false;
+}
+}  // namespace
+bool available() { return true; }
+void fail_read(uint64_t n) { reads_left = n; }
+void fail_write(uint64_t n) { writes_left = n; }
+#define VCUDA_INJECT_FAULT(counter, what)                      \
+    do {                                                       \
+        if (fault_injection::fire(fault_injection::counter)) { \
+            ::shutdown(fd_, SHUT_RDWR);                        \
+            return unexpected{lost("injected fault: " what)};  \
+        }                                                      \
+    } while (0)
+#else
+bool available() { return false; }
+void fail_read(uint64_t) {}
+void fail_write(uint64_t) {}
+#define VCUDA_INJECT_FAULT(counter, what) \
+    do {                                  \
+    } while (0)
+#endif
+}  // namespace fault_injection
+
 transport_error stream::lost(std::string why) {
     lost_ = true;
     if (!reported_.exchange(true)) {
@@ -278,6 +321,7 @@ transport_result<void> stream::write_all(std::span<iovec> bufs, deadline until, 
     if (pass_fd >= 0 && !local_)
         return unexpected{
             transport_error{transport_errc::io, "file descriptors pass only over Unix sockets"}};
+    VCUDA_INJECT_FAULT(writes_left, "write");
     return rings_ ? ring_write(bufs, until, pass_fd) : socket_write(bufs, until, pass_fd);
 }
 
@@ -327,6 +371,7 @@ transport_result<void> stream::socket_write(std::span<iovec> bufs, deadline unti
 
 transport_result<void> stream::read_exact(void* buf, size_t n, deadline until) {
     if (fd_ < 0 || lost_) return unexpected{transport_error{transport_errc::closed, "connection closed"}};
+    VCUDA_INJECT_FAULT(reads_left, "read");
     return rings_ ? ring_read(buf, n, until) : socket_read(buf, n, until);
 }
 

@@ -67,6 +67,19 @@ struct endpoint {
     std::string to_string() const;
 };
 
+// Test-only fault injection, for tests that sweep every failure point of a session: the Nth call of
+// stream::read_exact (or stream::write_all) in this process from the moment it is armed, counted across all
+// its streams, fails as if the peer had vanished (the socket is shut down; the call returns peer_lost). Built
+// only with the CMake option VCUDA_FAULT_INJECTION (on where tests are built, off in the release preset):
+// without it arming does nothing and the checks compile away. A process can also be armed from its start by
+// the environment, VCUDA_FAULT_READ_N=N / VCUDA_FAULT_WRITE_N=N (a server or a client library under test).
+// runs on: any thread; one counter per direction, shared by the process's streams.
+namespace fault_injection {
+bool available();
+void fail_read(uint64_t n);   // 0 disarms
+void fail_write(uint64_t n);  // 0 disarms
+}  // namespace fault_injection
+
 class stream {
   public:
     stream() = default;

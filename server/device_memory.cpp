@@ -141,6 +141,8 @@ void device_memory::release_all() {
     for (auto& [va, m] : mappings_) unmap(va, m);
     mappings_.clear();
     allocations_.clear();
+    credit(heap_charge_);  // the context goes, and its heap with it
+    heap_charge_ = 0;
 }
 
 }  // namespace vcuda::server

@@ -32,6 +32,10 @@ class device_memory {
         return true;
     }
     void credit(size_t size) { mapped_ -= std::min<uint64_t>(size, mapped_); }
+    // The device-side malloc heap the context's limit makes the driver hold (cuCtxSetLimit), charged at its
+    // set size (server/quota_checks.cpp); credited back when the context's memory is released.
+    uint64_t heap_charge() const { return heap_charge_; }
+    void set_heap_charge(uint64_t bytes) { heap_charge_ = bytes; }
     uint64_t quota() const { return quota_; }
     size_t allocation_count() const { return allocations_.size(); }
 
@@ -55,6 +59,7 @@ class device_memory {
     CUdevice dev_;
     uint64_t quota_;
     uint64_t mapped_ = 0;
+    uint64_t heap_charge_ = 0;
     std::map<CUdeviceptr, mapping> mappings_;
     std::map<CUdeviceptr, std::pair<size_t, CUdeviceptr>> allocations_;  // start -> (size, its mapping)
 };

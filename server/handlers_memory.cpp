@@ -77,7 +77,7 @@ CUresult handle_mem_free(call_context& cx) {
     auto p = static_cast<CUdeviceptr>(cx.arg(0));
     if (auto a = cx.sess.pools.find(p)) {
         if (CUresult r = cx.drv().cuMemFree_v2(p); r != CUDA_SUCCESS) return r;
-        cx.sess.memory(a->device).credit(a->size);
+        cx.sess.memory(a->device).credit(cx.sess.pools.keep(a->pool, a->size, a->device));
         cx.sess.pools.erase(p);
         return CUDA_SUCCESS;
     }

@@ -1,7 +1,8 @@
 // Stream-ordered allocation and memory pools (cuMemAllocAsync, cuMemFreeAsync, cuMemPoolCreate, ...). Every
 // stream-ordered allocation is this session's memory (copies and kernels may use it; charged to the quota
 // when made, credited when freed); pools are session handles, the devices' default pools owned by the session
-// (never destroyed by it). Only device-located pools are served.
+// (never destroyed by it). What a pool keeps reserved after frees, up to its release threshold, stays
+// charged. Only device-located pools are served.
 #include <cstring>
 
 #include "server/call_context.hpp"
@@ -51,22 +52,32 @@ CUresult handle_pool_alloc(call_context& cx) {
     size_t device;
     device_memory* mem;
     if (CUresult rc = current_device_memory(cx, device, mem); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    // The pool the allocation comes from (the device's current one when none is named): what it keeps
+    // reserved is reused first.
+    CUmemoryPool from = pool;
+    if (CUdevice dev; !from && cx.sess.real_device(device, dev) == CUDA_SUCCESS && d.cuDeviceGetMemPool)
+        d.cuDeviceGetMemPool(&from, dev);
+    uint64_t charged;
     {
         std::lock_guard lock(cx.sess.mu);
-        if (!mem->charge(size))
+        charged = cx.sess.pools.take_kept(from, size);
+        if (!mem->charge(charged)) {
+            cx.sess.pools.give_back_kept(from, size - charged);
             return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "allocation of " + std::to_string(size) +
                                                          " bytes exceeds the session's memory quota");
+        }
     }
     CUdeviceptr p = 0;
-    auto& d = cx.drv();
     CUresult rc =
         pool ? d.cuMemAllocFromPoolAsync(&p, size, pool, stream) : d.cuMemAllocAsync(&p, size, stream);
     std::lock_guard lock(cx.sess.mu);
     if (rc != CUDA_SUCCESS) {
-        mem->credit(size);
+        mem->credit(charged);
+        cx.sess.pools.give_back_kept(from, size - charged);
         return rc;
     }
-    cx.sess.pools.add(p, size, device);
+    cx.sess.pools.add(p, size, device, from);
     cx.out(static_cast<uint64_t>(p));
     return CUDA_SUCCESS;
 }
@@ -88,7 +99,7 @@ CUresult handle_pool_free(call_context& cx) {
     if (CUresult rc = cx.drv().cuMemFreeAsync(p, stream); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
     cx.sess.pools.erase(p);
-    cx.sess.memory(a.device).credit(a.size);
+    cx.sess.memory(a.device).credit(cx.sess.pools.keep(a.pool, a.size, a.device));
     return CUDA_SUCCESS;
 }
 
@@ -117,6 +128,12 @@ CUresult handle_pool_destroy(call_context& cx) {
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "a device's default or current pool cannot be destroyed");
     if (CUresult rc = cx.drv().cuMemPoolDestroy(static_cast<CUmemoryPool>(raw)); rc != CUDA_SUCCESS)
         return rc;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        size_t device = 0;
+        uint64_t kept = cx.sess.pools.forget_pool(static_cast<CUmemoryPool>(raw), device);
+        if (kept && device < cx.sess.device_count()) cx.sess.memory(device).credit(kept);
+    }
     cx.forget_handle(0);
     return CUDA_SUCCESS;
 }
@@ -149,8 +166,15 @@ CUresult handle_pool_set_attribute(call_context& cx) {
     uint64_t wide = cx.arg(2);
     int narrow = static_cast<int>(wide);
     const bool is_wide = wide_attribute(attr);
-    return cx.drv().cuMemPoolSetAttribute(pool, attr,
-                                          is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
+    CUresult rc = cx.drv().cuMemPoolSetAttribute(
+        pool, attr, is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
+    if (rc != CUDA_SUCCESS || attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) return rc;
+    // What the pool may keep reserved from now on (charged while it keeps it: handle_pool_free).
+    std::lock_guard lock(cx.sess.mu);
+    size_t device = 0;
+    uint64_t over = cx.sess.pools.set_threshold(pool, wide, device);
+    if (over && device < cx.sess.device_count()) cx.sess.memory(device).credit(over);
+    return CUDA_SUCCESS;
 }
 
 // args {pool, attribute} -> outs {value}

@@ -137,6 +137,12 @@ void session::release_device(size_t device) {
         s.memory->credit(it->second.size);
         it = pools.allocations_.erase(it);
     }
+    // What the device's pools kept reserved goes with its context.
+    for (auto& [pool, r] : pools.retention_) {
+        if (r.device != device) continue;
+        s.memory->credit(r.kept);
+        r.kept = 0;
+    }
     // Dependents first: events and streams, then functions/kernels (owned), then modules and libraries.
     std::vector<std::pair<uint64_t, handle_entry>> doomed;
     handles.for_each([&](uint64_t id, handle_entry& e) {

@@ -6,6 +6,7 @@
 // end (server/session.cpp). locks: none inside; every call is made with the session's `mu` held.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -65,8 +66,11 @@ class pool_allocations {
     struct allocation {
         size_t size = 0;
         size_t device = 0;
+        CUmemoryPool pool = nullptr;  // the pool it came from (nullptr: not known)
     };
-    void add(CUdeviceptr p, size_t size, size_t device) { allocations_[p] = {size, device}; }
+    void add(CUdeviceptr p, size_t size, size_t device, CUmemoryPool pool) {
+        allocations_[p] = {size, device, pool};
+    }
     // The allocation starting at p, or nothing.
     std::optional<allocation> find(CUdeviceptr p) const {
         auto it = allocations_.find(p);
@@ -75,9 +79,57 @@ class pool_allocations {
     }
     void erase(CUdeviceptr p) { allocations_.erase(p); }
 
+    // Memory a pool keeps reserved after frees (up to its release threshold) is still held for the session:
+    // a free into a pool credits the quota only past what the pool may keep, and an allocation from a pool
+    // first reuses what it keeps. Each returns how many bytes to charge or credit.
+    uint64_t take_kept(CUmemoryPool pool, uint64_t size) {  // allocation: the part to charge
+        auto it = retention_.find(pool);
+        if (it == retention_.end()) return size;
+        uint64_t k = std::min(size, it->second.kept);
+        it->second.kept -= k;
+        return size - k;
+    }
+    void give_back_kept(CUmemoryPool pool, uint64_t bytes) {  // an allocation that took them failed
+        if (auto it = retention_.find(pool); it != retention_.end()) it->second.kept += bytes;
+    }
+    uint64_t keep(CUmemoryPool pool, uint64_t size, size_t device) {  // free: the part to credit
+        auto it = retention_.find(pool);
+        if (it == retention_.end()) return size;
+        auto& r = it->second;
+        uint64_t room = r.threshold > r.kept ? r.threshold - r.kept : 0;
+        uint64_t k = std::min(size, room);
+        r.kept += k;
+        r.device = device;
+        return size - k;
+    }
+    // The pool's release threshold was set: what it kept past the new one goes (credited on `device`).
+    uint64_t set_threshold(CUmemoryPool pool, uint64_t threshold, size_t& device) {
+        auto& r = retention_[pool];
+        r.threshold = threshold;
+        device = r.device;
+        uint64_t over = r.kept > threshold ? r.kept - threshold : 0;
+        r.kept -= over;
+        return over;
+    }
+    // A pool destroyed: all it kept goes.
+    uint64_t forget_pool(CUmemoryPool pool, size_t& device) {
+        auto it = retention_.find(pool);
+        if (it == retention_.end()) return 0;
+        uint64_t kept = it->second.kept;
+        device = it->second.device;
+        retention_.erase(it);
+        return kept;
+    }
+
   private:
     friend class session;
+    struct retention {
+        uint64_t threshold = 0;  // CU_MEMPOOL_ATTR_RELEASE_THRESHOLD as set (the driver's default is 0)
+        uint64_t kept = 0;       // freed bytes the pool may still hold, charged to the quota
+        size_t device = 0;
+    };
     std::map<CUdeviceptr, allocation> allocations_;
+    std::map<CUmemoryPool, retention> retention_;
 };
 
 // The last copy marked against a host region (a client's staging slot, refilled once that copy is done).

@@ -531,11 +531,18 @@ def emit_driver_table(out, protos):
 
 
 def emit_server(out, fns, ops, protos):
-    lines = [HEADER, '#include "server/dispatch.hpp"', '#include "server/call_context.hpp"', '',
+    lines = [HEADER, '#include <functional>', '', '#include "server/dispatch.hpp"', '#include "server/call_context.hpp"', '',
              'namespace vcuda::server {', '']
     hand_ops = sorted(n for n in ops if n not in fns)
     for n in hand_ops:
         lines.append(f'CUresult handle_{n}(call_context& cx);  // server/handlers_*.cpp')
+    for name, spec in sorted(fns.items()):
+        if spec['class'] in ('sync', 'async') and 'charge' in spec['annot']:
+            types = [typ if r != 'in_device' else 'CUdevice' for r, typ, pname, kind in
+                     classify(name, protos[name], spec['annot'])
+                     if r in ('in_scalar', 'in_device', 'in_handle', 'destroy_handle')]
+            lines.append(f'CUresult {spec["annot"]["charge"]}(call_context& cx, const std::function<CUresult()>& '
+                         f'call{"".join(", " + t for t in types)});  // server/quota_checks.cpp')
     lines.append('')
     lines.append('namespace {\n')
     for name, spec in sorted(fns.items()):
@@ -580,7 +587,15 @@ def server_plain(name, spec, params):
             lines.append(f'    {typ} {v}{{}};')
             v = '&' + v
         call_args.append(v)
-    lines.append(f'    CUresult rc = cx.drv().{name}({", ".join(call_args)});')
+    charge = spec['annot'].get('charge')
+    if charge:
+        # The quota check of a call that makes the driver hold memory (server/quota_checks.cpp): it runs the
+        # driver call itself, between charging the session and crediting it back on failure.
+        ins = [f'a_{r[2]}' for r in roles if r[0] in ('in_scalar', 'in_device', 'in_handle', 'destroy_handle')]
+        lines.append(f'    CUresult rc = {charge}(cx, [&] {{ return cx.drv().{name}({", ".join(call_args)}); }}'
+                     f'{"".join(", " + v for v in ins)});')
+    else:
+        lines.append(f'    CUresult rc = cx.drv().{name}({", ".join(call_args)});')
     lines.append('    if (rc != CUDA_SUCCESS) return rc;')
     i = 0
     for role, typ, pname, kind in roles:

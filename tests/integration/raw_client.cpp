@@ -83,7 +83,7 @@ raw_reply raw_client::call(op o, std::vector<uint64_t> args, std::vector<std::ve
     auto a = b.CreateVector(args);
     auto bv = b.CreateVector(bo);
     b.Finish(wire::CreateCall(b, static_cast<uint32_t>(o), device, a, bv));
-    if (!fs_.send(make_frame(frame_kind::call, b, ++sequence_, 0, 0, payload))) {
+    if (!send_frame(make_frame(frame_kind::call, b, ++sequence_, 0, 0, payload))) {
         raw_reply r;
         r.connection_ok = false;
         return r;
@@ -103,8 +103,23 @@ bool raw_client::send_args(op o, const std::vector<uint64_t>& args, int device, 
     flatbuffers::FlatBufferBuilder b;
     auto a = b.CreateVector(args);
     b.Finish(wire::CreateCall(b, static_cast<uint32_t>(o), device, a));
-    return fs_.send(make_frame(frame_kind::call, b, ++sequence_, 0, flags)).has_value();
+    return send_frame(make_frame(frame_kind::call, b, ++sequence_, 0, flags));
 }
+bool raw_client::send_frame(const outgoing_frame& f) {
+    if (record_) {
+        std::vector<std::byte> bytes(frame_header_size + f.meta.size() + f.payload.size());
+        frame_header h = f.header;
+        h.meta_len = static_cast<uint32_t>(f.meta.size());
+        h.payload_len = f.payload.size();
+        encode_header(h, bytes.data());
+        std::memcpy(bytes.data() + frame_header_size, f.meta.data(), f.meta.size());
+        if (!f.payload.empty())
+            std::memcpy(bytes.data() + frame_header_size + f.meta.size(), f.payload.data(), f.payload.size());
+        record_->push_back(std::move(bytes));
+    }
+    return fs_.send(f).has_value();
+}
+
 raw_reply raw_client::receive_reply() {
     raw_reply r;
     auto in = fs_.receive(after(std::chrono::seconds(20)));

@@ -54,8 +54,14 @@ class raw_client {
     // HELLO reply's memory quota (0: the whole GPU).
     uint64_t memory_quota() const { return memory_quota_; }
     frame_stream& stream() { return fs_; }
+    // From now on every frame this client sends is also appended to `sink` as the bytes it put on the wire
+    // (header, metadata, payload): a recording of a real session, which the fuzzer replays mutated. nullptr
+    // stops recording.
+    void record(std::vector<std::vector<std::byte>>* sink) { record_ = sink; }
 
   private:
+    bool send_frame(const outgoing_frame& f);
+    std::vector<std::vector<std::byte>>* record_ = nullptr;
     explicit raw_client(frame_stream s) : fs_(std::move(s)) {}
     bool send_args(op o, const std::vector<uint64_t>& args, int device, uint32_t flags);
     frame_stream fs_;
