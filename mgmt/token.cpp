@@ -3,9 +3,12 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
 #include <sys/stat.h>
 
 #include <charconv>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -64,6 +67,42 @@ int64_t unix_ms(std::chrono::system_clock::time_point t) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
 }
 
+std::string hex(std::string_view bytes) {
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(bytes.size() * 2);
+    for (char c : bytes) {
+        out += digits[uint8_t(c) >> 4];
+        out += digits[uint8_t(c) & 15];
+    }
+    return out;
+}
+
+// Bytes from the OS CSPRNG (through OpenSSL's DRBG, seeded from getrandom). Aborts rather than hand out a
+// guessable secret.
+std::string random_bytes(size_t n) {
+    std::string out(n, '\0');
+    if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != 1) std::abort();
+    return out;
+}
+
+std::string sha256_hex(std::string_view data) {
+    unsigned char md[SHA256_DIGEST_LENGTH];
+    SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), md);
+    return hex(std::string_view(reinterpret_cast<char*>(md), sizeof md));
+}
+
+constexpr std::string_view request_prefix = "vcs1.";
+constexpr std::string_view credential_prefix = "vcc1.";
+
+std::string request_mac(std::string_view secret, std::string_view signed_part, std::string_view method,
+                        std::string_view body) {
+    std::string data;
+    data.reserve(signed_part.size() + method.size() + body.size() + 2);
+    data.append(signed_part).append("\n").append(method).append("\n").append(body);
+    return mac(secret, data);
+}
+
 }  // namespace
 
 std::string sign_token(std::string_view secret, const token_claims& c) {
@@ -114,6 +153,77 @@ result<token_claims, std::string> verify_token(std::string_view secret, std::str
             "token for lease " + c.lease_id + " expired " + std::to_string((unix_ms(now) - exp) / 1000) +
             " s ago: the lease was not renewed; the client must get a fresh lease from the manager"};
     return c;
+}
+
+std::string sign_request(std::string_view secret, std::string_view method, std::string_view body,
+                         std::chrono::system_clock::time_point now) {
+    std::string signed_part =
+        std::string(request_prefix) + std::to_string(unix_ms(now)) + "." + hex(random_bytes(16));
+    return signed_part + "." + b64url_encode(request_mac(secret, signed_part, method, body));
+}
+
+result<signed_request, std::string> verify_request(std::string_view secret, std::string_view auth,
+                                                   std::string_view method, std::string_view body,
+                                                   std::chrono::system_clock::time_point now,
+                                                   std::chrono::milliseconds window) {
+    if (auth.size() > 256 || !auth.starts_with(request_prefix))
+        return unexpected{std::string("not a request signed with the shared secret")};
+    auto dot1 = auth.find('.', request_prefix.size());
+    auto dot2 = dot1 == std::string_view::npos ? dot1 : auth.find('.', dot1 + 1);
+    if (dot2 == std::string_view::npos) return unexpected{std::string("malformed request signature")};
+    std::string_view at_text = auth.substr(request_prefix.size(), dot1 - request_prefix.size());
+    std::string_view nonce = auth.substr(dot1 + 1, dot2 - dot1 - 1);
+    std::string sig;
+    if (nonce.size() != 32 || !b64url_decode(auth.substr(dot2 + 1), sig) || sig.size() != 32)
+        return unexpected{std::string("malformed request signature")};
+    std::string expected = request_mac(secret, auth.substr(0, dot2), method, body);
+    if (CRYPTO_memcmp(expected.data(), sig.data(), 32) != 0)
+        return unexpected{
+            std::string("bad request signature: signed with another secret (vcuda-mgmt and every "
+                        "vcuda-server must use the "
+                        "same --secret-file), or altered on the way")};
+    signed_request r;
+    auto rc = std::from_chars(at_text.data(), at_text.data() + at_text.size(), r.at_ms);
+    if (rc.ec != std::errc() || rc.ptr != at_text.data() + at_text.size())
+        return unexpected{std::string("malformed request signature")};
+    int64_t skew = unix_ms(now) - r.at_ms;
+    if (skew > window.count() || -skew > window.count())
+        return unexpected{"request signed " + std::to_string(skew / 1000) +
+                          " s away from the manager's clock (at most " +
+                          std::to_string(window.count() / 1000) +
+                          " s): a replay, or this host's clock is wrong (run NTP on every host)"};
+    r.nonce = std::string(nonce);
+    return r;
+}
+
+new_credential make_credential() {
+    new_credential c;
+    c.id = "cred-" + hex(random_bytes(8));
+    std::string secret = b64url_encode(random_bytes(32));
+    c.text = std::string(credential_prefix) + c.id + "." + secret;
+    c.hash = sha256_hex(secret);
+    return c;
+}
+
+result<credential_parts, std::string> parse_credential(std::string_view text) {
+    if (text.size() > 256 || !text.starts_with(credential_prefix))
+        return unexpected{
+            std::string("not a vcuda credential (it starts with vcc1.; make one with `vcuda tokens create "
+                        "--tenant NAME`)")};
+    auto dot = text.find('.', credential_prefix.size());
+    if (dot == std::string_view::npos) return unexpected{std::string("malformed credential")};
+    credential_parts p;
+    p.id = std::string(text.substr(credential_prefix.size(), dot - credential_prefix.size()));
+    std::string_view secret = text.substr(dot + 1);
+    std::string raw;
+    if (p.id.empty() || !b64url_decode(secret, raw) || raw.size() != 32)
+        return unexpected{std::string("malformed credential")};
+    p.hash = sha256_hex(secret);
+    return p;
+}
+
+bool same_hash(std::string_view a, std::string_view b) {
+    return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 result<std::string, std::string> read_secret_file(const std::string& path) {

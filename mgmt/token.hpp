@@ -37,6 +37,47 @@ std::string sign_token(std::string_view secret, const token_claims& claims);
 result<token_claims, std::string> verify_token(std::string_view secret, std::string_view token,
                                                std::chrono::system_clock::time_point now);
 
+// ---- Manager requests signed with the shared secret (vcuda-server's registration and heartbeats; operators
+// on a host that holds the secret file). The MgmtRequest's auth field is
+//   "vcs1.<unix_ms>.<nonce: 32 hex digits>.<base64url(HMAC-SHA256(secret,
+//   "vcs1.<unix_ms>.<nonce>\n<method>\n<body>"))>"
+// so a signature covers the method and the exact body bytes; the manager accepts it within
+// request_window of its own clock and each nonce once (mgmt/daemon/service.cpp keeps the nonces it saw).
+inline constexpr std::chrono::milliseconds request_window = std::chrono::seconds(60);
+
+std::string sign_request(std::string_view secret, std::string_view method, std::string_view body,
+                         std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
+
+struct signed_request {
+    int64_t at_ms = 0;  // when it was signed (Unix ms)
+    std::string nonce;
+};
+// Checks the format, the signature (constant-time) and that it was signed within `window` of `now`.
+// The caller refuses a nonce it has seen before.
+result<signed_request, std::string> verify_request(std::string_view secret, std::string_view auth,
+                                                   std::string_view method, std::string_view body,
+                                                   std::chrono::system_clock::time_point now,
+                                                   std::chrono::milliseconds window = request_window);
+inline bool is_signed_request(std::string_view auth) { return auth.starts_with("vcs1."); }
+
+// ---- Tenant credentials, issued by the manager (`vcuda tokens create`): "vcc1.<id>.<secret>", the id public
+// ("cred-" + 16 hex digits), the secret 32 bytes from the CSPRNG in base64url. The manager stores only
+// SHA-256(secret) (the secret is random, so a fast hash is enough: there is nothing to guess).
+struct new_credential {
+    std::string id;
+    std::string text;  // the whole credential: shown once, never stored
+    std::string hash;  // hex SHA-256 of its secret part
+};
+new_credential make_credential();
+struct credential_parts {
+    std::string id;
+    std::string hash;  // hex SHA-256 of the presented secret
+};
+// Splits a presented credential; an error for anything not shaped like one.
+result<credential_parts, std::string> parse_credential(std::string_view text);
+// Constant-time comparison of two hex hashes.
+bool same_hash(std::string_view a, std::string_view b);
+
 // Reads a shared secret from a file (surrounding whitespace trimmed). Refuses an empty or short (< 16 bytes)
 // secret, and a file that others than its owner can read.
 result<std::string, std::string> read_secret_file(const std::string& path);

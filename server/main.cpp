@@ -313,6 +313,10 @@ int main(int argc, char** argv) {
                 advertise.push_back(x);
             }
         cfg.registration.endpoints = advertise;
+        // Registrations and heartbeats are signed with the shared secret: the manager refuses others.
+        cfg.sign = [secret = opts.secret](std::string_view method, std::string_view body) {
+            return vcuda::mgmt::sign_request(secret, method, body);
+        };
         char version[32];
         std::snprintf(version, sizeof version, "%d.%d", drv.version() / 1000, drv.version() % 1000 / 10);
         for (size_t i = 0; i < drv.gpus().size(); ++i) {

@@ -21,9 +21,12 @@ const char* run_description = "Run a CUDA program on a remote GPU: vcuda run [OP
 const char* run_footer =
     "Runs PROGRAM with vcuda's driver library, so its CUDA calls go to a remote GPU.\n"
     "Give the GPU host with --server (or VCUDA_SERVER), or let the manager choose with --manager\n"
-    "(or VCUDA_MANAGER). The program's exit code is vcuda run's exit code.\n"
+    "(or VCUDA_MANAGER). With a manager, the program presents your credential (from an operator's\n"
+    "`vcuda tokens create`): --credential FILE, VCUDA_CREDENTIAL or VCUDA_CREDENTIAL_FILE.\n"
+    "The program's exit code is vcuda run's exit code.\n"
     "Usage:   vcuda run [OPTIONS] -- PROGRAM [ARGS...]\n"
-    "Example: vcuda run --server gpu1:7300 -- ./my_app --iterations 10";
+    "Example: vcuda run --server gpu1:7300 -- ./my_app --iterations 10\n"
+    "         vcuda run --manager mgmt:7400 --credential ~/.vcuda/alice.cred --gpus 2 -- ./train.py";
 
 }  // namespace
 
@@ -32,7 +35,8 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     app.footer(
         "Run `vcuda COMMAND --help` for a command's options.\n"
-        "The manager address comes from --manager or VCUDA_MANAGER.");
+        "The manager address comes from --manager or VCUDA_MANAGER; your credential from --credential FILE,\n"
+        "VCUDA_CREDENTIAL or VCUDA_CREDENTIAL_FILE (an operator makes one with `vcuda tokens create`).");
 
     // ---- run
     vcuda::cli::run_options run_opts;
@@ -51,6 +55,9 @@ int main(int argc, char** argv) {
         "--token", run_opts.token,
         "the token a server started with --secret-file requires (made by `vcuda token create`; default: "
         "$VCUDA_TOKEN, which keeps it out of the process list)");
+    run->add_option("--credential", run_opts.credential_file,
+                    "with a manager: file holding your credential from `vcuda tokens create` (default: "
+                    "$VCUDA_CREDENTIAL, else the file $VCUDA_CREDENTIAL_FILE)");
     run->footer(run_footer);
 
     vcuda::cli::operator_commands ops(app);
@@ -85,7 +92,7 @@ int main(int argc, char** argv) {
             }
             if (a.starts_with("-")) {
                 bool takes_value = a == "--server" || a == "-s" || a == "--manager" || a == "-m" ||
-                                   a == "--gpus" || a == "--memory" || a == "--token";
+                                   a == "--gpus" || a == "--memory" || a == "--token" || a == "--credential";
                 if (takes_value) ++i;
                 continue;
             }

@@ -1,11 +1,16 @@
 #include "mgmt/cli/operator_commands.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "mgmt/cli/table.hpp"
+#include "mgmt/token.hpp"
+#include "mgmt/wire/lease.hpp"
 #include "mgmt/wire/rpc.hpp"
 #include "mgmt/wire/units.hpp"
 
@@ -97,12 +102,12 @@ void print_servers(const json& body) {
 }
 
 void print_leases(const json& body) {
-    table t({"LEASE", "CLIENT", "PID>", "HOST", "GPU>", "MEMORY>", "MODE", "EXPIRES"});
+    table t({"LEASE", "TENANT", "CLIENT", "PID>", "HOST", "GPU>", "MEMORY>", "MODE", "EXPIRES"});
     for (auto& l : list(body, "leases")) {
         std::string client = str(l, "client_host"), mode = flag(l, "exclusive") ? "exclusive" : "shared";
         bool first = true;
         for (auto& d : list(l, "devices")) {
-            t.add({first ? str(l, "lease_id") : "", first ? client : "",
+            t.add({first ? str(l, "lease_id") : "", first ? str(l, "tenant", "-") : "", first ? client : "",
                    first ? std::to_string(num(l, "pid")) : "", str(d, "host"),
                    std::to_string(num(d, "gpu_index")), format_size(num(d, "memory_quota")),
                    first ? mode : "", first ? relative(static_cast<int64_t>(num(l, "expires_at"))) : ""});
@@ -128,7 +133,55 @@ void print_sessions(const json& body) {
     std::fputs(t.render().c_str(), stdout);
 }
 
+void print_credentials(const json& body) {
+    table t({"ID", "TENANT", "ROLE", "CREATED", "EXPIRES", "STATE", "CREATED BY"});
+    for (auto& c : list(body, "credentials")) {
+        int64_t exp = static_cast<int64_t>(num(c, "expires_at"));
+        std::string state = flag(c, "revoked")            ? "revoked"
+                            : exp != 0 && exp <= now_ms() ? "expired"
+                                                          : "valid";
+        t.add({str(c, "id"), str(c, "tenant"), flag(c, "operator") ? "operator" : "tenant",
+               relative(static_cast<int64_t>(num(c, "created_at"))), exp ? relative(exp) : "never", state,
+               str(c, "created_by")});
+    }
+    if (t.empty()) {
+        std::printf(
+            "no credentials: make the first operator's on a host with the manager's secret file:\n"
+            "  vcuda tokens create --tenant admin --operator --secret-file /etc/vcuda/secret -o "
+            "admin.cred\n");
+        return;
+    }
+    std::fputs(t.render().c_str(), stdout);
+}
+
+// "30d", "12h", "90s"; empty: never.
+std::optional<int64_t> ttl_ms(const std::string& text) {
+    if (text.empty() || text == "never") return 0;
+    std::optional<std::chrono::milliseconds> life;
+    if (text.back() == 'd') {
+        if (auto days = mgmt::parse_duration(text.substr(0, text.size() - 1))) life = *days * 86400;
+    } else {
+        life = mgmt::parse_duration(text);
+    }
+    if (!life || life->count() <= 0) return std::nullopt;
+    return life->count();
+}
+
 }  // namespace
+
+result<std::string, std::string> operator_commands::auth(const std::string& method,
+                                                         const std::string& body) const {
+    if (!secret_file_.empty()) {
+        auto secret = mgmt::read_secret_file(secret_file_);
+        if (!secret) return unexpected{secret.error()};
+        return mgmt::sign_request(*secret, method, body);
+    }
+    if (!credential_file_.empty()) return mgmt::read_credential_file(credential_file_);
+    std::string error;
+    std::string c = mgmt::credential_from_env(&error);
+    if (!error.empty()) return unexpected{error};
+    return c;  // empty: the manager answers what is missing
+}
 
 operator_commands::command operator_commands::add(CLI::App& app, const std::string& name,
                                                   const std::string& help, const char* target_help) {
@@ -137,6 +190,12 @@ operator_commands::command operator_commands::add(CLI::App& app, const std::stri
     c.app->add_option("--manager,-m", manager_,
                       "vcuda-mgmt address HOST:PORT or unix:/path (default: $VCUDA_MANAGER)");
     c.app->add_flag("--json", json_, "print the manager's answer as JSON instead of a table");
+    c.app->add_option("--credential", credential_file_,
+                      "file holding your credential from `vcuda tokens create` (default: $VCUDA_CREDENTIAL, "
+                      "else the file $VCUDA_CREDENTIAL_FILE)");
+    c.app->add_option("--secret-file", secret_file_,
+                      "sign the request with the manager's shared secret instead (a host that holds it, e.g. "
+                      "the manager's: acts as an operator; how the first operator credential is made)");
     return c;
 }
 
@@ -156,8 +215,42 @@ operator_commands::operator_commands(CLI::App& app) {
                  "Drain a server: no new leases on it; existing leases run out. `vcuda servers` shows when "
                  "it is empty.");
     drain_.app->add_option("host", drain_.target, "server host or server id")->required();
-    release_ = add(app, "release", "Release a lease now (the client loses its GPUs).");
+    release_ =
+        add(app, "release",
+            "Release a lease now (the client loses its GPUs). Your own leases, or any with an operator "
+            "credential.");
     release_.app->add_option("lease", release_.target, "lease id, as `vcuda leases` shows it")->required();
+
+    auto* tokens = app.add_subcommand(
+        "tokens",
+        "Credentials for the manager: who may lease GPUs (tenants) and manage the cluster (operators)");
+    tokens->require_subcommand(1);
+    tokens->footer(
+        "Every call to the manager presents a credential: --credential FILE or VCUDA_CREDENTIAL.\n"
+        "The first operator credential is made on a host that holds the manager's secret file:\n"
+        "  vcuda tokens create --tenant admin --operator --secret-file /etc/vcuda/secret -o admin.cred\n"
+        "(`vcuda token create`, singular, makes session tokens for a standalone vcuda-server.)");
+    tokens_create_ =
+        add(*tokens, "create",
+            "Make a credential for a tenant (needs an operator credential). It is printed once; the "
+            "manager keeps only its hash.");
+    tokens_create_.app->add_option("--tenant", tokens_create_.target, "the tenant it identifies, e.g. alice")
+        ->required();
+    tokens_create_.app->add_flag(
+        "--operator", token_operator_,
+        "an operator credential: cordon, drain, release any lease, manage credentials");
+    tokens_create_.app->add_option("--ttl", token_ttl_,
+                                   "how long it is valid, e.g. 12h, 90d (default: until revoked)");
+    tokens_create_.app->add_option("--output,-o", token_output_,
+                                   "write it to this new file (mode 600) instead of printing it");
+    tokens_list_ = add(*tokens, "list", "List credentials (ids, tenants, roles, expiry; never the secrets)");
+    tokens_revoke_ =
+        add(*tokens, "revoke",
+            "Revoke a credential at once: the manager refuses it from now on, and its holder's lease "
+            "renewals fail");
+    tokens_revoke_.app
+        ->add_option("id", tokens_revoke_.target, "credential id, as `vcuda tokens list` shows it")
+        ->required();
 }
 
 int operator_commands::execute() {
@@ -198,15 +291,43 @@ int operator_commands::execute() {
         method = "server.drain", cmd = &drain_, body["host"] = drain_.target;
     else if (release_.app->parsed())
         method = "lease.release", cmd = &release_, body["lease_id"] = release_.target;
-    else
+    else if (tokens_list_.app->parsed())
+        method = "tokens.list", print = print_credentials;
+    else if (tokens_revoke_.app->parsed())
+        method = "tokens.revoke", cmd = &tokens_revoke_, body["id"] = tokens_revoke_.target;
+    else if (tokens_create_.app->parsed()) {
+        method = "tokens.create", cmd = &tokens_create_;
+        body["tenant"] = tokens_create_.target;
+        body["operator"] = token_operator_;
+        auto ttl = ttl_ms(token_ttl_);
+        if (!ttl) {
+            std::fprintf(stderr, "vcuda tokens create: --ttl '%s' is not a duration; write e.g. 12h or 90d\n",
+                         token_ttl_.c_str());
+            return 2;
+        }
+        if (*ttl) body["ttl_ms"] = *ttl;
+        if (!token_output_.empty() && ::access(token_output_.c_str(), F_OK) == 0) {
+            std::fprintf(stderr, "vcuda tokens create: %s exists; give a new file to -o\n",
+                         token_output_.c_str());
+            return 2;
+        }
+    } else
         return 2;
 
-    auto reply = mgmt::mgmt_call(*ep, method, body.dump(), call_timeout);
+    std::string name;
+    for (const command* c : {&gpus_, &servers_, &leases_, &sessions_, &cordon_, &uncordon_, &drain_,
+                             &release_, &tokens_create_, &tokens_list_, &tokens_revoke_})
+        if (c->app->parsed())
+            name = (c == &tokens_create_ || c == &tokens_list_ || c == &tokens_revoke_ ? "tokens " : "") +
+                   c->app->get_name();
+    std::string body_text = body.dump();
+    auto authorization = auth(method, body_text);
+    if (!authorization) {
+        std::fprintf(stderr, "vcuda %s: %s\n", name.c_str(), authorization.error().c_str());
+        return 2;
+    }
+    auto reply = mgmt::mgmt_call(*ep, method, body_text, call_timeout, *authorization);
     if (!reply) {
-        std::string name;
-        for (const command* c :
-             {&gpus_, &servers_, &leases_, &sessions_, &cordon_, &uncordon_, &drain_, &release_})
-            if (c->app->parsed()) name = c->app->get_name();
         std::fprintf(stderr, "vcuda %s: %s\n", name.c_str(), mgmt::describe(reply.error(), *ep).c_str());
         return reply.error().kind == mgmt::rpc_errc::remote ? 1 : 3;
     }
@@ -216,6 +337,21 @@ int operator_commands::execute() {
             stderr, "vcuda: the manager at %s sent a reply that is not JSON; is it the same vcuda version?\n",
             addr.c_str());
         return 3;
+    }
+    if (cmd == &tokens_create_ && !token_output_.empty()) {
+        std::string text = str(out, "credential") + "\n";
+        int fd = ::open(token_output_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        bool written = fd >= 0 && ::write(fd, text.data(), text.size()) == ssize_t(text.size());
+        if (fd >= 0) ::close(fd);
+        if (!written) {
+            std::fprintf(
+                stderr,
+                "vcuda tokens create: cannot write %s; credential %s was made: revoke it with `vcuda "
+                "tokens revoke %s` and try again\n",
+                token_output_.c_str(), str(out, "id").c_str(), str(out, "id").c_str());
+            return 1;
+        }
+        out.erase("credential");
     }
     if (json_) {
         std::printf("%s\n", out.dump(2).c_str());
@@ -250,6 +386,24 @@ int operator_commands::execute() {
             drain_.target.c_str(), static_cast<unsigned long long>(left), drain_.target.c_str());
     } else if (cmd == &release_) {
         std::printf("released lease %s\n", release_.target.c_str());
+    } else if (cmd == &tokens_revoke_) {
+        std::printf("revoked credential %s of tenant %s: the manager refuses it from now on\n",
+                    str(out, "id").c_str(), str(out, "tenant").c_str());
+    } else if (cmd == &tokens_create_) {
+        std::string what = "credential " + str(out, "id") + " for tenant " + str(out, "tenant") +
+                           (flag(out, "operator") ? " (operator)" : "");
+        if (!token_output_.empty()) {
+            std::printf(
+                "%s written to %s (mode 600); use it with --credential %s or VCUDA_CREDENTIAL_FILE=%s\n",
+                what.c_str(), token_output_.c_str(), token_output_.c_str(), token_output_.c_str());
+        } else {
+            std::printf("%s\n", str(out, "credential").c_str());
+            std::fprintf(
+                stderr,
+                "%s: shown only this once (the manager keeps only its hash); store it in a file with "
+                "mode 600 and use it with --credential FILE or VCUDA_CREDENTIAL\n",
+                what.c_str());
+        }
     }
     return 0;
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "common/transport.hpp"
+#include "mgmt/wire/lease.hpp"
 #include "mgmt/wire/units.hpp"
 
 namespace vcuda::cli {
@@ -22,7 +23,7 @@ constexpr const char* no_target_help =
     "      vcuda run --server HOST:PORT -- PROGRAM ARGS...\n"
     "  To let the manager choose a GPU: start `vcuda-mgmt --listen HOST:PORT --db PATH --secret-file PATH`,\n"
     "  start each vcuda-server with `--manager HOST:PORT`, then run\n"
-    "      vcuda run --manager HOST:PORT -- PROGRAM ARGS...\n"
+    "      vcuda run --manager HOST:PORT --credential FILE -- PROGRAM ARGS...\n"
     "  (or export VCUDA_SERVER=HOST:PORT / VCUDA_MANAGER=HOST:PORT once).";
 
 std::string nonempty(const char* v) { return v && *v ? std::string(v) : std::string(); }
@@ -104,6 +105,21 @@ result<run_plan, run_error> plan_run(const run_options& opts,
                           "vcuda run: --token is for a server started with --secret-file; with --manager "
                           "the manager hands out the tokens"}};
         plan.set_env.emplace_back("VCUDA_TOKEN", opts.token);
+    }
+    if (!opts.credential_file.empty()) {
+        if (!opts.server.empty() || manager.empty())
+            return unexpected{
+                run_error{2,
+                          "vcuda run: --credential is for the manager (--manager); a server started with "
+                          "--secret-file takes --token"}};
+        if (auto c = mgmt::read_credential_file(opts.credential_file); !c)
+            return unexpected{run_error{2, "vcuda run: --credential: " + c.error()}};
+        std::error_code ec;
+        auto path = std::filesystem::absolute(opts.credential_file, ec);
+        // The program reads the file itself: the credential stays out of its environment and the process
+        // list.
+        plan.set_env.emplace_back("VCUDA_CREDENTIAL_FILE", ec ? opts.credential_file : path.string());
+        plan.set_env.emplace_back("VCUDA_CREDENTIAL", "");
     }
     plan.argv = std::move(cmd);
     return plan;

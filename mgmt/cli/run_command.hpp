@@ -14,12 +14,13 @@
 namespace vcuda::cli {
 
 struct run_options {
-    std::string server;                // --server ADDR: one vcuda-server, no manager
-    std::string manager;               // --manager ADDR: ask vcuda-mgmt for a lease
-    std::optional<unsigned> gpus;      // --gpus N        -> VCUDA_GPUS (lease request)
-    std::string memory;                // --memory SIZE   -> VCUDA_MEMORY (per GPU, e.g. 8G; lease request)
-    bool exclusive = false;            // --exclusive     -> VCUDA_EXCLUSIVE=1 (lease request)
-    std::string token;                 // --token TOKEN   -> VCUDA_TOKEN (a server started with --secret-file)
+    std::string server;            // --server ADDR: one vcuda-server, no manager
+    std::string manager;           // --manager ADDR: ask vcuda-mgmt for a lease
+    std::optional<unsigned> gpus;  // --gpus N        -> VCUDA_GPUS (lease request)
+    std::string memory;            // --memory SIZE   -> VCUDA_MEMORY (per GPU, e.g. 8G; lease request)
+    bool exclusive = false;        // --exclusive     -> VCUDA_EXCLUSIVE=1 (lease request)
+    std::string token;             // --token TOKEN   -> VCUDA_TOKEN (a server started with --secret-file)
+    std::string credential_file;   // --credential FILE -> VCUDA_CREDENTIAL_FILE (the manager's credential)
     std::vector<std::string> command;  // PROGRAM ARGS...
 };
 

@@ -174,7 +174,7 @@ mgmt_result<heartbeat_reply> manager_state::heartbeat(const mgmt::heartbeat& hb,
 // ------------------------------------------------------------------------------------------------ leases
 
 mgmt_result<lease_record> manager_state::acquire(const lease_request& req, time_ms now,
-                                                 state_changes& changes) {
+                                                 state_changes& changes, const std::string& tenant) {
     if (req.gpus == 0 || req.gpus > cfg_.max_gpus_per_lease)
         return unexpected{mgmt_error{
             errc::bad_request, "'gpus' must be between 1 and " + std::to_string(cfg_.max_gpus_per_lease)}};
@@ -265,6 +265,7 @@ mgmt_result<lease_record> manager_state::acquire(const lease_request& req, time_
     l.id = make_id("lease-");
     l.client_host = req.client_host;
     l.pid = req.pid;
+    l.tenant = tenant;
     l.exclusive = exclusive;
     l.created_at = now;
     l.expires_at = now + cfg_.lease_ttl;

@@ -40,6 +40,8 @@ using mgmt_result = result<T, mgmt_error>;
 namespace errc {
 inline constexpr const char* bad_request = "bad_request";
 inline constexpr const char* unknown_method = "unknown_method";
+inline constexpr const char* unauthenticated = "unauthenticated";  // no valid credential or signature
+inline constexpr const char* forbidden = "forbidden";              // valid, but not allowed to do this
 inline constexpr const char* unknown_server = "unknown_server";
 inline constexpr const char* unknown_lease = "unknown_lease";
 inline constexpr const char* no_capacity = "no_capacity";
@@ -77,6 +79,7 @@ struct lease_record {
     std::string id;
     std::string client_host;
     int64_t pid = 0;
+    std::string tenant;  // who holds it (the credential's tenant); empty for leases from before credentials
     bool exclusive = false;
     time_ms created_at{};
     time_ms expires_at{};
@@ -140,7 +143,9 @@ class manager_state {
     // again).
     mgmt_result<heartbeat_reply> heartbeat(const mgmt::heartbeat& hb, time_ms now, state_changes& changes);
 
-    mgmt_result<lease_record> acquire(const lease_request& req, time_ms now, state_changes& changes);
+    // `tenant` owns the lease: only it (or an operator) may renew or release it (mgmt/daemon/service.cpp).
+    mgmt_result<lease_record> acquire(const lease_request& req, time_ms now, state_changes& changes,
+                                      const std::string& tenant = {});
     mgmt_result<lease_record> renew(const std::string& lease_id, time_ms now, state_changes& changes);
     mgmt_result<lease_record> release(const std::string& lease_id, state_changes& changes);
 

@@ -141,8 +141,9 @@ void mgmt_server::serve(connection& c) {
         auto* req = root_of<wire::MgmtRequest>(*f);
         std::string method = req->method() ? req->method()->str() : std::string();
         std::string_view body = req->body() ? req->body()->string_view() : std::string_view("{}");
-        VCUDA_LOG_DEBUG("{}: {} {}", peer, method, body);
-        service_reply r = svc_.handle(method, body);
+        std::string_view auth = req->auth() ? req->auth()->string_view() : std::string_view();
+        VCUDA_LOG_DEBUG("{}: {} {}", peer, method, body);  // (never the auth field: it is a secret)
+        service_reply r = svc_.handle(method, body, auth);
 
         flatbuffers::FlatBufferBuilder b(256 + r.body.size() + r.error.size());
         auto body_off = b.CreateString(r.body);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "common/log.hpp"
 #include "mgmt/token.hpp"
@@ -38,7 +39,43 @@ std::string field(const json& j, std::initializer_list<const char*> keys) {
     return {};
 }
 
+constexpr const char* how_to_get_a_credential =
+    "set VCUDA_CREDENTIAL=<credential> or pass --credential FILE (an operator makes one with `vcuda tokens "
+    "create --tenant NAME`)";
+
+bool valid_tenant_name(const std::string& t) {
+    if (t.empty() || t.size() > 64) return false;
+    return std::all_of(t.begin(), t.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+               c == '_' || c == '.' || c == '@';
+    });
+}
+
+// What each method needs: servers' methods the shared secret, operator methods an operator; the rest any
+// authenticated caller (lease ownership is checked where the lease is known).
+enum class needs { cluster, operator_, anyone };
+needs requirement(std::string_view method) {
+    if (method == "server.register" || method == "server.heartbeat") return needs::cluster;
+    if (method == "gpu.cordon" || method == "gpu.uncordon" || method == "server.drain" ||
+        method == "tokens.create" || method == "tokens.list" || method == "tokens.revoke")
+        return needs::operator_;
+    return needs::anyone;
+}
+
 }  // namespace
+
+std::string principal::describe() const {
+    switch (who) {
+        case kind::anonymous:
+            return "an unauthenticated caller";
+        case kind::cluster:
+            return "the shared secret";
+        case kind::tenant:
+            return "tenant " + tenant + (is_operator ? " (operator)" : "") + " with credential " +
+                   credential_id;
+    }
+    return "?";
+}
 
 service::service(service_config cfg, std::unique_ptr<sqlite_store> store, clock_fn clock,
                  std::function<std::string()> new_id)
@@ -55,6 +92,9 @@ service::service(service_config cfg, std::unique_ptr<sqlite_store> store, clock_
 result<void, std::string> service::start() {
     std::lock_guard lock(mutex_);
     if (!store_) return {};
+    auto creds = store_->load_credentials();
+    if (!creds) return unexpected{creds.error()};
+    for (auto& c : *creds) credentials_[c.id] = c;
     auto snap = store_->load();
     if (!snap) return unexpected{snap.error()};
     size_t leases = snap->leases.size(), servers = snap->servers.size(), gpus = snap->gpus.size();
@@ -63,7 +103,8 @@ result<void, std::string> service::start() {
     state_changes changes;
     for (auto& [id, l] : state_.leases()) changes.leases_put.push_back(id);
     if (!persist(changes)) return unexpected{std::string("cannot write the database ") + store_->path()};
-    VCUDA_LOG_INFO("state from {}: {} servers, {} GPUs, {} leases", store_->path(), servers, gpus, leases);
+    VCUDA_LOG_INFO("state from {}: {} servers, {} GPUs, {} leases, {} credentials", store_->path(), servers,
+                   gpus, leases, credentials_.size());
     return {};
 }
 
@@ -113,12 +154,98 @@ std::string service::grant_json(const lease_record& l) {
     return encode(g);
 }
 
-service_reply service::handle(std::string_view method, std::string_view body) {
+result<principal, service_reply> service::authenticate(std::string_view method, std::string_view body,
+                                                       std::string_view auth, time_ms now) {
+    principal p;
+    if (auth.empty()) return p;
+    if (is_signed_request(auth)) {
+        auto r = verify_request(cfg_.secret, auth, method, body,
+                                std::chrono::system_clock::time_point(now.time_since_epoch()));
+        if (!r)
+            return unexpected{fail(errc::unauthenticated, std::string(method) + " refused: " + r.error())};
+        // Each signature once: forget what is older than the window, then refuse a nonce seen before.
+        int64_t oldest = to_unix_ms(now) - 2 * request_window.count();
+        if (nonces_.size() > 1024) std::erase_if(nonces_, [&](auto& kv) { return kv.second < oldest; });
+        if (!nonces_.emplace(r->nonce, r->at_ms).second)
+            return unexpected{fail(errc::unauthenticated,
+                                   std::string(method) +
+                                       " refused: this signed request was already used (a replay); sign each "
+                                       "request afresh")};
+        p.who = principal::kind::cluster;
+        p.is_operator = true;
+        p.tenant = "secret-file";
+        return p;
+    }
+    auto parts = parse_credential(auth);
+    if (!parts)
+        return unexpected{fail(errc::unauthenticated, std::string(method) + " refused: " + parts.error())};
+    auto it = credentials_.find(parts->id);
+    if (it == credentials_.end() || !same_hash(it->second.hash, parts->hash))
+        return unexpected{
+            fail(errc::unauthenticated, std::string(method) +
+                                            " refused: this manager did not issue that credential "
+                                            "(or it was altered); " +
+                                            how_to_get_a_credential)};
+    auto& c = it->second;
+    if (c.revoked)
+        return unexpected{fail(errc::unauthenticated, std::string(method) + " refused: credential " + c.id +
+                                                          " of tenant " + c.tenant +
+                                                          " was revoked; ask an operator for a new one")};
+    if (to_unix_ms(c.expires_at) != 0 && now >= c.expires_at)
+        return unexpected{fail(errc::unauthenticated, std::string(method) + " refused: credential " + c.id +
+                                                          " of tenant " + c.tenant +
+                                                          " has expired; ask an operator for a new one")};
+    p.who = principal::kind::tenant;
+    p.tenant = c.tenant;
+    p.credential_id = c.id;
+    p.is_operator = c.is_operator;
+    return p;
+}
+
+service_reply service::handle(std::string_view method, std::string_view body, std::string_view auth) {
     std::lock_guard lock(mutex_);
     state_changes changes;
     service_reply r;
+    time_ms now = clock_();
+    auto who = authenticate(method, body, auth, now);
+    if (!who) {
+        VCUDA_LOG_WARN("{}: {}", method, who.error().error);
+        return who.error();
+    }
+    switch (requirement(method)) {
+        case needs::cluster:
+            if (who->who != principal::kind::cluster)
+                return fail(
+                    who->who == principal::kind::anonymous ? errc::unauthenticated : errc::forbidden,
+                    std::string(method) +
+                        " refused: only a vcuda-server may call it, signing with the manager's shared "
+                        "secret; start vcuda-server with the same --secret-file as vcuda-mgmt");
+            break;
+        case needs::operator_:
+            if (!who->is_operator) {
+                std::string why =
+                    std::string(method) + " refused: this command needs an operator credential" +
+                    (who->who == principal::kind::anonymous ? " and none was given"
+                                                            : " (" + who->describe() + " is not one)") +
+                    ": set VCUDA_CREDENTIAL=<operator credential> or pass --credential FILE (one made with "
+                    "`vcuda tokens create --tenant NAME --operator`), or, on a host with the manager's "
+                    "secret "
+                    "file, pass --secret-file FILE";
+                VCUDA_LOG_WARN("{}", why);
+                return fail(who->who == principal::kind::anonymous ? errc::unauthenticated : errc::forbidden,
+                            why);
+            }
+            break;
+        case needs::anyone:
+            if (who->who == principal::kind::anonymous)
+                return fail(errc::unauthenticated, std::string(method) +
+                                                       " refused: the manager serves only callers with a "
+                                                       "credential: " +
+                                                       how_to_get_a_credential);
+            break;
+    }
     try {
-        r = dispatch(method, body, clock_(), changes);
+        r = dispatch(method, body, now, *who, changes);
     } catch (const std::exception& e) {
         VCUDA_LOG_ERROR("{}: {}", method, e.what());
         return fail(errc::internal, std::string("internal error: ") + e.what());
@@ -137,10 +264,28 @@ service_reply service::handle(std::string_view method, std::string_view body) {
 }
 
 service_reply service::dispatch(std::string_view method, std::string_view body_text, time_ms now,
-                                state_changes& changes) {
+                                const principal& who, state_changes& changes) {
     json body = body_text.empty() ? json::object() : json::parse(body_text, nullptr, false);
     if (body.is_discarded() || !body.is_object())
         return fail(errc::bad_request, "the request body is not a JSON object");
+    // Only the lease's tenant, or an operator, may renew or release it.
+    auto may_touch = [&](const std::string& lease_id) -> std::optional<service_reply> {
+        auto it = state_.leases().find(lease_id);
+        if (it == state_.leases().end() || who.is_operator || it->second.tenant == who.tenant) return {};
+        VCUDA_LOG_WARN("{} refused: lease {} belongs to {}, not to {}", method, lease_id,
+                       it->second.tenant.empty() ? "no tenant" : "tenant " + it->second.tenant,
+                       who.describe());
+        return fail(errc::forbidden, std::string(method) + " refused: lease " + lease_id + " belongs to " +
+                                         (it->second.tenant.empty() ? std::string("no tenant")
+                                                                    : "tenant " + it->second.tenant) +
+                                         "; only its tenant or an operator may renew or release it");
+    };
+    auto sees = [&](const std::string& lease_id) {
+        if (who.is_operator) return true;
+        auto it = state_.leases().find(lease_id);
+        return it != state_.leases().end() && it->second.tenant == who.tenant;
+    };
+    if (method.starts_with("tokens.")) return tokens(method, body, now, who);
 
     if (method == "server.register") {
         auto reg = decode<server_registration>(body_text);
@@ -165,19 +310,21 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
     if (method == "lease.acquire") {
         auto req = decode<lease_request>(body_text);
         if (!req) return fail(errc::bad_request, req.error());
-        auto l = state_.acquire(*req, now, changes);
+        auto l = state_.acquire(*req, now, changes, who.tenant);
         if (!l) {
             VCUDA_LOG_INFO("lease for {} pid {} refused: {}", req->client_host, req->pid, l.error().message);
             return fail(l.error());
         }
         std::string devices;
         for (auto& d : l->devices) devices += (devices.empty() ? "" : ", ") + d.uuid;
-        VCUDA_LOG_INFO("lease {} for {} pid {}: {}", l->id, l->client_host, l->pid, devices);
+        VCUDA_LOG_INFO("lease {} for tenant {} ({} pid {}): {}", l->id, who.tenant, l->client_host, l->pid,
+                       devices);
         service_reply r;
         r.body = grant_json(*l);
         return r;
     }
     if (method == "lease.renew") {
+        if (auto no = may_touch(field(body, {"lease_id"}))) return *no;
         auto l = state_.renew(field(body, {"lease_id"}), now, changes);
         if (!l) return fail(l.error());
         service_reply r;
@@ -185,9 +332,10 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
         return r;
     }
     if (method == "lease.release") {
+        if (auto no = may_touch(field(body, {"lease_id"}))) return *no;
         auto l = state_.release(field(body, {"lease_id"}), changes);
         if (!l) return fail(l.error());
-        VCUDA_LOG_INFO("lease {} released", l->id);
+        VCUDA_LOG_INFO("lease {} of tenant {} released by {}", l->id, l->tenant, who.describe());
         return ok(json::object());
     }
     if (method == "gpus.list") {
@@ -241,6 +389,7 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
     if (method == "leases.list") {
         json leases = json::array();
         for (auto& [id, l] : state_.leases()) {
+            if (!sees(id)) continue;  // tenants see their own leases; operators all
             json devices = json::array();
             for (auto& d : l.devices) {
                 auto* s = state_.server_of_gpu(d.uuid);
@@ -254,6 +403,7 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
             leases.push_back({{"lease_id", id},
                               {"client_host", l.client_host},
                               {"pid", l.pid},
+                              {"tenant", l.tenant},
                               {"exclusive", l.exclusive},
                               {"created_at", to_unix_ms(l.created_at)},
                               {"expires_at", to_unix_ms(l.expires_at)},
@@ -265,6 +415,7 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
         json sessions = json::array();
         for (auto& [id, s] : state_.servers())
             for (auto& r : s.sessions) {
+                if (!sees(r.lease_id)) continue;
                 json j = r;
                 j["server_id"] = id;
                 j["host"] = s.host;
@@ -301,7 +452,81 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
                 "unknown method '" + std::string(method) +
                     "'; this manager knows server.register, server.heartbeat, lease.acquire, "
                     "lease.renew, lease.release, gpus.list, servers.list, leases.list, "
-                    "sessions.list, gpu.cordon, gpu.uncordon, server.drain");
+                    "sessions.list, gpu.cordon, gpu.uncordon, server.drain, tokens.create, tokens.list, "
+                    "tokens.revoke");
+}
+
+service_reply service::tokens(std::string_view method, const json& body, time_ms now, const principal& who) {
+    auto record_json = [](const credential_record& c) {
+        return json{{"id", c.id},
+                    {"tenant", c.tenant},
+                    {"operator", c.is_operator},
+                    {"created_at", to_unix_ms(c.created_at)},
+                    {"expires_at", to_unix_ms(c.expires_at)},
+                    {"revoked", c.revoked},
+                    {"created_by", c.created_by}};
+    };
+    if (method == "tokens.create") {
+        std::string tenant = field(body, {"tenant"});
+        if (!valid_tenant_name(tenant))
+            return fail(errc::bad_request,
+                        "'tenant' must be 1-64 letters, digits or - _ . @ (e.g. --tenant alice)");
+        auto op = body.find("operator");
+        auto ttl = body.find("ttl_ms");
+        if ((op != body.end() && !op->is_boolean()) ||
+            (ttl != body.end() && (!ttl->is_number_integer() || ttl->get<int64_t>() < 0)))
+            return fail(errc::bad_request, "'operator' must be true or false and 'ttl_ms' a number of ms");
+        auto made = make_credential();
+        credential_record c;
+        c.id = made.id;
+        c.tenant = tenant;
+        c.is_operator = op != body.end() && op->get<bool>();
+        c.hash = made.hash;
+        c.created_at = now;
+        int64_t ttl_ms = ttl != body.end() ? ttl->get<int64_t>() : 0;
+        c.expires_at = ttl_ms > 0 ? now + std::chrono::milliseconds(ttl_ms) : time_ms{};
+        c.created_by = who.who == principal::kind::cluster ? "secret-file" : who.credential_id;
+        if (store_)
+            if (auto r = store_->put_credential(c); !r) {
+                VCUDA_LOG_ERROR("{}", r.error());
+                return fail(errc::internal, "the manager cannot write its database " + store_->path() +
+                                                "; check the disk and the manager's log");
+            }
+        credentials_[c.id] = c;
+        VCUDA_LOG_INFO("credential {} for tenant {}{} made by {}", c.id, c.tenant,
+                       c.is_operator ? " (operator)" : "", who.describe());
+        json j = record_json(c);
+        j["credential"] = made.text;
+        return ok(j);
+    }
+    if (method == "tokens.list") {
+        json all = json::array();
+        for (auto& [id, c] : credentials_) all.push_back(record_json(c));
+        return ok({{"credentials", all}});
+    }
+    if (method == "tokens.revoke") {
+        std::string id = field(body, {"id"});
+        auto it = credentials_.find(id);
+        if (it == credentials_.end())
+            return fail(errc::not_found, "no credential '" + id + "': `vcuda tokens list` shows their ids");
+        credential_record c = it->second;
+        if (!c.revoked) {
+            c.revoked = true;
+            c.revoked_at = now;
+            if (store_)
+                if (auto r = store_->put_credential(c); !r) {
+                    VCUDA_LOG_ERROR("{}", r.error());
+                    return fail(errc::internal, "the manager cannot write its database " + store_->path() +
+                                                    "; check the disk and the manager's log");
+                }
+            it->second = c;
+            VCUDA_LOG_INFO("credential {} of tenant {} revoked by {}", c.id, c.tenant, who.describe());
+        }
+        return ok(record_json(c));
+    }
+    return fail(errc::unknown_method, "unknown method '" + std::string(method) +
+                                          "'; the credential methods are tokens.create, tokens.list, "
+                                          "tokens.revoke");
 }
 
 }  // namespace vcuda::mgmt

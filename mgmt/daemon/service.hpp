@@ -1,15 +1,23 @@
-// The manager's request handler: decodes a JSON request, runs it against the core state under one lock,
-// persists what changed, signs the lease tokens and encodes the reply. Transport-free, so tests call
-// handle() directly with a fake clock; mgmt/daemon/server.hpp puts it on sockets.
+// The manager's request handler: authenticates the caller, decodes a JSON request, checks that the caller may
+// make it, runs it against the core state under one lock, persists what changed, signs the lease tokens and
+// encodes the reply. Transport-free, so tests call handle() directly with a fake clock;
+// mgmt/daemon/server.hpp puts it on sockets.
+//
+// Who is who (mgmt/PROTOCOL.md, "Authentication"): a request signed with the shared secret comes from the
+// cluster itself (a vcuda-server, or an operator on a host that holds the secret file); a tenant credential
+// (`vcuda tokens create`) makes the caller that tenant, with operator rights if the credential has them.
 // runs on: any thread; locks: mutex_ around the state and the store (calls are short; SQLite writes
 // included).
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "mgmt/core/state.hpp"
 #include "mgmt/store/store.hpp"
@@ -27,6 +35,16 @@ struct service_reply {
     std::string error;        // on error: what went wrong and what to do next
 };
 
+// Who made a request, once authenticated.
+struct principal {
+    enum class kind { anonymous, tenant, cluster };
+    kind who = kind::anonymous;
+    std::string tenant;         // for tenant: the credential's tenant
+    std::string credential_id;  // for tenant: which credential
+    bool is_operator = false;   // an operator credential, or the shared secret
+    std::string describe() const;
+};
+
 class service {
   public:
     using clock_fn = std::function<time_ms()>;
@@ -37,7 +55,8 @@ class service {
     // Loads the stored state (call once, before serving).
     result<void, std::string> start();
 
-    service_reply handle(std::string_view method, std::string_view body);
+    // `auth` is the request's auth field: a tenant credential, a shared-secret signature, or empty.
+    service_reply handle(std::string_view method, std::string_view body, std::string_view auth = {});
 
     // Heartbeat timeouts and lease expiry; the daemon calls it about once a second.
     void tick();
@@ -46,8 +65,13 @@ class service {
     const service_config& config() const { return cfg_; }
 
   private:
-    service_reply dispatch(std::string_view method, std::string_view body, time_ms now,
+    service_reply dispatch(std::string_view method, std::string_view body, time_ms now, const principal& who,
                            state_changes& changes);
+    // Who sent the request; an error reply when the auth field is present but not valid.
+    result<principal, service_reply> authenticate(std::string_view method, std::string_view body,
+                                                  std::string_view auth, time_ms now);
+    service_reply tokens(std::string_view method, const nlohmann::json& body, time_ms now,
+                         const principal& who);
     std::string grant_json(const lease_record& l);
     bool persist(const state_changes& changes);
 
@@ -56,6 +80,8 @@ class service {
     clock_fn clock_;
     std::mutex mutex_;
     manager_state state_;
+    std::map<std::string, credential_record> credentials_;  // by id
+    std::unordered_map<std::string, int64_t> nonces_;  // signed requests seen within the window, by nonce
 };
 
 }  // namespace vcuda::mgmt

@@ -2,13 +2,15 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace vcuda::mgmt {
 
 namespace {
 
-constexpr int schema_version = 1;
+// 1: servers, gpus, leases, lease_devices. 2: leases.tenant, credentials.
+constexpr int schema_version = 2;
 
 constexpr const char* schema_sql = R"sql(
 CREATE TABLE IF NOT EXISTS servers (
@@ -36,6 +38,7 @@ CREATE TABLE IF NOT EXISTS leases (
   client_host TEXT NOT NULL,
   pid         INTEGER NOT NULL,
   exclusive   INTEGER NOT NULL,
+  tenant      TEXT NOT NULL DEFAULT '',
   created_at  INTEGER NOT NULL,        -- Unix ms
   expires_at  INTEGER NOT NULL         -- Unix ms
 );
@@ -45,6 +48,16 @@ CREATE TABLE IF NOT EXISTS lease_devices (
   uuid         TEXT NOT NULL,
   memory_quota INTEGER NOT NULL,
   PRIMARY KEY (lease_id, position)
+);
+CREATE TABLE IF NOT EXISTS credentials (
+  id          TEXT PRIMARY KEY,
+  tenant      TEXT NOT NULL,
+  operator    INTEGER NOT NULL,
+  hash        TEXT NOT NULL,           -- hex SHA-256 of the secret part; the credential itself is not kept
+  created_at  INTEGER NOT NULL,        -- Unix ms
+  expires_at  INTEGER NOT NULL,        -- Unix ms, 0 = never
+  revoked_at  INTEGER NOT NULL DEFAULT 0,
+  created_by  TEXT NOT NULL DEFAULT ''
 );
 )sql";
 
@@ -129,6 +142,15 @@ result<std::unique_ptr<sqlite_store>, std::string> sqlite_store::open(const std:
                               std::to_string(have) + "); run that version, or start with another --db"};
     }
     if (auto r = s->exec(schema_sql); !r) return unexpected{r.error()};
+    {
+        // Schema 1 -> 2: leases gain their tenant (old leases have none: only operators may renew or release
+        // them, so their clients, which have no credential either, let them expire).
+        stmt cols(s->db_, "SELECT 1 FROM pragma_table_info('leases') WHERE name = 'tenant';");
+        if (!cols.ok()) return unexpected{s->error_text("cannot read the schema")};
+        if (cols.step() != SQLITE_ROW)
+            if (auto r = s->exec("ALTER TABLE leases ADD COLUMN tenant TEXT NOT NULL DEFAULT '';"); !r)
+                return unexpected{r.error()};
+    }
     if (auto r = s->exec(("PRAGMA user_version=" + std::to_string(schema_version) + ";").c_str()); !r)
         return unexpected{r.error()};
     return s;
@@ -176,7 +198,8 @@ result<state_snapshot, std::string> sqlite_store::load() {
     }
     {
         stmt q(db_,
-               "SELECT id, client_host, pid, exclusive, created_at, expires_at FROM leases ORDER BY id;");
+               "SELECT id, client_host, pid, exclusive, created_at, expires_at, tenant FROM leases ORDER BY "
+               "id;");
         stmt d(db_, "SELECT uuid, memory_quota FROM lease_devices WHERE lease_id = ?1 ORDER BY position;");
         if (!q.ok() || !d.ok()) return unexpected{error_text("cannot read leases")};
         while (q.step() == SQLITE_ROW) {
@@ -187,6 +210,7 @@ result<state_snapshot, std::string> sqlite_store::load() {
             l.exclusive = q.integer(3) != 0;
             l.created_at = from_unix_ms(q.integer(4));
             l.expires_at = from_unix_ms(q.integer(5));
+            l.tenant = q.text(6);
             d.bind(1, l.id);
             while (d.step() == SQLITE_ROW)
                 l.devices.push_back({d.text(0), static_cast<uint64_t>(d.integer(1))});
@@ -216,8 +240,8 @@ result<void, std::string> sqlite_store::apply(const manager_state& state, const 
         "INSERT OR REPLACE INTO gpus (uuid, server_id, idx, name, memory, sms, driver_version, cordoned) "
         "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);");
     stmt put_lease(db_,
-                   "INSERT OR REPLACE INTO leases (id, client_host, pid, exclusive, created_at, expires_at) "
-                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6);");
+                   "INSERT OR REPLACE INTO leases (id, client_host, pid, exclusive, created_at, expires_at, "
+                   "tenant) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7);");
     stmt del_lease(db_, "DELETE FROM leases WHERE id = ?1;");
     stmt del_lease_devices(db_, "DELETE FROM lease_devices WHERE lease_id = ?1;");
     stmt put_device(
@@ -278,6 +302,7 @@ result<void, std::string> sqlite_store::apply(const manager_state& state, const 
                  .bind(4, int64_t(l.exclusive))
                  .bind(5, to_unix_ms(l.created_at))
                  .bind(6, to_unix_ms(l.expires_at))
+                 .bind(7, l.tenant)
                  .run())
             return fail("cannot write a lease");
         if (!del_lease_devices.bind(1, id).run()) return fail("cannot write a lease's devices");
@@ -293,6 +318,48 @@ result<void, std::string> sqlite_store::apply(const manager_state& state, const 
         (void)exec("ROLLBACK;");
         return r;
     }
+    return {};
+}
+
+result<std::vector<credential_record>, std::string> sqlite_store::load_credentials() {
+    std::vector<credential_record> out;
+    stmt q(
+        db_,
+        "SELECT id, tenant, operator, hash, created_at, expires_at, revoked_at, created_by FROM credentials "
+        "ORDER BY created_at, id;");
+    if (!q.ok()) return unexpected{error_text("cannot read credentials")};
+    while (q.step() == SQLITE_ROW) {
+        credential_record c;
+        c.id = q.text(0);
+        c.tenant = q.text(1);
+        c.is_operator = q.integer(2) != 0;
+        c.hash = q.text(3);
+        c.created_at = from_unix_ms(q.integer(4));
+        c.expires_at = from_unix_ms(q.integer(5));
+        c.revoked = q.integer(6) != 0;
+        c.revoked_at = from_unix_ms(q.integer(6));
+        c.created_by = q.text(7);
+        out.push_back(std::move(c));
+    }
+    return out;
+}
+
+result<void, std::string> sqlite_store::put_credential(const credential_record& c) {
+    stmt put(
+        db_,
+        "INSERT OR REPLACE INTO credentials (id, tenant, operator, hash, created_at, expires_at, revoked_at, "
+        "created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);");
+    if (!put.ok()) return unexpected{error_text("cannot prepare a statement")};
+    if (!put.bind(1, c.id)
+             .bind(2, c.tenant)
+             .bind(3, int64_t(c.is_operator))
+             .bind(4, c.hash)
+             .bind(5, to_unix_ms(c.created_at))
+             .bind(6, to_unix_ms(c.expires_at))
+             .bind(7, c.revoked ? std::max<int64_t>(to_unix_ms(c.revoked_at), 1) : int64_t(0))
+             .bind(8, c.created_by)
+             .run())
+        return unexpected{error_text("cannot write a credential")};
     return {};
 }
 

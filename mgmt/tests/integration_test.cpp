@@ -24,8 +24,14 @@ namespace {
 
 const std::string secret = "integration-secret-0123456789";
 
+// Calls signed with the shared secret (an operator on the manager's host).
+result<std::string, rpc_error> signed_call(const endpoint& m, const std::string& method,
+                                           const std::string& body) {
+    return mgmt_call(m, method, body, 5s, sign_request(secret, method, body));
+}
+
 json list(const endpoint& m, const std::string& method) {
-    auto r = mgmt_call(m, method, "{}", 5s);
+    auto r = signed_call(m, method, "{}");
     REQUIRE(r);
     return json::parse(*r);
 }
@@ -46,6 +52,9 @@ struct fake_server {
     fake_server(const endpoint& manager, server_registration reg) {
         server_agent_config cfg;
         cfg.manager = manager;
+        cfg.sign = [](std::string_view method, std::string_view body) {
+            return sign_request(secret, method, body);
+        };
         auto uuids = reg.gpus;
         cfg.registration = std::move(reg);
         cfg.load = [this, uuids] {
@@ -91,6 +100,10 @@ TEST_CASE("one manager, two servers, three clients: each lands where the policy 
     REQUIRE(a.agent->wait_registered(5s));
     REQUIRE(b.agent->wait_registered(5s));
     REQUIRE(eventually([&] { return a.heartbeats > 0 && b.heartbeats > 0; }));
+    // The clients are one tenant; their credential comes from VCUDA_CREDENTIAL, as in a real client.
+    auto made = signed_call(manager, "tokens.create", R"({"tenant":"team"})");
+    REQUIRE(made);
+    ::setenv("VCUDA_CREDENTIAL", json::parse(*made).at("credential").get<std::string>().c_str(), 1);
     CHECK(list(manager, "servers.list").at("servers").size() == 2);
     CHECK(list(manager, "gpus.list").at("gpus").size() == 3);
 
@@ -153,7 +166,7 @@ TEST_CASE("one manager, two servers, three clients: each lands where the policy 
         REQUIRE(release_lease(manager, c5->lease_id, 5s));
 
         // An operator releases client 2's lease: its keeper notices and reports it.
-        REQUIRE(mgmt_call(manager, "lease.release", json{{"lease_id", c2->lease_id}}.dump(), 5s));
+        REQUIRE(signed_call(manager, "lease.release", json{{"lease_id", c2->lease_id}}.dump()));
         REQUIRE(eventually([&] { return k2.lost(); }, 3s));
     }
     // Keepers release when destroyed.
@@ -174,10 +187,11 @@ TEST_CASE("one manager, two servers, three clients: each lands where the policy 
     CHECK(c6.error().find("down, cordoned or draining") != std::string::npos);
 
     // Drain: no new leases on gpu-a.
-    REQUIRE(mgmt_call(manager, "server.drain", R"({"host":"gpu-a"})", 5s));
+    REQUIRE(signed_call(manager, "server.drain", R"({"host":"gpu-a"})"));
     CHECK_FALSE(acquire_lease(manager, request("gpu-a", 1 * GiB), 5s));
-    REQUIRE(mgmt_call(manager, "gpu.uncordon", R"({"target":"gpu-a"})", 5s));
+    REQUIRE(signed_call(manager, "gpu.uncordon", R"({"target":"gpu-a"})"));
     CHECK(acquire_lease(manager, request("gpu-a", 1 * GiB), 5s));
+    ::unsetenv("VCUDA_CREDENTIAL");
     server.stop();
 }
 
@@ -189,7 +203,7 @@ TEST_CASE("the manager refuses what is not a manager request", "[integration][mg
     REQUIRE(server.listen({*endpoint::parse("127.0.0.1:0")}));
     server.start();
     endpoint manager = server.local_endpoints().at(0);
-    auto r = mgmt_call(manager, "nope", "{}", 5s);
+    auto r = signed_call(manager, "nope", "{}");
     REQUIRE_FALSE(r);
     CHECK(r.error().kind == rpc_errc::remote);
     CHECK(r.error().code == "unknown_method");

@@ -1,5 +1,9 @@
 // Sizes and durations as operators write them; `vcuda run`'s environment plan; tables.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <map>
 
 #include "mgmt/cli/run_command.hpp"
@@ -119,6 +123,39 @@ TEST_CASE("vcuda run: mistakes are explained, exit code 2", "[unit][mgmt][cli]")
     o.command = {"./app"};
     o.memory = "lots";
     CHECK_FALSE(plan_run(o, env.fn(), "/L", true));
+}
+
+TEST_CASE("vcuda run --credential: the program reads the file; only with a manager; only a private file",
+          "[unit][mgmt][cli]") {
+    char tmpl[] = "/tmp/vcuda-cred-XXXXXX";
+    std::string dir = ::mkdtemp(tmpl);
+    std::string file = dir + "/alice.cred";
+    { std::ofstream(file) << "vcc1.cred-0123456789abcdef.secret\n"; }
+    ::chmod(file.c_str(), 0600);
+    fake_env env;
+    env.vars["VCUDA_CREDENTIAL"] = "vcc1.someone-else";
+    run_options o;
+    o.command = {"./app"};
+    o.manager = "m:1";
+    o.credential_file = file;
+    auto p = plan_run(o, env.fn(), "/L", true);
+    REQUIRE(p);
+    auto m = as_map(*p);
+    CHECK(m["VCUDA_CREDENTIAL_FILE"] == file);
+    CHECK(m["VCUDA_CREDENTIAL"] == "");  // removed: the flag decides, and the secret stays out of the env
+    o.manager.clear();
+    o.server = "gpu1:7300";
+    auto standalone = plan_run(o, env.fn(), "/L", true);
+    REQUIRE_FALSE(standalone);
+    CHECK(standalone.error().message.find("--token") != std::string::npos);
+    o.server.clear();
+    o.manager = "m:1";
+    ::chmod(file.c_str(), 0644);
+    auto readable = plan_run(o, env.fn(), "/L", true);
+    REQUIRE_FALSE(readable);
+    CHECK(readable.error().message.find("chmod 600") != std::string::npos);
+    ::unlink(file.c_str());
+    ::rmdir(dir.c_str());
 }
 
 TEST_CASE("tables pad columns and right-align numbers", "[unit][mgmt][cli]") {

@@ -1,8 +1,11 @@
 #include "mgmt/wire/lease.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 #include "common/log.hpp"
 #include "mgmt/wire/codec.hpp"
@@ -26,7 +29,51 @@ std::string describe_for_client(const rpc_error& e, const endpoint& manager, con
     return describe(e, manager);
 }
 
+std::string resolve(std::optional<std::string>& credential) {
+    if (!credential) credential = credential_from_env();
+    return *credential;
+}
+
+// The manager refused the caller (no credential, revoked, not the lease's owner): retrying cannot help.
+bool refused_caller(const rpc_error& e) {
+    return e.kind == rpc_errc::remote && (e.code == "unauthenticated" || e.code == "forbidden");
+}
+
 }  // namespace
+
+result<std::string, std::string> read_credential_file(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+        return unexpected{"cannot read the credential file " + path +
+                          ": it does not exist (an operator makes credentials with `vcuda tokens create "
+                          "--tenant NAME -o FILE`)"};
+    if (st.st_mode & 077)
+        return unexpected{"the credential file " + path + " can be read by other users; run `chmod 600 " +
+                          path + "`"};
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return unexpected{"cannot open the credential file " + path + " (permission denied?)"};
+    std::string s;
+    char c;
+    while (s.size() <= 4096 && f.get(c)) s.push_back(c);
+    auto ws = [](char ch) { return ch == ' ' || ch == '\n' || ch == '\r' || ch == '\t'; };
+    while (!s.empty() && ws(s.back())) s.pop_back();
+    size_t b = 0;
+    while (b < s.size() && ws(s[b])) ++b;
+    s.erase(0, b);
+    if (s.empty()) return unexpected{"the credential file " + path + " is empty"};
+    return s;
+}
+
+std::string credential_from_env(std::string* error) {
+    if (auto v = env("VCUDA_CREDENTIAL"); !v.empty()) return v;
+    if (auto path = env("VCUDA_CREDENTIAL_FILE"); !path.empty()) {
+        auto c = read_credential_file(path);
+        if (c) return *c;
+        if (error) *error = "VCUDA_CREDENTIAL_FILE: " + c.error();
+        VCUDA_LOG_ERROR("VCUDA_CREDENTIAL_FILE: {}", c.error());
+    }
+    return {};
+}
 
 lease_request lease_request_from_env(std::string* error) {
     lease_request r;
@@ -56,9 +103,10 @@ lease_request lease_request_from_env(std::string* error) {
 }
 
 result<lease_grant, std::string> acquire_lease(const endpoint& manager, const lease_request& request,
-                                               std::chrono::milliseconds timeout) {
+                                               std::chrono::milliseconds timeout,
+                                               std::optional<std::string> credential) {
     try {
-        auto reply = mgmt_call(manager, "lease.acquire", encode(request), timeout);
+        auto reply = mgmt_call(manager, "lease.acquire", encode(request), timeout, resolve(credential));
         if (!reply) return unexpected{describe_for_client(reply.error(), manager, "lease")};
         auto grant = decode<lease_grant>(*reply);
         if (!grant)
@@ -75,10 +123,11 @@ result<lease_grant, std::string> acquire_lease(const endpoint& manager, const le
 }
 
 result<lease_grant, std::string> renew_lease(const endpoint& manager, const std::string& lease_id,
-                                             std::chrono::milliseconds timeout) {
+                                             std::chrono::milliseconds timeout,
+                                             std::optional<std::string> credential) {
     try {
-        auto reply =
-            mgmt_call(manager, "lease.renew", nlohmann::json{{"lease_id", lease_id}}.dump(), timeout);
+        auto reply = mgmt_call(manager, "lease.renew", nlohmann::json{{"lease_id", lease_id}}.dump(), timeout,
+                               resolve(credential));
         if (!reply) return unexpected{describe_for_client(reply.error(), manager, "lease renewal")};
         auto grant = decode<lease_grant>(*reply);
         if (!grant) return unexpected{grant.error()};
@@ -89,10 +138,11 @@ result<lease_grant, std::string> renew_lease(const endpoint& manager, const std:
 }
 
 result<void, std::string> release_lease(const endpoint& manager, const std::string& lease_id,
-                                        std::chrono::milliseconds timeout) {
+                                        std::chrono::milliseconds timeout,
+                                        std::optional<std::string> credential) {
     try {
-        auto reply =
-            mgmt_call(manager, "lease.release", nlohmann::json{{"lease_id", lease_id}}.dump(), timeout);
+        auto reply = mgmt_call(manager, "lease.release", nlohmann::json{{"lease_id", lease_id}}.dump(),
+                               timeout, resolve(credential));
         if (!reply) return unexpected{describe_for_client(reply.error(), manager, "lease release")};
         return {};
     } catch (const std::exception& e) {
@@ -105,8 +155,10 @@ result<void, std::string> release_lease(const endpoint& manager, const std::stri
 
 lease_keeper::lease_keeper(endpoint manager, lease_grant grant,
                            std::function<void(const std::string&)> on_lost,
-                           std::function<void(const lease_grant&)> on_renewed)
+                           std::function<void(const lease_grant&)> on_renewed,
+                           std::optional<std::string> credential)
     : manager_(std::move(manager)),
+      credential_(resolve(credential)),
       on_lost_(std::move(on_lost)),
       on_renewed_(std::move(on_renewed)),
       grant_(std::move(grant)) {
@@ -129,7 +181,7 @@ lease_keeper::~lease_keeper() {
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
     if (release && !id.empty()) {
-        if (auto r = release_lease(manager_, id, std::chrono::seconds(2)); !r)
+        if (auto r = release_lease(manager_, id, std::chrono::seconds(2), credential_); !r)
             VCUDA_LOG_DEBUG("lease {}: release failed ({}); it expires on its own", id, r.error());
     }
 }
@@ -166,7 +218,7 @@ void lease_keeper::run() {
         std::string id = grant_.lease_id;
         lock.unlock();
         auto reply = mgmt_call(manager_, "lease.renew", nlohmann::json{{"lease_id", id}}.dump(),
-                               std::chrono::seconds(5));
+                               std::chrono::seconds(5), credential_);
         result<lease_grant, std::string> grant =
             reply ? decode<lease_grant>(*reply) : unexpected{std::string()};
         lock.lock();
@@ -185,10 +237,14 @@ void lease_keeper::run() {
             }
             continue;
         }
-        if (!reply && reply.error().kind == rpc_errc::remote && reply.error().code == "unknown_lease") {
+        if (!reply && ((reply.error().kind == rpc_errc::remote && reply.error().code == "unknown_lease") ||
+                       refused_caller(reply.error()))) {
             lost_ = true;
-            std::string why = "the manager at " + manager_.to_string() + " no longer knows lease " + id +
-                              ": " + reply.error().message;
+            std::string why = reply.error().code == "unknown_lease"
+                                  ? "the manager at " + manager_.to_string() + " no longer knows lease " +
+                                        id + ": " + reply.error().message
+                                  : "the manager at " + manager_.to_string() + " refused to renew lease " +
+                                        id + ": " + reply.error().message;
             VCUDA_LOG_ERROR("{}", why);
             if (on_lost_) {
                 lock.unlock();

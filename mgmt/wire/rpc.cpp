@@ -31,12 +31,15 @@ result<mgmt_connection, rpc_error> mgmt_connection::connect(const endpoint& mana
 }
 
 result<std::string, rpc_error> mgmt_connection::call(std::string_view method, std::string_view body,
-                                                     std::chrono::milliseconds timeout) {
+                                                     std::chrono::milliseconds timeout,
+                                                     std::string_view auth) {
     if (!stream_) return unexpected{rpc_error{rpc_errc::transport, "closed", "not connected"}};
-    flatbuffers::FlatBufferBuilder b(256 + body.size());
+    flatbuffers::FlatBufferBuilder b(256 + body.size() + auth.size());
     auto m = b.CreateString(method.data(), method.size());
     auto bd = b.CreateString(body.data(), body.size());
-    b.Finish(wire::CreateMgmtRequest(b, m, bd));
+    auto au =
+        auth.empty() ? flatbuffers::Offset<flatbuffers::String>() : b.CreateString(auth.data(), auth.size());
+    b.Finish(wire::CreateMgmtRequest(b, m, bd, au));
     uint64_t seq = next_sequence_++;
     auto until = after(timeout);
     if (auto r = stream_->send(make_frame(frame_kind::mgmt_request, b, seq), until); !r) {
@@ -75,10 +78,11 @@ result<std::string, rpc_error> mgmt_connection::call(std::string_view method, st
 }
 
 result<std::string, rpc_error> mgmt_call(const endpoint& manager, std::string_view method,
-                                         std::string_view body, std::chrono::milliseconds timeout) {
+                                         std::string_view body, std::chrono::milliseconds timeout,
+                                         std::string_view auth) {
     auto c = mgmt_connection::connect(manager, timeout);
     if (!c) return unexpected{c.error()};
-    return c->call(method, body, timeout);
+    return c->call(method, body, timeout, auth);
 }
 
 std::string describe(const rpc_error& e, const endpoint& manager) {

@@ -25,8 +25,8 @@ enum class rpc_errc {
 
 struct rpc_error {
     rpc_errc kind = rpc_errc::transport;
-    std::string code;  // for remote: bad_request, unknown_method, unknown_server, unknown_lease, no_capacity,
-                       // not_found, internal
+    std::string code;  // for remote: bad_request, unknown_method, unauthenticated, forbidden, unknown_server,
+                       // unknown_lease, no_capacity, not_found, internal
     std::string message;  // human-readable, says what to do next where it can
 };
 
@@ -35,9 +35,10 @@ class mgmt_connection {
     static result<mgmt_connection, rpc_error> connect(const endpoint& manager,
                                                       std::chrono::milliseconds timeout);
 
-    // Sends `method` with a JSON body (an object, "{}" when empty) and returns the reply's JSON body.
+    // Sends `method` with a JSON body (an object, "{}" when empty) and returns the reply's JSON body. `auth`
+    // is the caller's credential or shared-secret signature (mgmt/PROTOCOL.md, "Authentication").
     result<std::string, rpc_error> call(std::string_view method, std::string_view body,
-                                        std::chrono::milliseconds timeout);
+                                        std::chrono::milliseconds timeout, std::string_view auth = {});
     bool is_open() { return stream_ && stream_->raw().is_open(); }
     const endpoint& peer() const { return peer_; }
 
@@ -54,7 +55,8 @@ class mgmt_connection {
 
 // Connects, calls once, disconnects.
 result<std::string, rpc_error> mgmt_call(const endpoint& manager, std::string_view method,
-                                         std::string_view body, std::chrono::milliseconds timeout);
+                                         std::string_view body, std::chrono::milliseconds timeout,
+                                         std::string_view auth = {});
 
 // "cannot reach the manager at X: ... is vcuda-mgmt running? ..." for unreachable/transport errors; the
 // manager's own message for remote ones.

@@ -82,7 +82,13 @@ void server_agent::run() {
             else
                 reply = unexpected{c.error()};
         }
-        if (conn) reply = conn->call(method, body, call_timeout);
+        std::string auth;
+        try {
+            if (cfg_.sign) auth = cfg_.sign(method, body);
+        } catch (const std::exception& e) {
+            VCUDA_LOG_ERROR("manager agent: cannot sign the request: {}", e.what());
+        }
+        if (conn) reply = conn->call(method, body, call_timeout, auth);
 
         lock.lock();
         if (stop_) break;

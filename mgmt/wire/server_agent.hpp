@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "common/transport.hpp"
@@ -30,6 +31,10 @@ struct server_agent_config {
     std::function<void(const std::vector<active_lease>&)> on_leases;
     // 0: what the manager asks for (registration reply), else this.
     std::chrono::milliseconds interval{0};
+    // Signs each request (method, body) with the shared secret: returns the MgmtRequest's auth field
+    // (mgmt::sign_request of mgmt/token.hpp; kept out of this library, which links no crypto). The manager
+    // refuses registrations and heartbeats that are not signed.
+    std::function<std::string(std::string_view method, std::string_view body)> sign;
 };
 
 class server_agent {

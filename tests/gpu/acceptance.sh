@@ -32,6 +32,9 @@ mg=$!
 sleep 0.5
 "$build/bin/vcuda-server" --listen 127.0.0.1:7402 --manager 127.0.0.1:7401 --secret-file $tmp/secret 2> "$out/server-mgmt.log" &
 srv=$!
+# Every call to the manager presents a credential: the operator's is made with the secret file, as on its host.
+"$build/bin/vcuda" tokens create --tenant admin --operator --secret-file $tmp/secret -o $tmp/admin.cred --manager 127.0.0.1:7401
+export VCUDA_CREDENTIAL_FILE=$tmp/admin.cred
 for i in $(seq 50); do "$build/bin/vcuda" gpus --manager 127.0.0.1:7401 2>/dev/null | grep -q H[12]00 && break; sleep 0.2; done
 say "vcuda gpus before:"; "$build/bin/vcuda" gpus --manager 127.0.0.1:7401
 run --manager 127.0.0.1:7401 --memory 8G -- "$build/tests/programs/multi_thread" 3000 > "$out/multi_thread.mgmt.out" 2>&1 &

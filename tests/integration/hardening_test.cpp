@@ -375,7 +375,13 @@ TEST_CASE("a released lease's token opens no session", "[integration]") {
         req.client_host = "test";
         req.memory_per_gpu = 32u << 20;
         // The server registers its endpoints from --listen; this test connects to its socket itself.
-        auto grant = mgmt::acquire_lease(*manager, req, 5s);
+        // The client is a tenant with a credential, made by an operator who holds the secret file.
+        const std::string create = R"({"tenant":"test"})";
+        auto made = mgmt::mgmt_call(*manager, "tokens.create", create, 5s,
+                                    mgmt::sign_request(secret, "tokens.create", create));
+        REQUIRE(made);
+        const std::string credential = nlohmann::json::parse(*made).at("credential").get<std::string>();
+        auto grant = mgmt::acquire_lease(*manager, req, 5s, credential);
         REQUIRE(grant);
         REQUIRE(grant->devices.size() == 1);
         const std::string token = grant->devices[0].token;
@@ -385,7 +391,7 @@ TEST_CASE("a released lease's token opens no session", "[integration]") {
         CHECK(a->memory_quota() == 32u << 20);
         uint64_t id = a->session_id();
         auto r = mgmt::mgmt_call(*manager, "lease.release",
-                                 nlohmann::json{{"lease_id", grant->lease_id}}.dump(), 5s);
+                                 nlohmann::json{{"lease_id", grant->lease_id}}.dump(), 5s, credential);
         REQUIRE(r);
         // The server learns it at the next heartbeat (every ~0.3 s here): the session ends, the token is
         // dead.

@@ -3,7 +3,10 @@
 # to it, and clients that lease GPUs instead of naming a server.
 #   1. a client asking for 2 GPUs gets one on each server and runs a program that uses devices 0 and 1;
 #   2. a client with a forged token, or none, is refused by the server;
-#   3. `vcuda gpus` and `vcuda leases` show the inventory, and the lease is gone when the client is.
+#   3. `vcuda gpus` and `vcuda leases` show the inventory, and the lease is gone when the client is;
+#   4. an operator releases a running client's lease; a client without a credential gets no lease, another
+#      tenant cannot release it.
+# The operator's credential is made with the shared secret file (as on the manager's host), the tenant's with it.
 # Usage: manager_two_servers.sh BUILD_DIR
 set -u
 build=$(cd "$1" && pwd)
@@ -25,13 +28,19 @@ for s in a b; do
     --log-level debug 2> "$tmp/server-$s.log" & pids+=($!)
   wait_socket "$tmp/$s.sock"
 done
-vcuda() { "$build/bin/vcuda" "$@" --manager "unix:$tmp/m.sock"; }
+# The first operator credential, made on "the manager's host" with the secret file; then a tenant's.
+"$build/bin/vcuda" tokens create --tenant admin --operator --secret-file "$tmp/secret" -o "$tmp/admin.cred" \
+  --manager "unix:$tmp/m.sock" || fail "vcuda tokens create with the secret file"
+vcuda() { "$build/bin/vcuda" "$@" --manager "unix:$tmp/m.sock" --credential "$tmp/admin.cred"; }
+vcuda tokens create --tenant alice -o "$tmp/alice.cred" || fail "vcuda tokens create --tenant alice"
+vcuda tokens create --tenant bob -o "$tmp/bob.cred" || fail "vcuda tokens create --tenant bob"
+vcuda tokens list
 for i in $(seq 100); do [ "$(vcuda gpus --json 2>/dev/null | grep -o '"uuid"' | wc -l)" -ge 2 ] && break; sleep 0.1; done
 vcuda gpus || fail "vcuda gpus"
 [ "$(vcuda gpus --json | grep -o '"uuid"' | wc -l)" -eq 2 ] || fail "the manager does not list both servers' GPUs"
 
 # 1. two GPUs on two servers in one process
-out=$("$build/bin/vcuda" run --manager "unix:$tmp/m.sock" --gpus 2 --memory 256M -- \
+out=$("$build/bin/vcuda" run --manager "unix:$tmp/m.sock" --gpus 2 --memory 256M --credential "$tmp/alice.cred" -- \
       "$build/tests/programs/two_devices" 2>&1) || fail "two_devices through a lease: $out"
 echo "$out"
 echo "$out" | grep -q "devices: 2" || fail "the client did not get 2 devices"
@@ -49,12 +58,18 @@ grep -q "lease token rejected" "$tmp/server-a.log" || fail "server a did not rej
 # 3. the lease is gone once the client is (released by the client, or expired)
 for i in $(seq 80); do [ "$(vcuda leases --json | grep -o '"lease_id"' | wc -l)" -eq 0 ] && break; sleep 0.1; done
 [ "$(vcuda leases --json | grep -o '"lease_id"' | wc -l)" -eq 0 ] || fail "the lease outlived its client"
-# 4. an operator releases a running client's lease: the server ends that client's session
-"$build/bin/vcuda" run --manager "unix:$tmp/m.sock" -- "$build/tests/programs/multi_thread" 20000 > "$tmp/long.out" 2>&1 &
+# 4. no credential: no lease
+out=$("$build/bin/vcuda" run --manager "unix:$tmp/m.sock" -- "$build/tests/programs/vector_add" 2>&1) && fail "a client without a credential got a lease"
+echo "$out" | grep -q "VCUDA_CREDENTIAL" || fail "the client without a credential was not told what it needs: $out"
+# an operator releases a running client's lease: the server ends that client's session
+VCUDA_CREDENTIAL=$(cat "$tmp/alice.cred") "$build/bin/vcuda" run --manager "unix:$tmp/m.sock" -- \
+  "$build/tests/programs/multi_thread" 20000 > "$tmp/long.out" 2>&1 &
 long=$!
 for i in $(seq 100); do lease=$(vcuda leases --json | grep -o '"lease_id": *"[^"]*"' | head -1 | sed 's/.*"\(lease-[^"]*\)"/\1/'); [ -n "$lease" ] && break; sleep 0.1; done
 [ -n "$lease" ] || fail "the long-running client got no lease"
 sleep 1
+out=$("$build/bin/vcuda" release "$lease" --manager "unix:$tmp/m.sock" --credential "$tmp/bob.cred" 2>&1) && fail "tenant bob released alice's lease"
+echo "$out" | grep -q "belongs to tenant alice" || fail "bob was not told why: $out"
 vcuda release "$lease" || fail "vcuda release $lease"
 for i in $(seq 300); do kill -0 $long 2>/dev/null || break; sleep 0.1; done
 if kill -0 $long 2>/dev/null; then kill $long; fail "the client kept running after its lease was released"; fi
