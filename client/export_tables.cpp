@@ -344,7 +344,7 @@ extern "C" __attribute__((visibility("default"))) CUresult cuGetExportTable(cons
         *table = &the_private_table();
     else {
         char hex[33];
-        for (int i = 0; i < 16; ++i)
+        for (size_t i = 0; i < 16; ++i)
             std::snprintf(hex + 2 * i, 3, "%02x", static_cast<unsigned char>(id->bytes[i]));
         if (!(id_unknown_first == *id)) VCUDA_LOG_DEBUG("cuGetExportTable: unknown table {} refused", hex);
         return CUDA_ERROR_INVALID_VALUE;

@@ -41,7 +41,8 @@ void drop_cached_replies();
 
 class plain_call {
   public:
-    plain_call(op o, const char* name) : op_(o), name_(name) {}
+    // `name`: the entry point's, which tells the call site's reader what is called; nothing keeps it.
+    plain_call(op o, const char* /*name*/) : op_(o) {}
 
     template <class T>
     void arg(T v) {
@@ -107,7 +108,6 @@ class plain_call {
     call_request request();
 
     op op_;
-    const char* name_;
     std::array<uint64_t, 16> args_{};
     size_t n_ = 0;
     std::array<std::span<const std::byte>, 4> blobs_{};

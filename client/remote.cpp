@@ -259,10 +259,10 @@ int lane::call(const call_request& rq, call_reply& rp) {
     // stdout as the driver would have written it (the application's own buffering and order apply).
     if (auto* printed = r->device_output(); printed && printed->size())
         std::fwrite(printed->data(), 1, printed->size(), stdout);
-    if (!rp.payload_dst)
+    // Kept when the caller gave no buffer, or when the reply's payload is not what its buffer received (the
+    // caller checks sizes; nothing was written to its buffer).
+    if (!rp.payload_dst || (in->header.payload_len != rp.payload_cap && in->header.payload_len != 0))
         rp.payload = std::move(in->payload);
-    else if (in->header.payload_len != rp.payload_cap && in->header.payload_len != 0)
-        rp.payload = std::move(in->payload);  // the caller checks sizes; nothing was written to its buffer
     if (rp.result != 0 && !rp.detail.empty())
         VCUDA_LOG_DEBUG("{}: server says: {}", op_name(rq.operation), rp.detail);
     return rp.result;

@@ -125,15 +125,11 @@ class call {
     void key(const char* n);
     template <class T>
     void value(const T& v) {
-        if constexpr (std::is_same_v<T, const char*> || std::is_same_v<T, char*>) {
+        if constexpr (std::is_pointer_v<T>) {  // strings too: their address
             l_.hex(reinterpret_cast<uintptr_t>(v));
-        } else if constexpr (std::is_pointer_v<T>) {
-            l_.hex(reinterpret_cast<uintptr_t>(v));
-        } else if constexpr (std::is_enum_v<T>) {
-            l_.dec(static_cast<long long>(v));
         } else if constexpr (std::is_same_v<T, bool>) {
             l_.dec(v ? 1 : 0);
-        } else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+        } else if constexpr (std::is_enum_v<T> || (std::is_integral_v<T> && std::is_signed_v<T>)) {
             l_.dec(static_cast<long long>(v));
         } else if constexpr (std::is_integral_v<T>) {
             l_.udec(static_cast<unsigned long long>(v));

@@ -10,8 +10,8 @@ namespace vcuda::client {
 
 int unsupported(const char* name) noexcept {
     static std::mutex mu;
-    static auto* seen = new std::unordered_set<std::string>();
     try {
+        static auto* seen = new std::unordered_set<std::string>();  // inside the try: noexcept
         std::lock_guard lock(mu);
         if (seen->insert(name).second)
             VCUDA_LOG_WARN("{} is not supported by vcuda yet: it returns CUDA_ERROR_NOT_SUPPORTED", name);

@@ -124,7 +124,7 @@ result<std::unique_ptr<shm_rings>, std::string> shm_rings::open(int fd) {
     if (fstat(fd, &st) != 0)
         return unexpected{std::string("fstat of the frame rings: ") + std::strerror(errno)};
     size_t total = static_cast<size_t>(st.st_size);
-    if (total < header_bytes + 2 * 4096) return unexpected{std::string("frame rings too small")};
+    if (total < header_bytes + size_t{2} * 4096) return unexpected{std::string("frame rings too small")};
     auto r = map(fd, total, false);
     if (!r) return r;
     auto* h = static_cast<const rings_header*>((*r)->base_);

@@ -15,9 +15,8 @@ constexpr size_t max_link_name = 4096;
 CUresult link_arg(call_context& cx, CUlinkState& st, jit_request*& job) {
     if (CUresult rc = cx.handle(0, handle_kind::link_state, st); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
-    auto it = cx.sess.links.find(cx.arg(0));
-    if (it == cx.sess.links.end()) return cx.fail(CUDA_ERROR_INVALID_HANDLE, "no such link state");
-    job = it->second.get();
+    job = cx.sess.links.find(cx.arg(0));
+    if (!job) return cx.fail(CUDA_ERROR_INVALID_HANDLE, "no such link state");
     return CUDA_SUCCESS;
 }
 
@@ -42,7 +41,7 @@ CUresult handle_link_create(call_context& cx) {
     cx.out_handle(handle_kind::link_state, st);
     job->answer(cx);
     std::lock_guard lock(cx.sess.mu);
-    cx.sess.links[cx.outs[0]] = std::move(job);
+    cx.sess.links.add(cx.outs[0], std::move(job));
     return CUDA_SUCCESS;
 }
 

@@ -92,14 +92,12 @@ CUresult handle_module_load(call_context& cx) {
         (format != 2 && nparts != 1))
         return cx.bad_arguments();
     auto payload = cx.payload();
-    std::vector<std::vector<uint64_t>>* parts = nullptr;
+    std::shared_ptr<const image_cache::parts> parts;
     {
         std::lock_guard lock(cx.sess.mu);
         if (payload.empty()) {
-            auto it = cx.sess.images.find(hash);
-            if (it == cx.sess.images.end())
-                return cx.fail(CUDA_ERROR_NOT_FOUND, "image not cached; send its bytes");
-            parts = &it->second;
+            parts = cx.sess.images.find(hash);
+            if (!parts) return cx.fail(CUDA_ERROR_NOT_FOUND, "image not cached; send its bytes");
         } else {
             uint64_t total = 0;
             for (size_t i = 0; i < nparts; ++i) {
@@ -108,11 +106,7 @@ CUresult handle_module_load(call_context& cx) {
             }
             if (total != payload.size())
                 return cx.fail(CUDA_ERROR_INVALID_VALUE, "image part sizes do not add up");
-            if (cx.sess.image_bytes + total > max_cached_image_bytes) {
-                cx.sess.images.clear();  // a simple bound: start the cache over
-                cx.sess.image_bytes = 0;
-            }
-            std::vector<std::vector<uint64_t>> copy;
+            image_cache::parts copy;
             size_t off = 0;
             for (size_t i = 0; i < nparts; ++i) {
                 size_t n = cx.arg(4 + i);
@@ -121,8 +115,7 @@ CUresult handle_module_load(call_context& cx) {
                 off += n;
                 copy.push_back(std::move(p));
             }
-            cx.sess.image_bytes += total;
-            parts = &(cx.sess.images[hash] = std::move(copy));
+            parts = cx.sess.images.add(hash, std::move(copy), total, max_cached_image_bytes);
         }
     }
     fatbin_wrapper wrapper{0x466243B1, static_cast<int32_t>(format), (*parts)[0].data(), nullptr};

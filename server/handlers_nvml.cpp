@@ -3,6 +3,7 @@
 // runs on: any lane thread (NVML is thread-safe; loading happens once).
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -33,7 +34,7 @@ class host_nvml {
         nvml::format_gpu_uuid(uuid.bytes, text);
         nvmlDevice_t h = nullptr;
         if (get_by_uuid_ && get_by_uuid_(text, &h) == NVML_SUCCESS) return h;
-        std::memcpy(text, "MIG", 3);
+        std::copy_n("MIG", 3, text);  // the prefix only: "GPU-..." becomes "MIG-..."
         nvmlDevice_t mig = nullptr;
         if (get_by_uuid_ && get_by_uuid_(text, &mig) == NVML_SUCCESS && parent_of_mig_ &&
             parent_of_mig_(mig, &h) == NVML_SUCCESS)

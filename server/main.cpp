@@ -109,6 +109,8 @@ void raise_descriptor_limit(uint32_t max_connections) {
 
 }  // namespace
 
+// An exception that escapes main ends the program, as it should.
+// NOLINTNEXTLINE(bugprone-exception-escape)
 int main(int argc, char** argv) {
     CLI::App app{
         "vcuda-server: serves this host's GPUs to vcuda clients.\n"
@@ -350,6 +352,7 @@ int main(int argc, char** argv) {
         // A session whose lease the manager no longer has (released by an operator, or expired) is ended.
         cfg.on_leases = [&srv](const std::vector<vcuda::mgmt::active_lease>& alive) {
             std::vector<std::pair<std::string, std::chrono::system_clock::time_point>> live;
+            live.reserve(alive.size());
             for (auto& l : alive)
                 live.emplace_back(l.lease_id, std::chrono::system_clock::time_point(
                                                   std::chrono::milliseconds(l.expires_at)));

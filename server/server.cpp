@@ -411,7 +411,7 @@ std::string gpu_uuid_string(const CUuuid& u) {
     return s;
 }
 
-void server::run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t lane_number) {
+void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, uint32_t lane_number) {
     auto& d = sess->api();
     staging_pool pool(d);
     lane_state lane;

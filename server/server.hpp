@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/transport.hpp"
@@ -31,7 +32,7 @@ inline constexpr uint32_t max_hello_bytes = 64u << 10;
 
 class server {
   public:
-    server(driver& drv, server_options opts) : drv_(drv), opts_(opts) {}
+    server(driver& drv, server_options opts) : drv_(drv), opts_(std::move(opts)) {}
     ~server();
 
     // Starts serving `l` on a thread of its own.
@@ -49,7 +50,7 @@ class server {
     void accept_loop(listener* l);
     // `over_limit`: this connection is past --max-connections: it is only told so, and closed.
     void run_connection(stream s, bool over_limit);
-    void run_lane(std::shared_ptr<session> sess, frame_stream& fs, uint32_t lane_number);
+    void run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, uint32_t lane_number);
     // Decides what a new session may use: the GPUs it asks for, or — when the server is attached to a manager
     // — exactly the GPU and memory its lease token grants. False with `refusal` set when it may not open.
     bool authorize(const wire::Hello& h, session_grant& grant, std::string& refusal);

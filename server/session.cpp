@@ -352,7 +352,6 @@ void session::release_all() {
     for (size_t i = 0; i < devices_.size(); ++i) release_device(i);
     std::lock_guard lock(mu);
     images.clear();
-    image_bytes = 0;
 }
 
 std::shared_ptr<session> session_registry::create(driver& drv, const server_options& opts,

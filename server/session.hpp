@@ -2,8 +2,8 @@
 // GPU, its handle table, its device memory and quota, its cached images. Lanes (one per client thread, each
 // its own connection and thread) run calls under it. The session ends when its last lane ends, and then
 // releases everything it held.
-// locks: `mu` guards the handles, memory, the tables of server/session_tables.hpp (globals, stream-ordered
-// allocations, host regions, VMM), images and links; contexts are created once under it.
+// locks: `mu` guards the handles, memory and the tables of server/session_tables.hpp (globals, images,
+// stream-ordered allocations, host regions, VMM, links); contexts are created once under it.
 #pragma once
 
 #include <atomic>
@@ -119,11 +119,8 @@ class session : public std::enable_shared_from_this<session> {
     std::mutex mu;
     handle_table handles;
     module_globals globals;  // under mu
-    std::unordered_map<uint64_t, std::vector<std::vector<uint64_t>>>
-        images;  // content hash -> parts (8-byte aligned)
-    size_t image_bytes = 0;
-    // Link states' creation options, with the log buffers the driver writes into (server/handlers_link.cpp).
-    std::map<uint64_t, std::unique_ptr<jit_request>> links;  // under mu: link_state handle -> options
+    image_cache images;      // under mu
+    link_states links;       // under mu
 
     // Host functions (cuLaunchHostFunc) run in the client: the driver's callback waits here until the client
     // has run it (server/handlers_hostfn.cpp). Stopped at session end so that no callback waits for ever.

@@ -1,7 +1,8 @@
 // The tables a session keeps of what its handlers made, each behind the few operations those handlers use:
-// module globals (server/handlers_module.cpp), stream-ordered allocations (handlers_pool.cpp, and cuMemFree
-// in handlers_memory.cpp), pinned host regions shared with a client on this host (handlers_host.cpp), and the
-// virtual memory management API's reservations, mappings and physical allocations (handlers_vmm.cpp). The
+// module globals and the image cache (server/handlers_module.cpp), stream-ordered allocations
+// (handlers_pool.cpp, and cuMemFree in handlers_memory.cpp), pinned host regions shared with a client on this
+// host (handlers_host.cpp), the virtual memory management API's reservations, mappings and physical
+// allocations (handlers_vmm.cpp), and link states' options (handlers_link.cpp). The
 // session (a friend) reads them whole for owns_range and releases what they hold at a device reset and at its
 // end (server/session.cpp). locks: none inside; every call is made with the session's `mu` held.
 #pragma once
@@ -13,9 +14,12 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "driver_table.hpp"
+#include "server/jit.hpp"
 
 namespace vcuda::server {
 
@@ -285,6 +289,53 @@ class array_tables {
     };
     std::map<uint64_t, array> arrays;    // array handle id -> array
     std::map<uint64_t, object> objects;  // the driver's CUtexObject / CUsurfObject -> object
+};
+
+// Images (modules, libraries) the client has sent, by content hash, so that it sends each only once. Held
+// through shared pointers: a lane loads from its image after `mu` is released, while another lane may start
+// the cache over.
+class image_cache {
+  public:
+    // The parts of one image, each 8-byte aligned and zero-terminated (for PTX).
+    using parts = std::vector<std::vector<uint64_t>>;
+    // The image with this hash, or null.
+    std::shared_ptr<const parts> find(uint64_t hash) const {
+        auto it = images_.find(hash);
+        return it == images_.end() ? nullptr : it->second;
+    }
+    // Keeps an image of `bytes` bytes (as sent) under `hash`; when that would pass `limit` bytes in all, the
+    // cache starts over first (a simple bound).
+    std::shared_ptr<const parts> add(uint64_t hash, parts image, size_t bytes, size_t limit) {
+        if (bytes_ + bytes > limit) clear();
+        bytes_ += bytes;
+        auto p = std::make_shared<const parts>(std::move(image));
+        images_[hash] = p;
+        return p;
+    }
+    void clear() {
+        images_.clear();
+        bytes_ = 0;
+    }
+
+  private:
+    std::unordered_map<uint64_t, std::shared_ptr<const parts>> images_;  // content hash -> parts
+    size_t bytes_ = 0;
+};
+
+// Link states' creation options, with the log buffers the driver writes into until the link is destroyed
+// (handlers_link.cpp): link_state handle -> options.
+class link_states {
+  public:
+    void add(uint64_t handle, std::unique_ptr<jit_request> job) { links_[handle] = std::move(job); }
+    // The options of the link state `handle`, or null. Valid until erase(handle).
+    jit_request* find(uint64_t handle) const {
+        auto it = links_.find(handle);
+        return it == links_.end() ? nullptr : it->second.get();
+    }
+    void erase(uint64_t handle) { links_.erase(handle); }
+
+  private:
+    std::map<uint64_t, std::unique_ptr<jit_request>> links_;
 };
 
 }  // namespace vcuda::server

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what vcuda needs to build and test, from Debian packages. Idempotent: installs only what is missing.
 set -euo pipefail
-pkgs=(cmake ninja-build g++ python3 clang-format
+pkgs=(cmake ninja-build g++ python3 clang-format clang-tidy
       libboost-dev libflatbuffers-dev flatbuffers-compiler libspdlog-dev libfmt-dev catch2
       libcli11-dev nlohmann-json3-dev libsqlite3-dev libssl-dev)
 missing=()

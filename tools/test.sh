@@ -9,6 +9,7 @@ tools/setup.sh
 tools/check_format.sh
 cmake --preset dev
 cmake --build --preset dev -j "$jobs"
+tools/check_tidy.sh
 ctest --preset dev -j "$jobs" --timeout 900
 
 cmake --preset asan

@@ -32,8 +32,8 @@ std::string cuda_library_path() {
 
 int unsupported(const char* name) noexcept {
     static std::mutex mu;
-    static auto* seen = new std::unordered_set<std::string>();
     try {
+        static auto* seen = new std::unordered_set<std::string>();  // inside the try: noexcept
         std::lock_guard lock(mu);
         if (seen->insert(name).second) {
             log::init("vcuda-nvml", {}, "warn");  // a tool may call a stub before nvmlInit

@@ -30,6 +30,8 @@ const char* run_footer =
 
 }  // namespace
 
+// An exception that escapes main ends the program, as it should.
+// NOLINTNEXTLINE(bugprone-exception-escape)
 int main(int argc, char** argv) {
     CLI::App app{"vcuda: run CUDA programs on remote GPUs, and manage the GPUs of a vcuda cluster.", "vcuda"};
     app.require_subcommand(1);

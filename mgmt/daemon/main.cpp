@@ -23,6 +23,8 @@ int fail(const std::string& message) {
 
 }  // namespace
 
+// An exception that escapes main ends the program, as it should.
+// NOLINTNEXTLINE(bugprone-exception-escape)
 int main(int argc, char** argv) {
     using namespace vcuda;
     using namespace vcuda::mgmt;
