@@ -53,7 +53,7 @@ bool server_alive(const server_process& s) { return s.pid() > 0 && ::kill(s.pid(
 
 }  // namespace
 
-TEST_CASE("--isolation process: a session whose worker crashes ends alone; the others go on",
+TEST_CASE("process isolation: a session whose worker crashes ends alone; the others go on",
           "[integration]") {
     auto t = GENERATE(server_process::transport::unix_socket, server_process::transport::tcp);
     server_process server({"--isolation", "process"}, t);
@@ -98,7 +98,7 @@ TEST_CASE("--isolation process: a session whose worker crashes ends alone; the o
     CHECK(server_alive(server));
 }
 
-TEST_CASE("--isolation process: a worker ends with its session and frees its slot", "[integration]") {
+TEST_CASE("process isolation: a worker ends with its session and frees its slot", "[integration]") {
     server_process server({"--isolation", "process", "--max-sessions", "1"});
     auto a = raw_client::open(server.address());
     REQUIRE(a);
