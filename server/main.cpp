@@ -437,7 +437,7 @@ int main(int argc, char** argv) {
         stop_cv.wait_for(lock, std::chrono::milliseconds(200));
     }
     VCUDA_LOG_INFO("stopping: no new sessions; {} live session(s) end with their connections",
-                   srv.sessions().size());
+                   srv.sessions().size() + srv.worker_sessions().size());
     srv.stop();
     return 0;
 }
