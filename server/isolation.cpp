@@ -350,6 +350,19 @@ std::shared_ptr<session> server::adopt_session(const wire::Hello& h, const std::
     return sess;
 }
 
+int server::refuse_worker(int control_fd, const std::string& why) {
+    // The session's first connection is told why before the worker ends (else it would only see it close).
+    std::vector<std::byte> m;
+    for (int i = 0, fd = -1; i < 2 && receive_message(control_fd, m, fd) == 1; ++i) {
+        if (fd < 0) continue;
+        frame_stream fs{stream(fd)};
+        send_wire_error(fs, wire_errc::not_allowed,
+                        "the server's worker process for this session failed: " + why);
+        break;
+    }
+    return 1;
+}
+
 int server::run_worker(driver& drv, server_options opts, int control_fd) {
     ::signal(SIGPIPE, SIG_IGN);
     std::vector<std::byte> m;

@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
         std::string why;
         if (!drv.load(driver_path, why)) {
             VCUDA_LOG_ERROR("worker pid {}: {}", getpid(), why);
-            return 1;
+            return vcuda::server::server::refuse_worker(worker_fd, why);
         }
         return vcuda::server::server::run_worker(drv, opts, worker_fd);
     }

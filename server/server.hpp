@@ -50,6 +50,8 @@ class server {
     // id, key and grant the parent sends on `control_fd`, with the connections it hands over; returns the
     // process's exit status once the session has ended (server/isolation.cpp).
     static int run_worker(driver& drv, server_options opts, int control_fd);
+    // A worker that cannot serve (its driver did not load): tells the session's client why; returns 1.
+    static int refuse_worker(int control_fd, const std::string& why);
     // --isolation process, in the parent: the sessions' worker processes, for heartbeats.
     struct worker_session {
         uint64_t id = 0;
