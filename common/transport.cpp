@@ -741,6 +741,35 @@ void listener::close() {
 
 // ---------------------------------------------------------------- frame_stream
 
+std::vector<std::byte> frame_bytes(const frame& f) {
+    frame_header h = f.header;
+    h.meta_len = static_cast<uint32_t>(f.meta.size());
+    h.payload_len = f.payload.size();
+    std::vector<std::byte> out(frame_header_size + f.meta.size() + f.payload.size());
+    encode_header(h, out.data());
+    std::copy(f.meta.begin(), f.meta.end(), out.begin() + frame_header_size);
+    std::copy(f.payload.begin(), f.payload.end(), out.begin() + frame_header_size + f.meta.size());
+    return out;
+}
+
+transport_result<frame> frame_from_bytes(std::span<const std::byte> bytes, const frame_limits& limits) {
+    if (bytes.size() < frame_header_size)
+        return unexpected{transport_error{transport_errc::protocol, "shorter than a frame header"}};
+    auto h = check_header(bytes.first(frame_header_size), limits);
+    if (!h) return unexpected{transport_error{transport_errc::protocol, h.error().message}};
+    if (bytes.size() != frame_header_size + h->meta_len + h->payload_len)
+        return unexpected{transport_error{transport_errc::protocol, "the frame's length does not match"}};
+    frame f;
+    f.header = *h;
+    auto meta = bytes.subspan(frame_header_size, h->meta_len);
+    f.meta.assign(meta.begin(), meta.end());
+    if (auto v = verify_metadata(f.kind(), f.meta, limits); !v)
+        return unexpected{transport_error{transport_errc::protocol, v.error().message}};
+    auto payload = bytes.subspan(frame_header_size + h->meta_len);
+    f.payload.assign(payload.begin(), payload.end());
+    return f;
+}
+
 transport_result<void> frame_stream::send(std::span<const outgoing_frame> frames, deadline until,
                                           int pass_fd) {
     // One frame (replies, bulk chunks) is laid out on the stack: no allocation per frame.

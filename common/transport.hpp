@@ -184,6 +184,12 @@ struct frame {
     frame_kind kind() const { return static_cast<frame_kind>(header.kind); }
 };
 
+// A received frame as the bytes it came in (header, metadata, payload), and those bytes back into a frame,
+// checked as receive() checks it: a connection's HELLO read by one process (the server under --isolation
+// process) is handed with the connection to another (the session's worker), which must not read it again.
+std::vector<std::byte> frame_bytes(const frame& f);
+transport_result<frame> frame_from_bytes(std::span<const std::byte> bytes, const frame_limits& limits);
+
 // One frame to send: the metadata and payload spans must stay valid until send() returns.
 struct outgoing_frame {
     frame_header header;

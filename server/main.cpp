@@ -189,6 +189,23 @@ int main(int argc, char** argv) {
     app.add_option("--advertise", advertise,
                    "Address clients should use to reach this server, as told to the manager, repeatable "
                    "(default: the --listen addresses, with 0.0.0.0 replaced by this host's name)");
+    std::string isolation = "thread";
+    app.add_option(
+           "--isolation", isolation,
+           "thread (default): every session runs in this process, one thread per connection; the fastest "
+           "start, but a driver crash or a context poisoned by a device-side assert (CUDA_ERROR_ASSERT, "
+           "which "
+           "then fails every later context creation in the process) takes the GPU from every tenant until "
+           "the "
+           "server restarts. process: every session runs in a worker process of its own (this binary, "
+           "started "
+           "for it); such a failure ends that tenant's session only. Recommended for untrusted tenants")
+        ->check(CLI::IsMember({"thread", "process"}));
+    int worker_fd = -1;
+    app.add_option("--worker-fd", worker_fd,
+                   "Internal (--isolation process): run as the worker of one session handed over on this "
+                   "descriptor")
+        ->group("");
     CLI11_PARSE(app, argc, argv);
 
     spdlog::level::level_enum lvl;
@@ -197,7 +214,7 @@ int main(int argc, char** argv) {
                   << "' (use trace, debug, info, warn, error, off)\n";
         return 2;
     }
-    vcuda::log::init("vcuda-server", level);
+    vcuda::log::init(worker_fd >= 0 ? "vcuda-worker" : "vcuda-server", level);
     vcuda::server::server_options opts;
     if (!quota_text.empty() && (!parse_size(quota_text, opts.memory_quota) || opts.memory_quota == 0)) {
         std::cerr << "vcuda-server: --memory-quota: '" << quota_text
@@ -248,6 +265,36 @@ int main(int argc, char** argv) {
             pos = comma + 1;
         }
     }
+    if (worker_fd >= 0) {  // --isolation process: one session's worker (server/isolation.cpp)
+        vcuda::server::device_output::install();
+        vcuda::server::driver drv;
+        std::string why;
+        if (!drv.load(driver_path, why)) {
+            VCUDA_LOG_ERROR("worker pid {}: {}", getpid(), why);
+            return vcuda::server::server::refuse_worker(worker_fd, why);
+        }
+        return vcuda::server::server::run_worker(drv, opts, worker_fd);
+    }
+    if (isolation == "process") {
+        // What a worker needs to serve a session as this process would (authentication, limits and leases
+        // stay here); the session itself (id, key, grant) goes over its socket.
+        opts.isolate = true;
+        opts.worker_args = {"--driver",
+                            driver_path,
+                            "--log-level",
+                            level,
+                            "--host-memory-quota",
+                            std::to_string(opts.host_memory_quota),
+                            "--spin-us",
+                            std::to_string(opts.spin.count()),
+                            "--bulk-streams",
+                            std::to_string(opts.bulk_streams)};
+        if (opts.memory_quota) {
+            opts.worker_args.push_back("--memory-quota");
+            opts.worker_args.push_back(std::to_string(opts.memory_quota));
+        }
+        if (!opts.shm_rings) opts.worker_args.push_back("--no-shm-rings");
+    }
     raise_descriptor_limit(opts.max_connections);
 
     vcuda::server::device_output::install();  // before the driver: kernels' printf goes to each lane's client
@@ -261,6 +308,7 @@ int main(int argc, char** argv) {
         VCUDA_LOG_ERROR("the driver {} reports no GPU: nothing to serve", drv.path());
         return 1;
     }
+    if (opts.isolate) VCUDA_LOG_INFO("--isolation process: each session runs in a worker process of its own");
     vcuda::server::server srv(drv, opts);
     for (auto& a : listen) {
         auto ep = vcuda::endpoint::parse(a);
@@ -327,7 +375,7 @@ int main(int argc, char** argv) {
                 {static_cast<uint32_t>(i), vcuda::server::gpu_uuid_string(g.uuid), g.name, g.total_memory,
                  static_cast<uint32_t>(g.attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT]), version});
         }
-        cfg.load = [&srv, &drv] {
+        cfg.load = [&srv, &drv, &opts] {
             vcuda::mgmt::heartbeat hb;
             std::vector<uint64_t> used(drv.gpus().size(), 0);
             std::vector<uint32_t> count(drv.gpus().size(), 0);
@@ -342,6 +390,20 @@ int main(int argc, char** argv) {
                                            s.memory(i).mapped()});
                 }
             });
+            // --isolation process: sessions live in worker processes; each is reported with the memory its
+            // grant allows (its quota, else the GPU's), not what it holds at the moment.
+            for (auto& w : srv.worker_sessions())
+                for (size_t i = 0; i < drv.gpus().size(); ++i) {
+                    if (!w.grant.gpus.empty() &&
+                        std::find(w.grant.gpus.begin(), w.grant.gpus.end(), i) == w.grant.gpus.end())
+                        continue;
+                    uint64_t q = w.grant.memory_quota ? w.grant.memory_quota : opts.memory_quota;
+                    q = q ? std::min<uint64_t>(q, drv.gpus()[i].total_memory) : drv.gpus()[i].total_memory;
+                    used[i] += q;
+                    ++count[i];
+                    hb.sessions.push_back({std::to_string(w.id), w.grant.lease_id,
+                                           vcuda::server::gpu_uuid_string(drv.gpus()[i].uuid), w.peer, q});
+                }
             for (size_t i = 0; i < drv.gpus().size(); ++i) {
                 auto& uuid = drv.gpus()[i].uuid;
                 hb.gpus.push_back({vcuda::server::gpu_uuid_string(uuid),
@@ -363,6 +425,13 @@ int main(int argc, char** argv) {
                                         [&](auto& l) { return l.lease_id == s.lease_id(); });
                 if (!live) s.end("its lease " + s.lease_id() + " was released or expired");
             });
+            for (auto& w : srv.worker_sessions()) {
+                if (w.grant.lease_id.empty()) continue;
+                if (std::none_of(alive.begin(), alive.end(),
+                                 [&](auto& l) { return l.lease_id == w.grant.lease_id; }))
+                    srv.end_worker_session(w.id,
+                                           "its lease " + w.grant.lease_id + " was released or expired");
+            }
         };
         agent = std::make_unique<vcuda::mgmt::server_agent>(std::move(cfg));
         VCUDA_LOG_INFO("attached to the manager at {}; sessions need a lease token", manager);
@@ -375,7 +444,7 @@ int main(int argc, char** argv) {
         stop_cv.wait_for(lock, std::chrono::milliseconds(200));
     }
     VCUDA_LOG_INFO("stopping: no new sessions; {} live session(s) end with their connections",
-                   srv.sessions().size());
+                   srv.sessions().size() + srv.worker_sessions().size());
     srv.stop();
     return 0;
 }

@@ -173,13 +173,24 @@ void server::run_connection(stream s, bool over_limit) {
             return;
         }
     }
-    const bool bulk = h->bulk_set() != 0;
-    if (bulk && h->session_id() == 0) {
+    if (h->bulk_set() != 0 && h->session_id() == 0) {
         send_wire_error(fs, wire_errc::unexpected_kind, "a bulk connection joins a session that is open");
         return;
     }
+    if (opts_.isolate) {
+        hand_over(fs, *hello, peer);  // to the session's worker process (server/isolation.cpp)
+        return;
+    }
+    serve_hello(fs, *hello, peer);
+}
+
+void server::serve_hello(frame_stream& fs, const frame& hello, const std::string& peer) {
+    auto* h = root_of<wire::Hello>(hello);
+    const bool bulk = h->bulk_set() != 0;
     std::shared_ptr<session> sess;
-    if (h->session_id() == 0) {
+    if (h->session_id() == 0 && opts_.isolate) {  // a worker: the session the parent opened for this client
+        if (!(sess = adopt_session(*h, peer))) return;
+    } else if (h->session_id() == 0) {
         session_grant grant;
         std::string refusal;
         if (!authorize(*h, grant, refusal)) {
@@ -303,6 +314,7 @@ void server::run_connection(stream s, bool over_limit) {
                       .count();
         VCUDA_LOG_INFO("session {} ended ({}): released {} MiB of GPU memory and {} handles in {} ms",
                        sess->id(), sess->peer(), held >> 20, handles, ms);
+        if (on_session_end_) on_session_end_();
     }
 }
 

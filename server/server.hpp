@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,8 +47,37 @@ class server {
     void note_live_leases(
         const std::vector<std::pair<std::string, std::chrono::system_clock::time_point>>& alive);
 
+    // --isolation process, in a worker process (`vcuda-server --worker-fd N`): serves the one session whose
+    // id, key and grant the parent sends on `control_fd`, with the connections it hands over; returns the
+    // process's exit status once the session has ended (server/isolation.cpp).
+    static int run_worker(driver& drv, server_options opts, int control_fd);
+    // A worker that cannot serve (its driver did not load): tells the session's client why; returns 1.
+    static int refuse_worker(int control_fd, const std::string& why);
+    // --isolation process, in the parent: the sessions' worker processes, for heartbeats.
+    struct worker_session {
+        uint64_t id = 0;
+        int pid = 0;
+        session_grant grant;
+        std::string peer;
+    };
+    std::vector<worker_session> worker_sessions();
+    // Ends a session served by a worker process (its lease is gone): the worker is sent SIGTERM.
+    void end_worker_session(uint64_t id, const std::string& why);
+
   private:
+    struct worker;  // server/isolation.cpp
+
     void accept_loop(listener* l);
+    // After HELLO was read and checked: opens or joins the session and serves the connection (a lane, or a
+    // bulk connection) until it ends.
+    void serve_hello(frame_stream& fs, const frame& hello, const std::string& peer);
+    // --isolation process (server/isolation.cpp). In the parent: opens a new session in a worker process of
+    // its own, or checks a join's key, and hands the connection with its HELLO to the session's worker.
+    void hand_over(frame_stream& fs, const frame& hello, const std::string& peer);
+    // In a worker: the session the parent opened, made on its client's first connection (null, the client
+    // told why, when it was made already).
+    std::shared_ptr<session> adopt_session(const wire::Hello& h, const std::string& peer);
+    void reap(std::shared_ptr<worker> w);
     // `over_limit`: this connection is past --max-connections: it is only told so, and closed.
     void run_connection(stream s, bool over_limit);
     void run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, uint32_t lane_number);
@@ -73,6 +103,13 @@ class server {
     std::map<std::string, std::chrono::system_clock::time_point>
         live_leases_;                                                        // as last reported: id -> expiry
     std::map<std::string, std::chrono::system_clock::time_point> released_;  // id -> when its tokens expire
+    // --isolation process. Parent, under open_mu_: session id -> its worker process.
+    std::map<uint64_t, std::shared_ptr<worker>> workers_;
+    // Worker, under open_mu_: the session the parent opened, until its first connection makes it; and what
+    // to do once it has ended (the worker exits).
+    std::optional<std::pair<uint64_t, std::string>> adopt_id_key_;
+    session_grant adopt_grant_;
+    std::function<void()> on_session_end_;
 };
 
 }  // namespace vcuda::server

@@ -367,6 +367,15 @@ std::shared_ptr<session> session_registry::create(driver& drv, const server_opti
     return s;
 }
 
+std::shared_ptr<session> session_registry::adopt(uint64_t id, std::string key, driver& drv,
+                                                 const server_options& opts, const session_grant& grant,
+                                                 const std::string& peer) {
+    std::lock_guard lock(mu_);
+    auto s = std::make_shared<session>(id, std::move(key), drv, opts, grant, peer);
+    sessions_[id] = s;
+    return s;
+}
+
 std::shared_ptr<session> session_registry::find(uint64_t id, std::string_view key) {
     std::lock_guard lock(mu_);
     auto it = sessions_.find(id);

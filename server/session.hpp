@@ -50,6 +50,10 @@ struct server_options {
         8;  // the most bulk connections one bulk set of a session may have; 0: striping off
     uint32_t max_sessions = 256;      // sessions open at once; a HELLO past it is refused with a message
     uint32_t max_connections = 1024;  // connections (lanes, bulk connections, HELLOs under way) at once
+    // --isolation process: each session runs in a worker process of its own (server/isolation.hpp), started
+    // as `/proc/self/exe --worker-fd 3` followed by `worker_args` (the options a worker needs).
+    bool isolate = false;
+    std::vector<std::string> worker_args;
 };
 
 // What a session may use: which of the server's GPUs (by index) and how much memory on each.
@@ -191,6 +195,10 @@ class session_registry {
   public:
     std::shared_ptr<session> create(driver& drv, const server_options& opts, const session_grant& grant,
                                     const std::string& peer);
+    // A session whose id and key were chosen elsewhere (--isolation process: by the parent server, which
+    // hands the session's connections to this worker process).
+    std::shared_ptr<session> adopt(uint64_t id, std::string key, driver& drv, const server_options& opts,
+                                   const session_grant& grant, const std::string& peer);
     // Sessions, for heartbeats: (lease id, GPU memory held per server GPU).
     template <class F>
     void for_each(F&& f) {

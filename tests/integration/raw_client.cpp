@@ -185,13 +185,11 @@ server_process::server_process(std::vector<std::string> extra, transport t, int 
     address_ = !listen.empty() ? listen : t == transport::tcp ? "127.0.0.1:0" : "unix:" + dir_ + "/s.sock";
     // VCUDA_TEST_SERVER_BIN: another server binary (an older build, to see a test fail on the code it fixes).
     const char* bin = std::getenv("VCUDA_TEST_SERVER_BIN");
-    std::vector<std::string> args = {bin && *bin ? bin : VCUDA_SERVER_BIN,
-                                     "--listen",
-                                     address_,
-                                     "--driver",
-                                     VCUDA_SOFTDRIVER,
-                                     "--log-level",
-                                     "debug"};
+    // VCUDA_TEST_DRIVER: the driver the server loads instead of the software one (measurements on a GPU).
+    const char* drv = std::getenv("VCUDA_TEST_DRIVER");
+    std::vector<std::string> args = {
+        bin && *bin ? bin : VCUDA_SERVER_BIN, "--listen",    address_, "--driver",
+        drv && *drv ? drv : VCUDA_SOFTDRIVER, "--log-level", "debug"};
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = fork();
     if (pid_ == 0) {

@@ -1,0 +1,469 @@
+// --isolation process: each session runs in a worker process of its own, so that a driver crash or a context
+// that a device-side assert poisoned (CUDA_ERROR_ASSERT, which then fails every later context creation in
+// that process) ends that tenant's session only.
+//
+// The parent (the server that listens) accepts connections, reads and checks HELLO, authenticates (tokens,
+// leases, --allow-uid, --max-sessions) and never makes a context. For a new session it chooses the id and
+// key, starts `/proc/self/exe --worker-fd 3 OPTIONS` (posix_spawn: fork and exec, so the worker's driver
+// starts fresh whatever the parent's cuInit did) with one end of a SOCK_SEQPACKET socket pair as descriptor
+// 3, and sends it the session (id, key, grant); then every connection of that session — its first lane, and
+// every lane or bulk connection that joins with the right key — goes to the worker with SCM_RIGHTS together
+// with the HELLO bytes already read. The worker serves them exactly as the server does in thread mode
+// (server::serve_hello: shared-memory rings, HELLO_REPLY, lanes as threads) and exits when its session ends.
+// The parent reaps it, logs how it ended, and forgets the session (its --max-sessions slot, its lease claim).
+//
+// Messages on the socket pair (one datagram each, host byte order; both ends are the same binary):
+//   session:    u32 1, u64 id, u64 memory quota, u32 key length, key, u32 lease id length, lease id,
+//               u32 GPU count, u64 GPU index...
+//   connection: u32 2, u32 peer length, peer description, u32 HELLO length, HELLO frame bytes; the
+//               connection's descriptor rides along (SCM_RIGHTS).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "common/log.hpp"
+#include "common/random.hpp"
+#include "common/wire.hpp"
+#include "server/server.hpp"
+
+extern char** environ;
+
+namespace vcuda::server {
+
+namespace {
+
+constexpr uint32_t msg_session = 1, msg_connection = 2;
+
+struct writer {
+    std::vector<std::byte> bytes;
+    void u32(uint32_t v) { raw(&v, sizeof v); }
+    void u64(uint64_t v) { raw(&v, sizeof v); }
+    void str(std::string_view s) {
+        u32(static_cast<uint32_t>(s.size()));
+        raw(s.data(), s.size());
+    }
+    void raw(const void* p, size_t n) {
+        auto* b = static_cast<const std::byte*>(p);
+        bytes.insert(bytes.end(), b, b + n);
+    }
+};
+
+struct reader {
+    std::span<const std::byte> bytes;
+    bool ok = true;
+    void raw(void* p, size_t n) {
+        if (!ok || bytes.size() < n) {
+            ok = false;
+            return;
+        }
+        std::memcpy(p, bytes.data(), n);
+        bytes = bytes.subspan(n);
+    }
+    uint32_t u32() {
+        uint32_t v = 0;
+        raw(&v, sizeof v);
+        return v;
+    }
+    uint64_t u64() {
+        uint64_t v = 0;
+        raw(&v, sizeof v);
+        return v;
+    }
+    std::string str() {
+        uint32_t n = u32();
+        if (!ok || bytes.size() < n) {
+            ok = false;
+            return {};
+        }
+        std::string s(reinterpret_cast<const char*>(bytes.data()), n);
+        bytes = bytes.subspan(n);
+        return s;
+    }
+};
+
+// One datagram, with `fd` (>= 0) passed along. False when the peer is gone.
+bool send_message(int sock, const std::vector<std::byte>& m, int fd) {
+    iovec iov{const_cast<std::byte*>(m.data()), m.size()};
+    msghdr h{};
+    h.msg_iov = &iov;
+    h.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (fd >= 0) {
+        h.msg_control = control;
+        h.msg_controllen = sizeof control;
+        cmsghdr* c = CMSG_FIRSTHDR(&h);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    ssize_t n;
+    do n = ::sendmsg(sock, &h, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n == static_cast<ssize_t>(m.size());
+}
+
+// One datagram into `m`, its descriptor (or -1) into `fd`. 0: the peer closed; -1: an error.
+int receive_message(int sock, std::vector<std::byte>& m, int& fd) {
+    m.resize(max_hello_bytes + frame_header_size + 4096);
+    iovec iov{m.data(), m.size()};
+    msghdr h{};
+    h.msg_iov = &iov;
+    h.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    h.msg_control = control;
+    h.msg_controllen = sizeof control;
+    ssize_t n;
+    do n = ::recvmsg(sock, &h, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    fd = -1;
+    if (n <= 0) return n == 0 ? 0 : -1;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t k = 0; k < count; ++k) {
+            int got;
+            std::memcpy(&got, CMSG_DATA(c) + k * sizeof(int), sizeof got);
+            if (fd < 0)
+                fd = got;
+            else
+                ::close(got);
+        }
+    }
+    m.resize(static_cast<size_t>(n));
+    return 1;
+}
+
+std::string describe_status(int status) {
+    if (WIFEXITED(status)) return "exited (status " + std::to_string(WEXITSTATUS(status)) + ")";
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        const char* name = sigabbrev_np(sig);
+        return "was killed by signal " + std::to_string(sig) +
+               (name ? std::string(" (SIG") + name + ")" : "");
+    }
+    return "ended (wait status " + std::to_string(status) + ")";
+}
+
+}  // namespace
+
+struct server::worker {
+    uint64_t id = 0;
+    std::string key;
+    session_grant grant;
+    std::string peer;
+    pid_t pid = -1;
+    int control = -1;  // the parent's end of the socket pair
+    std::mutex send_mu;
+    ~worker() {
+        if (control >= 0) ::close(control);
+    }
+};
+
+// ---------------------------------------------------------------- parent
+
+void server::hand_over(frame_stream& fs, const frame& hello, const std::string& peer) {
+    auto* h = root_of<wire::Hello>(hello);
+    if (fs.raw().buffered() > 0) {  // a client waits for HELLO_REPLY before it sends anything else
+        send_wire_error(fs, wire_errc::unexpected_kind, "frames sent before HELLO_REPLY");
+        return;
+    }
+    std::shared_ptr<worker> w;
+    if (h->session_id() == 0) {
+        session_grant grant;
+        std::string refusal;
+        if (!authorize(*h, grant, refusal)) {
+            VCUDA_LOG_WARN("{}: session refused: {}", peer, refusal);
+            send_wire_error(fs, wire_errc::auth_failed, refusal);
+            return;
+        }
+        std::lock_guard lock(open_mu_);
+        if (!claim_lease(grant, refusal)) {
+            VCUDA_LOG_WARN("{}: session refused: {}", peer, refusal);
+            send_wire_error(fs, wire_errc::auth_failed, refusal);
+            return;
+        }
+        if (workers_.size() >= opts_.max_sessions) {
+            drop_lease_claim(grant.lease_id, grant.gpus, 0);
+            VCUDA_LOG_WARN("{}: session refused: {} sessions are open (--max-sessions {})", peer,
+                           workers_.size(), opts_.max_sessions);
+            send_wire_error(
+                fs, wire_errc::not_allowed,
+                "this vcuda-server is at its limit of " + std::to_string(opts_.max_sessions) +
+                    " sessions (--max-sessions): retry later, or ask its operator to raise the limit");
+            return;
+        }
+        w = std::make_shared<worker>();
+        do w->id = os_random_u64() & 0x7fffffffffffffffULL;
+        while (w->id == 0 || workers_.count(w->id));
+        w->key = os_random_bytes(session_key_bytes);
+        w->grant = grant;
+        w->peer = peer + " pid " + std::to_string(h->client_pid());
+
+        int sv[2];
+        if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+            std::string why = std::strerror(errno);
+            drop_lease_claim(grant.lease_id, grant.gpus, 0);
+            VCUDA_LOG_ERROR("{}: session refused: no socket pair for its worker process ({})", peer, why);
+            send_wire_error(fs, wire_errc::not_allowed,
+                            "the server could not start a worker process: " + why);
+            return;
+        }
+        w->control = sv[0];
+        int child_end = sv[1];
+        if (child_end <= 3) {  // dup2 onto itself would keep close-on-exec
+            int moved = ::fcntl(child_end, F_DUPFD_CLOEXEC, 10);
+            ::close(child_end);
+            child_end = moved;
+        }
+        std::vector<std::string> args = {"vcuda-server", "--worker-fd", "3"};
+        args.insert(args.end(), opts_.worker_args.begin(), opts_.worker_args.end());
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, child_end, 3);
+        posix_spawn_file_actions_addclosefrom_np(&fa, 4);  // the parent's sockets stay the parent's
+        pid_t pid = -1;
+        int rc =
+            child_end < 0 ? errno : ::posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+        posix_spawn_file_actions_destroy(&fa);
+        if (child_end >= 0) ::close(child_end);
+        if (rc != 0) {
+            drop_lease_claim(grant.lease_id, grant.gpus, 0);
+            VCUDA_LOG_ERROR("{}: session refused: cannot start a worker process ({})", peer,
+                            std::strerror(rc));
+            send_wire_error(fs, wire_errc::not_allowed,
+                            std::string("the server could not start a worker process: ") + std::strerror(rc));
+            return;
+        }
+        w->pid = pid;
+        workers_[w->id] = w;
+        if (!grant.lease_id.empty()) lease_sessions_[{grant.lease_id, grant.gpus.front()}] = w->id;
+        writer m;
+        m.u32(msg_session);
+        m.u64(w->id);
+        m.u64(grant.memory_quota);
+        m.str(w->key);
+        m.str(grant.lease_id);
+        m.u32(static_cast<uint32_t>(grant.gpus.size()));
+        for (size_t g : grant.gpus) m.u64(g);
+        send_message(w->control, m.bytes, -1);  // a worker that is gone already is reaped below
+        std::thread([this, w] { reap(w); }).detach();
+        VCUDA_LOG_INFO("session {} opened by {} (host {}): worker pid {}", w->id, w->peer,
+                       h->client_host() ? h->client_host()->str() : "?", pid);
+    } else {
+        const auto* key = h->session_key();
+        std::string_view given =
+            key ? std::string_view(reinterpret_cast<const char*>(key->data()), key->size())
+                : std::string_view();
+        {
+            std::lock_guard lock(open_mu_);
+            auto it = workers_.find(h->session_id());
+            if (it != workers_.end() && equal_constant_time(it->second->key, given)) w = it->second;
+        }
+        if (!w) {
+            VCUDA_LOG_WARN("{}: refused a join of session {}: unknown session or wrong key", peer,
+                           h->session_id());
+            send_wire_error(fs, wire_errc::auth_failed, "unknown session or wrong session secret");
+            return;
+        }
+    }
+    writer m;
+    m.u32(msg_connection);
+    m.str(peer);
+    auto bytes = frame_bytes(hello);
+    m.u32(static_cast<uint32_t>(bytes.size()));
+    m.raw(bytes.data(), bytes.size());
+    bool sent;
+    {
+        std::lock_guard lock(w->send_mu);
+        sent = send_message(w->control, m.bytes, fs.raw().native_handle());
+    }
+    if (!sent) {  // the worker has ended (its session too): as for a join of a session that has ended
+        VCUDA_LOG_WARN("{}: session {} has ended; its connection was closed", peer, w->id);
+        send_wire_error(fs, wire_errc::auth_failed, "unknown session or wrong session secret");
+    }
+    // The parent's copy of the connection closes with `fs`; the worker serves its own.
+}
+
+void server::reap(std::shared_ptr<worker> w) {
+    int status = 0;
+    pid_t r;
+    do r = ::waitpid(w->pid, &status, 0);
+    while (r < 0 && errno == EINTR);
+    {
+        std::lock_guard lock(open_mu_);
+        workers_.erase(w->id);
+        drop_lease_claim(w->grant.lease_id, w->grant.gpus, w->id);
+    }
+    std::string how =
+        r < 0 ? std::string("could not be waited for: ") + std::strerror(errno) : describe_status(status);
+    if (r >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        VCUDA_LOG_INFO("session {}: worker pid {} {}", w->id, w->pid, how);
+    else
+        VCUDA_LOG_WARN(
+            "session {}: worker pid {} {}: that session ({}) has ended and its connections are closed; other "
+            "sessions are not affected",
+            w->id, w->pid, how, w->peer);
+}
+
+std::vector<server::worker_session> server::worker_sessions() {
+    std::lock_guard lock(open_mu_);
+    std::vector<worker_session> out;
+    for (auto& [id, w] : workers_) out.push_back({id, w->pid, w->grant, w->peer});
+    return out;
+}
+
+void server::end_worker_session(uint64_t id, const std::string& why) {
+    std::lock_guard lock(open_mu_);
+    auto it = workers_.find(id);
+    if (it == workers_.end()) return;
+    VCUDA_LOG_WARN("session {} ended: {}; its worker pid {} is stopped", id, why, it->second->pid);
+    ::kill(it->second->pid, SIGTERM);
+}
+
+// ---------------------------------------------------------------- worker
+
+std::shared_ptr<session> server::adopt_session(const wire::Hello& h, const std::string& peer) {
+    std::shared_ptr<session> sess;
+    {
+        std::lock_guard lock(open_mu_);
+        if (adopt_id_key_)
+            sess = sessions_.adopt(adopt_id_key_->first, std::move(adopt_id_key_->second), drv_, opts_,
+                                   adopt_grant_, peer + " pid " + std::to_string(h.client_pid()));
+        adopt_id_key_.reset();
+    }
+    if (!sess) return nullptr;
+    sess->handles.set_tag(h.handle_tag());
+    VCUDA_LOG_INFO("session {} opened by {} (host {}) in worker pid {}", sess->id(), sess->peer(),
+                   h.client_host() ? h.client_host()->str() : "?", ::getpid());
+    return sess;
+}
+
+int server::refuse_worker(int control_fd, const std::string& why) {
+    // The session's first connection is told why before the worker ends (else it would only see it close).
+    std::vector<std::byte> m;
+    for (int i = 0, fd = -1; i < 2 && receive_message(control_fd, m, fd) == 1; ++i) {
+        if (fd < 0) continue;
+        frame_stream fs{stream(fd)};
+        send_wire_error(fs, wire_errc::not_allowed,
+                        "the server's worker process for this session failed: " + why);
+        break;
+    }
+    return 1;
+}
+
+int server::run_worker(driver& drv, server_options opts, int control_fd) {
+    ::signal(SIGPIPE, SIG_IGN);
+    std::vector<std::byte> m;
+    int fd = -1;
+    if (receive_message(control_fd, m, fd) != 1) {
+        VCUDA_LOG_ERROR("worker pid {}: no session from the server on descriptor {}", ::getpid(), control_fd);
+        return 1;
+    }
+    if (fd >= 0) ::close(fd);
+    reader r{m};
+    uint64_t id = 0;
+    std::string key;
+    session_grant grant;
+    if (r.u32() == msg_session) {
+        id = r.u64();
+        grant.memory_quota = r.u64();
+        key = r.str();
+        grant.lease_id = r.str();
+        uint32_t n = r.u32();
+        for (uint32_t i = 0; i < n && r.ok && i < 1024; ++i)
+            grant.gpus.push_back(static_cast<size_t>(r.u64()));
+    } else {
+        r.ok = false;
+    }
+    if (!r.ok || id == 0) {
+        VCUDA_LOG_ERROR("worker pid {}: the server's first message is not a session", ::getpid());
+        return 1;
+    }
+    opts.isolate = true;  // HELLOs without a session id are the adopted session's
+    server srv(drv, opts);
+    srv.adopt_id_key_.emplace(id, std::move(key));
+    srv.adopt_grant_ = grant;
+    int wake[2];
+    if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) return 1;
+    std::atomic<bool> ended{false};
+    srv.on_session_end_ = [&] {
+        ended = true;
+        char b = 1;
+        [[maybe_unused]] auto k = ::write(wake[1], &b, 1);
+    };
+    bool parent_gone = false;
+    auto gone_at = std::chrono::steady_clock::now();
+    while (!ended) {
+        pollfd p[2] = {{parent_gone ? -1 : control_fd, POLLIN, 0}, {wake[0], POLLIN, 0}};
+        int k = ::poll(p, 2, 1000);
+        if (ended) break;
+        if (parent_gone) {
+            // The server process ended: as in thread mode, its sessions end with it. Connections still open
+            // were shut down; a session that never got one ends here.
+            if (srv.sessions().size() == 0 ||
+                std::chrono::steady_clock::now() - gone_at > std::chrono::seconds(30))
+                break;
+            continue;
+        }
+        if (k <= 0 || !(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        int got = receive_message(control_fd, m, fd);
+        if (got != 1) {
+            parent_gone = true;
+            gone_at = std::chrono::steady_clock::now();
+            srv.sessions().for_each(
+                [](session& s) { s.end("the vcuda-server process it belonged to ended"); });
+            continue;
+        }
+        reader c{m};
+        std::string peer;
+        uint32_t len = 0;
+        bool ok = c.u32() == msg_connection;
+        if (ok) {
+            peer = c.str();
+            len = c.u32();
+            ok = c.ok && c.bytes.size() == len && fd >= 0;
+        }
+        frame_limits hello_limits;
+        hello_limits.max_meta = max_hello_bytes;
+        hello_limits.max_payload = 0;
+        auto hello =
+            ok ? frame_from_bytes(c.bytes, hello_limits)
+               : transport_result<frame>(unexpected{transport_error{transport_errc::protocol, "malformed"}});
+        if (!hello) {
+            VCUDA_LOG_ERROR("session {}: a malformed connection message from the server ({})", id,
+                            hello.error().message);
+            if (fd >= 0) ::close(fd);
+            continue;
+        }
+        stream s(fd);
+        s.set_peer_description(peer);
+        try {
+            std::thread([&srv, st = std::move(s), hf = std::move(*hello), peer]() mutable {
+                frame_stream fs(std::move(st));
+                srv.serve_hello(fs, hf, peer);
+            }).detach();
+        } catch (const std::system_error& e) {
+            VCUDA_LOG_WARN("session {}: cannot start a thread for a connection ({}); it was closed", id,
+                           e.what());
+        }
+    }
+    // The session has released everything (session::release_all ran before on_session_end_); lane threads
+    // may still be closing their sockets: the process ends without running destructors under them.
+    vcuda::log::get()->flush();
+    std::fflush(nullptr);
+    ::_exit(0);
+}
+
+}  // namespace vcuda::server
