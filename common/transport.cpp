@@ -748,7 +748,8 @@ std::vector<std::byte> frame_bytes(const frame& f) {
     std::vector<std::byte> out(frame_header_size + f.meta.size() + f.payload.size());
     encode_header(h, out.data());
     std::copy(f.meta.begin(), f.meta.end(), out.begin() + frame_header_size);
-    std::copy(f.payload.begin(), f.payload.end(), out.begin() + frame_header_size + f.meta.size());
+    std::copy(f.payload.begin(), f.payload.end(),
+              out.begin() + static_cast<std::ptrdiff_t>(frame_header_size + f.meta.size()));
     return out;
 }
 

@@ -227,6 +227,7 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
         std::vector<std::string> args = {"vcuda-server", "--worker-fd", "3"};
         args.insert(args.end(), opts_.worker_args.begin(), opts_.worker_args.end());
         std::vector<char*> argv;
+        argv.reserve(args.size() + 1);
         for (auto& a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
         posix_spawn_file_actions_t fa;
@@ -296,7 +297,7 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
     // The parent's copy of the connection closes with `fs`; the worker serves its own.
 }
 
-void server::reap(std::shared_ptr<worker> w) {
+void server::reap(const std::shared_ptr<worker>& w) {
     int status = 0;
     pid_t r;
     do r = ::waitpid(w->pid, &status, 0);

@@ -77,7 +77,7 @@ class server {
     // In a worker: the session the parent opened, made on its client's first connection (null, the client
     // told why, when it was made already).
     std::shared_ptr<session> adopt_session(const wire::Hello& h, const std::string& peer);
-    void reap(std::shared_ptr<worker> w);
+    void reap(const std::shared_ptr<worker>& w);
     // `over_limit`: this connection is past --max-connections: it is only told so, and closed.
     void run_connection(stream s, bool over_limit);
     void run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, uint32_t lane_number);
