@@ -54,8 +54,9 @@ void call_context::out_handle(handle_kind k, void* raw, uint64_t owner, bool own
     e.owner = owner;
     e.owned = owned;
     e.layout = std::move(layout);
-    const bool derived = owned && (k == handle_kind::function || k == handle_kind::kernel ||
-                                   k == handle_kind::module || k == handle_kind::graph_node);
+    e.made_by = call_.op();
+    for (size_t i = 0; i < e.made_with.size() && i < arg_count(); ++i) e.made_with[i] = arg(i);
+    const bool derived = owned && handle_table::derived_kind(k);
     std::lock_guard lock(sess.mu);
     outs.push_back(derived ? sess.handles.insert_derived(std::move(e)) : sess.handles.insert(std::move(e)));
 }

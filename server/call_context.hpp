@@ -24,6 +24,7 @@ struct lane_state {
     int current_device = -2;        // the device whose context is current on this thread (-2: unknown)
     std::string device_output;      // device printf written on this lane's thread, sent with the next reply
     unsigned refused_launches = 0;  // launches refused for their parameters (the first few are logged)
+    uint64_t epoch = 0;             // the session's epoch its contexts were made current in (session::epoch)
 };
 
 class call_context {
@@ -39,6 +40,7 @@ class call_context {
 
     const driver_table& drv() const { return sess.api(); }
     int device_index() const { return call_.device(); }
+    uint32_t op_id() const { return call_.op(); }
     uint64_t sequence() const { return frame_.header.sequence; }
     bool queued() const { return frame_.header.flags & frame_flags::no_reply; }
 

@@ -8,33 +8,40 @@ namespace {
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
+// Backs [va, va+size) of a reservation with new physical memory, readable and writable from the device.
+CUresult device_memory::map_at(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle& h) {
+    auto& d = *drv_;
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev_;
+    h = 0;
+    if (CUresult rc = d.cuMemCreate(&h, size, &prop, 0); rc != CUDA_SUCCESS) return rc;
+    CUresult rc = d.cuMemMap(va, size, 0, h, 0);
+    if (rc == CUDA_SUCCESS) {
+        CUmemAccessDesc access{};
+        access.location = prop.location;
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        rc = d.cuMemSetAccess(va, size, &access, 1);
+        if (rc != CUDA_SUCCESS) d.cuMemUnmap(va, size);
+    }
+    if (rc != CUDA_SUCCESS) {
+        d.cuMemRelease(h);
+        h = 0;
+    }
+    return rc;
+}
+
 CUresult device_memory::map_new(size_t size, bool shared, CUdeviceptr& va) {
     auto& d = *drv_;
     if (!d.cuMemCreate || !d.cuMemAddressReserve || !d.cuMemMap || !d.cuMemSetAccess)
         return CUDA_ERROR_NOT_SUPPORTED;
     if (quota_ && (size > quota_ || mapped_ > quota_ - size)) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUmemAllocationProp prop{};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev_;
-    CUmemGenericAllocationHandle h = 0;
-    if (CUresult rc = d.cuMemCreate(&h, size, &prop, 0); rc != CUDA_SUCCESS) return rc;
     CUdeviceptr addr = 0;
-    if (CUresult rc = d.cuMemAddressReserve(&addr, size, granularity, 0, 0); rc != CUDA_SUCCESS) {
-        d.cuMemRelease(h);
-        return rc;
-    }
-    CUresult rc = d.cuMemMap(addr, size, 0, h, 0);
-    if (rc == CUDA_SUCCESS) {
-        CUmemAccessDesc access{};
-        access.location = prop.location;
-        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        rc = d.cuMemSetAccess(addr, size, &access, 1);
-        if (rc != CUDA_SUCCESS) d.cuMemUnmap(addr, size);
-    }
-    if (rc != CUDA_SUCCESS) {
+    if (CUresult rc = d.cuMemAddressReserve(&addr, size, granularity, 0, 0); rc != CUDA_SUCCESS) return rc;
+    CUmemGenericAllocationHandle h = 0;
+    if (CUresult rc = map_at(addr, size, h); rc != CUDA_SUCCESS) {
         d.cuMemAddressFree(addr, size);
-        d.cuMemRelease(h);
         return rc;
     }
     mapping m;
@@ -50,10 +57,44 @@ CUresult device_memory::map_new(size_t size, bool shared, CUdeviceptr& va) {
 
 void device_memory::unmap(CUdeviceptr va, mapping& m) {
     auto& d = *drv_;
-    d.cuMemUnmap(va, m.size);
+    if (m.handle) {  // none while suspended: only the reservation is left
+        d.cuMemUnmap(va, m.size);
+        d.cuMemRelease(m.handle);
+    }
     d.cuMemAddressFree(va, m.size);
-    d.cuMemRelease(m.handle);
     mapped_ -= m.size;
+}
+
+CUresult device_memory::save(std::vector<saved_mapping>& out) const {
+    for (const auto& [va, m] : mappings_) {
+        saved_mapping s{va, m.size, std::unique_ptr<std::byte[]>(new (std::nothrow) std::byte[m.size])};
+        if (!s.bytes) return CUDA_ERROR_OUT_OF_MEMORY;
+        if (CUresult rc = drv_->cuMemcpyDtoH_v2(s.bytes.get(), va, m.size); rc != CUDA_SUCCESS) return rc;
+        out.push_back(std::move(s));
+    }
+    return CUDA_SUCCESS;
+}
+
+void device_memory::drop_physical() {
+    for (auto& [va, m] : mappings_) {
+        if (!m.handle) continue;
+        drv_->cuMemUnmap(va, m.size);
+        drv_->cuMemRelease(m.handle);
+        m.handle = 0;
+    }
+    resident_ = false;
+}
+
+CUresult device_memory::restore(const std::vector<saved_mapping>& saved) {
+    auto s = saved.begin();
+    for (auto& [va, m] : mappings_) {
+        while (s != saved.end() && s->va < va) ++s;
+        if (s == saved.end() || s->va != va || s->size != m.size) return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult rc = map_at(va, m.size, m.handle); rc != CUDA_SUCCESS) return rc;
+        if (CUresult rc = drv_->cuMemcpyHtoD_v2(va, s->bytes.get(), m.size); rc != CUDA_SUCCESS) return rc;
+    }
+    resident_ = true;
+    return CUDA_SUCCESS;
 }
 
 CUresult device_memory::allocate(size_t size, CUdeviceptr& out) {

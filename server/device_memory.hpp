@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <vector>
 
 #include "driver_table.hpp"
 
@@ -24,7 +26,21 @@ class device_memory {
     // Unmaps everything (session end, context reset). The caller has synchronized the GPU.
     void release_all();
 
-    uint64_t mapped() const { return mapped_; }  // bytes of GPU memory this session holds
+    uint64_t mapped() const { return mapped_; }  // bytes of GPU memory charged to the session
+    uint64_t resident() const { return resident_ ? mapped_ : 0; }  // of them, on the GPU now (not suspended)
+
+    // Suspend and resume (server/session_image.cpp): save() copies every mapping out (the caller synchronized
+    // the GPU and made the context current); drop_physical() gives the memory back to the driver but keeps
+    // the address reservations and the allocations' bookkeeping; restore() maps new memory at the same
+    // addresses and copies the saved contents back. The quota charge stays throughout.
+    struct saved_mapping {
+        CUdeviceptr va = 0;
+        size_t size = 0;
+        std::unique_ptr<std::byte[]> bytes;
+    };
+    CUresult save(std::vector<saved_mapping>& out) const;
+    void drop_physical();
+    CUresult restore(const std::vector<saved_mapping>& saved);
     // Physical memory the session creates itself (cuMemCreate) counts against the same quota.
     bool charge(size_t size) {
         if (quota_ && (size > quota_ || mapped_ > quota_ - size)) return false;
@@ -53,6 +69,7 @@ class device_memory {
     };
 
     CUresult map_new(size_t size, bool shared, CUdeviceptr& va);
+    CUresult map_at(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle& h);
     void unmap(CUdeviceptr va, mapping& m);
 
     const driver_table* drv_;
@@ -60,6 +77,7 @@ class device_memory {
     uint64_t quota_;
     uint64_t mapped_ = 0;
     uint64_t heap_charge_ = 0;
+    bool resident_ = true;
     std::map<CUdeviceptr, mapping> mappings_;
     std::map<CUdeviceptr, std::pair<size_t, CUdeviceptr>> allocations_;  // start -> (size, its mapping)
 };

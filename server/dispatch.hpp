@@ -15,7 +15,8 @@ struct dispatch_entry {
     op id;
     const char* name;
     CUresult (*handler)(call_context&);
-    bool async;  // queued by the client: errors are kept for its next synchronous call
+    bool async;         // queued by the client: errors are kept for its next synchronous call
+    bool outside_gate;  // runs while its session is suspended (session::enter_call): spec annotation
 };
 
 extern const dispatch_entry dispatch_table[];

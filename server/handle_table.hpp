@@ -5,6 +5,7 @@
 // session's mutex guards it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -25,6 +26,10 @@ struct handle_entry {
     uint64_t owner = 0;   // module/library of functions, kernels, library modules; graph of nodes
     bool owned = false;   // destroyed with its owner, never on its own
     std::shared_ptr<const param_layout> layout;
+    // The op that made it and its first scalar arguments (an event's flags), so that a suspended session can
+    // make it again (server/session_image.cpp).
+    uint32_t made_by = 0;
+    std::array<uint64_t, 2> made_with{};
 };
 
 class handle_table {
@@ -101,6 +106,22 @@ class handle_table {
             for (uint64_t d : doomed) erase(d);
         }
         return true;
+    }
+
+    // The entry `id` stands for a new driver object, or for none (null) while its session is suspended: ids
+    // stay, the driver's objects do not (server/session_image.cpp).
+    void rebind(uint64_t id, void* raw) {
+        auto* e = find(id, kind_of(id));
+        if (!e) return;
+        if (auto it = derived_.find({e->raw, e->kind}); it != derived_.end() && it->second == id)
+            derived_.erase(it);
+        if (raw && e->owned && derived_kind(e->kind)) derived_[{raw, e->kind}] = id;
+        e->raw = raw;
+    }
+    // Kinds insert_derived is used for (call_context::out_handle).
+    static constexpr bool derived_kind(handle_kind k) {
+        return k == handle_kind::function || k == handle_kind::kernel || k == handle_kind::module ||
+               k == handle_kind::graph_node;
     }
 
     // Visits every live entry: f(id, entry).

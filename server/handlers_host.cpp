@@ -12,9 +12,6 @@
 namespace vcuda::server {
 
 namespace {
-// Registration flags: every context may use the pages, and kernels may address them.
-constexpr unsigned register_flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
-
 // A shared copy's optional 5th argument, 1: mark the copy against its host region (the client's staging
 // slot), for host_region_wait. The copy was just issued on `s`.
 CUresult mark_copy(call_context& cx, uintptr_t host, uint64_t n, CUstream s) {
@@ -63,7 +60,7 @@ CUresult handle_host_alloc(call_context& cx) {
         return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "cannot map shared pages");
     }
     auto& d = cx.drv();
-    CUresult rc = d.cuMemHostRegister_v2(p, size, register_flags);
+    CUresult rc = d.cuMemHostRegister_v2(p, size, host_regions::register_flags);
     CUdeviceptr dptr = 0;
     if (rc == CUDA_SUCCESS) rc = d.cuMemHostGetDevicePointer_v2(&dptr, p, 0);
     if (rc != CUDA_SUCCESS) {

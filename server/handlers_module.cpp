@@ -74,13 +74,6 @@ void out_layout(call_context& cx, const param_layout& l) {
     }
 }
 
-struct fatbin_wrapper {
-    int32_t magic;
-    int32_t version;
-    const void* data;
-    const void* filename_or_fatbins;
-};
-
 }  // namespace
 
 // args {target (0 module, 1 library), format (0 raw, 1 wrapper v1, 2 wrapper v2), hash, nparts, sizes...};
@@ -118,36 +111,23 @@ CUresult handle_module_load(call_context& cx) {
             parts = cx.sess.images.add(hash, std::move(copy), total, max_cached_image_bytes);
         }
     }
-    fatbin_wrapper wrapper{0x466243B1, static_cast<int32_t>(format), (*parts)[0].data(), nullptr};
-    std::vector<const void*> extra;
-    const void* image = (*parts)[0].data();
-    if (format != 0) {
-        if (format == 2) {
-            for (size_t i = 1; i < parts->size(); ++i) extra.push_back((*parts)[i].data());
-            extra.push_back(nullptr);
-            wrapper.filename_or_fatbins = extra.data();
-        }
-        image = &wrapper;
-    }
     // Blob 0, when there, holds the caller's JIT options: the reply then carries their values and the logs,
     // also when the load fails (the error log says why).
     jit_request jit;
     std::string why;
     if (cx.blob_count() > 0)
         if (CUresult rc = jit.parse(cx.blob(0), why); rc != CUDA_SUCCESS) return cx.fail(rc, why);
-    auto& d = cx.drv();
-    CUresult rc;
-    if (target == 0) {
-        CUmodule m = nullptr;
-        if (!d.cuModuleLoadDataEx) return cx.unsupported("cuModuleLoadDataEx");
-        rc = d.cuModuleLoadDataEx(&m, image, jit.count(), jit.option_array(), jit.value_array());
-        if (rc == CUDA_SUCCESS) cx.out_handle(handle_kind::module, m);
-    } else {
-        CUlibrary l = nullptr;
-        if (!d.cuLibraryLoadData) return cx.unsupported("cuLibraryLoadData");
-        rc = d.cuLibraryLoadData(&l, image, jit.option_array(), jit.value_array(), jit.count(), nullptr,
-                                 nullptr, 0);
-        if (rc == CUDA_SUCCESS) cx.out_handle(handle_kind::library, l);
+    if (target == 0 && !cx.drv().cuModuleLoadDataEx) return cx.unsupported("cuModuleLoadDataEx");
+    if (target == 1 && !cx.drv().cuLibraryLoadData) return cx.unsupported("cuLibraryLoadData");
+    void* loaded = nullptr;
+    CUresult rc = load_image(cx.drv(), target == 1, format, *parts, jit, loaded);
+    if (rc == CUDA_SUCCESS) {
+        cx.out_handle(target == 0 ? handle_kind::module : handle_kind::library, loaded);
+        // Kept so that a suspended session can load it again (server/session_image.cpp).
+        module_origins::origin o{target == 1, format, parts, {}};
+        if (cx.blob_count() > 0) o.jit_options.assign(cx.blob(0).begin(), cx.blob(0).end());
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.origins.add(cx.outs.back(), std::move(o));
     }
     if (rc != CUDA_SUCCESS) cx.out(uint64_t{0});
     if (cx.blob_count() > 0) jit.answer(cx);
@@ -169,6 +149,7 @@ CUresult handle_module_unload(call_context& cx) {
     if (rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
     cx.sess.globals.erase_owner(id);
+    cx.sess.origins.erase(id);
     cx.sess.handles.erase(id);  // with its functions, kernels and their functions (handle_table: dependents)
     return CUDA_SUCCESS;
 }
@@ -294,7 +275,7 @@ CUresult handle_module_get_global(call_context& cx) {
     if (rc != CUDA_SUCCESS) return rc;
     {
         std::lock_guard lock(cx.sess.mu);
-        cx.sess.globals.add(p, size, cx.arg(0), static_cast<size_t>(cx.device_index()));
+        cx.sess.globals.add(p, size, cx.arg(0), static_cast<size_t>(cx.device_index()), name);
     }
     cx.out(p);
     cx.out(static_cast<uint64_t>(size));

@@ -58,4 +58,41 @@ void jit_request::answer(call_context& cx) const {
     }
 }
 
+namespace {
+struct fatbin_wrapper {
+    int32_t magic;
+    int32_t version;
+    const void* data;
+    const void* filename_or_fatbins;
+};
+}  // namespace
+
+CUresult load_image(const driver_table& d, bool library, uint64_t format,
+                    const std::vector<std::vector<uint64_t>>& parts, jit_request& jit, void*& out) {
+    fatbin_wrapper wrapper{0x466243B1, static_cast<int32_t>(format), parts[0].data(), nullptr};
+    std::vector<const void*> extra;
+    const void* image = parts[0].data();
+    if (format != 0) {
+        if (format == 2) {
+            for (size_t i = 1; i < parts.size(); ++i) extra.push_back(parts[i].data());
+            extra.push_back(nullptr);
+            wrapper.filename_or_fatbins = extra.data();
+        }
+        image = &wrapper;
+    }
+    if (!library) {
+        if (!d.cuModuleLoadDataEx) return CUDA_ERROR_NOT_SUPPORTED;
+        CUmodule m = nullptr;
+        CUresult rc = d.cuModuleLoadDataEx(&m, image, jit.count(), jit.option_array(), jit.value_array());
+        out = m;
+        return rc;
+    }
+    if (!d.cuLibraryLoadData) return CUDA_ERROR_NOT_SUPPORTED;
+    CUlibrary l = nullptr;
+    CUresult rc = d.cuLibraryLoadData(&l, image, jit.option_array(), jit.value_array(), jit.count(), nullptr,
+                                      nullptr, 0);
+    out = l;
+    return rc;
+}
+
 }  // namespace vcuda::server

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/jit_options.hpp"
+#include "driver_table.hpp"
 
 namespace vcuda::server {
 
@@ -27,5 +28,11 @@ struct jit_request {
     // Appends each value word to the reply's outs (0 for log buffers) and the logs as two blobs.
     void answer(call_context& cx) const;
 };
+
+// Loads an image the client sent (its parts, each 8-byte aligned) as a module (`library` false) or a library:
+// `format` 0 is a bare image, 1 and 2 a fatbin wrapper of that version (2: the other parts are its linked
+// fatbins). Used at load time and when a suspended session is rebuilt.
+CUresult load_image(const driver_table& d, bool library, uint64_t format,
+                    const std::vector<std::vector<uint64_t>>& parts, jit_request& jit, void*& out);
 
 }  // namespace vcuda::server

@@ -6,8 +6,11 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdlib>
+#include <deque>
+#include <functional>
 #include <iostream>
 #include <mutex>
+#include <thread>
 
 #include "common/log.hpp"
 #include "mgmt/token.hpp"
@@ -107,6 +110,35 @@ void raise_descriptor_limit(uint32_t max_connections) {
             rl.rlim_cur, max_connections, max_connections + 64);
 }
 
+// Runs posted jobs one after another on a thread of its own (suspends may take seconds).
+class task_queue {
+  public:
+    task_queue()
+        : thread_([this](const std::stop_token& st) {
+              for (;;) {
+                  std::function<void()> job;
+                  {
+                      std::unique_lock lock(mu_);
+                      if (!cv_.wait(lock, st, [&] { return !jobs_.empty(); })) return;
+                      job = std::move(jobs_.front());
+                      jobs_.pop_front();
+                  }
+                  job();
+              }
+          }) {}
+    void post(std::function<void()> job) {
+        std::lock_guard lock(mu_);
+        jobs_.push_back(std::move(job));
+        cv_.notify_one();
+    }
+
+  private:
+    std::mutex mu_;
+    std::condition_variable_any cv_;
+    std::deque<std::function<void()>> jobs_;
+    std::jthread thread_;  // last: stopped and joined first
+};
+
 }  // namespace
 
 // An exception that escapes main ends the program, as it should.
@@ -201,6 +233,13 @@ int main(int argc, char** argv) {
            "started "
            "for it); such a failure ends that tenant's session only. Recommended for untrusted tenants")
         ->check(CLI::IsMember({"thread", "process"}));
+    int suspend_every_ms = 0;
+    app.add_option("--test-suspend-every", suspend_every_ms,
+                   "For tests: every MS milliseconds, suspend every session that can be (its GPU state saved "
+                   "and given back; its next call rebuilds it), so that programs run through suspend and "
+                   "resume again and again")
+        ->group("Testing")
+        ->check(CLI::Range(1, 3600 * 1000));
     int worker_fd = -1;
     app.add_option("--worker-fd", worker_fd,
                    "Internal (--isolation process): run as the worker of one session handed over on this "
@@ -343,6 +382,7 @@ int main(int argc, char** argv) {
             opts.memory_quota ? fmt::format(" (quota {} MiB per session)", opts.memory_quota >> 20) : "");
         srv.serve(std::move(*l));
     }
+    task_queue mobility;  // suspends and resumes the manager asks for, off the heartbeat thread
     std::unique_ptr<vcuda::mgmt::server_agent> agent;
     if (!manager.empty()) {
         auto mep = vcuda::endpoint::parse(manager);
@@ -383,11 +423,19 @@ int main(int argc, char** argv) {
                 std::lock_guard lock(s.mu);
                 for (size_t i = 0; i < s.device_count(); ++i) {
                     if (!s.allowed(i)) continue;
-                    used[i] += s.memory(i).mapped();
+                    used[i] += s.memory(i).resident();
                     ++count[i];
-                    hb.sessions.push_back({std::to_string(s.id()), s.lease_id(),
-                                           vcuda::server::gpu_uuid_string(drv.gpus()[i].uuid), s.peer(),
-                                           s.memory(i).mapped()});
+                    vcuda::mgmt::session_report r{std::to_string(s.id()), s.lease_id(),
+                                                  vcuda::server::gpu_uuid_string(drv.gpus()[i].uuid),
+                                                  s.peer(), s.memory(i).resident()};
+                    r.suspended = s.suspended();
+                    r.idle_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::steady_clock::now() - s.last_call())
+                                    .count();
+                    r.suspend_seq = s.suspend_seq_seen.load();
+                    r.resume_seq = s.resume_seq_seen.load();
+                    r.note = s.note();
+                    hb.sessions.push_back(std::move(r));
                 }
             });
             // --isolation process: sessions live in worker processes; each is reported with the memory its
@@ -412,19 +460,48 @@ int main(int argc, char** argv) {
             return hb;
         };
         // A session whose lease the manager no longer has (released by an operator, or expired) is ended.
-        cfg.on_leases = [&srv](const std::vector<vcuda::mgmt::active_lease>& alive) {
+        cfg.on_leases = [&srv, &mobility](const std::vector<vcuda::mgmt::active_lease>& alive) {
             std::vector<std::pair<std::string, std::chrono::system_clock::time_point>> live;
             live.reserve(alive.size());
             for (auto& l : alive)
                 live.emplace_back(l.lease_id, std::chrono::system_clock::time_point(
                                                   std::chrono::milliseconds(l.expires_at)));
             srv.note_live_leases(live);  // their tokens open no session once they are gone
-            srv.sessions().for_each([&](vcuda::server::session& s) {
-                if (s.lease_id().empty()) return;
-                bool live = std::any_of(alive.begin(), alive.end(),
-                                        [&](auto& l) { return l.lease_id == s.lease_id(); });
-                if (!live) s.end("its lease " + s.lease_id() + " was released or expired");
-            });
+            for (auto& sp : srv.sessions().snapshot()) {
+                auto& s = *sp;
+                if (s.lease_id().empty()) continue;
+                auto l = std::find_if(alive.begin(), alive.end(),
+                                      [&](auto& a) { return a.lease_id == s.lease_id(); });
+                if (l == alive.end()) {
+                    s.end("its lease " + s.lease_id() + " was released or expired");
+                    continue;
+                }
+                // The manager's suspend and resume requests, each acted on once (mgmt/wire/types.hpp); the
+                // first reply a session sees only tells it where the counters stand.
+                if (!s.seqs_known.exchange(true)) {
+                    s.suspend_seq_seen = l->suspend_seq;
+                    s.resume_seq_seen = l->resume_seq;
+                    continue;
+                }
+                if (l->suspend_seq > s.suspend_seq_seen.load()) {
+                    s.suspend_seq_seen = l->suspend_seq;
+                    mobility.post([sp] {
+                        std::string why;
+                        if (sp->suspend(std::chrono::seconds(5), why) != CUDA_SUCCESS)
+                            VCUDA_LOG_WARN("session {}: the manager asked for a suspend; not done: {}",
+                                           sp->id(), why);
+                    });
+                }
+                if (l->resume_seq > s.resume_seq_seen.load()) {
+                    s.resume_seq_seen = l->resume_seq;
+                    mobility.post([sp] {
+                        std::string why;
+                        if (sp->resume(why) != CUDA_SUCCESS)
+                            VCUDA_LOG_WARN("session {}: the manager asked for a resume; not done: {}",
+                                           sp->id(), why);
+                    });
+                }
+            }
             for (auto& w : srv.worker_sessions()) {
                 if (w.grant.lease_id.empty()) continue;
                 if (std::none_of(alive.begin(), alive.end(),
@@ -435,6 +512,29 @@ int main(int argc, char** argv) {
         };
         agent = std::make_unique<vcuda::mgmt::server_agent>(std::move(cfg));
         VCUDA_LOG_INFO("attached to the manager at {}; sessions need a lease token", manager);
+    }
+    std::jthread suspender;
+    if (suspend_every_ms > 0) {
+        VCUDA_LOG_WARN(
+            "--test-suspend-every {} ms: sessions are suspended and resumed again and again (tests)",
+            suspend_every_ms);
+        suspender =
+            std::jthread([&srv, every = std::chrono::milliseconds(suspend_every_ms)](std::stop_token st) {
+                std::mutex mu;
+                std::condition_variable_any cv;
+                while (!st.stop_requested()) {
+                    {
+                        std::unique_lock lock(mu);
+                        cv.wait_for(lock, st, every, [] { return false; });
+                    }
+                    for (auto& s : srv.sessions().snapshot()) {
+                        std::string why;
+                        CUresult rc = s->suspend(std::chrono::milliseconds(0),
+                                                 why);  // only sessions with no call running
+                        if (rc != CUDA_SUCCESS) VCUDA_LOG_DEBUG("session {} not suspended: {}", s->id(), why);
+                    }
+                }
+            });
     }
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);

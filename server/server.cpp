@@ -486,7 +486,17 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
             rc = cx.fail(CUDA_ERROR_NOT_SUPPORTED,
                          "op " + std::to_string(call->op()) + " is not allowed by this server");
             VCUDA_LOG_WARN("session {}: refused op {}", sess->id(), call->op());
+        } else if (const bool gated = !entry->outside_gate;
+                   gated && (rc = sess->enter_call(lane.pending_detail)) != CUDA_SUCCESS) {
+            // A suspended session that could not be brought back: the call fails with why.
+            rc = cx.fail(rc, lane.pending_detail);
+            lane.pending_detail.clear();
         } else {
+            if (sess->epoch() != lane.epoch) {  // the session was rebuilt: its contexts are new
+                lane.epoch = sess->epoch();
+                lane.current_device = -2;
+                pool.contexts_changed();
+            }
             // The caller's current device: its session context becomes current on this thread. A call that
             // names none (the client thread has no context: library loads, kernel lookups) runs under the
             // session's first context when it has one, never under whatever this thread had before; it is
@@ -506,6 +516,7 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
                 lane.current_device = rc == CUDA_SUCCESS ? dev : -2;
             }
             if (rc == CUDA_SUCCESS) rc = entry->handler(cx);
+            if (gated) sess->leave_call();
 
             VCUDA_LOG_TRACE("session {} lane {}: {} -> {}", sess->id(), lane_number, entry->name,
                             static_cast<int>(rc));

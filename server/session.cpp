@@ -5,6 +5,7 @@
 #include <algorithm>
 #include "common/log.hpp"
 #include "common/random.hpp"
+#include "server/session_image.hpp"
 
 namespace vcuda::server {
 
@@ -36,6 +37,10 @@ uint64_t session::quota(size_t device) const { return devices_[device].memory->q
 
 CUcontext session::context(size_t device, CUresult& rc) {
     std::lock_guard lock(mu);
+    return context_locked(device, rc);
+}
+
+CUcontext session::context_locked(size_t device, CUresult& rc) {
     auto& s = devices_[device];
     rc = CUDA_SUCCESS;
     if (s.ctx) return s.ctx;
@@ -213,6 +218,7 @@ void session::release_device(size_t device) {
     for (auto& [id, e] : doomed) {
         handles.erase(id);
         links.erase(id);
+        origins.erase(id);
         globals.erase_owner(id);
     }
     globals.erase_device(device);

@@ -56,6 +56,8 @@ struct server_options {
     std::vector<std::string> worker_args;
 };
 
+struct session_image;  // server/session_image.hpp
+
 // What a session may use: which of the server's GPUs (by index) and how much memory on each.
 struct session_grant {
     std::vector<size_t> gpus;   // empty = all
@@ -124,7 +126,39 @@ class session : public std::enable_shared_from_this<session> {
     handle_table handles;
     module_globals globals;  // under mu
     image_cache images;      // under mu
+    module_origins origins;  // under mu
+    event_ages event_times;  // under mu
     link_states links;       // under mu
+
+    // ---- Suspend and resume (server/session_image.cpp): the session's GPU state saved to this server's
+    // memory and the GPU given back, then rebuilt at the same addresses, under the same handles. Every call a
+    // lane runs is inside the gate: enter_call() waits while a suspend or resume is under way and resumes a
+    // suspended session first (the application's next call brings its state back); its error when that failed
+    // (`why` says why). Lanes call leave_call() when the call is done.
+    CUresult enter_call(std::string& why);
+    void leave_call();
+    // Closes the gate, waits up to `wait` for the calls running to end (else CUDA_ERROR_NOT_READY), drains
+    // the GPU, saves the state and releases it. CUDA_ERROR_NOT_SUPPORTED when the session holds what cannot
+    // be rebuilt yet (`why` names it); nothing changes then.
+    CUresult suspend(std::chrono::milliseconds wait, std::string& why);
+    // Rebuilds a suspended session now (an operator's resume) rather than at its next call.
+    CUresult resume(std::string& why);
+    bool suspended() const { return suspended_.load(); }
+    // Changes at each rebuild: a lane's context cache is stale then.
+    uint64_t epoch() const { return epoch_.load(); }
+    // The manager's suspend and resume requests this session has acted on (mgmt active_lease counters;
+    // `baseline` false until the first heartbeat reply set them), and what came of the last suspend or
+    // resume, for heartbeats and `vcuda events`.
+    std::atomic<uint64_t> suspend_seq_seen{0}, resume_seq_seen{0};
+    std::atomic<bool> seqs_known{false};
+    std::string note() {
+        std::lock_guard lock(gate_mu_);
+        return note_;
+    }
+    // When a call last entered the gate (for idle reclaim).
+    std::chrono::steady_clock::time_point last_call() const {
+        return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(last_call_.load()));
+    }
 
     // Host functions (cuLaunchHostFunc) run in the client: the driver's callback waits here until the client
     // has run it (server/handlers_hostfn.cpp). Stopped at session end so that no callback waits for ever.
@@ -167,6 +201,15 @@ class session : public std::enable_shared_from_this<session> {
     // are released under any context). The caller holds `mu`.
     void synchronize_any_context();
 
+    CUcontext context_locked(size_t device, CUresult& rc);  // context(), `mu` held
+
+    // server/session_image.cpp: with the gate closed and no call running.
+    CUresult save_and_release(std::string& why);
+    CUresult rebuild(std::string& why);
+    // Gives the GPU objects back to the driver (contexts, their streams, events, modules, the memory's
+    // physical part); handles and reservations stay. `mu` held.
+    void release_gpu_state();
+
     uint64_t id_;
     std::string key_;
     driver* drv_;
@@ -188,6 +231,18 @@ class session : public std::enable_shared_from_this<session> {
     std::unordered_set<uint64_t> hf_done_;
     bool hf_stopped_ = false;
     int progress_waiters_ = 0;
+
+    // The gate (enter_call/leave_call): calls running, and whether a suspend or resume holds it closed.
+    std::atomic<int> active_{0};
+    std::atomic<bool> closed_{false};
+    std::atomic<bool> suspended_{false};
+    std::atomic<uint64_t> epoch_{0};
+    std::atomic<std::chrono::steady_clock::rep> last_call_{0};
+    std::mutex gate_mu_;
+    std::condition_variable gate_cv_;
+    std::unique_ptr<session_image> image_;  // while suspended
+    std::string note_;                      // under gate_mu_
+    std::string rebuilt_note_;              // the last rebuild's outcome, written by rebuild()
 };
 
 // All live sessions of this server, for lanes that join one and for operators' queries.
@@ -204,6 +259,14 @@ class session_registry {
     void for_each(F&& f) {
         std::lock_guard lock(mu_);
         for (auto& [id, s] : sessions_) f(*s);
+    }
+    // The live sessions now, for work that may take long per session (suspends).
+    std::vector<std::shared_ptr<session>> snapshot() {
+        std::lock_guard lock(mu_);
+        std::vector<std::shared_ptr<session>> out;
+        out.reserve(sessions_.size());
+        for (auto& [id, s] : sessions_) out.push_back(s);
+        return out;
     }
     // The session `id` when `key` is its key (compared in constant time); null otherwise.
     std::shared_ptr<session> find(uint64_t id, std::string_view key);

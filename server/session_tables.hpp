@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -36,8 +37,8 @@ inline bool range_inside(uint64_t p, size_t n, uint64_t start, size_t size) {
 // every context): it stays the session's until the last of them goes.
 class module_globals {
   public:
-    void add(CUdeviceptr p, size_t size, uint64_t owner, size_t device) {
-        globals_[{p, device}] = {size, owner};
+    void add(CUdeviceptr p, size_t size, uint64_t owner, size_t device, std::string name) {
+        globals_[{p, device}] = {size, owner, std::move(name)};
     }
     // True when [p, p+n) lies inside one global.
     bool holds(CUdeviceptr p, size_t n) const {
@@ -56,11 +57,34 @@ class module_globals {
     void clear() { globals_.clear(); }
 
   private:
+    friend class session;
     struct global {
         size_t size = 0;
         uint64_t owner = 0;  // the module or library handle
+        std::string name;    // its symbol, to find it again in a rebuilt module
     };
     std::map<std::pair<CUdeviceptr, size_t>, global> globals_;  // (start, session device) -> global
+};
+
+// How each module and library the client loaded was made (its image and JIT options), so that a suspended
+// session can load it again (server/session_image.cpp): module or library handle -> origin.
+class module_origins {
+  public:
+    struct origin {
+        bool library = false;
+        uint64_t format = 0;  // as handle_module_load's argument: 0 raw, 1 wrapper v1, 2 wrapper v2
+        std::shared_ptr<const std::vector<std::vector<uint64_t>>> parts;
+        std::vector<std::byte> jit_options;  // the caller's JIT options blob, as sent
+    };
+    void add(uint64_t handle, origin o) { origins_[handle] = std::move(o); }
+    const origin* find(uint64_t handle) const {
+        auto it = origins_.find(handle);
+        return it == origins_.end() ? nullptr : &it->second;
+    }
+    void erase(uint64_t handle) { origins_.erase(handle); }
+
+  private:
+    std::map<uint64_t, origin> origins_;
 };
 
 // Stream-ordered allocations (cuMemAllocAsync, cuMemAllocFromPoolAsync): start -> size and the device
@@ -151,6 +175,8 @@ struct copy_mark {
 // host memory quota from before the pages exist.
 class host_regions {
   public:
+    // Registration flags: every context may use the pages, and kernels may address them.
+    static constexpr unsigned register_flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
     struct region {
         size_t size = 0;
         std::shared_ptr<copy_mark> last_copy;  // made at the first marked copy
@@ -336,6 +362,24 @@ class link_states {
 
   private:
     std::map<uint64_t, std::unique_ptr<jit_request>> links_;
+};
+
+// Events recorded before a suspend are made again and recorded at the resume; what they measured is kept as
+// an age: how long before the suspend each was recorded, in ms (server/session_image.cpp). Elapsed times are
+// the driver's between the new events, corrected by the ages (server/handlers_event.cpp), so that a time
+// measured across a suspend leaves out the time the session was suspended. Recording an event again drops
+// its age. event handle -> age.
+class event_ages {
+  public:
+    double age(uint64_t event) const {
+        auto it = ages_.find(event);
+        return it == ages_.end() ? 0.0 : it->second;
+    }
+    void set(uint64_t event, double ms) { ages_[event] = ms; }
+    void forget(uint64_t event) { ages_.erase(event); }
+
+  private:
+    std::map<uint64_t, double> ages_;
 };
 
 }  // namespace vcuda::server

@@ -1,12 +1,17 @@
 #include "server/staging.hpp"
 
+#include <cstdlib>
+
 namespace vcuda::server {
 
 staging_pool::~staging_pool() {
     for (auto& b : buffers_) {
         if (b.pending && b.done) drv_->cuEventSynchronize(b.done);
         if (b.done) drv_->cuEventDestroy_v2(b.done);
-        if (b.data) drv_->cuMemFreeHost(b.data);
+        if (b.data) {
+            drv_->cuMemHostUnregister(b.data);
+            std::free(b.data);
+        }
     }
 }
 
@@ -17,16 +22,26 @@ staging_pool::buffer* staging_pool::take() {
         if (!b.pending || drv_->cuEventQuery(b.done) == CUDA_SUCCESS) {
             b.pending = false;
             b.busy = true;
+            if (b.stale) {  // a failed registration leaves pageable memory: copies from it still work
+                drv_->cuMemHostUnregister(b.data);
+                b.stale = drv_->cuMemHostRegister_v2(b.data, buffer_size, CU_MEMHOSTREGISTER_PORTABLE) !=
+                          CUDA_SUCCESS;
+            }
             return &b;
         }
     }
-    if (buffers_.size() < max_buffers && drv_->cuMemHostAlloc) {
+    // The lane's own pages, registered (not cuMemHostAlloc): they outlive the context current now, which a
+    // suspended session destroys (server/session_image.cpp) while its lanes keep their pools.
+    if (buffers_.size() < max_buffers && drv_->cuMemHostRegister_v2) {
         buffer b;
-        if (drv_->cuMemHostAlloc(&b.data, buffer_size, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS) {
+        b.data = std::aligned_alloc(4096, buffer_size);
+        if (b.data &&
+            drv_->cuMemHostRegister_v2(b.data, buffer_size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS) {
             b.busy = true;
             buffers_.push_back(b);
             return &buffers_.back();
         }
+        std::free(b.data);
     }
     for (auto& b : buffers_) {
         if (b.busy) continue;
@@ -53,6 +68,15 @@ CUresult record_in_current_context(const driver_table& drv, CUevent& event, CUco
         ctx = current;
     }
     return drv.cuEventRecord(event, stream);
+}
+
+void staging_pool::contexts_changed() {
+    for (auto& b : buffers_) {
+        b.stale = true;
+        b.pending = false;  // the old contexts were drained before they went
+        b.done = nullptr;   // went with its context
+        b.ctx = nullptr;
+    }
 }
 
 void staging_pool::give_back(buffer* b, CUstream stream) {

@@ -29,12 +29,16 @@ class staging_pool {
         CUcontext ctx = nullptr;
         bool busy = false;     // handed out and not yet returned
         bool pending = false;  // returned, with `done` recorded behind a copy
+        bool stale = false;    // registered in a context that is gone: registered again when next taken
     };
 
     // A free buffer (waits for the oldest copy when all are in flight); null if pinned memory is unavailable.
     buffer* take();
     // Returns the buffer once the copy issued on `stream` has finished with it.
     void give_back(buffer* b, CUstream stream);
+    // The session's contexts were made anew (a suspended session resumed): the buffers' registrations and
+    // events belonged to the old ones.
+    void contexts_changed();
 
   private:
     const driver_table* drv_;

@@ -108,8 +108,12 @@ def read_stub_symbols(stub):
     return sorted(set(s.split('@')[0] for s in syms))
 
 
+outside_gate = set()  # ops that run while a session is suspended (annotation outside_gate)
+
+
 def read_spec(path):
     fns, ops = {}, {}
+    global outside_gate
     used_ids = {}
     for lineno, raw in enumerate(open(path), 1):
         line = raw.split('#', 1)[0].strip()
@@ -118,10 +122,12 @@ def read_spec(path):
         words = line.split()
         where = f'{path}:{lineno}'
         if words[0] == 'op':
-            if len(words) != 3:
-                die(f'{where}: expected "op NAME ID"')
+            if len(words) not in (3, 4) or (len(words) == 4 and words[3] != 'outside_gate'):
+                die(f'{where}: expected "op NAME ID [outside_gate]"')
             name, oid = words[1], int(words[2])
             ops[name] = oid
+            if len(words) == 4:
+                outside_gate.add(name)
         elif words[0] == 'fn':
             if len(words) < 3:
                 die(f'{where}: expected "fn NAME CLASS [OP] [ANNOT...]"')
@@ -543,19 +549,22 @@ def emit_server(out, fns, ops, protos):
                      if r in ('in_scalar', 'in_device', 'in_handle', 'destroy_handle')]
             lines.append(f'CUresult {spec["annot"]["charge"]}(call_context& cx, const std::function<CUresult()>& '
                          f'call{"".join(", " + t for t in types)});  // server/quota_checks.cpp')
+        if spec['class'] in ('sync', 'async') and 'server' in spec['annot']:
+            lines.append(f'CUresult {spec["annot"]["server"]}(call_context& cx);  // server/handlers_*.cpp')
     lines.append('')
     lines.append('namespace {\n')
     for name, spec in sorted(fns.items()):
-        if spec['class'] not in ('sync', 'async'):
+        if spec['class'] not in ('sync', 'async') or 'server' in spec['annot']:
             continue
         lines.append(server_plain(name, spec, protos[name]))
     lines.append('}  // namespace\n')
     lines.append('// The allowlist: an op absent here is refused. Indexed by op id.')
     lines.append('const dispatch_entry dispatch_table[] = {')
     for name, oid in sorted(ops.items(), key=lambda x: x[1]):
-        fn = f'gen_{name}' if name in fns else f'handle_{name}'
+        fn = (fns[name]['annot'].get('server', f'gen_{name}')) if name in fns else f'handle_{name}'
         klass = fns[name]['class'] if name in fns else 'hand'
-        lines.append(f'    {{op::{name}, "{name}", &{fn}, {"true" if klass == "async" else "false"}}},')
+        lines.append(f'    {{op::{name}, "{name}", &{fn}, {"true" if klass == "async" else "false"}, '
+                     f'{"true" if name in outside_gate else "false"}}},')
     lines.append('};')
     lines.append('const size_t dispatch_table_size = sizeof(dispatch_table) / sizeof(dispatch_table[0]);\n')
     lines.append('}  // namespace vcuda::server\n')

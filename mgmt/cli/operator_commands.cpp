@@ -122,12 +122,27 @@ void print_leases(const json& body) {
 }
 
 void print_sessions(const json& body) {
-    table t({"HOST", "GPU", "SESSION", "LEASE", "CLIENT", "MEMORY USED>"});
+    table t({"HOST", "GPU", "SESSION", "LEASE", "CLIENT", "MEMORY USED>", "STATE", "IDLE>"});
     for (auto& s : list(body, "sessions"))
         t.add({str(s, "host"), str(s, "gpu_uuid"), str(s, "session_id"), str(s, "lease_id", "-"),
-               str(s, "client", "-"), format_size(num(s, "memory_used"))});
+               str(s, "client", "-"), format_size(num(s, "memory_used")),
+               flag(s, "suspended") ? "suspended" : "running",
+               std::to_string(static_cast<uint64_t>(num(s, "idle_ms")) / 1000) + " s"});
     if (t.empty()) {
         std::printf("no sessions: no client is connected to a vcuda-server that reports to this manager.\n");
+        return;
+    }
+    std::fputs(t.render().c_str(), stdout);
+}
+
+void print_events(const json& body) {
+    table t({"WHEN", "WHAT", "LEASE", "DETAIL"});
+    for (auto& e : list(body, "events"))
+        t.add({relative(static_cast<int64_t>(num(e, "at"))), str(e, "kind"), str(e, "lease_id", "-"),
+               str(e, "detail")});
+    if (t.empty()) {
+        std::printf(
+            "no events: the manager has not suspended, resumed or reclaimed anything since it started.\n");
         return;
     }
     std::fputs(t.render().c_str(), stdout);
@@ -220,6 +235,17 @@ operator_commands::operator_commands(CLI::App& app) {
             "Release a lease now (the client loses its GPUs). Your own leases, or any with an operator "
             "credential.");
     release_.app->add_option("lease", release_.target, "lease id, as `vcuda leases` shows it")->required();
+    suspend_ =
+        add(app, "suspend",
+            "Suspend a lease's sessions: each server saves their GPU state to its host memory and gives "
+            "the GPU back; the program's next call resumes them. Your own leases, or any with an "
+            "operator credential.");
+    suspend_.app->add_option("lease", suspend_.target, "lease id, as `vcuda leases` shows it")->required();
+    resume_ = add(app, "resume", "Resume a suspended lease's sessions now, rather than at their next call.");
+    resume_.app->add_option("lease", resume_.target, "lease id, as `vcuda leases` shows it")->required();
+    events_ = add(app, "events",
+                  "What the manager did and why: suspends and resumes asked for, idle reclaims, and what the "
+                  "servers answered (operators).");
 
     auto* tokens = app.add_subcommand(
         "tokens",
@@ -291,6 +317,12 @@ int operator_commands::execute() {
         method = "server.drain", cmd = &drain_, body["host"] = drain_.target;
     else if (release_.app->parsed())
         method = "lease.release", cmd = &release_, body["lease_id"] = release_.target;
+    else if (suspend_.app->parsed())
+        method = "lease.suspend", cmd = &suspend_, body["lease_id"] = suspend_.target;
+    else if (resume_.app->parsed())
+        method = "lease.resume", cmd = &resume_, body["lease_id"] = resume_.target;
+    else if (events_.app->parsed())
+        method = "events.list", print = print_events;
     else if (tokens_list_.app->parsed())
         method = "tokens.list", print = print_credentials;
     else if (tokens_revoke_.app->parsed())
@@ -315,8 +347,9 @@ int operator_commands::execute() {
         return 2;
 
     std::string name;
-    for (const command* c : {&gpus_, &servers_, &leases_, &sessions_, &cordon_, &uncordon_, &drain_,
-                             &release_, &tokens_create_, &tokens_list_, &tokens_revoke_})
+    for (const command* c :
+         {&gpus_, &servers_, &leases_, &sessions_, &cordon_, &uncordon_, &drain_, &release_, &suspend_,
+          &resume_, &events_, &tokens_create_, &tokens_list_, &tokens_revoke_})
         if (c->app->parsed())
             name = (c == &tokens_create_ || c == &tokens_list_ || c == &tokens_revoke_ ? "tokens " : "") +
                    c->app->get_name();
@@ -386,6 +419,14 @@ int operator_commands::execute() {
             drain_.target.c_str(), static_cast<unsigned long long>(left), drain_.target.c_str());
     } else if (cmd == &release_) {
         std::printf("released lease %s\n", release_.target.c_str());
+    } else if (cmd == &suspend_) {
+        std::printf(
+            "suspend of lease %s asked for: its servers act at their next heartbeat; `vcuda sessions` shows "
+            "'suspended' once done, `vcuda events` what each server answered.\n",
+            suspend_.target.c_str());
+    } else if (cmd == &resume_) {
+        std::printf("resume of lease %s asked for: its servers act at their next heartbeat.\n",
+                    resume_.target.c_str());
     } else if (cmd == &tokens_revoke_) {
         std::printf("revoked credential %s of tenant %s: the manager refuses it from now on\n",
                     str(out, "id").c_str(), str(out, "tenant").c_str());

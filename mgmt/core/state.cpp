@@ -440,8 +440,45 @@ std::vector<active_lease> manager_state::active_leases_on(const std::string& ser
     for (auto& [id, l] : leases_)
         for (auto& d : l.devices)
             if (auto g = gpus_.find(d.uuid); g != gpus_.end() && g->second.server_id == server_id)
-                out.push_back({id, d.uuid, d.memory_quota, to_unix_ms(l.expires_at)});
+                out.push_back(
+                    {id, d.uuid, d.memory_quota, to_unix_ms(l.expires_at), l.suspend_seq, l.resume_seq});
     return out;
+}
+
+mgmt_result<lease_record> manager_state::request_suspend(const std::string& lease_id, bool resume,
+                                                         time_ms now) {
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end())
+        return unexpected{mgmt_error{errc::not_found, "no lease " + lease_id + " (see `vcuda leases`)"}};
+    if (resume) {
+        ++it->second.resume_seq;
+    } else {
+        ++it->second.suspend_seq;
+        it->second.suspend_asked_at = now;
+    }
+    return it->second;
+}
+
+std::vector<std::string> manager_state::reclaim_idle(const std::string& server_id,
+                                                     std::chrono::milliseconds idle_after, time_ms now) {
+    std::vector<std::string> asked;
+    auto s = servers_.find(server_id);
+    if (s == servers_.end()) return asked;
+    std::map<std::string, bool> idle;  // lease -> every session of it here idle and running
+    for (auto& r : s->second.sessions) {
+        if (r.lease_id.empty()) continue;
+        bool ok = !r.suspended && r.idle_ms >= idle_after.count();
+        auto [it, fresh] = idle.emplace(r.lease_id, ok);
+        if (!fresh) it->second = it->second && ok;
+    }
+    for (auto& [lease_id, all_idle] : idle) {
+        auto l = leases_.find(lease_id);
+        if (!all_idle || l == leases_.end() || now - l->second.suspend_asked_at < idle_after) continue;
+        ++l->second.suspend_seq;
+        l->second.suspend_asked_at = now;
+        asked.push_back(lease_id);
+    }
+    return asked;
 }
 
 }  // namespace vcuda::mgmt

@@ -84,6 +84,11 @@ struct lease_record {
     time_ms created_at{};
     time_ms expires_at{};
     std::vector<lease_device> devices;
+    // Requests to suspend or resume its sessions (active_lease), and when the last suspend was asked for.
+    // Not persisted: after a manager restart a suspended session stays so until its next call.
+    uint64_t suspend_seq = 0;
+    uint64_t resume_seq = 0;
+    time_ms suspend_asked_at{};
 };
 
 struct state_config {
@@ -148,6 +153,14 @@ class manager_state {
                                       const std::string& tenant = {});
     mgmt_result<lease_record> renew(const std::string& lease_id, time_ms now, state_changes& changes);
     mgmt_result<lease_record> release(const std::string& lease_id, state_changes& changes);
+
+    // Asks the servers of the lease to suspend (`resume` false) or resume its sessions, at their next
+    // heartbeat.
+    mgmt_result<lease_record> request_suspend(const std::string& lease_id, bool resume, time_ms now);
+    // Idle reclaim: every lease whose sessions on the server `server_id` all had no call for `idle_after`,
+    // none suspended, and no suspend asked for within `idle_after`, is asked to suspend. Returns their ids.
+    std::vector<std::string> reclaim_idle(const std::string& server_id, std::chrono::milliseconds idle_after,
+                                          time_ms now);
 
     // `target`: a GPU uuid, a server id or a server host (every server on it). Returns the GPUs and servers
     // changed.

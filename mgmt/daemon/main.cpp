@@ -48,6 +48,11 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--lease-ttl", ttl_text, "a lease not renewed for this long expires")
         ->capture_default_str();
+    std::string idle_text;
+    app.add_option(
+        "--idle-suspend-after", idle_text,
+        "suspend a lease whose sessions had no call for this long (e.g. 10m): its servers save its "
+        "GPU state to host memory and give the GPU back; its next call resumes it. Default: off");
     app.add_option("--log-level", level, "trace|debug|info|warn|error (default: $VCUDA_LOG_LEVEL or info)");
     app.footer(
         "Example:\n  vcuda-mgmt --listen 0.0.0.0:7400 --db /var/lib/vcuda/mgmt.db --secret-file "
@@ -70,6 +75,12 @@ int main(int argc, char** argv) {
     if (!ttl || ttl->count() <= 0) return fail("--lease-ttl '" + ttl_text + "' is not a duration like 30s");
     cfg.state.heartbeat_timeout = *hb;
     cfg.state.lease_ttl = *ttl;
+    if (!idle_text.empty()) {
+        auto idle = parse_duration(idle_text);
+        if (!idle || idle->count() <= 0)
+            return fail("--idle-suspend-after '" + idle_text + "' is not a duration like 10m");
+        cfg.idle_suspend_after = *idle;
+    }
     auto secret = read_secret_file(secret_file);
     if (!secret) return fail(secret.error());
     cfg.secret = *secret;

@@ -57,7 +57,8 @@ enum class needs { cluster, operator_, anyone };
 needs requirement(std::string_view method) {
     if (method == "server.register" || method == "server.heartbeat") return needs::cluster;
     if (method == "gpu.cordon" || method == "gpu.uncordon" || method == "server.drain" ||
-        method == "tokens.create" || method == "tokens.list" || method == "tokens.revoke")
+        method == "events.list" || method == "tokens.create" || method == "tokens.list" ||
+        method == "tokens.revoke")
         return needs::operator_;
     return needs::anyone;
 }
@@ -302,9 +303,19 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
         auto hb = decode<heartbeat>(body_text);
         if (!hb) return fail(errc::bad_request, hb.error());
         bool was_down = state_.servers().contains(hb->server_id) && state_.servers().at(hb->server_id).down;
+        if (auto s = state_.servers().find(hb->server_id); s != state_.servers().end())
+            note_session_changes(s->second, *hb, now);
         auto r = state_.heartbeat(*hb, now, changes);
         if (!r) return fail(r.error());
         if (was_down) VCUDA_LOG_INFO("server {} is back", hb->server_id);
+        if (cfg_.idle_suspend_after.count() > 0) {
+            auto asked = state_.reclaim_idle(hb->server_id, cfg_.idle_suspend_after, now);
+            for (auto& id : asked)
+                event(now, "idle-reclaim", id,
+                      "no call for " + std::to_string(cfg_.idle_suspend_after.count() / 1000) +
+                          " s: suspend asked (--idle-suspend-after)");
+            if (!asked.empty()) r->leases = state_.active_leases_on(hb->server_id);
+        }
         return ok(json(*r));
     }
     if (method == "lease.acquire") {
@@ -337,6 +348,23 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
         if (!l) return fail(l.error());
         VCUDA_LOG_INFO("lease {} of tenant {} released by {}", l->id, l->tenant, who.describe());
         return ok(json::object());
+    }
+    if (method == "lease.suspend" || method == "lease.resume") {
+        const bool resume = method == "lease.resume";
+        std::string lease_id = field(body, {"lease_id"});
+        if (auto no = may_touch(lease_id)) return *no;
+        auto l = state_.request_suspend(lease_id, resume, now);
+        if (!l) return fail(l.error());
+        event(now, resume ? "resume" : "suspend", lease_id,
+              std::string(resume ? "resume" : "suspend") + " asked by " + who.describe());
+        return ok({{"lease_id", lease_id}, {"suspend_seq", l->suspend_seq}, {"resume_seq", l->resume_seq}});
+    }
+    if (method == "events.list") {
+        json events = json::array();
+        for (auto& e : events_)
+            events.push_back(
+                {{"at", e.at}, {"kind", e.kind}, {"lease_id", e.lease_id}, {"detail", e.detail}});
+        return ok({{"events", events}});
     }
     if (method == "gpus.list") {
         json gpus = json::array();
@@ -452,8 +480,26 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
                 "unknown method '" + std::string(method) +
                     "'; this manager knows server.register, server.heartbeat, lease.acquire, "
                     "lease.renew, lease.release, gpus.list, servers.list, leases.list, "
-                    "sessions.list, gpu.cordon, gpu.uncordon, server.drain, tokens.create, tokens.list, "
-                    "tokens.revoke");
+                    "sessions.list, gpu.cordon, gpu.uncordon, server.drain, lease.suspend, lease.resume, "
+                    "events.list, tokens.create, tokens.list, tokens.revoke");
+}
+
+void service::event(time_ms now, std::string kind, std::string lease_id, std::string detail) {
+    VCUDA_LOG_INFO("{}{}: {}", kind, lease_id.empty() ? "" : " " + lease_id, detail);
+    events_.push_back({to_unix_ms(now), std::move(kind), std::move(lease_id), std::move(detail)});
+    if (events_.size() > max_events) events_.pop_front();
+}
+
+void service::note_session_changes(const server_record& before, const heartbeat& hb, time_ms now) {
+    for (auto& r : hb.sessions) {
+        if (r.note.empty()) continue;
+        auto old = std::find_if(before.sessions.begin(), before.sessions.end(), [&](const session_report& b) {
+            return b.session_id == r.session_id && b.gpu_uuid == r.gpu_uuid;
+        });
+        if (old != before.sessions.end() && old->note == r.note) continue;
+        event(now, "session", r.lease_id,
+              "server " + hb.server_id + ", session " + r.session_id + ": " + r.note);
+    }
 }
 
 service_reply service::tokens(std::string_view method, const json& body, time_ms now, const principal& who) {

@@ -10,6 +10,8 @@
 // included).
 #pragma once
 
+#include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,6 +29,17 @@ namespace vcuda::mgmt {
 struct service_config {
     state_config state;
     std::string secret;  // HMAC key for lease tokens, shared with the servers
+    // Idle reclaim: a lease whose sessions had no call for this long is suspended (its GPU state saved by
+    // the server, the GPU given back) and resumes at its next call. 0: off.
+    std::chrono::milliseconds idle_suspend_after{0};
+};
+
+// What the manager did and why, for `vcuda events` (kept in memory: the last max_events).
+struct manager_event {
+    int64_t at = 0;    // Unix ms
+    std::string kind;  // suspend, resume, idle-reclaim, session
+    std::string lease_id;
+    std::string detail;
 };
 
 struct service_reply {
@@ -82,6 +95,12 @@ class service {
     manager_state state_;
     std::map<std::string, credential_record> credentials_;  // by id
     std::unordered_map<std::string, int64_t> nonces_;  // signed requests seen within the window, by nonce
+
+    void event(time_ms now, std::string kind, std::string lease_id, std::string detail);
+    // Events from a heartbeat's session reports: each new outcome of a suspend or resume (their notes).
+    void note_session_changes(const server_record& before, const heartbeat& hb, time_ms now);
+    static constexpr size_t max_events = 1000;
+    std::deque<manager_event> events_;
 };
 
 }  // namespace vcuda::mgmt

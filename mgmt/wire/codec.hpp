@@ -22,9 +22,11 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(gpu_description, index, uuid, na
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(server_registration, host, endpoints, gpus)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(gpu_load, uuid, utilization, memory_used, sessions)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(session_report, session_id, lease_id, gpu_uuid, client,
-                                                memory_used)
+                                                memory_used, suspended, idle_ms, suspend_seq, resume_seq,
+                                                note)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(heartbeat, server_id, gpus, sessions)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(active_lease, lease_id, uuid, memory_quota, expires_at)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(active_lease, lease_id, uuid, memory_quota, expires_at,
+                                                suspend_seq, resume_seq)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(heartbeat_reply, leases, heartbeat_interval_ms)
 
 // Parses `text` as a JSON object and decodes it into T; the error says which field was wrong.

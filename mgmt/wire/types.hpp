@@ -70,6 +70,14 @@ struct session_report {
     std::string gpu_uuid;
     std::string client;  // the client's address
     uint64_t memory_used = 0;
+    // Suspend and resume (the manager asks through active_lease's request counters): the session's state,
+    // how long since its last call, the last request of each kind the server acted on, and what came of the
+    // last one ("suspended: 812 MiB saved in 120 ms", "not suspended: ...").
+    bool suspended = false;
+    int64_t idle_ms = 0;
+    uint64_t suspend_seq = 0;
+    uint64_t resume_seq = 0;
+    std::string note;
 };
 
 struct heartbeat {
@@ -85,6 +93,10 @@ struct active_lease {
     std::string uuid;
     uint64_t memory_quota = 0;
     int64_t expires_at = 0;
+    // Requests to suspend or resume the lease's sessions, counted: a server acts on each once (a counter past
+    // the one its session reports), so a request is neither lost nor repeated across heartbeats.
+    uint64_t suspend_seq = 0;
+    uint64_t resume_seq = 0;
 };
 
 struct heartbeat_reply {

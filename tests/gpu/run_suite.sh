@@ -11,6 +11,7 @@
 #   NAME.MODE.out (stdout, compared), NAME.MODE.err (stderr), NAME.MODE.client.log (vcuda's client log),
 #   NAME.MODE.diff (against native), server-*.log, summary.txt.
 # Prints a table `program | native | tcp | unix | same-output` and ends with `SUITE: N/M identical`.
+# SUITE_SERVER_ARGS: extra arguments for the server the programs run through (e.g. `--test-suspend-every 50`).
 # Exit status: 0 when every row is identical and the quota, kill and concurrency checks pass, else 1.
 set -u
 
@@ -141,7 +142,8 @@ ensure_server() {  # restart the plain server if it died under a program
     [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null && return 0
     say "the server is gone (see $server_log); restarting it"
     notes+=("server died before/while running $1; restarted")
-    start_server plain
+    # shellcheck disable=SC2086  # SUITE_SERVER_ARGS: words
+    start_server plain ${SUITE_SERVER_ARGS:-}
 }
 
 cleanup() {
@@ -188,7 +190,8 @@ run_mode() {
 say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 say "build: $BUILD; outputs: $OUTDIR"
 notes=()
-if ! start_server plain; then
+# shellcheck disable=SC2086  # SUITE_SERVER_ARGS: words
+if ! start_server plain ${SUITE_SERVER_ARGS:-}; then
     tail -20 "$server_log"
     echo "SUITE: 0/${#PROGRAMS[@]} identical (vcuda-server did not start; see $server_log)"
     exit 1

@@ -7,7 +7,7 @@
 #
 # Usage: run_via_vcuda.sh --build-dir DIR [--transport unix|tcp] [--env NAME=VALUE]... [--server-arg=ARG]...
 #                         [--timeout SECONDS] [--driver PATH] [--expect-exit N] [--expect-output REGEX]
-#                         [--expect-session-end] -- PROGRAM [ARGS...]
+#                         [--expect-session-end] [--expect-server-log REGEX] -- PROGRAM [ARGS...]
 #   --transport      unix (default) or tcp (127.0.0.1 and a free port)
 #   --env            set for the program only (repeatable), e.g. --env CUDA_MODULE_LOADING=EAGER
 #   --server-arg     one extra server argument (repeatable), e.g. --server-arg=--memory-quota --server-arg=1GiB
@@ -15,6 +15,7 @@
 #   --driver         the driver library the server loads (default BUILD/lib/libvcuda-softdriver.so)
 #   --expect-exit    the program must exit with N (a refusal it reports), not pass; the server must live on
 #   --expect-output  the program's output (stdout and stderr) must also match this extended regex
+#   --expect-server-log  the server's log must match this extended regex (e.g. that a suspend happened)
 #   --expect-session-end  within 2 s of the program's exit the server must log that its session ended, and its
 #                    thread and descriptor counts must be back where they were before the program started
 set -u
@@ -27,6 +28,7 @@ prog_env=()
 server_args=()
 expect_exit=""
 expect_output=""
+expect_server_log=""
 expect_session_end=0
 
 
@@ -52,8 +54,9 @@ while [ $# -gt 0 ]; do
         --expect-exit) [ $# -ge 2 ] || die "--expect-exit needs a value"; expect_exit="$2"; shift 2 ;;
         --expect-output) [ $# -ge 2 ] || die "--expect-output needs a value"; expect_output="$2"; shift 2 ;;
         --expect-session-end) expect_session_end=1; shift ;;
+        --expect-server-log) [ $# -ge 2 ] || die "--expect-server-log needs a value"; expect_server_log="$2"; shift 2 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
@@ -220,6 +223,8 @@ elif [ "$server_alive" != 1 ]; then
     why="the program passed but the server died"
 elif [ -n "$expect_output" ] && ! grep -Eq -- "$expect_output" "$prog_out"; then
     why="its output has nothing matching '$expect_output'"
+elif [ -n "$expect_server_log" ] && ! grep -Eq -- "$expect_server_log" "$server_log"; then
+    why="the server's log has nothing matching '$expect_server_log'"
 fi
 
 if [ -z "$why" ] && [ "$expect_session_end" = 1 ]; then

@@ -13,6 +13,7 @@
 #   FRAMEWORKS_TCP=1    also run every row over TCP
 #   FRAMEWORKS_TIMEOUT  seconds per run (default 240); FRAMEWORKS_TIMEOUT_<row> for one row
 #   PYTHON              the interpreter (default python3)
+#   FRAMEWORKS_SERVER_ARGS  extra vcuda-server arguments (e.g. `--test-suspend-every 200`)
 # Exit status: 0 when every row passed and printed the same natively and through vcuda, and the server never
 # died; else 1.
 set -u
@@ -101,8 +102,10 @@ start_server() {  # TCP on 127.0.0.1:PORT and the Unix socket, the log appended 
         port="$(free_port)"
         TCP_ADDR="127.0.0.1:$port"
         rm -f "$SOCK"
-        echo "=== $(date '+%F %T') vcuda-server --listen $TCP_ADDR --listen $UNIX_ADDR" >>"$SERVER_LOG"
-        "$SERVER_BIN" --listen "$TCP_ADDR" --listen "$UNIX_ADDR" --log-level info >>"$SERVER_LOG" 2>&1 &
+        echo "=== $(date '+%F %T') vcuda-server --listen $TCP_ADDR --listen $UNIX_ADDR ${FRAMEWORKS_SERVER_ARGS:-}" >>"$SERVER_LOG"
+        # shellcheck disable=SC2086  # FRAMEWORKS_SERVER_ARGS: words
+        "$SERVER_BIN" --listen "$TCP_ADDR" --listen "$UNIX_ADDR" --log-level info ${FRAMEWORKS_SERVER_ARGS:-} \
+            >>"$SERVER_LOG" 2>&1 &
         server_pid=$!
         for _ in $(seq 1 200); do
             server_alive || { wait "$server_pid" 2>/dev/null; server_pid=""; break; }

@@ -1,0 +1,516 @@
+// Suspend and resume of a session: its GPU state is saved to this server's memory and given back to the
+// driver (contexts destroyed, the memory's physical part released), then rebuilt in new contexts at the same
+// device addresses, each handle id standing for the new driver object. The gate (enter_call/leave_call) makes
+// sure no call runs meanwhile; a suspended session is rebuilt by its next call.
+//
+// What is rebuilt: device memory (cuMemAlloc: contents and addresses; the reservations stay while suspended),
+// modules and libraries (from the images and JIT options they were loaded with), their functions, kernels and
+// modules (by name) with their settable attributes, module globals the client looked up (contents; a global
+// the driver places elsewhere is reported, and copies to its old address are refused), streams (flags and
+// priority), events (flags), context limits and cache configuration, shared pinned host memory (registered
+// again). What is not yet: graphs, CUDA arrays and texture/surface objects, memory pools and stream-ordered
+// allocations, the application's own VMM use, link states in progress: a session holding any of them is not
+// suspended, and the caller is told which.
+#include "server/session_image.hpp"
+
+#include <array>
+
+#include "common/log.hpp"
+#include "ops.hpp"
+#include "server/jit.hpp"
+#include "server/session.hpp"
+
+namespace vcuda::server {
+
+namespace {
+
+constexpr std::array<CUlimit, 7> saved_limits = {
+    CU_LIMIT_STACK_SIZE,
+    CU_LIMIT_PRINTF_FIFO_SIZE,
+    CU_LIMIT_MALLOC_HEAP_SIZE,
+    CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH,
+    CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT,
+    CU_LIMIT_MAX_L2_FETCH_GRANULARITY,
+    CU_LIMIT_PERSISTING_L2_CACHE_SIZE,
+};
+
+// Function attributes an application may set (cuFuncSetAttribute); the others are properties of the code.
+constexpr std::array<CUfunction_attribute, 7> settable_attributes = {
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+    CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH,
+    CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+    CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+};
+
+// The order in which entries are made again: what owns comes before what it owns.
+int rebuild_rank(const handle_entry& e) {
+    switch (e.kind) {
+        case handle_kind::module:
+            return e.owned ? 1 : 0;  // a library's module after its library
+        case handle_kind::library:
+            return 0;
+        case handle_kind::kernel:
+            return 2;
+        case handle_kind::function:
+            return 3;
+        case handle_kind::stream:
+        case handle_kind::event:
+            return 4;
+        default:
+            return -1;
+    }
+}
+
+// What a session holds that cannot be rebuilt yet, or empty.
+const char* not_rebuilt(handle_kind k) {
+    switch (k) {
+        case handle_kind::graph:
+        case handle_kind::graph_exec:
+        case handle_kind::graph_node:
+            return "CUDA graphs";
+        case handle_kind::array:
+            return "CUDA arrays";
+        case handle_kind::mem_pool:
+            return "memory pools";
+        case handle_kind::link_state:
+            return "a link in progress";
+        case handle_kind::mem_handle:
+            return "physical allocations of the VMM API";
+        default:
+            return nullptr;
+    }
+}
+
+std::string error_text(CUresult rc) { return "error " + std::to_string(static_cast<int>(rc)); }
+
+}  // namespace
+
+CUresult session::enter_call(std::string& why) {
+    for (;;) {
+        active_.fetch_add(1);
+        if (!closed_.load() && !suspended_.load()) {
+            last_call_.store(std::chrono::steady_clock::now().time_since_epoch().count());
+            return CUDA_SUCCESS;
+        }
+        if (active_.fetch_sub(1) == 1) {
+            std::lock_guard lock(gate_mu_);
+            gate_cv_.notify_all();
+        }
+        std::unique_lock lock(gate_mu_);
+        gate_cv_.wait(lock, [&] { return !closed_.load(); });
+        if (!suspended_.load()) continue;
+        // Suspended: this call brings the session back before it runs.
+        closed_.store(true);
+        gate_cv_.wait(lock, [&] { return active_.load() == 0; });
+        lock.unlock();
+        CUresult rc = rebuild(why);
+        lock.lock();
+        note_ = rc == CUDA_SUCCESS ? rebuilt_note_ : why;
+        closed_.store(false);
+        gate_cv_.notify_all();
+        if (rc != CUDA_SUCCESS) return rc;
+    }
+}
+
+void session::leave_call() {
+    if (active_.fetch_sub(1) == 1 && closed_.load()) {
+        std::lock_guard lock(gate_mu_);
+        gate_cv_.notify_all();
+    }
+}
+
+CUresult session::suspend(std::chrono::milliseconds wait, std::string& why) {
+    std::unique_lock lock(gate_mu_);
+    if (suspended_.load()) return CUDA_SUCCESS;
+    if (lanes.load() == 0) {
+        why = "the session is ending";
+        return CUDA_ERROR_NOT_READY;
+    }
+    if (!gate_cv_.wait_for(lock, wait, [&] { return !closed_.load(); })) {
+        why = "a suspend or resume of the session is already under way";
+        return CUDA_ERROR_NOT_READY;
+    }
+    closed_.store(true);
+    if (!gate_cv_.wait_for(lock, wait, [&] { return active_.load() == 0; })) {
+        closed_.store(false);
+        gate_cv_.notify_all();
+        why = "calls were still running after " + std::to_string(wait.count()) + " ms";
+        return CUDA_ERROR_NOT_READY;
+    }
+    lock.unlock();
+    auto t0 = std::chrono::steady_clock::now();
+    CUresult rc = save_and_release(why);
+    auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    lock.lock();
+    if (rc == CUDA_SUCCESS) {
+        note_ = "suspended: " + std::to_string(image_->bytes >> 20) + " MiB of GPU state saved in " +
+                std::to_string(ms) + " ms";
+        VCUDA_LOG_INFO("session {} {}, the GPU given back", id_, note_);
+    } else {
+        note_ = "not suspended: " + why;
+    }
+    closed_.store(false);
+    gate_cv_.notify_all();
+    return rc;
+}
+
+CUresult session::resume(std::string& why) {
+    std::unique_lock lock(gate_mu_);
+    gate_cv_.wait(lock, [&] { return !closed_.load(); });
+    if (!suspended_.load()) return CUDA_SUCCESS;
+    closed_.store(true);
+    gate_cv_.wait(lock, [&] { return active_.load() == 0; });
+    lock.unlock();
+    CUresult rc = rebuild(why);
+    lock.lock();
+    note_ = rc == CUDA_SUCCESS ? rebuilt_note_ : why;
+    closed_.store(false);
+    gate_cv_.notify_all();
+    return rc;
+}
+
+CUresult session::save_and_release(std::string& why) {
+    auto& d = api();
+    std::lock_guard lock(mu);
+    std::string blocker;
+    handles.for_each([&](uint64_t, handle_entry& e) {
+        if (const char* what = not_rebuilt(e.kind); what && blocker.empty()) blocker = what;
+        if (e.kind == handle_kind::event && e.made_by != static_cast<uint32_t>(op::cuEventCreate) &&
+            blocker.empty())
+            blocker = "an event not made by cuEventCreate";
+    });
+    if (!vmm.reserved_.empty() || !vmm.mapped_.empty()) blocker = "reservations of the VMM API";
+    if (!pools.allocations_.empty()) blocker = "stream-ordered allocations";
+    if (!arrays.objects.empty()) blocker = "texture or surface objects";
+    if (!blocker.empty()) {
+        why = "the session holds " + blocker + ", which suspend does not rebuild yet";
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    // Pending work first: what is saved must be what the application's calls so far have made.
+    for (auto& s : devices_) {
+        if (!s.ctx) continue;
+        d.cuCtxSetCurrent(s.ctx);
+        if (CUresult rc = d.cuCtxSynchronize(); rc != CUDA_SUCCESS) {
+            d.cuCtxSetCurrent(nullptr);
+            why = "its GPU work failed (" + error_text(rc) + "); the session stays as it is";
+            return rc;
+        }
+    }
+    auto img = std::make_unique<session_image>();
+    img->devices.resize(devices_.size());
+    for (size_t i = 0; i < devices_.size(); ++i) {
+        auto& s = devices_[i];
+        if (!s.ctx) continue;
+        auto& ds = img->devices[i];
+        ds.had_context = true;
+        d.cuCtxSetCurrent(s.ctx);
+        for (CUlimit l : saved_limits)
+            if (size_t v = 0; d.cuCtxGetLimit(&v, l) == CUDA_SUCCESS) ds.limits.emplace_back(l, v);
+        d.cuCtxGetCacheConfig(&ds.cache_config);
+        if (CUresult rc = s.memory->save(ds.memory); rc != CUDA_SUCCESS) {
+            d.cuCtxSetCurrent(nullptr);
+            why = "its memory could not be copied out (" + error_text(rc) + ")";
+            return rc;
+        }
+        for (auto& m : ds.memory) img->bytes += m.size;
+    }
+    auto current_for = [&](size_t device) -> bool {
+        if (device >= devices_.size() || !devices_[device].ctx) return false;
+        d.cuCtxSetCurrent(devices_[device].ctx);
+        return true;
+    };
+    for (auto& [key, g] : globals.globals_) {
+        if (!current_for(key.second)) continue;
+        session_image::global_state gs{key.first, g.size, key.second, g.owner, g.name, {}};
+        gs.bytes.resize(g.size);
+        if (CUresult rc = d.cuMemcpyDtoH_v2(gs.bytes.data(), key.first, g.size); rc != CUDA_SUCCESS) {
+            d.cuCtxSetCurrent(nullptr);
+            why = "global " + g.name + " could not be copied out (" + error_text(rc) + ")";
+            return rc;
+        }
+        img->bytes += g.size;
+        img->globals.push_back(std::move(gs));
+    }
+    // A reference point behind everything the session did, for the ages of its events.
+    std::vector<CUevent> reference(devices_.size(), nullptr);
+    for (size_t i = 0; i < devices_.size(); ++i)
+        if (current_for(i) && d.cuEventCreate(&reference[i], CU_EVENT_DEFAULT) == CUDA_SUCCESS) {
+            d.cuEventRecord(reference[i], nullptr);
+            d.cuEventSynchronize(reference[i]);
+        }
+    CUresult rc = CUDA_SUCCESS;
+    handles.for_each([&](uint64_t id, handle_entry& e) {
+        if (rc != CUDA_SUCCESS || rebuild_rank(e) < 0) return;
+        session_image::entry_state es;
+        es.id = id;
+        current_for(static_cast<size_t>(e.device));
+        switch (e.kind) {
+            case handle_kind::module:
+            case handle_kind::library:
+                if (!e.owned && !origins.find(id)) {
+                    rc = CUDA_ERROR_NOT_SUPPORTED;
+                    why = "a module was loaded in a way that cannot be repeated";
+                }
+                break;
+            case handle_kind::function: {
+                const char* name = nullptr;
+                rc = d.cuFuncGetName(&name, static_cast<CUfunction>(e.raw));
+                if (rc == CUDA_SUCCESS && name) es.name = name;
+                for (auto a : settable_attributes)
+                    if (int v = 0;
+                        d.cuFuncGetAttribute(&v, a, static_cast<CUfunction>(e.raw)) == CUDA_SUCCESS)
+                        es.attributes.emplace_back(a, v);
+                break;
+            }
+            case handle_kind::kernel: {
+                const char* name = nullptr;
+                rc = d.cuKernelGetName(&name, static_cast<CUkernel>(e.raw));
+                if (rc == CUDA_SUCCESS && name) es.name = name;
+                CUdevice dev = devices_[static_cast<size_t>(e.device)].device;
+                for (auto a : settable_attributes)
+                    if (int v = 0;
+                        d.cuKernelGetAttribute(&v, a, static_cast<CUkernel>(e.raw), dev) == CUDA_SUCCESS)
+                        es.attributes.emplace_back(a, v);
+                break;
+            }
+            case handle_kind::stream:
+                rc = d.cuStreamGetFlags(static_cast<CUstream>(e.raw), &es.flags);
+                if (rc == CUDA_SUCCESS)
+                    rc = d.cuStreamGetPriority(static_cast<CUstream>(e.raw), &es.priority);
+                break;
+            case handle_kind::event: {
+                es.flags = static_cast<unsigned>(e.made_with[0]);
+                // An event without timing cannot say whether it was recorded: it is recorded again at the
+                // resume, as one that completed. One with timing was recorded when it has a time.
+                es.recorded = (es.flags & CU_EVENT_DISABLE_TIMING) != 0;
+                auto dev = static_cast<size_t>(e.device);
+                if (float ms = 0;
+                    !es.recorded && dev < reference.size() && reference[dev] &&
+                    d.cuEventElapsedTime(&ms, static_cast<CUevent>(e.raw), reference[dev]) == CUDA_SUCCESS) {
+                    es.recorded = true;
+                    es.age_ms = ms + event_times.age(id);
+                }
+                break;
+            }
+            default:
+                break;
+        }
+        if (rc != CUDA_SUCCESS && why.empty())
+            why = "the driver did not describe handle " + std::to_string(id);
+        img->entries.push_back(std::move(es));
+    });
+    for (size_t i = 0; i < reference.size(); ++i)
+        if (reference[i] && current_for(i)) d.cuEventDestroy_v2(reference[i]);
+    if (rc != CUDA_SUCCESS) {
+        d.cuCtxSetCurrent(nullptr);
+        return rc;
+    }
+    std::stable_sort(img->entries.begin(), img->entries.end(), [&](auto& a, auto& b) {
+        return rebuild_rank(*handles.find(a.id, kind_of(a.id))) <
+               rebuild_rank(*handles.find(b.id, kind_of(b.id)));
+    });
+    for (auto& [addr, r] : host.regions_) img->host_regions.emplace_back(addr, r.size);
+    image_ = std::move(img);
+    release_gpu_state();
+    suspended_.store(true);
+    epoch_.fetch_add(1);
+    return CUDA_SUCCESS;
+}
+
+void session::release_gpu_state() {
+    auto& d = api();
+    // Shared host pages stay mapped (the client uses them); only their registration goes with the contexts.
+    CUcontext any = nullptr;
+    for (auto& s : devices_)
+        if (s.ctx && !any) any = s.ctx;
+    if (any) {
+        d.cuCtxSetCurrent(any);
+        for (auto& [addr, r] : host.regions_) {
+            if (r.last_copy) {
+                std::lock_guard mark(r.last_copy->mu);
+                if (r.last_copy->event) d.cuEventDestroy_v2(r.last_copy->event);
+                r.last_copy->event = nullptr;
+                r.last_copy->ctx = nullptr;
+            }
+            d.cuMemHostUnregister(reinterpret_cast<void*>(addr));
+        }
+    }
+    // Dependents before what they depend on: events and streams, then modules and libraries (their functions,
+    // kernels and modules go with them).
+    for (int pass = 0; pass < 2; ++pass)
+        handles.for_each([&](uint64_t id, handle_entry& e) {
+            if (!e.raw) return;
+            auto dev = static_cast<size_t>(e.device);
+            if (dev < devices_.size() && devices_[dev].ctx) d.cuCtxSetCurrent(devices_[dev].ctx);
+            if (pass == 0 && e.kind == handle_kind::event) d.cuEventDestroy_v2(static_cast<CUevent>(e.raw));
+            if (pass == 0 && e.kind == handle_kind::stream)
+                d.cuStreamDestroy_v2(static_cast<CUstream>(e.raw));
+            if (pass == 1 && !e.owned && e.kind == handle_kind::module)
+                d.cuModuleUnload(static_cast<CUmodule>(e.raw));
+            if (pass == 1 && !e.owned && e.kind == handle_kind::library)
+                d.cuLibraryUnload(static_cast<CUlibrary>(e.raw));
+            if (pass == 1 && rebuild_rank(e) >= 0) handles.rebind(id, nullptr);
+        });
+    for (auto& s : devices_) {
+        if (!s.ctx) continue;
+        d.cuCtxSetCurrent(s.ctx);
+        bulk_->forget_context(s.ctx);
+        s.memory->drop_physical();
+        d.cuCtxSetCurrent(nullptr);
+        d.cuCtxDestroy_v2(s.ctx);
+        s.ctx = nullptr;
+    }
+}
+
+CUresult session::rebuild(std::string& why) {
+    auto& d = api();
+    auto t0 = std::chrono::steady_clock::now();
+    std::lock_guard lock(mu);
+    auto& img = *image_;
+    auto failed = [&](CUresult rc, const std::string& what) {
+        why = "the session could not be resumed: " + what + " (" + error_text(rc) + "); it stays suspended";
+        VCUDA_LOG_ERROR("session {}: {}", id_, why);
+        release_gpu_state();
+        d.cuCtxSetCurrent(nullptr);
+        return rc;
+    };
+    for (size_t i = 0; i < devices_.size(); ++i) {
+        auto& ds = img.devices[i];
+        if (!ds.had_context) continue;
+        CUresult rc;
+        CUcontext ctx = context_locked(i, rc);
+        if (!ctx) return failed(rc, "no context on GPU " + std::to_string(i));
+        d.cuCtxSetCurrent(ctx);
+        for (auto [l, v] : ds.limits) d.cuCtxSetLimit(l, v);
+        d.cuCtxSetCacheConfig(ds.cache_config);
+        if (rc = devices_[i].memory->restore(ds.memory); rc != CUDA_SUCCESS)
+            return failed(rc, "its memory on GPU " + std::to_string(i) + " could not be mapped again");
+    }
+    auto current_for = [&](size_t device) {
+        if (device < devices_.size() && devices_[device].ctx) d.cuCtxSetCurrent(devices_[device].ctx);
+    };
+    if (!img.host_regions.empty()) {
+        current_for(0);
+        for (auto [addr, size] : img.host_regions)
+            if (CUresult rc =
+                    d.cuMemHostRegister_v2(reinterpret_cast<void*>(addr), size, host_regions::register_flags);
+                rc != CUDA_SUCCESS)
+                return failed(rc, "its shared host memory could not be registered again");
+    }
+    for (auto& es : img.entries) {
+        handle_entry* e = handles.find(es.id, kind_of(es.id));
+        if (!e) continue;
+        auto device = static_cast<size_t>(e->device);
+        current_for(device);
+        void* raw = nullptr;
+        void* owner = nullptr;
+        handle_entry* owner_entry = nullptr;
+        if (e->owner) {
+            owner_entry = handles.find(e->owner, kind_of(e->owner));
+            owner = owner_entry ? owner_entry->raw : nullptr;
+        }
+        CUresult rc = CUDA_SUCCESS;
+        switch (e->kind) {
+            case handle_kind::module:
+            case handle_kind::library:
+                if (e->owned) {
+                    CUmodule m = nullptr;
+                    rc = d.cuLibraryGetModule(&m, static_cast<CUlibrary>(owner));
+                    raw = m;
+                } else if (auto* o = origins.find(es.id)) {
+                    jit_request jit;
+                    std::string bad;
+                    if (rc = jit.parse(o->jit_options, bad); rc == CUDA_SUCCESS)
+                        rc = load_image(d, o->library, o->format, *o->parts, jit, raw);
+                }
+                break;
+            case handle_kind::kernel: {
+                CUkernel k = nullptr;
+                rc = d.cuLibraryGetKernel(&k, static_cast<CUlibrary>(owner), es.name.c_str());
+                raw = k;
+                for (auto [a, v] : es.attributes)
+                    if (int now = 0; rc == CUDA_SUCCESS &&
+                                     d.cuKernelGetAttribute(&now, static_cast<CUfunction_attribute>(a), k,
+                                                            devices_[device].device) == CUDA_SUCCESS &&
+                                     now != v)
+                        d.cuKernelSetAttribute(static_cast<CUfunction_attribute>(a), v, k,
+                                               devices_[device].device);
+                break;
+            }
+            case handle_kind::function: {
+                CUfunction f = nullptr;
+                if (owner_entry && owner_entry->kind == handle_kind::kernel)
+                    rc = d.cuKernelGetFunction(&f, static_cast<CUkernel>(owner));
+                else
+                    rc = d.cuModuleGetFunction(&f, static_cast<CUmodule>(owner), es.name.c_str());
+                raw = f;
+                for (auto [a, v] : es.attributes)
+                    if (int now = 0;
+                        rc == CUDA_SUCCESS &&
+                        d.cuFuncGetAttribute(&now, static_cast<CUfunction_attribute>(a), f) == CUDA_SUCCESS &&
+                        now != v)
+                        d.cuFuncSetAttribute(f, static_cast<CUfunction_attribute>(a), v);
+                break;
+            }
+            case handle_kind::stream: {
+                CUstream s = nullptr;
+                rc = d.cuStreamCreateWithPriority(&s, es.flags, es.priority);
+                raw = s;
+                break;
+            }
+            case handle_kind::event: {
+                CUevent ev = nullptr;
+                rc = d.cuEventCreate(&ev, es.flags);
+                if (rc == CUDA_SUCCESS && es.recorded) rc = d.cuEventRecord(ev, nullptr);
+                if (rc == CUDA_SUCCESS && es.recorded && !(es.flags & CU_EVENT_DISABLE_TIMING))
+                    event_times.set(es.id, es.age_ms);
+                raw = ev;
+                break;
+            }
+            default:
+                break;
+        }
+        if (rc != CUDA_SUCCESS)
+            return failed(rc, "handle " + std::to_string(es.id) + " could not be made again");
+        handles.rebind(es.id, raw);
+    }
+    // Globals: contents back; one the driver placed elsewhere keeps its contents at its new address, and the
+    // old one is no longer the session's (copies to it are refused, not sent to whatever is there now).
+    for (auto& g : img.globals) {
+        handle_entry* owner = handles.find(g.owner, kind_of(g.owner));
+        if (!owner) continue;
+        current_for(g.device);
+        CUdeviceptr p = 0;
+        size_t size = 0;
+        CUresult rc =
+            owner->kind == handle_kind::library
+                ? d.cuLibraryGetGlobal(&p, &size, static_cast<CUlibrary>(owner->raw), g.name.c_str())
+                : d.cuModuleGetGlobal_v2(&p, &size, static_cast<CUmodule>(owner->raw), g.name.c_str());
+        if (rc == CUDA_SUCCESS && size == g.size) rc = d.cuMemcpyHtoD_v2(p, g.bytes.data(), g.size);
+        if (rc != CUDA_SUCCESS) return failed(rc, "global " + g.name + " could not be restored");
+        if (p != g.address) {
+            VCUDA_LOG_WARN(
+                "session {}: global {} moved from {:#x} to {:#x} when its module was loaded again; the "
+                "old address is no longer the session's",
+                id_, g.name, g.address, p);
+            globals.globals_.erase({g.address, g.device});
+            globals.add(p, g.size, g.owner, g.device, g.name);
+        }
+    }
+    d.cuCtxSetCurrent(nullptr);
+    auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    rebuilt_note_ = "resumed: " + std::to_string(img.bytes >> 20) + " MiB of GPU state rebuilt in " +
+                    std::to_string(ms) + " ms";
+    VCUDA_LOG_INFO("session {} {}", id_, rebuilt_note_);
+    image_.reset();
+    suspended_.store(false);
+    epoch_.fetch_add(1);
+    return CUDA_SUCCESS;
+}
+
+}  // namespace vcuda::server

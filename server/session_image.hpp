@@ -1,0 +1,47 @@
+// What a suspended session keeps of its GPU state in this server's memory, to be rebuilt at the same
+// addresses and under the same handles (server/session_image.cpp). Handles keep their ids and their table
+// entries; the image holds what the driver cannot be asked again once its objects are gone: memory and global
+// contents, context settings, each function's and kernel's name and settable attributes, each stream's flags.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "server/device_memory.hpp"
+
+namespace vcuda::server {
+
+struct session_image {
+    struct device_state {
+        bool had_context = false;
+        std::vector<std::pair<CUlimit, size_t>> limits;
+        CUfunc_cache cache_config = CU_FUNC_CACHE_PREFER_NONE;
+        std::vector<device_memory::saved_mapping> memory;
+    };
+    struct entry_state {
+        uint64_t id = 0;
+        std::string name;                             // functions and kernels: to look them up again
+        std::vector<std::pair<int, int>> attributes;  // settable function attributes, as they were
+        unsigned flags = 0;                           // streams and events
+        int priority = 0;                             // streams
+        bool recorded = false;                        // events: recorded before the suspend
+        double age_ms = 0;                            // events: how long before the suspend (event_ages)
+    };
+    struct global_state {
+        CUdeviceptr address = 0;
+        size_t size = 0;
+        size_t device = 0;
+        uint64_t owner = 0;
+        std::string name;
+        std::vector<std::byte> bytes;
+    };
+    std::vector<device_state> devices;
+    std::vector<entry_state> entries;  // in the order they are made again: owners before what they own
+    std::vector<global_state> globals;
+    std::vector<std::pair<uintptr_t, size_t>> host_regions;  // registered again at their addresses
+    uint64_t bytes = 0;                                      // device memory and globals saved
+};
+
+}  // namespace vcuda::server

@@ -1,0 +1,109 @@
+// suspend_resume: a program that stops calling for a while (argv[1] ms, default 0) between two phases, so that
+// a server suspending idle sessions (vcuda-server --test-suspend-every, or the manager's --idle-suspend-after)
+// saves its GPU state and rebuilds it at the second phase's first call. Natively, and through vcuda whether or
+// not a suspend happened, it must print the same: memory contents at the same device addresses (small packed
+// allocations and large ones), the stream's flags and priority, a function attribute it set, an event pair's
+// elapsed time still measurable, an event without timing still complete, and new work on all of them.
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "common.cuh"
+
+extern "C" __global__ void sr_fill(float* x, size_t n, float base) {
+    size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+    if (i < n) x[i] = base + static_cast<float>(i % 1000);
+}
+
+extern "C" __global__ void sr_axpy(float* y, const float* x, size_t n, float a) {
+    size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+    if (i < n) y[i] += a * x[i];
+}
+
+int main(int argc, char** argv) {
+    const int idle_ms = argc > 1 ? atoi(argv[1]) : 0;
+    const size_t n = size_t{8} << 20;  // 32 MiB per buffer: mappings of their own
+    const size_t small = 1000;         // 4 KB: packed with others in a shared mapping
+    const unsigned grid = static_cast<unsigned>((n + 255) / 256);
+
+    int least = 0, greatest = 0;
+    CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+    cudaEvent_t start, stop, done;
+    CHECK(cudaEventCreate(&start));
+    CHECK(cudaEventCreate(&stop));
+    CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    CHECK(cudaFuncSetAttribute(sr_axpy, cudaFuncAttributeMaxDynamicSharedMemorySize, 2048));
+
+    float *x, *y, *tiny;
+    CHECK(cudaMalloc(&x, n * sizeof(float)));
+    CHECK(cudaMalloc(&y, n * sizeof(float)));
+    CHECK(cudaMalloc(&tiny, small * sizeof(float)));
+    std::vector<float> h(small);
+    for (size_t i = 0; i < small; ++i) h[i] = static_cast<float>(i) * 0.25f;
+    CHECK(cudaMemcpyAsync(tiny, h.data(), small * sizeof(float), cudaMemcpyHostToDevice, s));
+    sr_fill<<<grid, 256, 0, s>>>(x, n, 1.0f);
+    sr_fill<<<grid, 256, 0, s>>>(y, n, 2.0f);
+    CHECK(cudaEventRecord(start, s));
+    sr_axpy<<<grid, 256, 0, s>>>(y, x, n, 0.5f);
+    CHECK_LAUNCH();
+    CHECK(cudaEventRecord(stop, s));
+    CHECK(cudaEventRecord(done, s));
+    CHECK(cudaEventSynchronize(stop));
+    float before = -1;
+    CHECK(cudaEventElapsedTime(&before, start, stop));
+    printf("phase 1 done\n");
+    printf("info: phase 1 axpy %.3f ms; idle %d ms (device pointers %p %p %p)\n", before, idle_ms,
+           static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(tiny));
+    fflush(stdout);
+    if (idle_ms > 0) usleep(static_cast<useconds_t>(idle_ms) * 1000);
+
+    // Phase 2: everything made before the pause is still there, at the same addresses and handles.
+    float after = -1;
+    CHECK(cudaEventElapsedTime(&after, start, stop));
+    EXPECT(after > 0.0f, "the events' elapsed time after the pause is %.6f ms", after);
+    printf("elapsed time still measurable: yes\n");
+    EXPECT(cudaEventQuery(done) == cudaSuccess, "the event without timing is no longer complete");
+    printf("event without timing complete: yes\n");
+    unsigned flags = 0;
+    int priority = 0;
+    CHECK(cudaStreamGetFlags(s, &flags));
+    CHECK(cudaStreamGetPriority(s, &priority));
+    EXPECT(flags == cudaStreamNonBlocking && priority == greatest, "stream flags %u priority %d", flags, priority);
+    printf("stream flags and priority kept: yes\n");
+    cudaFuncAttributes fa{};
+    CHECK(cudaFuncGetAttributes(&fa, sr_axpy));
+    EXPECT(fa.maxDynamicSharedSizeBytes == 2048, "max dynamic shared memory %d", fa.maxDynamicSharedSizeBytes);
+    printf("function attribute kept: yes\n");
+
+    float* z;  // a new allocation after the pause
+    CHECK(cudaMalloc(&z, n * sizeof(float)));
+    sr_fill<<<grid, 256, 0, s>>>(z, n, 3.0f);
+    sr_axpy<<<grid, 256, 0, s>>>(y, z, n, 0.25f);
+    CHECK_LAUNCH();
+    std::vector<float> hy(n), ht(small);
+    CHECK(cudaMemcpyAsync(hy.data(), y, n * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CHECK(cudaMemcpyAsync(ht.data(), tiny, small * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    for (size_t i = 0; i < n; ++i) {
+        float xi = 1.0f + static_cast<float>(i % 1000), zi = 3.0f + static_cast<float>(i % 1000);
+        float want = (2.0f + static_cast<float>(i % 1000)) + 0.5f * xi;
+        want += 0.25f * zi;
+        if (hy[i] != want) fail("y[%zu] = %f, expected %f", i, hy[i], want);
+    }
+    for (size_t i = 0; i < small; ++i)
+        if (ht[i] != h[i]) fail("tiny[%zu] = %f, expected %f", i, ht[i], h[i]);
+    printf("memory contents: ok\n");
+    CHECK(cudaFree(x));
+    CHECK(cudaFree(y));
+    CHECK(cudaFree(z));
+    CHECK(cudaFree(tiny));
+    CHECK(cudaEventDestroy(start));
+    CHECK(cudaEventDestroy(stop));
+    CHECK(cudaEventDestroy(done));
+    CHECK(cudaStreamDestroy(s));
+    return pass();
+}
