@@ -1,9 +1,10 @@
-// suspend_resume: a program that stops calling for a while (argv[1] ms, default 0) between two phases, so that
-// a server suspending idle sessions (vcuda-server --test-suspend-every, or the manager's --idle-suspend-after)
-// saves its GPU state and rebuilds it at the second phase's first call. Natively, and through vcuda whether or
-// not a suspend happened, it must print the same: memory contents at the same device addresses (small packed
-// allocations and large ones), the stream's flags and priority, a function attribute it set, an event pair's
-// elapsed time still measurable, an event without timing still complete, and new work on all of them.
+// suspend_resume: a program that stops calling for a while (argv[1] ms, default 0) between two phases, so
+// that a server suspending idle sessions (vcuda-server --test-suspend-every, or the manager's
+// --idle-suspend-after) saves its GPU state and rebuilds it at the second phase's first call. Natively, and
+// through vcuda whether or not a suspend happened, it must print the same: memory contents at the same device
+// addresses (small packed allocations and large ones), the stream's flags and priority, a function attribute
+// it set, an event pair's elapsed time still measurable, an event without timing still complete, and new work
+// on all of them.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -72,11 +73,13 @@ int main(int argc, char** argv) {
     int priority = 0;
     CHECK(cudaStreamGetFlags(s, &flags));
     CHECK(cudaStreamGetPriority(s, &priority));
-    EXPECT(flags == cudaStreamNonBlocking && priority == greatest, "stream flags %u priority %d", flags, priority);
+    EXPECT(flags == cudaStreamNonBlocking && priority == greatest, "stream flags %u priority %d", flags,
+           priority);
     printf("stream flags and priority kept: yes\n");
     cudaFuncAttributes fa{};
     CHECK(cudaFuncGetAttributes(&fa, sr_axpy));
-    EXPECT(fa.maxDynamicSharedSizeBytes == 2048, "max dynamic shared memory %d", fa.maxDynamicSharedSizeBytes);
+    EXPECT(fa.maxDynamicSharedSizeBytes == 2048, "max dynamic shared memory %d",
+           fa.maxDynamicSharedSizeBytes);
     printf("function attribute kept: yes\n");
 
     float* z;  // a new allocation after the pause
