@@ -11,6 +11,7 @@
 #include "client/copy_paths.hpp"
 #include "client/entry_point.hpp"
 #include "client/host_register.hpp"
+#include "client/managed.hpp"
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
@@ -64,6 +65,7 @@ VCUDA_API cuMemFree_v2(CUdeviceptr dptr) noexcept {
     CUresult rc = remote(op::mem_free, {dptr});
     if (rc == CUDA_SUCCESS) {
         device_allocation a;
+        managed_release(dptr);
         state::get().remove_allocation(dptr, a);
         state::get().record(op::mem_free, {dptr});
     }
@@ -117,11 +119,11 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr
             *static_cast<CUdeviceptr*>(data) = dev ? ptr : h.device_ptr + (ptr - h.base);
             return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-            if (dev) return CUDA_ERROR_INVALID_VALUE;
+            if (dev && !a.managed) return CUDA_ERROR_INVALID_VALUE;
             *static_cast<void**>(data) = reinterpret_cast<void*>(ptr);
             return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-            *static_cast<unsigned*>(data) = 0;
+            *static_cast<unsigned*>(data) = dev && a.managed;
             return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
             *static_cast<int*>(data) = device;
