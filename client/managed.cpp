@@ -128,6 +128,10 @@ managed_range* range_of(uint64_t p, size_t n) {
 
 size_t chunk_count(const managed_range& r) { return (r.view + chunk_bytes - 1) / chunk_bytes; }
 size_t chunk_offset(size_t c) { return c * chunk_bytes; }
+// The bytes of chunks [a, b) that the device has: the view's last page may reach past the allocation.
+size_t copy_length(const managed_range& r, size_t a, size_t b) {
+    return std::min(r.size, chunk_offset(b)) - chunk_offset(a);
+}
 
 // Applies fn(first, end) to each run of consecutive chunks in [c0, c1) for which want(state) holds.
 template <class Want, class Fn>
@@ -184,13 +188,16 @@ CUresult write_back(managed_range& r, size_t c0, size_t c1, bool drop) {
     managed_scope scope;
     context_scope ctx(r.ctx);
     CUresult rc = for_runs(r, c0, c1, dirty, [&](size_t a, size_t b) {
-        const size_t off = chunk_offset(a), len = std::min(r.view, chunk_offset(b)) - off;
-        return copy_htod(r.base + off, r.alias + off, len, nullptr, mode::sync);
+        const size_t off = chunk_offset(a);
+        return copy_htod(r.base + off, r.alias + off, copy_length(r, a, b), nullptr, mode::sync);
     });
     if (rc != CUDA_SUCCESS) {
-        VCUDA_LOG_ERROR("managed memory: writing [{:#x}, +{}) back to the device failed: {}", r.base, r.view,
+        VCUDA_LOG_ERROR("managed memory: writing [{:#x}, +{}) back to the device failed: {}", r.base, r.size,
                         static_cast<int>(rc));
-        return rc;  // dirty chunks stay dirty: a later write-back tries again
+        // Dirty chunks stay dirty (a later write-back tries again) and the CPU keeps what it holds.
+        for (size_t c = c0; c < c1; ++c)
+            if (held(r.chunks[c])) protect(r, c, c + 1, dirty(r.chunks[c]) ? PROT_READ | PROT_WRITE : PROT_READ);
+        return rc;
     }
     for (size_t c = c0; c < c1; ++c)
         if (r.chunks[c] != device_only) set_state(r, c, drop ? device_only : cpu_clean);
@@ -204,7 +211,7 @@ CUresult fetch(managed_range& r, size_t c0, size_t c1) {
     return for_runs(
         r, c0, c1, [](uint8_t s) { return s == device_only; },
         [&](size_t a, size_t b) {
-            const size_t off = chunk_offset(a), len = std::min(r.view, chunk_offset(b)) - off;
+            const size_t off = chunk_offset(a), len = copy_length(r, a, b);
             if (CUresult rc = copy_dtoh(r.alias + off, r.base + off, len, nullptr, mode::sync);
                 rc != CUDA_SUCCESS) {
                 VCUDA_LOG_ERROR("managed memory: fetching [{:#x}, +{}) from the device failed: {}",
