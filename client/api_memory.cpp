@@ -72,8 +72,8 @@ VCUDA_API cuMemFree_v2(CUdeviceptr dptr) noexcept {
     if (rc != CUDA_SUCCESS) {
         if (known) state::get().add_allocation(a.base, a.size, a.device);
         if (managed)
-            VCUDA_LOG_ERROR("cuMemFree of managed memory at {:#x} failed ({}): its CPU view is gone already", dptr,
-                            static_cast<int>(rc));
+            VCUDA_LOG_ERROR("cuMemFree of managed memory at {:#x} failed ({}): its CPU view is gone already",
+                            dptr, static_cast<int>(rc));
         return rc;
     }
     state::get().record(op::mem_free, {dptr});

@@ -40,8 +40,8 @@ enum chunk_state : uint8_t {
 // What cuMemAdvise and cuMemPrefetchAsync recorded for one page (queries answer per page, as the driver's).
 struct page_advice {
     uint8_t read_mostly = 0;
-    int8_t preferred = CU_DEVICE_INVALID;  // a client ordinal, CU_DEVICE_CPU, or CU_DEVICE_INVALID (none)
-    int8_t last_prefetch = CU_DEVICE_INVALID;
+    int16_t preferred = CU_DEVICE_INVALID;  // a client ordinal, CU_DEVICE_CPU, or CU_DEVICE_INVALID (none)
+    int16_t last_prefetch = CU_DEVICE_INVALID;
     uint32_t accessed_by = 0;  // bit d: device d; bit 31: the CPU
 };
 constexpr uint32_t cpu_bit = 1u << 31;
@@ -89,7 +89,8 @@ struct sigaction previous_action {};
 // ---------------------------------------------------------------- ranges (under mu)
 
 std::mutex mu;
-std::map<uint64_t, managed_range> ranges;
+// Never destroyed: the fault thread may serve a fault while the process exits.
+std::map<uint64_t, managed_range>& ranges = *new std::map<uint64_t, managed_range>();
 std::atomic<size_t> resident_total{
     0};  // chunks the CPU holds, over all ranges: launches skip everything at 0
 
@@ -196,7 +197,8 @@ CUresult write_back(managed_range& r, size_t c0, size_t c1, bool drop) {
                         static_cast<int>(rc));
         // Dirty chunks stay dirty (a later write-back tries again) and the CPU keeps what it holds.
         for (size_t c = c0; c < c1; ++c)
-            if (held(r.chunks[c])) protect(r, c, c + 1, dirty(r.chunks[c]) ? PROT_READ | PROT_WRITE : PROT_READ);
+            if (held(r.chunks[c]))
+                protect(r, c, c + 1, dirty(r.chunks[c]) ? PROT_READ | PROT_WRITE : PROT_READ);
         return rc;
     }
     for (size_t c = c0; c < c1; ++c)
@@ -412,8 +414,10 @@ bool managed_release(uint64_t base) {
     fault_slots[r.slot].lo.store(0, std::memory_order_release);
     fault_slots[r.slot].hi.store(0, std::memory_order_relaxed);
     // Back to a plain reservation (client/state.cpp releases it with the allocation).
-    mmap(reinterpret_cast<void*>(base), r.view, PROT_NONE,
-         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (mmap(reinterpret_cast<void*>(base), r.view, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+        VCUDA_LOG_WARN("managed memory at {:#x}: its reservation could not be restored (errno {})", base,
+                       errno);
     munmap(r.alias, r.view);
     close(r.fd);
     resident_total.fetch_sub(r.resident);
@@ -430,8 +434,11 @@ bool managed_contains(uint64_t p) {
 
 // ---------------------------------------------------------------- coherence with GPU work
 
+// While a stream capture is under way, work is recorded, not run, and a synchronous copy on the legacy stream
+// would invalidate the capture: the write-back waits for the graph's launch.
 CUresult managed_before_launch() {
-    if (in_managed || resident_total.load(std::memory_order_relaxed) == 0) return CUDA_SUCCESS;
+    if (in_managed || resident_total.load(std::memory_order_relaxed) == 0 || capture_under_way())
+        return CUDA_SUCCESS;
     std::lock_guard lock(mu);
     for (auto& [base, r] : ranges)
         if (r.resident)
@@ -440,7 +447,8 @@ CUresult managed_before_launch() {
 }
 
 CUresult managed_before_device_access(uint64_t p, size_t n, bool writes) {
-    if (in_managed || n == 0 || resident_total.load(std::memory_order_relaxed) == 0) return CUDA_SUCCESS;
+    if (in_managed || n == 0 || resident_total.load(std::memory_order_relaxed) == 0 || capture_under_way())
+        return CUDA_SUCCESS;
     std::lock_guard lock(mu);
     uint64_t end = 0;
     if (__builtin_add_overflow(p, n, &end)) return CUDA_SUCCESS;  // the copy itself refuses it
@@ -501,7 +509,7 @@ CUresult managed_prefetch(uint64_t p, size_t n, const CUmemLocation& to, CUstrea
     CUresult rc = where == CU_DEVICE_CPU ? fetch(*r, c0, c1) : write_back(*r, c0, c1, true);
     if (rc != CUDA_SUCCESS) return rc;
     auto [first, last] = advice_pages(*r, p, n);
-    for (size_t i = first; i <= last; ++i) r->advice[i].last_prefetch = static_cast<int8_t>(where);
+    for (size_t i = first; i <= last; ++i) r->advice[i].last_prefetch = static_cast<int16_t>(where);
     return CUDA_SUCCESS;
 }
 
@@ -527,7 +535,7 @@ CUresult managed_advise(uint64_t p, size_t n, CUmem_advise advice, const CUmemLo
                 a.read_mostly = 0;
                 break;
             case CU_MEM_ADVISE_SET_PREFERRED_LOCATION:
-                a.preferred = static_cast<int8_t>(at);
+                a.preferred = static_cast<int16_t>(at);
                 break;
             case CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION:
                 a.preferred = CU_DEVICE_INVALID;
@@ -551,12 +559,13 @@ CUresult managed_range_attribute(void* data, size_t data_size, CUmem_range_attri
     std::lock_guard lock(mu);
     managed_range* r = range_of(p, n);
     if (!r) return CUDA_ERROR_INVALID_VALUE;
-    auto [first, last] = advice_pages(*r, p, n);
+    const auto pages = advice_pages(*r, p, n);
+    const size_t first = pages.first, last = pages.second;
     // The value every page of the range agrees on, else `mixed`.
     auto uniform = [&](auto field, int mixed) {
-        const int v = r->advice[first].*field;
+        const int v = static_cast<int>(r->advice[first].*field);
         for (size_t i = first + 1; i <= last; ++i)
-            if (r->advice[i].*field != v) return mixed;
+            if (static_cast<int>(r->advice[i].*field) != v) return mixed;
         return v;
     };
     auto put_int = [&](int v) {

@@ -11,7 +11,8 @@
 //   A write to a read-only chunk marks it dirty.
 // - Before any launch, graph launch, copy or memset that may read or write managed memory, dirty chunks are
 //   made inaccessible, then copied back to the device, on the calling thread's lane, before the work is sent;
-//   when the GPU may write the range, the CPU's copy is dropped too (the next touch fetches fresh bytes).
+//   when the GPU may write the range, the CPU's copy is dropped too (the next touch fetches fresh bytes). Not
+//   while a stream capture is under way (a synchronous copy would invalidate it): the graph's launch does it.
 // - A copy whose host side is a managed pointer is a device-to-device copy.
 // - New allocations start zeroed on both sides and readable here without a fetch.
 //
