@@ -5,6 +5,7 @@
 
 #include "client/entry_point.hpp"
 #include "client/kernel_params.hpp"
+#include "client/managed.hpp"
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
@@ -90,6 +91,8 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
     std::vector<std::byte> params;
     param_form form;
     if (CUresult rc = pack_params(info, kernel_params, extra, params, form); rc != CUDA_SUCCESS) return rc;
+    // The kernel may read or write any managed memory: the CPU's copies go back to the device first.
+    if (CUresult rc = managed_before_launch(); rc != CUDA_SUCCESS) return rc;
 
     lane* l = state::get().remote().this_thread_lane();
     if (!l) return static_cast<CUresult>(connection_lost_result);

@@ -11,6 +11,7 @@
 #include "client/copy_paths.hpp"
 #include "client/entry_point.hpp"
 #include "client/host_register.hpp"
+#include "client/managed.hpp"
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
@@ -61,13 +62,22 @@ VCUDA_API cuMemFree_v2(CUdeviceptr dptr) noexcept {
     VCUDA_TRACE_HOOK(cuMemFree_v2, dptr);
     VCUDA_REQUIRE_INIT();
     if (dptr == 0) return CUDA_SUCCESS;
+    // The mirror forgets the allocation before the server frees it: once freed, another thread's allocation
+    // may get the same address, which the mirror must then keep. Managed memory loses its CPU view first, so
+    // that no other thread's write-back reaches freed memory.
+    const bool managed = managed_release(dptr);
+    device_allocation a;
+    const bool known = state::get().remove_allocation(dptr, a);
     CUresult rc = remote(op::mem_free, {dptr});
-    if (rc == CUDA_SUCCESS) {
-        device_allocation a;
-        state::get().remove_allocation(dptr, a);
-        state::get().record(op::mem_free, {dptr});
+    if (rc != CUDA_SUCCESS) {
+        if (known) state::get().add_allocation(a.base, a.size, a.device);
+        if (managed)
+            VCUDA_LOG_ERROR("cuMemFree of managed memory at {:#x} failed ({}): its CPU view is gone already",
+                            dptr, static_cast<int>(rc));
+        return rc;
     }
-    return rc;
+    state::get().record(op::mem_free, {dptr});
+    return CUDA_SUCCESS;
 }
 
 VCUDA_API cuMemGetInfo_v2(size_t* free, size_t* total) noexcept {
@@ -117,11 +127,11 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr
             *static_cast<CUdeviceptr*>(data) = dev ? ptr : h.device_ptr + (ptr - h.base);
             return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-            if (dev) return CUDA_ERROR_INVALID_VALUE;
+            if (dev && !a.managed) return CUDA_ERROR_INVALID_VALUE;
             *static_cast<void**>(data) = reinterpret_cast<void*>(ptr);
             return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-            *static_cast<unsigned*>(data) = 0;
+            *static_cast<unsigned*>(data) = dev && a.managed;
             return CUDA_SUCCESS;
         case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
             *static_cast<int*>(data) = device;

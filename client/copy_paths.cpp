@@ -18,6 +18,7 @@
 #include <mutex>
 
 #include "client/bulk.hpp"
+#include "client/managed.hpp"
 #include "client/parallel_copy.hpp"
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
@@ -348,6 +349,10 @@ CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, 
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
     if (!src) return CUDA_ERROR_INVALID_VALUE;
+    // Managed memory is the device's: its CPU view is never read here (client/managed.hpp).
+    if (managed_contains(reinterpret_cast<uint64_t>(src)))
+        return copy_dtod(dst, reinterpret_cast<uint64_t>(src), n, stream, m);
+    if (CUresult rc = managed_before_device_access(dst, n, true); rc != CUDA_SUCCESS) return rc;
     if (m == mode::post && !device_range(dst, n)) return CUDA_ERROR_INVALID_VALUE;
     if (uint64_t from = shared_address(src, n))
         return remote(op::copy_htod_shared, {dst, from, n, stream_arg(stream)}, m);
@@ -375,6 +380,9 @@ CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
     if (!dst) return CUDA_ERROR_INVALID_VALUE;
+    if (managed_contains(reinterpret_cast<uint64_t>(dst)))
+        return copy_dtod(reinterpret_cast<uint64_t>(dst), src, n, stream, m);
+    if (CUresult rc = managed_before_device_access(src, n, false); rc != CUDA_SUCCESS) return rc;
     if (uint64_t to = shared_address(dst, n)) {
         if (m == mode::post && (!device_range(src, n) || check_stream(stream) != CUDA_SUCCESS))
             return CUDA_ERROR_INVALID_VALUE;
@@ -398,6 +406,8 @@ CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, 
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
     if (m == mode::post && (!device_range(dst, n) || !device_range(src, n))) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult rc = managed_before_device_access(src, n, false); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = managed_before_device_access(dst, n, true); rc != CUDA_SUCCESS) return rc;
     return remote(op::copy_dtod, {dst, src, n, stream_arg(stream)}, m);
 }
 
@@ -423,6 +433,7 @@ CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, unsigned elem,
     if (height > 1 && pitch < width * elem) return CUDA_ERROR_INVALID_VALUE;
     if (m == mode::post && check_stream(stream) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
     const size_t span = (height - 1) * pitch + width * elem;
+    if (CUresult rc = managed_before_device_access(dst, span, true); rc != CUDA_SUCCESS) return rc;
     if (!device_range(dst, span)) {
         // Pinned host memory is the device's to set too (unified addressing): shared pages through the device
         // pointer the server gave them, the process's own pages here.
@@ -470,8 +481,18 @@ CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, m
 // 2D/3D copies: the host side travels packed (rows back to back); the server unpacks into the device
 // layout, or packs device rows for us to spread into the caller's pitch. A CUDA array side travels as its
 // handle (side kind 2).
-CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream stream, mode m) {
+CUresult copy_3d(const CUDA_MEMCPY3D& given, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
+    CUDA_MEMCPY3D c = given;
+    // A host side in managed memory is the device's (client/managed.hpp).
+    if (c.srcMemoryType == CU_MEMORYTYPE_HOST && managed_contains(reinterpret_cast<uint64_t>(c.srcHost))) {
+        c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+        c.srcDevice = reinterpret_cast<uint64_t>(c.srcHost);
+    }
+    if (c.dstMemoryType == CU_MEMORYTYPE_HOST && managed_contains(reinterpret_cast<uint64_t>(c.dstHost))) {
+        c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+        c.dstDevice = reinterpret_cast<uint64_t>(c.dstHost);
+    }
     auto side = [](CUmemorytype t, const void* host, CUdeviceptr dev) -> int {
         if (t == CU_MEMORYTYPE_UNIFIED) return is_device(dev) ? 1 : 0;
         if (t == CU_MEMORYTYPE_DEVICE) return 1;
@@ -496,6 +517,20 @@ CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream stream, mode m) {
     // An array's layout is its own: its pitch and height in the descriptor are ignored, as by the driver.
     if ((h > 1 && ((s != 2 && spitch < w + c.srcXInBytes) || (d != 2 && dpitch < w + c.dstXInBytes))))
         return CUDA_ERROR_INVALID_VALUE;
+    // The device bytes each side spans, from its first row to the end of its last.
+    auto extent = [&](size_t x, size_t y, size_t z, size_t pitch, size_t height) {
+        return ((z + depth - 1) * height + y + h - 1) * pitch + x + w;
+    };
+    if (s == 1)
+        if (CUresult rc = managed_before_device_access(
+                c.srcDevice, extent(c.srcXInBytes, c.srcY, c.srcZ, spitch, sheight), false);
+            rc != CUDA_SUCCESS)
+            return rc;
+    if (d == 1)
+        if (CUresult rc = managed_before_device_access(
+                c.dstDevice, extent(c.dstXInBytes, c.dstY, c.dstZ, dpitch, dheight), true);
+            rc != CUDA_SUCCESS)
+            return rc;
     const char* shost = static_cast<const char*>(
         c.srcMemoryType == CU_MEMORYTYPE_UNIFIED ? reinterpret_cast<void*>(c.srcDevice) : c.srcHost);
     char* dhost = static_cast<char*>(

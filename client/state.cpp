@@ -207,7 +207,20 @@ session& state::remote() {
     return d >= 0 ? *devices_[d].owner : *devices_.front().owner;
 }
 
-int state::attribute(int ordinal, int attr) const { return device(ordinal).attribute(attr); }
+int state::attribute(int ordinal, int attr) const {
+    switch (attr) {
+        // Managed memory is kept coherent as on a GPU without concurrent access (client/managed.hpp): the CPU
+        // may touch it only while the device is idle, and the GPU cannot reach this process's pageable
+        // memory. Programs read these to know that they must synchronize before touching managed memory.
+        case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+        case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS:
+        case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES:
+        case CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST:
+            return 0;
+        default:
+            return device(ordinal).attribute(attr);
+    }
+}
 
 // ---------------------------------------------------------------- contexts
 
@@ -316,11 +329,20 @@ bool state::known(uint64_t id, handle_kind k) {
 
 // ---------------------------------------------------------------- allocations
 
-void state::add_allocation(uint64_t base, size_t size, int device, bool module_global) {
+void state::add_allocation(uint64_t base, size_t size, int device, bool module_global, bool managed) {
     std::unique_lock lock(mu);
     if (allocations_.count(base)) return;  // a module global looked up twice
-    allocations_[base] = device_allocation{base, size, device, module_global};
+    allocations_[base] = device_allocation{base, size, device, module_global, managed};
     reserve_range(base, size);
+}
+
+bool state::reserved(uint64_t base, size_t size) {
+    std::shared_lock lock(mu);
+    for (uint64_t g = base & ~(granule - 1); g < base + size; g += granule) {
+        auto it = reserved_granules.find(g);
+        if (it == reserved_granules.end() || it->second >= (1u << 31)) return false;
+    }
+    return true;
 }
 
 bool state::remove_allocation(uint64_t base, device_allocation& out) {

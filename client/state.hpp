@@ -54,6 +54,7 @@ struct device_allocation {
     size_t size = 0;
     int device = 0;
     bool module_global = false;  // a __device__ variable of a module: copyable, never freed by cuMemFree
+    bool managed = false;        // cuMemAllocManaged: the CPU reaches it too (client/managed.hpp)
 };
 
 struct host_allocation {
@@ -120,10 +121,14 @@ class state {
         routes;  // (id, session tag) -> that session's id; under mu
 
     // Device allocations (the server's real addresses).
-    void add_allocation(uint64_t base, size_t size, int device, bool module_global = false);
+    void add_allocation(uint64_t base, size_t size, int device, bool module_global = false,
+                        bool managed = false);
     bool remove_allocation(uint64_t base, device_allocation& out);
     // The allocation holding [p, p+len); false when there is none (overflow-safe).
     bool find_allocation(uint64_t p, size_t len, device_allocation& out);
+    // Whether [base, base+size) is reserved here by vcuda (not memory of the application's that was there
+    // first): managed memory maps its CPU view over it.
+    bool reserved(uint64_t base, size_t size);
 
     // What NVML reports as this process's use of client device `device`: the bytes of its allocations
     // (module globals excluded: they live in their module's memory) and whether it has a context there.

@@ -256,6 +256,7 @@ def emit_client(out, fns, protos, symbols):
             '#define __CUDA_API_VERSION_INTERNAL 1',
             '#include <cuda.h>',
             '#include <cudaProfiler.h>',
+            '#include "client/managed.hpp"',
             '#include "client/plain_call.hpp"',
             '#include "client/trace.hpp"',
             '#include "ops.hpp"',
@@ -310,6 +311,8 @@ def client_plain(name, spec, params):
     for role, typ, pname, kind in roles:
         if role.startswith('out') and not optional:
             lines.append(f'    if (!{pname}) return CUDA_ERROR_INVALID_VALUE;')
+    if 'device_work' in spec['annot']:
+        lines.append('    if (CUresult rc = vcuda::client::managed_before_launch(); rc != CUDA_SUCCESS) return rc;')
     lines.append(f'    plain_call c(vcuda::op::{name}, "{name}");')
     for role, typ, pname, kind in roles:
         if role == 'in_scalar' or role == 'in_device':
