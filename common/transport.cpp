@@ -744,7 +744,7 @@ bool stream::peer_gone() const {
 
 // ---------------------------------------------------------------- listener
 
-listener::listener(listener&& o) noexcept : fd_(o.fd_), local_(std::move(o.local_)) {
+listener::listener(listener&& o) noexcept : fd_(o.fd_), local_(std::move(o.local_)), tls_(std::move(o.tls_)) {
     wake_[0] = o.wake_[0];
     wake_[1] = o.wake_[1];
     o.fd_ = o.wake_[0] = o.wake_[1] = -1;
