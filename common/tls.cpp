@@ -68,7 +68,8 @@ std::string load_identity(SSL_CTX* ctx, const std::string& cert, const std::stri
     if (SSL_CTX_use_PrivateKey_file(ctx, key.c_str(), SSL_FILETYPE_PEM) != 1) {
         int reason = ERR_GET_REASON(ERR_peek_error());
         if (reason == X509_R_KEY_VALUES_MISMATCH || reason == X509_R_KEY_TYPE_MISMATCH)
-            return key + " is not the private key of the certificate in " + cert + " (" + openssl_error() + ")";
+            return key + " is not the private key of the certificate in " + cert + " (" + openssl_error() +
+                   ")";
         return key + ": not a PEM private key (" + openssl_error() + ")";
     }
     if (SSL_CTX_check_private_key(ctx) != 1)
@@ -122,13 +123,15 @@ std::string handshake_failure(SSL* ssl, bool server, int ssl_error, int sys_errn
                "): is VCUDA_TLS_CA the CA that signed the server's certificate?";
     }
     if (!server && (reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_PACKET_LENGTH_TOO_LONG))
-        return "the server does not speak TLS (its answer is not a TLS record): it serves plain TCP; start it "
+        return "the server does not speak TLS (its answer is not a TLS record): it serves plain TCP; start "
+               "it "
                "with --tls-cert and --tls-key, or unset VCUDA_TLS_CA to connect in plain";
     if (ssl_error == SSL_ERROR_ZERO_RETURN || (ssl_error == SSL_ERROR_SYSCALL && sys_errno == 0 && !e) ||
         reason == SSL_R_UNEXPECTED_EOF_WHILE_READING)
-        return server ? "the peer closed the connection during the TLS handshake"
-                      : "the server closed the connection during the TLS handshake (does it serve TLS? a plain "
-                        "vcuda-server or vcuda-mgmt does that)";
+        return server
+                   ? "the peer closed the connection during the TLS handshake"
+                   : "the server closed the connection during the TLS handshake (does it serve TLS? a plain "
+                     "vcuda-server or vcuda-mgmt does that)";
     if (ssl_error == SSL_ERROR_SYSCALL && why.empty()) return std::strerror(sys_errno);
     if (server && reason == SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE)
         return "the client sent no certificate, and this server requires one (--tls-client-ca)";
@@ -148,8 +151,9 @@ std::string io_failure(int ssl_error, int sys_errno) {
     if (reason == SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED)
         return why + ": the server requires a client certificate; set VCUDA_TLS_CERT and VCUDA_TLS_KEY";
     if (reason == SSL_R_TLSV1_ALERT_UNKNOWN_CA || reason == SSL_R_SSLV3_ALERT_BAD_CERTIFICATE)
-        return why + ": the server does not accept this client certificate (VCUDA_TLS_CERT): it is not signed by "
-                     "the CA the server trusts (--tls-client-ca)";
+        return why +
+               ": the server does not accept this client certificate (VCUDA_TLS_CERT): it is not signed by "
+               "the CA the server trusts (--tls-client-ca)";
     return why;
 }
 
@@ -180,8 +184,9 @@ result<std::shared_ptr<const tls_context>, std::string> tls_context::client(cons
     if (files.ca.empty())
         return unexpected{std::string("a TLS client needs the CA that signed the server's certificate")};
     if (files.cert.empty() != files.key.empty())
-        return unexpected{std::string("a client certificate needs its key, and a key its certificate (give both "
-                                      "VCUDA_TLS_CERT and VCUDA_TLS_KEY, or neither)")};
+        return unexpected{
+            std::string("a client certificate needs its key, and a key its certificate (give both "
+                        "VCUDA_TLS_CERT and VCUDA_TLS_KEY, or neither)")};
     SSL_CTX* ctx = new_context(false);
     if (!ctx) return unexpected{"cannot make a TLS context: " + openssl_error()};
     std::shared_ptr<const tls_context> c(new tls_context(ctx, false, false));
@@ -200,9 +205,10 @@ result<std::shared_ptr<const tls_context>, std::string> tls_context::from_enviro
     tls_files files{env("VCUDA_TLS_CERT"), env("VCUDA_TLS_KEY"), env("VCUDA_TLS_CA")};
     if (files.ca.empty()) {
         if (!files.cert.empty() || !files.key.empty())
-            return unexpected{std::string(
-                "VCUDA_TLS_CERT/VCUDA_TLS_KEY are set but VCUDA_TLS_CA is not: TLS needs the CA that signed the "
-                "server's certificate (set VCUDA_TLS_CA=FILE)")};
+            return unexpected{
+                std::string("VCUDA_TLS_CERT/VCUDA_TLS_KEY are set but VCUDA_TLS_CA is not: TLS needs the CA "
+                            "that signed the "
+                            "server's certificate (set VCUDA_TLS_CA=FILE)")};
         return std::shared_ptr<const tls_context>();
     }
     static std::mutex mu;
@@ -256,7 +262,8 @@ transport_result<std::unique_ptr<tls_connection>> tls_connection::handshake(int 
         int err = SSL_get_error(ssl, rc);
         int sys = errno;
         short events = err == SSL_ERROR_WANT_READ ? POLLIN : err == SSL_ERROR_WANT_WRITE ? POLLOUT : 0;
-        if (events == 0) return fail(transport_errc::protocol, handshake_failure(ssl, ctx.is_server(), err, sys));
+        if (events == 0)
+            return fail(transport_errc::protocol, handshake_failure(ssl, ctx.is_server(), err, sys));
         if (auto w = wait_for(fd, events, until); !w.empty())
             return fail(w == "timed out" ? transport_errc::timeout : transport_errc::io,
                         "handshake: " + w + (w == "timed out" ? " (is the peer speaking TLS?)" : ""));
@@ -347,7 +354,8 @@ transport_result<void> accept_tls(frame_stream& fs, const tls_context& ctx, dead
             "this address accepts TLS only, and the connection was plain: set VCUDA_TLS_CA to the CA that "
             "signed this server's certificate (and VCUDA_TLS_CERT/VCUDA_TLS_KEY where client certificates "
             "are required); see vcuda's README, Security";
-        // (Within the caller's limits, small before authentication.) Read first: closing with its frame unread would reset the connection before the answer arrives.
+        // (Within the caller's limits, small before authentication.) Read first: closing with its frame
+        // unread would reset the connection before the answer arrives.
         [[maybe_unused]] auto f = fs.receive(until, std::chrono::seconds(2));
         send_wire_error(fs, wire_errc::auth_failed, why);
         return unexpected{transport_error{transport_errc::protocol, "a plain (not TLS) client was refused"}};

@@ -1,15 +1,14 @@
 // TLS for vcuda's TCP connections (lanes, bulk connections, the manager protocol): OpenSSL on the connected
-// socket (SSL_set_fd), under the byte stream of common/transport.hpp. Unix sockets and shared-memory rings stay
-// plain: they never leave the host.
-// A `tls_context` is the configuration of one side: a server's (or manager's) certificate and key, and the CA
-// its clients' certificates must be signed by when it requires them (mutual TLS); a client's CA, which the
-// server's certificate must chain to and whose name or IP address must match the address dialled, and its own
-// certificate and key for mutual TLS. TLS 1.3 only (both ends are vcuda), no session tickets, no renegotiation.
-// A `tls_connection` is one connection's TLS state after its handshake; the stream calls read/write on it.
-// runs on: any thread. tls_context is immutable once made and shared by every connection; a tls_connection is
-// used by its stream's one reader and one writer thread, its calls serialized by its own mutex (an OpenSSL
-// connection must not be entered by two threads at once); neither ever blocks: the socket is non-blocking and
-// the stream waits for it between calls.
+// socket (SSL_set_fd), under the byte stream of common/transport.hpp. Unix sockets and shared-memory rings
+// stay plain: they never leave the host. A `tls_context` is the configuration of one side: a server's (or
+// manager's) certificate and key, and the CA its clients' certificates must be signed by when it requires
+// them (mutual TLS); a client's CA, which the server's certificate must chain to and whose name or IP address
+// must match the address dialled, and its own certificate and key for mutual TLS. TLS 1.3 only (both ends are
+// vcuda), no session tickets, no renegotiation. A `tls_connection` is one connection's TLS state after its
+// handshake; the stream calls read/write on it. runs on: any thread. tls_context is immutable once made and
+// shared by every connection; a tls_connection is used by its stream's one reader and one writer thread, its
+// calls serialized by its own mutex (an OpenSSL connection must not be entered by two threads at once);
+// neither ever blocks: the socket is non-blocking and the stream waits for it between calls.
 #pragma once
 
 #include <cstddef>
@@ -84,8 +83,7 @@ class tls_connection {
     // user can do: the CA that does not match, the name that does not, a server that does not speak TLS, a
     // missing client certificate.
     static transport_result<std::unique_ptr<tls_connection>> handshake(int fd, const tls_context& ctx,
-                                                                       std::string_view host,
-                                                                       deadline until);
+                                                                       std::string_view host, deadline until);
     tls_connection(const tls_connection&) = delete;
     tls_connection& operator=(const tls_connection&) = delete;
     ~tls_connection();

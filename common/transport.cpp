@@ -360,8 +360,8 @@ transport_result<void> stream::start_tls(const tls_context& ctx, std::string_vie
 
 std::string stream::tls_peer_subject() const { return tls_ ? tls_->peer_subject() : std::string(); }
 
-// TLS has no scatter-gather write: a frame's header and metadata (and the small frames of a batch) are gathered
-// into one record; pieces of a record's size or more go as they are.
+// TLS has no scatter-gather write: a frame's header and metadata (and the small frames of a batch) are
+// gathered into one record; pieces of a record's size or more go as they are.
 transport_result<void> stream::tls_write(std::span<iovec> bufs, deadline until) {
     constexpr size_t gather = 16u << 10;  // a TLS record's most plaintext
     if (!wbuf_) wbuf_ = std::make_unique<char[]>(gather);
@@ -375,7 +375,8 @@ transport_result<void> stream::tls_write(std::span<iovec> bufs, deadline until) 
                     break;
                 case tls_status::want_read:
                 case tls_status::want_write:
-                    if (auto w = wait(st.status == tls_status::want_read ? POLLIN : POLLOUT, until); !w) return w;
+                    if (auto w = wait(st.status == tls_status::want_read ? POLLIN : POLLOUT, until); !w)
+                        return w;
                     break;
                 case tls_status::closed:
                     return unexpected{lost("peer closed the connection")};

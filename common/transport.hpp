@@ -94,8 +94,8 @@ class stream {
     stream& operator=(const stream&) = delete;
     ~stream();
 
-    // TCP goes in TLS when this process's environment asks for it (VCUDA_TLS_CA: tls_context::from_environment),
-    // else plain; a Unix socket is always plain.
+    // TCP goes in TLS when this process's environment asks for it (VCUDA_TLS_CA:
+    // tls_context::from_environment), else plain; a Unix socket is always plain.
     static transport_result<stream> connect(const endpoint& ep, std::chrono::milliseconds timeout);
     // The same with an explicit TLS client context for TCP (null: plain).
     static transport_result<stream> connect(const endpoint& ep, std::chrono::milliseconds timeout,

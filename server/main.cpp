@@ -173,10 +173,11 @@ int main(int argc, char** argv) {
         "Serve TCP addresses other than loopback without --secret-file: anyone who reaches the port can use "
         "the GPUs (refused at start without this flag)");
     vcuda::tls_files tls_files;
-    app.add_option("--tls-cert", tls_files.cert,
-                   "PEM certificate (with its chain) this server presents over TCP: every TCP address then speaks "
-                   "TLS only (lanes, bulk connections), and clients need VCUDA_TLS_CA. Unix sockets stay plain "
-                   "(they never leave the host). Needs --tls-key; see README, Security, for making certificates")
+    app.add_option(
+           "--tls-cert", tls_files.cert,
+           "PEM certificate (with its chain) this server presents over TCP: every TCP address then speaks "
+           "TLS only (lanes, bulk connections), and clients need VCUDA_TLS_CA. Unix sockets stay plain "
+           "(they never leave the host). Needs --tls-key; see README, Security, for making certificates")
         ->check(CLI::ExistingFile);
     app.add_option("--tls-key", tls_files.key, "PEM private key of --tls-cert (keep it mode 600)")
         ->check(CLI::ExistingFile);
@@ -266,7 +267,8 @@ int main(int argc, char** argv) {
     if (!tls_files.cert.empty() || !tls_files.key.empty() || !tls_files.ca.empty()) {
         if (tls_files.cert.empty() || tls_files.key.empty()) {
             std::cerr << "vcuda-server: TLS needs both --tls-cert FILE and --tls-key FILE"
-                      << (tls_files.ca.empty() ? "" : " (--tls-client-ca only adds client certificates)") << "\n";
+                      << (tls_files.ca.empty() ? "" : " (--tls-client-ca only adds client certificates)")
+                      << "\n";
             return 2;
         }
         auto ctx = vcuda::tls_context::server(tls_files);
@@ -277,9 +279,10 @@ int main(int argc, char** argv) {
         tls = *ctx;
         if (isolation == "process") {
             // A worker gets the client's socket, and the TLS state of a connection cannot follow it there.
-            std::cerr << "vcuda-server: --isolation process does not support TLS yet (a session's connections "
-                         "are handed to its worker process, and their TLS state cannot go with them): use "
-                         "--isolation thread, or a Unix socket\n";
+            std::cerr
+                << "vcuda-server: --isolation process does not support TLS yet (a session's connections "
+                   "are handed to its worker process, and their TLS state cannot go with them): use "
+                   "--isolation thread, or a Unix socket\n";
             return 2;
         }
     }
@@ -361,7 +364,8 @@ int main(int argc, char** argv) {
                 VCUDA_LOG_ERROR(
                     "--listen {}: refusing to serve a network address without authentication: anyone who "
                     "reaches it could use the GPUs. Give --secret-file FILE (clients then need a token from "
-                    "`vcuda token create --secret-file FILE`) or --tls-client-ca FILE (mutual TLS), or listen "
+                    "`vcuda token create --secret-file FILE`) or --tls-client-ca FILE (mutual TLS), or "
+                    "listen "
                     "on 127.0.0.1 or a Unix socket, or add --insecure on a network you trust",
                     a);
                 return 2;
@@ -380,8 +384,8 @@ int main(int argc, char** argv) {
         if (tcp && tls) l->set_tls(tls);
         VCUDA_LOG_INFO(
             "serving {} GPU(s) on {}{}{}", drv.gpus().size(), l->local().to_string(),
-            !tcp    ? " (Unix socket: local, not encrypted)"
-            : !tls  ? " (TCP without TLS: not encrypted)"
+            !tcp         ? " (Unix socket: local, not encrypted)"
+            : !tls       ? " (TCP without TLS: not encrypted)"
             : mutual_tls ? " (TLS; client certificates required)"
                          : " (TLS)",
             opts.memory_quota ? fmt::format(" (quota {} MiB per session)", opts.memory_quota >> 20) : "");

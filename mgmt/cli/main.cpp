@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
         "Run `vcuda COMMAND --help` for a command's options.\n"
         "The manager address comes from --manager or VCUDA_MANAGER; your credential from --credential FILE,\n"
         "VCUDA_CREDENTIAL or VCUDA_CREDENTIAL_FILE (an operator makes one with `vcuda tokens create`).\n"
-        "A manager that serves TLS (--tls-cert) needs VCUDA_TLS_CA=FILE (and VCUDA_TLS_CERT/VCUDA_TLS_KEY for\n"
+        "A manager that serves TLS (--tls-cert) needs VCUDA_TLS_CA=FILE (and VCUDA_TLS_CERT/VCUDA_TLS_KEY "
+        "for\n"
         "mutual TLS).");
 
     // ---- run

@@ -50,16 +50,18 @@ int main(int argc, char** argv) {
     app.add_option("--lease-ttl", ttl_text, "a lease not renewed for this long expires")
         ->capture_default_str();
     tls_files tls_files;
-    app.add_option("--tls-cert", tls_files.cert,
-                   "PEM certificate (with its chain) for TCP addresses: they then speak TLS only, and servers, "
-                   "clients and `vcuda` need VCUDA_TLS_CA=FILE (the CA that signed it) to connect; Unix sockets "
-                   "stay plain. Needs --tls-key")
+    app.add_option(
+           "--tls-cert", tls_files.cert,
+           "PEM certificate (with its chain) for TCP addresses: they then speak TLS only, and servers, "
+           "clients and `vcuda` need VCUDA_TLS_CA=FILE (the CA that signed it) to connect; Unix sockets "
+           "stay plain. Needs --tls-key")
         ->check(CLI::ExistingFile);
     app.add_option("--tls-key", tls_files.key, "PEM private key of --tls-cert (keep it mode 600)")
         ->check(CLI::ExistingFile);
-    app.add_option("--tls-client-ca", tls_files.ca,
-                   "mutual TLS: admit only TCP peers whose certificate (VCUDA_TLS_CERT/VCUDA_TLS_KEY) this CA "
-                   "signed. Needs --tls-cert")
+    app.add_option(
+           "--tls-client-ca", tls_files.ca,
+           "mutual TLS: admit only TCP peers whose certificate (VCUDA_TLS_CERT/VCUDA_TLS_KEY) this CA "
+           "signed. Needs --tls-cert")
         ->check(CLI::ExistingFile);
     app.add_option("--log-level", level, "trace|debug|info|warn|error (default: $VCUDA_LOG_LEVEL or info)");
     app.footer(
@@ -123,9 +125,9 @@ int main(int argc, char** argv) {
     for (auto& ep : server.local_endpoints())
         addrs += (addrs.empty() ? "" : ", ") + ep.to_string() +
                  (ep.type == endpoint::kind::unix_socket ? " (Unix socket)"
-                  : !tls                                  ? " (TCP without TLS: not encrypted)"
-                  : tls->requires_client_certificate()    ? " (TLS; client certificates required)"
-                                                          : " (TLS)");
+                  : !tls                                 ? " (TCP without TLS: not encrypted)"
+                  : tls->requires_client_certificate()   ? " (TLS; client certificates required)"
+                                                         : " (TLS)");
     VCUDA_LOG_INFO("listening on {} (heartbeat timeout {} ms, lease ttl {} ms, db {})", addrs, hb->count(),
                    ttl->count(), db);
 

@@ -1,8 +1,8 @@
 // Serves the manager protocol (mgmt/PROTOCOL.md) on one or more listening endpoints: a thread per listener
-// accepts, a thread per connection (after its TLS handshake, on a TLS listener) reads MgmtRequest frames and answers each with a MgmtReply (same
-// sequence), and a timer thread drives service::tick() (heartbeat timeouts, lease expiry). runs on: its own
-// threads; start()/stop() from one controlling thread. locks: conns_mutex_ guards the connection list; the
-// service has its own lock.
+// accepts, a thread per connection (after its TLS handshake, on a TLS listener) reads MgmtRequest frames and
+// answers each with a MgmtReply (same sequence), and a timer thread drives service::tick() (heartbeat
+// timeouts, lease expiry). runs on: its own threads; start()/stop() from one controlling thread. locks:
+// conns_mutex_ guards the connection list; the service has its own lock.
 #pragma once
 
 #include <atomic>
@@ -27,8 +27,8 @@ class mgmt_server {
     explicit mgmt_server(service& svc, std::chrono::milliseconds tick_every = std::chrono::milliseconds(250));
     ~mgmt_server();
 
-    // Binds every endpoint; fails (binding nothing) if any cannot be bound. With `tls` (a server context), TCP
-    // endpoints speak TLS only; Unix sockets stay plain.
+    // Binds every endpoint; fails (binding nothing) if any cannot be bound. With `tls` (a server context),
+    // TCP endpoints speak TLS only; Unix sockets stay plain.
     result<void, std::string> listen(const std::vector<endpoint>& endpoints,
                                      std::shared_ptr<const tls_context> tls = {});
     // The bound addresses (ports chosen by the system for ":0" filled in).

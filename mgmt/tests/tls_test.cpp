@@ -1,6 +1,6 @@
 // The manager over TCP with TLS (vcuda-mgmt --tls-cert/--tls-key/--tls-client-ca): a server registers and
-// heartbeats and an operator calls, both through VCUDA_TLS_CA (and VCUDA_TLS_CERT/KEY for mutual TLS); a plain
-// caller and one without a client certificate are refused with the reason; the Unix socket stays plain.
+// heartbeats and an operator calls, both through VCUDA_TLS_CA (and VCUDA_TLS_CERT/KEY for mutual TLS); a
+// plain caller and one without a client certificate are refused with the reason; the Unix socket stays plain.
 #include <catch2/catch.hpp>
 
 #include "common/tls.hpp"
@@ -37,12 +37,16 @@ struct tls_env {
         ::unsetenv("VCUDA_TLS_KEY");
     }
     static void set(const char* name, const std::string& v) {
-        if (v.empty()) ::unsetenv(name);
-        else ::setenv(name, v.c_str(), 1);
+        if (v.empty())
+            ::unsetenv(name);
+        else
+            ::setenv(name, v.c_str(), 1);
     }
 };
 
-bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+bool contains(const std::string& hay, const std::string& needle) {
+    return hay.find(needle) != std::string::npos;
+}
 
 }  // namespace
 
@@ -56,7 +60,8 @@ TEST_CASE("the manager over mutual TLS: servers and operators with certificates,
     service svc(service_config{{2s, 2s}, secret}, nullptr);
     REQUIRE(svc.start());
     mgmt_server server(svc, 50ms);
-    REQUIRE(server.listen({*endpoint::parse("127.0.0.1:0"), *endpoint::parse("unix:" + dir / "mgmt.sock")}, *tls));
+    REQUIRE(server.listen({*endpoint::parse("127.0.0.1:0"), *endpoint::parse("unix:" + dir / "mgmt.sock")},
+                          *tls));
     server.start();
     endpoint manager = server.local_endpoints().at(0);
     endpoint manager_unix = server.local_endpoints().at(1);
@@ -65,7 +70,9 @@ TEST_CASE("the manager over mutual TLS: servers and operators with certificates,
         tls_env env(certs.ca, certs.client_cert, certs.client_key);
         server_agent_config cfg;
         cfg.manager = manager;
-        cfg.sign = [](std::string_view method, std::string_view body) { return sign_request(secret, method, body); };
+        cfg.sign = [](std::string_view method, std::string_view body) {
+            return sign_request(secret, method, body);
+        };
         cfg.registration = mgmt::test::server("gpu-tls", {gpu(0, "GPU-t0", 16 * GiB)}, "127.0.0.1:7301");
         cfg.load = [] {
             heartbeat hb;

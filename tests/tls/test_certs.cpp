@@ -47,13 +47,14 @@ cert_ptr make_cert(EVP_PKEY* key, const char* cn, X509* issuer, EVP_PKEY* issuer
     const bool ca = issuer == nullptr;
     X509* signer = ca ? x.get() : issuer;
     X509_set_issuer_name(x.get(), X509_get_subject_name(signer));
-    bool ok = add_ext(x.get(), signer, NID_basic_constraints, ca ? "critical,CA:TRUE" : "critical,CA:FALSE") &&
-              add_ext(x.get(), signer, NID_key_usage,
-                      ca ? "critical,keyCertSign,cRLSign" : "critical,digitalSignature") &&
-              add_ext(x.get(), signer, NID_subject_key_identifier, "hash") &&
-              (ca || add_ext(x.get(), signer, NID_authority_key_identifier, "keyid")) &&
-              (!san || add_ext(x.get(), signer, NID_subject_alt_name, san)) &&
-              (!usage || add_ext(x.get(), signer, NID_ext_key_usage, usage));
+    bool ok =
+        add_ext(x.get(), signer, NID_basic_constraints, ca ? "critical,CA:TRUE" : "critical,CA:FALSE") &&
+        add_ext(x.get(), signer, NID_key_usage,
+                ca ? "critical,keyCertSign,cRLSign" : "critical,digitalSignature") &&
+        add_ext(x.get(), signer, NID_subject_key_identifier, "hash") &&
+        (ca || add_ext(x.get(), signer, NID_authority_key_identifier, "keyid")) &&
+        (!san || add_ext(x.get(), signer, NID_subject_alt_name, san)) &&
+        (!usage || add_ext(x.get(), signer, NID_ext_key_usage, usage));
     if (!ok || X509_sign(x.get(), ca ? key : issuer_key, EVP_sha256()) == 0) return nullptr;
     return x;
 }
@@ -85,8 +86,8 @@ std::string write_test_certs(const std::string& dir, test_cert_files& out) {
                                 "DNS:localhost,IP:127.0.0.1,IP:::1", "serverAuth");
     cert_ptr client =
         make_cert(client_key.get(), "vcuda test client", ca.get(), ca_key.get(), 4, nullptr, "clientAuth");
-    cert_ptr other = make_cert(other_key.get(), "a client of another CA", other_ca.get(), other_ca_key.get(), 5,
-                               nullptr, "clientAuth");
+    cert_ptr other = make_cert(other_key.get(), "a client of another CA", other_ca.get(), other_ca_key.get(),
+                               5, nullptr, "clientAuth");
     if (!server || !client || !other) return "cannot make the certificates";
     out.ca = dir + "/ca.pem";
     out.server_cert = dir + "/server.pem";

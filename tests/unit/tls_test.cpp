@@ -1,8 +1,8 @@
 // TLS over TCP (common/tls.hpp) with throw-away certificates made at test time: frames both ways, large
 // payloads read and written at once; what an attacker on the wire sees (no plaintext) and what tampering does
 // (the connection fails, no altered byte is delivered); and every misconfiguration a user can make, each with
-// its message and none hanging: the wrong CA, the wrong name, a plain client on a TLS listener and the other way
-// round, mutual TLS without a client certificate or with one from another CA, bad certificate files.
+// its message and none hanging: the wrong CA, the wrong name, a plain client on a TLS listener and the other
+// way round, mutual TLS without a client certificate or with one from another CA, bad certificate files.
 // Catch2 assertions are not thread-safe: helper threads only record what they saw; the test thread checks it.
 #include <poll.h>
 #include <sys/socket.h>
@@ -28,7 +28,8 @@ struct certs {
     temp_dir dir;
     test_cert_files files;
     certs() {
-        if (auto why = write_test_certs(dir.path().string(), files); !why.empty()) throw std::runtime_error(why);
+        if (auto why = write_test_certs(dir.path().string(), files); !why.empty())
+            throw std::runtime_error(why);
     }
     std::shared_ptr<const tls_context> server(bool mutual = false) const {
         auto c = tls_context::server({files.server_cert, files.server_key, mutual ? files.ca : ""});
@@ -43,11 +44,12 @@ struct certs {
     }
 };
 
-// One TLS (or plain, with a null context) connection's server side on its own thread: the handshake, then every
-// frame echoed back until the client goes.
+// One TLS (or plain, with a null context) connection's server side on its own thread: the handshake, then
+// every frame echoed back until the client goes.
 class echo_server {
   public:
-    explicit echo_server(std::shared_ptr<const tls_context> tls) : srv_(transport_kind::tcp), tls_(std::move(tls)) {
+    explicit echo_server(std::shared_ptr<const tls_context> tls)
+        : srv_(transport_kind::tcp), tls_(std::move(tls)) {
         thread_ = std::jthread([this] {
             auto s = srv_.lis.accept(after(10s));
             if (!s) return;
@@ -106,7 +108,8 @@ std::string round_trip(frame_stream& fs, std::span<const std::byte> payload, uin
     auto f = fs.receive(after(20s), 20s);
     if (!f) return "receive: " + f.error().message;
     if (f->header.sequence != seq) return "wrong sequence";
-    if (f->payload.size() != payload.size() || !std::equal(payload.begin(), payload.end(), f->payload.begin()))
+    if (f->payload.size() != payload.size() ||
+        !std::equal(payload.begin(), payload.end(), f->payload.begin()))
         return "payload differs";
     return {};
 }
@@ -123,8 +126,8 @@ std::string answer_to_a_frame(frame_stream& fs) {
     return e->message() ? e->message()->str() : "";
 }
 
-// Copies bytes between a client and the real server, keeping what went each way; once `tamper` is set it flips
-// one bit of the next client bytes it forwards: an attacker on the path.
+// Copies bytes between a client and the real server, keeping what went each way; once `tamper` is set it
+// flips one bit of the next client bytes it forwards: an attacker on the path.
 class relay {
   public:
     explicit relay(const endpoint& to) : front_(transport_kind::tcp) {
@@ -172,7 +175,9 @@ std::string first_round_trip(transport_result<stream> s) {
     return why;
 }
 
-bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+bool contains(const std::string& hay, const std::string& needle) {
+    return hay.find(needle) != std::string::npos;
+}
 
 }  // namespace
 
@@ -191,7 +196,8 @@ TEST_CASE("tls: frames both ways, small and large, with a writer and a reader at
     std::string reader_error;
     std::jthread reader([&] {
         auto f = fs.receive(after(60s), 60s);
-        if (!f) reader_error = f.error().message;
+        if (!f)
+            reader_error = f.error().message;
         else if (f->payload.size() != big.size() || !std::equal(big.begin(), big.end(), f->payload.begin()))
             reader_error = "payload differs";
     });
