@@ -261,7 +261,9 @@ transport_result<std::unique_ptr<tls_connection>> tls_connection::handshake(int 
         if (rc == 1) break;
         int err = SSL_get_error(ssl, rc);
         int sys = errno;
-        short events = err == SSL_ERROR_WANT_READ ? POLLIN : err == SSL_ERROR_WANT_WRITE ? POLLOUT : 0;
+        short events = 0;
+        if (err == SSL_ERROR_WANT_READ) events = POLLIN;
+        if (err == SSL_ERROR_WANT_WRITE) events = POLLOUT;
         if (events == 0)
             return fail(transport_errc::protocol, handshake_failure(ssl, ctx.is_server(), err, sys));
         if (auto w = wait_for(fd, events, until); !w.empty())

@@ -27,7 +27,7 @@ mgmt_server::mgmt_server(service& svc, std::chrono::milliseconds tick_every)
 mgmt_server::~mgmt_server() { stop(); }
 
 result<void, std::string> mgmt_server::listen(const std::vector<endpoint>& endpoints,
-                                              std::shared_ptr<const tls_context> tls) {
+                                              const std::shared_ptr<const tls_context>& tls) {
     std::vector<std::unique_ptr<listener>> bound;
     for (auto& ep : endpoints) {
         auto l = listener::listen(ep);

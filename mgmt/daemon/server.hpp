@@ -30,7 +30,7 @@ class mgmt_server {
     // Binds every endpoint; fails (binding nothing) if any cannot be bound. With `tls` (a server context),
     // TCP endpoints speak TLS only; Unix sockets stay plain.
     result<void, std::string> listen(const std::vector<endpoint>& endpoints,
-                                     std::shared_ptr<const tls_context> tls = {});
+                                     const std::shared_ptr<const tls_context>& tls = {});
     // The bound addresses (ports chosen by the system for ":0" filled in).
     std::vector<endpoint> local_endpoints() const;
 
