@@ -58,7 +58,9 @@ find_path(VCUDA_JSON_INCLUDE nlohmann/json.hpp)
 find_path(VCUDA_SQLITE_INCLUDE sqlite3.h)
 find_library(VCUDA_SQLITE_STATIC libsqlite3.a)
 find_library(VCUDA_CRYPTO_STATIC libcrypto.a)
-foreach(v VCUDA_CLI11_INCLUDE VCUDA_JSON_INCLUDE VCUDA_SQLITE_INCLUDE VCUDA_SQLITE_STATIC VCUDA_CRYPTO_STATIC)
+find_library(VCUDA_SSL_STATIC libssl.a)
+foreach(v VCUDA_CLI11_INCLUDE VCUDA_JSON_INCLUDE VCUDA_SQLITE_INCLUDE VCUDA_SQLITE_STATIC VCUDA_CRYPTO_STATIC
+          VCUDA_SSL_STATIC)
   if(NOT ${v})
     message(FATAL_ERROR "${v} not found: run tools/setup.sh (libcli11-dev nlohmann-json3-dev libsqlite3-dev libssl-dev)")
   endif()
@@ -66,6 +68,12 @@ endforeach()
 add_library(vcuda_daemon_deps INTERFACE)
 target_include_directories(vcuda_daemon_deps SYSTEM INTERFACE ${VCUDA_CLI11_INCLUDE} ${VCUDA_JSON_INCLUDE} ${VCUDA_SQLITE_INCLUDE})
 target_link_libraries(vcuda_daemon_deps INTERFACE ${VCUDA_SQLITE_STATIC} ${VCUDA_CRYPTO_STATIC} Threads::Threads ${CMAKE_DL_LIBS})
+
+# TLS (common/tls.cpp): OpenSSL linked in, also into the client libcuda.so.1, which must need nothing but the C
+# library (Debian's libssl.a and libcrypto.a are position-independent). Its symbols stay hidden there (the
+# client's version script exports the driver's only), so an application's own OpenSSL never meets it.
+add_library(vcuda_tls_deps INTERFACE)
+target_link_libraries(vcuda_tls_deps INTERFACE ${VCUDA_SSL_STATIC} ${VCUDA_CRYPTO_STATIC} Threads::Threads ${CMAKE_DL_LIBS})
 
 # Warnings for our own targets; sanitizers come from presets through VCUDA_SANITIZE.
 set(VCUDA_SANITIZE "" CACHE STRING "Sanitizers: address,undefined | thread | empty")

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "common/log.hpp"
+#include "common/tls.hpp"
 
 namespace vcuda {
 
@@ -146,6 +147,7 @@ bool is_unix_socket(int fd) {
 }
 }  // namespace
 
+stream::stream() = default;
 stream::stream(int fd) : fd_(fd), local_(is_unix_socket(fd)) {}
 stream::stream(stream&& o) noexcept
     : fd_(o.fd_),
@@ -159,11 +161,14 @@ stream::stream(stream&& o) noexcept
       lost_(o.lost_.load()),
       reported_(o.reported_.load()),
       peer_(std::move(o.peer_)),
-      received_fds_(std::move(o.received_fds_)) {
+      received_fds_(std::move(o.received_fds_)),
+      tls_(std::move(o.tls_)),
+      wbuf_(std::move(o.wbuf_)) {
     o.fd_ = -1;
 }
 stream& stream::operator=(stream&& o) noexcept {
     if (this != &o) {
+        tls_.reset();  // before its socket closes
         if (fd_ >= 0) ::close(fd_);
         close_received();
         fd_ = o.fd_;
@@ -179,10 +184,13 @@ stream& stream::operator=(stream&& o) noexcept {
         lost_ = o.lost_.load();
         reported_ = o.reported_.load();
         peer_ = std::move(o.peer_);
+        tls_ = std::move(o.tls_);
+        wbuf_ = std::move(o.wbuf_);
     }
     return *this;
 }
 stream::~stream() {
+    tls_.reset();
     if (fd_ >= 0) ::close(fd_);
     close_received();
 }
@@ -209,6 +217,14 @@ int stream::take_fd() {
 }
 
 transport_result<stream> stream::connect(const endpoint& ep, std::chrono::milliseconds timeout) {
+    if (ep.type == endpoint::kind::unix_socket) return connect(ep, timeout, nullptr);
+    auto tls = tls_context::from_environment();
+    if (!tls) return unexpected{transport_error{transport_errc::io, tls.error()}};
+    return connect(ep, timeout, tls->get());
+}
+
+transport_result<stream> stream::connect(const endpoint& ep, std::chrono::milliseconds timeout,
+                                         const tls_context* tls) {
     if (ep.type == endpoint::kind::unix_socket) {
         int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0) return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
@@ -244,6 +260,12 @@ transport_result<stream> stream::connect(const endpoint& ep, std::chrono::millis
             tune_socket(fd, true);
             stream s(fd);
             s.peer_ = ep.to_string();
+            if (tls)
+                if (auto h = s.start_tls(*tls, ep.host, after(timeout)); !h) {
+                    auto e = h.error();
+                    e.message = ep.to_string() + ": " + e.message;
+                    return unexpected{e};
+                }
             return s;
         }
         last = r.error();
@@ -322,7 +344,88 @@ transport_result<void> stream::write_all(std::span<iovec> bufs, deadline until, 
         return unexpected{
             transport_error{transport_errc::io, "file descriptors pass only over Unix sockets"}};
     VCUDA_INJECT_FAULT(writes_left, "write");
+    if (tls_) return tls_write(bufs, until);
     return rings_ ? ring_write(bufs, until, pass_fd) : socket_write(bufs, until, pass_fd);
+}
+
+transport_result<void> stream::start_tls(const tls_context& ctx, std::string_view host, deadline until) {
+    if (fd_ < 0 || lost_) return unexpected{transport_error{transport_errc::closed, "connection closed"}};
+    if (local_ || tls_ || rlen_ > rpos_)
+        return unexpected{transport_error{transport_errc::io, "TLS starts on a fresh TCP connection only"}};
+    auto c = tls_connection::handshake(fd_, ctx, host, until);
+    if (!c) return unexpected{c.error()};
+    tls_ = std::move(*c);
+    return {};
+}
+
+std::string stream::tls_peer_subject() const { return tls_ ? tls_->peer_subject() : std::string(); }
+
+// TLS has no scatter-gather write: a frame's header and metadata (and the small frames of a batch) are
+// gathered into one record; pieces of a record's size or more go as they are.
+transport_result<void> stream::tls_write(std::span<iovec> bufs, deadline until) {
+    constexpr size_t gather = 16u << 10;  // a TLS record's most plaintext
+    if (!wbuf_) wbuf_ = std::make_unique<char[]>(gather);
+    auto put = [&](const char* p, size_t n) -> transport_result<void> {
+        while (n > 0) {
+            auto st = tls_->write(p, n);
+            switch (st.status) {
+                case tls_status::done:
+                    p += st.bytes;
+                    n -= st.bytes;
+                    break;
+                case tls_status::want_read:
+                case tls_status::want_write:
+                    if (auto w = wait(st.status == tls_status::want_read ? POLLIN : POLLOUT, until); !w)
+                        return w;
+                    break;
+                case tls_status::closed:
+                    return unexpected{lost("peer closed the connection")};
+                case tls_status::failed:
+                    return unexpected{lost("TLS: " + st.error)};
+            }
+        }
+        return {};
+    };
+    size_t used = 0;
+    for (auto& b : bufs) {
+        auto* p = static_cast<const char*>(b.iov_base);
+        if (b.iov_len <= gather - used) {
+            std::memcpy(wbuf_.get() + used, p, b.iov_len);
+            used += b.iov_len;
+            continue;
+        }
+        if (used > 0)
+            if (auto r = put(wbuf_.get(), used); !r) return r;
+        used = 0;
+        if (b.iov_len < gather) {
+            std::memcpy(wbuf_.get(), p, b.iov_len);
+            used = b.iov_len;
+        } else if (auto r = put(p, b.iov_len); !r) {
+            return r;
+        }
+    }
+    if (used > 0) return put(wbuf_.get(), used);
+    return {};
+}
+
+transport_result<size_t> stream::tls_read_some(void* dst, size_t n, short& wait_for) {
+    auto st = tls_->read(dst, n);
+    wait_for = 0;
+    switch (st.status) {
+        case tls_status::done:
+            return st.bytes;
+        case tls_status::want_read:
+            wait_for = POLLIN;
+            return size_t{0};
+        case tls_status::want_write:
+            wait_for = POLLOUT;
+            return size_t{0};
+        case tls_status::closed:
+            return unexpected{lost("peer closed the connection")};
+        case tls_status::failed:
+            break;
+    }
+    return unexpected{lost("TLS: " + st.error)};
 }
 
 transport_result<void> stream::socket_write(std::span<iovec> bufs, deadline until, int pass_fd) {
@@ -400,12 +503,25 @@ inline void cpu_relax() {
 }  // namespace
 
 // A reader that finds nothing spins up to spin_ (retrying the socket) before it sleeps in poll: a reply that
-// comes within microseconds then costs no wake-up.
+// comes within microseconds then costs no wake-up. Over TLS the same, with the TLS layer in place of recv.
 transport_result<void> stream::socket_read(void* buf, size_t n, deadline until) {
     auto* p = static_cast<char*>(buf);
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
     clock::time_point spin_end{};
     if (!local_ && !rbuf_) rbuf_ = std::make_unique<char[]>(read_buffer_size);
+    // Nothing to read now: spin, then wait for `events`.
+    auto idle = [&](short events) -> transport_result<void> {
+        if (spin_.count() > 0) {
+            auto now = clock::now();
+            if (spin_end == clock::time_point{}) spin_end = now + spin_;
+            if (now < spin_end) {
+                for (int i = 0; i < 16; ++i) cpu_relax();
+                return {};
+            }
+        }
+        spin_end = {};
+        return wait(events, until);
+    };
     while (n > 0) {
         if (rpos_ < rlen_) {  // bytes read ahead before
             size_t k = std::min(n, rlen_ - rpos_);
@@ -415,9 +531,25 @@ transport_result<void> stream::socket_read(void* buf, size_t n, deadline until) 
             n -= k;
             continue;
         }
+        // A small read fills the buffer: the bytes after it come with it.
+        const bool fill = !local_ && n < read_buffer_size;
+        if (tls_) {
+            short events = 0;
+            auto got = tls_read_some(fill ? rbuf_.get() : p, fill ? read_buffer_size : n, events);
+            if (!got) return unexpected{got.error()};
+            if (*got == 0) {
+                if (auto w = idle(events); !w) return w;
+            } else if (fill) {
+                rpos_ = 0;
+                rlen_ = *got;
+            } else {
+                p += *got;
+                n -= *got;
+            }
+            continue;
+        }
         ssize_t r;
-        if (!local_ &&
-            n < read_buffer_size) {  // a small read fills the buffer: the bytes after it come with it
+        if (fill) {
             r = ::recv(fd_, rbuf_.get(), read_buffer_size, MSG_DONTWAIT);
             if (r > 0) {
                 rpos_ = 0;
@@ -444,16 +576,7 @@ transport_result<void> stream::socket_read(void* buf, size_t n, deadline until) 
         if (r == 0) return unexpected{lost("peer closed the connection")};
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            if (spin_.count() > 0) {
-                auto now = clock::now();
-                if (spin_end == clock::time_point{}) spin_end = now + spin_;
-                if (now < spin_end) {
-                    for (int i = 0; i < 16; ++i) cpu_relax();
-                    continue;
-                }
-            }
-            if (auto w = wait(POLLIN, until); !w) return w;
-            spin_end = {};
+            if (auto w = idle(POLLIN); !w) return w;
             continue;
         }
         return unexpected{lost(errno_text(errno))};
@@ -622,7 +745,7 @@ bool stream::peer_gone() const {
 
 // ---------------------------------------------------------------- listener
 
-listener::listener(listener&& o) noexcept : fd_(o.fd_), local_(std::move(o.local_)) {
+listener::listener(listener&& o) noexcept : fd_(o.fd_), local_(std::move(o.local_)), tls_(std::move(o.tls_)) {
     wake_[0] = o.wake_[0];
     wake_[1] = o.wake_[1];
     o.fd_ = o.wake_[0] = o.wake_[1] = -1;

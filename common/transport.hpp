@@ -1,4 +1,5 @@
-// Byte streams between vcuda processes: TCP between hosts, Unix domain sockets on one host.
+// Byte streams between vcuda processes: TCP between hosts (in TLS where configured: common/tls.hpp), Unix
+// domain sockets on one host.
 // A `stream` is a connected socket with deadline-bounded reads and scatter-gather writes; a `frame_stream`
 // moves whole frames over it (common/frame.hpp). A lost peer is reported once, as transport_errc::peer_lost;
 // after that every call answers transport_errc::closed without touching the socket.
@@ -26,6 +27,9 @@
 #include "common/shm_ring.hpp"
 
 namespace vcuda {
+
+class tls_context;
+class tls_connection;
 
 // How long a reader on shared-memory rings spins before it sleeps: `VCUDA_SPIN_US` if set, else 50 µs where
 // the machine has 4 or more hardware threads (spinning on fewer would take the peer's CPU), else 0.
@@ -82,7 +86,7 @@ void fail_write(uint64_t n);  // 0 disarms
 
 class stream {
   public:
-    stream() = default;
+    stream();
     explicit stream(int fd);
     stream(stream&& o) noexcept;
     stream& operator=(stream&& o) noexcept;
@@ -90,7 +94,19 @@ class stream {
     stream& operator=(const stream&) = delete;
     ~stream();
 
+    // TCP goes in TLS when this process's environment asks for it (VCUDA_TLS_CA:
+    // tls_context::from_environment), else plain; a Unix socket is always plain.
     static transport_result<stream> connect(const endpoint& ep, std::chrono::milliseconds timeout);
+    // The same with an explicit TLS client context for TCP (null: plain).
+    static transport_result<stream> connect(const endpoint& ep, std::chrono::milliseconds timeout,
+                                            const tls_context* tls);
+    // The TLS handshake on this connected TCP socket, by `until`, before any byte was read or written; then
+    // every byte goes through TLS. A client names the `host` the server's certificate must be for; a server
+    // passes "" (see accept_tls in common/tls.hpp, which also answers a plain client).
+    transport_result<void> start_tls(const tls_context& ctx, std::string_view host, deadline until);
+    bool is_tls() const { return tls_ != nullptr; }
+    // The peer's certificate subject over TLS (a client's, under mutual TLS), else "".
+    std::string tls_peer_subject() const;
 
     // Writes every byte of every buffer (one writev per pass; partial writes continue). On a Unix socket,
     // `pass_fd` >= 0 travels with the first bytes (SCM_RIGHTS); the caller still owns and closes its copy.
@@ -129,6 +145,10 @@ class stream {
     transport_result<void> wait(short events, deadline until);
     transport_result<void> socket_write(std::span<iovec> bufs, deadline until, int pass_fd);
     transport_result<void> socket_read(void* buf, size_t n, deadline until);
+    transport_result<void> tls_write(std::span<iovec> bufs, deadline until);
+    // One read from the TLS layer into dst: the bytes (> 0), or 0 with `wait_for` set (POLLIN/POLLOUT) when
+    // it needs the socket first; an error when the connection ended.
+    transport_result<size_t> tls_read_some(void* dst, size_t n, short& wait_for);
     transport_result<void> ring_write(std::span<iovec> bufs, deadline until, int pass_fd);
     transport_result<void> ring_read(void* buf, size_t n, deadline until);
     transport_result<void> wait_readable(deadline until);
@@ -152,6 +172,8 @@ class stream {
     std::atomic<bool> reported_{false};
     std::string peer_;
     std::deque<int> received_fds_;  // touched by the reading thread only
+    std::unique_ptr<tls_connection> tls_;
+    std::unique_ptr<char[]> wbuf_;  // TLS: a write's small pieces gathered into one record (the writer's)
 };
 
 class listener {
@@ -163,6 +185,10 @@ class listener {
 
     // A Unix socket is made with mode 0660 (its owner and group may connect).
     static transport_result<listener> listen(const endpoint& ep, int backlog = 256);
+    // A TCP listener whose connections speak TLS with this server context: whoever serves an accepted
+    // connection runs accept_tls (common/tls.hpp) on its own thread before anything else.
+    void set_tls(std::shared_ptr<const tls_context> ctx) { tls_ = std::move(ctx); }
+    const std::shared_ptr<const tls_context>& tls() const { return tls_; }
     // Waits for a connection; returns `closed` once close() was called.
     transport_result<stream> accept(deadline until = never);
     void close();
@@ -173,6 +199,7 @@ class listener {
     int fd_ = -1;
     int wake_[2] = {-1, -1};  // close() writes here to end a blocked accept()
     endpoint local_;
+    std::shared_ptr<const tls_context> tls_;
 };
 
 // One received frame. The metadata is verified; the payload is in `payload` unless the receiver asked for it

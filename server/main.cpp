@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/log.hpp"
+#include "common/tls.hpp"
 #include "mgmt/token.hpp"
 #include "mgmt/wire/server_agent.hpp"
 #include "server/device_output.hpp"
@@ -190,7 +191,8 @@ int main(int argc, char** argv) {
     app.add_option(
         "--manager", manager,
         "Attach to the vcuda-mgmt at ADDR: register this server's GPUs, send heartbeats, and accept only "
-        "sessions that present a valid lease token (needs --secret-file)");
+        "sessions that present a valid lease token (needs --secret-file). A manager that serves TLS is "
+        "reached in TLS when VCUDA_TLS_CA=FILE is set (its CA; VCUDA_TLS_CERT/VCUDA_TLS_KEY for mutual TLS)");
     app.add_option(
         "--secret-file", secret_file,
         "File holding the secret (mode 600; make one with `head -c 32 /dev/urandom | base64 > FILE`). With "
@@ -202,6 +204,19 @@ int main(int argc, char** argv) {
         "--insecure", insecure,
         "Serve TCP addresses other than loopback without --secret-file: anyone who reaches the port can use "
         "the GPUs (refused at start without this flag)");
+    vcuda::tls_files tls_files;
+    app.add_option(
+           "--tls-cert", tls_files.cert,
+           "PEM certificate (with its chain) this server presents over TCP: every TCP address then speaks "
+           "TLS only (lanes, bulk connections), and clients need VCUDA_TLS_CA. Unix sockets stay plain "
+           "(they never leave the host). Needs --tls-key; see README, Security, for making certificates")
+        ->check(CLI::ExistingFile);
+    app.add_option("--tls-key", tls_files.key, "PEM private key of --tls-cert (keep it mode 600)")
+        ->check(CLI::ExistingFile);
+    app.add_option("--tls-client-ca", tls_files.ca,
+                   "Mutual TLS: admit only TCP clients that present a certificate signed by this CA (PEM; "
+                   "clients give theirs with VCUDA_TLS_CERT and VCUDA_TLS_KEY). Needs --tls-cert")
+        ->check(CLI::ExistingFile);
     std::string allow_uid_text;
     app.add_option(
         "--allow-uid", allow_uid_text,
@@ -287,6 +302,29 @@ int main(int argc, char** argv) {
         opts.secret = *secret;
         opts.managed = !manager.empty();
     }
+    std::shared_ptr<const vcuda::tls_context> tls;
+    if (!tls_files.cert.empty() || !tls_files.key.empty() || !tls_files.ca.empty()) {
+        if (tls_files.cert.empty() || tls_files.key.empty()) {
+            std::cerr << "vcuda-server: TLS needs both --tls-cert FILE and --tls-key FILE"
+                      << (tls_files.ca.empty() ? "" : " (--tls-client-ca only adds client certificates)")
+                      << "\n";
+            return 2;
+        }
+        auto ctx = vcuda::tls_context::server(tls_files);
+        if (!ctx) {
+            std::cerr << "vcuda-server: TLS: " << ctx.error() << "\n";
+            return 2;
+        }
+        tls = *ctx;
+        if (isolation == "process") {
+            // A worker gets the client's socket, and the TLS state of a connection cannot follow it there.
+            std::cerr
+                << "vcuda-server: --isolation process does not support TLS yet (a session's connections "
+                   "are handed to its worker process, and their TLS state cannot go with them): use "
+                   "--isolation thread, or a Unix socket\n";
+            return 2;
+        }
+    }
     if (max_sessions > 0) opts.max_sessions = static_cast<uint32_t>(max_sessions);
     if (max_connections > 0) opts.max_connections = static_cast<uint32_t>(max_connections);
     if (!allow_uid_text.empty()) {
@@ -357,28 +395,38 @@ int main(int argc, char** argv) {
         }
         // Who can connect: anyone who reaches a TCP port. Without a secret only this host may (loopback),
         // unless the operator says otherwise; a Unix socket is guarded by its mode (0660) and --allow-uid.
-        if (ep->type == vcuda::endpoint::kind::tcp && opts.secret.empty() && !is_loopback(ep->host)) {
+        // Mutual TLS authenticates too: only holders of a certificate signed by --tls-client-ca get through.
+        const bool mutual_tls = tls && tls->requires_client_certificate();
+        if (ep->type == vcuda::endpoint::kind::tcp && opts.secret.empty() && !mutual_tls &&
+            !is_loopback(ep->host)) {
             if (!insecure) {
                 VCUDA_LOG_ERROR(
                     "--listen {}: refusing to serve a network address without authentication: anyone who "
                     "reaches it could use the GPUs. Give --secret-file FILE (clients then need a token from "
-                    "`vcuda token create --secret-file FILE`), or listen on 127.0.0.1 or a Unix socket, or "
-                    "add --insecure on a network you trust",
+                    "`vcuda token create --secret-file FILE`) or --tls-client-ca FILE (mutual TLS), or "
+                    "listen "
+                    "on 127.0.0.1 or a Unix socket, or add --insecure on a network you trust",
                     a);
                 return 2;
             }
             VCUDA_LOG_WARN(
                 "--listen {} with --insecure: no authentication; anyone who reaches this address can use the "
-                "GPUs and nothing is encrypted",
-                a);
+                "GPUs{}",
+                a, tls ? "" : ", and nothing is encrypted (--tls-cert)");
         }
         auto l = vcuda::listener::listen(*ep);
         if (!l) {
             VCUDA_LOG_ERROR("cannot listen on {}: {}", a, l.error().message);
             return 1;
         }
+        const bool tcp = ep->type == vcuda::endpoint::kind::tcp;
+        if (tcp && tls) l->set_tls(tls);
         VCUDA_LOG_INFO(
-            "serving {} GPU(s) on {}{}", drv.gpus().size(), l->local().to_string(),
+            "serving {} GPU(s) on {}{}{}", drv.gpus().size(), l->local().to_string(),
+            !tcp         ? " (Unix socket: local, not encrypted)"
+            : !tls       ? " (TCP without TLS: not encrypted)"
+            : mutual_tls ? " (TLS; client certificates required)"
+                         : " (TLS)",
             opts.memory_quota ? fmt::format(" (quota {} MiB per session)", opts.memory_quota >> 20) : "");
         srv.serve(std::move(*l));
     }

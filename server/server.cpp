@@ -110,8 +110,8 @@ void server::accept_loop(listener* l) {
             continue;  // the stream's destructor closes it
         }
         try {
-            std::thread([this, over, st = std::move(*s)]() mutable {
-                run_connection(std::move(st), over);
+            std::thread([this, over, st = std::move(*s), tls = l->tls()]() mutable {
+                run_connection(std::move(st), over, tls.get());
                 --connections_;
             }).detach();
         } catch (const std::system_error& e) {  // no thread to be had: the connection is closed
@@ -122,7 +122,7 @@ void server::accept_loop(listener* l) {
     }
 }
 
-void server::run_connection(stream s, bool over_limit) {
+void server::run_connection(stream s, bool over_limit, const tls_context* tls) {
     std::string peer = s.peer_description();
     // Nothing is allocated on an unauthenticated peer's word past a small bound: HELLO (metadata only, no
     // payload) fits in 64 KiB, and a header announcing more is refused before anything is read or allocated.
@@ -130,6 +130,14 @@ void server::run_connection(stream s, bool over_limit) {
     hello_limits.max_meta = max_hello_bytes;
     hello_limits.max_payload = 0;
     frame_stream fs(std::move(s), hello_limits);
+    if (tls) {
+        if (auto t = accept_tls(fs, *tls, after(std::chrono::seconds(over_limit ? 2 : 10))); !t) {
+            VCUDA_LOG_WARN("{}: connection refused: {}", peer, t.error().message);
+            return;
+        }
+        if (auto who = fs.raw().tls_peer_subject(); !who.empty())
+            VCUDA_LOG_DEBUG("{}: TLS client certificate {}", peer, who);
+    }
     auto hello = fs.receive(after(std::chrono::seconds(over_limit ? 2 : 10)), std::chrono::seconds(10));
     if (!hello) {
         VCUDA_LOG_DEBUG("{}: no valid HELLO ({})", peer, hello.error().message);

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/tls.hpp"
 #include "common/transport.hpp"
 #include "server/driver.hpp"
 #include "server/session.hpp"
@@ -78,8 +79,9 @@ class server {
     // told why, when it was made already).
     std::shared_ptr<session> adopt_session(const wire::Hello& h, const std::string& peer);
     void reap(const std::shared_ptr<worker>& w);
-    // `over_limit`: this connection is past --max-connections: it is only told so, and closed.
-    void run_connection(stream s, bool over_limit);
+    // `over_limit`: this connection is past --max-connections: it is only told so, and closed. `tls`: the
+    // listener's, when it speaks TLS: the handshake comes first, on this connection's thread.
+    void run_connection(stream s, bool over_limit, const tls_context* tls);
     void run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, uint32_t lane_number);
     // Decides what a new session may use: the GPUs it asks for, or — when the server is attached to a manager
     // — exactly the GPU and memory its lease token grants. False with `refusal` set when it may not open.

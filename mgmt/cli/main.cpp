@@ -23,6 +23,9 @@ const char* run_footer =
     "Give the GPU host with --server (or VCUDA_SERVER), or let the manager choose with --manager\n"
     "(or VCUDA_MANAGER). With a manager, the program presents your credential (from an operator's\n"
     "`vcuda tokens create`): --credential FILE, VCUDA_CREDENTIAL or VCUDA_CREDENTIAL_FILE.\n"
+    "Servers and managers started with --tls-cert speak TLS over TCP: export VCUDA_TLS_CA=FILE (their CA;\n"
+    "every TCP connection then uses TLS, never plain), and VCUDA_TLS_CERT/VCUDA_TLS_KEY where they require\n"
+    "client certificates (--tls-client-ca).\n"
     "The program's exit code is vcuda run's exit code.\n"
     "Usage:   vcuda run [OPTIONS] -- PROGRAM [ARGS...]\n"
     "Example: vcuda run --server gpu1:7300 -- ./my_app --iterations 10\n"
@@ -38,7 +41,10 @@ int main(int argc, char** argv) {
     app.footer(
         "Run `vcuda COMMAND --help` for a command's options.\n"
         "The manager address comes from --manager or VCUDA_MANAGER; your credential from --credential FILE,\n"
-        "VCUDA_CREDENTIAL or VCUDA_CREDENTIAL_FILE (an operator makes one with `vcuda tokens create`).");
+        "VCUDA_CREDENTIAL or VCUDA_CREDENTIAL_FILE (an operator makes one with `vcuda tokens create`).\n"
+        "A manager that serves TLS (--tls-cert) needs VCUDA_TLS_CA=FILE (and VCUDA_TLS_CERT/VCUDA_TLS_KEY "
+        "for\n"
+        "mutual TLS).");
 
     // ---- run
     vcuda::cli::run_options run_opts;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/log.hpp"
+#include "common/tls.hpp"
 #include "mgmt/daemon/server.hpp"
 #include "mgmt/daemon/service.hpp"
 #include "mgmt/store/store.hpp"
@@ -53,6 +54,20 @@ int main(int argc, char** argv) {
         "--idle-suspend-after", idle_text,
         "suspend a lease whose sessions had no call for this long (e.g. 10m): its servers save its "
         "GPU state to host memory and give the GPU back; its next call resumes it. Default: off");
+    tls_files tls_files;
+    app.add_option(
+           "--tls-cert", tls_files.cert,
+           "PEM certificate (with its chain) for TCP addresses: they then speak TLS only, and servers, "
+           "clients and `vcuda` need VCUDA_TLS_CA=FILE (the CA that signed it) to connect; Unix sockets "
+           "stay plain. Needs --tls-key")
+        ->check(CLI::ExistingFile);
+    app.add_option("--tls-key", tls_files.key, "PEM private key of --tls-cert (keep it mode 600)")
+        ->check(CLI::ExistingFile);
+    app.add_option(
+           "--tls-client-ca", tls_files.ca,
+           "mutual TLS: admit only TCP peers whose certificate (VCUDA_TLS_CERT/VCUDA_TLS_KEY) this CA "
+           "signed. Needs --tls-cert")
+        ->check(CLI::ExistingFile);
     app.add_option("--log-level", level, "trace|debug|info|warn|error (default: $VCUDA_LOG_LEVEL or info)");
     app.footer(
         "Example:\n  vcuda-mgmt --listen 0.0.0.0:7400 --db /var/lib/vcuda/mgmt.db --secret-file "
@@ -85,6 +100,15 @@ int main(int argc, char** argv) {
     if (!secret) return fail(secret.error());
     cfg.secret = *secret;
 
+    std::shared_ptr<const tls_context> tls;
+    if (!tls_files.cert.empty() || !tls_files.key.empty() || !tls_files.ca.empty()) {
+        if (tls_files.cert.empty() || tls_files.key.empty())
+            return fail("TLS needs both --tls-cert FILE and --tls-key FILE");
+        auto ctx = tls_context::server(tls_files);
+        if (!ctx) return fail("TLS: " + ctx.error());
+        tls = *ctx;
+    }
+
     std::vector<endpoint> endpoints;
     for (auto& text : listen) {
         auto ep = endpoint::parse(text);
@@ -106,10 +130,15 @@ int main(int argc, char** argv) {
     ::signal(SIGPIPE, SIG_IGN);
 
     mgmt_server server(svc);
-    if (auto r = server.listen(endpoints); !r) return fail(r.error());
+    if (auto r = server.listen(endpoints, tls); !r) return fail(r.error());
     server.start();
     std::string addrs;
-    for (auto& ep : server.local_endpoints()) addrs += (addrs.empty() ? "" : ", ") + ep.to_string();
+    for (auto& ep : server.local_endpoints())
+        addrs += (addrs.empty() ? "" : ", ") + ep.to_string() +
+                 (ep.type == endpoint::kind::unix_socket ? " (Unix socket)"
+                  : !tls                                 ? " (TCP without TLS: not encrypted)"
+                  : tls->requires_client_certificate()   ? " (TLS; client certificates required)"
+                                                         : " (TLS)");
     VCUDA_LOG_INFO("listening on {} (heartbeat timeout {} ms, lease ttl {} ms, db {})", addrs, hb->count(),
                    ttl->count(), db);
 

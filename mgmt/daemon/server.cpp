@@ -26,7 +26,8 @@ mgmt_server::mgmt_server(service& svc, std::chrono::milliseconds tick_every)
 
 mgmt_server::~mgmt_server() { stop(); }
 
-result<void, std::string> mgmt_server::listen(const std::vector<endpoint>& endpoints) {
+result<void, std::string> mgmt_server::listen(const std::vector<endpoint>& endpoints,
+                                              const std::shared_ptr<const tls_context>& tls) {
     std::vector<std::unique_ptr<listener>> bound;
     for (auto& ep : endpoints) {
         auto l = listener::listen(ep);
@@ -34,6 +35,7 @@ result<void, std::string> mgmt_server::listen(const std::vector<endpoint>& endpo
             return unexpected{
                 "cannot listen on " + ep.to_string() + ": " + l.error().message +
                 " (is another vcuda-mgmt already running there? pick another --listen address)"};
+        if (ep.type == endpoint::kind::tcp) l->set_tls(tls);
         bound.push_back(std::make_unique<listener>(std::move(*l)));
     }
     for (auto& l : bound) listeners_.push_back(std::move(l));
@@ -109,6 +111,7 @@ void mgmt_server::accept_loop(listener& l) {
         }
         auto& c = conns_.emplace_back();
         c.stream = std::make_unique<frame_stream>(std::move(*s), mgmt_limits());
+        c.tls = l.tls();
         c.thread = std::thread([this, &c] {
             serve(c);
             c.done = true;
@@ -120,6 +123,12 @@ void mgmt_server::serve(connection& c) {
     auto& fs = *c.stream;
     std::string peer = fs.raw().peer_description();
     VCUDA_LOG_DEBUG("connection from {}", peer);
+    if (c.tls)
+        if (auto t = accept_tls(fs, *c.tls, after(std::chrono::seconds(10))); !t) {
+            VCUDA_LOG_WARN("{}: connection refused: {}", peer, t.error().message);
+            fs.shutdown();
+            return;
+        }
     while (!stopping_) {
         auto f = fs.receive(after(std::chrono::duration_cast<std::chrono::milliseconds>(idle_timeout)),
                             std::chrono::seconds(10));

@@ -1,8 +1,8 @@
 // Serves the manager protocol (mgmt/PROTOCOL.md) on one or more listening endpoints: a thread per listener
-// accepts, a thread per connection reads MgmtRequest frames and answers each with a MgmtReply (same
-// sequence), and a timer thread drives service::tick() (heartbeat timeouts, lease expiry). runs on: its own
-// threads; start()/stop() from one controlling thread. locks: conns_mutex_ guards the connection list; the
-// service has its own lock.
+// accepts, a thread per connection (after its TLS handshake, on a TLS listener) reads MgmtRequest frames and
+// answers each with a MgmtReply (same sequence), and a timer thread drives service::tick() (heartbeat
+// timeouts, lease expiry). runs on: its own threads; start()/stop() from one controlling thread. locks:
+// conns_mutex_ guards the connection list; the service has its own lock.
 #pragma once
 
 #include <atomic>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/result.hpp"
+#include "common/tls.hpp"
 #include "common/transport.hpp"
 #include "mgmt/daemon/service.hpp"
 
@@ -26,8 +27,10 @@ class mgmt_server {
     explicit mgmt_server(service& svc, std::chrono::milliseconds tick_every = std::chrono::milliseconds(250));
     ~mgmt_server();
 
-    // Binds every endpoint; fails (binding nothing) if any cannot be bound.
-    result<void, std::string> listen(const std::vector<endpoint>& endpoints);
+    // Binds every endpoint; fails (binding nothing) if any cannot be bound. With `tls` (a server context),
+    // TCP endpoints speak TLS only; Unix sockets stay plain.
+    result<void, std::string> listen(const std::vector<endpoint>& endpoints,
+                                     const std::shared_ptr<const tls_context>& tls = {});
     // The bound addresses (ports chosen by the system for ":0" filled in).
     std::vector<endpoint> local_endpoints() const;
 
@@ -38,6 +41,7 @@ class mgmt_server {
   private:
     struct connection {
         std::unique_ptr<frame_stream> stream;
+        std::shared_ptr<const tls_context> tls;  // its listener's: the handshake comes first
         std::thread thread;
         std::atomic<bool> done{false};
     };

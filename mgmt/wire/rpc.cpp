@@ -89,6 +89,9 @@ std::string describe(const rpc_error& e, const endpoint& manager) {
     std::string at = manager.to_string();
     switch (e.kind) {
         case rpc_errc::unreachable:
+            if (e.code ==
+                to_string(transport_errc::protocol))  // it answered, but TLS failed: the message says why
+                return "cannot open a connection to the manager at " + at + ": " + e.message;
             return "cannot reach the manager at " + at + " (" + e.message +
                    "): is vcuda-mgmt running there? Start it with `vcuda-mgmt --listen " + at +
                    " --db /var/lib/vcuda/mgmt.db --secret-file /etc/vcuda/secret`, or point --manager / "

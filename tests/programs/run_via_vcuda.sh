@@ -5,10 +5,12 @@
 # and passes when the program exits 0 with a `PASS` line and the server is still alive afterwards.
 # On failure it prints the program's output and the server's log.
 #
-# Usage: run_via_vcuda.sh --build-dir DIR [--transport unix|tcp] [--env NAME=VALUE]... [--server-arg=ARG]...
+# Usage: run_via_vcuda.sh --build-dir DIR [--transport unix|tcp|tls|mtls] [--env NAME=VALUE]... [--server-arg=ARG]...
 #                         [--timeout SECONDS] [--driver PATH] [--expect-exit N] [--expect-output REGEX]
 #                         [--expect-session-end] [--expect-server-log REGEX] -- PROGRAM [ARGS...]
-#   --transport      unix (default) or tcp (127.0.0.1 and a free port)
+#   --transport      unix (default) or tcp (127.0.0.1 and a free port); tls: TCP with TLS (certificates made
+#                    for the run by BUILD/tests/tls/vcuda_test_certs, the program given VCUDA_TLS_CA); mtls: TLS
+#                    with client certificates (server --tls-client-ca, program VCUDA_TLS_CERT/VCUDA_TLS_KEY)
 #   --env            set for the program only (repeatable), e.g. --env CUDA_MODULE_LOADING=EAGER
 #   --server-arg     one extra server argument (repeatable), e.g. --server-arg=--memory-quota --server-arg=1GiB
 #   --timeout        kill the program after this many seconds (default 120)
@@ -56,13 +58,13 @@ while [ $# -gt 0 ]; do
         --expect-session-end) expect_session_end=1; shift ;;
         --expect-server-log) [ $# -ge 2 ] || die "--expect-server-log needs a value"; expect_server_log="$2"; shift 2 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
 [ $# -ge 1 ] || die "no program given (… -- PROGRAM [ARGS...])"
 [ -n "$build_dir" ] || die "--build-dir is required"
-case "$transport" in unix|tcp) ;; *) die "--transport must be unix or tcp, not '$transport'" ;; esac
+case "$transport" in unix|tcp|tls|mtls) ;; *) die "--transport must be unix, tcp, tls or mtls, not '$transport'" ;; esac
 
 program="$1"
 shift
@@ -165,6 +167,19 @@ start_server() {
     stop_server
     return 1
 }
+
+# TLS: throw-away certificates for this run; the server serves TLS only, the program trusts its CA.
+if [ "$transport" = tls ] || [ "$transport" = mtls ]; then
+    certs_tool="$build_dir/tests/tls/vcuda_test_certs"
+    [ -x "$certs_tool" ] || die "$certs_tool is missing (build the target vcuda_test_certs_tool)"
+    "$certs_tool" "$tmp/tls" || die "vcuda_test_certs failed"
+    server_args+=(--tls-cert "$tmp/tls/server.pem" --tls-key "$tmp/tls/server.key")
+    prog_env=(VCUDA_TLS_CA="$tmp/tls/ca.pem" ${prog_env[@]+"${prog_env[@]}"})
+    if [ "$transport" = mtls ]; then
+        server_args+=(--tls-client-ca "$tmp/tls/ca.pem")
+        prog_env=(VCUDA_TLS_CERT="$tmp/tls/client.pem" VCUDA_TLS_KEY="$tmp/tls/client.key" "${prog_env[@]}")
+    fi
+fi
 
 started=0
 if [ "$transport" = unix ]; then

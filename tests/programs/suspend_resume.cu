@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -25,6 +26,7 @@ extern "C" __global__ void sr_axpy(float* y, const float* x, size_t n, float a) 
 
 int main(int argc, char** argv) {
     const int idle_ms = argc > 1 ? atoi(argv[1]) : 0;
+    const size_t ballast_floats = (argc > 2 ? strtoull(argv[2], nullptr, 10) : 0) << 18;  // MiB -> floats
     const size_t n = size_t{8} << 20;  // 32 MiB per buffer: mappings of their own
     const size_t small = 1000;         // 4 KB: packed with others in a shared mapping
     const unsigned grid = static_cast<unsigned>((n + 255) / 256);
@@ -48,6 +50,11 @@ int main(int argc, char** argv) {
     CHECK(cudaMemcpyAsync(tiny, h.data(), small * sizeof(float), cudaMemcpyHostToDevice, s));
     sr_fill<<<grid, 256, 0, s>>>(x, n, 1.0f);
     sr_fill<<<grid, 256, 0, s>>>(y, n, 2.0f);
+    float* ballast = nullptr;
+    if (ballast_floats) {
+        CHECK(cudaMalloc(&ballast, ballast_floats * sizeof(float)));
+        sr_fill<<<static_cast<unsigned>((ballast_floats + 255) / 256), 256, 0, s>>>(ballast, ballast_floats, 5.0f);
+    }
     CHECK(cudaEventRecord(start, s));
     sr_axpy<<<grid, 256, 0, s>>>(y, x, n, 0.5f);
     CHECK_LAUNCH();
@@ -100,6 +107,18 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < small; ++i)
         if (ht[i] != h[i]) fail("tiny[%zu] = %f, expected %f", i, ht[i], h[i]);
     printf("memory contents: ok\n");
+    if (ballast) {  // checked in pieces of 64 MiB
+        std::vector<float> piece(size_t{16} << 20);
+        for (size_t off = 0; off < ballast_floats; off += piece.size()) {
+            size_t k = std::min(piece.size(), ballast_floats - off);
+            CHECK(cudaMemcpy(piece.data(), ballast + off, k * sizeof(float), cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < k; ++i)
+                if (piece[i] != 5.0f + static_cast<float>((off + i) % 1000))
+                    fail("ballast[%zu] = %f", off + i, piece[i]);
+        }
+        printf("extra memory contents: ok\n");
+        CHECK(cudaFree(ballast));
+    }
     CHECK(cudaFree(x));
     CHECK(cudaFree(y));
     CHECK(cudaFree(z));

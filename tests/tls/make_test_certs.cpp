@@ -1,0 +1,22 @@
+// vcuda_test_certs DIR: writes throw-away TLS certificates for tests and benchmarks into DIR (made if
+// missing): ca.pem, server.pem/.key (localhost, 127.0.0.1, ::1), client.pem/.key, other-ca.pem,
+// other-client.pem/.key (tests/tls/test_certs.hpp). Never for production: keys are written unprotected.
+#include <sys/stat.h>
+
+#include <cstdio>
+
+#include "tests/tls/test_certs.hpp"
+
+int main(int argc, char** argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: vcuda_test_certs DIR\n");
+        return 2;
+    }
+    ::mkdir(argv[1], 0700);
+    vcuda::test::test_cert_files files;
+    if (auto why = vcuda::test::write_test_certs(argv[1], files); !why.empty()) {
+        std::fprintf(stderr, "vcuda_test_certs: %s\n", why.c_str());
+        return 1;
+    }
+    return 0;
+}
