@@ -33,10 +33,14 @@ class device_memory {
     // the GPU and made the context current); drop_physical() gives the memory back to the driver but keeps
     // the address reservations and the allocations' bookkeeping; restore() maps new memory at the same
     // addresses and copies the saved contents back. The quota charge stays throughout.
+    struct unmap_bytes {
+        size_t size = 0;
+        void operator()(std::byte* p) const;
+    };
     struct saved_mapping {
         CUdeviceptr va = 0;
         size_t size = 0;
-        std::unique_ptr<std::byte[]> bytes;
+        std::unique_ptr<std::byte, unmap_bytes> bytes;  // mapped: back to the system when freed
     };
     CUresult save(std::vector<saved_mapping>& out) const;
     void drop_physical();

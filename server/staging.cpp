@@ -1,6 +1,6 @@
 #include "server/staging.hpp"
 
-#include <cstdlib>
+#include <sys/mman.h>
 
 namespace vcuda::server {
 
@@ -10,7 +10,7 @@ staging_pool::~staging_pool() {
         if (b.done) drv_->cuEventDestroy_v2(b.done);
         if (b.data) {
             drv_->cuMemHostUnregister(b.data);
-            std::free(b.data);
+            ::munmap(b.data, buffer_size);
         }
     }
 }
@@ -31,17 +31,19 @@ staging_pool::buffer* staging_pool::take() {
         }
     }
     // The lane's own pages, registered (not cuMemHostAlloc): they outlive the context current now, which a
-    // suspended session destroys (server/session_image.cpp) while its lanes keep their pools.
+    // suspended session destroys (server/session_image.cpp) while its lanes keep their pools. Mapped, not
+    // malloc'd, so that they go back to the system when the lane ends.
     if (buffers_.size() < max_buffers && drv_->cuMemHostRegister_v2) {
         buffer b;
-        b.data = std::aligned_alloc(4096, buffer_size);
+        void* p = ::mmap(nullptr, buffer_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        b.data = p == MAP_FAILED ? nullptr : p;
         if (b.data &&
             drv_->cuMemHostRegister_v2(b.data, buffer_size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS) {
             b.busy = true;
             buffers_.push_back(b);
             return &buffers_.back();
         }
-        std::free(b.data);
+        if (b.data) ::munmap(b.data, buffer_size);
     }
     for (auto& b : buffers_) {
         if (b.busy) continue;

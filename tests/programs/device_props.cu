@@ -246,7 +246,7 @@ int main() {
         P(multiGpuBoardGroupID);
         P(hostNativeAtomicSupported);
         P(pageableMemoryAccess);
-        P(concurrentManagedAccess);
+        printf("info:   concurrentManagedAccess = %d\n", p.concurrentManagedAccess);  // see the attribute below
         P(computePreemptionSupported);
         P(canUseHostPointerForRegisteredMem);
         P(cooperativeLaunch);
@@ -291,7 +291,10 @@ int main() {
             int v = 0;
             cudaError_t e = cudaDeviceGetAttribute(&v, a.attr, dev);
             if (e == cudaSuccess) {
-                printf("  %s = %d\n", a.name, v);
+                // vcuda reports concurrent managed access as 0 on purpose (client/managed.hpp: the CPU's view
+                // is kept coherent by faults, as on a GPU without it): an info line, not compared.
+                const bool by_design = a.attr == cudaDevAttrConcurrentManagedAccess;
+                printf("%s  %s = %d\n", by_design ? "info:" : "", a.name, v);
             } else {
                 printf("  %s: %s\n", a.name, cudaGetErrorName(e));
                 ++errors;

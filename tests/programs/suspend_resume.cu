@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
     float* ballast = nullptr;
     if (ballast_floats) {
         CHECK(cudaMalloc(&ballast, ballast_floats * sizeof(float)));
-        sr_fill<<<static_cast<unsigned>((ballast_floats + 255) / 256), 256, 0, s>>>(ballast, ballast_floats, 5.0f);
+        sr_fill<<<static_cast<unsigned>((ballast_floats + 255) / 256), 256, 0, s>>>(ballast, ballast_floats,
+                                                                                    5.0f);
     }
     CHECK(cudaEventRecord(start, s));
     sr_axpy<<<grid, 256, 0, s>>>(y, x, n, 0.5f);
