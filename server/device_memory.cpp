@@ -90,8 +90,8 @@ CUresult device_memory::save(std::vector<saved_mapping>& out) const {
         if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
         saved_mapping s{va, m.size, {static_cast<std::byte*>(p), unmap_bytes{m.size}}};
         CUdeviceptr from = va;
-        if (CUresult rc =
-                copy_registered(*drv_, p, m.size, [&] { return drv_->cuMemcpyDtoH_v2(p, from, m.size); });
+        size_t n = m.size;
+        if (CUresult rc = copy_registered(*drv_, p, n, [&] { return drv_->cuMemcpyDtoH_v2(p, from, n); });
             rc != CUDA_SUCCESS)
             return rc;
         out.push_back(std::move(s));

@@ -566,8 +566,8 @@ int main(int argc, char** argv) {
         VCUDA_LOG_WARN(
             "--test-suspend-every {} ms: sessions are suspended and resumed again and again (tests)",
             suspend_every_ms);
-        suspender =
-            std::jthread([&srv, every = std::chrono::milliseconds(suspend_every_ms)](std::stop_token st) {
+        suspender = std::jthread(
+            [&srv, every = std::chrono::milliseconds(suspend_every_ms)](const std::stop_token& st) {
                 std::mutex mu;
                 std::condition_variable_any cv;
                 while (!st.stop_requested()) {

@@ -246,7 +246,8 @@ int main() {
         P(multiGpuBoardGroupID);
         P(hostNativeAtomicSupported);
         P(pageableMemoryAccess);
-        printf("info:   concurrentManagedAccess = %d\n", p.concurrentManagedAccess);  // see the attribute below
+        printf("info:   concurrentManagedAccess = %d\n",
+               p.concurrentManagedAccess);  // see the attribute below
         P(computePreemptionSupported);
         P(canUseHostPointerForRegisteredMem);
         P(cooperativeLaunch);
