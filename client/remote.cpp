@@ -23,8 +23,12 @@ struct lane_closer {
     ~lane_closer() {
         // Lane 0 of a session opened it and lives as long as the process: the session must outlast the thread
         // that called cuInit (exit handlers still make calls). Other lanes close with their thread.
+        // Lane 0 stays in its slot: the exit handlers that run after this destructor on the thread that
+        // called cuInit (cudart unloading its modules) use it, rather than connecting anew (over TLS that
+        // failed, OpenSSL being cleaned up by then).
         for (auto& l : tls_lanes) {
-            if (l && l->number() != 0) delete l;
+            if (!l || l->number() == 0) continue;
+            delete l;
             l = nullptr;
         }
     }

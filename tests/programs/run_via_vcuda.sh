@@ -18,6 +18,7 @@
 #   --expect-exit    the program must exit with N (a refusal it reports), not pass; the server must live on
 #   --expect-output  the program's output (stdout and stderr) must also match this extended regex
 #   --expect-server-log  the server's log must match this extended regex (e.g. that a suspend happened)
+#   --forbid-output  the program's output must have nothing matching this extended regex
 #   --expect-session-end  within 2 s of the program's exit the server must log that its session ended, and its
 #                    thread and descriptor counts must be back where they were before the program started
 set -u
@@ -31,6 +32,7 @@ server_args=()
 expect_exit=""
 expect_output=""
 expect_server_log=""
+forbid_output=""
 expect_session_end=0
 
 
@@ -57,8 +59,9 @@ while [ $# -gt 0 ]; do
         --expect-output) [ $# -ge 2 ] || die "--expect-output needs a value"; expect_output="$2"; shift 2 ;;
         --expect-session-end) expect_session_end=1; shift ;;
         --expect-server-log) [ $# -ge 2 ] || die "--expect-server-log needs a value"; expect_server_log="$2"; shift 2 ;;
+        --forbid-output) [ $# -ge 2 ] || die "--forbid-output needs a value"; forbid_output="$2"; shift 2 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
@@ -238,6 +241,8 @@ elif [ "$server_alive" != 1 ]; then
     why="the program passed but the server died"
 elif [ -n "$expect_output" ] && ! grep -Eq -- "$expect_output" "$prog_out"; then
     why="its output has nothing matching '$expect_output'"
+elif [ -n "$forbid_output" ] && grep -Eq -- "$forbid_output" "$prog_out"; then
+    why="its output has '$(grep -Em1 -- "$forbid_output" "$prog_out")'"
 elif [ -n "$expect_server_log" ] && ! grep -Eq -- "$expect_server_log" "$server_log"; then
     why="the server's log has nothing matching '$expect_server_log'"
 fi
