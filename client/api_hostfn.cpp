@@ -57,7 +57,9 @@ void run_host_functions(session* s) {
             auto it = r.pending.find(id);
             if (it != r.pending.end()) {
                 c = it->second;
-                r.pending.erase(it);
+                // One captured into a graph runs again at each launch of the graph: kept (for the process's
+                // life, as graphs give no sign of their end here).
+                if (rp.outs.size() < 2 || rp.outs[1] == 0) r.pending.erase(it);
             }
         }
         if (c.fn)

@@ -524,12 +524,15 @@ int main(int argc, char** argv) {
                     s.end("its lease " + s.lease_id() + " was released or expired");
                     continue;
                 }
-                // The manager's suspend and resume requests, each acted on once (mgmt/wire/types.hpp); the
-                // first reply a session sees only tells it where the counters stand.
+                // The manager's suspend and resume requests, each acted on once (mgmt/wire/types.hpp). At the
+                // first reply a session sees, requests from before it was opened are not for it; the last
+                // one, when asked for since, is.
                 if (!s.seqs_known.exchange(true)) {
-                    s.suspend_seq_seen = l->suspend_seq;
-                    s.resume_seq_seen = l->resume_seq;
-                    continue;
+                    auto since = [&](int64_t asked_at) { return asked_at >= s.opened_at_ms() ? 1u : 0u; };
+                    s.suspend_seq_seen =
+                        l->suspend_seq - std::min<uint64_t>(l->suspend_seq, since(l->suspend_asked_at));
+                    s.resume_seq_seen =
+                        l->resume_seq - std::min<uint64_t>(l->resume_seq, since(l->resume_asked_at));
                 }
                 if (l->suspend_seq > s.suspend_seq_seen.load()) {
                     s.suspend_seq_seen = l->suspend_seq;

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <tuple>
 #include "common/log.hpp"
 #include "common/random.hpp"
 #include "server/session_image.hpp"
@@ -240,19 +241,19 @@ void session::detach(frame_stream* fs) {
     std::erase(streams_, fs);
 }
 
-void session::host_func_started(uint64_t id) {
+void session::host_func_started(uint64_t id, bool in_graph) {
     std::lock_guard lock(hf_mu_);
-    hf_started_.push_back(id);
+    hf_started_.emplace_back(id, in_graph);
     hf_cv_.notify_all();
 }
 
-bool session::host_func_next(uint64_t& id, const std::function<bool()>& client_gone) {
+bool session::host_func_next(uint64_t& id, bool& in_graph, const std::function<bool()>& client_gone) {
     std::unique_lock lock(hf_mu_);
     while (!hf_cv_.wait_for(lock, std::chrono::milliseconds(100),
                             [&] { return hf_stopped_ || !hf_started_.empty(); }))
         if (client_gone && client_gone()) return false;
     if (hf_started_.empty()) return false;
-    id = hf_started_.front();
+    std::tie(id, in_graph) = hf_started_.front();
     hf_started_.pop_front();
     return true;
 }

@@ -151,6 +151,7 @@ class session : public std::enable_shared_from_this<session> {
     // resume, for heartbeats and `vcuda events`.
     std::atomic<uint64_t> suspend_seq_seen{0}, resume_seq_seen{0};
     std::atomic<bool> seqs_known{false};
+    int64_t opened_at_ms() const { return opened_at_ms_; }
     std::string note() {
         std::lock_guard lock(gate_mu_);
         return note_;
@@ -162,10 +163,20 @@ class session : public std::enable_shared_from_this<session> {
 
     // Host functions (cuLaunchHostFunc) run in the client: the driver's callback waits here until the client
     // has run it (server/handlers_hostfn.cpp). Stopped at session end so that no callback waits for ever.
-    void host_func_started(uint64_t id);
-    // Waits for a started one; false once stopped, or once `client_gone` (looked at every 100 ms) says the
-    // client that waits for it has gone (its process ended: nothing else would end this wait).
-    bool host_func_next(uint64_t& id, const std::function<bool()>& client_gone = {});
+    void host_func_started(uint64_t id, bool in_graph);
+    // Waits for a started one (`in_graph`: captured into a graph, so it runs again); false once stopped, or
+    // once `client_gone` (looked at every 100 ms) says the client that waits for it has gone (its process
+    // ended: nothing else would end this wait).
+    bool host_func_next(uint64_t& id, bool& in_graph, const std::function<bool()>& client_gone = {});
+    // Host functions captured into graphs: the driver calls them at every launch of the graph, so they live
+    // as long as the session (server/handlers_hostfn.cpp).
+    struct kept_host_func {
+        virtual ~kept_host_func() = default;
+    };
+    void keep_host_func(std::unique_ptr<kept_host_func> f) {
+        std::lock_guard lock(hf_mu_);
+        hf_kept_.push_back(std::move(f));
+    }
     void host_func_done(uint64_t id);
     void host_func_wait(uint64_t id);  // in the driver's callback: until done or stopped
     void stop_host_funcs();
@@ -227,7 +238,8 @@ class session : public std::enable_shared_from_this<session> {
     std::unordered_set<uint32_t> gone_lanes_;
     std::mutex hf_mu_;
     std::condition_variable hf_cv_;
-    std::deque<uint64_t> hf_started_;
+    std::deque<std::pair<uint64_t, bool>> hf_started_;      // (id, in a graph)
+    std::vector<std::unique_ptr<kept_host_func>> hf_kept_;  // freed with the session, after its graphs
     std::unordered_set<uint64_t> hf_done_;
     bool hf_stopped_ = false;
     int progress_waiters_ = 0;
@@ -243,6 +255,9 @@ class session : public std::enable_shared_from_this<session> {
     std::unique_ptr<session_image> image_;  // while suspended
     std::string note_;                      // under gate_mu_
     std::string rebuilt_note_;              // the last rebuild's outcome, written by rebuild()
+    int64_t opened_at_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();  // Unix ms, as the manager's request times
 };
 
 // All live sessions of this server, for lanes that join one and for operators' queries.

@@ -440,8 +440,9 @@ std::vector<active_lease> manager_state::active_leases_on(const std::string& ser
     for (auto& [id, l] : leases_)
         for (auto& d : l.devices)
             if (auto g = gpus_.find(d.uuid); g != gpus_.end() && g->second.server_id == server_id)
-                out.push_back(
-                    {id, d.uuid, d.memory_quota, to_unix_ms(l.expires_at), l.suspend_seq, l.resume_seq});
+                out.push_back({id, d.uuid, d.memory_quota, to_unix_ms(l.expires_at), l.suspend_seq,
+                               l.resume_seq, l.suspend_seq ? to_unix_ms(l.suspend_asked_at) : 0,
+                               l.resume_seq ? to_unix_ms(l.resume_asked_at) : 0});
     return out;
 }
 
@@ -452,6 +453,7 @@ mgmt_result<lease_record> manager_state::request_suspend(const std::string& leas
         return unexpected{mgmt_error{errc::not_found, "no lease " + lease_id + " (see `vcuda leases`)"}};
     if (resume) {
         ++it->second.resume_seq;
+        it->second.resume_asked_at = now;
     } else {
         ++it->second.suspend_seq;
         it->second.suspend_asked_at = now;

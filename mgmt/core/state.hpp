@@ -89,6 +89,7 @@ struct lease_record {
     uint64_t suspend_seq = 0;
     uint64_t resume_seq = 0;
     time_ms suspend_asked_at{};
+    time_ms resume_asked_at{};
 };
 
 struct state_config {

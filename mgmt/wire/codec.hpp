@@ -26,7 +26,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(session_report, session_id, leas
                                                 note)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(heartbeat, server_id, gpus, sessions)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(active_lease, lease_id, uuid, memory_quota, expires_at,
-                                                suspend_seq, resume_seq)
+                                                suspend_seq, resume_seq, suspend_asked_at, resume_asked_at)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(heartbeat_reply, leases, heartbeat_interval_ms)
 
 // Parses `text` as a JSON object and decodes it into T; the error says which field was wrong.

@@ -97,6 +97,10 @@ struct active_lease {
     // the one its session reports), so a request is neither lost nor repeated across heartbeats.
     uint64_t suspend_seq = 0;
     uint64_t resume_seq = 0;
+    // When the last of each was asked for (Unix ms): a session opened before that is one it is meant for,
+    // even when the session first hears of the counters after the request.
+    int64_t suspend_asked_at = 0;
+    int64_t resume_asked_at = 0;
 };
 
 struct heartbeat_reply {

@@ -40,7 +40,8 @@ run_program() {  # run_program PAUSE_MS OUTFILE: suspend_resume through a lease,
   prog=$!
 }
 lease_id() { vcuda leases --json | grep -o '"lease_id": *"[^"]*"' | head -1 | sed 's/.*"\(lease-[^"]*\)"/\1/'; }
-suspended_now() { vcuda sessions --json | grep -q '"suspended": *true'; }
+# suspended_now [LEASE]: a session (of LEASE) is reported suspended
+suspended_now() { vcuda sessions --json | tr -d '\n ' | grep -o '{[^{}]*}' | grep "${1:-}" | grep -q '"suspended":true'; }
 
 # 1. idle reclaim
 run_program 5000 "$tmp/idle.out"
@@ -66,7 +67,7 @@ out=$("$build/bin/vcuda" suspend "$lease" --manager "unix:$tmp/m.sock" --credent
   fail "tenant bob suspended alice's lease"
 echo "$out" | grep -q "belongs to tenant alice" || fail "bob was not told why: $out"
 vcuda suspend "$lease" || fail "vcuda suspend $lease"
-wait_for 5 suspended_now || fail "the lease's session was not suspended after vcuda suspend"
+wait_for 5 suspended_now "$lease" || fail "the lease's session was not suspended after vcuda suspend"
 vcuda resume "$lease" || fail "vcuda resume $lease"
 wait_for 5 sh -c "[ \$(grep -c 'session [0-9]* resumed: ' '$tmp/server.log') -gt $resumes_before ]" ||
   fail "the server did not resume the session after vcuda resume"
