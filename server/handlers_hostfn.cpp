@@ -44,7 +44,7 @@ CUresult handle_host_func(call_context& cx) {
     if (p->in_graph)
         cx.sess.keep_host_func(std::move(p));
     else
-        p.release();  // run_in_client frees it after its one run
+        static_cast<void>(p.release());  // run_in_client frees it after its one run
     return CUDA_SUCCESS;
 }
 
