@@ -186,21 +186,7 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
             return;
         }
         std::lock_guard lock(open_mu_);
-        if (!claim_lease(grant, refusal)) {
-            VCUDA_LOG_WARN("{}: session refused: {}", peer, refusal);
-            send_wire_error(fs, wire_errc::auth_failed, refusal);
-            return;
-        }
-        if (workers_.size() >= opts_.max_sessions) {
-            drop_lease_claim(grant.lease_id, grant.gpus, 0);
-            VCUDA_LOG_WARN("{}: session refused: {} sessions are open (--max-sessions {})", peer,
-                           workers_.size(), opts_.max_sessions);
-            send_wire_error(
-                fs, wire_errc::not_allowed,
-                "this vcuda-server is at its limit of " + std::to_string(opts_.max_sessions) +
-                    " sessions (--max-sessions): retry later, or ask its operator to raise the limit");
-            return;
-        }
+        if (!admit(grant, workers_.size(), fs, peer)) return;
         w = std::make_shared<worker>();
         do w->id = os_random_u64() & 0x7fffffffffffffffULL;
         while (w->id == 0 || workers_.count(w->id));

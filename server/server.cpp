@@ -208,21 +208,7 @@ void server::serve_hello(frame_stream& fs, const frame& hello, const std::string
         }
         {
             std::lock_guard lock(open_mu_);
-            if (!claim_lease(grant, refusal)) {
-                VCUDA_LOG_WARN("{}: session refused: {}", peer, refusal);
-                send_wire_error(fs, wire_errc::auth_failed, refusal);
-                return;
-            }
-            if (sessions_.size() >= opts_.max_sessions) {
-                drop_lease_claim(grant.lease_id, grant.gpus, 0);
-                VCUDA_LOG_WARN("{}: session refused: {} sessions are open (--max-sessions {})", peer,
-                               sessions_.size(), opts_.max_sessions);
-                send_wire_error(
-                    fs, wire_errc::not_allowed,
-                    "this vcuda-server is at its limit of " + std::to_string(opts_.max_sessions) +
-                        " sessions (--max-sessions): retry later, or ask its operator to raise the limit");
-                return;
-            }
+            if (!admit(grant, sessions_.size(), fs, peer)) return;
             sess = sessions_.create(drv_, opts_, grant, peer + " pid " + std::to_string(h->client_pid()));
             if (!grant.lease_id.empty()) lease_sessions_[{grant.lease_id, grant.gpus.front()}] = sess->id();
         }
@@ -394,6 +380,26 @@ bool server::claim_lease(const session_grant& grant, std::string& refusal) {
         return false;
     }
     lease_sessions_[key] = 0;  // taken; the session's id once it exists
+    return true;
+}
+
+bool server::admit(const session_grant& grant, size_t open, frame_stream& fs, const std::string& peer) {
+    std::string refusal;
+    if (!claim_lease(grant, refusal)) {
+        VCUDA_LOG_WARN("{}: session refused: {}", peer, refusal);
+        send_wire_error(fs, wire_errc::auth_failed, refusal);
+        return false;
+    }
+    if (open >= opts_.max_sessions) {
+        drop_lease_claim(grant.lease_id, grant.gpus, 0);
+        VCUDA_LOG_WARN("{}: session refused: {} sessions are open (--max-sessions {})", peer, open,
+                       opts_.max_sessions);
+        send_wire_error(
+            fs, wire_errc::not_allowed,
+            "this vcuda-server is at its limit of " + std::to_string(opts_.max_sessions) +
+                " sessions (--max-sessions): retry later, or ask its operator to raise the limit");
+        return false;
+    }
     return true;
 }
 

@@ -91,6 +91,10 @@ class server {
     bool claim_lease(const session_grant& grant, std::string& refusal);
     // open_mu_ held. Frees what claim_lease took for `session_id` (0: a claim no session was made for).
     void drop_lease_claim(const std::string& lease_id, const std::vector<size_t>& gpus, uint64_t session_id);
+    // open_mu_ held. Admits a new session when `open` sessions (or worker processes) are open: its lease
+    // claimed and --max-sessions respected. False after telling the client why (and logging it); nothing is
+    // taken then.
+    bool admit(const session_grant& grant, size_t open, frame_stream& fs, const std::string& peer);
 
     driver& drv_;
     server_options opts_;
