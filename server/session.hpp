@@ -214,7 +214,10 @@ class session : public std::enable_shared_from_this<session> {
 
     CUcontext context_locked(size_t device, CUresult& rc);  // context(), `mu` held
 
-    // server/session_image.cpp: with the gate closed and no call running.
+    // server/session_image.cpp. With gate_mu_ held (`lock`), the gate open and the session suspended: closes
+    // the gate, waits for the calls that slipped in to back off, rebuilds, opens the gate again.
+    CUresult rebuild_through_gate(std::unique_lock<std::mutex>& lock, std::string& why);
+    // With the gate closed and no call running:
     CUresult save_and_release(std::string& why);
     CUresult rebuild(std::string& why);
     // Gives the GPU objects back to the driver (contexts, their streams, events, modules, the memory's

@@ -103,15 +103,7 @@ CUresult session::enter_call(std::string& why) {
         gate_cv_.wait(lock, [&] { return !closed_.load(); });
         if (!suspended_.load()) continue;
         // Suspended: this call brings the session back before it runs.
-        closed_.store(true);
-        gate_cv_.wait(lock, [&] { return active_.load() == 0; });
-        lock.unlock();
-        CUresult rc = rebuild(why);
-        lock.lock();
-        note_ = rc == CUDA_SUCCESS ? rebuilt_note_ : why;
-        closed_.store(false);
-        gate_cv_.notify_all();
-        if (rc != CUDA_SUCCESS) return rc;
+        if (CUresult rc = rebuild_through_gate(lock, why); rc != CUDA_SUCCESS) return rc;
     }
 }
 
@@ -162,6 +154,10 @@ CUresult session::resume(std::string& why) {
     std::unique_lock lock(gate_mu_);
     gate_cv_.wait(lock, [&] { return !closed_.load(); });
     if (!suspended_.load()) return CUDA_SUCCESS;
+    return rebuild_through_gate(lock, why);
+}
+
+CUresult session::rebuild_through_gate(std::unique_lock<std::mutex>& lock, std::string& why) {
     closed_.store(true);
     gate_cv_.wait(lock, [&] { return active_.load() == 0; });
     lock.unlock();
