@@ -74,9 +74,11 @@ class call_context {
     // device; `device` gets the session's index. Host locations pass (device = SIZE_MAX) only where `host_ok`
     // (queries: a NUMA id the application knows is already the server's); other kinds are not served.
     CUresult device_location(CUmemLocation& loc, size_t& device, bool host_ok = false);
-    // A device range this session owns, or CUDA_ERROR_INVALID_VALUE.
+    // A device range this session owns, or CUDA_ERROR_INVALID_VALUE: its device memory, or its shared pinned
+    // host memory by its device pointer (the same address: kernels and copies reach it so, as XLA's autotuner
+    // reads its results back).
     CUresult device_range(CUdeviceptr p, size_t n) {
-        return sess.owns_range(p, n)
+        return sess.owns_range(p, n) || sess.owns_host(p, n)
                    ? CUDA_SUCCESS
                    : fail(CUDA_ERROR_INVALID_VALUE, "address range not owned by this session");
     }

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <vector>
 
 #include "common.cuh"
 
@@ -65,6 +66,14 @@ int main() {
     for (int i = 0; i < n; ++i)
         if (in[i] != out[i] * out[i] + 1) fail("async copies: in[%d] = %u", i, in[i]);
     std::printf("copies from and into mapped host memory: ok\n");
+    // Its device pointers as a copy's device side (XLA's autotuner reads results back this way).
+    std::vector<unsigned> back(n);
+    CHECK(cudaMemcpy(back.data(), d_in, bytes, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(dev, d_out, bytes, cudaMemcpyDeviceToDevice));
+    CHECK(cudaMemcpy(d_out, back.data(), bytes, cudaMemcpyHostToDevice));
+    for (int i = 0; i < n; ++i)
+        if (back[i] != in[i] || out[i] != in[i]) fail("copies by device pointer: word %d", i);
+    std::printf("copies with mapped memory's device pointers: ok\n");
 
     CHECK(cudaStreamDestroy(s));
     CHECK(cudaFree(dev));
