@@ -157,6 +157,21 @@ std::string io_failure(int ssl_error, int sys_errno) {
     return why;
 }
 
+// The step an SSL_read_ex/SSL_write_ex that did not complete stands for (`err` from SSL_get_error), once the
+// caller has handled what is its own.
+tls_step step_after(int err) {
+    switch (err) {
+        case SSL_ERROR_WANT_READ:
+            return {tls_status::want_read, 0, {}};
+        case SSL_ERROR_WANT_WRITE:
+            return {tls_status::want_write, 0, {}};
+        case SSL_ERROR_ZERO_RETURN:
+            return {tls_status::closed, 0, {}};
+        default:
+            return {tls_status::failed, 0, io_failure(err, errno)};
+    }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- tls_context
@@ -280,19 +295,8 @@ tls_step tls_connection::read(void* buf, size_t n) {
     errno = 0;
     if (SSL_read_ex(ssl_, buf, n, &got) == 1) return {tls_status::done, got, {}};
     int err = SSL_get_error(ssl_, 0);
-    switch (err) {
-        case SSL_ERROR_WANT_READ:
-            return {tls_status::want_read, 0, {}};
-        case SSL_ERROR_WANT_WRITE:
-            return {tls_status::want_write, 0, {}};
-        case SSL_ERROR_ZERO_RETURN:
-            return {tls_status::closed, 0, {}};
-        case SSL_ERROR_SYSCALL:
-            if (errno == 0 && ERR_peek_error() == 0) return {tls_status::closed, 0, {}};
-            [[fallthrough]];
-        default:
-            return {tls_status::failed, 0, io_failure(err, errno)};
-    }
+    if (err == SSL_ERROR_SYSCALL && errno == 0 && ERR_peek_error() == 0) return {tls_status::closed, 0, {}};
+    return step_after(err);
 }
 
 tls_step tls_connection::write(const void* buf, size_t n) {
@@ -313,16 +317,7 @@ tls_step tls_connection::write(const void* buf, size_t n) {
         ERR_clear_error();
         return {tls_status::failed, 0, std::strerror(sys)};
     }
-    switch (err) {
-        case SSL_ERROR_WANT_READ:
-            return {tls_status::want_read, 0, {}};
-        case SSL_ERROR_WANT_WRITE:
-            return {tls_status::want_write, 0, {}};
-        case SSL_ERROR_ZERO_RETURN:
-            return {tls_status::closed, 0, {}};
-        default:
-            return {tls_status::failed, 0, io_failure(err, errno)};
-    }
+    return step_after(err);
 }
 
 std::string tls_connection::peer_subject() const {

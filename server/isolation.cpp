@@ -179,12 +179,7 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
     std::shared_ptr<worker> w;
     if (h->session_id() == 0) {
         session_grant grant;
-        std::string refusal;
-        if (!authorize(*h, grant, refusal)) {
-            VCUDA_LOG_WARN("{}: session refused: {}", peer, refusal);
-            send_wire_error(fs, wire_errc::auth_failed, refusal);
-            return;
-        }
+        if (!authorize(*h, grant, fs, peer)) return;
         std::lock_guard lock(open_mu_);
         if (!admit(grant, workers_.size(), fs, peer)) return;
         w = std::make_shared<worker>();

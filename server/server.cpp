@@ -200,12 +200,7 @@ void server::serve_hello(frame_stream& fs, const frame& hello, const std::string
         if (!(sess = adopt_session(*h, peer))) return;
     } else if (h->session_id() == 0) {
         session_grant grant;
-        std::string refusal;
-        if (!authorize(*h, grant, refusal)) {
-            VCUDA_LOG_WARN("{}: session refused: {}", peer, refusal);
-            send_wire_error(fs, wire_errc::auth_failed, refusal);
-            return;
-        }
+        if (!authorize(*h, grant, fs, peer)) return;
         {
             std::lock_guard lock(open_mu_);
             if (!admit(grant, sessions_.size(), fs, peer)) return;
@@ -383,13 +378,23 @@ bool server::claim_lease(const session_grant& grant, std::string& refusal) {
     return true;
 }
 
+namespace {
+bool refuse_session(frame_stream& fs, const std::string& peer, const std::string& refusal) {
+    VCUDA_LOG_WARN("{}: session refused: {}", peer, refusal);
+    send_wire_error(fs, wire_errc::auth_failed, refusal);
+    return false;
+}
+}  // namespace
+
+bool server::authorize(const wire::Hello& h, session_grant& grant, frame_stream& fs,
+                       const std::string& peer) {
+    std::string refusal;
+    return authorize(h, grant, refusal) || refuse_session(fs, peer, refusal);
+}
+
 bool server::admit(const session_grant& grant, size_t open, frame_stream& fs, const std::string& peer) {
     std::string refusal;
-    if (!claim_lease(grant, refusal)) {
-        VCUDA_LOG_WARN("{}: session refused: {}", peer, refusal);
-        send_wire_error(fs, wire_errc::auth_failed, refusal);
-        return false;
-    }
+    if (!claim_lease(grant, refusal)) return refuse_session(fs, peer, refusal);
     if (open >= opts_.max_sessions) {
         drop_lease_claim(grant.lease_id, grant.gpus, 0);
         VCUDA_LOG_WARN("{}: session refused: {} sessions are open (--max-sessions {})", peer, open,

@@ -86,6 +86,8 @@ class server {
     // Decides what a new session may use: the GPUs it asks for, or — when the server is attached to a manager
     // — exactly the GPU and memory its lease token grants. False with `refusal` set when it may not open.
     bool authorize(const wire::Hello& h, session_grant& grant, std::string& refusal);
+    // authorize(), telling a refused client why (and logging it).
+    bool authorize(const wire::Hello& h, session_grant& grant, frame_stream& fs, const std::string& peer);
     // open_mu_ held. A lease token opens one session per GPU of its lease, and none once the lease is gone:
     // false with `refusal` set, else the (lease, GPU) is taken until drop_lease_claim.
     bool claim_lease(const session_grant& grant, std::string& refusal);
