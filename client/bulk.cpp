@@ -101,8 +101,10 @@ size_t bulk_link::chunk_for(size_t n) const {
 void bulk_link::fail(const std::string& why) {
     if (broken_ || stopping_) return;
     broken_ = true;
-    VCUDA_LOG_WARN("striped copies: the bulk connections to the server failed ({}); the copy under way fails",
-                   why);
+    VCUDA_LOG_WARN(
+        "striped copies: the bulk connections to the server failed ({}); the copy under way fails (or, when "
+        "the session is moving to another server, is made again there)",
+        why);
     for (auto& c : connections_) c->fs.shutdown();
     for (auto& it : queue_) {
         it.t->failed = true;

@@ -289,6 +289,7 @@ struct striped_call {
         rq.operation = o;
         rq.device = current_server_device();
         rq.args = args;
+        rq.uses_bulk = true;
     }
 };
 
@@ -304,9 +305,9 @@ bulk_link::transfer striped_transfer(bulk_link& link, const void* host, size_t n
 // The call goes on the lane in its place among the thread's calls; the chunks are queued right after it, and
 // the caller returns once they are all written (the source may be reused then, as after the lane's own copy).
 // A sync copy also waits for the server's reply: by then every chunk was taken and the copy enqueued.
-CUresult striped_htod(bulk_link& link, CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
+int striped_htod(bulk_link& link, CUdeviceptr dst, const void* src, size_t n, CUstream stream) {
     lane* l = state::get().remote().this_thread_lane();
-    if (!l) return static_cast<CUresult>(connection_lost_result);
+    if (!l) return connection_lost_result;
     auto t = striped_transfer(link, src, n);
     striped_call c(op::copy_htod_striped, dst, t, stream, link.set());
     std::unique_lock order(link.order());
@@ -316,18 +317,21 @@ CUresult striped_htod(bulk_link& link, CUdeviceptr dst, const void* src, size_t 
     };
     c.rq.after_send = &queue;
     call_reply rp;
-    int rc = m == mode::post ? l->post(c.rq) : l->call(c.rq, rp);
+    // Always answered, posted or not: a session that moves meanwhile must tell this copy to be made again
+    // (its chunks went to the old server), which a posted call would never hear. The reply comes once the
+    // chunks are taken, so an asynchronous copy still does not wait for the GPU.
+    int rc = l->call(c.rq, rp);
     link.wait_written(
         t);  // a failed write fails the copy on the server too: its reply or the next one says so
     if (rc == CUDA_ERROR_DEVICE_UNAVAILABLE) link.close("the server closed them");
-    return static_cast<CUresult>(rc);
+    return rc;
 }
 
 // The chunks land in `dst` at their offsets, read by the bulk connections; the call returns once the reply
 // and every chunk came.
-CUresult striped_dtoh(bulk_link& link, void* dst, CUdeviceptr src, size_t n, CUstream stream) {
+int striped_dtoh(bulk_link& link, void* dst, CUdeviceptr src, size_t n, CUstream stream) {
     lane* l = state::get().remote().this_thread_lane();
-    if (!l) return static_cast<CUresult>(connection_lost_result);
+    if (!l) return connection_lost_result;
     auto t = striped_transfer(link, dst, n);
     striped_call c(op::copy_dtoh_striped, src, t, stream, link.set());
     link.expect(t);
@@ -336,7 +340,7 @@ CUresult striped_dtoh(bulk_link& link, void* dst, CUdeviceptr src, size_t n, CUs
     bool complete = link.finish(t, rc == 0);
     if (rc == 0 && !complete) return CUDA_ERROR_DEVICE_UNAVAILABLE;  // the bulk connections failed (logged)
     if (rc == CUDA_ERROR_DEVICE_UNAVAILABLE) link.close("the server closed them");
-    return static_cast<CUresult>(rc);
+    return rc;
 }
 
 }  // namespace
@@ -357,7 +361,9 @@ CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, 
     if (uint64_t from = shared_address(src, n))
         return remote(op::copy_htod_shared, {dst, from, n, stream_arg(stream)}, m);
     if (device_range(dst, n)) {  // else the lane's copy gets the server's refusal
-        if (auto link = striping(n)) return striped_htod(*link, dst, src, n, stream, m);
+        if (auto link = striping(n))
+            if (int rc = striped_htod(*link, dst, src, n, stream); rc != moved_retry_result)
+                return static_cast<CUresult>(rc);
         if (stageable(n))
             if (CUresult rc = staged_htod(dst, src, n, stream, m); rc != CUDA_ERROR_NOT_SUPPORTED) return rc;
     }
@@ -389,7 +395,9 @@ CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m
         return remote(op::copy_dtoh_shared, {to, src, n, stream_arg(stream)}, m);
     }
     if (device_range(src, n)) {
-        if (auto link = striping(n)) return striped_dtoh(*link, dst, src, n, stream);
+        if (auto link = striping(n))
+            if (int rc = striped_dtoh(*link, dst, src, n, stream); rc != moved_retry_result)
+                return static_cast<CUresult>(rc);
         if (stageable(n))
             if (CUresult rc = staged_dtoh(dst, src, n, stream); rc != CUDA_ERROR_NOT_SUPPORTED) return rc;
     }

@@ -78,6 +78,14 @@ lane::lane(session& s, frame_stream fs, uint32_t number) : session_(s), fs_(std:
 }
 
 lane::~lane() {
+    // Calls this thread posted are taken by the server before the lane closes (or sent again where the
+    // session went: follow).
+    if (!unacked_.empty() && !session_.lost() && getpid() == owner_pid_) {
+        call_request rq;
+        rq.operation = op::lane_sync;
+        call_reply rp;
+        call(rq, rp);
+    }
     {
         std::lock_guard lock(mu_);
         stop_ = true;
@@ -117,6 +125,11 @@ bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
     iovec iov[3] = {{header, frame_header_size},
                     {const_cast<std::byte*>(f.meta.data()), f.meta.size()},
                     {const_cast<std::byte*>(f.payload.data()), f.payload.size()}};
+    if (!wait_for_reply) {
+        unacked_.insert(unacked_.end(), header, header + frame_header_size);
+        unacked_.insert(unacked_.end(), f.meta.begin(), f.meta.end());
+        unacked_.insert(unacked_.end(), f.payload.begin(), f.payload.end());
+    }
     if (getpid() != owner_pid_) {  // forked child: the writer thread stayed in the parent
         auto r = fs_.raw().write_all(iov);
         if (!r) failure_ = r.error();
@@ -165,6 +178,59 @@ bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
     return write_here();
 }
 
+bool lane::follow(const std::string& to, uint64_t ran_through, const outgoing_frame* again) {
+    std::string why;
+    if (!session_.moved(to)) {
+        session_.mark_lost("the session moved to '" + to + "', which is not an address");
+        return false;
+    }
+    auto fresh = session_.connect_stream(number_, why);
+    if (!fresh) {
+        session_.mark_lost("the session moved to " + to + ", and joining it there failed: " + why);
+        return false;
+    }
+    // The frames the old server did not run, in their order, then the call that learnt of the move.
+    std::vector<std::byte> kept;
+    for (size_t at = 0; at + frame_header_size <= unacked_.size();) {
+        frame_header h;
+        std::memcpy(&h, unacked_.data() + at, frame_header_size);
+        size_t len = frame_header_size + h.meta_len + h.payload_len;
+        if (h.sequence > ran_through)
+            kept.insert(kept.end(), unacked_.begin() + at, unacked_.begin() + at + len);
+        at += len;
+    }
+    unacked_ = kept;
+    {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return !writing_; });
+        queue_.clear();  // also in unacked_: sent below
+        fs_ = std::move(*fresh);
+        failed_ = false;
+    }
+    std::byte header[frame_header_size];
+    std::vector<iovec> iov;
+    if (!kept.empty()) iov.push_back({kept.data(), kept.size()});
+    if (again) {
+        frame_header h = again->header;
+        h.meta_len = static_cast<uint32_t>(again->meta.size());
+        h.payload_len = again->payload.size();
+        encode_header(h, header);
+        iov.push_back({header, frame_header_size});
+        iov.push_back({const_cast<std::byte*>(again->meta.data()), again->meta.size()});
+        if (!again->payload.empty())
+            iov.push_back({const_cast<std::byte*>(again->payload.data()), again->payload.size()});
+    }
+    if (!iov.empty())
+        if (auto r = fs_.raw().write_all(iov); !r) {
+            session_.mark_lost("the session moved to " + to +
+                               ", and sending its calls there failed: " + r.error().message);
+            return false;
+        }
+    VCUDA_LOG_DEBUG("lane {} follows its session to {} ({} bytes of calls sent again)", number_, to,
+                    kept.size());
+    return true;
+}
+
 int lane::lost(const transport_error& e) {
     session_.mark_lost(std::string(to_string(e.code)) + ": " + e.message);
     return connection_lost_result;
@@ -206,6 +272,10 @@ call_counters& counters() {
 
 int lane::post(const call_request& rq) {
     if (session_.lost()) return connection_lost_result;
+    if (unacked_.size() > unacked_limit) {  // this one waits, and its reply lets the kept frames go
+        call_reply rp;
+        return call(rq, rp);
+    }
     auto& c = counters();
     c.posted.fetch_add(1, std::memory_order_relaxed);
     if (c.by_op)
@@ -223,7 +293,8 @@ int lane::call(const call_request& rq, call_reply& rp) {
     if (c.by_op)
         c.sync_by_op[static_cast<uint32_t>(rq.operation) % op_id_limit].fetch_add(1,
                                                                                   std::memory_order_relaxed);
-    if (!send(build(rq, false), true)) return lost(failure_);
+    const outgoing_frame f = build(rq, false);
+    if (!send(f, true)) return lost(failure_);
     if (rq.after_send) (*rq.after_send)();
     payload_sink sink;
     if (rp.payload_dst) {
@@ -231,10 +302,29 @@ int lane::call(const call_request& rq, call_reply& rp) {
             return h.payload_len == rp.payload_cap ? rp.payload_dst : nullptr;
         };
     }
-    // No deadline on the reply itself: a synchronize may legitimately wait for a long kernel. A vanished
-    // server still ends the wait (connection reset, or TCP keepalive for a dead host).
-    auto in = fs_.receive(never, std::chrono::seconds(60), sink);
-    if (!in) return lost(in.error());
+    // What the server the session moved from still owed this lane: an earlier posted call's failure.
+    int owed = 0;
+    std::string owed_detail;
+    transport_result<frame> in = unexpected{transport_error{}};
+    for (;;) {
+        // No deadline on the reply itself: a synchronize may legitimately wait for a long kernel. A vanished
+        // server still ends the wait (connection reset, or TCP keepalive for a dead host).
+        in = fs_.receive(never, std::chrono::seconds(60), sink);
+        if (!in) return lost(in.error());
+        if (in->kind() != frame_kind::reply) break;
+        auto* r = root_of<wire::Reply>(*in);
+        if (!r->moved_to()) break;
+        if (auto* printed = r->device_output(); printed && printed->size())
+            std::fwrite(printed->data(), 1, printed->size(), stdout);
+        if (r->result() != 0 && owed == 0) {
+            owed = r->result();
+            owed_detail = r->detail() ? r->detail()->str() : std::string();
+        }
+        // A striped copy's chunks went to the old server: its caller copies again (moved_retry_result).
+        if (!follow(r->moved_to()->str(), r->ran_through(), rq.uses_bulk ? nullptr : &f))
+            return connection_lost_result;
+        if (rq.uses_bulk) return moved_retry_result;
+    }
     if (in->kind() == frame_kind::error) {
         auto* e = root_of<wire::Error>(*in);
         session_.mark_lost("server refused a call: " +
@@ -245,8 +335,13 @@ int lane::call(const call_request& rq, call_reply& rp) {
         session_.mark_lost("reply out of order from the server");
         return connection_lost_result;
     }
+    unacked_.clear();  // the server ran every frame this lane sent before this one
     auto* r = root_of<wire::Reply>(*in);
     rp.result = r->result();
+    if (rp.result == 0 && owed != 0) {
+        rp.result = owed;
+        rp.detail = owed_detail;
+    }
     rp.fd = fs_.raw().take_fd();
     rp.outs.clear();
     if (r->outs()) rp.outs.assign(r->outs()->begin(), r->outs()->end());
@@ -258,7 +353,7 @@ int lane::call(const call_request& rq, call_reply& rp) {
                 bytes ? reinterpret_cast<const std::byte*>(bytes->data()) : nullptr,
                 bytes ? reinterpret_cast<const std::byte*>(bytes->data()) + bytes->size() : nullptr);
         }
-    rp.detail = r->detail() ? r->detail()->str() : std::string();
+    if (owed == 0 || rp.result != owed) rp.detail = r->detail() ? r->detail()->str() : std::string();
     // What kernels printed, flushed by the driver on the server during this lane's calls: into the process's
     // stdout as the driver would have written it (the application's own buffering and order apply).
     if (auto* printed = r->device_output(); printed && printed->size())
@@ -282,11 +377,40 @@ void session::mark_lost(const std::string& why) {
             address_, why);
 }
 
+bool session::moved(const std::string& to) {
+    auto ep = endpoint::parse(to);
+    if (!ep) return false;
+    std::lock_guard lock(endpoint_mu_);
+    if (address_ != to) {
+        VCUDA_LOG_INFO("the session moved from vcuda-server at {} to {}", address_, to);
+        endpoint_ = *ep;
+        address_ = to;
+        local_ = endpoint_.type == endpoint::kind::unix_socket;
+        std::lock_guard b(bulk_mu_);
+        if (bulk_) bulk_->close("the session moved");
+        bulk_.reset();
+    }
+    return true;
+}
+
 std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
-    auto s = stream::connect(endpoint_, timeout_);
+    auto fs = connect_stream(number, why);
+    if (!fs) return nullptr;
+    return std::make_unique<lane>(*this, std::move(*fs), number);
+}
+
+std::optional<frame_stream> session::connect_stream(uint32_t number, std::string& why) {
+    endpoint ep;
+    std::string where;
+    {
+        std::lock_guard lock(endpoint_mu_);
+        ep = endpoint_;
+        where = address_;
+    }
+    auto s = stream::connect(ep, timeout_);
     if (!s) {
-        why = "cannot connect to vcuda-server at " + address_ + ": " + s.error().message;
-        return nullptr;
+        why = "cannot connect to vcuda-server at " + where + ": " + s.error().message;
+        return std::nullopt;
     }
     frame_stream fs(std::move(*s));
     flatbuffers::FlatBufferBuilder b(256);
@@ -298,25 +422,25 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
     b.Finish(wire::CreateHello(
         b, protocol_version, features::all | features::bulk | (want_rings ? features::shm_rings : 0),
         b.CreateString(token_), id_, number, static_cast<uint32_t>(getpid()), b.CreateString(host), 0, tag_,
-        0, number == 0 ? 0 : b.CreateVector(reinterpret_cast<const uint8_t*>(key_.data()), key_.size())));
+        0, id_ == 0 ? 0 : b.CreateVector(reinterpret_cast<const uint8_t*>(key_.data()), key_.size())));
     if (auto r = fs.send(make_frame(frame_kind::hello, b, 0, number), after(timeout_)); !r) {
-        why = "sending HELLO to " + address_ + " failed: " + r.error().message;
-        return nullptr;
+        why = "sending HELLO to " + where + " failed: " + r.error().message;
+        return std::nullopt;
     }
     auto in = fs.receive(after(timeout_), timeout_);
     if (!in) {
-        why = "no HELLO reply from " + address_ + ": " + in.error().message;
-        return nullptr;
+        why = "no HELLO reply from " + where + ": " + in.error().message;
+        return std::nullopt;
     }
     if (in->kind() == frame_kind::error) {
         auto* e = root_of<wire::Error>(*in);
-        why = "vcuda-server at " + address_ +
+        why = "vcuda-server at " + where +
               " refused the session: " + (e->message() ? e->message()->str() : "?");
-        return nullptr;
+        return std::nullopt;
     }
     if (in->kind() != frame_kind::hello_reply) {
-        why = "unexpected answer to HELLO from " + address_;
-        return nullptr;
+        why = "unexpected answer to HELLO from " + where;
+        return std::nullopt;
     }
     auto* hr = root_of<wire::HelloReply>(*in);
     if (hr->features() & features::shm_rings) {
@@ -325,14 +449,14 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
             fd >= 0 ? shm_rings::open(fd) : unexpected{std::string("no descriptor came with the reply")};
         if (fd >= 0) close(fd);
         if (!rings) {
-            why = "shared-memory rings offered by " + address_ + " unusable: " + rings.error();
-            return nullptr;
+            why = "shared-memory rings offered by " + where + " unusable: " + rings.error();
+            return std::nullopt;
         }
         fs.raw().attach_rings(std::move(*rings), default_spin());
     } else {
         fs.raw().set_spin(default_spin());
     }
-    if (number == 0) {
+    if (id_ == 0) {
         id_ = hr->session_id();
         key_ = hr->session_key() ? std::string(reinterpret_cast<const char*>(hr->session_key()->data()),
                                                hr->session_key()->size())
@@ -340,7 +464,7 @@ std::unique_ptr<lane> session::connect_lane(uint32_t number, std::string& why) {
         bulk_cap_ = hr->features() & features::bulk ? hr->bulk_streams() : 0;
         pid_ = getpid();
     }
-    return std::make_unique<lane>(*this, std::move(fs), number);
+    return fs;
 }
 
 std::unique_ptr<session> session::open(const std::string& address, std::chrono::milliseconds timeout,
@@ -353,6 +477,7 @@ std::unique_ptr<session> session::open(const std::string& address, std::chrono::
     auto s = std::unique_ptr<session>(new session());
     s->endpoint_ = *ep;
     s->address_ = address;
+    s->local_ = ep->type == endpoint::kind::unix_socket;
     s->token_ = token;
     s->timeout_ = timeout;
     s->tag_ = tag % max_sessions;
@@ -396,7 +521,12 @@ std::shared_ptr<bulk_link> session::bulk() {
                        : 6u;
     }();
     const unsigned count = std::min(wanted, bulk_cap_);
-    if (count == 0 || endpoint_.type != endpoint::kind::tcp || lost_ || getpid() != pid_) return nullptr;
+    endpoint ep;
+    {
+        std::lock_guard lock(endpoint_mu_);
+        ep = endpoint_;
+    }
+    if (count == 0 || ep.type != endpoint::kind::tcp || lost_ || getpid() != pid_) return nullptr;
     std::lock_guard lock(bulk_mu_);
     if (bulk_ && !bulk_->broken()) return bulk_;
     if (bulk_) {
@@ -409,7 +539,7 @@ std::shared_ptr<bulk_link> session::bulk() {
     }
     if (bulk_off_) return nullptr;
     std::string why;
-    bulk_ = bulk_link::open(endpoint_, id_, key_, ++bulk_sets_, count, timeout_, why);
+    bulk_ = bulk_link::open(ep, id_, key_, ++bulk_sets_, count, timeout_, why);
     if (!bulk_) {
         bulk_off_ = true;
         VCUDA_LOG_WARN("no striped copies to {} ({}): large copies travel on their lane", address_, why);

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -27,6 +28,10 @@ namespace vcuda::client {
 
 // The CUresult every call returns once the server connection is lost (documented in the README).
 inline constexpr int connection_lost_result = 46;  // CUDA_ERROR_DEVICE_UNAVAILABLE
+// What lane::call answers a call with bulk chunks (after_send) that found its session moved to another
+// server: the chunks went to the old one, so the caller makes the copy again (client/copy_paths.cpp). Never
+// returned to the application.
+inline constexpr int moved_retry_result = -1;
 
 struct call_request {
     op operation{};
@@ -36,6 +41,9 @@ struct call_request {
     std::span<const std::byte> payload;  // bulk bytes after the metadata
     // Called once the call's frame is sent (or queued to be): striped copies queue their chunks there.
     const std::function<void()>* after_send = nullptr;
+    // Its bytes travel on the session's bulk connections (striped copies): if the session moves to another
+    // server meanwhile, the call answers moved_retry_result instead of being sent there again.
+    bool uses_bulk = false;
 };
 
 struct call_reply {
@@ -82,6 +90,10 @@ class lane {
   private:
     outgoing_frame build(const call_request& rq, bool async);
     int lost(const transport_error& e);
+    // The session moved to `to` (an operator's migrate): this lane joins it there, sends again every posted
+    // frame after `ran_through` (the last call the old server ran) and then `again`, the call whose reply
+    // said so (unless it is null). False, the session marked lost, when that fails.
+    bool follow(const std::string& to, uint64_t ran_through, const outgoing_frame* again);
     // Queues the frame (or writes it directly when its payload is large). False when the link is gone.
     bool send(const outgoing_frame& f, bool wait_for_reply);
     void writer_loop();
@@ -94,6 +106,10 @@ class lane {
     transport_error failure_;
     std::thread writer_;
     int owner_pid_ = 0;  // a forked child has no writer thread: it writes directly
+    // Posted frames, as written, since the last reply: a session that moved runs them again where it went
+    // (follow). The owning thread's only. Past `unacked_limit` the next call waits for its reply.
+    std::vector<std::byte> unacked_;
+    static constexpr size_t unacked_limit = 32u << 20;
 
     session& session_;
     frame_stream fs_;
@@ -129,9 +145,12 @@ class session {
     // This thread's lane, connected on first use. Null when the server cannot be reached (reason logged).
     lane* this_thread_lane();
     const std::vector<server_device>& devices() const { return devices_; }
-    const std::string& address() const { return address_; }
+    std::string address() {
+        std::lock_guard lock(endpoint_mu_);
+        return address_;
+    }
     // The server is on this host (Unix socket): pinned host memory can be shared with it.
-    bool local() const { return endpoint_.type == endpoint::kind::unix_socket; }
+    bool local() const { return local_.load(); }
     bool lost() const { return lost_.load(); }
     void mark_lost(const std::string& why);
     // Lanes are separate connections served by separate server threads, so frames of two threads are not
@@ -145,6 +164,12 @@ class session {
     };
     frame_ref note_send(uint32_t lane, uint64_t seq);
 
+    // The session moved to the server at `to`: lanes connect there from now on (each lane follows at its own
+    // next reply), striped copies open new bulk connections. False when `to` is not an address.
+    bool moved(const std::string& to);
+    // A connection to the session's server for lane `number`, HELLO done; `why` says why not.
+    std::optional<frame_stream> connect_stream(uint32_t number, std::string& why);
+
     // Striped copies (client/bulk.hpp): this session's bulk connections, opened at the first large copy. Null
     // when striping is off (VCUDA_BULK_STREAMS=0, a Unix socket, a server that does not offer it, a forked
     // child) or the connections cannot be opened; after three sets that failed, striping stays off.
@@ -154,8 +179,10 @@ class session {
   private:
     std::unique_ptr<lane> connect_lane(uint32_t number, std::string& why);
 
+    std::mutex endpoint_mu_;  // endpoint_ and address_ change when the session moves
     endpoint endpoint_;
     std::string address_;
+    std::atomic<bool> local_{false};
     std::string token_;
     std::chrono::milliseconds timeout_{5000};
     uint64_t id_ = 0;

@@ -26,6 +26,10 @@ std::string_view to_string(frame_kind k) {
             return "mgmt_request";
         case frame_kind::mgmt_reply:
             return "mgmt_reply";
+        case frame_kind::session_state:
+            return "session_state";
+        case frame_kind::state_piece:
+            return "state_piece";
     }
     return "unknown";
 }
@@ -133,6 +137,12 @@ result<void, wire_error> verify_metadata(frame_kind kind, std::span<const std::b
             break;
         case frame_kind::mgmt_reply:
             ok = v.VerifyBuffer<wire::MgmtReply>(nullptr);
+            break;
+        case frame_kind::session_state:
+            ok = v.VerifyBuffer<wire::SessionState>(nullptr);
+            break;
+        case frame_kind::state_piece:
+            ok = v.VerifyBuffer<wire::StatePiece>(nullptr);
             break;
     }
     if (!ok)

@@ -27,8 +27,10 @@ enum class frame_kind : uint16_t {
     goodbye = 6,
     mgmt_request = 7,
     mgmt_reply = 8,
+    session_state = 9,  // a session moved from another server (server/session_transfer.cpp)
+    state_piece = 10,   // ... and the bytes it holds
 };
-inline constexpr uint16_t frame_kind_max = 8;
+inline constexpr uint16_t frame_kind_max = 10;
 std::string_view to_string(frame_kind k);
 
 namespace frame_flags {

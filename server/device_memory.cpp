@@ -42,7 +42,10 @@ CUresult device_memory::map_new(size_t size, bool shared, CUdeviceptr& va) {
         return CUDA_ERROR_NOT_SUPPORTED;
     if (quota_ && (size > quota_ || mapped_ > quota_ - size)) return CUDA_ERROR_OUT_OF_MEMORY;
     CUdeviceptr addr = 0;
-    if (CUresult rc = d.cuMemAddressReserve(&addr, size, granularity, 0, 0); rc != CUDA_SUCCESS) return rc;
+    const CUdeviceptr hint = window_ ? window_->take(size) : 0;
+    CUresult reserved = d.cuMemAddressReserve(&addr, size, granularity, hint, 0);
+    if (reserved != CUDA_SUCCESS && hint) reserved = d.cuMemAddressReserve(&addr, size, granularity, 0, 0);
+    if (reserved != CUDA_SUCCESS) return reserved;
     CUmemGenericAllocationHandle h = 0;
     if (CUresult rc = map_at(addr, size, h); rc != CUDA_SUCCESS) {
         d.cuMemAddressFree(addr, size);
@@ -123,6 +126,52 @@ CUresult device_memory::restore(const std::vector<saved_mapping>& saved) {
             return rc;
     }
     resident_ = true;
+    return CUDA_SUCCESS;
+}
+
+std::vector<device_memory::moved_mapping> device_memory::mappings_to_move() const {
+    std::vector<moved_mapping> out;
+    out.reserve(mappings_.size());
+    for (const auto& [va, m] : mappings_) out.push_back({va, m.size, m.shared, m.live, m.free_runs});
+    return out;
+}
+
+CUresult device_memory::adopt(const std::vector<moved_mapping>& mappings, allocation_map allocations,
+                              uint64_t heap_charge, std::string& why) {
+    auto& d = *drv_;
+    uint64_t total = heap_charge;
+    for (auto& m : mappings) total += m.size;
+    if (quota_ && total > quota_) {
+        why = "its " + std::to_string(total >> 20) + " MiB exceed the quota here";
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (auto& m : mappings) {
+        CUdeviceptr got = 0;
+        CUresult rc = m.size % granularity || m.va % granularity
+                          ? CUDA_ERROR_INVALID_VALUE
+                          : d.cuMemAddressReserve(&got, m.size, granularity, m.va, 0);
+        if (rc == CUDA_SUCCESS && got != m.va) {
+            d.cuMemAddressFree(got, m.size);
+            rc = CUDA_ERROR_ALREADY_MAPPED;
+        }
+        if (rc != CUDA_SUCCESS) {
+            why = "device addresses " + std::to_string(m.va) + "+" + std::to_string(m.size) +
+                  " cannot be reserved here (" + std::to_string(static_cast<int>(rc)) + ")";
+            for (auto& [va, done] : mappings_) d.cuMemAddressFree(va, done.size);
+            mappings_.clear();
+            return rc;
+        }
+        mapping made;
+        made.size = m.size;
+        made.shared = m.shared;
+        made.free_runs = m.free_runs;
+        made.live = m.live;
+        mappings_[m.va] = std::move(made);
+    }
+    allocations_ = std::move(allocations);
+    mapped_ = total;
+    heap_charge_ = heap_charge;
+    resident_ = false;
     return CUDA_SUCCESS;
 }
 

@@ -5,19 +5,47 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "driver_table.hpp"
 
 namespace vcuda::server {
 
+// Where a server places its sessions' memory (--address-window N): a range of device addresses of its own,
+// each address handed out once, so that a session moved here from another server with another window finds
+// its addresses free (server/session_transfer.cpp). Reservations ask the driver for the next address as a
+// hint; a driver that places one elsewhere is followed (that memory may not move). Without a window the
+// driver picks every address.
+class address_window {
+  public:
+    address_window() = default;
+    explicit address_window(uint32_t index) : next_(base(index)), end_(base(index) + span) {}
+    // A hint for a reservation of `size` bytes, or 0 (the driver picks) once the window is used up.
+    CUdeviceptr take(size_t size) {
+        if (end_ == 0) return 0;
+        CUdeviceptr at = next_.fetch_add(size);
+        return at + size <= end_ ? at : 0;
+    }
+    // Windows of 2 TiB from 16 TiB on: inside the 47-bit range the driver's unified addresses use.
+    static constexpr CUdeviceptr first = CUdeviceptr{16} << 40;
+    static constexpr CUdeviceptr span = CUdeviceptr{2} << 40;
+    static constexpr uint32_t count = 48;
+    static constexpr CUdeviceptr base(uint32_t index) { return first + CUdeviceptr{index} * span; }
+
+  private:
+    std::atomic<CUdeviceptr> next_{0};
+    CUdeviceptr end_ = 0;
+};
+
 class device_memory {
   public:
-    device_memory(const driver_table& drv, CUdevice dev, uint64_t quota)
-        : drv_(&drv), dev_(dev), quota_(quota) {}
+    device_memory(const driver_table& drv, CUdevice dev, uint64_t quota, address_window* window = nullptr)
+        : drv_(&drv), dev_(dev), quota_(quota), window_(window) {}
 
     CUresult allocate(size_t size, CUdeviceptr& out);
     CUresult release(CUdeviceptr p);  // only the exact start of a live allocation
@@ -59,6 +87,22 @@ class device_memory {
     uint64_t quota() const { return quota_; }
     size_t allocation_count() const { return allocations_.size(); }
 
+    // A session moved to another server (server/session_transfer.cpp): the bookkeeping, as it is, and on the
+    // target adopt(), which reserves exactly the same addresses (an address taken there fails the move) and
+    // charges the quota; restore() then maps memory there and copies the contents back.
+    struct moved_mapping {
+        CUdeviceptr va = 0;
+        size_t size = 0;
+        bool shared = false;
+        size_t live = 0;
+        std::map<size_t, size_t> free_runs;
+    };
+    using allocation_map = std::map<CUdeviceptr, std::pair<size_t, CUdeviceptr>>;  // start -> (size, mapping)
+    std::vector<moved_mapping> mappings_to_move() const;
+    const allocation_map& allocations() const { return allocations_; }
+    CUresult adopt(const std::vector<moved_mapping>& mappings, allocation_map allocations,
+                   uint64_t heap_charge, std::string& why);
+
     static constexpr size_t granularity = 2u << 20;
     static constexpr size_t small_limit = 1u << 20;  // allocations up to this share 2 MiB mappings
     static constexpr size_t small_align = 512;
@@ -83,7 +127,8 @@ class device_memory {
     uint64_t heap_charge_ = 0;
     bool resident_ = true;
     std::map<CUdeviceptr, mapping> mappings_;
-    std::map<CUdeviceptr, std::pair<size_t, CUdeviceptr>> allocations_;  // start -> (size, its mapping)
+    address_window* window_;
+    allocation_map allocations_;  // start -> (size, its mapping)
 };
 
 }  // namespace vcuda::server

@@ -133,6 +133,48 @@ class handle_table {
     }
 
     size_t size() const { return slots_.size() - free_.size(); }
+    uint32_t tag() const { return static_cast<uint32_t>(tag_ >> tag_shift); }
+
+    // A session moved to another server (server/session_transfer.cpp): every slot as it is, so that each id
+    // keeps its value there; import() rebuilds the table from them (its entries bound to no driver object
+    // until the session is rebuilt).
+    struct exported_slot {
+        uint32_t index = 0;
+        uint32_t generation = 1;
+        bool live = false;
+        handle_entry entry;
+    };
+    std::vector<exported_slot> export_slots() const {
+        std::vector<exported_slot> out;
+        out.reserve(slots_.size());
+        for (uint32_t i = 0; i < slots_.size(); ++i)
+            out.push_back({i, slots_[i].generation, slots_[i].live, slots_[i].entry});
+        return out;
+    }
+    const std::vector<uint32_t>& free_slots() const { return free_; }
+    // False when the slots are not a table (indexes out of order, free slots live or repeated).
+    bool import(std::vector<exported_slot> slots, std::vector<uint32_t> free) {
+        std::vector<slot> made(slots.size());
+        for (uint32_t i = 0; i < slots.size(); ++i) {
+            auto& e = slots[i];
+            if (e.index != i || e.generation == 0 || e.generation >= generation_limit) return false;
+            e.entry.raw = nullptr;
+            made[i] = {std::move(e.entry), e.generation, e.live};
+        }
+        std::vector<bool> seen(made.size());
+        for (uint32_t f : free) {
+            if (f >= made.size() || made[f].live || seen[f]) return false;
+            seen[f] = true;
+        }
+        slots_ = std::move(made);
+        free_ = std::move(free);
+        derived_.clear();
+        dependents_.clear();
+        for_each([&](uint64_t id, handle_entry& e) {
+            if (e.owned && e.owner) dependents_[e.owner].insert(id);
+        });
+        return true;
+    }
 
   private:
     struct slot {

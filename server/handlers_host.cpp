@@ -3,6 +3,7 @@
 // and passes the file descriptor to the client with the reply; the client maps the same pages, at the same
 // address where it can. Copies between such pages and the GPU then move no bytes over the socket.
 // Only over a Unix socket: a client on another host has no way to share the pages.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -72,7 +73,7 @@ CUresult handle_host_alloc(call_context& cx) {
     }
     {
         std::lock_guard lock(cx.sess.mu);
-        cx.sess.host.add(reinterpret_cast<uintptr_t>(p), size);
+        cx.sess.host.add(reinterpret_cast<uintptr_t>(p), size, ::fcntl(fd, F_DUPFD_CLOEXEC, 0));
     }
     cx.reply_fd = fd;
     cx.out(reinterpret_cast<uint64_t>(p));

@@ -26,6 +26,13 @@ CUresult handle_session_info(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
+// Runs nothing: a client's lane that posted calls and is about to close asks it, so that its reply (or, for a
+// session that moved, the answer saying where) covers every call it posted.
+CUresult handle_lane_sync(call_context& cx) {
+    if (!cx.expect_args(0)) return cx.bad_arguments();
+    return CUDA_SUCCESS;
+}
+
 CUresult handle_ctx_synchronize(call_context& cx) {
     if (!cx.expect_args(0)) return cx.bad_arguments();
     return cx.drv().cuCtxSynchronize();

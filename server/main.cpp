@@ -10,6 +10,7 @@
 #include <functional>
 #include <iostream>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "common/log.hpp"
@@ -255,6 +256,25 @@ int main(int argc, char** argv) {
                    "resume again and again")
         ->group("Testing")
         ->check(CLI::Range(1, 3600 * 1000));
+    std::string window_text = "auto";
+    app.add_option(
+           "--address-window", window_text,
+           "N (0-" + std::to_string(vcuda::server::address_window::count - 1) +
+               "): the range of device addresses this server gives its sessions' memory, each address "
+               "once, so that sessions moved between servers with different windows keep their "
+               "addresses (vcuda migrate). auto (default): one chosen from the first --listen address; "
+               "none: the driver chooses every address (such sessions may fail to move)")
+        ->capture_default_str();
+    std::string move_to_text;
+    int move_after_ms = 500;
+    app.add_option("--test-move-to", move_to_text,
+                   "For tests: move every session, once, to the vcuda-server at ADDR (--test-move-after MS "
+                   "after it opened); its client follows it there")
+        ->group("Testing");
+    app.add_option("--test-move-after", move_after_ms, "For tests: see --test-move-to")
+        ->group("Testing")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 3600 * 1000));
     int worker_fd = -1;
     app.add_option("--worker-fd", worker_fd,
                    "Internal (--isolation process): run as the worker of one session handed over on this "
@@ -324,6 +344,23 @@ int main(int argc, char** argv) {
                    "--isolation thread, or a Unix socket\n";
             return 2;
         }
+    }
+    if (window_text != "none") {
+        uint32_t index = 0;
+        if (window_text == "auto") {
+            index = static_cast<uint32_t>(std::hash<std::string>{}(listen.front()) %
+                                          vcuda::server::address_window::count);
+        } else {
+            auto [end, ec] =
+                std::from_chars(window_text.data(), window_text.data() + window_text.size(), index);
+            if (ec != std::errc() || end != window_text.data() + window_text.size() ||
+                index >= vcuda::server::address_window::count) {
+                std::cerr << "vcuda-server: --address-window: '" << window_text << "' is not auto, none or 0-"
+                          << vcuda::server::address_window::count - 1 << "\n";
+                return 2;
+            }
+        }
+        opts.window = std::make_shared<vcuda::server::address_window>(index);
     }
     if (max_sessions > 0) opts.max_sessions = static_cast<uint32_t>(max_sessions);
     if (max_connections > 0) opts.max_connections = static_cast<uint32_t>(max_connections);
@@ -586,6 +623,40 @@ int main(int argc, char** argv) {
                     }
                 }
             });
+    }
+    std::jthread mover;
+    if (!move_to_text.empty()) {
+        auto ep = vcuda::endpoint::parse(move_to_text);
+        if (!ep) {
+            std::cerr << "vcuda-server: --test-move-to: " << ep.error() << "\n";
+            return 2;
+        }
+        VCUDA_LOG_WARN("--test-move-to {}: every session moves there {} ms after it opened (tests)",
+                       move_to_text, move_after_ms);
+        mover = std::jthread([&srv, &opts, to = vcuda::server::session::move_target{*ep, move_to_text, ""},
+                              after = std::chrono::milliseconds(move_after_ms)](
+                                 const std::stop_token& st) mutable {
+            std::set<uint64_t> tried;
+            while (!st.stop_requested()) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                for (auto& s : srv.sessions().snapshot()) {
+                    if (tried.count(s->id()) || s->moved() ||
+                        std::chrono::system_clock::now() - std::chrono::system_clock::time_point(
+                                                               std::chrono::milliseconds(s->opened_at_ms())) <
+                            after)
+                        continue;
+                    tried.insert(s->id());
+                    // A standalone server with a secret authorizes the move with a token of its own.
+                    if (!opts.secret.empty())
+                        to.token = vcuda::mgmt::sign_token(
+                            opts.secret, {"", std::string(vcuda::mgmt::any_gpu), 0,
+                                          std::chrono::system_clock::now() + std::chrono::minutes(1)});
+                    std::string why;
+                    if (s->move_to(to, std::chrono::seconds(5), why) != CUDA_SUCCESS)
+                        VCUDA_LOG_WARN("--test-move-to: session {} not moved: {}", s->id(), why);
+                }
+            }
+        });
     }
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);

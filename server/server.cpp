@@ -185,6 +185,16 @@ void server::run_connection(stream s, bool over_limit, const tls_context* tls) {
         send_wire_error(fs, wire_errc::unexpected_kind, "a bulk connection joins a session that is open");
         return;
     }
+    if (h->adopt()) {
+        if (opts_.isolate)
+            send_wire_error(
+                fs, wire_errc::not_allowed,
+                "this server runs sessions in worker processes (--isolation process), which do not "
+                "take moved sessions yet");
+        else
+            receive_moved(fs, *h, peer);
+        return;
+    }
     if (opts_.isolate) {
         hand_over(fs, *hello, peer);  // to the session's worker process (server/isolation.cpp)
         return;
@@ -224,6 +234,7 @@ void server::serve_hello(frame_stream& fs, const frame& hello, const std::string
     }
     ++sess->lanes;
     if (!bulk) ++sess->call_lanes;
+    if (!bulk && h->lane() == 0) sess->first_lane_here = true;
     bulk_hub::connection* bulk_conn = nullptr;
     if (bulk) {
         std::string why = "this server takes no bulk connections (--bulk-streams 0)";
@@ -283,28 +294,35 @@ void server::serve_hello(frame_stream& fs, const frame& hello, const std::string
     sess->detach(&fs);
     // The client's lanes are gone (the process ended): its bulk connections are closed too.
     if (!bulk && --sess->call_lanes == 0) sess->bulk().close("the client's lanes ended");
-    if (--sess->lanes == 0) {
-        auto t0 = std::chrono::steady_clock::now();
-        uint64_t held = 0;
-        size_t handles;
-        {
-            std::lock_guard lock(sess->mu);
-            for (size_t d = 0; d < sess->device_count(); ++d) held += sess->memory(d).mapped();
-            handles = sess->handles.size();
-        }
-        sessions_.remove(sess->id());
-        if (!sess->lease_id().empty()) {
-            std::lock_guard lock(open_mu_);
-            for (size_t d = 0; d < sess->device_count(); ++d)
-                if (sess->allowed(d)) drop_lease_claim(sess->lease_id(), {d}, sess->id());
-        }
-        sess->release_all();
-        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
-                      .count();
+    leave_session(sess);
+}
+
+void server::leave_session(const std::shared_ptr<session>& sess) {
+    if (--sess->lanes != 0) return;
+    auto t0 = std::chrono::steady_clock::now();
+    uint64_t held = 0;
+    size_t handles;
+    {
+        std::lock_guard lock(sess->mu);
+        for (size_t d = 0; d < sess->device_count(); ++d) held += sess->memory(d).mapped();
+        handles = sess->handles.size();
+    }
+    sessions_.remove(sess->id());
+    if (!sess->lease_id().empty()) {
+        std::lock_guard lock(open_mu_);
+        for (size_t d = 0; d < sess->device_count(); ++d)
+            if (sess->allowed(d)) drop_lease_claim(sess->lease_id(), {d}, sess->id());
+    }
+    sess->release_all();
+    auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    if (sess->moved())
+        VCUDA_LOG_INFO("session {} ({}): its last connection here closed; it lives on at {}", sess->id(),
+                       sess->peer(), sess->moved_to());
+    else
         VCUDA_LOG_INFO("session {} ended ({}): released {} MiB of GPU memory and {} handles in {} ms",
                        sess->id(), sess->peer(), held >> 20, handles, ms);
-        if (on_session_end_) on_session_end_();
-    }
+    if (on_session_end_) on_session_end_();
 }
 
 bool server::authorize(const wire::Hello& h, session_grant& grant, std::string& refusal) {
@@ -442,8 +460,33 @@ std::string gpu_uuid_string(const CUuuid& u) {
     return s;
 }
 
+namespace {
+// A call to a session that moved to another server: a posted one is dropped (its client keeps it and sends it
+// again there), a synchronous one is answered with where the session went and the last call this lane ran
+// here, with what the lane still owed the client (an earlier posted call's error, what kernels printed).
+bool answer_moved(session& sess, frame_stream& fs, const frame& f, lane_state& lane, uint64_t ran) {
+    if (f.header.flags & frame_flags::no_reply) return true;
+    flatbuffers::FlatBufferBuilder b(256);
+    std::string detail;
+    if (lane.pending_error != CUDA_SUCCESS)
+        detail = "an earlier asynchronous call failed: " + lane.pending_detail;
+    auto& printed = lane.device_output;
+    auto output = printed.empty()
+                      ? 0
+                      : b.CreateVector(reinterpret_cast<const uint8_t*>(printed.data()), printed.size());
+    b.Finish(wire::CreateReply(b, lane.pending_error, 0, 0, detail.empty() ? 0 : b.CreateString(detail),
+                               output, b.CreateString(sess.moved_to()), ran));
+    printed.clear();
+    lane.pending_error = CUDA_SUCCESS;
+    lane.pending_detail.clear();
+    return fs.send(make_frame(frame_kind::reply, b, f.header.sequence), after(std::chrono::seconds(10)))
+        .has_value();
+}
+}  // namespace
+
 void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, uint32_t lane_number) {
     auto& d = sess->api();
+    uint64_t ran = sess->progress_of(lane_number);  // the last call this lane ran (where it ran before, too)
     staging_pool pool(d);
     lane_state lane;
     lane.stream = &fs;
@@ -479,9 +522,15 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
             return;
         }
         auto* call = root_of<wire::Call>(f);
+        if (sess->moved()) {
+            if (staged) pool.give_back(staged, nullptr);
+            staged = nullptr;
+            if (!answer_moved(*sess, fs, f, lane, ran)) return;
+            continue;
+        }
         if (call->after_seq() != 0 && call->after_lane() != lane_number &&
             !sess->wait_for_lane(call->after_lane(), call->after_seq(),
-                                 [&fs] { return fs.raw().peer_gone(); })) {
+                                 [&] { return fs.raw().peer_gone() || sess->moved(); })) {
             if (fs.raw().peer_gone()) {  // the client closed while its call waited: nobody wants the answer
                 VCUDA_LOG_DEBUG("session {} lane {}: the client left while a call waited for lane {}",
                                 sess->id(), lane_number, call->after_lane());
@@ -500,6 +549,7 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
         call_context cx(*sess, lane, *call, f, staged);
         staged = nullptr;
         CUresult rc;
+        bool moved_now = false;  // the session moved while this call waited: it did not run
         const dispatch_entry* entry = find_op(call->op());
         if (!entry) {
             rc = cx.fail(CUDA_ERROR_NOT_SUPPORTED,
@@ -508,7 +558,8 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
         } else if (const bool gated = !entry->outside_gate;
                    gated && (rc = sess->enter_call(lane.pending_detail)) != CUDA_SUCCESS) {
             // A suspended session that could not be brought back: the call fails with why.
-            rc = cx.fail(rc, lane.pending_detail);
+            moved_now = sess->moved();
+            if (!moved_now) rc = cx.fail(rc, lane.pending_detail);
             lane.pending_detail.clear();
         } else {
             if (sess->epoch() != lane.epoch) {  // the session was rebuilt: its contexts are new
@@ -536,13 +587,21 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
             }
             if (rc == CUDA_SUCCESS) rc = entry->handler(cx);
             if (gated) sess->leave_call();
+            // A wait outside the gate (the next host function) ended by the move: its client asks again
+            // there.
+            if (!gated && rc != CUDA_SUCCESS && !cx.replied && sess->moved()) moved_now = true;
 
             VCUDA_LOG_TRACE("session {} lane {}: {} -> {}", sess->id(), lane_number, entry->name,
                             static_cast<int>(rc));
         }
-        if (!blocks) sess->lane_progress(lane_number, f.header.sequence);
         if (cx.staged() && cx.staged()->busy)
             pool.give_back(cx.staged(), nullptr);  // the handler did not use it
+        if (moved_now) {
+            if (!answer_moved(*sess, fs, f, lane, ran)) return;
+            continue;
+        }
+        ran = f.header.sequence;
+        if (!blocks) sess->lane_progress(lane_number, f.header.sequence);
         if (cx.queued()) {
             if (rc != CUDA_SUCCESS && lane.pending_error == CUDA_SUCCESS) {
                 lane.pending_error = rc;
@@ -565,6 +624,65 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
         }
         if (!send_reply(cx, rc)) return;
     }
+}
+
+void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::string& peer) {
+    session_grant grant;
+    if (!authorize(h, grant, fs, peer)) return;
+    frame_limits state_limits;
+    state_limits.max_meta = max_moved_state_bytes;
+    state_limits.max_payload = 0;
+    fs.set_limits(state_limits);
+    auto in = fs.receive(after(std::chrono::seconds(30)), std::chrono::seconds(120));
+    if (!in || in->kind() != frame_kind::session_state) {
+        std::string what = in ? "a " + std::string(to_string(in->kind())) + " frame" : in.error().message;
+        VCUDA_LOG_WARN("{}: a moved session's state did not come: {}", peer, what);
+        send_wire_error(fs, wire_errc::unexpected_kind, "expected the moved session's state: " + what);
+        return;
+    }
+    auto* st = root_of<wire::SessionState>(*in);
+    std::string key =
+        st->session_key()
+            ? std::string(reinterpret_cast<const char*>(st->session_key()->data()), st->session_key()->size())
+            : std::string();
+    std::string from = (st->peer() ? st->peer()->str() : std::string("?")) + ", moved from " + peer;
+    std::shared_ptr<session> sess;
+    {
+        std::lock_guard lock(open_mu_);
+        if (!admit(grant, sessions_.size(), fs, peer)) return;
+        if (key.size() == session_key_bytes && st->session_id() != 0)
+            sess = sessions_.adopt(st->session_id(), key, drv_, opts_, grant, from);
+        if (!sess) {
+            if (!grant.lease_id.empty()) drop_lease_claim(grant.lease_id, grant.gpus, 0);
+            refuse_session(fs, peer, "a session with that id is here already, or its key is malformed");
+            return;
+        }
+        if (!grant.lease_id.empty()) lease_sessions_[{grant.lease_id, grant.gpus.front()}] = sess->id();
+    }
+    // This connection holds the session until its client has joined it here (below).
+    ++sess->lanes;
+    auto t0 = std::chrono::steady_clock::now();
+    std::string why;
+    CUresult rc = sess->take_moved_state(*st, fs, why);
+    flatbuffers::FlatBufferBuilder b(256);
+    b.Finish(wire::CreateReply(b, rc, 0, 0, why.empty() ? 0 : b.CreateString(why)));
+    if (!fs.send(make_frame(frame_kind::reply, b), after(std::chrono::seconds(10))))
+        VCUDA_LOG_WARN("session {}: the server that moved it here did not get the answer", sess->id());
+    auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    if (rc != CUDA_SUCCESS) {
+        VCUDA_LOG_WARN("session {} from {} not taken: {}", sess->id(), peer, why);
+    } else {
+        VCUDA_LOG_INFO("session {} ({}) moved here: {} MiB of GPU state received and rebuilt in {} ms",
+                       sess->id(), from, st->bytes() >> 20, ms);
+        // Until the client's lane 0 (which its process keeps to the end) is here, or the old server closed
+        // this connection: its last connection from the client closed there, so the client has gone.
+        while (!sess->first_lane_here.load() && !fs.raw().peer_gone() && !stopping_)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (!sess->first_lane_here.load())
+            VCUDA_LOG_INFO("session {}: its client left {} before its lane 0 came here", sess->id(), peer);
+    }
+    leave_session(sess);
 }
 
 }  // namespace vcuda::server

@@ -83,6 +83,11 @@ class server {
     // listener's, when it speaks TLS: the handshake comes first, on this connection's thread.
     void run_connection(stream s, bool over_limit, const tls_context* tls);
     void run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, uint32_t lane_number);
+    // A connection that held `sess` is done with it: the last one ends the session and releases it.
+    void leave_session(const std::shared_ptr<session>& sess);
+    // HELLO with `adopt`: another server moves a session here (server/session_transfer.cpp). Authorized as a
+    // new session; rebuilt before the answer; kept for its client to join.
+    void receive_moved(frame_stream& fs, const wire::Hello& h, const std::string& peer);
     // Decides what a new session may use: the GPUs it asks for, or — when the server is attached to a manager
     // — exactly the GPU and memory its lease token grants. False with `refusal` set when it may not open.
     bool authorize(const wire::Hello& h, session_grant& grant, std::string& refusal);

@@ -27,7 +27,7 @@ session::session(uint64_t id, std::string key, driver& drv, const server_options
             grant.gpus.empty() || std::find(grant.gpus.begin(), grant.gpus.end(), i) != grant.gpus.end();
         uint64_t want = grant.memory_quota ? grant.memory_quota : opts.memory_quota;
         uint64_t q = want ? std::min<uint64_t>(want, g.total_memory) : g.total_memory;
-        s.memory = std::make_unique<device_memory>(drv.api(), g.device, q);
+        s.memory = std::make_unique<device_memory>(drv.api(), g.device, q, opts.window.get());
         devices_.push_back(std::move(s));
     }
 }
@@ -283,6 +283,12 @@ void session::lane_progress(uint32_t lane, uint64_t seq) {
     if (progress_waiters_) progress_cv_.notify_all();
 }
 
+uint64_t session::progress_of(uint32_t lane) {
+    std::lock_guard lock(progress_mu_);
+    auto it = progress_.find(lane);
+    return it == progress_.end() ? 0 : it->second;
+}
+
 void session::lane_gone(uint32_t lane) {
     std::lock_guard lock(progress_mu_);
     progress_.erase(lane);
@@ -347,6 +353,7 @@ void session::release_host_regions() {
     for (auto& [addr, r] : host.regions_) {
         d.cuMemHostUnregister(reinterpret_cast<void*>(addr));
         ::munmap(reinterpret_cast<void*>(addr), r.size);
+        if (r.fd >= 0) ::close(r.fd);
     }
     host.regions_.clear();
     host.bytes_ = 0;
@@ -378,6 +385,7 @@ std::shared_ptr<session> session_registry::adopt(uint64_t id, std::string key, d
                                                  const server_options& opts, const session_grant& grant,
                                                  const std::string& peer) {
     std::lock_guard lock(mu_);
+    if (sessions_.count(id)) return nullptr;
     auto s = std::make_shared<session>(id, std::move(key), drv, opts, grant, peer);
     sessions_[id] = s;
     return s;

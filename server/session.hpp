@@ -28,6 +28,7 @@
 #include "server/handle_table.hpp"
 #include "server/jit.hpp"
 #include "server/session_tables.hpp"
+#include "vcuda_generated.h"
 
 namespace vcuda::server {
 
@@ -54,9 +55,16 @@ struct server_options {
     // as `/proc/self/exe --worker-fd 3` followed by `worker_args` (the options a worker needs).
     bool isolate = false;
     std::vector<std::string> worker_args;
+    // --address-window N: where this server places sessions' memory (server/device_memory.hpp); null: where
+    // the driver chooses. Shared by all sessions.
+    std::shared_ptr<address_window> window;
 };
 
 struct session_image;  // server/session_image.hpp
+
+// The largest description of a session moved between servers (names, handle slots, globals' contents), read
+// once its sender was authorized; the memory itself comes in pieces after it.
+inline constexpr uint32_t max_moved_state_bytes = 512u << 20;
 
 // What a session may use: which of the server's GPUs (by index) and how much memory on each.
 struct session_grant {
@@ -161,6 +169,30 @@ class session : public std::enable_shared_from_this<session> {
         return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(last_call_.load()));
     }
 
+    // ---- Moving to another server (server/session_transfer.cpp). move_to() closes the gate, saves the state
+    // (as suspend) and sends it to the server at `to`, which rebuilds it under the same id, key, handles and
+    // device addresses; from then on every call to this session here is answered with where it went
+    // (moved()), and the client joins it there. On failure the session stays here, suspended: its next call
+    // rebuilds it. CUDA_ERROR_NOT_SUPPORTED names what cannot move yet.
+    struct move_target {
+        endpoint where;
+        std::string address;  // as clients write it: the moved reply tells them
+        std::string token;    // authorizes the new session there as a client's token would
+    };
+    CUresult move_to(const move_target& to, std::chrono::milliseconds wait, std::string& why);
+    bool moved() const { return moved_.load(); }
+    std::string moved_to() {
+        std::lock_guard lock(gate_mu_);
+        return moved_to_;
+    }
+    // On the receiving server, in a new session made with the state's id and key: takes the state and the
+    // pieces that follow it on `fs`, and rebuilds the session. On failure the caller removes the session.
+    CUresult take_moved_state(const wire::SessionState& st, frame_stream& fs, std::string& why);
+    // The last call lane `lane` ran in this session (here or, for a moved session, where it was before).
+    uint64_t progress_of(uint32_t lane);
+    // A moved session's client joined it with its lane 0, the lane its process keeps until it exits.
+    std::atomic<bool> first_lane_here{false};
+
     // Host functions (cuLaunchHostFunc) run in the client: the driver's callback waits here until the client
     // has run it (server/handlers_hostfn.cpp). Stopped at session end so that no callback waits for ever.
     void host_func_started(uint64_t id, bool in_graph);
@@ -256,8 +288,15 @@ class session : public std::enable_shared_from_this<session> {
     std::mutex gate_mu_;
     std::condition_variable gate_cv_;
     std::unique_ptr<session_image> image_;  // while suspended
-    std::string note_;                      // under gate_mu_
-    std::string rebuilt_note_;              // the last rebuild's outcome, written by rebuild()
+    std::atomic<bool> moved_{false};
+    std::string moved_to_;  // under gate_mu_
+    // The connection the state went over, kept open while this session lives here: the receiving server
+    // keeps the session for the client until its lane 0 joins there, or until this closes (the client gone).
+    std::unique_ptr<frame_stream> moved_link_;
+    // move_to's steps with the gate closed: the state and its pieces to `fs`, then the receiver's answer.
+    CUresult send_state(const move_target& to, std::string& why);
+    std::string note_;          // under gate_mu_
+    std::string rebuilt_note_;  // the last rebuild's outcome, written by rebuild()
     int64_t opened_at_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count();  // Unix ms, as the manager's request times
@@ -269,7 +308,8 @@ class session_registry {
     std::shared_ptr<session> create(driver& drv, const server_options& opts, const session_grant& grant,
                                     const std::string& peer);
     // A session whose id and key were chosen elsewhere (--isolation process: by the parent server, which
-    // hands the session's connections to this worker process).
+    // hands the session's connections to this worker process; a session moved here from another server).
+    // Null when a session with that id is already here.
     std::shared_ptr<session> adopt(uint64_t id, std::string key, driver& drv, const server_options& opts,
                                    const session_grant& grant, const std::string& peer);
     // Sessions, for heartbeats: (lease id, GPU memory held per server GPU).

@@ -101,6 +101,10 @@ CUresult session::enter_call(std::string& why) {
         }
         std::unique_lock lock(gate_mu_);
         gate_cv_.wait(lock, [&] { return !closed_.load(); });
+        if (moved_.load()) {  // nothing of it is here any more (server/session_transfer.cpp)
+            why = "the session moved to " + moved_to_;
+            return CUDA_ERROR_ILLEGAL_STATE;
+        }
         if (!suspended_.load()) continue;
         // Suspended: this call brings the session back before it runs.
         if (CUresult rc = rebuild_through_gate(lock, why); rc != CUDA_SUCCESS) return rc;
@@ -153,6 +157,10 @@ CUresult session::suspend(std::chrono::milliseconds wait, std::string& why) {
 CUresult session::resume(std::string& why) {
     std::unique_lock lock(gate_mu_);
     gate_cv_.wait(lock, [&] { return !closed_.load(); });
+    if (moved_.load()) {
+        why = "the session moved to " + moved_to_;
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
     if (!suspended_.load()) return CUDA_SUCCESS;
     return rebuild_through_gate(lock, why);
 }

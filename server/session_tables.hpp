@@ -7,6 +7,8 @@
 // end (server/session.cpp). locks: none inside; every call is made with the session's `mu` held.
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -82,6 +84,10 @@ class module_origins {
         return it == origins_.end() ? nullptr : &it->second;
     }
     void erase(uint64_t handle) { origins_.erase(handle); }
+    template <class F>
+    void for_each(F&& f) const {
+        for (auto& [handle, o] : origins_) f(handle, o);
+    }
 
   private:
     std::map<uint64_t, origin> origins_;
@@ -180,7 +186,15 @@ class host_regions {
     struct region {
         size_t size = 0;
         std::shared_ptr<copy_mark> last_copy;  // made at the first marked copy
+        int fd = -1;  // the pages' memfd, kept so that a moved session can hand them to the next server
     };
+    host_regions() = default;
+    host_regions(const host_regions&) = delete;
+    host_regions& operator=(const host_regions&) = delete;
+    ~host_regions() {
+        for (auto& [addr, r] : regions_)
+            if (r.fd >= 0) ::close(r.fd);
+    }
     // Counts `size` more bytes unless that passes `quota` (0: no quota); reserved before the pages are made,
     // so that concurrent lanes cannot both pass the check.
     bool reserve(uint64_t size, uint64_t quota) {
@@ -189,13 +203,14 @@ class host_regions {
         return true;
     }
     void unreserve(uint64_t size) { bytes_ -= size; }
-    // A region of reserved bytes, at the server's address `addr`.
-    void add(uintptr_t addr, size_t size) { regions_[addr] = {size}; }
+    // A region of reserved bytes, at the server's address `addr`, its pages in `fd` (owned from now on).
+    void add(uintptr_t addr, size_t size, int fd) { regions_[addr] = {size, nullptr, fd}; }
     // Forgets the region at `addr` and its bytes; its size, or nothing when there is no region there.
     std::optional<size_t> remove(uintptr_t addr) {
         auto it = regions_.find(addr);
         if (it == regions_.end()) return std::nullopt;
         size_t size = it->second.size;
+        if (it->second.fd >= 0) ::close(it->second.fd);
         regions_.erase(it);
         bytes_ -= size;
         return size;

@@ -197,6 +197,43 @@ inline uint64_t touch(const flatbuffers::Vector<flatbuffers::Offset<wire::Blob>>
         for (const wire::Blob* blob : *v) sum = sum * 31 + (blob ? touch(blob->bytes()) : 1);
     return sum;
 }
+// A vector of tables, each read by `f`.
+template <class T, class F>
+uint64_t touch_each(const flatbuffers::Vector<flatbuffers::Offset<T>>* v, F&& f) {
+    uint64_t sum = 0;
+    if (v)
+        for (const T* t : *v) sum = sum * 31 + (t ? f(*t) : 1);
+    return sum;
+}
+inline uint64_t touch(const wire::SessionState& t) {
+    auto mapping = [](const wire::MovedMapping& m) {
+        return m.va() + m.size() + m.shared() + m.live() + touch(m.free_runs());
+    };
+    auto allocation = [](const wire::MovedAllocation& a) { return a.start() + a.size() + a.mapping(); };
+    auto device = [&](const wire::MovedDevice& d) {
+        return d.had_context() + touch(d.limits()) + static_cast<uint64_t>(d.cache_config()) +
+               touch_each(d.mappings(), mapping) + touch_each(d.allocations(), allocation) + d.heap_charge();
+    };
+    auto slot = [](const wire::MovedSlot& x) {
+        return x.index() + x.generation() + x.live() + x.kind() + static_cast<uint64_t>(x.device()) +
+               x.owner() + x.owned() + x.made_by() + touch(x.made_with()) + touch(x.layout());
+    };
+    auto entry = [](const wire::MovedEntry& e) {
+        return e.id() + touch(e.name()) + touch(e.attributes()) + e.flags() +
+               static_cast<uint64_t>(e.priority()) + e.recorded() + static_cast<uint64_t>(e.age_ms());
+    };
+    auto global = [](const wire::MovedGlobal& g) {
+        return g.address() + g.size() + g.device() + g.owner() + touch(g.name()) + touch(g.bytes());
+    };
+    auto origin = [](const wire::MovedOrigin& o) {
+        return o.handle() + o.library() + o.format() + touch(o.jit_options()) + touch(o.part_words());
+    };
+    return t.session_id() + touch(t.session_key()) + t.handle_tag() + touch(t.peer()) +
+           touch_each(t.slots(), slot) + touch(t.free_slots()) + touch_each(t.devices(), device) +
+           touch_each(t.entries(), entry) + touch_each(t.globals(), global) +
+           touch_each(t.origins(), origin) + touch(t.lane_progress()) + t.bytes() + t.piece_bytes() +
+           touch(t.host_regions()) + touch(t.gone_lanes());
+}
 }  // namespace detail
 
 // Reads every field of a metadata buffer that verify_metadata() accepted; returns a checksum so that the
@@ -210,7 +247,7 @@ inline uint64_t read_everything(frame_kind kind, std::span<const std::byte> meta
             auto* t = flatbuffers::GetRoot<wire::Hello>(p);
             return t->protocol_version() + t->features() + touch(t->token()) + t->session_id() +
                    touch(t->session_key()) + t->lane() + t->client_pid() + touch(t->client_host()) +
-                   touch(t->devices());
+                   touch(t->devices()) + t->adopt();
         }
         case frame_kind::hello_reply: {
             auto* t = flatbuffers::GetRoot<wire::HelloReply>(p);
@@ -224,7 +261,7 @@ inline uint64_t read_everything(frame_kind kind, std::span<const std::byte> meta
         case frame_kind::reply: {
             auto* t = flatbuffers::GetRoot<wire::Reply>(p);
             return static_cast<uint64_t>(t->result()) + touch(t->outs()) + touch(t->blobs()) +
-                   touch(t->detail());
+                   touch(t->detail()) + touch(t->device_output()) + touch(t->moved_to()) + t->ran_through();
         }
         case frame_kind::error: {
             auto* t = flatbuffers::GetRoot<wire::Error>(p);
@@ -238,6 +275,10 @@ inline uint64_t read_everything(frame_kind kind, std::span<const std::byte> meta
             auto* t = flatbuffers::GetRoot<wire::MgmtReply>(p);
             return t->ok() + touch(t->body()) + touch(t->error());
         }
+        case frame_kind::session_state:
+            return touch(*flatbuffers::GetRoot<wire::SessionState>(p));
+        case frame_kind::state_piece:
+            return flatbuffers::GetRoot<wire::StatePiece>(p)->index();
         case frame_kind::goodbye:
             return 0;
     }

@@ -1,0 +1,492 @@
+// A session moved to another vcuda-server process: the gate closed and the state saved as for a suspend
+// (server/session_image.cpp), then sent — handle table, memory layout and contents, modules' images, globals,
+// functions, streams, events, context settings, each lane's progress — to a server that rebuilds it under the
+// same id, key, handle ids and device addresses. The protocol is in protocol/vcuda.fbs (SessionState). The
+// client learns where its session went from the next reply of each lane (Reply.moved_to) and joins it there.
+//
+// What does not move yet: what a suspend does not rebuild (graphs, arrays, pools, the application's VMM use,
+// links in progress). Shared pinned host memory moves only to a server on the same host (its pages' memfds
+// are passed over the Unix socket and mapped at the same addresses there).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/log.hpp"
+#include "common/wire.hpp"
+#include "server/session.hpp"
+#include "server/session_image.hpp"
+
+namespace vcuda::server {
+
+namespace {
+
+constexpr uint64_t piece_bytes = 256u << 20;
+constexpr uint64_t max_image_words = uint64_t{1} << 29;  // 4 GiB of module images
+
+std::string mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+template <class T>
+std::span<const std::byte> bytes_of(const std::vector<T>& v) {
+    return {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(T)};
+}
+
+}  // namespace
+
+CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait, std::string& why) {
+    std::unique_lock lock(gate_mu_);
+    if (moved_.load()) {
+        why = "the session has moved already";
+        return CUDA_ERROR_NOT_READY;
+    }
+    if (lanes.load() == 0) {
+        why = "the session is ending";
+        return CUDA_ERROR_NOT_READY;
+    }
+    if (!gate_cv_.wait_for(lock, wait, [&] { return !closed_.load(); })) {
+        why = "a suspend or resume of the session is already under way";
+        return CUDA_ERROR_NOT_READY;
+    }
+    closed_.store(true);
+    if (!gate_cv_.wait_for(lock, wait, [&] { return active_.load() == 0; })) {
+        closed_.store(false);
+        gate_cv_.notify_all();
+        why = "calls were still running after " + std::to_string(wait.count()) + " ms";
+        return CUDA_ERROR_NOT_READY;
+    }
+    lock.unlock();
+    auto t0 = std::chrono::steady_clock::now();
+    CUresult rc = CUDA_SUCCESS;
+    {
+        std::lock_guard l(mu);
+        if (!host.regions_.empty() && to.where.type != endpoint::kind::unix_socket) {
+            why = "the session shares pinned host memory with its client on this host, so it moves only to "
+                  "a server on this host (a Unix socket address)";
+            rc = CUDA_ERROR_NOT_SUPPORTED;
+        }
+        for (auto& [addr, r] : host.regions_)
+            if (r.fd < 0 && rc == CUDA_SUCCESS) {
+                why = "a shared pinned host region lost its pages' descriptor";
+                rc = CUDA_ERROR_NOT_SUPPORTED;
+            }
+    }
+    if (rc == CUDA_SUCCESS && !suspended_.load()) rc = save_and_release(why);
+    uint64_t bytes = 0;
+    if (rc == CUDA_SUCCESS) {
+        bytes = image_->bytes;
+        rc = send_state(to, why);
+    }
+    auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    lock.lock();
+    if (rc == CUDA_SUCCESS) {
+        moved_to_ = to.address;
+        moved_.store(true);
+        note_ = "moved to " + to.address + ": " + mib(bytes) + " of GPU state, paused " + std::to_string(ms) +
+                " ms";
+        std::lock_guard l(mu);
+        image_.reset();
+        VCUDA_LOG_INFO("session {} {}", id_, note_);
+    } else {
+        note_ = "not moved: " + why;
+        VCUDA_LOG_WARN("session {} not moved to {}: {}{}", id_, to.address, why,
+                       suspended_.load() ? " (it stays suspended here: its next call rebuilds it)" : "");
+    }
+    closed_.store(false);
+    gate_cv_.notify_all();
+    lock.unlock();
+    if (rc == CUDA_SUCCESS) {
+        // Nothing runs here any more: striped copies and host-function waits end, and their lanes learn
+        // where the session went at their next call.
+        bulk_->close("the session moved to " + to.address);
+        stop_host_funcs();
+    }
+    return rc;
+}
+
+CUresult session::send_state(const move_target& to, std::string& why) {
+    std::lock_guard lock(mu);
+    auto& img = *image_;
+    flatbuffers::FlatBufferBuilder b(1u << 16);
+    // Handle slots, each as it is: ids keep their values there.
+    std::vector<flatbuffers::Offset<wire::MovedSlot>> slots;
+    for (auto& x : handles.export_slots()) {
+        std::vector<uint32_t> layout;
+        if (x.entry.layout)
+            for (auto [off, size] : x.entry.layout->params) {
+                layout.push_back(off);
+                layout.push_back(size);
+            }
+        slots.push_back(wire::CreateMovedSlot(
+            b, x.index, x.generation, x.live, static_cast<uint32_t>(x.entry.kind), x.entry.device, x.entry.owner,
+            x.entry.owned, x.entry.made_by, b.CreateVector(x.entry.made_with.data(), x.entry.made_with.size()),
+            x.entry.layout ? b.CreateVector(layout) : 0));
+    }
+    auto free_slots = b.CreateVector(handles.free_slots());
+    // Modules' images: their parts follow as pieces, in this order.
+    std::vector<const std::vector<uint64_t>*> pieces_words;
+    std::vector<flatbuffers::Offset<wire::MovedOrigin>> origins_out;
+    origins.for_each([&](uint64_t handle, const module_origins::origin& o) {
+        std::vector<uint64_t> words;
+        for (auto& part : *o.parts) {
+            words.push_back(part.size());
+            pieces_words.push_back(&part);
+        }
+        origins_out.push_back(wire::CreateMovedOrigin(
+            b, handle, o.library, o.format,
+            b.CreateVector(reinterpret_cast<const uint8_t*>(o.jit_options.data()), o.jit_options.size()),
+            b.CreateVector(words)));
+    });
+    // Memory: the layout here, the contents as pieces after the images.
+    std::vector<flatbuffers::Offset<wire::MovedDevice>> devices_out;
+    for (size_t i = 0; i < devices_.size(); ++i) {
+        auto& mem = *devices_[i].memory;
+        const auto& ds = img.devices[i];
+        std::vector<flatbuffers::Offset<wire::MovedMapping>> maps;
+        for (auto& m : mem.mappings_to_move()) {
+            std::vector<uint64_t> runs;
+            for (auto [off, len] : m.free_runs) {
+                runs.push_back(off);
+                runs.push_back(len);
+            }
+            maps.push_back(wire::CreateMovedMapping(b, m.va, m.size, m.shared, m.live, b.CreateVector(runs)));
+        }
+        std::vector<flatbuffers::Offset<wire::MovedAllocation>> allocs;
+        for (auto& [start, a] : mem.allocations())
+            allocs.push_back(wire::CreateMovedAllocation(b, start, a.first, a.second));
+        std::vector<uint64_t> limits;
+        for (auto [l, v] : ds.limits) {
+            limits.push_back(static_cast<uint64_t>(l));
+            limits.push_back(v);
+        }
+        devices_out.push_back(wire::CreateMovedDevice(b, ds.had_context, b.CreateVector(limits),
+                                                      static_cast<int32_t>(ds.cache_config),
+                                                      b.CreateVector(maps), b.CreateVector(allocs),
+                                                      mem.heap_charge()));
+    }
+    std::vector<flatbuffers::Offset<wire::MovedEntry>> entries;
+    for (auto& es : img.entries) {
+        std::vector<int32_t> attrs;
+        for (auto [a, v] : es.attributes) {
+            attrs.push_back(a);
+            attrs.push_back(v);
+        }
+        entries.push_back(wire::CreateMovedEntry(b, es.id, b.CreateString(es.name), b.CreateVector(attrs),
+                                                 es.flags, es.priority, es.recorded, es.age_ms));
+    }
+    std::vector<flatbuffers::Offset<wire::MovedGlobal>> globals_out;
+    for (auto& g : img.globals)
+        globals_out.push_back(wire::CreateMovedGlobal(
+            b, g.address, g.size, g.device, g.owner, b.CreateString(g.name),
+            b.CreateVector(reinterpret_cast<const uint8_t*>(g.bytes.data()), g.bytes.size())));
+    std::vector<uint64_t> progress;
+    std::vector<uint32_t> gone;
+    {
+        std::lock_guard p(progress_mu_);
+        for (auto [lane, seq] : progress_) {
+            progress.push_back(lane);
+            progress.push_back(seq);
+        }
+        gone.assign(gone_lanes_.begin(), gone_lanes_.end());
+    }
+    std::vector<uint64_t> regions;
+    std::vector<int> region_fds;
+    for (auto& [addr, r] : host.regions_) {
+        regions.push_back(addr);
+        regions.push_back(r.size);
+        region_fds.push_back(r.fd);
+    }
+    auto key = b.CreateVector(reinterpret_cast<const uint8_t*>(key_.data()), key_.size());
+    b.Finish(wire::CreateSessionState(b, id_, key, handles.tag(), b.CreateString(peer_), b.CreateVector(slots),
+                                      free_slots, b.CreateVector(devices_out), b.CreateVector(entries),
+                                      b.CreateVector(globals_out), b.CreateVector(origins_out),
+                                      b.CreateVector(progress), img.bytes, piece_bytes, b.CreateVector(regions),
+                                      b.CreateVector(gone)));
+    if (b.GetSize() > max_moved_state_bytes) {
+        why = "its description (" + mib(b.GetSize()) + ") is larger than a server accepts";
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+
+    auto s = stream::connect(to.where, std::chrono::seconds(10));
+    if (!s) {
+        why = "cannot connect to " + to.address + ": " + s.error().message;
+        return CUDA_ERROR_NOT_READY;
+    }
+    frame_stream fs(std::move(*s));
+    flatbuffers::FlatBufferBuilder hb(256);
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    hb.Finish(wire::CreateHello(hb, protocol_version, features::all, hb.CreateString(to.token), 0, 0,
+                                static_cast<uint32_t>(getpid()), hb.CreateString(host), 0, handles.tag(), 0, 0,
+                                true));
+    auto failed_send = [&](const transport_error& e) {
+        why = "sending the session to " + to.address + " failed: " + e.message;
+        return CUDA_ERROR_NOT_READY;
+    };
+    if (auto r = fs.send(make_frame(frame_kind::hello, hb), after(std::chrono::seconds(10))); !r)
+        return failed_send(r.error());
+    if (auto r = fs.send(make_frame(frame_kind::session_state, b)); !r) return failed_send(r.error());
+    uint64_t index = 0;
+    auto send_piece = [&](std::span<const std::byte> bytes, int fd = -1) {
+        flatbuffers::FlatBufferBuilder pb(64);
+        pb.Finish(wire::CreateStatePiece(pb, index++));
+        return fs.send(make_frame(frame_kind::state_piece, pb, 0, 0, 0, bytes), never, fd);
+    };
+    for (auto* words : pieces_words)
+        if (auto r = send_piece(bytes_of(*words)); !r) return failed_send(r.error());
+    for (int fd : region_fds)
+        if (auto r = send_piece({}, fd); !r) return failed_send(r.error());
+    for (auto& ds : img.devices)
+        for (auto& m : ds.memory)
+            for (size_t off = 0; off < m.size; off += piece_bytes)
+                if (auto r = send_piece({m.bytes.get() + off, std::min<size_t>(piece_bytes, m.size - off)}); !r)
+                    return failed_send(r.error());
+    // The receiver rebuilds before it answers: a minute, and a second for every GiB it copies back.
+    auto answer = fs.receive(after(std::chrono::seconds(60 + (img.bytes >> 30))), std::chrono::seconds(60));
+    if (!answer) {
+        why = to.address + " did not answer the move: " + answer.error().message;
+        return CUDA_ERROR_NOT_READY;
+    }
+    if (answer->kind() == frame_kind::error) {
+        auto* e = root_of<wire::Error>(*answer);
+        why = to.address + " refused the session: " + (e->message() ? e->message()->str() : "?");
+        return CUDA_ERROR_NOT_READY;
+    }
+    if (answer->kind() != frame_kind::reply) {
+        why = to.address + " answered the move with a " + std::string(to_string(answer->kind())) + " frame";
+        return CUDA_ERROR_NOT_READY;
+    }
+    auto* r = root_of<wire::Reply>(*answer);
+    if (r->result() != CUDA_SUCCESS) {
+        why = to.address + " could not take the session: " + (r->detail() ? r->detail()->str() : "?");
+        return static_cast<CUresult>(r->result());
+    }
+    moved_link_ = std::make_unique<frame_stream>(std::move(fs));
+    return CUDA_SUCCESS;
+}
+
+CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& fs, std::string& why) {
+    auto img = std::make_unique<session_image>();
+    std::vector<std::shared_ptr<std::vector<std::vector<uint64_t>>>> origin_parts;
+    {
+        std::lock_guard lock(mu);
+        auto bad = [&](const std::string& what) {
+            why = "the moved session's state is malformed: " + what;
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        std::vector<handle_table::exported_slot> slots;
+        if (st.slots())
+            for (const auto* x : *st.slots()) {
+                handle_table::exported_slot e;
+                e.index = x->index();
+                e.generation = x->generation();
+                e.live = x->live();
+                if (x->kind() >= handle_kind_count) return bad("a handle of kind " + std::to_string(x->kind()));
+                e.entry.kind = static_cast<handle_kind>(x->kind());
+                e.entry.device = x->device();
+                e.entry.owner = x->owner();
+                e.entry.owned = x->owned();
+                e.entry.made_by = x->made_by();
+                if (x->made_with())
+                    for (size_t i = 0; i < std::min<size_t>(x->made_with()->size(), 2); ++i)
+                        e.entry.made_with[i] = x->made_with()->Get(static_cast<flatbuffers::uoffset_t>(i));
+                if (const auto* l = x->layout()) {
+                    if (l->size() % 2) return bad("a parameter layout");
+                    auto layout = std::make_shared<param_layout>();
+                    for (flatbuffers::uoffset_t i = 0; i < l->size(); i += 2)
+                        layout->params.emplace_back(l->Get(i), l->Get(i + 1));
+                    e.entry.layout = std::move(layout);
+                }
+                if (e.live && (e.entry.device < 0 || static_cast<size_t>(e.entry.device) >= devices_.size()))
+                    return bad("a handle on GPU " + std::to_string(e.entry.device));
+                slots.push_back(std::move(e));
+            }
+        std::vector<uint32_t> free;
+        if (st.free_slots()) free.assign(st.free_slots()->begin(), st.free_slots()->end());
+        handles.set_tag(st.handle_tag());
+        if (!handles.import(std::move(slots), std::move(free))) return bad("its handle table");
+
+        const size_t moved_devices = st.devices() ? st.devices()->size() : 0;
+        if (moved_devices > devices_.size()) {
+            why = "it uses " + std::to_string(moved_devices) + " GPUs; this server has " +
+                  std::to_string(devices_.size());
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        img->devices.resize(devices_.size());
+        for (size_t i = 0; i < moved_devices; ++i) {
+            const auto* d = st.devices()->Get(static_cast<flatbuffers::uoffset_t>(i));
+            auto& ds = img->devices[i];
+            ds.had_context = d->had_context();
+            const bool holds = d->mappings() && d->mappings()->size();
+            if ((ds.had_context || holds) && !allowed(i)) {
+                why = "its GPU " + std::to_string(i) + " is not one its token grants here";
+                return CUDA_ERROR_INVALID_DEVICE;
+            }
+            if (const auto* l = d->limits(); l && l->size() % 2 == 0)
+                for (flatbuffers::uoffset_t k = 0; k < l->size(); k += 2)
+                    ds.limits.emplace_back(static_cast<CUlimit>(l->Get(k)), l->Get(k + 1));
+            ds.cache_config = static_cast<CUfunc_cache>(d->cache_config());
+            std::vector<device_memory::moved_mapping> maps;
+            if (d->mappings())
+                for (const auto* m : *d->mappings()) {
+                    device_memory::moved_mapping mm{m->va(), m->size(), m->shared(), m->live(), {}};
+                    if (const auto* r = m->free_runs(); r && r->size() % 2 == 0)
+                        for (flatbuffers::uoffset_t k = 0; k < r->size(); k += 2) mm.free_runs[r->Get(k)] = r->Get(k + 1);
+                    maps.push_back(std::move(mm));
+                }
+            device_memory::allocation_map allocs;
+            if (d->allocations())
+                for (const auto* a : *d->allocations()) allocs[a->start()] = {a->size(), a->mapping()};
+            if (CUresult rc = devices_[i].memory->adopt(maps, std::move(allocs), d->heap_charge(), why);
+                rc != CUDA_SUCCESS)
+                return rc;
+            // Room for the contents, registered with the driver when it is copied back (restore).
+            for (auto& m : maps) {
+                void* p = ::mmap(nullptr, m.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                if (p == MAP_FAILED) {
+                    why = "no host memory for its " + mib(m.size) + " mapping";
+                    return CUDA_ERROR_OUT_OF_MEMORY;
+                }
+                ds.memory.push_back({m.va, m.size, {static_cast<std::byte*>(p), device_memory::unmap_bytes{m.size}}});
+            }
+        }
+        uint64_t image_words = 0;
+        if (st.origins())
+            for (const auto* o : *st.origins()) {
+                auto parts = std::make_shared<std::vector<std::vector<uint64_t>>>();
+                if (o->part_words())
+                    for (uint64_t w : *o->part_words()) {
+                        if ((image_words += w) > max_image_words) return bad("module images over 4 GiB");
+                        parts->emplace_back(w);
+                    }
+                module_origins::origin origin;
+                origin.library = o->library();
+                origin.format = o->format();
+                if (o->jit_options())
+                    origin.jit_options.assign(reinterpret_cast<const std::byte*>(o->jit_options()->data()),
+                                              reinterpret_cast<const std::byte*>(o->jit_options()->data()) +
+                                                  o->jit_options()->size());
+                origin.parts = parts;
+                origins.add(o->handle(), std::move(origin));
+                origin_parts.push_back(std::move(parts));
+            }
+        if (st.entries())
+            for (const auto* e : *st.entries()) {
+                session_image::entry_state es;
+                es.id = e->id();
+                es.name = e->name() ? e->name()->str() : std::string();
+                if (const auto* a = e->attributes(); a && a->size() % 2 == 0)
+                    for (flatbuffers::uoffset_t k = 0; k < a->size(); k += 2) es.attributes.emplace_back(a->Get(k), a->Get(k + 1));
+                es.flags = e->flags();
+                es.priority = e->priority();
+                es.recorded = e->recorded();
+                es.age_ms = e->age_ms();
+                img->entries.push_back(std::move(es));
+            }
+        if (st.globals())
+            for (const auto* g : *st.globals()) {
+                session_image::global_state gs;
+                gs.address = g->address();
+                gs.size = g->size();
+                gs.device = g->device();
+                gs.owner = g->owner();
+                gs.name = g->name() ? g->name()->str() : std::string();
+                if (!g->bytes() || g->bytes()->size() != gs.size || gs.device >= devices_.size())
+                    return bad("global " + gs.name);
+                gs.bytes.assign(reinterpret_cast<const std::byte*>(g->bytes()->data()),
+                                reinterpret_cast<const std::byte*>(g->bytes()->data()) + gs.size);
+                globals.add(gs.address, gs.size, gs.owner, gs.device, gs.name);
+                img->globals.push_back(std::move(gs));
+            }
+        img->bytes = st.bytes();
+        if (const auto* p = st.lane_progress(); p && p->size() % 2 == 0) {
+            std::lock_guard l(progress_mu_);
+            for (flatbuffers::uoffset_t k = 0; k < p->size(); k += 2)
+                progress_[static_cast<uint32_t>(p->Get(k))] = p->Get(k + 1);
+        }
+        if (const auto* g = st.gone_lanes()) {
+            std::lock_guard l(progress_mu_);
+            gone_lanes_.insert(g->begin(), g->end());
+        }
+    }
+
+    // The pieces, in the order the state announced them: images' parts, then memory.
+    const uint64_t piece = st.piece_bytes();
+    if (piece == 0 || piece > (uint64_t{1} << 30)) {
+        why = "the moved session's pieces are of " + std::to_string(piece) + " bytes";
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    frame_limits limits;
+    limits.max_meta = 1024;
+    limits.max_payload = piece;
+    fs.set_limits(limits);
+    uint64_t index = 0;
+    frame f;
+    std::vector<std::pair<uintptr_t, size_t>> image_regions;
+    auto receive_piece = [&](std::byte* dst, size_t n) -> bool {
+        payload_sink sink = [&](const frame_header& h, const std::vector<std::byte>&) -> std::byte* {
+            return h.payload_len == n ? dst : nullptr;
+        };
+        auto r = fs.receive_into(f, after(std::chrono::seconds(60)), std::chrono::seconds(60), sink);
+        if (!r) {
+            why = "the moved session's state stopped coming: " + r.error().message;
+            return false;
+        }
+        if (f.kind() != frame_kind::state_piece || root_of<wire::StatePiece>(f)->index() != index ||
+            f.header.payload_len != n) {
+            why = "the moved session's piece " + std::to_string(index) + " is not what was announced";
+            return false;
+        }
+        ++index;
+        return true;
+    };
+    for (auto& parts : origin_parts)
+        for (auto& part : *parts)
+            if (!receive_piece(reinterpret_cast<std::byte*>(part.data()), part.size() * sizeof(uint64_t)))
+                return CUDA_ERROR_INVALID_VALUE;
+    // Shared pinned host memory: the client's pages, mapped at the addresses the client knows them by here.
+    if (const auto* r = st.host_regions(); r && r->size()) {
+        if (r->size() % 2 || !fs.raw().is_local()) {
+            why = "the moved session's shared host memory can come only over a Unix socket";
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        for (flatbuffers::uoffset_t k = 0; k < r->size(); k += 2) {
+            const uintptr_t addr = r->Get(k);
+            const size_t size = r->Get(k + 1);
+            if (!receive_piece(nullptr, 0)) return CUDA_ERROR_INVALID_VALUE;
+            int fd = fs.raw().take_fd();
+            void* want = reinterpret_cast<void*>(addr);
+            void* p = fd < 0 ? MAP_FAILED
+                             : ::mmap(want, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+            if (p != want) {
+                if (p != MAP_FAILED) ::munmap(p, size);
+                if (fd >= 0) ::close(fd);
+                why = "its shared host memory cannot be mapped at " + std::to_string(addr) + " here";
+                return CUDA_ERROR_ALREADY_MAPPED;
+            }
+            std::lock_guard lock(mu);
+            if (!host.reserve(size, host_quota())) {
+                ::munmap(p, size);
+                ::close(fd);
+                why = "its shared host memory exceeds the host memory quota here";
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            host.add(addr, size, fd);
+            image_regions.emplace_back(addr, size);
+        }
+    }
+    for (auto& ds : img->devices)
+        for (auto& m : ds.memory)
+            for (size_t off = 0; off < m.size; off += piece)
+                if (!receive_piece(m.bytes.get() + off, std::min<size_t>(piece, m.size - off)))
+                    return CUDA_ERROR_INVALID_VALUE;
+    {
+        std::lock_guard lock(mu);
+        img->host_regions = std::move(image_regions);
+        image_ = std::move(img);
+    }
+    suspended_.store(true);
+    return resume(why);
+}
+
+}  // namespace vcuda::server

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# CI test of sessions moved between two vcuda-server processes (server/session_transfer.cpp) on the software
+# driver: server A moves every session to server B (--test-move-to) shortly after it opened; each program must
+# pass and print what it prints when nothing moves (lines with timings left out), and for the programs that
+# are sure to be moved (they pause, or run long) both logs must say so. Over a Unix socket and over TCP.
+#   MOVE_PROGRAMS="a b" to choose programs; MOVE_TRANSPORTS="unix tcp".
+# Usage: move_session.sh BUILD_DIR
+set -u
+build=$(cd "$1" && pwd)
+tmp=$(mktemp -d /tmp/vcuda-move-XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -25 "$f"; done; exit 1; }
+programs_dir="$build/tests/programs"
+driver="$build/lib/libvcuda-softdriver.so"
+# name:args:sure:only — "sure": the program is idle or busy long enough that it is moved before it ends; "only":
+# the one transport it runs over (mapped host memory needs a Unix socket).
+programs=${MOVE_PROGRAMS:-"suspend_resume:300:sure suspend_resume:0: streams_events:: async_copies:: vector_add::
+  host_functions:: pinned_memory:: mapped_memory:::unix device_copies:: late_thread_runtime:: func_attributes:: error_cases::"}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_ready() {
+  for _ in $(seq 200); do
+    case "$1" in unix:*) [ -S "${1#unix:}" ] && return 0 ;; *) (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null && return 0 ;; esac
+    sleep 0.05
+  done
+  fail "no server at $1"
+}
+start_server() {  # NAME ADDR WINDOW [ARGS...]
+  local name=$1 addr=$2 window=$3; shift 3
+  "$build/bin/vcuda-server" --listen "$addr" --driver "$driver" --address-window "$window" --log-level info "$@" \
+    2>> "$tmp/server-$name.log" &
+  pids+=($!)
+  wait_ready "$addr"
+}
+# What a run prints, without what differs from run to run (times, rates, addresses the driver picks) and
+# vcuda's own log lines.
+normalize() { grep -v -i -E 'ms\b|µs|us\b|GB/s|MB/s|time|elapsed|0x[0-9a-f]+|\[vcuda-client\]' "$1"; }
+
+passed=0
+for transport in ${MOVE_TRANSPORTS:-unix tcp}; do
+  if [ "$transport" = unix ]; then
+    ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
+  else
+    ref="127.0.0.1:$(free_port)"; a="127.0.0.1:$(free_port)"; b="127.0.0.1:$(free_port)"
+  fi
+  : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
+  start_server ref "$ref" 3
+  start_server b "$b" 2
+  start_server a "$a" 1 --test-move-to "$b" --test-move-after 100
+  for p in $programs; do
+    IFS=: read -r name args sure only <<< "$p"
+    [ -n "$only" ] && [ "$only" != "$transport" ] && continue
+    for where in ref a; do
+      addr=$ref; [ $where = a ] && addr=$a
+      # shellcheck disable=SC2086  # args: the program's arguments, word-split on purpose
+      LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$addr" timeout 120 "$programs_dir/$name" $args \
+        > "$tmp/$where.out" 2>&1
+      rc=$?
+      grep -q "^PASS" "$tmp/$where.out" && [ $rc -eq 0 ] ||
+        { cat "$tmp/$where.out"; fail "$name $args over $transport ($where) exited $rc without PASS"; }
+    done
+    if ! diff <(normalize "$tmp/ref.out") <(normalize "$tmp/a.out") > "$tmp/diff.txt"; then
+      cat "$tmp/diff.txt"; fail "$name $args over $transport printed something else when moved"
+    fi
+    if [ "$sure" = sure ]; then
+      grep -q "moved to $b" "$tmp/server-a.log" || fail "$name over $transport: server A did not move it"
+      grep -q "moved here" "$tmp/server-b.log" || fail "$name over $transport: server B did not take it"
+    fi
+    if grep -q "not moved" "$tmp/server-a.log"; then
+      grep "not moved" "$tmp/server-a.log" | tail -3
+    fi
+    passed=$((passed + 1))
+  done
+  moves=$(grep -c "moved to $b" "$tmp/server-a.log")
+  echo "$transport: $moves sessions moved from A to B"
+  [ "$moves" -ge 1 ] || fail "no session moved over $transport"
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=()
+done
+echo "PASS move_session: $passed program runs identical when moved between two servers"
