@@ -5,6 +5,9 @@
 - CONFORMANCE_RESULTS=FILE: append one line per test phase report, `OUTCOME<TAB>WHEN<TAB>NODEID`, flushed at once,
   so a run killed by its time limit still leaves the outcomes of the tests that finished (the JUnit XML file is
   written only at the end of the session). Written by the controlling process only (not by xdist workers).
+  A file that cannot be collected (an import error: a missing module, a name the installed library lacks) is
+  written as `failed<TAB>collect<TAB>FILE`, so that it counts as an error instead of vanishing from the table.
+- Registers the `serial` marker (PyTorch's serialTest(); the runner runs those tests in a pass without xdist).
 """
 import os
 import zlib
@@ -30,6 +33,7 @@ _results = None
 
 def pytest_configure(config):
     global _results
+    config.addinivalue_line("markers", "serial: PyTorch's serialTest(), run by the runner without xdist")
     path = os.environ.get("CONFORMANCE_RESULTS", "").strip()
     if path and not hasattr(config, "workerinput"):  # not in an xdist worker
         _results = open(path, "a", buffering=1)
@@ -42,6 +46,12 @@ def pytest_runtest_logreport(report):
     if hasattr(report, "wasxfail"):
         outcome = "xfailed" if report.skipped else "xpassed"
     _results.write("%s\t%s\t%s\n" % (outcome, report.when, report.nodeid))
+
+
+def pytest_collectreport(report):
+    if _results is None or not report.failed:
+        return
+    _results.write("%s\tcollect\t%s\n" % (report.outcome, report.nodeid or "<collection>"))
 
 
 def pytest_unconfigure(config):
