@@ -970,7 +970,8 @@ transport_result<void> frame_stream::receive_into(frame& f, deadline first_byte,
         size_t have = f.payload.size();
         size_t n = std::min<uint64_t>(step, h->payload_len - have);
         f.payload.resize(have + n);
-        if (auto r = s_.read_exact(f.payload.data() + have, n, payload_until); !r) return unexpected{r.error()};
+        if (auto r = s_.read_exact(f.payload.data() + have, n, payload_until); !r)
+            return unexpected{r.error()};
     }
     return {};
 }

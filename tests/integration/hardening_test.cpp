@@ -443,7 +443,8 @@ TEST_CASE("a HELLO announcing a 1 GiB payload is refused before anything is allo
     CHECK(rss_kib(server.pid()) - before < 64 * 1024);
 }
 
-TEST_CASE("a call announcing a 1 GiB payload and sending little makes the server hold little", "[integration]") {
+TEST_CASE("a call announcing a 1 GiB payload and sending little makes the server hold little",
+          "[integration]") {
     server_process server;
     std::vector<std::unique_ptr<raw_client>> held;
     for (int i = 0; i < 3; ++i) held.push_back(raw_client::open(server.address()));
