@@ -953,16 +953,25 @@ transport_result<void> frame_stream::receive_into(frame& f, deadline first_byte,
         if (auto r = s_.read_exact(f.meta.data(), h->meta_len, until); !r) return unexpected{r.error()};
     if (auto v = verify_metadata(f.kind(), f.meta, limits_); !v)
         return unexpected{transport_error{transport_errc::protocol, v.error().message}};
-    if (h->payload_len) {
-        std::byte* dst = sink ? sink(f.header, f.meta) : nullptr;
-        if (!dst) {
-            f.payload.resize(h->payload_len);
-            dst = f.payload.data();
-        }
-        // Bulk payloads may be large: allow the per-frame time to scale (1 s per 64 MiB beyond the base).
-        deadline payload_until =
-            until ? deadline(*until + std::chrono::milliseconds((h->payload_len >> 26) * 1000)) : until;
-        if (auto r = s_.read_exact(dst, h->payload_len, payload_until); !r) return unexpected{r.error()};
+    if (!h->payload_len) return {};
+    // Bulk payloads may be large: allow the per-frame time to scale (1 s per 64 MiB beyond the base).
+    deadline payload_until =
+        until ? deadline(*until + std::chrono::milliseconds((h->payload_len >> 26) * 1000)) : until;
+    if (std::byte* dst = sink ? sink(f.header, f.meta) : nullptr)
+        return s_.read_exact(dst, h->payload_len, payload_until);
+    // The length is the peer's word (up to limits_.max_payload, 1 GiB): the buffer is reserved at once, which
+    // takes address space but no memory (glibc maps any allocation over 32 MiB afresh), and its pages are
+    // touched only a step ahead of the bytes that arrive, so that a peer that announces a gigabyte and sends
+    // nothing makes the process hold one step, not the gigabyte (resize() writes every byte it adds). The
+    // bytes are read once, straight into place, as before.
+    constexpr uint64_t step = uint64_t{8} << 20;
+    f.payload.reserve(h->payload_len);
+    while (f.payload.size() < h->payload_len) {
+        size_t have = f.payload.size();
+        size_t n = std::min<uint64_t>(step, h->payload_len - have);
+        f.payload.resize(have + n);
+        if (auto r = s_.read_exact(f.payload.data() + have, n, payload_until); !r)
+            return unexpected{r.error()};
     }
     return {};
 }

@@ -3,6 +3,7 @@
 
 #include "common/log.hpp"
 #include "server/call_context.hpp"
+#include "server/image_memory.hpp"
 #include "server/jit.hpp"
 #include "server/kernel_args.hpp"
 
@@ -66,6 +67,32 @@ CUresult query_layout(call_context& cx, Query&& q, std::shared_ptr<param_layout>
     return CUDA_SUCCESS;
 }
 
+// What loading an image makes the driver hold (server/image_memory.hpp), charged before the driver loads it:
+// to the module's device, or to every device of the session for a library (the driver loads a library into
+// each context). All or nothing; `device` is the module's.
+CUresult charge_load(call_context& cx, bool library, uint64_t bytes, size_t& device) {
+    int current = cx.device_index();
+    if (!library && (current < 0 || static_cast<size_t>(current) >= cx.sess.device_count()))
+        return CUDA_SUCCESS;  // no context: the driver refuses the load
+    device = library ? 0 : static_cast<size_t>(current);
+    const size_t end = library ? cx.sess.device_count() : device + 1;
+    std::lock_guard lock(cx.sess.mu);
+    for (size_t i = device; i < end; ++i) {
+        if (cx.sess.memory(i).charge(bytes)) continue;
+        for (size_t j = device; j < i; ++j) cx.sess.memory(j).credit(bytes);
+        return cx.fail(CUDA_ERROR_OUT_OF_MEMORY,
+                       "loading this image makes the driver hold " + std::to_string(bytes) +
+                           " bytes of device memory (code, constants, globals), which exceeds the session's "
+                           "memory quota");
+    }
+    return CUDA_SUCCESS;
+}
+
+void credit_load(session& sess, bool library, uint64_t bytes, size_t device) {
+    const size_t end = library ? sess.device_count() : device + 1;
+    for (size_t i = device; i < end && i < sess.device_count(); ++i) sess.memory(i).credit(bytes);
+}
+
 void out_layout(call_context& cx, const param_layout& l) {
     cx.out(static_cast<uint64_t>(l.params.size()));
     for (auto [off, size] : l.params) {
@@ -119,12 +146,23 @@ CUresult handle_module_load(call_context& cx) {
         if (CUresult rc = jit.parse(cx.blob(0), why); rc != CUDA_SUCCESS) return cx.fail(rc, why);
     if (target == 0 && !cx.drv().cuModuleLoadDataEx) return cx.unsupported("cuModuleLoadDataEx");
     if (target == 1 && !cx.drv().cuLibraryLoadData) return cx.unsupported("cuLibraryLoadData");
+    auto bytes = load_device_bytes(format, *parts);
+    if (!bytes) return cx.fail(CUDA_ERROR_INVALID_IMAGE, "malformed image: its tables point outside it");
+    size_t device = 0;
     void* loaded = nullptr;
-    CUresult rc = load_image(cx.drv(), target == 1, format, *parts, jit, loaded);
+    CUresult rc = charge_load(cx, target == 1, *bytes, device);
+    if (rc == CUDA_SUCCESS) {
+        rc = load_image(cx.drv(), target == 1, format, *parts, jit, loaded);
+        if (rc != CUDA_SUCCESS) {
+            std::lock_guard lock(cx.sess.mu);
+            credit_load(cx.sess, target == 1, *bytes, device);
+        }
+    }
     if (rc == CUDA_SUCCESS) {
         cx.out_handle(target == 0 ? handle_kind::module : handle_kind::library, loaded);
-        // Kept so that a suspended session can load it again (server/session_image.cpp).
-        module_origins::origin o{target == 1, format, parts, {}};
+        // Kept so that a suspended session can load it again (server/session_image.cpp), and to credit the
+        // charge at unload.
+        module_origins::origin o{target == 1, format, parts, {}, *bytes, device};
         if (cx.blob_count() > 0) o.jit_options.assign(cx.blob(0).begin(), cx.blob(0).end());
         std::lock_guard lock(cx.sess.mu);
         cx.sess.origins.add(cx.outs.back(), std::move(o));
@@ -148,6 +186,7 @@ CUresult handle_module_unload(call_context& cx) {
                                        : d.cuLibraryUnload(static_cast<CUlibrary>(raw));
     if (rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
+    if (const auto* o = cx.sess.origins.find(id)) credit_load(cx.sess, o->library, o->charge, o->device);
     cx.sess.globals.erase_owner(id);
     cx.sess.origins.erase(id);
     cx.sess.handles.erase(id);  // with its functions, kernels and their functions (handle_table: dependents)

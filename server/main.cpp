@@ -163,14 +163,15 @@ int main(int argc, char** argv) {
                    "The CUDA driver library to execute calls with (default: libcuda.so.1 from the system)");
     app.add_option("--memory-quota", quota_text,
                    "GPU memory each session may hold per GPU, e.g. 8GiB (default: the whole GPU). "
-                   "Allocations past it fail "
-                   "with CUDA_ERROR_OUT_OF_MEMORY; cuMemGetInfo and the device's total memory report it.");
+                   "Allocations past it "
+                   "(cuMemAlloc*, VMM, pools, the malloc heap, module and library loads) fail with "
+                   "CUDA_ERROR_OUT_OF_MEMORY; cuMemGetInfo and the device's total memory report it.");
     std::string host_quota_text;
     app.add_option(
         "--host-memory-quota", host_quota_text,
         "Pinned host memory each session on this host (Unix socket) may share with the server, e.g. 16GiB "
-        "(default: half of this machine's memory). Past it, cuMemHostAlloc fails with "
-        "CUDA_ERROR_OUT_OF_MEMORY.");
+        "(default: half of this machine's memory). Past it, cuMemHostAlloc and "
+        "cuMemHostRegister fail with CUDA_ERROR_OUT_OF_MEMORY.");
     bool no_shm_rings = false;
     app.add_flag("--no-shm-rings", no_shm_rings,
                  "Keep frames of local (Unix socket) clients on the socket instead of shared-memory rings");

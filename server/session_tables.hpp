@@ -77,6 +77,10 @@ class module_origins {
         uint64_t format = 0;  // as handle_module_load's argument: 0 raw, 1 wrapper v1, 2 wrapper v2
         std::shared_ptr<const std::vector<std::vector<uint64_t>>> parts;
         std::vector<std::byte> jit_options;  // the caller's JIT options blob, as sent
+        // Device memory charged for it (server/image_memory.hpp): on `device`, a module's; on every device of
+        // the session, a library's (the driver loads it into each context).
+        uint64_t charge = 0;
+        size_t device = 0;
     };
     void add(uint64_t handle, origin o) { origins_[handle] = std::move(o); }
     const origin* find(uint64_t handle) const {

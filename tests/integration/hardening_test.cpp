@@ -443,6 +443,36 @@ TEST_CASE("a HELLO announcing a 1 GiB payload is refused before anything is allo
     CHECK(rss_kib(server.pid()) - before < 64 * 1024);
 }
 
+TEST_CASE("a call announcing a 1 GiB payload and sending little makes the server hold little",
+          "[integration]") {
+    server_process server;
+    std::vector<std::unique_ptr<raw_client>> held;
+    for (int i = 0; i < 3; ++i) held.push_back(raw_client::open(server.address()));
+    for (auto& c : held) REQUIRE(c);
+    // A real call frame with a payload, as the client put it on the wire; then the same header announcing a
+    // gigabyte, followed by 64 KiB of it and nothing more, on each session's lane.
+    std::vector<std::vector<std::byte>> recorded;
+    held[0]->record(&recorded);
+    held[0]->call(op::mem_get_info, {}, {}, std::vector<std::byte>(16));
+    held[0]->record(nullptr);
+    REQUIRE(recorded.size() == 1);
+    long before = rss_kib(server.pid());
+    REQUIRE(before > 0);
+    for (auto& c : held) {
+        std::vector<std::byte> bytes = recorded[0];
+        auto hr = check_header(std::span(bytes).first(frame_header_size), frame_limits{});
+        REQUIRE(hr);
+        frame_header h = *hr;
+        h.payload_len = uint64_t{1} << 30;
+        encode_header(h, bytes.data());
+        bytes.resize(bytes.size() - 16 + (64 << 10));
+        REQUIRE(c->send_raw(bytes));
+    }
+    std::this_thread::sleep_for(500ms);  // time to read what came
+    // Each lane holds one 8 MiB step at most (it held the whole gigabyte, zeroed, before).
+    CHECK(rss_kib(server.pid()) - before < 64 * 1024);
+}
+
 TEST_CASE(
     "the session and connection limits refuse with a message naming --max-sessions or --max-connections",
     "[integration]") {

@@ -4,11 +4,92 @@
 
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
+#include <elf.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "raw_client.hpp"
 
 using namespace vcuda;
 using namespace vcuda::test;
+
+namespace {
+
+// A cubin as far as its section table goes: 256 bytes of code, a zero-filled global of `global` bytes
+// (.nv.global holds no bytes in the file, as nvcc writes it) and 1 GiB of shared memory (per block, not the
+// module's memory).
+std::vector<std::byte> cubin(uint64_t global) {
+    const std::string names = std::string("\0.shstrtab\0.text.k\0.nv.global\0.nv.shared.k\0", 46);
+    const uint64_t text_size = 256, strings_at = sizeof(Elf64_Ehdr), text_at = 128,
+                   sections_at = text_at + text_size;
+    std::vector<std::byte> b(sections_at + 5 * sizeof(Elf64_Shdr));
+    Elf64_Ehdr e{};
+    std::memcpy(e.e_ident, ELFMAG, SELFMAG);
+    e.e_ident[EI_CLASS] = ELFCLASS64;
+    e.e_ident[EI_DATA] = ELFDATA2LSB;
+    e.e_type = ET_EXEC;
+    e.e_machine = 190;  // EM_CUDA
+    e.e_shoff = sections_at;
+    e.e_ehsize = sizeof e;
+    e.e_shentsize = sizeof(Elf64_Shdr);
+    e.e_shnum = 5;
+    e.e_shstrndx = 1;
+    std::memcpy(b.data(), &e, sizeof e);
+    std::memcpy(b.data() + strings_at, names.data(), names.size());
+    auto section = [&](int i, uint32_t name, uint32_t type, uint64_t flags, uint64_t at, uint64_t size) {
+        Elf64_Shdr s{};
+        s.sh_name = name;
+        s.sh_type = type;
+        s.sh_flags = flags;
+        s.sh_offset = at;
+        s.sh_size = size;
+        std::memcpy(b.data() + sections_at + i * sizeof s, &s, sizeof s);
+    };
+    section(1, 1, SHT_STRTAB, 0, strings_at, names.size());
+    section(2, 11, SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR, text_at, text_size);
+    section(3, 19, SHT_NOBITS, SHF_ALLOC | SHF_WRITE, sections_at, global);
+    section(4, 30, SHT_NOBITS, SHF_ALLOC | SHF_WRITE, sections_at, uint64_t{1} << 30);
+    return b;
+}
+
+std::vector<std::byte> bytes(const std::string& text) {
+    return {reinterpret_cast<const std::byte*>(text.data()),
+            reinterpret_cast<const std::byte*>(text.data()) + text.size()};
+}
+
+// A fatbin of one uncompressed ELF entry (sm_90).
+std::vector<std::byte> fatbin(const std::vector<std::byte>& elf) {
+    std::vector<std::byte> b(16 + 64 + elf.size());
+    uint32_t magic = 0xBA55ED50;
+    uint16_t version = 1, header = 16, kind = 2, entry_version = 0x101;
+    uint64_t files = 64 + elf.size(), payload = elf.size();
+    uint32_t entry_header = 64, sm = 90;
+    std::memcpy(b.data(), &magic, 4);
+    std::memcpy(b.data() + 4, &version, 2);
+    std::memcpy(b.data() + 6, &header, 2);
+    std::memcpy(b.data() + 8, &files, 8);
+    std::memcpy(b.data() + 16, &kind, 2);
+    std::memcpy(b.data() + 18, &entry_version, 2);
+    std::memcpy(b.data() + 20, &entry_header, 4);
+    std::memcpy(b.data() + 24, &payload, 8);
+    std::memcpy(b.data() + 16 + 28, &sm, 4);
+    std::memcpy(b.data() + 16 + 64, elf.data(), elf.size());
+    return b;
+}
+
+raw_reply load(raw_client& c, uint64_t target, const std::vector<std::byte>& image, uint64_t hash) {
+    return c.call(op::module_load, {target, 0, hash, 1, image.size()}, {}, image, target == 0 ? 0 : -1);
+}
+
+uint64_t free_memory(raw_client& c) {
+    auto info = c.call(op::mem_get_info, {});
+    REQUIRE(info.result == CUDA_SUCCESS);
+    return info.outs.at(0);
+}
+
+}  // namespace
 
 TEST_CASE("the malloc heap a context's limit reserves is charged to the session's memory quota",
           "[integration]") {
@@ -60,5 +141,47 @@ TEST_CASE("memory a pool keeps reserved after frees stays charged until its rele
     REQUIRE(a->call(op::pool_free, {again.outs.at(0), 0}).result == CUDA_SUCCESS);
     // A threshold of 0 lets it all go.
     REQUIRE(a->call(op::pool_set_attribute, {pool.outs.at(0), threshold, 0}).result == CUDA_SUCCESS);
+    CHECK(a->call(op::mem_alloc, {64u << 20}).result == CUDA_SUCCESS);
+}
+
+TEST_CASE("a module's globals, constants and code are charged to the session's memory quota at load",
+          "[integration]") {
+    server_process server({"--memory-quota", "64MiB"});
+    auto a = raw_client::open(server.address());
+    REQUIRE(a);
+    // A 256 MiB __device__ array under a 64 MiB quota: refused, as a module, a library and inside a fatbin
+    // (all three used to load, the driver holding the 256 MiB outside the quota).
+    for (uint64_t target : {0, 1}) {
+        auto huge = load(*a, target, cubin(256u << 20), 1 + target);
+        CHECK(huge.result == CUDA_ERROR_OUT_OF_MEMORY);
+        CHECK(huge.detail.find("quota") != std::string::npos);
+    }
+    CHECK(load(*a, 0, fatbin(cubin(256u << 20)), 3).result == CUDA_ERROR_OUT_OF_MEMORY);
+    // PTX: what it declares (.extern declarations hold nothing here).
+    auto ptx = load(*a, 0,
+                    bytes(".version 8.0\n.target sm_90\n.address_size 64\n"
+                          ".extern .global .align 4 .b8 elsewhere[1073741824];\n"
+                          "// .global .b8 commented[1073741824];\n"
+                          ".visible .global .align 4 .v2 .u32 big[9000000];\n"
+                          ".visible .entry k(.param .u64 p) { ld.global.u32 %r1, [big]; ret; }\n"),
+                    4);
+    CHECK(ptx.result == CUDA_ERROR_OUT_OF_MEMORY);  // 72,000,000 bytes
+    CHECK(free_memory(*a) == (64u << 20));
+    // 48 MiB of globals and 256 bytes of code load and leave the rest; shared memory is not the module's.
+    auto m = load(*a, 0, cubin(48u << 20), 5);
+    REQUIRE(m.result == CUDA_SUCCESS);
+    CHECK(free_memory(*a) == (16u << 20) - 256);
+    CHECK(a->call(op::mem_alloc, {32u << 20}).result == CUDA_ERROR_OUT_OF_MEMORY);
+    // Unloading gives it back.
+    REQUIRE(a->call(op::module_unload, {m.outs.at(0)}).result == CUDA_SUCCESS);
+    CHECK(free_memory(*a) == (64u << 20));
+    // A library is charged on its devices the same way, and a malformed image refused before the driver.
+    auto lib = load(*a, 1, cubin(40u << 20), 6);
+    REQUIRE(lib.result == CUDA_SUCCESS);
+    CHECK(free_memory(*a) == (24u << 20) - 256);
+    auto bad = cubin(0);
+    bad[offsetof(Elf64_Ehdr, e_shoff)] = std::byte{0xff};
+    CHECK(load(*a, 0, bad, 7).result == CUDA_ERROR_INVALID_IMAGE);
+    REQUIRE(a->call(op::module_unload, {lib.outs.at(0)}).result == CUDA_SUCCESS);
     CHECK(a->call(op::mem_alloc, {64u << 20}).result == CUDA_SUCCESS);
 }

@@ -21,6 +21,12 @@ int main(int argc, char** argv) {
     printf("total memory reported: %zu MiB\n", total_b >> 20);
     printf("info: free memory reported: %zu MiB\n", free_b >> 20);
 
+    // The kernel's code and data are loaded (cudart loads lazily, at the first launch) before memory is
+    // filled: they count against the quota as they take the GPU's memory, so a first launch into a full quota
+    // fails with cudaErrorMemoryAllocation, as on a GPU whose memory is full.
+    quota_fill<<<1, 1>>>(nullptr, 0, 0);
+    CHECK_LAUNCH();
+
     std::vector<void*> blocks;
     cudaError_t last = cudaSuccess;
     for (int k = 0; k < max_blocks; ++k) {
