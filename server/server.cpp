@@ -479,6 +479,7 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
             return;
         }
         auto* call = root_of<wire::Call>(f);
+        sess->counters.calls.fetch_add(1, std::memory_order_relaxed);  // the only cost metrics add to a call
         if (call->after_seq() != 0 && call->after_lane() != lane_number &&
             !sess->wait_for_lane(call->after_lane(), call->after_seq(),
                                  [&fs] { return fs.raw().peer_gone(); })) {
