@@ -115,6 +115,7 @@ struct http_listener::impl {
     asio::io_context io{1};
     tcp::acceptor acceptor{io};
     collect_fn collect;
+    http_limits limits;
     int open = 0;  // connections being served; only the listener's thread touches it
     std::thread thread;
 
@@ -134,7 +135,7 @@ asio::awaitable<void> http_listener::impl::accept_loop() {
             co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
             continue;
         }
-        if (open >= max_connections) {
+        if (open >= limits.max_connections) {
             VCUDA_LOG_DEBUG("metrics: {} scrapes open already; closing a new connection", open);
             s.close(ec);
             continue;
@@ -154,18 +155,18 @@ asio::awaitable<void> http_listener::impl::accept_loop() {
 
 asio::awaitable<void> http_listener::impl::serve(beast::tcp_stream stream) {
     boost::system::error_code ec;
-    beast::flat_buffer buffer(max_request_bytes);
+    beast::flat_buffer buffer(limits.max_request_bytes);
     http::request_parser<http::empty_body> parser;
-    parser.header_limit(static_cast<std::uint32_t>(max_request_bytes));
+    parser.header_limit(static_cast<std::uint32_t>(limits.max_request_bytes));
     parser.body_limit(0);  // a scrape has no body; one that announces a body is refused
-    stream.expires_after(request_deadline);
+    stream.expires_after(limits.request_deadline);
     co_await http::async_read(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
     if (ec) {  // malformed, too large, or too slow: nothing is owed to such a peer
         VCUDA_LOG_DEBUG("metrics: request not read: {}", ec.message());
         co_return;
     }
     auto res = answer(parser.get());
-    stream.expires_after(request_deadline);  // a reader too slow to take the answer is dropped too
+    stream.expires_after(limits.request_deadline);  // a reader too slow to take the answer is dropped too
     co_await http::async_write(stream, res, asio::redirect_error(asio::use_awaitable, ec));
     stream.socket().shutdown(tcp::socket::shutdown_both, ec);
 }
@@ -195,12 +196,13 @@ http::response<http::string_body> http_listener::impl::answer(const http::reques
 }
 
 result<std::unique_ptr<http_listener>, std::string> http_listener::start(const endpoint& ep,
-                                                                         collect_fn collect) {
+                                                                         collect_fn collect, http_limits limits) {
     if (ep.type != endpoint::kind::tcp)
         return unexpected{"metrics are served over TCP only (HOST:PORT, e.g. 127.0.0.1:9400), not " +
                           ep.to_string()};
     auto i = std::make_unique<impl>();
     i->collect = std::move(collect);
+    i->limits = limits;
     boost::system::error_code ec;
     tcp::resolver resolver(i->io);
     auto found = resolver.resolve(ep.host, std::to_string(ep.port), tcp::resolver::passive, ec);

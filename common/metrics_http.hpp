@@ -1,9 +1,8 @@
 // Prometheus metrics for vcuda-server and vcuda-mgmt (README, "Metrics"): a writer of the text exposition
 // format (version 0.0.4) and a small HTTP/1.1 listener that answers `GET /metrics` with what a callback
 // collects. The listener is kept away from the serving path: it has one thread of its own (Boost.Asio, Beast
-// parsing the request), a request may hold at most max_request_bytes of headers and no body and must arrive
-// within request_deadline (so must the answer be read), and connections past max_connections at once are
-// closed unanswered: a slow or hostile scraper ties up that thread at most, never a session's.
+// parsing the request), and http_limits bound what each scraper may hold (request size, deadlines, connections
+// at once): a slow or hostile scraper ties up that thread at most, never a session's.
 // runs on: the listener's own thread (the collect callback too); the exposition writer on its caller's.
 #pragma once
 
@@ -65,18 +64,23 @@ double seconds(std::chrono::duration<Rep, Period> d) {
 // served with a warning in the log.
 result<endpoint, std::string> parse_listen_address(const std::string& text, bool insecure);
 
+// What one scraper may cost the listener. A scrape is a few hundred bytes of request; Prometheus's own
+// default scrape timeout is 10 s.
+struct http_limits {
+    size_t max_request_bytes = 8u << 10;                 // request line and headers; a body is refused
+    std::chrono::milliseconds request_deadline{5000};  // to send the request, and again to read the answer
+    int max_connections = 16;                          // open at once; more are closed unanswered
+};
+
 class http_listener {
   public:
     // Returns the exposition text of one scrape; runs on the listener's thread.
     using collect_fn = std::function<std::string()>;
 
-    static constexpr size_t max_request_bytes = 8u << 10;
-    static constexpr std::chrono::seconds request_deadline{5};
-    static constexpr int max_connections = 16;
-
     // Binds `ep` (TCP only) now, so that a bad address fails at start-up with the reason, and serves it on a
-    // thread of its own until destroyed.
-    static result<std::unique_ptr<http_listener>, std::string> start(const endpoint& ep, collect_fn collect);
+    // thread of its own until destroyed. Tests shorten `limits`.
+    static result<std::unique_ptr<http_listener>, std::string> start(const endpoint& ep, collect_fn collect,
+                                                                     http_limits limits = {});
     ~http_listener();  // stops serving; open scrapes are dropped
     http_listener(const http_listener&) = delete;
     http_listener& operator=(const http_listener&) = delete;
