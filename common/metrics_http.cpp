@@ -1,5 +1,12 @@
 #include "common/metrics_http.hpp"
 
+// Boost 1.74 turns Asio's co_await support on for clang only with the old Coroutines TS
+// (<experimental/coroutine>); clang 14 (clang-tidy's) has C++20 coroutines and libstdc++'s <coroutine>.
+#if defined(__clang__) && defined(__cpp_impl_coroutine) && __has_include(<coroutine>)
+#define BOOST_ASIO_HAS_CO_AWAIT 1
+#define BOOST_ASIO_HAS_STD_COROUTINE 1
+#endif
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -98,16 +105,20 @@ result<endpoint, std::string> parse_listen_address(const std::string& text, bool
     auto ep = endpoint::parse(text);
     if (!ep) return ep;
     if (ep->type != endpoint::kind::tcp)
-        return unexpected{std::string("metrics are served over TCP only: write HOST:PORT, e.g. 127.0.0.1:9400")};
+        return unexpected{
+            std::string("metrics are served over TCP only: write HOST:PORT, e.g. 127.0.0.1:9400")};
     if (is_loopback(ep->host)) return ep;
     if (!insecure)
-        return unexpected{std::string(
-            "refusing to serve metrics on a network address: the page has no authentication and names tenants, "
-            "leases and clients. Listen on 127.0.0.1 (a local Prometheus agent, or a proxy with authentication, "
-            "can take it from there), or add --insecure on a network you trust")};
-    VCUDA_LOG_WARN("--metrics-listen {} with --insecure: anyone who reaches it reads the metrics, tenant and lease "
-                   "names included",
-                   text);
+        return unexpected{
+            std::string("refusing to serve metrics on a network address: the page has no authentication and "
+                        "names tenants, "
+                        "leases and clients. Listen on 127.0.0.1 (a local Prometheus agent, or a proxy with "
+                        "authentication, "
+                        "can take it from there), or add --insecure on a network you trust")};
+    VCUDA_LOG_WARN(
+        "--metrics-listen {} with --insecure: anyone who reaches it reads the metrics, tenant and lease "
+        "names included",
+        text);
     return ep;
 }
 
@@ -196,7 +207,8 @@ http::response<http::string_body> http_listener::impl::answer(const http::reques
 }
 
 result<std::unique_ptr<http_listener>, std::string> http_listener::start(const endpoint& ep,
-                                                                         collect_fn collect, http_limits limits) {
+                                                                         collect_fn collect,
+                                                                         http_limits limits) {
     if (ep.type != endpoint::kind::tcp)
         return unexpected{"metrics are served over TCP only (HOST:PORT, e.g. 127.0.0.1:9400), not " +
                           ep.to_string()};

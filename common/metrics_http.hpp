@@ -1,8 +1,8 @@
 // Prometheus metrics for vcuda-server and vcuda-mgmt (README, "Metrics"): a writer of the text exposition
 // format (version 0.0.4) and a small HTTP/1.1 listener that answers `GET /metrics` with what a callback
-// collects. The listener is kept away from the serving path: it has one thread of its own (Boost.Asio, Beast
-// parsing the request), and http_limits bound what each scraper may hold (request size, deadlines, connections
-// at once): a slow or hostile scraper ties up that thread at most, never a session's.
+// collects. The listener is kept away from the serving path: it has one thread of its own (Boost.Asio,
+// Beast parsing the request), and http_limits bound what each scraper may hold (request size, deadlines,
+// connections at once): a slow or hostile scraper ties up that thread at most, never a session's.
 // runs on: the listener's own thread (the collect callback too); the exposition writer on its caller's.
 #pragma once
 
@@ -59,15 +59,15 @@ double seconds(std::chrono::duration<Rep, Period> d) {
     return std::chrono::duration<double>(d).count();
 }
 
-// A --metrics-listen value: HOST:PORT. The page has no authentication and names tenants, leases and clients, so
-// an address other than loopback is refused unless `insecure` (the program's --insecure) allows it, and then
-// served with a warning in the log.
+// A --metrics-listen value: HOST:PORT. The page has no authentication and names tenants, leases and clients,
+// so an address other than loopback is refused unless `insecure` (the program's --insecure) allows it, and
+// then served with a warning in the log.
 result<endpoint, std::string> parse_listen_address(const std::string& text, bool insecure);
 
 // What one scraper may cost the listener. A scrape is a few hundred bytes of request; Prometheus's own
 // default scrape timeout is 10 s.
 struct http_limits {
-    size_t max_request_bytes = 8u << 10;                 // request line and headers; a body is refused
+    size_t max_request_bytes = 8u << 10;               // request line and headers; a body is refused
     std::chrono::milliseconds request_deadline{5000};  // to send the request, and again to read the answer
     int max_connections = 16;                          // open at once; more are closed unanswered
 };

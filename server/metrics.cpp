@@ -32,7 +32,8 @@ std::string collect_metrics(server& srv, const driver& drv) {
     std::vector<std::string> uuids;
     for (auto& g : drv.gpus()) uuids.push_back(gpu_uuid_string(g.uuid));
 
-    out.family("vcuda_server_gpu_memory_total_bytes", metric_type::gauge, "Memory of each GPU this server serves");
+    out.family("vcuda_server_gpu_memory_total_bytes", metric_type::gauge,
+               "Memory of each GPU this server serves");
     for (size_t i = 0; i < drv.gpus().size(); ++i)
         out.sample("vcuda_server_gpu_memory_total_bytes",
                    {{"gpu", uuids[i]}, {"index", std::to_string(i)}, {"name", drv.gpus()[i].name}},
@@ -40,7 +41,8 @@ std::string collect_metrics(server& srv, const driver& drv) {
 
     const auto now = std::chrono::steady_clock::now();
     std::vector<session_row> rows;
-    for (auto& sp : srv.sessions().snapshot()) {  // the registry is not held while a session's lock is awaited
+    for (auto& sp :
+         srv.sessions().snapshot()) {  // the registry is not held while a session's lock is awaited
         auto& s = *sp;
         session_row r{std::to_string(s.id()), s.lease_id(), s.peer()};
         r.suspended = s.suspended();
@@ -75,11 +77,13 @@ std::string collect_metrics(server& srv, const driver& drv) {
     out.family("vcuda_server_session_suspended", metric_type::gauge,
                "1 while the session is suspended (its next call, or an operator, resumes it)");
     for (auto& r : rows)
-        out.sample("vcuda_server_session_suspended", {{"session", r.id}, {"lease", r.lease}}, r.suspended ? 1 : 0);
+        out.sample("vcuda_server_session_suspended", {{"session", r.id}, {"lease", r.lease}},
+                   r.suspended ? 1 : 0);
     out.family("vcuda_server_session_idle_seconds", metric_type::gauge,
                "Time since the session's last call: what the manager's idle reclaim looks at");
     for (auto& r : rows)
-        out.sample("vcuda_server_session_idle_seconds", {{"session", r.id}, {"lease", r.lease}}, r.idle_seconds);
+        out.sample("vcuda_server_session_idle_seconds", {{"session", r.id}, {"lease", r.lease}},
+                   r.idle_seconds);
     out.family("vcuda_server_session_calls_total", metric_type::counter,
                "Calls the session's lanes received (rate() of it: the session's calls per second)");
     for (auto& r : rows)
@@ -107,9 +111,10 @@ std::string collect_metrics(server& srv, const driver& drv) {
         out.summary(name, help, t.count.load(relaxed), double(t.micros.load(relaxed)) / 1e6);
     };
     summary("vcuda_server_suspend_seconds",
-            "Suspends (GPU state saved to host memory and the GPU given back) and the time they took", all.suspends);
-    summary("vcuda_server_resume_seconds", "Resumes (GPU state rebuilt at the same addresses) and the time they took",
-            all.resumes);
+            "Suspends (GPU state saved to host memory and the GPU given back) and the time they took",
+            all.suspends);
+    summary("vcuda_server_resume_seconds",
+            "Resumes (GPU state rebuilt at the same addresses) and the time they took", all.resumes);
     summary("vcuda_server_migration_pause_seconds",
             "Sessions moved to another server and the pause each program saw (live migration: none until it "
             "lands)",

@@ -63,8 +63,9 @@ struct timed_count {
     std::atomic<uint64_t> count{0}, micros{0};
     void add(std::chrono::steady_clock::duration d) {
         count.fetch_add(1, std::memory_order_relaxed);
-        micros.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(d).count()),
-                         std::memory_order_relaxed);
+        micros.fetch_add(
+            static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(d).count()),
+            std::memory_order_relaxed);
     }
 };
 

@@ -1,6 +1,6 @@
-// Test helpers for the Prometheus endpoints (common/metrics_http.hpp): a raw HTTP exchange over a plain socket
-// (CI has no curl to count on), a scrape, and reading one series' value out of the exposition text. Shared by
-// tests/unit, tests/integration and mgmt/tests.
+// Test helpers for the Prometheus endpoints (common/metrics_http.hpp): a raw HTTP exchange over a plain
+// socket (CI has no curl to count on), a scrape, and reading one series' value out of the exposition text.
+// Shared by tests/unit, tests/integration and mgmt/tests.
 #pragma once
 
 #include <netinet/in.h>
@@ -51,7 +51,8 @@ struct http_socket {
         std::string out;
         const auto until = std::chrono::steady_clock::now() + timeout;
         for (;;) {
-            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                until - std::chrono::steady_clock::now());
             pollfd p{fd, POLLIN, 0};
             if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
             char buf[4096];

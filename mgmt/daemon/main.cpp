@@ -72,10 +72,11 @@ int main(int argc, char** argv) {
            "signed. Needs --tls-cert")
         ->check(CLI::ExistingFile);
     std::string metrics_listen;
-    app.add_option("--metrics-listen", metrics_listen,
-                   "serve Prometheus metrics at http://ADDR:PORT/metrics (servers, GPUs, leases and sessions by "
-                   "state, memory per tenant, events; README, Metrics). Off by default. Plain HTTP without "
-                   "authentication, and the page names tenants: an address other than loopback needs --insecure");
+    app.add_option(
+        "--metrics-listen", metrics_listen,
+        "serve Prometheus metrics at http://ADDR:PORT/metrics (servers, GPUs, leases and sessions by "
+        "state, memory per tenant, events; README, Metrics). Off by default. Plain HTTP without "
+        "authentication, and the page names tenants: an address other than loopback needs --insecure");
     bool insecure = false;
     app.add_flag("--insecure", insecure,
                  "let --metrics-listen serve an address other than loopback (anyone who reaches it reads the "
@@ -160,7 +161,8 @@ int main(int argc, char** argv) {
                                                          : " (TLS)");
     VCUDA_LOG_INFO("listening on {} (heartbeat timeout {} ms, lease ttl {} ms, db {})", addrs, hb->count(),
                    ttl->count(), db);
-    std::unique_ptr<metrics::http_listener> metrics_server;  // declared after `svc` and `server`: stops before them
+    std::unique_ptr<metrics::http_listener>
+        metrics_server;  // declared after `svc` and `server`: stops before them
     if (metrics_at) {
         auto m = metrics::http_listener::start(*metrics_at, [&svc] { return svc.metrics(); });
         if (!m) {

@@ -1,7 +1,7 @@
-// vcuda-mgmt's Prometheus metrics (README, "Metrics"): servers and their health, GPUs (cordoned or not, leased
-// or free), leases and sessions by state, memory leased and used per tenant, the manager's events by kind —
-// what its placement, idle reclaim and expiry act on, for operators. Pure: it formats what it is given, and
-// service::metrics() gives it the state under the service's lock.
+// vcuda-mgmt's Prometheus metrics (README, "Metrics"): servers and their health, GPUs (cordoned or not,
+// leased or free), leases and sessions by state, memory leased and used per tenant, the manager's events by
+// kind — what its placement, idle reclaim and expiry act on, for operators. Pure: it formats what it is
+// given, and service::metrics() gives it the state under the service's lock.
 // runs on: the caller's thread (the metrics listener's, through service::metrics).
 #pragma once
 

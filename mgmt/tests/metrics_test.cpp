@@ -29,10 +29,10 @@ struct fixture {
     fixture() { REQUIRE(svc.start()); }
     json call(const std::string& method, const json& body, const std::string& credential = {}) {
         const std::string text = body.dump();
-        auto auth = credential.empty() ? sign_request(secret, method, text,
-                                                      std::chrono::system_clock::time_point(
-                                                          clock().time_since_epoch()))
-                                       : credential;
+        auto auth = credential.empty()
+                        ? sign_request(secret, method, text,
+                                       std::chrono::system_clock::time_point(clock().time_since_epoch()))
+                        : credential;
         auto r = svc.handle(method, text, auth);
         INFO(method << ": " << r.error);
         REQUIRE(r.ok);
@@ -56,10 +56,12 @@ TEST_CASE("manager metrics: servers, GPUs, leases and sessions by state, memory 
           "[unit][mgmt]") {
     fixture f;
     const std::string server_id =
-        f.call("server.register", json(server("gpu-a", {gpu(0, "GPU-a0", 16 * GiB), gpu(1, "GPU-a1", 16 * GiB)})))
+        f.call("server.register",
+               json(server("gpu-a", {gpu(0, "GPU-a0", 16 * GiB), gpu(1, "GPU-a1", 16 * GiB)})))
             .at("server_id");
     const std::string alice = f.credential("alice"), bob = f.credential("bob");
-    const std::string alice_lease = f.call("lease.acquire", json(request("x", 4 * GiB)), alice).at("lease_id");
+    const std::string alice_lease =
+        f.call("lease.acquire", json(request("x", 4 * GiB)), alice).at("lease_id");
     const std::string bob_lease = f.call("lease.acquire", json(request("x", 2 * GiB)), bob).at("lease_id");
     // Alice's one session is suspended (3 GiB saved); bob's runs with 1 GiB.
     heartbeat hb;
@@ -75,7 +77,8 @@ TEST_CASE("manager metrics: servers, GPUs, leases and sessions by state, memory 
 
     const std::string text = f.svc.metrics();
     CHECK(value(text, R"(vcuda_mgmt_servers{state="up"})") == 1);
-    CHECK(value(text, "vcuda_mgmt_server_heartbeat_age_seconds{server=\"" + server_id + "\",host=\"gpu-a\"}") == 3);
+    CHECK(value(text,
+                "vcuda_mgmt_server_heartbeat_age_seconds{server=\"" + server_id + "\",host=\"gpu-a\"}") == 3);
     // Both leases best-fit onto GPU-a0; GPU-a1, cordoned, holds none.
     CHECK(value(text, R"(vcuda_mgmt_gpus{state="up",leased="true"})") == 1);
     CHECK(value(text, R"(vcuda_mgmt_gpus{state="cordoned",leased="false"})") == 1);
@@ -110,8 +113,10 @@ TEST_CASE("vcuda-mgmt --metrics-listen serves scrapes; a network address needs -
     ::chmod((dir / "secret").c_str(), 0600);
     const std::string bin = VCUDA_BIN_DIR "/vcuda-mgmt";
     auto args = [&](const std::string& metrics, std::vector<std::string> more = {}) {
-        std::vector<std::string> a{bin,        "--listen",      "unix:" + dir / "m.sock", "--db", dir / "m.db",
-                                   "--secret-file", dir / "secret", "--metrics-listen",      metrics};
+        std::vector<std::string> a{
+            bin,          "--listen",      "unix:" + dir / "m.sock", "--db",
+            dir / "m.db", "--secret-file", dir / "secret",           "--metrics-listen",
+            metrics};
         a.insert(a.end(), more.begin(), more.end());
         return a;
     };

@@ -105,7 +105,8 @@ TEST_CASE("vcuda-server /metrics: suspends and resumes, with the memory saved an
     REQUIRE(a);
     REQUIRE(a->call(op::mem_alloc, {64 * MiB}).result == CUDA_SUCCESS);
     // Idle, it is suspended: its memory stays charged but is not on the GPU.
-    REQUIRE(m.wait_until([&] { return m.of_session("vcuda_server_session_suspended", a->session_id()) == 1; }));
+    REQUIRE(
+        m.wait_until([&] { return m.of_session("vcuda_server_session_suspended", a->session_id()) == 1; }));
     CHECK(m.value(suspended) == 1);
     CHECK(m.value(active) == 0);
     CHECK(m.of_session("vcuda_server_session_memory_mapped_bytes", a->session_id()) == 64 * MiB);

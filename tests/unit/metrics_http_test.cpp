@@ -25,12 +25,13 @@ struct served {
     std::atomic<int> scrapes{0};
     std::unique_ptr<http_listener> listener;
     explicit served(http_limits limits = {}) {
-        auto l = http_listener::start(*endpoint::parse("127.0.0.1:0"),
-                                      [this] {
-                                          ++scrapes;
-                                          return page;
-                                      },
-                                      limits);
+        auto l = http_listener::start(
+            *endpoint::parse("127.0.0.1:0"),
+            [this] {
+                ++scrapes;
+                return page;
+            },
+            limits);
         REQUIRE(l);
         listener = std::move(*l);
     }
@@ -92,7 +93,8 @@ TEST_CASE("GET /metrics is answered with the collected text; other paths and met
     // A query string is not part of the path (Prometheus may add one).
     CHECK(http_exchange(s.port(), "GET /metrics?x=1 HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200 OK\r\n"));
     CHECK(http_exchange(s.port(), "GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 Not Found\r\n"));
-    CHECK(http_exchange(s.port(), "GET /metricsx HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 Not Found\r\n"));
+    CHECK(
+        http_exchange(s.port(), "GET /metricsx HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 Not Found\r\n"));
     auto post = http_exchange(s.port(), "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
     CHECK(post.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"));
     CHECK(post.find("Allow: GET\r\n") != std::string::npos);
