@@ -106,7 +106,7 @@ TEST_CASE("manager metrics: servers, GPUs, leases and sessions by state, memory 
     CHECK(value(after, "vcuda_mgmt_gpu_leased_memory_bytes" + a0) == 2 * GiB);
 }
 
-TEST_CASE("vcuda-mgmt --metrics-listen serves scrapes; a network address needs --insecure",
+TEST_CASE("vcuda-mgmt --metrics-listen serves scrapes, and a network address needs --insecure",
           "[integration][mgmt]") {
     temp_dir dir;
     { std::ofstream(dir / "secret") << secret << "\n"; }

@@ -69,7 +69,7 @@ TEST_CASE("the exposition format: HELP and TYPE once, labels escaped, exact inte
           "vcuda_z{v=\"inf\"} +Inf\n");
 }
 
-TEST_CASE("--metrics-listen: loopback TCP only, unless --insecure", "[unit]") {
+TEST_CASE("metrics: a --metrics-listen address is loopback TCP unless --insecure", "[unit]") {
     CHECK(parse_listen_address("127.0.0.1:9400", false));
     CHECK(parse_listen_address("localhost:9400", false));
     CHECK(parse_listen_address("[::1]:9400", false));
@@ -83,7 +83,7 @@ TEST_CASE("--metrics-listen: loopback TCP only, unless --insecure", "[unit]") {
     CHECK_FALSE(parse_listen_address("127.0.0.1", false));  // no port
 }
 
-TEST_CASE("GET /metrics is answered with the collected text; other paths and methods are not", "[unit]") {
+TEST_CASE("GET /metrics is answered with the collected text, other paths and methods are not", "[unit]") {
     served s;
     auto answer = scrape(s.port());
     CHECK(answer.starts_with("HTTP/1.1 200 OK\r\n"));
@@ -141,7 +141,7 @@ TEST_CASE("a scraper too slow to send its request is dropped at the deadline and
     }
 }
 
-TEST_CASE("connections past max_connections are closed at once; the limit frees as they end", "[unit]") {
+TEST_CASE("connections past max_connections are closed at once, and the limit frees as they end", "[unit]") {
     http_limits limits;
     limits.request_deadline = 1s;
     limits.max_connections = 2;
