@@ -81,6 +81,31 @@ std::string endpoint::to_string() const {
     return host + ":" + std::to_string(port);
 }
 
+bool is_loopback(const std::string& host) {
+    in_addr a4{};
+    in6_addr a6{};
+    if (inet_pton(AF_INET, host.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host.c_str(), &a6) == 1) {
+        if (IN6_IS_ADDR_LOOPBACK(&a6)) return true;
+        return IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127;
+    }
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* list = nullptr;
+    if (getaddrinfo(host.c_str(), nullptr, &hints, &list) != 0 || !list) return false;
+    bool all = true;
+    for (addrinfo* ai = list; ai; ai = ai->ai_next) {
+        char text[INET6_ADDRSTRLEN] = {};
+        if (ai->ai_family == AF_INET)
+            inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(ai->ai_addr)->sin_addr, text, sizeof text);
+        else if (ai->ai_family == AF_INET6)
+            inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(ai->ai_addr)->sin6_addr, text, sizeof text);
+        if (!*text || !is_loopback(text)) all = false;
+    }
+    freeaddrinfo(list);
+    return all;
+}
+
 // ---------------------------------------------------------------- stream
 
 namespace {

@@ -71,6 +71,10 @@ struct endpoint {
     std::string to_string() const;
 };
 
+// True for addresses of this host only: 127.0.0.0/8, ::1 (also as ::ffff:127.x), and names that resolve to
+// nothing else ("localhost"). What a listener may serve without authentication.
+bool is_loopback(const std::string& host);
+
 // Test-only fault injection, for tests that sweep every failure point of a session: the Nth call of
 // stream::read_exact (or stream::write_all) in this process from the moment it is armed, counted across all
 // its streams, fails as if the peer had vanished (the socket is shut down; the call returns peer_lost). Built

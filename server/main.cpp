@@ -10,14 +10,17 @@
 #include <functional>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "common/log.hpp"
+#include "common/metrics_http.hpp"
 #include "common/tls.hpp"
 #include "mgmt/token.hpp"
 #include "mgmt/wire/server_agent.hpp"
 #include "server/device_output.hpp"
+#include "server/metrics.hpp"
 #include "server/server.hpp"
 
 #include <unistd.h>
@@ -25,8 +28,6 @@
 #include <algorithm>
 #include <charconv>
 
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <sys/resource.h>
 
 namespace {
@@ -66,33 +67,6 @@ bool parse_size(const std::string& text, uint64_t& out) {
     if (v < 0) return false;
     out = static_cast<uint64_t>(v * static_cast<double>(mult));
     return true;
-}
-
-// True for addresses of this host only: 127.0.0.0/8, ::1 (also as ::ffff:127.x), and names that resolve to
-// nothing else ("localhost").
-bool is_loopback(const std::string& host) {
-    in_addr a4{};
-    in6_addr a6{};
-    if (inet_pton(AF_INET, host.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
-    if (inet_pton(AF_INET6, host.c_str(), &a6) == 1) {
-        if (IN6_IS_ADDR_LOOPBACK(&a6)) return true;
-        return IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127;
-    }
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* list = nullptr;
-    if (getaddrinfo(host.c_str(), nullptr, &hints, &list) != 0 || !list) return false;
-    bool all = true;
-    for (addrinfo* ai = list; ai; ai = ai->ai_next) {
-        char text[INET6_ADDRSTRLEN] = {};
-        if (ai->ai_family == AF_INET)
-            inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(ai->ai_addr)->sin_addr, text, sizeof text);
-        else if (ai->ai_family == AF_INET6)
-            inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(ai->ai_addr)->sin6_addr, text, sizeof text);
-        if (!*text || !is_loopback(text)) all = false;
-    }
-    freeaddrinfo(list);
-    return all;
 }
 
 // Each connection holds a descriptor (two with shared-memory rings while they are set up): the soft limit is
@@ -205,7 +179,7 @@ int main(int argc, char** argv) {
     app.add_flag(
         "--insecure", insecure,
         "Serve TCP addresses other than loopback without --secret-file: anyone who reaches the port can use "
-        "the GPUs (refused at start without this flag)");
+        "the GPUs (refused at start without this flag); also lets --metrics-listen serve such an address");
     vcuda::tls_files tls_files;
     app.add_option(
            "--tls-cert", tls_files.cert,
@@ -250,6 +224,12 @@ int main(int argc, char** argv) {
            "started "
            "for it); such a failure ends that tenant's session only. Recommended for untrusted tenants")
         ->check(CLI::IsMember({"thread", "process"}));
+    std::string metrics_listen;
+    app.add_option(
+        "--metrics-listen", metrics_listen,
+        "Serve Prometheus metrics at http://ADDR:PORT/metrics (sessions, memory per session and GPU, calls, "
+        "suspends and resumes; README, Metrics). Off by default. Plain HTTP without authentication, and the "
+        "page names leases and clients: an address other than loopback needs --insecure");
     int suspend_every_ms = 0;
     app.add_option("--test-suspend-every", suspend_every_ms,
                    "For tests: every MS milliseconds, suspend every session that can be (its GPU state saved "
@@ -380,6 +360,15 @@ int main(int argc, char** argv) {
             pos = comma + 1;
         }
     }
+    std::optional<vcuda::endpoint> metrics_at;
+    if (!metrics_listen.empty()) {
+        auto mep = vcuda::metrics::parse_listen_address(metrics_listen, insecure);
+        if (!mep) {
+            std::cerr << "vcuda-server: --metrics-listen " << metrics_listen << ": " << mep.error() << "\n";
+            return 2;
+        }
+        metrics_at = *mep;
+    }
     if (worker_fd >= 0) {  // --isolation process: one session's worker (server/isolation.cpp)
         vcuda::server::device_output::install();
         vcuda::server::driver drv;
@@ -436,7 +425,7 @@ int main(int argc, char** argv) {
         // Mutual TLS authenticates too: only holders of a certificate signed by --tls-client-ca get through.
         const bool mutual_tls = tls && tls->requires_client_certificate();
         if (ep->type == vcuda::endpoint::kind::tcp && opts.secret.empty() && !mutual_tls &&
-            !is_loopback(ep->host)) {
+            !vcuda::is_loopback(ep->host)) {
             if (!insecure) {
                 VCUDA_LOG_ERROR(
                     "--listen {}: refusing to serve a network address without authentication: anyone who "
@@ -467,6 +456,17 @@ int main(int argc, char** argv) {
                          : " (TLS)",
             opts.memory_quota ? fmt::format(" (quota {} MiB per session)", opts.memory_quota >> 20) : "");
         srv.serve(std::move(*l));
+    }
+    std::unique_ptr<vcuda::metrics::http_listener> metrics_server;  // declared after `srv`: stops before it
+    if (metrics_at) {
+        auto m = vcuda::metrics::http_listener::start(
+            *metrics_at, [&srv, &drv] { return vcuda::server::collect_metrics(srv, drv); });
+        if (!m) {
+            VCUDA_LOG_ERROR("--metrics-listen {}: {}", metrics_listen, m.error());
+            return 1;
+        }
+        metrics_server = std::move(*m);
+        VCUDA_LOG_INFO("metrics at http://{}/metrics", metrics_server->local().to_string());
     }
     task_queue mobility;  // suspends and resumes the manager asks for, off the heartbeat thread
     std::unique_ptr<vcuda::mgmt::server_agent> agent;

@@ -522,6 +522,7 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
             return;
         }
         auto* call = root_of<wire::Call>(f);
+        sess->counters.calls.fetch_add(1, std::memory_order_relaxed);  // the only cost metrics add to a call
         if (sess->moved()) {
             if (staged) pool.give_back(staged, nullptr);
             staged = nullptr;

@@ -42,6 +42,8 @@ class server {
     // Stops accepting; live sessions are ended as their connections close.
     void stop();
     session_registry& sessions() { return sessions_; }
+    // Connections being served now (lanes, bulk connections, HELLOs under way).
+    uint32_t connections() const { return connections_.load(); }
     // Attached to a manager: the leases it reports alive on this server's GPUs (id, expiry), after every
     // heartbeat. A lease that was alive, or held a session, and is no longer reported was released or
     // expired: its tokens open no session from then on.

@@ -400,12 +400,31 @@ std::shared_ptr<session> session_registry::find(uint64_t id, std::string_view ke
 
 void session_registry::remove(uint64_t id) {
     std::lock_guard lock(mu_);
-    sessions_.erase(id);
+    if (auto it = sessions_.find(id); it != sessions_.end()) {
+        it->second->counters.add_to(ended_);  // under the same lock as the erase: no scrape sees it twice
+        sessions_.erase(it);
+    }
 }
 
 size_t session_registry::size() {
     std::lock_guard lock(mu_);
     return sessions_.size();
+}
+
+void session_registry::add_counters(session_counters& sum) {
+    std::lock_guard lock(mu_);
+    ended_.add_to(sum);
+    for (auto& [id, s] : sessions_) s->counters.add_to(sum);
+}
+
+void session_counters::add_to(session_counters& sum) const {
+    constexpr auto relaxed = std::memory_order_relaxed;
+    sum.calls.fetch_add(calls.load(relaxed), relaxed);
+    for (auto [from, to] : {std::pair{&suspends, &sum.suspends}, std::pair{&resumes, &sum.resumes},
+                            std::pair{&migrations, &sum.migrations}}) {
+        to->count.fetch_add(from->count.load(relaxed), relaxed);
+        to->micros.fetch_add(from->micros.load(relaxed), relaxed);
+    }
 }
 
 }  // namespace vcuda::server

@@ -66,6 +66,29 @@ struct session_image;  // server/session_image.hpp
 // once its sender was authorized; the memory itself comes in pieces after it.
 inline constexpr uint32_t max_moved_state_bytes = 512u << 20;
 
+// Events and their total duration, as a Prometheus summary's _count and _sum (server/metrics.cpp).
+struct timed_count {
+    std::atomic<uint64_t> count{0}, micros{0};
+    void add(std::chrono::steady_clock::duration d) {
+        count.fetch_add(1, std::memory_order_relaxed);
+        micros.fetch_add(
+            static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(d).count()),
+            std::memory_order_relaxed);
+    }
+};
+
+// What happened in a session, counted where it happens with relaxed atomic adds (no lock on the call path),
+// read by the metrics endpoint (server/metrics.cpp). The registry adds those of ended sessions to its own, so
+// that the server's totals never go down.
+struct session_counters {
+    std::atomic<uint64_t> calls{0};  // calls its lanes received, allowed or not
+    timed_count suspends;            // GPU state saved and given back (session::suspend)
+    timed_count resumes;             // rebuilt (the next call, or an operator's resume)
+    // Moves to another server (issue 18's live migration): count it here, with the pause the application saw.
+    timed_count migrations;
+    void add_to(session_counters& sum) const;
+};
+
 // What a session may use: which of the server's GPUs (by index) and how much memory on each.
 struct session_grant {
     std::vector<size_t> gpus;   // empty = all
@@ -221,6 +244,7 @@ class session : public std::enable_shared_from_this<session> {
     // (looked at every 100 ms: the waiting lane's own client closed) says so first.
     bool wait_for_lane(uint32_t lane, uint64_t seq, const std::function<bool()>& client_gone = {});
 
+    session_counters counters;
     std::atomic<int> lanes{0};  // connections: lanes and bulk connections; the session ends at 0
     std::atomic<int> call_lanes{
         0};  // lanes only: at 0 the client is gone, and its bulk connections are closed
@@ -330,10 +354,13 @@ class session_registry {
     std::shared_ptr<session> find(uint64_t id, std::string_view key);
     void remove(uint64_t id);
     size_t size();
+    // The counters of every session this registry has held, live and ended, added into `sum`.
+    void add_counters(session_counters& sum);
 
   private:
     std::mutex mu_;
     std::unordered_map<uint64_t, std::shared_ptr<session>> sessions_;
+    session_counters ended_;  // under mu_: those of sessions removed
 };
 
 }  // namespace vcuda::server

@@ -143,6 +143,7 @@ CUresult session::suspend(std::chrono::milliseconds wait, std::string& why) {
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
     lock.lock();
     if (rc == CUDA_SUCCESS) {
+        counters.suspends.add(std::chrono::steady_clock::now() - t0);
         note_ = "suspended: " + std::to_string(image_->bytes >> 20) + " MiB of GPU state saved in " +
                 std::to_string(ms) + " ms";
         VCUDA_LOG_INFO("session {} {}, the GPU given back", id_, note_);
@@ -511,6 +512,7 @@ CUresult session::rebuild(std::string& why) {
     rebuilt_note_ = "resumed: " + std::to_string(img.bytes >> 20) + " MiB of GPU state rebuilt in " +
                     std::to_string(ms) + " ms";
     VCUDA_LOG_INFO("session {} {}", id_, rebuilt_note_);
+    counters.resumes.add(std::chrono::steady_clock::now() - t0);
     image_.reset();
     suspended_.store(false);
     epoch_.fetch_add(1);

@@ -60,8 +60,9 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
     {
         std::lock_guard l(mu);
         if (!host.regions_.empty() && to.where.type != endpoint::kind::unix_socket) {
-            why = "the session shares pinned host memory with its client on this host, so it moves only to "
-                  "a server on this host (a Unix socket address)";
+            why =
+                "the session shares pinned host memory with its client on this host, so it moves only to "
+                "a server on this host (a Unix socket address)";
             rc = CUDA_ERROR_NOT_SUPPORTED;
         }
         for (auto& [addr, r] : host.regions_)
@@ -76,10 +77,11 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
         bytes = image_->bytes;
         rc = send_state(to, why);
     }
-    auto ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    const auto paused = std::chrono::steady_clock::now() - t0;
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(paused).count();
     lock.lock();
     if (rc == CUDA_SUCCESS) {
+        counters.migrations.add(paused);
         moved_to_ = to.address;
         moved_.store(true);
         note_ = "moved to " + to.address + ": " + mib(bytes) + " of GPU state, paused " + std::to_string(ms) +
@@ -117,10 +119,11 @@ CUresult session::send_state(const move_target& to, std::string& why) {
                 layout.push_back(off);
                 layout.push_back(size);
             }
-        slots.push_back(wire::CreateMovedSlot(
-            b, x.index, x.generation, x.live, static_cast<uint32_t>(x.entry.kind), x.entry.device, x.entry.owner,
-            x.entry.owned, x.entry.made_by, b.CreateVector(x.entry.made_with.data(), x.entry.made_with.size()),
-            x.entry.layout ? b.CreateVector(layout) : 0));
+        slots.push_back(
+            wire::CreateMovedSlot(b, x.index, x.generation, x.live, static_cast<uint32_t>(x.entry.kind),
+                                  x.entry.device, x.entry.owner, x.entry.owned, x.entry.made_by,
+                                  b.CreateVector(x.entry.made_with.data(), x.entry.made_with.size()),
+                                  x.entry.layout ? b.CreateVector(layout) : 0));
     }
     auto free_slots = b.CreateVector(handles.free_slots());
     // Modules' images: their parts follow as pieces, in this order.
@@ -135,7 +138,7 @@ CUresult session::send_state(const move_target& to, std::string& why) {
         origins_out.push_back(wire::CreateMovedOrigin(
             b, handle, o.library, o.format,
             b.CreateVector(reinterpret_cast<const uint8_t*>(o.jit_options.data()), o.jit_options.size()),
-            b.CreateVector(words)));
+            b.CreateVector(words), o.charge, o.device));
     });
     // Memory: the layout here, the contents as pieces after the images.
     std::vector<flatbuffers::Offset<wire::MovedDevice>> devices_out;
@@ -159,10 +162,9 @@ CUresult session::send_state(const move_target& to, std::string& why) {
             limits.push_back(static_cast<uint64_t>(l));
             limits.push_back(v);
         }
-        devices_out.push_back(wire::CreateMovedDevice(b, ds.had_context, b.CreateVector(limits),
-                                                      static_cast<int32_t>(ds.cache_config),
-                                                      b.CreateVector(maps), b.CreateVector(allocs),
-                                                      mem.heap_charge()));
+        devices_out.push_back(wire::CreateMovedDevice(
+            b, ds.had_context, b.CreateVector(limits), static_cast<int32_t>(ds.cache_config),
+            b.CreateVector(maps), b.CreateVector(allocs), mem.heap_charge()));
     }
     std::vector<flatbuffers::Offset<wire::MovedEntry>> entries;
     for (auto& es : img.entries) {
@@ -197,11 +199,11 @@ CUresult session::send_state(const move_target& to, std::string& why) {
         region_fds.push_back(r.fd);
     }
     auto key = b.CreateVector(reinterpret_cast<const uint8_t*>(key_.data()), key_.size());
-    b.Finish(wire::CreateSessionState(b, id_, key, handles.tag(), b.CreateString(peer_), b.CreateVector(slots),
-                                      free_slots, b.CreateVector(devices_out), b.CreateVector(entries),
-                                      b.CreateVector(globals_out), b.CreateVector(origins_out),
-                                      b.CreateVector(progress), img.bytes, piece_bytes, b.CreateVector(regions),
-                                      b.CreateVector(gone)));
+    b.Finish(wire::CreateSessionState(b, id_, key, handles.tag(), b.CreateString(peer_),
+                                      b.CreateVector(slots), free_slots, b.CreateVector(devices_out),
+                                      b.CreateVector(entries), b.CreateVector(globals_out),
+                                      b.CreateVector(origins_out), b.CreateVector(progress), img.bytes,
+                                      piece_bytes, b.CreateVector(regions), b.CreateVector(gone)));
     if (b.GetSize() > max_moved_state_bytes) {
         why = "its description (" + mib(b.GetSize()) + ") is larger than a server accepts";
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -217,8 +219,8 @@ CUresult session::send_state(const move_target& to, std::string& why) {
     char host[256] = {};
     gethostname(host, sizeof host - 1);
     hb.Finish(wire::CreateHello(hb, protocol_version, features::all, hb.CreateString(to.token), 0, 0,
-                                static_cast<uint32_t>(getpid()), hb.CreateString(host), 0, handles.tag(), 0, 0,
-                                true));
+                                static_cast<uint32_t>(getpid()), hb.CreateString(host), 0, handles.tag(), 0,
+                                0, true));
     auto failed_send = [&](const transport_error& e) {
         why = "sending the session to " + to.address + " failed: " + e.message;
         return CUDA_ERROR_NOT_READY;
@@ -239,7 +241,8 @@ CUresult session::send_state(const move_target& to, std::string& why) {
     for (auto& ds : img.devices)
         for (auto& m : ds.memory)
             for (size_t off = 0; off < m.size; off += piece_bytes)
-                if (auto r = send_piece({m.bytes.get() + off, std::min<size_t>(piece_bytes, m.size - off)}); !r)
+                if (auto r = send_piece({m.bytes.get() + off, std::min<size_t>(piece_bytes, m.size - off)});
+                    !r)
                     return failed_send(r.error());
     // The receiver rebuilds before it answers: a minute, and a second for every GiB it copies back.
     auto answer = fs.receive(after(std::chrono::seconds(60 + (img.bytes >> 30))), std::chrono::seconds(60));
@@ -281,7 +284,8 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                 e.index = x->index();
                 e.generation = x->generation();
                 e.live = x->live();
-                if (x->kind() >= handle_kind_count) return bad("a handle of kind " + std::to_string(x->kind()));
+                if (x->kind() >= handle_kind_count)
+                    return bad("a handle of kind " + std::to_string(x->kind()));
                 e.entry.kind = static_cast<handle_kind>(x->kind());
                 e.entry.device = x->device();
                 e.entry.owner = x->owner();
@@ -331,7 +335,8 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                 for (const auto* m : *d->mappings()) {
                     device_memory::moved_mapping mm{m->va(), m->size(), m->shared(), m->live(), {}};
                     if (const auto* r = m->free_runs(); r && r->size() % 2 == 0)
-                        for (flatbuffers::uoffset_t k = 0; k < r->size(); k += 2) mm.free_runs[r->Get(k)] = r->Get(k + 1);
+                        for (flatbuffers::uoffset_t k = 0; k < r->size(); k += 2)
+                            mm.free_runs[r->Get(k)] = r->Get(k + 1);
                     maps.push_back(std::move(mm));
                 }
             device_memory::allocation_map allocs;
@@ -347,7 +352,8 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                     why = "no host memory for its " + mib(m.size) + " mapping";
                     return CUDA_ERROR_OUT_OF_MEMORY;
                 }
-                ds.memory.push_back({m.va, m.size, {static_cast<std::byte*>(p), device_memory::unmap_bytes{m.size}}});
+                ds.memory.push_back(
+                    {m.va, m.size, {static_cast<std::byte*>(p), device_memory::unmap_bytes{m.size}}});
             }
         }
         uint64_t image_words = 0;
@@ -367,6 +373,16 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                                               reinterpret_cast<const std::byte*>(o->jit_options()->data()) +
                                                   o->jit_options()->size());
                 origin.parts = parts;
+                // Charged here as its load was there: its device's quota, or every device's for a library.
+                origin.charge = o->charge();
+                origin.device = o->device();
+                if (!origin.library && origin.device >= devices_.size()) return bad("a module's device");
+                const size_t end = origin.library ? devices_.size() : origin.device + 1;
+                for (size_t i = origin.library ? 0 : origin.device; i < end; ++i)
+                    if (!devices_[i].memory->charge(origin.charge)) {
+                        why = "its modules' memory exceeds the quota here";
+                        return CUDA_ERROR_OUT_OF_MEMORY;
+                    }
                 origins.add(o->handle(), std::move(origin));
                 origin_parts.push_back(std::move(parts));
             }
@@ -376,7 +392,8 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                 es.id = e->id();
                 es.name = e->name() ? e->name()->str() : std::string();
                 if (const auto* a = e->attributes(); a && a->size() % 2 == 0)
-                    for (flatbuffers::uoffset_t k = 0; k < a->size(); k += 2) es.attributes.emplace_back(a->Get(k), a->Get(k + 1));
+                    for (flatbuffers::uoffset_t k = 0; k < a->size(); k += 2)
+                        es.attributes.emplace_back(a->Get(k), a->Get(k + 1));
                 es.flags = e->flags();
                 es.priority = e->priority();
                 es.recorded = e->recorded();
@@ -456,8 +473,9 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
             if (!receive_piece(nullptr, 0)) return CUDA_ERROR_INVALID_VALUE;
             int fd = fs.raw().take_fd();
             void* want = reinterpret_cast<void*>(addr);
-            void* p = fd < 0 ? MAP_FAILED
-                             : ::mmap(want, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+            void* p =
+                fd < 0 ? MAP_FAILED
+                       : ::mmap(want, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
             if (p != want) {
                 if (p != MAP_FAILED) ::munmap(p, size);
                 if (fd >= 0) ::close(fd);

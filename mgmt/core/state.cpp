@@ -424,6 +424,12 @@ std::vector<gpu_view> manager_state::gpu_views() const {
     return out;
 }
 
+std::string manager_state::server_state(const server_record& s) const {
+    if (s.down) return "down";
+    if (s.draining) return leases_on_server(s.id) ? "draining" : "drained";
+    return s.cordoned ? "cordoned" : "up";
+}
+
 uint32_t manager_state::leases_on_server(const std::string& server_id) const {
     uint32_t n = 0;
     for (auto& [id, l] : leases_)

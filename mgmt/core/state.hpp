@@ -189,6 +189,8 @@ class manager_state {
     // GPUs in listing order: host, then index.
     std::vector<gpu_view> gpu_views() const;
     uint32_t leases_on_server(const std::string& server_id) const;
+    // up | cordoned | draining (leases still on it) | drained | down, as `vcuda servers` shows it.
+    std::string server_state(const server_record& s) const;
     std::vector<active_lease> active_leases_on(const std::string& server_id) const;
 
   private:

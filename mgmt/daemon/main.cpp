@@ -4,10 +4,13 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/log.hpp"
+#include "common/metrics_http.hpp"
 #include "common/tls.hpp"
 #include "mgmt/daemon/server.hpp"
 #include "mgmt/daemon/service.hpp"
@@ -68,6 +71,16 @@ int main(int argc, char** argv) {
            "mutual TLS: admit only TCP peers whose certificate (VCUDA_TLS_CERT/VCUDA_TLS_KEY) this CA "
            "signed. Needs --tls-cert")
         ->check(CLI::ExistingFile);
+    std::string metrics_listen;
+    app.add_option(
+        "--metrics-listen", metrics_listen,
+        "serve Prometheus metrics at http://ADDR:PORT/metrics (servers, GPUs, leases and sessions by "
+        "state, memory per tenant, events; README, Metrics). Off by default. Plain HTTP without "
+        "authentication, and the page names tenants: an address other than loopback needs --insecure");
+    bool insecure = false;
+    app.add_flag("--insecure", insecure,
+                 "let --metrics-listen serve an address other than loopback (anyone who reaches it reads the "
+                 "metrics). The manager's own --listen addresses always require credentials");
     app.add_option("--log-level", level, "trace|debug|info|warn|error (default: $VCUDA_LOG_LEVEL or info)");
     app.footer(
         "Example:\n  vcuda-mgmt --listen 0.0.0.0:7400 --db /var/lib/vcuda/mgmt.db --secret-file "
@@ -116,6 +129,13 @@ int main(int argc, char** argv) {
         endpoints.push_back(*ep);
     }
 
+    std::optional<endpoint> metrics_at;
+    if (!metrics_listen.empty()) {
+        auto ep = metrics::parse_listen_address(metrics_listen, insecure);
+        if (!ep) return fail("--metrics-listen " + metrics_listen + ": " + ep.error());
+        metrics_at = *ep;
+    }
+
     auto store = sqlite_store::open(db);
     if (!store) return fail(store.error());
     service svc(cfg, std::move(*store));
@@ -141,6 +161,17 @@ int main(int argc, char** argv) {
                                                          : " (TLS)");
     VCUDA_LOG_INFO("listening on {} (heartbeat timeout {} ms, lease ttl {} ms, db {})", addrs, hb->count(),
                    ttl->count(), db);
+    std::unique_ptr<metrics::http_listener>
+        metrics_server;  // declared after `svc` and `server`: stops before them
+    if (metrics_at) {
+        auto m = metrics::http_listener::start(*metrics_at, [&svc] { return svc.metrics(); });
+        if (!m) {
+            server.stop();
+            return fail("--metrics-listen " + metrics_listen + ": " + m.error());
+        }
+        metrics_server = std::move(*m);
+        VCUDA_LOG_INFO("metrics at http://{}/metrics", metrics_server->local().to_string());
+    }
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/log.hpp"
+#include "mgmt/daemon/metrics.hpp"
 #include "mgmt/token.hpp"
 #include "mgmt/wire/codec.hpp"
 
@@ -396,14 +397,10 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
             uint32_t gpus = 0;
             for (auto& [uuid, g] : state_.gpus()) gpus += g.server_id == id;
             uint32_t leases = state_.leases_on_server(id);
-            std::string st = s.down       ? "down"
-                             : s.draining ? (leases ? "draining" : "drained")
-                             : s.cordoned ? "cordoned"
-                                          : "up";
             servers.push_back({{"server_id", id},
                                {"host", s.host},
                                {"endpoints", s.endpoints},
-                               {"state", st},
+                               {"state", state_.server_state(s)},
                                {"cordoned", s.cordoned},
                                {"draining", s.draining},
                                {"down", s.down},
@@ -484,8 +481,14 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
                     "events.list, tokens.create, tokens.list, tokens.revoke");
 }
 
+std::string service::metrics() {
+    std::lock_guard lock(mutex_);
+    return manager_metrics(state_, events_total_, clock_());
+}
+
 void service::event(time_ms now, std::string kind, std::string lease_id, std::string detail) {
     VCUDA_LOG_INFO("{}{}: {}", kind, lease_id.empty() ? "" : " " + lease_id, detail);
+    ++events_total_[kind];
     events_.push_back({to_unix_ms(now), std::move(kind), std::move(lease_id), std::move(detail)});
     if (events_.size() > max_events) events_.pop_front();
 }

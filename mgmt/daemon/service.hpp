@@ -74,6 +74,9 @@ class service {
     // Heartbeat timeouts and lease expiry; the daemon calls it about once a second.
     void tick();
 
+    // The Prometheus exposition of the manager's state now (mgmt/daemon/metrics.hpp), for --metrics-listen.
+    std::string metrics();
+
     time_ms now() const { return clock_(); }
     const service_config& config() const { return cfg_; }
 
@@ -101,6 +104,7 @@ class service {
     void note_session_changes(const server_record& before, const heartbeat& hb, time_ms now);
     static constexpr size_t max_events = 1000;
     std::deque<manager_event> events_;
+    std::map<std::string, uint64_t> events_total_;  // by kind, since start (events_ keeps the last ones only)
 };
 
 }  // namespace vcuda::mgmt

@@ -11,9 +11,10 @@
 int main(int argc, char** argv) {
     // An option is never a directory (a `--help` once left a folder of that name in the repository).
     if (argc != 2 || argv[1][0] == '-') {
-        std::fprintf(stderr,
-                     "usage: vcuda_test_certs DIR\n  writes throw-away TLS certificates and keys for tests into "
-                     "DIR (made if missing); never for production\n");
+        std::fprintf(
+            stderr,
+            "usage: vcuda_test_certs DIR\n  writes throw-away TLS certificates and keys for tests into "
+            "DIR (made if missing); never for production\n");
         return argc == 2 && std::string_view(argv[1]) == "--help" ? 0 : 2;
     }
     ::mkdir(argv[1], 0700);

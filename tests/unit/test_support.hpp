@@ -226,7 +226,8 @@ inline uint64_t touch(const wire::SessionState& t) {
         return g.address() + g.size() + g.device() + g.owner() + touch(g.name()) + touch(g.bytes());
     };
     auto origin = [](const wire::MovedOrigin& o) {
-        return o.handle() + o.library() + o.format() + touch(o.jit_options()) + touch(o.part_words());
+        return o.handle() + o.library() + o.format() + touch(o.jit_options()) + touch(o.part_words()) +
+               o.charge() + o.device();
     };
     return t.session_id() + touch(t.session_key()) + t.handle_tag() + touch(t.peer()) +
            touch_each(t.slots(), slot) + touch(t.free_slots()) + touch_each(t.devices(), device) +
