@@ -246,11 +246,13 @@ int main(int argc, char** argv) {
                "addresses (vcuda migrate). auto (default): one chosen from the first --listen address; "
                "none: the driver chooses every address (such sessions may fail to move)")
         ->capture_default_str();
-    std::string move_to_text;
+    std::vector<std::string> move_to_text;
     int move_after_ms = 500;
-    app.add_option("--test-move-to", move_to_text,
-                   "For tests: move every session, once, to the vcuda-server at ADDR (--test-move-after MS "
-                   "after it opened); its client follows it there")
+    app.add_option(
+           "--test-move-to", move_to_text,
+           "For tests: move every session, once, to the vcuda-server at ADDR (--test-move-after MS "
+           "after it opened); its client follows it there. Repeatable: a session goes to the first "
+           "address of its client's kind (a Unix socket for clients on one, else TCP), else the first")
         ->group("Testing");
     app.add_option("--test-move-after", move_after_ms, "For tests: see --test-move-to")
         ->group("Testing")
@@ -627,15 +629,18 @@ int main(int argc, char** argv) {
     }
     std::jthread mover;
     if (!move_to_text.empty()) {
-        auto ep = vcuda::endpoint::parse(move_to_text);
-        if (!ep) {
-            std::cerr << "vcuda-server: --test-move-to: " << ep.error() << "\n";
-            return 2;
+        std::vector<vcuda::server::session::move_target> targets;
+        for (auto& text : move_to_text) {
+            auto ep = vcuda::endpoint::parse(text);
+            if (!ep) {
+                std::cerr << "vcuda-server: --test-move-to: " << ep.error() << "\n";
+                return 2;
+            }
+            targets.push_back({*ep, text, ""});
         }
         VCUDA_LOG_WARN("--test-move-to {}: every session moves there {} ms after it opened (tests)",
-                       move_to_text, move_after_ms);
-        mover = std::jthread([&srv, &opts, to = vcuda::server::session::move_target{*ep, move_to_text, ""},
-                              after = std::chrono::milliseconds(move_after_ms)](
+                       move_to_text.front(), move_after_ms);
+        mover = std::jthread([&srv, &opts, targets, after = std::chrono::milliseconds(move_after_ms)](
                                  const std::stop_token& st) mutable {
             std::set<uint64_t> tried;
             while (!st.stop_requested()) {
@@ -647,6 +652,14 @@ int main(int argc, char** argv) {
                             after)
                         continue;
                     tried.insert(s->id());
+                    const auto kind =
+                        s->local_client ? vcuda::endpoint::kind::unix_socket : vcuda::endpoint::kind::tcp;
+                    auto to = targets.front();
+                    for (auto& t : targets)
+                        if (t.where.type == kind) {
+                            to = t;
+                            break;
+                        }
                     // A standalone server with a secret authorizes the move with a token of its own.
                     if (!opts.secret.empty())
                         to.token = vcuda::mgmt::sign_token(

@@ -218,6 +218,7 @@ void server::serve_hello(frame_stream& fs, const frame& hello, const std::string
             if (!grant.lease_id.empty()) lease_sessions_[{grant.lease_id, grant.gpus.front()}] = sess->id();
         }
         sess->handles.set_tag(h->handle_tag());
+        sess->local_client = fs.raw().is_local();
         VCUDA_LOG_INFO("session {} opened by {} (host {})", sess->id(), sess->peer(),
                        h->client_host() ? h->client_host()->str() : "?");
     } else {

@@ -215,6 +215,7 @@ class session : public std::enable_shared_from_this<session> {
     uint64_t progress_of(uint32_t lane);
     // A moved session's client joined it with its lane 0, the lane its process keeps until it exits.
     std::atomic<bool> first_lane_here{false};
+    bool local_client = false;  // opened over a Unix socket (set once, before its first call)
 
     // Host functions (cuLaunchHostFunc) run in the client: the driver's callback waits here until the client
     // has run it (server/handlers_hostfn.cpp). Stopped at session end so that no callback waits for ever.

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Sessions moved between two vcuda-server processes on one GPU machine (server/session_transfer.cpp): the GPU
+# suite and the framework suite run through a server A that moves every session, once, to server B
+# MOVE_AFTER_MS after it opened (clients on the Unix socket to B's socket, TCP clients to B's port), each
+# compared with its native run as those suites do; then the pause of a move for sessions holding
+# MOVE_SIZES_MIB of device memory (suspend_resume, which pauses between its phases), over the Unix socket.
+#
+# Usage: tests/gpu/move_suite.sh BUILD_DIR
+#   OUT             outputs in $OUT/move (default /tmp/move); the suites' own folders under it
+#   MOVE_PARTS      what to run (default "suite frameworks pauses")
+#   MOVE_AFTER_MS   suite: 300; frameworks: MOVE_AFTER_MS_FRAMEWORKS (default 4000)
+#   MOVE_SIZES_MIB  default "1024 10240 30720"
+#   FRAMEWORKS_ONLY as for run_frameworks.sh (default: torch_plain newuser_torch torch_autocast cupy jax triton)
+# Prints each suite's table, then `move pauses` (size, pause, receive+rebuild) last.
+set -u
+build=$(cd "${1:?usage: tests/gpu/move_suite.sh BUILD_DIR}" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-/tmp}/move
+mkdir -p "$out"
+parts=${MOVE_PARTS:-suite frameworks pauses}
+pids=()
+# shellcheck disable=SC2317  # called by the EXIT trap
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_socket() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no server at $1"; return 1; }
+
+# Server B, the target: a Unix socket and a TCP port, its own address window.
+start_target() {  # NAME -> sets b_unix, b_tcp
+  b_unix="unix:$out/$1.sock"
+  b_tcp="127.0.0.1:$(free_port)"
+  rm -f "$out/$1.sock"
+  "$build/bin/vcuda-server" --listen "$b_unix" --listen "$b_tcp" --address-window 2 --log-level info \
+    2> "$out/$1.log" &
+  pids+=($!)
+  wait_socket "$out/$1.sock"
+}
+status=0
+rows=()
+
+if [[ " $parts " == *" suite "* ]]; then
+  start_target target-suite
+  OUT="$out" SUITE_SERVER_ARGS="--address-window 1 --test-move-to $b_unix --test-move-to $b_tcp --test-move-after ${MOVE_AFTER_MS:-300}" \
+    "$here/run_suite.sh" "$build" > "$out/suite.txt" 2>&1 || status=1
+  moved=$(cat "$out"/suite/server-*.log 2>/dev/null | grep -c " moved to ")
+  refused=$(cat "$out"/suite/server-*.log 2>/dev/null | grep " not moved: " | sed 's/.*not moved: //' | sort | uniq -c)
+  rows+=("suite: $(grep '^SUITE' "$out/suite.txt" | tail -1); $moved sessions moved")
+  [ -n "$refused" ] && rows+=("suite, not moved: $refused")
+fi
+
+if [[ " $parts " == *" frameworks "* ]]; then
+  start_target target-frameworks
+  OUT="$out" FRAMEWORKS_TCP=1 FRAMEWORKS_ONLY="${FRAMEWORKS_ONLY:-torch_plain newuser_torch torch_autocast cupy jax triton}" \
+    FRAMEWORKS_SERVER_ARGS="--address-window 1 --test-move-to $b_unix --test-move-to $b_tcp --test-move-after ${MOVE_AFTER_MS_FRAMEWORKS:-4000}" \
+    "$here/frameworks/run_frameworks.sh" "$build" > "$out/frameworks.txt" 2>&1 || status=1
+  moved=$(grep -c " moved to " "$out/frameworks/server.log" 2>/dev/null)
+  refused=$(grep " not moved: " "$out/frameworks/server.log" 2>/dev/null | sed 's/.*not moved: //' | sort | uniq -c)
+  rows+=("frameworks: $(tail -3 "$out/frameworks.txt" | tr '\n' ' '); $moved sessions moved")
+  [ -n "$refused" ] && rows+=("frameworks, not moved: $refused")
+fi
+
+if [[ " $parts " == *" pauses "* ]]; then
+  for mib in ${MOVE_SIZES_MIB:-1024 10240 30720}; do
+    start_target "target-$mib"
+    a="$out/source-$mib.sock"
+    rm -f "$a"
+    "$build/bin/vcuda-server" --listen "unix:$a" --address-window 1 --test-move-to "$b_unix" --test-move-after 1500 \
+      --log-level info 2> "$out/source-$mib.log" &
+    pids+=($!)
+    wait_socket "$a"
+    LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="unix:$a" timeout 300 \
+      "$build/tests/programs/suspend_resume" 4000 "$mib" > "$out/pause-$mib.out" 2>&1
+    rc=$?
+    pause=$(grep -o "paused [0-9]* ms" "$out/source-$mib.log" | head -1)
+    took=$(grep -o "received and rebuilt in [0-9]* ms" "$out/target-$mib.log" | head -1)
+    pass=$(grep -c '^PASS' "$out/pause-$mib.out")
+    [ "$rc" -eq 0 ] && [ "$pass" -eq 1 ] && [ -n "$pause" ] || status=1
+    rows+=("move of $mib MiB ballast: exit $rc, PASS $pass, ${pause:-not moved}, ${took:-?} ($(grep -o 'moved to .*: [0-9]* MiB' "$out/source-$mib.log" | grep -o '[0-9]* MiB' | head -1) of GPU state)")
+    kill "${pids[-1]}" "${pids[-2]}" 2>/dev/null
+    wait "${pids[-1]}" "${pids[-2]}" 2>/dev/null
+    unset 'pids[-1]' 'pids[-2]'
+  done
+fi
+
+tail -60 "$out/suite.txt" 2>/dev/null
+tail -30 "$out/frameworks.txt" 2>/dev/null
+echo "== move pauses and summary"
+printf '%s\n' "${rows[@]}"
+exit $status
