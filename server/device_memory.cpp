@@ -41,17 +41,21 @@ CUresult device_memory::map_new(size_t size, bool shared, CUdeviceptr& va) {
     if (!d.cuMemCreate || !d.cuMemAddressReserve || !d.cuMemMap || !d.cuMemSetAccess)
         return CUDA_ERROR_NOT_SUPPORTED;
     if (quota_ && (size > quota_ || mapped_ > quota_ - size)) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUdeviceptr addr = 0;
-    const CUdeviceptr hint = window_ ? window_->take(size) : 0;
-    CUresult reserved = d.cuMemAddressReserve(&addr, size, granularity, hint, 0);
-    if (reserved != CUDA_SUCCESS && hint) reserved = d.cuMemAddressReserve(&addr, size, granularity, 0, 0);
-    if (reserved != CUDA_SUCCESS) return reserved;
+    CUdeviceptr addr = window_ ? window_->take(d, size) : 0;
+    const bool windowed = addr != 0;
+    if (!windowed)
+        if (CUresult rc = d.cuMemAddressReserve(&addr, size, granularity, 0, 0); rc != CUDA_SUCCESS)
+            return rc;
     CUmemGenericAllocationHandle h = 0;
     if (CUresult rc = map_at(addr, size, h); rc != CUDA_SUCCESS) {
-        d.cuMemAddressFree(addr, size);
+        if (windowed)
+            window_->give_back(addr, size);
+        else
+            d.cuMemAddressFree(addr, size);
         return rc;
     }
     mapping m;
+    m.windowed = windowed;
     m.size = size;
     m.handle = h;
     m.shared = shared;
@@ -68,8 +72,80 @@ void device_memory::unmap(CUdeviceptr va, mapping& m) {
         d.cuMemUnmap(va, m.size);
         d.cuMemRelease(m.handle);
     }
-    d.cuMemAddressFree(va, m.size);
+    free_addresses(va, m);
     mapped_ -= m.size;
+}
+
+void device_memory::free_addresses(CUdeviceptr va, const mapping& m) {
+    if (!m.windowed)
+        drv_->cuMemAddressFree(va, m.size);
+    else if (!keep_addresses_)
+        window_->give_back(va, m.size);
+}
+
+void address_window::reserve_once(const driver_table& d) {
+    if (tried_) return;
+    tried_ = true;
+    if (index_ >= count || !d.cuMemAddressReserve ||
+        d.cuMemAddressReserve(&base_, total, device_memory::granularity, 0, 0) != CUDA_SUCCESS) {
+        base_ = 0;
+        VCUDA_LOG_WARN(
+            "address window {}: the driver gave no common range; sessions' memory goes where the driver puts "
+            "it, and moving them to another server may fail",
+            index_);
+        return;
+    }
+    free_[base_ + index_ * span] = span;
+    VCUDA_LOG_INFO("address window {}: sessions' memory at {:#x}-{:#x}", index_, base_ + index_ * span,
+                   base_ + (index_ + 1) * span);
+}
+
+CUdeviceptr address_window::take(const driver_table& d, size_t size) {
+    std::lock_guard lock(mu_);
+    reserve_once(d);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->second < size) continue;
+        auto [at, len] = *it;
+        free_.erase(it);
+        if (len > size) free_[at + size] = len - size;
+        return at;
+    }
+    return 0;
+}
+
+void address_window::give_back(CUdeviceptr va, size_t size) {
+    std::lock_guard lock(mu_);
+    auto next = free_.lower_bound(va);
+    if (next != free_.end() && next->first == va + size) {
+        size += next->second;
+        next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+        auto prev = std::prev(next);
+        if (prev->first + prev->second == va) {
+            prev->second += size;
+            return;
+        }
+    }
+    free_[va] = size;
+}
+
+bool address_window::claim(const driver_table& d, CUdeviceptr va, size_t size) {
+    std::lock_guard lock(mu_);
+    reserve_once(d);
+    if (!base_ || va < base_ || va - base_ > total || size > total - (va - base_)) return false;
+    const CUdeviceptr mine = base_ + index_ * span;
+    if (va + size <= mine || va >= mine + span)
+        return true;  // another server's window: never handed out here
+    auto it = free_.upper_bound(va);
+    if (it == free_.begin()) return false;
+    --it;
+    auto [at, len] = *it;
+    if (va + size > at + len) return false;
+    free_.erase(it);
+    if (va > at) free_[at] = va - at;
+    if (at + len > va + size) free_[va + size] = at + len - (va + size);
+    return true;
 }
 
 void device_memory::unmap_bytes::operator()(std::byte* p) const { ::munmap(p, size); }
@@ -146,22 +222,25 @@ CUresult device_memory::adopt(const std::vector<moved_mapping>& mappings, alloca
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     for (auto& m : mappings) {
+        CUresult rc = m.size % granularity || m.va % granularity ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+        // In the range every server reserved (address_window), else a reservation at exactly its address.
+        const bool windowed = rc == CUDA_SUCCESS && window_ && window_->claim(d, m.va, m.size);
         CUdeviceptr got = 0;
-        CUresult rc = m.size % granularity || m.va % granularity
-                          ? CUDA_ERROR_INVALID_VALUE
-                          : d.cuMemAddressReserve(&got, m.size, granularity, m.va, 0);
-        if (rc == CUDA_SUCCESS && got != m.va) {
+        if (rc == CUDA_SUCCESS && !windowed) rc = d.cuMemAddressReserve(&got, m.size, granularity, m.va, 0);
+        if (rc == CUDA_SUCCESS && !windowed && got != m.va) {
             d.cuMemAddressFree(got, m.size);
             rc = CUDA_ERROR_ALREADY_MAPPED;
         }
         if (rc != CUDA_SUCCESS) {
             why = "device addresses " + std::to_string(m.va) + "+" + std::to_string(m.size) +
-                  " cannot be reserved here (" + std::to_string(static_cast<int>(rc)) + ")";
-            for (auto& [va, done] : mappings_) d.cuMemAddressFree(va, done.size);
+                  " cannot be reserved here (" + std::to_string(static_cast<int>(rc)) +
+                  "): the two servers' address windows overlap, or one of them has none";
+            for (auto& [va, done] : mappings_) free_addresses(va, done);
             mappings_.clear();
             return rc;
         }
         mapping made;
+        made.windowed = windowed;
         made.size = m.size;
         made.shared = m.shared;
         made.free_runs = m.free_runs;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,30 +17,35 @@
 
 namespace vcuda::server {
 
-// Where a server places its sessions' memory (--address-window N): a range of device addresses of its own,
-// each address handed out once, so that a session moved here from another server with another window finds
-// its addresses free (server/session_transfer.cpp). Reservations ask the driver for the next address as a
-// hint; a driver that places one elsewhere is followed (that memory may not move). Without a window the
-// driver picks every address.
+// Where a server places its sessions' memory (--address-window N), so that a session moved here from another
+// server finds its device addresses free. The driver ignores address hints (measured on the H200: every hint
+// gave the driver's next address), but places one large reservation at the same address in every process
+// (16 TiB at 0x10004000000 on the H200, with or without ASLR). So every server reserves that same range, and
+// maps its own sessions' memory only in its window of it (one of `count`); a session moved here keeps
+// addresses in its old server's window, which this server never hands out. Ranges of a session that moved
+// away are not handed out again (another of its sessions moving to the same server would collide).
+// locks: its own mutex.
 class address_window {
   public:
-    address_window() = default;
-    explicit address_window(uint32_t index) : next_(base(index)), end_(base(index) + span) {}
-    // A hint for a reservation of `size` bytes, or 0 (the driver picks) once the window is used up.
-    CUdeviceptr take(size_t size) {
-        if (end_ == 0) return 0;
-        CUdeviceptr at = next_.fetch_add(size);
-        return at + size <= end_ ? at : 0;
-    }
-    // Windows of 2 TiB from 16 TiB on: inside the 47-bit range the driver's unified addresses use.
-    static constexpr CUdeviceptr first = CUdeviceptr{16} << 40;
-    static constexpr CUdeviceptr span = CUdeviceptr{2} << 40;
-    static constexpr uint32_t count = 48;
-    static constexpr CUdeviceptr base(uint32_t index) { return first + CUdeviceptr{index} * span; }
+    explicit address_window(uint32_t index) : index_(index) {}
+    // A free range of `size` bytes (a multiple of the granularity) of this server's window, for the caller
+    // to map; 0 when the window is full or the driver refused the range (the caller reserves elsewhere).
+    CUdeviceptr take(const driver_table& d, size_t size);
+    void give_back(CUdeviceptr va, size_t size);
+    // A moved session's range: true when it lies in the common range and is free here (taken for it then).
+    bool claim(const driver_table& d, CUdeviceptr va, size_t size);
+
+    static constexpr size_t total = size_t{16} << 40;
+    static constexpr uint32_t count = 64;
+    static constexpr size_t span = total / count;  // 256 GiB
 
   private:
-    std::atomic<CUdeviceptr> next_{0};
-    CUdeviceptr end_ = 0;
+    void reserve_once(const driver_table& d);  // mu_ held
+    std::mutex mu_;
+    uint32_t index_;
+    bool tried_ = false;
+    CUdeviceptr base_ = 0;                // the common range, once reserved
+    std::map<CUdeviceptr, size_t> free_;  // free runs of this server's window
 };
 
 class device_memory {
@@ -102,6 +108,8 @@ class device_memory {
     const allocation_map& allocations() const { return allocations_; }
     CUresult adopt(const std::vector<moved_mapping>& mappings, allocation_map allocations,
                    uint64_t heap_charge, std::string& why);
+    // The session moved away: its addresses are never handed out here again.
+    void keep_addresses() { keep_addresses_ = true; }
 
     static constexpr size_t granularity = 2u << 20;
     static constexpr size_t small_limit = 1u << 20;  // allocations up to this share 2 MiB mappings
@@ -114,9 +122,12 @@ class device_memory {
         bool shared = false;                 // holds small allocations
         std::map<size_t, size_t> free_runs;  // offset -> length, for shared mappings
         size_t live = 0;                     // allocations inside
+        bool windowed = false;               // in the address window (no reservation of its own)
     };
 
     CUresult map_new(size_t size, bool shared, CUdeviceptr& va);
+    // Gives a mapping's addresses back: to the window, or the reservation to the driver.
+    void free_addresses(CUdeviceptr va, const mapping& m);
     CUresult map_at(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle& h);
     void unmap(CUdeviceptr va, mapping& m);
 
@@ -128,6 +139,7 @@ class device_memory {
     bool resident_ = true;
     std::map<CUdeviceptr, mapping> mappings_;
     address_window* window_;
+    bool keep_addresses_ = false;
     allocation_map allocations_;  // start -> (size, its mapping)
 };
 

@@ -241,10 +241,11 @@ int main(int argc, char** argv) {
     app.add_option(
            "--address-window", window_text,
            "N (0-" + std::to_string(vcuda::server::address_window::count - 1) +
-               "): the range of device addresses this server gives its sessions' memory, each address "
-               "once, so that sessions moved between servers with different windows keep their "
-               "addresses (vcuda migrate). auto (default): one chosen from the first --listen address; "
-               "none: the driver chooses every address (such sessions may fail to move)")
+               "): the part of a device address range every server reserves where this server maps its "
+               "sessions' memory, so that sessions moved between servers with different windows keep "
+               "their addresses (server/device_memory.hpp). auto (default): one chosen from the first "
+               "--listen address; none: the driver chooses every address (such sessions may fail to "
+               "move)")
         ->capture_default_str();
     std::vector<std::string> move_to_text;
     int move_after_ms = 500;

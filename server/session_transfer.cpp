@@ -88,6 +88,7 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
                 " ms";
         std::lock_guard l(mu);
         image_.reset();
+        for (auto& d : devices_) d.memory->keep_addresses();
         VCUDA_LOG_INFO("session {} {}", id_, note_);
     } else {
         note_ = "not moved: " + why;
@@ -221,8 +222,16 @@ CUresult session::send_state(const move_target& to, std::string& why) {
     hb.Finish(wire::CreateHello(hb, protocol_version, features::all, hb.CreateString(to.token), 0, 0,
                                 static_cast<uint32_t>(getpid()), hb.CreateString(host), 0, handles.tag(), 0,
                                 0, true));
+    // A receiver that refuses the session answers and closes while pieces are still coming: its answer says
+    // why, better than the broken write.
     auto failed_send = [&](const transport_error& e) {
         why = "sending the session to " + to.address + " failed: " + e.message;
+        if (auto answer = fs.receive(after(std::chrono::seconds(2)), std::chrono::seconds(2));
+            answer && answer->kind() == frame_kind::reply) {
+            auto* r = root_of<wire::Reply>(*answer);
+            if (r->result() != CUDA_SUCCESS)
+                why = to.address + " could not take the session: " + (r->detail() ? r->detail()->str() : "?");
+        }
         return CUDA_ERROR_NOT_READY;
     };
     if (auto r = fs.send(make_frame(frame_kind::hello, hb), after(std::chrono::seconds(10))); !r)

@@ -6,7 +6,7 @@
 # MOVE_SIZES_MIB of device memory (suspend_resume, which pauses between its phases), over the Unix socket.
 #
 # Usage: tests/gpu/move_suite.sh BUILD_DIR
-#   OUT             outputs in $OUT/move (default /tmp/move); the suites' own folders under it
+#   MOVE_OUT        outputs (default $OUT/move, else /tmp/move); the suites' own folders under it
 #   MOVE_PARTS      what to run (default "suite frameworks pauses")
 #   MOVE_AFTER_MS   suite: 300; frameworks: MOVE_AFTER_MS_FRAMEWORKS (default 4000)
 #   MOVE_SIZES_MIB  default "1024 10240 30720"
@@ -15,12 +15,12 @@
 set -u
 build=$(cd "${1:?usage: tests/gpu/move_suite.sh BUILD_DIR}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
-out=${OUT:-/tmp}/move
+out=${MOVE_OUT:-${OUT:-/tmp}/move}
 mkdir -p "$out"
 parts=${MOVE_PARTS:-suite frameworks pauses}
 pids=()
 # shellcheck disable=SC2317  # called by the EXIT trap
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; wait 2>/dev/null; }
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_socket() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no server at $1"; return 1; }
@@ -76,7 +76,7 @@ if [[ " $parts " == *" pauses "* ]]; then
     pass=$(grep -c '^PASS' "$out/pause-$mib.out")
     [ "$rc" -eq 0 ] && [ "$pass" -eq 1 ] && [ -n "$pause" ] || status=1
     rows+=("move of $mib MiB ballast: exit $rc, PASS $pass, ${pause:-not moved}, ${took:-?} ($(grep -o 'moved to .*: [0-9]* MiB' "$out/source-$mib.log" | grep -o '[0-9]* MiB' | head -1) of GPU state)")
-    kill "${pids[-1]}" "${pids[-2]}" 2>/dev/null
+    kill -9 "${pids[-1]}" "${pids[-2]}" 2>/dev/null
     wait "${pids[-1]}" "${pids[-2]}" 2>/dev/null
     unset 'pids[-1]' 'pids[-2]'
   done
