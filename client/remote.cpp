@@ -84,7 +84,11 @@ lane::~lane() {
         call_request rq;
         rq.operation = op::lane_sync;
         call_reply rp;
-        call(rq, rp);
+        try {
+            call(rq, rp);
+        } catch (const std::exception& e) {  // out of memory while closing: the calls may be lost, say so
+            VCUDA_LOG_WARN("lane {} closed without its last posted calls confirmed: {}", number_, e.what());
+        }
     }
     {
         std::lock_guard lock(mu_);
@@ -196,7 +200,7 @@ bool lane::follow(const std::string& to, uint64_t ran_through, const outgoing_fr
         std::memcpy(&h, unacked_.data() + at, frame_header_size);
         size_t len = frame_header_size + h.meta_len + h.payload_len;
         if (h.sequence > ran_through)
-            kept.insert(kept.end(), unacked_.begin() + at, unacked_.begin() + at + len);
+            kept.insert(kept.end(), unacked_.data() + at, unacked_.data() + at + len);
         at += len;
     }
     unacked_ = kept;
