@@ -274,6 +274,9 @@ class session : public std::enable_shared_from_this<session> {
     // server/session_image.cpp. With gate_mu_ held (`lock`), the gate open and the session suspended: closes
     // the gate, waits for the calls that slipped in to back off, rebuilds, opens the gate again.
     CUresult rebuild_through_gate(std::unique_lock<std::mutex>& lock, std::string& why);
+    // With gate_mu_ held (`lock`): closes the gate for a suspend or a move once no other holds it, and waits
+    // up to `wait` for the calls running to end; CUDA_ERROR_NOT_READY (the gate open again) when they do not.
+    CUresult close_gate(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds wait, std::string& why);
     // With the gate closed and no call running:
     CUresult save_and_release(std::string& why);
     CUresult rebuild(std::string& why);

@@ -118,9 +118,8 @@ void session::leave_call() {
     }
 }
 
-CUresult session::suspend(std::chrono::milliseconds wait, std::string& why) {
-    std::unique_lock lock(gate_mu_);
-    if (suspended_.load()) return CUDA_SUCCESS;
+CUresult session::close_gate(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds wait,
+                             std::string& why) {
     if (lanes.load() == 0) {
         why = "the session is ending";
         return CUDA_ERROR_NOT_READY;
@@ -136,6 +135,13 @@ CUresult session::suspend(std::chrono::milliseconds wait, std::string& why) {
         why = "calls were still running after " + std::to_string(wait.count()) + " ms";
         return CUDA_ERROR_NOT_READY;
     }
+    return CUDA_SUCCESS;
+}
+
+CUresult session::suspend(std::chrono::milliseconds wait, std::string& why) {
+    std::unique_lock lock(gate_mu_);
+    if (suspended_.load()) return CUDA_SUCCESS;
+    if (CUresult rc = close_gate(lock, wait, why); rc != CUDA_SUCCESS) return rc;
     lock.unlock();
     auto t0 = std::chrono::steady_clock::now();
     CUresult rc = save_and_release(why);

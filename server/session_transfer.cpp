@@ -39,21 +39,7 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
         why = "the session has moved already";
         return CUDA_ERROR_NOT_READY;
     }
-    if (lanes.load() == 0) {
-        why = "the session is ending";
-        return CUDA_ERROR_NOT_READY;
-    }
-    if (!gate_cv_.wait_for(lock, wait, [&] { return !closed_.load(); })) {
-        why = "a suspend or resume of the session is already under way";
-        return CUDA_ERROR_NOT_READY;
-    }
-    closed_.store(true);
-    if (!gate_cv_.wait_for(lock, wait, [&] { return active_.load() == 0; })) {
-        closed_.store(false);
-        gate_cv_.notify_all();
-        why = "calls were still running after " + std::to_string(wait.count()) + " ms";
-        return CUDA_ERROR_NOT_READY;
-    }
+    if (CUresult rc = close_gate(lock, wait, why); rc != CUDA_SUCCESS) return rc;
     lock.unlock();
     auto t0 = std::chrono::steady_clock::now();
     CUresult rc = CUDA_SUCCESS;
