@@ -193,17 +193,17 @@ bool lane::follow(const std::string& to, uint64_t ran_through, const outgoing_fr
         session_.mark_lost("the session moved to " + to + ", and joining it there failed: " + why);
         return false;
     }
-    // The frames the old server did not run, in their order, then the call that learnt of the move.
-    std::vector<std::byte> kept;
-    for (size_t at = 0; at + frame_header_size <= unacked_.size();) {
+    // The frames the old server did not run, in their order, then the call that learnt of the move. They are
+    // the tail of unacked_: a lane's frames go in in sequence order.
+    size_t run = 0;
+    while (run + frame_header_size <= unacked_.size()) {
         frame_header h;
-        std::memcpy(&h, unacked_.data() + at, frame_header_size);
-        size_t len = frame_header_size + h.meta_len + h.payload_len;
-        if (h.sequence > ran_through)
-            kept.insert(kept.end(), unacked_.data() + at, unacked_.data() + at + len);
-        at += len;
+        std::memcpy(&h, unacked_.data() + run, frame_header_size);
+        if (h.sequence > ran_through) break;
+        run += frame_header_size + h.meta_len + h.payload_len;
     }
-    unacked_ = kept;
+    unacked_.erase(unacked_.begin(),
+                   unacked_.begin() + static_cast<std::ptrdiff_t>(std::min(run, unacked_.size())));
     {
         std::unique_lock lock(mu_);
         cv_.wait(lock, [&] { return !writing_; });
@@ -213,7 +213,7 @@ bool lane::follow(const std::string& to, uint64_t ran_through, const outgoing_fr
     }
     std::byte header[frame_header_size];
     std::vector<iovec> iov;
-    if (!kept.empty()) iov.push_back({kept.data(), kept.size()});
+    if (!unacked_.empty()) iov.push_back({unacked_.data(), unacked_.size()});
     if (again) {
         frame_header h = again->header;
         h.meta_len = static_cast<uint32_t>(again->meta.size());
@@ -231,7 +231,7 @@ bool lane::follow(const std::string& to, uint64_t ran_through, const outgoing_fr
             return false;
         }
     VCUDA_LOG_DEBUG("lane {} follows its session to {} ({} bytes of calls sent again)", number_, to,
-                    kept.size());
+                    unacked_.size());
     return true;
 }
 
