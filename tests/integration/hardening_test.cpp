@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -579,4 +580,73 @@ TEST_CASE("a client that leaves while a call waits for a lane that never connect
     a.reset();
     CHECK(ended_within(server, id, 2s));
     CHECK(server.log().find("released 64 MiB") != std::string::npos);
+}
+
+// ---------------------------------------------------------------- moved sessions
+// (server/session_transfer.cpp)
+
+namespace {
+// Offers a session to `address` as another server would (HELLO with `adopt`, then the state); the answer:
+// a Reply's result and detail, or the Error frame's message (result -1).
+std::pair<int, std::string> offer_moved_session(
+    const std::string& address, const std::function<void(flatbuffers::FlatBufferBuilder&)>& state) {
+    auto ep = vcuda::endpoint::parse(address);
+    REQUIRE(ep);
+    auto s = vcuda::stream::connect(*ep, std::chrono::seconds(5));
+    REQUIRE(s);
+    vcuda::frame_stream fs(std::move(*s));
+    flatbuffers::FlatBufferBuilder hb(256);
+    hb.Finish(vcuda::wire::CreateHello(hb, vcuda::protocol_version, vcuda::features::all, hb.CreateString(""),
+                                       0, 0, 1, hb.CreateString("test"), 0, 0, 0, 0, true));
+    REQUIRE(fs.send(vcuda::make_frame(vcuda::frame_kind::hello, hb)));
+    flatbuffers::FlatBufferBuilder b(1024);
+    state(b);
+    if (!fs.send(vcuda::make_frame(vcuda::frame_kind::session_state, b))) return {-2, "send failed"};
+    auto in = fs.receive(vcuda::after(std::chrono::seconds(10)), std::chrono::seconds(10));
+    if (!in) return {-2, in.error().message};
+    if (in->kind() == vcuda::frame_kind::error) {
+        auto* e = vcuda::root_of<vcuda::wire::Error>(*in);
+        return {-1, e->message() ? e->message()->str() : ""};
+    }
+    REQUIRE(in->kind() == vcuda::frame_kind::reply);
+    auto* r = vcuda::root_of<vcuda::wire::Reply>(*in);
+    return {r->result(), r->detail() ? r->detail()->str() : ""};
+}
+}  // namespace
+
+TEST_CASE("a malformed or colliding moved session is refused and changes nothing else", "[integration]") {
+    server_process server;
+    auto a = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
+    const std::string key(32, 'k');
+    auto key_of = [&](flatbuffers::FlatBufferBuilder& b) {
+        return b.CreateVector(reinterpret_cast<const uint8_t*>(key.data()), key.size());
+    };
+    // The id of a live session: refused, the live one untouched.
+    auto [rc1, why1] = offer_moved_session(server.address(), [&](flatbuffers::FlatBufferBuilder& b) {
+        b.Finish(vcuda::wire::CreateSessionState(b, a->session_id(), key_of(b)));
+    });
+    CHECK(rc1 == -1);
+    CHECK(why1.find("here already") != std::string::npos);
+    // A handle of no kind there is.
+    auto [rc2, why2] = offer_moved_session(server.address(), [&](flatbuffers::FlatBufferBuilder& b) {
+        auto slot = vcuda::wire::CreateMovedSlot(b, 0, 1, true, 200);
+        b.Finish(vcuda::wire::CreateSessionState(b, 0x1234, key_of(b), 0, 0, b.CreateVector(&slot, 1)));
+    });
+    CHECK(rc2 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why2.find("malformed") != std::string::npos);
+    // Memory past the GPU's size.
+    auto [rc3, why3] = offer_moved_session(server.address(), [&](flatbuffers::FlatBufferBuilder& b) {
+        auto m = vcuda::wire::CreateMovedMapping(b, uint64_t{1} << 44, uint64_t{1} << 40);
+        auto dev = vcuda::wire::CreateMovedDevice(b, true, 0, 0, b.CreateVector(&m, 1));
+        b.Finish(vcuda::wire::CreateSessionState(b, 0x5678, key_of(b), 0, 0, 0, 0, b.CreateVector(&dev, 1), 0,
+                                                 0, 0, 0, 0, uint64_t{256} << 20));
+    });
+    CHECK(rc3 == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(why3.find("quota") != std::string::npos);
+    // Nothing of them stays, and the live session goes on.
+    CHECK(!raw_client::open(server.address(), 0x1234, key));
+    CHECK(!raw_client::open(server.address(), 0x5678, key));
+    CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
 }
