@@ -8,7 +8,7 @@
 # Usage: tests/gpu/move_suite.sh BUILD_DIR
 #   MOVE_OUT        outputs (default $OUT/move, else /tmp/move); the suites' own folders under it
 #   MOVE_PARTS      what to run (default "suite frameworks pauses")
-#   MOVE_AFTER_MS   suite: 300; frameworks: MOVE_AFTER_MS_FRAMEWORKS (default 4000)
+#   MOVE_AFTER_MS   suite: 300; frameworks: MOVE_AFTER_MS_FRAMEWORKS (default 1500)
 #   MOVE_SIZES_MIB  default "1024 10240 30720"
 #   FRAMEWORKS_ONLY as for run_frameworks.sh (default: torch_plain newuser_torch torch_autocast cupy jax triton)
 # Prints each suite's table, then `move pauses` (size, pause, receive+rebuild) last.
@@ -51,7 +51,7 @@ fi
 if [[ " $parts " == *" frameworks "* ]]; then
   start_target target-frameworks
   OUT="$out" FRAMEWORKS_TCP=1 FRAMEWORKS_ONLY="${FRAMEWORKS_ONLY:-torch_plain newuser_torch torch_autocast cupy jax triton}" \
-    FRAMEWORKS_SERVER_ARGS="--address-window 1 --test-move-to $b_unix --test-move-to $b_tcp --test-move-after ${MOVE_AFTER_MS_FRAMEWORKS:-4000}" \
+    FRAMEWORKS_SERVER_ARGS="--address-window 1 --test-move-to $b_unix --test-move-to $b_tcp --test-move-after ${MOVE_AFTER_MS_FRAMEWORKS:-1500}" \
     "$here/frameworks/run_frameworks.sh" "$build" > "$out/frameworks.txt" 2>&1 || status=1
   moved=$(grep -c " moved to " "$out/frameworks/server.log" 2>/dev/null)
   refused=$(grep " not moved: " "$out/frameworks/server.log" 2>/dev/null | sed 's/.*not moved: //' | sort | uniq -c)
