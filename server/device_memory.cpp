@@ -1,6 +1,7 @@
 #include "server/device_memory.hpp"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <functional>
 
@@ -12,27 +13,41 @@ namespace {
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
-// Backs [va, va+size) of a reservation with new physical memory, readable and writable from the device.
-CUresult device_memory::map_at(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle& h) {
+// Backs [va, va+size) of a reservation with new physical memory, readable and writable from the device. It
+// is made exportable as a file descriptor where the driver allows, so that a move to a server on the same GPU
+// hands the memory over instead of copying it (save(by_descriptor)).
+CUresult device_memory::map_at(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle& h,
+                               bool& exportable) {
     auto& d = *drv_;
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = dev_;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     h = 0;
-    if (CUresult rc = d.cuMemCreate(&h, size, &prop, 0); rc != CUDA_SUCCESS) return rc;
+    exportable = true;
+    CUresult rc = d.cuMemCreate(&h, size, &prop, 0);
+    if (rc == CUDA_ERROR_NOT_SUPPORTED || rc == CUDA_ERROR_INVALID_VALUE) {
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+        exportable = false;
+        rc = d.cuMemCreate(&h, size, &prop, 0);
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+    return map_handle(va, size, h);
+}
+
+CUresult device_memory::map_handle(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h) {
+    auto& d = *drv_;
     CUresult rc = d.cuMemMap(va, size, 0, h, 0);
     if (rc == CUDA_SUCCESS) {
         CUmemAccessDesc access{};
-        access.location = prop.location;
+        access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        access.location.id = dev_;
         access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         rc = d.cuMemSetAccess(va, size, &access, 1);
         if (rc != CUDA_SUCCESS) d.cuMemUnmap(va, size);
     }
-    if (rc != CUDA_SUCCESS) {
-        d.cuMemRelease(h);
-        h = 0;
-    }
+    if (rc != CUDA_SUCCESS) d.cuMemRelease(h);
     return rc;
 }
 
@@ -47,7 +62,8 @@ CUresult device_memory::map_new(size_t size, bool shared, CUdeviceptr& va) {
         if (CUresult rc = d.cuMemAddressReserve(&addr, size, granularity, 0, 0); rc != CUDA_SUCCESS)
             return rc;
     CUmemGenericAllocationHandle h = 0;
-    if (CUresult rc = map_at(addr, size, h); rc != CUDA_SUCCESS) {
+    bool exportable = false;
+    if (CUresult rc = map_at(addr, size, h, exportable); rc != CUDA_SUCCESS) {
         if (windowed)
             window_->give_back(addr, size);
         else
@@ -58,6 +74,7 @@ CUresult device_memory::map_new(size_t size, bool shared, CUdeviceptr& va) {
     m.windowed = windowed;
     m.size = size;
     m.handle = h;
+    m.exportable = exportable;
     m.shared = shared;
     if (shared) m.free_runs[0] = size;
     mappings_[addr] = std::move(m);
@@ -162,12 +179,37 @@ CUresult copy_registered(const driver_table& d, void* host, size_t size,
 }
 }  // namespace
 
-CUresult device_memory::save(std::vector<saved_mapping>& out) const {
+void device_memory::close_descriptor::operator()(int* fd) const {
+    ::close(*fd);
+    delete fd;
+}
+
+std::unique_ptr<int, device_memory::close_descriptor> device_memory::own_descriptor(int fd) {
+    return fd < 0 ? nullptr : std::unique_ptr<int, close_descriptor>(new int(fd));
+}
+
+CUresult device_memory::save(std::vector<saved_mapping>& out, bool by_descriptor) const {
     for (const auto& [va, m] : mappings_) {
+        if (by_descriptor && m.exportable && drv_->cuMemExportToShareableHandle) {
+            int fd = -1;
+            if (CUresult rc = drv_->cuMemExportToShareableHandle(&fd, m.handle,
+                                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+                rc != CUDA_SUCCESS)
+                return rc;
+            saved_mapping s;
+            s.va = va;
+            s.size = m.size;
+            s.descriptor = own_descriptor(fd);
+            out.push_back(std::move(s));
+            continue;
+        }
         void* p = ::mmap(nullptr, m.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
                          -1, 0);
         if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-        saved_mapping s{va, m.size, {static_cast<std::byte*>(p), unmap_bytes{m.size}}};
+        saved_mapping s;
+        s.va = va;
+        s.size = m.size;
+        s.bytes = {static_cast<std::byte*>(p), unmap_bytes{m.size}};
         CUdeviceptr from = va;
         size_t n = m.size;
         if (CUresult rc = copy_registered(*drv_, p, n, [&] { return drv_->cuMemcpyDtoH_v2(p, from, n); });
@@ -193,7 +235,20 @@ CUresult device_memory::restore(const std::vector<saved_mapping>& saved) {
     for (auto& [va, m] : mappings_) {
         while (s != saved.end() && s->va < va) ++s;
         if (s == saved.end() || s->va != va || s->size != m.size) return CUDA_ERROR_INVALID_VALUE;
-        if (CUresult rc = map_at(va, m.size, m.handle); rc != CUDA_SUCCESS) return rc;
+        if (s->fd() >= 0) {  // the same physical memory, handed over: nothing to copy
+            CUmemGenericAllocationHandle h = 0;
+            if (!drv_->cuMemImportFromShareableHandle) return CUDA_ERROR_NOT_SUPPORTED;
+            if (CUresult rc = drv_->cuMemImportFromShareableHandle(
+                    &h, reinterpret_cast<void*>(static_cast<uintptr_t>(s->fd())),
+                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+                rc != CUDA_SUCCESS)
+                return rc;
+            if (CUresult rc = map_handle(va, m.size, h); rc != CUDA_SUCCESS) return rc;
+            m.handle = h;
+            m.exportable = true;
+            continue;
+        }
+        if (CUresult rc = map_at(va, m.size, m.handle, m.exportable); rc != CUDA_SUCCESS) return rc;
         void* host = s->bytes.get();
         CUdeviceptr to = va;
         size_t n = m.size;

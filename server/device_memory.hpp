@@ -71,12 +71,23 @@ class device_memory {
         size_t size = 0;
         void operator()(std::byte* p) const;
     };
+    struct close_descriptor {
+        void operator()(int* fd) const;
+    };
     struct saved_mapping {
         CUdeviceptr va = 0;
         size_t size = 0;
-        std::unique_ptr<std::byte, unmap_bytes> bytes;  // mapped: back to the system when freed
+        std::unique_ptr<std::byte, unmap_bytes> bytes{
+            nullptr, unmap_bytes{0}};  // mapped: back to the system when freed
+        // Or, moving to a server on the same GPU, the physical memory itself: a descriptor the driver
+        // exported (the memory lives while it is open), imported and mapped at the same address there.
+        std::unique_ptr<int, close_descriptor> descriptor;
+        int fd() const { return descriptor ? *descriptor : -1; }
     };
-    CUresult save(std::vector<saved_mapping>& out) const;
+    // by_descriptor: export each mapping's physical memory rather than copy it out (mappings made without an
+    // exportable handle are copied still).
+    CUresult save(std::vector<saved_mapping>& out, bool by_descriptor = false) const;
+    static std::unique_ptr<int, close_descriptor> own_descriptor(int fd);
     void drop_physical();
     CUresult restore(const std::vector<saved_mapping>& saved);
     // Physical memory the session creates itself (cuMemCreate) counts against the same quota.
@@ -123,12 +134,15 @@ class device_memory {
         std::map<size_t, size_t> free_runs;  // offset -> length, for shared mappings
         size_t live = 0;                     // allocations inside
         bool windowed = false;               // in the address window (no reservation of its own)
+        bool exportable = false;             // its physical memory can be exported as a descriptor
     };
 
     CUresult map_new(size_t size, bool shared, CUdeviceptr& va);
     // Gives a mapping's addresses back: to the window, or the reservation to the driver.
     void free_addresses(CUdeviceptr va, const mapping& m);
-    CUresult map_at(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle& h);
+    CUresult map_at(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle& h, bool& exportable);
+    // Maps `h` (made here or imported) at va, readable and writable from the device; releases it on failure.
+    CUresult map_handle(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h);
     void unmap(CUdeviceptr va, mapping& m);
 
     const driver_table* drv_;

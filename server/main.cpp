@@ -247,6 +247,15 @@ int main(int argc, char** argv) {
                "--listen address; none: the driver chooses every address (such sessions may fail to "
                "move)")
         ->capture_default_str();
+    std::string move_memory = "share";
+    app.add_option(
+           "--move-memory", move_memory,
+           "How a session's device memory goes to the server it moves to. share (default): to a "
+           "server on this host (a Unix socket address) on the same GPU, the physical memory itself is "
+           "handed over, so the pause does not grow with the memory; otherwise it is copied. copy: "
+           "always copied (to measure or test the copying path)")
+        ->check(CLI::IsMember({"share", "copy"}))
+        ->capture_default_str();
     std::vector<std::string> move_to_text;
     int move_after_ms = 500;
     app.add_option(
@@ -346,6 +355,7 @@ int main(int argc, char** argv) {
         }
         opts.window = std::make_shared<vcuda::server::address_window>(index);
     }
+    opts.move_by_copy = move_memory == "copy";
     if (max_sessions > 0) opts.max_sessions = static_cast<uint32_t>(max_sessions);
     if (max_connections > 0) opts.max_connections = static_cast<uint32_t>(max_connections);
     if (!allow_uid_text.empty()) {

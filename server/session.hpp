@@ -58,6 +58,9 @@ struct server_options {
     // --address-window N: where this server places sessions' memory (server/device_memory.hpp); null: where
     // the driver chooses. Shared by all sessions.
     std::shared_ptr<address_window> window;
+    // --move-memory copy: a move copies device memory even to a server on the same GPU, which otherwise
+    // takes the physical memory itself (for measurements and tests of the copying path).
+    bool move_by_copy = false;
 };
 
 struct session_image;  // server/session_image.hpp
@@ -278,7 +281,8 @@ class session : public std::enable_shared_from_this<session> {
     // up to `wait` for the calls running to end; CUDA_ERROR_NOT_READY (the gate open again) when they do not.
     CUresult close_gate(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds wait, std::string& why);
     // With the gate closed and no call running:
-    CUresult save_and_release(std::string& why);
+    // by_descriptor: device memory is exported (a move to the same GPU), not copied out.
+    CUresult save_and_release(std::string& why, bool by_descriptor = false);
     CUresult rebuild(std::string& why);
     // Gives the GPU objects back to the driver (contexts, their streams, events, modules, the memory's
     // physical part); handles and reservations stay. `mu` held.

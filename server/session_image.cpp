@@ -184,7 +184,7 @@ CUresult session::rebuild_through_gate(std::unique_lock<std::mutex>& lock, std::
     return rc;
 }
 
-CUresult session::save_and_release(std::string& why) {
+CUresult session::save_and_release(std::string& why, bool by_descriptor) {
     auto& d = api();
     std::lock_guard lock(mu);
     std::string blocker;
@@ -222,12 +222,15 @@ CUresult session::save_and_release(std::string& why) {
         for (CUlimit l : saved_limits)
             if (size_t v = 0; d.cuCtxGetLimit(&v, l) == CUDA_SUCCESS) ds.limits.emplace_back(l, v);
         d.cuCtxGetCacheConfig(&ds.cache_config);
-        if (CUresult rc = s.memory->save(ds.memory); rc != CUDA_SUCCESS) {
+        if (CUresult rc = s.memory->save(ds.memory, by_descriptor); rc != CUDA_SUCCESS) {
             d.cuCtxSetCurrent(nullptr);
             why = "its memory could not be copied out (" + error_text(rc) + ")";
             return rc;
         }
-        for (auto& m : ds.memory) img->bytes += m.size;
+        for (auto& m : ds.memory) {
+            img->bytes += m.size;
+            if (m.fd() >= 0) img->handed_over += m.size;
+        }
     }
     auto current_for = [&](size_t device) -> bool {
         if (device >= devices_.size() || !devices_[device].ctx) return false;

@@ -42,6 +42,7 @@ struct session_image {
     std::vector<global_state> globals;
     std::vector<std::pair<uintptr_t, size_t>> host_regions;  // registered again at their addresses
     uint64_t bytes = 0;                                      // device memory and globals saved
+    uint64_t handed_over = 0;  // of it, device memory exported as descriptors (a move on the same GPU)
 };
 
 }  // namespace vcuda::server

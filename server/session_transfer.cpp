@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/log.hpp"
@@ -57,12 +58,20 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
                 rc = CUDA_ERROR_NOT_SUPPORTED;
             }
     }
-    if (rc == CUDA_SUCCESS && !suspended_.load()) rc = save_and_release(why);
-    uint64_t bytes = 0;
-    if (rc == CUDA_SUCCESS) {
-        bytes = image_->bytes;
-        rc = send_state(to, why);
+    // To a server on this host the physical memory itself is handed over when it is on the same GPU (the
+    // target checks, and refuses with CUDA_ERROR_PEER_ACCESS_UNSUPPORTED when not: then it is copied).
+    const bool by_descriptor = !opts_.move_by_copy && to.where.type == endpoint::kind::unix_socket;
+    if (rc == CUDA_SUCCESS && !suspended_.load()) rc = save_and_release(why, by_descriptor);
+    if (rc == CUDA_SUCCESS) rc = send_state(to, why);
+    if (rc == CUDA_ERROR_PEER_ACCESS_UNSUPPORTED && image_->handed_over) {
+        VCUDA_LOG_INFO("session {}: {}; its memory is copied instead", id_, why);
+        why.clear();
+        rc = rebuild(why);
+        if (rc == CUDA_SUCCESS) rc = save_and_release(why, false);
+        if (rc == CUDA_SUCCESS) rc = send_state(to, why);
     }
+    const uint64_t bytes = rc == CUDA_SUCCESS ? image_->bytes : 0;
+    const uint64_t handed_over = rc == CUDA_SUCCESS ? image_->handed_over : 0;
     const auto paused = std::chrono::steady_clock::now() - t0;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(paused).count();
     lock.lock();
@@ -70,8 +79,9 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
         counters.migrations.add(paused);
         moved_to_ = to.address;
         moved_.store(true);
-        note_ = "moved to " + to.address + ": " + mib(bytes) + " of GPU state, paused " + std::to_string(ms) +
-                " ms";
+        note_ = "moved to " + to.address + ": " + mib(bytes) + " of GPU state" +
+                (handed_over ? " (" + mib(handed_over) + " of it handed over on the same GPU)" : "") +
+                ", paused " + std::to_string(ms) + " ms";
         std::lock_guard l(mu);
         image_.reset();
         for (auto& d : devices_) d.memory->keep_addresses();
@@ -133,14 +143,23 @@ CUresult session::send_state(const move_target& to, std::string& why) {
         auto& mem = *devices_[i].memory;
         const auto& ds = img.devices[i];
         std::vector<flatbuffers::Offset<wire::MovedMapping>> maps;
-        for (auto& m : mem.mappings_to_move()) {
+        auto moved = mem.mappings_to_move();
+        if (moved.size() != ds.memory.size()) {
+            why = "its memory changed while it was saved";
+            return CUDA_ERROR_ILLEGAL_STATE;
+        }
+        for (size_t k = 0; k < moved.size(); ++k) {
+            auto& m = moved[k];
             std::vector<uint64_t> runs;
             for (auto [off, len] : m.free_runs) {
                 runs.push_back(off);
                 runs.push_back(len);
             }
-            maps.push_back(wire::CreateMovedMapping(b, m.va, m.size, m.shared, m.live, b.CreateVector(runs)));
+            maps.push_back(wire::CreateMovedMapping(b, m.va, m.size, m.shared, m.live, b.CreateVector(runs),
+                                                    ds.memory[k].fd() >= 0));
         }
+        CUuuid uuid{};
+        api().cuDeviceGetUuid_v2(&uuid, devices_[i].device);
         std::vector<flatbuffers::Offset<wire::MovedAllocation>> allocs;
         for (auto& [start, a] : mem.allocations())
             allocs.push_back(wire::CreateMovedAllocation(b, start, a.first, a.second));
@@ -151,7 +170,8 @@ CUresult session::send_state(const move_target& to, std::string& why) {
         }
         devices_out.push_back(wire::CreateMovedDevice(
             b, ds.had_context, b.CreateVector(limits), static_cast<int32_t>(ds.cache_config),
-            b.CreateVector(maps), b.CreateVector(allocs), mem.heap_charge()));
+            b.CreateVector(maps), b.CreateVector(allocs), mem.heap_charge(),
+            b.CreateVector(reinterpret_cast<const uint8_t*>(uuid.bytes), sizeof uuid.bytes)));
     }
     std::vector<flatbuffers::Offset<wire::MovedEntry>> entries;
     for (auto& es : img.entries) {
@@ -234,11 +254,16 @@ CUresult session::send_state(const move_target& to, std::string& why) {
     for (int fd : region_fds)
         if (auto r = send_piece({}, fd); !r) return failed_send(r.error());
     for (auto& ds : img.devices)
-        for (auto& m : ds.memory)
+        for (auto& m : ds.memory) {
+            if (m.fd() >= 0) {
+                if (auto r = send_piece({}, m.fd()); !r) return failed_send(r.error());
+                continue;
+            }
             for (size_t off = 0; off < m.size; off += piece_bytes)
                 if (auto r = send_piece({m.bytes.get() + off, std::min<size_t>(piece_bytes, m.size - off)});
                     !r)
                     return failed_send(r.error());
+        }
     // The receiver rebuilds before it answers: a minute, and a second for every GiB it copies back.
     auto answer = fs.receive(after(std::chrono::seconds(60 + (img.bytes >> 30))), std::chrono::seconds(60));
     if (!answer) {
@@ -326,8 +351,10 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                     ds.limits.emplace_back(static_cast<CUlimit>(l->Get(k)), l->Get(k + 1));
             ds.cache_config = static_cast<CUfunc_cache>(d->cache_config());
             std::vector<device_memory::moved_mapping> maps;
+            std::vector<bool> by_descriptor;
             if (d->mappings())
                 for (const auto* m : *d->mappings()) {
+                    by_descriptor.push_back(m->by_descriptor());
                     device_memory::moved_mapping mm{m->va(), m->size(), m->shared(), m->live(), {}};
                     if (const auto* r = m->free_runs(); r && r->size() % 2 == 0)
                         for (flatbuffers::uoffset_t k = 0; k < r->size(); k += 2)
@@ -340,8 +367,28 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
             if (CUresult rc = devices_[i].memory->adopt(maps, std::move(allocs), d->heap_charge(), why);
                 rc != CUDA_SUCCESS)
                 return rc;
-            // Room for the contents, registered with the driver when it is copied back (restore).
-            for (auto& m : maps) {
+            // Memory handed over must be the same physical GPU's: otherwise the sender copies it instead.
+            if (std::find(by_descriptor.begin(), by_descriptor.end(), true) != by_descriptor.end()) {
+                CUuuid here{};
+                api().cuDeviceGetUuid_v2(&here, devices_[i].device);
+                if (!d->gpu_uuid() || d->gpu_uuid()->size() != sizeof here.bytes ||
+                    std::memcmp(d->gpu_uuid()->data(), here.bytes, sizeof here.bytes) != 0) {
+                    why = "its memory was offered on GPU " + std::to_string(i) +
+                          " as the physical memory of another GPU than this server's";
+                    return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+                }
+            }
+            // Room for the contents, registered with the driver when it is copied back (restore); memory
+            // handed over comes as a descriptor instead.
+            for (size_t k = 0; k < maps.size(); ++k) {
+                auto& m = maps[k];
+                if (by_descriptor[k]) {
+                    device_memory::saved_mapping handed;
+                    handed.va = m.va;
+                    handed.size = m.size;
+                    ds.memory.push_back(std::move(handed));
+                    continue;
+                }
                 void* p = ::mmap(nullptr, m.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
                 if (p == MAP_FAILED) {
                     why = "no host memory for its " + mib(m.size) + " mapping";
@@ -489,10 +536,26 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
         }
     }
     for (auto& ds : img->devices)
-        for (auto& m : ds.memory)
+        for (auto& m : ds.memory) {
+            if (!m.bytes) {  // handed over: a piece with its descriptor
+                if (!fs.raw().is_local()) {
+                    why = "the moved session's memory can be handed over only over a Unix socket";
+                    return CUDA_ERROR_INVALID_VALUE;
+                }
+                if (!receive_piece(nullptr, 0)) return CUDA_ERROR_INVALID_VALUE;
+                m.descriptor = device_memory::own_descriptor(fs.raw().take_fd());
+                if (!m.descriptor) {
+                    why = "the moved session's memory at " + std::to_string(m.va) +
+                          " came without its descriptor";
+                    return CUDA_ERROR_INVALID_VALUE;
+                }
+                img->handed_over += m.size;
+                continue;
+            }
             for (size_t off = 0; off < m.size; off += piece)
                 if (!receive_piece(m.bytes.get() + off, std::min<size_t>(piece, m.size - off)))
                     return CUDA_ERROR_INVALID_VALUE;
+        }
     {
         std::lock_guard lock(mu);
         img->host_regions = std::move(image_regions);

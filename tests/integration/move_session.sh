@@ -2,8 +2,10 @@
 # CI test of sessions moved between two vcuda-server processes (server/session_transfer.cpp) on the software
 # driver: server A moves every session to server B (--test-move-to) shortly after it opened; each program must
 # pass and print what it prints when nothing moves (lines with timings left out), and for the programs that
-# are sure to be moved (they pause, or run long) both logs must say so. Over a Unix socket and over TCP.
-#   MOVE_PROGRAMS="a b" to choose programs; MOVE_TRANSPORTS="unix tcp".
+# are sure to be moved (they pause, or run long) both logs must say so. Over a Unix socket (device memory
+# handed over: both servers are on the same software GPU), over a Unix socket with --move-memory copy, and
+# over TCP (copied).
+#   MOVE_PROGRAMS="a b" to choose programs; MOVE_TRANSPORTS="unix unixcopy tcp".
 # Usage: move_session.sh BUILD_DIR
 set -u
 build=$(cd "$1" && pwd)
@@ -38,8 +40,9 @@ start_server() {  # NAME ADDR WINDOW [ARGS...]
 normalize() { grep -v -i -E 'ms\b|µs|us\b|GB/s|MB/s|time|elapsed|0x[0-9a-f]+|\[vcuda-client\]' "$1"; }
 
 passed=0
-for transport in ${MOVE_TRANSPORTS:-unix tcp}; do
-  if [ "$transport" = unix ]; then
+for transport in ${MOVE_TRANSPORTS:-unix unixcopy tcp}; do
+  copy=(); [ "$transport" = unixcopy ] && copy=(--move-memory copy)
+  if [ "$transport" != tcp ]; then
     ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
   else
     ref="127.0.0.1:$(free_port)"; a="127.0.0.1:$(free_port)"; b="127.0.0.1:$(free_port)"
@@ -47,10 +50,10 @@ for transport in ${MOVE_TRANSPORTS:-unix tcp}; do
   : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
   start_server ref "$ref" 3
   start_server b "$b" 2
-  start_server a "$a" 1 --test-move-to "$b" --test-move-after 100
+  start_server a "$a" 1 --test-move-to "$b" --test-move-after 100 "${copy[@]}"
   for p in $programs; do
     IFS=: read -r name args sure only <<< "$p"
-    [ -n "$only" ] && [ "$only" != "$transport" ] && continue
+    [ -n "$only" ] && [ "$only" != "${transport%copy}" ] && continue
     for where in ref a; do
       addr=$ref; [ $where = a ] && addr=$a
       # shellcheck disable=SC2086  # args: the program's arguments, word-split on purpose
@@ -64,15 +67,25 @@ for transport in ${MOVE_TRANSPORTS:-unix tcp}; do
       cat "$tmp/diff.txt"; fail "$name $args over $transport printed something else when moved"
     fi
     if [ "$sure" = sure ]; then
-      grep -q "moved to $b" "$tmp/server-a.log" || fail "$name over $transport: server A did not move it"
+      grep -q "session [0-9]* moved to $b" "$tmp/server-a.log" || fail "$name over $transport: server A did not move it"
       grep -q "moved here" "$tmp/server-b.log" || fail "$name over $transport: server B did not take it"
+      # Memory is handed over only over a Unix socket without --move-memory copy, and then always.
+      handed=$(grep -c "session [0-9]* moved to $b: .* handed over on the same GPU" "$tmp/server-a.log")
+      if [ "$transport" = unix ]; then
+        [ "$handed" -eq "$(grep -c "session [0-9]* moved to $b" "$tmp/server-a.log")" ] ||
+          fail "$name over unix: a move copied device memory rather than hand it over"
+      else
+        [ "$handed" -eq 0 ] || fail "$name over $transport: device memory was handed over, not copied"
+      fi
     fi
-    if grep -q "not moved" "$tmp/server-a.log"; then
+    # A session may end before its move comes; a target that refuses one is a failure.
+    if grep "not moved" "$tmp/server-a.log" | grep -q -E "could not take|refused|failed"; then
       grep "not moved" "$tmp/server-a.log" | tail -3
+      fail "$name over $transport: a move was refused"
     fi
     passed=$((passed + 1))
   done
-  moves=$(grep -c "moved to $b" "$tmp/server-a.log")
+  moves=$(grep -c "session [0-9]* moved to $b" "$tmp/server-a.log")
   echo "$transport: $moves sessions moved from A to B"
   [ "$moves" -ge 1 ] || fail "no session moved over $transport"
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=()

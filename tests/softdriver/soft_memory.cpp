@@ -4,12 +4,16 @@
 // pointer. Every device allocation counts against the device's VCUDA_SOFT_MEMORY quota; going past it
 // answers CUDA_ERROR_OUT_OF_MEMORY. Every range is recorded so that copies and memsets are checked against
 // it.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "soft_state.hpp"
 
@@ -707,7 +711,10 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* han
             return CUDA_ERROR_NOT_SUPPORTED;
         int device = prop->location.id;
         if (CUresult r = charge(s, device, size); r != CUDA_SUCCESS) return r;
-        int fd = memfd_create("vcuda-soft-vmm", MFD_CLOEXEC);
+        // The name carries the device, for a process that imports the memory
+        // (cuMemImportFromShareableHandle).
+        const std::string name = "vcuda-soft-vmm-" + std::to_string(device);
+        int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
         if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
             if (fd >= 0) close(fd);
             uncharge(s, device, size);
@@ -729,6 +736,63 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle han
         if (m == nullptr) return CUDA_ERROR_INVALID_VALUE;
         --m->refs;
         maybe_free_mem_handle(s, *m);
+        return CUDA_SUCCESS;
+    });
+}
+
+// A POSIX file descriptor of the allocation's memfd (when the allocation asked for that handle type): another
+// process imports it as the same memory, as with the real driver on one GPU.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable,
+                                                                CUmemGenericAllocationHandle handle,
+                                                                CUmemAllocationHandleType type,
+                                                                unsigned long long flags) {
+    return entry([&](state& s) -> CUresult {
+        if (shareable == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+        mem_handle_obj* m = live_mem_handle(s, handle);
+        if (m == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+            (m->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        int fd = fcntl(m->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+        *static_cast<int*>(shareable) = fd;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
+                                                                  void* os_handle,
+                                                                  CUmemAllocationHandleType type) {
+    return entry([&](state& s) -> CUresult {
+        if (handle == nullptr || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+            return CUDA_ERROR_INVALID_VALUE;
+        const int from = static_cast<int>(reinterpret_cast<uintptr_t>(os_handle));
+        // Only this driver's own allocations: a memfd named by cuMemCreate, of a whole number of granules.
+        char link[128] = {};
+        const std::string path = "/proc/self/fd/" + std::to_string(from);
+        ssize_t n = readlink(path.c_str(), link, sizeof link - 1);
+        int device = -1;
+        if (n <= 0 || std::sscanf(link, "/memfd:vcuda-soft-vmm-%d", &device) != 1 || !s.valid_device(device))
+            return CUDA_ERROR_INVALID_VALUE;
+        struct stat st {};
+        if (fstat(from, &st) != 0 || st.st_size <= 0 ||
+            static_cast<size_t>(st.st_size) % vmm_granularity != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        const auto size = static_cast<size_t>(st.st_size);
+        if (CUresult r = charge(s, device, size); r != CUDA_SUCCESS) return r;
+        int fd = fcntl(from, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) {
+            uncharge(s, device, size);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        mem_handle_obj* m = s.create<mem_handle_obj>();
+        m->fd = fd;
+        m->size = size;
+        m->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        m->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        m->prop.location.id = device;
+        m->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        *handle = static_cast<CUmemGenericAllocationHandle>(m->handle);
         return CUDA_SUCCESS;
     });
 }
@@ -777,6 +841,21 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t 
                 base = reinterpret_cast<uintptr_t>(p);
             } else if (p != MAP_FAILED) {
                 munmap(p, size);  // a kernel without MAP_FIXED_NOREPLACE placed it elsewhere
+            }
+        }
+        // Like the real driver (measured on the H200: 0x10004000000 for a 16 TiB range), reservations without
+        // a hint go to a device address area below the host's mapping area, so that they never take the
+        // addresses where a process maps host memory (a moved session's shared pinned pages, for one).
+        for (uintptr_t at = round_up(s.next_device_va, alignment);
+             base == 0 && addr == 0 && at < device_va_end;) {
+            void* want = reinterpret_cast<void*>(at);
+            void* p = mmap(want, size, PROT_NONE, prot_flags | MAP_FIXED_NOREPLACE, -1, 0);
+            if (p == want) {
+                base = at;
+                s.next_device_va = at + size;
+            } else {
+                if (p != MAP_FAILED) munmap(p, size);
+                break;  // something is there: the kernel's choice, below
             }
         }
         if (base == 0) {

@@ -38,6 +38,9 @@ namespace vcuda::soft {
 
 inline constexpr int driver_version = 13000;
 inline constexpr int max_devices = 8;
+// The area cuMemAddressReserve places ranges without a hint in (soft_memory.cpp), as the real driver does.
+inline constexpr uintptr_t device_va_begin = uintptr_t{1} << 40;
+inline constexpr uintptr_t device_va_end = uintptr_t{64} << 40;
 inline constexpr size_t default_memory = size_t{8} << 30;
 inline constexpr size_t vmm_granularity = size_t{2} << 20;
 inline constexpr const char* device_name = "vcuda software test driver (CPU)";
@@ -272,8 +275,9 @@ struct state {
     bool initialized = false;
     std::vector<device_info> devices;
     std::unordered_map<uint64_t, std::unique_ptr<object>> objects;
-    std::map<uintptr_t, mem_range> ranges;     // by base; never overlapping
-    std::map<uintptr_t, size_t> reservations;  // cuMemAddressReserve: base -> size
+    std::map<uintptr_t, mem_range> ranges;       // by base; never overlapping
+    std::map<uintptr_t, size_t> reservations;    // cuMemAddressReserve: base -> size
+    uintptr_t next_device_va = device_va_begin;  // where the next reservation without a hint is tried
     uint64_t next_serial = 1;
     uint64_t next_buffer_id = 1;
     uint64_t next_ctx_id = 1;

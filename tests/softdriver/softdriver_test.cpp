@@ -5,6 +5,8 @@
 #include <cuda.h>
 #include <cudaProfiler.h>
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -35,6 +37,7 @@ constexpr size_t quota = 256 * mib;
     X(cuCtxGetStreamPriorityRange) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemGetInfo_v2) X(cuMemGetAddressRange_v2)  \
     X(cuMemGetAllocationGranularity) X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree)     \
     X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess) X(cuMemRetainAllocationHandle)                   \
+    X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)                                               \
     X(cuMemAllocHost_v2) X(cuMemFreeHost) X(cuMemHostRegister_v2) X(cuMemHostUnregister)                           \
     X(cuMemHostGetDevicePointer_v2) X(cuPointerGetAttribute) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoH_v2)                 \
     X(cuMemcpyDtoD_v2) X(cuMemcpyHtoDAsync_v2) X(cuMemcpy) X(cuMemcpy2D_v2) X(cuMemsetD8_v2) X(cuMemsetD32_v2)     \
@@ -358,6 +361,56 @@ TEST_CASE("VMM: reserve at a hint, map, set access, memset and copy round trip",
     CHECK(d.cuMemsetD8_v2(va, 0, 1) == CUDA_ERROR_ILLEGAL_ADDRESS);
     CHECK(d.cuMemAddressFree(va, size) == CUDA_ERROR_INVALID_VALUE);  // not the reserved size
     REQUIRE(d.cuMemAddressFree(va, 2 * size) == CUDA_SUCCESS);
+}
+
+TEST_CASE("VMM: an allocation exported as a descriptor and imported is the same memory", "[unit]") {
+    soft_driver& d = drv();
+    primary_context pc;
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    const size_t size = 2 * mib;
+    CUmemGenericAllocationHandle plain = 0, h = 0, imported = 0;
+    int fd = -1;
+    // Only an allocation made exportable exports.
+    REQUIRE(d.cuMemCreate(&plain, size, &prop, 0) == CUDA_SUCCESS);
+    CHECK(d.cuMemExportToShareableHandle(&fd, plain, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+          CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(d.cuMemRelease(plain) == CUDA_SUCCESS);
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    REQUIRE(d.cuMemCreate(&h, size, &prop, 0) == CUDA_SUCCESS);
+    REQUIRE(d.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+            CUDA_SUCCESS);
+    CHECK(fd >= 0);
+    CUdeviceptr va = 0;
+    REQUIRE(d.cuMemAddressReserve(&va, 2 * size, 0, 0, 0) == CUDA_SUCCESS);
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    REQUIRE(d.cuMemMap(va, size, 0, h, 0) == CUDA_SUCCESS);
+    REQUIRE(d.cuMemSetAccess(va, size, &access, 1) == CUDA_SUCCESS);
+    REQUIRE(d.cuMemsetD32_v2(va, 0x5eed, size / 4) == CUDA_SUCCESS);
+    // Given up here (released and unmapped), the memory lives on in its descriptor.
+    REQUIRE(d.cuMemUnmap(va, size) == CUDA_SUCCESS);
+    REQUIRE(d.cuMemRelease(h) == CUDA_SUCCESS);
+    REQUIRE(d.cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_SUCCESS);
+    close(fd);
+    REQUIRE(d.cuMemMap(va + size, size, 0, imported, 0) == CUDA_SUCCESS);
+    REQUIRE(d.cuMemSetAccess(va + size, size, &access, 1) == CUDA_SUCCESS);
+    std::vector<uint32_t> back(size / 4);
+    REQUIRE(d.cuMemcpyDtoH_v2(back.data(), va + size, size) == CUDA_SUCCESS);
+    CHECK(back.front() == 0x5eed);
+    CHECK(back.back() == 0x5eed);
+    REQUIRE(d.cuMemUnmap(va + size, size) == CUDA_SUCCESS);
+    REQUIRE(d.cuMemRelease(imported) == CUDA_SUCCESS);
+    REQUIRE(d.cuMemAddressFree(va, 2 * size) == CUDA_SUCCESS);
+    // A descriptor that is not one of this driver's allocations is refused.
+    int other = open("/dev/null", O_RDONLY);
+    CHECK(d.cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(static_cast<uintptr_t>(other)),
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+          CUDA_ERROR_INVALID_VALUE);
+    close(other);
 }
 
 TEST_CASE("memory quota: allocations past VCUDA_SOFT_MEMORY fail with CUDA_ERROR_OUT_OF_MEMORY", "[unit]") {
