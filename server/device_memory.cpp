@@ -132,6 +132,9 @@ CUdeviceptr address_window::take(const driver_table& d, size_t size) {
 
 void address_window::give_back(CUdeviceptr va, size_t size) {
     std::lock_guard lock(mu_);
+    // A range of another server's window (a moved session's, or one refused here) was never this one's.
+    const CUdeviceptr mine = base_ + index_ * span;
+    if (!base_ || va < mine || va - mine >= span || size > span - (va - mine)) return;
     auto next = free_.lower_bound(va);
     if (next != free_.end() && next->first == va + size) {
         size += next->second;

@@ -4,8 +4,9 @@
 # pass and print what it prints when nothing moves (lines with timings left out), and for the programs that
 # are sure to be moved (they pause, or run long) both logs must say so. Over a Unix socket (device memory
 # handed over: both servers are on the same software GPU), over a Unix socket with --move-memory copy, and
-# over TCP (copied).
-#   MOVE_PROGRAMS="a b" to choose programs; MOVE_TRANSPORTS="unix unixcopy tcp".
+# over TCP (copied); and over a Unix socket to a server on another (software) GPU, which refuses the memory
+# handed over, so that it is copied instead (the programs sure to be moved only).
+#   MOVE_PROGRAMS="a b" to choose programs; MOVE_TRANSPORTS="unix unixcopy unixothergpu tcp".
 # Usage: move_session.sh BUILD_DIR
 set -u
 build=$(cd "$1" && pwd)
@@ -28,9 +29,9 @@ wait_ready() {
   done
   fail "no server at $1"
 }
-start_server() {  # NAME ADDR WINDOW [ARGS...]
+start_server() {  # NAME ADDR WINDOW [ARGS...]; $gpu_id: the software GPU's identity (VCUDA_SOFT_HOST_ID)
   local name=$1 addr=$2 window=$3; shift 3
-  "$build/bin/vcuda-server" --listen "$addr" --driver "$driver" --address-window "$window" --log-level info "$@" \
+  VCUDA_SOFT_HOST_ID=${gpu_id:-0} "$build/bin/vcuda-server" --listen "$addr" --driver "$driver" --address-window "$window" --log-level info "$@" \
     2>> "$tmp/server-$name.log" &
   pids+=($!)
   wait_ready "$addr"
@@ -40,7 +41,7 @@ start_server() {  # NAME ADDR WINDOW [ARGS...]
 normalize() { grep -v -i -E 'ms\b|µs|us\b|GB/s|MB/s|time|elapsed|0x[0-9a-f]+|\[vcuda-client\]' "$1"; }
 
 passed=0
-for transport in ${MOVE_TRANSPORTS:-unix unixcopy tcp}; do
+for transport in ${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp}; do
   copy=(); [ "$transport" = unixcopy ] && copy=(--move-memory copy)
   if [ "$transport" != tcp ]; then
     ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
@@ -49,11 +50,14 @@ for transport in ${MOVE_TRANSPORTS:-unix unixcopy tcp}; do
   fi
   : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
   start_server ref "$ref" 3
+  gpu_id=0; [ "$transport" = unixothergpu ] && gpu_id=1
   start_server b "$b" 2
+  gpu_id=0
   start_server a "$a" 1 --test-move-to "$b" --test-move-after 100 "${copy[@]}"
   for p in $programs; do
     IFS=: read -r name args sure only <<< "$p"
     [ -n "$only" ] && [ "$only" != "${transport%copy}" ] && continue
+    [ "$transport" = unixothergpu ] && [ "$sure" != sure ] && continue
     for where in ref a; do
       addr=$ref; [ $where = a ] && addr=$a
       # shellcheck disable=SC2086  # args: the program's arguments, word-split on purpose
@@ -76,6 +80,10 @@ for transport in ${MOVE_TRANSPORTS:-unix unixcopy tcp}; do
           fail "$name over unix: a move copied device memory rather than hand it over"
       else
         [ "$handed" -eq 0 ] || fail "$name over $transport: device memory was handed over, not copied"
+      fi
+      if [ "$transport" = unixothergpu ]; then
+        grep -q "on GPU 0 as the physical memory of another GPU.*its memory is copied instead" "$tmp/server-a.log" ||
+          fail "$name over $transport: the target did not refuse memory of another GPU, or it was not copied then"
       fi
     fi
     # A session may end before its move comes; a target that refuses one is a failure.
