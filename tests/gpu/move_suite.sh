@@ -2,14 +2,16 @@
 # Sessions moved between two vcuda-server processes on one GPU machine (server/session_transfer.cpp): the GPU
 # suite and the framework suite run through a server A that moves every session, once, to server B
 # MOVE_AFTER_MS after it opened (clients on the Unix socket to B's socket, TCP clients to B's port), each
-# compared with its native run as those suites do; then the pause of a move for sessions holding
-# MOVE_SIZES_MIB of device memory (suspend_resume, which pauses between its phases), over the Unix socket.
+# compared with its native run as those suites do; then the pause of a move for sessions holding a ballast of
+# device memory (suspend_resume, which pauses between its phases), over the Unix socket, memory handed over
+# and copied.
 #
 # Usage: tests/gpu/move_suite.sh BUILD_DIR
 #   MOVE_OUT        outputs (default $OUT/move, else /tmp/move); the suites' own folders under it
 #   MOVE_PARTS      what to run (default "suite frameworks pauses")
 #   MOVE_AFTER_MS   suite: 300; frameworks: MOVE_AFTER_MS_FRAMEWORKS (default 1500)
-#   MOVE_SIZES_MIB  default "1024 10240 30720"
+#   MOVE_SIZES_SHARE, MOVE_SIZES_COPY  ballast sizes moved with the memory handed over (default "1024 10240
+#                   51200") and copied (--move-memory copy; default "1024 10240")
 #   FRAMEWORKS_ONLY as for run_frameworks.sh (default: torch_plain newuser_torch torch_autocast cupy jax triton)
 # Prints each suite's table, then `move pauses` (size, pause, receive+rebuild) last.
 set -u
@@ -60,25 +62,30 @@ if [[ " $parts " == *" frameworks "* ]]; then
 fi
 
 if [[ " $parts " == *" pauses "* ]]; then
-  for mib in ${MOVE_SIZES_MIB:-1024 10240 30720}; do
-    start_target "target-$mib"
-    a="$out/source-$mib.sock"
-    rm -f "$a"
-    "$build/bin/vcuda-server" --listen "unix:$a" --address-window 1 --test-move-to "$b_unix" --test-move-after 1500 \
-      --log-level info 2> "$out/source-$mib.log" &
-    pids+=($!)
-    wait_socket "$a"
-    LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="unix:$a" timeout 300 \
-      "$build/tests/programs/suspend_resume" 4000 "$mib" > "$out/pause-$mib.out" 2>&1
-    rc=$?
-    pause=$(grep -o "paused [0-9]* ms" "$out/source-$mib.log" | head -1)
-    took=$(grep -o "received and rebuilt in [0-9]* ms" "$out/target-$mib.log" | head -1)
-    pass=$(grep -c '^PASS' "$out/pause-$mib.out")
-    [ "$rc" -eq 0 ] && [ "$pass" -eq 1 ] && [ -n "$pause" ] || status=1
-    rows+=("move of $mib MiB ballast: exit $rc, PASS $pass, ${pause:-not moved}, ${took:-?} ($(grep -o 'moved to .*: [0-9]* MiB' "$out/source-$mib.log" | grep -o '[0-9]* MiB' | head -1) of GPU state)")
-    kill -9 "${pids[-1]}" "${pids[-2]}" 2>/dev/null
-    wait "${pids[-1]}" "${pids[-2]}" 2>/dev/null
-    unset 'pids[-1]' 'pids[-2]'
+  # share: the physical memory is handed over (both servers on this GPU); copy: --move-memory copy.
+  for mode in share copy; do
+    sizes=${MOVE_SIZES_SHARE:-1024 10240 51200}
+    [ "$mode" = copy ] && sizes=${MOVE_SIZES_COPY:-1024 10240}
+    for mib in $sizes; do
+      start_target "target-$mode-$mib"
+      a="$out/source-$mode-$mib.sock"
+      rm -f "$a"
+      "$build/bin/vcuda-server" --listen "unix:$a" --address-window 1 --test-move-to "$b_unix" --test-move-after 1500 \
+        --move-memory "$mode" --log-level info 2> "$out/source-$mode-$mib.log" &
+      pids+=($!)
+      wait_socket "$a"
+      LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="unix:$a" timeout 300 \
+        "$build/tests/programs/suspend_resume" 4000 "$mib" > "$out/pause-$mode-$mib.out" 2>&1
+      rc=$?
+      pause=$(grep -o "paused [0-9]* ms" "$out/source-$mode-$mib.log" | head -1)
+      took=$(grep -o "received and rebuilt in [0-9]* ms" "$out/target-$mode-$mib.log" | head -1)
+      pass=$(grep -c '^PASS' "$out/pause-$mode-$mib.out")
+      [ "$rc" -eq 0 ] && [ "$pass" -eq 1 ] && [ -n "$pause" ] || status=1
+      rows+=("move ($mode) of $mib MiB ballast: exit $rc, PASS $pass, ${pause:-not moved}, ${took:-?} ($(grep -o 'moved to .*, paused' "$out/source-$mode-$mib.log" | sed 's/.*: //; s/, paused//' | head -1))")
+      kill -9 "${pids[-1]}" "${pids[-2]}" 2>/dev/null
+      wait "${pids[-1]}" "${pids[-2]}" 2>/dev/null
+      unset 'pids[-1]' 'pids[-2]'
+    done
   done
 fi
 

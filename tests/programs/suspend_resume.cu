@@ -107,6 +107,18 @@ int main(int argc, char** argv) {
     }
     for (size_t i = 0; i < small; ++i)
         if (ht[i] != h[i]) fail("tiny[%zu] = %f, expected %f", i, ht[i], h[i]);
+    // The ballast too, at its start, middle and end (it is what a move of a large session carries).
+    if (ballast) {
+        const size_t span = std::min<size_t>(ballast_floats, size_t{1} << 18);
+        std::vector<float> hb(span);
+        for (size_t at : {size_t{0}, (ballast_floats - span) / 2, ballast_floats - span}) {
+            CHECK(cudaMemcpy(hb.data(), ballast + at, span * sizeof(float), cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < span; ++i)
+                if (hb[i] != 5.0f + static_cast<float>((at + i) % 1000))
+                    fail("ballast[%zu] = %f, expected %f", at + i, hb[i],
+                         5.0f + static_cast<float>((at + i) % 1000));
+        }
+    }
     printf("memory contents: ok\n");
     if (ballast) {  // checked in pieces of 64 MiB
         std::vector<float> piece(size_t{16} << 20);
