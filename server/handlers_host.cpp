@@ -54,8 +54,8 @@ CUresult handle_host_alloc(call_context& cx) {
         unreserve();
         return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "cannot create shared pages");
     }
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
+    void* p = cx.sess.map_host_pages(fd, size);
+    if (!p) {
         ::close(fd);
         unreserve();
         return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "cannot map shared pages");
@@ -66,7 +66,7 @@ CUresult handle_host_alloc(call_context& cx) {
     if (rc == CUDA_SUCCESS) rc = d.cuMemHostGetDevicePointer_v2(&dptr, p, 0);
     if (rc != CUDA_SUCCESS) {
         d.cuMemHostUnregister(p);
-        ::munmap(p, size);
+        cx.sess.unmap_host_pages(reinterpret_cast<uintptr_t>(p), size);
         ::close(fd);
         unreserve();
         return rc;
@@ -95,7 +95,7 @@ CUresult handle_host_free(call_context& cx) {
     auto& d = cx.drv();
     d.cuCtxSynchronize();  // as cuMemFreeHost: no copy in flight may still use the pages
     d.cuMemHostUnregister(reinterpret_cast<void*>(addr));
-    ::munmap(reinterpret_cast<void*>(addr), size);
+    cx.sess.unmap_host_pages(addr, size);
     return CUDA_SUCCESS;
 }
 

@@ -354,6 +354,7 @@ int main(int argc, char** argv) {
             }
         }
         opts.window = std::make_shared<vcuda::server::address_window>(index);
+        opts.host_addresses = std::make_shared<vcuda::server::host_window>(index);
     }
     opts.move_by_copy = move_memory == "copy";
     if (max_sessions > 0) opts.max_sessions = static_cast<uint32_t>(max_sessions);

@@ -345,6 +345,27 @@ copy_mark::~copy_mark() {
     if (event) drv.cuEventDestroy_v2(event);
 }
 
+void* session::map_host_pages(int fd, size_t size) {
+    if (void* p = opts_.host_addresses ? opts_.host_addresses->map(fd, size) : nullptr) return p;
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return p == MAP_FAILED ? nullptr : p;
+}
+
+bool session::map_host_pages_at(uintptr_t addr, int fd, size_t size) {
+    if (opts_.host_addresses && opts_.host_addresses->map_at(addr, fd, size)) return true;
+    void* want = reinterpret_cast<void*>(addr);
+    void* p = ::mmap(want, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+    if (p == want) return true;
+    if (p != MAP_FAILED) ::munmap(p, size);
+    return false;
+}
+
+void session::unmap_host_pages(uintptr_t addr, size_t size) {
+    // The pages of a session that moved away live on at these addresses: they are not handed out again.
+    if (!opts_.host_addresses || !opts_.host_addresses->unmap(addr, size, !moved_.load()))
+        ::munmap(reinterpret_cast<void*>(addr), size);
+}
+
 void session::release_host_regions() {
     auto& d = api();
     std::lock_guard lock(mu);
@@ -352,7 +373,7 @@ void session::release_host_regions() {
     synchronize_any_context();  // the regions are portable: any context will do to unregister them
     for (auto& [addr, r] : host.regions_) {
         d.cuMemHostUnregister(reinterpret_cast<void*>(addr));
-        ::munmap(reinterpret_cast<void*>(addr), r.size);
+        unmap_host_pages(addr, r.size);
         if (r.fd >= 0) ::close(r.fd);
     }
     host.regions_.clear();

@@ -26,6 +26,7 @@
 #include "server/device_memory.hpp"
 #include "server/driver.hpp"
 #include "server/handle_table.hpp"
+#include "server/host_window.hpp"
 #include "server/jit.hpp"
 #include "server/session_tables.hpp"
 #include "vcuda_generated.h"
@@ -58,6 +59,8 @@ struct server_options {
     // --address-window N: where this server places sessions' memory (server/device_memory.hpp); null: where
     // the driver chooses. Shared by all sessions.
     std::shared_ptr<address_window> window;
+    // The same for the pinned host pages shared with local clients (server/host_window.hpp).
+    std::shared_ptr<host_window> host_addresses;
     // --move-memory copy: a move copies device memory even to a server on the same GPU, which otherwise
     // takes the physical memory itself (for measurements and tests of the copying path).
     bool move_by_copy = false;
@@ -137,6 +140,11 @@ class session : public std::enable_shared_from_this<session> {
     // Pinned host memory shared with a client on this host (server/session_tables.hpp).
     host_regions host;  // under mu
     uint64_t host_quota() const { return opts_.host_memory_quota; }
+    // Shared pinned host pages, placed in the server's host window when it has one: anywhere (null when no
+    // room), at exactly `addr` (a moved session's pages), and gone again.
+    void* map_host_pages(int fd, size_t size);
+    bool map_host_pages_at(uintptr_t addr, int fd, size_t size);
+    void unmap_host_pages(uintptr_t addr, size_t size);
     // True when [p, p+n) lies inside one of this session's host regions.
     bool owns_host(uintptr_t p, size_t n);
     // The copy mark of the region holding [p, p+n) (made now if it has none); null when no region holds it.

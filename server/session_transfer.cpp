@@ -243,6 +243,31 @@ CUresult session::send_state(const move_target& to, std::string& why) {
     if (auto r = fs.send(make_frame(frame_kind::hello, hb), after(std::chrono::seconds(10))); !r)
         return failed_send(r.error());
     if (auto r = fs.send(make_frame(frame_kind::session_state, b)); !r) return failed_send(r.error());
+    // The receiver's answer to the state (below), then, when it takes it, to the pieces.
+    auto answer_to = [&](const char* what, std::chrono::seconds wait) -> CUresult {
+        auto answer = fs.receive(after(wait), wait);
+        if (!answer) {
+            why = to.address + " did not answer the " + what + ": " + answer.error().message;
+            return CUDA_ERROR_NOT_READY;
+        }
+        if (answer->kind() == frame_kind::error) {
+            auto* e = root_of<wire::Error>(*answer);
+            why = to.address + " refused the session: " + (e->message() ? e->message()->str() : "?");
+            return CUDA_ERROR_NOT_READY;
+        }
+        if (answer->kind() != frame_kind::reply) {
+            why = to.address + " answered the " + what + " with a " + std::string(to_string(answer->kind())) +
+                  " frame";
+            return CUDA_ERROR_NOT_READY;
+        }
+        auto* r = root_of<wire::Reply>(*answer);
+        if (r->result() != CUDA_SUCCESS) {
+            why = to.address + " could not take the session: " + (r->detail() ? r->detail()->str() : "?");
+            return static_cast<CUresult>(r->result());
+        }
+        return CUDA_SUCCESS;
+    };
+    if (CUresult rc = answer_to("session's state", std::chrono::seconds(60)); rc != CUDA_SUCCESS) return rc;
     uint64_t index = 0;
     auto send_piece = [&](std::span<const std::byte> bytes, int fd = -1) {
         flatbuffers::FlatBufferBuilder pb(64);
@@ -265,25 +290,8 @@ CUresult session::send_state(const move_target& to, std::string& why) {
                     return failed_send(r.error());
         }
     // The receiver rebuilds before it answers: a minute, and a second for every GiB it copies back.
-    auto answer = fs.receive(after(std::chrono::seconds(60 + (img.bytes >> 30))), std::chrono::seconds(60));
-    if (!answer) {
-        why = to.address + " did not answer the move: " + answer.error().message;
-        return CUDA_ERROR_NOT_READY;
-    }
-    if (answer->kind() == frame_kind::error) {
-        auto* e = root_of<wire::Error>(*answer);
-        why = to.address + " refused the session: " + (e->message() ? e->message()->str() : "?");
-        return CUDA_ERROR_NOT_READY;
-    }
-    if (answer->kind() != frame_kind::reply) {
-        why = to.address + " answered the move with a " + std::string(to_string(answer->kind())) + " frame";
-        return CUDA_ERROR_NOT_READY;
-    }
-    auto* r = root_of<wire::Reply>(*answer);
-    if (r->result() != CUDA_SUCCESS) {
-        why = to.address + " could not take the session: " + (r->detail() ? r->detail()->str() : "?");
-        return static_cast<CUresult>(r->result());
-    }
+    if (CUresult rc = answer_to("move", std::chrono::seconds(60 + (img.bytes >> 30))); rc != CUDA_SUCCESS)
+        return rc;
     moved_link_ = std::make_unique<frame_stream>(std::move(fs));
     return CUDA_SUCCESS;
 }
@@ -475,6 +483,16 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
         why = "the moved session's pieces are of " + std::to_string(piece) + " bytes";
         return CUDA_ERROR_INVALID_VALUE;
     }
+    // The state is acceptable: the sender may send the pieces (a refusal before this is the only answer, so
+    // that it reaches a sender still writing rather than a broken pipe).
+    {
+        flatbuffers::FlatBufferBuilder go(64);
+        go.Finish(wire::CreateReply(go, CUDA_SUCCESS));
+        if (auto r = fs.send(make_frame(frame_kind::reply, go), after(std::chrono::seconds(10))); !r) {
+            why = "the sender did not take the answer to the state: " + r.error().message;
+            return CUDA_ERROR_NOT_READY;
+        }
+    }
     frame_limits limits;
     limits.max_meta = 1024;
     limits.max_payload = piece;
@@ -514,19 +532,14 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
             const size_t size = r->Get(k + 1);
             if (!receive_piece(nullptr, 0)) return CUDA_ERROR_INVALID_VALUE;
             int fd = fs.raw().take_fd();
-            void* want = reinterpret_cast<void*>(addr);
-            void* p =
-                fd < 0 ? MAP_FAILED
-                       : ::mmap(want, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
-            if (p != want) {
-                if (p != MAP_FAILED) ::munmap(p, size);
+            if (fd < 0 || !map_host_pages_at(addr, fd, size)) {
                 if (fd >= 0) ::close(fd);
                 why = "its shared host memory cannot be mapped at " + std::to_string(addr) + " here";
                 return CUDA_ERROR_ALREADY_MAPPED;
             }
             std::lock_guard lock(mu);
             if (!host.reserve(size, host_quota())) {
-                ::munmap(p, size);
+                unmap_host_pages(addr, size);
                 ::close(fd);
                 why = "its shared host memory exceeds the host memory quota here";
                 return CUDA_ERROR_OUT_OF_MEMORY;
