@@ -58,6 +58,10 @@ struct server_options {
     // --address-window N: where this server places sessions' memory (server/device_memory.hpp); null: where
     // the driver chooses. Shared by all sessions.
     std::shared_ptr<address_window> window;
+    // --gpu-identity TAG: the UUID each GPU (by index) has towards the manager and in lease tokens, so that
+    // several servers on one physical GPU (tests, the software driver) are distinct GPUs to the manager.
+    // Empty: each GPU's own UUID. NVML and the application still see the physical UUID.
+    std::vector<std::string> gpu_identities;
 };
 
 struct session_image;  // server/session_image.hpp
@@ -181,6 +185,9 @@ class session : public std::enable_shared_from_this<session> {
     // `baseline` false until the first heartbeat reply set them), and what came of the last suspend or
     // resume, for heartbeats and `vcuda events`.
     std::atomic<uint64_t> suspend_seq_seen{0}, resume_seq_seen{0};
+    // The manager's move requests (active_lease.move_seq) this session has taken up (the outcome is reported
+    // apart, by server/main.cpp, since a session that moved soon ends here).
+    std::atomic<uint64_t> move_seq_seen{0};
     std::atomic<bool> seqs_known{false};
     int64_t opened_at_ms() const { return opened_at_ms_; }
     std::string note() {
