@@ -715,7 +715,9 @@ int main(int argc, char** argv) {
                 std::lock_guard lock(moves.mu);
                 for (auto& e : moves.entries) move_asked.erase({e.first.lease_id, e.first.gpu_uuid});
             }
-            for (auto& [lease_id, uuid] : move_asked) {
+            for (const auto& asked : move_asked) {
+                const std::string& lease_id = asked.first;
+                const std::string& uuid = asked.second;
                 auto l = std::find_if(alive.begin(), alive.end(),
                                       [&](auto& a) { return a.lease_id == lease_id && a.uuid == uuid; });
                 bool isolated = false;

@@ -319,7 +319,9 @@ class session : public std::enable_shared_from_this<session> {
     std::atomic<bool> closed_{false};
     std::atomic<bool> suspended_{false};
     std::atomic<uint64_t> epoch_{0};
-    std::atomic<std::chrono::steady_clock::rep> last_call_{0};
+    // A session that has had no call yet (or was just moved here) is idle since it was made.
+    std::atomic<std::chrono::steady_clock::rep> last_call_{
+        std::chrono::steady_clock::now().time_since_epoch().count()};
     std::mutex gate_mu_;
     std::condition_variable gate_cv_;
     std::unique_ptr<session_image> image_;  // while suspended

@@ -137,15 +137,26 @@ void service::tick() {
             case rebalance_decision::kind::none:
                 break;
             case rebalance_decision::kind::move:
+                last_standstill_.clear();
                 if (auto l = ask_move(d.plan, "rebalance", "rebalance: " + d.detail, now); l)
                     rebalancer_->moved(now);
                 else
                     event(now, "rebalance", d.plan.lease_id, d.detail + ": not asked: " + l.error().message);
                 break;
             case rebalance_decision::kind::no_candidate:
-            case rebalance_decision::kind::held_back:
-                event(now, "rebalance", "", d.detail);
+            case rebalance_decision::kind::held_back: {
+                // The same standstill again (same GPUs, same reason) is logged, not made an event again.
+                std::string why =
+                    d.detail.substr(d.detail.find(": ") == std::string::npos ? 0 : d.detail.find(": "));
+                std::string key = std::to_string(static_cast<int>(d.what)) + d.hot_uuid + d.cool_uuid + why;
+                if (key != last_standstill_) {
+                    last_standstill_ = key;
+                    event(now, "rebalance", "", d.detail);
+                } else {
+                    VCUDA_LOG_DEBUG("rebalance: {}", d.detail);
+                }
                 break;
+            }
         }
     }
     persist(changes);

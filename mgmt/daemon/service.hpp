@@ -113,6 +113,7 @@ class service {
     // Signs the lease token each move asked of a server presents to the target server.
     void sign_move_tokens(std::vector<active_lease>& leases) const;
     std::optional<rebalancer> rebalancer_;
+    std::string last_standstill_;  // the last rebalancing decision that moved nothing, made an event
     // Events from a heartbeat's session reports: each new outcome of a suspend or resume (their notes).
     void note_session_changes(const server_record& before, const heartbeat& hb, time_ms now);
     static constexpr size_t max_events = 1000;
