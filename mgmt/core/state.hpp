@@ -9,10 +9,10 @@
 // An exclusive lease takes a whole GPU that has no other lease. Cordoned GPUs, cordoned or draining servers
 // and servers that are down take no new leases; leases already there keep running and can be renewed.
 //
-// Moves (`vcuda migrate`, drain, rebalancing): plan_move picks a target GPU for one lease device, request_move
-// records it (the source server is asked through its heartbeat reply, active_leases_on), settle_moves reads
-// the answer from the heartbeats and points the lease device at the new GPU, or leaves it where it was.
-// runs on: the caller's thread; not thread-safe (the daemon serializes calls).
+// Moves (`vcuda migrate`, drain, rebalancing): plan_move picks a target GPU for one lease device,
+// request_move records it (the source server is asked through its heartbeat reply, active_leases_on),
+// settle_moves reads the answer from the heartbeats and points the lease device at the new GPU, or leaves it
+// where it was. runs on: the caller's thread; not thread-safe (the daemon serializes calls).
 #pragma once
 
 #include <chrono>
