@@ -9,6 +9,7 @@
 #   (b) `vcuda drain SERVER` moves a running lease from B to A, and the program passes;
 #   (c) a program placed on A (B cordoned meanwhile) is moved to B by --rebalance (A at 90%, B at 0%);
 #   (d) a tenant may not migrate, not even its own lease.
+# Leases live 2 s (--lease-ttl), so their clients renew them several times after they moved.
 # Usage: manager_moves.sh BUILD_DIR
 set -u
 build=$(cd "$1" && pwd)
@@ -27,7 +28,7 @@ program="$build/tests/programs/suspend_resume"
 
 head -c 32 /dev/urandom | base64 > "$tmp/secret"; chmod 600 "$tmp/secret"
 "$build/bin/vcuda-mgmt" --listen "unix:$tmp/m.sock" --db "$tmp/m.db" --secret-file "$tmp/secret" \
-  --heartbeat-timeout 1s --rebalance --rebalance-interval 500ms --rebalance-after 2 --rebalance-threshold 40 \
+  --heartbeat-timeout 1s --lease-ttl 2s --rebalance --rebalance-interval 500ms --rebalance-after 2 --rebalance-threshold 40 \
   --rebalance-cooldown 5m --log-level debug 2> "$tmp/mgmt.log" & pids+=($!)
 wait_socket "$tmp/m.sock"
 start_server() {  # NAME WINDOW [ARGS...]
@@ -122,4 +123,6 @@ check_program "$tmp/c.out" "(c) rebalance"
 vcuda events | grep "$lease"
 vcuda events --json | json "[e['detail'] for e in j['events'] if e['kind'] == 'rebalance' and e['lease_id'] == '$lease']" |
   grep -q "moving lease $lease" || fail "(c) no rebalance event says why $lease moved"
+# Every lease was renewed to its end, also after its move (none expired; their programs released them).
+grep "expired (not renewed)" "$tmp/mgmt.log" && fail "a lease expired: its client stopped renewing it"
 echo "PASS manager_moves"
