@@ -440,12 +440,15 @@ void server::note_live_leases(
     const std::vector<std::pair<std::string, std::chrono::system_clock::time_point>>& alive) {
     std::lock_guard lock(open_mu_);
     std::map<std::string, std::chrono::system_clock::time_point> now_alive(alive.begin(), alive.end());
-    // Leases this server knew alive (reported, or holding a session) that the manager no longer has: released
-    // or expired. Their tokens are refused until they would have expired anyway (a lease's expiry only
-    // grows).
-    auto forget_at = std::chrono::system_clock::now() + std::chrono::hours(24);
+    // Leases this server knew alive (reported, or holding a session) that the manager no longer has:
+    // released, expired, or moved to another server. Their tokens are refused until they would have expired
+    // anyway (a lease's expiry only grows; a move token lives mgmt::move_token_life at least). A lease listed
+    // again (it moves back here) is alive again.
+    const auto now = std::chrono::system_clock::now();
+    auto forget_at = now + std::chrono::hours(24);
     for (auto& [id, until] : live_leases_)
-        if (!now_alive.count(id)) released_[id] = until;
+        if (!now_alive.count(id)) released_[id] = std::max(until, now + mgmt::move_token_life);
+    for (auto& [id, until] : now_alive) released_.erase(id);
     for (auto& [key, sid] : lease_sessions_)
         if (!now_alive.count(key.first) && !live_leases_.count(key.first))
             released_.emplace(key.first, forget_at);

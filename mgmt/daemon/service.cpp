@@ -192,13 +192,18 @@ void service::note_move_outcomes(const std::vector<manager_state::move_outcome>&
     }
 }
 
-void service::sign_move_tokens(std::vector<active_lease>& leases) const {
+void service::sign_move_tokens(std::vector<active_lease>& leases, time_ms now) const {
+    // The target checks the token when the state arrives, after the gate closed and the state was saved
+    // (seconds for a large session), so it lives at least move_token_life, however soon the lease would
+    // expire without a renewal. A lease that ends meanwhile is still refused there: the target was told it
+    // is alive (the pending move), and refuses the tokens of leases that were alive and are no longer.
+    const int64_t until = std::max(to_unix_ms(now + move_token_life), int64_t{0});
     for (auto& a : leases)
         if (!a.move_to_uuid.empty())
             a.move_token =
-                sign_token(cfg_.secret,
-                           {a.lease_id, a.move_to_uuid, a.memory_quota,
-                            std::chrono::system_clock::time_point(std::chrono::milliseconds(a.expires_at))});
+                sign_token(cfg_.secret, {a.lease_id, a.move_to_uuid, a.memory_quota,
+                                         std::chrono::system_clock::time_point(
+                                             std::chrono::milliseconds(std::max(a.expires_at, until)))});
 }
 
 std::string service::grant_json(const lease_record& l) {
@@ -391,7 +396,7 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
                           " s: suspend asked (--idle-suspend-after)");
             if (!asked.empty()) r->leases = state_.active_leases_on(hb->server_id);
         }
-        sign_move_tokens(r->leases);
+        sign_move_tokens(r->leases, now);
         return ok(json(*r));
     }
     if (method == "lease.acquire") {

@@ -111,7 +111,7 @@ class service {
     // "GPU-… (host, srv-…)"
     std::string describe_gpu(const std::string& uuid) const;
     // Signs the lease token each move asked of a server presents to the target server.
-    void sign_move_tokens(std::vector<active_lease>& leases) const;
+    void sign_move_tokens(std::vector<active_lease>& leases, time_ms now) const;
     std::optional<rebalancer> rebalancer_;
     std::string last_standstill_;  // the last rebalancing decision that moved nothing, made an event
     // Events from a heartbeat's session reports: each new outcome of a suspend or resume (their notes).

@@ -120,7 +120,7 @@ TEST_CASE("migrate: the target is up, of the same index, with room, not where th
     CHECK_THAT(f.refusal(l.id, "GPU-b0").message, Catch::Contains("without room for its 8"));
 }
 
-TEST_CASE("migrate: an exclusive lease needs a GPU nobody uses; a lease moves once at a time",
+TEST_CASE("migrate: an exclusive lease needs a GPU nobody uses, and a lease moves once at a time",
           "[unit][mgmt]") {
     fixture f;
     f.add(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}));
@@ -141,7 +141,7 @@ TEST_CASE("migrate: an exclusive lease needs a GPU nobody uses; a lease moves on
     CHECK(other->devices[0].uuid == "GPU-b0");
 }
 
-TEST_CASE("migrate: the request reaches both servers; the old one's answer settles it", "[unit][mgmt]") {
+TEST_CASE("migrate: the request reaches both servers, and the old one's answer settles it", "[unit][mgmt]") {
     fixture f;
     auto areg = server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}, "unix:/run/a.sock");
     areg.endpoints.push_back("10.0.0.1:7300");
@@ -188,7 +188,7 @@ TEST_CASE("migrate: the request reaches both servers; the old one's answer settl
     CHECK(f.settle(a, {r}).empty());
 }
 
-TEST_CASE("migrate: a failed move leaves the lease where it was; unanswered ones are given up",
+TEST_CASE("migrate: a failed move leaves the lease where it was, and unanswered ones are given up",
           "[unit][mgmt]") {
     fixture f;
     std::string a = f.add(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}));
@@ -432,7 +432,7 @@ struct manager {
 
 }  // namespace
 
-TEST_CASE("service: lease.migrate signs a token for the target; server.drain moves leases unless --wait",
+TEST_CASE("service: lease.migrate signs a token for the target, and server.drain moves leases unless --wait",
           "[unit][mgmt]") {
     manager m;
     std::string a =

@@ -17,7 +17,12 @@ tmp=$(mktemp -d /tmp/vcuda-moves-XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$tmp"/*.log "$tmp"/*.out; do echo "--- $f"; tail -25 "$f"; done; exit 1; }
+fail() {
+  echo "FAIL: $*"
+  echo "--- vcuda events"; "$build/bin/vcuda" events --manager "unix:$tmp/m.sock" --credential "$tmp/admin.cred"
+  for f in "$tmp"/*.log "$tmp"/*.out; do echo "--- $f"; grep -v '\[debug\]' "$f" | tail -25; done
+  exit 1
+}
 wait_socket() { for _ in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.05; done; fail "no socket $1"; }
 # wait_for SECONDS CMD...: until CMD succeeds
 wait_for() { local n=$(($1 * 10)); shift; for _ in $(seq "$n"); do "$@" && return 0; sleep 0.1; done; return 1; }
