@@ -29,6 +29,10 @@ struct token_claims {
     std::chrono::system_clock::time_point expires_at;  // the server refuses new sessions with it after this
 };
 
+// The least a lease token the manager signs for a move lives (`active_lease.move_token`, for the target GPU):
+// it is checked when the moved state arrives, after the old server saved it (seconds for a large session).
+inline constexpr std::chrono::minutes move_token_life{2};
+
 // Signs the claims. lease_id and gpu_uuid must not contain '\n' (the manager's ids and GPU UUIDs never do).
 std::string sign_token(std::string_view secret, const token_claims& claims);
 

@@ -268,6 +268,21 @@ int main(int argc, char** argv) {
         ->group("Testing")
         ->capture_default_str()
         ->check(CLI::Range(0, 3600 * 1000));
+    std::string gpu_identity;
+    app.add_option(
+        "--gpu-identity", gpu_identity,
+        "TAG: give this server's GPUs UUIDs of their own towards the manager (registration, heartbeats, the "
+        "lease tokens it accepts), derived from the GPU's UUID, TAG and its index, so that several servers "
+        "on "
+        "one physical GPU (tests, the software driver) are distinct GPUs to the manager and sessions can "
+        "move "
+        "between them. NVML and programs still see the physical UUID");
+    int test_utilization = -1;
+    app.add_option("--test-report-utilization", test_utilization,
+                   "For tests: report PCT as every GPU's utilization in heartbeats to the manager instead of "
+                   "NVML's (simulated load for the manager's --rebalance)")
+        ->group("Testing")
+        ->check(CLI::Range(0, 100));
     int worker_fd = -1;
     app.add_option("--worker-fd", worker_fd,
                    "Internal (--isolation process): run as the worker of one session handed over on this "
@@ -427,6 +442,18 @@ int main(int argc, char** argv) {
         return 1;
     }
     if (opts.isolate) VCUDA_LOG_INFO("--isolation process: each session runs in a worker process of its own");
+    if (!gpu_identity.empty()) {
+        for (size_t i = 0; i < drv.gpus().size(); ++i) {
+            opts.gpu_identities.push_back(
+                vcuda::server::gpu_identity_string(drv.gpus()[i].uuid, gpu_identity, i));
+            VCUDA_LOG_INFO("--gpu-identity {}: GPU {} ({}) is {} to the manager", gpu_identity, i,
+                           vcuda::server::gpu_uuid_string(drv.gpus()[i].uuid), opts.gpu_identities.back());
+        }
+    }
+    if (test_utilization >= 0)
+        VCUDA_LOG_WARN(
+            "--test-report-utilization {}: heartbeats report that utilization for every GPU (tests)",
+            test_utilization);
     vcuda::server::server srv(drv, opts);
     for (auto& a : listen) {
         auto ep = vcuda::endpoint::parse(a);
@@ -482,7 +509,17 @@ int main(int argc, char** argv) {
         metrics_server = std::move(*m);
         VCUDA_LOG_INFO("metrics at http://{}/metrics", metrics_server->local().to_string());
     }
-    task_queue mobility;  // suspends and resumes the manager asks for, off the heartbeat thread
+    task_queue mobility;  // suspends, resumes and moves the manager asks for, off the heartbeat thread
+    // Moves the manager asked for that were tried, kept until the manager has their outcome: a session that
+    // moved ends here soon after (its client follows it), so its own report would not carry the outcome.
+    struct move_book {
+        std::mutex mu;
+        std::vector<std::pair<vcuda::mgmt::session_report, std::chrono::steady_clock::time_point>> entries;
+        void add(vcuda::mgmt::session_report r) {
+            std::lock_guard lock(mu);
+            entries.emplace_back(std::move(r), std::chrono::steady_clock::now());
+        }
+    } moves;
     std::unique_ptr<vcuda::mgmt::server_agent> agent;
     if (!manager.empty()) {
         auto mep = vcuda::endpoint::parse(manager);
@@ -512,22 +549,27 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < drv.gpus().size(); ++i) {
             auto& g = drv.gpus()[i];
             cfg.registration.gpus.push_back(
-                {static_cast<uint32_t>(i), vcuda::server::gpu_uuid_string(g.uuid), g.name, g.total_memory,
+                {static_cast<uint32_t>(i), srv.gpu_id(i), g.name, g.total_memory,
                  static_cast<uint32_t>(g.attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT]), version});
         }
-        cfg.load = [&srv, &drv, &opts] {
+        cfg.load = [&srv, &drv, &opts, &moves, test_utilization] {
             vcuda::mgmt::heartbeat hb;
             std::vector<uint64_t> used(drv.gpus().size(), 0);
             std::vector<uint32_t> count(drv.gpus().size(), 0);
+            std::lock_guard book(moves.mu);
+            std::vector<bool> reported(moves.entries.size(), false);
             srv.sessions().for_each([&](vcuda::server::session& s) {
                 std::lock_guard lock(s.mu);
                 for (size_t i = 0; i < s.device_count(); ++i) {
                     if (!s.allowed(i)) continue;
-                    used[i] += s.memory(i).resident();
-                    ++count[i];
-                    vcuda::mgmt::session_report r{std::to_string(s.id()), s.lease_id(),
-                                                  vcuda::server::gpu_uuid_string(drv.gpus()[i].uuid),
+                    vcuda::mgmt::session_report r{std::to_string(s.id()), s.lease_id(), srv.gpu_id(i),
                                                   s.peer(), s.memory(i).resident()};
+                    if (s.moved()) {
+                        r.moved_to = s.moved_to();  // it lives elsewhere now; the manager lists it there
+                    } else {
+                        used[i] += r.memory_used;
+                        ++count[i];
+                    }
                     r.suspended = s.suspended();
                     r.idle_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                     std::chrono::steady_clock::now() - s.last_call())
@@ -535,9 +577,20 @@ int main(int argc, char** argv) {
                     r.suspend_seq = s.suspend_seq_seen.load();
                     r.resume_seq = s.resume_seq_seen.load();
                     r.note = s.note();
+                    // A move the manager asked for and that was tried: its outcome (never one under way).
+                    for (size_t k = 0; k < moves.entries.size(); ++k) {
+                        auto& e = moves.entries[k].first;
+                        if (e.session_id != r.session_id || e.gpu_uuid != r.gpu_uuid) continue;
+                        reported[k] = true;
+                        r.move_seq = e.move_seq;
+                        r.note = e.note;
+                        r.moved_to = e.moved_to;
+                    }
                     hb.sessions.push_back(std::move(r));
                 }
             });
+            for (size_t k = 0; k < moves.entries.size(); ++k)  // sessions that moved and ended here since
+                if (!reported[k]) hb.sessions.push_back(moves.entries[k].first);
             // --isolation process: sessions live in worker processes; each is reported with the memory its
             // grant allows (its quota, else the GPU's), not what it holds at the moment.
             for (auto& w : srv.worker_sessions())
@@ -549,29 +602,46 @@ int main(int argc, char** argv) {
                     q = q ? std::min<uint64_t>(q, drv.gpus()[i].total_memory) : drv.gpus()[i].total_memory;
                     used[i] += q;
                     ++count[i];
-                    hb.sessions.push_back({std::to_string(w.id), w.grant.lease_id,
-                                           vcuda::server::gpu_uuid_string(drv.gpus()[i].uuid), w.peer, q});
+                    hb.sessions.push_back({std::to_string(w.id), w.grant.lease_id, srv.gpu_id(i), w.peer, q});
                 }
             for (size_t i = 0; i < drv.gpus().size(); ++i) {
                 auto& uuid = drv.gpus()[i].uuid;
-                hb.gpus.push_back({vcuda::server::gpu_uuid_string(uuid),
-                                   vcuda::server::gpu_utilization(uuid).value_or(0), used[i], count[i]});
+                uint32_t utilization = test_utilization >= 0
+                                           ? static_cast<uint32_t>(test_utilization)
+                                           : vcuda::server::gpu_utilization(uuid).value_or(0);
+                hb.gpus.push_back({srv.gpu_id(i), utilization, used[i], count[i]});
             }
             return hb;
         };
         // A session whose lease the manager no longer has (released by an operator, or expired) is ended.
-        cfg.on_leases = [&srv, &mobility](const std::vector<vcuda::mgmt::active_lease>& alive) {
+        cfg.on_leases = [&srv, &mobility, &moves](const std::vector<vcuda::mgmt::active_lease>& alive) {
             std::vector<std::pair<std::string, std::chrono::system_clock::time_point>> live;
             live.reserve(alive.size());
             for (auto& l : alive)
                 live.emplace_back(l.lease_id, std::chrono::system_clock::time_point(
                                                   std::chrono::milliseconds(l.expires_at)));
             srv.note_live_leases(live);  // their tokens open no session once they are gone
+            // The moves asked of this server's GPUs (lease, GPU), to find those no live session takes up.
+            std::set<std::pair<std::string, std::string>> move_asked;
+            for (auto& l : alive)
+                if (!l.move_to_uuid.empty()) move_asked.emplace(l.lease_id, l.uuid);
             for (auto& sp : srv.sessions().snapshot()) {
                 auto& s = *sp;
                 if (s.lease_id().empty()) continue;
+                std::string uuid;  // the session's GPU (a lease token opens one session per GPU)
+                for (size_t i = 0; i < s.device_count() && uuid.empty(); ++i)
+                    if (s.allowed(i)) uuid = srv.gpu_id(i);
+                // A session that moved lives on at another server: its connections here end as its client
+                // follows it (the manager no longer lists its lease here once it knows).
+                if (s.moved()) {
+                    move_asked.erase({s.lease_id(), uuid});
+                    continue;
+                }
                 auto l = std::find_if(alive.begin(), alive.end(),
-                                      [&](auto& a) { return a.lease_id == s.lease_id(); });
+                                      [&](auto& a) { return a.lease_id == s.lease_id() && a.uuid == uuid; });
+                if (l == alive.end())
+                    l = std::find_if(alive.begin(), alive.end(),
+                                     [&](auto& a) { return a.lease_id == s.lease_id(); });
                 if (l == alive.end()) {
                     s.end("its lease " + s.lease_id() + " was released or expired");
                     continue;
@@ -585,6 +655,52 @@ int main(int argc, char** argv) {
                         l->suspend_seq - std::min<uint64_t>(l->suspend_seq, since(l->suspend_asked_at));
                     s.resume_seq_seen =
                         l->resume_seq - std::min<uint64_t>(l->resume_seq, since(l->resume_asked_at));
+                    s.move_seq_seen = l->move_seq - std::min<uint64_t>(l->move_seq, since(l->move_asked_at));
+                }
+                if (!l->move_to_uuid.empty() && l->uuid == uuid) {
+                    move_asked.erase({l->lease_id, l->uuid});  // this session takes it up (or took it up)
+                    if (l->move_seq > s.move_seq_seen.load()) {
+                        s.move_seq_seen = l->move_seq;
+                        // To the target's address of the client's kind (a Unix socket for a client on one),
+                        // else its first TCP one: the client follows the session there.
+                        const auto kind =
+                            s.local_client ? vcuda::endpoint::kind::unix_socket : vcuda::endpoint::kind::tcp;
+                        std::optional<vcuda::server::session::move_target> to;
+                        std::string why = "the manager gave no address of the target server";
+                        for (int pass = 0; pass < 2 && !to; ++pass)
+                            for (auto& text : l->move_to_endpoints) {
+                                auto ep = vcuda::endpoint::parse(text);
+                                if (!ep) {
+                                    why = "the target's address " + text + ": " + ep.error();
+                                    continue;
+                                }
+                                if (ep->type == (pass == 0 ? kind : vcuda::endpoint::kind::tcp)) {
+                                    to = vcuda::server::session::move_target{*ep, text, l->move_token};
+                                    break;
+                                }
+                            }
+                        vcuda::mgmt::session_report r{std::to_string(s.id()), s.lease_id(), uuid, s.peer()};
+                        r.move_seq = l->move_seq;
+                        if (!to) {
+                            r.note = "not moved: " + why;
+                            VCUDA_LOG_WARN("session {}: the manager asked for a move to {}; {}", s.id(),
+                                           l->move_to_uuid, r.note);
+                            moves.add(std::move(r));
+                        } else {
+                            VCUDA_LOG_INFO("session {}: the manager asks for a move to GPU {} at {}", s.id(),
+                                           l->move_to_uuid, to->address);
+                            mobility.post([sp, to = *to, r = std::move(r), &moves]() mutable {
+                                std::string why;
+                                if (sp->move_to(to, std::chrono::seconds(5), why) == CUDA_SUCCESS) {
+                                    r.note = sp->note();
+                                    r.moved_to = to.address;
+                                } else {
+                                    r.note = "not moved: " + why;
+                                }
+                                moves.add(std::move(r));
+                            });
+                        }
+                    }
                 }
                 if (l->suspend_seq > s.suspend_seq_seen.load()) {
                     s.suspend_seq_seen = l->suspend_seq;
@@ -604,6 +720,38 @@ int main(int argc, char** argv) {
                                            sp->id(), why);
                     });
                 }
+            }
+            {
+                // Moves no live session here takes up: say why, once (while the book keeps the answer).
+                std::lock_guard lock(moves.mu);
+                for (auto& e : moves.entries) move_asked.erase({e.first.lease_id, e.first.gpu_uuid});
+            }
+            for (const auto& asked : move_asked) {
+                const std::string& lease_id = asked.first;
+                const std::string& uuid = asked.second;
+                auto l = std::find_if(alive.begin(), alive.end(),
+                                      [&](auto& a) { return a.lease_id == lease_id && a.uuid == uuid; });
+                bool isolated = false;
+                for (auto& w : srv.worker_sessions()) isolated = isolated || w.grant.lease_id == lease_id;
+                vcuda::mgmt::session_report r{"", lease_id, uuid};
+                r.move_seq = l->move_seq;
+                r.note = isolated ? "not moved: sessions in --isolation process cannot move yet"
+                                  : "not moved: lease " + lease_id +
+                                        " has no session on this GPU here (it has "
+                                        "not opened one, or it has ended)";
+                moves.add(std::move(r));
+            }
+            {
+                // Outcomes the manager has settled (it asks for that move no more) are forgotten.
+                std::lock_guard lock(moves.mu);
+                auto old = std::chrono::steady_clock::now() - std::chrono::minutes(15);
+                std::erase_if(moves.entries, [&](auto& e) {
+                    bool asked = std::any_of(alive.begin(), alive.end(), [&](auto& a) {
+                        return a.lease_id == e.first.lease_id && a.uuid == e.first.gpu_uuid &&
+                               a.move_seq == e.first.move_seq && !a.move_to_uuid.empty();
+                    });
+                    return !asked || e.second < old;
+                });
             }
             for (auto& w : srv.worker_sessions()) {
                 if (w.grant.lease_id.empty()) continue;

@@ -364,7 +364,7 @@ bool server::authorize(const wire::Hello& h, session_grant& grant, std::string& 
         return true;
     }
     for (size_t i = 0; i < drv_.gpus().size(); ++i) {
-        if (gpu_uuid_string(drv_.gpus()[i].uuid) == claims->gpu_uuid) {
+        if (gpu_id(i) == claims->gpu_uuid) {
             grant.gpus = {i};
             grant.memory_quota = claims->memory_quota;
             grant.lease_id = claims->lease_id;
@@ -440,12 +440,15 @@ void server::note_live_leases(
     const std::vector<std::pair<std::string, std::chrono::system_clock::time_point>>& alive) {
     std::lock_guard lock(open_mu_);
     std::map<std::string, std::chrono::system_clock::time_point> now_alive(alive.begin(), alive.end());
-    // Leases this server knew alive (reported, or holding a session) that the manager no longer has: released
-    // or expired. Their tokens are refused until they would have expired anyway (a lease's expiry only
-    // grows).
-    auto forget_at = std::chrono::system_clock::now() + std::chrono::hours(24);
+    // Leases this server knew alive (reported, or holding a session) that the manager no longer has:
+    // released, expired, or moved to another server. Their tokens are refused until they would have expired
+    // anyway (a lease's expiry only grows; a move token lives mgmt::move_token_life at least). A lease listed
+    // again (it moves back here) is alive again.
+    const auto now = std::chrono::system_clock::now();
+    auto forget_at = now + std::chrono::hours(24);
     for (auto& [id, until] : live_leases_)
-        if (!now_alive.count(id)) released_[id] = until;
+        if (!now_alive.count(id)) released_[id] = std::max(until, now + mgmt::move_token_life);
+    for (auto& [id, until] : now_alive) released_.erase(id);
     for (auto& [key, sid] : lease_sessions_)
         if (!now_alive.count(key.first) && !live_leases_.count(key.first))
             released_.emplace(key.first, forget_at);
@@ -459,6 +462,29 @@ std::string gpu_uuid_string(const CUuuid& u) {
                   b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
                   b[14], b[15]);
     return s;
+}
+
+std::string gpu_identity_string(const CUuuid& u, const std::string& tag, size_t index) {
+    if (tag.empty()) return gpu_uuid_string(u);
+    // Two FNV-1a 64-bit hashes (different offsets) of the UUID, the tag and the index: 128 bits.
+    std::string text = gpu_uuid_string(u) + "/" + tag + "/" + std::to_string(index);
+    auto fnv = [&](uint64_t h) {
+        for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ull;
+        return h;
+    };
+    const uint64_t hi = fnv(0xcbf29ce484222325ull), lo = fnv(0x84222325cbf29ce4ull);
+    CUuuid out{};
+    for (int i = 0; i < 8; ++i) {
+        out.bytes[i] = static_cast<char>(hi >> (56 - 8 * i));
+        out.bytes[8 + i] = static_cast<char>(lo >> (56 - 8 * i));
+    }
+    return gpu_uuid_string(out);
+}
+
+std::string server::gpu_id(size_t index) const {
+    if (index < opts_.gpu_identities.size() && !opts_.gpu_identities[index].empty())
+        return opts_.gpu_identities[index];
+    return index < drv_.gpus().size() ? gpu_uuid_string(drv_.gpus()[index].uuid) : std::string();
 }
 
 namespace {

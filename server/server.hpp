@@ -24,6 +24,9 @@ namespace vcuda::server {
 
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi and the manager write GPU UUIDs.
 std::string gpu_uuid_string(const CUuuid& u);
+// The UUID a GPU has towards the manager (lease tokens, registration, heartbeats) under --gpu-identity TAG:
+// one derived from its own UUID, the tag and its index (FNV-1a), shaped like a UUID; its own without a tag.
+std::string gpu_identity_string(const CUuuid& u, const std::string& tag, size_t index);
 // The GPU's utilization in percent over NVML's last sample period (server/handlers_nvml.cpp), for the
 // manager's heartbeats; nothing when the host's NVML is missing or does not know the GPU.
 std::optional<uint32_t> gpu_utilization(const CUuuid& u);
@@ -42,6 +45,8 @@ class server {
     // Stops accepting; live sessions are ended as their connections close.
     void stop();
     session_registry& sessions() { return sessions_; }
+    // The UUID of GPU `index` towards the manager and in lease tokens (server_options::gpu_identities).
+    std::string gpu_id(size_t index) const;
     // Connections being served now (lanes, bulk connections, HELLOs under way).
     uint32_t connections() const { return connections_.load(); }
     // Attached to a manager: the leases it reports alive on this server's GPUs (id, expiry), after every

@@ -64,6 +64,10 @@ struct server_options {
     // --move-memory copy: a move copies device memory even to a server on the same GPU, which otherwise
     // takes the physical memory itself (for measurements and tests of the copying path).
     bool move_by_copy = false;
+    // --gpu-identity TAG: the UUID each GPU (by index) has towards the manager and in lease tokens, so that
+    // several servers on one physical GPU (tests, the software driver) are distinct GPUs to the manager.
+    // Empty: each GPU's own UUID. NVML and the application still see the physical UUID.
+    std::vector<std::string> gpu_identities;
 };
 
 struct session_image;  // server/session_image.hpp
@@ -192,6 +196,9 @@ class session : public std::enable_shared_from_this<session> {
     // `baseline` false until the first heartbeat reply set them), and what came of the last suspend or
     // resume, for heartbeats and `vcuda events`.
     std::atomic<uint64_t> suspend_seq_seen{0}, resume_seq_seen{0};
+    // The manager's move requests (active_lease.move_seq) this session has taken up (the outcome is reported
+    // apart, by server/main.cpp, since a session that moved soon ends here).
+    std::atomic<uint64_t> move_seq_seen{0};
     std::atomic<bool> seqs_known{false};
     int64_t opened_at_ms() const { return opened_at_ms_; }
     std::string note() {
@@ -324,7 +331,9 @@ class session : public std::enable_shared_from_this<session> {
     std::atomic<bool> closed_{false};
     std::atomic<bool> suspended_{false};
     std::atomic<uint64_t> epoch_{0};
-    std::atomic<std::chrono::steady_clock::rep> last_call_{0};
+    // A session that has had no call yet (or was just moved here) is idle since it was made.
+    std::atomic<std::chrono::steady_clock::rep> last_call_{
+        std::chrono::steady_clock::now().time_since_epoch().count()};
     std::mutex gate_mu_;
     std::condition_variable gate_cv_;
     std::unique_ptr<session_image> image_;  // while suspended

@@ -122,12 +122,15 @@ void print_leases(const json& body) {
 }
 
 void print_sessions(const json& body) {
-    table t({"HOST", "GPU", "SESSION", "LEASE", "CLIENT", "MEMORY USED>", "STATE", "IDLE>"});
-    for (auto& s : list(body, "sessions"))
-        t.add({str(s, "host"), str(s, "gpu_uuid"), str(s, "session_id"), str(s, "lease_id", "-"),
-               str(s, "client", "-"), format_size(num(s, "memory_used")),
-               flag(s, "suspended") ? "suspended" : "running",
+    table t({"HOST", "SERVER", "GPU", "SESSION", "LEASE", "CLIENT", "MEMORY USED>", "STATE", "IDLE>"});
+    for (auto& s : list(body, "sessions")) {
+        std::string state = flag(s, "suspended") ? "suspended" : "running";
+        if (s.contains("moving_to")) state += ", moving to " + str(s, "moving_to");
+        if (s.contains("arriving_from")) state = "arriving from " + str(s, "arriving_from");
+        t.add({str(s, "host"), str(s, "server_id"), str(s, "gpu_uuid"), str(s, "session_id"),
+               str(s, "lease_id", "-"), str(s, "client", "-"), format_size(num(s, "memory_used")), state,
                std::to_string(static_cast<uint64_t>(num(s, "idle_ms")) / 1000) + " s"});
+    }
     if (t.empty()) {
         std::printf("no sessions: no client is connected to a vcuda-server that reports to this manager.\n");
         return;
@@ -142,7 +145,8 @@ void print_events(const json& body) {
                str(e, "detail")});
     if (t.empty()) {
         std::printf(
-            "no events: the manager has not suspended, resumed or reclaimed anything since it started.\n");
+            "no events: the manager has not suspended, resumed, reclaimed or moved anything since it "
+            "started.\n");
         return;
     }
     std::fputs(t.render().c_str(), stdout);
@@ -226,10 +230,35 @@ operator_commands::operator_commands(CLI::App& app) {
     cordon_.app->add_option("target", cordon_.target, "GPU UUID, server host or server id")->required();
     uncordon_ = add(app, "uncordon", "Allow new leases again on a GPU or server (also ends a drain).");
     uncordon_.app->add_option("target", uncordon_.target, "GPU UUID, server host or server id")->required();
-    drain_ = add(app, "drain",
-                 "Drain a server: no new leases on it; existing leases run out. `vcuda servers` shows when "
-                 "it is empty.");
+    drain_ =
+        add(app, "drain",
+            "Drain a server: no new leases on it, and each of its leases moves live to another GPU (as "
+            "`vcuda migrate` does: same GPU index, room for its memory, not cordoned or draining). Leases "
+            "that cannot move run out there; `vcuda events` says why. With --wait nothing moves: the "
+            "leases run out. `vcuda servers` shows 'drained' when it is empty.");
     drain_.app->add_option("host", drain_.target, "server host or server id")->required();
+    drain_.app->add_flag("--wait", drain_wait_,
+                         "only stop new leases and wait for the running ones to end (move nothing)");
+    migrate_ =
+        add(app, "migrate",
+            "Move a lease's session live to another GPU (operators). Its server saves the session's GPU "
+            "state and sends it to the target's server at its next heartbeat; the program pauses and "
+            "goes on there, its pointers and handles unchanged. The target: the GPU named, or the "
+            "best-fitting GPU of the host or server named, or of any host without --to; it must be up "
+            "(not cordoned or draining), have room for the lease's memory, and have the same index on its "
+            "server as the GPU the session is on. `vcuda events` shows the request and the outcome "
+            "('moved' with the pause, or 'not-moved' with the reason: then it stays where it was); "
+            "`vcuda sessions` shows where the session is.");
+    migrate_.app
+        ->add_option("lease", migrate_.target,
+                     "lease id (a lease of one GPU), or a session id, as `vcuda sessions` shows them")
+        ->required();
+    migrate_.app->add_option("--to", migrate_to_, "GPU UUID, server host or server id (default: any)");
+    migrate_.app->footer(
+        "Limits: sessions holding what a move does not rebuild yet (CUDA graphs, arrays, memory pools, the "
+        "program's own VMM use), --isolation process sessions, and sessions sharing pinned host memory with "
+        "a "
+        "client on another host than the target stay where they are, with the reason in `vcuda events`.");
     release_ =
         add(app, "release",
             "Release a lease now (the client loses its GPUs). Your own leases, or any with an operator "
@@ -244,8 +273,11 @@ operator_commands::operator_commands(CLI::App& app) {
     resume_ = add(app, "resume", "Resume a suspended lease's sessions now, rather than at their next call.");
     resume_.app->add_option("lease", resume_.target, "lease id, as `vcuda leases` shows it")->required();
     events_ = add(app, "events",
-                  "What the manager did and why: suspends and resumes asked for, idle reclaims, and what the "
-                  "servers answered (operators).");
+                  "What the manager did and why (operators): suspends and resumes asked for, idle reclaims, "
+                  "moves asked for (migrate: by an operator; drain; rebalance: the policy's decisions, also "
+                  "those that moved nothing), and what the servers answered (session: a suspend's or "
+                  "resume's outcome; moved: where a session went and how long it paused; not-moved: why "
+                  "it stayed).");
 
     auto* tokens = app.add_subcommand(
         "tokens",
@@ -313,9 +345,13 @@ int operator_commands::execute() {
         method = "gpu.cordon", cmd = &cordon_, body["target"] = cordon_.target;
     else if (uncordon_.app->parsed())
         method = "gpu.uncordon", cmd = &uncordon_, body["target"] = uncordon_.target;
-    else if (drain_.app->parsed())
+    else if (drain_.app->parsed()) {
         method = "server.drain", cmd = &drain_, body["host"] = drain_.target;
-    else if (release_.app->parsed())
+        if (drain_wait_) body["wait"] = true;
+    } else if (migrate_.app->parsed()) {
+        method = "lease.migrate", cmd = &migrate_, body["target"] = migrate_.target;
+        if (!migrate_to_.empty()) body["to"] = migrate_to_;
+    } else if (release_.app->parsed())
         method = "lease.release", cmd = &release_, body["lease_id"] = release_.target;
     else if (suspend_.app->parsed())
         method = "lease.suspend", cmd = &suspend_, body["lease_id"] = suspend_.target;
@@ -349,7 +385,7 @@ int operator_commands::execute() {
     std::string name;
     for (const command* c :
          {&gpus_, &servers_, &leases_, &sessions_, &cordon_, &uncordon_, &drain_, &release_, &suspend_,
-          &resume_, &events_, &tokens_create_, &tokens_list_, &tokens_revoke_})
+          &resume_, &events_, &migrate_, &tokens_create_, &tokens_list_, &tokens_revoke_})
         if (c->app->parsed())
             name = (c == &tokens_create_ || c == &tokens_list_ || c == &tokens_revoke_ ? "tokens " : "") +
                    c->app->get_name();
@@ -413,10 +449,32 @@ int operator_commands::execute() {
             std::printf("uncordoned %s: it takes new leases again.\n", what.c_str());
     } else if (cmd == &drain_) {
         uint64_t left = num(out, "leases_left");
+        if (drain_wait_) {
+            std::printf(
+                "draining %s: no new leases; %llu lease(s) still running will run out. `vcuda servers` shows "
+                "'drained' when it is empty; `vcuda uncordon %s` ends the drain.\n",
+                drain_.target.c_str(), static_cast<unsigned long long>(left), drain_.target.c_str());
+        } else {
+            std::printf("draining %s: no new leases; %zu of %llu lease(s) moving to other GPUs",
+                        drain_.target.c_str(), list(out, "moving").size(),
+                        static_cast<unsigned long long>(left));
+            std::printf("%s", list(out, "staying").empty() ? ".\n" : "; staying (they run out there):\n");
+            for (auto& st : list(out, "staying"))
+                std::printf("  %s: %s\n", str(st, "lease_id").c_str(), str(st, "why").c_str());
+            for (auto& m : list(out, "moving"))
+                std::printf("  %s: to %s\n", str(m, "lease_id").c_str(), str(m, "to_uuid").c_str());
+            std::printf(
+                "`vcuda events` shows each outcome, `vcuda servers` 'drained' when it is empty; `vcuda "
+                "uncordon %s` ends the drain.\n",
+                drain_.target.c_str());
+        }
+    } else if (cmd == &migrate_) {
         std::printf(
-            "draining %s: no new leases; %llu lease(s) still running will run out. `vcuda servers` shows "
-            "'drained' when it is empty; `vcuda uncordon %s` ends the drain.\n",
-            drain_.target.c_str(), static_cast<unsigned long long>(left), drain_.target.c_str());
+            "move of lease %s asked for: from GPU %s to GPU %s (%s, %s); its server acts at its next "
+            "heartbeat. "
+            "`vcuda events` shows the outcome, `vcuda sessions` where it runs.\n",
+            str(out, "lease_id").c_str(), str(out, "from_uuid").c_str(), str(out, "to_uuid").c_str(),
+            str(out, "to_host").c_str(), str(out, "to_server_id").c_str());
     } else if (cmd == &release_) {
         std::printf("released lease %s\n", release_.target.c_str());
     } else if (cmd == &suspend_) {

@@ -370,6 +370,16 @@ manager_state::tick_result manager_state::tick(time_ms now, state_changes& chang
             changes.servers_put.push_back(id);
         }
     }
+    for (auto& [id, l] : leases_)
+        for (auto& d : l.devices)
+            if (d.move && now - d.move->asked_at >= cfg_.move_timeout) {
+                r.moves_given_up.push_back({id, d.uuid, d.move->to_uuid, false,
+                                            "no server reported an outcome within " +
+                                                std::to_string(cfg_.move_timeout.count() / 1000) +
+                                                " s; the lease stays where it was",
+                                            d.move->reason, now - d.move->asked_at});
+                d.move.reset();
+            }
     for (auto it = leases_.begin(); it != leases_.end();) {
         if (it->second.expires_at <= now) {
             changes.leases_deleted.push_back(it->first);
@@ -397,8 +407,8 @@ gpu_view manager_state::view(const gpu_record& g) const {
     if (auto s = servers_.find(g.server_id); s != servers_.end()) v.server = &s->second;
     for (auto& [id, l] : leases_)
         for (auto& d : l.devices)
-            if (d.uuid == g.info.uuid) {
-                v.leased_memory += d.memory_quota;
+            if (d.uuid == g.info.uuid || (d.move && d.move->to_uuid == g.info.uuid)) {
+                v.leased_memory += d.memory_quota;  // a lease on its way here holds its room already
                 ++v.leases;
                 v.exclusive = v.exclusive || l.exclusive;
             }
@@ -443,13 +453,243 @@ uint32_t manager_state::leases_on_server(const std::string& server_id) const {
 
 std::vector<active_lease> manager_state::active_leases_on(const std::string& server_id) const {
     std::vector<active_lease> out;
+    auto on_server = [&](const std::string& uuid) {
+        auto g = gpus_.find(uuid);
+        return g != gpus_.end() && g->second.server_id == server_id;
+    };
     for (auto& [id, l] : leases_)
-        for (auto& d : l.devices)
-            if (auto g = gpus_.find(d.uuid); g != gpus_.end() && g->second.server_id == server_id)
-                out.push_back({id, d.uuid, d.memory_quota, to_unix_ms(l.expires_at), l.suspend_seq,
-                               l.resume_seq, l.suspend_seq ? to_unix_ms(l.suspend_asked_at) : 0,
-                               l.resume_seq ? to_unix_ms(l.resume_asked_at) : 0});
+        for (auto& d : l.devices) {
+            active_lease a{id,
+                           d.uuid,
+                           d.memory_quota,
+                           to_unix_ms(l.expires_at),
+                           l.suspend_seq,
+                           l.resume_seq,
+                           l.suspend_seq ? to_unix_ms(l.suspend_asked_at) : 0,
+                           l.resume_seq ? to_unix_ms(l.resume_asked_at) : 0};
+            if (on_server(d.uuid)) {
+                a.move_seq = d.move_seq;
+                a.move_asked_at = d.move_seq ? to_unix_ms(d.move_asked_at) : 0;
+                if (d.move) {
+                    a.move_to_uuid = d.move->to_uuid;
+                    if (auto* target = server_of_gpu(d.move->to_uuid))
+                        a.move_to_endpoints = endpoints_from(*target, server_of_gpu(d.uuid));
+                }
+                out.push_back(std::move(a));
+            } else if (d.move && on_server(d.move->to_uuid)) {
+                // On its way here: listed so that the server keeps the session it receives; nothing asked.
+                a.uuid = d.move->to_uuid;
+                out.push_back(std::move(a));
+            }
+        }
     return out;
+}
+
+std::vector<std::string> manager_state::endpoints_from(const server_record& target,
+                                                       const server_record* source) const {
+    std::vector<std::string> out;
+    const bool same_host = source && lower(source->host) == lower(target.host);
+    for (auto& ep : target.endpoints)
+        if (same_host || !ep.starts_with("unix:")) out.push_back(ep);
+    return out;
+}
+
+// ------------------------------------------------------------------------------------------------ moves
+
+mgmt_result<std::pair<std::string, size_t>> manager_state::find_lease_device(
+    const std::string& lease_or_session) const {
+    if (lease_or_session.empty())
+        return unexpected{
+            mgmt_error{errc::bad_request, "name a lease id or a session id (`vcuda sessions`)"}};
+    if (auto l = leases_.find(lease_or_session); l != leases_.end()) {
+        if (l->second.devices.size() != 1)
+            return unexpected{
+                mgmt_error{errc::bad_request,
+                           "lease " + lease_or_session + " has " + std::to_string(l->second.devices.size()) +
+                               " GPUs: name the session to move instead (`vcuda sessions` lists them)"}};
+        return std::make_pair(lease_or_session, size_t{0});
+    }
+    std::vector<std::pair<std::string, size_t>> found;
+    for (auto& [sid, s] : servers_)
+        for (auto& r : s.sessions) {
+            if (r.session_id != lease_or_session || !r.moved_to.empty() || r.lease_id.empty()) continue;
+            auto l = leases_.find(r.lease_id);
+            if (l == leases_.end()) continue;
+            for (size_t i = 0; i < l->second.devices.size(); ++i)
+                if (l->second.devices[i].uuid == r.gpu_uuid) found.emplace_back(r.lease_id, i);
+        }
+    if (found.size() == 1) return found.front();
+    if (found.size() > 1)
+        return unexpected{mgmt_error{errc::bad_request, "several servers report a session " +
+                                                            lease_or_session +
+                                                            ": name its lease instead (`vcuda sessions`)"}};
+    return unexpected{
+        mgmt_error{errc::not_found, "no lease or session '" + lease_or_session +
+                                        "' (`vcuda leases` and `vcuda sessions` list them; a "
+                                        "session of a lease without a lease token cannot move)"}};
+}
+
+mgmt_result<manager_state::move_plan> manager_state::plan_move(const std::string& lease_id, size_t device,
+                                                               const std::string& to) const {
+    auto l = leases_.find(lease_id);
+    if (l == leases_.end())
+        return unexpected{mgmt_error{errc::not_found, "no lease " + lease_id + " (see `vcuda leases`)"}};
+    const lease_record& lease = l->second;
+    if (device >= lease.devices.size())
+        return unexpected{
+            mgmt_error{errc::bad_request, "lease " + lease_id + " has no GPU " + std::to_string(device)}};
+    const lease_device& d = lease.devices[device];
+    if (d.move)
+        return unexpected{mgmt_error{errc::bad_request, "lease " + lease_id + " is already moving to GPU " +
+                                                            d.move->to_uuid +
+                                                            "; wait for the outcome (`vcuda events`)"}};
+    auto from = gpus_.find(d.uuid);
+    const server_record* source = server_of_gpu(d.uuid);
+    if (from == gpus_.end() || !source)
+        return unexpected{
+            mgmt_error{errc::not_found, "the GPU " + d.uuid + " of lease " + lease_id +
+                                            " is no longer registered: nothing can move its session"}};
+    if (source->down)
+        return unexpected{mgmt_error{errc::bad_request, "the server of lease " + lease_id + " (" +
+                                                            source->host + ", " + source->id +
+                                                            ") is down: nothing can move its session"}};
+
+    std::vector<const gpu_record*> targets;
+    if (to.empty()) {
+        for (auto& [uuid, g] : gpus_) targets.push_back(&g);
+    } else if (auto g = gpus_.find(to); g != gpus_.end()) {
+        targets.push_back(&g->second);
+    } else {
+        auto servers = servers_matching(to);
+        if (servers.empty())
+            return unexpected{
+                mgmt_error{errc::not_found, "no GPU uuid, server host or server id '" + to +
+                                                "' is known; `vcuda gpus` and `vcuda servers` list them"}};
+        for (auto* s : servers)
+            for (auto& [uuid, g] : gpus_)
+                if (g.server_id == s->id) targets.push_back(&g);
+    }
+
+    using key_t = std::tuple<uint64_t, uint32_t, uint32_t, uint32_t, std::string, uint32_t>;
+    std::optional<std::pair<key_t, const gpu_record*>> best;
+    size_t same = 0, unavailable = 0, other_index = 0, too_small = 0, full = 0;
+    for (auto* g : targets) {
+        if (g->info.uuid == d.uuid) {
+            ++same;
+            continue;
+        }
+        gpu_view v = view(*g);
+        if (!v.server || v.state != "up") {
+            ++unavailable;
+            continue;
+        }
+        if (g->info.index != from->second.info.index) {
+            ++other_index;
+            continue;
+        }
+        const uint64_t mem = g->info.memory;
+        if (d.memory_quota > mem) {
+            ++too_small;
+            continue;
+        }
+        bool fits = lease.exclusive
+                        ? v.leases == 0
+                        : !v.exclusive && v.leased_memory <= mem && d.memory_quota <= mem - v.leased_memory;
+        if (!fits) {
+            ++full;
+            continue;
+        }
+        key_t key{mem - v.leased_memory - d.memory_quota,
+                  g->load.utilization,
+                  g->load.sessions,
+                  v.leases,
+                  v.server->host,
+                  g->info.index};
+        if (!best || key < best->first) best.emplace(key, g);
+    }
+    if (!best) {
+        std::string why;
+        if (targets.empty()) why = "no GPUs are registered";
+        if (same)
+            why += "; it is on " + std::string(targets.size() == 1 ? "that GPU" : "one of them") + " already";
+        if (unavailable) why += "; " + std::to_string(unavailable) + " down, cordoned or draining";
+        if (other_index)
+            why += "; " + std::to_string(other_index) + " of another index than its GPU's (" +
+                   std::to_string(from->second.info.index) +
+                   "): a session moves only to a GPU of the same index yet";
+        if (too_small) why += "; " + std::to_string(too_small) + " smaller than its quota";
+        if (full) why += "; " + std::to_string(full) + " without room for its " + format_size(d.memory_quota);
+        if (why.starts_with("; ")) why.erase(0, 2);
+        return unexpected{
+            mgmt_error{errc::no_capacity, "no GPU" + (to.empty() ? std::string() : " of '" + to + "'") +
+                                              " can take lease " + lease_id + ": " + why +
+                                              ". Uncordon a GPU, free one, or name another target"}};
+    }
+    return move_plan{lease_id, device, d.uuid, best->second->info.uuid};
+}
+
+mgmt_result<lease_record> manager_state::request_move(const move_plan& plan, std::string reason,
+                                                      time_ms now) {
+    auto l = leases_.find(plan.lease_id);
+    if (l == leases_.end() || plan.device >= l->second.devices.size() ||
+        l->second.devices[plan.device].uuid != plan.from_uuid || l->second.devices[plan.device].move)
+        return unexpected{mgmt_error{
+            errc::bad_request, "lease " + plan.lease_id + " changed since the move was planned; ask again"}};
+    auto& d = l->second.devices[plan.device];
+    d.move_seq = ++l->second.move_seq;
+    d.move_asked_at = now;
+    d.move = pending_move{d.move_seq, plan.to_uuid, now, std::move(reason)};
+    return l->second;
+}
+
+std::vector<manager_state::move_outcome> manager_state::settle_moves(const mgmt::heartbeat& hb, time_ms now,
+                                                                     state_changes& changes) {
+    std::vector<move_outcome> out;
+    auto settle = [&](lease_record& l, lease_device& d, bool moved, std::string note) {
+        move_outcome o{
+            l.id, d.uuid, d.move->to_uuid, moved, std::move(note), d.move->reason, now - d.move->asked_at};
+        if (moved) {
+            d.uuid = d.move->to_uuid;
+            l.last_moved_at = now;
+            changes.leases_put.push_back(l.id);
+        }
+        d.move.reset();
+        out.push_back(std::move(o));
+    };
+    auto s = servers_.find(hb.server_id);
+    if (s == servers_.end()) return out;
+    for (auto& r : hb.sessions) {
+        auto l = leases_.find(r.lease_id);
+        if (l == leases_.end()) continue;
+        for (auto& d : l->second.devices) {
+            if (!d.move) continue;
+            auto from = gpus_.find(d.uuid);
+            // The answer of the server it leaves: the session reports the request it acted on.
+            if (r.move_seq == d.move->seq && r.gpu_uuid == d.uuid && from != gpus_.end() &&
+                from->second.server_id == s->first) {
+                settle(l->second, d, !r.moved_to.empty(), r.note);
+                break;
+            }
+            // The server it left is down and cannot answer, but the session is running where it was sent.
+            const server_record* source = server_of_gpu(d.uuid);
+            if (r.moved_to.empty() && r.gpu_uuid == d.move->to_uuid && (!source || source->down)) {
+                auto to = gpus_.find(d.move->to_uuid);
+                if (to != gpus_.end() && to->second.server_id == s->first) {
+                    settle(l->second, d, true,
+                           "its new server reports the session (the old one is down and did not say)");
+                    break;
+                }
+            }
+        }
+    }
+    return out;
+}
+
+size_t manager_state::moves_pending() const {
+    size_t n = 0;
+    for (auto& [id, l] : leases_)
+        for (auto& d : l.devices) n += d.move.has_value();
+    return n;
 }
 
 mgmt_result<lease_record> manager_state::request_suspend(const std::string& lease_id, bool resume,
@@ -474,7 +714,7 @@ std::vector<std::string> manager_state::reclaim_idle(const std::string& server_i
     if (s == servers_.end()) return asked;
     std::map<std::string, bool> idle;  // lease -> every session of it here idle and running
     for (auto& r : s->second.sessions) {
-        if (r.lease_id.empty()) continue;
+        if (r.lease_id.empty() || !r.moved_to.empty()) continue;  // a moved session lives elsewhere now
         bool ok = !r.suspended && r.idle_ms >= idle_after.count();
         auto [it, fresh] = idle.emplace(r.lease_id, ok);
         if (!fresh) it->second = it->second && ok;

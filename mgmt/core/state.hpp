@@ -7,8 +7,12 @@
 // best fit by memory (least memory left over after this lease), then least loaded (utilization, sessions).
 // Shared GPUs are never over-committed: the quotas of the leases on a GPU add up to at most its memory.
 // An exclusive lease takes a whole GPU that has no other lease. Cordoned GPUs, cordoned or draining servers
-// and servers that are down take no new leases; leases already there keep running and can be renewed. runs
-// on: the caller's thread; not thread-safe (the daemon serializes calls).
+// and servers that are down take no new leases; leases already there keep running and can be renewed.
+//
+// Moves (`vcuda migrate`, drain, rebalancing): plan_move picks a target GPU for one lease device,
+// request_move records it (the source server is asked through its heartbeat reply, active_leases_on),
+// settle_moves reads the answer from the heartbeats and points the lease device at the new GPU, or leaves it
+// where it was. runs on: the caller's thread; not thread-safe (the daemon serializes calls).
 #pragma once
 
 #include <chrono>
@@ -17,6 +21,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/result.hpp"
@@ -69,10 +74,26 @@ struct gpu_record {
     bool load_reported = false;
 };
 
+// A move of one of a lease's sessions to another GPU, asked for and not answered yet. While it is pending,
+// the target GPU's server lists the lease too (so that it keeps the session it receives), and the target's
+// memory counts the lease's quota (so that nothing else takes that room meanwhile).
+struct pending_move {
+    uint64_t seq = 0;     // the lease's move counter when it was asked for (active_lease.move_seq)
+    std::string to_uuid;  // the target GPU
+    time_ms asked_at{};
+    std::string reason;  // who or what asked, for events: "asked by tenant admin ...", "drain of ...", ...
+};
+
 struct lease_device {
     std::string uuid;
     uint64_t memory_quota = 0;
-    bool operator==(const lease_device&) const = default;
+    // Moves (not persisted, like the suspend counters): the last move asked for on this device, and the one
+    // under way. A manager restart forgets a pending move: see README, "Operator moves".
+    uint64_t move_seq = 0;
+    time_ms move_asked_at{};
+    std::optional<pending_move> move;
+    // What the store keeps.
+    bool operator==(const lease_device& o) const { return uuid == o.uuid && memory_quota == o.memory_quota; }
 };
 
 struct lease_record {
@@ -90,12 +111,19 @@ struct lease_record {
     uint64_t resume_seq = 0;
     time_ms suspend_asked_at{};
     time_ms resume_asked_at{};
+    // Moves: the counter each request takes the next value of, and when the lease last moved (rebalancing
+    // leaves it where it is for a cooldown after that). Not persisted.
+    uint64_t move_seq = 0;
+    time_ms last_moved_at{};
 };
 
 struct state_config {
     std::chrono::milliseconds heartbeat_timeout = std::chrono::seconds(10);
     std::chrono::milliseconds lease_ttl = std::chrono::seconds(30);
     uint32_t max_gpus_per_lease = 64;
+    // A move whose outcome no server has reported this long after it was asked for is given up (the lease
+    // stays where it was). Long: a large session takes a while to copy (about 1.3 s per GiB today).
+    std::chrono::milliseconds move_timeout = std::chrono::minutes(10);
 };
 
 // Everything the store keeps; load() takes it back after a restart.
@@ -163,6 +191,42 @@ class manager_state {
     std::vector<std::string> reclaim_idle(const std::string& server_id, std::chrono::milliseconds idle_after,
                                           time_ms now);
 
+    // ---- moves (`vcuda migrate`, drain, rebalancing)
+    // Which lease device `lease_or_session` names: a lease id (a lease of one GPU), or a session id as the
+    // servers report it (`vcuda sessions`). Returns the lease id and the device's position in the lease.
+    mgmt_result<std::pair<std::string, size_t>> find_lease_device(const std::string& lease_or_session) const;
+    struct move_plan {
+        std::string lease_id;
+        size_t device = 0;  // position in the lease
+        std::string from_uuid;
+        std::string to_uuid;
+    };
+    // Where device `device` of `lease_id` can go: `to` is a GPU uuid, a server id, a server host, or empty
+    // (any GPU). A target is up (not cordoned, draining or down), not the GPU the session is on, has the
+    // same index on its server as that one (a moved session keeps its GPU index), and has room for the
+    // lease's quota (a whole free GPU for an exclusive lease). Among several: best fit by memory, then least
+    // loaded, as placement. not_found / no_capacity / bad_request say why nothing fits.
+    mgmt_result<move_plan> plan_move(const std::string& lease_id, size_t device, const std::string& to) const;
+    // Records the request: the source server acts at its next heartbeat (active_lease's move fields).
+    mgmt_result<lease_record> request_move(const move_plan& plan, std::string reason, time_ms now);
+    // What came of a move: reported by the server it left (moved or not, with its note), given up after
+    // move_timeout, or found where it went when its old server is down.
+    struct move_outcome {
+        std::string lease_id;
+        std::string from_uuid;
+        std::string to_uuid;
+        bool moved = false;
+        std::string note;    // the server's words ("moved to ...: 32 MiB of GPU state, paused 80 ms")
+        std::string reason;  // the request's
+        std::chrono::milliseconds took{0};
+    };
+    // Sessions reported by a server's heartbeat (`hb`, already recorded by heartbeat()): settles the moves
+    // they answer. A moved lease's device is on the target GPU from then on; a move that failed is
+    // forgotten (the lease stays where it was).
+    std::vector<move_outcome> settle_moves(const mgmt::heartbeat& hb, time_ms now, state_changes& changes);
+    // Every device of every lease with a move under way.
+    size_t moves_pending() const;
+
     // `target`: a GPU uuid, a server id or a server host (every server on it). Returns the GPUs and servers
     // changed.
     struct cordon_result {
@@ -177,6 +241,7 @@ class manager_state {
     struct tick_result {
         std::vector<std::string> servers_down;
         std::vector<lease_record> leases_expired;
+        std::vector<move_outcome> moves_given_up;  // no outcome within move_timeout
     };
     tick_result tick(time_ms now, state_changes& changes);
 
@@ -191,7 +256,12 @@ class manager_state {
     uint32_t leases_on_server(const std::string& server_id) const;
     // up | cordoned | draining (leases still on it) | drained | down, as `vcuda servers` shows it.
     std::string server_state(const server_record& s) const;
+    // The leases on a server's GPUs, with the moves asked of it (move_token left empty: the daemon signs
+    // it), and the leases on their way to it (pending moves whose target is one of its GPUs).
     std::vector<active_lease> active_leases_on(const std::string& server_id) const;
+    // Where a server's sessions can reach another server: its endpoints, without Unix sockets when the two
+    // are on different hosts.
+    std::vector<std::string> endpoints_from(const server_record& target, const server_record* source) const;
 
   private:
     std::string make_id(const char* prefix);

@@ -1,5 +1,5 @@
 // vcuda-mgmt: the manager. Servers register their GPUs with it and send heartbeats; clients lease GPUs from
-// it; operators ask it with `vcuda gpus|servers|leases|sessions|cordon|uncordon|drain|release`.
+// it; operators ask it with `vcuda gpus|servers|leases|sessions|cordon|uncordon|drain|release|migrate`.
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
@@ -57,6 +57,49 @@ int main(int argc, char** argv) {
         "--idle-suspend-after", idle_text,
         "suspend a lease whose sessions had no call for this long (e.g. 10m): its servers save its "
         "GPU state to host memory and give the GPU back; its next call resumes it. Default: off");
+    bool rebalance = false;
+    std::string rebalance_interval = "5s", rebalance_cooldown = "10m", move_timeout = "10m";
+    uint32_t rebalance_threshold = 25, rebalance_after = 3, rebalance_max_moves = 1;
+    app.add_flag(
+           "--rebalance", rebalance,
+           "move sessions live from the hottest GPU to the coolest when GPU pressure (the larger of "
+           "utilization and memory in use, from the servers' heartbeats) stays uneven: more than "
+           "--rebalance-threshold points apart for --rebalance-after samples in a row, one sample every "
+           "--rebalance-interval. One lease per decision (the busiest, then the smallest, of the hottest "
+           "GPU's), at most --rebalance-max-moves a minute, never a lease that moved within "
+           "--rebalance-cooldown. Every decision is logged and is a `vcuda events` entry. Default: off")
+        ->group("Rebalancing");
+    app.add_option(
+           "--rebalance-threshold", rebalance_threshold,
+           "percentage points of pressure between the hottest and the coolest GPU that count as uneven")
+        ->group("Rebalancing")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 100));
+    app.add_option("--rebalance-interval", rebalance_interval,
+                   "time between two samples of the GPUs' pressure (give servers time for a heartbeat)")
+        ->group("Rebalancing")
+        ->capture_default_str();
+    app.add_option("--rebalance-after", rebalance_after,
+                   "samples in a row above the threshold before a move (hysteresis; counted again after "
+                   "every decision)")
+        ->group("Rebalancing")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000));
+    app.add_option("--rebalance-max-moves", rebalance_max_moves, "most moves the policy asks for in a minute")
+        ->group("Rebalancing")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000));
+    app.add_option(
+           "--rebalance-cooldown", rebalance_cooldown,
+           "a lease that moved (for any reason) is not moved by the policy for this long, so it never "
+           "goes back and forth")
+        ->group("Rebalancing")
+        ->capture_default_str();
+    app.add_option(
+           "--move-timeout", move_timeout,
+           "a move (`vcuda migrate`, a drain, rebalancing) whose outcome no server reported this long "
+           "after it was asked for is given up; the lease stays where it was")
+        ->capture_default_str();
     tls_files tls_files;
     app.add_option(
            "--tls-cert", tls_files.cert,
@@ -108,6 +151,25 @@ int main(int argc, char** argv) {
         if (!idle || idle->count() <= 0)
             return fail("--idle-suspend-after '" + idle_text + "' is not a duration like 10m");
         cfg.idle_suspend_after = *idle;
+    }
+    auto timeout = parse_duration(move_timeout);
+    if (!timeout || timeout->count() <= 0)
+        return fail("--move-timeout '" + move_timeout + "' is not a duration like 10m");
+    cfg.state.move_timeout = *timeout;
+    if (rebalance) {
+        rebalance_config rc;
+        auto interval = parse_duration(rebalance_interval);
+        auto cooldown = parse_duration(rebalance_cooldown);
+        if (!interval || interval->count() <= 0)
+            return fail("--rebalance-interval '" + rebalance_interval + "' is not a duration like 5s");
+        if (!cooldown || cooldown->count() < 0)
+            return fail("--rebalance-cooldown '" + rebalance_cooldown + "' is not a duration like 10m");
+        rc.threshold = rebalance_threshold;
+        rc.sustain = rebalance_after;
+        rc.interval = *interval;
+        rc.max_moves_per_minute = rebalance_max_moves;
+        rc.cooldown = *cooldown;
+        cfg.rebalance = rc;
     }
     auto secret = read_secret_file(secret_file);
     if (!secret) return fail(secret.error());
@@ -161,6 +223,13 @@ int main(int argc, char** argv) {
                                                          : " (TLS)");
     VCUDA_LOG_INFO("listening on {} (heartbeat timeout {} ms, lease ttl {} ms, db {})", addrs, hb->count(),
                    ttl->count(), db);
+    if (cfg.rebalance)
+        VCUDA_LOG_INFO(
+            "rebalancing: a move when GPU pressure is more than {} points apart for {} samples {} ms apart; "
+            "at "
+            "most {} a minute; a lease that moved stays {} s",
+            cfg.rebalance->threshold, cfg.rebalance->sustain, cfg.rebalance->interval.count(),
+            cfg.rebalance->max_moves_per_minute, cfg.rebalance->cooldown.count() / 1000);
     std::unique_ptr<metrics::http_listener>
         metrics_server;  // declared after `svc` and `server`: stops before them
     if (metrics_at) {

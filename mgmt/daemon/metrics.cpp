@@ -72,6 +72,8 @@ std::string manager_metrics(const manager_state& state, const std::map<std::stri
     std::map<std::string, uint64_t> used_by_lease;
     for (auto& [id, s] : state.servers())
         for (auto& r : s.sessions) {
+            if (!r.moved_to.empty())
+                continue;  // reported once more by the server it left; it lives elsewhere
             ++sessions[r.suspended ? "suspended" : "active"];
             auto& [n, suspended] = lease_sessions[r.lease_id];
             ++n;

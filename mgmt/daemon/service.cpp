@@ -58,8 +58,8 @@ enum class needs { cluster, operator_, anyone };
 needs requirement(std::string_view method) {
     if (method == "server.register" || method == "server.heartbeat") return needs::cluster;
     if (method == "gpu.cordon" || method == "gpu.uncordon" || method == "server.drain" ||
-        method == "events.list" || method == "tokens.create" || method == "tokens.list" ||
-        method == "tokens.revoke")
+        method == "lease.migrate" || method == "events.list" || method == "tokens.create" ||
+        method == "tokens.list" || method == "tokens.revoke")
         return needs::operator_;
     return needs::anyone;
 }
@@ -85,6 +85,7 @@ service::service(service_config cfg, std::unique_ptr<sqlite_store> store, clock_
       store_(std::move(store)),
       clock_(std::move(clock)),
       state_(cfg_.state, std::move(new_id)) {
+    if (cfg_.rebalance) rebalancer_.emplace(*cfg_.rebalance);
     if (!clock_)
         clock_ = [] {
             return std::chrono::time_point_cast<std::chrono::milliseconds>(std::chrono::system_clock::now());
@@ -128,7 +129,81 @@ void service::tick() {
     }
     for (auto& l : r.leases_expired)
         VCUDA_LOG_INFO("lease {} of {} pid {} expired (not renewed)", l.id, l.client_host, l.pid);
+    time_ms now = clock_();
+    note_move_outcomes(r.moves_given_up, now);
+    if (rebalancer_) {
+        auto d = rebalancer_->step(state_, now);
+        switch (d.what) {
+            case rebalance_decision::kind::none:
+                break;
+            case rebalance_decision::kind::move:
+                last_standstill_.clear();
+                if (auto l = ask_move(d.plan, "rebalance", "rebalance: " + d.detail, now); l)
+                    rebalancer_->moved(now);
+                else
+                    event(now, "rebalance", d.plan.lease_id, d.detail + ": not asked: " + l.error().message);
+                break;
+            case rebalance_decision::kind::no_candidate:
+            case rebalance_decision::kind::held_back: {
+                // The same standstill again (same GPUs, same reason) is logged, not made an event again.
+                std::string why =
+                    d.detail.substr(d.detail.find(": ") == std::string::npos ? 0 : d.detail.find(": "));
+                std::string key = std::to_string(static_cast<int>(d.what)) + d.hot_uuid + d.cool_uuid + why;
+                if (key != last_standstill_) {
+                    last_standstill_ = key;
+                    event(now, "rebalance", "", d.detail);
+                } else {
+                    VCUDA_LOG_DEBUG("rebalance: {}", d.detail);
+                }
+                break;
+            }
+        }
+    }
     persist(changes);
+}
+
+std::string service::describe_gpu(const std::string& uuid) const {
+    const server_record* s = state_.server_of_gpu(uuid);
+    return "GPU " + uuid + (s ? " (" + s->host + ", " + s->id + ")" : std::string());
+}
+
+mgmt_result<lease_record> service::ask_move(const manager_state::move_plan& plan, const std::string& kind,
+                                            const std::string& reason, time_ms now) {
+    auto l = state_.request_move(plan, reason, now);
+    if (!l) return l;
+    event(now, kind, plan.lease_id,
+          "move from " + describe_gpu(plan.from_uuid) + " to " + describe_gpu(plan.to_uuid) + " asked (" +
+              reason + "); its server acts at its next heartbeat");
+    return l;
+}
+
+void service::note_move_outcomes(const std::vector<manager_state::move_outcome>& outcomes, time_ms now) {
+    for (auto& o : outcomes) {
+        std::string took = std::to_string(o.took.count()) + " ms after it was asked";
+        if (o.moved)
+            event(now, "moved", o.lease_id,
+                  "from " + describe_gpu(o.from_uuid) + " to " + describe_gpu(o.to_uuid) + ", " + took +
+                      ": " + o.note + " (" + o.reason + ")");
+        else
+            event(now, "not-moved", o.lease_id,
+                  "from " + describe_gpu(o.from_uuid) + " to " + describe_gpu(o.to_uuid) + ": " +
+                      (o.note.empty() ? std::string("no reason given") : o.note) +
+                      "; it stays where it was (" + o.reason + ")");
+    }
+}
+
+void service::sign_move_tokens(std::vector<active_lease>& leases, time_ms now) const {
+    // The target checks the token when the state arrives, after the gate closed and the state was saved
+    // (seconds for a large session), so it lives at least move_token_life, however soon the lease would
+    // expire without a renewal. A lease that ends meanwhile is still refused there: the target was told it
+    // is alive (the pending move), and refuses the tokens of leases that were alive and are no longer.
+    const int64_t until = std::max(to_unix_ms(now + move_token_life), int64_t{0});
+    for (auto& a : leases)
+        if (!a.move_to_uuid.empty())
+            a.move_token =
+                sign_token(cfg_.secret, {a.lease_id, a.move_to_uuid, a.memory_quota,
+                                         std::chrono::system_clock::time_point(
+                                             std::chrono::milliseconds(std::max(a.expires_at, until)))});
 }
 
 std::string service::grant_json(const lease_record& l) {
@@ -309,6 +384,10 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
         auto r = state_.heartbeat(*hb, now, changes);
         if (!r) return fail(r.error());
         if (was_down) VCUDA_LOG_INFO("server {} is back", hb->server_id);
+        if (auto settled = state_.settle_moves(*hb, now, changes); !settled.empty()) {
+            note_move_outcomes(settled, now);
+            r->leases = state_.active_leases_on(hb->server_id);
+        }
         if (cfg_.idle_suspend_after.count() > 0) {
             auto asked = state_.reclaim_idle(hb->server_id, cfg_.idle_suspend_after, now);
             for (auto& id : asked)
@@ -317,6 +396,7 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
                           " s: suspend asked (--idle-suspend-after)");
             if (!asked.empty()) r->leases = state_.active_leases_on(hb->server_id);
         }
+        sign_move_tokens(r->leases, now);
         return ok(json(*r));
     }
     if (method == "lease.acquire") {
@@ -359,6 +439,28 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
         event(now, resume ? "resume" : "suspend", lease_id,
               std::string(resume ? "resume" : "suspend") + " asked by " + who.describe());
         return ok({{"lease_id", lease_id}, {"suspend_seq", l->suspend_seq}, {"resume_seq", l->resume_seq}});
+    }
+    if (method == "lease.migrate") {
+        std::string what = field(body, {"target", "lease_id", "session_id"});
+        std::string to = field(body, {"to"});
+        auto device = state_.find_lease_device(what);
+        if (!device) return fail(device.error());
+        auto plan = state_.plan_move(device->first, device->second, to);
+        if (!plan) {
+            event(now, "migrate", device->first,
+                  "move" + (to.empty() ? std::string() : " to " + to) + " asked by " + who.describe() +
+                      ": refused: " + plan.error().message);
+            return fail(plan.error());
+        }
+        auto l = ask_move(*plan, "migrate", "asked by " + who.describe(), now);
+        if (!l) return fail(l.error());
+        const server_record* target = state_.server_of_gpu(plan->to_uuid);
+        return ok({{"lease_id", plan->lease_id},
+                   {"from_uuid", plan->from_uuid},
+                   {"to_uuid", plan->to_uuid},
+                   {"to_host", target ? target->host : ""},
+                   {"to_server_id", target ? target->id : ""},
+                   {"move_seq", l->devices[plan->device].move_seq}});
     }
     if (method == "events.list") {
         json events = json::array();
@@ -440,10 +542,18 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
         json sessions = json::array();
         for (auto& [id, s] : state_.servers())
             for (auto& r : s.sessions) {
-                if (!sees(r.lease_id)) continue;
+                // A session that moved is reported once more by the server it left: it lives elsewhere.
+                if (!sees(r.lease_id) || !r.moved_to.empty()) continue;
                 json j = r;
                 j["server_id"] = id;
                 j["host"] = s.host;
+                // A move under way: from here (moving_to) or to here (arriving_from).
+                if (auto l = state_.leases().find(r.lease_id); l != state_.leases().end())
+                    for (auto& d : l->second.devices) {
+                        if (!d.move) continue;
+                        if (d.uuid == r.gpu_uuid) j["moving_to"] = d.move->to_uuid;
+                        if (d.move->to_uuid == r.gpu_uuid) j["arriving_from"] = d.uuid;
+                    }
                 sessions.push_back(std::move(j));
             }
         return ok({{"sessions", sessions}});
@@ -466,19 +576,55 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
     }
     if (method == "server.drain") {
         std::string target = field(body, {"host", "server_id", "target"});
+        auto wait = body.find("wait");
+        if (wait != body.end() && !wait->is_boolean())
+            return fail(errc::bad_request, "'wait' must be true or false");
+        const bool only_wait = wait != body.end() && wait->get<bool>();
         auto r = state_.drain(target, changes);
         if (!r) return fail(r.error());
         uint32_t left = 0;
         for (auto& id : *r) left += state_.leases_on_server(id);
         VCUDA_LOG_INFO("draining {}: {} leases left", target, left);
-        return ok({{"servers", *r}, {"leases_left", left}});
+        json moving = json::array(), staying = json::array();
+        if (!only_wait) {
+            // Every lease device on the drained servers' GPUs moves elsewhere (their GPUs take nothing now).
+            std::vector<std::pair<std::string, size_t>> on_them;
+            for (auto& [id, l] : state_.leases())
+                for (size_t i = 0; i < l.devices.size(); ++i) {
+                    const server_record* s = state_.server_of_gpu(l.devices[i].uuid);
+                    if (s && std::find(r->begin(), r->end(), s->id) != r->end()) on_them.emplace_back(id, i);
+                }
+            const std::string reason = "drain of " + target + " asked by " + who.describe();
+            for (auto& [lease_id, i] : on_them) {
+                const lease_device& d = state_.leases().at(lease_id).devices[i];
+                if (d.move) {
+                    moving.push_back(
+                        {{"lease_id", lease_id}, {"from_uuid", d.uuid}, {"to_uuid", d.move->to_uuid}});
+                    continue;
+                }
+                auto plan = state_.plan_move(lease_id, i, "");
+                mgmt_result<lease_record> asked = plan ? ask_move(*plan, "drain", reason, now)
+                                                       : mgmt_result<lease_record>(unexpected{plan.error()});
+                if (asked) {
+                    moving.push_back(
+                        {{"lease_id", lease_id}, {"from_uuid", plan->from_uuid}, {"to_uuid", plan->to_uuid}});
+                } else {
+                    event(now, "drain", lease_id,
+                          "not moved from " + describe_gpu(d.uuid) + ": " + asked.error().message +
+                              "; it runs out there (" + reason + ")");
+                    staying.push_back(
+                        {{"lease_id", lease_id}, {"uuid", d.uuid}, {"why", asked.error().message}});
+                }
+            }
+        }
+        return ok({{"servers", *r}, {"leases_left", left}, {"moving", moving}, {"staying", staying}});
     }
     return fail(errc::unknown_method,
                 "unknown method '" + std::string(method) +
                     "'; this manager knows server.register, server.heartbeat, lease.acquire, "
                     "lease.renew, lease.release, gpus.list, servers.list, leases.list, "
                     "sessions.list, gpu.cordon, gpu.uncordon, server.drain, lease.suspend, lease.resume, "
-                    "events.list, tokens.create, tokens.list, tokens.revoke");
+                    "lease.migrate, events.list, tokens.create, tokens.list, tokens.revoke");
 }
 
 std::string service::metrics() {
@@ -495,7 +641,8 @@ void service::event(time_ms now, std::string kind, std::string lease_id, std::st
 
 void service::note_session_changes(const server_record& before, const heartbeat& hb, time_ms now) {
     for (auto& r : hb.sessions) {
-        if (r.note.empty()) continue;
+        // Moves' outcomes are settled and recorded with the move (note_move_outcomes).
+        if (r.note.empty() || r.note.starts_with("moved to ") || r.note.starts_with("not moved: ")) continue;
         auto old = std::find_if(before.sessions.begin(), before.sessions.end(), [&](const session_report& b) {
             return b.session_id == r.session_id && b.gpu_uuid == r.gpu_uuid;
         });

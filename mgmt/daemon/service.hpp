@@ -17,10 +17,12 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 
+#include "mgmt/core/rebalance.hpp"
 #include "mgmt/core/state.hpp"
 #include "mgmt/store/store.hpp"
 
@@ -32,12 +34,14 @@ struct service_config {
     // Idle reclaim: a lease whose sessions had no call for this long is suspended (its GPU state saved by
     // the server, the GPU given back) and resumes at its next call. 0: off.
     std::chrono::milliseconds idle_suspend_after{0};
+    // Rebalancing (vcuda-mgmt --rebalance, mgmt/core/rebalance.hpp): off unless set.
+    std::optional<rebalance_config> rebalance;
 };
 
 // What the manager did and why, for `vcuda events` (kept in memory: the last max_events).
 struct manager_event {
     int64_t at = 0;    // Unix ms
-    std::string kind;  // suspend, resume, idle-reclaim, session
+    std::string kind;  // suspend, resume, idle-reclaim, session, migrate, drain, rebalance, moved, not-moved
     std::string lease_id;
     std::string detail;
 };
@@ -100,6 +104,16 @@ class service {
     std::unordered_map<std::string, int64_t> nonces_;  // signed requests seen within the window, by nonce
 
     void event(time_ms now, std::string kind, std::string lease_id, std::string detail);
+    // Moves: asks for one (event `kind` with `reason`), and records what came of those settled.
+    mgmt_result<lease_record> ask_move(const manager_state::move_plan& plan, const std::string& kind,
+                                       const std::string& reason, time_ms now);
+    void note_move_outcomes(const std::vector<manager_state::move_outcome>& outcomes, time_ms now);
+    // "GPU-… (host, srv-…)"
+    std::string describe_gpu(const std::string& uuid) const;
+    // Signs the lease token each move asked of a server presents to the target server.
+    void sign_move_tokens(std::vector<active_lease>& leases, time_ms now) const;
+    std::optional<rebalancer> rebalancer_;
+    std::string last_standstill_;  // the last rebalancing decision that moved nothing, made an event
     // Events from a heartbeat's session reports: each new outcome of a suspend or resume (their notes).
     void note_session_changes(const server_record& before, const heartbeat& hb, time_ms now);
     static constexpr size_t max_events = 1000;

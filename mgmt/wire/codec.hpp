@@ -23,10 +23,12 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(server_registration, host, endpo
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(gpu_load, uuid, utilization, memory_used, sessions)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(session_report, session_id, lease_id, gpu_uuid, client,
                                                 memory_used, suspended, idle_ms, suspend_seq, resume_seq,
-                                                note)
+                                                note, move_seq, moved_to)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(heartbeat, server_id, gpus, sessions)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(active_lease, lease_id, uuid, memory_quota, expires_at,
-                                                suspend_seq, resume_seq, suspend_asked_at, resume_asked_at)
+                                                suspend_seq, resume_seq, suspend_asked_at, resume_asked_at,
+                                                move_seq, move_asked_at, move_to_uuid, move_to_endpoints,
+                                                move_token)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(heartbeat_reply, leases, heartbeat_interval_ms)
 
 // Parses `text` as a JSON object and decodes it into T; the error says which field was wrong.

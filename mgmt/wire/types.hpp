@@ -78,6 +78,12 @@ struct session_report {
     uint64_t suspend_seq = 0;
     uint64_t resume_seq = 0;
     std::string note;
+    // Moves (active_lease's move_* fields): the last move request the server has finished for this session
+    // (its outcome is `note`: "moved to ADDR: ..., paused N ms" or "not moved: why"), and where the session
+    // went when it moved (empty while it lives here). A session that moved is reported once more by the
+    // server it left, with moved_to set, so that the manager learns the outcome.
+    uint64_t move_seq = 0;
+    std::string moved_to;
 };
 
 struct heartbeat {
@@ -101,6 +107,16 @@ struct active_lease {
     // even when the session first hears of the counters after the request.
     int64_t suspend_asked_at = 0;
     int64_t resume_asked_at = 0;
+    // A request to move the lease's session on this GPU (`uuid`) to another server (`vcuda migrate`, a drain,
+    // the manager's rebalancing), counted like the others: the server acts once on a move_seq past the one
+    // its session reports, while move_to_uuid is set (it is cleared once the manager has the outcome). The
+    // session goes to the first of move_to_endpoints of its client's transport kind (a Unix socket for a
+    // client on one, else TCP), presenting move_token (a lease token for move_to_uuid).
+    uint64_t move_seq = 0;
+    int64_t move_asked_at = 0;
+    std::string move_to_uuid;
+    std::vector<std::string> move_to_endpoints;
+    std::string move_token;
 };
 
 struct heartbeat_reply {
