@@ -161,7 +161,7 @@ TEST_CASE("attack: a tenant cordons the GPU, drains the server or mints credenti
     CHECK(code_of(c.call("lease.acquire", json(request("x", 1 * GiB)), alice)) == "no_capacity");
 }
 
-TEST_CASE("a revoked or expired credential is refused; its tenant's lease keeper stops",
+TEST_CASE("a revoked or expired credential is refused, and its tenant's lease keeper stops",
           "[integration][mgmt][security]") {
     cluster c;
     std::string op = c.credential("ops", true);
@@ -199,7 +199,7 @@ TEST_CASE("a revoked or expired credential is refused; its tenant's lease keeper
           "unauthenticated");
 }
 
-TEST_CASE("credentials survive a manager restart; only their hash is stored",
+TEST_CASE("credentials survive a manager restart, and only their hash is stored",
           "[integration][mgmt][security]") {
     temp_dir dir;
     std::string credential;

@@ -125,7 +125,7 @@ TEST_CASE("vcuda run: mistakes are explained, exit code 2", "[unit][mgmt][cli]")
     CHECK_FALSE(plan_run(o, env.fn(), "/L", true));
 }
 
-TEST_CASE("vcuda run --credential: the program reads the file; only with a manager; only a private file",
+TEST_CASE("vcuda run --credential: the program reads the file, only with a manager, only a private file",
           "[unit][mgmt][cli]") {
     char tmpl[] = "/tmp/vcuda-cred-XXXXXX";
     std::string dir = ::mkdtemp(tmpl);

@@ -53,7 +53,7 @@ bool server_alive(const server_process& s) { return s.pid() > 0 && ::kill(s.pid(
 
 }  // namespace
 
-TEST_CASE("process isolation: a session whose worker crashes ends alone; the others go on", "[integration]") {
+TEST_CASE("process isolation: a session whose worker crashes ends alone, the others go on", "[integration]") {
     auto t = GENERATE(server_process::transport::unix_socket, server_process::transport::tcp);
     server_process server({"--isolation", "process"}, t);
     auto a = raw_client::open(server.address());
