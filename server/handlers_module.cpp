@@ -447,6 +447,13 @@ CUresult kernel_args::set(call_context& cx, std::span<const std::byte> block, ui
     if (words >= 2) storage[words - 2] = 0;  // the bytes after the last parameter
     std::memcpy(storage, block.data(), block.size());
     auto* base = reinterpret_cast<char*>(storage);
+    // Pointers into module globals the driver placed elsewhere since the application learnt their address.
+    if (cx.sess.globals.any_relocated() && e.layout)
+        for (auto [off, size] : e.layout->params)
+            if (uint64_t v = 0; size == 8 && off + size <= block.size()) {
+                std::memcpy(&v, base + off, 8);
+                if (auto to = cx.sess.globals.relocated(v)) std::memcpy(base + off, &*to, 8);
+            }
     size_ = block.size();
     extra_[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
     extra_[1] = base;

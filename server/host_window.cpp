@@ -17,7 +17,8 @@ host_window::host_window(uint32_t index) : index_(index) {
     if (p != want) {
         if (p != MAP_FAILED) ::munmap(p, total);
         VCUDA_LOG_WARN(
-            "host window {}: the common range of host addresses is taken in this process; pinned memory shared "
+            "host window {}: the common range of host addresses is taken in this process; pinned memory "
+            "shared "
             "with clients goes where the kernel puts it, and sessions holding some may fail to move",
             index);
         return;
@@ -65,7 +66,8 @@ bool host_window::map_at(uintptr_t addr, int fd, size_t size) {
 bool host_window::unmap(uintptr_t addr, size_t size, bool reuse) {
     std::lock_guard lock(mu_);
     if (!inside(addr, size)) return false;
-    if (::mmap(reinterpret_cast<void*>(addr), size, PROT_NONE, reserve_flags | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    if (::mmap(reinterpret_cast<void*>(addr), size, PROT_NONE, reserve_flags | MAP_FIXED, -1, 0) ==
+        MAP_FAILED) {
         ::munmap(reinterpret_cast<void*>(addr), size);  // the pages go; the range is not handed out again
         return true;
     }

@@ -1,5 +1,5 @@
-// Where a server maps the pinned host pages it shares with local clients (server/handlers_host.cpp), so that a
-// session moved to another server on this host finds their addresses free there: the pages' address is also
+// Where a server maps the pinned host pages it shares with local clients (server/handlers_host.cpp), so that
+// a session moved to another server on this host finds their addresses free there: the pages' address is also
 // their device pointer, which the application keeps. As for device memory (address_window in
 // server/device_memory.hpp), every server reserves one common range of host addresses at start (measured free
 // in processes with and without the CUDA driver) and maps its own sessions' pages only in its window of it; a

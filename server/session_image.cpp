@@ -508,11 +508,12 @@ CUresult session::rebuild(std::string& why) {
         if (rc != CUDA_SUCCESS) return failed(rc, "global " + g.name + " could not be restored");
         if (p != g.address) {
             VCUDA_LOG_WARN(
-                "session {}: global {} moved from {:#x} to {:#x} when its module was loaded again; the "
-                "old address is no longer the session's",
+                "session {}: global {} moved from {:#x} to {:#x} when its module was loaded again; kernel "
+                "parameters holding the old address are given the new one (copies to it are refused)",
                 id_, g.name, g.address, p);
             globals.globals_.erase({g.address, g.device});
             globals.add(p, g.size, g.owner, g.device, g.name);
+            globals.relocate(g.address, p, g.size, g.owner);
         }
     }
     d.cuCtxSetCurrent(nullptr);

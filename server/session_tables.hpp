@@ -52,14 +52,42 @@ class module_globals {
     // Forgets the globals of a module or library (unloaded), or those in the context of `device` (reset).
     void erase_owner(uint64_t owner) {
         std::erase_if(globals_, [&](const auto& g) { return g.second.owner == owner; });
+        std::erase_if(relocated_, [&](const auto& r) { return r.second.owner == owner; });
     }
+    // A global the driver placed elsewhere when its module was loaded again (a resume, a move): the
+    // application keeps its old address, so launch parameters pointing into it are rewritten to the new
+    // one (kernel_args::set; cuBLAS passes its constants' address so). Changed only while no call runs.
+    struct relocation {
+        CUdeviceptr to = 0;
+        size_t size = 0;
+        uint64_t owner = 0;
+    };
+    void relocate(CUdeviceptr from, CUdeviceptr to, size_t size, uint64_t owner) {
+        for (auto& [old, r] : relocated_)  // moved before: the application's address goes to the newest place
+            if (r.to == from) r.to = to;
+        if (!relocated_.count(from)) relocated_[from] = {to, size, owner};
+    }
+    // Where the application's address p is now, when it points into a relocated global.
+    std::optional<CUdeviceptr> relocated(uint64_t p) const {
+        auto it = relocated_.upper_bound(p);
+        if (it == relocated_.begin()) return std::nullopt;
+        --it;
+        if (p - it->first >= it->second.size) return std::nullopt;
+        return it->second.to + (p - it->first);
+    }
+    bool any_relocated() const { return !relocated_.empty(); }
+    const std::map<CUdeviceptr, relocation>& relocations() const { return relocated_; }
     void erase_device(size_t device) {
         std::erase_if(globals_, [&](const auto& g) { return g.first.second == device; });
     }
-    void clear() { globals_.clear(); }
+    void clear() {
+        globals_.clear();
+        relocated_.clear();
+    }
 
   private:
     friend class session;
+    std::map<CUdeviceptr, relocation> relocated_;  // the application's address -> where it is now
     struct global {
         size_t size = 0;
         uint64_t owner = 0;  // the module or library handle

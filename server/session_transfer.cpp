@@ -205,12 +205,15 @@ CUresult session::send_state(const move_target& to, std::string& why) {
         regions.push_back(r.size);
         region_fds.push_back(r.fd);
     }
+    std::vector<uint64_t> relocated;
+    for (auto& [from, r] : globals.relocations())
+        relocated.insert(relocated.end(), {from, r.to, r.size, r.owner});
     auto key = b.CreateVector(reinterpret_cast<const uint8_t*>(key_.data()), key_.size());
-    b.Finish(wire::CreateSessionState(b, id_, key, handles.tag(), b.CreateString(peer_),
-                                      b.CreateVector(slots), free_slots, b.CreateVector(devices_out),
-                                      b.CreateVector(entries), b.CreateVector(globals_out),
-                                      b.CreateVector(origins_out), b.CreateVector(progress), img.bytes,
-                                      piece_bytes, b.CreateVector(regions), b.CreateVector(gone)));
+    b.Finish(wire::CreateSessionState(
+        b, id_, key, handles.tag(), b.CreateString(peer_), b.CreateVector(slots), free_slots,
+        b.CreateVector(devices_out), b.CreateVector(entries), b.CreateVector(globals_out),
+        b.CreateVector(origins_out), b.CreateVector(progress), img.bytes, piece_bytes,
+        b.CreateVector(regions), b.CreateVector(gone), b.CreateVector(relocated)));
     if (b.GetSize() > max_moved_state_bytes) {
         why = "its description (" + mib(b.GetSize()) + ") is larger than a server accepts";
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -465,6 +468,9 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                 globals.add(gs.address, gs.size, gs.owner, gs.device, gs.name);
                 img->globals.push_back(std::move(gs));
             }
+        if (const auto* r = st.relocated_globals(); r && r->size() % 4 == 0)
+            for (flatbuffers::uoffset_t k = 0; k < r->size(); k += 4)
+                globals.relocate(r->Get(k), r->Get(k + 1), r->Get(k + 2), r->Get(k + 3));
         img->bytes = st.bytes();
         if (const auto* p = st.lane_progress(); p && p->size() % 2 == 0) {
             std::lock_guard l(progress_mu_);

@@ -15,7 +15,8 @@
 #   MOBILE_WORKLOADS   default "cnn transformer cupy jax" (workload.py's kinds; "sr": tests/programs/suspend_resume)
 #   MOBILE_ACTIONS     default "migrate suspend drain"; MOBILE_TRANSPORTS default "unix tcp"
 #   MOBILE_PAUSE       seconds each workload pauses (default 10)
-#   MOBILE_MEMORY      each lease's memory (default 16G)
+#   MOBILE_MEMORY      each lease's memory (default 16G); MOBILE_TIMEOUT seconds per run (default 300)
+#   MOBILE_SERVER_LOG  the servers' --log-level (default info)
 #   PYTHON             the interpreter (default python3)
 #   MOBILE_DRIVER      --driver for the servers, MOBILE_REFERENCE a vcuda-server address for the reference runs
 #                      instead of native ones (to try the script on the software driver)
@@ -62,7 +63,7 @@ for transport in ${MOBILE_TRANSPORTS:-unix tcp}; do
     args=(); for a in "${adv[@]}"; do args+=(--advertise "$a"); done
     "$build/bin/vcuda-server" "${driver[@]}" --listen "unix:$t/$s.sock" --listen "127.0.0.1:${port[$s]}" \
       "${args[@]}" --address-window "$window" --gpu-identity "$s" --manager "unix:$t/m.sock" \
-      --secret-file "$t/secret" --log-level info 2> "$t/server-$s.log" & pids+=($!)
+      --secret-file "$t/secret" --log-level "${MOBILE_SERVER_LOG:-info}" 2> "$t/server-$s.log" & pids+=($!)
     wait_socket "$t/$s.sock"
   done
   "$build/bin/vcuda" tokens create --tenant admin --operator --secret-file "$t/secret" -o "$t/admin.cred" \
@@ -81,7 +82,7 @@ for transport in ${MOBILE_TRANSPORTS:-unix tcp}; do
     declare -A prog=()
     for w in $workloads; do
       # shellcheck disable=SC2046
-      VCUDA_CREDENTIAL=$(cat "$t/alice.cred") timeout 300 "$build/bin/vcuda" run --manager "unix:$t/m.sock" \
+      VCUDA_CREDENTIAL=$(cat "$t/alice.cred") timeout "${MOBILE_TIMEOUT:-300}" "$build/bin/vcuda" run --manager "unix:$t/m.sock" \
         --memory "${MOBILE_MEMORY:-16G}" -- $(command_of "$w" "$pause") > "$t/$action.$w.out" 2> "$t/$action.$w.err" &
       prog[$w]=$!
     done
