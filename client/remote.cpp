@@ -74,10 +74,35 @@ session::frame_ref session::note_send(uint32_t lane, uint64_t seq) {
 
 lane::lane(session& s, frame_stream fs, uint32_t number) : session_(s), fs_(std::move(fs)), number_(number) {
     owner_pid_ = getpid();
+    server_ = s.address();
     writer_ = std::thread([this] { writer_loop(); });
+    session_.add_lane(this);
+}
+
+void session::add_lane(lane* l) {
+    std::lock_guard lock(lanes_mu_);
+    lanes_.push_back(l);
+}
+
+void session::remove_lane(lane* l) {
+    std::lock_guard lock(lanes_mu_);
+    std::erase(lanes_, l);
+}
+
+void session::follow_others(const std::string& to, lane* self) {
+    std::lock_guard lock(lanes_mu_);
+    for (lane* l : lanes_)
+        if (l != self) l->follow_if_idle(to);
+}
+
+void lane::follow_if_idle(const std::string& to) {
+    std::unique_lock use(use_mu_, std::try_to_lock);
+    if (!use || server_ == to || session_.lost() || getpid() != owner_pid_) return;
+    follow(to, 0, nullptr, false);
 }
 
 lane::~lane() {
+    session_.remove_lane(this);
     // Calls this thread posted are taken by the server before the lane closes (or sent again where the
     // session went: follow).
     if (!unacked_.empty() && !session_.lost() && getpid() == owner_pid_) {
@@ -182,7 +207,7 @@ bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
     return write_here();
 }
 
-bool lane::follow(const std::string& to, uint64_t ran_through, const outgoing_frame* again) {
+bool lane::follow(const std::string& to, uint64_t ran_through, const outgoing_frame* again, bool others) {
     std::string why;
     if (!session_.moved(to)) {
         session_.mark_lost("the session moved to '" + to + "', which is not an address");
@@ -232,6 +257,8 @@ bool lane::follow(const std::string& to, uint64_t ran_through, const outgoing_fr
         }
     VCUDA_LOG_DEBUG("lane {} follows its session to {} ({} bytes of calls sent again)", number_, to,
                     unacked_.size());
+    server_ = to;
+    if (others) session_.follow_others(to, this);
     return true;
 }
 
@@ -275,10 +302,20 @@ call_counters& counters() {
 }
 
 int lane::post(const call_request& rq) {
+    std::lock_guard use(use_mu_);
+    return post_held(rq);
+}
+
+int lane::call(const call_request& rq, call_reply& rp) {
+    std::lock_guard use(use_mu_);
+    return call_held(rq, rp);
+}
+
+int lane::post_held(const call_request& rq) {
     if (session_.lost()) return connection_lost_result;
     if (unacked_.size() > unacked_limit) {  // this one waits, and its reply lets the kept frames go
         call_reply rp;
-        return call(rq, rp);
+        return call_held(rq, rp);
     }
     auto& c = counters();
     c.posted.fetch_add(1, std::memory_order_relaxed);
@@ -290,7 +327,7 @@ int lane::post(const call_request& rq) {
     return 0;
 }
 
-int lane::call(const call_request& rq, call_reply& rp) {
+int lane::call_held(const call_request& rq, call_reply& rp) {
     if (session_.lost()) return connection_lost_result;
     auto& c = counters();
     c.round_trips.fetch_add(1, std::memory_order_relaxed);

@@ -86,14 +86,22 @@ class lane {
     // Sends a call without waiting; its error, if any, comes back with the next synchronous reply.
     int post(const call_request& rq);
     uint32_t number() const { return number_; }
+    // Another lane learnt that the session moved to `to`: this one follows now when its thread is not in a
+    // call (an idle thread's posted frames that the old server did not run may be what other threads' calls
+    // wait for there); a thread in a call follows at its reply.
+    void follow_if_idle(const std::string& to);
 
   private:
+    int call_held(const call_request& rq, call_reply& rp);  // use_mu_ held
+    int post_held(const call_request& rq);
     outgoing_frame build(const call_request& rq, bool async);
     int lost(const transport_error& e);
     // The session moved to `to` (an operator's migrate): this lane joins it there, sends again every posted
     // frame after `ran_through` (the last call the old server ran) and then `again`, the call whose reply
     // said so (unless it is null). False, the session marked lost, when that fails.
-    bool follow(const std::string& to, uint64_t ran_through, const outgoing_frame* again);
+    // `others`: then every other idle lane of the session follows too. ran_through 0: the receiver leaves
+    // out posted frames it ran already (their sequence is within the progress it was sent).
+    bool follow(const std::string& to, uint64_t ran_through, const outgoing_frame* again, bool others = true);
     // Queues the frame (or writes it directly when its payload is large). False when the link is gone.
     bool send(const outgoing_frame& f, bool wait_for_reply);
     void writer_loop();
@@ -111,6 +119,10 @@ class lane {
     std::vector<std::byte> unacked_;
     static constexpr size_t unacked_limit = 32u << 20;
 
+    // Held by the owning thread through each call and post, and by another thread that makes this idle lane
+    // follow a moved session (follow_if_idle).
+    std::mutex use_mu_;
+    std::string server_;  // the address this lane is connected to (use_mu_)
     session& session_;
     frame_stream fs_;
     uint32_t number_;
@@ -167,6 +179,10 @@ class session {
     // The session moved to the server at `to`: lanes connect there from now on (each lane follows at its own
     // next reply), striped copies open new bulk connections. False when `to` is not an address.
     bool moved(const std::string& to);
+    // The lanes alive in this process, for a moved session's lanes to follow together (lane::follow).
+    void add_lane(lane* l);
+    void remove_lane(lane* l);
+    void follow_others(const std::string& to, lane* self);
     // A connection to the session's server for lane `number`, HELLO done; `why` says why not.
     std::optional<frame_stream> connect_stream(uint32_t number, std::string& why);
 
@@ -192,6 +208,8 @@ class session {
     std::atomic<bool> lost_{false};
     std::mutex order_mu_;
     frame_ref last_sent_;
+    std::mutex lanes_mu_;
+    std::vector<lane*> lanes_;
     std::vector<server_device> devices_;
     uint32_t bulk_cap_ = 0;  // from HELLO's reply: the most connections of a bulk set; 0: no striping
     int pid_ = 0;            // the process that opened the session (a forked child has none of its threads)

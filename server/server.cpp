@@ -514,6 +514,9 @@ bool answer_moved(session& sess, frame_stream& fs, const frame& f, lane_state& l
 void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, uint32_t lane_number) {
     auto& d = sess->api();
     uint64_t ran = sess->progress_of(lane_number);  // the last call this lane ran (where it ran before, too)
+    // A lane that follows its moved session from another thread sends all the posted frames it kept; those
+    // the old server ran are left out here.
+    const uint64_t ran_before = ran;
     staging_pool pool(d);
     lane_state lane;
     lane.stream = &fs;
@@ -547,6 +550,11 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
         if (f.kind() != frame_kind::call) {
             send_wire_error(fs, wire_errc::unexpected_kind, "expected a CALL frame");
             return;
+        }
+        if (f.header.sequence <= ran_before && (f.header.flags & frame_flags::no_reply)) {
+            if (staged) pool.give_back(staged, nullptr);
+            staged = nullptr;
+            continue;
         }
         auto* call = root_of<wire::Call>(f);
         sess->counters.calls.fetch_add(1, std::memory_order_relaxed);  // the only cost metrics add to a call

@@ -300,6 +300,8 @@ bool session::wait_for_lane(uint32_t lane, uint64_t seq, const std::function<boo
     std::unique_lock lock(progress_mu_);
     ++progress_waiters_;
     bool ok = false;
+    const auto since = std::chrono::steady_clock::now();
+    bool told = false;
     for (;;) {
         auto it = progress_.find(lane);
         if (it != progress_.end() && it->second >= seq) {
@@ -314,6 +316,13 @@ bool session::wait_for_lane(uint32_t lane, uint64_t seq, const std::function<boo
         }
         if (it == progress_.end() && gone_lanes_.count(lane)) break;
         if (client_gone && client_gone()) break;  // nobody waits for this call any more
+        if (!told && std::chrono::steady_clock::now() - since > std::chrono::seconds(5)) {
+            told = true;  // a long wait says what it waits for, once: a lane that never comes is a hang
+            VCUDA_LOG_WARN("session {}: a call has waited 5 s for lane {} to run its call {}; {}", id_, lane,
+                           seq,
+                           it == progress_.end() ? std::string("that lane has run nothing here")
+                                                 : "it has run " + std::to_string(it->second));
+        }
         progress_cv_.wait_for(lock, std::chrono::milliseconds(100));
     }
     --progress_waiters_;

@@ -93,6 +93,12 @@ for transport in ${MOBILE_TRANSPORTS:-unix tcp}; do
     # The manager lists each lease's session once its server's heartbeat told of it.
     listed() { [ "$(vcuda sessions --json | json 'len(j["sessions"])')" -ge "$(echo "$leases" | wc -w)" ]; }
     wait_for 10 listed
+    # Each workload's lease, by the pid of its process (`vcuda run` runs the program in its own process).
+    declare -A lease_of=()
+    for w in $workloads; do
+      pid=$(pgrep -P "${prog[$w]}" | head -1)
+      lease_of[$w]=$(vcuda leases --json | json "([l['lease_id'] for l in j['leases'] if str(l['pid']) == '$pid'] + ['?'])[0]")
+    done
     t0=$(date +%s.%N)
     case $action in
       migrate) for l in $leases; do vcuda migrate "$l" --to "$gpu_b" > /dev/null; done ;;
@@ -112,7 +118,21 @@ for transport in ${MOBILE_TRANSPORTS:-unix tcp}; do
       elif ! diff <(normalize "$out/native.$w.out") <(normalize "$t/$action.$w.out") > "$t/$action.$w.diff"; then
         verdict="DIFFERENT"; status=1
       fi
-      rows+=("$w | $action | $transport | $verdict")
+      # What the manager and the server did to this workload's session, from `vcuda events`.
+      done_to=$(vcuda events --json | python3 -c "
+import json, re, sys
+ev = [e for e in json.load(sys.stdin)['events'] if e['lease_id'] == '${lease_of[$w]}']
+said = []
+for e in ev:
+    d = e['detail']
+    if e['kind'] == 'moved':
+        said.append('moved, ' + (re.search(r'paused \d+ ms', d) or re.search(r'$', d)).group(0))
+    elif e['kind'] == 'not-moved':
+        said.append('NOT moved: ' + d.split('not moved: ')[-1][:90])
+    elif re.search(r'(not )?suspended: |resumed: ', d):
+        said.append(re.search(r'((not )?suspended|resumed): [^,;]*', d).group(0)[:80])
+print('; '.join(dict.fromkeys(said)) or 'nothing done (ended first?)')")
+      rows+=("$w | $action | $transport | $verdict | $done_to")
     done
     vcuda events > "$t/$action.events.txt"
     [ "$action" = drain ] && vcuda uncordon "$srv_a" > /dev/null
@@ -125,7 +145,7 @@ done
 
 echo "== what the servers did"
 for transport in ${MOBILE_TRANSPORTS:-unix tcp}; do echo "-- $transport"; cat "$out/$transport/moves.txt"; done
-echo "== workload | action | transport | result"
+echo "== workload | action | transport | result | what was done to it"
 printf '%s\n' "${rows[@]}"
-echo "MOBILE: $(printf '%s\n' "${rows[@]}" | grep -c '| identical$')/${#rows[@]} identical"
+echo "MOBILE: $(printf '%s\n' "${rows[@]}" | grep -c '| identical |')/${#rows[@]} identical"
 exit $status
