@@ -19,7 +19,7 @@ programs_dir="$build/tests/programs"
 driver="$build/lib/libvcuda-softdriver.so"
 # name:args:sure:only — "sure": the program is idle or busy long enough that it is moved before it ends; "only":
 # the one transport it runs over (mapped host memory needs a Unix socket).
-programs=${MOVE_PROGRAMS:-"suspend_resume:300:sure suspend_resume:0: streams_events:: async_copies:: vector_add::
+programs=${MOVE_PROGRAMS:-"suspend_resume:300:sure suspend_resume:0: symbols:300:sure streams_events:: async_copies:: vector_add::
   host_functions:: pinned_memory:: mapped_memory:::unix device_copies:: late_thread_runtime:: func_attributes:: error_cases::"}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_ready() {

@@ -1,8 +1,13 @@
 // symbols: __device__ and __constant__ variables reached through the runtime's symbol API —
 // cudaMemcpyToSymbol / cudaMemcpyFromSymbol (whole, at an offset, async, device-to-device),
 // cudaGetSymbolAddress, cudaGetSymbolSize — and used by a kernel through their addresses; plus the initial
-// value of an initialized __device__ array.
+// value of an initialized __device__ array. With a pause (argv[1] ms) at the end, during which the session may be
+// suspended or moved (its module loaded again, the globals maybe elsewhere), the kernel runs again through the
+// addresses cudaGetSymbolAddress gave before: they must still reach the globals.
 #include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 #include <vector>
 
@@ -22,7 +27,7 @@ extern "C" __global__ void sym_apply(const int* table, const float* coeffs, floa
     }
 }
 
-int main() {
+int main(int argc, char** argv) {
     size_t sz = 0;
     CHECK(cudaGetSymbolSize(&sz, sym_table));
     printf("sizeof sym_table = %zu\n", sz);
@@ -118,6 +123,23 @@ int main() {
         printf("device-to-device symbol copies: ok\n");
         CHECK(cudaFree(d_src));
         CHECK(cudaStreamDestroy(s));
+    }
+    if (int pause_ms = argc > 1 ? atoi(argv[1]) : 0; pause_ms > 0) {
+        std::vector<int> t_now(256);
+        float c_now[16];
+        CHECK(cudaMemcpyFromSymbol(t_now.data(), sym_table, 256 * sizeof(int)));
+        CHECK(cudaMemcpyFromSymbol(c_now, sym_coeffs, sizeof c_now));
+        printf("pausing %d ms\n", pause_ms);
+        fflush(stdout);
+        usleep(static_cast<useconds_t>(pause_ms) * 1000);
+        sym_apply<<<(n + 255) / 256, 256>>>(p_table, p_coeffs, d_out, p_counter, n);
+        CHECK_LAUNCH();
+        CHECK(cudaMemcpy(out.data(), d_out, n * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < n; ++i) {
+            float want = c_now[i % 16] * static_cast<float>(t_now[i % 256]);
+            if (out[i] != want) fail("after the pause: out[%d] = %g, expected %g", i, out[i], want);
+        }
+        printf("after the pause, the kernel through the symbol addresses from before: ok\n");
     }
     CHECK(cudaFree(d_out));
     return pass();
