@@ -1,9 +1,9 @@
 // symbols: __device__ and __constant__ variables reached through the runtime's symbol API —
 // cudaMemcpyToSymbol / cudaMemcpyFromSymbol (whole, at an offset, async, device-to-device),
 // cudaGetSymbolAddress, cudaGetSymbolSize — and used by a kernel through their addresses; plus the initial
-// value of an initialized __device__ array. With a pause (argv[1] ms) at the end, during which the session may be
-// suspended or moved (its module loaded again, the globals maybe elsewhere), the kernel runs again through the
-// addresses cudaGetSymbolAddress gave before: they must still reach the globals.
+// value of an initialized __device__ array. With a pause (argv[1] ms) at the end, during which the session
+// may be suspended or moved (its module loaded again, the globals maybe elsewhere), the kernel runs again
+// through the addresses cudaGetSymbolAddress gave before: they must still reach the globals.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
