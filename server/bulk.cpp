@@ -643,7 +643,10 @@ void bulk_hub::forget_context(CUcontext ctx) {
             b.done_ctx = nullptr;
             b.pending = false;
         }
-        if (b.pinned_ctx == ctx && b.state == buffer::use::idle) {
+        // Every buffer, also one that holds a chunk still: the context goes, and a buffer left pinned in it
+        // would be unregistered later under a destroyed context (the driver crashed so on the H200, when a
+        // moved session's bulk connections closed). The GPU is idle; a later copy pins it again.
+        if (b.pinned_ctx == ctx) {
             drv_.cuMemHostUnregister(b.data);
             b.pinned_ctx = nullptr;
         }
