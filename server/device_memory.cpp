@@ -103,69 +103,35 @@ void device_memory::free_addresses(CUdeviceptr va, const mapping& m) {
 void address_window::reserve_once(const driver_table& d) {
     if (tried_) return;
     tried_ = true;
+    CUdeviceptr base = 0;
     if (index_ >= count || !d.cuMemAddressReserve ||
-        d.cuMemAddressReserve(&base_, total, device_memory::granularity, 0, 0) != CUDA_SUCCESS) {
-        base_ = 0;
+        d.cuMemAddressReserve(&base, window_runs::total, device_memory::granularity, 0, 0) != CUDA_SUCCESS) {
         VCUDA_LOG_WARN(
             "address window {}: the driver gave no common range; sessions' memory goes where the driver puts "
             "it, and moving them to another server may fail",
             index_);
         return;
     }
-    free_[base_ + index_ * span] = span;
-    VCUDA_LOG_INFO("address window {}: sessions' memory at {:#x}-{:#x}", index_, base_ + index_ * span,
-                   base_ + (index_ + 1) * span);
+    runs_.start(base, index_);
+    VCUDA_LOG_INFO("address window {}: sessions' memory at {:#x}-{:#x}", index_, runs_.first(),
+                   runs_.first() + window_runs::span);
 }
 
 CUdeviceptr address_window::take(const driver_table& d, size_t size) {
     std::lock_guard lock(mu_);
     reserve_once(d);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-        if (it->second < size) continue;
-        auto [at, len] = *it;
-        free_.erase(it);
-        if (len > size) free_[at + size] = len - size;
-        return at;
-    }
-    return 0;
+    return runs_.take(size);
 }
 
 void address_window::give_back(CUdeviceptr va, size_t size) {
     std::lock_guard lock(mu_);
-    // A range of another server's window (a moved session's, or one refused here) was never this one's.
-    const CUdeviceptr mine = base_ + index_ * span;
-    if (!base_ || va < mine || va - mine >= span || size > span - (va - mine)) return;
-    auto next = free_.lower_bound(va);
-    if (next != free_.end() && next->first == va + size) {
-        size += next->second;
-        next = free_.erase(next);
-    }
-    if (next != free_.begin()) {
-        auto prev = std::prev(next);
-        if (prev->first + prev->second == va) {
-            prev->second += size;
-            return;
-        }
-    }
-    free_[va] = size;
+    runs_.give_back(va, size);
 }
 
 bool address_window::claim(const driver_table& d, CUdeviceptr va, size_t size) {
     std::lock_guard lock(mu_);
     reserve_once(d);
-    if (!base_ || va < base_ || va - base_ > total || size > total - (va - base_)) return false;
-    const CUdeviceptr mine = base_ + index_ * span;
-    if (va + size <= mine || va >= mine + span)
-        return true;  // another server's window: never handed out here
-    auto it = free_.upper_bound(va);
-    if (it == free_.begin()) return false;
-    --it;
-    auto [at, len] = *it;
-    if (va + size > at + len) return false;
-    free_.erase(it);
-    if (va > at) free_[at] = va - at;
-    if (at + len > va + size) free_[va + size] = at + len - (va + size);
-    return true;
+    return runs_.claim(va, size);
 }
 
 void device_memory::unmap_bytes::operator()(std::byte* p) const { ::munmap(p, size); }

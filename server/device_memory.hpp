@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "driver_table.hpp"
+#include "server/window_runs.hpp"
 
 namespace vcuda::server {
 
@@ -35,17 +36,14 @@ class address_window {
     // A moved session's range: true when it lies in the common range and is free here (taken for it then).
     bool claim(const driver_table& d, CUdeviceptr va, size_t size);
 
-    static constexpr size_t total = size_t{16} << 40;
-    static constexpr uint32_t count = 64;
-    static constexpr size_t span = total / count;  // 256 GiB
+    static constexpr uint32_t count = window_runs::count;
 
   private:
     void reserve_once(const driver_table& d);  // mu_ held
     std::mutex mu_;
     uint32_t index_;
     bool tried_ = false;
-    CUdeviceptr base_ = 0;                // the common range, once reserved
-    std::map<CUdeviceptr, size_t> free_;  // free runs of this server's window
+    window_runs runs_;
 };
 
 class device_memory {

@@ -10,8 +10,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <mutex>
+
+#include "server/window_runs.hpp"
 
 namespace vcuda::server {
 
@@ -33,18 +34,10 @@ class host_window {
     bool unmap(uintptr_t addr, size_t size, bool reuse = true);
 
     static constexpr uintptr_t common_base = uintptr_t{32} << 40;  // 32 TiB
-    static constexpr size_t total = size_t{16} << 40;
-    static constexpr uint32_t count = 64;
-    static constexpr size_t span = total / count;  // 256 GiB
 
   private:
-    bool inside(uintptr_t addr, size_t size) const {
-        return base_ && addr >= base_ && addr - base_ <= total && size <= total - (addr - base_);
-    }
     std::mutex mu_;
-    uint32_t index_;
-    uintptr_t base_ = 0;                // the common range, when reserved
-    std::map<uintptr_t, size_t> free_;  // free runs of this server's window
+    window_runs runs_;
 };
 
 }  // namespace vcuda::server

@@ -1,0 +1,84 @@
+// One server's window of an address range that every server reserves at the same address: device memory
+// (address_window, server/device_memory.hpp) and pinned host pages shared with clients (host_window,
+// server/host_window.hpp). A session moved here keeps addresses of its old server's window, which this
+// server never hands out; its own window's free runs are handed out first fit and merged when given back.
+// locks: none; its owner's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <map>
+
+namespace vcuda::server {
+
+class window_runs {
+  public:
+    static constexpr size_t total = size_t{16} << 40;
+    static constexpr uint32_t count = 64;
+    static constexpr size_t span = total / count;  // 256 GiB
+
+    // The common range was reserved at `base` (until then every range is outside it).
+    void start(uint64_t base, uint32_t index) {
+        base_ = base;
+        mine_ = base + index * span;
+        free_[mine_] = span;
+    }
+    uint64_t base() const { return base_; }
+    uint64_t first() const { return mine_; }  // where this server's window starts
+    // [at, at+size) lies in the common range.
+    bool inside(uint64_t at, uint64_t size) const {
+        return base_ && at >= base_ && at - base_ <= total && size <= total - (at - base_);
+    }
+    // A free run of `size` bytes of this window, taken; 0 when none.
+    uint64_t take(uint64_t size) {
+        for (auto it = free_.begin(); it != free_.end(); ++it) {
+            if (it->second < size) continue;
+            auto [at, len] = *it;
+            free_.erase(it);
+            if (len > size) free_[at + size] = len - size;
+            return at;
+        }
+        return 0;
+    }
+    // A moved session's range: true when it lies in the common range, in another server's window or free in
+    // this one (taken for it then).
+    bool claim(uint64_t at, uint64_t size) {
+        if (!inside(at, size)) return false;
+        if (at + size <= mine_ || at >= mine_ + span) return true;
+        auto it = free_.upper_bound(at);
+        if (it == free_.begin()) return false;
+        --it;
+        auto [run, len] = *it;
+        if (at + size > run + len) return false;
+        free_.erase(it);
+        if (at > run) free_[run] = at - run;
+        if (run + len > at + size) free_[at + size] = run + len - (at + size);
+        return true;
+    }
+    // Free again, merged with its neighbours. A range of another server's window (a moved session's, or one
+    // refused here) was never this one's: it is not handed out.
+    void give_back(uint64_t at, uint64_t size) {
+        if (!base_ || at < mine_ || at - mine_ >= span || size > span - (at - mine_)) return;
+        auto next = free_.lower_bound(at);
+        if (next != free_.end() && next->first == at + size) {
+            size += next->second;
+            next = free_.erase(next);
+        }
+        if (next != free_.begin()) {
+            auto prev = std::prev(next);
+            if (prev->first + prev->second == at) {
+                prev->second += size;
+                return;
+            }
+        }
+        free_[at] = size;
+    }
+
+  private:
+    uint64_t base_ = 0;
+    uint64_t mine_ = 0;
+    std::map<uint64_t, uint64_t> free_;  // free runs of this server's window: start -> length
+};
+
+}  // namespace vcuda::server
