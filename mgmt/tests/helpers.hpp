@@ -1,7 +1,10 @@
-// Test helpers for vcuda_mgmt_tests: a fake clock, GPU and server builders, temporary folders.
+// Test helpers for vcuda_mgmt_tests: a fake clock, GPU and server builders, temporary folders, a manager
+// state to drive.
 #pragma once
 
 #include <unistd.h>
+
+#include <catch2/catch.hpp>
 
 #include <chrono>
 #include <cstdlib>
@@ -71,6 +74,26 @@ struct temp_dir {
 struct counter_ids {
     int n = 0;
     std::string operator()() { return std::to_string(++n); }
+};
+
+// A manager state on the fake clock (ids counted from 1), with the changes its calls record.
+struct state_fixture {
+    explicit state_fixture(const state_config& config) : st(config, counter_ids{}) {}
+    fake_clock clock;
+    manager_state st;
+    state_changes ch;
+
+    std::string add(const server_registration& r) {
+        auto id = st.register_server(r, clock(), ch);
+        REQUIRE(id);
+        return *id;
+    }
+    lease_record acquire(const lease_request& r) {
+        auto l = st.acquire(r, clock(), ch);
+        INFO((l ? std::string() : l.error().message));
+        REQUIRE(l);
+        return *l;
+    }
 };
 
 }  // namespace vcuda::mgmt::test

@@ -17,22 +17,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct fixture {
-    fake_clock clock;
-    manager_state st{state_config{10s, 30s, 64, 20s}, counter_ids{}};  // moves given up after 20 s
-    state_changes ch;
-
-    std::string add(const server_registration& r) {
-        auto id = st.register_server(r, clock(), ch);
-        REQUIRE(id);
-        return *id;
-    }
-    lease_record acquire(const lease_request& r) {
-        auto l = st.acquire(r, clock(), ch);
-        INFO((l ? std::string() : l.error().message));
-        REQUIRE(l);
-        return *l;
-    }
+struct fixture : state_fixture {
+    fixture() : state_fixture(state_config{10s, 30s, 64, 20s}) {}  // moves given up after 20 s
     // A heartbeat of `server_id`: one GPU's load and the sessions given.
     void beat(const std::string& server_id, const std::string& uuid, uint32_t util, uint64_t used = 0,
               std::vector<session_report> sessions = {}) {

@@ -11,22 +11,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct fixture {
-    fake_clock clock;
-    manager_state st{state_config{10s, 30s}, counter_ids{}};
-    state_changes ch;
-
-    std::string add(const server_registration& r) {
-        auto id = st.register_server(r, clock(), ch);
-        REQUIRE(id);
-        return *id;
-    }
-    lease_record acquire(const lease_request& r) {
-        auto l = st.acquire(r, clock(), ch);
-        INFO((l ? std::string() : l.error().message));
-        REQUIRE(l);
-        return *l;
-    }
+struct fixture : state_fixture {
+    fixture() : state_fixture(state_config{10s, 30s}) {}
     std::string code_of(const lease_request& r) {
         auto l = st.acquire(r, clock(), ch);
         REQUIRE_FALSE(l);
