@@ -23,14 +23,19 @@ CUresult device_memory::map_at(CUdeviceptr va, size_t size, CUmemGenericAllocati
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = dev_;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     h = 0;
-    exportable = true;
-    CUresult rc = d.cuMemCreate(&h, size, &prop, 0);
-    if (rc == CUDA_ERROR_NOT_SUPPORTED || rc == CUDA_ERROR_INVALID_VALUE) {
-        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-        exportable = false;
+    exportable = export_allowed_;
+    CUresult rc = CUDA_ERROR_NOT_SUPPORTED;
+    if (exportable) {
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         rc = d.cuMemCreate(&h, size, &prop, 0);
+    }
+    if (rc == CUDA_ERROR_NOT_SUPPORTED || rc == CUDA_ERROR_INVALID_VALUE) {
+        exportable = false;
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+        rc = d.cuMemCreate(&h, size, &prop, 0);
+        // The handle type was what the driver refused: later mappings are made plain at once.
+        if (rc == CUDA_SUCCESS) export_allowed_ = false;
     }
     if (rc != CUDA_SUCCESS) return rc;
     return map_handle(va, size, h);

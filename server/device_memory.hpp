@@ -152,6 +152,7 @@ class device_memory {
     std::map<CUdeviceptr, mapping> mappings_;
     address_window* window_;
     bool keep_addresses_ = false;
+    bool export_allowed_ = true;  // until the driver refuses an exportable mapping (map_at)
     allocation_map allocations_;  // start -> (size, its mapping)
 };
 
