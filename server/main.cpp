@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "common/crash_report.hpp"
 #include "common/log.hpp"
 #include "common/metrics_http.hpp"
 #include "common/tls.hpp"
@@ -120,6 +121,7 @@ class task_queue {
 // An exception that escapes main ends the program, as it should.
 // NOLINTNEXTLINE(bugprone-exception-escape)
 int main(int argc, char** argv) {
+    vcuda::install_crash_report("vcuda-server");
     CLI::App app{
         "vcuda-server: serves this host's GPUs to vcuda clients.\n"
         "Clients (libcuda.so.1 from vcuda, usually started with `vcuda run`) connect over TCP or a Unix "

@@ -522,6 +522,20 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
     lane.stream = &fs;
     device_output::capture printed(lane.device_output);  // this thread is the lane's for its whole life
     lane.staging = &pool;
+    // However the lane ends: if the session's contexts went since this lane last ran a call (it moved away,
+    // was suspended, or another thread reset a device), the pool's events and registrations went with them
+    // and must not reach the driver again, nor may this thread keep a destroyed context current.
+    struct contexts_check {
+        session& sess;
+        lane_state& lane;
+        staging_pool& pool;
+        const driver_table& d;
+        ~contexts_check() {
+            if (sess.epoch() == lane.epoch) return;
+            pool.contexts_changed();
+            d.cuCtxSetCurrent(nullptr);
+        }
+    } at_end{*sess, lane, pool, d};
     staging_pool::buffer* staged = nullptr;
     // Host-to-device payloads land straight in a pinned staging buffer when they fit one.
     payload_sink sink = [&](const frame_header& h, const std::vector<std::byte>& meta) -> std::byte* {

@@ -228,6 +228,7 @@ void session::release_device(size_t device) {
         d.cuCtxSetCurrent(nullptr);
         d.cuCtxDestroy_v2(s.ctx);
         s.ctx = nullptr;
+        epoch_.fetch_add(1);  // other lanes' threads may have it current, and staging registered in it
     }
 }
 

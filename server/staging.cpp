@@ -9,7 +9,7 @@ staging_pool::~staging_pool() {
         if (b.pending && b.done) drv_->cuEventSynchronize(b.done);
         if (b.done) drv_->cuEventDestroy_v2(b.done);
         if (b.data) {
-            drv_->cuMemHostUnregister(b.data);
+            if (!b.stale) drv_->cuMemHostUnregister(b.data);  // a stale registration went with its context
             ::munmap(b.data, buffer_size);
         }
     }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/crash_report.hpp"
 #include "common/log.hpp"
 #include "common/metrics_http.hpp"
 #include "common/tls.hpp"
@@ -32,6 +33,7 @@ int fail(const std::string& message) {
 int main(int argc, char** argv) {
     using namespace vcuda;
     using namespace vcuda::mgmt;
+    install_crash_report("vcuda-mgmt");
 
     CLI::App app{
         "vcuda-mgmt: the vcuda manager. vcuda-servers register their GPUs here; clients lease GPUs from it; "
