@@ -162,9 +162,16 @@ std::unique_ptr<int, device_memory::close_descriptor> device_memory::own_descrip
     return fd < 0 ? nullptr : std::unique_ptr<int, close_descriptor>(new int(fd));
 }
 
-CUresult device_memory::save(std::vector<saved_mapping>& out, bool by_descriptor) const {
+CUresult device_memory::save(std::vector<saved_mapping>& out, save_mode mode) const {
     for (const auto& [va, m] : mappings_) {
-        if (by_descriptor && m.exportable && drv_->cuMemExportToShareableHandle) {
+        if (mode == save_mode::none) {
+            saved_mapping s;
+            s.va = va;
+            s.size = m.size;
+            out.push_back(std::move(s));
+            continue;
+        }
+        if (mode == save_mode::descriptor && m.exportable && drv_->cuMemExportToShareableHandle) {
             int fd = -1;
             if (CUresult rc = drv_->cuMemExportToShareableHandle(&fd, m.handle,
                                                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);

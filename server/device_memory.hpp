@@ -73,18 +73,26 @@ class device_memory {
         void operator()(int* fd) const;
     };
     struct saved_mapping {
+        using bytes_type = std::unique_ptr<std::byte, unmap_bytes>;
         CUdeviceptr va = 0;
         size_t size = 0;
-        std::unique_ptr<std::byte, unmap_bytes> bytes{
-            nullptr, unmap_bytes{0}};  // mapped: back to the system when freed
+        bytes_type bytes{nullptr, unmap_bytes{0}};  // mapped: back to the system when freed
         // Or, moving to a server on the same GPU, the physical memory itself: a descriptor the driver
         // exported (the memory lives while it is open), imported and mapped at the same address there.
         std::unique_ptr<int, close_descriptor> descriptor;
         int fd() const { return descriptor ? *descriptor : -1; }
     };
-    // by_descriptor: export each mapping's physical memory rather than copy it out (mappings made without an
-    // exportable handle are copied still).
-    CUresult save(std::vector<saved_mapping>& out, bool by_descriptor = false) const;
+    // How save() keeps each mapping's contents. copy: copied out into host memory. descriptor: the physical
+    // memory exported (mappings made without an exportable handle are copied still). none: only where it is
+    // and its size; the contents stay on the GPU, read while a pre-copied move sends them
+    // (server/precopy.hpp).
+    enum class save_mode { copy, descriptor, none };
+    CUresult save(std::vector<saved_mapping>& out, save_mode mode = save_mode::copy) const;
+    // Whether a mapping of `size` bytes is at `va` (`mu` of the session held).
+    bool has_mapping(CUdeviceptr va, size_t size) const {
+        auto it = mappings_.find(va);
+        return it != mappings_.end() && it->second.size == size && it->second.handle;
+    }
     static std::unique_ptr<int, close_descriptor> own_descriptor(int fd);
     void drop_physical();
     CUresult restore(const std::vector<saved_mapping>& saved);

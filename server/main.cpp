@@ -254,9 +254,11 @@ int main(int argc, char** argv) {
            "--move-memory", move_memory,
            "How a session's device memory goes to the server it moves to. share (default): to a "
            "server on this host (a Unix socket address) on the same GPU, the physical memory itself is "
-           "handed over, so the pause does not grow with the memory; otherwise it is copied. copy: "
-           "always copied (to measure or test the copying path)")
-        ->check(CLI::IsMember({"share", "copy"}))
+           "handed over, so the pause does not grow with the memory; otherwise it is pre-copied. "
+           "precopy: always pre-copied, i.e. copied while the application runs, then, paused, only the "
+           "pieces (64 MiB) whose contents changed. copy: always copied while paused (stop-and-copy: to "
+           "measure or test that path)")
+        ->check(CLI::IsMember({"share", "precopy", "copy"}))
         ->capture_default_str();
     std::vector<std::string> move_to_text;
     int move_after_ms = 500;
@@ -270,6 +272,12 @@ int main(int argc, char** argv) {
         ->group("Testing")
         ->capture_default_str()
         ->check(CLI::Range(0, 3600 * 1000));
+    int precopy_hold_ms = 0;
+    app.add_option("--test-precopy-hold", precopy_hold_ms,
+                   "For tests: a pre-copied move waits MS between its pre-copy and its pause, so that a test "
+                   "program can change memory in between")
+        ->group("Testing")
+        ->check(CLI::Range(0, 60 * 1000));
     std::string gpu_identity;
     app.add_option(
         "--gpu-identity", gpu_identity,
@@ -373,7 +381,10 @@ int main(int argc, char** argv) {
         opts.window = std::make_shared<vcuda::server::address_window>(index);
         opts.host_addresses = std::make_shared<vcuda::server::host_window>(index);
     }
-    opts.move_by_copy = move_memory == "copy";
+    opts.test_precopy_hold = std::chrono::milliseconds(precopy_hold_ms);
+    opts.move_memory = move_memory == "copy"      ? vcuda::server::server_options::move_memory_mode::copy
+                       : move_memory == "precopy" ? vcuda::server::server_options::move_memory_mode::precopy
+                                                  : vcuda::server::server_options::move_memory_mode::share;
     if (max_sessions > 0) opts.max_sessions = static_cast<uint32_t>(max_sessions);
     if (max_connections > 0) opts.max_connections = static_cast<uint32_t>(max_connections);
     if (!allow_uid_text.empty()) {

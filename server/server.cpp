@@ -681,16 +681,42 @@ void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::st
     if (!authorize(h, grant, fs, peer)) return;
     frame_limits state_limits;
     state_limits.max_meta = max_moved_state_bytes;
-    state_limits.max_payload = 0;
+    state_limits.max_payload = max_precopy_piece;
     fs.set_limits(state_limits);
-    auto in = fs.receive(after(std::chrono::seconds(30)), std::chrono::seconds(120));
-    if (!in || in->kind() != frame_kind::session_state) {
-        std::string what = in ? "a " + std::string(to_string(in->kind())) + " frame" : in.error().message;
+    // Pre-copied memory first, if the sender pre-copies (server/precopy.hpp): pieces straight into place, as
+    // much as the session may hold here.
+    uint64_t room = 0;
+    for (const auto& g : drv_.gpus()) {
+        const uint64_t quota = grant.memory_quota ? grant.memory_quota : opts_.memory_quota;
+        room += quota ? std::min<uint64_t>(quota, g.total_memory) : g.total_memory;
+    }
+    precopy_store pre(room);
+    std::string precopy_error;
+    payload_sink into_store = [&](const frame_header& fh, const std::vector<std::byte>& meta) -> std::byte* {
+        if (fh.kind != static_cast<uint16_t>(frame_kind::state_piece)) return nullptr;
+        const auto* q = flatbuffers::GetRoot<wire::StatePiece>(meta.data());
+        if (!q->precopy() || !precopy_error.empty()) return nullptr;
+        return pre.place(q->va(), q->mapping_size(), q->offset(), fh.payload_len, precopy_error);
+    };
+    frame in;
+    transport_result<void> got;
+    while (
+        (got = fs.receive_into(in, after(std::chrono::seconds(30)), std::chrono::seconds(120), into_store)) &&
+        in.kind() == frame_kind::state_piece) {
+        if (!root_of<wire::StatePiece>(in)->precopy() || !in.payload.empty() || !precopy_error.empty()) {
+            if (precopy_error.empty()) precopy_error = "a piece came before the session's state";
+            VCUDA_LOG_WARN("{}: a moved session's pre-copy refused: {}", peer, precopy_error);
+            send_wire_error(fs, wire_errc::unexpected_kind, "pre-copy refused: " + precopy_error);
+            return;
+        }
+    }
+    if (!got || in.kind() != frame_kind::session_state) {
+        std::string what = got ? "a " + std::string(to_string(in.kind())) + " frame" : got.error().message;
         VCUDA_LOG_WARN("{}: a moved session's state did not come: {}", peer, what);
         send_wire_error(fs, wire_errc::unexpected_kind, "expected the moved session's state: " + what);
         return;
     }
-    auto* st = root_of<wire::SessionState>(*in);
+    auto* st = root_of<wire::SessionState>(in);
     std::string key =
         st->session_key()
             ? std::string(reinterpret_cast<const char*>(st->session_key()->data()), st->session_key()->size())
@@ -713,7 +739,7 @@ void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::st
     ++sess->lanes;
     auto t0 = std::chrono::steady_clock::now();
     std::string why;
-    CUresult rc = sess->take_moved_state(*st, fs, why);
+    CUresult rc = sess->take_moved_state(*st, fs, pre, why);
     flatbuffers::FlatBufferBuilder b(256);
     b.Finish(wire::CreateReply(b, rc, 0, 0, why.empty() ? 0 : b.CreateString(why)));
     if (!fs.send(make_frame(frame_kind::reply, b), after(std::chrono::seconds(10))))

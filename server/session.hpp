@@ -28,6 +28,7 @@
 #include "server/handle_table.hpp"
 #include "server/host_window.hpp"
 #include "server/jit.hpp"
+#include "server/precopy.hpp"
 #include "server/session_tables.hpp"
 #include "vcuda_generated.h"
 
@@ -61,9 +62,14 @@ struct server_options {
     std::shared_ptr<address_window> window;
     // The same for the pinned host pages shared with local clients (server/host_window.hpp).
     std::shared_ptr<host_window> host_addresses;
-    // --move-memory copy: a move copies device memory even to a server on the same GPU, which otherwise
-    // takes the physical memory itself (for measurements and tests of the copying path).
-    bool move_by_copy = false;
+    // --move-memory: how a moving session's device memory goes (server/session_transfer.cpp). share: to a
+    // server on this host on the same GPU the physical memory itself, else pre-copied; precopy: always
+    // pre-copied (copied while the application runs, then what changed); copy: copied while it is paused.
+    enum class move_memory_mode { share, precopy, copy };
+    move_memory_mode move_memory = move_memory_mode::share;
+    // --test-precopy-hold MS (tests): a pre-copied move waits this long between its pre-copy and its pause,
+    // so that a test program can change memory in between.
+    std::chrono::milliseconds test_precopy_hold{0};
     // --gpu-identity TAG: the UUID each GPU (by index) has towards the manager and in lease tokens, so that
     // several servers on one physical GPU (tests, the software driver) are distinct GPUs to the manager.
     // Empty: each GPU's own UUID. NVML and the application still see the physical UUID.
@@ -75,6 +81,8 @@ struct session_image;  // server/session_image.hpp
 // The largest description of a session moved between servers (names, handle slots, globals' contents), read
 // once its sender was authorized; the memory itself comes in pieces after it.
 inline constexpr uint32_t max_moved_state_bytes = 512u << 20;
+// The most bytes of one pre-copied piece a receiver takes (server/precopy.hpp).
+inline constexpr uint64_t max_precopy_piece = uint64_t{1} << 30;
 
 // Events and their total duration, as a Prometheus summary's _count and _sum (server/metrics.cpp).
 struct timed_count {
@@ -227,8 +235,10 @@ class session : public std::enable_shared_from_this<session> {
         return moved_to_;
     }
     // On the receiving server, in a new session made with the state's id and key: takes the state and the
-    // pieces that follow it on `fs`, and rebuilds the session. On failure the caller removes the session.
-    CUresult take_moved_state(const wire::SessionState& st, frame_stream& fs, std::string& why);
+    // pieces that follow it on `fs` (with what was pre-copied before the state, in `pre`), and rebuilds the
+    // session. On failure the caller removes the session.
+    CUresult take_moved_state(const wire::SessionState& st, frame_stream& fs, precopy_store& pre,
+                              std::string& why);
     // The last call lane `lane` ran in this session (here or, for a moved session, where it was before).
     uint64_t progress_of(uint32_t lane);
     // A moved session's client joined it with its lane 0, the lane its process keeps until it exits.
@@ -296,8 +306,11 @@ class session : public std::enable_shared_from_this<session> {
     // up to `wait` for the calls running to end; CUDA_ERROR_NOT_READY (the gate open again) when they do not.
     CUresult close_gate(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds wait, std::string& why);
     // With the gate closed and no call running:
-    // by_descriptor: device memory is exported (a move to the same GPU), not copied out.
-    CUresult save_and_release(std::string& why, bool by_descriptor = false);
+    // `memory`: how device memory is kept (device_memory::save_mode). With save_mode::none nothing is
+    // released: the contents stay on the GPU for a pre-copied move to read, which releases them once the
+    // target has them.
+    CUresult save_and_release(std::string& why,
+                              device_memory::save_mode memory = device_memory::save_mode::copy);
     CUresult rebuild(std::string& why);
     // Gives the GPU objects back to the driver (contexts, their streams, events, modules, the memory's
     // physical part); handles and reservations stay. `mu` held.
@@ -342,10 +355,20 @@ class session : public std::enable_shared_from_this<session> {
     // The connection the state went over, kept open while this session lives here: the receiving server
     // keeps the session for the client until its lane 0 joins there, or until this closes (the client gone).
     std::unique_ptr<frame_stream> moved_link_;
-    // move_to's steps with the gate closed: the state and its pieces to `fs`, then the receiver's answer.
-    CUresult send_state(const move_target& to, std::string& why);
-    std::string note_;          // under gate_mu_
-    std::string rebuilt_note_;  // the last rebuild's outcome, written by rebuild()
+    // move_to's steps. open_move_link: the connection to the target, HELLO sent. precopy_memory: with the
+    // gate open, every mapping's pieces sent as pre-copied, their digests noted in `record`. send_state, with
+    // the gate closed: the state and its pieces (those unchanged since `record`, if any, without their
+    // bytes), then the receiver's answer.
+    class piece_reader;
+    std::unique_ptr<frame_stream> open_move_link(const move_target& to, std::string& why);
+    CUresult precopy_memory(frame_stream& fs, const move_target& to, precopy_record& record,
+                            std::string& why);
+    CUresult send_state(std::unique_ptr<frame_stream> fs, const move_target& to, const precopy_record* record,
+                        std::string& why);
+    std::atomic<bool> moving_{false};  // a move_to is under way (another is refused)
+    uint64_t unchanged_bytes_ = 0;     // the last send_state's pieces sent as unchanged (for its note)
+    std::string note_;                 // under gate_mu_
+    std::string rebuilt_note_;         // the last rebuild's outcome, written by rebuild()
     int64_t opened_at_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count();  // Unix ms, as the manager's request times

@@ -184,7 +184,7 @@ CUresult session::rebuild_through_gate(std::unique_lock<std::mutex>& lock, std::
     return rc;
 }
 
-CUresult session::save_and_release(std::string& why, bool by_descriptor) {
+CUresult session::save_and_release(std::string& why, device_memory::save_mode memory) {
     auto& d = api();
     std::lock_guard lock(mu);
     std::string blocker;
@@ -222,7 +222,7 @@ CUresult session::save_and_release(std::string& why, bool by_descriptor) {
         for (CUlimit l : saved_limits)
             if (size_t v = 0; d.cuCtxGetLimit(&v, l) == CUDA_SUCCESS) ds.limits.emplace_back(l, v);
         d.cuCtxGetCacheConfig(&ds.cache_config);
-        if (CUresult rc = s.memory->save(ds.memory, by_descriptor); rc != CUDA_SUCCESS) {
+        if (CUresult rc = s.memory->save(ds.memory, memory); rc != CUDA_SUCCESS) {
             d.cuCtxSetCurrent(nullptr);
             why = "its memory could not be copied out (" + error_text(rc) + ")";
             return rc;
@@ -329,6 +329,10 @@ CUresult session::save_and_release(std::string& why, bool by_descriptor) {
     });
     for (auto& [addr, r] : host.regions_) img->host_regions.emplace_back(addr, r.size);
     image_ = std::move(img);
+    if (memory == device_memory::save_mode::none) {  // a pre-copied move reads the memory, then releases
+        d.cuCtxSetCurrent(nullptr);
+        return CUDA_SUCCESS;
+    }
     release_gpu_state();
     suspended_.store(true);
     epoch_.fetch_add(1);

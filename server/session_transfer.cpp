@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "common/log.hpp"
 #include "common/wire.hpp"
@@ -22,7 +23,7 @@ namespace vcuda::server {
 
 namespace {
 
-constexpr uint64_t piece_bytes = 256u << 20;
+constexpr uint64_t piece_bytes = 64u << 20;  // also the grain at which pre-copied memory is found changed
 constexpr uint64_t max_image_words = uint64_t{1} << 29;  // 4 GiB of module images
 
 std::string mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
@@ -34,15 +35,87 @@ std::span<const std::byte> bytes_of(const std::vector<T>& v) {
 
 }  // namespace
 
+// Reads a session's device memory piece by piece into one pinned host buffer, through a stream of its own in
+// each context (non-blocking: the application's work on the legacy stream does not hold it up). The owner
+// holds the session's `mu` around read() while the application runs, so that no mapping goes while it is
+// read, and when it destroys the reader.
+class session::piece_reader {
+  public:
+    piece_reader(session& s, size_t bytes) : s_(s), size_(bytes) {
+        void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p != MAP_FAILED) buf_ = static_cast<std::byte*>(p);
+    }
+    ~piece_reader() {  // with the session's `mu` held
+        auto& d = s_.api();
+        for (auto& [device, st] : streams_) {
+            if (device >= s_.devices_.size() || s_.devices_[device].ctx != st.first)
+                continue;  // gone with it
+            d.cuCtxSetCurrent(st.first);
+            d.cuStreamDestroy_v2(st.second);
+        }
+        if (pinned_ctx_) {
+            for (auto& dev : s_.devices_)
+                if (dev.ctx == pinned_ctx_) {
+                    d.cuCtxSetCurrent(pinned_ctx_);
+                    d.cuMemHostUnregister(buf_);
+                }
+        }
+        d.cuCtxSetCurrent(nullptr);
+        if (buf_) ::munmap(buf_, size_);
+    }
+    piece_reader(const piece_reader&) = delete;
+    piece_reader& operator=(const piece_reader&) = delete;
+
+    // `n` bytes at `va` of device `device` into the buffer; `mu` held by the caller when the session runs.
+    CUresult read(size_t device, CUdeviceptr va, size_t n, const std::byte*& out) {
+        auto& d = s_.api();
+        if (!buf_ || n > size_) return CUDA_ERROR_OUT_OF_MEMORY;
+        CUcontext ctx = device < s_.devices_.size() ? s_.devices_[device].ctx : nullptr;
+        if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
+        d.cuCtxSetCurrent(ctx);
+        if (!pinned_ctx_ && !pin_failed_) {
+            // Portable, so that every context of the session copies into it at the bus's speed.
+            if (d.cuMemHostRegister_v2 &&
+                d.cuMemHostRegister_v2(buf_, size_, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS)
+                pinned_ctx_ = ctx;
+            else
+                pin_failed_ = true;
+        }
+        auto& st = streams_[device];
+        if (st.first != ctx) {
+            st = {ctx, nullptr};
+            if (CUresult rc = d.cuStreamCreate(&st.second, CU_STREAM_NON_BLOCKING); rc != CUDA_SUCCESS)
+                return rc;
+        }
+        if (CUresult rc = d.cuMemcpyDtoHAsync_v2(buf_, va, n, st.second); rc != CUDA_SUCCESS) return rc;
+        if (CUresult rc = d.cuStreamSynchronize(st.second); rc != CUDA_SUCCESS) return rc;
+        out = buf_;
+        return CUDA_SUCCESS;
+    }
+
+  private:
+    session& s_;
+    size_t size_;
+    std::byte* buf_ = nullptr;
+    CUcontext pinned_ctx_ = nullptr;
+    bool pin_failed_ = false;
+    std::map<size_t, std::pair<CUcontext, CUstream>> streams_;  // device -> (its context then, the stream)
+};
+
 CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait, std::string& why) {
+    if (moving_.exchange(true)) {
+        why = "a move of this session is under way";
+        return CUDA_ERROR_NOT_READY;
+    }
+    struct moving_done {
+        std::atomic<bool>& flag;
+        ~moving_done() { flag.store(false); }
+    } done{moving_};
     std::unique_lock lock(gate_mu_);
     if (moved_.load()) {
         why = "the session has moved already";
         return CUDA_ERROR_NOT_READY;
     }
-    if (CUresult rc = close_gate(lock, wait, why); rc != CUDA_SUCCESS) return rc;
-    lock.unlock();
-    auto t0 = std::chrono::steady_clock::now();
     CUresult rc = CUDA_SUCCESS;
     {
         std::lock_guard l(mu);
@@ -58,17 +131,68 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
                 rc = CUDA_ERROR_NOT_SUPPORTED;
             }
     }
+    if (rc != CUDA_SUCCESS) {
+        VCUDA_LOG_WARN("session {} not moved to {}: {}", id_, to.address, why);
+        return rc;
+    }
     // To a server on this host the physical memory itself is handed over when it is on the same GPU (the
     // target checks, and refuses with CUDA_ERROR_PEER_ACCESS_UNSUPPORTED when not: then it is copied).
-    const bool by_descriptor = !opts_.move_by_copy && to.where.type == endpoint::kind::unix_socket;
-    if (rc == CUDA_SUCCESS && !suspended_.load()) rc = save_and_release(why, by_descriptor);
-    if (rc == CUDA_SUCCESS) rc = send_state(to, why);
+    // Elsewhere it is pre-copied: sent while the application runs, then only what changed while paused.
+    using mode = server_options::move_memory_mode;
+    const bool unix_target = to.where.type == endpoint::kind::unix_socket;
+    const bool by_descriptor = opts_.move_memory == mode::share && unix_target;
+    const bool precopy =
+        opts_.move_memory == mode::precopy || (opts_.move_memory == mode::share && !unix_target);
+    auto link = open_move_link(to, why);
+    if (!link) {
+        VCUDA_LOG_WARN("session {} not moved to {}: {}", id_, to.address, why);
+        return CUDA_ERROR_NOT_READY;
+    }
+    precopy_record record;
+    const bool precopied = precopy && !suspended_.load();
+    if (precopied) {
+        lock.unlock();  // the gate stays open: the application runs meanwhile
+        auto p0 = std::chrono::steady_clock::now();
+        if (rc = precopy_memory(*link, to, record, why); rc != CUDA_SUCCESS) {
+            VCUDA_LOG_WARN("session {} not moved to {}: {}", id_, to.address, why);
+            return rc;
+        }
+        VCUDA_LOG_INFO(
+            "session {}: {} pre-copied to {} in {} ms while it ran", id_, mib(record.bytes), to.address,
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - p0)
+                .count());
+        if (opts_.test_precopy_hold.count()) std::this_thread::sleep_for(opts_.test_precopy_hold);
+        lock.lock();
+    }
+    if (rc = close_gate(lock, wait, why); rc != CUDA_SUCCESS) return rc;
+    lock.unlock();
+    auto t0 = std::chrono::steady_clock::now();
+    // Pre-copied, the memory stays on the GPU until the target has it all: send_state reads it there.
+    const bool streamed = precopied && !suspended_.load();
+    if (!suspended_.load())
+        rc = save_and_release(why, streamed        ? device_memory::save_mode::none
+                                   : by_descriptor ? device_memory::save_mode::descriptor
+                                                   : device_memory::save_mode::copy);
+    if (rc == CUDA_SUCCESS) rc = send_state(std::move(link), to, precopied ? &record : nullptr, why);
     if (rc == CUDA_ERROR_PEER_ACCESS_UNSUPPORTED && image_->handed_over) {
         VCUDA_LOG_INFO("session {}: {}; its memory is copied instead", id_, why);
         why.clear();
         rc = rebuild(why);
-        if (rc == CUDA_SUCCESS) rc = save_and_release(why, false);
-        if (rc == CUDA_SUCCESS) rc = send_state(to, why);
+        if (rc == CUDA_SUCCESS) rc = save_and_release(why, device_memory::save_mode::copy);
+        if (rc == CUDA_SUCCESS) {
+            link = open_move_link(to, why);
+            rc = link ? send_state(std::move(link), to, nullptr, why) : CUDA_ERROR_NOT_READY;
+        }
+    }
+    if (streamed) {
+        std::lock_guard l(mu);
+        if (rc == CUDA_SUCCESS) {  // the target has it all: the GPU state goes here, as after a suspend
+            release_gpu_state();
+            suspended_.store(true);
+            epoch_.fetch_add(1);
+        } else {
+            image_.reset();  // nothing was released: the session goes on here as it was
+        }
     }
     const uint64_t bytes = rc == CUDA_SUCCESS ? image_->bytes : 0;
     const uint64_t handed_over = rc == CUDA_SUCCESS ? image_->handed_over : 0;
@@ -79,9 +203,13 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
         counters.migrations.add(paused);
         moved_to_ = to.address;
         moved_.store(true);
-        note_ = "moved to " + to.address + ": " + mib(bytes) + " of GPU state" +
-                (handed_over ? " (" + mib(handed_over) + " of it handed over on the same GPU)" : "") +
-                ", paused " + std::to_string(ms) + " ms";
+        std::string how;
+        if (handed_over) how = " (" + mib(handed_over) + " of it handed over on the same GPU)";
+        if (precopied)
+            how = " (" + mib(record.bytes) + " pre-copied while it ran, " + mib(unchanged_bytes_) +
+                  " of it unchanged when paused)";
+        note_ = "moved to " + to.address + ": " + mib(bytes) + " of GPU state" + how + ", paused " +
+                std::to_string(ms) + " ms";
         std::lock_guard l(mu);
         image_.reset();
         for (auto& d : devices_) d.memory->keep_addresses();
@@ -103,8 +231,81 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
     return rc;
 }
 
-CUresult session::send_state(const move_target& to, std::string& why) {
+std::unique_ptr<frame_stream> session::open_move_link(const move_target& to, std::string& why) {
+    auto s = stream::connect(to.where, std::chrono::seconds(10));
+    if (!s) {
+        why = "cannot connect to " + to.address + ": " + s.error().message;
+        return nullptr;
+    }
+    auto fs = std::make_unique<frame_stream>(std::move(*s));
+    flatbuffers::FlatBufferBuilder hb(256);
+    char host_name[256] = {};
+    gethostname(host_name, sizeof host_name - 1);
+    hb.Finish(wire::CreateHello(hb, protocol_version, features::all, hb.CreateString(to.token), 0, 0,
+                                static_cast<uint32_t>(getpid()), hb.CreateString(host_name), 0, handles.tag(),
+                                0, 0, true));
+    if (auto r = fs->send(make_frame(frame_kind::hello, hb), after(std::chrono::seconds(10))); !r) {
+        why = "cannot send the session to " + to.address + ": " + r.error().message;
+        return nullptr;
+    }
+    return fs;
+}
+
+CUresult session::precopy_memory(frame_stream& fs, const move_target& to, precopy_record& record,
+                                 std::string& why) {
+    record.piece_bytes = piece_bytes;
+    struct piece {
+        size_t device;
+        CUdeviceptr va;
+        size_t size;
+    };
+    std::vector<piece> maps;
+    {
+        std::lock_guard lock(mu);
+        for (size_t i = 0; i < devices_.size(); ++i)
+            if (devices_[i].ctx)
+                for (auto& m : devices_[i].memory->mappings_to_move()) maps.push_back({i, m.va, m.size});
+    }
+    auto reader = std::make_unique<piece_reader>(*this, piece_bytes);
+    struct drop_reader {
+        session& s;
+        std::unique_ptr<piece_reader>& r;
+        ~drop_reader() {
+            std::lock_guard lock(s.mu);
+            r.reset();
+        }
+    } drop{*this, reader};
+    for (auto& m : maps) {
+        auto& rec = record.mappings[m.va];
+        rec.size = m.size;
+        rec.pieces.resize((m.size + piece_bytes - 1) / piece_bytes);
+        for (uint64_t off = 0; off < m.size; off += piece_bytes) {
+            const size_t n = std::min<uint64_t>(piece_bytes, m.size - off);
+            const std::byte* bytes = nullptr;
+            {
+                // The mapping must stay while it is read: allocations and frees wait for `mu`.
+                std::lock_guard lock(mu);
+                if (suspended_.load() || !devices_[m.device].memory->has_mapping(m.va, m.size)) break;
+                if (reader->read(m.device, m.va + off, n, bytes) != CUDA_SUCCESS) break;  // sent when paused
+            }
+            const piece_digest digest = digest_piece(bytes, n, off);
+            flatbuffers::FlatBufferBuilder pb(96);
+            pb.Finish(wire::CreateStatePiece(pb, 0, true, m.va, m.size, off));
+            if (auto r = fs.send(make_frame(frame_kind::state_piece, pb, 0, 0, 0, {bytes, n}), never); !r) {
+                why = "pre-copying to " + to.address + " failed: " + r.error().message;
+                return CUDA_ERROR_NOT_READY;
+            }
+            rec.pieces[off / piece_bytes] = std::make_unique<piece_digest>(digest);
+            record.bytes += n;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_target& to,
+                             const precopy_record* record, std::string& why) {
     std::lock_guard lock(mu);
+    unchanged_bytes_ = 0;
     auto& img = *image_;
     flatbuffers::FlatBufferBuilder b(1u << 16);
     // Handle slots, each as it is: ids keep their values there.
@@ -219,18 +420,7 @@ CUresult session::send_state(const move_target& to, std::string& why) {
         return CUDA_ERROR_NOT_SUPPORTED;
     }
 
-    auto s = stream::connect(to.where, std::chrono::seconds(10));
-    if (!s) {
-        why = "cannot connect to " + to.address + ": " + s.error().message;
-        return CUDA_ERROR_NOT_READY;
-    }
-    frame_stream fs(std::move(*s));
-    flatbuffers::FlatBufferBuilder hb(256);
-    char host[256] = {};
-    gethostname(host, sizeof host - 1);
-    hb.Finish(wire::CreateHello(hb, protocol_version, features::all, hb.CreateString(to.token), 0, 0,
-                                static_cast<uint32_t>(getpid()), hb.CreateString(host), 0, handles.tag(), 0,
-                                0, true));
+    frame_stream& fs = *link;
     // A receiver that refuses the session answers and closes while pieces are still coming: its answer says
     // why, better than the broken write.
     auto failed_send = [&](const transport_error& e) {
@@ -243,8 +433,6 @@ CUresult session::send_state(const move_target& to, std::string& why) {
         }
         return CUDA_ERROR_NOT_READY;
     };
-    if (auto r = fs.send(make_frame(frame_kind::hello, hb), after(std::chrono::seconds(10))); !r)
-        return failed_send(r.error());
     if (auto r = fs.send(make_frame(frame_kind::session_state, b)); !r) return failed_send(r.error());
     // The receiver's answer to the state (below), then, when it takes it, to the pieces.
     auto answer_to = [&](const char* what, std::chrono::seconds wait) -> CUresult {
@@ -272,36 +460,55 @@ CUresult session::send_state(const move_target& to, std::string& why) {
     };
     if (CUresult rc = answer_to("session's state", std::chrono::seconds(60)); rc != CUDA_SUCCESS) return rc;
     uint64_t index = 0;
-    auto send_piece = [&](std::span<const std::byte> bytes, int fd = -1) {
+    auto send_piece = [&](std::span<const std::byte> bytes, int fd = -1, bool unchanged = false) {
         flatbuffers::FlatBufferBuilder pb(64);
-        pb.Finish(wire::CreateStatePiece(pb, index++));
+        pb.Finish(wire::CreateStatePiece(pb, index++, false, 0, 0, 0, unchanged));
         return fs.send(make_frame(frame_kind::state_piece, pb, 0, 0, 0, bytes), never, fd);
     };
+    // Memory still on the GPU (a pre-copied move) is read piece by piece; the GPU is idle, the gate closed.
+    std::unique_ptr<piece_reader> reader;
     for (auto* words : pieces_words)
         if (auto r = send_piece(bytes_of(*words)); !r) return failed_send(r.error());
     for (int fd : region_fds)
         if (auto r = send_piece({}, fd); !r) return failed_send(r.error());
-    for (auto& ds : img.devices)
-        for (auto& m : ds.memory) {
+    for (size_t i = 0; i < img.devices.size(); ++i)
+        for (auto& m : img.devices[i].memory) {
             if (m.fd() >= 0) {
                 if (auto r = send_piece({}, m.fd()); !r) return failed_send(r.error());
                 continue;
             }
-            for (size_t off = 0; off < m.size; off += piece_bytes)
-                if (auto r = send_piece({m.bytes.get() + off, std::min<size_t>(piece_bytes, m.size - off)});
-                    !r)
+            for (size_t off = 0; off < m.size; off += piece_bytes) {
+                const size_t n = std::min<size_t>(piece_bytes, m.size - off);
+                const std::byte* bytes = m.bytes ? m.bytes.get() + off : nullptr;
+                if (!bytes) {
+                    if (!reader) reader = std::make_unique<piece_reader>(*this, piece_bytes);
+                    if (CUresult rc = reader->read(i, m.va + off, n, bytes); rc != CUDA_SUCCESS) {
+                        why = "its memory could not be read (error " + std::to_string(static_cast<int>(rc)) +
+                              ")";
+                        return rc;
+                    }
+                }
+                // What the receiver has from the pre-copy, unchanged since, goes without its bytes.
+                const piece_digest* before = record ? record->find(m.va, m.size, off) : nullptr;
+                const bool unchanged = before && *before == digest_piece(bytes, n, off);
+                if (auto r = unchanged ? send_piece({}, -1, true) : send_piece({bytes, n}); !r)
                     return failed_send(r.error());
+                if (unchanged) unchanged_bytes_ += n;
+            }
         }
+    reader.reset();  // `mu` held, as it wants
     // The receiver rebuilds before it answers: a minute, and a second for every GiB it copies back.
     if (CUresult rc = answer_to("move", std::chrono::seconds(60 + (img.bytes >> 30))); rc != CUDA_SUCCESS)
         return rc;
-    moved_link_ = std::make_unique<frame_stream>(std::move(fs));
+    moved_link_ = std::move(link);
     return CUDA_SUCCESS;
 }
 
-CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& fs, std::string& why) {
+CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& fs, precopy_store& pre,
+                                   std::string& why) {
     auto img = std::make_unique<session_image>();
     std::vector<std::shared_ptr<std::vector<std::vector<uint64_t>>>> origin_parts;
+    std::map<uint64_t, std::vector<uint64_t>> precopied;  // mapping -> offsets of its pieces pre-copied here
     {
         std::lock_guard lock(mu);
         auto bad = [&](const std::string& what) {
@@ -390,7 +597,7 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                 }
             }
             // Room for the contents, registered with the driver when it is copied back (restore); memory
-            // handed over comes as a descriptor instead.
+            // handed over comes as a descriptor instead; memory pre-copied is where it came.
             for (size_t k = 0; k < maps.size(); ++k) {
                 auto& m = maps[k];
                 if (by_descriptor[k]) {
@@ -398,6 +605,11 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                     handed.va = m.va;
                     handed.size = m.size;
                     ds.memory.push_back(std::move(handed));
+                    continue;
+                }
+                if (auto t = pre.take(m.va, m.size); t.bytes) {
+                    ds.memory.push_back({m.va, m.size, std::move(t.bytes)});
+                    precopied[m.va] = std::move(t.have);
                     continue;
                 }
                 void* p = ::mmap(nullptr, m.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -506,7 +718,8 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
     uint64_t index = 0;
     frame f;
     std::vector<std::pair<uintptr_t, size_t>> image_regions;
-    auto receive_piece = [&](std::byte* dst, size_t n) -> bool {
+    // `can_be_unchanged`: the piece may come without its bytes, as the same as the pre-copied one at `dst`.
+    auto receive_piece = [&](std::byte* dst, size_t n, bool can_be_unchanged = false) -> bool {
         payload_sink sink = [&](const frame_header& h, const std::vector<std::byte>&) -> std::byte* {
             return h.payload_len == n ? dst : nullptr;
         };
@@ -515,8 +728,9 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
             why = "the moved session's state stopped coming: " + r.error().message;
             return false;
         }
-        if (f.kind() != frame_kind::state_piece || root_of<wire::StatePiece>(f)->index() != index ||
-            f.header.payload_len != n) {
+        const auto* p = f.kind() == frame_kind::state_piece ? root_of<wire::StatePiece>(f) : nullptr;
+        const bool unchanged = p && p->unchanged() && can_be_unchanged && f.header.payload_len == 0;
+        if (!p || p->index() != index || p->precopy() || (f.header.payload_len != n && !unchanged)) {
             why = "the moved session's piece " + std::to_string(index) + " is not what was announced";
             return false;
         }
@@ -571,9 +785,13 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                 img->handed_over += m.size;
                 continue;
             }
-            for (size_t off = 0; off < m.size; off += piece)
-                if (!receive_piece(m.bytes.get() + off, std::min<size_t>(piece, m.size - off)))
+            const auto have = precopied.find(m.va);
+            for (size_t off = 0; off < m.size; off += piece) {
+                const bool came = have != precopied.end() &&
+                                  std::binary_search(have->second.begin(), have->second.end(), off);
+                if (!receive_piece(m.bytes.get() + off, std::min<size_t>(piece, m.size - off), came))
                     return CUDA_ERROR_INVALID_VALUE;
+            }
         }
     {
         std::lock_guard lock(mu);

@@ -10,8 +10,10 @@
 #   MOVE_OUT        outputs (default $OUT/move, else /tmp/move); the suites' own folders under it
 #   MOVE_PARTS      what to run (default "suite frameworks pauses")
 #   MOVE_AFTER_MS   suite: 300; frameworks: MOVE_AFTER_MS_FRAMEWORKS (default 1500)
-#   MOVE_SIZES_SHARE, MOVE_SIZES_COPY  ballast sizes moved with the memory handed over (default "1024 10240
-#                   51200") and copied (--move-memory copy; default "1024 10240")
+#   MOVE_SIZES_SHARE, MOVE_SIZES_COPY, MOVE_SIZES_PRECOPY  ballast sizes moved with the memory handed over
+#                   (default "1024 10240 51200"), copied while paused (--move-memory copy; default "1024 10240")
+#                   and pre-copied (--move-memory precopy; default "1024 10240")
+#   MOVE_MODES      pause modes (default "share copy precopy")
 #   FRAMEWORKS_ONLY as for run_frameworks.sh (default: torch_plain newuser_torch torch_autocast cupy jax triton)
 # Prints each suite's table, then `move pauses` (size, pause, receive+rebuild) last.
 set -u
@@ -62,11 +64,15 @@ if [[ " $parts " == *" frameworks "* ]]; then
 fi
 
 if [[ " $parts " == *" pauses "* ]]; then
-  # share: the physical memory is handed over (both servers on this GPU); copy: --move-memory copy.
-  for mode in share copy; do
+  # share: the physical memory is handed over (both servers on this GPU); copy: --move-memory copy (stop-and-
+  # copy); precopy: --move-memory precopy (copied while the program idles, then what changed). The program idles
+  # 4 s plus 2 ms per MiB between its phases, so that a pre-copy at ~1 GB/s ends before it calls again.
+  for mode in ${MOVE_MODES:-share copy precopy}; do
     sizes=${MOVE_SIZES_SHARE:-1024 10240 51200}
     [ "$mode" = copy ] && sizes=${MOVE_SIZES_COPY:-1024 10240}
+    [ "$mode" = precopy ] && sizes=${MOVE_SIZES_PRECOPY:-1024 10240}
     for mib in $sizes; do
+      idle=4000; [ "$mode" = precopy ] && idle=$((4000 + 2 * mib))
       start_target "target-$mode-$mib"
       a="$out/source-$mode-$mib.sock"
       rm -f "$a"
@@ -75,10 +81,12 @@ if [[ " $parts " == *" pauses "* ]]; then
       pids+=($!)
       wait_socket "$a"
       LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="unix:$a" timeout 300 \
-        "$build/tests/programs/suspend_resume" 4000 "$mib" > "$out/pause-$mode-$mib.out" 2>&1
+        "$build/tests/programs/suspend_resume" "$idle" "$mib" > "$out/pause-$mode-$mib.out" 2>&1
       rc=$?
       pause=$(grep -o "paused [0-9]* ms" "$out/source-$mode-$mib.log" | head -1)
       took=$(grep -o "received and rebuilt in [0-9]* ms" "$out/target-$mode-$mib.log" | head -1)
+      pre=$(grep -o "pre-copied to .* in [0-9]* ms while it ran" "$out/source-$mode-$mib.log" | grep -o "in [0-9]* ms" | head -1)
+      [ -n "$pre" ] && took="$took; pre-copy while running took ${pre#in }"
       pass=$(grep -c '^PASS' "$out/pause-$mode-$mib.out")
       [ "$rc" -eq 0 ] && [ "$pass" -eq 1 ] && [ -n "$pause" ] || status=1
       rows+=("move ($mode) of $mib MiB ballast: exit $rc, PASS $pass, ${pause:-not moved}, ${took:-?} ($(grep -o 'moved to .*, paused' "$out/source-$mode-$mib.log" | sed 's/.*: //; s/, paused//' | head -1))")

@@ -650,3 +650,42 @@ TEST_CASE("a malformed or colliding moved session is refused and changes nothing
     CHECK(!raw_client::open(server.address(), 0x5678, key));
     CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
 }
+
+TEST_CASE("pre-copied pieces that do not fit are refused before any state and change nothing else",
+          "[integration]") {
+    server_process server;
+    auto a = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
+    // Sends one pre-copy piece (HELLO with `adopt` first), returns the server's Error message.
+    auto offer_piece = [&](bool precopy, uint64_t va, uint64_t mapping_size, uint64_t offset, size_t bytes) {
+        auto ep = vcuda::endpoint::parse(server.address());
+        REQUIRE(ep);
+        auto s = vcuda::stream::connect(*ep, std::chrono::seconds(5));
+        REQUIRE(s);
+        vcuda::frame_stream fs(std::move(*s));
+        flatbuffers::FlatBufferBuilder hb(256);
+        hb.Finish(vcuda::wire::CreateHello(hb, vcuda::protocol_version, vcuda::features::all,
+                                           hb.CreateString(""), 0, 0, 1, hb.CreateString("test"), 0, 0, 0, 0,
+                                           true));
+        REQUIRE(fs.send(vcuda::make_frame(vcuda::frame_kind::hello, hb)));
+        flatbuffers::FlatBufferBuilder pb(96);
+        pb.Finish(vcuda::wire::CreateStatePiece(pb, 0, precopy, va, mapping_size, offset));
+        std::vector<std::byte> payload(bytes, std::byte{7});
+        (void)fs.send(vcuda::make_frame(vcuda::frame_kind::state_piece, pb, 0, 0, 0, payload));
+        auto in = fs.receive(vcuda::after(std::chrono::seconds(10)), std::chrono::seconds(10));
+        REQUIRE(in);
+        REQUIRE(in->kind() == vcuda::frame_kind::error);
+        auto* e = vcuda::root_of<vcuda::wire::Error>(*in);
+        return e->message() ? e->message()->str() : std::string();
+    };
+    // A mapping larger than everything the session may hold here: nothing is taken for it.
+    CHECK(offer_piece(true, uint64_t{1} << 44, uint64_t{1} << 50, 0, 4096).find("exceeds") !=
+          std::string::npos);
+    // A piece past the end of its mapping.
+    CHECK(offer_piece(true, uint64_t{1} << 44, 1u << 20, 1u << 20, 4096).find("outside its mapping") !=
+          std::string::npos);
+    // A memory piece that is not a pre-copied one, before the state.
+    CHECK(offer_piece(false, 0, 0, 0, 4096).find("before the session's state") != std::string::npos);
+    CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
+}

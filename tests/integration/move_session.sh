@@ -4,9 +4,11 @@
 # pass and print what it prints when nothing moves (lines with timings left out), and for the programs that
 # are sure to be moved (they pause, or run long) both logs must say so. Over a Unix socket (device memory
 # handed over: both servers are on the same software GPU), over a Unix socket with --move-memory copy, and
-# over TCP (copied); and over a Unix socket to a server on another (software) GPU, which refuses the memory
-# handed over, so that it is copied instead (the programs sure to be moved only).
-#   MOVE_PROGRAMS="a b" to choose programs; MOVE_TRANSPORTS="unix unixcopy unixothergpu tcp".
+# over TCP (pre-copied: sent while the program runs, then what changed); over a Unix socket to a server on
+# another (software) GPU, which refuses the memory handed over, so that it is copied instead (the programs sure
+# to be moved only); and over TCP with a pre-copy 400 ms in, held 1 s before the pause (tcpdirty), in which
+# precopy_dirty changes one of its two pieces: the pause must send that one and only that one.
+#   MOVE_PROGRAMS="a b" to choose programs; MOVE_TRANSPORTS="unix unixcopy unixothergpu tcp tcpdirty".
 # Usage: move_session.sh BUILD_DIR
 set -u
 build=$(cd "$1" && pwd)
@@ -17,10 +19,11 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -25 "$f"; done; exit 1; }
 programs_dir="$build/tests/programs"
 driver="$build/lib/libvcuda-softdriver.so"
-# name:args:sure:only — "sure": the program is idle or busy long enough that it is moved before it ends; "only":
-# the one transport it runs over (mapped host memory needs a Unix socket).
+# name:args:sure:only — args comma-separated; "sure": the program is idle or busy long enough that it is moved
+# before it ends; "only": the one transport it runs over (mapped host memory needs a Unix socket).
 programs=${MOVE_PROGRAMS:-"suspend_resume:300:sure suspend_resume:0: symbols:300:sure streams_events:: async_copies:: vector_add::
-  host_functions:: pinned_memory:: mapped_memory:::unix device_copies:: late_thread_runtime:: func_attributes:: error_cases::"}
+  host_functions:: pinned_memory:: mapped_memory:::unix device_copies:: late_thread_runtime:: func_attributes:: error_cases::
+  precopy_dirty:800,1500:sure:tcpdirty"}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_ready() {
   for _ in $(seq 200); do
@@ -41,9 +44,10 @@ start_server() {  # NAME ADDR WINDOW [ARGS...]; $gpu_id: the software GPU's iden
 normalize() { grep -v -i -E 'ms\b|µs|us\b|GB/s|MB/s|time|elapsed|0x[0-9a-f]+|\[vcuda-client\]' "$1"; }
 
 passed=0
-for transport in ${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp}; do
+for transport in ${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty}; do
   copy=(); [ "$transport" = unixcopy ] && copy=(--move-memory copy)
-  if [ "$transport" != tcp ]; then
+  [ "$transport" = tcpdirty ] && copy=(--test-precopy-hold 1000)
+  if [ "${transport#tcp}" = "$transport" ]; then
     ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
   else
     ref="127.0.0.1:$(free_port)"; a="127.0.0.1:$(free_port)"; b="127.0.0.1:$(free_port)"
@@ -53,10 +57,13 @@ for transport in ${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp}; do
   gpu_id=0; [ "$transport" = unixothergpu ] && gpu_id=1
   start_server b "$b" 2
   gpu_id=0
-  start_server a "$a" 1 --test-move-to "$b" --test-move-after 100 "${copy[@]}"
+  after=100; [ "$transport" = tcpdirty ] && after=400  # after precopy_dirty's first pattern
+  start_server a "$a" 1 --test-move-to "$b" --test-move-after $after "${copy[@]}"
   for p in $programs; do
     IFS=: read -r name args sure only <<< "$p"
+    args=${args//,/ }
     [ -n "$only" ] && [ "$only" != "${transport%copy}" ] && continue
+    [ -z "$only" ] && [ "$transport" = tcpdirty ] && continue
     [ "$transport" = unixothergpu ] && [ "$sure" != sure ] && continue
     for where in ref a; do
       addr=$ref; [ $where = a ] && addr=$a
@@ -80,6 +87,17 @@ for transport in ${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp}; do
           fail "$name over unix: a move copied device memory rather than hand it over"
       else
         [ "$handed" -eq 0 ] || fail "$name over $transport: device memory was handed over, not copied"
+      fi
+      # Over TCP, memory is pre-copied; in tcpdirty only the piece precopy_dirty changed is sent when paused.
+      if [ "${transport#tcp}" != "$transport" ]; then
+        line=$(grep "session [0-9]* moved to $b" "$tmp/server-a.log" | tail -1)
+        [[ "$line" =~ \(([0-9]+)\ MiB\ pre-copied\ while\ it\ ran,\ ([0-9]+)\ MiB\ of\ it\ unchanged ]] ||
+          fail "$name over $transport: the move was not pre-copied: $line"
+        if [ "$transport" = tcpdirty ]; then
+          pre=${BASH_REMATCH[1]} same=${BASH_REMATCH[2]}
+          { [ "$same" -ge 64 ] && [ "$same" -le $((pre - 64)) ]; } ||
+            fail "$name over $transport: $pre MiB pre-copied, $same MiB unchanged: the changed piece was not found"
+        fi
       fi
       if [ "$transport" = unixothergpu ]; then
         grep -q "on GPU 0 as the physical memory of another GPU.*its memory is copied instead" "$tmp/server-a.log" ||

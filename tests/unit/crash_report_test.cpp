@@ -1,5 +1,5 @@
-// The crash report (common/crash_report.hpp): a process that installed it and then faults writes the signal and
-// a backtrace to stderr, and still dies of that signal.
+// The crash report (common/crash_report.hpp): a process that installed it and then faults writes the signal
+// and a backtrace to stderr, and still dies of that signal.
 #include <sys/wait.h>
 #include <unistd.h>
 
