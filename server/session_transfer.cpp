@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <thread>
 
@@ -35,14 +36,15 @@ std::span<const std::byte> bytes_of(const std::vector<T>& v) {
 
 }  // namespace
 
-// Reads a session's device memory piece by piece into one pinned host buffer, through a stream of its own in
-// each context (non-blocking: the application's work on the legacy stream does not hold it up). The owner
-// holds the session's `mu` around read() while the application runs, so that no mapping goes while it is
-// read, and when it destroys the reader.
+// Reads a session's device memory piece by piece into pinned host buffers (two slots, so that one piece can
+// be read while the one before is digested and sent), through a stream of its own in each context
+// (non-blocking: the application's work on the legacy stream does not hold it up). The owner holds the
+// session's `mu` around read() while the application runs, so that no mapping goes while it is read, and when
+// it destroys the reader.
 class session::piece_reader {
   public:
-    piece_reader(session& s, size_t bytes) : s_(s), size_(bytes) {
-        void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    piece_reader(session& s, size_t piece) : s_(s), piece_(piece) {
+        void* p = ::mmap(nullptr, 2 * piece_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p != MAP_FAILED) buf_ = static_cast<std::byte*>(p);
     }
     ~piece_reader() {  // with the session's `mu` held
@@ -51,6 +53,7 @@ class session::piece_reader {
             if (device >= s_.devices_.size() || s_.devices_[device].ctx != st.first)
                 continue;  // gone with it
             d.cuCtxSetCurrent(st.first);
+            d.cuStreamSynchronize(st.second);
             d.cuStreamDestroy_v2(st.second);
         }
         if (pinned_ctx_) {
@@ -61,22 +64,22 @@ class session::piece_reader {
                 }
         }
         d.cuCtxSetCurrent(nullptr);
-        if (buf_) ::munmap(buf_, size_);
+        if (buf_) ::munmap(buf_, 2 * piece_);
     }
     piece_reader(const piece_reader&) = delete;
     piece_reader& operator=(const piece_reader&) = delete;
 
-    // `n` bytes at `va` of device `device` into the buffer; `mu` held by the caller when the session runs.
-    CUresult read(size_t device, CUdeviceptr va, size_t n, const std::byte*& out) {
+    // Starts reading `n` bytes at `va` of device `device` into slot `slot` (0 or 1).
+    CUresult issue(int slot, size_t device, CUdeviceptr va, size_t n) {
         auto& d = s_.api();
-        if (!buf_ || n > size_) return CUDA_ERROR_OUT_OF_MEMORY;
+        if (!buf_ || n > piece_) return CUDA_ERROR_OUT_OF_MEMORY;
         CUcontext ctx = device < s_.devices_.size() ? s_.devices_[device].ctx : nullptr;
         if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
         d.cuCtxSetCurrent(ctx);
         if (!pinned_ctx_ && !pin_failed_) {
             // Portable, so that every context of the session copies into it at the bus's speed.
             if (d.cuMemHostRegister_v2 &&
-                d.cuMemHostRegister_v2(buf_, size_, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS)
+                d.cuMemHostRegister_v2(buf_, 2 * piece_, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS)
                 pinned_ctx_ = ctx;
             else
                 pin_failed_ = true;
@@ -87,19 +90,28 @@ class session::piece_reader {
             if (CUresult rc = d.cuStreamCreate(&st.second, CU_STREAM_NON_BLOCKING); rc != CUDA_SUCCESS)
                 return rc;
         }
-        if (CUresult rc = d.cuMemcpyDtoHAsync_v2(buf_, va, n, st.second); rc != CUDA_SUCCESS) return rc;
-        if (CUresult rc = d.cuStreamSynchronize(st.second); rc != CUDA_SUCCESS) return rc;
-        out = buf_;
+        slot_stream_[slot] = st.second;
+        return d.cuMemcpyDtoHAsync_v2(buf_ + slot * piece_, va, n, st.second);
+    }
+    // Waits for slot `slot`'s read; its bytes.
+    CUresult wait(int slot, const std::byte*& out) {
+        if (CUresult rc = s_.api().cuStreamSynchronize(slot_stream_[slot]); rc != CUDA_SUCCESS) return rc;
+        out = buf_ + slot * piece_;
         return CUDA_SUCCESS;
+    }
+    CUresult read(size_t device, CUdeviceptr va, size_t n, const std::byte*& out) {
+        if (CUresult rc = issue(0, device, va, n); rc != CUDA_SUCCESS) return rc;
+        return wait(0, out);
     }
 
   private:
     session& s_;
-    size_t size_;
+    size_t piece_;
     std::byte* buf_ = nullptr;
     CUcontext pinned_ctx_ = nullptr;
     bool pin_failed_ = false;
     std::map<size_t, std::pair<CUcontext, CUstream>> streams_;  // device -> (its context then, the stream)
+    std::array<CUstream, 2> slot_stream_{};
 };
 
 CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait, std::string& why) {
@@ -471,31 +483,59 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         if (auto r = send_piece(bytes_of(*words)); !r) return failed_send(r.error());
     for (int fd : region_fds)
         if (auto r = send_piece({}, fd); !r) return failed_send(r.error());
+    // The memory pieces in order: a mapping handed over is one piece with its descriptor.
+    struct memory_piece {
+        size_t device;
+        const device_memory::saved_mapping* m;
+        size_t off, n;
+    };
+    std::vector<memory_piece> memory_pieces;
     for (size_t i = 0; i < img.devices.size(); ++i)
         for (auto& m : img.devices[i].memory) {
             if (m.fd() >= 0) {
-                if (auto r = send_piece({}, m.fd()); !r) return failed_send(r.error());
+                memory_pieces.push_back({i, &m, 0, 0});
                 continue;
             }
-            for (size_t off = 0; off < m.size; off += piece_bytes) {
-                const size_t n = std::min<size_t>(piece_bytes, m.size - off);
-                const std::byte* bytes = m.bytes ? m.bytes.get() + off : nullptr;
-                if (!bytes) {
-                    if (!reader) reader = std::make_unique<piece_reader>(*this, piece_bytes);
-                    if (CUresult rc = reader->read(i, m.va + off, n, bytes); rc != CUDA_SUCCESS) {
-                        why = "its memory could not be read (error " + std::to_string(static_cast<int>(rc)) +
-                              ")";
-                        return rc;
-                    }
-                }
-                // What the receiver has from the pre-copy, unchanged since, goes without its bytes.
-                const piece_digest* before = record ? record->find(m.va, m.size, off) : nullptr;
-                const bool unchanged = before && *before == digest_piece(bytes, n, off);
-                if (auto r = unchanged ? send_piece({}, -1, true) : send_piece({bytes, n}); !r)
-                    return failed_send(r.error());
-                if (unchanged) unchanged_bytes_ += n;
+            for (size_t off = 0; off < m.size; off += piece_bytes)
+                memory_pieces.push_back({i, &m, off, std::min<size_t>(piece_bytes, m.size - off)});
+        }
+    auto on_gpu = [&](size_t k) {
+        return k < memory_pieces.size() && memory_pieces[k].n && !memory_pieces[k].m->bytes;
+    };
+    auto read_failed = [&](CUresult rc) {
+        why = "its memory could not be read (error " + std::to_string(static_cast<int>(rc)) + ")";
+        return rc;
+    };
+    size_t issued = memory_pieces.size();  // the piece read ahead into the reader's other slot
+    for (size_t k = 0; k < memory_pieces.size(); ++k) {
+        const auto& p = memory_pieces[k];
+        if (!p.n) {
+            if (auto r = send_piece({}, p.m->fd()); !r) return failed_send(r.error());
+            continue;
+        }
+        const std::byte* bytes = p.m->bytes ? p.m->bytes.get() + p.off : nullptr;
+        if (!bytes) {  // read from the GPU: this piece was started before (or is now), the next one starts
+            const int slot = static_cast<int>(k % 2);
+            if (!reader) reader = std::make_unique<piece_reader>(*this, piece_bytes);
+            if (issued != k)
+                if (CUresult rc = reader->issue(slot, p.device, p.m->va + p.off, p.n); rc != CUDA_SUCCESS)
+                    return read_failed(rc);
+            if (CUresult rc = reader->wait(slot, bytes); rc != CUDA_SUCCESS) return read_failed(rc);
+            if (on_gpu(k + 1)) {
+                const auto& next = memory_pieces[k + 1];
+                if (CUresult rc = reader->issue(1 - slot, next.device, next.m->va + next.off, next.n);
+                    rc != CUDA_SUCCESS)
+                    return read_failed(rc);
+                issued = k + 1;
             }
         }
+        // What the receiver has from the pre-copy, unchanged since, goes without its bytes.
+        const piece_digest* before = record ? record->find(p.m->va, p.m->size, p.off) : nullptr;
+        const bool unchanged = before && *before == digest_piece(bytes, p.n, p.off);
+        if (auto r = unchanged ? send_piece({}, -1, true) : send_piece({bytes, p.n}); !r)
+            return failed_send(r.error());
+        if (unchanged) unchanged_bytes_ += p.n;
+    }
     reader.reset();  // `mu` held, as it wants
     // The receiver rebuilds before it answers: a minute, and a second for every GiB it copies back.
     if (CUresult rc = answer_to("move", std::chrono::seconds(60 + (img.bytes >> 30))); rc != CUDA_SUCCESS)
