@@ -45,11 +45,13 @@ CUresult device_memory::map_handle(CUdeviceptr va, size_t size, CUmemGenericAllo
     auto& d = *drv_;
     CUresult rc = d.cuMemMap(va, size, 0, h, 0);
     if (rc == CUDA_SUCCESS) {
-        CUmemAccessDesc access{};
-        access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        access.location.id = dev_;
-        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        rc = d.cuMemSetAccess(va, size, &access, 1);
+        std::vector<CUmemAccessDesc> access(1 + peers_.size());
+        for (size_t i = 0; i < access.size(); ++i) {
+            access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            access[i].location.id = i == 0 ? dev_ : peers_[i - 1];
+            access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        }
+        rc = d.cuMemSetAccess(va, size, access.data(), access.size());
         if (rc != CUDA_SUCCESS) d.cuMemUnmap(va, size);
     }
     if (rc != CUDA_SUCCESS) d.cuMemRelease(h);

@@ -51,6 +51,9 @@ class device_memory {
     device_memory(const driver_table& drv, CUdevice dev, uint64_t quota, address_window* window = nullptr)
         : drv_(&drv), dev_(dev), quota_(quota), window_(window) {}
 
+    // GPUs that can reach this one's memory (peers): its mappings are made accessible to them too.
+    void set_peers(std::vector<CUdevice> peers) { peers_ = std::move(peers); }
+
     CUresult allocate(size_t size, CUdeviceptr& out);
     CUresult release(CUdeviceptr p);  // only the exact start of a live allocation
     // True when [p, p+n) lies inside one live allocation (overflow-safe).
@@ -139,12 +142,14 @@ class device_memory {
     // Gives a mapping's addresses back: to the window, or the reservation to the driver.
     void free_addresses(CUdeviceptr va, const mapping& m);
     CUresult map_at(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle& h, bool& exportable);
-    // Maps `h` (made here or imported) at va, readable and writable from the device; releases it on failure.
+    // Maps `h` (made here or imported) at va, readable and writable from the device and its peers; releases
+    // it on failure.
     CUresult map_handle(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h);
     void unmap(CUdeviceptr va, mapping& m);
 
     const driver_table* drv_;
     CUdevice dev_;
+    std::vector<CUdevice> peers_;
     uint64_t quota_;
     uint64_t mapped_ = 0;
     uint64_t heap_charge_ = 0;

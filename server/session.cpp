@@ -30,6 +30,18 @@ session::session(uint64_t id, std::string key, driver& drv, const server_options
         s.memory = std::make_unique<device_memory>(drv.api(), g.device, q, opts.window.get());
         devices_.push_back(std::move(s));
     }
+    // Memory on one GPU is reachable from the session's GPUs that are its peers, as cuMemAlloc's is once peer
+    // access is enabled (and by peer copies): the mappings are made accessible to them.
+    auto& d = drv.api();
+    for (auto& s : devices_) {
+        if (!s.allowed || !d.cuDeviceCanAccessPeer) continue;
+        std::vector<CUdevice> peers;
+        for (auto& o : devices_)
+            if (int can = 0; o.allowed && o.device != s.device &&
+                             d.cuDeviceCanAccessPeer(&can, o.device, s.device) == CUDA_SUCCESS && can)
+                peers.push_back(o.device);
+        s.memory->set_peers(std::move(peers));
+    }
 }
 
 session::~session() { release_all(); }
