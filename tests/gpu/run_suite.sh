@@ -45,8 +45,8 @@ PROGRAMS=(vector_add vector_add_shared kernels_templates streams_events async_co
 # documented refusal (exit 3, cudaErrorNotSupported) and pass over the Unix socket.
 TCP_REFUSED=(mapped_memory host_register)
 PROGRAMS+=(mapped_memory)
-# NVIDIA libraries (cuBLAS, cuDNN, NCCL), found where PyTorch's pip packages put them (tests/gpu/find_libs.sh).
-LIB_PROGRAMS=(cublas_gemm cudnn_conv nccl_allreduce)
+# NVIDIA libraries (cuBLAS, cuDNN, NCCL, cuSPARSE), found where PyTorch's pip packages put them (tests/gpu/find_libs.sh).
+LIB_PROGRAMS=(cublas_gemm cudnn_conv nccl_allreduce cusparse_ilu)
 
 suite_start=$(date +%s)
 say() { echo "[suite +$(( $(date +%s) - suite_start ))s] $*"; }
