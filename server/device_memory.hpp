@@ -91,6 +91,22 @@ class device_memory {
     static std::unique_ptr<int, close_descriptor> own_descriptor(int fd);
     void drop_physical();
     CUresult restore(const std::vector<saved_mapping>& saved);
+    // IPC (server/handlers_ipc.cpp). The allocation holding p, with its mapping's physical memory exported as
+    // a descriptor: CUDA_ERROR_INVALID_VALUE when p is in no allocation, CUDA_ERROR_NOT_SUPPORTED when the
+    // driver did not make that mapping exportable.
+    struct exported {
+        CUdeviceptr base = 0;  // the allocation
+        size_t bytes = 0;
+        CUdeviceptr mapping = 0;  // the mapping holding it
+        size_t mapping_size = 0;
+        int fd = -1;  // the caller's to close
+    };
+    CUresult export_allocation(CUdeviceptr p, exported& out) const;
+    // Another session's physical memory `h` (imported) mapped at new addresses, accessible as this GPU's own
+    // memory is; not charged to the quota (its exporter's is). `h` is released on failure.
+    CUresult map_foreign(CUmemGenericAllocationHandle h, size_t size, CUdeviceptr& va);
+    void unmap_foreign(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h);
+
     // Physical memory the session creates itself (cuMemCreate) counts against the same quota.
     bool charge(size_t size) {
         if (quota_ && (size > quota_ || mapped_ > quota_ - size)) return false;
@@ -157,8 +173,9 @@ class device_memory {
     std::map<CUdeviceptr, mapping> mappings_;
     address_window* window_;
     bool keep_addresses_ = false;
-    bool export_allowed_ = true;  // until the driver refuses an exportable mapping (map_at)
-    allocation_map allocations_;  // start -> (size, its mapping)
+    bool export_allowed_ = true;           // until the driver refuses an exportable mapping (map_at)
+    std::map<CUdeviceptr, bool> foreign_;  // map_foreign's mappings: start -> in the address window
+    allocation_map allocations_;           // start -> (size, its mapping)
 };
 
 }  // namespace vcuda::server

@@ -22,7 +22,9 @@ CUresult allocation_prop(call_context& cx, size_t i, CUmemAllocationProp& prop, 
 }
 
 // The allocation's memory went back to the driver: credit the quota.
-void vmm_freed(session& s, const vmm_tables::allocation& a) { s.memory(a.device).credit(a.size); }
+void vmm_freed(session& s, const vmm_tables::allocation& a) {
+    if (!a.foreign) s.memory(a.device).credit(a.size);
+}
 
 }  // namespace
 
@@ -106,6 +108,13 @@ CUresult handle_vmm_release(call_context& cx) {
     std::lock_guard lock(cx.sess.mu);
     if (auto freed = cx.sess.vmm.release(cx.arg(0))) vmm_freed(cx.sess, *freed);
     cx.sess.handles.erase(cx.arg(0));
+    // Its shareable handles open no more (sessions that imported it keep what they imported).
+    if (auto it = cx.sess.ipc_state.allocation_exports.find(cx.arg(0));
+        it != cx.sess.ipc_state.allocation_exports.end()) {
+        if (cx.sess.ipc())
+            for (const auto& t : it->second) cx.sess.ipc()->withdraw(t, cx.sess.id());
+        cx.sess.ipc_state.allocation_exports.erase(it);
+    }
     return CUDA_SUCCESS;
 }
 

@@ -4,8 +4,11 @@
 // are valid wherever a stream is taken (they need a current context). Host functions and stream callbacks run
 // at once, with the driver's lock released. Capture status queries are here; the capture itself is
 // soft_graph.cpp.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <type_traits>
 
 #include "soft_state.hpp"
@@ -539,6 +542,47 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamCopyAttributes(CUstream dst, CUstream
             to->attrs = from->attrs;
             to->priority = from->priority;
         }
+        return CUDA_SUCCESS;
+    });
+}
+
+// --- IPC events: the handle names the exporting process and its event; another process opens it as an event
+// of its own (everything here is complete at once, so there is no shared state to keep). As with the real
+// driver, the process that made a handle cannot open it.
+
+namespace {
+constexpr char ipc_event_magic[8] = {'s', 'o', 'f', 't', 'I', 'P', 'C', 'e'};
+}  // namespace
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle* pHandle, CUevent event) {
+    return entry([&](state& s) -> CUresult {
+        if (pHandle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        event_obj* e = s.find<event_obj>(event);
+        if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        if ((e->flags & CU_EVENT_INTERPROCESS) == 0 || (e->flags & CU_EVENT_DISABLE_TIMING) == 0)
+            return CUDA_ERROR_INVALID_HANDLE;
+        std::memset(pHandle, 0, sizeof *pHandle);
+        const int pid = getpid();
+        std::memcpy(pHandle->reserved, ipc_event_magic, sizeof ipc_event_magic);
+        std::memcpy(pHandle->reserved + 8, &pid, sizeof pid);
+        std::memcpy(pHandle->reserved + 16, &e->handle, sizeof e->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuIpcOpenEventHandle(CUevent* phEvent, CUipcEventHandle handle) {
+    return entry([&](state& s) -> CUresult {
+        if (phEvent == nullptr || std::memcmp(handle.reserved, ipc_event_magic, sizeof ipc_event_magic) != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        int pid = 0;
+        std::memcpy(&pid, handle.reserved + 8, sizeof pid);
+        if (pid == getpid()) return CUDA_ERROR_INVALID_CONTEXT;
+        context_obj* c = nullptr;
+        if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+        event_obj* e = s.create<event_obj>();
+        e->ctx = c->handle;
+        e->flags = CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+        *phEvent = to_handle<CUevent>(e->handle);
         return CUDA_SUCCESS;
     });
 }
