@@ -161,8 +161,9 @@ VCUDA_API cuMemUnmap(CUdeviceptr ptr, size_t size) noexcept {
     VCUDA_TRACE_HOOK(cuMemUnmap, ptr, size);
     VCUDA_REQUIRE_INIT();
     if (CUresult rc = remote(op::vmm_unmap, {ptr, size}); rc != CUDA_SUCCESS) return rc;
+    // Every mapping in the range (cuMemMap added each as an allocation of its own).
     device_allocation a;
-    state::get().remove_allocation(ptr, a);
+    for (CUdeviceptr p = ptr; p < ptr + size && state::get().remove_allocation(p, a);) p += a.size;
     return CUDA_SUCCESS;
 }
 
