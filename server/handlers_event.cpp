@@ -87,7 +87,7 @@ CUresult handle_event_destroy(call_context& cx) {
             t.event_exports.erase(it);
         }
     }
-    if (member) leave_shared_event(std::move(member), cx.drv());
+    if (member) leave_shared_event(member, cx.drv());
     if (CUresult rc = cx.drv().cuEventDestroy_v2(e); rc != CUDA_SUCCESS) return rc;
     cx.forget_handle(0);
     return CUDA_SUCCESS;

@@ -352,7 +352,7 @@ void recorded(const std::shared_ptr<event_member>& m) {
     m->shared->latest = m;
 }
 
-void leave_shared_event(std::shared_ptr<event_member> m, const driver_table& d) {
+void leave_shared_event(const std::shared_ptr<event_member>& m, const driver_table& d) {
     bool was_latest;
     {
         std::lock_guard lock(m->shared->mu);
@@ -381,7 +381,7 @@ void release_ipc(session& s, size_t device) {
         }
         auto m = std::move(it->second);
         it = t.shared_events.erase(it);
-        leave_shared_event(std::move(m), d);
+        leave_shared_event(m, d);
     }
     for (auto it = t.event_exports.begin(); it != t.event_exports.end();) {
         handle_entry* e = s.handles.find(it->first, handle_kind::event, handle_kind::none);

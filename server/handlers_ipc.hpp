@@ -20,11 +20,11 @@ std::shared_ptr<event_member> shared_member(call_context& cx, uint64_t id);
 std::shared_ptr<event_member> latest_of(const event_member& m);
 // `m` was recorded: it is the shared event's latest now.
 void recorded(const std::shared_ptr<event_member>& m);
-// The session's event of membership `m` is about to be destroyed (the caller holds the last reference the
-// session had): if it is the latest, its work is waited for and the shared event has none; and when this
+// The session's event of membership `m` is about to be destroyed (`m` is the last reference the session had):
+// if it is the latest, its work is waited for and the shared event has none; and when this
 // returns no other session uses it (those that took it as the latest a moment before are waited for, up to
 // 2 s).
-void leave_shared_event(std::shared_ptr<event_member> m, const driver_table& d);
+void leave_shared_event(const std::shared_ptr<event_member>& m, const driver_table& d);
 
 // A session's exports are withdrawn, what it opened is unmapped, its memberships left: for `device` (a reset)
 // or every device. `mu` held, the device's context synchronized.
