@@ -1,6 +1,7 @@
 // Contexts are client-side objects over the session's one server context per device: creating, pushing,
 // popping and querying them costs no message. Synchronize and reset go to the server.
 #include "client/entry_point.hpp"
+#include "client/peer.hpp"
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
@@ -152,6 +153,7 @@ VCUDA_API cuCtxDestroy_v2(CUcontext ctx) noexcept {
     VCUDA_REQUIRE_INIT();
     uint64_t id = id_of(ctx);
     if (!context_exists(id)) return CUDA_ERROR_INVALID_CONTEXT;
+    forget_peer_access(id);
     CUresult rc = state::get().destroy_context(id);
     if (rc != CUDA_SUCCESS) return rc;
     drop_cached_replies();

@@ -205,12 +205,3 @@ VCUDA_API cuDeviceGetProperties(CUdevprop* p, CUdevice dev) noexcept {
     p->textureAlign = a(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT);
     return CUDA_SUCCESS;
 }
-
-VCUDA_API cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) noexcept {
-    VCUDA_TRACE_HOOK(cuDeviceCanAccessPeer, can, dev, peer);
-    VCUDA_REQUIRE_INIT();
-    if (!can) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_device(dev) || !valid_device(peer)) return CUDA_ERROR_INVALID_DEVICE;
-    *can = 0;  // peer access between vGPUs is not offered
-    return CUDA_SUCCESS;
-}

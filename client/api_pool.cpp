@@ -4,6 +4,7 @@
 // Stream-ordered allocations join the mirror's device allocations: copies and pointer queries know them.
 #include <cstring>
 
+#include "client/copy_paths.hpp"
 #include "client/entry_point.hpp"
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
@@ -79,6 +80,9 @@ VCUDA_API cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPo
 VCUDA_API cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) noexcept {
     VCUDA_TRACE_HOOK(cuMemFreeAsync, dptr, hStream);
     VCUDA_REQUIRE_INIT();
+    // NULL: nothing to free, as with the driver (cuSPARSE frees its csrilu02 info's unused buffers so, and
+    // reported CUSPARSE_STATUS_INVALID_VALUE when this failed).
+    if (dptr == 0) return check_stream(hStream);
     device_allocation a;
     if (!state::get().find_allocation(dptr, 1, a) || a.base != dptr) return CUDA_ERROR_INVALID_VALUE;
     plain_call c(op::pool_free, "cuMemFreeAsync");

@@ -2,6 +2,7 @@
 // capture mode), and occupancy helpers built on the forwarded per-block-size query.
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -399,3 +400,60 @@ VCUDA_STREAM_MEMOP(cuStreamWaitValue32, cuuint32_t, 1)
 VCUDA_STREAM_MEMOP(cuStreamWriteValue64, cuuint64_t, 2)
 VCUDA_STREAM_MEMOP(cuStreamWaitValue64, cuuint64_t, 3)
 #undef VCUDA_STREAM_MEMOP
+
+// ---------------------------------------------------------------- stream and kernel-node attributes
+// Forwarded and waited for (server/handlers_stream.cpp), so that a value the driver refuses fails at the
+// call. The value travels as its 64 bytes; the server refuses attributes that hold a handle.
+
+namespace {
+enum attribute_call : uint64_t { stream_get = 0, stream_set = 1, node_get = 2, node_set = 3 };
+
+CUresult attribute(attribute_call what, uint64_t object, handle_kind kind, CUlaunchAttributeID id,
+                   CUlaunchAttributeValue* out, const CUlaunchAttributeValue* in, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    if (!out && !in) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::attribute, name);
+    c.arg(static_cast<uint64_t>(what));
+    c.handle(object, kind);
+    c.arg(static_cast<uint64_t>(id));
+    if (in) c.blob({reinterpret_cast<const std::byte*>(in), sizeof *in});
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    if (out) {
+        const auto& blobs = c.reply().blobs;
+        if (blobs.size() != 1 || blobs[0].size() != sizeof *out) return CUDA_ERROR_UNKNOWN;
+        std::memcpy(out, blobs[0].data(), sizeof *out);
+    }
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
+VCUDA_API cuStreamGetAttribute(CUstream hStream, CUstreamAttrID attr, CUstreamAttrValue* value_out) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamGetAttribute, hStream, attr, value_out);
+    if (!value_out) return CUDA_ERROR_INVALID_VALUE;
+    return attribute(stream_get, reinterpret_cast<uint64_t>(hStream), handle_kind::stream, attr, value_out,
+                     nullptr, "cuStreamGetAttribute");
+}
+
+VCUDA_API cuStreamSetAttribute(CUstream hStream, CUstreamAttrID attr,
+                               const CUstreamAttrValue* value) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamSetAttribute, hStream, attr, value);
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    return attribute(stream_set, reinterpret_cast<uint64_t>(hStream), handle_kind::stream, attr, nullptr,
+                     value, "cuStreamSetAttribute");
+}
+
+VCUDA_API cuGraphKernelNodeGetAttribute(CUgraphNode hNode, CUkernelNodeAttrID attr,
+                                        CUkernelNodeAttrValue* value_out) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphKernelNodeGetAttribute, hNode, attr, value_out);
+    if (!value_out) return CUDA_ERROR_INVALID_VALUE;
+    return attribute(node_get, reinterpret_cast<uint64_t>(hNode), handle_kind::graph_node, attr, value_out,
+                     nullptr, "cuGraphKernelNodeGetAttribute");
+}
+
+VCUDA_API cuGraphKernelNodeSetAttribute(CUgraphNode hNode, CUkernelNodeAttrID attr,
+                                        const CUkernelNodeAttrValue* value) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphKernelNodeSetAttribute, hNode, attr, value);
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    return attribute(node_set, reinterpret_cast<uint64_t>(hNode), handle_kind::graph_node, attr, nullptr,
+                     value, "cuGraphKernelNodeSetAttribute");
+}

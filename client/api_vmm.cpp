@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "client/entry_point.hpp"
+#include "client/ipc_handles.hpp"
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
@@ -160,8 +161,9 @@ VCUDA_API cuMemUnmap(CUdeviceptr ptr, size_t size) noexcept {
     VCUDA_TRACE_HOOK(cuMemUnmap, ptr, size);
     VCUDA_REQUIRE_INIT();
     if (CUresult rc = remote(op::vmm_unmap, {ptr, size}); rc != CUDA_SUCCESS) return rc;
+    // Every mapping in the range (cuMemMap added each as an allocation of its own).
     device_allocation a;
-    state::get().remove_allocation(ptr, a);
+    for (CUdeviceptr p = ptr; p < ptr + size && state::get().remove_allocation(p, a);) p += a.size;
     return CUDA_SUCCESS;
 }
 
@@ -185,5 +187,94 @@ VCUDA_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
     auto it = allocations().find(handle);
     if (it == allocations().end()) return CUDA_ERROR_INVALID_HANDLE;
     *prop = it->second.prop;
+    return CUDA_SUCCESS;
+}
+
+// ---------------------------------------------------------------- shareable handles
+// (server/handlers_ipc.cpp) A POSIX file descriptor is all that is served: a memfd naming the server's export
+// (client/ipc_handles.hpp), which another process of the same tenant on the same server imports. It opens
+// while the exporting process holds the allocation (with the driver: while any descriptor of it is open).
+
+namespace {
+enum ipc_what : uint64_t { what_allocation = 2 };
+
+CUresult refused_by_server(const char* call, CUresult rc, const plain_call& c) {
+    log_ipc_refusal(call, rc, c.reply().detail);
+    return rc;
+}
+}  // namespace
+
+VCUDA_API cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
+                                       CUmemAllocationHandleType handleType,
+                                       unsigned long long flags) noexcept {
+    VCUDA_TRACE_HOOK(cuMemExportToShareableHandle, shareableHandle, handle, handleType, flags);
+    VCUDA_REQUIRE_INIT();
+    if (!shareableHandle || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return static_cast<CUresult>(
+            unsupported("cuMemExportToShareableHandle to a handle type other than a POSIX file descriptor"));
+    int device = 0;
+    {
+        std::lock_guard lock(vmm_mu);
+        auto it = allocations().find(handle);
+        if (it == allocations().end()) return CUDA_ERROR_INVALID_VALUE;
+        device = it->second.prop.location.id;
+    }
+    auto& st = state::get();
+    if (device < 0 || device >= st.device_count()) return CUDA_ERROR_INVALID_VALUE;
+    context_scope scope(st.primary_context(device));  // the allocation's server
+    plain_call c(op::ipc_export, "cuMemExportToShareableHandle");
+    c.arg(what_allocation);
+    c.handle(reinterpret_cast<void*>(handle), handle_kind::mem_handle);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS)
+        return refused_by_server("cuMemExportToShareableHandle", rc, c);
+    const auto& blobs = c.reply().blobs;
+    ipc_bytes bytes;
+    if (blobs.size() != 1 || blobs[0].size() != bytes.size()) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(bytes.data(), blobs[0].data(), bytes.size());
+    int fd = shareable_descriptor(bytes);
+    if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+    *static_cast<int*>(shareableHandle) = fd;
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
+                                         CUmemAllocationHandleType shHandleType) noexcept {
+    VCUDA_TRACE_HOOK(cuMemImportFromShareableHandle, handle, osHandle, shHandleType);
+    VCUDA_REQUIRE_INIT();
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return static_cast<CUresult>(unsupported(
+            "cuMemImportFromShareableHandle from a handle type other than a POSIX file descriptor"));
+    ipc_bytes bytes;
+    if (!read_shareable_descriptor(static_cast<int>(reinterpret_cast<intptr_t>(osHandle)), bytes)) {
+        log_ipc_refusal("cuMemImportFromShareableHandle", CUDA_ERROR_INVALID_VALUE,
+                        "the descriptor is not one vcuda's cuMemExportToShareableHandle made");
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    plain_call c(op::ipc_open, "cuMemImportFromShareableHandle");
+    c.arg(what_allocation);
+    c.arg(uint64_t{0});
+    c.blob(bytes);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS)
+        return refused_by_server("cuMemImportFromShareableHandle", rc, c);
+    auto& st = state::get();
+    const auto server_device = static_cast<int>(c.out<uint64_t>(2));
+    int device = -1;  // the client ordinal of the memory's GPU
+    for (int d = 0; d < st.device_count(); ++d)
+        if (st.device(d).owner == &st.remote() && st.device(d).server_index == server_device) device = d;
+    uint64_t id = reinterpret_cast<uint64_t>(c.out_handle<void*>(0, handle_kind::mem_handle));
+    if (device < 0) return CUDA_ERROR_UNKNOWN;
+    created made;
+    made.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    made.prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, device};
+    made.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    made.size = c.out<uint64_t>(1);
+    {
+        std::lock_guard lock(vmm_mu);
+        allocations()[id] = made;
+    }
+    *handle = id;
     return CUDA_SUCCESS;
 }

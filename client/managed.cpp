@@ -105,14 +105,6 @@ struct managed_scope {
     managed_scope& operator=(const managed_scope&) = delete;
 };
 
-// The range's context on this thread for the duration: its copies go to its device's session.
-struct context_scope {
-    explicit context_scope(uint64_t ctx) { context_stack().push_back(ctx); }
-    ~context_scope() { context_stack().pop_back(); }
-    context_scope(const context_scope&) = delete;
-    context_scope& operator=(const context_scope&) = delete;
-};
-
 managed_range* range_of(uint64_t p) {
     auto it = ranges.upper_bound(p);
     if (it == ranges.begin()) return nullptr;

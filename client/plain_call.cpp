@@ -1,5 +1,6 @@
 #include "client/plain_call.hpp"
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -16,6 +17,27 @@ bool valid_handle(uint64_t h, handle_kind k) {
     if (!state::get().lookup_kind(h, kind)) return false;
     if (kind == k) return true;
     return k == handle_kind::function && kind == handle_kind::kernel;
+}
+
+namespace {
+std::mutex shared_mu;
+std::atomic<bool> any_shared{false};  // the common case, without the lock: nothing shared
+std::unordered_set<uint64_t>& shared_handles() {
+    static auto* s = new std::unordered_set<uint64_t>();
+    return *s;
+}
+}  // namespace
+
+bool ipc_shared(uint64_t handle) {
+    if (!any_shared.load(std::memory_order_acquire)) return false;
+    std::lock_guard lock(shared_mu);
+    return shared_handles().count(handle) != 0;
+}
+
+void mark_ipc_shared(uint64_t handle) {
+    std::lock_guard lock(shared_mu);
+    shared_handles().insert(handle);
+    any_shared.store(true, std::memory_order_release);
 }
 
 call_request plain_call::request() {

@@ -35,6 +35,11 @@ T from_wire(uint64_t w) {
 // functions also accept kernels, which the driver lets callers cast to CUfunction).
 bool valid_handle(uint64_t h, handle_kind k);
 
+// Handles shared with other processes through IPC (events exported or opened): calls on them that are
+// otherwise queued are sent synchronously (spec annotation shared_sync).
+bool ipc_shared(uint64_t handle);
+void mark_ipc_shared(uint64_t handle);
+
 // Drops every answer of the reply cache (send_cached): called by whatever can change them — `uncaches` calls,
 // a context reset or destroyed.
 void drop_cached_replies();

@@ -181,6 +181,13 @@ std::vector<uint64_t>& context_stack();
 uint64_t current_context();
 // The client ordinal of the current context's device, or -1.
 int current_device();
+// The context `ctx` current on this thread for the scope's duration: calls go to its device's session.
+struct context_scope {
+    explicit context_scope(uint64_t ctx) { context_stack().push_back(ctx); }
+    ~context_scope() { context_stack().pop_back(); }
+    context_scope(const context_scope&) = delete;
+    context_scope& operator=(const context_scope&) = delete;
+};
 
 // Guard at the top of every entry point that needs cuInit to have succeeded.
 #define VCUDA_REQUIRE_INIT()                                          \

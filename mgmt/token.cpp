@@ -108,6 +108,7 @@ std::string request_mac(std::string_view secret, std::string_view signed_part, s
 std::string sign_token(std::string_view secret, const token_claims& c) {
     std::string claims = c.lease_id + "\n" + c.gpu_uuid + "\n" + std::to_string(c.memory_quota) + "\n" +
                          std::to_string(unix_ms(c.expires_at));
+    if (!c.tenant.empty()) claims += "\n" + c.tenant;
     std::string signed_part = std::string(prefix) + b64url_encode(claims);
     return signed_part + "." + b64url_encode(mac(secret, signed_part));
 }
@@ -137,10 +138,12 @@ result<token_claims, std::string> verify_token(std::string_view secret, std::str
     std::vector<std::string> f;
     std::istringstream in(claims);
     for (std::string line; std::getline(in, line, '\n');) f.push_back(line);
-    if (f.size() != 4) return unexpected{std::string("malformed token: wrong number of claims")};
+    if (f.size() != 4 && f.size() != 5)
+        return unexpected{std::string("malformed token: wrong number of claims")};
     token_claims c;
     c.lease_id = f[0];
     c.gpu_uuid = f[1];
+    if (f.size() == 5) c.tenant = f[4];
     int64_t exp = 0;
     auto r1 = std::from_chars(f[2].data(), f[2].data() + f[2].size(), c.memory_quota);
     auto r2 = std::from_chars(f[3].data(), f[3].data() + f[3].size(), exp);
@@ -154,6 +157,8 @@ result<token_claims, std::string> verify_token(std::string_view secret, std::str
             " s ago: the lease was not renewed; the client must get a fresh lease from the manager"};
     return c;
 }
+
+std::string token_fingerprint(std::string_view token) { return sha256_hex(token).substr(0, 32); }
 
 std::string sign_request(std::string_view secret, std::string_view method, std::string_view body,
                          std::chrono::system_clock::time_point now) {

@@ -2,8 +2,8 @@
 // only for a valid, unexpired token naming one of its GPUs, and uses the token's memory quota as the
 // session's quota. A standalone server started with --secret-file takes tokens made with `vcuda token create`
 // (any_gpu). Format: "vct1.<base64url(claims)>.<base64url(HMAC-SHA256(secret, "vct1.<base64url(claims)>"))>",
-// claims being "lease_id\ngpu_uuid\nmemory_quota\nexpires_at_unix_ms". The secret is shared by the manager
-// and its servers
+// claims being "lease_id\ngpu_uuid\nmemory_quota\nexpires_at_unix_ms" and, when the token names one,
+// "\ntenant". The secret is shared by the manager and its servers
 // (--secret-file); anyone without it cannot mint or alter a token.
 // runs on: any thread (no shared state).
 #pragma once
@@ -27,14 +27,21 @@ struct token_claims {
     std::string gpu_uuid;
     uint64_t memory_quota = 0;                         // bytes the session may allocate
     std::chrono::system_clock::time_point expires_at;  // the server refuses new sessions with it after this
+    // The lease's tenant (lease tokens the manager signs): sessions of one tenant may open each other's IPC
+    // handles (server/ipc.hpp). Empty in tokens of `vcuda token create` and of managers before it was added.
+    std::string tenant;
 };
 
 // The least a lease token the manager signs for a move lives (`active_lease.move_token`, for the target GPU):
 // it is checked when the moved state arrives, after the old server saved it (seconds for a large session).
 inline constexpr std::chrono::minutes move_token_life{2};
 
-// Signs the claims. lease_id and gpu_uuid must not contain '\n' (the manager's ids and GPU UUIDs never do).
+// Signs the claims. lease_id, gpu_uuid and tenant must not contain '\n' (the manager's ids, GPU UUIDs and
+// tenant names never do).
 std::string sign_token(std::string_view secret, const token_claims& claims);
+// A digest of a token that names it without revealing it (hex, 32 digits): the tenant of sessions opened with
+// a shared token of `vcuda token create`.
+std::string token_fingerprint(std::string_view token);
 
 // Checks the format, the signature (constant-time) and the expiry. The error says what is wrong, for the log
 // and for the refused client ("token expired at ...: the lease was not renewed", "bad signature: ...").

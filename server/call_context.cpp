@@ -90,6 +90,20 @@ CUresult call_context::device_box(CUdeviceptr p, uint64_t x, uint64_t y, uint64_
     return device_range(p + first, last - first);
 }
 
+size_t call_context::owned_prefix(CUdeviceptr p, size_t n) {
+    auto owned = [&](size_t m) { return sess.owns_range(p, m) || sess.owns_host(p, m); };
+    if (n == 0 || !owned(1)) return 0;
+    size_t lo = 1, hi = n;  // owned(lo) holds; the answer lies in [lo, hi]
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo + 1) / 2;
+        if (owned(mid))
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 CUresult call_context::memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height,
                                     uint64_t pitch) {
     if ((elem != 1 && elem != 2 && elem != 4) || !width || !height) return bad_arguments();

@@ -82,6 +82,8 @@ class call_context {
                    ? CUDA_SUCCESS
                    : fail(CUDA_ERROR_INVALID_VALUE, "address range not owned by this session");
     }
+    // The longest prefix of [p, p+n) that device_range accepts (0: not even its first byte is the session's).
+    size_t owned_prefix(CUdeviceptr p, size_t n);
     // The bytes one device side of a 2D/3D copy touches (w bytes x h rows x depth slices from (x, y, z) of a
     // pitch x height layout), checked as one range from the first byte to the last.
     CUresult device_box(CUdeviceptr p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height,

@@ -45,11 +45,13 @@ CUresult device_memory::map_handle(CUdeviceptr va, size_t size, CUmemGenericAllo
     auto& d = *drv_;
     CUresult rc = d.cuMemMap(va, size, 0, h, 0);
     if (rc == CUDA_SUCCESS) {
-        CUmemAccessDesc access{};
-        access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        access.location.id = dev_;
-        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        rc = d.cuMemSetAccess(va, size, &access, 1);
+        std::vector<CUmemAccessDesc> access(1 + peers_.size());
+        for (size_t i = 0; i < access.size(); ++i) {
+            access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            access[i].location.id = i == 0 ? dev_ : peers_[i - 1];
+            access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        }
+        rc = d.cuMemSetAccess(va, size, access.data(), access.size());
         if (rc != CUDA_SUCCESS) d.cuMemUnmap(va, size);
     }
     if (rc != CUDA_SUCCESS) d.cuMemRelease(h);
@@ -369,6 +371,55 @@ bool device_memory::contains(CUdeviceptr p, size_t n) const {
     size_t size = it->second.first;
     if (p - it->first >= size) return false;
     return n <= size - (p - it->first);
+}
+
+CUresult device_memory::export_allocation(CUdeviceptr p, exported& out) const {
+    auto it = allocations_.upper_bound(p);
+    if (it == allocations_.begin()) return CUDA_ERROR_INVALID_VALUE;
+    --it;
+    if (p - it->first >= it->second.first) return CUDA_ERROR_INVALID_VALUE;
+    const mapping& m = mappings_.at(it->second.second);
+    if (!m.exportable || !m.handle || !drv_->cuMemExportToShareableHandle) return CUDA_ERROR_NOT_SUPPORTED;
+    int fd = -1;
+    if (CUresult rc =
+            drv_->cuMemExportToShareableHandle(&fd, m.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        rc != CUDA_SUCCESS)
+        return rc;
+    out = {it->first, it->second.first, it->second.second, m.size, fd};
+    return CUDA_SUCCESS;
+}
+
+CUresult device_memory::map_foreign(CUmemGenericAllocationHandle h, size_t size, CUdeviceptr& va) {
+    auto& d = *drv_;
+    CUdeviceptr addr = window_ ? window_->take(d, size) : 0;
+    const bool windowed = addr != 0;
+    if (!windowed)
+        if (CUresult rc = d.cuMemAddressReserve(&addr, size, granularity, 0, 0); rc != CUDA_SUCCESS) {
+            d.cuMemRelease(h);
+            return rc;
+        }
+    if (CUresult rc = map_handle(addr, size, h); rc != CUDA_SUCCESS) {
+        if (windowed)
+            window_->give_back(addr, size);
+        else
+            d.cuMemAddressFree(addr, size);
+        return rc;
+    }
+    foreign_[addr] = windowed;
+    va = addr;
+    return CUDA_SUCCESS;
+}
+
+void device_memory::unmap_foreign(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h) {
+    auto it = foreign_.find(va);
+    if (it == foreign_.end()) return;
+    drv_->cuMemUnmap(va, size);
+    drv_->cuMemRelease(h);
+    if (!it->second)
+        drv_->cuMemAddressFree(va, size);
+    else if (!keep_addresses_)
+        window_->give_back(va, size);
+    foreign_.erase(it);
 }
 
 void device_memory::release_all() {

@@ -51,6 +51,9 @@ class device_memory {
     device_memory(const driver_table& drv, CUdevice dev, uint64_t quota, address_window* window = nullptr)
         : drv_(&drv), dev_(dev), quota_(quota), window_(window) {}
 
+    // GPUs that can reach this one's memory (peers): its mappings are made accessible to them too.
+    void set_peers(std::vector<CUdevice> peers) { peers_ = std::move(peers); }
+
     CUresult allocate(size_t size, CUdeviceptr& out);
     CUresult release(CUdeviceptr p);  // only the exact start of a live allocation
     // True when [p, p+n) lies inside one live allocation (overflow-safe).
@@ -96,6 +99,22 @@ class device_memory {
     static std::unique_ptr<int, close_descriptor> own_descriptor(int fd);
     void drop_physical();
     CUresult restore(const std::vector<saved_mapping>& saved);
+    // IPC (server/handlers_ipc.cpp). The allocation holding p, with its mapping's physical memory exported as
+    // a descriptor: CUDA_ERROR_INVALID_VALUE when p is in no allocation, CUDA_ERROR_NOT_SUPPORTED when the
+    // driver did not make that mapping exportable.
+    struct exported {
+        CUdeviceptr base = 0;  // the allocation
+        size_t bytes = 0;
+        CUdeviceptr mapping = 0;  // the mapping holding it
+        size_t mapping_size = 0;
+        int fd = -1;  // the caller's to close
+    };
+    CUresult export_allocation(CUdeviceptr p, exported& out) const;
+    // Another session's physical memory `h` (imported) mapped at new addresses, accessible as this GPU's own
+    // memory is; not charged to the quota (its exporter's is). `h` is released on failure.
+    CUresult map_foreign(CUmemGenericAllocationHandle h, size_t size, CUdeviceptr& va);
+    void unmap_foreign(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h);
+
     // Physical memory the session creates itself (cuMemCreate) counts against the same quota.
     bool charge(size_t size) {
         if (quota_ && (size > quota_ || mapped_ > quota_ - size)) return false;
@@ -147,12 +166,14 @@ class device_memory {
     // Gives a mapping's addresses back: to the window, or the reservation to the driver.
     void free_addresses(CUdeviceptr va, const mapping& m);
     CUresult map_at(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle& h, bool& exportable);
-    // Maps `h` (made here or imported) at va, readable and writable from the device; releases it on failure.
+    // Maps `h` (made here or imported) at va, readable and writable from the device and its peers; releases
+    // it on failure.
     CUresult map_handle(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h);
     void unmap(CUdeviceptr va, mapping& m);
 
     const driver_table* drv_;
     CUdevice dev_;
+    std::vector<CUdevice> peers_;
     uint64_t quota_;
     uint64_t mapped_ = 0;
     uint64_t heap_charge_ = 0;
@@ -160,8 +181,9 @@ class device_memory {
     std::map<CUdeviceptr, mapping> mappings_;
     address_window* window_;
     bool keep_addresses_ = false;
-    bool export_allowed_ = true;  // until the driver refuses an exportable mapping (map_at)
-    allocation_map allocations_;  // start -> (size, its mapping)
+    bool export_allowed_ = true;           // until the driver refuses an exportable mapping (map_at)
+    std::map<CUdeviceptr, bool> foreign_;  // map_foreign's mappings: start -> in the address window
+    allocation_map allocations_;           // start -> (size, its mapping)
 };
 
 }  // namespace vcuda::server

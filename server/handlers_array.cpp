@@ -69,9 +69,22 @@ CUresult translate_resource(call_context& cx, CUDA_RESOURCE_DESC& r, bool surfac
         case CU_RESOURCE_TYPE_LINEAR: {
             if (surface) break;
             auto& l = r.res.linear;
-            if (!element_bytes(l.format, l.numChannels) || l.sizeInBytes == 0)
-                return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad linear resource");
-            return cx.device_range(l.devPtr, l.sizeInBytes);
+            const uint64_t elem = element_bytes(l.format, l.numChannels);
+            if (!elem || l.sizeInBytes == 0) return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad linear resource");
+            // The driver does not check the size against the allocation, and programs rely on it
+            // (convolutionFFT2D sizes a texture with padding its source allocation lacks). Past what the
+            // session owns the driver must not read: the texture is cut at its end, where fetches return
+            // zero instead of another allocation's bytes.
+            size_t owned = cx.owned_prefix(l.devPtr, l.sizeInBytes);
+            if (owned < elem)
+                return cx.fail(CUDA_ERROR_INVALID_VALUE, "address range not owned by this session");
+            if (owned < l.sizeInBytes) {
+                VCUDA_LOG_DEBUG(
+                    "session {}: linear texture of {} bytes at {:#x} cut to the {} bytes the session owns",
+                    cx.sess.id(), l.sizeInBytes, l.devPtr, owned / elem * elem);
+                l.sizeInBytes = owned / elem * elem;
+            }
+            return CUDA_SUCCESS;
         }
         case CU_RESOURCE_TYPE_PITCH2D: {
             if (surface) break;

@@ -72,7 +72,15 @@ CUresult handle_mem_free(call_context& cx) {
     cx.drv().cuCtxSynchronize();  // as cuMemFree: nothing in flight may still use it
     std::lock_guard lock(cx.sess.mu);
     CUresult rc = mem->release(cx.arg(0));
-    if (rc == CUDA_SUCCESS) return CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS) {
+        // Its IPC handle opens no more (memory others opened stays theirs until they close it).
+        if (auto it = cx.sess.ipc_state.memory_exports.find(cx.arg(0));
+            it != cx.sess.ipc_state.memory_exports.end()) {
+            if (cx.sess.ipc()) cx.sess.ipc()->withdraw(it->second, cx.sess.id());
+            cx.sess.ipc_state.memory_exports.erase(it);
+        }
+        return CUDA_SUCCESS;
+    }
     // cuMemFree also takes a stream-ordered allocation (server/handlers_pool.cpp).
     auto p = static_cast<CUdeviceptr>(cx.arg(0));
     if (auto a = cx.sess.pools.find(p)) {

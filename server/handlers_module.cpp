@@ -6,6 +6,7 @@
 #include "server/image_memory.hpp"
 #include "server/jit.hpp"
 #include "server/kernel_args.hpp"
+#include "server/launch_attributes.hpp"
 
 namespace vcuda::server {
 
@@ -322,23 +323,6 @@ CUresult handle_module_get_global(call_context& cx) {
 }
 
 namespace {
-// Launch attributes that carry no handle or pointer, so the client's bytes can be given to the driver as they
-// are.
-bool plain_launch_attribute(CUlaunchAttributeID id) {
-    switch (id) {
-        case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
-        case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
-        case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
-        case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
-        case CU_LAUNCH_ATTRIBUTE_PRIORITY:
-        case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
-        case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
-            return true;
-        default:
-            return false;
-    }
-}
-
 // The launch attributes in blob `i` (n of them), checked. False (with the reply's error set) when malformed.
 CUresult launch_attributes(call_context& cx, size_t i, uint64_t n, std::vector<CUlaunchAttribute>& attrs) {
     auto bytes = cx.blob(i);
@@ -346,7 +330,7 @@ CUresult launch_attributes(call_context& cx, size_t i, uint64_t n, std::vector<C
     attrs.resize(n);
     std::memcpy(attrs.data(), bytes.data(), bytes.size());
     for (auto& a : attrs)
-        if (!plain_launch_attribute(a.id))  // handles or pointers would need translating
+        if (!plain_launch_attribute(a.id))  // handles would need translating
             return cx.fail(CUDA_ERROR_NOT_SUPPORTED,
                            "launch attribute " + std::to_string(a.id) + " not supported");
     return CUDA_SUCCESS;

@@ -4,6 +4,7 @@
 // arrive as the session's device indices and are turned into the real devices here.
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "server/call_context.hpp"
 
@@ -22,7 +23,9 @@ CUresult allocation_prop(call_context& cx, size_t i, CUmemAllocationProp& prop, 
 }
 
 // The allocation's memory went back to the driver: credit the quota.
-void vmm_freed(session& s, const vmm_tables::allocation& a) { s.memory(a.device).credit(a.size); }
+void vmm_freed(session& s, const vmm_tables::allocation& a) {
+    if (!a.foreign) s.memory(a.device).credit(a.size);
+}
 
 }  // namespace
 
@@ -106,6 +109,13 @@ CUresult handle_vmm_release(call_context& cx) {
     std::lock_guard lock(cx.sess.mu);
     if (auto freed = cx.sess.vmm.release(cx.arg(0))) vmm_freed(cx.sess, *freed);
     cx.sess.handles.erase(cx.arg(0));
+    // Its shareable handles open no more (sessions that imported it keep what they imported).
+    if (auto it = cx.sess.ipc_state.allocation_exports.find(cx.arg(0));
+        it != cx.sess.ipc_state.allocation_exports.end()) {
+        if (cx.sess.ipc())
+            for (const auto& t : it->second) cx.sess.ipc()->withdraw(t, cx.sess.id());
+        cx.sess.ipc_state.allocation_exports.erase(it);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -126,16 +136,26 @@ CUresult handle_vmm_map(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {start, size}: exactly one earlier mapping.
+// args {start, size}: whole earlier mappings, back to back (the driver unmaps several in one call; the CUDA
+// sample memMapIPCDrv does).
 CUresult handle_vmm_unmap(call_context& cx) {
     if (!cx.expect_args(2)) return cx.bad_arguments();
-    CUdeviceptr va = cx.arg(0);
+    const CUdeviceptr va = cx.arg(0);
+    const uint64_t size = cx.arg(1);
     std::lock_guard lock(cx.sess.mu);
-    auto m = cx.sess.vmm.mapping_at(va);
-    if (!m || m->size != cx.arg(1)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a mapping of this session");
-    CUresult rc = cx.drv().cuMemUnmap(va, m->size);
+    std::vector<CUdeviceptr> starts;
+    for (uint64_t done = 0; done < size;) {
+        auto m = cx.sess.vmm.mapping_at(va + done);
+        if (!m || m->size > size - done)
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "not whole mappings of this session");
+        starts.push_back(va + done);
+        done += m->size;
+    }
+    if (starts.empty()) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not whole mappings of this session");
+    CUresult rc = cx.drv().cuMemUnmap(va, size);
     if (rc != CUDA_SUCCESS) return rc;
-    if (auto freed = cx.sess.vmm.erase_mapping(va)) vmm_freed(cx.sess, *freed);
+    for (CUdeviceptr p : starts)
+        if (auto freed = cx.sess.vmm.erase_mapping(p)) vmm_freed(cx.sess, *freed);
     return CUDA_SUCCESS;
 }
 

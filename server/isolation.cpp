@@ -14,7 +14,9 @@
 //
 // Messages on the socket pair (one datagram each, host byte order; both ends are the same binary):
 //   session:    u32 1, u64 id, u64 memory quota, u32 key length, key, u32 lease id length, lease id,
-//               u32 GPU count, u64 GPU index...
+//               u32 GPU count, u64 GPU index..., u32 tenant length, tenant, u64 the server's IPC instance id
+// and from the worker, IPC requests (server/ipc.cpp: deposit, withdraw, fetch), which a thread of the parent
+// serves per worker from its registry, for that worker's session and tenant.
 //   connection: u32 2, u32 peer length, peer description, u32 HELLO length, HELLO frame bytes; the
 //               connection's descriptor rides along (SCM_RIGHTS).
 #include <fcntl.h>
@@ -32,6 +34,8 @@
 #include "common/log.hpp"
 #include "common/random.hpp"
 #include "common/wire.hpp"
+#include "server/control_messages.hpp"
+#include "server/ipc.hpp"
 #include "server/server.hpp"
 
 extern char** environ;
@@ -41,106 +45,6 @@ namespace vcuda::server {
 namespace {
 
 constexpr uint32_t msg_session = 1, msg_connection = 2;
-
-struct writer {
-    std::vector<std::byte> bytes;
-    void u32(uint32_t v) { raw(&v, sizeof v); }
-    void u64(uint64_t v) { raw(&v, sizeof v); }
-    void str(std::string_view s) {
-        u32(static_cast<uint32_t>(s.size()));
-        raw(s.data(), s.size());
-    }
-    void raw(const void* p, size_t n) {
-        auto* b = static_cast<const std::byte*>(p);
-        bytes.insert(bytes.end(), b, b + n);
-    }
-};
-
-struct reader {
-    std::span<const std::byte> bytes;
-    bool ok = true;
-    void raw(void* p, size_t n) {
-        if (!ok || bytes.size() < n) {
-            ok = false;
-            return;
-        }
-        std::memcpy(p, bytes.data(), n);
-        bytes = bytes.subspan(n);
-    }
-    uint32_t u32() {
-        uint32_t v = 0;
-        raw(&v, sizeof v);
-        return v;
-    }
-    uint64_t u64() {
-        uint64_t v = 0;
-        raw(&v, sizeof v);
-        return v;
-    }
-    std::string str() {
-        uint32_t n = u32();
-        if (!ok || bytes.size() < n) {
-            ok = false;
-            return {};
-        }
-        std::string s(reinterpret_cast<const char*>(bytes.data()), n);
-        bytes = bytes.subspan(n);
-        return s;
-    }
-};
-
-// One datagram, with `fd` (>= 0) passed along. False when the peer is gone.
-bool send_message(int sock, const std::vector<std::byte>& m, int fd) {
-    iovec iov{const_cast<std::byte*>(m.data()), m.size()};
-    msghdr h{};
-    h.msg_iov = &iov;
-    h.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    if (fd >= 0) {
-        h.msg_control = control;
-        h.msg_controllen = sizeof control;
-        cmsghdr* c = CMSG_FIRSTHDR(&h);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    }
-    ssize_t n;
-    do n = ::sendmsg(sock, &h, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    return n == static_cast<ssize_t>(m.size());
-}
-
-// One datagram into `m`, its descriptor (or -1) into `fd`. 0: the peer closed; -1: an error.
-int receive_message(int sock, std::vector<std::byte>& m, int& fd) {
-    m.resize(max_hello_bytes + frame_header_size + 4096);
-    iovec iov{m.data(), m.size()};
-    msghdr h{};
-    h.msg_iov = &iov;
-    h.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    h.msg_control = control;
-    h.msg_controllen = sizeof control;
-    ssize_t n;
-    do n = ::recvmsg(sock, &h, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
-    fd = -1;
-    if (n <= 0) return n == 0 ? 0 : -1;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t k = 0; k < count; ++k) {
-            int got;
-            std::memcpy(&got, CMSG_DATA(c) + k * sizeof(int), sizeof got);
-            if (fd < 0)
-                fd = got;
-            else
-                ::close(got);
-        }
-    }
-    m.resize(static_cast<size_t>(n));
-    return 1;
-}
 
 std::string describe_status(int status) {
     if (WIFEXITED(status)) return "exited (status " + std::to_string(WEXITSTATUS(status)) + ")";
@@ -231,7 +135,7 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
         w->pid = pid;
         workers_[w->id] = w;
         if (!grant.lease_id.empty()) lease_sessions_[{grant.lease_id, grant.gpus.front()}] = w->id;
-        writer m;
+        message_writer m;
         m.u32(msg_session);
         m.u64(w->id);
         m.u64(grant.memory_quota);
@@ -239,8 +143,11 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
         m.str(grant.lease_id);
         m.u32(static_cast<uint32_t>(grant.gpus.size()));
         for (size_t g : grant.gpus) m.u64(g);
+        m.str(grant.tenant);
+        m.u64(opts_.ipc ? opts_.ipc->instance() : 0);
         send_message(w->control, m.bytes, -1);  // a worker that is gone already is reaped below
         std::thread([this, w] { reap(w); }).detach();
+        std::thread([this, w] { serve_worker(w); }).detach();
         VCUDA_LOG_INFO("session {} opened by {} (host {}): worker pid {}", w->id, w->peer,
                        h->client_host() ? h->client_host()->str() : "?", pid);
     } else {
@@ -260,7 +167,7 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
             return;
         }
     }
-    writer m;
+    message_writer m;
     m.u32(msg_connection);
     m.str(peer);
     auto bytes = frame_bytes(hello);
@@ -297,6 +204,20 @@ void server::reap(const std::shared_ptr<worker>& w) {
             "session {}: worker pid {} {}: that session ({}) has ended and its connections are closed; other "
             "sessions are not affected",
             w->id, w->pid, how, w->peer);
+}
+
+void server::serve_worker(const std::shared_ptr<worker>& w) {
+    std::vector<std::byte> m;
+    std::vector<int> fds;
+    while (receive_message(w->control, m, fds) == 1) {
+        if (!opts_.ipc_exports || !serve_ipc_request(*opts_.ipc_exports, w->id, w->grant.tenant, m, fds)) {
+            VCUDA_LOG_WARN("session {}: an unknown message from its worker pid {} was ignored", w->id,
+                           w->pid);
+            for (int fd : fds) ::close(fd);
+        }
+    }
+    // The worker has ended (or closed its end): what its session exported goes with it.
+    if (opts_.ipc_exports) opts_.ipc_exports->drop_owner(w->id);
 }
 
 std::vector<server::worker_session> server::worker_sessions() {
@@ -354,8 +275,8 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         return 1;
     }
     if (fd >= 0) ::close(fd);
-    reader r{m};
-    uint64_t id = 0;
+    message_reader r{m};
+    uint64_t id = 0, instance = 0;
     std::string key;
     session_grant grant;
     if (r.u32() == msg_session) {
@@ -366,6 +287,8 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         uint32_t n = r.u32();
         for (uint32_t i = 0; i < n && r.ok && i < 1024; ++i)
             grant.gpus.push_back(static_cast<size_t>(r.u64()));
+        grant.tenant = r.str();
+        instance = r.u64();
     } else {
         r.ok = false;
     }
@@ -374,6 +297,9 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         return 1;
     }
     opts.isolate = true;  // HELLOs without a session id are the adopted session's
+    // IPC handles go through the parent, which holds every session's exports.
+    opts.ipc = make_worker_broker(instance, control_fd);
+    opts.ipc_exports.reset();
     server srv(drv, opts);
     srv.adopt_id_key_.emplace(id, std::move(key));
     srv.adopt_grant_ = grant;
@@ -408,7 +334,7 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
                 [](session& s) { s.end("the vcuda-server process it belonged to ended"); });
             continue;
         }
-        reader c{m};
+        message_reader c{m};
         std::string peer;
         uint32_t len = 0;
         bool ok = c.u32() == msg_connection;

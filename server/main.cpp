@@ -17,6 +17,7 @@
 #include "common/crash_report.hpp"
 #include "common/log.hpp"
 #include "common/metrics_http.hpp"
+#include "common/random.hpp"
 #include "common/tls.hpp"
 #include "mgmt/token.hpp"
 #include "mgmt/wire/server_agent.hpp"
@@ -385,6 +386,10 @@ int main(int argc, char** argv) {
     opts.move_memory = move_memory == "copy"      ? vcuda::server::server_options::move_memory_mode::copy
                        : move_memory == "precopy" ? vcuda::server::server_options::move_memory_mode::precopy
                                                   : vcuda::server::server_options::move_memory_mode::share;
+    // IPC between this server's sessions: one registry, and an id in every handle so that a handle of another
+    // server is recognised as such (a worker gets the id with its session and asks this process).
+    opts.ipc_exports = std::make_shared<vcuda::server::ipc_registry>();
+    opts.ipc = vcuda::server::make_local_broker(vcuda::os_random_u64(), opts.ipc_exports);
     if (max_sessions > 0) opts.max_sessions = static_cast<uint32_t>(max_sessions);
     if (max_connections > 0) opts.max_connections = static_cast<uint32_t>(max_connections);
     if (!allow_uid_text.empty()) {

@@ -361,6 +361,7 @@ bool server::authorize(const wire::Hello& h, session_grant& grant, std::string& 
             return false;
         }
         grant.memory_quota = claims->memory_quota;
+        grant.tenant = "token:" + mgmt::token_fingerprint(token);
         return true;
     }
     for (size_t i = 0; i < drv_.gpus().size(); ++i) {
@@ -368,6 +369,7 @@ bool server::authorize(const wire::Hello& h, session_grant& grant, std::string& 
             grant.gpus = {i};
             grant.memory_quota = claims->memory_quota;
             grant.lease_id = claims->lease_id;
+            grant.tenant = claims->tenant.empty() ? "lease:" + claims->lease_id : "tenant:" + claims->tenant;
             return true;
         }
     }
@@ -408,7 +410,16 @@ bool refuse_session(frame_stream& fs, const std::string& peer, const std::string
 bool server::authorize(const wire::Hello& h, session_grant& grant, frame_stream& fs,
                        const std::string& peer) {
     std::string refusal;
-    return authorize(h, grant, refusal) || refuse_session(fs, peer, refusal);
+    if (!authorize(h, grant, refusal)) return refuse_session(fs, peer, refusal);
+    if (grant.tenant.empty()) {  // no credential: the local peer's user, else nobody in particular
+        ucred cred{};
+        socklen_t len = sizeof cred;
+        grant.tenant = fs.raw().is_local() && ::getsockopt(fs.raw().native_handle(), SOL_SOCKET, SO_PEERCRED,
+                                                           &cred, &len) == 0
+                           ? "uid:" + std::to_string(cred.uid)
+                           : "anonymous";
+    }
+    return true;
 }
 
 bool server::admit(const session_grant& grant, size_t open, frame_stream& fs, const std::string& peer) {

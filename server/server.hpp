@@ -86,6 +86,8 @@ class server {
     // told why, when it was made already).
     std::shared_ptr<session> adopt_session(const wire::Hello& h, const std::string& peer);
     void reap(const std::shared_ptr<worker>& w);
+    // Serves the IPC requests of worker `w` until it ends (server/ipc.hpp).
+    void serve_worker(const std::shared_ptr<worker>& w);
     // `over_limit`: this connection is past --max-connections: it is only told so, and closed. `tls`: the
     // listener's, when it speaks TLS: the handshake comes first, on this connection's thread.
     void run_connection(stream s, bool over_limit, const tls_context* tls);

@@ -6,6 +6,7 @@
 #include <tuple>
 #include "common/log.hpp"
 #include "common/random.hpp"
+#include "server/handlers_ipc.hpp"
 #include "server/session_image.hpp"
 
 namespace vcuda::server {
@@ -18,6 +19,7 @@ session::session(uint64_t id, std::string key, driver& drv, const server_options
       opts_(opts),
       peer_(std::move(peer)),
       lease_id_(grant.lease_id),
+      tenant_(grant.tenant),
       bulk_(std::make_unique<bulk_hub>(drv.api(), id)) {
     for (size_t i = 0; i < drv.gpus().size(); ++i) {
         auto& g = drv.gpus()[i];
@@ -29,6 +31,18 @@ session::session(uint64_t id, std::string key, driver& drv, const server_options
         uint64_t q = want ? std::min<uint64_t>(want, g.total_memory) : g.total_memory;
         s.memory = std::make_unique<device_memory>(drv.api(), g.device, q, opts.window.get());
         devices_.push_back(std::move(s));
+    }
+    // Memory on one GPU is reachable from the session's GPUs that are its peers, as cuMemAlloc's is once peer
+    // access is enabled (and by peer copies): the mappings are made accessible to them.
+    auto& d = drv.api();
+    for (auto& s : devices_) {
+        if (!s.allowed || !d.cuDeviceCanAccessPeer) continue;
+        std::vector<CUdevice> peers;
+        for (auto& o : devices_)
+            if (int can = 0; o.allowed && o.device != s.device &&
+                             d.cuDeviceCanAccessPeer(&can, o.device, s.device) == CUDA_SUCCESS && can)
+                peers.push_back(o.device);
+        s.memory->set_peers(std::move(peers));
     }
 }
 
@@ -93,7 +107,7 @@ bool session::owns_range(CUdeviceptr p, size_t n) {
         --a;
         if (p - a->first < a->second.size && n <= a->second.size - (p - a->first)) return true;
     }
-    return globals.holds(p, n);
+    return globals.holds(p, n) || ipc_state.holding(p, n) != nullptr;
 }
 
 void session::synchronize_any_context() {
@@ -119,7 +133,8 @@ void session::release_vmm() {
         if (e.kind != handle_kind::mem_handle) return;
         d.cuMemRelease(reinterpret_cast<CUmemGenericAllocationHandle>(e.raw));
     });
-    for (auto& [id, a] : vmm.allocations_) devices_[a.device].memory->credit(a.size);
+    for (auto& [id, a] : vmm.allocations_)
+        if (!a.foreign) devices_[a.device].memory->credit(a.size);
     vmm.allocations_.clear();
 }
 
@@ -149,6 +164,8 @@ void session::release_device(size_t device) {
         s.memory->credit(r.kept);
         r.kept = 0;
     }
+    // IPC: exports of the device's objects withdrawn, opened memory unmapped, shared events left.
+    release_ipc(*this, device);
     // Dependents first: events and streams, then functions/kernels (owned), then modules and libraries.
     std::vector<std::pair<uint64_t, handle_entry>> doomed;
     handles.for_each([&](uint64_t id, handle_entry& e) {
@@ -397,6 +414,8 @@ void session::release_all() {
     for (size_t i = 0; i < devices_.size(); ++i) release_device(i);
     std::lock_guard lock(mu);
     images.clear();
+    if (opts_.ipc) opts_.ipc->drop_owner(id_);  // what is left of its exports (physical allocations)
+    ipc_state = ipc_tables{};
 }
 
 std::shared_ptr<session> session_registry::create(driver& drv, const server_options& opts,

@@ -27,6 +27,7 @@
 #include "server/driver.hpp"
 #include "server/handle_table.hpp"
 #include "server/host_window.hpp"
+#include "server/ipc.hpp"
 #include "server/jit.hpp"
 #include "server/precopy.hpp"
 #include "server/session_tables.hpp"
@@ -62,6 +63,11 @@ struct server_options {
     std::shared_ptr<address_window> window;
     // The same for the pinned host pages shared with local clients (server/host_window.hpp).
     std::shared_ptr<host_window> host_addresses;
+    // IPC between sessions (server/ipc.hpp): the registry of this process (--isolation thread), or the
+    // parent's through the control socket (a worker). Null: IPC is not served.
+    std::shared_ptr<ipc_broker> ipc;
+    // --isolation process, in the parent: the registry its workers' brokers ask (server/isolation.cpp).
+    std::shared_ptr<ipc_registry> ipc_exports;
     // --move-memory: how a moving session's device memory goes (server/session_transfer.cpp). share: to a
     // server on this host on the same GPU the physical memory itself, else pre-copied; precopy: always
     // pre-copied (copied while the application runs, then what changed); copy: copied while it is paused.
@@ -112,6 +118,11 @@ struct session_grant {
     std::vector<size_t> gpus;   // empty = all
     uint64_t memory_quota = 0;  // 0 = the server's default
     std::string lease_id;
+    // Who opened it (server::authorize): sessions of one tenant may open each other's IPC handles
+    // (server/ipc.hpp). "tenant:NAME" (a lease token of the manager's), "lease:ID" (one from before tenants
+    // were in tokens), "token:DIGEST" (a shared token of `vcuda token create`), "uid:N" (a Unix socket's peer
+    // without a secret), "anonymous" (loopback TCP without a secret).
+    std::string tenant;
 };
 
 class session : public std::enable_shared_from_this<session> {
@@ -131,6 +142,8 @@ class session : public std::enable_shared_from_this<session> {
     // True when this session may use the server's GPU `device`.
     bool allowed(size_t device) const { return device < devices_.size() && devices_[device].allowed; }
     const std::string& lease_id() const { return lease_id_; }
+    const std::string& tenant() const { return tenant_; }
+    ipc_broker* ipc() const { return opts_.ipc.get(); }
 
     // The session's context on `device`, created on first use. Null with `rc` set if creation failed.
     CUcontext context(size_t device, CUresult& rc);
@@ -170,6 +183,8 @@ class session : public std::enable_shared_from_this<session> {
     pool_allocations pools;  // under mu
     // CUDA arrays, texture and surface objects (server/handlers_array.cpp).
     array_tables arrays;  // under mu
+    // IPC between sessions: what this one exported and opened (server/handlers_ipc.cpp).
+    ipc_tables ipc_state;  // under mu
     void release_vmm();
 
     // Ends the session's use of `device` (context reset) or of everything (session end).
@@ -322,6 +337,7 @@ class session : public std::enable_shared_from_this<session> {
     server_options opts_;
     std::string peer_;
     std::string lease_id_;
+    std::string tenant_;
     std::vector<device_slot> devices_;
     std::unique_ptr<bulk_hub> bulk_;
     std::mutex lanes_mu_;

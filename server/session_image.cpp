@@ -198,6 +198,7 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
     if (!vmm.reserved_.empty() || !vmm.mapped_.empty()) blocker = "reservations of the VMM API";
     if (!pools.allocations_.empty()) blocker = "stream-ordered allocations";
     if (!arrays.objects.empty()) blocker = "texture or surface objects";
+    if (!ipc_state.empty()) blocker = "memory or events shared with other sessions (IPC)";
     if (!blocker.empty()) {
         why = "the session holds " + blocker + ", which suspend does not rebuild yet";
         return CUDA_ERROR_NOT_SUPPORTED;

@@ -2,7 +2,7 @@
 // module globals and the image cache (server/handlers_module.cpp), stream-ordered allocations
 // (handlers_pool.cpp, and cuMemFree in handlers_memory.cpp), pinned host regions shared with a client on this
 // host (handlers_host.cpp), the virtual memory management API's reservations, mappings and physical
-// allocations (handlers_vmm.cpp), and link states' options (handlers_link.cpp). The
+// allocations (handlers_vmm.cpp), link states' options (handlers_link.cpp) and IPC (handlers_ipc.cpp). The
 // session (a friend) reads them whole for owns_range and releases what they hold at a device reset and at its
 // end (server/session.cpp). locks: none inside; every call is made with the session's `mu` held.
 #pragma once
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "driver_table.hpp"
+#include "server/ipc.hpp"
 #include "server/jit.hpp"
 
 namespace vcuda::server {
@@ -271,6 +272,7 @@ class vmm_tables {
         size_t device = 0;      // charged to this device's quota
         int maps = 0;           // mappings that use it
         bool released = false;  // cuMemRelease'd while mapped: the driver frees it at the last unmap
+        bool foreign = false;   // imported from another session's shareable handle: charged there, not here
     };
     struct mapping {
         size_t size = 0;
@@ -298,7 +300,14 @@ class vmm_tables {
         return m != mapped_.end() && m->first < va + size;
     }
 
-    void add_allocation(uint64_t id, size_t size, size_t device) { allocations_[id] = {size, device, 0}; }
+    void add_allocation(uint64_t id, size_t size, size_t device, bool foreign = false) {
+        allocations_[id] = {size, device, 0, false, foreign};
+    }
+    std::optional<allocation> allocation_of(uint64_t id) const {
+        auto it = allocations_.find(id);
+        if (it == allocations_.end()) return std::nullopt;
+        return it->second;
+    }
     // cuMemRelease of `id`: the allocation, when its memory goes now (no mapping uses it) and it is
     // forgotten; otherwise it is marked released and goes at its last unmap.
     std::optional<allocation> release(uint64_t id) {
@@ -409,6 +418,61 @@ class link_states {
 
   private:
     std::map<uint64_t, std::unique_ptr<jit_request>> links_;
+};
+
+// An IPC event shared by sessions of this process (--isolation thread: the driver cannot open an IPC event
+// handle in the process that made it). Each session taking part has an event of its own in its context (a
+// member); recording one makes it the shared event's latest, and waits, queries and synchronizations of any
+// member use the latest, as every process's copy of an IPC event does natively. locks: `mu` guards `latest`;
+// a member's event is used outside it (a copy of the pointer keeps the member alive meanwhile).
+struct shared_event;
+struct event_member {
+    CUevent event = nullptr;  // the member session's own (its handle table owns it)
+    std::shared_ptr<shared_event> shared;
+};
+struct shared_event {
+    std::mutex mu;
+    std::shared_ptr<event_member>
+        latest;  // null: nothing recorded, or its recorder left after its work ended
+};
+
+// IPC between sessions (server/handlers_ipc.cpp, server/ipc.hpp): what this session exported, withdrawn when
+// the exported object goes, and the memory and events it opened.
+class ipc_tables {
+  public:
+    // Memory it opened: another session's physical memory mapped here, by the mapping's start.
+    struct opened {
+        size_t size = 0;  // of the mapping
+        CUmemGenericAllocationHandle handle = 0;
+        size_t offset = 0, bytes = 0;  // the exporter's allocation inside it
+        size_t device = 0;
+        ipc_token token{};
+        unsigned refs =
+            1;  // opened this many times (cuIpcOpenMemHandle of an open handle gives the same address)
+    };
+
+    std::map<CUdeviceptr, ipc_token> memory_exports;                // allocation start -> token
+    std::map<uint64_t, std::vector<ipc_token>> allocation_exports;  // mem_handle id -> tokens
+    std::map<uint64_t, ipc_token> event_exports;                    // event id -> token
+    std::map<CUdeviceptr, opened> opened_memory;
+    std::map<uint64_t, std::shared_ptr<event_member>> shared_events;  // event id -> membership (thread mode)
+
+    // The opened memory whose allocation holds [p, p+n).
+    const opened* holding(CUdeviceptr p, size_t n) const {
+        for (const auto& [va, o] : opened_memory)
+            if (range_inside(p, n, va + o.offset, o.bytes)) return &o;
+        return nullptr;
+    }
+    // The opened memory whose allocation starts at p (the address cuIpcOpenMemHandle gave), by mapping start.
+    std::map<CUdeviceptr, opened>::iterator opened_at(CUdeviceptr p) {
+        for (auto it = opened_memory.begin(); it != opened_memory.end(); ++it)
+            if (it->first + it->second.offset == p) return it;
+        return opened_memory.end();
+    }
+    bool empty() const {
+        return memory_exports.empty() && allocation_exports.empty() && event_exports.empty() &&
+               opened_memory.empty() && shared_events.empty();
+    }
 };
 
 // Events recorded before a suspend are made again and recorded at the resume; what they measured is kept as

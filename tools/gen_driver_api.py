@@ -261,6 +261,7 @@ def emit_client(out, fns, protos, symbols):
             '#include "client/trace.hpp"',
             '#include "ops.hpp"',
             '',
+            'using vcuda::client::ipc_shared;',
             'using vcuda::client::plain_call;',
             'using vcuda::handle_kind;',
             '',
@@ -319,7 +320,14 @@ def client_plain(name, spec, params):
             lines.append(f'    c.arg({pname});')
         elif role in ('in_handle', 'destroy_handle'):
             lines.append(f'    c.handle({pname}, handle_kind::{kind});')
-    if spec['class'] == 'async':
+    if spec['class'] == 'async' and 'shared_sync' in spec['annot']:
+        # Queued, unless the handle is shared with other processes (IPC): then the call has run on the server
+        # when it returns, so that another process the application tells next sees its effect.
+        shared = spec['annot']['shared_sync']
+        if shared not in [pname for role, typ, pname, kind in roles if role == 'in_handle']:
+            die(f'{name}: shared_sync={shared} must name a handle parameter')
+        send = (f'ipc_shared(reinterpret_cast<uint64_t>({shared})) ? c.send_sync() : c.send_async()')
+    elif spec['class'] == 'async':
         send = 'send_async()'
     elif 'cached' in spec['annot']:
         send = 'send_cached()'
@@ -332,7 +340,8 @@ def client_plain(name, spec, params):
         send = f'send_uncaching({sent.index(value)})'
     else:
         send = 'send_sync()'
-    lines.append(f'    if (CUresult rc = c.{send}; rc != CUDA_SUCCESS) return rc;')
+    call = send if send.startswith('ipc_shared') else f'c.{send}'
+    lines.append(f'    if (CUresult rc = {call}; rc != CUDA_SUCCESS) return rc;')
     i = 0
     for role, typ, pname, kind in roles:
         if role == 'out_scalar':

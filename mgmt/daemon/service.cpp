@@ -199,11 +199,14 @@ void service::sign_move_tokens(std::vector<active_lease>& leases, time_ms now) c
     // is alive (the pending move), and refuses the tokens of leases that were alive and are no longer.
     const int64_t until = std::max(to_unix_ms(now + move_token_life), int64_t{0});
     for (auto& a : leases)
-        if (!a.move_to_uuid.empty())
+        if (!a.move_to_uuid.empty()) {
+            auto l = state_.leases().find(a.lease_id);
             a.move_token =
                 sign_token(cfg_.secret, {a.lease_id, a.move_to_uuid, a.memory_quota,
                                          std::chrono::system_clock::time_point(
-                                             std::chrono::milliseconds(std::max(a.expires_at, until)))});
+                                             std::chrono::milliseconds(std::max(a.expires_at, until))),
+                                         l != state_.leases().end() ? l->second.tenant : std::string()});
+        }
 }
 
 std::string service::grant_json(const lease_record& l) {
@@ -223,9 +226,9 @@ std::string service::grant_json(const lease_record& l) {
             dg.server_endpoints = s->endpoints;
             dg.host = s->host;
         }
-        dg.token =
-            sign_token(cfg_.secret, {l.id, d.uuid, d.memory_quota,
-                                     std::chrono::system_clock::time_point(l.expires_at.time_since_epoch())});
+        dg.token = sign_token(
+            cfg_.secret, {l.id, d.uuid, d.memory_quota,
+                          std::chrono::system_clock::time_point(l.expires_at.time_since_epoch()), l.tenant});
         g.devices.push_back(std::move(dg));
     }
     return encode(g);

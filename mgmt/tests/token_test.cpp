@@ -29,6 +29,26 @@ TEST_CASE("a signed token verifies and carries its claims", "[unit][mgmt][token]
     CHECK(c->expires_at == now + 30s);
 }
 
+TEST_CASE("a lease token carries its tenant; one without a tenant still verifies", "[unit][mgmt][token]") {
+    auto now = sys_clock::now();
+    token_claims with = claims(now + 30s);
+    with.tenant = "alice";
+    auto c = verify_token(secret, sign_token(secret, with), now);
+    REQUIRE(c);
+    CHECK(c->tenant == "alice");
+    CHECK(c->lease_id == "lease-1");
+    auto old = verify_token(secret, sign_token(secret, claims(now + 30s)), now);  // the four claims of before
+    REQUIRE(old);
+    CHECK(old->tenant.empty());
+    // The tenant is signed: a token of bob's cannot be made from alice's.
+    token_claims bob = with;
+    bob.tenant = "bob";
+    auto a = sign_token(secret, with), b = sign_token(secret, bob);
+    CHECK_FALSE(verify_token(secret, b.substr(0, b.rfind('.')) + a.substr(a.rfind('.')), now));
+    CHECK(token_fingerprint(a) != token_fingerprint(b));
+    CHECK(token_fingerprint(a).size() == 32);
+}
+
 TEST_CASE("forged, altered and expired tokens are refused", "[unit][mgmt][token]") {
     auto now = sys_clock::now();
     auto t = sign_token(secret, claims(now + 30s));

@@ -1,8 +1,8 @@
 # shellcheck shell=bash
 # Sourced on the GPU machine (no CUDA toolkit needed): finds the directories of the NVIDIA libraries that the
-# library test programs (tests/programs: cublas_gemm, cudnn_conv, nccl_allreduce) load — cuBLAS, cuDNN 9 and
-# its sub-libraries, NCCL, NVRTC (cuDNN's runtime-compiled engines) — and exports them, colon-joined, as
-# VCUDA_GPU_LIB_PATH. Prints one line: `info: VCUDA_GPU_LIB_PATH=... [missing: ...]`.
+# library test programs (tests/programs: cublas_gemm, cudnn_conv, nccl_allreduce, cusparse_ilu) load — cuBLAS,
+# cuDNN 9 and its sub-libraries, NCCL, NVRTC (cuDNN's runtime-compiled engines), cuSPARSE with nvJitLink — and
+# exports them, colon-joined, as VCUDA_GPU_LIB_PATH. Prints one line: `info: VCUDA_GPU_LIB_PATH=... [missing: ...]`.
 #
 #   . tests/gpu/find_libs.sh && LD_LIBRARY_PATH="$VCUDA_GPU_LIB_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" prog
 #
@@ -19,6 +19,7 @@ vcuda_find_libs() {
         libcudnn_heuristic.so.9 libcudnn_engines_precompiled.so.9 libcudnn_engines_runtime_compiled.so.9
         libnccl.so.2
         libnvrtc.so.13
+        libcusparse.so.12 libnvJitLink.so.13
     )
     local py roots=() root lib dir hit
     local -A where=()

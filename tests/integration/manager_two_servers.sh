@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI integration test of the manager path on the software driver: one vcuda-mgmt, two vcuda-servers attached
 # to it, and clients that lease GPUs instead of naming a server.
-#   1. a client asking for 2 GPUs gets one on each server and runs a program that uses devices 0 and 1;
+#   1. a client asking for 2 GPUs gets one on each server and runs a program that uses devices 0 and 1; a peer
+#      copy between them is refused with the reason;
 #   2. a client with a forged token, or none, is refused by the server;
 #   3. `vcuda gpus` and `vcuda leases` show the inventory, and the lease is gone when the client is;
 #   4. an operator releases a running client's lease; a client without a credential gets no lease, another
@@ -47,6 +48,16 @@ echo "$out" | grep -q "devices: 2" || fail "the client did not get 2 devices"
 echo "$out" | grep -q "PASS two_devices" || fail "two_devices did not pass"
 grep -q "session .* opened" "$tmp/server-a.log" || fail "server a served no session"
 grep -q "session .* opened" "$tmp/server-b.log" || fail "server b served no session"
+# Devices of two servers are not peers: a peer copy between them is refused with the reason, logged by name.
+out=$("$build/bin/vcuda" run --manager "unix:$tmp/m.sock" --gpus 2 --memory 256M --credential "$tmp/alice.cred" -- \
+      env VCUDA_LOG_FILE="$tmp/peer-client.log" "$build/tests/programs/peer_copies" refusal-ok 2>&1) ||
+  fail "peer_copies through a lease: $out"
+echo "$out"
+echo "$out" | grep -q "device 0 CANNOT access device 1" || fail "devices of two servers were reported peers"
+echo "$out" | grep -q "devices 0 -> 1: peer copy refused: cudaErrorPeerAccessUnsupported" ||
+  fail "a peer copy across servers was not refused"
+grep -q "peer copy between devices of different vcuda servers: vcuda answers CUDA_ERROR_PEER_ACCESS_UNSUPPORTED" \
+  "$tmp/peer-client.log" || fail "the client did not log why it refused the peer copy"
 
 # 2. no token, a forged token: refused
 out=$(VCUDA_SERVER="unix:$tmp/a.sock" LD_LIBRARY_PATH="$build/lib/vcuda" "$build/tests/programs/vector_add" 2>&1) && fail "a client without a token was served"

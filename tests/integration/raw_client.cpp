@@ -133,6 +133,11 @@ raw_reply raw_client::receive_reply() {
     auto* rep = root_of<wire::Reply>(*in);
     r.result = rep->result();
     if (rep->outs()) r.outs.assign(rep->outs()->begin(), rep->outs()->end());
+    if (rep->blobs())
+        for (const auto* b : *rep->blobs()) {
+            auto* bytes = b && b->bytes() ? reinterpret_cast<const std::byte*>(b->bytes()->data()) : nullptr;
+            r.blobs.emplace_back(bytes, bytes ? bytes + b->bytes()->size() : bytes);
+        }
     if (rep->detail()) r.detail = rep->detail()->str();
     r.payload = std::move(in->payload);
     return r;

@@ -16,6 +16,7 @@ namespace vcuda::test {
 struct raw_reply {
     int result = -1;
     std::vector<uint64_t> outs;
+    std::vector<std::vector<std::byte>> blobs;
     std::vector<std::byte> payload;
     std::string detail;
     bool connection_ok = true;

@@ -1,6 +1,7 @@
 // mem_pools: stream-ordered allocation and memory pools — cudaMallocAsync/cudaFreeAsync on a stream, the
 // device's default and current pools, a pool of its own (attributes, access, trim, cudaMallocFromPoolAsync,
-// destroy), kernels and copies on pooled memory, a free of a pointer that is not an allocation.
+// destroy), kernels and copies on pooled memory, a free of a pointer that is not an allocation, a free of
+// NULL.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -105,6 +106,11 @@ int main() {
     printf("cudaFreeAsync of a host address: %s\n", cudaGetErrorName(e));
     EXPECT(e != cudaSuccess, "a host address was freed");
     cudaGetLastError();
+    // NULL is nothing to free, on a stream as with cudaFree (cuSPARSE's cusparseDestroyCsrilu02Info relies on
+    // it).
+    CHECK(cudaFreeAsync(nullptr, s));
+    CHECK(cudaStreamSynchronize(s));
+    printf("cudaFreeAsync of NULL: cudaSuccess\n");
     CHECK(cudaStreamDestroy(s));
     return pass();
 }

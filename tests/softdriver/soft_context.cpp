@@ -441,3 +441,32 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxResetPersistingL2Cache(void) {
         return require_context(s, c);
     });
 }
+
+// Peer access: from the current context to a context on another device (host memory is every device's here,
+// so it changes nothing but what these answer).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
+    return entry([&](state& s) -> CUresult {
+        context_obj* c = nullptr;
+        if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+        context_obj* p = usable_context(s, from_handle(peerContext));
+        if (p == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+        if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+        if (p->device == c->device) return CUDA_ERROR_INVALID_DEVICE;
+        if (std::find(c->peers.begin(), c->peers.end(), p->handle) != c->peers.end())
+            return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+        c->peers.push_back(p->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxDisablePeerAccess(CUcontext peerContext) {
+    return entry([&](state& s) -> CUresult {
+        context_obj* c = nullptr;
+        if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+        if (usable_context(s, from_handle(peerContext)) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+        auto it = std::find(c->peers.begin(), c->peers.end(), from_handle(peerContext));
+        if (it == c->peers.end()) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+        c->peers.erase(it);
+        return CUDA_SUCCESS;
+    });
+}

@@ -678,6 +678,44 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphKernelNodeSetParams_v2(CUgraphNode hNo
     });
 }
 
+// Kernel node attributes: kept with the node (the host kernel ignores them; cache hints change nothing here).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphKernelNodeSetAttribute(CUgraphNode hNode, CUkernelNodeAttrID attr,
+                                                                 const CUkernelNodeAttrValue* value) {
+    return entry([&](state& s) -> CUresult {
+        node_obj* n = s.find<node_obj>(hNode);
+        if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_KERNEL || value == nullptr)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult r = check_attribute(attr, *value, true); r != CUDA_SUCCESS) return r;
+        n->attrs[attr] = *value;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphKernelNodeGetAttribute(CUgraphNode hNode, CUkernelNodeAttrID attr,
+                                                                 CUkernelNodeAttrValue* value_out) {
+    return entry([&](state& s) -> CUresult {
+        node_obj* n = s.find<node_obj>(hNode);
+        if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_KERNEL || value_out == nullptr ||
+            !attribute_id_valid(attr, true))
+            return CUDA_ERROR_INVALID_VALUE;
+        auto it = n->attrs.find(attr);
+        *value_out = it != n->attrs.end() ? it->second : CUkernelNodeAttrValue{};
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphKernelNodeCopyAttributes(CUgraphNode dst, CUgraphNode src) {
+    return entry([&](state& s) -> CUresult {
+        node_obj* to = s.find<node_obj>(dst);
+        node_obj* from = s.find<node_obj>(src);
+        if (to == nullptr || from == nullptr || to->type != CU_GRAPH_NODE_TYPE_KERNEL ||
+            from->type != CU_GRAPH_NODE_TYPE_KERNEL)
+            return CUDA_ERROR_INVALID_VALUE;
+        to->attrs = from->attrs;
+        return CUDA_SUCCESS;
+    });
+}
+
 // --- Executable graphs.
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph,

@@ -504,6 +504,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, si
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     return entry([&](state& s) -> CUresult {
         if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        if (dptr == 0) return CUDA_SUCCESS;  // as the real driver: freeing NULL does nothing
         auto it = s.ranges.find(static_cast<uintptr_t>(dptr));
         if (it == s.ranges.end() || it->second.k != range_kind::device) return CUDA_ERROR_INVALID_VALUE;
         release_pooled(s, it->second);

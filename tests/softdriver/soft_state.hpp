@@ -59,6 +59,7 @@ inline constexpr int max_blocks_per_sm = 32;
 inline constexpr int regs_per_sm = 65536;
 inline constexpr int regs_per_thread = 32;
 inline constexpr int least_stream_priority = 0, greatest_stream_priority = -5;
+inline constexpr size_t max_access_policy_window = 134213632;
 
 enum class kind : uint8_t {
     context = 1,
@@ -98,6 +99,7 @@ struct context_obj : object {
     unsigned api_version = 3020;
     CUfunc_cache cache_config = CU_FUNC_CACHE_PREFER_NONE;
     std::array<size_t, CU_LIMIT_MAX> limits{};
+    std::vector<uint64_t> peers;  // contexts it has peer access to (cuCtxEnablePeerAccess)
 };
 
 struct stream_obj : object {
@@ -108,6 +110,7 @@ struct stream_obj : object {
     int priority = 0;
     uint64_t id = 0;
     uint64_t capture = 0;  // the capture sequence it records into (0: none; stale once that capture ended)
+    std::map<int, CUlaunchAttributeValue> attrs;  // cuStreamSetAttribute (priority lives in `priority`)
 };
 
 // A memory pool (cuMemPoolCreate, or a device's default pool): stream-ordered allocations come from it and
@@ -381,6 +384,7 @@ struct node_obj : object {
     std::vector<CUgraphEdgeData> edges;  // one per dependency
     work run;                            // what it does (nothing for empty and child graph nodes)
     uint64_t child = 0;  // child graph nodes: the graph cloned into the node, destroyed with it
+    std::map<int, CUlaunchAttributeValue> attrs;  // kernel nodes: cuGraphKernelNodeSetAttribute
 };
 
 // One node of an executable graph: its own copy of the node's work, which updates replace.
@@ -431,6 +435,10 @@ CUresult check_not_capturing(state& s, CUstream stream);
 // capture mode (cuThreadExchangeStreamCaptureMode) with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
 CUresult check_unsafe_call(state& s);
 CUstreamCaptureMode thread_capture_mode();  // soft_stream.cpp
+// A stream (`node` false) or kernel node attribute value as the real driver checks it: an id valid for that
+// object, a policy window no larger than the device allows, known enum values (soft_stream.cpp).
+CUresult check_attribute(CUlaunchAttributeID id, const CUlaunchAttributeValue& v, bool node);
+bool attribute_id_valid(CUlaunchAttributeID id, bool node);
 // Forgets the captures of context `ctx` and the graphs they made (context destroyed or reset).
 void end_captures_of(state& s, uint64_t ctx);
 // The work of one node of each kind, checked as the stream operation is (soft_module.cpp, soft_copy.cpp).

@@ -4,7 +4,11 @@
 // are valid wherever a stream is taken (they need a current context). Host functions and stream callbacks run
 // at once, with the driver's lock released. Capture status queries are here; the capture itself is
 // soft_graph.cpp.
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <type_traits>
 
 #include "soft_state.hpp"
@@ -446,4 +450,139 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWaitValue32_v2(CUstream stream, CUdev
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value,
                                                           unsigned int flags) {
     return stream_wait<cuuint64_t>(stream, addr, value, flags);
+}
+
+// --- Stream attributes (kernel node ones are soft_graph.cpp's).
+
+namespace vcuda::soft {
+bool attribute_id_valid(CUlaunchAttributeID id, bool node) {
+    switch (id) {
+        case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
+        case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+        case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+        case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+            return true;
+        case CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY:
+            return !node;
+        case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+        case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+        case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+        case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION:
+            return node;
+        default:
+            return false;
+    }
+}
+
+CUresult check_attribute(CUlaunchAttributeID id, const CUlaunchAttributeValue& v, bool node) {
+    if (!attribute_id_valid(id, node)) return CUDA_ERROR_INVALID_VALUE;
+    bool ok = true;
+    if (id == CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW) {
+        const auto& w = v.accessPolicyWindow;
+        ok = w.num_bytes <= max_access_policy_window && w.hitRatio >= 0.0f && w.hitRatio <= 1.0f &&
+             w.hitProp <= CU_ACCESS_PROPERTY_PERSISTING && w.missProp <= CU_ACCESS_PROPERTY_STREAMING;
+    } else if (id == CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY) {
+        ok = v.syncPolicy >= CU_SYNC_POLICY_AUTO && v.syncPolicy <= CU_SYNC_POLICY_BLOCKING_SYNC;
+    } else if (id == CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN) {
+        ok = v.memSyncDomain <= CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE;
+    }
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+}  // namespace vcuda::soft
+
+namespace {
+// The stream behind `h` (the legacy and per-thread streams keep no attributes: nullptr with success).
+CUresult attribute_stream(state& s, CUstream h, stream_obj*& out) {
+    out = nullptr;
+    if (CUresult r = check_stream(s, h); r != CUDA_SUCCESS) return r;
+    if (!special_stream(h)) out = s.find<stream_obj>(h);
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamSetAttribute(CUstream hStream, CUstreamAttrID attr,
+                                                        const CUstreamAttrValue* value) {
+    return entry([&](state& s) -> CUresult {
+        if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        stream_obj* st = nullptr;
+        if (CUresult r = attribute_stream(s, hStream, st); r != CUDA_SUCCESS) return r;
+        if (CUresult r = check_attribute(attr, *value, false); r != CUDA_SUCCESS) return r;
+        if (st == nullptr) return CUDA_SUCCESS;
+        if (attr == CU_LAUNCH_ATTRIBUTE_PRIORITY)
+            st->priority = std::clamp(value->priority, greatest_stream_priority, least_stream_priority);
+        else
+            st->attrs[attr] = *value;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamGetAttribute(CUstream hStream, CUstreamAttrID attr,
+                                                        CUstreamAttrValue* value_out) {
+    return entry([&](state& s) -> CUresult {
+        if (value_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        stream_obj* st = nullptr;
+        if (CUresult r = attribute_stream(s, hStream, st); r != CUDA_SUCCESS) return r;
+        if (!attribute_id_valid(attr, false)) return CUDA_ERROR_INVALID_VALUE;
+        CUstreamAttrValue v{};
+        if (attr == CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY) v.syncPolicy = CU_SYNC_POLICY_AUTO;
+        if (st != nullptr && attr == CU_LAUNCH_ATTRIBUTE_PRIORITY) v.priority = st->priority;
+        if (st != nullptr)
+            if (auto it = st->attrs.find(attr); it != st->attrs.end()) v = it->second;
+        *value_out = v;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamCopyAttributes(CUstream dst, CUstream src) {
+    return entry([&](state& s) -> CUresult {
+        stream_obj *to = nullptr, *from = nullptr;
+        if (CUresult r = attribute_stream(s, dst, to); r != CUDA_SUCCESS) return r;
+        if (CUresult r = attribute_stream(s, src, from); r != CUDA_SUCCESS) return r;
+        if (to != nullptr && from != nullptr) {
+            to->attrs = from->attrs;
+            to->priority = from->priority;
+        }
+        return CUDA_SUCCESS;
+    });
+}
+
+// --- IPC events: the handle names the exporting process and its event; another process opens it as an event
+// of its own (everything here is complete at once, so there is no shared state to keep). As with the real
+// driver, the process that made a handle cannot open it.
+
+namespace {
+constexpr char ipc_event_magic[8] = {'s', 'o', 'f', 't', 'I', 'P', 'C', 'e'};
+}  // namespace
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle* pHandle, CUevent event) {
+    return entry([&](state& s) -> CUresult {
+        if (pHandle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        event_obj* e = s.find<event_obj>(event);
+        if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        if ((e->flags & CU_EVENT_INTERPROCESS) == 0 || (e->flags & CU_EVENT_DISABLE_TIMING) == 0)
+            return CUDA_ERROR_INVALID_HANDLE;
+        std::memset(pHandle, 0, sizeof *pHandle);
+        const int pid = getpid();
+        std::memcpy(pHandle->reserved, ipc_event_magic, sizeof ipc_event_magic);
+        std::memcpy(pHandle->reserved + 8, &pid, sizeof pid);
+        std::memcpy(pHandle->reserved + 16, &e->handle, sizeof e->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuIpcOpenEventHandle(CUevent* phEvent, CUipcEventHandle handle) {
+    return entry([&](state& s) -> CUresult {
+        if (phEvent == nullptr || std::memcmp(handle.reserved, ipc_event_magic, sizeof ipc_event_magic) != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        int pid = 0;
+        std::memcpy(&pid, handle.reserved + 8, sizeof pid);
+        if (pid == getpid()) return CUDA_ERROR_INVALID_CONTEXT;
+        context_obj* c = nullptr;
+        if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+        event_obj* e = s.create<event_obj>();
+        e->ctx = c->handle;
+        e->flags = CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+        *phEvent = to_handle<CUevent>(e->handle);
+        return CUDA_SUCCESS;
+    });
 }

@@ -1,0 +1,26 @@
+// IPC handles as the application holds them (server/ipc.hpp makes and checks them): the 64 opaque bytes of a
+// CUipcMemHandle or CUipcEventHandle, or, for a shareable handle of a physical allocation, a file descriptor
+// of the application's: a sealed memfd that holds "vcudaSH1" and the same 64 bytes, which the importing
+// process's vcuda reads back (any process of the same tenant on the same server may; the descriptor travels
+// between processes as the driver's own would, over a Unix socket or by inheritance). runs on: the calling
+// application thread (no shared state).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string>
+
+namespace vcuda::client {
+
+inline constexpr size_t ipc_handle_bytes = 64;
+using ipc_bytes = std::array<std::byte, ipc_handle_bytes>;
+
+// A new descriptor holding `handle` (not close-on-exec: it is the application's, as the driver's would be);
+// -1 with errno set on failure.
+int shareable_descriptor(const ipc_bytes& handle);
+// The handle a descriptor of shareable_descriptor holds; false when `fd` is not one.
+bool read_shareable_descriptor(int fd, ipc_bytes& out);
+// Logs why the server refused an IPC call (its answer's detail), once per reason, as a warning.
+void log_ipc_refusal(const char* call, int result, const std::string& detail);
+
+}  // namespace vcuda::client

@@ -1,0 +1,414 @@
+// IPC between sessions of one server (protocol/spec/driver.spec, ops 410-412; server/ipc.hpp): legacy IPC
+// memory and event handles and shareable handles of physical allocations.
+//
+// - Memory (cuIpcGetMemHandle): the physical memory of the mapping that holds the allocation is exported as a
+//   descriptor (mappings are made exportable where the driver allows, server/device_memory.cpp); the opener
+//   imports it and maps it at addresses of its own, and answers the allocation's place in it. The memory
+//   lives while either holds it, as with the driver; an export is withdrawn when its allocation is freed.
+//   Opened memory is charged to its exporter's quota only.
+// - Events (cuIpcGetEventHandle): with --isolation process the driver's own IPC handle travels (the workers
+//   are processes of their own). With --isolation thread every session is in this process, where the driver
+//   does not open its own IPC handles: the sessions share the event through members (session_tables.hpp).
+// - Physical allocations (cuMemExportToShareableHandle): the allocation's descriptor, imported by the opener
+//   as a physical allocation of its own (a mem_handle), not charged to its quota.
+// A session does not open its own legacy IPC handles (CUDA_ERROR_INVALID_CONTEXT, as a process cannot).
+// runs on: the lane's thread. locks: the session's `mu` around its tables, never across a request to the
+// parent (--isolation process).
+#include "server/handlers_ipc.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/log.hpp"
+#include "server/call_context.hpp"
+#include "server/control_messages.hpp"
+
+namespace vcuda::server {
+
+namespace {
+
+enum ipc_what : uint64_t { what_memory = 0, what_event = 1, what_allocation = 2 };
+
+ipc_kind kind_of(uint64_t what) {
+    return what == what_memory  ? ipc_kind::memory
+           : what == what_event ? ipc_kind::event
+                                : ipc_kind::allocation;
+}
+
+std::vector<std::byte> meta_of(std::initializer_list<uint64_t> fields) {
+    message_writer w;
+    for (uint64_t f : fields) w.u64(f);
+    return std::move(w.bytes);
+}
+
+CUresult no_ipc(call_context& cx) {
+    return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "this server serves no IPC between sessions");
+}
+
+// Deposits `e` under a new token for the session and answers the handle.
+CUresult deposit(call_context& cx, ipc_export e, ipc_token& token) {
+    ipc_broker& b = *cx.sess.ipc();
+    token = new_ipc_token();
+    const ipc_kind kind = e.kind;
+    std::string why;
+    if (!b.deposit(token, cx.sess.id(), cx.sess.tenant(), std::move(e), why))
+        return cx.fail(CUDA_ERROR_OPERATING_SYSTEM, "the export could not be registered: " + why);
+    auto bytes = encode_ipc_handle({kind, b.instance(), token});
+    cx.out_blob(bytes);
+    return CUDA_SUCCESS;
+}
+
+void answer_handle(call_context& cx, ipc_kind kind, const ipc_token& token) {
+    cx.out_blob(encode_ipc_handle({kind, cx.sess.ipc()->instance(), token}));
+}
+
+// ---------------------------------------------------------------- exports
+
+CUresult export_memory(call_context& cx, CUdeviceptr p) {
+    device_memory::exported ex;
+    size_t device = 0;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        for (size_t d = 0; d < cx.sess.device_count(); ++d) {
+            if (!cx.sess.allowed(d) || !cx.sess.memory(d).contains(p, 1)) continue;
+            device = d;
+            auto& allocs = cx.sess.memory(d).allocations();
+            auto it = std::prev(allocs.upper_bound(p));
+            if (auto t = cx.sess.ipc_state.memory_exports.find(it->first);
+                t != cx.sess.ipc_state.memory_exports.end()) {
+                answer_handle(cx, ipc_kind::memory, t->second);  // the same handle again, as the driver gives
+                return CUDA_SUCCESS;
+            }
+            rc = cx.sess.memory(d).export_allocation(p, ex);
+            break;
+        }
+    }
+    if (rc == CUDA_ERROR_INVALID_VALUE)
+        return cx.fail(rc,
+                       "not memory of cuMemAlloc of this session (stream-ordered and VMM memory have IPC "
+                       "of their own)");
+    if (rc == CUDA_ERROR_NOT_SUPPORTED)
+        return cx.fail(rc, "this server's driver did not make the memory exportable as a descriptor");
+    if (rc != CUDA_SUCCESS) return rc;
+    ipc_export e;
+    e.kind = ipc_kind::memory;
+    e.fd = unique_fd(ex.fd);
+    e.meta = meta_of({ex.mapping_size, ex.base - ex.mapping, ex.bytes, device});
+    ipc_token token;
+    if (CUresult r = deposit(cx, std::move(e), token); r != CUDA_SUCCESS) return r;
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.ipc_state.memory_exports[ex.base] = token;
+    return CUDA_SUCCESS;
+}
+
+CUresult export_event(call_context& cx, uint64_t id) {
+    CUevent ev;
+    if (CUresult rc = cx.handle(1, handle_kind::event, ev); rc != CUDA_SUCCESS) return rc;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (auto t = cx.sess.ipc_state.event_exports.find(id); t != cx.sess.ipc_state.event_exports.end()) {
+            answer_handle(cx, ipc_kind::event, t->second);
+            return CUDA_SUCCESS;
+        }
+    }
+    if (!cx.drv().cuIpcGetEventHandle) return cx.unsupported("cuIpcGetEventHandle");
+    // The driver checks the event (made with CU_EVENT_INTERPROCESS and CU_EVENT_DISABLE_TIMING) either way.
+    CUipcEventHandle real{};
+    if (CUresult rc = cx.drv().cuIpcGetEventHandle(&real, ev); rc != CUDA_SUCCESS) return rc;
+    ipc_export e;
+    e.kind = ipc_kind::event;
+    std::shared_ptr<event_member> member;
+    if (cx.sess.ipc()->in_process()) {
+        auto shared = std::make_shared<shared_event>();
+        member = std::make_shared<event_member>(event_member{ev, shared});
+        shared->latest = member;  // what it recorded so far is what the others see first
+        e.local = shared;
+    } else {
+        const auto* b = reinterpret_cast<const std::byte*>(&real);
+        e.meta.assign(b, b + sizeof real);
+    }
+    ipc_token token;
+    if (CUresult r = deposit(cx, std::move(e), token); r != CUDA_SUCCESS) return r;
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.ipc_state.event_exports[id] = token;
+    if (member) cx.sess.ipc_state.shared_events[id] = member;
+    return CUDA_SUCCESS;
+}
+
+CUresult export_allocation(call_context& cx, uint64_t id) {
+    void* raw = nullptr;
+    if (CUresult rc = cx.lookup(id, handle_kind::mem_handle, raw); rc != CUDA_SUCCESS) return rc;
+    std::optional<vmm_tables::allocation> a;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        a = cx.sess.vmm.allocation_of(id);
+    }
+    if (!a) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a physical allocation of this session");
+    if (!cx.drv().cuMemExportToShareableHandle) return cx.unsupported("cuMemExportToShareableHandle");
+    int fd = -1;
+    if (CUresult rc =
+            cx.drv().cuMemExportToShareableHandle(&fd, reinterpret_cast<CUmemGenericAllocationHandle>(raw),
+                                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        rc != CUDA_SUCCESS)
+        return rc;
+    ipc_export e;
+    e.kind = ipc_kind::allocation;
+    e.fd = unique_fd(fd);
+    e.meta = meta_of({a->size, a->device});
+    ipc_token token;
+    if (CUresult r = deposit(cx, std::move(e), token); r != CUDA_SUCCESS) return r;
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.ipc_state.allocation_exports[id].push_back(token);
+    return CUDA_SUCCESS;
+}
+
+// ---------------------------------------------------------------- opens
+
+CUresult open_memory(call_context& cx, const ipc_handle& h, ipc_export& e) {
+    message_reader r{e.meta};
+    uint64_t mapping_size = r.u64(), offset = r.u64(), bytes = r.u64(), device = r.u64();
+    if (!r.ok || e.fd.get() < 0 || offset >= mapping_size || bytes > mapping_size - offset)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "a malformed memory export");
+    if (!cx.sess.allowed(device))
+        return cx.fail(CUDA_ERROR_INVALID_DEVICE, "the memory is on a GPU this session may not use");
+    {
+        std::lock_guard lock(cx.sess.mu);
+        for (auto& [va, o] : cx.sess.ipc_state.opened_memory)
+            if (o.token == h.token) {  // opened already: the same address, one more reference
+                ++o.refs;
+                cx.out(static_cast<uint64_t>(va + o.offset));
+                cx.out(static_cast<uint64_t>(o.bytes));
+                return CUDA_SUCCESS;
+            }
+    }
+    auto& d = cx.drv();
+    if (!d.cuMemImportFromShareableHandle) return cx.unsupported("cuMemImportFromShareableHandle");
+    CUmemGenericAllocationHandle mh = 0;
+    if (CUresult rc =
+            d.cuMemImportFromShareableHandle(&mh, reinterpret_cast<void*>(static_cast<uintptr_t>(e.fd.get())),
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        rc != CUDA_SUCCESS)
+        return rc;
+    std::lock_guard lock(cx.sess.mu);
+    CUdeviceptr va = 0;
+    if (CUresult rc = cx.sess.memory(device).map_foreign(mh, mapping_size, va); rc != CUDA_SUCCESS) return rc;
+    ipc_tables::opened o;
+    o.size = mapping_size;
+    o.handle = mh;
+    o.offset = offset;
+    o.bytes = bytes;
+    o.device = device;
+    o.token = h.token;
+    cx.sess.ipc_state.opened_memory[va] = o;
+    cx.out(static_cast<uint64_t>(va + offset));
+    cx.out(static_cast<uint64_t>(bytes));
+    return CUDA_SUCCESS;
+}
+
+CUresult open_event(call_context& cx, ipc_export& e) {
+    auto& d = cx.drv();
+    if (e.local) {  // thread mode: a member of the shared event, with an event of its own
+        if (!d.cuEventCreate) return cx.unsupported("cuEventCreate");
+        CUevent ev = nullptr;
+        if (CUresult rc = d.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING); rc != CUDA_SUCCESS) return rc;
+        cx.out_handle(handle_kind::event, ev);
+        auto member =
+            std::make_shared<event_member>(event_member{ev, std::static_pointer_cast<shared_event>(e.local)});
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.ipc_state.shared_events[cx.outs.back()] = member;
+        return CUDA_SUCCESS;
+    }
+    CUipcEventHandle real{};
+    if (e.meta.size() != sizeof real) return cx.fail(CUDA_ERROR_INVALID_VALUE, "a malformed event export");
+    std::memcpy(&real, e.meta.data(), sizeof real);
+    if (!d.cuIpcOpenEventHandle) return cx.unsupported("cuIpcOpenEventHandle");
+    CUevent ev = nullptr;
+    if (CUresult rc = d.cuIpcOpenEventHandle(&ev, real); rc != CUDA_SUCCESS) return rc;
+    cx.out_handle(handle_kind::event, ev);
+    return CUDA_SUCCESS;
+}
+
+CUresult open_allocation(call_context& cx, ipc_export& e) {
+    message_reader r{e.meta};
+    uint64_t size = r.u64(), device = r.u64();
+    if (!r.ok || e.fd.get() < 0) return cx.fail(CUDA_ERROR_INVALID_VALUE, "a malformed allocation export");
+    if (!cx.sess.allowed(device))
+        return cx.fail(CUDA_ERROR_INVALID_DEVICE, "the memory is on a GPU this session may not use");
+    auto& d = cx.drv();
+    if (!d.cuMemImportFromShareableHandle) return cx.unsupported("cuMemImportFromShareableHandle");
+    CUmemGenericAllocationHandle mh = 0;
+    if (CUresult rc =
+            d.cuMemImportFromShareableHandle(&mh, reinterpret_cast<void*>(static_cast<uintptr_t>(e.fd.get())),
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        rc != CUDA_SUCCESS)
+        return rc;
+    handle_entry he;
+    he.kind = handle_kind::mem_handle;
+    he.raw = reinterpret_cast<void*>(mh);
+    he.device = static_cast<int>(device);
+    std::lock_guard lock(cx.sess.mu);
+    uint64_t id = cx.sess.handles.insert(std::move(he));
+    cx.sess.vmm.add_allocation(id, size, device, /*foreign=*/true);
+    cx.out(id);
+    cx.out(size);
+    cx.out(static_cast<uint64_t>(device));
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// args {what, address / event / mem_handle}. Blob out {the handle}.
+CUresult handle_ipc_export(call_context& cx) {
+    if (!cx.expect_args(2) || cx.arg(0) > what_allocation) return cx.bad_arguments();
+    if (!cx.sess.ipc()) return no_ipc(cx);
+    switch (cx.arg(0)) {
+        case what_memory:
+            return export_memory(cx, cx.arg(1));
+        case what_event:
+            return export_event(cx, cx.arg(1));
+        default:
+            return export_allocation(cx, cx.arg(1));
+    }
+}
+
+// args {what, flags}; blob {the handle}. Out: memory {address, bytes}; event {event}; allocation {mem_handle,
+// size, device}.
+CUresult handle_ipc_open(call_context& cx) {
+    if (!cx.expect_args(2) || cx.arg(0) > what_allocation || cx.blob_count() != 1) return cx.bad_arguments();
+    if (!cx.sess.ipc()) return no_ipc(cx);
+    ipc_handle h;
+    if (!decode_ipc_handle(cx.blob(0), h) || h.kind != kind_of(cx.arg(0)))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a vcuda IPC handle of this kind");
+    ipc_broker& b = *cx.sess.ipc();
+    if (h.instance != b.instance())
+        return cx.fail(
+            CUDA_ERROR_NOT_SUPPORTED,
+            "the IPC handle was made by another vcuda-server: handles open only in sessions of the "
+            "server that made them");
+    ipc_export e;
+    std::string why;
+    if (!b.fetch(h.token, cx.sess.id(), cx.sess.tenant(), e, why))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE,
+                       why.empty()
+                           ? "unknown IPC handle: never made, withdrawn (its object is gone), or another "
+                             "tenant's"
+                           : "the IPC handle could not be looked up: " + why);
+    if (e.kind != h.kind)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "the IPC handle names another kind of object");
+    if (e.owner == cx.sess.id() && h.kind != ipc_kind::allocation)
+        return cx.fail(CUDA_ERROR_INVALID_CONTEXT, "a process cannot open its own IPC handle");
+    switch (h.kind) {
+        case ipc_kind::memory:
+            return open_memory(cx, h, e);
+        case ipc_kind::event:
+            return open_event(cx, e);
+        default:
+            return open_allocation(cx, e);
+    }
+}
+
+// args {address cuIpcOpenMemHandle gave}.
+CUresult handle_ipc_close(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    CUdeviceptr va;
+    ipc_tables::opened o;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        auto& t = cx.sess.ipc_state;
+        auto it = t.opened_at(cx.arg(0));
+        if (it == t.opened_memory.end())
+            return cx.fail(CUDA_ERROR_INVALID_VALUE,
+                           "not memory this session opened with cuIpcOpenMemHandle");
+        if (--it->second.refs > 0) return CUDA_SUCCESS;
+        va = it->first;
+        o = it->second;
+        t.opened_memory.erase(it);
+    }
+    cx.drv().cuCtxSynchronize();  // work in flight may still use it
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.memory(o.device).unmap_foreign(va, o.size, o.handle);
+    return CUDA_SUCCESS;
+}
+
+// ---------------------------------------------------------------- shared events (thread mode)
+
+std::shared_ptr<event_member> shared_member(call_context& cx, uint64_t id) {
+    std::lock_guard lock(cx.sess.mu);
+    auto& m = cx.sess.ipc_state.shared_events;
+    if (m.empty()) return nullptr;
+    auto it = m.find(id);
+    return it == m.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<event_member> latest_of(const event_member& m) {
+    std::lock_guard lock(m.shared->mu);
+    return m.shared->latest;
+}
+
+void recorded(const std::shared_ptr<event_member>& m) {
+    std::lock_guard lock(m->shared->mu);
+    m->shared->latest = m;
+}
+
+void leave_shared_event(const std::shared_ptr<event_member>& m, const driver_table& d) {
+    bool was_latest;
+    {
+        std::lock_guard lock(m->shared->mu);
+        was_latest = m->shared->latest == m;
+    }
+    if (was_latest && d.cuEventSynchronize)
+        d.cuEventSynchronize(m->event);  // its work is what others wait for
+    {
+        std::lock_guard lock(m->shared->mu);
+        if (m->shared->latest == m) m->shared->latest.reset();
+    }
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (m.use_count() > 1 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+void release_ipc(session& s, size_t device) {
+    auto& t = s.ipc_state;
+    ipc_broker* b = s.ipc();
+    auto& d = s.api();
+    for (auto it = t.shared_events.begin(); it != t.shared_events.end();) {
+        handle_entry* e = s.handles.find(it->first, handle_kind::event, handle_kind::none);
+        if (e && static_cast<size_t>(e->device) != device) {
+            ++it;
+            continue;
+        }
+        auto m = std::move(it->second);
+        it = t.shared_events.erase(it);
+        leave_shared_event(m, d);
+    }
+    for (auto it = t.event_exports.begin(); it != t.event_exports.end();) {
+        handle_entry* e = s.handles.find(it->first, handle_kind::event, handle_kind::none);
+        if (e && static_cast<size_t>(e->device) != device) {
+            ++it;
+            continue;
+        }
+        if (b) b->withdraw(it->second, s.id());
+        it = t.event_exports.erase(it);
+    }
+    for (auto it = t.opened_memory.begin(); it != t.opened_memory.end();) {
+        if (it->second.device != device) {
+            ++it;
+            continue;
+        }
+        s.memory(device).unmap_foreign(it->first, it->second.size, it->second.handle);
+        it = t.opened_memory.erase(it);
+    }
+    // Memory exports: those of this device's allocations (all of which go now).
+    for (auto it = t.memory_exports.begin(); it != t.memory_exports.end();) {
+        if (!s.memory(device).contains(it->first, 1)) {
+            ++it;
+            continue;
+        }
+        if (b) b->withdraw(it->second, s.id());
+        it = t.memory_exports.erase(it);
+    }
+}
+
+}  // namespace vcuda::server
