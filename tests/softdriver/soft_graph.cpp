@@ -42,6 +42,42 @@ bool invalidate_blocking_captures(state& s) {
 
 void destroy_graph(state& s, uint64_t h);
 
+// Drops `n` references of user object `obj`; at the last its destructor runs, on a thread of its own (the real
+// driver runs them on an internal thread, never in the call that dropped the reference).
+void release_user_object(state& s, uint64_t obj, unsigned n) {
+    user_object_obj* u = s.find<user_object_obj>(obj);
+    if (u == nullptr) return;
+    u->refs -= std::min(u->refs, n);
+    if (u->refs != 0) return;
+    std::thread([destroy = u->destroy, ptr = u->ptr] { destroy(ptr); }).detach();
+    s.erase(obj);
+}
+
+// Every reference in `from` taken once more, into `into`.
+void retain_refs(state& s, const user_refs& from, user_refs& into) {
+    for (auto [obj, n] : from) {
+        if (user_object_obj* u = s.find<user_object_obj>(obj)) {
+            u->refs += n;
+            into[obj] += n;
+        }
+    }
+}
+
+void release_refs(state& s, user_refs& refs) {
+    user_refs gone = std::move(refs);
+    refs.clear();
+    for (auto [obj, n] : gone) release_user_object(s, obj, n);
+}
+
+// The references of `g` and of the child graphs in its nodes, taken into `into` (instantiation).
+void retain_graph_refs(state& s, const graph_obj& g, user_refs& into) {
+    retain_refs(s, g.refs, into);
+    for (uint64_t h : g.nodes) {
+        const node_obj* n = s.find<node_obj>(h);
+        if (n->child != 0) retain_graph_refs(s, *s.find<graph_obj>(n->child), into);
+    }
+}
+
 // A node and what it owns (a child graph's clone).
 void destroy_node(state& s, uint64_t h) {
     node_obj* n = s.find<node_obj>(h);
@@ -55,6 +91,7 @@ void destroy_graph(state& s, uint64_t h) {
     graph_obj* g = s.find<graph_obj>(h);
     if (g == nullptr) return;
     std::vector<uint64_t> nodes = std::move(g->nodes);
+    release_refs(s, g->refs);
     s.erase(h);
     for (uint64_t n : nodes) destroy_node(s, n);
 }
@@ -103,15 +140,19 @@ node_obj* add_node(state& s, graph_obj& g, CUgraphNodeType type, std::vector<uin
     return n;
 }
 
-// A copy of graph `src` (nodes, edges, work; child graphs copied too) owned by node `parent`.
+// A copy of graph `src` (nodes, edges, work, user object references; child graphs copied too) owned by node
+// `parent` (0: the application's).
 uint64_t clone_graph(state& s, uint64_t src, uint64_t parent) {
     graph_obj* from = s.find<graph_obj>(src);
     graph_obj* to = s.create<graph_obj>();
     to->parent = parent;
+    retain_refs(s, from->refs, to->refs);
     std::map<uint64_t, uint64_t> copy_of;
     for (uint64_t h : from->nodes) {
         node_obj* n = s.find<node_obj>(h);
-        copy_of[h] = add_node(s, *to, n->type, {}, n->edges, n->run)->handle;
+        node_obj* c = add_node(s, *to, n->type, {}, n->edges, n->run);
+        c->host = n->host;
+        copy_of[h] = c->handle;
     }
     for (uint64_t h : from->nodes) {  // dependencies may point at nodes added later (cuGraphAddDependencies)
         node_obj* n = s.find<node_obj>(h);
@@ -199,6 +240,34 @@ bool same_topology(state& s, const graph_obj& a, const graph_obj& b) {
     return true;
 }
 
+// The topology of `g` as numbers, for cuGraphExecUpdate: its node count, then per node in insertion order its
+// type, its dependencies' positions, and 1 and its child graph's shape, or 0.
+void shape_of(state& s, const graph_obj& g, std::vector<uint64_t>& out) {
+    std::map<uint64_t, uint64_t> at;
+    for (size_t i = 0; i < g.nodes.size(); ++i) at[g.nodes[i]] = i;
+    out.push_back(g.nodes.size());
+    for (uint64_t h : g.nodes) {
+        const node_obj* n = s.find<node_obj>(h);
+        out.push_back(static_cast<uint64_t>(n->type));
+        std::vector<uint64_t> deps;
+        for (uint64_t d : n->deps) deps.push_back(at[d]);
+        std::sort(deps.begin(), deps.end());
+        out.push_back(deps.size());
+        out.insert(out.end(), deps.begin(), deps.end());
+        out.push_back(n->child != 0 ? 1 : 0);
+        if (n->child != 0) shape_of(s, *s.find<graph_obj>(n->child), out);
+    }
+}
+
+// After an update, the executable graph's nodes still answer to the nodes of the graph it was instantiated
+// from: same topology, so the same positions in run order.
+void keep_node_ids(std::vector<exec_node>& to, const std::vector<exec_node>& from) {
+    for (size_t i = 0; i < to.size() && i < from.size(); ++i) {
+        to[i].node = from[i].node;
+        keep_node_ids(to[i].child, from[i].child);
+    }
+}
+
 CUresult instantiate(state& s, CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long flags,
                      CUgraphNode* error_node = nullptr, CUgraphInstantiateResult* result = nullptr) {
     const unsigned long long known = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
@@ -220,6 +289,8 @@ CUresult instantiate(state& s, CUgraphExec* phGraphExec, CUgraph hGraph, unsigne
     e->ctx = c->handle;
     e->graph = g->handle;
     e->nodes = std::move(nodes);
+    shape_of(s, *g, e->shape);
+    retain_graph_refs(s, *g, e->refs);
     *phGraphExec = to_handle<CUgraphExec>(e->handle);
     if (result != nullptr) *result = CUDA_GRAPH_INSTANTIATE_SUCCESS;
     return CUDA_SUCCESS;
@@ -295,6 +366,7 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
         return r;
     work w;
     uint64_t child = 0;
+    CUDA_HOST_NODE_PARAMS host{};
     switch (p->type) {
         case CU_GRAPH_NODE_TYPE_KERNEL: {
             context_obj* c = nullptr;
@@ -341,10 +413,19 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:  // everything before it has run: nothing to wait for
             if (s.find<event_obj>(p->eventWait.event) == nullptr) return CUDA_ERROR_INVALID_VALUE;
             break;
+        case CU_GRAPH_NODE_TYPE_HOST:
+            if (p->host.fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+            host = {p->host.fn, p->host.userData};
+            w = [host]() -> CUresult {
+                host.fn(host.userData);
+                return CUDA_SUCCESS;
+            };
+            break;
         default:
             return CUDA_ERROR_NOT_SUPPORTED;
     }
     node_obj* n = add_node(s, *g, p->type, std::move(deps), std::move(edges), std::move(w));
+    n->host = host;
     if (child != 0) {
         uint64_t node = n->handle;
         uint64_t clone = clone_graph(s, child, node);
@@ -420,7 +501,8 @@ bool blocked_by_capture(state& s, CUstream h) {
     return false;
 }
 
-CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type) {
+CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type,
+                        const CUDA_HOST_NODE_PARAMS* host) {
     if (s.captures.empty()) return CUDA_SUCCESS;
     if (legacy_stream(stream)) {
         if (!invalidate_blocking_captures(s)) return CUDA_SUCCESS;
@@ -435,6 +517,7 @@ CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type
     if (graph_obj* g = s.find<graph_obj>(q->graph); g != nullptr && recorded) {
         if (q->last_edges.size() != q->last.size()) q->last_edges.assign(q->last.size(), CUgraphEdgeData{});
         node_obj* n = add_node(s, *g, type, q->last, q->last_edges, std::move(recorded));
+        if (host != nullptr) n->host = *host;
         q->last = {n->handle};
         q->last_edges = {CUgraphEdgeData{}};
     }
@@ -466,6 +549,13 @@ CUresult check_unsafe_call(state& s) {
             return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
     return CUDA_SUCCESS;
+}
+
+void destroy_graph_exec(state& s, uint64_t h) {
+    graph_exec_obj* e = s.find<graph_exec_obj>(h);
+    if (e == nullptr) return;
+    release_refs(s, e->refs);
+    s.erase(h);
 }
 
 void end_captures_of(state& s, uint64_t ctx) {
@@ -705,7 +795,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec) {
     return entry([&](state& s) -> CUresult {
         graph_exec_obj* e = s.find<graph_exec_obj>(hGraphExec);
         if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
-        s.erase(e->handle);
+        destroy_graph_exec(s, e->handle);
         return CUDA_SUCCESS;
     });
 }
@@ -745,6 +835,9 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecChildGraphNodeSetParams(CUgraphExe
         if (!flatten(s, *child, nodes, culprit)) return CUDA_ERROR_INVALID_VALUE;
         x->child = std::move(nodes);
         e->nodes = std::move(copy);
+        // The new child's references join the executable graph's (the old child's stay until it is destroyed:
+        // more than the real driver keeps, never less).
+        retain_graph_refs(s, *child, e->refs);
         return CUDA_SUCCESS;
     });
 }
@@ -768,5 +861,163 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstrea
         if (c->handle != e->ctx) return CUDA_ERROR_INVALID_CONTEXT;
         w = [nodes = e->nodes]() { return run_nodes(*nodes); };
         return capture_or_run(s, hStream, w, CU_GRAPH_NODE_TYPE_GRAPH);
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphClone(CUgraph* phGraphClone, CUgraph originalGraph) {
+    return entry([&](state& s) -> CUresult {
+        if (phGraphClone == nullptr || s.find<graph_obj>(originalGraph) == nullptr)
+            return CUDA_ERROR_INVALID_VALUE;
+        *phGraphClone = to_handle<CUgraph>(clone_graph(s, from_handle(originalGraph), 0));
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode hNode, CUDA_HOST_NODE_PARAMS* nodeParams) {
+    return entry([&](state& s) -> CUresult {
+        node_obj* n = s.find<node_obj>(hNode);
+        if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_HOST || nodeParams == nullptr)
+            return CUDA_ERROR_INVALID_VALUE;
+        *nodeParams = n->host;
+        return CUDA_SUCCESS;
+    });
+}
+
+// The graph inside a child graph node (the node's own: it goes with the node).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph* phGraph) {
+    return entry([&](state& s) -> CUresult {
+        node_obj* n = s.find<node_obj>(hNode);
+        if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_GRAPH || phGraph == nullptr)
+            return CUDA_ERROR_INVALID_VALUE;
+        *phGraph = to_handle<CUgraph>(n->child);
+        return CUDA_SUCCESS;
+    });
+}
+
+// The work of `hGraph` replaces the executable graph's when both have the same topology (node types, edges,
+// child graphs); the executable graph's nodes still answer to its own graph's nodes. Its user object
+// references become those of `hGraph`.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+                                                        CUgraphExecUpdateResultInfo* resultInfo) {
+    return entry([&](state& s) -> CUresult {
+        graph_exec_obj* e = s.find<graph_exec_obj>(hGraphExec);
+        graph_obj* g = s.find<graph_obj>(hGraph);
+        if (e == nullptr || g == nullptr || resultInfo == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        *resultInfo = {};
+        resultInfo->result = CU_GRAPH_EXEC_UPDATE_ERROR;
+        std::vector<uint64_t> shape;
+        shape_of(s, *g, shape);
+        if (shape != e->shape) {
+            resultInfo->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+            return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+        }
+        auto nodes = std::make_shared<std::vector<exec_node>>();
+        uint64_t culprit = 0;
+        if (!flatten(s, *g, *nodes, culprit)) return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+        keep_node_ids(*nodes, *e->nodes);
+        e->nodes = std::move(nodes);
+        user_refs refs;
+        retain_graph_refs(s, *g, refs);
+        release_refs(s, e->refs);
+        e->refs = std::move(refs);
+        resultInfo->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+        return CUDA_SUCCESS;
+    });
+}
+
+// --- User objects.
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuUserObjectCreate(CUuserObject* object_out, void* ptr, CUhostFn destroy,
+                                                      unsigned int initialRefcount, unsigned int flags) {
+    return entry([&](state& s) -> CUresult {
+        if (object_out == nullptr || destroy == nullptr || initialRefcount == 0 ||
+            flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
+            return CUDA_ERROR_INVALID_VALUE;
+        user_object_obj* u = s.create<user_object_obj>();
+        u->ptr = ptr;
+        u->destroy = destroy;
+        u->refs = initialRefcount;
+        *object_out = to_handle<CUuserObject>(u->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuUserObjectRetain(CUuserObject object, unsigned int count) {
+    return entry([&](state& s) -> CUresult {
+        user_object_obj* u = s.find<user_object_obj>(object);
+        if (u == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+        u->refs += count;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuUserObjectRelease(CUuserObject object, unsigned int count) {
+    return entry([&](state& s) -> CUresult {
+        user_object_obj* u = s.find<user_object_obj>(object);
+        if (u == nullptr || count == 0 || count > u->refs) return CUDA_ERROR_INVALID_VALUE;
+        release_user_object(s, u->handle, count);
+        return CUDA_SUCCESS;
+    });
+}
+
+// CU_GRAPH_USER_OBJECT_MOVE: the caller's references go to the graph, else the graph takes new ones.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphRetainUserObject(CUgraph graph, CUuserObject object, unsigned int count,
+                                                           unsigned int flags) {
+    return entry([&](state& s) -> CUresult {
+        graph_obj* g = s.find<graph_obj>(graph);
+        user_object_obj* u = s.find<user_object_obj>(object);
+        if (g == nullptr || u == nullptr || count == 0 || (flags & ~unsigned{CU_GRAPH_USER_OBJECT_MOVE}) != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        if ((flags & CU_GRAPH_USER_OBJECT_MOVE) == 0) u->refs += count;
+        g->refs[u->handle] += count;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphReleaseUserObject(CUgraph graph, CUuserObject object,
+                                                            unsigned int count) {
+    return entry([&](state& s) -> CUresult {
+        graph_obj* g = s.find<graph_obj>(graph);
+        if (g == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+        auto it = g->refs.find(from_handle(object));
+        if (it == g->refs.end() || it->second < count) return CUDA_ERROR_INVALID_VALUE;
+        if ((it->second -= count) == 0) g->refs.erase(it);
+        release_user_object(s, from_handle(object), count);
+        return CUDA_SUCCESS;
+    });
+}
+
+// The nodes the next work captured on `hStream` depends on: these (SET) or these as well (ADD).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamUpdateCaptureDependencies_v2(CUstream hStream,
+                                                                        CUgraphNode* dependencies,
+                                                                        const CUgraphEdgeData* dependencyData,
+                                                                        size_t numDependencies, unsigned int flags) {
+    return entry([&](state& s) -> CUresult {
+        if (flags != CU_STREAM_ADD_CAPTURE_DEPENDENCIES && flags != CU_STREAM_SET_CAPTURE_DEPENDENCIES)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        capture_seq* q = capture_of(s, hStream);
+        if (q == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+        if (q->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        graph_obj* g = s.find<graph_obj>(q->graph);
+        if (g == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+        std::vector<uint64_t> deps;
+        std::vector<CUgraphEdgeData> edges;
+        // The next node is not known yet: edge data is checked as for a kernel node.
+        if (CUresult r = check_deps(s, *g, dependencies, dependencyData, numDependencies,
+                                    CU_GRAPH_NODE_TYPE_KERNEL, deps, edges);
+            r != CUDA_SUCCESS)
+            return r;
+        if (q->last_edges.size() != q->last.size()) q->last_edges.assign(q->last.size(), CUgraphEdgeData{});
+        if (flags == CU_STREAM_SET_CAPTURE_DEPENDENCIES) {
+            q->last.clear();
+            q->last_edges.clear();
+        }
+        for (size_t i = 0; i < deps.size(); ++i) {
+            if (std::find(q->last.begin(), q->last.end(), deps[i]) != q->last.end()) continue;
+            q->last.push_back(deps[i]);
+            q->last_edges.push_back(edges[i]);
+        }
+        return CUDA_SUCCESS;
     });
 }

@@ -74,7 +74,8 @@ enum class kind : uint8_t {
     mem_pool,
     graph_node,
     link,
-    array
+    array,
+    user_object
 };
 
 inline constexpr uint64_t handle_tag = uint64_t{0x5c0d} << 48;
@@ -144,6 +145,7 @@ struct capture_seq {
         false;  // cuStreamBeginCaptureToGraph: the application's graph, never destroyed with the capture
     std::vector<uint64_t> last;  // what the next node recorded depends on (at first: the dependencies given)
     std::vector<CUgraphEdgeData> last_edges;  // their edge data (empty: default)
+    std::vector<CUgraphNode> reported;        // `last` as cuStreamGetCaptureInfo last handed it out
     uint64_t ctx = 0;
     uint64_t origin = 0;    // the stream it began on (the handle as given)
     bool blocking = false;  // the origin synchronizes with the legacy stream, which is then off limits
@@ -364,12 +366,17 @@ CUresult entry_then(F&& f) noexcept {
 // A graph: its nodes in the order they were added, each with the nodes it runs after. Instantiating copies
 // the nodes' work in a topological order (dependencies first, then insertion order); launching runs it, one
 // node at a time like everything here.
+// User objects (cuUserObjectCreate) and the references a graph or an executable graph holds on them: user object
+// handle -> count.
+using user_refs = std::map<uint64_t, unsigned>;
+
 struct graph_obj : object {
     static constexpr kind tag = kind::graph;
     graph_obj() : object(tag) {}
     std::vector<uint64_t> nodes;  // node_obj handles, in insertion order
     uint64_t capture = 0;         // the capture recording into it, while one does
     uint64_t parent = 0;          // the child graph node it was cloned into (0: a graph of the application's)
+    user_refs refs;
 };
 
 struct node_obj : object {
@@ -381,6 +388,7 @@ struct node_obj : object {
     std::vector<CUgraphEdgeData> edges;  // one per dependency
     work run;                            // what it does (nothing for empty and child graph nodes)
     uint64_t child = 0;  // child graph nodes: the graph cloned into the node, destroyed with it
+    CUDA_HOST_NODE_PARAMS host{};  // host nodes: the function and its data
 };
 
 // One node of an executable graph: its own copy of the node's work, which updates replace.
@@ -398,6 +406,18 @@ struct graph_exec_obj : object {
     uint64_t graph = 0;  // the graph it was instantiated from
     // Replaced, never edited: a launch under way keeps the list it started with.
     std::shared_ptr<const std::vector<exec_node>> nodes;
+    std::vector<uint64_t> shape;  // its graph's topology, for cuGraphExecUpdate (soft_graph.cpp)
+    user_refs refs;               // those of its graph and child graphs, taken at instantiation
+};
+
+// A user object: its destructor runs, on a thread of its own as the real driver's internal thread does, when
+// the last reference goes.
+struct user_object_obj : object {
+    static constexpr kind tag = kind::user_object;
+    user_object_obj() : object(tag) {}
+    void* ptr = nullptr;
+    CUhostFn destroy = nullptr;
+    unsigned refs = 0;
 };
 
 // --- Contexts (soft_context.cpp). The calling thread's current context, if it is usable.
@@ -417,7 +437,9 @@ CUresult check_stream(state& s, CUstream h, context_obj** ctx = nullptr);
 // The work an operation on `stream` left: recorded into the capture's graph as a node of `type` when the
 // stream captures (w is emptied), else left to run. Using the legacy stream while a blocking stream of its
 // context captures fails with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidates those captures.
-CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type);
+// A host node's function and data (`host`) are kept with it, as the real driver does.
+CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type,
+                        const CUDA_HOST_NODE_PARAMS* host = nullptr);
 // The capture `stream` records into, or null (a stale reference to an ended capture is dropped here).
 capture_seq* capture_of(state& s, CUstream stream);
 // Where `stream` keeps the id of the capture it belongs to; null for the legacy stream, which cannot capture.
@@ -433,6 +455,8 @@ CUresult check_unsafe_call(state& s);
 CUstreamCaptureMode thread_capture_mode();  // soft_stream.cpp
 // Forgets the captures of context `ctx` and the graphs they made (context destroyed or reset).
 void end_captures_of(state& s, uint64_t ctx);
+// Destroys an executable graph, releasing the user object references it holds.
+void destroy_graph_exec(state& s, uint64_t h);
 // The work of one node of each kind, checked as the stream operation is (soft_module.cpp, soft_copy.cpp).
 CUresult kernel_node_work(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p, const context_obj& ctx, work& w);
 CUresult memset_node_work(state& s, const CUDA_MEMSET_NODE_PARAMS& p, work& w);
