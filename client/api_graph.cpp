@@ -1,20 +1,23 @@
-// Graphs: the hand-written entry points. The plain ones (cuGraphCreate, cuGraphDestroy, cuGraphExecDestroy,
-// cuGraphLaunch, cuGraphUpload, cuGraphExecChildGraphNodeSetParams, cuGraphDestroyNode) are generated from
-// the spec; graphs come from them or from cuStreamEndCapture (client/api_stream.cpp) and are session handles
-// like streams. Graph nodes are session handles too: those added here come back from the server's
-// graph_add_node, those the driver made (captured work) when a listing (cuGraphGetNodes, ...) first names
-// them. The mirror keeps each node's graph and type, and each executable graph's graph, so that
+// Graphs: the hand-written entry points. The plain ones (cuGraphCreate, cuGraphClone, cuGraphDestroy,
+// cuGraphExecDestroy, cuGraphLaunch, cuGraphUpload, cuGraphExecChildGraphNodeSetParams, cuGraphDestroyNode) are
+// generated from the spec; graphs come from them or from cuStreamEndCapture (client/api_stream.cpp) and are
+// session handles like streams. Graph nodes are session handles too: those added here come back from the
+// server's graph_add_node, those the driver made (captured work) when a listing (cuGraphGetNodes, ...) first
+// names them. The mirror keeps each node's graph and type, and each executable graph's graph, so that
 // cuGraphNodeGetType is answered here and cuGraphExecKernelNodeSetParams (XLA: about ninety per step) is
-// checked here and queued. Served node types: kernel, memset, memcpy between device memory, child graph
-// (cloned), empty, event record and event wait; the others answer CUDA_ERROR_NOT_SUPPORTED (logged once). The
-// graph functions answer CUDA_ERROR_INVALID_VALUE for an unknown graph, node or parameter, as cuda.h lists.
+// checked here and queued. Served node types: kernel, memset, memcpy (device memory, arrays, pinned memory shared
+// with the server, and this process's own memory through a host copy: client/host_functions.hpp), host, child
+// graph (cloned), empty, event record and event wait; the others answer CUDA_ERROR_NOT_SUPPORTED (logged once).
+// The graph functions answer CUDA_ERROR_INVALID_VALUE for an unknown graph, node or parameter, as cuda.h lists.
 #include <algorithm>
 #include <cstring>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "client/copy_paths.hpp"
 #include "client/entry_point.hpp"
+#include "client/host_functions.hpp"
 #include "client/kernel_params.hpp"
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
@@ -79,11 +82,13 @@ CUresult node_context(CUcontext ctx, const char* name) {
 }
 
 // One node as it travels: its type, the arguments of its type (server/handlers_graph.cpp, graph_add_node) and
-// its data (a kernel's packed parameters, a memcpy's CUDA_MEMCPY3D).
+// its data (a kernel's packed parameters, a memcpy's CUDA_MEMCPY3D). `host_function`: the id of a host function
+// or host copy registered for it (client/host_functions.hpp), forgotten again when the server refuses the node.
 struct node_spec {
     CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
     std::vector<uint64_t> args;
     std::vector<std::byte> data;
+    uint64_t host_function = 0;
 };
 
 // A kernel node's kernel: `func`, or `kern` in `ctx`, checked and packed as a launch's.
@@ -123,23 +128,27 @@ CUresult memset_spec(const CUDA_MEMSET_NODE_PARAMS& p, CUcontext ctx, node_spec&
     return CUDA_SUCCESS;
 }
 
-// Copies between device memory only: host memory of this process is not the server's.
+// A copy with its sides as the server must see them (graph_copy); a side in this process's memory becomes a
+// host copy, whose id is the node's argument.
 CUresult memcpy_spec(const CUDA_MEMCPY3D& p, CUcontext ctx, node_spec& s, const char* name) {
-    auto device_side = [](CUmemorytype t, CUdeviceptr ptr) {
-        device_allocation a;
-        return t == CU_MEMORYTYPE_DEVICE ||
-               (t == CU_MEMORYTYPE_UNIFIED && state::get().find_allocation(ptr, 1, a));
-    };
-    if (!device_side(p.srcMemoryType, p.srcDevice) || !device_side(p.dstMemoryType, p.dstDevice)) {
-        std::string what = std::string(name) + " (a copy from or to host memory or an array)";
-        return static_cast<CUresult>(unsupported(what.c_str()));
-    }
     if (CUresult rc = node_context(ctx, name); rc != CUDA_SUCCESS) return rc;
     CUDA_MEMCPY3D c = p;
-    c.srcMemoryType = c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    uint64_t host_copy = 0;
+    if (CUresult rc = graph_copy(c, host_copy, name); rc != CUDA_SUCCESS) return rc;
     s.type = CU_GRAPH_NODE_TYPE_MEMCPY;
+    s.args = {host_copy};
+    s.host_function = host_copy;
     s.data.resize(sizeof c);
     std::memcpy(s.data.data(), &c, sizeof c);
+    return CUDA_SUCCESS;
+}
+
+// A host node: the function runs here, at each launch, when the server asks (client/host_functions.hpp).
+CUresult host_spec(CUhostFn fn, void* data, node_spec& s) {
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    s.type = CU_GRAPH_NODE_TYPE_HOST;
+    s.host_function = graph_host_function(fn, data);
+    s.args = {s.host_function};
     return CUDA_SUCCESS;
 }
 
@@ -179,6 +188,8 @@ CUresult spec_of(const CUgraphNodeParams* p, node_spec& s, const char* name) {
         case CU_GRAPH_NODE_TYPE_EMPTY:
             s.type = CU_GRAPH_NODE_TYPE_EMPTY;
             return CUDA_SUCCESS;
+        case CU_GRAPH_NODE_TYPE_HOST:
+            return host_spec(p->host.fn, p->host.userData, s);
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
             return event_spec(p->type, p->eventWait.event, s);
         case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
@@ -196,12 +207,14 @@ template <class Build>
 CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* edges,
                   size_t n, const char* name, Build&& build) {
     VCUDA_REQUIRE_INIT();
-    node_spec spec;
-    CUresult built = build(spec);
     if (!out || !state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
-    if (built != CUDA_SUCCESS) return built;
     std::vector<uint64_t> dep_ids;
     if (CUresult rc = node_ids(deps, n, dep_ids); rc != CUDA_SUCCESS) return rc;
+    node_spec spec;
+    if (CUresult rc = build(spec); rc != CUDA_SUCCESS) {
+        if (spec.host_function) forget_host_function(spec.host_function);
+        return rc;
+    }
     plain_call c(op::graph_add_node, name);
     c.arg(id_of(g));
     c.arg(static_cast<uint64_t>(spec.type));
@@ -209,7 +222,10 @@ CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CU
     c.blob(std::as_bytes(std::span(dep_ids)));
     c.blob(edge_bytes(edges, n));
     c.blob(spec.data);
-    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) {
+        if (spec.host_function) forget_host_function(spec.host_function);
+        return rc;
+    }
     *out = adopt_node(c.out<uint64_t>(0), id_of(g), spec.type);
     return CUDA_SUCCESS;
 }
@@ -484,6 +500,14 @@ VCUDA_API cuGraphAddMemcpyNode(CUgraphNode* node, CUgraph g, const CUgraphNode* 
     });
 }
 
+VCUDA_API cuGraphAddHostNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                             const CUDA_HOST_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddHostNode, node, g, deps, n, params);
+    return add_node(node, g, deps, nullptr, n, "cuGraphAddHostNode", [&](node_spec& s) {
+        return params ? host_spec(params->fn, params->userData, s) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
 VCUDA_API cuGraphAddEmptyNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddEmptyNode, node, g, deps, n);
     return add_node(node, g, deps, nullptr, n, "cuGraphAddEmptyNode",
@@ -601,4 +625,48 @@ VCUDA_API cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNo
             unsupported("cuGraphExecNodeSetParams (other than kernel and child graph nodes)"));
     const char* name = "cuGraphExecNodeSetParams";
     return set_kernel(exec, node, name, [&](node_spec& s) { return spec_of(params, s, name); });
+}
+
+namespace {
+// cuGraphExecUpdate*: the executable graph takes `g`'s work when their topologies match; the result and the
+// nodes that failed come back also when they do not.
+CUresult exec_update(CUgraphExec exec, CUgraph g, CUgraphExecUpdateResultInfo& info, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    info = {};
+    info.result = CU_GRAPH_EXEC_UPDATE_ERROR;
+    plain_call c(op::graph_exec_update, name);
+    c.handle(exec, handle_kind::graph_exec);
+    c.handle(g, handle_kind::graph);
+    CUresult rc = c.send_sync();
+    if (c.reply().outs.size() < 5) {  // an earlier queued call's error took the reply
+        if (rc == CUDA_SUCCESS) info.result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+        return rc;
+    }
+    info.result = c.out<CUgraphExecUpdateResult>(0);
+    auto node = [&](size_t i) {
+        uint64_t id = c.out<uint64_t>(i);
+        return id ? adopt_node(id, id_of(g), c.out<CUgraphNodeType>(i + 1)) : nullptr;
+    };
+    info.errorNode = node(1);
+    info.errorFromNode = node(3);
+    return rc;
+}
+}  // namespace
+
+VCUDA_API cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph g, CUgraphExecUpdateResultInfo* result) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphExecUpdate_v2, exec, g, result);
+    if (!result) return CUDA_ERROR_INVALID_VALUE;
+    return exec_update(exec, g, *result, "cuGraphExecUpdate_v2");
+}
+
+// The pre-12.0 form: the failing node and the result only.
+VCUDA_API cuGraphExecUpdate(CUgraphExec exec, CUgraph g, CUgraphNode* error_node,
+                            CUgraphExecUpdateResult* result) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphExecUpdate, exec, g, error_node, result);
+    if (!error_node || !result) return CUDA_ERROR_INVALID_VALUE;
+    CUgraphExecUpdateResultInfo info;
+    CUresult rc = exec_update(exec, g, info, "cuGraphExecUpdate");
+    *error_node = info.errorNode;
+    *result = info.result;
+    return rc;
 }

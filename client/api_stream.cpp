@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client/copy_paths.hpp"
 #include "client/entry_point.hpp"
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
@@ -236,6 +237,13 @@ CUresult capture_info(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id_
 }  // namespace
 
 bool vcuda::client::capture_under_way() { return captures().sequences.load() != 0; }
+
+bool vcuda::client::stream_captures(CUstream s) {
+    CUstreamCaptureStatus status{};
+    uint64_t id = 0;
+    std::shared_ptr<const capture_sequence> seq;
+    return capture_status(s, status, id, seq) == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+}
 
 VCUDA_API cuStreamBeginCapture(CUstream s) noexcept {
     VCUDA_TRACE_HOOK(cuStreamBeginCapture, s);

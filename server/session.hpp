@@ -143,6 +143,8 @@ class session : public std::enable_shared_from_this<session> {
 
     // Pinned host memory shared with a client on this host (server/session_tables.hpp).
     host_regions host;  // under mu
+    // Staging buffers of graph copies with the client's memory (charged to `host`'s quota).
+    host_copy_buffers host_copies;
     uint64_t host_quota() const { return opts_.host_memory_quota; }
     // Shared pinned host pages, placed in the server's host window when it has one: anywhere (null when no
     // room), at exactly `addr` (a moved session's pages), and gone again.
