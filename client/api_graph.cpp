@@ -20,6 +20,7 @@
 #include "client/host_functions.hpp"
 #include "client/kernel_params.hpp"
 #include "client/plain_call.hpp"
+#include "client/remote_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
 
@@ -89,6 +90,9 @@ struct node_spec {
     std::vector<uint64_t> args;
     std::vector<std::byte> data;
     uint64_t host_function = 0;
+    // A memory alloc node: where its address goes, and its size (the mirror learns the allocation).
+    CUdeviceptr* alloc_out = nullptr;
+    size_t alloc_size = 0;
 };
 
 // A kernel node's kernel: `func`, or `kern` in `ctx`, checked and packed as a launch's.
@@ -143,6 +147,36 @@ CUresult memcpy_spec(const CUDA_MEMCPY3D& p, CUcontext ctx, node_spec& s, const 
     return CUDA_SUCCESS;
 }
 
+// A memory alloc node: its parameters as they travel (CUDA_MEM_ALLOC_NODE_PARAMS_v2, then its access
+// descriptors), locations named as the server knows its devices. The address comes back to `out`.
+CUresult alloc_spec(const CUmemPoolProps& props, const CUmemAccessDesc* access, size_t access_count,
+                    size_t bytesize, CUdeviceptr* out, node_spec& s) {
+    if (bytesize == 0 || (access_count && !access) || access_count > 64) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_MEM_ALLOC_NODE_PARAMS_v2 a{};
+    a.poolProps = props;
+    a.accessDescCount = access_count;
+    a.bytesize = bytesize;
+    if (CUresult rc = server_location(a.poolProps.location); rc != CUDA_SUCCESS) return rc;
+    std::vector<CUmemAccessDesc> descs(access, access + access_count);
+    for (auto& d : descs)
+        if (CUresult rc = server_location(d.location); rc != CUDA_SUCCESS) return rc;
+    s.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+    s.data.resize(sizeof a + descs.size() * sizeof(CUmemAccessDesc));
+    std::memcpy(s.data.data(), &a, sizeof a);
+    if (!descs.empty()) std::memcpy(s.data.data() + sizeof a, descs.data(), descs.size() * sizeof(CUmemAccessDesc));
+    s.alloc_out = out;
+    s.alloc_size = bytesize;
+    return CUDA_SUCCESS;
+}
+
+CUresult free_spec(CUdeviceptr p, node_spec& s) {
+    device_allocation a;
+    if (!state::get().find_allocation(p, 1, a) || a.base != p) return CUDA_ERROR_INVALID_VALUE;
+    s.type = CU_GRAPH_NODE_TYPE_MEM_FREE;
+    s.args = {p};
+    return CUDA_SUCCESS;
+}
+
 // A host node: the function runs here, at each launch, when the server asks (client/host_functions.hpp).
 CUresult host_spec(CUhostFn fn, void* data, node_spec& s) {
     if (!fn) return CUDA_ERROR_INVALID_VALUE;
@@ -170,8 +204,8 @@ CUresult event_spec(CUgraphNodeType type, CUevent event, node_spec& s) {
     return CUDA_SUCCESS;
 }
 
-// cuGraphAddNode's tagged union.
-CUresult spec_of(const CUgraphNodeParams* p, node_spec& s, const char* name) {
+// cuGraphAddNode's tagged union (a memory alloc node's address is written back into it).
+CUresult spec_of(CUgraphNodeParams* p, node_spec& s, const char* name) {
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     switch (p->type) {
         case CU_GRAPH_NODE_TYPE_KERNEL:
@@ -190,6 +224,12 @@ CUresult spec_of(const CUgraphNodeParams* p, node_spec& s, const char* name) {
             return CUDA_SUCCESS;
         case CU_GRAPH_NODE_TYPE_HOST:
             return host_spec(p->host.fn, p->host.userData, s);
+        case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
+            auto& a = p->alloc;
+            return alloc_spec(a.poolProps, a.accessDescs, a.accessDescCount, a.bytesize, &a.dptr, s);
+        }
+        case CU_GRAPH_NODE_TYPE_MEM_FREE:
+            return free_spec(p->free.dptr, s);
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
             return event_spec(p->type, p->eventWait.event, s);
         case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
@@ -227,6 +267,11 @@ CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CU
         return rc;
     }
     *out = adopt_node(c.out<uint64_t>(0), id_of(g), spec.type);
+    if (spec.alloc_out) {
+        // The graph's memory: the mirror knows it as the device's from now on, as copies and memsets need.
+        *spec.alloc_out = c.out<uint64_t>(1);
+        state::get().add_allocation(*spec.alloc_out, spec.alloc_size, current_device(), false, false, true);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -508,6 +553,23 @@ VCUDA_API cuGraphAddHostNode(CUgraphNode* node, CUgraph g, const CUgraphNode* de
     });
 }
 
+VCUDA_API cuGraphAddMemAllocNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                                 CUDA_MEM_ALLOC_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddMemAllocNode, node, g, deps, n, params);
+    return add_node(node, g, deps, nullptr, n, "cuGraphAddMemAllocNode", [&](node_spec& s) {
+        return params ? alloc_spec(params->poolProps, params->accessDescs, params->accessDescCount,
+                                   params->bytesize, &params->dptr, s)
+                      : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphAddMemFreeNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                                CUdeviceptr dptr) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddMemFreeNode, node, g, deps, n, dptr);
+    return add_node(node, g, deps, nullptr, n, "cuGraphAddMemFreeNode",
+                    [&](node_spec& s) { return free_spec(dptr, s); });
+}
+
 VCUDA_API cuGraphAddEmptyNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddEmptyNode, node, g, deps, n);
     return add_node(node, g, deps, nullptr, n, "cuGraphAddEmptyNode",
@@ -669,4 +731,38 @@ VCUDA_API cuGraphExecUpdate(CUgraphExec exec, CUgraph g, CUgraphNode* error_node
     *error_node = info.errorNode;
     *result = info.result;
     return rc;
+}
+
+// ---------------------------------------------------------------- graph memory figures
+
+namespace {
+CUresult graph_mem_attribute(CUdevice dev, CUgraphMem_attribute attr, void* value, bool set, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    if (!value || static_cast<unsigned>(attr) > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) return CUDA_ERROR_INVALID_VALUE;
+    CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, dev};
+    if (CUresult rc = server_location(loc); rc != CUDA_SUCCESS) return CUDA_ERROR_INVALID_DEVICE;
+    cuuint64_t v = 0;
+    if (set) std::memcpy(&v, value, sizeof v);
+    plain_call c(op::graph_mem_attribute, name);
+    c.arg(static_cast<uint64_t>(loc.id));
+    c.arg(static_cast<uint64_t>(attr));
+    c.arg(uint64_t{set});
+    c.arg(static_cast<uint64_t>(v));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    if (!set) {
+        v = c.out<uint64_t>(0);
+        std::memcpy(value, &v, sizeof v);
+    }
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
+VCUDA_API cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void* value) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetGraphMemAttribute, device, attr, value);
+    return graph_mem_attribute(device, attr, value, false, "cuDeviceGetGraphMemAttribute");
+}
+
+VCUDA_API cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void* value) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceSetGraphMemAttribute, device, attr, value);
+    return graph_mem_attribute(device, attr, value, true, "cuDeviceSetGraphMemAttribute");
 }

@@ -13,6 +13,7 @@
 
 #include "server/call_context.hpp"
 #include "server/handlers_array.hpp"
+#include "server/handlers_graph.hpp"
 #include "server/host_functions.hpp"
 #include "server/kernel_args.hpp"
 
@@ -397,31 +398,70 @@ CUresult memcpy_node(call_context& cx, size_t i, bool client, CUDA_MEMCPY3D& c) 
 
 // What a node's parameters point at until the driver has taken them.
 struct node_parts {
-    explicit node_parts(const driver_table& drv) : d(drv) {}
+    explicit node_parts(call_context& c) : cx(c) {}
     node_parts(const node_parts&) = delete;
     node_parts& operator=(const node_parts&) = delete;
     ~node_parts() {
-        if (child) d.cuGraphDestroy(child);
+        if (child) cx.drv().cuGraphDestroy(child);
+        if (charged) {  // a memory alloc node that was not made
+            std::lock_guard lock(cx.sess.mu);
+            cx.sess.memory(alloc_device).credit(charged);
+        }
     }
-    const driver_table& d;
+    call_context& cx;
     kernel_args args;
     CUgraph child = nullptr;  // a host copy's graph, cloned into the node
+    std::vector<CUmemAccessDesc> access;  // a memory alloc node's
+    size_t alloc_device = 0;              // ... the session device charged for it
+    uint64_t charged = 0;                 // ... and how much, until the node holds it (hold_allocation)
 };
 
 // How many arguments each node type takes (node_params), by CUgraphNodeType; -1: not served. A memcpy node's
 // one argument was added later: older clients send none.
-constexpr int type_args[] = {9, 1, 6, 1, 1, 0, 1, 1};
+constexpr int type_args[] = {9, 1, 6, 1, 1, 0, 1, 1, -1, -1, 0, 1};
 
 bool valid_type_args(uint64_t type, size_t n) {
     if (type >= std::size(type_args) || type_args[type] < 0) return false;
     return n == static_cast<size_t>(type_args[type]) || (type == CU_GRAPH_NODE_TYPE_MEMCPY && n == 0);
 }
 
+// A memory alloc node's parameters (blob `i`: a CUDA_MEM_ALLOC_NODE_PARAMS_v2, then its accessDescCount
+// CUmemAccessDesc; locations name the session's devices), checked, and its size charged to the quota of its
+// device.
+CUresult alloc_node(call_context& cx, size_t i, node_parts& parts, CUDA_MEM_ALLOC_NODE_PARAMS_v2& a) {
+    auto b = cx.blob(i);
+    if (b.size() < sizeof a) return cx.bad_arguments();
+    std::memcpy(&a, b.data(), sizeof a);
+    const size_t n = a.accessDescCount;
+    if (n > 64 || b.size() != sizeof a + n * sizeof(CUmemAccessDesc)) return cx.bad_arguments();
+    parts.access.resize(n);
+    if (n) std::memcpy(parts.access.data(), b.data() + sizeof a, n * sizeof(CUmemAccessDesc));
+    a.accessDescs = parts.access.empty() ? nullptr : parts.access.data();
+    a.dptr = 0;
+    if (a.bytesize == 0 || a.poolProps.allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        a.poolProps.handleTypes != CU_MEM_HANDLE_TYPE_NONE || a.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "memory alloc nodes are served for pinned device memory only");
+    a.poolProps.win32SecurityAttributes = nullptr;
+    if (CUresult rc = cx.device_location(a.poolProps.location, parts.alloc_device); rc != CUDA_SUCCESS) return rc;
+    for (auto& d : parts.access) {
+        size_t device;
+        if (d.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return cx.bad_arguments();
+        if (CUresult rc = cx.device_location(d.location, device); rc != CUDA_SUCCESS) return rc;
+    }
+    std::lock_guard lock(cx.sess.mu);
+    if (!cx.sess.memory(parts.alloc_device).charge(a.bytesize))
+        return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "a graph allocation of " + std::to_string(a.bytesize) +
+                                                     " bytes exceeds the session's memory quota");
+    parts.charged = a.bytesize;
+    return CUDA_SUCCESS;
+}
+
 // The parameters of a node of `type` from args `first`.. and blob `data`: kernel {function or kernel, grid xyz,
 // block xyz, shared bytes, form}, blob its parameters; memset {dst, value, element size, width, height, pitch};
 // memcpy {the client's host copy id (0 or absent: the sides are the session's)}, blob its CUDA_MEMCPY3D (a copy
 // with the client's memory becomes a child graph, server/host_functions.hpp); host {the client's host function
-// id}; child graph {graph}; event record / wait {event}; empty nothing.
+// id}; child graph {graph}; event record / wait {event}; memory alloc nothing, blob its parameters (alloc_node);
+// memory free {a graph allocation of the session}; empty nothing.
 CUresult node_params(call_context& cx, CUgraphNodeType type, size_t first, size_t data, node_parts& parts,
                      CUgraphNodeParams& p) {
     p = {};
@@ -472,9 +512,75 @@ CUresult node_params(call_context& cx, CUgraphNodeType type, size_t first, size_
             return cx.handle(first, handle_kind::event, p.eventWait.event);
         case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
             return cx.handle(first, handle_kind::event, p.eventRecord.event);
+        case CU_GRAPH_NODE_TYPE_MEM_ALLOC:
+            return alloc_node(cx, data, parts, p.alloc);
+        case CU_GRAPH_NODE_TYPE_MEM_FREE:
+            p.free.dptr = cx.arg(first);
+            return cx.sess.graph_memory.find(p.free.dptr)
+                       ? CUDA_SUCCESS
+                       : cx.fail(CUDA_ERROR_INVALID_VALUE, "not a graph allocation of this session");
         default:
             return CUDA_SUCCESS;  // empty
     }
+}
+
+// A memory alloc node's allocation: held for the session while `g`, or a graph or executable graph made from
+// it, holds the node (a user object of `g`); charged to the quota until then.
+struct allocation_hold {
+    std::weak_ptr<session> sess;
+    CUdeviceptr p = 0;
+    uint64_t size = 0;
+    size_t device = 0;
+};
+
+// The user object's destructor, on a thread of the driver's: no driver calls, no session mutex.
+void CUDA_CB drop_allocation(void* data) {
+    std::unique_ptr<allocation_hold> h(static_cast<allocation_hold*>(data));
+    if (auto s = h->sess.lock()) {
+        s->graph_memory.drop(h->p);
+        if (h->device < s->device_count()) s->memory(h->device).credit_later(h->size);
+    }
+}
+
+}  // namespace
+
+CUresult hold_graph_allocation(call_context& cx, CUgraph g, CUdeviceptr p, uint64_t size, size_t device) {
+    auto& d = cx.drv();
+    if (!d.cuUserObjectCreate || !d.cuUserObjectRelease || !d.cuGraphRetainUserObject) {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.memory(device).credit(size);
+        return cx.unsupported("cuUserObjectCreate");
+    }
+    auto* h = new allocation_hold{cx.sess.weak_from_this(), p, size, device};
+    CUuserObject obj = nullptr;
+    if (CUresult rc = d.cuUserObjectCreate(&obj, h, &drop_allocation, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
+        rc != CUDA_SUCCESS) {
+        delete h;
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.memory(device).credit(size);
+        return rc;
+    }
+    cx.sess.graph_memory.add(p, size, device);
+    if (CUresult rc = d.cuGraphRetainUserObject(g, obj, 1, CU_GRAPH_USER_OBJECT_MOVE); rc != CUDA_SUCCESS) {
+        d.cuUserObjectRelease(obj, 1);  // drops the hold and credits the charge
+        return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
+namespace {
+
+// What a node needs once added to `g`: a memory alloc node's allocation held (with its charge); its address
+// goes to the client.
+CUresult node_added(call_context& cx, CUgraph g, CUgraphNode node, const CUgraphNodeParams& p, node_parts& parts) {
+    if (p.type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) return CUDA_SUCCESS;
+    const uint64_t charged = std::exchange(parts.charged, 0);  // the hold's from now on
+    if (CUresult rc = hold_graph_allocation(cx, g, p.alloc.dptr, charged, parts.alloc_device);
+        rc != CUDA_SUCCESS) {
+        cx.drv().cuGraphDestroyNode(node);
+        return rc;
+    }
+    return CUDA_SUCCESS;
 }
 
 }  // namespace
@@ -489,7 +595,7 @@ CUresult handle_graph_add_node(call_context& cx) {
     dependencies deps;
     if (CUresult rc = deps.read(cx); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
-    node_parts parts(d);
+    node_parts parts(cx);
     CUgraphNodeParams p;
     if (CUresult rc = node_params(cx, static_cast<CUgraphNodeType>(cx.arg(1)), 2, 2, parts, p); rc != CUDA_SUCCESS)
         return rc;
@@ -502,7 +608,9 @@ CUresult handle_graph_add_node(call_context& cx) {
     else
         return cx.unsupported("cuGraphAddNode_v2");
     if (rc != CUDA_SUCCESS) return rc;
+    if (CUresult r = node_added(cx, g, node, p, parts); r != CUDA_SUCCESS) return r;
     cx.out_handle(handle_kind::graph_node, node, cx.arg(0), /*owned=*/true);
+    if (p.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) cx.out(static_cast<uint64_t>(p.alloc.dptr));
     return CUDA_SUCCESS;
 }
 
@@ -530,7 +638,7 @@ CUresult handle_capture_add_node(call_context& cx) {
     std::vector<CUgraphNode> after(deps, deps + n);  // the driver's array is valid only until the next call
     std::vector<CUgraphEdgeData> edge_data;
     if (edges) edge_data.assign(edges, edges + n);
-    node_parts parts(d);
+    node_parts parts(cx);
     CUgraphNodeParams p;
     if (CUresult rc = node_params(cx, static_cast<CUgraphNodeType>(cx.arg(1)), 2, 0, parts, p); rc != CUDA_SUCCESS)
         return rc;
@@ -539,7 +647,28 @@ CUresult handle_capture_add_node(call_context& cx) {
                                           &p);
         rc != CUDA_SUCCESS)
         return rc;
+    if (CUresult rc = node_added(cx, g, node, p, parts); rc != CUDA_SUCCESS) return rc;
     return d.cuStreamUpdateCaptureDependencies_v2(s, &node, nullptr, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+}
+
+// args {device, CUgraphMem_attribute, 0 get / 1 set, value to set} -> outs {value} (get). The figures are the
+// server process's, as the driver keeps them per device.
+CUresult handle_graph_mem_attribute(call_context& cx) {
+    if (!cx.expect_args(4) || cx.arg(1) > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH || cx.arg(2) > 1)
+        return cx.bad_arguments();
+    CUdevice dev;
+    if (CUresult rc = cx.device(0, dev); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    auto attr = static_cast<CUgraphMem_attribute>(cx.arg(1));
+    cuuint64_t value = cx.arg(3);
+    if (cx.arg(2) == 1) {
+        if (!d.cuDeviceSetGraphMemAttribute) return cx.unsupported("cuDeviceSetGraphMemAttribute");
+        return d.cuDeviceSetGraphMemAttribute(dev, attr, &value);
+    }
+    if (!d.cuDeviceGetGraphMemAttribute) return cx.unsupported("cuDeviceGetGraphMemAttribute");
+    if (CUresult rc = d.cuDeviceGetGraphMemAttribute(dev, attr, &value); rc != CUDA_SUCCESS) return rc;
+    cx.out(static_cast<uint64_t>(value));
+    return CUDA_SUCCESS;
 }
 
 // args {executable graph, graph} -> outs {CUgraphExecUpdateResult, then the error node and the node it came

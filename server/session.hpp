@@ -162,6 +162,8 @@ class session : public std::enable_shared_from_this<session> {
     vmm_tables vmm;  // under mu
     // Stream-ordered allocations (server/handlers_pool.cpp).
     pool_allocations pools;  // under mu
+    // Graph allocations (server/handlers_graph.cpp).
+    graph_allocations graph_memory;
     // CUDA arrays, texture and surface objects (server/handlers_array.cpp).
     array_tables arrays;  // under mu
     void release_vmm();

@@ -2,11 +2,12 @@
 // module globals and the image cache (server/handlers_module.cpp), stream-ordered allocations
 // (handlers_pool.cpp, and cuMemFree in handlers_memory.cpp), pinned host regions shared with a client on this
 // host (handlers_host.cpp), the virtual memory management API's reservations, mappings and physical
-// allocations (handlers_vmm.cpp), link states' options (handlers_link.cpp), and the staging buffers of graph
-// copies with the client's memory (handlers_hostfn.cpp). The session (a friend) reads them whole for owns_range
+// allocations (handlers_vmm.cpp), link states' options (handlers_link.cpp), graph allocations and the staging
+// buffers of graph copies with the client's memory (handlers_graph.cpp, handlers_hostfn.cpp). The session (a friend) reads them whole for owns_range
 // and releases what they hold at a device reset and at its end (server/session.cpp). locks: none inside, every
-// call made with the session's `mu` held; except host_copy_buffers, which has its own mutex, and
-// host_regions::credit_later (atomic): both are used by the driver's thread of user object destructors.
+// call made with the session's `mu` held; except graph_allocations and host_copy_buffers, which have their own
+// mutex, and host_regions::credit_later (atomic): they are used by the driver's thread of user object
+// destructors.
 #pragma once
 
 #include <unistd.h>
@@ -267,6 +268,51 @@ class host_regions {
     std::map<uintptr_t, region> regions_;  // server address -> region
     uint64_t bytes_ = 0;
     std::atomic<uint64_t> credit_{0};
+};
+
+// Graph allocations: the addresses memory alloc nodes (explicit, or captured from cuMemAllocAsync) hand out,
+// with their size and the session device charged. They stay the session's while a graph or executable graph
+// holding the node that made them lives: each node's hold is a CUDA user object of its graph, whose destructor
+// (on a driver thread) drops it (server/handlers_graph.cpp). The driver may give one address to several nodes
+// (memory freed earlier in a graph is used again): each holds it. locks: its own mutex.
+class graph_allocations {
+  public:
+    struct allocation {
+        size_t size = 0;
+        size_t device = 0;
+        unsigned holds = 0;
+    };
+    void add(CUdeviceptr p, size_t size, size_t device) {
+        std::lock_guard lock(mu_);
+        auto& a = allocations_[p];
+        a.size = std::max(a.size, size);
+        a.device = device;
+        ++a.holds;
+    }
+    void drop(CUdeviceptr p) {
+        std::lock_guard lock(mu_);
+        auto it = allocations_.find(p);
+        if (it != allocations_.end() && --it->second.holds == 0) allocations_.erase(it);
+    }
+    // The allocation starting at p, or nothing.
+    std::optional<allocation> find(CUdeviceptr p) {
+        std::lock_guard lock(mu_);
+        auto it = allocations_.find(p);
+        if (it == allocations_.end()) return std::nullopt;
+        return it->second;
+    }
+    // True when [p, p+n) lies inside one.
+    bool holds(CUdeviceptr p, size_t n) {
+        std::lock_guard lock(mu_);
+        auto it = allocations_.upper_bound(p);
+        if (it == allocations_.begin()) return false;
+        --it;
+        return range_inside(p, n, it->first, it->second.size);
+    }
+
+  private:
+    std::mutex mu_;
+    std::map<CUdeviceptr, allocation> allocations_;
 };
 
 // The staging buffers of graph copies between the GPU and the client's memory, by the client's id of the copy

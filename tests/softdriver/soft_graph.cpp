@@ -350,10 +350,10 @@ bool lossy(const std::vector<CUgraphEdgeData>& edges) {
     });
 }
 
-// cuGraphAddNode*: a node of the type `p` names, its work checked and made now (kernel parameters copied).
+// cuGraphAddNode*: a node of the type `p` names, its work checked and made now (kernel parameters copied; a
+// memory alloc node's memory mapped, its address written into `p`).
 CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* dependencies,
-                       const CUgraphEdgeData* dependencyData, size_t numDependencies,
-                       const CUgraphNodeParams* p) {
+                       const CUgraphEdgeData* dependencyData, size_t numDependencies, CUgraphNodeParams* p) {
     if (phGraphNode == nullptr || p == nullptr || p->reserved0[0] != 0 || p->reserved0[1] != 0 ||
         p->reserved0[2] != 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -413,6 +413,24 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:  // everything before it has run: nothing to wait for
             if (s.find<event_obj>(p->eventWait.event) == nullptr) return CUDA_ERROR_INVALID_VALUE;
             break;
+        case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
+            const auto& a = p->alloc;
+            context_obj* c = nullptr;
+            if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+            if (a.bytesize == 0 || a.poolProps.allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+                a.poolProps.handleTypes != CU_MEM_HANDLE_TYPE_NONE ||
+                a.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE || a.poolProps.location.id != c->device)
+                return CUDA_ERROR_INVALID_VALUE;
+            CUdeviceptr dptr = 0;
+            if (CUresult r = graph_alloc(s, *c, a.bytesize, &dptr); r != CUDA_SUCCESS) return r;
+            p->alloc.dptr = dptr;
+            break;
+        }
+        case CU_GRAPH_NODE_TYPE_MEM_FREE: {
+            auto it = s.ranges.find(static_cast<uintptr_t>(p->free.dptr));
+            if (it == s.ranges.end() || !it->second.graph) return CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
         case CU_GRAPH_NODE_TYPE_HOST:
             if (p->host.fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
             host = {p->host.fn, p->host.userData};
@@ -1020,4 +1038,48 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamUpdateCaptureDependencies_v2(CUstream
         }
         return CUDA_SUCCESS;
     });
+}
+
+// --- Graph memory: what graph allocations hold on a device (their memory stays mapped, so used and reserved
+// are the same).
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr,
+                                                               void* value) {
+    return entry([&](state& s) -> CUresult {
+        if (!s.valid_device(device) || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        cuuint64_t v = 0;
+        switch (attr) {
+            case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+            case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
+                v = graph_memory(s, device);
+                break;
+            case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
+            case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH:
+                v = s.devices[static_cast<size_t>(device)].graph_high;
+                break;
+            default:
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+        std::memcpy(value, &v, sizeof v);
+        return CUDA_SUCCESS;
+    });
+}
+
+// Only the high watermarks can be set, and only to 0 (back to what is held now).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr,
+                                                               void* value) {
+    return entry([&](state& s) -> CUresult {
+        if (!s.valid_device(device) || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        cuuint64_t v = 0;
+        std::memcpy(&v, value, sizeof v);
+        if (v != 0 || (attr != CU_GRAPH_MEM_ATTR_USED_MEM_HIGH && attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH))
+            return CUDA_ERROR_INVALID_VALUE;
+        s.devices[static_cast<size_t>(device)].graph_high = graph_memory(s, device);
+        return CUDA_SUCCESS;
+    });
+}
+
+// Nothing is kept beyond what graph allocations hold.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGraphMemTrim(CUdevice device) {
+    return entry([&](state& s) { return s.valid_device(device) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE; });
 }

@@ -263,6 +263,7 @@ struct mem_range {
     std::array<CUmemAccess_flags, max_devices> access{};  // vmm: per-device access
     bool sync_memops = false;
     uint64_t pool = 0;  // a stream-ordered allocation's pool
+    bool graph = false;  // made by a memory alloc node: its address is its graph's, never unmapped by a free
 };
 
 struct device_info {
@@ -270,6 +271,7 @@ struct device_info {
     size_t used = 0;
     uint64_t primary_ctx = 0;
     uint64_t default_pool = 0, current_pool = 0;  // pool_obj handles, made on first use
+    size_t graph_high = 0;                        // graph allocations' bytes, at most (since reset)
 };
 
 struct state {
@@ -473,6 +475,11 @@ void insert_range(state& s, mem_range r);
 void free_range(state& s, uintptr_t base);          // releases the memory and the quota; erases the range
 void release_pooled(state& s, const mem_range& r);  // a stream-ordered allocation's pool figures drop
 CUresult charge(state& s, int device, size_t bytes);
+// Memory of a memory alloc node in context `c`'s device: mapped from the node's creation until the context goes
+// (a graph allocation's address is its graph's; frees leave it mapped).
+CUresult graph_alloc(state& s, context_obj& c, size_t bytes, CUdeviceptr* out);
+// Bytes of graph allocations on `device`.
+size_t graph_memory(const state& s, int device);
 void uncharge(state& s, int device, size_t bytes);
 void* os_alloc(size_t bytes);  // anonymous, zeroed, lazily committed; nullptr on failure
 void os_free(void* p, size_t bytes);
