@@ -1,14 +1,15 @@
 // Graphs: the hand-written entry points. The plain ones (cuGraphCreate, cuGraphClone, cuGraphDestroy,
-// cuGraphExecDestroy, cuGraphLaunch, cuGraphUpload, cuGraphExecChildGraphNodeSetParams, cuGraphDestroyNode) are
-// generated from the spec; graphs come from them or from cuStreamEndCapture (client/api_stream.cpp) and are
-// session handles like streams. Graph nodes are session handles too: those added here come back from the
+// cuGraphExecDestroy, cuGraphLaunch, cuGraphUpload, cuGraphExecChildGraphNodeSetParams, cuGraphDestroyNode)
+// are generated from the spec; graphs come from them or from cuStreamEndCapture (client/api_stream.cpp) and
+// are session handles like streams. Graph nodes are session handles too: those added here come back from the
 // server's graph_add_node, those the driver made (captured work) when a listing (cuGraphGetNodes, ...) first
 // names them. The mirror keeps each node's graph and type, and each executable graph's graph, so that
 // cuGraphNodeGetType is answered here and cuGraphExecKernelNodeSetParams (XLA: about ninety per step) is
-// checked here and queued. Served node types: kernel, memset, memcpy (device memory, arrays, pinned memory shared
-// with the server, and this process's own memory through a host copy: client/host_functions.hpp), host, child
-// graph (cloned), empty, event record and event wait; the others answer CUDA_ERROR_NOT_SUPPORTED (logged once).
-// The graph functions answer CUDA_ERROR_INVALID_VALUE for an unknown graph, node or parameter, as cuda.h lists.
+// checked here and queued. Served node types: kernel, memset, memcpy (device memory, arrays, pinned memory
+// shared with the server, and this process's own memory through a host copy: client/host_functions.hpp),
+// host, child graph (cloned), empty, event record and event wait; the others answer CUDA_ERROR_NOT_SUPPORTED
+// (logged once). The graph functions answer CUDA_ERROR_INVALID_VALUE for an unknown graph, node or parameter,
+// as cuda.h lists.
 #include <algorithm>
 #include <cstring>
 #include <span>
@@ -83,8 +84,9 @@ CUresult node_context(CUcontext ctx, const char* name) {
 }
 
 // One node as it travels: its type, the arguments of its type (server/handlers_graph.cpp, graph_add_node) and
-// its data (a kernel's packed parameters, a memcpy's CUDA_MEMCPY3D). `host_function`: the id of a host function
-// or host copy registered for it (client/host_functions.hpp), forgotten again when the server refuses the node.
+// its data (a kernel's packed parameters, a memcpy's CUDA_MEMCPY3D). `host_function`: the id of a host
+// function or host copy registered for it (client/host_functions.hpp), forgotten again when the server
+// refuses the node.
 struct node_spec {
     CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
     std::vector<uint64_t> args;
@@ -163,7 +165,8 @@ CUresult alloc_spec(const CUmemPoolProps& props, const CUmemAccessDesc* access, 
     s.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
     s.data.resize(sizeof a + descs.size() * sizeof(CUmemAccessDesc));
     std::memcpy(s.data.data(), &a, sizeof a);
-    if (!descs.empty()) std::memcpy(s.data.data() + sizeof a, descs.data(), descs.size() * sizeof(CUmemAccessDesc));
+    if (!descs.empty())
+        std::memcpy(s.data.data() + sizeof a, descs.data(), descs.size() * sizeof(CUmemAccessDesc));
     s.alloc_out = out;
     s.alloc_size = bytesize;
     return CUDA_SUCCESS;
@@ -736,9 +739,11 @@ VCUDA_API cuGraphExecUpdate(CUgraphExec exec, CUgraph g, CUgraphNode* error_node
 // ---------------------------------------------------------------- graph memory figures
 
 namespace {
-CUresult graph_mem_attribute(CUdevice dev, CUgraphMem_attribute attr, void* value, bool set, const char* name) {
+CUresult graph_mem_attribute(CUdevice dev, CUgraphMem_attribute attr, void* value, bool set,
+                             const char* name) {
     VCUDA_REQUIRE_INIT();
-    if (!value || static_cast<unsigned>(attr) > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) return CUDA_ERROR_INVALID_VALUE;
+    if (!value || static_cast<unsigned>(attr) > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)
+        return CUDA_ERROR_INVALID_VALUE;
     CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, dev};
     if (CUresult rc = server_location(loc); rc != CUDA_SUCCESS) return CUDA_ERROR_INVALID_DEVICE;
     cuuint64_t v = 0;

@@ -52,8 +52,8 @@ host_functions& registry() {
 // At most this many bytes of a graph copy in one call (as the server allows).
 constexpr size_t host_copy_chunk = size_t{8} << 20;
 
-// Calls at(p, len, offset) for each piece of packed bytes [off, off+n) of copy `c`: its address here, its length
-// (at most the rest of its row) and its offset in the packed bytes.
+// Calls at(p, len, offset) for each piece of packed bytes [off, off+n) of copy `c`: its address here, its
+// length (at most the rest of its row) and its offset in the packed bytes.
 template <class F>
 void for_each_piece(const host_copy_side& c, size_t off, size_t n, F&& at) {
     while (n > 0) {
@@ -77,8 +77,9 @@ int move_copy(lane& l, uint64_t id, const host_copy_side& c) {
         call_reply rp;
         if (c.to_device) {
             chunk.resize(n);
-            for_each_piece(c, off, n,
-                           [&](const char* p, size_t len, size_t at) { std::memcpy(&chunk[at - off], p, len); });
+            for_each_piece(c, off, n, [&](const char* p, size_t len, size_t at) {
+                std::memcpy(&chunk[at - off], p, len);
+            });
             uint64_t args[] = {id, off};
             rq.operation = op::host_copy_write;
             rq.args = args;
@@ -90,8 +91,9 @@ int move_copy(lane& l, uint64_t id, const host_copy_side& c) {
             rq.args = args;
             if (int rc = l.call(rq, rp); rc != CUDA_SUCCESS) return rc;
             if (rp.payload.size() != n) return CUDA_ERROR_UNKNOWN;
-            for_each_piece(c, off, n,
-                           [&](char* p, size_t len, size_t at) { std::memcpy(p, &rp.payload[at - off], len); });
+            for_each_piece(c, off, n, [&](char* p, size_t len, size_t at) {
+                std::memcpy(p, &rp.payload[at - off], len);
+            });
         }
     }
     return CUDA_SUCCESS;
@@ -126,8 +128,8 @@ void run_host_functions(session* s) {
         } else if (c.copy) {
             // A failure leaves the copy's bytes as they were; the graph goes on, as it must (logged).
             if (int rc = move_copy(*l, id, *c.copy); rc != CUDA_SUCCESS)
-                VCUDA_LOG_WARN("a graph copy with this process's memory failed (error {}): its bytes did not move",
-                               rc);
+                VCUDA_LOG_WARN(
+                    "a graph copy with this process's memory failed (error {}): its bytes did not move", rc);
         }
         uint64_t arg = id;
         call_request done;

@@ -16,8 +16,8 @@ namespace vcuda::client {
 uint64_t graph_host_function(CUhostFn fn, void* data);
 
 // This process's side of a graph copy: w bytes x h rows x depth slices at (x bytes, y, z) of a pitch x height
-// layout from `base`. to_device: read at the host node, before the node's copy to the GPU; else written there,
-// after the copy from the GPU.
+// layout from `base`. to_device: read at the host node, before the node's copy to the GPU; else written
+// there, after the copy from the GPU.
 struct host_copy_side {
     bool to_device = false;
     char* base = nullptr;

@@ -55,7 +55,8 @@ struct device_allocation {
     int device = 0;
     bool module_global = false;  // a __device__ variable of a module: copyable, never freed by cuMemFree
     bool managed = false;        // cuMemAllocManaged: the CPU reaches it too (client/managed.hpp)
-    bool graph = false;  // a memory alloc node's: its address is its graph's, kept through frees (api_graph.cpp)
+    bool graph =
+        false;  // a memory alloc node's: its address is its graph's, kept through frees (api_graph.cpp)
 };
 
 struct host_allocation {

@@ -97,8 +97,8 @@ CUresult call_context::device_box(CUdeviceptr p, uint64_t x, uint64_t y, uint64_
     return device_range(p + first, last - first);
 }
 
-CUresult call_context::host_box(uintptr_t p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height,
-                                uint64_t w, uint64_t h, uint64_t depth) {
+CUresult call_context::host_box(uintptr_t p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch,
+                                uint64_t height, uint64_t w, uint64_t h, uint64_t depth) {
     uint64_t first, last;
     if (!box_span(x, y, z, pitch, height, w, h, depth, first, last)) return CUDA_ERROR_INVALID_VALUE;
     return sess.owns_host(p + first, last - first)

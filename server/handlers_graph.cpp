@@ -5,8 +5,11 @@
 // from then on. Graph nodes are session handles owned by their graph (erased with it, handle_table.hpp):
 // those made by the client's calls are entered when made, those the driver made (captured work, a cloned
 // child graph's) when first reported. Every node, graph, function, event and device range a node names is
-// checked like a launch's, memset's or copy's is. The plain graph calls (create, destroy, launch, upload,
-// child graph update, node destroy) are generated.
+// checked like a launch's, memset's or copy's is. Two things a capture cannot record itself are added to it
+// here: copies with the client's memory (server/host_functions.hpp) and stream-ordered allocations' holds. Graph
+// allocations (memory alloc nodes) are the session's while a graph holding their node lives (a user object of
+// that graph, server/handlers_graph.hpp). The plain graph calls (create, clone, destroy, launch, upload, child
+// graph update, node destroy, graph memory trim) are generated.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -28,7 +31,6 @@ bool valid_capture_mode(uint64_t m) { return m <= CU_STREAM_CAPTURE_MODE_RELAXED
 CUgraphNodeType seen_type(const driver_table& d, CUgraphNode node, CUgraphNodeType type) {
     return type == CU_GRAPH_NODE_TYPE_GRAPH && is_host_copy_node(d, node) ? CU_GRAPH_NODE_TYPE_MEMCPY : type;
 }
-
 
 // This lane's thread takes the client thread's capture mode (cuThreadExchangeStreamCaptureMode): it decides
 // which calls the driver allows while a capture is under way.
@@ -335,9 +337,9 @@ CUresult kernel_node(call_context& cx, size_t first, size_t block, kernel_args& 
 }
 
 // One side of a memcpy node's copy as the client sends it (the CUDA_MEMCPY3D's fields of that side): device
-// memory of the session, one of its arrays (the handle in the array field), its shared pinned host memory (by the
-// server's address), or, where `client` is set, the client's memory (CU_MEMORYTYPE_HOST: the pointer is not
-// read; host_copy_graph puts a staging buffer there).
+// memory of the session, one of its arrays (the handle in the array field), its shared pinned host memory (by
+// the server's address), or, where `client` is set, the client's memory (CU_MEMORYTYPE_HOST: the pointer is
+// not read; host_copy_graph puts a staging buffer there).
 template <class HostPtr>
 struct copy_side {
     CUmemorytype& type;
@@ -355,7 +357,8 @@ CUresult check_side(call_context& cx, const CUDA_MEMCPY3D& c, copy_side<HostPtr>
             s.type = CU_MEMORYTYPE_DEVICE;
             s.host = nullptr;
             s.array = nullptr;
-            return cx.device_box(s.device, s.x, s.y, s.z, s.pitch, s.height, c.WidthInBytes, c.Height, c.Depth);
+            return cx.device_box(s.device, s.x, s.y, s.z, s.pitch, s.height, c.WidthInBytes, c.Height,
+                                 c.Depth);
         case CU_MEMORYTYPE_ARRAY:
             s.host = nullptr;
             s.device = 0;
@@ -410,7 +413,7 @@ struct node_parts {
     }
     call_context& cx;
     kernel_args args;
-    CUgraph child = nullptr;  // a host copy's graph, cloned into the node
+    CUgraph child = nullptr;              // a host copy's graph, cloned into the node
     std::vector<CUmemAccessDesc> access;  // a memory alloc node's
     size_t alloc_device = 0;              // ... the session device charged for it
     uint64_t charged = 0;                 // ... and how much, until the node holds it (hold_allocation)
@@ -439,10 +442,13 @@ CUresult alloc_node(call_context& cx, size_t i, node_parts& parts, CUDA_MEM_ALLO
     a.accessDescs = parts.access.empty() ? nullptr : parts.access.data();
     a.dptr = 0;
     if (a.bytesize == 0 || a.poolProps.allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
-        a.poolProps.handleTypes != CU_MEM_HANDLE_TYPE_NONE || a.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return cx.fail(CUDA_ERROR_INVALID_VALUE, "memory alloc nodes are served for pinned device memory only");
+        a.poolProps.handleTypes != CU_MEM_HANDLE_TYPE_NONE ||
+        a.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE,
+                       "memory alloc nodes are served for pinned device memory only");
     a.poolProps.win32SecurityAttributes = nullptr;
-    if (CUresult rc = cx.device_location(a.poolProps.location, parts.alloc_device); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.device_location(a.poolProps.location, parts.alloc_device); rc != CUDA_SUCCESS)
+        return rc;
     for (auto& d : parts.access) {
         size_t device;
         if (d.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return cx.bad_arguments();
@@ -456,18 +462,19 @@ CUresult alloc_node(call_context& cx, size_t i, node_parts& parts, CUDA_MEM_ALLO
     return CUDA_SUCCESS;
 }
 
-// The parameters of a node of `type` from args `first`.. and blob `data`: kernel {function or kernel, grid xyz,
-// block xyz, shared bytes, form}, blob its parameters; memset {dst, value, element size, width, height, pitch};
-// memcpy {the client's host copy id (0 or absent: the sides are the session's)}, blob its CUDA_MEMCPY3D (a copy
-// with the client's memory becomes a child graph, server/host_functions.hpp); host {the client's host function
-// id}; child graph {graph}; event record / wait {event}; memory alloc nothing, blob its parameters (alloc_node);
-// memory free {a graph allocation of the session}; empty nothing.
+// The parameters of a node of `type` from args `first`.. and blob `data`: kernel {function or kernel, grid
+// xyz, block xyz, shared bytes, form}, blob its parameters; memset {dst, value, element size, width, height,
+// pitch}; memcpy {the client's host copy id (0 or absent: the sides are the session's)}, blob its
+// CUDA_MEMCPY3D (a copy with the client's memory becomes a child graph, server/host_functions.hpp); host {the
+// client's host function id}; child graph {graph}; event record / wait {event}; memory alloc nothing, blob
+// its parameters (alloc_node); memory free {a graph allocation of the session}; empty nothing.
 CUresult node_params(call_context& cx, CUgraphNodeType type, size_t first, size_t data, node_parts& parts,
                      CUgraphNodeParams& p) {
     p = {};
     p.type = type;
     CUcontext ctx = nullptr;
-    cx.drv().cuCtxGetCurrent(&ctx);  // the session's context on the caller's device, where memsets and copies run
+    cx.drv().cuCtxGetCurrent(
+        &ctx);  // the session's context on the caller's device, where memsets and copies run
     switch (type) {
         case CU_GRAPH_NODE_TYPE_KERNEL: {
             CUDA_KERNEL_NODE_PARAMS_v2 k;
@@ -478,7 +485,8 @@ CUresult node_params(call_context& cx, CUgraphNodeType type, size_t first, size_
         }
         case CU_GRAPH_NODE_TYPE_MEMCPY: {
             const uint64_t id = cx.arg_count() > first ? cx.arg(first) : 0;
-            if (CUresult rc = memcpy_node(cx, data, id != 0, p.memcpy.copyParams); rc != CUDA_SUCCESS) return rc;
+            if (CUresult rc = memcpy_node(cx, data, id != 0, p.memcpy.copyParams); rc != CUDA_SUCCESS)
+                return rc;
             p.memcpy.copyCtx = ctx;
             if (id == 0) return CUDA_SUCCESS;
             if (CUresult rc = host_copy_graph(cx, p.memcpy.copyParams, id, parts.child); rc != CUDA_SUCCESS)
@@ -499,12 +507,12 @@ CUresult node_params(call_context& cx, CUgraphNodeType type, size_t first, size_
         }
         case CU_GRAPH_NODE_TYPE_HOST:
             if (cx.arg(first) == 0) return cx.bad_arguments();
-        {
-            const CUDA_HOST_NODE_PARAMS h = graph_host_func(cx, cx.arg(first));
-            p.host.fn = h.fn;
-            p.host.userData = h.userData;
-            return CUDA_SUCCESS;
-        }
+            {
+                const CUDA_HOST_NODE_PARAMS h = graph_host_func(cx, cx.arg(first));
+                p.host.fn = h.fn;
+                p.host.userData = h.userData;
+                return CUDA_SUCCESS;
+            }
         case CU_GRAPH_NODE_TYPE_GRAPH:
             p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
             return cx.handle(first, handle_kind::graph, p.graph.graph);
@@ -572,7 +580,8 @@ namespace {
 
 // What a node needs once added to `g`: a memory alloc node's allocation held (with its charge); its address
 // goes to the client.
-CUresult node_added(call_context& cx, CUgraph g, CUgraphNode node, const CUgraphNodeParams& p, node_parts& parts) {
+CUresult node_added(call_context& cx, CUgraph g, CUgraphNode node, const CUgraphNodeParams& p,
+                    node_parts& parts) {
     if (p.type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) return CUDA_SUCCESS;
     const uint64_t charged = std::exchange(parts.charged, 0);  // the hold's from now on
     if (CUresult rc = hold_graph_allocation(cx, g, p.alloc.dptr, charged, parts.alloc_device);
@@ -597,7 +606,8 @@ CUresult handle_graph_add_node(call_context& cx) {
     auto& d = cx.drv();
     node_parts parts(cx);
     CUgraphNodeParams p;
-    if (CUresult rc = node_params(cx, static_cast<CUgraphNodeType>(cx.arg(1)), 2, 2, parts, p); rc != CUDA_SUCCESS)
+    if (CUresult rc = node_params(cx, static_cast<CUgraphNodeType>(cx.arg(1)), 2, 2, parts, p);
+        rc != CUDA_SUCCESS)
         return rc;
     CUgraphNode node = nullptr;
     CUresult rc;
@@ -614,9 +624,9 @@ CUresult handle_graph_add_node(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {stream, node type, then the type's (node_params)}; blob {the type's data}. A node made here, added to the
-// capture of `stream` after the capture's current dependencies and made its only one, as captured work is: a
-// copy with the client's memory (which the stream's own copy cannot be).
+// args {stream, node type, then the type's (node_params)}; blob {the type's data}. A node made here, added to
+// the capture of `stream` after the capture's current dependencies and made its only one, as captured work
+// is: a copy with the client's memory (which the stream's own copy cannot be).
 CUresult handle_capture_add_node(call_context& cx) {
     if (cx.arg_count() < 2 || !valid_type_args(cx.arg(1), cx.arg_count() - 2) || cx.blob_count() > 1)
         return cx.bad_arguments();
@@ -630,7 +640,8 @@ CUresult handle_capture_add_node(call_context& cx) {
     const CUgraphNode* deps = nullptr;
     const CUgraphEdgeData* edges = nullptr;
     size_t n = 0;
-    if (CUresult rc = d.cuStreamGetCaptureInfo_v3(s, &status, nullptr, &g, &deps, &edges, &n); rc != CUDA_SUCCESS)
+    if (CUresult rc = d.cuStreamGetCaptureInfo_v3(s, &status, nullptr, &g, &deps, &edges, &n);
+        rc != CUDA_SUCCESS)
         return rc;
     if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE || !g)
@@ -640,11 +651,12 @@ CUresult handle_capture_add_node(call_context& cx) {
     if (edges) edge_data.assign(edges, edges + n);
     node_parts parts(cx);
     CUgraphNodeParams p;
-    if (CUresult rc = node_params(cx, static_cast<CUgraphNodeType>(cx.arg(1)), 2, 0, parts, p); rc != CUDA_SUCCESS)
+    if (CUresult rc = node_params(cx, static_cast<CUgraphNodeType>(cx.arg(1)), 2, 0, parts, p);
+        rc != CUDA_SUCCESS)
         return rc;
     CUgraphNode node = nullptr;
-    if (CUresult rc = d.cuGraphAddNode_v2(&node, g, after.data(), edges ? edge_data.data() : nullptr, after.size(),
-                                          &p);
+    if (CUresult rc =
+            d.cuGraphAddNode_v2(&node, g, after.data(), edges ? edge_data.data() : nullptr, after.size(), &p);
         rc != CUDA_SUCCESS)
         return rc;
     if (CUresult rc = node_added(cx, g, node, p, parts); rc != CUDA_SUCCESS) return rc;

@@ -68,7 +68,8 @@ bool packed_size(const CUDA_MEMCPY3D& c, size_t& out) {
 }
 
 // A copy or host node of a host copy's child graph.
-CUresult add_to(const driver_table& d, CUgraph g, CUgraphNode* after, CUgraphNodeParams& p, CUgraphNode& out) {
+CUresult add_to(const driver_table& d, CUgraph g, CUgraphNode* after, CUgraphNodeParams& p,
+                CUgraphNode& out) {
     return d.cuGraphAddNode_v2(&out, g, after, nullptr, after ? 1 : 0, &p);
 }
 }  // namespace
@@ -95,7 +96,8 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
     {
         std::lock_guard lock(cx.sess.mu);
         if (!cx.sess.host.reserve(size, cx.sess.host_quota()))
-            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "a graph copy's staging buffer of " + std::to_string(size) +
+            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "a graph copy's staging buffer of " +
+                                                         std::to_string(size) +
                                                          " bytes exceeds the session's host memory quota");
     }
     auto unreserve = [&] {
@@ -115,7 +117,8 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
     }
     auto* owner = new host_copy_owner{cx.sess.weak_from_this(), id, size};
     CUuserObject obj = nullptr;
-    if (CUresult rc = d.cuUserObjectCreate(&obj, owner, &drop_host_copy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
+    if (CUresult rc =
+            d.cuUserObjectCreate(&obj, owner, &drop_host_copy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
         rc != CUDA_SUCCESS) {
         delete owner;
         cx.sess.host_copies.remove(id);
@@ -223,7 +226,6 @@ CUresult handle_host_func_done(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-
 namespace {
 // At most this many bytes of a staging buffer in one host_copy_read or host_copy_write.
 constexpr uint64_t host_copy_chunk = uint64_t{8} << 20;
@@ -239,8 +241,8 @@ CUresult staging_range(call_context& cx, uint64_t id, uint64_t offset, uint64_t 
 }
 }  // namespace
 
-// args {host copy id, offset, bytes}. Reply payload: those bytes of its staging buffer (a copy from the GPU whose
-// host node is running).
+// args {host copy id, offset, bytes}. Reply payload: those bytes of its staging buffer (a copy from the GPU
+// whose host node is running).
 CUresult handle_host_copy_read(call_context& cx) {
     if (!cx.expect_args(3)) return cx.bad_arguments();
     std::shared_ptr<host_copy_buffers::buffer> b;
@@ -250,7 +252,8 @@ CUresult handle_host_copy_read(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {host copy id, offset}; payload: the bytes to put there (a copy to the GPU whose host node is running).
+// args {host copy id, offset}; payload: the bytes to put there (a copy to the GPU whose host node is
+// running).
 CUresult handle_host_copy_write(call_context& cx) {
     if (!cx.expect_args(2)) return cx.bad_arguments();
     auto data = cx.payload();

@@ -1,8 +1,9 @@
 // What graph handlers need of host functions that run in the client (server/handlers_hostfn.cpp): host nodes,
-// and copies between the GPU and the client's memory inside graphs, which a server cannot address. Such a copy
-// becomes a child graph of two nodes: a copy between the GPU and a staging buffer of the session, and a host node
-// at which the client moves the bytes between that buffer and its memory (a copy to the GPU: the host node
-// first; from the GPU: the copy first). The application sees one memcpy node. runs on: the lane's thread.
+// and copies between the GPU and the client's memory inside graphs, which a server cannot address. Such a
+// copy becomes a child graph of two nodes: a copy between the GPU and a staging buffer of the session, and a
+// host node at which the client moves the bytes between that buffer and its memory (a copy to the GPU: the
+// host node first; from the GPU: the copy first). The application sees one memcpy node. runs on: the lane's
+// thread.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,8 @@ CUDA_HOST_NODE_PARAMS graph_host_func(call_context& cx, uint64_t id);
 // CUDA user object). The caller adds it as a child graph node, then destroys it.
 CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph& out);
 
-// True when `node` is a copy made by host_copy_graph (a child graph node that the client sees as a memcpy node).
+// True when `node` is a copy made by host_copy_graph (a child graph node that the client sees as a memcpy
+// node).
 bool is_host_copy_node(const driver_table& d, CUgraphNode node);
 
 }  // namespace vcuda::server

@@ -3,11 +3,11 @@
 // (handlers_pool.cpp, and cuMemFree in handlers_memory.cpp), pinned host regions shared with a client on this
 // host (handlers_host.cpp), the virtual memory management API's reservations, mappings and physical
 // allocations (handlers_vmm.cpp), link states' options (handlers_link.cpp), graph allocations and the staging
-// buffers of graph copies with the client's memory (handlers_graph.cpp, handlers_hostfn.cpp). The session (a friend) reads them whole for owns_range
-// and releases what they hold at a device reset and at its end (server/session.cpp). locks: none inside, every
-// call made with the session's `mu` held; except graph_allocations and host_copy_buffers, which have their own
-// mutex, and host_regions::credit_later (atomic): they are used by the driver's thread of user object
-// destructors.
+// buffers of graph copies with the client's memory (handlers_graph.cpp, handlers_hostfn.cpp). The session (a
+// friend) reads them whole for owns_range and releases what they hold at a device reset and at its end
+// (server/session.cpp). locks: none inside, every call made with the session's `mu` held; except
+// graph_allocations and host_copy_buffers, which have their own mutex, and host_regions::credit_later
+// (atomic): they are used by the driver's thread of user object destructors.
 #pragma once
 
 #include <unistd.h>
@@ -272,9 +272,9 @@ class host_regions {
 
 // Graph allocations: the addresses memory alloc nodes (explicit, or captured from cuMemAllocAsync) hand out,
 // with their size and the session device charged. They stay the session's while a graph or executable graph
-// holding the node that made them lives: each node's hold is a CUDA user object of its graph, whose destructor
-// (on a driver thread) drops it (server/handlers_graph.cpp). The driver may give one address to several nodes
-// (memory freed earlier in a graph is used again): each holds it. locks: its own mutex.
+// holding the node that made them lives: each node's hold is a CUDA user object of its graph, whose
+// destructor (on a driver thread) drops it (server/handlers_graph.cpp). The driver may give one address to
+// several nodes (memory freed earlier in a graph is used again): each holds it. locks: its own mutex.
 class graph_allocations {
   public:
     struct allocation {
@@ -316,9 +316,9 @@ class graph_allocations {
 };
 
 // The staging buffers of graph copies between the GPU and the client's memory, by the client's id of the copy
-// (server/handlers_hostfn.cpp): a copy node moves the bytes between the GPU and the buffer, a host node has the
-// client move them between the buffer and its memory. A buffer is removed when the CUDA user object that the
-// graphs using it hold is destroyed (on a driver thread), or with the session. locks: its own mutex.
+// (server/handlers_hostfn.cpp): a copy node moves the bytes between the GPU and the buffer, a host node has
+// the client move them between the buffer and its memory. A buffer is removed when the CUDA user object that
+// the graphs using it hold is destroyed (on a driver thread), or with the session. locks: its own mutex.
 class host_copy_buffers {
   public:
     struct buffer {

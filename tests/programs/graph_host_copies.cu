@@ -1,11 +1,11 @@
 // graph_host_copies: CUDA graphs whose copies read or write host memory, and their host nodes (the calls of
 // NVIDIA's simpleCudaGraphs, jacobiCudaGraphs and conjugateGradientCudaGraphs samples). A graph built node by
-// node copies from pageable and from pinned memory to the GPU, runs kernels, copies results back into pageable
-// and pinned memory (1D, a 2D box of a pitched buffer, through a CUDA array) and ends in a host node that reads
-// one of them; a stream capture records the same kind of work, with a copy on a second stream that joined the
-// capture; an executable graph is updated from a new capture whose copy writes elsewhere. Every launch runs
-// on new host inputs and is checked against a CPU reference, and the host nodes must see the bytes of their own
-// launch: host memory is read and written when the graph runs, in the graph's order.
+// node copies from pageable and from pinned memory to the GPU, runs kernels, copies results back into
+// pageable and pinned memory (1D, a 2D box of a pitched buffer, through a CUDA array) and ends in a host node
+// that reads one of them; a stream capture records the same kind of work, with a copy on a second stream that
+// joined the capture; an executable graph is updated from a new capture whose copy writes elsewhere. Every
+// launch runs on new host inputs and is checked against a CPU reference, and the host nodes must see the
+// bytes of their own launch: host memory is read and written when the graph runs, in the graph's order.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -29,13 +29,14 @@ extern "C" __global__ void ghc_sum(const float* y, double* out, int n) {
 
 namespace {
 
-constexpr int cols = 64, rows = 32, n = cols * rows;  // the device buffers are rows x cols floats
+constexpr int cols = 64, rows = 32, n = cols * rows;         // the device buffers are rows x cols floats
 constexpr int box_x = 5, box_y = 3, box_w = 17, box_h = 11;  // a 2D box of them
 constexpr int host_pitch = 96;                               // floats per row of the host's pitched buffer
 constexpr int threads = 128, blocks = (n + threads - 1) / threads;
 
 void fill(float* p, int count, uint32_t seed) {
-    for (int i = 0; i < count; ++i) p[i] = static_cast<float>(static_cast<int>((seed + 31u * i) % 1000u)) / 8.0f;
+    for (int i = 0; i < count; ++i)
+        p[i] = static_cast<float>(static_cast<int>((seed + 31u * i) % 1000u)) / 8.0f;
 }
 
 std::vector<float> affine(const float* x, float a, float b) {
@@ -97,7 +98,8 @@ void CUDART_CB look(void* p) {
     s->values.push_back(*s->result);
 }
 
-cudaGraphNode_t add_kernel(cudaGraph_t g, std::vector<cudaGraphNode_t> deps, void* fn, void** args, int grid) {
+cudaGraphNode_t add_kernel(cudaGraph_t g, std::vector<cudaGraphNode_t> deps, void* fn, void** args,
+                           int grid) {
     cudaKernelNodeParams k = {};
     k.func = fn;
     k.gridDim = dim3(grid);
@@ -202,7 +204,8 @@ cudaGraph_t build_graph(buffers& b, seen& host_saw, std::vector<cudaGraphNode_t>
     sum_args[0] = &b.d_y;
     sum_args[1] = &b.d_sum;
     sum_args[2] = &count;
-    cudaGraphNode_t in = add_copy(g, {}, linear(b.d_x, b.in_pageable, n * sizeof(float), cudaMemcpyHostToDevice));
+    cudaGraphNode_t in =
+        add_copy(g, {}, linear(b.d_x, b.in_pageable, n * sizeof(float), cudaMemcpyHostToDevice));
     cudaMemsetParams ms = {};
     ms.dst = b.d_sum;
     ms.elementSize = 4;
@@ -212,7 +215,8 @@ cudaGraph_t build_graph(buffers& b, seen& host_saw, std::vector<cudaGraphNode_t>
     CHECK(cudaGraphAddMemsetNode(&zero, g, nullptr, 0, &ms));
     cudaGraphNode_t k1 = add_kernel(g, {in}, reinterpret_cast<void*>(ghc_affine), affine_args, blocks);
     cudaGraphNode_t k2 = add_kernel(g, {k1, zero}, reinterpret_cast<void*>(ghc_sum), sum_args, 1);
-    cudaGraphNode_t back = add_copy(g, {k2}, linear(b.result, b.d_sum, sizeof(double), cudaMemcpyDeviceToHost));
+    cudaGraphNode_t back =
+        add_copy(g, {k2}, linear(b.result, b.d_sum, sizeof(double), cudaMemcpyDeviceToHost));
     cudaHostNodeParams hp = {look, &host_saw};
     cudaGraphNode_t host;
     CHECK(cudaGraphAddHostNode(&host, g, &back, 1, &hp));
@@ -237,8 +241,8 @@ cudaGraph_t build_graph(buffers& b, seen& host_saw, std::vector<cudaGraphNode_t>
     return g;
 }
 
-// One launch's results against the CPU reference: affine(2, 1) of in_pageable through every path, in_pinned back
-// unchanged, and the host node's view of the sum.
+// One launch's results against the CPU reference: affine(2, 1) of in_pageable through every path, in_pinned
+// back unchanged, and the host node's view of the sum.
 void check_launch(const char* what, buffers& b, const float* in, const float* pinned_in, const seen& host_saw,
                   size_t launches) {
     std::vector<float> y = affine(in, 2.0f, 1.0f);
@@ -289,13 +293,14 @@ void explicit_graph(buffers& b) {
     std::memcpy(pinned_in.data(), b.in_pinned, n * sizeof(float));
     CHECK(cudaGraphLaunch(clone_exec, s));
     CHECK(cudaStreamSynchronize(s));
-    check_launch("clone of the graph, destroyed before its launch", b, in.data(), pinned_in.data(), host_saw, 4);
+    check_launch("clone of the graph, destroyed before its launch", b, in.data(), pinned_in.data(), host_saw,
+                 4);
     CHECK(cudaGraphExecDestroy(clone_exec));
     CHECK(cudaStreamDestroy(s));
 }
 
-// Captured on `s`: in_pageable -> d_x, affine(a, 1), sum, the sum into `*result`, a host function reading it, a
-// 2D box of d_y into b.box; and on `side` (joined through events) d_y into out_pageable.
+// Captured on `s`: in_pageable -> d_x, affine(a, 1), sum, the sum into `*result`, a host function reading it,
+// a 2D box of d_y into b.box; and on `side` (joined through events) d_y into out_pageable.
 cudaGraph_t capture(buffers& b, cudaStream_t s, cudaStream_t side, float a, double* result, seen& host_saw) {
     cudaEvent_t fork, join;
     CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));

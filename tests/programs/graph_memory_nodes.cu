@@ -1,9 +1,9 @@
 // graph_memory_nodes: graph allocations (the calls of NVIDIA's graphMemoryNodes and graphMemoryFootprint
 // samples). A graph built node by node allocates its buffers, copies pageable input in, runs a kernel, copies
 // the result out and frees them; a capture of stream-ordered allocations and frees (with a copy on a second
-// stream that joined it) records the same as memory nodes; an allocation a graph leaves live is read and freed
-// outside it (cudaFree, cudaFreeAsync) or by another graph's free node. Each launch runs on new inputs and is
-// checked against a CPU reference; the graph memory figures must hold what the graphs allocated.
+// stream that joined it) records the same as memory nodes; an allocation a graph leaves live is read and
+// freed outside it (cudaFree, cudaFreeAsync) or by another graph's free node. Each launch runs on new inputs
+// and is checked against a CPU reference; the graph memory figures must hold what the graphs allocated.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -22,10 +22,12 @@ constexpr int n = 1 << 16, threads = 256, blocks = n / threads;
 constexpr size_t bytes = n * sizeof(float);
 
 void fill(std::vector<float>& v, uint32_t seed) {
-    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(static_cast<int>((seed + 13u * i) % 997u)) / 4.0f;
+    for (size_t i = 0; i < v.size(); ++i)
+        v[i] = static_cast<float>(static_cast<int>((seed + 13u * i) % 997u)) / 4.0f;
 }
 
-void expect_affine(const char* what, const std::vector<float>& got, const std::vector<float>& x, float a, float b) {
+void expect_affine(const char* what, const std::vector<float>& got, const std::vector<float>& x, float a,
+                   float b) {
     for (int i = 0; i < n; ++i)
         EXPECT(got[i] == a * x[i] + b, "%s: element %d is %g, want %g", what, i, got[i], a * x[i] + b);
 }
@@ -126,7 +128,8 @@ void live_allocation(int device, cudaStream_t s) {
         CHECK(cudaGraphLaunch(e, s));
         CHECK(cudaStreamSynchronize(s));
         CHECK(cudaMemcpy(host.data(), p, bytes, cudaMemcpyDeviceToHost));
-        for (int i = 0; i < n; ++i) EXPECT(host[i] == 0x5eed, "live allocation: element %d is %#x", i, host[i]);
+        for (int i = 0; i < n; ++i)
+            EXPECT(host[i] == 0x5eed, "live allocation: element %d is %#x", i, host[i]);
         if (round == 0) {
             CHECK(cudaFree(p));
         } else if (round == 1) {

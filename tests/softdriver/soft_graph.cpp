@@ -9,8 +9,9 @@
 // real driver that programs meet are kept: the legacy stream is off limits while a blocking stream captures
 // (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), synchronizing with a capturing stream invalidates its capture,
 // allocations follow the thread's capture mode, cuStreamEndCapture belongs to the thread that began (unless
-// RELAXED). Node types made explicitly: kernel, memset, memcpy, child graph (cloned), empty, event record and
-// wait.
+// RELAXED). Node types made explicitly: kernel, memset, memcpy, host, child graph (cloned), empty, event record
+// and wait, memory alloc and free. User objects are counted references held by graphs, their clones and child
+// copies, and executable graphs; graph memory is mapped from its alloc node's creation to its context's end.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -42,8 +43,8 @@ bool invalidate_blocking_captures(state& s) {
 
 void destroy_graph(state& s, uint64_t h);
 
-// Drops `n` references of user object `obj`; at the last its destructor runs, on a thread of its own (the real
-// driver runs them on an internal thread, never in the call that dropped the reference).
+// Drops `n` references of user object `obj`; at the last its destructor runs, on a thread of its own (the
+// real driver runs them on an internal thread, never in the call that dropped the reference).
 void release_user_object(state& s, uint64_t obj, unsigned n) {
     user_object_obj* u = s.find<user_object_obj>(obj);
     if (u == nullptr) return;
@@ -419,7 +420,8 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
             if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
             if (a.bytesize == 0 || a.poolProps.allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
                 a.poolProps.handleTypes != CU_MEM_HANDLE_TYPE_NONE ||
-                a.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE || a.poolProps.location.id != c->device)
+                a.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+                a.poolProps.location.id != c->device)
                 return CUDA_ERROR_INVALID_VALUE;
             CUdeviceptr dptr = 0;
             if (CUresult r = graph_alloc(s, *c, a.bytesize, &dptr); r != CUDA_SUCCESS) return r;
@@ -891,7 +893,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphClone(CUgraph* phGraphClone, CUgraph o
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode hNode, CUDA_HOST_NODE_PARAMS* nodeParams) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode hNode,
+                                                            CUDA_HOST_NODE_PARAMS* nodeParams) {
     return entry([&](state& s) -> CUresult {
         node_obj* n = s.find<node_obj>(hNode);
         if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_HOST || nodeParams == nullptr)
@@ -979,8 +982,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuUserObjectRelease(CUuserObject object, unsi
 }
 
 // CU_GRAPH_USER_OBJECT_MOVE: the caller's references go to the graph, else the graph takes new ones.
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphRetainUserObject(CUgraph graph, CUuserObject object, unsigned int count,
-                                                           unsigned int flags) {
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphRetainUserObject(CUgraph graph, CUuserObject object,
+                                                           unsigned int count, unsigned int flags) {
     return entry([&](state& s) -> CUresult {
         graph_obj* g = s.find<graph_obj>(graph);
         user_object_obj* u = s.find<user_object_obj>(object);
@@ -1009,7 +1012,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphReleaseUserObject(CUgraph graph, CUuse
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamUpdateCaptureDependencies_v2(CUstream hStream,
                                                                         CUgraphNode* dependencies,
                                                                         const CUgraphEdgeData* dependencyData,
-                                                                        size_t numDependencies, unsigned int flags) {
+                                                                        size_t numDependencies,
+                                                                        unsigned int flags) {
     return entry([&](state& s) -> CUresult {
         if (flags != CU_STREAM_ADD_CAPTURE_DEPENDENCIES && flags != CU_STREAM_SET_CAPTURE_DEPENDENCIES)
             return CUDA_ERROR_INVALID_VALUE;
@@ -1044,7 +1048,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamUpdateCaptureDependencies_v2(CUstream
 // are the same).
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr,
-                                                               void* value) {
+                                                                void* value) {
     return entry([&](state& s) -> CUresult {
         if (!s.valid_device(device) || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
         cuuint64_t v = 0;
@@ -1067,12 +1071,13 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetGraphMemAttribute(CUdevice device,
 
 // Only the high watermarks can be set, and only to 0 (back to what is held now).
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr,
-                                                               void* value) {
+                                                                void* value) {
     return entry([&](state& s) -> CUresult {
         if (!s.valid_device(device) || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
         cuuint64_t v = 0;
         std::memcpy(&v, value, sizeof v);
-        if (v != 0 || (attr != CU_GRAPH_MEM_ATTR_USED_MEM_HIGH && attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH))
+        if (v != 0 ||
+            (attr != CU_GRAPH_MEM_ATTR_USED_MEM_HIGH && attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH))
             return CUDA_ERROR_INVALID_VALUE;
         s.devices[static_cast<size_t>(device)].graph_high = graph_memory(s, device);
         return CUDA_SUCCESS;

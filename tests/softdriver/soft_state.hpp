@@ -262,7 +262,7 @@ struct mem_range {
     size_t handle_offset = 0;
     std::array<CUmemAccess_flags, max_devices> access{};  // vmm: per-device access
     bool sync_memops = false;
-    uint64_t pool = 0;  // a stream-ordered allocation's pool
+    uint64_t pool = 0;   // a stream-ordered allocation's pool
     bool graph = false;  // made by a memory alloc node: its address is its graph's, never unmapped by a free
 };
 
@@ -368,8 +368,8 @@ CUresult entry_then(F&& f) noexcept {
 // A graph: its nodes in the order they were added, each with the nodes it runs after. Instantiating copies
 // the nodes' work in a topological order (dependencies first, then insertion order); launching runs it, one
 // node at a time like everything here.
-// User objects (cuUserObjectCreate) and the references a graph or an executable graph holds on them: user object
-// handle -> count.
+// User objects (cuUserObjectCreate) and the references a graph or an executable graph holds on them: user
+// object handle -> count.
 using user_refs = std::map<uint64_t, unsigned>;
 
 struct graph_obj : object {
@@ -389,7 +389,7 @@ struct node_obj : object {
     std::vector<uint64_t> deps;          // nodes of the same graph it runs after
     std::vector<CUgraphEdgeData> edges;  // one per dependency
     work run;                            // what it does (nothing for empty and child graph nodes)
-    uint64_t child = 0;  // child graph nodes: the graph cloned into the node, destroyed with it
+    uint64_t child = 0;            // child graph nodes: the graph cloned into the node, destroyed with it
     CUDA_HOST_NODE_PARAMS host{};  // host nodes: the function and its data
 };
 
@@ -475,8 +475,8 @@ void insert_range(state& s, mem_range r);
 void free_range(state& s, uintptr_t base);          // releases the memory and the quota; erases the range
 void release_pooled(state& s, const mem_range& r);  // a stream-ordered allocation's pool figures drop
 CUresult charge(state& s, int device, size_t bytes);
-// Memory of a memory alloc node in context `c`'s device: mapped from the node's creation until the context goes
-// (a graph allocation's address is its graph's; frees leave it mapped).
+// Memory of a memory alloc node in context `c`'s device: mapped from the node's creation until the context
+// goes (a graph allocation's address is its graph's; frees leave it mapped).
 CUresult graph_alloc(state& s, context_obj& c, size_t bytes, CUdeviceptr* out);
 // Bytes of graph allocations on `device`.
 size_t graph_memory(const state& s, int device);

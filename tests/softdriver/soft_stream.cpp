@@ -89,7 +89,8 @@ CUresult capture_info(state& s, CUstream h, CUstreamCaptureStatus* status, cuuin
     if (graph != nullptr) *graph = q != nullptr ? to_handle<CUgraph>(q->graph) : nullptr;
     // The nodes the next captured work will depend on; valid until the capture changes, as the driver says.
     const bool deps = q != nullptr && !q->last.empty();
-    if (deps && q->last_edges.size() != q->last.size()) q->last_edges.assign(q->last.size(), CUgraphEdgeData{});
+    if (deps && q->last_edges.size() != q->last.size())
+        q->last_edges.assign(q->last.size(), CUgraphEdgeData{});
     if (deps) {
         q->reported.clear();
         for (uint64_t h : q->last) q->reported.push_back(to_handle<CUgraphNode>(h));

@@ -422,7 +422,8 @@ TEST_CASE("dependencies and edge data are checked", "[unit]") {
     CHECK(got.type == CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC);
     CUgraphNodeParams host{};
     host.type = CU_GRAPH_NODE_TYPE_HOST;
-    CHECK(d.cuGraphAddNode_v2(&node, g, nullptr, nullptr, 0, &host) == CUDA_ERROR_INVALID_VALUE);  // no function
+    CHECK(d.cuGraphAddNode_v2(&node, g, nullptr, nullptr, 0, &host) ==
+          CUDA_ERROR_INVALID_VALUE);  // no function
     CUgraphNodeParams semaphores{};
     semaphores.type = CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL;
     CHECK(d.cuGraphAddNode_v2(&node, g, nullptr, nullptr, 0, &semaphores) == CUDA_ERROR_NOT_SUPPORTED);
@@ -632,7 +633,8 @@ TEST_CASE("a child graph node's graph is the node's own copy", "[unit]") {
     REQUIRE(d.cuGraphDestroy(child) == CUDA_SUCCESS);
 }
 
-TEST_CASE("user objects live while a graph, a clone, a child copy or an executable graph holds them", "[unit]") {
+TEST_CASE("user objects live while a graph, a clone, a child copy or an executable graph holds them",
+          "[unit]") {
     fixture f;
     auto& d = f.d;
     watched w;
@@ -719,10 +721,11 @@ TEST_CASE("capture dependencies: reported, replaced and added to", "[unit]") {
     CHECK(f.type(memset_node) == CU_GRAPH_NODE_TYPE_MEMSET);
     // A node added to the capture's graph by hand, then made what the next work depends on.
     CUgraphNode k = f.add_kernel(g, {memset_node});
-    REQUIRE(d.cuStreamUpdateCaptureDependencies_v2(f.stream, &k, nullptr, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES) ==
-            CUDA_SUCCESS);
+    REQUIRE(d.cuStreamUpdateCaptureDependencies_v2(f.stream, &k, nullptr, 1,
+                                                   CU_STREAM_SET_CAPTURE_DEPENDENCIES) == CUDA_SUCCESS);
     REQUIRE(f.launch(f.stream) == CUDA_SUCCESS);
-    REQUIRE(d.cuStreamGetCaptureInfo_v3(f.stream, &st, nullptr, nullptr, &deps, nullptr, &count) == CUDA_SUCCESS);
+    REQUIRE(d.cuStreamGetCaptureInfo_v3(f.stream, &st, nullptr, nullptr, &deps, nullptr, &count) ==
+            CUDA_SUCCESS);
     REQUIRE(count == 1);
     CUgraphNode last = deps[0];
     CUgraphNode before = nullptr;
@@ -733,7 +736,8 @@ TEST_CASE("capture dependencies: reported, replaced and added to", "[unit]") {
     CHECK(d.cuStreamUpdateCaptureDependencies_v2(f.stream, &k, nullptr, 1, 7) == CUDA_ERROR_INVALID_VALUE);
     REQUIRE(d.cuStreamUpdateCaptureDependencies_v2(f.stream, &memset_node, nullptr, 1,
                                                    CU_STREAM_ADD_CAPTURE_DEPENDENCIES) == CUDA_SUCCESS);
-    REQUIRE(d.cuStreamGetCaptureInfo_v3(f.stream, &st, nullptr, nullptr, &deps, nullptr, &count) == CUDA_SUCCESS);
+    REQUIRE(d.cuStreamGetCaptureInfo_v3(f.stream, &st, nullptr, nullptr, &deps, nullptr, &count) ==
+            CUDA_SUCCESS);
     CHECK(count == 2);
     REQUIRE(d.cuStreamEndCapture(f.stream, &g) == CUDA_SUCCESS);
     REQUIRE(f.run(g) == CUDA_SUCCESS);
