@@ -6,10 +6,10 @@
 // those made by the client's calls are entered when made, those the driver made (captured work, a cloned
 // child graph's) when first reported. Every node, graph, function, event and device range a node names is
 // checked like a launch's, memset's or copy's is. Two things a capture cannot record itself are added to it
-// here: copies with the client's memory (server/host_functions.hpp) and stream-ordered allocations' holds. Graph
-// allocations (memory alloc nodes) are the session's while a graph holding their node lives (a user object of
-// that graph, server/handlers_graph.hpp). The plain graph calls (create, clone, destroy, launch, upload, child
-// graph update, node destroy, graph memory trim) are generated.
+// here: copies with the client's memory (server/host_functions.hpp) and stream-ordered allocations' holds.
+// Graph allocations (memory alloc nodes) are the session's while a graph holding their node lives (a user
+// object of that graph, server/handlers_graph.hpp). The plain graph calls (create, clone, destroy, launch,
+// upload, child graph update, node destroy, graph memory trim) are generated.
 #include <algorithm>
 #include <cstring>
 #include <vector>

@@ -9,9 +9,10 @@
 // real driver that programs meet are kept: the legacy stream is off limits while a blocking stream captures
 // (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), synchronizing with a capturing stream invalidates its capture,
 // allocations follow the thread's capture mode, cuStreamEndCapture belongs to the thread that began (unless
-// RELAXED). Node types made explicitly: kernel, memset, memcpy, host, child graph (cloned), empty, event record
-// and wait, memory alloc and free. User objects are counted references held by graphs, their clones and child
-// copies, and executable graphs; graph memory is mapped from its alloc node's creation to its context's end.
+// RELAXED). Node types made explicitly: kernel, memset, memcpy, host, child graph (cloned), empty, event
+// record and wait, memory alloc and free. User objects are counted references held by graphs, their clones
+// and child copies, and executable graphs; graph memory is mapped from its alloc node's creation to its
+// context's end.
 #include <algorithm>
 #include <cstring>
 #include <map>
