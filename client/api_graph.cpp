@@ -12,6 +12,8 @@
 // as cuda.h lists.
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -95,7 +97,23 @@ struct node_spec {
     // A memory alloc node: where its address goes, and its size (the mirror learns the allocation).
     CUdeviceptr* alloc_out = nullptr;
     size_t alloc_size = 0;
+    // A conditional node: where the array of its body graphs goes, and how many there are.
+    CUgraph** bodies_out = nullptr;
+    unsigned bodies = 0;
 };
+
+// The body graphs of conditional nodes, as the application reads them (CUDA_CONDITIONAL_NODE_PARAMS
+// phGraph_out: valid while the node lives): kept for the process's life, as graphs give no sign of their end
+// here. locks: its own mutex.
+CUgraph* keep_bodies(std::vector<CUgraph> bodies) {
+    static std::mutex mu;
+    static auto* kept = new std::vector<std::unique_ptr<CUgraph[]>>();  // never destroyed: atexit may read
+    auto array = std::make_unique<CUgraph[]>(bodies.size());
+    std::copy(bodies.begin(), bodies.end(), array.get());
+    std::lock_guard lock(mu);
+    kept->push_back(std::move(array));
+    return kept->back().get();
+}
 
 // A kernel node's kernel: `func`, or `kern` in `ctx`, checked and packed as a launch's.
 CUresult kernel_spec(CUfunction func, CUkernel kern, CUcontext ctx, unsigned gx, unsigned gy, unsigned gz,
@@ -172,6 +190,18 @@ CUresult alloc_spec(const CUmemPoolProps& props, const CUmemAccessDesc* access, 
     return CUDA_SUCCESS;
 }
 
+// A conditional node: its handle (the session's, from cuGraphConditionalHandleCreate), type and body count;
+// the driver makes the bodies.
+CUresult conditional_spec(CUDA_CONDITIONAL_NODE_PARAMS& p, node_spec& s, const char* name) {
+    if (p.size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult rc = node_context(p.ctx, name); rc != CUDA_SUCCESS) return rc;
+    s.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    s.args = {p.handle, static_cast<uint64_t>(p.type), p.size};
+    s.bodies_out = &p.phGraph_out;
+    s.bodies = p.size;
+    return CUDA_SUCCESS;
+}
+
 CUresult free_spec(CUdeviceptr p, node_spec& s) {
     device_allocation a;
     if (!state::get().find_allocation(p, 1, a) || a.base != p) return CUDA_ERROR_INVALID_VALUE;
@@ -233,6 +263,8 @@ CUresult spec_of(CUgraphNodeParams* p, node_spec& s, const char* name) {
         }
         case CU_GRAPH_NODE_TYPE_MEM_FREE:
             return free_spec(p->free.dptr, s);
+        case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+            return conditional_spec(p->conditional, s, name);
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
             return event_spec(p->type, p->eventWait.event, s);
         case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
@@ -270,6 +302,14 @@ CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CU
         return rc;
     }
     *out = adopt_node(c.out<uint64_t>(0), id_of(g), spec.type);
+    if (spec.bodies_out) {
+        // The bodies are the node's: session handles the mirror learns, owned by the node.
+        if (c.reply().outs.size() != 1 + spec.bodies) return CUDA_ERROR_UNKNOWN;
+        std::vector<CUgraph> bodies;
+        for (unsigned i = 0; i < spec.bodies; ++i)
+            bodies.push_back(c.out_handle<CUgraph>(1 + i, handle_kind::graph, id_of(*out)));
+        *spec.bodies_out = keep_bodies(std::move(bodies));
+    }
     if (spec.alloc_out) {
         // The graph's memory: the mirror knows it as the device's from now on, as copies and memsets need.
         *spec.alloc_out = c.out<uint64_t>(1);
@@ -771,3 +811,72 @@ VCUDA_API cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute att
     VCUDA_TRACE_HOOK(cuDeviceSetGraphMemAttribute, device, attr, value);
     return graph_mem_attribute(device, attr, value, true, "cuDeviceSetGraphMemAttribute");
 }
+
+// ---------------------------------------------------------------- conditional nodes and capture dependencies
+
+VCUDA_API cuGraphConditionalHandleCreate(CUgraphConditionalHandle* handle, CUgraph g, CUcontext ctx,
+                                         unsigned int default_value, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphConditionalHandleCreate, handle, g, ctx, default_value, flags);
+    VCUDA_REQUIRE_INIT();
+    const char* name = "cuGraphConditionalHandleCreate";
+    if (!handle || !state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult rc = node_context(ctx, name); rc != CUDA_SUCCESS) return rc;
+    plain_call c(op::conditional_handle_create, name);
+    c.arg(id_of(g));
+    c.arg(uint64_t{default_value});
+    c.arg(uint64_t{flags});
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *handle = c.out<uint64_t>(0);
+    return CUDA_SUCCESS;
+}
+
+namespace {
+CUresult update_capture_dependencies(CUstream s, const CUgraphNode* nodes, const CUgraphEdgeData* edges,
+                                     size_t n, unsigned flags, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    if (flags > CU_STREAM_SET_CAPTURE_DEPENDENCIES) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<uint64_t> ids;
+    if (CUresult rc = node_ids(nodes, n, ids); rc != CUDA_SUCCESS) return rc;
+    plain_call c(op::capture_update_dependencies, name);
+    c.handle(s, handle_kind::stream);
+    c.arg(uint64_t{flags});
+    c.blob(std::as_bytes(std::span(ids)));
+    c.blob(edge_bytes(edges, n));
+    return c.send_sync();
+}
+}  // namespace
+
+VCUDA_API cuStreamUpdateCaptureDependencies(CUstream s, CUgraphNode* nodes, size_t n,
+                                            unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamUpdateCaptureDependencies, s, nodes, n, flags);
+    return update_capture_dependencies(s, nodes, nullptr, n, flags, "cuStreamUpdateCaptureDependencies");
+}
+
+VCUDA_API cuStreamUpdateCaptureDependencies_v2(CUstream s, CUgraphNode* nodes, const CUgraphEdgeData* edges,
+                                               size_t n, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamUpdateCaptureDependencies_v2, s, nodes, edges, n, flags);
+    return update_capture_dependencies(s, nodes, edges, n, flags, "cuStreamUpdateCaptureDependencies_v2");
+}
+
+namespace vcuda::client {
+// The nodes `s`'s next captured work follows, in the capture's graph `graph` (client/api_stream.cpp).
+CUresult capture_dependencies(CUstream s, uint64_t graph, std::vector<CUgraphNode>& nodes,
+                              std::vector<CUgraphEdgeData>& edges) {
+    plain_call c(op::capture_dependencies, "cuStreamGetCaptureInfo_v3");
+    c.handle(s, handle_kind::stream);
+    c.arg(graph);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const auto& outs = c.reply().outs;
+    const size_t n = c.out<uint64_t>(0);
+    if (outs.size() != 1 + 2 * n) return CUDA_ERROR_UNKNOWN;
+    nodes.clear();
+    for (size_t i = 0; i < n; ++i)
+        nodes.push_back(adopt_node(outs[1 + 2 * i], graph, c.out<CUgraphNodeType>(2 + 2 * i)));
+    edges.assign(n, CUgraphEdgeData{});
+    if (!c.reply().blobs.empty()) {
+        if (c.reply().blobs[0].size() != n * sizeof(CUgraphEdgeData)) return CUDA_ERROR_UNKNOWN;
+        std::memcpy(edges.data(), c.reply().blobs[0].data(), n * sizeof(CUgraphEdgeData));
+    }
+    return CUDA_SUCCESS;
+}
+}  // namespace vcuda::client

@@ -419,9 +419,12 @@ struct node_parts {
     uint64_t charged = 0;                 // ... and how much, until the node holds it (hold_allocation)
 };
 
+// At most this many bodies of a conditional node (a SWITCH's cases).
+constexpr uint64_t max_bodies = 1024;
+
 // How many arguments each node type takes (node_params), by CUgraphNodeType; -1: not served. A memcpy node's
 // one argument was added later: older clients send none.
-constexpr int type_args[] = {9, 1, 6, 1, 1, 0, 1, 1, -1, -1, 0, 1};
+constexpr int type_args[] = {9, 1, 6, 1, 1, 0, 1, 1, -1, -1, 0, 1, -1, 3};
 
 bool valid_type_args(uint64_t type, size_t n) {
     if (type >= std::size(type_args) || type_args[type] < 0) return false;
@@ -467,7 +470,8 @@ CUresult alloc_node(call_context& cx, size_t i, node_parts& parts, CUDA_MEM_ALLO
 // pitch}; memcpy {the client's host copy id (0 or absent: the sides are the session's)}, blob its
 // CUDA_MEMCPY3D (a copy with the client's memory becomes a child graph, server/host_functions.hpp); host {the
 // client's host function id}; child graph {graph}; event record / wait {event}; memory alloc nothing, blob
-// its parameters (alloc_node); memory free {a graph allocation of the session}; empty nothing.
+// its parameters (alloc_node); memory free {a graph allocation of the session}; conditional {a conditional
+// handle of the session, type, body count}; empty nothing.
 CUresult node_params(call_context& cx, CUgraphNodeType type, size_t first, size_t data, node_parts& parts,
                      CUgraphNodeParams& p) {
     p = {};
@@ -527,6 +531,20 @@ CUresult node_params(call_context& cx, CUgraphNodeType type, size_t first, size_
             return cx.sess.graph_memory.find(p.free.dptr)
                        ? CUDA_SUCCESS
                        : cx.fail(CUDA_ERROR_INVALID_VALUE, "not a graph allocation of this session");
+        case CU_GRAPH_NODE_TYPE_CONDITIONAL: {
+            const uint64_t handle = cx.arg(first), type = cx.arg(first + 1), size = cx.arg(first + 2);
+            if (type > CU_GRAPH_COND_TYPE_SWITCH || size == 0 || size > max_bodies) return cx.bad_arguments();
+            {
+                std::lock_guard lock(cx.sess.mu);
+                if (!cx.sess.conditional_handles.count(handle))
+                    return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a conditional handle of this session");
+            }
+            p.conditional.handle = handle;
+            p.conditional.type = static_cast<CUgraphConditionalNodeType>(type);
+            p.conditional.size = static_cast<unsigned>(size);
+            p.conditional.ctx = ctx;
+            return CUDA_SUCCESS;
+        }
         default:
             return CUDA_SUCCESS;  // empty
     }
@@ -621,6 +639,14 @@ CUresult handle_graph_add_node(call_context& cx) {
     if (CUresult r = node_added(cx, g, node, p, parts); r != CUDA_SUCCESS) return r;
     cx.out_handle(handle_kind::graph_node, node, cx.arg(0), /*owned=*/true);
     if (p.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) cx.out(static_cast<uint64_t>(p.alloc.dptr));
+    if (p.type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
+        // Its bodies are the driver's, and the node's: session handles that go with it.
+        const uint64_t id = cx.outs.back();
+        for (unsigned i = 0; i < p.conditional.size; ++i)
+            cx.out_handle(handle_kind::graph,
+                          p.conditional.phGraph_out ? p.conditional.phGraph_out[i] : nullptr, id,
+                          /*owned=*/true);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -661,6 +687,83 @@ CUresult handle_capture_add_node(call_context& cx) {
         return rc;
     if (CUresult rc = node_added(cx, g, node, p, parts); rc != CUDA_SUCCESS) return rc;
     return d.cuStreamUpdateCaptureDependencies_v2(s, &node, nullptr, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+}
+
+// args {graph, default value, flags} -> outs {the handle}: a conditional handle of the graph, which kernels
+// take by value and conditional nodes name; the session's (kept until it ends).
+CUresult handle_conditional_handle_create(call_context& cx) {
+    if (!cx.expect_args(3) || cx.arg(1) > 0xffffffffu ||
+        (cx.arg(2) & ~uint64_t{CU_GRAPH_COND_ASSIGN_DEFAULT}))
+        return cx.bad_arguments();
+    CUgraph g;
+    if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuGraphConditionalHandleCreate) return cx.unsupported("cuGraphConditionalHandleCreate");
+    CUcontext ctx = nullptr;
+    d.cuCtxGetCurrent(&ctx);
+    CUgraphConditionalHandle h = 0;
+    if (CUresult rc = d.cuGraphConditionalHandleCreate(&h, g, ctx, static_cast<unsigned>(cx.arg(1)),
+                                                       static_cast<unsigned>(cx.arg(2)));
+        rc != CUDA_SUCCESS)
+        return rc;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.conditional_handles.insert(h);
+    }
+    cx.out(static_cast<uint64_t>(h));
+    return CUDA_SUCCESS;
+}
+
+// args {stream, the capture's graph as the client knows it} -> outs {count, then (node, type) per
+// dependency}; blob {their edge data} when the driver gives it: the nodes the stream's next captured work
+// will follow.
+CUresult handle_capture_dependencies(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    CUstream s;
+    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    void* raw_graph = nullptr;
+    if (CUresult rc = cx.lookup(cx.arg(1), handle_kind::graph, raw_graph); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuStreamGetCaptureInfo_v3 || !d.cuGraphNodeGetType)
+        return cx.unsupported("cuStreamGetCaptureInfo_v3");
+    CUstreamCaptureStatus status{};
+    CUgraph g = nullptr;
+    const CUgraphNode* deps = nullptr;
+    const CUgraphEdgeData* edges = nullptr;
+    size_t n = 0;
+    if (CUresult rc = d.cuStreamGetCaptureInfo_v3(s, &status, nullptr, &g, &deps, &edges, &n);
+        rc != CUDA_SUCCESS)
+        return rc;
+    if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE || g != raw_graph || n > max_nodes)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "the stream does not capture into that graph");
+    std::vector<CUgraphNode> nodes(deps, deps + n);  // valid only until the next call
+    std::vector<CUgraphEdgeData> edge_data;
+    if (edges) edge_data.assign(edges, edges + n);
+    cx.out(static_cast<uint64_t>(n));
+    for (CUgraphNode node : nodes) {
+        CUgraphNodeType type{};
+        if (CUresult rc = d.cuGraphNodeGetType(node, &type); rc != CUDA_SUCCESS) return rc;
+        cx.out_handle(handle_kind::graph_node, node, cx.arg(1), /*owned=*/true);
+        cx.out(static_cast<uint64_t>(seen_type(d, node, type)));
+    }
+    if (edges) cx.out_blob(std::as_bytes(std::span(edge_data)));
+    return CUDA_SUCCESS;
+}
+
+// args {stream, flags (add or set)}; blobs {nodes, their edge data (may be empty)}: the nodes the stream's
+// next captured work follows.
+CUresult handle_capture_update_dependencies(call_context& cx) {
+    if (!cx.expect_args(2) || cx.arg(1) > CU_STREAM_SET_CAPTURE_DEPENDENCIES || cx.blob_count() > 2)
+        return cx.bad_arguments();
+    CUstream s;
+    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    dependencies deps;
+    if (CUresult rc = deps.read(cx); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuStreamUpdateCaptureDependencies_v2)
+        return cx.unsupported("cuStreamUpdateCaptureDependencies_v2");
+    return d.cuStreamUpdateCaptureDependencies_v2(s, deps.nodes.data(), deps.edges, deps.nodes.size(),
+                                                  static_cast<unsigned>(cx.arg(1)));
 }
 
 // args {device, CUgraphMem_attribute, 0 get / 1 set, value to set} -> outs {value} (get). The figures are the

@@ -164,6 +164,9 @@ class session : public std::enable_shared_from_this<session> {
     pool_allocations pools;  // under mu
     // Graph allocations (server/handlers_graph.cpp).
     graph_allocations graph_memory;
+    // Conditional handles the session made (cuGraphConditionalHandleCreate): only those name conditional
+    // nodes.
+    std::unordered_set<uint64_t> conditional_handles;  // under mu
     // CUDA arrays, texture and surface objects (server/handlers_array.cpp).
     array_tables arrays;  // under mu
     void release_vmm();

@@ -85,8 +85,10 @@ void destroy_node(state& s, uint64_t h) {
     node_obj* n = s.find<node_obj>(h);
     if (n == nullptr) return;
     uint64_t child = n->child;
+    std::vector<uint64_t> bodies = n->bodies;
     s.erase(h);
     destroy_graph(s, child);
+    for (uint64_t b : bodies) destroy_graph(s, b);
 }
 
 void destroy_graph(state& s, uint64_t h) {
@@ -154,6 +156,8 @@ uint64_t clone_graph(state& s, uint64_t src, uint64_t parent) {
         node_obj* n = s.find<node_obj>(h);
         node_obj* c = add_node(s, *to, n->type, {}, n->edges, n->run);
         c->host = n->host;
+        c->cond = n->cond;
+        c->cond_type = n->cond_type;
         copy_of[h] = c->handle;
     }
     for (uint64_t h : from->nodes) {  // dependencies may point at nodes added later (cuGraphAddDependencies)
@@ -163,6 +167,12 @@ uint64_t clone_graph(state& s, uint64_t src, uint64_t parent) {
         if (n->child != 0) {
             uint64_t child = clone_graph(s, n->child, c->handle);
             s.find<node_obj>(copy_of[h])->child = child;
+        }
+        for (uint64_t body : std::vector<uint64_t>(n->bodies)) {
+            uint64_t copy = clone_graph(s, body, copy_of[h]);
+            node_obj* cn = s.find<node_obj>(copy_of[h]);
+            cn->bodies.push_back(copy);
+            cn->bodies_out.push_back(to_handle<CUgraph>(copy));
         }
     }
     return to->handle;
@@ -201,9 +211,49 @@ bool flatten(state& s, const graph_obj& g, std::vector<exec_node>& out, uint64_t
         e.type = n->type;
         e.run = n->run;
         if (n->child != 0 && !flatten(s, *s.find<graph_obj>(n->child), e.child, culprit)) return false;
+        e.cond = n->cond;
+        e.cond_type = n->cond_type;
+        for (uint64_t body : n->bodies) {
+            e.bodies.emplace_back();
+            if (!flatten(s, *s.find<graph_obj>(body), e.bodies.back(), culprit)) return false;
+        }
         out.push_back(std::move(e));
     }
     return true;
+}
+
+// A conditional handle's value now (0 for one that is gone).
+unsigned conditional_value(uint64_t h) {
+    unsigned v = 0;
+    entry([&](state& s) {
+        if (const conditional_obj* c = s.find<conditional_obj>(h)) v = c->value;
+        return CUDA_SUCCESS;
+    });
+    return v;
+}
+
+CUresult run_nodes(const std::vector<exec_node>& nodes);
+
+// A conditional node: IF runs its first body when the value is set (its second, if it has one, when not);
+// WHILE runs its body for as long as the value is set, looking before each run; SWITCH runs the body the
+// value names, or none.
+CUresult run_conditional(const exec_node& n) {
+    constexpr unsigned long max_loops = 1ul << 24;  // a loop whose condition never clears is a hung GPU
+    switch (n.cond_type) {
+        case CU_GRAPH_COND_TYPE_IF:
+            if (conditional_value(n.cond) != 0) return run_nodes(n.bodies.at(0));
+            return n.bodies.size() > 1 ? run_nodes(n.bodies[1]) : CUDA_SUCCESS;
+        case CU_GRAPH_COND_TYPE_WHILE:
+            for (unsigned long i = 0; conditional_value(n.cond) != 0; ++i) {
+                if (i == max_loops) return CUDA_ERROR_LAUNCH_TIMEOUT;
+                if (CUresult r = run_nodes(n.bodies.at(0)); r != CUDA_SUCCESS) return r;
+            }
+            return CUDA_SUCCESS;
+        default: {
+            unsigned v = conditional_value(n.cond);
+            return v < n.bodies.size() ? run_nodes(n.bodies[v]) : CUDA_SUCCESS;
+        }
+    }
 }
 
 CUresult run_nodes(const std::vector<exec_node>& nodes) {
@@ -211,8 +261,20 @@ CUresult run_nodes(const std::vector<exec_node>& nodes) {
         if (n.run)
             if (CUresult r = n.run(); r != CUDA_SUCCESS) return r;
         if (CUresult r = run_nodes(n.child); r != CUDA_SUCCESS) return r;
+        if (n.cond != 0)
+            if (CUresult r = run_conditional(n); r != CUDA_SUCCESS) return r;
     }
     return CUDA_SUCCESS;
+}
+
+// The conditional handles the nodes of `g` use, child graphs and bodies included.
+void conditionals_of(state& s, const graph_obj& g, std::vector<uint64_t>& out) {
+    for (uint64_t h : g.nodes) {
+        const node_obj* n = s.find<node_obj>(h);
+        if (n->cond != 0 && std::find(out.begin(), out.end(), n->cond) == out.end()) out.push_back(n->cond);
+        if (n->child != 0) conditionals_of(s, *s.find<graph_obj>(n->child), out);
+        for (uint64_t b : n->bodies) conditionals_of(s, *s.find<graph_obj>(b), out);
+    }
 }
 
 // True when `a` and `b` have the same nodes (types, in insertion order), the same edges and alike child
@@ -258,6 +320,8 @@ void shape_of(state& s, const graph_obj& g, std::vector<uint64_t>& out) {
         out.insert(out.end(), deps.begin(), deps.end());
         out.push_back(n->child != 0 ? 1 : 0);
         if (n->child != 0) shape_of(s, *s.find<graph_obj>(n->child), out);
+        out.push_back(n->bodies.size());
+        for (uint64_t b : n->bodies) shape_of(s, *s.find<graph_obj>(b), out);
     }
 }
 
@@ -293,6 +357,7 @@ CUresult instantiate(state& s, CUgraphExec* phGraphExec, CUgraph hGraph, unsigne
     e->nodes = std::move(nodes);
     shape_of(s, *g, e->shape);
     retain_graph_refs(s, *g, e->refs);
+    conditionals_of(s, *g, e->conds);
     *phGraphExec = to_handle<CUgraphExec>(e->handle);
     if (result != nullptr) *result = CUDA_GRAPH_INSTANTIATE_SUCCESS;
     return CUDA_SUCCESS;
@@ -350,6 +415,18 @@ bool lossy(const std::vector<CUgraphEdgeData>& edges) {
     return std::any_of(edges.begin(), edges.end(), [](const CUgraphEdgeData& e) {
         return e.from_port != 0 || e.to_port != 0 || e.type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT;
     });
+}
+
+// True when graph `g` is `ancestor` or lies inside it (a child graph's or a conditional body's, at any
+// depth).
+bool graph_within(state& s, uint64_t g, uint64_t ancestor) {
+    while (g != 0) {
+        if (g == ancestor) return true;
+        const graph_obj* x = s.find<graph_obj>(g);
+        const node_obj* parent = x != nullptr ? s.find<node_obj>(x->parent) : nullptr;
+        g = parent != nullptr ? parent->graph : 0;
+    }
+    return false;
 }
 
 // cuGraphAddNode*: a node of the type `p` names, its work checked and made now (kernel parameters copied; a
@@ -434,6 +511,17 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
             if (it == s.ranges.end() || !it->second.graph) return CUDA_ERROR_INVALID_VALUE;
             break;
         }
+        case CU_GRAPH_NODE_TYPE_CONDITIONAL: {
+            const auto& cp = p->conditional;
+            const conditional_obj* c = s.find<conditional_obj>(cp.handle);
+            if (c == nullptr || !graph_within(s, g->handle, c->graph)) return CUDA_ERROR_INVALID_VALUE;
+            const bool sized = cp.type == CU_GRAPH_COND_TYPE_IF       ? cp.size == 1 || cp.size == 2
+                               : cp.type == CU_GRAPH_COND_TYPE_WHILE  ? cp.size == 1
+                               : cp.type == CU_GRAPH_COND_TYPE_SWITCH ? cp.size >= 1 && cp.size <= 1024
+                                                                      : false;
+            if (!sized) return CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
         case CU_GRAPH_NODE_TYPE_HOST:
             if (p->host.fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
             host = {p->host.fn, p->host.userData};
@@ -447,6 +535,20 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
     }
     node_obj* n = add_node(s, *g, p->type, std::move(deps), std::move(edges), std::move(w));
     n->host = host;
+    if (p->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {  // its bodies: empty graphs of its own
+        n->cond = p->conditional.handle;
+        n->cond_type = p->conditional.type;
+        const uint64_t node = n->handle;
+        for (unsigned i = 0; i < p->conditional.size; ++i) {
+            graph_obj* body = s.create<graph_obj>();
+            body->parent = node;
+            node_obj* owner = s.find<node_obj>(node);
+            owner->bodies.push_back(body->handle);
+            owner->bodies_out.push_back(to_handle<CUgraph>(body->handle));
+        }
+        n = s.find<node_obj>(node);
+        p->conditional.phGraph_out = n->bodies_out.data();
+    }
     if (child != 0) {
         uint64_t node = n->handle;
         uint64_t clone = clone_graph(s, child, node);
@@ -880,7 +982,15 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstrea
         context_obj* c = nullptr;
         if (CUresult r = check_stream(s, hStream, &c); r != CUDA_SUCCESS) return r;
         if (c->handle != e->ctx) return CUDA_ERROR_INVALID_CONTEXT;
-        w = [nodes = e->nodes]() { return run_nodes(*nodes); };
+        w = [nodes = e->nodes, conds = e->conds]() {
+            entry([&](state& st) {  // each launch starts from the handles' defaults where they ask for it
+                for (uint64_t h : conds)
+                    if (conditional_obj* c = st.find<conditional_obj>(h); c != nullptr && c->assign_default)
+                        c->value = c->default_value;
+                return CUDA_SUCCESS;
+            });
+            return run_nodes(*nodes);
+        };
         return capture_or_run(s, hStream, w, CU_GRAPH_NODE_TYPE_GRAPH);
     });
 }
@@ -1088,4 +1198,37 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceSetGraphMemAttribute(CUdevice device,
 // Nothing is kept beyond what graph allocations hold.
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGraphMemTrim(CUdevice device) {
     return entry([&](state& s) { return s.valid_device(device) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE; });
+}
+
+// --- Conditional handles: a value kernels set (set_conditional, below) and conditional nodes read.
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphConditionalHandleCreate(CUgraphConditionalHandle* pHandle_out,
+                                                                  CUgraph hGraph, CUcontext ctx,
+                                                                  unsigned int defaultLaunchValue,
+                                                                  unsigned int flags) {
+    return entry([&](state& s) -> CUresult {
+        graph_obj* g = s.find<graph_obj>(hGraph);
+        if (pHandle_out == nullptr || g == nullptr || (flags & ~unsigned{CU_GRAPH_COND_ASSIGN_DEFAULT}) != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (ctx != nullptr && usable_context(s, from_handle(ctx)) == nullptr)
+            return CUDA_ERROR_INVALID_CONTEXT;
+        conditional_obj* c = s.create<conditional_obj>();
+        c->graph = g->handle;
+        c->value = c->default_value = defaultLaunchValue;
+        c->assign_default = (flags & CU_GRAPH_COND_ASSIGN_DEFAULT) != 0;
+        *pHandle_out = c->handle;
+        return CUDA_SUCCESS;
+    });
+}
+
+bool vcuda::soft::set_conditional(uint64_t handle, unsigned value) {
+    bool found = false;
+    entry([&](state& s) {
+        if (conditional_obj* c = s.find<conditional_obj>(handle)) {
+            c->value = value;
+            found = true;
+        }
+        return CUDA_SUCCESS;
+    });
+    return found;
 }

@@ -75,7 +75,8 @@ enum class kind : uint8_t {
     graph_node,
     link,
     array,
-    user_object
+    user_object,
+    conditional
 };
 
 inline constexpr uint64_t handle_tag = uint64_t{0x5c0d} << 48;
@@ -391,6 +392,11 @@ struct node_obj : object {
     work run;                            // what it does (nothing for empty and child graph nodes)
     uint64_t child = 0;            // child graph nodes: the graph cloned into the node, destroyed with it
     CUDA_HOST_NODE_PARAMS host{};  // host nodes: the function and its data
+    // Conditional nodes: the handle, the kind, and the body graphs (the node's own), as handed out.
+    uint64_t cond = 0;
+    CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
+    std::vector<uint64_t> bodies;
+    std::vector<CUgraph> bodies_out;
 };
 
 // One node of an executable graph: its own copy of the node's work, which updates replace.
@@ -399,6 +405,10 @@ struct exec_node {
     CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
     work run;
     std::vector<exec_node> child;  // child graph nodes: the child graph's nodes, in the order they run
+    // Conditional nodes: the handle, the kind, and each body graph's nodes in the order they run.
+    uint64_t cond = 0;
+    CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
+    std::vector<std::vector<exec_node>> bodies;
 };
 
 struct graph_exec_obj : object {
@@ -410,6 +420,18 @@ struct graph_exec_obj : object {
     std::shared_ptr<const std::vector<exec_node>> nodes;
     std::vector<uint64_t> shape;  // its graph's topology, for cuGraphExecUpdate (soft_graph.cpp)
     user_refs refs;               // those of its graph and child graphs, taken at instantiation
+    std::vector<uint64_t>
+        conds;  // the conditional handles its nodes use, set to their default at each launch
+};
+
+// A conditional handle (cuGraphConditionalHandleCreate): a value kernels set (set_conditional) and
+// conditional nodes read. Its handle is what kernels take by value.
+struct conditional_obj : object {
+    static constexpr kind tag = kind::conditional;
+    conditional_obj() : object(tag) {}
+    uint64_t graph = 0;
+    unsigned value = 0, default_value = 0;
+    bool assign_default = false;  // CU_GRAPH_COND_ASSIGN_DEFAULT: set to the default at each launch
 };
 
 // A user object: its destructor runs, on a thread of its own as the real driver's internal thread does, when
