@@ -33,9 +33,17 @@ void CUDA_CB run_in_client(void* data) {
     s->host_func_wait(p->id);
 }
 
-// A graph copy with the client's memory: owned by the CUDA user object that the graphs using it hold, so it
-// lives as long as any of them may still run its host node.
-struct host_copy_owner {
+// A graph copy's host node data: kept by the session until it ends (as captured host functions are), so that
+// the host node never reads freed memory, whatever happens to the staging buffer.
+struct host_copy_node : session::kept_host_func {
+    std::weak_ptr<session> sess;
+    uint64_t id = 0;
+};
+
+// A graph copy's staging buffer, owned by the CUDA user object that the graphs using it hold: freed (and its
+// bytes credited) when the last of them goes. Were it gone early, the client's read or write at the host node
+// would fail, logged, and nothing else.
+struct host_copy_buffer {
     std::weak_ptr<session> sess;
     uint64_t id = 0;
     size_t size = 0;
@@ -43,19 +51,19 @@ struct host_copy_owner {
 
 // The copy's host node: the client moves the bytes between the staging buffer and its memory.
 void CUDA_CB run_host_copy(void* data) {
-    auto* o = static_cast<host_copy_owner*>(data);
-    auto s = o->sess.lock();
+    auto* n = static_cast<host_copy_node*>(data);
+    auto s = n->sess.lock();
     if (!s) return;
-    s->host_func_started(o->id, true);
-    s->host_func_wait(o->id);
+    s->host_func_started(n->id, true);
+    s->host_func_wait(n->id);
 }
 
 // The user object's destructor, on a thread of the driver's: no driver calls, no session mutex.
 void CUDA_CB drop_host_copy(void* data) {
-    std::unique_ptr<host_copy_owner> o(static_cast<host_copy_owner*>(data));
-    if (auto s = o->sess.lock()) {
-        s->host_copies.remove(o->id);
-        s->host.credit_later(o->size);
+    std::unique_ptr<host_copy_buffer> b(static_cast<host_copy_buffer*>(data));
+    if (auto s = b->sess.lock()) {
+        s->host_copies.remove(b->id);
+        s->host.credit_later(b->size);
     }
 }
 
@@ -115,7 +123,7 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
         unreserve();
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "host copy id already in use");
     }
-    auto* owner = new host_copy_owner{cx.sess.weak_from_this(), id, size};
+    auto* owner = new host_copy_buffer{cx.sess.weak_from_this(), id, size};
     CUuserObject obj = nullptr;
     if (CUresult rc =
             d.cuUserObjectCreate(&obj, owner, &drop_host_copy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
@@ -125,7 +133,7 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
         unreserve();
         return rc;
     }
-    // From here on the user object owns `owner` and the buffer: releasing it undoes everything.
+    // From here on the user object owns the buffer: releasing it undoes its part.
     CUgraph g = nullptr;
     CUresult rc = d.cuGraphCreate(&g, 0);
     if (rc == CUDA_SUCCESS) rc = d.cuGraphRetainUserObject(g, obj, 1, CU_GRAPH_USER_OBJECT_MOVE);
@@ -150,9 +158,13 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
     copy.type = CU_GRAPH_NODE_TYPE_MEMCPY;
     copy.memcpy.copyParams = c;
     d.cuCtxGetCurrent(&copy.memcpy.copyCtx);  // the session's context of the call's device
+    auto node = std::make_unique<host_copy_node>();
+    node->sess = cx.sess.weak_from_this();
+    node->id = id;
     CUgraphNodeParams host{};
     host.type = CU_GRAPH_NODE_TYPE_HOST;
-    host.host = {&run_host_copy, owner};
+    host.host = {&run_host_copy, node.get()};
+    cx.sess.keep_host_func(std::move(node));
     CUgraphNode first = nullptr, second = nullptr;
     rc = add_to(d, g, nullptr, to_device ? host : copy, first);
     if (rc == CUDA_SUCCESS) rc = add_to(d, g, &first, to_device ? copy : host, second);

@@ -1,8 +1,8 @@
-// graph_conditional_nodes: conditional graph nodes (the calls of NVIDIA's graphConditionalNodes sample): IF (with
-// and without an else body), WHILE and SWITCH nodes whose bodies the driver makes, filled node by node or by
-// capturing into them, with kernels setting the condition (cudaGraphSetConditional); and a conditional node
-// added to a capture under way after the capture's dependencies, which then become the node. Each graph runs
-// with several conditions and its results are checked against what the condition says should have run.
+// graph_conditional_nodes: conditional graph nodes (the calls of NVIDIA's graphConditionalNodes sample): IF
+// (with and without an else body), WHILE and SWITCH nodes whose bodies the driver makes, filled node by node
+// or by capturing into them, with kernels setting the condition (cudaGraphSetConditional); and a conditional
+// node added to a capture under way after the capture's dependencies, which then become the node. Each graph
+// runs with several conditions and its results are checked against what the condition says should have run.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -65,8 +65,9 @@ void add_to(cudaGraph_t g, unsigned* sum, unsigned v) {
     add_kernel(g, {}, reinterpret_cast<void*>(gcn_add), args);
 }
 
-cudaGraphNode_t add_conditional(cudaGraph_t g, std::vector<cudaGraphNode_t> deps, cudaGraphConditionalHandle h,
-                                cudaGraphConditionalNodeType type, unsigned size, std::vector<cudaGraph_t>& bodies) {
+cudaGraphNode_t add_conditional(cudaGraph_t g, std::vector<cudaGraphNode_t> deps,
+                                cudaGraphConditionalHandle h, cudaGraphConditionalNodeType type,
+                                unsigned size, std::vector<cudaGraph_t>& bodies) {
     cudaGraphNodeParams p = {};
     p.type = cudaGraphNodeTypeConditional;
     p.conditional.handle = h;
@@ -135,7 +136,8 @@ void loop(cudaStream_t s, const words& w) {
     for (unsigned counter : {5u, 1u, 12u}) {
         unsigned got = run(e, s, w, 0, counter);
         EXPECT(got == counter, "WHILE node, counter %u: the body ran %u times", counter, got);
-        printf("WHILE node (%zu nodes in its body), counter %u: the body ran %u times\n", inside, counter, got);
+        printf("WHILE node (%zu nodes in its body), counter %u: the body ran %u times\n", inside, counter,
+               got);
     }
     CHECK(cudaGraphExecDestroy(e));
     CHECK(cudaGraphDestroy(g));
@@ -198,7 +200,8 @@ void in_capture(cudaStream_t s, const words& w) {
     EXPECT(n_before == 1, "the conditional node follows %zu nodes", n_before);
     cudaGraphNodeType type;
     CHECK(cudaGraphNodeGetType(before[0], &type));
-    EXPECT(type == cudaGraphNodeTypeKernel, "the conditional node follows a node of type %d", static_cast<int>(type));
+    EXPECT(type == cudaGraphNodeTypeKernel, "the conditional node follows a node of type %d",
+           static_cast<int>(type));
     cudaGraphExec_t e;
     CHECK(cudaGraphInstantiate(&e, g, 0));
     for (unsigned condition : {1u, 0u}) {
