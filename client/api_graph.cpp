@@ -1,22 +1,29 @@
-// Graphs: the hand-written entry points. The plain ones (cuGraphCreate, cuGraphDestroy, cuGraphExecDestroy,
-// cuGraphLaunch, cuGraphUpload, cuGraphExecChildGraphNodeSetParams, cuGraphDestroyNode) are generated from
-// the spec; graphs come from them or from cuStreamEndCapture (client/api_stream.cpp) and are session handles
-// like streams. Graph nodes are session handles too: those added here come back from the server's
-// graph_add_node, those the driver made (captured work) when a listing (cuGraphGetNodes, ...) first names
-// them. The mirror keeps each node's graph and type, and each executable graph's graph, so that
+// Graphs: the hand-written entry points. The plain ones (cuGraphCreate, cuGraphClone, cuGraphDestroy,
+// cuGraphExecDestroy, cuGraphLaunch, cuGraphUpload, cuGraphExecChildGraphNodeSetParams, cuGraphDestroyNode)
+// are generated from the spec; graphs come from them or from cuStreamEndCapture (client/api_stream.cpp) and
+// are session handles like streams. Graph nodes are session handles too: those added here come back from the
+// server's graph_add_node, those the driver made (captured work) when a listing (cuGraphGetNodes, ...) first
+// names them. The mirror keeps each node's graph and type, and each executable graph's graph, so that
 // cuGraphNodeGetType is answered here and cuGraphExecKernelNodeSetParams (XLA: about ninety per step) is
-// checked here and queued. Served node types: kernel, memset, memcpy between device memory, child graph
-// (cloned), empty, event record and event wait; the others answer CUDA_ERROR_NOT_SUPPORTED (logged once). The
-// graph functions answer CUDA_ERROR_INVALID_VALUE for an unknown graph, node or parameter, as cuda.h lists.
+// checked here and queued. Served node types: kernel, memset, memcpy (device memory, arrays, pinned memory
+// shared with the server, and this process's own memory through a host copy: client/host_functions.hpp),
+// host, child graph (cloned), empty, event record and event wait; the others answer CUDA_ERROR_NOT_SUPPORTED
+// (logged once). The graph functions answer CUDA_ERROR_INVALID_VALUE for an unknown graph, node or parameter,
+// as cuda.h lists.
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "client/copy_paths.hpp"
 #include "client/entry_point.hpp"
+#include "client/host_functions.hpp"
 #include "client/kernel_params.hpp"
 #include "client/plain_call.hpp"
+#include "client/remote_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
 
@@ -79,12 +86,34 @@ CUresult node_context(CUcontext ctx, const char* name) {
 }
 
 // One node as it travels: its type, the arguments of its type (server/handlers_graph.cpp, graph_add_node) and
-// its data (a kernel's packed parameters, a memcpy's CUDA_MEMCPY3D).
+// its data (a kernel's packed parameters, a memcpy's CUDA_MEMCPY3D). `host_function`: the id of a host
+// function or host copy registered for it (client/host_functions.hpp), forgotten again when the server
+// refuses the node.
 struct node_spec {
     CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
     std::vector<uint64_t> args;
     std::vector<std::byte> data;
+    uint64_t host_function = 0;
+    // A memory alloc node: where its address goes, and its size (the mirror learns the allocation).
+    CUdeviceptr* alloc_out = nullptr;
+    size_t alloc_size = 0;
+    // A conditional node: where the array of its body graphs goes, and how many there are.
+    CUgraph** bodies_out = nullptr;
+    unsigned bodies = 0;
 };
+
+// The body graphs of conditional nodes, as the application reads them (CUDA_CONDITIONAL_NODE_PARAMS
+// phGraph_out: valid while the node lives): kept for the process's life, as graphs give no sign of their end
+// here. locks: its own mutex.
+CUgraph* keep_bodies(std::vector<CUgraph> bodies) {
+    static std::mutex mu;
+    static auto* kept = new std::vector<std::unique_ptr<CUgraph[]>>();  // never destroyed: atexit may read
+    auto array = std::make_unique<CUgraph[]>(bodies.size());
+    std::copy(bodies.begin(), bodies.end(), array.get());
+    std::lock_guard lock(mu);
+    kept->push_back(std::move(array));
+    return kept->back().get();
+}
 
 // A kernel node's kernel: `func`, or `kern` in `ctx`, checked and packed as a launch's.
 CUresult kernel_spec(CUfunction func, CUkernel kern, CUcontext ctx, unsigned gx, unsigned gy, unsigned gz,
@@ -123,23 +152,70 @@ CUresult memset_spec(const CUDA_MEMSET_NODE_PARAMS& p, CUcontext ctx, node_spec&
     return CUDA_SUCCESS;
 }
 
-// Copies between device memory only: host memory of this process is not the server's.
+// A copy with its sides as the server must see them (graph_copy); a side in this process's memory becomes a
+// host copy, whose id is the node's argument.
 CUresult memcpy_spec(const CUDA_MEMCPY3D& p, CUcontext ctx, node_spec& s, const char* name) {
-    auto device_side = [](CUmemorytype t, CUdeviceptr ptr) {
-        device_allocation a;
-        return t == CU_MEMORYTYPE_DEVICE ||
-               (t == CU_MEMORYTYPE_UNIFIED && state::get().find_allocation(ptr, 1, a));
-    };
-    if (!device_side(p.srcMemoryType, p.srcDevice) || !device_side(p.dstMemoryType, p.dstDevice)) {
-        std::string what = std::string(name) + " (a copy from or to host memory or an array)";
-        return static_cast<CUresult>(unsupported(what.c_str()));
-    }
     if (CUresult rc = node_context(ctx, name); rc != CUDA_SUCCESS) return rc;
     CUDA_MEMCPY3D c = p;
-    c.srcMemoryType = c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    uint64_t host_copy = 0;
+    if (CUresult rc = graph_copy(c, host_copy, name); rc != CUDA_SUCCESS) return rc;
     s.type = CU_GRAPH_NODE_TYPE_MEMCPY;
+    s.args = {host_copy};
+    s.host_function = host_copy;
     s.data.resize(sizeof c);
     std::memcpy(s.data.data(), &c, sizeof c);
+    return CUDA_SUCCESS;
+}
+
+// A memory alloc node: its parameters as they travel (CUDA_MEM_ALLOC_NODE_PARAMS_v2, then its access
+// descriptors), locations named as the server knows its devices. The address comes back to `out`.
+CUresult alloc_spec(const CUmemPoolProps& props, const CUmemAccessDesc* access, size_t access_count,
+                    size_t bytesize, CUdeviceptr* out, node_spec& s) {
+    if (bytesize == 0 || (access_count && !access) || access_count > 64) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_MEM_ALLOC_NODE_PARAMS_v2 a{};
+    a.poolProps = props;
+    a.accessDescCount = access_count;
+    a.bytesize = bytesize;
+    if (CUresult rc = server_location(a.poolProps.location); rc != CUDA_SUCCESS) return rc;
+    std::vector<CUmemAccessDesc> descs(access, access + access_count);
+    for (auto& d : descs)
+        if (CUresult rc = server_location(d.location); rc != CUDA_SUCCESS) return rc;
+    s.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+    s.data.resize(sizeof a + descs.size() * sizeof(CUmemAccessDesc));
+    std::memcpy(s.data.data(), &a, sizeof a);
+    if (!descs.empty())
+        std::memcpy(s.data.data() + sizeof a, descs.data(), descs.size() * sizeof(CUmemAccessDesc));
+    s.alloc_out = out;
+    s.alloc_size = bytesize;
+    return CUDA_SUCCESS;
+}
+
+// A conditional node: its handle (the session's, from cuGraphConditionalHandleCreate), type and body count;
+// the driver makes the bodies.
+CUresult conditional_spec(CUDA_CONDITIONAL_NODE_PARAMS& p, node_spec& s, const char* name) {
+    if (p.size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult rc = node_context(p.ctx, name); rc != CUDA_SUCCESS) return rc;
+    s.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    s.args = {p.handle, static_cast<uint64_t>(p.type), p.size};
+    s.bodies_out = &p.phGraph_out;
+    s.bodies = p.size;
+    return CUDA_SUCCESS;
+}
+
+CUresult free_spec(CUdeviceptr p, node_spec& s) {
+    device_allocation a;
+    if (!state::get().find_allocation(p, 1, a) || a.base != p) return CUDA_ERROR_INVALID_VALUE;
+    s.type = CU_GRAPH_NODE_TYPE_MEM_FREE;
+    s.args = {p};
+    return CUDA_SUCCESS;
+}
+
+// A host node: the function runs here, at each launch, when the server asks (client/host_functions.hpp).
+CUresult host_spec(CUhostFn fn, void* data, node_spec& s) {
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    s.type = CU_GRAPH_NODE_TYPE_HOST;
+    s.host_function = graph_host_function(fn, data);
+    s.args = {s.host_function};
     return CUDA_SUCCESS;
 }
 
@@ -161,8 +237,8 @@ CUresult event_spec(CUgraphNodeType type, CUevent event, node_spec& s) {
     return CUDA_SUCCESS;
 }
 
-// cuGraphAddNode's tagged union.
-CUresult spec_of(const CUgraphNodeParams* p, node_spec& s, const char* name) {
+// cuGraphAddNode's tagged union (a memory alloc node's address is written back into it).
+CUresult spec_of(CUgraphNodeParams* p, node_spec& s, const char* name) {
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     switch (p->type) {
         case CU_GRAPH_NODE_TYPE_KERNEL:
@@ -179,6 +255,16 @@ CUresult spec_of(const CUgraphNodeParams* p, node_spec& s, const char* name) {
         case CU_GRAPH_NODE_TYPE_EMPTY:
             s.type = CU_GRAPH_NODE_TYPE_EMPTY;
             return CUDA_SUCCESS;
+        case CU_GRAPH_NODE_TYPE_HOST:
+            return host_spec(p->host.fn, p->host.userData, s);
+        case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
+            auto& a = p->alloc;
+            return alloc_spec(a.poolProps, a.accessDescs, a.accessDescCount, a.bytesize, &a.dptr, s);
+        }
+        case CU_GRAPH_NODE_TYPE_MEM_FREE:
+            return free_spec(p->free.dptr, s);
+        case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+            return conditional_spec(p->conditional, s, name);
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
             return event_spec(p->type, p->eventWait.event, s);
         case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
@@ -196,12 +282,14 @@ template <class Build>
 CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* edges,
                   size_t n, const char* name, Build&& build) {
     VCUDA_REQUIRE_INIT();
-    node_spec spec;
-    CUresult built = build(spec);
     if (!out || !state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
-    if (built != CUDA_SUCCESS) return built;
     std::vector<uint64_t> dep_ids;
     if (CUresult rc = node_ids(deps, n, dep_ids); rc != CUDA_SUCCESS) return rc;
+    node_spec spec;
+    if (CUresult rc = build(spec); rc != CUDA_SUCCESS) {
+        if (spec.host_function) forget_host_function(spec.host_function);
+        return rc;
+    }
     plain_call c(op::graph_add_node, name);
     c.arg(id_of(g));
     c.arg(static_cast<uint64_t>(spec.type));
@@ -209,8 +297,24 @@ CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CU
     c.blob(std::as_bytes(std::span(dep_ids)));
     c.blob(edge_bytes(edges, n));
     c.blob(spec.data);
-    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) {
+        if (spec.host_function) forget_host_function(spec.host_function);
+        return rc;
+    }
     *out = adopt_node(c.out<uint64_t>(0), id_of(g), spec.type);
+    if (spec.bodies_out) {
+        // The bodies are the node's: session handles the mirror learns, owned by the node.
+        if (c.reply().outs.size() != 1 + spec.bodies) return CUDA_ERROR_UNKNOWN;
+        std::vector<CUgraph> bodies;
+        for (unsigned i = 0; i < spec.bodies; ++i)
+            bodies.push_back(c.out_handle<CUgraph>(1 + i, handle_kind::graph, id_of(*out)));
+        *spec.bodies_out = keep_bodies(std::move(bodies));
+    }
+    if (spec.alloc_out) {
+        // The graph's memory: the mirror knows it as the device's from now on, as copies and memsets need.
+        *spec.alloc_out = c.out<uint64_t>(1);
+        state::get().add_allocation(*spec.alloc_out, spec.alloc_size, current_device(), false, false, true);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -484,6 +588,31 @@ VCUDA_API cuGraphAddMemcpyNode(CUgraphNode* node, CUgraph g, const CUgraphNode* 
     });
 }
 
+VCUDA_API cuGraphAddHostNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                             const CUDA_HOST_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddHostNode, node, g, deps, n, params);
+    return add_node(node, g, deps, nullptr, n, "cuGraphAddHostNode", [&](node_spec& s) {
+        return params ? host_spec(params->fn, params->userData, s) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphAddMemAllocNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                                 CUDA_MEM_ALLOC_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddMemAllocNode, node, g, deps, n, params);
+    return add_node(node, g, deps, nullptr, n, "cuGraphAddMemAllocNode", [&](node_spec& s) {
+        return params ? alloc_spec(params->poolProps, params->accessDescs, params->accessDescCount,
+                                   params->bytesize, &params->dptr, s)
+                      : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphAddMemFreeNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
+                                CUdeviceptr dptr) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphAddMemFreeNode, node, g, deps, n, dptr);
+    return add_node(node, g, deps, nullptr, n, "cuGraphAddMemFreeNode",
+                    [&](node_spec& s) { return free_spec(dptr, s); });
+}
+
 VCUDA_API cuGraphAddEmptyNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddEmptyNode, node, g, deps, n);
     return add_node(node, g, deps, nullptr, n, "cuGraphAddEmptyNode",
@@ -602,3 +731,152 @@ VCUDA_API cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNo
     const char* name = "cuGraphExecNodeSetParams";
     return set_kernel(exec, node, name, [&](node_spec& s) { return spec_of(params, s, name); });
 }
+
+namespace {
+// cuGraphExecUpdate*: the executable graph takes `g`'s work when their topologies match; the result and the
+// nodes that failed come back also when they do not.
+CUresult exec_update(CUgraphExec exec, CUgraph g, CUgraphExecUpdateResultInfo& info, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    info = {};
+    info.result = CU_GRAPH_EXEC_UPDATE_ERROR;
+    plain_call c(op::graph_exec_update, name);
+    c.handle(exec, handle_kind::graph_exec);
+    c.handle(g, handle_kind::graph);
+    CUresult rc = c.send_sync();
+    if (c.reply().outs.size() < 5) {  // an earlier queued call's error took the reply
+        if (rc == CUDA_SUCCESS) info.result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+        return rc;
+    }
+    info.result = c.out<CUgraphExecUpdateResult>(0);
+    auto node = [&](size_t i) {
+        uint64_t id = c.out<uint64_t>(i);
+        return id ? adopt_node(id, id_of(g), c.out<CUgraphNodeType>(i + 1)) : nullptr;
+    };
+    info.errorNode = node(1);
+    info.errorFromNode = node(3);
+    return rc;
+}
+}  // namespace
+
+VCUDA_API cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph g, CUgraphExecUpdateResultInfo* result) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphExecUpdate_v2, exec, g, result);
+    if (!result) return CUDA_ERROR_INVALID_VALUE;
+    return exec_update(exec, g, *result, "cuGraphExecUpdate_v2");
+}
+
+// The pre-12.0 form: the failing node and the result only.
+VCUDA_API cuGraphExecUpdate(CUgraphExec exec, CUgraph g, CUgraphNode* error_node,
+                            CUgraphExecUpdateResult* result) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphExecUpdate, exec, g, error_node, result);
+    if (!error_node || !result) return CUDA_ERROR_INVALID_VALUE;
+    CUgraphExecUpdateResultInfo info;
+    CUresult rc = exec_update(exec, g, info, "cuGraphExecUpdate");
+    *error_node = info.errorNode;
+    *result = info.result;
+    return rc;
+}
+
+// ---------------------------------------------------------------- graph memory figures
+
+namespace {
+CUresult graph_mem_attribute(CUdevice dev, CUgraphMem_attribute attr, void* value, bool set,
+                             const char* name) {
+    VCUDA_REQUIRE_INIT();
+    if (!value || static_cast<unsigned>(attr) > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, dev};
+    if (CUresult rc = server_location(loc); rc != CUDA_SUCCESS) return CUDA_ERROR_INVALID_DEVICE;
+    cuuint64_t v = 0;
+    if (set) std::memcpy(&v, value, sizeof v);
+    plain_call c(op::graph_mem_attribute, name);
+    c.arg(static_cast<uint64_t>(loc.id));
+    c.arg(static_cast<uint64_t>(attr));
+    c.arg(uint64_t{set});
+    c.arg(static_cast<uint64_t>(v));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    if (!set) {
+        v = c.out<uint64_t>(0);
+        std::memcpy(value, &v, sizeof v);
+    }
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
+VCUDA_API cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void* value) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetGraphMemAttribute, device, attr, value);
+    return graph_mem_attribute(device, attr, value, false, "cuDeviceGetGraphMemAttribute");
+}
+
+VCUDA_API cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void* value) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceSetGraphMemAttribute, device, attr, value);
+    return graph_mem_attribute(device, attr, value, true, "cuDeviceSetGraphMemAttribute");
+}
+
+// ---------------------------------------------------------------- conditional nodes and capture dependencies
+
+VCUDA_API cuGraphConditionalHandleCreate(CUgraphConditionalHandle* handle, CUgraph g, CUcontext ctx,
+                                         unsigned int default_value, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphConditionalHandleCreate, handle, g, ctx, default_value, flags);
+    VCUDA_REQUIRE_INIT();
+    const char* name = "cuGraphConditionalHandleCreate";
+    if (!handle || !state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult rc = node_context(ctx, name); rc != CUDA_SUCCESS) return rc;
+    plain_call c(op::conditional_handle_create, name);
+    c.arg(id_of(g));
+    c.arg(uint64_t{default_value});
+    c.arg(uint64_t{flags});
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *handle = c.out<uint64_t>(0);
+    return CUDA_SUCCESS;
+}
+
+namespace {
+CUresult update_capture_dependencies(CUstream s, const CUgraphNode* nodes, const CUgraphEdgeData* edges,
+                                     size_t n, unsigned flags, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    if (flags > CU_STREAM_SET_CAPTURE_DEPENDENCIES) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<uint64_t> ids;
+    if (CUresult rc = node_ids(nodes, n, ids); rc != CUDA_SUCCESS) return rc;
+    plain_call c(op::capture_update_dependencies, name);
+    c.handle(s, handle_kind::stream);
+    c.arg(uint64_t{flags});
+    c.blob(std::as_bytes(std::span(ids)));
+    c.blob(edge_bytes(edges, n));
+    return c.send_sync();
+}
+}  // namespace
+
+VCUDA_API cuStreamUpdateCaptureDependencies(CUstream s, CUgraphNode* nodes, size_t n,
+                                            unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamUpdateCaptureDependencies, s, nodes, n, flags);
+    return update_capture_dependencies(s, nodes, nullptr, n, flags, "cuStreamUpdateCaptureDependencies");
+}
+
+VCUDA_API cuStreamUpdateCaptureDependencies_v2(CUstream s, CUgraphNode* nodes, const CUgraphEdgeData* edges,
+                                               size_t n, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamUpdateCaptureDependencies_v2, s, nodes, edges, n, flags);
+    return update_capture_dependencies(s, nodes, edges, n, flags, "cuStreamUpdateCaptureDependencies_v2");
+}
+
+namespace vcuda::client {
+// The nodes `s`'s next captured work follows, in the capture's graph `graph` (client/api_stream.cpp).
+CUresult capture_dependencies(CUstream s, uint64_t graph, std::vector<CUgraphNode>& nodes,
+                              std::vector<CUgraphEdgeData>& edges) {
+    plain_call c(op::capture_dependencies, "cuStreamGetCaptureInfo_v3");
+    c.handle(s, handle_kind::stream);
+    c.arg(graph);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const auto& outs = c.reply().outs;
+    const size_t n = c.out<uint64_t>(0);
+    if (outs.size() != 1 + 2 * n) return CUDA_ERROR_UNKNOWN;
+    nodes.clear();
+    for (size_t i = 0; i < n; ++i)
+        nodes.push_back(adopt_node(outs[1 + 2 * i], graph, c.out<CUgraphNodeType>(2 + 2 * i)));
+    edges.assign(n, CUgraphEdgeData{});
+    if (!c.reply().blobs.empty()) {
+        if (c.reply().blobs[0].size() != n * sizeof(CUgraphEdgeData)) return CUDA_ERROR_UNKNOWN;
+        std::memcpy(edges.data(), c.reply().blobs[0].data(), n * sizeof(CUgraphEdgeData));
+    }
+    return CUDA_SUCCESS;
+}
+}  // namespace vcuda::client

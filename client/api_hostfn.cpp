@@ -1,14 +1,21 @@
 // Host functions (cuLaunchHostFunc, cuStreamAddCallback) run here, in the application's process, in stream
 // order: the server holds the stream at the function's place until this process has run it
 // (server/handlers_hostfn.cpp). One thread per session waits for functions whose turn has come and runs them.
+// Graph host nodes and the host side of graph copies with this process's memory (client/host_functions.hpp)
+// come the same way: at a copy's turn the thread reads or writes the copy's staging buffer on the server.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "client/entry_point.hpp"
+#include "client/host_functions.hpp"
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
@@ -26,6 +33,8 @@ struct host_call {
     // cuStreamAddCallback's form: fn(stream, status, data).
     CUstreamCallback callback = nullptr;
     CUstream stream = nullptr;
+    // A graph copy's side in this process.
+    std::optional<host_copy_side> copy;
 };
 
 struct host_functions {
@@ -38,6 +47,56 @@ struct host_functions {
 host_functions& registry() {
     static auto* r = new host_functions();  // never destroyed: the threads may outlive static destruction
     return *r;
+}
+
+// At most this many bytes of a graph copy in one call (as the server allows).
+constexpr size_t host_copy_chunk = size_t{8} << 20;
+
+// Calls at(p, len, offset) for each piece of packed bytes [off, off+n) of copy `c`: its address here, its
+// length (at most the rest of its row) and its offset in the packed bytes.
+template <class F>
+void for_each_piece(const host_copy_side& c, size_t off, size_t n, F&& at) {
+    while (n > 0) {
+        const size_t row = off / c.w, in_row = off % c.w;
+        const size_t y = row % c.h, z = row / c.h;
+        char* p = c.base + ((c.z + z) * c.height + c.y + y) * c.pitch + c.x + in_row;
+        const size_t len = std::min(n, c.w - in_row);
+        at(p, len, off);
+        off += len;
+        n -= len;
+    }
+}
+
+// Moves graph copy `id`'s bytes between its staging buffer on the server and this process's memory.
+int move_copy(lane& l, uint64_t id, const host_copy_side& c) {
+    const size_t total = c.w * c.h * c.depth;
+    std::vector<std::byte> chunk;
+    for (size_t off = 0; off < total; off += host_copy_chunk) {
+        const size_t n = std::min(host_copy_chunk, total - off);
+        call_request rq;
+        call_reply rp;
+        if (c.to_device) {
+            chunk.resize(n);
+            for_each_piece(c, off, n, [&](const char* p, size_t len, size_t at) {
+                std::memcpy(&chunk[at - off], p, len);
+            });
+            uint64_t args[] = {id, off};
+            rq.operation = op::host_copy_write;
+            rq.args = args;
+            rq.payload = chunk;
+            if (int rc = l.call(rq, rp); rc != CUDA_SUCCESS) return rc;
+        } else {
+            uint64_t args[] = {id, off, n};
+            rq.operation = op::host_copy_read;
+            rq.args = args;
+            if (int rc = l.call(rq, rp); rc != CUDA_SUCCESS) return rc;
+            if (rp.payload.size() != n) return CUDA_ERROR_UNKNOWN;
+            for_each_piece(c, off, n, [&](char* p, size_t len, size_t at) {
+                std::memcpy(p, &rp.payload[at - off], len);
+            });
+        }
+    }
+    return CUDA_SUCCESS;
 }
 
 // Runs host functions of session `s` as their turn comes, until the session ends.
@@ -62,10 +121,16 @@ void run_host_functions(session* s) {
                 if (rp.outs.size() < 2 || rp.outs[1] == 0) r.pending.erase(it);
             }
         }
-        if (c.fn)
+        if (c.fn) {
             c.fn(c.data);
-        else if (c.callback)
+        } else if (c.callback) {
             c.callback(c.stream, CUDA_SUCCESS, c.data);
+        } else if (c.copy) {
+            // A failure leaves the copy's bytes as they were; the graph goes on, as it must (logged).
+            if (int rc = move_copy(*l, id, *c.copy); rc != CUDA_SUCCESS)
+                VCUDA_LOG_WARN(
+                    "a graph copy with this process's memory failed (error {}): its bytes did not move", rc);
+        }
         uint64_t arg = id;
         call_request done;
         done.operation = op::host_func_done;
@@ -74,34 +139,56 @@ void run_host_functions(session* s) {
     }
 }
 
+// Registers `c` under a new id, with the current session's host-function thread running.
+uint64_t add(const host_call& c) {
+    session* s = &state::get().remote();
+    auto& r = registry();
+    std::lock_guard lock(r.mu);
+    if (r.pid != getpid()) {  // first use, or a forked child: the parent's threads stayed behind
+        r.watched.clear();
+        r.pending.clear();
+        r.pid = getpid();
+    }
+    if (r.watched.insert(s).second) std::thread(run_host_functions, s).detach();
+    uint64_t id = r.next_id++;
+    r.pending[id] = c;
+    return id;
+}
+
 CUresult enqueue(CUstream stream, const host_call& c) {
     VCUDA_REQUIRE_INIT();
     if (!valid_handle(reinterpret_cast<uint64_t>(stream), handle_kind::stream))
         return CUDA_ERROR_INVALID_HANDLE;
-    session* s = &state::get().remote();
-    uint64_t id;
-    {
-        auto& r = registry();
-        std::lock_guard lock(r.mu);
-        if (r.pid != getpid()) {  // first use, or a forked child: the parent's threads stayed behind
-            r.watched.clear();
-            r.pending.clear();
-            r.pid = getpid();
-        }
-        if (r.watched.insert(s).second) std::thread(run_host_functions, s).detach();
-        id = r.next_id++;
-        r.pending[id] = c;
-    }
+    uint64_t id = add(c);
     CUresult rc = remote(op::host_func, {reinterpret_cast<uint64_t>(stream), id}, mode::post);
-    if (rc != CUDA_SUCCESS) {
-        auto& r = registry();
-        std::lock_guard lock(r.mu);
-        r.pending.erase(id);
-    }
+    if (rc != CUDA_SUCCESS) forget_host_function(id);
     return rc;
 }
 
 }  // namespace
+
+namespace vcuda::client {
+
+uint64_t graph_host_function(CUhostFn fn, void* data) {
+    host_call c;
+    c.fn = fn;
+    c.data = data;
+    return add(c);
+}
+
+uint64_t graph_host_copy(const host_copy_side& side) {
+    host_call c;
+    c.copy = side;
+    return add(c);
+}
+
+void forget_host_function(uint64_t id) {
+    auto& r = registry();
+    std::lock_guard lock(r.mu);
+    r.pending.erase(id);
+}
+
+}  // namespace vcuda::client
 
 VCUDA_API cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) noexcept {
     VCUDA_TRACE_HOOK(cuLaunchHostFunc, hStream, fn, userData);

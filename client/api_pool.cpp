@@ -40,7 +40,9 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream
     auto p = c.out<uint64_t>(0);
     if (!p) return CUDA_ERROR_UNKNOWN;
     *dptr = p;
-    state::get().add_allocation(p, size, d);
+    // Made in a capture, it is a memory alloc node's: its address is the graph's (client/api_graph.cpp).
+    const bool graph = capture_under_way() && stream_captures(stream);
+    state::get().add_allocation(p, size, d, false, false, graph);
     return CUDA_SUCCESS;
 }
 

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client/copy_paths.hpp"
 #include "client/entry_point.hpp"
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
@@ -179,6 +180,10 @@ CUresult capture_status(CUstream s, CUstreamCaptureStatus& status, uint64_t& id,
 
 namespace vcuda::client {
 
+// The nodes `s`'s next captured work follows, in the capture's graph `graph` (client/api_graph.cpp).
+CUresult capture_dependencies(CUstream s, uint64_t graph, std::vector<CUgraphNode>& nodes,
+                              std::vector<CUgraphEdgeData>& edges);
+
 // Also cuStreamBeginCaptureToGraph's (api_graph.cpp): `into` the application's graph after `deps`.
 CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, const char* name, CUgraph into,
                        std::span<const std::byte> deps, std::span<const std::byte> edges) {
@@ -227,16 +232,33 @@ CUresult capture_info(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id_
     bool active = *status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
     if (id_out) *id_out = active ? id : 0;
     if (graph_out) *graph_out = active && seq ? reinterpret_cast<CUgraph>(seq->graph) : nullptr;
-    // The dependency nodes belong to a graph the client holds no node handles of: none are reported.
     if (dependencies_out) *dependencies_out = nullptr;
     if (edges_out) *edges_out = nullptr;
     if (count_out) *count_out = 0;
+    if (!active || !seq || (!dependencies_out && !edges_out && !count_out)) return CUDA_SUCCESS;
+    // The nodes the next captured work follows: asked of the server, kept per thread and stream until the
+    // next such question (the driver's arrays are valid until the stream's next capture call).
+    thread_local std::unordered_map<uint64_t,
+                                    std::pair<std::vector<CUgraphNode>, std::vector<CUgraphEdgeData>>>
+        asked;
+    auto& [nodes, edges] = asked[stream_key(s)];
+    if (CUresult rc = capture_dependencies(s, seq->graph, nodes, edges); rc != CUDA_SUCCESS) return rc;
+    if (dependencies_out) *dependencies_out = nodes.empty() ? nullptr : nodes.data();
+    if (edges_out) *edges_out = edges.empty() ? nullptr : edges.data();
+    if (count_out) *count_out = nodes.size();
     return CUDA_SUCCESS;
 }
 
 }  // namespace
 
 bool vcuda::client::capture_under_way() { return captures().sequences.load() != 0; }
+
+bool vcuda::client::stream_captures(CUstream s) {
+    CUstreamCaptureStatus status{};
+    uint64_t id = 0;
+    std::shared_ptr<const capture_sequence> seq;
+    return capture_status(s, status, id, seq) == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+}
 
 VCUDA_API cuStreamBeginCapture(CUstream s) noexcept {
     VCUDA_TRACE_HOOK(cuStreamBeginCapture, s);
@@ -251,9 +273,10 @@ VCUDA_API cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) noexcept
 VCUDA_API cuStreamEndCapture(CUstream s, CUgraph* graph) noexcept {
     VCUDA_TRACE_HOOK(cuStreamEndCapture, s, graph);
     VCUDA_REQUIRE_INIT();
-    if (!graph) return CUDA_ERROR_INVALID_VALUE;
     uint64_t key = stream_key(s);
     auto seq = sequence_of(key);
+    // A capture into the application's graph need not name it again (graphConditionalNodes passes NULL).
+    if (!graph && !(seq && seq->existing)) return CUDA_ERROR_INVALID_VALUE;
     plain_call c(op::end_capture, "cuStreamEndCapture");
     c.handle(s, handle_kind::stream);
     c.arg(seq ? seq->graph : uint64_t{0});
@@ -272,7 +295,8 @@ VCUDA_API cuStreamEndCapture(CUstream s, CUgraph* graph) noexcept {
         else
             m.streams.erase(key);
     }
-    *graph = rc == CUDA_SUCCESS ? c.out_handle<CUgraph>(0, handle_kind::graph) : nullptr;
+    CUgraph captured = rc == CUDA_SUCCESS ? c.out_handle<CUgraph>(0, handle_kind::graph) : nullptr;
+    if (graph) *graph = captured;
     return rc;
 }
 

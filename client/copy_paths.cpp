@@ -18,6 +18,7 @@
 #include <mutex>
 
 #include "client/bulk.hpp"
+#include "client/host_functions.hpp"
 #include "client/managed.hpp"
 #include "client/parallel_copy.hpp"
 #include "client/plain_call.hpp"
@@ -268,6 +269,28 @@ CUresult staged_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream) {
     return rc;
 }
 
+// 1D copies of n bytes as a CUDA_MEMCPY3D.
+CUDA_MEMCPY3D linear_to_device(CUdeviceptr dst, const void* src, size_t n) {
+    CUDA_MEMCPY3D c{};
+    c.srcMemoryType = CU_MEMORYTYPE_HOST;
+    c.srcHost = src;
+    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = dst;
+    c.WidthInBytes = n;
+    c.Height = c.Depth = 1;
+    return c;
+}
+CUDA_MEMCPY3D linear_from_device(void* dst, CUdeviceptr src, size_t n) {
+    CUDA_MEMCPY3D c{};
+    c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.srcDevice = src;
+    c.dstMemoryType = CU_MEMORYTYPE_HOST;
+    c.dstHost = dst;
+    c.WidthInBytes = n;
+    c.Height = c.Depth = 1;
+    return c;
+}
+
 // ---------------------------------------------------------------- striped copies (client/bulk.hpp)
 
 // Copies of at least this size to a server over TCP travel as chunks over the session's bulk connections.
@@ -360,6 +383,8 @@ CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, 
     if (m == mode::post && !device_range(dst, n)) return CUDA_ERROR_INVALID_VALUE;
     if (uint64_t from = shared_address(src, n))
         return remote(op::copy_htod_shared, {dst, from, n, stream_arg(stream)}, m);
+    if (capture_under_way() && stream_captures(stream))  // read when the graph runs, not now
+        return capture_copy(linear_to_device(dst, src, n), stream, "a captured copy to the device");
     if (device_range(dst, n)) {  // else the lane's copy gets the server's refusal
         if (auto link = striping(n))
             if (int rc = striped_htod(*link, dst, src, n, stream); rc != moved_retry_result)
@@ -394,6 +419,8 @@ CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m
             return CUDA_ERROR_INVALID_VALUE;
         return remote(op::copy_dtoh_shared, {to, src, n, stream_arg(stream)}, m);
     }
+    if (capture_under_way() && stream_captures(stream))  // written when the graph runs, not now
+        return capture_copy(linear_from_device(dst, src, n), stream, "a captured copy from the device");
     if (device_range(src, n)) {
         if (auto link = striping(n))
             if (int rc = striped_dtoh(*link, dst, src, n, stream); rc != moved_retry_result)
@@ -510,6 +537,9 @@ CUresult copy_3d(const CUDA_MEMCPY3D& given, CUstream stream, mode m) {
     };
     int s = side(c.srcMemoryType, c.srcHost, c.srcDevice), d = side(c.dstMemoryType, c.dstHost, c.dstDevice);
     if (s < 0 || d < 0) return CUDA_ERROR_INVALID_VALUE;
+    // A host side in a capture: read or written when the graph runs.
+    if ((s == 0 || d == 0) && capture_under_way() && stream_captures(stream))
+        return capture_copy(c, stream, "a captured 2D/3D copy");
     if ((s == 2 && !valid_handle(reinterpret_cast<uint64_t>(c.srcArray), handle_kind::array)) ||
         (d == 2 && !valid_handle(reinterpret_cast<uint64_t>(c.dstArray), handle_kind::array)))
         return CUDA_ERROR_INVALID_HANDLE;
@@ -607,6 +637,111 @@ CUresult copy_3d(const CUDA_MEMCPY3D& given, CUstream stream, mode m) {
                     &rp.payload[(z * h + y) * w], w);
     }
     return CUDA_SUCCESS;
+}
+
+namespace {
+
+// One side of a 2D/3D copy, as fields of its CUDA_MEMCPY3D.
+template <class HostPtr>
+struct side_ref {
+    CUmemorytype& type;
+    HostPtr& host;
+    CUdeviceptr& device;
+    CUarray& array;
+    size_t &x, &y, &z, &pitch, &height;
+};
+
+// Where one side of a graph copy is, rewritten as the server must see it: an array or device memory (managed
+// memory is the device's) as it is, shared pinned memory by the server's address; `here` set when it is this
+// process's own memory (the host pointer then kept).
+template <class HostPtr>
+CUresult place_side(side_ref<HostPtr> s, size_t w, size_t h, size_t depth, bool& here) {
+    here = false;
+    if (s.type == CU_MEMORYTYPE_ARRAY) {
+        auto id = reinterpret_cast<uint64_t>(s.array);
+        return valid_handle(id, handle_kind::array) && array_box_fits(id, s.x, s.y, s.z, w, h, depth)
+                   ? CUDA_SUCCESS
+                   : CUDA_ERROR_INVALID_VALUE;
+    }
+    if (s.type != CU_MEMORYTYPE_DEVICE && s.type != CU_MEMORYTYPE_HOST && s.type != CU_MEMORYTYPE_UNIFIED)
+        return CUDA_ERROR_INVALID_VALUE;
+    const uint64_t p = s.type == CU_MEMORYTYPE_HOST ? reinterpret_cast<uint64_t>(s.host) : s.device;
+    const size_t pitch = s.pitch ? s.pitch : w, height = s.height ? s.height : h;
+    if (h > 1 && pitch < w + s.x) return CUDA_ERROR_INVALID_VALUE;
+    if (managed_contains(p) || is_device(p)) {
+        s.type = CU_MEMORYTYPE_DEVICE;
+        s.device = p;
+        s.host = nullptr;
+        return CUDA_SUCCESS;
+    }
+    // The bytes the side spans, from its first row to the end of its last.
+    const size_t first = (s.z * height + s.y) * pitch + s.x;
+    const size_t last = ((s.z + depth - 1) * height + s.y + h - 1) * pitch + s.x + w;
+    if (uint64_t at = shared_address(reinterpret_cast<const void*>(p + first), last - first)) {
+        s.type = CU_MEMORYTYPE_HOST;
+        s.host = reinterpret_cast<HostPtr>(at - first);
+        s.device = 0;
+        return CUDA_SUCCESS;
+    }
+    host_allocation mine;
+    if (s.type == CU_MEMORYTYPE_DEVICE && !state::get().find_host(p, mine))
+        return CUDA_SUCCESS;  // no memory of this process: the server's to check
+    here = true;
+    s.type = CU_MEMORYTYPE_HOST;
+    s.host = reinterpret_cast<HostPtr>(p);
+    s.device = 0;
+    s.pitch = pitch;
+    s.height = height;
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult graph_copy(CUDA_MEMCPY3D& c, uint64_t& host_copy, const char* name) {
+    host_copy = 0;
+    const size_t w = c.WidthInBytes, h = c.Height ? c.Height : 1, depth = c.Depth ? c.Depth : 1;
+    if (w == 0) return CUDA_ERROR_INVALID_VALUE;
+    c.Height = h;
+    c.Depth = depth;
+    bool src_here = false, dst_here = false;
+    side_ref<const void*> src{c.srcMemoryType, c.srcHost, c.srcDevice, c.srcArray, c.srcXInBytes,
+                              c.srcY,          c.srcZ,    c.srcPitch,  c.srcHeight};
+    side_ref<void*> dst{c.dstMemoryType, c.dstHost, c.dstDevice, c.dstArray, c.dstXInBytes,
+                        c.dstY,          c.dstZ,    c.dstPitch,  c.dstHeight};
+    if (CUresult rc = place_side(src, w, h, depth, src_here); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = place_side(dst, w, h, depth, dst_here); rc != CUDA_SUCCESS) return rc;
+    if (src_here && dst_here) {
+        std::string what = std::string(name) + " (a copy between two host buffers in a graph)";
+        return static_cast<CUresult>(unsupported(what.c_str()));
+    }
+    if (!src_here && !dst_here) return CUDA_SUCCESS;
+    host_copy_side side;
+    side.to_device = src_here;
+    side.base = const_cast<char*>(static_cast<const char*>(src_here ? c.srcHost : c.dstHost));
+    side.x = src_here ? c.srcXInBytes : c.dstXInBytes;
+    side.y = src_here ? c.srcY : c.dstY;
+    side.z = src_here ? c.srcZ : c.dstZ;
+    side.pitch = src_here ? c.srcPitch : c.dstPitch;
+    side.height = src_here ? c.srcHeight : c.dstHeight;
+    side.w = w;
+    side.h = h;
+    side.depth = depth;
+    host_copy = graph_host_copy(side);
+    return CUDA_SUCCESS;
+}
+
+CUresult capture_copy(const CUDA_MEMCPY3D& given, CUstream stream, const char* name) {
+    CUDA_MEMCPY3D c = given;
+    uint64_t id = 0;
+    if (CUresult rc = graph_copy(c, id, name); rc != CUDA_SUCCESS) return rc;
+    plain_call call(op::capture_add_node, name);
+    call.handle(stream, handle_kind::stream);
+    call.arg(static_cast<uint64_t>(CU_GRAPH_NODE_TYPE_MEMCPY));
+    call.arg(id);
+    call.blob(std::as_bytes(std::span(&c, 1)));
+    CUresult rc = call.send_sync();
+    if (rc != CUDA_SUCCESS && id) forget_host_function(id);
+    return rc;
 }
 
 CUDA_MEMCPY3D from_2d(const CUDA_MEMCPY2D& p) {

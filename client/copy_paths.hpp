@@ -33,6 +33,18 @@ CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, 
 CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, mode m);
 CUresult copy_3d(const CUDA_MEMCPY3D& c, CUstream stream, mode m);
 CUDA_MEMCPY3D from_2d(const CUDA_MEMCPY2D& p);
+
+// A copy as a graph node (cuGraphAddMemcpyNode, or a copy captured from a stream), rewritten as the server
+// must see it: device memory and arrays as they are, shared pinned memory by the server's address, and a side
+// in this process's own memory registered as a host copy (client/host_functions.hpp), whose id goes to
+// `host_copy` (0: none). CUDA_ERROR_NOT_SUPPORTED, logged under `name`, for a copy between two buffers of
+// this process.
+CUresult graph_copy(CUDA_MEMCPY3D& c, uint64_t& host_copy, const char* name);
+// Adds copy `c` to the capture of `stream` (which captures), as graph_copy describes it.
+CUresult capture_copy(const CUDA_MEMCPY3D& c, CUstream stream, const char* name);
+// Whether `stream` captures (a round trip only for a stream the mirror does not know, while captures are
+// under way: client/api_stream.cpp).
+bool stream_captures(CUstream stream);
 // True when the box of w bytes x h rows x d slices from (x bytes, y, z) lies inside the array `id` this
 // process made (client/api_array.cpp).
 bool array_box_fits(uint64_t id, uint64_t x, uint64_t y, uint64_t z, uint64_t w, uint64_t h, uint64_t d);

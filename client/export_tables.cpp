@@ -79,8 +79,12 @@ CUresult cudart_get_primary_context(CUcontext* out, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
-// ---- a094798c: runtime callback hooks. [2] and [6] hand out zeroed static buffers.
-alignas(64) unsigned char hook_buffer_a[1024];
+// ---- a094798c: runtime callback hooks. [2] and [6] hand out zeroed static buffers. cudart reads [2]'s as
+// one u32 per CUPTI runtime callback id (word 322 before cudaGraphGetNodes, say; CUDA 13.0 has 523 ids) and,
+// where a word is set, calls [4] and [1] around the API call (what those do is not known: client/TRACE.md).
+// The buffer must cover every id: at 1024 bytes, words past 256 were other variables of this library, and a
+// set byte there made cudart call [4] and [1].
+alignas(64) unsigned char hook_buffer_a[4096];
 alignas(64) unsigned char hook_buffer_b[1024];
 CUresult hooks_buffer_a(void** buf, size_t* size) {
     if (buf) *buf = hook_buffer_a;

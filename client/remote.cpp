@@ -54,8 +54,10 @@ outgoing_frame lane::build(const call_request& rq, bool async) {
     auto args = fbb_.CreateVector(rq.args.data(), rq.args.size());
     auto blobs = fbb_.CreateVector(blob_offsets_);
     // The host-function thread's calls and NVML's status queries stand outside the order of the application's
-    // calls: a host function may be what an application call on another thread is waiting for.
+    // calls: a host function (or a graph copy's host side) may be what an application call on another thread
+    // is waiting for.
     const bool ordered = rq.operation != op::host_func_next && rq.operation != op::host_func_done &&
+                         rq.operation != op::host_copy_read && rq.operation != op::host_copy_write &&
                          rq.operation != op::gpu_status;
     ++sequence_;
     auto after = ordered ? session_.note_send(number_, sequence_) : session::frame_ref{};

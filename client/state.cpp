@@ -329,10 +329,11 @@ bool state::known(uint64_t id, handle_kind k) {
 
 // ---------------------------------------------------------------- allocations
 
-void state::add_allocation(uint64_t base, size_t size, int device, bool module_global, bool managed) {
+void state::add_allocation(uint64_t base, size_t size, int device, bool module_global, bool managed,
+                           bool graph) {
     std::unique_lock lock(mu);
     if (allocations_.count(base)) return;  // a module global looked up twice
-    allocations_[base] = device_allocation{base, size, device, module_global, managed};
+    allocations_[base] = device_allocation{base, size, device, module_global, managed, graph};
     reserve_range(base, size);
 }
 
@@ -348,7 +349,7 @@ bool state::reserved(uint64_t base, size_t size) {
 bool state::remove_allocation(uint64_t base, device_allocation& out) {
     std::unique_lock lock(mu);
     auto it = allocations_.find(base);
-    if (it == allocations_.end() || it->second.module_global) return false;
+    if (it == allocations_.end() || it->second.module_global || it->second.graph) return false;
     out = it->second;
     allocations_.erase(it);
     release_range(out.base, out.size);

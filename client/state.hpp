@@ -55,6 +55,8 @@ struct device_allocation {
     int device = 0;
     bool module_global = false;  // a __device__ variable of a module: copyable, never freed by cuMemFree
     bool managed = false;        // cuMemAllocManaged: the CPU reaches it too (client/managed.hpp)
+    bool graph =
+        false;  // a memory alloc node's: its address is its graph's, kept through frees (api_graph.cpp)
 };
 
 struct host_allocation {
@@ -122,7 +124,7 @@ class state {
 
     // Device allocations (the server's real addresses).
     void add_allocation(uint64_t base, size_t size, int device, bool module_global = false,
-                        bool managed = false);
+                        bool managed = false, bool graph = false);
     bool remove_allocation(uint64_t base, device_allocation& out);
     // The allocation holding [p, p+len); false when there is none (overflow-safe).
     bool find_allocation(uint64_t p, size_t len, device_allocation& out);

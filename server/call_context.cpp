@@ -79,14 +79,21 @@ CUresult call_context::device_location(CUmemLocation& loc, size_t& device, bool 
     return CUDA_SUCCESS;
 }
 
+namespace {
+// The first and one-past-last byte a box of device_box or host_box touches, overflow-checked.
+bool box_span(uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height, uint64_t w, uint64_t h,
+              uint64_t depth, uint64_t& first, uint64_t& last) {
+    uint64_t rows;
+    if (pitch < w + x && h > 1) return false;
+    if (!mul_add(z, height, y, rows) || !mul_add(rows, pitch, x, first)) return false;
+    return mul_add(z + depth - 1, height, y + h - 1, rows) && mul_add(rows, pitch, x + w, last);
+}
+}  // namespace
+
 CUresult call_context::device_box(CUdeviceptr p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch,
                                   uint64_t height, uint64_t w, uint64_t h, uint64_t depth) {
-    // First and one-past-last byte touched, overflow-checked.
-    uint64_t first, rows, last;
-    if (pitch < w + x && h > 1) return CUDA_ERROR_INVALID_VALUE;
-    if (!mul_add(z, height, y, rows) || !mul_add(rows, pitch, x, first)) return CUDA_ERROR_INVALID_VALUE;
-    if (!mul_add(z + depth - 1, height, y + h - 1, rows) || !mul_add(rows, pitch, x + w, last))
-        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t first, last;
+    if (!box_span(x, y, z, pitch, height, w, h, depth, first, last)) return CUDA_ERROR_INVALID_VALUE;
     return device_range(p + first, last - first);
 }
 
@@ -102,6 +109,15 @@ size_t call_context::owned_prefix(CUdeviceptr p, size_t n) {
             hi = mid - 1;
     }
     return lo;
+}
+
+CUresult call_context::host_box(uintptr_t p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch,
+                                uint64_t height, uint64_t w, uint64_t h, uint64_t depth) {
+    uint64_t first, last;
+    if (!box_span(x, y, z, pitch, height, w, h, depth, first, last)) return CUDA_ERROR_INVALID_VALUE;
+    return sess.owns_host(p + first, last - first)
+               ? CUDA_SUCCESS
+               : fail(CUDA_ERROR_INVALID_VALUE, "host range not this session's shared host memory");
 }
 
 CUresult call_context::memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height,

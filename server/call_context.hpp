@@ -88,6 +88,9 @@ class call_context {
     // pitch x height layout), checked as one range from the first byte to the last.
     CUresult device_box(CUdeviceptr p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height,
                         uint64_t w, uint64_t h, uint64_t depth);
+    // The same box in the session's shared pinned host memory, by its server address.
+    CUresult host_box(uintptr_t p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height,
+                      uint64_t w, uint64_t h, uint64_t depth);
     // The bytes a memset of `height` rows of `width` elements of `elem` bytes, `pitch` apart, touches: the
     // session's device memory or its shared pinned host memory.
     CUresult memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height, uint64_t pitch);

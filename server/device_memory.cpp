@@ -62,6 +62,7 @@ CUresult device_memory::map_new(size_t size, bool shared, CUdeviceptr& va) {
     auto& d = *drv_;
     if (!d.cuMemCreate || !d.cuMemAddressReserve || !d.cuMemMap || !d.cuMemSetAccess)
         return CUDA_ERROR_NOT_SUPPORTED;
+    settle();
     if (quota_ && (size > quota_ || mapped_ > quota_ - size)) return CUDA_ERROR_OUT_OF_MEMORY;
     CUdeviceptr addr = window_ ? window_->take(d, size) : 0;
     const bool windowed = addr != 0;

@@ -61,7 +61,9 @@ class device_memory {
     // Unmaps everything (session end, context reset). The caller has synchronized the GPU.
     void release_all();
 
-    uint64_t mapped() const { return mapped_; }  // bytes of GPU memory charged to the session
+    uint64_t mapped() const {  // bytes of GPU memory charged to the session
+        return mapped_ - std::min<uint64_t>(pending_credit_.load(), mapped_);
+    }
     uint64_t resident() const { return resident_ ? mapped_ : 0; }  // of them, on the GPU now (not suspended)
 
     // Suspend and resume (server/session_image.cpp): save() copies every mapping out (the caller synchronized
@@ -117,11 +119,15 @@ class device_memory {
 
     // Physical memory the session creates itself (cuMemCreate) counts against the same quota.
     bool charge(size_t size) {
+        settle();
         if (quota_ && (size > quota_ || mapped_ > quota_ - size)) return false;
         mapped_ += size;
         return true;
     }
     void credit(size_t size) { mapped_ -= std::min<uint64_t>(size, mapped_); }
+    // A credit from a thread that cannot take the session's mutex (a user object's destructor on a driver
+    // thread): counted off at the next charge or allocation.
+    void credit_later(size_t size) { pending_credit_.fetch_add(size); }
     // The device-side malloc heap the context's limit makes the driver hold (cuCtxSetLimit), charged at its
     // set size (server/quota_checks.cpp); credited back when the context's memory is released.
     uint64_t heap_charge() const { return heap_charge_; }
@@ -174,7 +180,10 @@ class device_memory {
     const driver_table* drv_;
     CUdevice dev_;
     std::vector<CUdevice> peers_;
+    // Applies the credits given later (credit_later).
+    void settle() { credit(pending_credit_.exchange(0)); }
     uint64_t quota_;
+    std::atomic<uint64_t> pending_credit_{0};
     uint64_t mapped_ = 0;
     uint64_t heap_charge_ = 0;
     bool resident_ = true;

@@ -5,13 +5,19 @@
 // from then on. Graph nodes are session handles owned by their graph (erased with it, handle_table.hpp):
 // those made by the client's calls are entered when made, those the driver made (captured work, a cloned
 // child graph's) when first reported. Every node, graph, function, event and device range a node names is
-// checked like a launch's, memset's or copy's is. The plain graph calls (create, destroy, launch, upload,
-// child graph update, node destroy) are generated.
+// checked like a launch's, memset's or copy's is. Two things a capture cannot record itself are added to it
+// here: copies with the client's memory (server/host_functions.hpp) and stream-ordered allocations' holds.
+// Graph allocations (memory alloc nodes) are the session's while a graph holding their node lives (a user
+// object of that graph, server/handlers_graph.hpp). The plain graph calls (create, clone, destroy, launch,
+// upload, child graph update, node destroy, graph memory trim) are generated.
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "server/call_context.hpp"
+#include "server/handlers_array.hpp"
+#include "server/handlers_graph.hpp"
+#include "server/host_functions.hpp"
 #include "server/kernel_args.hpp"
 
 namespace vcuda::server {
@@ -19,6 +25,12 @@ namespace vcuda::server {
 namespace {
 
 bool valid_capture_mode(uint64_t m) { return m <= CU_STREAM_CAPTURE_MODE_RELAXED; }
+
+// The type the client sees of a node the driver reports as `type`: a host copy's child graph node is a memcpy
+// node.
+CUgraphNodeType seen_type(const driver_table& d, CUgraphNode node, CUgraphNodeType type) {
+    return type == CU_GRAPH_NODE_TYPE_GRAPH && is_host_copy_node(d, node) ? CU_GRAPH_NODE_TYPE_MEMCPY : type;
+}
 
 // This lane's thread takes the client thread's capture mode (cuThreadExchangeStreamCaptureMode): it decides
 // which calls the driver allows while a capture is under way.
@@ -228,6 +240,7 @@ CUresult handle_graph_instantiate(call_context& cx) {
     CUgraphNodeType type{};
     if (params.hErrNode_out && d.cuGraphNodeGetType &&
         d.cuGraphNodeGetType(params.hErrNode_out, &type) == CUDA_SUCCESS) {
+        type = seen_type(d, params.hErrNode_out, type);
         cx.out_handle(handle_kind::graph_node, params.hErrNode_out, cx.arg(0), /*owned=*/true);
     } else {
         cx.out(uint64_t{0});
@@ -291,6 +304,7 @@ CUresult handle_graph_nodes(call_context& cx) {
     for (size_t i = 0; i < listed; ++i) {
         CUgraphNodeType type{};
         if (CUresult r = d.cuGraphNodeGetType(nodes[i], &type); r != CUDA_SUCCESS) return r;
+        type = seen_type(d, nodes[i], type);
         cx.out_handle(handle_kind::graph_node, nodes[i], owner, /*owned=*/true);
         cx.out(static_cast<uint64_t>(type));
     }
@@ -322,85 +336,297 @@ CUresult kernel_node(call_context& cx, size_t first, size_t block, kernel_args& 
     return CUDA_SUCCESS;
 }
 
-// A memcpy node's copy (blob `i`, a CUDA_MEMCPY3D): device to device only, both sides in the session's
-// memory.
-CUresult memcpy_node(call_context& cx, size_t i, CUDA_MEMCPY3D& c) {
+// One side of a memcpy node's copy as the client sends it (the CUDA_MEMCPY3D's fields of that side): device
+// memory of the session, one of its arrays (the handle in the array field), its shared pinned host memory (by
+// the server's address), or, where `client` is set, the client's memory (CU_MEMORYTYPE_HOST: the pointer is
+// not read; host_copy_graph puts a staging buffer there).
+template <class HostPtr>
+struct copy_side {
+    CUmemorytype& type;
+    HostPtr& host;
+    CUdeviceptr& device;
+    CUarray& array;
+    size_t &x, &y, &z, &pitch, &height;
+};
+
+template <class HostPtr>
+CUresult check_side(call_context& cx, const CUDA_MEMCPY3D& c, copy_side<HostPtr> s, bool client) {
+    switch (s.type) {
+        case CU_MEMORYTYPE_DEVICE:
+        case CU_MEMORYTYPE_UNIFIED:
+            s.type = CU_MEMORYTYPE_DEVICE;
+            s.host = nullptr;
+            s.array = nullptr;
+            return cx.device_box(s.device, s.x, s.y, s.z, s.pitch, s.height, c.WidthInBytes, c.Height,
+                                 c.Depth);
+        case CU_MEMORYTYPE_ARRAY:
+            s.host = nullptr;
+            s.device = 0;
+            return array_box(cx, reinterpret_cast<uint64_t>(s.array), s.x, s.y, s.z, c.WidthInBytes, c.Height,
+                             c.Depth, s.array);
+        case CU_MEMORYTYPE_HOST:
+            s.device = 0;
+            s.array = nullptr;
+            if (client) {
+                s.host = nullptr;
+                return CUDA_SUCCESS;
+            }
+            return cx.host_box(reinterpret_cast<uintptr_t>(s.host), s.x, s.y, s.z, s.pitch, s.height,
+                               c.WidthInBytes, c.Height, c.Depth);
+        default:
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+// A memcpy node's copy (blob `i`, a CUDA_MEMCPY3D), each side checked (copy_side). `client`: exactly one side
+// is the client's memory.
+CUresult memcpy_node(call_context& cx, size_t i, bool client, CUDA_MEMCPY3D& c) {
     auto b = cx.blob(i);
     if (b.size() != sizeof c) return cx.bad_arguments();
     std::memcpy(&c, b.data(), sizeof c);
-    auto device = [](CUmemorytype t) { return t == CU_MEMORYTYPE_DEVICE || t == CU_MEMORYTYPE_UNIFIED; };
-    if (!device(c.srcMemoryType) || !device(c.dstMemoryType))
-        return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "memcpy nodes are served between device memory only");
     if (!c.WidthInBytes || !c.Height || !c.Depth) return cx.fail(CUDA_ERROR_INVALID_VALUE, "empty copy");
-    c.srcHost = c.dstHost = nullptr;  // nothing but the device sides is read from the wire
-    c.srcArray = c.dstArray = nullptr;
+    if (client && (c.srcMemoryType == CU_MEMORYTYPE_HOST) == (c.dstMemoryType == CU_MEMORYTYPE_HOST))
+        return cx.bad_arguments();  // one side is the client's
     c.reserved0 = c.reserved1 = nullptr;
-    if (cx.device_box(c.srcDevice, c.srcXInBytes, c.srcY, c.srcZ, c.srcPitch, c.srcHeight, c.WidthInBytes,
-                      c.Height, c.Depth) != CUDA_SUCCESS)
+    copy_side<const void*> src{c.srcMemoryType, c.srcHost, c.srcDevice, c.srcArray, c.srcXInBytes,
+                               c.srcY,          c.srcZ,    c.srcPitch,  c.srcHeight};
+    copy_side<void*> dst{c.dstMemoryType, c.dstHost, c.dstDevice, c.dstArray, c.dstXInBytes,
+                         c.dstY,          c.dstZ,    c.dstPitch,  c.dstHeight};
+    if (check_side(cx, c, src, client) != CUDA_SUCCESS)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad source of memcpy node");
-    if (cx.device_box(c.dstDevice, c.dstXInBytes, c.dstY, c.dstZ, c.dstPitch, c.dstHeight, c.WidthInBytes,
-                      c.Height, c.Depth) != CUDA_SUCCESS)
+    if (check_side(cx, c, dst, client) != CUDA_SUCCESS)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad destination of memcpy node");
+    return CUDA_SUCCESS;
+}
+
+// What a node's parameters point at until the driver has taken them.
+struct node_parts {
+    explicit node_parts(call_context& c) : cx(c) {}
+    node_parts(const node_parts&) = delete;
+    node_parts& operator=(const node_parts&) = delete;
+    ~node_parts() {
+        if (child) cx.drv().cuGraphDestroy(child);
+        if (charged) {  // a memory alloc node that was not made
+            std::lock_guard lock(cx.sess.mu);
+            cx.sess.memory(alloc_device).credit(charged);
+        }
+    }
+    call_context& cx;
+    kernel_args args;
+    CUgraph child = nullptr;              // a host copy's graph, cloned into the node
+    std::vector<CUmemAccessDesc> access;  // a memory alloc node's
+    size_t alloc_device = 0;              // ... the session device charged for it
+    uint64_t charged = 0;                 // ... and how much, until the node holds it (hold_allocation)
+};
+
+// At most this many bodies of a conditional node (a SWITCH's cases).
+constexpr uint64_t max_bodies = 1024;
+
+// How many arguments each node type takes (node_params), by CUgraphNodeType; -1: not served. A memcpy node's
+// one argument was added later: older clients send none.
+constexpr int type_args[] = {9, 1, 6, 1, 1, 0, 1, 1, -1, -1, 0, 1, -1, 3};
+
+bool valid_type_args(uint64_t type, size_t n) {
+    if (type >= std::size(type_args) || type_args[type] < 0) return false;
+    return n == static_cast<size_t>(type_args[type]) || (type == CU_GRAPH_NODE_TYPE_MEMCPY && n == 0);
+}
+
+// A memory alloc node's parameters (blob `i`: a CUDA_MEM_ALLOC_NODE_PARAMS_v2, then its accessDescCount
+// CUmemAccessDesc; locations name the session's devices), checked, and its size charged to the quota of its
+// device.
+CUresult alloc_node(call_context& cx, size_t i, node_parts& parts, CUDA_MEM_ALLOC_NODE_PARAMS_v2& a) {
+    auto b = cx.blob(i);
+    if (b.size() < sizeof a) return cx.bad_arguments();
+    std::memcpy(&a, b.data(), sizeof a);
+    const size_t n = a.accessDescCount;
+    if (n > 64 || b.size() != sizeof a + n * sizeof(CUmemAccessDesc)) return cx.bad_arguments();
+    parts.access.resize(n);
+    if (n) std::memcpy(parts.access.data(), b.data() + sizeof a, n * sizeof(CUmemAccessDesc));
+    a.accessDescs = parts.access.empty() ? nullptr : parts.access.data();
+    a.dptr = 0;
+    if (a.bytesize == 0 || a.poolProps.allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        a.poolProps.handleTypes != CU_MEM_HANDLE_TYPE_NONE ||
+        a.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE,
+                       "memory alloc nodes are served for pinned device memory only");
+    a.poolProps.win32SecurityAttributes = nullptr;
+    if (CUresult rc = cx.device_location(a.poolProps.location, parts.alloc_device); rc != CUDA_SUCCESS)
+        return rc;
+    for (auto& d : parts.access) {
+        size_t device;
+        if (d.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return cx.bad_arguments();
+        if (CUresult rc = cx.device_location(d.location, device); rc != CUDA_SUCCESS) return rc;
+    }
+    std::lock_guard lock(cx.sess.mu);
+    if (!cx.sess.memory(parts.alloc_device).charge(a.bytesize))
+        return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "a graph allocation of " + std::to_string(a.bytesize) +
+                                                     " bytes exceeds the session's memory quota");
+    parts.charged = a.bytesize;
+    return CUDA_SUCCESS;
+}
+
+// The parameters of a node of `type` from args `first`.. and blob `data`: kernel {function or kernel, grid
+// xyz, block xyz, shared bytes, form}, blob its parameters; memset {dst, value, element size, width, height,
+// pitch}; memcpy {the client's host copy id (0 or absent: the sides are the session's)}, blob its
+// CUDA_MEMCPY3D (a copy with the client's memory becomes a child graph, server/host_functions.hpp); host {the
+// client's host function id}; child graph {graph}; event record / wait {event}; memory alloc nothing, blob
+// its parameters (alloc_node); memory free {a graph allocation of the session}; conditional {a conditional
+// handle of the session, type, body count}; empty nothing.
+CUresult node_params(call_context& cx, CUgraphNodeType type, size_t first, size_t data, node_parts& parts,
+                     CUgraphNodeParams& p) {
+    p = {};
+    p.type = type;
+    CUcontext ctx = nullptr;
+    cx.drv().cuCtxGetCurrent(
+        &ctx);  // the session's context on the caller's device, where memsets and copies run
+    switch (type) {
+        case CU_GRAPH_NODE_TYPE_KERNEL: {
+            CUDA_KERNEL_NODE_PARAMS_v2 k;
+            if (CUresult rc = kernel_node(cx, first, data, parts.args, k); rc != CUDA_SUCCESS) return rc;
+            static_assert(sizeof k == sizeof p.kernel, "the v2 and v3 kernel node layouts are the same");
+            std::memcpy(&p.kernel, &k, sizeof k);
+            return CUDA_SUCCESS;
+        }
+        case CU_GRAPH_NODE_TYPE_MEMCPY: {
+            const uint64_t id = cx.arg_count() > first ? cx.arg(first) : 0;
+            if (CUresult rc = memcpy_node(cx, data, id != 0, p.memcpy.copyParams); rc != CUDA_SUCCESS)
+                return rc;
+            p.memcpy.copyCtx = ctx;
+            if (id == 0) return CUDA_SUCCESS;
+            if (CUresult rc = host_copy_graph(cx, p.memcpy.copyParams, id, parts.child); rc != CUDA_SUCCESS)
+                return rc;
+            p = {};
+            p.type = CU_GRAPH_NODE_TYPE_GRAPH;
+            p.graph = {parts.child, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE};
+            return CUDA_SUCCESS;
+        }
+        case CU_GRAPH_NODE_TYPE_MEMSET: {
+            uint64_t dst = cx.arg(first), value = cx.arg(first + 1), elem = cx.arg(first + 2),
+                     width = cx.arg(first + 3), height = cx.arg(first + 4), pitch = cx.arg(first + 5);
+            if (value > 0xffffffffu) return cx.bad_arguments();
+            if (CUresult rc = cx.memset_range(dst, elem, width, height, pitch); rc != CUDA_SUCCESS) return rc;
+            p.memset = {dst,    pitch, static_cast<unsigned>(value), static_cast<unsigned>(elem), width,
+                        height, ctx};
+            return CUDA_SUCCESS;
+        }
+        case CU_GRAPH_NODE_TYPE_HOST:
+            if (cx.arg(first) == 0) return cx.bad_arguments();
+            {
+                const CUDA_HOST_NODE_PARAMS h = graph_host_func(cx, cx.arg(first));
+                p.host.fn = h.fn;
+                p.host.userData = h.userData;
+                return CUDA_SUCCESS;
+            }
+        case CU_GRAPH_NODE_TYPE_GRAPH:
+            p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
+            return cx.handle(first, handle_kind::graph, p.graph.graph);
+        case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+            return cx.handle(first, handle_kind::event, p.eventWait.event);
+        case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+            return cx.handle(first, handle_kind::event, p.eventRecord.event);
+        case CU_GRAPH_NODE_TYPE_MEM_ALLOC:
+            return alloc_node(cx, data, parts, p.alloc);
+        case CU_GRAPH_NODE_TYPE_MEM_FREE:
+            p.free.dptr = cx.arg(first);
+            return cx.sess.graph_memory.find(p.free.dptr)
+                       ? CUDA_SUCCESS
+                       : cx.fail(CUDA_ERROR_INVALID_VALUE, "not a graph allocation of this session");
+        case CU_GRAPH_NODE_TYPE_CONDITIONAL: {
+            const uint64_t handle = cx.arg(first), type = cx.arg(first + 1), size = cx.arg(first + 2);
+            if (type > CU_GRAPH_COND_TYPE_SWITCH || size == 0 || size > max_bodies) return cx.bad_arguments();
+            {
+                std::lock_guard lock(cx.sess.mu);
+                if (!cx.sess.conditional_handles.count(handle))
+                    return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a conditional handle of this session");
+            }
+            p.conditional.handle = handle;
+            p.conditional.type = static_cast<CUgraphConditionalNodeType>(type);
+            p.conditional.size = static_cast<unsigned>(size);
+            p.conditional.ctx = ctx;
+            return CUDA_SUCCESS;
+        }
+        default:
+            return CUDA_SUCCESS;  // empty
+    }
+}
+
+// A memory alloc node's allocation: held for the session while `g`, or a graph or executable graph made from
+// it, holds the node (a user object of `g`); charged to the quota until then.
+struct allocation_hold {
+    std::weak_ptr<session> sess;
+    CUdeviceptr p = 0;
+    uint64_t size = 0;
+    size_t device = 0;
+};
+
+// The user object's destructor, on a thread of the driver's: no driver calls, no session mutex.
+void CUDA_CB drop_allocation(void* data) {
+    std::unique_ptr<allocation_hold> h(static_cast<allocation_hold*>(data));
+    if (auto s = h->sess.lock()) {
+        s->graph_memory.drop(h->p);
+        if (h->device < s->device_count()) s->memory(h->device).credit_later(h->size);
+    }
+}
+
+}  // namespace
+
+CUresult hold_graph_allocation(call_context& cx, CUgraph g, CUdeviceptr p, uint64_t size, size_t device) {
+    auto& d = cx.drv();
+    if (!d.cuUserObjectCreate || !d.cuUserObjectRelease || !d.cuGraphRetainUserObject) {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.memory(device).credit(size);
+        return cx.unsupported("cuUserObjectCreate");
+    }
+    auto* h = new allocation_hold{cx.sess.weak_from_this(), p, size, device};
+    CUuserObject obj = nullptr;
+    if (CUresult rc = d.cuUserObjectCreate(&obj, h, &drop_allocation, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
+        rc != CUDA_SUCCESS) {
+        delete h;
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.memory(device).credit(size);
+        return rc;
+    }
+    cx.sess.graph_memory.add(p, size, device);
+    if (CUresult rc = d.cuGraphRetainUserObject(g, obj, 1, CU_GRAPH_USER_OBJECT_MOVE); rc != CUDA_SUCCESS) {
+        d.cuUserObjectRelease(obj, 1);  // drops the hold and credits the charge
+        return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
+namespace {
+
+// What a node needs once added to `g`: a memory alloc node's allocation held (with its charge); its address
+// goes to the client.
+CUresult node_added(call_context& cx, CUgraph g, CUgraphNode node, const CUgraphNodeParams& p,
+                    node_parts& parts) {
+    if (p.type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) return CUDA_SUCCESS;
+    const uint64_t charged = std::exchange(parts.charged, 0);  // the hold's from now on
+    if (CUresult rc = hold_graph_allocation(cx, g, p.alloc.dptr, charged, parts.alloc_device);
+        rc != CUDA_SUCCESS) {
+        cx.drv().cuGraphDestroyNode(node);
+        return rc;
+    }
     return CUDA_SUCCESS;
 }
 
 }  // namespace
 
-// args {graph, node type, then by type: kernel {function or kernel, grid xyz, block xyz, shared bytes, form};
-// memset {dst, value, element size, width, height, pitch}; child graph {graph}; event record / wait {event};
-// memcpy and empty nothing}; blobs {dependency nodes, their edge data (may be empty), kernel parameters or
-// the memcpy's CUDA_MEMCPY3D} -> outs {node}
+// args {graph, node type, then the type's (node_params)}; blobs {dependency nodes, their edge data (may be
+// empty), the type's data} -> outs {node}
 CUresult handle_graph_add_node(call_context& cx) {
-    static constexpr size_t arg_count[] = {11, 2, 8, 0, 3, 2, 3, 3};  // by CUgraphNodeType; 0: not served
-    if (cx.arg_count() < 2 || cx.arg(1) >= std::size(arg_count) || !arg_count[cx.arg(1)] ||
-        !cx.expect_args(arg_count[cx.arg(1)]) || cx.blob_count() > 3)
+    if (cx.arg_count() < 2 || !valid_type_args(cx.arg(1), cx.arg_count() - 2) || cx.blob_count() > 3)
         return cx.bad_arguments();
     CUgraph g;
     if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
     dependencies deps;
     if (CUresult rc = deps.read(cx); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
-    CUcontext ctx = nullptr;
-    d.cuCtxGetCurrent(&ctx);  // the session's context on the caller's device, where memsets and copies run
-    CUgraphNodeParams p{};
-    p.type = static_cast<CUgraphNodeType>(cx.arg(1));
-    kernel_args args;
-    switch (p.type) {
-        case CU_GRAPH_NODE_TYPE_KERNEL: {
-            CUDA_KERNEL_NODE_PARAMS_v2 k;
-            if (CUresult rc = kernel_node(cx, 2, 2, args, k); rc != CUDA_SUCCESS) return rc;
-            static_assert(sizeof k == sizeof p.kernel, "the v2 and v3 kernel node layouts are the same");
-            std::memcpy(&p.kernel, &k, sizeof k);
-            break;
-        }
-        case CU_GRAPH_NODE_TYPE_MEMCPY:
-            if (CUresult rc = memcpy_node(cx, 2, p.memcpy.copyParams); rc != CUDA_SUCCESS) return rc;
-            p.memcpy.copyCtx = ctx;
-            break;
-        case CU_GRAPH_NODE_TYPE_MEMSET: {
-            uint64_t dst = cx.arg(2), value = cx.arg(3), elem = cx.arg(4), width = cx.arg(5),
-                     height = cx.arg(6), pitch = cx.arg(7);
-            if (value > 0xffffffffu) return cx.bad_arguments();
-            if (CUresult rc = cx.memset_range(dst, elem, width, height, pitch); rc != CUDA_SUCCESS) return rc;
-            p.memset = {dst,    pitch, static_cast<unsigned>(value), static_cast<unsigned>(elem), width,
-                        height, ctx};
-            break;
-        }
-        case CU_GRAPH_NODE_TYPE_GRAPH:
-            if (CUresult rc = cx.handle(2, handle_kind::graph, p.graph.graph); rc != CUDA_SUCCESS) return rc;
-            p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
-            break;
-        case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
-            if (CUresult rc = cx.handle(2, handle_kind::event, p.eventWait.event); rc != CUDA_SUCCESS)
-                return rc;
-            break;
-        case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
-            if (CUresult rc = cx.handle(2, handle_kind::event, p.eventRecord.event); rc != CUDA_SUCCESS)
-                return rc;
-            break;
-        default:
-            break;  // empty
-    }
+    node_parts parts(cx);
+    CUgraphNodeParams p;
+    if (CUresult rc = node_params(cx, static_cast<CUgraphNodeType>(cx.arg(1)), 2, 2, parts, p);
+        rc != CUDA_SUCCESS)
+        return rc;
     CUgraphNode node = nullptr;
     CUresult rc;
     if (d.cuGraphAddNode_v2)
@@ -410,8 +636,180 @@ CUresult handle_graph_add_node(call_context& cx) {
     else
         return cx.unsupported("cuGraphAddNode_v2");
     if (rc != CUDA_SUCCESS) return rc;
+    if (CUresult r = node_added(cx, g, node, p, parts); r != CUDA_SUCCESS) return r;
     cx.out_handle(handle_kind::graph_node, node, cx.arg(0), /*owned=*/true);
+    if (p.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) cx.out(static_cast<uint64_t>(p.alloc.dptr));
+    if (p.type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
+        // Its bodies are the driver's, and the node's: session handles that go with it.
+        const uint64_t id = cx.outs.back();
+        for (unsigned i = 0; i < p.conditional.size; ++i)
+            cx.out_handle(handle_kind::graph,
+                          p.conditional.phGraph_out ? p.conditional.phGraph_out[i] : nullptr, id,
+                          /*owned=*/true);
+    }
     return CUDA_SUCCESS;
+}
+
+// args {stream, node type, then the type's (node_params)}; blob {the type's data}. A node made here, added to
+// the capture of `stream` after the capture's current dependencies and made its only one, as captured work
+// is: a copy with the client's memory (which the stream's own copy cannot be).
+CUresult handle_capture_add_node(call_context& cx) {
+    if (cx.arg_count() < 2 || !valid_type_args(cx.arg(1), cx.arg_count() - 2) || cx.blob_count() > 1)
+        return cx.bad_arguments();
+    CUstream s;
+    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuStreamGetCaptureInfo_v3 || !d.cuStreamUpdateCaptureDependencies_v2 || !d.cuGraphAddNode_v2)
+        return cx.unsupported("cuStreamUpdateCaptureDependencies_v2");
+    CUstreamCaptureStatus status{};
+    CUgraph g = nullptr;
+    const CUgraphNode* deps = nullptr;
+    const CUgraphEdgeData* edges = nullptr;
+    size_t n = 0;
+    if (CUresult rc = d.cuStreamGetCaptureInfo_v3(s, &status, nullptr, &g, &deps, &edges, &n);
+        rc != CUDA_SUCCESS)
+        return rc;
+    if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE || !g)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "the stream does not capture");
+    std::vector<CUgraphNode> after(deps, deps + n);  // the driver's array is valid only until the next call
+    std::vector<CUgraphEdgeData> edge_data;
+    if (edges) edge_data.assign(edges, edges + n);
+    node_parts parts(cx);
+    CUgraphNodeParams p;
+    if (CUresult rc = node_params(cx, static_cast<CUgraphNodeType>(cx.arg(1)), 2, 0, parts, p);
+        rc != CUDA_SUCCESS)
+        return rc;
+    CUgraphNode node = nullptr;
+    if (CUresult rc =
+            d.cuGraphAddNode_v2(&node, g, after.data(), edges ? edge_data.data() : nullptr, after.size(), &p);
+        rc != CUDA_SUCCESS)
+        return rc;
+    if (CUresult rc = node_added(cx, g, node, p, parts); rc != CUDA_SUCCESS) return rc;
+    return d.cuStreamUpdateCaptureDependencies_v2(s, &node, nullptr, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+}
+
+// args {graph, default value, flags} -> outs {the handle}: a conditional handle of the graph, which kernels
+// take by value and conditional nodes name; the session's (kept until it ends).
+CUresult handle_conditional_handle_create(call_context& cx) {
+    if (!cx.expect_args(3) || cx.arg(1) > 0xffffffffu ||
+        (cx.arg(2) & ~uint64_t{CU_GRAPH_COND_ASSIGN_DEFAULT}))
+        return cx.bad_arguments();
+    CUgraph g;
+    if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuGraphConditionalHandleCreate) return cx.unsupported("cuGraphConditionalHandleCreate");
+    CUcontext ctx = nullptr;
+    d.cuCtxGetCurrent(&ctx);
+    CUgraphConditionalHandle h = 0;
+    if (CUresult rc = d.cuGraphConditionalHandleCreate(&h, g, ctx, static_cast<unsigned>(cx.arg(1)),
+                                                       static_cast<unsigned>(cx.arg(2)));
+        rc != CUDA_SUCCESS)
+        return rc;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.conditional_handles.insert(h);
+    }
+    cx.out(static_cast<uint64_t>(h));
+    return CUDA_SUCCESS;
+}
+
+// args {stream, the capture's graph as the client knows it} -> outs {count, then (node, type) per
+// dependency}; blob {their edge data} when the driver gives it: the nodes the stream's next captured work
+// will follow.
+CUresult handle_capture_dependencies(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    CUstream s;
+    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    void* raw_graph = nullptr;
+    if (CUresult rc = cx.lookup(cx.arg(1), handle_kind::graph, raw_graph); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuStreamGetCaptureInfo_v3 || !d.cuGraphNodeGetType)
+        return cx.unsupported("cuStreamGetCaptureInfo_v3");
+    CUstreamCaptureStatus status{};
+    CUgraph g = nullptr;
+    const CUgraphNode* deps = nullptr;
+    const CUgraphEdgeData* edges = nullptr;
+    size_t n = 0;
+    if (CUresult rc = d.cuStreamGetCaptureInfo_v3(s, &status, nullptr, &g, &deps, &edges, &n);
+        rc != CUDA_SUCCESS)
+        return rc;
+    if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE || g != raw_graph || n > max_nodes)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "the stream does not capture into that graph");
+    std::vector<CUgraphNode> nodes(deps, deps + n);  // valid only until the next call
+    std::vector<CUgraphEdgeData> edge_data;
+    if (edges) edge_data.assign(edges, edges + n);
+    cx.out(static_cast<uint64_t>(n));
+    for (CUgraphNode node : nodes) {
+        CUgraphNodeType type{};
+        if (CUresult rc = d.cuGraphNodeGetType(node, &type); rc != CUDA_SUCCESS) return rc;
+        cx.out_handle(handle_kind::graph_node, node, cx.arg(1), /*owned=*/true);
+        cx.out(static_cast<uint64_t>(seen_type(d, node, type)));
+    }
+    if (edges) cx.out_blob(std::as_bytes(std::span(edge_data)));
+    return CUDA_SUCCESS;
+}
+
+// args {stream, flags (add or set)}; blobs {nodes, their edge data (may be empty)}: the nodes the stream's
+// next captured work follows.
+CUresult handle_capture_update_dependencies(call_context& cx) {
+    if (!cx.expect_args(2) || cx.arg(1) > CU_STREAM_SET_CAPTURE_DEPENDENCIES || cx.blob_count() > 2)
+        return cx.bad_arguments();
+    CUstream s;
+    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    dependencies deps;
+    if (CUresult rc = deps.read(cx); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuStreamUpdateCaptureDependencies_v2)
+        return cx.unsupported("cuStreamUpdateCaptureDependencies_v2");
+    return d.cuStreamUpdateCaptureDependencies_v2(s, deps.nodes.data(), deps.edges, deps.nodes.size(),
+                                                  static_cast<unsigned>(cx.arg(1)));
+}
+
+// args {device, CUgraphMem_attribute, 0 get / 1 set, value to set} -> outs {value} (get). The figures are the
+// server process's, as the driver keeps them per device.
+CUresult handle_graph_mem_attribute(call_context& cx) {
+    if (!cx.expect_args(4) || cx.arg(1) > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH || cx.arg(2) > 1)
+        return cx.bad_arguments();
+    CUdevice dev;
+    if (CUresult rc = cx.device(0, dev); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    auto attr = static_cast<CUgraphMem_attribute>(cx.arg(1));
+    cuuint64_t value = cx.arg(3);
+    if (cx.arg(2) == 1) {
+        if (!d.cuDeviceSetGraphMemAttribute) return cx.unsupported("cuDeviceSetGraphMemAttribute");
+        return d.cuDeviceSetGraphMemAttribute(dev, attr, &value);
+    }
+    if (!d.cuDeviceGetGraphMemAttribute) return cx.unsupported("cuDeviceGetGraphMemAttribute");
+    if (CUresult rc = d.cuDeviceGetGraphMemAttribute(dev, attr, &value); rc != CUDA_SUCCESS) return rc;
+    cx.out(static_cast<uint64_t>(value));
+    return CUDA_SUCCESS;
+}
+
+// args {executable graph, graph} -> outs {CUgraphExecUpdateResult, then the error node and the node it came
+// from, each as (node, type) or (0, 0)}; the outs also come back when the update fails.
+CUresult handle_graph_exec_update(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    CUgraphExec exec;
+    if (CUresult rc = cx.handle(0, handle_kind::graph_exec, exec); rc != CUDA_SUCCESS) return rc;
+    CUgraph g;
+    if (CUresult rc = cx.handle(1, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuGraphExecUpdate_v2 || !d.cuGraphNodeGetType) return cx.unsupported("cuGraphExecUpdate_v2");
+    CUgraphExecUpdateResultInfo info{};
+    CUresult rc = d.cuGraphExecUpdate_v2(exec, g, &info);
+    cx.out(static_cast<uint64_t>(info.result));
+    for (CUgraphNode node : {info.errorNode, info.errorFromNode}) {
+        CUgraphNodeType type{};
+        if (node && d.cuGraphNodeGetType(node, &type) == CUDA_SUCCESS) {
+            type = seen_type(d, node, type);
+            cx.out_handle(handle_kind::graph_node, node, cx.arg(1), /*owned=*/true);
+        } else {
+            cx.out(uint64_t{0});
+        }
+        cx.out(static_cast<uint64_t>(type));
+    }
+    return rc;
 }
 
 // args {executable graph (0: the node itself), kernel node, function or kernel, grid xyz, block xyz, shared

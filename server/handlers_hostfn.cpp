@@ -2,9 +2,15 @@
 // enqueues a callback of its own on the real stream; when the stream reaches it, the callback hands the
 // function's id to the client's host-function thread (op host_func_next) and waits until the client says it
 // ran (op host_func_done), so that later work on the stream waits for the function as with the real driver.
+// Host nodes of graphs work the same way, and so do the host nodes of graph copies with the client's memory
+// (server/host_functions.hpp), at which the client reads or writes the copy's staging buffer (ops
+// host_copy_read, host_copy_write) before it says it is done.
+#include <algorithm>
+#include <cstring>
 #include <memory>
 
 #include "server/call_context.hpp"
+#include "server/host_functions.hpp"
 
 namespace vcuda::server {
 
@@ -26,7 +32,168 @@ void CUDA_CB run_in_client(void* data) {
     s->host_func_started(p->id, p->in_graph);
     s->host_func_wait(p->id);
 }
+
+// A graph copy's host node data: kept by the session until it ends (as captured host functions are), so that
+// the host node never reads freed memory, whatever happens to the staging buffer.
+struct host_copy_node : session::kept_host_func {
+    std::weak_ptr<session> sess;
+    uint64_t id = 0;
+};
+
+// A graph copy's staging buffer, owned by the CUDA user object that the graphs using it hold: freed (and its
+// bytes credited) when the last of them goes. Were it gone early, the client's read or write at the host node
+// would fail, logged, and nothing else.
+struct host_copy_buffer {
+    std::weak_ptr<session> sess;
+    uint64_t id = 0;
+    size_t size = 0;
+};
+
+// The copy's host node: the client moves the bytes between the staging buffer and its memory.
+void CUDA_CB run_host_copy(void* data) {
+    auto* n = static_cast<host_copy_node*>(data);
+    auto s = n->sess.lock();
+    if (!s) return;
+    s->host_func_started(n->id, true);
+    s->host_func_wait(n->id);
+}
+
+// The user object's destructor, on a thread of the driver's: no driver calls, no session mutex.
+void CUDA_CB drop_host_copy(void* data) {
+    std::unique_ptr<host_copy_buffer> b(static_cast<host_copy_buffer*>(data));
+    if (auto s = b->sess.lock()) {
+        s->host_copies.remove(b->id);
+        s->host.credit_later(b->size);
+    }
+}
+
+// The bytes of one side of a 2D/3D copy, packed: w x h x depth.
+bool packed_size(const CUDA_MEMCPY3D& c, size_t& out) {
+    uint64_t n;
+    if (!mul_add(c.WidthInBytes, c.Height, 0, n) || !mul_add(n, c.Depth, 0, n)) return false;
+    out = n;
+    return true;
+}
+
+// A copy or host node of a host copy's child graph.
+CUresult add_to(const driver_table& d, CUgraph g, CUgraphNode* after, CUgraphNodeParams& p,
+                CUgraphNode& out) {
+    return d.cuGraphAddNode_v2(&out, g, after, nullptr, after ? 1 : 0, &p);
+}
 }  // namespace
+
+CUDA_HOST_NODE_PARAMS graph_host_func(call_context& cx, uint64_t id) {
+    auto p = std::make_unique<pending_host_func>();
+    p->sess = cx.sess.weak_from_this();
+    p->id = id;
+    p->in_graph = true;
+    CUDA_HOST_NODE_PARAMS h{&run_in_client, p.get()};
+    cx.sess.keep_host_func(std::move(p));
+    return h;
+}
+
+CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph& out) {
+    auto& d = cx.drv();
+    if (!d.cuUserObjectCreate || !d.cuUserObjectRelease || !d.cuGraphRetainUserObject || !d.cuGraphCreate ||
+        !d.cuGraphAddNode_v2 || !d.cuGraphDestroy)
+        return cx.unsupported("cuUserObjectCreate");
+    const bool to_device = c.srcMemoryType == CU_MEMORYTYPE_HOST;
+    if (id == 0 || to_device == (c.dstMemoryType == CU_MEMORYTYPE_HOST)) return cx.bad_arguments();
+    size_t size = 0;
+    if (!packed_size(c, size) || size == 0) return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad copy extent");
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (!cx.sess.host.reserve(size, cx.sess.host_quota()))
+            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "a graph copy's staging buffer of " +
+                                                         std::to_string(size) +
+                                                         " bytes exceeds the session's host memory quota");
+    }
+    auto unreserve = [&] {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.host.unreserve(size);
+    };
+    std::shared_ptr<host_copy_buffers::buffer> buf;
+    try {
+        buf = std::make_shared<host_copy_buffers::buffer>(size);
+    } catch (const std::bad_alloc&) {
+        unreserve();
+        return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "no memory for a graph copy's staging buffer");
+    }
+    if (!cx.sess.host_copies.add(id, buf)) {
+        unreserve();
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "host copy id already in use");
+    }
+    auto* owner = new host_copy_buffer{cx.sess.weak_from_this(), id, size};
+    CUuserObject obj = nullptr;
+    if (CUresult rc =
+            d.cuUserObjectCreate(&obj, owner, &drop_host_copy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
+        rc != CUDA_SUCCESS) {
+        delete owner;
+        cx.sess.host_copies.remove(id);
+        unreserve();
+        return rc;
+    }
+    // From here on the user object owns the buffer: releasing it undoes its part.
+    CUgraph g = nullptr;
+    CUresult rc = d.cuGraphCreate(&g, 0);
+    if (rc == CUDA_SUCCESS) rc = d.cuGraphRetainUserObject(g, obj, 1, CU_GRAPH_USER_OBJECT_MOVE);
+    if (rc != CUDA_SUCCESS) {
+        d.cuUserObjectRelease(obj, 1);
+        if (g) d.cuGraphDestroy(g);
+        return rc;
+    }
+    void* staging = buf->bytes.get();
+    if (to_device) {
+        c.srcHost = staging;
+        c.srcXInBytes = c.srcY = c.srcZ = 0;
+        c.srcPitch = c.WidthInBytes;
+        c.srcHeight = c.Height;
+    } else {
+        c.dstHost = staging;
+        c.dstXInBytes = c.dstY = c.dstZ = 0;
+        c.dstPitch = c.WidthInBytes;
+        c.dstHeight = c.Height;
+    }
+    CUgraphNodeParams copy{};
+    copy.type = CU_GRAPH_NODE_TYPE_MEMCPY;
+    copy.memcpy.copyParams = c;
+    d.cuCtxGetCurrent(&copy.memcpy.copyCtx);  // the session's context of the call's device
+    auto node = std::make_unique<host_copy_node>();
+    node->sess = cx.sess.weak_from_this();
+    node->id = id;
+    CUgraphNodeParams host{};
+    host.type = CU_GRAPH_NODE_TYPE_HOST;
+    host.host = {&run_host_copy, node.get()};
+    cx.sess.keep_host_func(std::move(node));
+    CUgraphNode first = nullptr, second = nullptr;
+    rc = add_to(d, g, nullptr, to_device ? host : copy, first);
+    if (rc == CUDA_SUCCESS) rc = add_to(d, g, &first, to_device ? copy : host, second);
+    if (rc != CUDA_SUCCESS) {
+        d.cuGraphDestroy(g);
+        return rc;
+    }
+    out = g;
+    return CUDA_SUCCESS;
+}
+
+bool is_host_copy_node(const driver_table& d, CUgraphNode node) {
+    CUgraphNodeType type{};
+    CUgraph child = nullptr;
+    if (!d.cuGraphNodeGetType || !d.cuGraphChildGraphNodeGetGraph || !d.cuGraphGetNodes ||
+        !d.cuGraphHostNodeGetParams || d.cuGraphNodeGetType(node, &type) != CUDA_SUCCESS ||
+        type != CU_GRAPH_NODE_TYPE_GRAPH || d.cuGraphChildGraphNodeGetGraph(node, &child) != CUDA_SUCCESS)
+        return false;
+    CUgraphNode nodes[2] = {};
+    size_t n = 2;
+    if (d.cuGraphGetNodes(child, nodes, &n) != CUDA_SUCCESS || n != 2) return false;
+    for (CUgraphNode k : nodes) {
+        CUDA_HOST_NODE_PARAMS p{};
+        if (d.cuGraphNodeGetType(k, &type) == CUDA_SUCCESS && type == CU_GRAPH_NODE_TYPE_HOST &&
+            d.cuGraphHostNodeGetParams(k, &p) == CUDA_SUCCESS)
+            return p.fn == &run_host_copy;
+    }
+    return false;
+}
 
 // args {stream, id}. Queued.
 CUresult handle_host_func(call_context& cx) {
@@ -68,6 +235,43 @@ CUresult handle_host_func_next(call_context& cx) {
 CUresult handle_host_func_done(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
     cx.sess.host_func_done(cx.arg(0));
+    return CUDA_SUCCESS;
+}
+
+namespace {
+// At most this many bytes of a staging buffer in one host_copy_read or host_copy_write.
+constexpr uint64_t host_copy_chunk = uint64_t{8} << 20;
+
+// The staging buffer of host copy `id` when [offset, offset+n) lies inside it.
+CUresult staging_range(call_context& cx, uint64_t id, uint64_t offset, uint64_t n,
+                       std::shared_ptr<host_copy_buffers::buffer>& out) {
+    out = cx.sess.host_copies.find(id);
+    if (!out) return cx.fail(CUDA_ERROR_INVALID_VALUE, "no graph copy with this id");
+    if (n > host_copy_chunk || offset > out->size || n > out->size - offset)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "past the graph copy's staging buffer");
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
+// args {host copy id, offset, bytes}. Reply payload: those bytes of its staging buffer (a copy from the GPU
+// whose host node is running).
+CUresult handle_host_copy_read(call_context& cx) {
+    if (!cx.expect_args(3)) return cx.bad_arguments();
+    std::shared_ptr<host_copy_buffers::buffer> b;
+    if (CUresult rc = staging_range(cx, cx.arg(0), cx.arg(1), cx.arg(2), b); rc != CUDA_SUCCESS) return rc;
+    const std::byte* from = b->bytes.get() + cx.arg(1);
+    cx.reply_payload.assign(from, from + cx.arg(2));
+    return CUDA_SUCCESS;
+}
+
+// args {host copy id, offset}; payload: the bytes to put there (a copy to the GPU whose host node is
+// running).
+CUresult handle_host_copy_write(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    auto data = cx.payload();
+    std::shared_ptr<host_copy_buffers::buffer> b;
+    if (CUresult rc = staging_range(cx, cx.arg(0), cx.arg(1), data.size(), b); rc != CUDA_SUCCESS) return rc;
+    std::memcpy(b->bytes.get() + cx.arg(1), data.data(), data.size());
     return CUDA_SUCCESS;
 }
 

@@ -81,8 +81,10 @@ CUresult handle_mem_free(call_context& cx) {
         }
         return CUDA_SUCCESS;
     }
-    // cuMemFree also takes a stream-ordered allocation (server/handlers_pool.cpp).
+    // cuMemFree also takes a stream-ordered allocation (server/handlers_pool.cpp) and a graph allocation (its
+    // address stays the session's as long as its graph: server/handlers_graph.hpp).
     auto p = static_cast<CUdeviceptr>(cx.arg(0));
+    if (!cx.sess.pools.find(p) && cx.sess.graph_memory.find(p)) return cx.drv().cuMemFree_v2(p);
     if (auto a = cx.sess.pools.find(p)) {
         if (CUresult r = cx.drv().cuMemFree_v2(p); r != CUDA_SUCCESS) return r;
         cx.sess.memory(a->device).credit(cx.sess.pools.keep(a->pool, a->size, a->device));

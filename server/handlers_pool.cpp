@@ -2,10 +2,12 @@
 // stream-ordered allocation is this session's memory (copies and kernels may use it; charged to the quota
 // when made, credited when freed); pools are session handles, the devices' default pools owned by the session
 // (never destroyed by it). What a pool keeps reserved after frees, up to its release threshold, stays
-// charged. Only device-located pools are served.
+// charged. Only device-located pools are served. On a capturing stream the driver makes a memory alloc node
+// instead: its allocation is held as its graph's (server/handlers_graph.hpp).
 #include <cstring>
 
 #include "server/call_context.hpp"
+#include "server/handlers_graph.hpp"
 
 namespace vcuda::server {
 
@@ -37,6 +39,35 @@ void out_pool(call_context& cx, CUmemoryPool raw) {
         cx.out_handle(handle_kind::mem_pool, raw, 0, /*owned=*/true);
 }
 
+// cuMemAllocAsync on a capturing stream: a memory alloc node of the capture's graph, charged in full (the
+// graph's memory is not its pool's to keep) and held as the graph's.
+CUresult captured_alloc(call_context& cx, CUstream stream, CUmemoryPool pool, size_t size, size_t device) {
+    auto& d = cx.drv();
+    CUstreamCaptureStatus status{};
+    CUgraph g = nullptr;
+    if (!d.cuStreamGetCaptureInfo_v3) return cx.unsupported("cuStreamGetCaptureInfo_v3");
+    if (CUresult rc = d.cuStreamGetCaptureInfo_v3(stream, &status, nullptr, &g, nullptr, nullptr, nullptr);
+        rc != CUDA_SUCCESS)
+        return rc;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (!cx.sess.memory(device).charge(size))
+            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "allocation of " + std::to_string(size) +
+                                                         " bytes exceeds the session's memory quota");
+    }
+    CUdeviceptr p = 0;
+    CUresult rc =
+        pool ? d.cuMemAllocFromPoolAsync(&p, size, pool, stream) : d.cuMemAllocAsync(&p, size, stream);
+    if (rc != CUDA_SUCCESS) {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.memory(device).credit(size);
+        return rc;
+    }
+    if (CUresult r = hold_graph_allocation(cx, g, p, size, device); r != CUDA_SUCCESS) return r;
+    cx.out(static_cast<uint64_t>(p));
+    return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 // args {size, stream, pool (0: the device's current pool)} -> outs {address}
@@ -53,6 +84,9 @@ CUresult handle_pool_alloc(call_context& cx) {
     device_memory* mem;
     if (CUresult rc = current_device_memory(cx, device, mem); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
+    CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (d.cuStreamIsCapturing) d.cuStreamIsCapturing(stream, &capturing);
+    if (capturing == CU_STREAM_CAPTURE_STATUS_ACTIVE) return captured_alloc(cx, stream, pool, size, device);
     // The pool the allocation comes from (the device's current one when none is named): what it keeps
     // reserved is reused first.
     CUmemoryPool from = pool;
@@ -82,7 +116,8 @@ CUresult handle_pool_alloc(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {address, stream}
+// args {address, stream}. A graph allocation (server/handlers_graph.hpp) is freed as the driver frees it; the
+// session holds its address as long as its graph.
 CUresult handle_pool_free(call_context& cx) {
     if (!cx.expect_args(2)) return cx.bad_arguments();
     CUstream stream;
@@ -92,6 +127,7 @@ CUresult handle_pool_free(call_context& cx) {
     {
         std::lock_guard lock(cx.sess.mu);
         auto found = cx.sess.pools.find(p);
+        if (!found && cx.sess.graph_memory.find(p)) return cx.drv().cuMemFreeAsync(p, stream);
         if (!found)
             return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a stream-ordered allocation of this session");
         a = *found;

@@ -107,7 +107,7 @@ bool session::owns_range(CUdeviceptr p, size_t n) {
         --a;
         if (p - a->first < a->second.size && n <= a->second.size - (p - a->first)) return true;
     }
-    return globals.holds(p, n) || ipc_state.holding(p, n) != nullptr;
+    return globals.holds(p, n) || ipc_state.holding(p, n) != nullptr || graph_memory.holds(p, n);
 }
 
 void session::synchronize_any_context() {

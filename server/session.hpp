@@ -164,6 +164,8 @@ class session : public std::enable_shared_from_this<session> {
 
     // Pinned host memory shared with a client on this host (server/session_tables.hpp).
     host_regions host;  // under mu
+    // Staging buffers of graph copies with the client's memory (charged to `host`'s quota).
+    host_copy_buffers host_copies;
     uint64_t host_quota() const { return opts_.host_memory_quota; }
     // Shared pinned host pages, placed in the server's host window when it has one: anywhere (null when no
     // room), at exactly `addr` (a moved session's pages), and gone again.
@@ -181,6 +183,11 @@ class session : public std::enable_shared_from_this<session> {
     vmm_tables vmm;  // under mu
     // Stream-ordered allocations (server/handlers_pool.cpp).
     pool_allocations pools;  // under mu
+    // Graph allocations (server/handlers_graph.cpp).
+    graph_allocations graph_memory;
+    // Conditional handles the session made (cuGraphConditionalHandleCreate): only those name conditional
+    // nodes.
+    std::unordered_set<uint64_t> conditional_handles;  // under mu
     // CUDA arrays, texture and surface objects (server/handlers_array.cpp).
     array_tables arrays;  // under mu
     // IPC between sessions: what this one exported and opened (server/handlers_ipc.cpp).

@@ -2,14 +2,18 @@
 // module globals and the image cache (server/handlers_module.cpp), stream-ordered allocations
 // (handlers_pool.cpp, and cuMemFree in handlers_memory.cpp), pinned host regions shared with a client on this
 // host (handlers_host.cpp), the virtual memory management API's reservations, mappings and physical
-// allocations (handlers_vmm.cpp), link states' options (handlers_link.cpp) and IPC (handlers_ipc.cpp). The
-// session (a friend) reads them whole for owns_range and releases what they hold at a device reset and at its
-// end (server/session.cpp). locks: none inside; every call is made with the session's `mu` held.
+// allocations (handlers_vmm.cpp), link states' options (handlers_link.cpp), IPC (handlers_ipc.cpp), graph
+// allocations and the staging buffers of graph copies with the client's memory (handlers_graph.cpp,
+// handlers_hostfn.cpp). The session (a friend) reads them whole for owns_range and releases what they hold at a
+// device reset and at its end (server/session.cpp). locks: none inside, every call made with the session's `mu`
+// held; except graph_allocations and host_copy_buffers, which have their own mutex, and
+// host_regions::credit_later (atomic): they are used by the driver's thread of user object destructors.
 #pragma once
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -231,11 +235,15 @@ class host_regions {
     // Counts `size` more bytes unless that passes `quota` (0: no quota); reserved before the pages are made,
     // so that concurrent lanes cannot both pass the check.
     bool reserve(uint64_t size, uint64_t quota) {
+        bytes_ -= std::min(bytes_, credit_.exchange(0));
         if (quota && bytes_ + size > quota) return false;
         bytes_ += size;
         return true;
     }
     void unreserve(uint64_t size) { bytes_ -= size; }
+    // Gives reserved bytes back without `mu` (a user object's destructor on a driver thread): counted off at
+    // the next reserve.
+    void credit_later(uint64_t size) { credit_.fetch_add(size); }
     // A region of reserved bytes, at the server's address `addr`, its pages in `fd` (owned from now on).
     void add(uintptr_t addr, size_t size, int fd) { regions_[addr] = {size, nullptr, fd}; }
     // Forgets the region at `addr` and its bytes; its size, or nothing when there is no region there.
@@ -260,6 +268,88 @@ class host_regions {
     friend class session;
     std::map<uintptr_t, region> regions_;  // server address -> region
     uint64_t bytes_ = 0;
+    std::atomic<uint64_t> credit_{0};
+};
+
+// Graph allocations: the addresses memory alloc nodes (explicit, or captured from cuMemAllocAsync) hand out,
+// with their size and the session device charged. They stay the session's while a graph or executable graph
+// holding the node that made them lives: each node's hold is a CUDA user object of its graph, whose
+// destructor (on a driver thread) drops it (server/handlers_graph.cpp). The driver may give one address to
+// several nodes (memory freed earlier in a graph is used again): each holds it. locks: its own mutex.
+class graph_allocations {
+  public:
+    struct allocation {
+        size_t size = 0;
+        size_t device = 0;
+        unsigned holds = 0;
+    };
+    void add(CUdeviceptr p, size_t size, size_t device) {
+        std::lock_guard lock(mu_);
+        auto& a = allocations_[p];
+        a.size = std::max(a.size, size);
+        a.device = device;
+        ++a.holds;
+    }
+    void drop(CUdeviceptr p) {
+        std::lock_guard lock(mu_);
+        auto it = allocations_.find(p);
+        if (it != allocations_.end() && --it->second.holds == 0) allocations_.erase(it);
+    }
+    // The allocation starting at p, or nothing.
+    std::optional<allocation> find(CUdeviceptr p) {
+        std::lock_guard lock(mu_);
+        auto it = allocations_.find(p);
+        if (it == allocations_.end()) return std::nullopt;
+        return it->second;
+    }
+    // True when [p, p+n) lies inside one.
+    bool holds(CUdeviceptr p, size_t n) {
+        std::lock_guard lock(mu_);
+        auto it = allocations_.upper_bound(p);
+        if (it == allocations_.begin()) return false;
+        --it;
+        return range_inside(p, n, it->first, it->second.size);
+    }
+
+  private:
+    std::mutex mu_;
+    std::map<CUdeviceptr, allocation> allocations_;
+};
+
+// The staging buffers of graph copies between the GPU and the client's memory, by the client's id of the copy
+// (server/handlers_hostfn.cpp): a copy node moves the bytes between the GPU and the buffer, a host node has
+// the client move them between the buffer and its memory. A buffer is removed when the CUDA user object that
+// the graphs using it hold is destroyed (on a driver thread), or with the session. locks: its own mutex.
+class host_copy_buffers {
+  public:
+    struct buffer {
+        explicit buffer(size_t n) : bytes(new std::byte[n]()), size(n) {}  // zeroed: never another's bytes
+        std::unique_ptr<std::byte[]> bytes;
+        size_t size;
+    };
+    // False when `id` is taken.
+    bool add(uint64_t id, std::shared_ptr<buffer> b) {
+        std::lock_guard lock(mu_);
+        return buffers_.emplace(id, std::move(b)).second;
+    }
+    // Null when there is none (a reader keeps it alive while it reads).
+    std::shared_ptr<buffer> find(uint64_t id) {
+        std::lock_guard lock(mu_);
+        auto it = buffers_.find(id);
+        return it == buffers_.end() ? nullptr : it->second;
+    }
+    void remove(uint64_t id) {
+        std::shared_ptr<buffer> gone;  // freed outside the lock
+        std::lock_guard lock(mu_);
+        if (auto it = buffers_.find(id); it != buffers_.end()) {
+            gone = std::move(it->second);
+            buffers_.erase(it);
+        }
+    }
+
+  private:
+    std::mutex mu_;
+    std::unordered_map<uint64_t, std::shared_ptr<buffer>> buffers_;
 };
 
 // The virtual memory management API as the application uses it: its address reservations, what is mapped in

@@ -13,6 +13,7 @@ for l in "$build"/lib/vcuda/*.so.1; do strip -o "$out/lib/vcuda/$(basename "$l")
 cp "$build/lib/vcuda/private_table_id" "$out/lib/vcuda/" 2>/dev/null || true
 find "$build/tests/programs" -maxdepth 1 -type f -perm -u+x -exec cp -a {} "$out/tests/programs/" \;
 cp -a "$build"/tests/programs/libcudart.so.13* "$out/tests/programs/" 2>/dev/null || true
+cp -a "$build"/tests/programs/libcupti.so.13 "$out/tests/programs/" 2>/dev/null || true  # for trace_a094
 # Throw-away TLS certificates for tools/bench.sh's TCP+TLS column.
 if [ -x "$build/tests/tls/vcuda_test_certs" ]; then
   mkdir -p "$out/tests/tls"

@@ -191,8 +191,8 @@ TEST_CASE("cuGetErrorName and cuGetErrorString answer locally", "[unit]") {
 }
 
 TEST_CASE("functions vcuda does not implement answer CUDA_ERROR_NOT_SUPPORTED", "[unit]") {
-    auto f = reinterpret_cast<CUresult (*)(CUgraph*, CUgraph)>(dlsym(client(), "cuGraphClone"));
+    auto f = reinterpret_cast<CUresult (*)(CUgraph, const char*, unsigned)>(
+        dlsym(client(), "cuGraphDebugDotPrint"));
     REQUIRE(f);
-    CUgraph g;
-    CHECK(f(&g, nullptr) == CUDA_ERROR_NOT_SUPPORTED);
+    CHECK(f(nullptr, "/dev/null", 0) == CUDA_ERROR_NOT_SUPPORTED);
 }

@@ -284,11 +284,27 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
     std::memcpy(desc.data(), &copy, sizeof copy);
     CHECK(b->call(op::graph_add_node, {gb.outs[0], CU_GRAPH_NODE_TYPE_MEMCPY}, {{}, {}, desc}).result ==
           CUDA_SUCCESS);
-    // Host memory is not the server's to name: refused.
+    // Host memory the session does not share with the server is not the server's to name: refused.
     copy.srcMemoryType = CU_MEMORYTYPE_HOST;
+    copy.srcHost = reinterpret_cast<const void*>(b_ptr);
     std::memcpy(desc.data(), &copy, sizeof copy);
     CHECK(b->call(op::graph_add_node, {gb.outs[0], CU_GRAPH_NODE_TYPE_MEMCPY}, {{}, {}, desc}).result ==
-          CUDA_ERROR_NOT_SUPPORTED);
+          CUDA_ERROR_INVALID_VALUE);
+    // The client's own memory (host copy 7): staged in a buffer of B's, as large as the copy, that A cannot
+    // reach.
+    CHECK(b->call(op::graph_add_node, {gb.outs[0], CU_GRAPH_NODE_TYPE_MEMCPY, 7}, {{}, {}, desc}).result ==
+          CUDA_SUCCESS);
+    auto staged = b->call(op::host_copy_read, {7, 0, 64});
+    CHECK(staged.result == CUDA_SUCCESS);
+    CHECK(staged.payload.size() == 64);
+    CHECK(b->call(op::host_copy_read, {7, 1, 64}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::host_copy_read, {7, 0, 64}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(b->call(op::graph_add_node, {gb.outs[0], CU_GRAPH_NODE_TYPE_MEMCPY, 7}, {{}, {}, desc}).result ==
+          CUDA_ERROR_INVALID_VALUE);  // the id is taken
+    copy.dstMemoryType = CU_MEMORYTYPE_HOST;
+    std::memcpy(desc.data(), &copy, sizeof copy);
+    CHECK(b->call(op::graph_add_node, {gb.outs[0], CU_GRAPH_NODE_TYPE_MEMCPY, 8}, {{}, {}, desc}).result ==
+          CUDA_ERROR_INVALID_VALUE);  // both sides the client's
 
     // Malformed: a node type not served, node ids that are not 8 bytes each, edge data of the wrong length.
     CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_HOST}).result ==

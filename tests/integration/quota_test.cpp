@@ -6,8 +6,10 @@
 #include <cuda.h>
 #include <elf.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "raw_client.hpp"
@@ -184,4 +186,64 @@ TEST_CASE("a module's globals, constants and code are charged to the session's m
     CHECK(load(*a, 0, bad, 7).result == CUDA_ERROR_INVALID_IMAGE);
     REQUIRE(a->call(op::module_unload, {lib.outs.at(0)}).result == CUDA_SUCCESS);
     CHECK(a->call(op::mem_alloc, {64u << 20}).result == CUDA_SUCCESS);
+}
+
+TEST_CASE("graph allocations are charged while a graph holds their node; staging buffers of graph copies too",
+          "[integration]") {
+    server_process server({"--memory-quota", "64MiB", "--host-memory-quota", "8MiB"});
+    auto a = raw_client::open(server.address());
+    REQUIRE(a);
+    auto alloc_node = [&](uint64_t graph, uint64_t size) {
+        CUDA_MEM_ALLOC_NODE_PARAMS_v2 p{};
+        p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.poolProps.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+        p.bytesize = size;
+        std::vector<std::byte> blob(sizeof p);
+        std::memcpy(blob.data(), &p, sizeof p);
+        return a->call(op::graph_add_node, {graph, CU_GRAPH_NODE_TYPE_MEM_ALLOC}, {{}, {}, blob});
+    };
+    auto g = a->call(op::cuGraphCreate, {0});
+    REQUIRE(g.result == CUDA_SUCCESS);
+    // 128 MiB under a 64 MiB quota: refused; 48 MiB leaves 16.
+    auto huge = alloc_node(g.outs.at(0), 128u << 20);
+    CHECK(huge.result == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(huge.detail.find("quota") != std::string::npos);
+    auto node = alloc_node(g.outs.at(0), 48u << 20);
+    REQUIRE(node.result == CUDA_SUCCESS);
+    REQUIRE(node.outs.size() == 2);
+    CHECK(node.outs[1] != 0);  // the allocation's address
+    CHECK(a->call(op::mem_alloc, {32u << 20}).result == CUDA_ERROR_OUT_OF_MEMORY);
+    // A free node names only the session's graph allocations.
+    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_MEM_FREE, node.outs[1] + 64}).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_MEM_FREE, node.outs[1]}).result ==
+          CUDA_SUCCESS);
+    // Once no graph holds the node, the charge goes (the driver's destructor runs on a thread of its own).
+    REQUIRE(a->call(op::cuGraphDestroy, {g.outs[0]}).result == CUDA_SUCCESS);
+    bool freed = false;
+    for (int i = 0; i < 100 && !freed; ++i) {
+        freed = a->call(op::mem_alloc, {32u << 20}).result == CUDA_SUCCESS;
+        if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK(freed);
+
+    // The staging buffer of a copy with the client's memory counts against the host memory quota.
+    auto g2 = a->call(op::cuGraphCreate, {0});
+    auto dev = a->call(op::mem_alloc, {16u << 20});
+    REQUIRE(dev.result == CUDA_SUCCESS);
+    auto host_copy = [&](uint64_t id, uint64_t size) {
+        CUDA_MEMCPY3D copy{};
+        copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+        copy.srcDevice = dev.outs.at(0);
+        copy.dstMemoryType = CU_MEMORYTYPE_HOST;
+        copy.WidthInBytes = size;
+        copy.Height = copy.Depth = 1;
+        std::vector<std::byte> desc(sizeof copy);
+        std::memcpy(desc.data(), &copy, sizeof copy);
+        return a->call(op::graph_add_node, {g2.outs.at(0), CU_GRAPH_NODE_TYPE_MEMCPY, id}, {{}, {}, desc});
+    };
+    CHECK(host_copy(9, 4u << 20).result == CUDA_SUCCESS);
+    auto staged = host_copy(10, 16u << 20);  // 4 + 16 MiB under 8
+    CHECK(staged.result == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(staged.detail.find("host memory quota") != std::string::npos);
 }

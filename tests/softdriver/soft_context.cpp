@@ -91,7 +91,7 @@ CUresult require_context(state& s, context_obj*& out) {
 }
 
 void release_context_resources(state& s, context_obj& c) {
-    std::vector<uint64_t> modules, functions, others;
+    std::vector<uint64_t> modules, functions, execs, others;
     for (auto& [h, obj] : s.objects) {
         switch (obj->k) {
             case kind::module:
@@ -107,7 +107,7 @@ void release_context_resources(state& s, context_obj& c) {
                 if (static_cast<event_obj*>(obj.get())->ctx == c.handle) others.push_back(h);
                 break;
             case kind::graph_exec:
-                if (static_cast<graph_exec_obj*>(obj.get())->ctx == c.handle) others.push_back(h);
+                if (static_cast<graph_exec_obj*>(obj.get())->ctx == c.handle) execs.push_back(h);
                 break;
             default:
                 break;
@@ -117,6 +117,7 @@ void release_context_resources(state& s, context_obj& c) {
     for (uint64_t h : modules) destroy_module(s, h);
     for (uint64_t h : functions)
         if (s.find<function_obj>(h) != nullptr) destroy_function(s, h);
+    for (uint64_t h : execs) destroy_graph_exec(s, h);
     for (uint64_t h : others) s.erase(h);
 
     std::vector<uintptr_t> owned;

@@ -9,8 +9,10 @@
 // real driver that programs meet are kept: the legacy stream is off limits while a blocking stream captures
 // (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), synchronizing with a capturing stream invalidates its capture,
 // allocations follow the thread's capture mode, cuStreamEndCapture belongs to the thread that began (unless
-// RELAXED). Node types made explicitly: kernel, memset, memcpy, child graph (cloned), empty, event record and
-// wait.
+// RELAXED). Node types made explicitly: kernel, memset, memcpy, host, child graph (cloned), empty, event
+// record and wait, memory alloc and free. User objects are counted references held by graphs, their clones
+// and child copies, and executable graphs; graph memory is mapped from its alloc node's creation to its
+// context's end.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -42,19 +44,58 @@ bool invalidate_blocking_captures(state& s) {
 
 void destroy_graph(state& s, uint64_t h);
 
+// Drops `n` references of user object `obj`; at the last its destructor runs, on a thread of its own (the
+// real driver runs them on an internal thread, never in the call that dropped the reference).
+void release_user_object(state& s, uint64_t obj, unsigned n) {
+    user_object_obj* u = s.find<user_object_obj>(obj);
+    if (u == nullptr) return;
+    u->refs -= std::min(u->refs, n);
+    if (u->refs != 0) return;
+    std::thread([destroy = u->destroy, ptr = u->ptr] { destroy(ptr); }).detach();
+    s.erase(obj);
+}
+
+// Every reference in `from` taken once more, into `into`.
+void retain_refs(state& s, const user_refs& from, user_refs& into) {
+    for (auto [obj, n] : from) {
+        if (user_object_obj* u = s.find<user_object_obj>(obj)) {
+            u->refs += n;
+            into[obj] += n;
+        }
+    }
+}
+
+void release_refs(state& s, user_refs& refs) {
+    user_refs gone = std::move(refs);
+    refs.clear();
+    for (auto [obj, n] : gone) release_user_object(s, obj, n);
+}
+
+// The references of `g` and of the child graphs in its nodes, taken into `into` (instantiation).
+void retain_graph_refs(state& s, const graph_obj& g, user_refs& into) {
+    retain_refs(s, g.refs, into);
+    for (uint64_t h : g.nodes) {
+        const node_obj* n = s.find<node_obj>(h);
+        if (n->child != 0) retain_graph_refs(s, *s.find<graph_obj>(n->child), into);
+    }
+}
+
 // A node and what it owns (a child graph's clone).
 void destroy_node(state& s, uint64_t h) {
     node_obj* n = s.find<node_obj>(h);
     if (n == nullptr) return;
     uint64_t child = n->child;
+    std::vector<uint64_t> bodies = n->bodies;
     s.erase(h);
     destroy_graph(s, child);
+    for (uint64_t b : bodies) destroy_graph(s, b);
 }
 
 void destroy_graph(state& s, uint64_t h) {
     graph_obj* g = s.find<graph_obj>(h);
     if (g == nullptr) return;
     std::vector<uint64_t> nodes = std::move(g->nodes);
+    release_refs(s, g->refs);
     s.erase(h);
     for (uint64_t n : nodes) destroy_node(s, n);
 }
@@ -103,15 +144,21 @@ node_obj* add_node(state& s, graph_obj& g, CUgraphNodeType type, std::vector<uin
     return n;
 }
 
-// A copy of graph `src` (nodes, edges, work; child graphs copied too) owned by node `parent`.
+// A copy of graph `src` (nodes, edges, work, user object references; child graphs copied too) owned by node
+// `parent` (0: the application's).
 uint64_t clone_graph(state& s, uint64_t src, uint64_t parent) {
     graph_obj* from = s.find<graph_obj>(src);
     graph_obj* to = s.create<graph_obj>();
     to->parent = parent;
+    retain_refs(s, from->refs, to->refs);
     std::map<uint64_t, uint64_t> copy_of;
     for (uint64_t h : from->nodes) {
         node_obj* n = s.find<node_obj>(h);
-        copy_of[h] = add_node(s, *to, n->type, {}, n->edges, n->run)->handle;
+        node_obj* c = add_node(s, *to, n->type, {}, n->edges, n->run);
+        c->host = n->host;
+        c->cond = n->cond;
+        c->cond_type = n->cond_type;
+        copy_of[h] = c->handle;
     }
     for (uint64_t h : from->nodes) {  // dependencies may point at nodes added later (cuGraphAddDependencies)
         node_obj* n = s.find<node_obj>(h);
@@ -120,6 +167,12 @@ uint64_t clone_graph(state& s, uint64_t src, uint64_t parent) {
         if (n->child != 0) {
             uint64_t child = clone_graph(s, n->child, c->handle);
             s.find<node_obj>(copy_of[h])->child = child;
+        }
+        for (uint64_t body : std::vector<uint64_t>(n->bodies)) {
+            uint64_t copy = clone_graph(s, body, copy_of[h]);
+            node_obj* cn = s.find<node_obj>(copy_of[h]);
+            cn->bodies.push_back(copy);
+            cn->bodies_out.push_back(to_handle<CUgraph>(copy));
         }
     }
     return to->handle;
@@ -158,9 +211,49 @@ bool flatten(state& s, const graph_obj& g, std::vector<exec_node>& out, uint64_t
         e.type = n->type;
         e.run = n->run;
         if (n->child != 0 && !flatten(s, *s.find<graph_obj>(n->child), e.child, culprit)) return false;
+        e.cond = n->cond;
+        e.cond_type = n->cond_type;
+        for (uint64_t body : n->bodies) {
+            e.bodies.emplace_back();
+            if (!flatten(s, *s.find<graph_obj>(body), e.bodies.back(), culprit)) return false;
+        }
         out.push_back(std::move(e));
     }
     return true;
+}
+
+// A conditional handle's value now (0 for one that is gone).
+unsigned conditional_value(uint64_t h) {
+    unsigned v = 0;
+    entry([&](state& s) {
+        if (const conditional_obj* c = s.find<conditional_obj>(h)) v = c->value;
+        return CUDA_SUCCESS;
+    });
+    return v;
+}
+
+CUresult run_nodes(const std::vector<exec_node>& nodes);
+
+// A conditional node: IF runs its first body when the value is set (its second, if it has one, when not);
+// WHILE runs its body for as long as the value is set, looking before each run; SWITCH runs the body the
+// value names, or none.
+CUresult run_conditional(const exec_node& n) {
+    constexpr unsigned long max_loops = 1ul << 24;  // a loop whose condition never clears is a hung GPU
+    switch (n.cond_type) {
+        case CU_GRAPH_COND_TYPE_IF:
+            if (conditional_value(n.cond) != 0) return run_nodes(n.bodies.at(0));
+            return n.bodies.size() > 1 ? run_nodes(n.bodies[1]) : CUDA_SUCCESS;
+        case CU_GRAPH_COND_TYPE_WHILE:
+            for (unsigned long i = 0; conditional_value(n.cond) != 0; ++i) {
+                if (i == max_loops) return CUDA_ERROR_LAUNCH_TIMEOUT;
+                if (CUresult r = run_nodes(n.bodies.at(0)); r != CUDA_SUCCESS) return r;
+            }
+            return CUDA_SUCCESS;
+        default: {
+            unsigned v = conditional_value(n.cond);
+            return v < n.bodies.size() ? run_nodes(n.bodies[v]) : CUDA_SUCCESS;
+        }
+    }
 }
 
 CUresult run_nodes(const std::vector<exec_node>& nodes) {
@@ -168,8 +261,20 @@ CUresult run_nodes(const std::vector<exec_node>& nodes) {
         if (n.run)
             if (CUresult r = n.run(); r != CUDA_SUCCESS) return r;
         if (CUresult r = run_nodes(n.child); r != CUDA_SUCCESS) return r;
+        if (n.cond != 0)
+            if (CUresult r = run_conditional(n); r != CUDA_SUCCESS) return r;
     }
     return CUDA_SUCCESS;
+}
+
+// The conditional handles the nodes of `g` use, child graphs and bodies included.
+void conditionals_of(state& s, const graph_obj& g, std::vector<uint64_t>& out) {
+    for (uint64_t h : g.nodes) {
+        const node_obj* n = s.find<node_obj>(h);
+        if (n->cond != 0 && std::find(out.begin(), out.end(), n->cond) == out.end()) out.push_back(n->cond);
+        if (n->child != 0) conditionals_of(s, *s.find<graph_obj>(n->child), out);
+        for (uint64_t b : n->bodies) conditionals_of(s, *s.find<graph_obj>(b), out);
+    }
 }
 
 // True when `a` and `b` have the same nodes (types, in insertion order), the same edges and alike child
@@ -199,6 +304,36 @@ bool same_topology(state& s, const graph_obj& a, const graph_obj& b) {
     return true;
 }
 
+// The topology of `g` as numbers, for cuGraphExecUpdate: its node count, then per node in insertion order its
+// type, its dependencies' positions, and 1 and its child graph's shape, or 0.
+void shape_of(state& s, const graph_obj& g, std::vector<uint64_t>& out) {
+    std::map<uint64_t, uint64_t> at;
+    for (size_t i = 0; i < g.nodes.size(); ++i) at[g.nodes[i]] = i;
+    out.push_back(g.nodes.size());
+    for (uint64_t h : g.nodes) {
+        const node_obj* n = s.find<node_obj>(h);
+        out.push_back(static_cast<uint64_t>(n->type));
+        std::vector<uint64_t> deps;
+        for (uint64_t d : n->deps) deps.push_back(at[d]);
+        std::sort(deps.begin(), deps.end());
+        out.push_back(deps.size());
+        out.insert(out.end(), deps.begin(), deps.end());
+        out.push_back(n->child != 0 ? 1 : 0);
+        if (n->child != 0) shape_of(s, *s.find<graph_obj>(n->child), out);
+        out.push_back(n->bodies.size());
+        for (uint64_t b : n->bodies) shape_of(s, *s.find<graph_obj>(b), out);
+    }
+}
+
+// After an update, the executable graph's nodes still answer to the nodes of the graph it was instantiated
+// from: same topology, so the same positions in run order.
+void keep_node_ids(std::vector<exec_node>& to, const std::vector<exec_node>& from) {
+    for (size_t i = 0; i < to.size() && i < from.size(); ++i) {
+        to[i].node = from[i].node;
+        keep_node_ids(to[i].child, from[i].child);
+    }
+}
+
 CUresult instantiate(state& s, CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long flags,
                      CUgraphNode* error_node = nullptr, CUgraphInstantiateResult* result = nullptr) {
     const unsigned long long known = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
@@ -220,6 +355,9 @@ CUresult instantiate(state& s, CUgraphExec* phGraphExec, CUgraph hGraph, unsigne
     e->ctx = c->handle;
     e->graph = g->handle;
     e->nodes = std::move(nodes);
+    shape_of(s, *g, e->shape);
+    retain_graph_refs(s, *g, e->refs);
+    conditionals_of(s, *g, e->conds);
     *phGraphExec = to_handle<CUgraphExec>(e->handle);
     if (result != nullptr) *result = CUDA_GRAPH_INSTANTIATE_SUCCESS;
     return CUDA_SUCCESS;
@@ -279,10 +417,22 @@ bool lossy(const std::vector<CUgraphEdgeData>& edges) {
     });
 }
 
-// cuGraphAddNode*: a node of the type `p` names, its work checked and made now (kernel parameters copied).
+// True when graph `g` is `ancestor` or lies inside it (a child graph's or a conditional body's, at any
+// depth).
+bool graph_within(state& s, uint64_t g, uint64_t ancestor) {
+    while (g != 0) {
+        if (g == ancestor) return true;
+        const graph_obj* x = s.find<graph_obj>(g);
+        const node_obj* parent = x != nullptr ? s.find<node_obj>(x->parent) : nullptr;
+        g = parent != nullptr ? parent->graph : 0;
+    }
+    return false;
+}
+
+// cuGraphAddNode*: a node of the type `p` names, its work checked and made now (kernel parameters copied; a
+// memory alloc node's memory mapped, its address written into `p`).
 CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* dependencies,
-                       const CUgraphEdgeData* dependencyData, size_t numDependencies,
-                       const CUgraphNodeParams* p) {
+                       const CUgraphEdgeData* dependencyData, size_t numDependencies, CUgraphNodeParams* p) {
     if (phGraphNode == nullptr || p == nullptr || p->reserved0[0] != 0 || p->reserved0[1] != 0 ||
         p->reserved0[2] != 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -295,6 +445,7 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
         return r;
     work w;
     uint64_t child = 0;
+    CUDA_HOST_NODE_PARAMS host{};
     switch (p->type) {
         case CU_GRAPH_NODE_TYPE_KERNEL: {
             context_obj* c = nullptr;
@@ -341,10 +492,63 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:  // everything before it has run: nothing to wait for
             if (s.find<event_obj>(p->eventWait.event) == nullptr) return CUDA_ERROR_INVALID_VALUE;
             break;
+        case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
+            const auto& a = p->alloc;
+            context_obj* c = nullptr;
+            if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+            if (a.bytesize == 0 || a.poolProps.allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+                a.poolProps.handleTypes != CU_MEM_HANDLE_TYPE_NONE ||
+                a.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+                a.poolProps.location.id != c->device)
+                return CUDA_ERROR_INVALID_VALUE;
+            CUdeviceptr dptr = 0;
+            if (CUresult r = graph_alloc(s, *c, a.bytesize, &dptr); r != CUDA_SUCCESS) return r;
+            p->alloc.dptr = dptr;
+            break;
+        }
+        case CU_GRAPH_NODE_TYPE_MEM_FREE: {
+            auto it = s.ranges.find(static_cast<uintptr_t>(p->free.dptr));
+            if (it == s.ranges.end() || !it->second.graph) return CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
+        case CU_GRAPH_NODE_TYPE_CONDITIONAL: {
+            const auto& cp = p->conditional;
+            const conditional_obj* c = s.find<conditional_obj>(cp.handle);
+            if (c == nullptr || !graph_within(s, g->handle, c->graph)) return CUDA_ERROR_INVALID_VALUE;
+            const bool sized = cp.type == CU_GRAPH_COND_TYPE_IF       ? cp.size == 1 || cp.size == 2
+                               : cp.type == CU_GRAPH_COND_TYPE_WHILE  ? cp.size == 1
+                               : cp.type == CU_GRAPH_COND_TYPE_SWITCH ? cp.size >= 1 && cp.size <= 1024
+                                                                      : false;
+            if (!sized) return CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
+        case CU_GRAPH_NODE_TYPE_HOST:
+            if (p->host.fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+            host = {p->host.fn, p->host.userData};
+            w = [host]() -> CUresult {
+                host.fn(host.userData);
+                return CUDA_SUCCESS;
+            };
+            break;
         default:
             return CUDA_ERROR_NOT_SUPPORTED;
     }
     node_obj* n = add_node(s, *g, p->type, std::move(deps), std::move(edges), std::move(w));
+    n->host = host;
+    if (p->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {  // its bodies: empty graphs of its own
+        n->cond = p->conditional.handle;
+        n->cond_type = p->conditional.type;
+        const uint64_t node = n->handle;
+        for (unsigned i = 0; i < p->conditional.size; ++i) {
+            graph_obj* body = s.create<graph_obj>();
+            body->parent = node;
+            node_obj* owner = s.find<node_obj>(node);
+            owner->bodies.push_back(body->handle);
+            owner->bodies_out.push_back(to_handle<CUgraph>(body->handle));
+        }
+        n = s.find<node_obj>(node);
+        p->conditional.phGraph_out = n->bodies_out.data();
+    }
     if (child != 0) {
         uint64_t node = n->handle;
         uint64_t clone = clone_graph(s, child, node);
@@ -420,7 +624,8 @@ bool blocked_by_capture(state& s, CUstream h) {
     return false;
 }
 
-CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type) {
+CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type,
+                        const CUDA_HOST_NODE_PARAMS* host) {
     if (s.captures.empty()) return CUDA_SUCCESS;
     if (legacy_stream(stream)) {
         if (!invalidate_blocking_captures(s)) return CUDA_SUCCESS;
@@ -435,6 +640,7 @@ CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type
     if (graph_obj* g = s.find<graph_obj>(q->graph); g != nullptr && recorded) {
         if (q->last_edges.size() != q->last.size()) q->last_edges.assign(q->last.size(), CUgraphEdgeData{});
         node_obj* n = add_node(s, *g, type, q->last, q->last_edges, std::move(recorded));
+        if (host != nullptr) n->host = *host;
         q->last = {n->handle};
         q->last_edges = {CUgraphEdgeData{}};
     }
@@ -466,6 +672,13 @@ CUresult check_unsafe_call(state& s) {
             return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
     return CUDA_SUCCESS;
+}
+
+void destroy_graph_exec(state& s, uint64_t h) {
+    graph_exec_obj* e = s.find<graph_exec_obj>(h);
+    if (e == nullptr) return;
+    release_refs(s, e->refs);
+    s.erase(h);
 }
 
 void end_captures_of(state& s, uint64_t ctx) {
@@ -743,7 +956,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec) {
     return entry([&](state& s) -> CUresult {
         graph_exec_obj* e = s.find<graph_exec_obj>(hGraphExec);
         if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
-        s.erase(e->handle);
+        destroy_graph_exec(s, e->handle);
         return CUDA_SUCCESS;
     });
 }
@@ -783,6 +996,9 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecChildGraphNodeSetParams(CUgraphExe
         if (!flatten(s, *child, nodes, culprit)) return CUDA_ERROR_INVALID_VALUE;
         x->child = std::move(nodes);
         e->nodes = std::move(copy);
+        // The new child's references join the executable graph's (the old child's stay until it is destroyed:
+        // more than the real driver keeps, never less).
+        retain_graph_refs(s, *child, e->refs);
         return CUDA_SUCCESS;
     });
 }
@@ -804,7 +1020,253 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstrea
         context_obj* c = nullptr;
         if (CUresult r = check_stream(s, hStream, &c); r != CUDA_SUCCESS) return r;
         if (c->handle != e->ctx) return CUDA_ERROR_INVALID_CONTEXT;
-        w = [nodes = e->nodes]() { return run_nodes(*nodes); };
+        w = [nodes = e->nodes, conds = e->conds]() {
+            entry([&](state& st) {  // each launch starts from the handles' defaults where they ask for it
+                for (uint64_t h : conds)
+                    if (conditional_obj* c = st.find<conditional_obj>(h); c != nullptr && c->assign_default)
+                        c->value = c->default_value;
+                return CUDA_SUCCESS;
+            });
+            return run_nodes(*nodes);
+        };
         return capture_or_run(s, hStream, w, CU_GRAPH_NODE_TYPE_GRAPH);
     });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphClone(CUgraph* phGraphClone, CUgraph originalGraph) {
+    return entry([&](state& s) -> CUresult {
+        if (phGraphClone == nullptr || s.find<graph_obj>(originalGraph) == nullptr)
+            return CUDA_ERROR_INVALID_VALUE;
+        *phGraphClone = to_handle<CUgraph>(clone_graph(s, from_handle(originalGraph), 0));
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode hNode,
+                                                            CUDA_HOST_NODE_PARAMS* nodeParams) {
+    return entry([&](state& s) -> CUresult {
+        node_obj* n = s.find<node_obj>(hNode);
+        if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_HOST || nodeParams == nullptr)
+            return CUDA_ERROR_INVALID_VALUE;
+        *nodeParams = n->host;
+        return CUDA_SUCCESS;
+    });
+}
+
+// The graph inside a child graph node (the node's own: it goes with the node).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph* phGraph) {
+    return entry([&](state& s) -> CUresult {
+        node_obj* n = s.find<node_obj>(hNode);
+        if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_GRAPH || phGraph == nullptr)
+            return CUDA_ERROR_INVALID_VALUE;
+        *phGraph = to_handle<CUgraph>(n->child);
+        return CUDA_SUCCESS;
+    });
+}
+
+// The work of `hGraph` replaces the executable graph's when both have the same topology (node types, edges,
+// child graphs); the executable graph's nodes still answer to its own graph's nodes. Its user object
+// references become those of `hGraph`.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+                                                        CUgraphExecUpdateResultInfo* resultInfo) {
+    return entry([&](state& s) -> CUresult {
+        graph_exec_obj* e = s.find<graph_exec_obj>(hGraphExec);
+        graph_obj* g = s.find<graph_obj>(hGraph);
+        if (e == nullptr || g == nullptr || resultInfo == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        *resultInfo = {};
+        resultInfo->result = CU_GRAPH_EXEC_UPDATE_ERROR;
+        std::vector<uint64_t> shape;
+        shape_of(s, *g, shape);
+        if (shape != e->shape) {
+            resultInfo->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+            return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+        }
+        auto nodes = std::make_shared<std::vector<exec_node>>();
+        uint64_t culprit = 0;
+        if (!flatten(s, *g, *nodes, culprit)) return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+        keep_node_ids(*nodes, *e->nodes);
+        e->nodes = std::move(nodes);
+        user_refs refs;
+        retain_graph_refs(s, *g, refs);
+        release_refs(s, e->refs);
+        e->refs = std::move(refs);
+        resultInfo->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+        return CUDA_SUCCESS;
+    });
+}
+
+// --- User objects.
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuUserObjectCreate(CUuserObject* object_out, void* ptr, CUhostFn destroy,
+                                                      unsigned int initialRefcount, unsigned int flags) {
+    return entry([&](state& s) -> CUresult {
+        if (object_out == nullptr || destroy == nullptr || initialRefcount == 0 ||
+            flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
+            return CUDA_ERROR_INVALID_VALUE;
+        user_object_obj* u = s.create<user_object_obj>();
+        u->ptr = ptr;
+        u->destroy = destroy;
+        u->refs = initialRefcount;
+        *object_out = to_handle<CUuserObject>(u->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuUserObjectRetain(CUuserObject object, unsigned int count) {
+    return entry([&](state& s) -> CUresult {
+        user_object_obj* u = s.find<user_object_obj>(object);
+        if (u == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+        u->refs += count;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuUserObjectRelease(CUuserObject object, unsigned int count) {
+    return entry([&](state& s) -> CUresult {
+        user_object_obj* u = s.find<user_object_obj>(object);
+        if (u == nullptr || count == 0 || count > u->refs) return CUDA_ERROR_INVALID_VALUE;
+        release_user_object(s, u->handle, count);
+        return CUDA_SUCCESS;
+    });
+}
+
+// CU_GRAPH_USER_OBJECT_MOVE: the caller's references go to the graph, else the graph takes new ones.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphRetainUserObject(CUgraph graph, CUuserObject object,
+                                                           unsigned int count, unsigned int flags) {
+    return entry([&](state& s) -> CUresult {
+        graph_obj* g = s.find<graph_obj>(graph);
+        user_object_obj* u = s.find<user_object_obj>(object);
+        if (g == nullptr || u == nullptr || count == 0 || (flags & ~unsigned{CU_GRAPH_USER_OBJECT_MOVE}) != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        if ((flags & CU_GRAPH_USER_OBJECT_MOVE) == 0) u->refs += count;
+        g->refs[u->handle] += count;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphReleaseUserObject(CUgraph graph, CUuserObject object,
+                                                            unsigned int count) {
+    return entry([&](state& s) -> CUresult {
+        graph_obj* g = s.find<graph_obj>(graph);
+        if (g == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+        auto it = g->refs.find(from_handle(object));
+        if (it == g->refs.end() || it->second < count) return CUDA_ERROR_INVALID_VALUE;
+        if ((it->second -= count) == 0) g->refs.erase(it);
+        release_user_object(s, from_handle(object), count);
+        return CUDA_SUCCESS;
+    });
+}
+
+// The nodes the next work captured on `hStream` depends on: these (SET) or these as well (ADD).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamUpdateCaptureDependencies_v2(CUstream hStream,
+                                                                        CUgraphNode* dependencies,
+                                                                        const CUgraphEdgeData* dependencyData,
+                                                                        size_t numDependencies,
+                                                                        unsigned int flags) {
+    return entry([&](state& s) -> CUresult {
+        if (flags != CU_STREAM_ADD_CAPTURE_DEPENDENCIES && flags != CU_STREAM_SET_CAPTURE_DEPENDENCIES)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
+        capture_seq* q = capture_of(s, hStream);
+        if (q == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+        if (q->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        graph_obj* g = s.find<graph_obj>(q->graph);
+        if (g == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+        std::vector<uint64_t> deps;
+        std::vector<CUgraphEdgeData> edges;
+        // The next node is not known yet: edge data is checked as for a kernel node.
+        if (CUresult r = check_deps(s, *g, dependencies, dependencyData, numDependencies,
+                                    CU_GRAPH_NODE_TYPE_KERNEL, deps, edges);
+            r != CUDA_SUCCESS)
+            return r;
+        if (q->last_edges.size() != q->last.size()) q->last_edges.assign(q->last.size(), CUgraphEdgeData{});
+        if (flags == CU_STREAM_SET_CAPTURE_DEPENDENCIES) {
+            q->last.clear();
+            q->last_edges.clear();
+        }
+        for (size_t i = 0; i < deps.size(); ++i) {
+            if (std::find(q->last.begin(), q->last.end(), deps[i]) != q->last.end()) continue;
+            q->last.push_back(deps[i]);
+            q->last_edges.push_back(edges[i]);
+        }
+        return CUDA_SUCCESS;
+    });
+}
+
+// --- Graph memory: what graph allocations hold on a device (their memory stays mapped, so used and reserved
+// are the same).
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr,
+                                                                void* value) {
+    return entry([&](state& s) -> CUresult {
+        if (!s.valid_device(device) || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        cuuint64_t v = 0;
+        switch (attr) {
+            case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+            case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
+                v = graph_memory(s, device);
+                break;
+            case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
+            case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH:
+                v = s.devices[static_cast<size_t>(device)].graph_high;
+                break;
+            default:
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+        std::memcpy(value, &v, sizeof v);
+        return CUDA_SUCCESS;
+    });
+}
+
+// Only the high watermarks can be set, and only to 0 (back to what is held now).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr,
+                                                                void* value) {
+    return entry([&](state& s) -> CUresult {
+        if (!s.valid_device(device) || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        cuuint64_t v = 0;
+        std::memcpy(&v, value, sizeof v);
+        if (v != 0 ||
+            (attr != CU_GRAPH_MEM_ATTR_USED_MEM_HIGH && attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH))
+            return CUDA_ERROR_INVALID_VALUE;
+        s.devices[static_cast<size_t>(device)].graph_high = graph_memory(s, device);
+        return CUDA_SUCCESS;
+    });
+}
+
+// Nothing is kept beyond what graph allocations hold.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGraphMemTrim(CUdevice device) {
+    return entry([&](state& s) { return s.valid_device(device) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE; });
+}
+
+// --- Conditional handles: a value kernels set (set_conditional, below) and conditional nodes read.
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphConditionalHandleCreate(CUgraphConditionalHandle* pHandle_out,
+                                                                  CUgraph hGraph, CUcontext ctx,
+                                                                  unsigned int defaultLaunchValue,
+                                                                  unsigned int flags) {
+    return entry([&](state& s) -> CUresult {
+        graph_obj* g = s.find<graph_obj>(hGraph);
+        if (pHandle_out == nullptr || g == nullptr || (flags & ~unsigned{CU_GRAPH_COND_ASSIGN_DEFAULT}) != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (ctx != nullptr && usable_context(s, from_handle(ctx)) == nullptr)
+            return CUDA_ERROR_INVALID_CONTEXT;
+        conditional_obj* c = s.create<conditional_obj>();
+        c->graph = g->handle;
+        c->value = c->default_value = defaultLaunchValue;
+        c->assign_default = (flags & CU_GRAPH_COND_ASSIGN_DEFAULT) != 0;
+        *pHandle_out = c->handle;
+        return CUDA_SUCCESS;
+    });
+}
+
+bool vcuda::soft::set_conditional(uint64_t handle, unsigned value) {
+    bool found = false;
+    entry([&](state& s) {
+        if (conditional_obj* c = s.find<conditional_obj>(handle)) {
+            c->value = value;
+            found = true;
+        }
+        return CUDA_SUCCESS;
+    });
+    return found;
 }

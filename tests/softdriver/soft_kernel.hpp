@@ -57,6 +57,10 @@ bool tex_read(uint64_t object, long x, long y, long z, void* out, size_t n);
 bool surf_write(uint64_t object, long x_bytes, long y, long z, const void* in, size_t n);
 bool surf_read(uint64_t object, long x_bytes, long y, long z, void* out, size_t n);
 
+// cudaGraphSetConditional for host kernels (soft_graph.cpp): sets conditional handle `handle`, which the
+// kernel took by value, to `value`; false for an unknown handle.
+bool set_conditional(uint64_t handle, unsigned value);
+
 struct registrar {
     registrar(std::string_view name, std::initializer_list<size_t> sizes, kernel_fn fn) {
         register_kernel({name, std::vector<size_t>(sizes), fn});

@@ -67,6 +67,25 @@ CUresult device_alloc(state& s, context_obj& c, size_t bytes, range_kind k, unsi
     return CUDA_SUCCESS;
 }
 
+}  // namespace
+
+CUresult graph_alloc(state& s, context_obj& c, size_t bytes, CUdeviceptr* out) {
+    if (CUresult r = device_alloc(s, c, bytes, range_kind::device, 0, out); r != CUDA_SUCCESS) return r;
+    s.ranges[static_cast<uintptr_t>(*out)].graph = true;
+    auto& d = s.devices[static_cast<size_t>(c.device)];
+    d.graph_high = std::max(d.graph_high, graph_memory(s, c.device));
+    return CUDA_SUCCESS;
+}
+
+size_t graph_memory(const state& s, int device) {
+    size_t n = 0;
+    for (const auto& [base, r] : s.ranges)
+        if (r.graph && r.device == device) n += r.os_size;
+    return n;
+}
+
+namespace {
+
 CUresult host_alloc(state& s, void** pp, size_t bytes, unsigned flags) {
     if (pp == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     if ((flags & ~(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)) !=
@@ -442,6 +461,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
         if (it == s.ranges.end() ||
             (it->second.k != range_kind::device && it->second.k != range_kind::managed))
             return CUDA_ERROR_INVALID_VALUE;
+        if (it->second.graph) return CUDA_SUCCESS;  // the address stays its graph's
         release_pooled(s, it->second);
         free_range(s, it->first);
         return CUDA_SUCCESS;
@@ -474,6 +494,11 @@ CUresult pool_alloc(state& s, CUdeviceptr* dptr, size_t bytes, pool_obj* pool, C
     if (CUresult r = check_stream(s, stream, &c); r != CUDA_SUCCESS) return r;
     if (pool == nullptr) pool = current_pool(s, c->device);
     if (pool->device != c->device) return CUDA_ERROR_INVALID_VALUE;
+    if (capture_of(s, stream) != nullptr) {  // a memory alloc node of the capture's graph
+        if (CUresult r = graph_alloc(s, *c, bytes, dptr); r != CUDA_SUCCESS) return r;
+        work none = []() { return CUDA_SUCCESS; };
+        return capture_or_run(s, stream, none, CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+    }
     if (CUresult r = device_alloc(s, *c, bytes, range_kind::device, 0, dptr); r != CUDA_SUCCESS) return r;
     s.ranges[static_cast<uintptr_t>(*dptr)].pool = pool->handle;
     pool->used += bytes;
@@ -501,12 +526,27 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, si
     });
 }
 
+// On a capturing stream: a memory free node, which frees a stream-ordered allocation when the graph runs (a
+// graph allocation's address stays its graph's).
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     return entry([&](state& s) -> CUresult {
         if (CUresult r = check_stream(s, hStream); r != CUDA_SUCCESS) return r;
         if (dptr == 0) return CUDA_SUCCESS;  // as the real driver: freeing NULL does nothing
         auto it = s.ranges.find(static_cast<uintptr_t>(dptr));
         if (it == s.ranges.end() || it->second.k != range_kind::device) return CUDA_ERROR_INVALID_VALUE;
+        if (capture_of(s, hStream) != nullptr) {
+            work at_launch = [base = it->first]() {
+                return entry([&](state& st) -> CUresult {
+                    auto r = st.ranges.find(base);
+                    if (r == st.ranges.end() || r->second.graph) return CUDA_SUCCESS;
+                    release_pooled(st, r->second);
+                    free_range(st, base);
+                    return CUDA_SUCCESS;
+                });
+            };
+            return capture_or_run(s, hStream, at_launch, CU_GRAPH_NODE_TYPE_MEM_FREE);
+        }
+        if (it->second.graph) return CUDA_SUCCESS;  // the address stays its graph's
         release_pooled(s, it->second);
         free_range(s, it->first);
         return CUDA_SUCCESS;

@@ -75,7 +75,9 @@ enum class kind : uint8_t {
     mem_pool,
     graph_node,
     link,
-    array
+    array,
+    user_object,
+    conditional
 };
 
 inline constexpr uint64_t handle_tag = uint64_t{0x5c0d} << 48;
@@ -147,6 +149,7 @@ struct capture_seq {
         false;  // cuStreamBeginCaptureToGraph: the application's graph, never destroyed with the capture
     std::vector<uint64_t> last;  // what the next node recorded depends on (at first: the dependencies given)
     std::vector<CUgraphEdgeData> last_edges;  // their edge data (empty: default)
+    std::vector<CUgraphNode> reported;        // `last` as cuStreamGetCaptureInfo last handed it out
     uint64_t ctx = 0;
     uint64_t origin = 0;    // the stream it began on (the handle as given)
     bool blocking = false;  // the origin synchronizes with the legacy stream, which is then off limits
@@ -263,7 +266,8 @@ struct mem_range {
     size_t handle_offset = 0;
     std::array<CUmemAccess_flags, max_devices> access{};  // vmm: per-device access
     bool sync_memops = false;
-    uint64_t pool = 0;  // a stream-ordered allocation's pool
+    uint64_t pool = 0;   // a stream-ordered allocation's pool
+    bool graph = false;  // made by a memory alloc node: its address is its graph's, never unmapped by a free
 };
 
 struct device_info {
@@ -271,6 +275,7 @@ struct device_info {
     size_t used = 0;
     uint64_t primary_ctx = 0;
     uint64_t default_pool = 0, current_pool = 0;  // pool_obj handles, made on first use
+    size_t graph_high = 0;                        // graph allocations' bytes, at most (since reset)
 };
 
 struct state {
@@ -367,12 +372,17 @@ CUresult entry_then(F&& f) noexcept {
 // A graph: its nodes in the order they were added, each with the nodes it runs after. Instantiating copies
 // the nodes' work in a topological order (dependencies first, then insertion order); launching runs it, one
 // node at a time like everything here.
+// User objects (cuUserObjectCreate) and the references a graph or an executable graph holds on them: user
+// object handle -> count.
+using user_refs = std::map<uint64_t, unsigned>;
+
 struct graph_obj : object {
     static constexpr kind tag = kind::graph;
     graph_obj() : object(tag) {}
     std::vector<uint64_t> nodes;  // node_obj handles, in insertion order
     uint64_t capture = 0;         // the capture recording into it, while one does
     uint64_t parent = 0;          // the child graph node it was cloned into (0: a graph of the application's)
+    user_refs refs;
 };
 
 struct node_obj : object {
@@ -383,8 +393,14 @@ struct node_obj : object {
     std::vector<uint64_t> deps;          // nodes of the same graph it runs after
     std::vector<CUgraphEdgeData> edges;  // one per dependency
     work run;                            // what it does (nothing for empty and child graph nodes)
-    uint64_t child = 0;  // child graph nodes: the graph cloned into the node, destroyed with it
+    uint64_t child = 0;            // child graph nodes: the graph cloned into the node, destroyed with it
     std::map<int, CUlaunchAttributeValue> attrs;  // kernel nodes: cuGraphKernelNodeSetAttribute
+    CUDA_HOST_NODE_PARAMS host{};  // host nodes: the function and its data
+    // Conditional nodes: the handle, the kind, and the body graphs (the node's own), as handed out.
+    uint64_t cond = 0;
+    CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
+    std::vector<uint64_t> bodies;
+    std::vector<CUgraph> bodies_out;
 };
 
 // One node of an executable graph: its own copy of the node's work, which updates replace.
@@ -393,6 +409,10 @@ struct exec_node {
     CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
     work run;
     std::vector<exec_node> child;  // child graph nodes: the child graph's nodes, in the order they run
+    // Conditional nodes: the handle, the kind, and each body graph's nodes in the order they run.
+    uint64_t cond = 0;
+    CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
+    std::vector<std::vector<exec_node>> bodies;
 };
 
 struct graph_exec_obj : object {
@@ -402,6 +422,30 @@ struct graph_exec_obj : object {
     uint64_t graph = 0;  // the graph it was instantiated from
     // Replaced, never edited: a launch under way keeps the list it started with.
     std::shared_ptr<const std::vector<exec_node>> nodes;
+    std::vector<uint64_t> shape;  // its graph's topology, for cuGraphExecUpdate (soft_graph.cpp)
+    user_refs refs;               // those of its graph and child graphs, taken at instantiation
+    std::vector<uint64_t>
+        conds;  // the conditional handles its nodes use, set to their default at each launch
+};
+
+// A conditional handle (cuGraphConditionalHandleCreate): a value kernels set (set_conditional) and
+// conditional nodes read. Its handle is what kernels take by value.
+struct conditional_obj : object {
+    static constexpr kind tag = kind::conditional;
+    conditional_obj() : object(tag) {}
+    uint64_t graph = 0;
+    unsigned value = 0, default_value = 0;
+    bool assign_default = false;  // CU_GRAPH_COND_ASSIGN_DEFAULT: set to the default at each launch
+};
+
+// A user object: its destructor runs, on a thread of its own as the real driver's internal thread does, when
+// the last reference goes.
+struct user_object_obj : object {
+    static constexpr kind tag = kind::user_object;
+    user_object_obj() : object(tag) {}
+    void* ptr = nullptr;
+    CUhostFn destroy = nullptr;
+    unsigned refs = 0;
 };
 
 // --- Contexts (soft_context.cpp). The calling thread's current context, if it is usable.
@@ -421,7 +465,9 @@ CUresult check_stream(state& s, CUstream h, context_obj** ctx = nullptr);
 // The work an operation on `stream` left: recorded into the capture's graph as a node of `type` when the
 // stream captures (w is emptied), else left to run. Using the legacy stream while a blocking stream of its
 // context captures fails with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidates those captures.
-CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type);
+// A host node's function and data (`host`) are kept with it, as the real driver does.
+CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type,
+                        const CUDA_HOST_NODE_PARAMS* host = nullptr);
 // The capture `stream` records into, or null (a stale reference to an ended capture is dropped here).
 capture_seq* capture_of(state& s, CUstream stream);
 // Where `stream` keeps the id of the capture it belongs to; null for the legacy stream, which cannot capture.
@@ -441,6 +487,8 @@ CUresult check_attribute(CUlaunchAttributeID id, const CUlaunchAttributeValue& v
 bool attribute_id_valid(CUlaunchAttributeID id, bool node);
 // Forgets the captures of context `ctx` and the graphs they made (context destroyed or reset).
 void end_captures_of(state& s, uint64_t ctx);
+// Destroys an executable graph, releasing the user object references it holds.
+void destroy_graph_exec(state& s, uint64_t h);
 // The work of one node of each kind, checked as the stream operation is (soft_module.cpp, soft_copy.cpp).
 CUresult kernel_node_work(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p, const context_obj& ctx, work& w);
 CUresult memset_node_work(state& s, const CUDA_MEMSET_NODE_PARAMS& p, work& w);
@@ -457,6 +505,11 @@ void insert_range(state& s, mem_range r);
 void free_range(state& s, uintptr_t base);          // releases the memory and the quota; erases the range
 void release_pooled(state& s, const mem_range& r);  // a stream-ordered allocation's pool figures drop
 CUresult charge(state& s, int device, size_t bytes);
+// Memory of a memory alloc node in context `c`'s device: mapped from the node's creation until the context
+// goes (a graph allocation's address is its graph's; frees leave it mapped).
+CUresult graph_alloc(state& s, context_obj& c, size_t bytes, CUdeviceptr* out);
+// Bytes of graph allocations on `device`.
+size_t graph_memory(const state& s, int device);
 void uncharge(state& s, int device, size_t bytes);
 void* os_alloc(size_t bytes);  // anonymous, zeroed, lazily committed; nullptr on failure
 void os_free(void* p, size_t bytes);

@@ -91,10 +91,17 @@ CUresult capture_info(state& s, CUstream h, CUstreamCaptureStatus* status, cuuin
     if (CUresult r = capture_status(s, h, *status, q); r != CUDA_SUCCESS) return r;
     if (id != nullptr) *id = q != nullptr ? q->id : 0;
     if (graph != nullptr) *graph = q != nullptr ? to_handle<CUgraph>(q->graph) : nullptr;
-    // Captured work has no node objects here: no dependencies are reported.
-    if (dependencies != nullptr) *dependencies = nullptr;
-    if (edges != nullptr) *edges = nullptr;
-    if (count != nullptr) *count = 0;
+    // The nodes the next captured work will depend on; valid until the capture changes, as the driver says.
+    const bool deps = q != nullptr && !q->last.empty();
+    if (deps && q->last_edges.size() != q->last.size())
+        q->last_edges.assign(q->last.size(), CUgraphEdgeData{});
+    if (deps) {
+        q->reported.clear();
+        for (uint64_t h : q->last) q->reported.push_back(to_handle<CUgraphNode>(h));
+    }
+    if (dependencies != nullptr) *dependencies = deps ? q->reported.data() : nullptr;
+    if (edges != nullptr) *edges = deps ? q->last_edges.data() : nullptr;
+    if (count != nullptr) *count = deps ? q->last.size() : 0;
     return CUDA_SUCCESS;
 }
 
@@ -293,7 +300,8 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn f
             fn(userData);
             return CUDA_SUCCESS;
         };
-        return capture_or_run(s, hStream, w, CU_GRAPH_NODE_TYPE_HOST);
+        const CUDA_HOST_NODE_PARAMS host{fn, userData};
+        return capture_or_run(s, hStream, w, CU_GRAPH_NODE_TYPE_HOST, &host);
     });
 }
 

@@ -8,6 +8,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <thread>
@@ -30,7 +32,10 @@ namespace {
     X(cuGraphExecDestroy) X(cuGraphLaunch) X(cuGraphUpload) X(cuStreamBeginCaptureToGraph) X(cuGraphAddNode_v2)     \
     X(cuGraphNodeGetType) X(cuGraphNodeGetDependencies_v2) X(cuGraphNodeGetDependentNodes_v2)                      \
     X(cuGraphAddDependencies_v2) X(cuGraphRemoveDependencies_v2) X(cuGraphDestroyNode)                             \
-    X(cuGraphKernelNodeSetParams_v2) X(cuGraphExecKernelNodeSetParams_v2) X(cuGraphExecChildGraphNodeSetParams)
+    X(cuGraphKernelNodeSetParams_v2) X(cuGraphExecKernelNodeSetParams_v2) X(cuGraphExecChildGraphNodeSetParams)   \
+    X(cuGraphClone) X(cuGraphHostNodeGetParams) X(cuGraphChildGraphNodeGetGraph) X(cuGraphExecUpdate_v2)           \
+    X(cuUserObjectCreate) X(cuUserObjectRelease) X(cuGraphRetainUserObject) X(cuGraphReleaseUserObject)            \
+    X(cuStreamUpdateCaptureDependencies_v2) X(cuLaunchHostFunc)
 // clang-format on
 
 struct soft_driver {
@@ -417,7 +422,11 @@ TEST_CASE("dependencies and edge data are checked", "[unit]") {
     CHECK(got.type == CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC);
     CUgraphNodeParams host{};
     host.type = CU_GRAPH_NODE_TYPE_HOST;
-    CHECK(d.cuGraphAddNode_v2(&node, g, nullptr, nullptr, 0, &host) == CUDA_ERROR_NOT_SUPPORTED);
+    CHECK(d.cuGraphAddNode_v2(&node, g, nullptr, nullptr, 0, &host) ==
+          CUDA_ERROR_INVALID_VALUE);  // no function
+    CUgraphNodeParams semaphores{};
+    semaphores.type = CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL;
+    CHECK(d.cuGraphAddNode_v2(&node, g, nullptr, nullptr, 0, &semaphores) == CUDA_ERROR_NOT_SUPPORTED);
     d.cuGraphDestroy(g);
     d.cuGraphDestroy(other);
 }
@@ -531,4 +540,207 @@ TEST_CASE("child graphs are copies, and executable graphs take kernel and child 
     d.cuGraphExecDestroy(exec);
     for (CUgraph g : {child2, empty, outer}) CHECK(d.cuGraphDestroy(g) == CUDA_SUCCESS);
     d.cuMemFree_v2(other);
+}
+
+namespace {
+// A host node that appends `value` to `log`.
+struct note {
+    std::vector<int>* log;
+    int value;
+};
+void CUDA_CB note_host(void* p) {
+    auto* n = static_cast<note*>(p);
+    n->log->push_back(n->value);
+}
+CUgraphNodeParams host_node(note& n) {
+    CUgraphNodeParams p{};
+    p.type = CU_GRAPH_NODE_TYPE_HOST;
+    p.host = {&note_host, &n};
+    return p;
+}
+
+// A user object whose destructor counts its runs (on the driver's thread).
+struct watched {
+    std::atomic<int> destroyed{0};
+    static void CUDA_CB destroy(void* p) { ++static_cast<watched*>(p)->destroyed; }
+    // Waits up to a second for the destructor to have run `n` times in all.
+    bool destroyed_within_1s(int n) const {
+        for (int i = 0; i < 100 && destroyed.load() != n; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        return destroyed.load() == n;
+    }
+};
+}  // namespace
+
+TEST_CASE("host nodes run in order with copies, in clones too, and keep their parameters", "[unit]") {
+    fixture f;
+    auto& d = f.d;
+    std::vector<int> log;
+    note first{&log, 1}, second{&log, 2};
+    CUgraph g = nullptr;
+    REQUIRE(d.cuGraphCreate(&g, 0) == CUDA_SUCCESS);
+    CUgraphNode a = f.add(g, host_node(first));
+    CUgraphNode k = f.add_kernel(g, {a});
+    CUgraphNode b = f.add(g, host_node(second), {k});
+    CHECK(f.type(b) == CU_GRAPH_NODE_TYPE_HOST);
+    CUDA_HOST_NODE_PARAMS hp{};
+    REQUIRE(d.cuGraphHostNodeGetParams(b, &hp) == CUDA_SUCCESS);
+    CHECK(hp.fn == &note_host);
+    CHECK(hp.userData == &second);
+    CHECK(d.cuGraphHostNodeGetParams(k, &hp) == CUDA_ERROR_INVALID_VALUE);
+    CUgraph clone = nullptr;
+    REQUIRE(d.cuGraphClone(&clone, g) == CUDA_SUCCESS);
+    REQUIRE(d.cuGraphDestroy(g) == CUDA_SUCCESS);
+    REQUIRE(f.run(clone) == CUDA_SUCCESS);
+    CHECK(log == std::vector<int>{1, 2});
+    CHECK(f.read()[0] == 1);
+    size_t nodes = 0;
+    REQUIRE(d.cuGraphGetNodes(clone, nullptr, &nodes) == CUDA_SUCCESS);
+    CHECK(nodes == 3);
+    REQUIRE(d.cuGraphDestroy(clone) == CUDA_SUCCESS);
+
+    // A captured host function is a host node with its function and data.
+    REQUIRE(d.cuStreamBeginCapture_v2(f.stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    REQUIRE(d.cuLaunchHostFunc(f.stream, &note_host, &first) == CUDA_SUCCESS);
+    REQUIRE(d.cuStreamEndCapture(f.stream, &g) == CUDA_SUCCESS);
+    CUgraphNode captured = nullptr;
+    nodes = 1;
+    REQUIRE(d.cuGraphGetNodes(g, &captured, &nodes) == CUDA_SUCCESS);
+    REQUIRE(d.cuGraphHostNodeGetParams(captured, &hp) == CUDA_SUCCESS);
+    CHECK(hp.userData == &first);
+    REQUIRE(d.cuGraphDestroy(g) == CUDA_SUCCESS);
+}
+
+TEST_CASE("a child graph node's graph is the node's own copy", "[unit]") {
+    fixture f;
+    auto& d = f.d;
+    CUgraph child = nullptr, g = nullptr;
+    REQUIRE(d.cuGraphCreate(&child, 0) == CUDA_SUCCESS);
+    f.add_kernel(child);
+    REQUIRE(d.cuGraphCreate(&g, 0) == CUDA_SUCCESS);
+    CUgraphNodeParams p{};
+    p.type = CU_GRAPH_NODE_TYPE_GRAPH;
+    p.graph.graph = child;
+    CUgraphNode node = f.add(g, p);
+    CUgraph inside = nullptr;
+    REQUIRE(d.cuGraphChildGraphNodeGetGraph(node, &inside) == CUDA_SUCCESS);
+    CHECK(inside != child);
+    size_t nodes = 0;
+    REQUIRE(d.cuGraphGetNodes(inside, nullptr, &nodes) == CUDA_SUCCESS);
+    CHECK(nodes == 1);
+    CHECK(d.cuGraphDestroy(inside) == CUDA_ERROR_INVALID_VALUE);  // the node's
+    REQUIRE(d.cuGraphDestroy(g) == CUDA_SUCCESS);
+    REQUIRE(d.cuGraphDestroy(child) == CUDA_SUCCESS);
+}
+
+TEST_CASE("user objects live while a graph, a clone, a child copy or an executable graph holds them",
+          "[unit]") {
+    fixture f;
+    auto& d = f.d;
+    watched w;
+    CUuserObject obj = nullptr;
+    REQUIRE(d.cuUserObjectCreate(&obj, &w, &watched::destroy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) ==
+            CUDA_SUCCESS);
+    CUgraph child = nullptr, g = nullptr, clone = nullptr;
+    REQUIRE(d.cuGraphCreate(&child, 0) == CUDA_SUCCESS);
+    f.add_kernel(child);
+    REQUIRE(d.cuGraphRetainUserObject(child, obj, 1, CU_GRAPH_USER_OBJECT_MOVE) == CUDA_SUCCESS);
+    REQUIRE(d.cuGraphCreate(&g, 0) == CUDA_SUCCESS);
+    CUgraphNodeParams p{};
+    p.type = CU_GRAPH_NODE_TYPE_GRAPH;
+    p.graph.graph = child;
+    f.add(g, p);
+    REQUIRE(d.cuGraphDestroy(child) == CUDA_SUCCESS);  // the node's copy still holds it
+    REQUIRE(d.cuGraphClone(&clone, g) == CUDA_SUCCESS);
+    REQUIRE(d.cuGraphDestroy(g) == CUDA_SUCCESS);
+    CUgraphExec exec = nullptr;
+    REQUIRE(d.cuGraphInstantiateWithFlags(&exec, clone, 0) == CUDA_SUCCESS);
+    REQUIRE(d.cuGraphDestroy(clone) == CUDA_SUCCESS);
+    CHECK_FALSE(w.destroyed_within_1s(1));
+    REQUIRE(d.cuGraphLaunch(exec, f.stream) == CUDA_SUCCESS);
+    CHECK(f.read()[0] == 1);
+    REQUIRE(d.cuGraphExecDestroy(exec) == CUDA_SUCCESS);
+    CHECK(w.destroyed_within_1s(1));
+
+    // Released by the graph itself; a graph cannot release what it does not hold.
+    watched w2;
+    REQUIRE(d.cuUserObjectCreate(&obj, &w2, &watched::destroy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) ==
+            CUDA_SUCCESS);
+    REQUIRE(d.cuGraphCreate(&g, 0) == CUDA_SUCCESS);
+    REQUIRE(d.cuGraphRetainUserObject(g, obj, 2, 0) == CUDA_SUCCESS);
+    CHECK(d.cuGraphReleaseUserObject(g, obj, 3) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(d.cuGraphReleaseUserObject(g, obj, 2) == CUDA_SUCCESS);
+    CHECK_FALSE(w2.destroyed_within_1s(1));  // the caller's reference remains
+    REQUIRE(d.cuUserObjectRelease(obj, 1) == CUDA_SUCCESS);
+    CHECK(w2.destroyed_within_1s(1));
+    REQUIRE(d.cuGraphDestroy(g) == CUDA_SUCCESS);
+}
+
+TEST_CASE("executable graph update: same topology takes the new work, another is refused", "[unit]") {
+    fixture f;
+    auto& d = f.d;
+    CUgraph a = nullptr, b = nullptr, c = nullptr;
+    for (CUgraph* g : {&a, &b, &c}) REQUIRE(d.cuGraphCreate(g, 0) == CUDA_SUCCESS);
+    CUgraphNode set_a = f.add_memset(a, 5);
+    f.add_kernel(a, {set_a});
+    CUgraphNode set_b = f.add_memset(b, 40);
+    f.add_kernel(b, {set_b});
+    f.add_memset(c, 7);
+    CUgraphExec exec = nullptr;
+    REQUIRE(d.cuGraphInstantiateWithFlags(&exec, a, 0) == CUDA_SUCCESS);
+    CUgraphExecUpdateResultInfo info{};
+    CHECK(d.cuGraphExecUpdate_v2(exec, c, &info) == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+    CHECK(info.result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED);
+    REQUIRE(d.cuGraphExecUpdate_v2(exec, b, &info) == CUDA_SUCCESS);
+    CHECK(info.result == CU_GRAPH_EXEC_UPDATE_SUCCESS);
+    REQUIRE(d.cuGraphLaunch(exec, f.stream) == CUDA_SUCCESS);
+    CHECK(f.read()[0] == 41);
+    // The executable graph's nodes still answer to its own graph's.
+    fixture::add_one_node twice(f.add_one, f.buf);
+    CUgraphNode k_a = nullptr;
+    size_t count = 1;
+    REQUIRE(d.cuGraphNodeGetDependentNodes_v2(set_a, &k_a, nullptr, &count) == CUDA_SUCCESS);
+    auto u = twice.update();
+    REQUIRE(d.cuGraphExecKernelNodeSetParams_v2(exec, k_a, &u) == CUDA_SUCCESS);
+    REQUIRE(d.cuGraphExecDestroy(exec) == CUDA_SUCCESS);
+    for (CUgraph g : {a, b, c}) REQUIRE(d.cuGraphDestroy(g) == CUDA_SUCCESS);
+}
+
+TEST_CASE("capture dependencies: reported, replaced and added to", "[unit]") {
+    fixture f;
+    auto& d = f.d;
+    REQUIRE(d.cuStreamBeginCapture_v2(f.stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    REQUIRE(d.cuMemsetD32Async(f.buf, 3, fixture::n, f.stream) == CUDA_SUCCESS);
+    CUstreamCaptureStatus st;
+    CUgraph g = nullptr;
+    const CUgraphNode* deps = nullptr;
+    size_t count = 0;
+    REQUIRE(d.cuStreamGetCaptureInfo_v3(f.stream, &st, nullptr, &g, &deps, nullptr, &count) == CUDA_SUCCESS);
+    REQUIRE(count == 1);
+    CUgraphNode memset_node = deps[0];
+    CHECK(f.type(memset_node) == CU_GRAPH_NODE_TYPE_MEMSET);
+    // A node added to the capture's graph by hand, then made what the next work depends on.
+    CUgraphNode k = f.add_kernel(g, {memset_node});
+    REQUIRE(d.cuStreamUpdateCaptureDependencies_v2(f.stream, &k, nullptr, 1,
+                                                   CU_STREAM_SET_CAPTURE_DEPENDENCIES) == CUDA_SUCCESS);
+    REQUIRE(f.launch(f.stream) == CUDA_SUCCESS);
+    REQUIRE(d.cuStreamGetCaptureInfo_v3(f.stream, &st, nullptr, nullptr, &deps, nullptr, &count) ==
+            CUDA_SUCCESS);
+    REQUIRE(count == 1);
+    CUgraphNode last = deps[0];
+    CUgraphNode before = nullptr;
+    size_t n_before = 1;
+    REQUIRE(d.cuGraphNodeGetDependencies_v2(last, &before, nullptr, &n_before) == CUDA_SUCCESS);
+    CHECK(n_before == 1);
+    CHECK(before == k);
+    CHECK(d.cuStreamUpdateCaptureDependencies_v2(f.stream, &k, nullptr, 1, 7) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(d.cuStreamUpdateCaptureDependencies_v2(f.stream, &memset_node, nullptr, 1,
+                                                   CU_STREAM_ADD_CAPTURE_DEPENDENCIES) == CUDA_SUCCESS);
+    REQUIRE(d.cuStreamGetCaptureInfo_v3(f.stream, &st, nullptr, nullptr, &deps, nullptr, &count) ==
+            CUDA_SUCCESS);
+    CHECK(count == 2);
+    REQUIRE(d.cuStreamEndCapture(f.stream, &g) == CUDA_SUCCESS);
+    REQUIRE(f.run(g) == CUDA_SUCCESS);
+    CHECK(f.read()[0] == 5);  // 3, +1 (the added kernel), +1 (the captured launch)
+    REQUIRE(d.cuGraphDestroy(g) == CUDA_SUCCESS);
 }
