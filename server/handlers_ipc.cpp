@@ -114,26 +114,24 @@ CUresult export_event(call_context& cx, uint64_t id) {
         }
     }
     if (!cx.drv().cuIpcGetEventHandle) return cx.unsupported("cuIpcGetEventHandle");
+    // Sessions as threads of this process would share the event through members of other sessions' contexts;
+    // on the H200 a wait on such a member crashed the server (simpleIPC, cuStreamWaitEvent) while its session
+    // ended. Refused until their lifetime is sound: --isolation process serves the driver's own handles.
+    if (cx.sess.ipc()->in_process())
+        return cx.fail(CUDA_ERROR_NOT_SUPPORTED,
+                       "IPC event handles need vcuda-server --isolation process (sessions as threads do not "
+                       "share events yet)");
     // The driver checks the event (made with CU_EVENT_INTERPROCESS and CU_EVENT_DISABLE_TIMING) either way.
     CUipcEventHandle real{};
     if (CUresult rc = cx.drv().cuIpcGetEventHandle(&real, ev); rc != CUDA_SUCCESS) return rc;
     ipc_export e;
     e.kind = ipc_kind::event;
-    std::shared_ptr<event_member> member;
-    if (cx.sess.ipc()->in_process()) {
-        auto shared = std::make_shared<shared_event>();
-        member = std::make_shared<event_member>(event_member{ev, shared});
-        shared->latest = member;  // what it recorded so far is what the others see first
-        e.local = shared;
-    } else {
-        const auto* b = reinterpret_cast<const std::byte*>(&real);
-        e.meta.assign(b, b + sizeof real);
-    }
+    const auto* b = reinterpret_cast<const std::byte*>(&real);
+    e.meta.assign(b, b + sizeof real);
     ipc_token token;
     if (CUresult r = deposit(cx, std::move(e), token); r != CUDA_SUCCESS) return r;
     std::lock_guard lock(cx.sess.mu);
     cx.sess.ipc_state.event_exports[id] = token;
-    if (member) cx.sess.ipc_state.shared_events[id] = member;
     return CUDA_SUCCESS;
 }
 

@@ -4,9 +4,9 @@
 // host (handlers_host.cpp), the virtual memory management API's reservations, mappings and physical
 // allocations (handlers_vmm.cpp), link states' options (handlers_link.cpp), IPC (handlers_ipc.cpp), graph
 // allocations and the staging buffers of graph copies with the client's memory (handlers_graph.cpp,
-// handlers_hostfn.cpp). The session (a friend) reads them whole for owns_range and releases what they hold at a
-// device reset and at its end (server/session.cpp). locks: none inside, every call made with the session's `mu`
-// held; except graph_allocations and host_copy_buffers, which have their own mutex, and
+// handlers_hostfn.cpp). The session (a friend) reads them whole for owns_range and releases what they hold at
+// a device reset and at its end (server/session.cpp). locks: none inside, every call made with the session's
+// `mu` held; except graph_allocations and host_copy_buffers, which have their own mutex, and
 // host_regions::credit_later (atomic): they are used by the driver's thread of user object destructors.
 #pragma once
 

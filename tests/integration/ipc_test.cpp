@@ -134,6 +134,12 @@ void isolation_case(const std::vector<std::string>& extra) {
     CHECK(a->call(op::ipc_export, {what_event, plain.outs.at(0)}).result != CUDA_SUCCESS);
     auto ev = a->call(op::cuEventCreate, {CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS});
     REQUIRE(ev.result == CUDA_SUCCESS);
+    if (extra.empty()) {  // sessions as threads: refused with the reason (server/handlers_ipc.cpp)
+        auto r = a->call(op::ipc_export, {what_event, ev.outs.at(0)});
+        CHECK(r.result == CUDA_ERROR_NOT_SUPPORTED);
+        CHECK(r.detail.find("--isolation process") != std::string::npos);
+        return;
+    }
     auto eh = exported(*a, what_event, ev.outs.at(0));
     auto be = b->call(op::ipc_open, {what_event, 0}, {eh});
     REQUIRE(be.result == CUDA_SUCCESS);

@@ -393,9 +393,9 @@ struct node_obj : object {
     std::vector<uint64_t> deps;          // nodes of the same graph it runs after
     std::vector<CUgraphEdgeData> edges;  // one per dependency
     work run;                            // what it does (nothing for empty and child graph nodes)
-    uint64_t child = 0;            // child graph nodes: the graph cloned into the node, destroyed with it
+    uint64_t child = 0;  // child graph nodes: the graph cloned into the node, destroyed with it
     std::map<int, CUlaunchAttributeValue> attrs;  // kernel nodes: cuGraphKernelNodeSetAttribute
-    CUDA_HOST_NODE_PARAMS host{};  // host nodes: the function and its data
+    CUDA_HOST_NODE_PARAMS host{};                 // host nodes: the function and its data
     // Conditional nodes: the handle, the kind, and the body graphs (the node's own), as handed out.
     uint64_t cond = 0;
     CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
