@@ -1,10 +1,8 @@
 // Event records, waits, queries, synchronizations, destruction and elapsed times, hand-written on the server
 // (spec: server=...) so that events keep what they measured across a suspend of their session
-// (session_tables.hpp: event_ages), and so that an IPC event shared between sessions of this process acts on
-// the shared event's latest record (server/handlers_ipc.hpp).
+// (session_tables.hpp: event_ages), and so that an exported IPC event's handle is withdrawn when it goes.
 #include "ops.hpp"
 #include "server/call_context.hpp"
-#include "server/handlers_ipc.hpp"
 #include "server/session.hpp"
 
 namespace vcuda::server {
@@ -22,7 +20,6 @@ CUresult handle_event_record(call_context& cx) {
     CUresult rc = with_flags ? cx.drv().cuEventRecordWithFlags(e, s, cx.scalar<unsigned>(2))
                              : cx.drv().cuEventRecord(e, s);
     if (rc != CUDA_SUCCESS) return rc;
-    if (auto m = shared_member(cx, cx.arg(0))) recorded(m);
     std::lock_guard lock(cx.sess.mu);
     cx.sess.event_times.forget(cx.arg(0));
     return CUDA_SUCCESS;
@@ -36,10 +33,6 @@ CUresult handle_stream_wait_event(call_context& cx) {
     if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     CUevent e;
     if (CUresult rc = cx.handle(1, handle_kind::event, e); rc != CUDA_SUCCESS) return rc;
-    if (auto m = shared_member(cx, cx.arg(1))) {
-        auto latest = latest_of(*m);
-        return latest ? cx.drv().cuStreamWaitEvent(s, latest->event, cx.scalar<unsigned>(2)) : CUDA_SUCCESS;
-    }
     return cx.drv().cuStreamWaitEvent(s, e, cx.scalar<unsigned>(2));
 }
 
@@ -49,10 +42,6 @@ CUresult handle_event_query(call_context& cx) {
     if (!cx.drv().cuEventQuery) return cx.unsupported("cuEventQuery");
     CUevent e;
     if (CUresult rc = cx.handle(0, handle_kind::event, e); rc != CUDA_SUCCESS) return rc;
-    if (auto m = shared_member(cx, cx.arg(0))) {
-        auto latest = latest_of(*m);
-        return latest ? cx.drv().cuEventQuery(latest->event) : CUDA_SUCCESS;
-    }
     return cx.drv().cuEventQuery(e);
 }
 
@@ -61,33 +50,23 @@ CUresult handle_event_synchronize(call_context& cx) {
     if (!cx.drv().cuEventSynchronize) return cx.unsupported("cuEventSynchronize");
     CUevent e;
     if (CUresult rc = cx.handle(0, handle_kind::event, e); rc != CUDA_SUCCESS) return rc;
-    if (auto m = shared_member(cx, cx.arg(0))) {
-        auto latest = latest_of(*m);
-        return latest ? cx.drv().cuEventSynchronize(latest->event) : CUDA_SUCCESS;
-    }
     return cx.drv().cuEventSynchronize(e);
 }
 
-// cuEventDestroy_v2 {event}: an exported event's handle opens no more; a shared one is left first.
+// cuEventDestroy_v2 {event}: an exported event's handle opens no more.
 CUresult handle_event_destroy(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
     if (!cx.drv().cuEventDestroy_v2) return cx.unsupported("cuEventDestroy_v2");
     CUevent e;
     if (CUresult rc = cx.handle(0, handle_kind::event, e); rc != CUDA_SUCCESS) return rc;
-    std::shared_ptr<event_member> member;
     {
         std::lock_guard lock(cx.sess.mu);
         auto& t = cx.sess.ipc_state;
-        if (auto it = t.shared_events.find(cx.arg(0)); it != t.shared_events.end()) {
-            member = std::move(it->second);
-            t.shared_events.erase(it);
-        }
         if (auto it = t.event_exports.find(cx.arg(0)); it != t.event_exports.end()) {
             if (cx.sess.ipc()) cx.sess.ipc()->withdraw(it->second, cx.sess.id());
             t.event_exports.erase(it);
         }
     }
-    if (member) leave_shared_event(member, cx.drv());
     if (CUresult rc = cx.drv().cuEventDestroy_v2(e); rc != CUDA_SUCCESS) return rc;
     cx.forget_handle(0);
     return CUDA_SUCCESS;

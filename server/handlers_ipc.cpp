@@ -8,7 +8,7 @@
 //   Opened memory is charged to its exporter's quota only.
 // - Events (cuIpcGetEventHandle): with --isolation process the driver's own IPC handle travels (the workers
 //   are processes of their own). With --isolation thread every session is in this process, where the driver
-//   does not open its own IPC handles: the sessions share the event through members (session_tables.hpp).
+//   does not open its own IPC handles: refused (see export_event).
 // - Physical allocations (cuMemExportToShareableHandle): the allocation's descriptor, imported by the opener
 //   as a physical allocation of its own (a mem_handle), not charged to its quota.
 // A session does not open its own legacy IPC handles (CUDA_ERROR_INVALID_CONTEXT, as a process cannot).
@@ -16,9 +16,7 @@
 // parent (--isolation process).
 #include "server/handlers_ipc.hpp"
 
-#include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "common/log.hpp"
 #include "server/call_context.hpp"
@@ -207,17 +205,6 @@ CUresult open_memory(call_context& cx, const ipc_handle& h, ipc_export& e) {
 
 CUresult open_event(call_context& cx, ipc_export& e) {
     auto& d = cx.drv();
-    if (e.local) {  // thread mode: a member of the shared event, with an event of its own
-        if (!d.cuEventCreate) return cx.unsupported("cuEventCreate");
-        CUevent ev = nullptr;
-        if (CUresult rc = d.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING); rc != CUDA_SUCCESS) return rc;
-        cx.out_handle(handle_kind::event, ev);
-        auto member =
-            std::make_shared<event_member>(event_member{ev, std::static_pointer_cast<shared_event>(e.local)});
-        std::lock_guard lock(cx.sess.mu);
-        cx.sess.ipc_state.shared_events[cx.outs.back()] = member;
-        return CUDA_SUCCESS;
-    }
     CUipcEventHandle real{};
     if (e.meta.size() != sizeof real) return cx.fail(CUDA_ERROR_INVALID_VALUE, "a malformed event export");
     std::memcpy(&real, e.meta.data(), sizeof real);
@@ -330,57 +317,9 @@ CUresult handle_ipc_close(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// ---------------------------------------------------------------- shared events (thread mode)
-
-std::shared_ptr<event_member> shared_member(call_context& cx, uint64_t id) {
-    std::lock_guard lock(cx.sess.mu);
-    auto& m = cx.sess.ipc_state.shared_events;
-    if (m.empty()) return nullptr;
-    auto it = m.find(id);
-    return it == m.end() ? nullptr : it->second;
-}
-
-std::shared_ptr<event_member> latest_of(const event_member& m) {
-    std::lock_guard lock(m.shared->mu);
-    return m.shared->latest;
-}
-
-void recorded(const std::shared_ptr<event_member>& m) {
-    std::lock_guard lock(m->shared->mu);
-    m->shared->latest = m;
-}
-
-void leave_shared_event(const std::shared_ptr<event_member>& m, const driver_table& d) {
-    bool was_latest;
-    {
-        std::lock_guard lock(m->shared->mu);
-        was_latest = m->shared->latest == m;
-    }
-    if (was_latest && d.cuEventSynchronize)
-        d.cuEventSynchronize(m->event);  // its work is what others wait for
-    {
-        std::lock_guard lock(m->shared->mu);
-        if (m->shared->latest == m) m->shared->latest.reset();
-    }
-    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (m.use_count() > 1 && std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-}
-
 void release_ipc(session& s, size_t device) {
     auto& t = s.ipc_state;
     ipc_broker* b = s.ipc();
-    auto& d = s.api();
-    for (auto it = t.shared_events.begin(); it != t.shared_events.end();) {
-        handle_entry* e = s.handles.find(it->first, handle_kind::event, handle_kind::none);
-        if (e && static_cast<size_t>(e->device) != device) {
-            ++it;
-            continue;
-        }
-        auto m = std::move(it->second);
-        it = t.shared_events.erase(it);
-        leave_shared_event(m, d);
-    }
     for (auto it = t.event_exports.begin(); it != t.event_exports.end();) {
         handle_entry* e = s.handles.find(it->first, handle_kind::event, handle_kind::none);
         if (e && static_cast<size_t>(e->device) != device) {

@@ -98,7 +98,6 @@ bool ipc_registry::fetch(const ipc_token& t, uint64_t who, const std::string& te
     out.owner = it->second.owner;
     out.meta = e.meta;
     out.fd = e.fd.dup();
-    out.local = e.local;
     return true;
 }
 

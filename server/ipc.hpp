@@ -71,7 +71,6 @@ struct ipc_export {
     uint64_t owner = 0;           // the exporting session (filled by fetch)
     std::vector<std::byte> meta;  // the kind's description (handlers_ipc.cpp)
     unique_fd fd;                 // the physical memory's descriptor; none for events
-    std::shared_ptr<void> local;  // thread mode: an object of this process (a shared event)
 };
 
 // Every live export of the sessions it serves. Sessions are named by id; a tenant is what server.cpp derived

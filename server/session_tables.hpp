@@ -510,22 +510,6 @@ class link_states {
     std::map<uint64_t, std::unique_ptr<jit_request>> links_;
 };
 
-// An IPC event shared by sessions of this process (--isolation thread: the driver cannot open an IPC event
-// handle in the process that made it). Each session taking part has an event of its own in its context (a
-// member); recording one makes it the shared event's latest, and waits, queries and synchronizations of any
-// member use the latest, as every process's copy of an IPC event does natively. locks: `mu` guards `latest`;
-// a member's event is used outside it (a copy of the pointer keeps the member alive meanwhile).
-struct shared_event;
-struct event_member {
-    CUevent event = nullptr;  // the member session's own (its handle table owns it)
-    std::shared_ptr<shared_event> shared;
-};
-struct shared_event {
-    std::mutex mu;
-    std::shared_ptr<event_member>
-        latest;  // null: nothing recorded, or its recorder left after its work ended
-};
-
 // IPC between sessions (server/handlers_ipc.cpp, server/ipc.hpp): what this session exported, withdrawn when
 // the exported object goes, and the memory and events it opened.
 class ipc_tables {
@@ -545,7 +529,6 @@ class ipc_tables {
     std::map<uint64_t, std::vector<ipc_token>> allocation_exports;  // mem_handle id -> tokens
     std::map<uint64_t, ipc_token> event_exports;                    // event id -> token
     std::map<CUdeviceptr, opened> opened_memory;
-    std::map<uint64_t, std::shared_ptr<event_member>> shared_events;  // event id -> membership (thread mode)
 
     // The opened memory whose allocation holds [p, p+n).
     const opened* holding(CUdeviceptr p, size_t n) const {
@@ -561,7 +544,7 @@ class ipc_tables {
     }
     bool empty() const {
         return memory_exports.empty() && allocation_exports.empty() && event_exports.empty() &&
-               opened_memory.empty() && shared_events.empty();
+               opened_memory.empty();
     }
 };
 
