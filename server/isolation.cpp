@@ -33,6 +33,7 @@
 
 #include "common/log.hpp"
 #include "common/random.hpp"
+#include "common/thread_name.hpp"
 #include "common/wire.hpp"
 #include "server/control_messages.hpp"
 #include "server/ipc.hpp"
@@ -146,8 +147,14 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
         m.str(grant.tenant);
         m.u64(opts_.ipc ? opts_.ipc->instance() : 0);
         send_message(w->control, m.bytes, -1);  // a worker that is gone already is reaped below
-        std::thread([this, w] { reap(w); }).detach();
-        std::thread([this, w] { serve_worker(w); }).detach();
+        std::thread([this, w] {
+            name_this_thread("vc-reap");
+            reap(w);
+        }).detach();
+        std::thread([this, w] {
+            name_this_thread("vc-worker-ipc");
+            serve_worker(w);
+        }).detach();
         VCUDA_LOG_INFO("session {} opened by {} (host {}): worker pid {}", w->id, w->peer,
                        h->client_host() ? h->client_host()->str() : "?", pid);
     } else {
@@ -359,6 +366,7 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         s.set_peer_description(peer);
         try {
             std::thread([&srv, st = std::move(s), hf = std::move(*hello), peer]() mutable {
+                name_this_thread("vc-conn");
                 frame_stream fs(std::move(st));
                 srv.serve_hello(fs, hf, peer);
             }).detach();

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "common/log.hpp"
+#include "common/thread_name.hpp"
 #include "common/wire.hpp"
 #include "mgmt/token.hpp"
 #include "server/call_context.hpp"
@@ -111,6 +112,7 @@ void server::accept_loop(listener* l) {
         }
         try {
             std::thread([this, over, st = std::move(*s), tls = l->tls()]() mutable {
+                name_this_thread("vc-conn");
                 run_connection(std::move(st), over, tls.get());
                 --connections_;
             }).detach();
