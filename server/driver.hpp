@@ -34,4 +34,23 @@ class driver {
     void* handle_ = nullptr;
 };
 
+// For the server's own calls that a stream capture in GLOBAL or THREAD_LOCAL mode refuses and is invalidated
+// by (measured on the H200: cuMemHostRegister, cuMemHostAlloc): this thread is RELAXED while the scope lives,
+// then back in its mode.
+class relaxed_capture_scope {
+  public:
+    explicit relaxed_capture_scope(const driver_table& d) : d_(d) {
+        if (d_.cuThreadExchangeStreamCaptureMode) d_.cuThreadExchangeStreamCaptureMode(&mode_);
+    }
+    ~relaxed_capture_scope() {
+        if (d_.cuThreadExchangeStreamCaptureMode) d_.cuThreadExchangeStreamCaptureMode(&mode_);
+    }
+    relaxed_capture_scope(const relaxed_capture_scope&) = delete;
+    relaxed_capture_scope& operator=(const relaxed_capture_scope&) = delete;
+
+  private:
+    const driver_table& d_;
+    CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+};
+
 }  // namespace vcuda::server

@@ -5,7 +5,11 @@
 // Host nodes of graphs work the same way, and so do the host nodes of graph copies with the client's memory
 // (server/host_functions.hpp), at which the client reads or writes the copy's staging buffer (ops
 // host_copy_read, host_copy_write) before it says it is done.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -58,11 +62,12 @@ void CUDA_CB run_host_copy(void* data) {
     s->host_func_wait(n->id);
 }
 
-// The user object's destructor, on a thread of the driver's: no driver calls, no session mutex.
+// The user object's destructor, on a thread of the driver's: no driver calls (the buffer is unregistered
+// later, by a lane), no session mutex.
 void CUDA_CB drop_host_copy(void* data) {
     std::unique_ptr<host_copy_buffer> b(static_cast<host_copy_buffer*>(data));
     if (auto s = b->sess.lock()) {
-        s->host_copies.remove(b->id);
+        s->host_copies.retire(b->id);
         s->host.credit_later(b->size);
     }
 }
@@ -81,6 +86,35 @@ CUresult add_to(const driver_table& d, CUgraph g, CUgraphNode* after, CUgraphNod
     return d.cuGraphAddNode_v2(&out, g, after, nullptr, after ? 1 : 0, &p);
 }
 }  // namespace
+
+host_copy_buffers::buffer::buffer(size_t n) : size(n) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    if (n > SIZE_MAX - page) throw std::bad_alloc();
+    const size_t rounded = (n + page - 1) / page * page;
+    bytes = static_cast<std::byte*>(std::aligned_alloc(page, rounded));
+    if (!bytes) throw std::bad_alloc();
+    std::memset(bytes, 0, rounded);
+}
+
+host_copy_buffers::buffer::~buffer() { std::free(bytes); }
+
+void session::drop_host_copies(bool all) {
+    auto gone = host_copies.take_retired(all);
+    if (gone.empty()) return;
+    // A lane's thread has a context of the session current. At the session's end a launch may still read a
+    // buffer: wait for it. A registration whose context went is gone with it: unregistering it answers an
+    // error, harmlessly.
+    if (all) {
+        std::lock_guard lock(mu);
+        if (std::none_of(devices_.begin(), devices_.end(), [](const auto& s) { return s.ctx != nullptr; }))
+            return;  // no context left: no registration either
+        synchronize_any_context();
+    }
+    auto& d = api();
+    relaxed_capture_scope relaxed(d);
+    for (auto& b : gone)
+        if (b->registered) d.cuMemHostUnregister(b->bytes);
+}  // the memory goes with the last reference (a host_copy_read or _write under way may hold one)
 
 CUDA_HOST_NODE_PARAMS graph_host_func(call_context& cx, uint64_t id) {
     auto p = std::make_unique<pending_host_func>();
@@ -112,6 +146,7 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
         std::lock_guard lock(cx.sess.mu);
         cx.sess.host.unreserve(size);
     };
+    cx.sess.drop_host_copies(false);  // those whose graphs are gone
     std::shared_ptr<host_copy_buffers::buffer> buf;
     try {
         buf = std::make_shared<host_copy_buffers::buffer>(size);
@@ -119,7 +154,27 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
         unreserve();
         return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "no memory for a graph copy's staging buffer");
     }
+    if (!d.cuMemHostRegister_v2 || !d.cuMemHostUnregister) {
+        unreserve();
+        return cx.unsupported("cuMemHostRegister");
+    }
+    {
+        // The copy node reads or writes the buffer when it runs only if it is pinned (the driver reads a
+        // pageable source before the graph's nodes run). A capture under way on this thread must go on.
+        relaxed_capture_scope relaxed(d);
+        if (CUresult rc = d.cuMemHostRegister_v2(buf->bytes, buf->size, CU_MEMHOSTREGISTER_PORTABLE);
+            rc != CUDA_SUCCESS) {
+            unreserve();
+            return cx.fail(
+                rc, "could not pin a graph copy's staging buffer of " + std::to_string(size) + " bytes");
+        }
+        buf->registered = true;
+    }
     if (!cx.sess.host_copies.add(id, buf)) {
+        {
+            relaxed_capture_scope relaxed(d);
+            d.cuMemHostUnregister(buf->bytes);
+        }
         unreserve();
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "host copy id already in use");
     }
@@ -142,7 +197,7 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
         if (g) d.cuGraphDestroy(g);
         return rc;
     }
-    void* staging = buf->bytes.get();
+    void* staging = buf->bytes;
     if (to_device) {
         c.srcHost = staging;
         c.srcXInBytes = c.srcY = c.srcZ = 0;
@@ -259,7 +314,7 @@ CUresult handle_host_copy_read(call_context& cx) {
     if (!cx.expect_args(3)) return cx.bad_arguments();
     std::shared_ptr<host_copy_buffers::buffer> b;
     if (CUresult rc = staging_range(cx, cx.arg(0), cx.arg(1), cx.arg(2), b); rc != CUDA_SUCCESS) return rc;
-    const std::byte* from = b->bytes.get() + cx.arg(1);
+    const std::byte* from = b->bytes + cx.arg(1);
     cx.reply_payload.assign(from, from + cx.arg(2));
     return CUDA_SUCCESS;
 }
@@ -271,7 +326,7 @@ CUresult handle_host_copy_write(call_context& cx) {
     auto data = cx.payload();
     std::shared_ptr<host_copy_buffers::buffer> b;
     if (CUresult rc = staging_range(cx, cx.arg(0), cx.arg(1), data.size(), b); rc != CUDA_SUCCESS) return rc;
-    std::memcpy(b->bytes.get() + cx.arg(1), data.data(), data.size());
+    std::memcpy(b->bytes + cx.arg(1), data.data(), data.size());
     return CUDA_SUCCESS;
 }
 

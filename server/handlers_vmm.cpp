@@ -94,7 +94,7 @@ CUresult handle_vmm_create(call_context& cx) {
     e.raw = reinterpret_cast<void*>(h);
     e.device = static_cast<int>(device);
     uint64_t id = cx.sess.handles.insert(std::move(e));
-    cx.sess.vmm.add_allocation(id, size, device);
+    cx.sess.vmm.add_allocation(id, size, device, false, prop);
     cx.out(id);
     return CUDA_SUCCESS;
 }
@@ -132,7 +132,7 @@ CUresult handle_vmm_map(call_context& cx) {
     CUresult rc = cx.drv().cuMemMap(va, size, cx.arg(2), reinterpret_cast<CUmemGenericAllocationHandle>(raw),
                                     cx.arg(4));
     if (rc != CUDA_SUCCESS) return rc;
-    cx.sess.vmm.add_mapping(va, size, cx.arg(3));
+    cx.sess.vmm.add_mapping(va, size, cx.arg(3), cx.arg(2));
     return CUDA_SUCCESS;
 }
 

@@ -125,14 +125,17 @@ void session::release_vmm() {
     std::lock_guard lock(mu);
     if (vmm.mapped_.empty() && vmm.reserved_.empty() && vmm.allocations_.empty()) return;
     synchronize_any_context();
-    for (auto& [va, m] : vmm.mapped_) d.cuMemUnmap(va, m.size);
+    // Suspended, the physical memory is gone already (server/vmm_image.cpp): only reservations are left.
+    if (!vmm.physical_released_)
+        for (auto& [va, m] : vmm.mapped_) d.cuMemUnmap(va, m.size);
     vmm.mapped_.clear();
     for (auto& [va, size] : vmm.reserved_) d.cuMemAddressFree(va, size);
     vmm.reserved_.clear();
     handles.for_each([&](uint64_t, handle_entry& e) {
-        if (e.kind != handle_kind::mem_handle) return;
+        if (e.kind != handle_kind::mem_handle || !e.raw) return;
         d.cuMemRelease(reinterpret_cast<CUmemGenericAllocationHandle>(e.raw));
     });
+    vmm.physical_released_ = false;
     for (auto& [id, a] : vmm.allocations_)
         if (!a.foreign) devices_[a.device].memory->credit(a.size);
     vmm.allocations_.clear();
@@ -410,6 +413,7 @@ void session::release_host_regions() {
 void session::release_all() {
     stop_host_funcs();       // the client is gone: callbacks still queued on streams return at once
     release_host_regions();  // while the contexts still exist
+    drop_host_copies(true);
     release_vmm();
     for (size_t i = 0; i < devices_.size(); ++i) release_device(i);
     std::lock_guard lock(mu);

@@ -166,6 +166,9 @@ class session : public std::enable_shared_from_this<session> {
     host_regions host;  // under mu
     // Staging buffers of graph copies with the client's memory (charged to `host`'s quota).
     host_copy_buffers host_copies;
+    // Unregisters and frees the retired staging buffers (`all`: every one, at the session's end), on a thread
+    // that may call the driver (server/handlers_hostfn.cpp).
+    void drop_host_copies(bool all);
     uint64_t host_quota() const { return opts_.host_memory_quota; }
     // Shared pinned host pages, placed in the server's host window when it has one: anywhere (null when no
     // room), at exactly `addr` (a moved session's pages), and gone again.
@@ -337,6 +340,12 @@ class session : public std::enable_shared_from_this<session> {
     // Gives the GPU objects back to the driver (contexts, their streams, events, modules, the memory's
     // physical part); handles and reservations stay. `mu` held.
     void release_gpu_state();
+    // The application's VMM use in a suspend (server/vmm_image.cpp), `mu` held: its physical allocations'
+    // contents and its mappings' access saved; given back (reservations stay); made again, copied back and
+    // mapped at the same addresses. `what` says what failed.
+    CUresult save_vmm(session_image& img, std::string& why);
+    void release_vmm_physical();
+    CUresult rebuild_vmm(const session_image& img, std::string& what);
 
     uint64_t id_;
     std::string key_;

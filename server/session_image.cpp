@@ -8,9 +8,9 @@
 // modules (by name) with their settable attributes, module globals the client looked up (contents; a global
 // the driver places elsewhere is reported, and copies to its old address are refused), streams (flags and
 // priority), events (flags), context limits and cache configuration, shared pinned host memory (registered
-// again). What is not yet: graphs, CUDA arrays and texture/surface objects, memory pools and stream-ordered
-// allocations, the application's own VMM use, link states in progress: a session holding any of them is not
-// suspended, and the caller is told which.
+// again), the application's own VMM use (server/vmm_image.cpp). What is not yet: graphs, CUDA arrays and
+// texture/surface objects, memory pools and stream-ordered allocations, link states in progress, memory of
+// other sessions (IPC): a session holding any of them is not suspended, and the caller is told which.
 #include "server/session_image.hpp"
 
 #include <array>
@@ -78,8 +78,6 @@ const char* not_rebuilt(handle_kind k) {
             return "memory pools";
         case handle_kind::link_state:
             return "a link in progress";
-        case handle_kind::mem_handle:
-            return "physical allocations of the VMM API";
         default:
             return nullptr;
     }
@@ -195,7 +193,8 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
             blocker.empty())
             blocker = "an event not made by cuEventCreate";
     });
-    if (!vmm.reserved_.empty() || !vmm.mapped_.empty()) blocker = "reservations of the VMM API";
+    for (auto& [id, a] : vmm.allocations_)
+        if (a.foreign) blocker = "memory of another session mapped with the VMM API (IPC)";
     if (!pools.allocations_.empty()) blocker = "stream-ordered allocations";
     if (!arrays.objects.empty()) blocker = "texture or surface objects";
     if (!ipc_state.empty()) blocker = "memory or events shared with other sessions (IPC)";
@@ -250,6 +249,10 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
         }
         img->bytes += g.size;
         img->globals.push_back(std::move(gs));
+    }
+    if (CUresult rc = save_vmm(*img, why); rc != CUDA_SUCCESS) {
+        d.cuCtxSetCurrent(nullptr);
+        return rc;
     }
     // A reference point behind everything the session did, for the ages of its events.
     std::vector<CUevent> reference(devices_.size(), nullptr);
@@ -343,6 +346,7 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
 
 void session::release_gpu_state() {
     auto& d = api();
+    release_vmm_physical();  // while the contexts exist
     // Shared host pages stay mapped (the client uses them); only their registration goes with the contexts.
     CUcontext any = nullptr;
     for (auto& s : devices_)
@@ -421,6 +425,7 @@ CUresult session::rebuild(std::string& why) {
                 rc != CUDA_SUCCESS)
                 return failed(rc, "its shared host memory could not be registered again");
     }
+    if (std::string what; CUresult rc = rebuild_vmm(img, what)) return failed(rc, what);
     for (auto& es : img.entries) {
         handle_entry* e = handles.find(es.id, kind_of(es.id));
         if (!e) continue;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,7 +38,24 @@ struct session_image {
         std::string name;
         std::vector<std::byte> bytes;
     };
+    // The application's own VMM use (server/vmm_image.cpp): each physical allocation's properties and
+    // contents, and each mapping's access; reservations stay while suspended, mappings are in the session's
+    // bookkeeping.
+    struct vmm_allocation_state {
+        uint64_t id = 0;  // mem_handle id
+        size_t size = 0;
+        size_t device = 0;
+        CUmemAllocationProp prop{};
+        bool released = false;  // cuMemRelease'd while mapped: goes again at its last unmap
+        std::unique_ptr<std::byte[]> bytes;
+    };
+    struct vmm_access_state {
+        CUdeviceptr va = 0;  // a mapping
+        std::vector<CUmemAccessDesc> access;
+    };
     std::vector<device_state> devices;
+    std::vector<vmm_allocation_state> vmm_allocations;
+    std::vector<vmm_access_state> vmm_access;
     std::vector<entry_state> entries;  // in the order they are made again: owners before what they own
     std::vector<global_state> globals;
     std::vector<std::pair<uintptr_t, size_t>> host_regions;  // registered again at their addresses

@@ -318,14 +318,22 @@ class graph_allocations {
 
 // The staging buffers of graph copies between the GPU and the client's memory, by the client's id of the copy
 // (server/handlers_hostfn.cpp): a copy node moves the bytes between the GPU and the buffer, a host node has
-// the client move them between the buffer and its memory. A buffer is removed when the CUDA user object that
-// the graphs using it hold is destroyed (on a driver thread), or with the session. locks: its own mutex.
+// the client move them between the buffer and its memory. Buffers are pinned (registered with the driver):
+// the driver reads a pageable source of a graph copy before the graph's nodes run, so the host node's bytes
+// would not arrive. A buffer is retired when the CUDA user object that the graphs using it hold is destroyed
+// (on a driver thread, which may not call the driver); a lane unregisters retired buffers later, and the
+// session's end all of them. The memory is the server's own (never the driver's), so a buffer whose context
+// went (and its registration with it) stays writable. locks: its own mutex.
 class host_copy_buffers {
   public:
     struct buffer {
-        explicit buffer(size_t n) : bytes(new std::byte[n]()), size(n) {}  // zeroed: never another's bytes
-        std::unique_ptr<std::byte[]> bytes;
-        size_t size;
+        explicit buffer(size_t n);  // zeroed, page-aligned: never another's bytes; throws std::bad_alloc
+        ~buffer();
+        buffer(const buffer&) = delete;
+        buffer& operator=(const buffer&) = delete;
+        std::byte* bytes = nullptr;
+        size_t size = 0;
+        bool registered = false;  // pinned (in the context current then)
     };
     // False when `id` is taken.
     bool add(uint64_t id, std::shared_ptr<buffer> b) {
@@ -338,6 +346,15 @@ class host_copy_buffers {
         auto it = buffers_.find(id);
         return it == buffers_.end() ? nullptr : it->second;
     }
+    // Out of use: kept for take_retired (no driver call here).
+    void retire(uint64_t id) {
+        std::lock_guard lock(mu_);
+        if (auto it = buffers_.find(id); it != buffers_.end()) {
+            retired_.push_back(std::move(it->second));
+            buffers_.erase(it);
+        }
+    }
+    // Out of use without ever having been registered (a failed set-up): freed at once.
     void remove(uint64_t id) {
         std::shared_ptr<buffer> gone;  // freed outside the lock
         std::lock_guard lock(mu_);
@@ -346,10 +363,22 @@ class host_copy_buffers {
             buffers_.erase(it);
         }
     }
+    // The retired buffers (and, with `all`, every buffer), for the caller to unregister and drop.
+    std::vector<std::shared_ptr<buffer>> take_retired(bool all) {
+        std::lock_guard lock(mu_);
+        auto out = std::move(retired_);
+        retired_.clear();
+        if (all) {
+            for (auto& [id, b] : buffers_) out.push_back(std::move(b));
+            buffers_.clear();
+        }
+        return out;
+    }
 
   private:
     std::mutex mu_;
     std::unordered_map<uint64_t, std::shared_ptr<buffer>> buffers_;
+    std::vector<std::shared_ptr<buffer>> retired_;
 };
 
 // The virtual memory management API as the application uses it: its address reservations, what is mapped in
@@ -363,10 +392,12 @@ class vmm_tables {
         int maps = 0;           // mappings that use it
         bool released = false;  // cuMemRelease'd while mapped: the driver frees it at the last unmap
         bool foreign = false;   // imported from another session's shareable handle: charged there, not here
+        CUmemAllocationProp prop{};  // as made (real device): a suspended session's is made again from it
     };
     struct mapping {
         size_t size = 0;
         uint64_t handle = 0;  // the mem_handle id mapped here
+        size_t offset = 0;    // into the allocation
     };
 
     void add_reservation(CUdeviceptr va, size_t size) { reserved_[va] = size; }
@@ -390,8 +421,9 @@ class vmm_tables {
         return m != mapped_.end() && m->first < va + size;
     }
 
-    void add_allocation(uint64_t id, size_t size, size_t device, bool foreign = false) {
-        allocations_[id] = {size, device, 0, false, foreign};
+    void add_allocation(uint64_t id, size_t size, size_t device, bool foreign = false,
+                        const CUmemAllocationProp& prop = {}) {
+        allocations_[id] = {size, device, 0, false, foreign, prop};
     }
     std::optional<allocation> allocation_of(uint64_t id) const {
         auto it = allocations_.find(id);
@@ -412,10 +444,14 @@ class vmm_tables {
         return a;
     }
 
-    void add_mapping(CUdeviceptr va, size_t size, uint64_t id) {
-        mapped_[va] = {size, id};
+    void add_mapping(CUdeviceptr va, size_t size, uint64_t id, size_t offset) {
+        mapped_[va] = {size, id, offset};
         allocations_[id].maps++;
     }
+    bool empty() const { return reserved_.empty() && mapped_.empty() && allocations_.empty(); }
+    // A suspend gave the physical memory back (server/vmm_image.cpp): mappings and handles are the
+    // bookkeeping only until the rebuild.
+    bool physical_released() const { return physical_released_; }
     // The mapping starting at va, or nothing.
     std::optional<mapping> mapping_at(CUdeviceptr va) const {
         auto it = mapped_.find(va);
@@ -441,6 +477,7 @@ class vmm_tables {
     std::map<CUdeviceptr, size_t> reserved_;      // start -> size
     std::map<CUdeviceptr, mapping> mapped_;       // start -> mapping
     std::map<uint64_t, allocation> allocations_;  // mem_handle id -> allocation, charged until freed
+    bool physical_released_ = false;
 };
 
 // CUDA arrays and the texture and surface objects of a session (server/handlers_array.cpp). Arrays are

@@ -4,9 +4,10 @@
 // same id, key, handle ids and device addresses. The protocol is in protocol/vcuda.fbs (SessionState). The
 // client learns where its session went from the next reply of each lane (Reply.moved_to) and joins it there.
 //
-// What does not move yet: what a suspend does not rebuild (graphs, arrays, pools, the application's VMM use,
-// links in progress). Shared pinned host memory moves only to a server on the same host (its pages' memfds
-// are passed over the Unix socket and mapped at the same addresses there).
+// What does not move yet: what a suspend does not rebuild (graphs, arrays, pools, links in progress), and the
+// application's own VMM use (a suspend rebuilds it in the same process). Shared pinned host memory moves only
+// to a server on the same host (its pages' memfds are passed over the Unix socket and mapped at the same
+// addresses there).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -142,6 +143,12 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
                 why = "a shared pinned host region lost its pages' descriptor";
                 rc = CUDA_ERROR_NOT_SUPPORTED;
             }
+        // A suspend rebuilds it (its reservations stay in this process); their addresses are the driver's,
+        // not the session's window, so another server may not have them free.
+        if (!vmm.empty() && rc == CUDA_SUCCESS) {
+            why = "the session uses the VMM API itself, which a move does not carry yet (a suspend does)";
+            rc = CUDA_ERROR_NOT_SUPPORTED;
+        }
     }
     if (rc != CUDA_SUCCESS) {
         VCUDA_LOG_WARN("session {} not moved to {}: {}", id_, to.address, why);

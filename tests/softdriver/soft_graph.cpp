@@ -9,20 +9,49 @@
 // real driver that programs meet are kept: the legacy stream is off limits while a blocking stream captures
 // (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), synchronizing with a capturing stream invalidates its capture,
 // allocations follow the thread's capture mode, cuStreamEndCapture belongs to the thread that began (unless
-// RELAXED). Node types made explicitly: kernel, memset, memcpy, host, child graph (cloned), empty, event
-// record and wait, memory alloc and free. User objects are counted references held by graphs, their clones
+// RELAXED), a copy node reads a pageable host source when it is made (see take_pageable_source). Node types
+// made explicitly: kernel, memset, memcpy, host, child graph (cloned), empty, event record and wait, memory
+// alloc and free. User objects are counted references held by graphs, their clones
 // and child copies, and executable graphs; graph memory is mapped from its alloc node's creation to its
 // context's end.
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "soft_state.hpp"
 
 namespace vcuda::soft {
 namespace {
+
+// A graph copy from pageable host memory reads its source before the graph's nodes run: measured on the
+// H200 (driver 580), bytes that a host node just before the copy wrote did not arrive, while from pinned
+// memory they did. Here the source is read when the node is made, which fails the same programs: `c` is
+// pointed at the bytes taken (`out`, kept by the node's work).
+CUresult take_pageable_source(state& s, CUDA_MEMCPY3D& c, std::shared_ptr<std::vector<std::byte>>& out) {
+    if (c.srcMemoryType != CU_MEMORYTYPE_HOST || c.srcHost == nullptr ||
+        find_range(s, reinterpret_cast<uintptr_t>(c.srcHost)) != nullptr || c.WidthInBytes == 0 ||
+        c.Height == 0 || c.Depth == 0)
+        return CUDA_SUCCESS;
+    size_t first = 0, extent = 0, rows = 0, slices = 0;
+    if (__builtin_mul_overflow(c.srcZ, c.srcHeight, &first) ||
+        __builtin_add_overflow(first, c.srcY, &first) || __builtin_mul_overflow(first, c.srcPitch, &first) ||
+        __builtin_add_overflow(first, c.srcXInBytes, &first) ||
+        __builtin_mul_overflow(c.Height - 1, c.srcPitch, &rows) ||
+        __builtin_mul_overflow(c.Depth - 1, c.srcHeight, &slices) ||
+        __builtin_mul_overflow(slices, c.srcPitch, &slices) ||
+        __builtin_add_overflow(rows, slices, &extent) ||
+        __builtin_add_overflow(extent, c.WidthInBytes, &extent) || extent > (size_t{1} << 32))
+        return CUDA_ERROR_INVALID_VALUE;
+    const auto* from = static_cast<const std::byte*>(c.srcHost) + first;
+    out = std::make_shared<std::vector<std::byte>>(from, from + extent);
+    c.srcHost = out->data();
+    c.srcXInBytes = c.srcY = c.srcZ = 0;
+    return CUDA_SUCCESS;
+}
 
 // The capture of this thread's per-thread default stream (every thread has its own).
 thread_local uint64_t per_thread_capture = 0;
@@ -464,10 +493,15 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
                 return r;
             break;
         }
-        case CU_GRAPH_NODE_TYPE_MEMCPY:
+        case CU_GRAPH_NODE_TYPE_MEMCPY: {
             if (p->memcpy.flags != 0 || p->memcpy.reserved != 0) return CUDA_ERROR_INVALID_VALUE;
-            if (CUresult r = copy_3d_desc(s, w, &p->memcpy.copyParams); r != CUDA_SUCCESS) return r;
+            CUDA_MEMCPY3D c = p->memcpy.copyParams;
+            std::shared_ptr<std::vector<std::byte>> taken;
+            if (CUresult r = take_pageable_source(s, c, taken); r != CUDA_SUCCESS) return r;
+            if (CUresult r = copy_3d_desc(s, w, &c); r != CUDA_SUCCESS) return r;
+            if (taken) w = [copy = std::move(w), taken] { return copy(); };
             break;
+        }
         case CU_GRAPH_NODE_TYPE_GRAPH:
             if (s.find<graph_obj>(p->graph.graph) == nullptr) return CUDA_ERROR_INVALID_VALUE;
             if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) return CUDA_ERROR_NOT_SUPPORTED;

@@ -93,6 +93,7 @@ CUresult host_alloc(state& s, void** pp, size_t bytes, unsigned flags) {
         return CUDA_ERROR_INVALID_VALUE;
     context_obj* c = nullptr;
     if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+    if (CUresult r = check_unsafe_call(s); r != CUDA_SUCCESS) return r;  // as measured on the H200
     if (bytes > (size_t{1} << 48)) return CUDA_ERROR_OUT_OF_MEMORY;
     size_t os_size = round_up(bytes, page_size());
     void* p = os_alloc(os_size);
@@ -1055,6 +1056,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void* p, size_t bytesize
             return CUDA_ERROR_INVALID_VALUE;
         context_obj* c = nullptr;
         if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+        if (CUresult r = check_unsafe_call(s); r != CUDA_SUCCESS) return r;  // as measured on the H200
         uintptr_t base = reinterpret_cast<uintptr_t>(p), end = 0;
         if (add_overflows(base, bytesize, &end)) return CUDA_ERROR_INVALID_VALUE;
         auto it = s.ranges.lower_bound(base);
