@@ -59,8 +59,8 @@ CUresult session::save_vmm(session_image& img, std::string& why) {
             h = reinterpret_cast<CUmemGenericAllocationHandle>(e->raw);
         } else {
             for (auto& [va, m] : vmm.mapped_)
-                if (m.handle == id && d.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(va)) ==
-                                          CUDA_SUCCESS) {
+                if (m.handle == id &&
+                    d.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(va)) == CUDA_SUCCESS) {
                     retained = true;
                     break;
                 }
@@ -142,13 +142,15 @@ CUresult session::rebuild_vmm(const session_image& img, std::string& what) {
             made[st.id] = h;
             rc = copy_physical(d, h, st.size, devices_[st.device].device, st.bytes.get(), true);
         }
-        if (rc != CUDA_SUCCESS) return undo(rc, "a physical allocation of the VMM API could not be made again");
+        if (rc != CUDA_SUCCESS)
+            return undo(rc, "a physical allocation of the VMM API could not be made again");
     }
     for (auto& [va, m] : vmm.mapped_) {
         auto h = made.find(m.handle);
         CUresult rc =
             h == made.end() ? CUDA_ERROR_INVALID_HANDLE : d.cuMemMap(va, m.size, m.offset, h->second, 0);
-        if (rc != CUDA_SUCCESS) return undo(rc, "a mapping of the VMM API could not be made again at its address");
+        if (rc != CUDA_SUCCESS)
+            return undo(rc, "a mapping of the VMM API could not be made again at its address");
         mapped.push_back(va);
     }
     for (auto& st : img.vmm_access) {
