@@ -77,20 +77,32 @@ CUresult peer_call_sync(peer_call what, int device, int peer, unsigned flags, ui
     return rc;
 }
 
-// The copy of `n` bytes between the two contexts' devices, on `stream`'s (m: post) or `src_ctx`'s (sync).
-CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx, size_t n,
-                   CUstream stream, mode m) {
-    VCUDA_REQUIRE_INIT();
+// The devices of a peer copy's two contexts (dd, sd), and the context it runs in (`on`: `stream`'s when
+// posted, else the source's): all of one session, or the copy is refused.
+CUresult peer_copy_contexts(CUcontext dst_ctx, CUcontext src_ctx, CUstream stream, mode m, int& dd, int& sd,
+                            uint64_t& on) {
     auto dctx = reinterpret_cast<uint64_t>(dst_ctx), sctx = reinterpret_cast<uint64_t>(src_ctx);
-    int dd = context_device(dctx), sd = context_device(sctx);
+    dd = context_device(dctx);
+    sd = context_device(sctx);
     if (dd < 0 || sd < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (m == mode::post && check_stream(stream) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t on = m == mode::post ? stream_context(stream) : sctx;
+    on = m == mode::post ? stream_context(stream) : sctx;
     int od = context_device(on);
     if (od < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (!same_session(dd, sd) || !same_session(od, sd))
         return static_cast<CUresult>(refused(across_servers, CUDA_ERROR_PEER_ACCESS_UNSUPPORTED,
                                              "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"));
+    return CUDA_SUCCESS;
+}
+
+// The copy of `n` bytes between the two contexts' devices, on `stream`'s (m: post) or `src_ctx`'s (sync).
+CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx, size_t n,
+                   CUstream stream, mode m) {
+    VCUDA_REQUIRE_INIT();
+    int dd = -1, sd = -1;
+    uint64_t on = 0;
+    if (CUresult rc = peer_copy_contexts(dst_ctx, src_ctx, stream, m, dd, sd, on); rc != CUDA_SUCCESS)
+        return rc;
     if (n == 0) return CUDA_SUCCESS;
     device_allocation a;
     if (!state::get().find_allocation(dst, n, a) || !state::get().find_allocation(src, n, a))
@@ -113,16 +125,11 @@ CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontex
 CUresult copy_3d_peer(const CUDA_MEMCPY3D_PEER* p, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     if (!p) return CUDA_ERROR_INVALID_VALUE;
-    auto dctx = reinterpret_cast<uint64_t>(p->dstContext), sctx = reinterpret_cast<uint64_t>(p->srcContext);
-    int dd = context_device(dctx), sd = context_device(sctx);
-    if (dd < 0 || sd < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (m == mode::post && check_stream(stream) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t on = m == mode::post ? stream_context(stream) : sctx;
-    int od = context_device(on);
-    if (od < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (!same_session(dd, sd) || !same_session(od, sd))
-        return static_cast<CUresult>(refused(across_servers, CUDA_ERROR_PEER_ACCESS_UNSUPPORTED,
-                                             "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"));
+    int dd = -1, sd = -1;
+    uint64_t on = 0;
+    if (CUresult rc = peer_copy_contexts(p->dstContext, p->srcContext, stream, m, dd, sd, on);
+        rc != CUDA_SUCCESS)
+        return rc;
     CUDA_MEMCPY3D c{};
     c.srcXInBytes = p->srcXInBytes;
     c.srcY = p->srcY;

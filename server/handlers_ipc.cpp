@@ -162,6 +162,14 @@ CUresult export_allocation(call_context& cx, uint64_t id) {
 
 // ---------------------------------------------------------------- opens
 
+// The physical memory behind an export's descriptor, imported into this process.
+CUresult import_descriptor(call_context& cx, const ipc_export& e, CUmemGenericAllocationHandle& mh) {
+    auto& d = cx.drv();
+    if (!d.cuMemImportFromShareableHandle) return cx.unsupported("cuMemImportFromShareableHandle");
+    return d.cuMemImportFromShareableHandle(&mh, reinterpret_cast<void*>(static_cast<uintptr_t>(e.fd.get())),
+                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+}
+
 CUresult open_memory(call_context& cx, const ipc_handle& h, ipc_export& e) {
     message_reader r{e.meta};
     uint64_t mapping_size = r.u64(), offset = r.u64(), bytes = r.u64(), device = r.u64();
@@ -179,14 +187,8 @@ CUresult open_memory(call_context& cx, const ipc_handle& h, ipc_export& e) {
                 return CUDA_SUCCESS;
             }
     }
-    auto& d = cx.drv();
-    if (!d.cuMemImportFromShareableHandle) return cx.unsupported("cuMemImportFromShareableHandle");
     CUmemGenericAllocationHandle mh = 0;
-    if (CUresult rc =
-            d.cuMemImportFromShareableHandle(&mh, reinterpret_cast<void*>(static_cast<uintptr_t>(e.fd.get())),
-                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        rc != CUDA_SUCCESS)
-        return rc;
+    if (CUresult rc = import_descriptor(cx, e, mh); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
     CUdeviceptr va = 0;
     if (CUresult rc = cx.sess.memory(device).map_foreign(mh, mapping_size, va); rc != CUDA_SUCCESS) return rc;
@@ -221,14 +223,8 @@ CUresult open_allocation(call_context& cx, ipc_export& e) {
     if (!r.ok || e.fd.get() < 0) return cx.fail(CUDA_ERROR_INVALID_VALUE, "a malformed allocation export");
     if (!cx.sess.allowed(device))
         return cx.fail(CUDA_ERROR_INVALID_DEVICE, "the memory is on a GPU this session may not use");
-    auto& d = cx.drv();
-    if (!d.cuMemImportFromShareableHandle) return cx.unsupported("cuMemImportFromShareableHandle");
     CUmemGenericAllocationHandle mh = 0;
-    if (CUresult rc =
-            d.cuMemImportFromShareableHandle(&mh, reinterpret_cast<void*>(static_cast<uintptr_t>(e.fd.get())),
-                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        rc != CUDA_SUCCESS)
-        return rc;
+    if (CUresult rc = import_descriptor(cx, e, mh); rc != CUDA_SUCCESS) return rc;
     handle_entry he;
     he.kind = handle_kind::mem_handle;
     he.raw = reinterpret_cast<void*>(mh);

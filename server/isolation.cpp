@@ -46,6 +46,8 @@ namespace vcuda::server {
 namespace {
 
 constexpr uint32_t msg_session = 1, msg_connection = 2;
+// Suspend and resume, from the parent (the manager asked); the worker's status, to the parent.
+constexpr uint32_t msg_suspend = 3, msg_resume = 4, msg_status = 5;
 
 std::string describe_status(int status) {
     if (WIFEXITED(status)) return "exited (status " + std::to_string(WEXITSTATUS(status)) + ")";
@@ -67,7 +69,10 @@ struct server::worker {
     std::string peer;
     pid_t pid = -1;
     int control = -1;  // the parent's end of the socket pair
+    int64_t opened_at_ms = 0;
     std::mutex send_mu;
+    std::mutex status_mu;
+    worker_status status;  // under status_mu
     ~worker() {
         if (control >= 0) ::close(control);
     }
@@ -93,6 +98,9 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
         w->key = os_random_bytes(session_key_bytes);
         w->grant = grant;
         w->peer = peer + " pid " + std::to_string(h->client_pid());
+        w->opened_at_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
 
         int sv[2];
         if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
@@ -217,6 +225,20 @@ void server::serve_worker(const std::shared_ptr<worker>& w) {
     std::vector<std::byte> m;
     std::vector<int> fds;
     while (receive_message(w->control, m, fds) == 1) {
+        if (message_reader r{m}; r.u32() == msg_status) {
+            worker_status st;
+            st.suspended = r.u32() != 0;
+            st.idle_ms = static_cast<int64_t>(r.u64());
+            st.memory_used = r.u64();
+            st.note = r.str();
+            st.known = r.ok;
+            for (int fd : fds) ::close(fd);
+            if (st.known) {
+                std::lock_guard lock(w->status_mu);
+                w->status = std::move(st);
+            }
+            continue;
+        }
         if (!opts_.ipc_exports || !serve_ipc_request(*opts_.ipc_exports, w->id, w->grant.tenant, m, fds)) {
             VCUDA_LOG_WARN("session {}: an unknown message from its worker pid {} was ignored", w->id,
                            w->pid);
@@ -230,8 +252,25 @@ void server::serve_worker(const std::shared_ptr<worker>& w) {
 std::vector<server::worker_session> server::worker_sessions() {
     std::lock_guard lock(open_mu_);
     std::vector<worker_session> out;
-    for (auto& [id, w] : workers_) out.push_back({id, w->pid, w->grant, w->peer});
+    for (auto& [id, w] : workers_) {
+        std::lock_guard status(w->status_mu);
+        out.push_back({id, w->pid, w->grant, w->peer, w->opened_at_ms, w->status});
+    }
     return out;
+}
+
+bool server::ask_worker(uint64_t id, bool suspend) {
+    std::shared_ptr<worker> w;
+    {
+        std::lock_guard lock(open_mu_);
+        auto it = workers_.find(id);
+        if (it == workers_.end()) return false;
+        w = it->second;
+    }
+    message_writer m;
+    m.u32(suspend ? msg_suspend : msg_resume);
+    std::lock_guard lock(w->send_mu);
+    return send_message(w->control, m.bytes, -1);
 }
 
 void server::end_worker_session(uint64_t id, const std::string& why) {
@@ -318,12 +357,55 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         char b = 1;
         [[maybe_unused]] auto k = ::write(wake[1], &b, 1);
     };
+    // What the parent reports of the session to the manager: its status, every half second and after each
+    // suspend or resume the parent asked for.
+    auto send_status = [&srv, control_fd] {
+        auto all = srv.sessions().snapshot();
+        if (all.empty()) return;
+        session& s = *all.front();
+        message_writer st;
+        st.u32(msg_status);
+        st.u32(s.suspended() ? 1 : 0);
+        st.u64(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::steady_clock::now() - s.last_call())
+                                         .count()));
+        uint64_t used = 0;
+        {
+            std::lock_guard lock(s.mu);
+            for (size_t i = 0; i < s.device_count(); ++i)
+                if (s.allowed(i)) used += s.memory(i).resident();
+        }
+        st.u64(used);
+        st.str(s.note());
+        send_message(control_fd, st.bytes, -1);
+    };
+    auto suspend_or_resume = [&srv, send_status](bool suspend) {
+        for (auto& sp : srv.sessions().snapshot()) {
+            std::string why;
+            if ((suspend ? sp->suspend(std::chrono::seconds(5), why) : sp->resume(why)) != CUDA_SUCCESS)
+                VCUDA_LOG_WARN("session {}: the manager asked for a {}; not done: {}", sp->id(),
+                               suspend ? "suspend" : "resume", why);
+        }
+        send_status();
+    };
     bool parent_gone = false;
     auto gone_at = std::chrono::steady_clock::now();
+    auto status_at = gone_at, suspend_at = gone_at;
     while (!ended) {
         pollfd p[2] = {{parent_gone ? -1 : control_fd, POLLIN, 0}, {wake[0], POLLIN, 0}};
-        int k = ::poll(p, 2, 1000);
+        int k = ::poll(p, 2, 100);
         if (ended) break;
+        const auto now = std::chrono::steady_clock::now();
+        if (!parent_gone && now - status_at >= std::chrono::milliseconds(500)) {
+            status_at = now;
+            send_status();
+        }
+        if (opts.test_suspend_every.count() > 0 && now - suspend_at >= opts.test_suspend_every) {
+            suspend_at = now;
+            for (auto& sp : srv.sessions().snapshot())
+                if (std::string why; sp->suspend(std::chrono::milliseconds(0), why) != CUDA_SUCCESS)
+                    VCUDA_LOG_DEBUG("session {} not suspended: {}", sp->id(), why);
+        }
         if (parent_gone) {
             // The server process ended: as in thread mode, its sessions end with it. Connections still open
             // were shut down; a session that never got one ends here.
@@ -342,9 +424,22 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
             continue;
         }
         message_reader c{m};
+        const uint32_t type = c.u32();
+        if (type == msg_suspend || type == msg_resume) {  // on a thread: connections go on being taken
+            if (fd >= 0) ::close(fd);
+            try {
+                std::thread([suspend_or_resume, suspend = type == msg_suspend] {
+                    name_this_thread("vc-mobility");
+                    suspend_or_resume(suspend);
+                }).detach();
+            } catch (const std::system_error& e) {
+                VCUDA_LOG_WARN("session {}: no thread for the manager's request ({})", id, e.what());
+            }
+            continue;
+        }
         std::string peer;
         uint32_t len = 0;
-        bool ok = c.u32() == msg_connection;
+        bool ok = type == msg_connection;
         if (ok) {
             peer = c.str();
             len = c.u32();

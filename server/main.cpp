@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -424,6 +425,7 @@ int main(int argc, char** argv) {
             VCUDA_LOG_ERROR("worker pid {}: {}", getpid(), why);
             return vcuda::server::server::refuse_worker(worker_fd, why);
         }
+        opts.test_suspend_every = std::chrono::milliseconds(suspend_every_ms);
         return vcuda::server::server::run_worker(drv, opts, worker_fd);
     }
     if (isolation == "process") {
@@ -445,6 +447,10 @@ int main(int argc, char** argv) {
             opts.worker_args.push_back(std::to_string(opts.memory_quota));
         }
         if (!opts.shm_rings) opts.worker_args.push_back("--no-shm-rings");
+        if (suspend_every_ms > 0) {  // the worker suspends its session itself
+            opts.worker_args.push_back("--test-suspend-every");
+            opts.worker_args.push_back(std::to_string(suspend_every_ms));
+        }
     }
     raise_descriptor_limit(opts.max_connections);
 
@@ -538,6 +544,21 @@ int main(int argc, char** argv) {
             entries.emplace_back(std::move(r), std::chrono::steady_clock::now());
         }
     } moves;
+    // --isolation process: the manager's suspend and resume requests each worker's session has been asked
+    // for (a session here keeps its own), by session id.
+    struct worker_seq_book {
+        struct seen_seqs {
+            uint64_t suspend = 0, resume = 0;
+        };
+        std::mutex mu;
+        std::map<uint64_t, seen_seqs> by_session;
+        std::optional<seen_seqs> seen(uint64_t id) {
+            std::lock_guard lock(mu);
+            auto it = by_session.find(id);
+            if (it == by_session.end()) return std::nullopt;
+            return it->second;
+        }
+    } worker_seqs;
     std::unique_ptr<vcuda::mgmt::server_agent> agent;
     if (!manager.empty()) {
         auto mep = vcuda::endpoint::parse(manager);
@@ -570,7 +591,7 @@ int main(int argc, char** argv) {
                 {static_cast<uint32_t>(i), srv.gpu_id(i), g.name, g.total_memory,
                  static_cast<uint32_t>(g.attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT]), version});
         }
-        cfg.load = [&srv, &drv, &opts, &moves, test_utilization] {
+        cfg.load = [&srv, &drv, &opts, &moves, &worker_seqs, test_utilization] {
             vcuda::mgmt::heartbeat hb;
             std::vector<uint64_t> used(drv.gpus().size(), 0);
             std::vector<uint32_t> count(drv.gpus().size(), 0);
@@ -609,8 +630,9 @@ int main(int argc, char** argv) {
             });
             for (size_t k = 0; k < moves.entries.size(); ++k)  // sessions that moved and ended here since
                 if (!reported[k]) hb.sessions.push_back(moves.entries[k].first);
-            // --isolation process: sessions live in worker processes; each is reported with the memory its
-            // grant allows (its quota, else the GPU's), not what it holds at the moment.
+            // --isolation process: sessions live in worker processes; each is counted in its GPU's load with
+            // the memory its grant allows (its quota, else the GPU's), not what it holds at the moment; its
+            // state is what its worker said last.
             for (auto& w : srv.worker_sessions())
                 for (size_t i = 0; i < drv.gpus().size(); ++i) {
                     if (!w.grant.gpus.empty() &&
@@ -620,7 +642,16 @@ int main(int argc, char** argv) {
                     q = q ? std::min<uint64_t>(q, drv.gpus()[i].total_memory) : drv.gpus()[i].total_memory;
                     used[i] += q;
                     ++count[i];
-                    hb.sessions.push_back({std::to_string(w.id), w.grant.lease_id, srv.gpu_id(i), w.peer, q});
+                    vcuda::mgmt::session_report r{std::to_string(w.id), w.grant.lease_id, srv.gpu_id(i),
+                                                  w.peer, q};
+                    r.suspended = w.status.suspended;
+                    r.idle_ms = w.status.known ? w.status.idle_ms : 0;
+                    r.note = w.status.note;
+                    if (auto seen = worker_seqs.seen(w.id)) {
+                        r.suspend_seq = seen->suspend;
+                        r.resume_seq = seen->resume;
+                    }
+                    hb.sessions.push_back(std::move(r));
                 }
             for (size_t i = 0; i < drv.gpus().size(); ++i) {
                 auto& uuid = drv.gpus()[i].uuid;
@@ -632,7 +663,8 @@ int main(int argc, char** argv) {
             return hb;
         };
         // A session whose lease the manager no longer has (released by an operator, or expired) is ended.
-        cfg.on_leases = [&srv, &mobility, &moves](const std::vector<vcuda::mgmt::active_lease>& alive) {
+        cfg.on_leases = [&srv, &mobility, &moves,
+                         &worker_seqs](const std::vector<vcuda::mgmt::active_lease>& alive) {
             std::vector<std::pair<std::string, std::chrono::system_clock::time_point>> live;
             live.reserve(alive.size());
             for (auto& l : alive)
@@ -771,12 +803,44 @@ int main(int argc, char** argv) {
                     return !asked || e.second < old;
                 });
             }
+            std::set<uint64_t> workers_now;
             for (auto& w : srv.worker_sessions()) {
+                workers_now.insert(w.id);
                 if (w.grant.lease_id.empty()) continue;
-                if (std::none_of(alive.begin(), alive.end(),
-                                 [&](auto& l) { return l.lease_id == w.grant.lease_id; }))
+                auto l = std::find_if(alive.begin(), alive.end(),
+                                      [&](auto& a) { return a.lease_id == w.grant.lease_id; });
+                if (l == alive.end()) {
                     srv.end_worker_session(w.id,
                                            "its lease " + w.grant.lease_id + " was released or expired");
+                    continue;
+                }
+                // The manager's suspend and resume requests, each passed to the worker once; at the first
+                // reply the session sees, as for a session here, only the last one asked for since it opened.
+                std::lock_guard lock(worker_seqs.mu);
+                auto [seen, first] = worker_seqs.by_session.try_emplace(w.id);
+                if (first) {
+                    auto since = [&](int64_t asked_at) { return asked_at >= w.opened_at_ms ? 1u : 0u; };
+                    seen->second.suspend =
+                        l->suspend_seq - std::min<uint64_t>(l->suspend_seq, since(l->suspend_asked_at));
+                    seen->second.resume =
+                        l->resume_seq - std::min<uint64_t>(l->resume_seq, since(l->resume_asked_at));
+                }
+                if (l->suspend_seq > seen->second.suspend) {
+                    seen->second.suspend = l->suspend_seq;
+                    if (!srv.ask_worker(w.id, true))
+                        VCUDA_LOG_WARN("session {}: the manager asked for a suspend; its worker is gone",
+                                       w.id);
+                }
+                if (l->resume_seq > seen->second.resume) {
+                    seen->second.resume = l->resume_seq;
+                    if (!srv.ask_worker(w.id, false))
+                        VCUDA_LOG_WARN("session {}: the manager asked for a resume; its worker is gone",
+                                       w.id);
+                }
+            }
+            {
+                std::lock_guard lock(worker_seqs.mu);
+                std::erase_if(worker_seqs.by_session, [&](auto& e) { return !workers_now.count(e.first); });
             }
         };
         agent = std::make_unique<vcuda::mgmt::server_agent>(std::move(cfg));

@@ -61,14 +61,27 @@ class server {
     static int run_worker(driver& drv, server_options opts, int control_fd);
     // A worker that cannot serve (its driver did not load): tells the session's client why; returns 1.
     static int refuse_worker(int control_fd, const std::string& why);
-    // --isolation process, in the parent: the sessions' worker processes, for heartbeats.
+    // --isolation process, in the parent: the sessions' worker processes, for heartbeats, with what each
+    // worker last said of its session (it says so every half second, and after a suspend or resume).
+    struct worker_status {
+        bool known = false;  // the worker has said anything yet
+        bool suspended = false;
+        int64_t idle_ms = 0;       // since the session's last call
+        uint64_t memory_used = 0;  // on the GPU now
+        std::string note;          // what came of the last suspend or resume
+    };
     struct worker_session {
         uint64_t id = 0;
         int pid = 0;
         session_grant grant;
         std::string peer;
+        int64_t opened_at_ms = 0;  // system clock
+        worker_status status;
     };
     std::vector<worker_session> worker_sessions();
+    // Asks session `id`'s worker to suspend (or resume) its session, as the manager asks of a session here;
+    // its status tells what came of it. False when there is no such worker.
+    bool ask_worker(uint64_t id, bool suspend);
     // Ends a session served by a worker process (its lease is gone): the worker is sent SIGTERM.
     void end_worker_session(uint64_t id, const std::string& why);
 

@@ -76,6 +76,9 @@ struct server_options {
     // --test-precopy-hold MS (tests): a pre-copied move waits this long between its pre-copy and its pause,
     // so that a test program can change memory in between.
     std::chrono::milliseconds test_precopy_hold{0};
+    // --test-suspend-every, in a worker process (--isolation process): its session is suspended that often
+    // while no call runs (tests; the server process does the same for its own sessions).
+    std::chrono::milliseconds test_suspend_every{0};
     // --gpu-identity TAG: the UUID each GPU (by index) has towards the manager and in lease tokens, so that
     // several servers on one physical GPU (tests, the software driver) are distinct GPUs to the manager.
     // Empty: each GPU's own UUID. NVML and the application still see the physical UUID.

@@ -586,10 +586,9 @@ TEST_CASE("a client that leaves while a call waits for a lane that never connect
 // (server/session_transfer.cpp)
 
 namespace {
-// Offers a session to `address` as another server would (HELLO with `adopt`, then the state); the answer:
-// a Reply's result and detail, or the Error frame's message (result -1).
-std::pair<int, std::string> offer_moved_session(
-    const std::string& address, const std::function<void(flatbuffers::FlatBufferBuilder&)>& state) {
+// A connection to `address` that has said, as another server would, that it brings a session (HELLO with
+// `adopt`).
+vcuda::frame_stream adopting_connection(const std::string& address) {
     auto ep = vcuda::endpoint::parse(address);
     REQUIRE(ep);
     auto s = vcuda::stream::connect(*ep, std::chrono::seconds(5));
@@ -599,6 +598,14 @@ std::pair<int, std::string> offer_moved_session(
     hb.Finish(vcuda::wire::CreateHello(hb, vcuda::protocol_version, vcuda::features::all, hb.CreateString(""),
                                        0, 0, 1, hb.CreateString("test"), 0, 0, 0, 0, true));
     REQUIRE(fs.send(vcuda::make_frame(vcuda::frame_kind::hello, hb)));
+    return fs;
+}
+
+// Offers a session to `address` as another server would (HELLO with `adopt`, then the state); the answer:
+// a Reply's result and detail, or the Error frame's message (result -1).
+std::pair<int, std::string> offer_moved_session(
+    const std::string& address, const std::function<void(flatbuffers::FlatBufferBuilder&)>& state) {
+    auto fs = adopting_connection(address);
     flatbuffers::FlatBufferBuilder b(1024);
     state(b);
     if (!fs.send(vcuda::make_frame(vcuda::frame_kind::session_state, b))) return {-2, "send failed"};
@@ -659,16 +666,7 @@ TEST_CASE("pre-copied pieces that do not fit are refused before any state and ch
     REQUIRE(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
     // Sends one pre-copy piece (HELLO with `adopt` first), returns the server's Error message.
     auto offer_piece = [&](bool precopy, uint64_t va, uint64_t mapping_size, uint64_t offset, size_t bytes) {
-        auto ep = vcuda::endpoint::parse(server.address());
-        REQUIRE(ep);
-        auto s = vcuda::stream::connect(*ep, std::chrono::seconds(5));
-        REQUIRE(s);
-        vcuda::frame_stream fs(std::move(*s));
-        flatbuffers::FlatBufferBuilder hb(256);
-        hb.Finish(vcuda::wire::CreateHello(hb, vcuda::protocol_version, vcuda::features::all,
-                                           hb.CreateString(""), 0, 0, 1, hb.CreateString("test"), 0, 0, 0, 0,
-                                           true));
-        REQUIRE(fs.send(vcuda::make_frame(vcuda::frame_kind::hello, hb)));
+        auto fs = adopting_connection(server.address());
         flatbuffers::FlatBufferBuilder pb(96);
         pb.Finish(vcuda::wire::CreateStatePiece(pb, 0, precopy, va, mapping_size, offset));
         std::vector<std::byte> payload(bytes, std::byte{7});

@@ -7,9 +7,12 @@
 #   2. an operator suspends a running lease with `vcuda suspend LEASE` and resumes it with `vcuda resume
 #      LEASE` while the program still pauses: the server resumes it before its next call; another tenant may
 #      not suspend it.
-# Usage: manager_suspend.sh BUILD_DIR
+# Usage: manager_suspend.sh BUILD_DIR [SERVER_ARG...] (e.g. --isolation process: the sessions live in worker
+# processes, which the server asks to suspend and resume, and which report their state to it)
 set -u
 build=$(cd "$1" && pwd)
+shift
+server_args=("$@")
 tmp=$(mktemp -d /tmp/vcuda-susp-XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
@@ -25,7 +28,7 @@ head -c 32 /dev/urandom | base64 > "$tmp/secret"; chmod 600 "$tmp/secret"
 wait_socket "$tmp/m.sock"
 "$build/bin/vcuda-server" --listen "unix:$tmp/a.sock" --advertise "unix:$tmp/a.sock" \
   --driver "$build/lib/libvcuda-softdriver.so" --manager "unix:$tmp/m.sock" --secret-file "$tmp/secret" \
-  --log-level debug 2> "$tmp/server.log" & pids+=($!)
+  --log-level debug ${server_args[@]+"${server_args[@]}"} 2> "$tmp/server.log" & pids+=($!)
 wait_socket "$tmp/a.sock"
 "$build/bin/vcuda" tokens create --tenant admin --operator --secret-file "$tmp/secret" -o "$tmp/admin.cred" \
   --manager "unix:$tmp/m.sock" || fail "vcuda tokens create with the secret file"
@@ -76,4 +79,4 @@ grep -q "phase 1 done" "$tmp/op.out" && ! grep -q "PASS" "$tmp/op.out" ||
 wait $prog || fail "the program failed after an operator's suspend and resume: $(cat "$tmp/op.out")"
 grep -q "PASS suspend_resume" "$tmp/op.out" || fail "no PASS after the operator's suspend and resume"
 vcuda events | grep -q "suspend asked by" || fail "vcuda events does not show the operator's suspend"
-echo "PASS manager_suspend"
+echo "PASS manager_suspend ${server_args[*]-}"

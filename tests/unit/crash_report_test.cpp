@@ -9,6 +9,10 @@
 
 #include "common/crash_report.hpp"
 
+// Under AddressSanitizer + UBSan (tools/test.sh's second stage) the sanitizers see the faults first (UBSan's
+// null check ends the child before any signal): the report is tested in the plain build only.
+#if !defined(__SANITIZE_ADDRESS__)
+
 namespace {
 
 // Runs `fault` in a child whose stderr goes to a pipe; returns what it wrote and how it ended.
@@ -56,3 +60,5 @@ TEST_CASE("a fatal signal is reported with a backtrace and still ends the proces
     CHECK(WTERMSIG(status) == SIGABRT);
     CHECK(out.find("crash-test: fatal signal ABRT") != std::string::npos);
 }
+
+#endif  // !__SANITIZE_ADDRESS__
