@@ -184,7 +184,8 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
             d.cuUserObjectCreate(&obj, owner, &drop_host_copy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
         rc != CUDA_SUCCESS) {
         delete owner;
-        cx.sess.host_copies.remove(id);
+        cx.sess.host_copies.retire(id);
+        cx.sess.drop_host_copies(false);  // unregistered, then freed
         unreserve();
         return rc;
     }

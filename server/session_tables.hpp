@@ -354,15 +354,6 @@ class host_copy_buffers {
             buffers_.erase(it);
         }
     }
-    // Out of use without ever having been registered (a failed set-up): freed at once.
-    void remove(uint64_t id) {
-        std::shared_ptr<buffer> gone;  // freed outside the lock
-        std::lock_guard lock(mu_);
-        if (auto it = buffers_.find(id); it != buffers_.end()) {
-            gone = std::move(it->second);
-            buffers_.erase(it);
-        }
-    }
     // The retired buffers (and, with `all`, every buffer), for the caller to unregister and drop.
     std::vector<std::shared_ptr<buffer>> take_retired(bool all) {
         std::lock_guard lock(mu_);

@@ -255,10 +255,10 @@ operator_commands::operator_commands(CLI::App& app) {
         ->required();
     migrate_.app->add_option("--to", migrate_to_, "GPU UUID, server host or server id (default: any)");
     migrate_.app->footer(
-        "Limits: sessions holding what a move does not rebuild yet (CUDA graphs, arrays, memory pools, the "
-        "program's own VMM use), --isolation process sessions, and sessions sharing pinned host memory with "
-        "a "
-        "client on another host than the target stay where they are, with the reason in `vcuda events`.");
+        "Limits: sessions holding what a move does not carry yet (CUDA graphs, arrays, memory pools, the "
+        "program's own VMM use), --isolation process sessions, and sessions sharing pinned host memory "
+        "with a client on another host than the target stay where they are, with the reason in `vcuda "
+        "events`.");
     release_ =
         add(app, "release",
             "Release a lease now (the client loses its GPUs). Your own leases, or any with an operator "
@@ -270,6 +270,10 @@ operator_commands::operator_commands(CLI::App& app) {
             "the GPU back; the program's next call resumes them. Your own leases, or any with an "
             "operator credential.");
     suspend_.app->add_option("lease", suspend_.target, "lease id, as `vcuda leases` shows it")->required();
+    suspend_.app->footer(
+        "Limits: sessions holding what a suspend does not rebuild yet (CUDA graphs, arrays, memory pools and "
+        "stream-ordered allocations, memory shared by another session) go on running, with the reason in "
+        "`vcuda events`. The program's own VMM use and --isolation process sessions are suspended.");
     resume_ = add(app, "resume", "Resume a suspended lease's sessions now, rather than at their next call.");
     resume_.app->add_option("lease", resume_.target, "lease id, as `vcuda leases` shows it")->required();
     events_ = add(app, "events",
