@@ -144,9 +144,6 @@ bool address_window::claim(const driver_table& d, CUdeviceptr va, size_t size) {
 
 void device_memory::unmap_bytes::operator()(std::byte* p) const { ::munmap(p, size); }
 
-namespace {
-// Copies between a mapping and host pages, registered for the copy when the driver allows it (a DMA at the
-// bus's speed rather than the driver's pageable path, several times slower).
 CUresult copy_registered(const driver_table& d, void* host, size_t size,
                          const std::function<CUresult()>& copy) {
     const bool pinned = d.cuMemHostRegister_v2 && d.cuMemHostRegister_v2(host, size, 0) == CUDA_SUCCESS;
@@ -154,7 +151,13 @@ CUresult copy_registered(const driver_table& d, void* host, size_t size,
     if (pinned) d.cuMemHostUnregister(host);
     return rc;
 }
-}  // namespace
+
+device_memory::saved_mapping::bytes_type host_pages(size_t size) {
+    void* p =
+        ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) return {nullptr, device_memory::unmap_bytes{0}};
+    return {static_cast<std::byte*>(p), device_memory::unmap_bytes{size}};
+}
 
 void device_memory::close_descriptor::operator()(int* fd) const {
     ::close(*fd);
@@ -187,13 +190,12 @@ CUresult device_memory::save(std::vector<saved_mapping>& out, save_mode mode) co
             out.push_back(std::move(s));
             continue;
         }
-        void* p = ::mmap(nullptr, m.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-                         -1, 0);
-        if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
         saved_mapping s;
         s.va = va;
         s.size = m.size;
-        s.bytes = {static_cast<std::byte*>(p), unmap_bytes{m.size}};
+        s.bytes = host_pages(m.size);
+        if (!s.bytes) return CUDA_ERROR_OUT_OF_MEMORY;
+        void* p = s.bytes.get();
         CUdeviceptr from = va;
         size_t n = m.size;
         if (CUresult rc = copy_registered(*drv_, p, n, [&] { return drv_->cuMemcpyDtoH_v2(p, from, n); });

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -194,5 +195,13 @@ class device_memory {
     std::map<CUdeviceptr, bool> foreign_;  // map_foreign's mappings: start -> in the address window
     allocation_map allocations_;           // start -> (size, its mapping)
 };
+
+// Copies between GPU memory and `size` bytes of host pages at `host` with `copy`, the pages registered for
+// the copy when the driver allows it (a DMA at the bus's speed rather than the driver's pageable path,
+// several times slower).
+CUresult copy_registered(const driver_table& d, void* host, size_t size,
+                         const std::function<CUresult()>& copy);
+// `size` bytes of new host pages, populated (null when the system has none), for copy_registered.
+device_memory::saved_mapping::bytes_type host_pages(size_t size);
 
 }  // namespace vcuda::server

@@ -47,7 +47,7 @@ struct session_image {
         size_t device = 0;
         CUmemAllocationProp prop{};
         bool released = false;  // cuMemRelease'd while mapped: goes again at its last unmap
-        std::unique_ptr<std::byte[]> bytes;
+        device_memory::saved_mapping::bytes_type bytes{nullptr, device_memory::unmap_bytes{0}};
     };
     struct vmm_access_state {
         CUdeviceptr va = 0;  // a mapping

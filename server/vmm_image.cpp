@@ -8,7 +8,6 @@
 // again and released again once mapped, so that it still goes with its last unmap.
 // Memory imported from another session (IPC) is not rebuilt: the suspend is refused (session_image.cpp).
 #include <map>
-#include <new>
 #include <vector>
 
 #include "server/session.hpp"
@@ -33,7 +32,9 @@ CUresult copy_physical(const driver_table& d, CUmemGenericAllocationHandle h, si
         a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         rc = d.cuMemSetAccess(va, size, &a, 1);
         if (rc == CUDA_SUCCESS)
-            rc = to_device ? d.cuMemcpyHtoD_v2(va, host, size) : d.cuMemcpyDtoH_v2(host, va, size);
+            rc = copy_registered(d, host, size, [&] {
+                return to_device ? d.cuMemcpyHtoD_v2(va, host, size) : d.cuMemcpyDtoH_v2(host, va, size);
+            });
         d.cuMemUnmap(va, size);
     }
     d.cuMemAddressFree(va, size);
@@ -75,7 +76,7 @@ CUresult session::save_vmm(session_image& img, std::string& why) {
         st.device = a.device;
         st.prop = a.prop;
         st.released = a.released;
-        st.bytes.reset(new (std::nothrow) std::byte[a.size]);
+        st.bytes = host_pages(a.size);
         CUresult rc = st.bytes ? copy_physical(d, h, a.size, devices_[a.device].device, st.bytes.get(), false)
                                : CUDA_ERROR_OUT_OF_MEMORY;
         if (retained) d.cuMemRelease(h);
