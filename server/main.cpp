@@ -217,16 +217,15 @@ int main(int argc, char** argv) {
                    "Address clients should use to reach this server, as told to the manager, repeatable "
                    "(default: the --listen addresses, with 0.0.0.0 replaced by this host's name)");
     std::string isolation = "thread";
-    app.add_option(
-           "--isolation", isolation,
-           "thread (default): every session runs in this process, one thread per connection; the fastest "
-           "start, but a driver crash or a context poisoned by a device-side assert (CUDA_ERROR_ASSERT, "
-           "which "
-           "then fails every later context creation in the process) takes the GPU from every tenant until "
-           "the "
-           "server restarts. process: every session runs in a worker process of its own (this binary, "
-           "started "
-           "for it); such a failure ends that tenant's session only. Recommended for untrusted tenants")
+    app.add_option("--isolation", isolation,
+                   "thread (default): every session runs in this process, one thread per connection; the "
+                   "fastest start, but a driver crash or a context poisoned by a device-side assert "
+                   "(CUDA_ERROR_ASSERT, which then fails every later context creation in the process) takes "
+                   "the GPU from every tenant until the server restarts. process: every session runs in a "
+                   "worker process of its own (this binary, started for it); such a failure ends that "
+                   "tenant's session only. Recommended for untrusted tenants. Its sessions are suspended and "
+                   "resumed as others are, but do not move to another server yet, and such a server takes no "
+                   "moved session; TLS is not supported with it yet")
         ->check(CLI::IsMember({"thread", "process"}));
     std::string metrics_listen;
     app.add_option(
