@@ -83,8 +83,6 @@ const char* not_rebuilt(handle_kind k) {
     }
 }
 
-std::string error_text(CUresult rc) { return "error " + std::to_string(static_cast<int>(rc)); }
-
 }  // namespace
 
 CUresult session::enter_call(std::string& why) {

@@ -14,6 +14,9 @@
 
 namespace vcuda::server {
 
+// How a suspend's, a rebuild's or a move's reason names the driver's error.
+inline std::string error_text(CUresult rc) { return "error " + std::to_string(static_cast<int>(rc)); }
+
 struct session_image {
     struct device_state {
         bool had_context = false;

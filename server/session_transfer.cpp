@@ -510,7 +510,7 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         return k < memory_pieces.size() && memory_pieces[k].n && !memory_pieces[k].m->bytes;
     };
     auto read_failed = [&](CUresult rc) {
-        why = "its memory could not be read (error " + std::to_string(static_cast<int>(rc)) + ")";
+        why = "its memory could not be read (" + error_text(rc) + ")";
         return rc;
     };
     size_t issued = memory_pieces.size();  // the piece read ahead into the reader's other slot

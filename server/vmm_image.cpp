@@ -41,8 +41,6 @@ CUresult copy_physical(const driver_table& d, CUmemGenericAllocationHandle h, si
     return rc;
 }
 
-std::string error_text(CUresult rc) { return "error " + std::to_string(static_cast<int>(rc)); }
-
 }  // namespace
 
 CUresult session::save_vmm(session_image& img, std::string& why) {
