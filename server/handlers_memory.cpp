@@ -5,6 +5,7 @@
 #include "common/log.hpp"
 #include "server/call_context.hpp"
 #include "server/handlers_array.hpp"
+#include "server/handlers_memory.hpp"
 
 namespace vcuda::server {
 
@@ -19,6 +20,18 @@ CUresult current_memory(call_context& cx, device_memory*& mem) {
 }
 
 }  // namespace
+
+CUresult free_device_allocation(call_context& cx, device_memory& mem, CUdeviceptr p) {
+    std::lock_guard lock(cx.sess.mu);
+    CUresult rc = mem.release(p);
+    if (rc != CUDA_SUCCESS) return rc;
+    // Its IPC handle opens no more (memory others opened stays theirs until they close it).
+    if (auto it = cx.sess.ipc_state.memory_exports.find(p); it != cx.sess.ipc_state.memory_exports.end()) {
+        if (cx.sess.ipc()) cx.sess.ipc()->withdraw(it->second, cx.sess.id());
+        cx.sess.ipc_state.memory_exports.erase(it);
+    }
+    return CUDA_SUCCESS;
+}
 
 CUresult handle_mem_alloc(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
@@ -70,17 +83,9 @@ CUresult handle_mem_free(call_context& cx) {
     device_memory* mem;
     if (CUresult rc = current_memory(cx, mem); rc != CUDA_SUCCESS) return rc;
     cx.drv().cuCtxSynchronize();  // as cuMemFree: nothing in flight may still use it
+    CUresult rc = free_device_allocation(cx, *mem, cx.arg(0));
+    if (rc == CUDA_SUCCESS) return CUDA_SUCCESS;
     std::lock_guard lock(cx.sess.mu);
-    CUresult rc = mem->release(cx.arg(0));
-    if (rc == CUDA_SUCCESS) {
-        // Its IPC handle opens no more (memory others opened stays theirs until they close it).
-        if (auto it = cx.sess.ipc_state.memory_exports.find(cx.arg(0));
-            it != cx.sess.ipc_state.memory_exports.end()) {
-            if (cx.sess.ipc()) cx.sess.ipc()->withdraw(it->second, cx.sess.id());
-            cx.sess.ipc_state.memory_exports.erase(it);
-        }
-        return CUDA_SUCCESS;
-    }
     // cuMemFree also takes a stream-ordered allocation (server/handlers_pool.cpp) and a graph allocation (its
     // address stays the session's as long as its graph: server/handlers_graph.hpp).
     auto p = static_cast<CUdeviceptr>(cx.arg(0));

@@ -8,6 +8,7 @@
 
 #include "server/call_context.hpp"
 #include "server/handlers_graph.hpp"
+#include "server/handlers_memory.hpp"
 
 namespace vcuda::server {
 
@@ -68,6 +69,23 @@ CUresult captured_alloc(call_context& cx, CUstream stream, CUmemoryPool pool, si
     return CUDA_SUCCESS;
 }
 
+// cuMemFreeAsync of an allocation made by cuMemAlloc, which the driver takes (cuSPARSE 13 frees its SpSV
+// buffers so): the session's allocations are its own mappings, freed once the stream's work before is done.
+CUresult free_in_stream_order(call_context& cx, CUdeviceptr p, CUstream stream) {
+    size_t device;
+    device_memory* mem;
+    if (CUresult rc = current_device_memory(cx, device, mem); rc != CUDA_SUCCESS) return rc;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (!mem->contains(p, 1))
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "not an allocation of this session");
+    }
+    if (CUresult rc = cx.drv().cuStreamSynchronize(stream); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = free_device_allocation(cx, *mem, p); rc != CUDA_SUCCESS)
+        return cx.fail(rc, "not the start of an allocation of this session");
+    return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 // args {size, stream, pool (0: the device's current pool)} -> outs {address}
@@ -124,14 +142,17 @@ CUresult handle_pool_free(call_context& cx) {
     if (CUresult rc = cx.handle(1, handle_kind::stream, stream); rc != CUDA_SUCCESS) return rc;
     auto p = static_cast<CUdeviceptr>(cx.arg(0));
     pool_allocations::allocation a;
+    bool stream_ordered = false;
     {
         std::lock_guard lock(cx.sess.mu);
         auto found = cx.sess.pools.find(p);
         if (!found && cx.sess.graph_memory.find(p)) return cx.drv().cuMemFreeAsync(p, stream);
-        if (!found)
-            return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a stream-ordered allocation of this session");
-        a = *found;
+        if (found) {
+            a = *found;
+            stream_ordered = true;
+        }
     }
+    if (!stream_ordered) return free_in_stream_order(cx, p, stream);
     if (CUresult rc = cx.drv().cuMemFreeAsync(p, stream); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
     cx.sess.pools.erase(p);

@@ -361,7 +361,12 @@ void captured_graph(buffers& b) {
     second_saw.result = &elsewhere;
     cudaGraph_t g2 = capture(b, s, side, 3.0f, &elsewhere, second_saw);
     cudaGraphExecUpdateResultInfo info;
-    CHECK(cudaGraphExecUpdate(exec, g2, &info));
+    if (cudaError_t rc = cudaGraphExecUpdate(exec, g2, &info); rc != cudaSuccess) {
+        cudaGraphNodeType type = cudaGraphNodeTypeCount;
+        if (info.errorNode) cudaGraphNodeGetType(info.errorNode, &type);
+        fail("cudaGraphExecUpdate returned %s: update result %d, error node type %d", cudaGetErrorName(rc),
+             static_cast<int>(info.result), static_cast<int>(type));
+    }
     EXPECT(info.result == cudaGraphExecUpdateSuccess, "update result %d", static_cast<int>(info.result));
     b.next(4242u);
     std::memcpy(in.data(), b.in_pageable, n * sizeof(float));

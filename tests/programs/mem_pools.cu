@@ -1,7 +1,7 @@
 // mem_pools: stream-ordered allocation and memory pools — cudaMallocAsync/cudaFreeAsync on a stream, the
 // device's default and current pools, a pool of its own (attributes, access, trim, cudaMallocFromPoolAsync,
 // destroy), kernels and copies on pooled memory, a free of a pointer that is not an allocation, a free of
-// NULL.
+// NULL, a cudaMalloc allocation freed with cudaFreeAsync.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -111,6 +111,19 @@ int main() {
     CHECK(cudaFreeAsync(nullptr, s));
     CHECK(cudaStreamSynchronize(s));
     printf("cudaFreeAsync of NULL: cudaSuccess\n");
+    // An allocation of cudaMalloc freed in stream order, after a kernel on the stream wrote it (cuSPARSE 13
+    // frees its SpSV buffers so); freeing it again is refused.
+    int* plain = nullptr;
+    CHECK(cudaMalloc(&plain, 1 << 20));
+    fill_and_check(plain, 1000, 12, s, "cudaMalloc memory before cudaFreeAsync");
+    mp_fill<<<1024, 256, 0, s>>>(plain, 1 << 18, 13);
+    CHECK_LAUNCH();
+    CHECK(cudaFreeAsync(plain, s));
+    CHECK(cudaStreamSynchronize(s));
+    e = cudaFree(plain);
+    EXPECT(e != cudaSuccess, "cudaMalloc memory freed by cudaFreeAsync could be freed again");
+    cudaGetLastError();
+    printf("cudaFreeAsync of cudaMalloc memory: freed (a second free: %s)\n", cudaGetErrorName(e));
     CHECK(cudaStreamDestroy(s));
     return pass();
 }

@@ -942,6 +942,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t
         if (base % vmm_granularity != 0 || size % vmm_granularity != 0 || offset % vmm_granularity != 0)
             return CUDA_ERROR_INVALID_VALUE;
         if (offset > m->size || size > m->size - offset) return CUDA_ERROR_INVALID_VALUE;
+        if (offset != 0) return CUDA_ERROR_NOT_SUPPORTED;  // as the H200's driver answers: it must be 0
         if (find_reservation(s, base, size) == s.reservations.end()) return CUDA_ERROR_INVALID_VALUE;
         // Nothing may be mapped there already.
         auto it = s.ranges.lower_bound(base);
