@@ -72,8 +72,8 @@ int main(int argc, char** argv) {
         fail("copy across chunks differs");
     std::printf("%d chunks mapped contiguously: memsets and copies across them ok\n", chunks);
 
-    // A two-chunk allocation mapped after the others; the middle chunk released while mapped. (A mapping at an
-    // offset into an allocation is refused by the H200's driver, 801: cuMemMap's offset must be 0.)
+    // A two-chunk allocation mapped after the others; the middle chunk released while mapped. (A mapping at
+    // an offset into an allocation is refused by the H200's driver, 801: cuMemMap's offset must be 0.)
     CUmemGenericAllocationHandle pair;
     CU_CHECK(cuMemCreate(&pair, 2 * gran, &prop, 0));
     const CUdeviceptr half = base + 4 * gran;
