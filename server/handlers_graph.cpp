@@ -339,7 +339,7 @@ CUresult kernel_node(call_context& cx, size_t first, size_t block, kernel_args& 
 // One side of a memcpy node's copy as the client sends it (the CUDA_MEMCPY3D's fields of that side): device
 // memory of the session, one of its arrays (the handle in the array field), its shared pinned host memory (by
 // the server's address), or, where `client` is set, the client's memory (CU_MEMORYTYPE_HOST: the pointer is
-// not read; host_copy_graph puts a staging buffer there).
+// never read, only kept as the copy's key; host_copy_graph puts a staging buffer there).
 template <class HostPtr>
 struct copy_side {
     CUmemorytype& type;
@@ -367,10 +367,7 @@ CUresult check_side(call_context& cx, const CUDA_MEMCPY3D& c, copy_side<HostPtr>
         case CU_MEMORYTYPE_HOST:
             s.device = 0;
             s.array = nullptr;
-            if (client) {
-                s.host = nullptr;
-                return CUDA_SUCCESS;
-            }
+            if (client) return CUDA_SUCCESS;
             return cx.host_box(reinterpret_cast<uintptr_t>(s.host), s.x, s.y, s.z, s.pitch, s.height,
                                c.WidthInBytes, c.Height, c.Depth);
         default:

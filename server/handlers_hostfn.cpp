@@ -67,8 +67,7 @@ void CUDA_CB run_host_copy(void* data) {
 void CUDA_CB drop_host_copy(void* data) {
     std::unique_ptr<host_copy_buffer> b(static_cast<host_copy_buffer*>(data));
     if (auto s = b->sess.lock()) {
-        s->host_copies.retire(b->id);
-        s->host.credit_later(b->size);
+        if (s->host_copies.retire(b->id)) s->host.credit_later(b->size);
     }
 }
 
@@ -126,6 +125,55 @@ CUDA_HOST_NODE_PARAMS graph_host_func(call_context& cx, uint64_t id) {
     return h;
 }
 
+namespace {
+
+// Gives a staging buffer that no host copy uses back: unregistered, its size credited.
+void unpin(call_context& cx, host_copy_buffers::buffer& b) {
+    if (b.registered) {
+        relaxed_capture_scope relaxed(cx.drv());
+        cx.drv().cuMemHostUnregister(b.bytes);
+        b.registered = false;
+    }
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.host.unreserve(b.size);
+}
+
+// A staging buffer of `size` bytes for copies of shape `of`, charged to the session's host quota and pinned:
+// the copy node reads or writes it when it runs only if it is pinned (the driver reads a pageable source
+// before the graph's nodes run).
+CUresult new_host_copy_buffer(call_context& cx, const host_copy_buffers::shape& of, size_t size,
+                              std::shared_ptr<host_copy_buffers::buffer>& out) {
+    auto& d = cx.drv();
+    if (!d.cuMemHostRegister_v2 || !d.cuMemHostUnregister) return cx.unsupported("cuMemHostRegister");
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (!cx.sess.host.reserve(size, cx.sess.host_quota()))
+            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "a graph copy's staging buffer of " +
+                                                         std::to_string(size) +
+                                                         " bytes exceeds the session's host memory quota");
+    }
+    try {
+        out = std::make_shared<host_copy_buffers::buffer>(size);
+    } catch (const std::bad_alloc&) {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.host.unreserve(size);
+        return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "no memory for a graph copy's staging buffer");
+    }
+    out->of = of;
+    relaxed_capture_scope relaxed(d);  // a capture under way on this thread must go on
+    if (CUresult rc = d.cuMemHostRegister_v2(out->bytes, out->size, CU_MEMHOSTREGISTER_PORTABLE);
+        rc != CUDA_SUCCESS) {
+        unpin(cx, *out);
+        out.reset();
+        return cx.fail(rc,
+                       "could not pin a graph copy's staging buffer of " + std::to_string(size) + " bytes");
+    }
+    out->registered = true;
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
 CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph& out) {
     auto& d = cx.drv();
     if (!d.cuUserObjectCreate || !d.cuUserObjectRelease || !d.cuGraphRetainUserObject || !d.cuGraphCreate ||
@@ -135,58 +183,48 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
     if (id == 0 || to_device == (c.dstMemoryType == CU_MEMORYTYPE_HOST)) return cx.bad_arguments();
     size_t size = 0;
     if (!packed_size(c, size) || size == 0) return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad copy extent");
-    {
-        std::lock_guard lock(cx.sess.mu);
-        if (!cx.sess.host.reserve(size, cx.sess.host_quota()))
-            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "a graph copy's staging buffer of " +
-                                                         std::to_string(size) +
-                                                         " bytes exceeds the session's host memory quota");
-    }
-    auto unreserve = [&] {
-        std::lock_guard lock(cx.sess.mu);
-        cx.sess.host.unreserve(size);
-    };
+    const host_copy_buffers::shape of = to_device
+                                            ? host_copy_buffers::shape{reinterpret_cast<uintptr_t>(c.srcHost),
+                                                                       c.srcXInBytes,
+                                                                       c.srcY,
+                                                                       c.srcZ,
+                                                                       c.srcPitch,
+                                                                       c.srcHeight,
+                                                                       c.WidthInBytes,
+                                                                       c.Height,
+                                                                       c.Depth,
+                                                                       1}
+                                            : host_copy_buffers::shape{reinterpret_cast<uintptr_t>(c.dstHost),
+                                                                       c.dstXInBytes,
+                                                                       c.dstY,
+                                                                       c.dstZ,
+                                                                       c.dstPitch,
+                                                                       c.dstHeight,
+                                                                       c.WidthInBytes,
+                                                                       c.Height,
+                                                                       c.Depth,
+                                                                       0};
     cx.sess.drop_host_copies(false);  // those whose graphs are gone
-    std::shared_ptr<host_copy_buffers::buffer> buf;
-    try {
-        buf = std::make_shared<host_copy_buffers::buffer>(size);
-    } catch (const std::bad_alloc&) {
-        unreserve();
-        return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "no memory for a graph copy's staging buffer");
+    bool taken = false;
+    std::shared_ptr<host_copy_buffers::buffer> buf = cx.sess.host_copies.use(id, of, taken);
+    if (!buf && !taken) {
+        std::shared_ptr<host_copy_buffers::buffer> made;
+        if (CUresult rc = new_host_copy_buffer(cx, of, size, made); rc != CUDA_SUCCESS) return rc;
+        buf = cx.sess.host_copies.add(id, made);
+        if (buf != made) unpin(cx, *made);  // not used: the id was taken, or another lane made one meanwhile
     }
-    if (!d.cuMemHostRegister_v2 || !d.cuMemHostUnregister) {
-        unreserve();
-        return cx.unsupported("cuMemHostRegister");
-    }
-    {
-        // The copy node reads or writes the buffer when it runs only if it is pinned (the driver reads a
-        // pageable source before the graph's nodes run). A capture under way on this thread must go on.
-        relaxed_capture_scope relaxed(d);
-        if (CUresult rc = d.cuMemHostRegister_v2(buf->bytes, buf->size, CU_MEMHOSTREGISTER_PORTABLE);
-            rc != CUDA_SUCCESS) {
-            unreserve();
-            return cx.fail(
-                rc, "could not pin a graph copy's staging buffer of " + std::to_string(size) + " bytes");
-        }
-        buf->registered = true;
-    }
-    if (!cx.sess.host_copies.add(id, buf)) {
-        {
-            relaxed_capture_scope relaxed(d);
-            d.cuMemHostUnregister(buf->bytes);
-        }
-        unreserve();
-        return cx.fail(CUDA_ERROR_INVALID_VALUE, "host copy id already in use");
-    }
-    auto* owner = new host_copy_buffer{cx.sess.weak_from_this(), id, size};
+    if (!buf) return cx.fail(CUDA_ERROR_INVALID_VALUE, "host copy id already in use");
+    auto* owner = new host_copy_buffer{cx.sess.weak_from_this(), id, buf->size};
     CUuserObject obj = nullptr;
     if (CUresult rc =
             d.cuUserObjectCreate(&obj, owner, &drop_host_copy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
         rc != CUDA_SUCCESS) {
         delete owner;
-        cx.sess.host_copies.retire(id);
-        cx.sess.drop_host_copies(false);  // unregistered, then freed
-        unreserve();
+        if (cx.sess.host_copies.retire(id)) {
+            cx.sess.drop_host_copies(false);  // unregistered, then freed
+            std::lock_guard lock(cx.sess.mu);
+            cx.sess.host.unreserve(buf->size);
+        }
         return rc;
     }
     // From here on the user object owns the buffer: releasing it undoes its part.

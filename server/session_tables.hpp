@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -326,6 +327,8 @@ class graph_allocations {
 // went (and its registration with it) stays writable. locks: its own mutex.
 class host_copy_buffers {
   public:
+    // The client's side of a graph copy: its address, offsets, pitch and height, the extent, the direction.
+    using shape = std::array<uint64_t, 10>;
     struct buffer {
         explicit buffer(size_t n);  // zeroed, page-aligned: never another's bytes; throws std::bad_alloc
         ~buffer();
@@ -334,11 +337,29 @@ class host_copy_buffers {
         std::byte* bytes = nullptr;
         size_t size = 0;
         bool registered = false;  // pinned (in the context current then)
+        shape of{};
+        int users = 0;  // host copy ids that stage through it
     };
-    // False when `id` is taken.
-    bool add(uint64_t id, std::shared_ptr<buffer> b) {
+    // `id` stages through the buffer in use for copies of shape `of`, when there is one: returned. Copies of
+    // the same client memory and shape share one, so that the driver sees the same copy in a graph captured
+    // again (an executable graph's 2D/3D copy may not change its addresses in cuGraphExecUpdate). Null when
+    // there is none, or when `id` is taken (`taken` then).
+    std::shared_ptr<buffer> use(uint64_t id, const shape& of, bool& taken) {
         std::lock_guard lock(mu_);
-        return buffers_.emplace(id, std::move(b)).second;
+        taken = buffers_.count(id) != 0;
+        auto it = by_shape_.find(of);
+        if (taken || it == by_shape_.end()) return nullptr;
+        ++it->second->users;
+        return buffers_.emplace(id, it->second).first->second;
+    }
+    // `id` stages through `b`, or through the buffer of b's shape that another id took meanwhile: the one
+    // returned (then `b` is unused). Null when `id` is taken.
+    std::shared_ptr<buffer> add(uint64_t id, std::shared_ptr<buffer> b) {
+        std::lock_guard lock(mu_);
+        if (buffers_.count(id)) return nullptr;
+        auto [it, made] = by_shape_.emplace(b->of, b);
+        ++it->second->users;
+        return buffers_.emplace(id, it->second).first->second;
     }
     // Null when there is none (a reader keeps it alive while it reads).
     std::shared_ptr<buffer> find(uint64_t id) {
@@ -346,13 +367,18 @@ class host_copy_buffers {
         auto it = buffers_.find(id);
         return it == buffers_.end() ? nullptr : it->second;
     }
-    // Out of use: kept for take_retired (no driver call here).
-    void retire(uint64_t id) {
+    // `id` is out of use. Its buffer, when no other id uses it, is kept for take_retired (no driver call
+    // here): true then.
+    bool retire(uint64_t id) {
         std::lock_guard lock(mu_);
-        if (auto it = buffers_.find(id); it != buffers_.end()) {
-            retired_.push_back(std::move(it->second));
-            buffers_.erase(it);
-        }
+        auto it = buffers_.find(id);
+        if (it == buffers_.end()) return false;
+        auto b = std::move(it->second);
+        buffers_.erase(it);
+        if (--b->users > 0) return false;
+        by_shape_.erase(b->of);
+        retired_.push_back(std::move(b));
+        return true;
     }
     // The retired buffers (and, with `all`, every buffer), for the caller to unregister and drop.
     std::vector<std::shared_ptr<buffer>> take_retired(bool all) {
@@ -360,8 +386,9 @@ class host_copy_buffers {
         auto out = std::move(retired_);
         retired_.clear();
         if (all) {
-            for (auto& [id, b] : buffers_) out.push_back(std::move(b));
+            for (auto& [of, b] : by_shape_) out.push_back(std::move(b));
             buffers_.clear();
+            by_shape_.clear();
         }
         return out;
     }
@@ -369,6 +396,7 @@ class host_copy_buffers {
   private:
     std::mutex mu_;
     std::unordered_map<uint64_t, std::shared_ptr<buffer>> buffers_;
+    std::map<shape, std::shared_ptr<buffer>> by_shape_;  // each buffer in use, once
     std::vector<std::shared_ptr<buffer>> retired_;
 };
 

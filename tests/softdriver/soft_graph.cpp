@@ -1,12 +1,13 @@
 // The software test driver: stream capture and graphs, emulated. A graph is a list of nodes in insertion
 // order, each with the nodes it runs after; instantiating copies the nodes' work in a topological order
 // (dependencies first, then insertion order) and launching runs it, like everything here, in the calling
-// thread. Executable graphs keep their own copies, so kernel and child graph updates change only them. Work
-// enqueued on a capturing stream (launches, copies, memsets, host functions, graph launches) becomes a node
-// of the capture's graph instead of running, after the node recorded before it (a capture is one chain, a
-// valid order of the real graph); cuStreamBeginCaptureToGraph captures into the application's graph after the
-// nodes it names. A stream joins a capture by waiting on an event recorded in it. The call-time rules of the
-// real driver that programs meet are kept: the legacy stream is off limits while a blocking stream captures
+// thread, step by step as a GPU may: independent branches side by side (see schedule). Executable graphs keep
+// their own copies, so kernel and child graph updates change only them. Work enqueued on a capturing stream
+// (launches, copies, memsets, host functions, graph launches) becomes a node of the capture's graph instead
+// of running, after the node recorded before it (a capture is one chain, a valid order of the real graph);
+// cuStreamBeginCaptureToGraph captures into the application's graph after the nodes it names. A stream joins
+// a capture by waiting on an event recorded in it. The call-time rules of the real driver that programs meet
+// are kept: the legacy stream is off limits while a blocking stream captures
 // (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), synchronizing with a capturing stream invalidates its capture,
 // allocations follow the thread's capture mode, cuStreamEndCapture belongs to the thread that began (unless
 // RELAXED), a copy node reads a pageable host source when it is made (see take_pageable_source). Node types
@@ -185,6 +186,7 @@ uint64_t clone_graph(state& s, uint64_t src, uint64_t parent) {
         node_obj* n = s.find<node_obj>(h);
         node_obj* c = add_node(s, *to, n->type, {}, n->edges, n->run);
         c->host = n->host;
+        c->copy = n->copy;
         c->cond = n->cond;
         c->cond_type = n->cond_type;
         copy_of[h] = c->handle;
@@ -234,11 +236,15 @@ bool run_order(state& s, const graph_obj& g, std::vector<node_obj*>& order, uint
 bool flatten(state& s, const graph_obj& g, std::vector<exec_node>& out, uint64_t& culprit) {
     std::vector<node_obj*> order;
     if (!run_order(s, g, order, culprit)) return false;
+    std::map<uint64_t, size_t> at;
     for (node_obj* n : order) {
         exec_node e;
+        at[n->handle] = out.size();
+        for (uint64_t d : n->deps) e.deps.push_back(at.at(d));  // run_order put it before
         e.node = n->handle;
         e.type = n->type;
         e.run = n->run;
+        e.copy = n->copy;
         if (n->child != 0 && !flatten(s, *s.find<graph_obj>(n->child), e.child, culprit)) return false;
         e.cond = n->cond;
         e.cond_type = n->cond_type;
@@ -285,13 +291,37 @@ CUresult run_conditional(const exec_node& n) {
     }
 }
 
+// The steps of `nodes` as a GPU may run them: each node (a child graph's nodes in its place) one step after
+// the last of its dependencies, so that independent branches advance side by side, a child graph's nodes
+// interleaved with its neighbours'. `start`: the step the list begins at; returns the step after its last.
+size_t schedule(const std::vector<exec_node>& nodes, size_t start,
+                std::vector<std::pair<size_t, const exec_node*>>& steps) {
+    std::vector<size_t> done(nodes.size());  // the step after each node's last
+    size_t end = start;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        size_t at = start;
+        for (size_t d : nodes[i].deps) at = std::max(at, done[d]);
+        if (!nodes[i].child.empty()) {
+            done[i] = schedule(nodes[i].child, at, steps);
+        } else {
+            steps.emplace_back(at, &nodes[i]);
+            done[i] = at + 1;
+        }
+        end = std::max(end, done[i]);
+    }
+    return end;
+}
+
 CUresult run_nodes(const std::vector<exec_node>& nodes) {
-    for (const exec_node& n : nodes) {
-        if (n.run)
-            if (CUresult r = n.run(); r != CUDA_SUCCESS) return r;
-        if (CUresult r = run_nodes(n.child); r != CUDA_SUCCESS) return r;
-        if (n.cond != 0)
-            if (CUresult r = run_conditional(n); r != CUDA_SUCCESS) return r;
+    std::vector<std::pair<size_t, const exec_node*>> steps;
+    schedule(nodes, 0, steps);
+    std::stable_sort(steps.begin(), steps.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [step, n] : steps) {
+        if (n->run)
+            if (CUresult r = n->run(); r != CUDA_SUCCESS) return r;
+        if (n->cond != 0)
+            if (CUresult r = run_conditional(*n); r != CUDA_SUCCESS) return r;
     }
     return CUDA_SUCCESS;
 }
@@ -352,6 +382,20 @@ void shape_of(state& s, const graph_obj& g, std::vector<uint64_t>& out) {
         out.push_back(n->bodies.size());
         for (uint64_t b : n->bodies) shape_of(s, *s.find<graph_obj>(b), out);
     }
+}
+
+// The first memcpy node whose update the driver refuses: a copy that is not 1D may not change at all
+// (cuGraphExecMemcpyNodeSetParams: "the memory operands ... must be 1-dimensional"; on the H200 a 2D copy
+// staged through a new host buffer answered CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED). 0: none.
+uint64_t refused_copy_change(const std::vector<exec_node>& now, const std::vector<exec_node>& next) {
+    for (size_t i = 0; i < now.size() && i < next.size(); ++i) {
+        const auto &a = now[i].copy, &b = next[i].copy;
+        if (a && b && std::memcmp(&*a, &*b, sizeof *a) != 0 &&
+            (a->Height > 1 || a->Depth > 1 || b->Height > 1 || b->Depth > 1))
+            return next[i].node;
+        if (uint64_t n = refused_copy_change(now[i].child, next[i].child)) return n;
+    }
+    return 0;
 }
 
 // After an update, the executable graph's nodes still answer to the nodes of the graph it was instantiated
@@ -475,6 +519,7 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
     work w;
     uint64_t child = 0;
     CUDA_HOST_NODE_PARAMS host{};
+    std::optional<CUDA_MEMCPY3D> copy;
     switch (p->type) {
         case CU_GRAPH_NODE_TYPE_KERNEL: {
             context_obj* c = nullptr;
@@ -499,7 +544,8 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
             std::shared_ptr<std::vector<std::byte>> taken;
             if (CUresult r = take_pageable_source(s, c, taken); r != CUDA_SUCCESS) return r;
             if (CUresult r = copy_3d_desc(s, w, &c); r != CUDA_SUCCESS) return r;
-            if (taken) w = [copy = std::move(w), taken] { return copy(); };
+            if (taken) w = [run = std::move(w), taken] { return run(); };
+            copy = p->memcpy.copyParams;
             break;
         }
         case CU_GRAPH_NODE_TYPE_GRAPH:
@@ -569,6 +615,7 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
     }
     node_obj* n = add_node(s, *g, p->type, std::move(deps), std::move(edges), std::move(w));
     n->host = host;
+    n->copy = copy;
     if (p->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {  // its bodies: empty graphs of its own
         n->cond = p->conditional.handle;
         n->cond_type = p->conditional.type;
@@ -1118,6 +1165,11 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec hGraphExec, 
         auto nodes = std::make_shared<std::vector<exec_node>>();
         uint64_t culprit = 0;
         if (!flatten(s, *g, *nodes, culprit)) return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+        if (uint64_t n = refused_copy_change(*e->nodes, *nodes)) {
+            resultInfo->result = CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED;
+            resultInfo->errorNode = to_handle<CUgraphNode>(n);
+            return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+        }
         keep_node_ids(*nodes, *e->nodes);
         e->nodes = std::move(nodes);
         user_refs refs;

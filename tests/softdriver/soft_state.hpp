@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -396,6 +397,7 @@ struct node_obj : object {
     uint64_t child = 0;  // child graph nodes: the graph cloned into the node, destroyed with it
     std::map<int, CUlaunchAttributeValue> attrs;  // kernel nodes: cuGraphKernelNodeSetAttribute
     CUDA_HOST_NODE_PARAMS host{};                 // host nodes: the function and its data
+    std::optional<CUDA_MEMCPY3D> copy;  // memcpy nodes made by cuGraphAddNode: their parameters, for updates
     // Conditional nodes: the handle, the kind, and the body graphs (the node's own), as handed out.
     uint64_t cond = 0;
     CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
@@ -408,7 +410,9 @@ struct exec_node {
     uint64_t node = 0;  // the graph node it was instantiated from
     CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
     work run;
-    std::vector<exec_node> child;  // child graph nodes: the child graph's nodes, in the order they run
+    std::optional<CUDA_MEMCPY3D> copy;  // as node_obj's
+    std::vector<size_t> deps;           // the positions of its dependencies in its list
+    std::vector<exec_node> child;       // child graph nodes: the child graph's nodes, in the order they run
     // Conditional nodes: the handle, the kind, and each body graph's nodes in the order they run.
     uint64_t cond = 0;
     CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
