@@ -385,7 +385,10 @@ void state::device_usage(int device, uint64_t& bytes, bool& has_context) {
 
 void state::add_host(const host_allocation& h) {
     std::unique_lock lock(mu);
-    host_[h.base] = h;
+    auto& slot = host_[h.base];
+    if (slot.size != 0 && !slot.shared()) --private_host_;  // an entry replaced
+    slot = h;
+    if (!h.shared()) ++private_host_;
 }
 
 bool state::remove_host(uintptr_t base, host_allocation& out) {
@@ -393,8 +396,23 @@ bool state::remove_host(uintptr_t base, host_allocation& out) {
     auto it = host_.find(base);
     if (it == host_.end()) return false;
     out = it->second;
+    if (!out.shared()) --private_host_;
     host_.erase(it);
     return true;
+}
+
+bool state::points_to_private_host(std::span<const std::byte> params) {
+    if (private_host_.load(std::memory_order_relaxed) == 0) return false;
+    std::shared_lock lock(mu);
+    for (size_t at = 0; at + sizeof(uintptr_t) <= params.size(); at += sizeof(uintptr_t)) {
+        uintptr_t p;
+        std::memcpy(&p, params.data() + at, sizeof p);
+        auto it = host_.upper_bound(p);
+        if (it == host_.begin()) continue;
+        --it;
+        if (p - it->second.base < it->second.size && !it->second.shared()) return true;
+    }
+    return false;
 }
 
 bool state::find_host(uintptr_t p, host_allocation& out) {

@@ -8,11 +8,13 @@
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -142,6 +144,9 @@ class state {
     bool find_host(uintptr_t p, host_allocation& out);
     // Whether any host allocation or registration overlaps [lo, hi).
     bool host_overlaps(uintptr_t lo, uintptr_t hi);
+    // Whether an 8-byte word of `params` (a launch's parameter buffer) points into pinned host memory only
+    // this process has (not shared with a server on this host), which the GPU cannot reach.
+    bool points_to_private_host(std::span<const std::byte> params);
 
     // Images already sent to the server (by content hash).
     bool image_sent(uint64_t hash);
@@ -173,6 +178,8 @@ class state {
         graph_nodes_;  // graph -> its nodes the mirror knows
     std::map<uint64_t, device_allocation> allocations_;
     std::map<uintptr_t, host_allocation> host_;
+    std::atomic<size_t> private_host_{
+        0};  // entries of host_ that are not shared: most launches skip the scan
     std::unordered_set<uint64_t> images_;
     std::mutex journal_mu_;
     std::vector<journal_entry> journal_;

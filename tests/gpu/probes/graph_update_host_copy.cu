@@ -124,8 +124,8 @@ int main() {
     CHECK(cuMemAlloc(&dev, bytes));
     update("memcpy node, pageable -> pageable", host::pageable, host::pageable, false, false, false);
     update("memcpy node, registered -> registered", host::registered, host::registered, false, false, false);
-    update("memcpy node, registered portable -> portable", host::registered_portable, host::registered_portable,
-           false, false, false);
+    update("memcpy node, registered portable -> portable", host::registered_portable,
+           host::registered_portable, false, false, false);
     update("memcpy node, allocated -> allocated", host::allocated, host::allocated, false, false, false);
     update("memcpy node, pageable -> registered", host::pageable, host::registered, false, false, false);
     update("child [memcpy], pageable -> pageable", host::pageable, host::pageable, true, false, false);
@@ -135,13 +135,13 @@ int main() {
            true, true, false);
     update("child [host, memcpy] + user object, portable -> portable", host::registered_portable,
            host::registered_portable, true, true, true);
-    update("child [host, memcpy] + user object, pageable -> pageable", host::pageable, host::pageable, true, true,
-           true);
-    update("child [host, memcpy] + user object, allocated -> allocated", host::allocated, host::allocated, true,
+    update("child [host, memcpy] + user object, pageable -> pageable", host::pageable, host::pageable, true,
            true, true);
+    update("child [host, memcpy] + user object, allocated -> allocated", host::allocated, host::allocated,
+           true, true, true);
     update("2D memcpy node, pageable -> pageable", host::pageable, host::pageable, false, false, false, true);
-    update("2D memcpy node, portable -> portable", host::registered_portable, host::registered_portable, false,
-           false, false, true);
+    update("2D memcpy node, portable -> portable", host::registered_portable, host::registered_portable,
+           false, false, false, true);
     update("2D child [host, memcpy] + user object, portable -> portable", host::registered_portable,
            host::registered_portable, true, true, true, true);
     return 0;
