@@ -385,10 +385,19 @@ void state::device_usage(int device, uint64_t& bytes, bool& has_context) {
 
 void state::add_host(const host_allocation& h) {
     std::unique_lock lock(mu);
-    auto& slot = host_[h.base];
-    if (slot.size != 0 && !slot.shared()) --private_host_;  // an entry replaced
-    slot = h;
-    if (!h.shared()) ++private_host_;
+    host_[h.base] = h;
+    update_private_span();
+}
+
+void state::update_private_span() {
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (const auto& [base, h] : host_)
+        if (!h.shared()) {
+            lo = std::min(lo, base);
+            hi = std::max(hi, base + h.size);
+        }
+    private_lo_.store(lo, std::memory_order_relaxed);
+    private_hi_.store(hi, std::memory_order_relaxed);
 }
 
 bool state::remove_host(uintptr_t base, host_allocation& out) {
@@ -396,17 +405,20 @@ bool state::remove_host(uintptr_t base, host_allocation& out) {
     auto it = host_.find(base);
     if (it == host_.end()) return false;
     out = it->second;
-    if (!out.shared()) --private_host_;
     host_.erase(it);
+    update_private_span();
     return true;
 }
 
 bool state::points_to_private_host(std::span<const std::byte> params) {
-    if (private_host_.load(std::memory_order_relaxed) == 0) return false;
-    std::shared_lock lock(mu);
+    const uintptr_t lo = private_lo_.load(std::memory_order_relaxed);
+    const uintptr_t hi = private_hi_.load(std::memory_order_relaxed);
+    if (lo >= hi) return false;
     for (size_t at = 0; at + sizeof(uintptr_t) <= params.size(); at += sizeof(uintptr_t)) {
         uintptr_t p;
         std::memcpy(&p, params.data() + at, sizeof p);
+        if (p < lo || p >= hi) continue;  // most launches end here, without the lock
+        std::shared_lock lock(mu);
         auto it = host_.upper_bound(p);
         if (it == host_.begin()) continue;
         --it;

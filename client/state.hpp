@@ -178,8 +178,10 @@ class state {
         graph_nodes_;  // graph -> its nodes the mirror knows
     std::map<uint64_t, device_allocation> allocations_;
     std::map<uintptr_t, host_allocation> host_;
-    std::atomic<size_t> private_host_{
-        0};  // entries of host_ that are not shared: most launches skip the scan
+    // The span [lo, hi) of the entries of host_ that are not shared (lo >= hi: none), read without the lock
+    // by every launch; kept under it by add_host and remove_host.
+    std::atomic<uintptr_t> private_lo_{1}, private_hi_{0};
+    void update_private_span();
     std::unordered_set<uint64_t> images_;
     std::mutex journal_mu_;
     std::vector<journal_entry> journal_;
