@@ -3,9 +3,9 @@
 // a memcpy node from or to a registered buffer of its own, which a user object owns); an update from a new
 // capture then changes the buffer. Each case instantiates a graph of one node, builds a second one that
 // differs only in the host buffer, updates and prints the result (0 success, 5 parameters changed, ...).
-// On the H200 (driver 580, session 12) every 1D case answered rc 0, result 0 (registered, allocated, pageable,
-// alone or in a child graph with a host node and a user object); every 2D case, pageable and registered alike,
-// answered rc 910 (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE), result 5 (parameters changed).
+// On the H200 (driver 580, session 12) every 1D case answered rc 0, result 0 (registered, allocated,
+// pageable, alone or in a child graph with a host node and a user object); every 2D case, pageable and
+// registered alike, answered rc 910 (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE), result 5 (parameters changed).
 //   nvcc -arch=sm_90 -o graph_update_host_copy graph_update_host_copy.cu -lcuda
 #include <cuda.h>
 
