@@ -6,6 +6,7 @@
 
 #include "client/copy_paths.hpp"
 #include "client/entry_point.hpp"
+#include "client/ipc_handles.hpp"
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
@@ -190,5 +191,105 @@ VCUDA_API cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool memPool,
     c.arg(sd);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     *flags = static_cast<CUmemAccess_flags>(c.out<uint64_t>(0));
+    return CUDA_SUCCESS;
+}
+
+// ---------------------------------------------------------------- pools shared between processes
+// (server/handlers_ipc.cpp) A pool's shareable handle is a POSIX file descriptor naming the server's export
+// (client/ipc_handles.hpp), which another process of the same tenant on the same server imports; the
+// allocations then travel as the driver's own export data.
+
+namespace {
+constexpr uint64_t what_pool = 3;  // the ipc_export/ipc_open kind
+}  // namespace
+
+VCUDA_API cuMemPoolExportToShareableHandle(void* handle_out, CUmemoryPool pool,
+                                           CUmemAllocationHandleType handleType,
+                                           unsigned long long flags) noexcept {
+    VCUDA_TRACE_HOOK(cuMemPoolExportToShareableHandle, handle_out, pool, handleType, flags);
+    VCUDA_REQUIRE_INIT();
+    if (!handle_out || !pool || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return static_cast<CUresult>(unsupported(
+            "cuMemPoolExportToShareableHandle to a handle type other than a POSIX file descriptor"));
+    plain_call c(op::ipc_export, "cuMemPoolExportToShareableHandle");
+    c.arg(what_pool);
+    c.handle(pool, handle_kind::mem_pool);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) {
+        log_ipc_refusal("cuMemPoolExportToShareableHandle", rc, c.reply().detail);
+        return rc;
+    }
+    const auto& blobs = c.reply().blobs;
+    ipc_bytes bytes;
+    if (blobs.size() != 1 || blobs[0].size() != bytes.size()) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(bytes.data(), blobs[0].data(), bytes.size());
+    int fd = shareable_descriptor(bytes);
+    if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+    *static_cast<int*>(handle_out) = fd;
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemPoolImportFromShareableHandle(CUmemoryPool* pool_out, void* handle,
+                                             CUmemAllocationHandleType handleType,
+                                             unsigned long long flags) noexcept {
+    VCUDA_TRACE_HOOK(cuMemPoolImportFromShareableHandle, pool_out, handle, handleType, flags);
+    VCUDA_REQUIRE_INIT();
+    if (!pool_out || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return static_cast<CUresult>(unsupported(
+            "cuMemPoolImportFromShareableHandle from a handle type other than a POSIX file descriptor"));
+    ipc_bytes bytes;
+    if (!read_shareable_descriptor(static_cast<int>(reinterpret_cast<intptr_t>(handle)), bytes)) {
+        log_ipc_refusal("cuMemPoolImportFromShareableHandle", CUDA_ERROR_INVALID_VALUE,
+                        "the descriptor is not one vcuda's cuMemPoolExportToShareableHandle made");
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    plain_call c(op::ipc_open, "cuMemPoolImportFromShareableHandle");
+    c.arg(what_pool);
+    c.arg(uint64_t{0});
+    c.blob(bytes);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) {
+        log_ipc_refusal("cuMemPoolImportFromShareableHandle", rc, c.reply().detail);
+        return rc;
+    }
+    *pool_out = c.out_handle<CUmemoryPool>(0, handle_kind::mem_pool);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemPoolExportPointer(CUmemPoolPtrExportData* shareData_out, CUdeviceptr ptr) noexcept {
+    VCUDA_TRACE_HOOK(cuMemPoolExportPointer, shareData_out, ptr);
+    VCUDA_REQUIRE_INIT();
+    if (!shareData_out) return CUDA_ERROR_INVALID_VALUE;
+    device_allocation a;
+    if (!state::get().find_allocation(ptr, 1, a) || a.base != ptr) return CUDA_ERROR_INVALID_VALUE;
+    context_scope scope(state::get().primary_context(a.device));  // the allocation's server
+    plain_call c(op::pool_export_pointer, "cuMemPoolExportPointer");
+    c.arg(static_cast<uint64_t>(ptr));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const auto& blobs = c.reply().blobs;
+    if (blobs.size() != 1 || blobs[0].size() != sizeof *shareData_out) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(shareData_out, blobs[0].data(), sizeof *shareData_out);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemPoolImportPointer(CUdeviceptr* ptr_out, CUmemoryPool pool,
+                                 CUmemPoolPtrExportData* shareData) noexcept {
+    VCUDA_TRACE_HOOK(cuMemPoolImportPointer, ptr_out, pool, shareData);
+    VCUDA_REQUIRE_INIT();
+    if (!ptr_out || !pool || !shareData) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::pool_import_pointer, "cuMemPoolImportPointer");
+    c.handle(pool, handle_kind::mem_pool);
+    c.blob({reinterpret_cast<const std::byte*>(shareData), sizeof *shareData});
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    auto& st = state::get();
+    const auto p = c.out<uint64_t>(0), bytes = c.out<uint64_t>(1);
+    const auto server_device = static_cast<int>(c.out<uint64_t>(2));
+    int device = -1;  // the client ordinal of the memory's GPU
+    for (int d = 0; d < st.device_count(); ++d)
+        if (st.device(d).owner == &st.remote() && st.device(d).server_index == server_device) device = d;
+    if (device < 0 || !p) return CUDA_ERROR_UNKNOWN;
+    st.add_allocation(p, bytes, device, false, false, false);
+    *ptr_out = p;
     return CUDA_SUCCESS;
 }

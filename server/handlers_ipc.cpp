@@ -11,6 +11,9 @@
 //   does not open its own IPC handles: refused (see export_event).
 // - Physical allocations (cuMemExportToShareableHandle): the allocation's descriptor, imported by the opener
 //   as a physical allocation of its own (a mem_handle), not charged to its quota.
+// - Memory pools (cuMemPoolExportToShareableHandle): the pool's descriptor, imported by the opener as a pool
+//   of its own; its allocations travel as the driver's export data (cuMemPoolExportPointer), imported as
+//   stream-ordered allocations of the opener that are charged to the exporter only.
 // A session does not open its own legacy IPC handles (CUDA_ERROR_INVALID_CONTEXT, as a process cannot).
 // runs on: the lane's thread. locks: the session's `mu` around its tables, never across a request to the
 // parent (--isolation process).
@@ -26,12 +29,13 @@ namespace vcuda::server {
 
 namespace {
 
-enum ipc_what : uint64_t { what_memory = 0, what_event = 1, what_allocation = 2 };
+enum ipc_what : uint64_t { what_memory = 0, what_event = 1, what_allocation = 2, what_pool = 3 };
 
 ipc_kind kind_of(uint64_t what) {
-    return what == what_memory  ? ipc_kind::memory
-           : what == what_event ? ipc_kind::event
-                                : ipc_kind::allocation;
+    return what == what_memory       ? ipc_kind::memory
+           : what == what_event      ? ipc_kind::event
+           : what == what_allocation ? ipc_kind::allocation
+                                     : ipc_kind::pool;
 }
 
 std::vector<std::byte> meta_of(std::initializer_list<uint64_t> fields) {
@@ -59,6 +63,29 @@ CUresult deposit(call_context& cx, ipc_export e, ipc_token& token) {
 
 void answer_handle(call_context& cx, ipc_kind kind, const ipc_token& token) {
     cx.out_blob(encode_ipc_handle({kind, cx.sess.ipc()->instance(), token}));
+}
+
+// The export an IPC handle of `kind` names, for this session to open: made by this server, for its tenant.
+CUresult fetch_export(call_context& cx, std::span<const std::byte> handle, ipc_kind kind, ipc_handle& h,
+                      ipc_export& e) {
+    if (!decode_ipc_handle(handle, h) || h.kind != kind)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a vcuda IPC handle of this kind");
+    ipc_broker& b = *cx.sess.ipc();
+    if (h.instance != b.instance())
+        return cx.fail(
+            CUDA_ERROR_NOT_SUPPORTED,
+            "the IPC handle was made by another vcuda-server: handles open only in sessions of the "
+            "server that made them");
+    std::string why;
+    if (!b.fetch(h.token, cx.sess.id(), cx.sess.tenant(), e, why))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE,
+                       why.empty()
+                           ? "unknown IPC handle: never made, withdrawn (its object is gone), or another "
+                             "tenant's"
+                           : "the IPC handle could not be looked up: " + why);
+    if (e.kind != h.kind)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "the IPC handle names another kind of object");
+    return CUDA_SUCCESS;
 }
 
 // ---------------------------------------------------------------- exports
@@ -160,6 +187,24 @@ CUresult export_allocation(call_context& cx, uint64_t id) {
     return CUDA_SUCCESS;
 }
 
+CUresult export_pool(call_context& cx, uint64_t id) {
+    void* raw = nullptr;
+    handle_entry entry;
+    if (CUresult rc = cx.lookup(id, handle_kind::mem_pool, raw, &entry); rc != CUDA_SUCCESS) return rc;
+    if (!cx.drv().cuMemPoolExportToShareableHandle) return cx.unsupported("cuMemPoolExportToShareableHandle");
+    int fd = -1;  // the driver checks that the pool was made for this handle type
+    if (CUresult rc = cx.drv().cuMemPoolExportToShareableHandle(&fd, static_cast<CUmemoryPool>(raw),
+                                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        rc != CUDA_SUCCESS)
+        return rc;
+    ipc_export e;
+    e.kind = ipc_kind::pool;
+    e.fd = unique_fd(fd);
+    e.meta = meta_of({static_cast<uint64_t>(entry.device)});
+    ipc_token token;
+    return deposit(cx, std::move(e), token);
+}
+
 // ---------------------------------------------------------------- opens
 
 // The physical memory behind an export's descriptor, imported into this process.
@@ -238,46 +283,130 @@ CUresult open_allocation(call_context& cx, ipc_export& e) {
     return CUDA_SUCCESS;
 }
 
+CUresult open_pool(call_context& cx, ipc_export& e) {
+    message_reader r{e.meta};
+    uint64_t device = r.u64();
+    if (!r.ok || e.fd.get() < 0) return cx.fail(CUDA_ERROR_INVALID_VALUE, "a malformed pool export");
+    if (!cx.sess.allowed(device))
+        return cx.fail(CUDA_ERROR_INVALID_DEVICE, "the pool is on a GPU this session may not use");
+    auto& d = cx.drv();
+    if (!d.cuMemPoolImportFromShareableHandle) return cx.unsupported("cuMemPoolImportFromShareableHandle");
+    CUmemoryPool pool = nullptr;
+    if (CUresult rc = d.cuMemPoolImportFromShareableHandle(
+            &pool, reinterpret_cast<void*>(static_cast<uintptr_t>(e.fd.get())),
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        rc != CUDA_SUCCESS)
+        return rc;
+    handle_entry he;
+    he.kind = handle_kind::mem_pool;
+    he.raw = pool;
+    he.device = static_cast<int>(device);
+    uint64_t id;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        id = cx.sess.handles.insert(std::move(he));  // destroyed with the session, as the application's own
+    }
+    cx.out(id);
+    cx.out(device);
+    return CUDA_SUCCESS;
+}
+
 }  // namespace
 
-// args {what, address / event / mem_handle}. Blob out {the handle}.
+// args {a stream-ordered allocation of the session}. Blob out {the 64 bytes the application holds as its
+// CUmemPoolPtrExportData: a vcuda IPC handle naming the driver's export data, which the server keeps}. So an
+// import takes only export data this server made for the tenant, never bytes a client wrote.
+CUresult handle_pool_export_pointer(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    if (!cx.sess.ipc()) return no_ipc(cx);
+    auto p = static_cast<CUdeviceptr>(cx.arg(0));
+    {
+        std::lock_guard lock(cx.sess.mu);
+        auto a = cx.sess.pools.find(p);
+        if (!a || a->imported)
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a stream-ordered allocation this session made");
+        if (auto t = cx.sess.ipc_state.pointer_exports.find(p);
+            t != cx.sess.ipc_state.pointer_exports.end()) {
+            answer_handle(cx, ipc_kind::pool_pointer, t->second);
+            return CUDA_SUCCESS;
+        }
+    }
+    if (!cx.drv().cuMemPoolExportPointer) return cx.unsupported("cuMemPoolExportPointer");
+    CUmemPoolPtrExportData data{};
+    if (CUresult rc = cx.drv().cuMemPoolExportPointer(&data, p); rc != CUDA_SUCCESS) return rc;
+    ipc_export e;
+    e.kind = ipc_kind::pool_pointer;
+    const auto* b = reinterpret_cast<const std::byte*>(&data);
+    e.meta.assign(b, b + sizeof data);
+    ipc_token token;
+    if (CUresult r = deposit(cx, std::move(e), token); r != CUDA_SUCCESS) return r;
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.ipc_state.pointer_exports[p] = token;
+    return CUDA_SUCCESS;
+}
+
+// args {pool (imported)}; blob {the handle cuMemPoolExportPointer gave} -> outs {address, bytes, device}
+CUresult handle_pool_import_pointer(call_context& cx) {
+    if (!cx.expect_args(1) || cx.blob_count() != 1) return cx.bad_arguments();
+    if (!cx.sess.ipc()) return no_ipc(cx);
+    void* raw = nullptr;
+    handle_entry entry;
+    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::mem_pool, raw, &entry); rc != CUDA_SUCCESS) return rc;
+    ipc_handle h;
+    ipc_export e;
+    if (CUresult rc = fetch_export(cx, cx.blob(0), ipc_kind::pool_pointer, h, e); rc != CUDA_SUCCESS)
+        return rc;
+    CUmemPoolPtrExportData data;
+    if (e.meta.size() != sizeof data) return cx.fail(CUDA_ERROR_INVALID_VALUE, "a malformed pointer export");
+    std::memcpy(&data, e.meta.data(), sizeof data);
+    auto& d = cx.drv();
+    if (!d.cuMemPoolImportPointer || !d.cuMemGetAddressRange_v2)
+        return cx.unsupported("cuMemPoolImportPointer");
+    CUdeviceptr p = 0;
+    if (CUresult rc = d.cuMemPoolImportPointer(&p, static_cast<CUmemoryPool>(raw), &data); rc != CUDA_SUCCESS)
+        return rc;
+    CUdeviceptr base = 0;
+    size_t bytes = 0;
+    if (CUresult rc = d.cuMemGetAddressRange_v2(&base, &bytes, p); rc != CUDA_SUCCESS || base != p) {
+        d.cuMemFreeAsync(p, nullptr);
+        return cx.fail(rc != CUDA_SUCCESS ? rc : CUDA_ERROR_UNKNOWN,
+                       "the imported allocation's extent is unknown");
+    }
+    {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.pools.add(p, bytes, static_cast<size_t>(entry.device), static_cast<CUmemoryPool>(raw),
+                          /*imported=*/true);
+    }
+    cx.out(static_cast<uint64_t>(p));
+    cx.out(static_cast<uint64_t>(bytes));
+    cx.out(static_cast<uint64_t>(entry.device));
+    return CUDA_SUCCESS;
+}
+
+// args {what, address / event / mem_handle / pool}. Blob out {the handle}.
 CUresult handle_ipc_export(call_context& cx) {
-    if (!cx.expect_args(2) || cx.arg(0) > what_allocation) return cx.bad_arguments();
+    if (!cx.expect_args(2) || cx.arg(0) > what_pool) return cx.bad_arguments();
     if (!cx.sess.ipc()) return no_ipc(cx);
     switch (cx.arg(0)) {
         case what_memory:
             return export_memory(cx, cx.arg(1));
         case what_event:
             return export_event(cx, cx.arg(1));
-        default:
+        case what_allocation:
             return export_allocation(cx, cx.arg(1));
+        default:
+            return export_pool(cx, cx.arg(1));
     }
 }
 
 // args {what, flags}; blob {the handle}. Out: memory {address, bytes}; event {event}; allocation {mem_handle,
 // size, device}.
 CUresult handle_ipc_open(call_context& cx) {
-    if (!cx.expect_args(2) || cx.arg(0) > what_allocation || cx.blob_count() != 1) return cx.bad_arguments();
+    if (!cx.expect_args(2) || cx.arg(0) > what_pool || cx.blob_count() != 1) return cx.bad_arguments();
     if (!cx.sess.ipc()) return no_ipc(cx);
     ipc_handle h;
-    if (!decode_ipc_handle(cx.blob(0), h) || h.kind != kind_of(cx.arg(0)))
-        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a vcuda IPC handle of this kind");
-    ipc_broker& b = *cx.sess.ipc();
-    if (h.instance != b.instance())
-        return cx.fail(
-            CUDA_ERROR_NOT_SUPPORTED,
-            "the IPC handle was made by another vcuda-server: handles open only in sessions of the "
-            "server that made them");
     ipc_export e;
-    std::string why;
-    if (!b.fetch(h.token, cx.sess.id(), cx.sess.tenant(), e, why))
-        return cx.fail(CUDA_ERROR_INVALID_VALUE,
-                       why.empty()
-                           ? "unknown IPC handle: never made, withdrawn (its object is gone), or another "
-                             "tenant's"
-                           : "the IPC handle could not be looked up: " + why);
-    if (e.kind != h.kind)
-        return cx.fail(CUDA_ERROR_INVALID_VALUE, "the IPC handle names another kind of object");
+    if (CUresult rc = fetch_export(cx, cx.blob(0), kind_of(cx.arg(0)), h, e); rc != CUDA_SUCCESS) return rc;
     if (e.owner == cx.sess.id() && h.kind != ipc_kind::allocation)
         return cx.fail(CUDA_ERROR_INVALID_CONTEXT, "a process cannot open its own IPC handle");
     switch (h.kind) {
@@ -285,6 +414,8 @@ CUresult handle_ipc_open(call_context& cx) {
             return open_memory(cx, h, e);
         case ipc_kind::event:
             return open_event(cx, e);
+        case ipc_kind::pool:
+            return open_pool(cx, e);
         default:
             return open_allocation(cx, e);
     }
@@ -313,6 +444,14 @@ CUresult handle_ipc_close(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
+void withdraw_pointer_export(session& s, CUdeviceptr p) {
+    auto& t = s.ipc_state.pointer_exports;
+    auto it = t.find(p);
+    if (it == t.end()) return;
+    if (s.ipc()) s.ipc()->withdraw(it->second, s.id());
+    t.erase(it);
+}
+
 void release_ipc(session& s, size_t device) {
     auto& t = s.ipc_state;
     ipc_broker* b = s.ipc();
@@ -332,6 +471,15 @@ void release_ipc(session& s, size_t device) {
         }
         s.memory(device).unmap_foreign(it->first, it->second.size, it->second.handle);
         it = t.opened_memory.erase(it);
+    }
+    for (auto it = t.pointer_exports.begin(); it != t.pointer_exports.end();) {
+        auto a = s.pools.find(it->first);
+        if (a && a->device != device) {
+            ++it;
+            continue;
+        }
+        if (b) b->withdraw(it->second, s.id());
+        it = t.pointer_exports.erase(it);
     }
     // Memory exports: those of this device's allocations (all of which go now).
     for (auto it = t.memory_exports.begin(); it != t.memory_exports.end();) {

@@ -16,5 +16,8 @@ class session;
 // A session's exports are withdrawn and what it opened is unmapped: for `device` (a reset)
 // or every device. `mu` held, the device's context synchronized.
 void release_ipc(session& s, size_t device);
+// A stream-ordered allocation that is freed: its cuMemPoolExportPointer handle imports no more (sessions that
+// imported it keep their import). `mu` held.
+void withdraw_pointer_export(session& s, CUdeviceptr p);
 
 }  // namespace vcuda::server

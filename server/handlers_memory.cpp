@@ -5,6 +5,7 @@
 #include "common/log.hpp"
 #include "server/call_context.hpp"
 #include "server/handlers_array.hpp"
+#include "server/handlers_ipc.hpp"
 #include "server/handlers_memory.hpp"
 
 namespace vcuda::server {
@@ -92,8 +93,9 @@ CUresult handle_mem_free(call_context& cx) {
     if (!cx.sess.pools.find(p) && cx.sess.graph_memory.find(p)) return cx.drv().cuMemFree_v2(p);
     if (auto a = cx.sess.pools.find(p)) {
         if (CUresult r = cx.drv().cuMemFree_v2(p); r != CUDA_SUCCESS) return r;
-        cx.sess.memory(a->device).credit(cx.sess.pools.keep(a->pool, a->size, a->device));
+        if (!a->imported) cx.sess.memory(a->device).credit(cx.sess.pools.keep(a->pool, a->size, a->device));
         cx.sess.pools.erase(p);
+        withdraw_pointer_export(cx.sess, p);
         return CUDA_SUCCESS;
     }
     return cx.fail(rc, "not the start of an allocation of this session");

@@ -8,6 +8,7 @@
 
 #include "server/call_context.hpp"
 #include "server/handlers_graph.hpp"
+#include "server/handlers_ipc.hpp"
 #include "server/handlers_memory.hpp"
 
 namespace vcuda::server {
@@ -156,7 +157,8 @@ CUresult handle_pool_free(call_context& cx) {
     if (CUresult rc = cx.drv().cuMemFreeAsync(p, stream); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
     cx.sess.pools.erase(p);
-    cx.sess.memory(a.device).credit(cx.sess.pools.keep(a.pool, a.size, a.device));
+    if (!a.imported) cx.sess.memory(a.device).credit(cx.sess.pools.keep(a.pool, a.size, a.device));
+    withdraw_pointer_export(cx.sess, p);
     return CUDA_SUCCESS;
 }
 

@@ -29,7 +29,7 @@ using ipc_token = std::array<std::byte, ipc_token_bytes>;
 ipc_token new_ipc_token();                       // from the OS CSPRNG
 std::string ipc_token_text(const ipc_token& t);  // its first 4 bytes in hex, for logs
 
-enum class ipc_kind : uint8_t { memory = 1, event = 2, allocation = 3 };
+enum class ipc_kind : uint8_t { memory = 1, event = 2, allocation = 3, pool = 4, pool_pointer = 5 };
 
 // The 64 bytes the application holds: "vcIPC" 0x01, the kind, a zero byte, the server's instance id (8
 // bytes), the token (16 bytes), zeros.

@@ -139,9 +139,10 @@ class pool_allocations {
         size_t size = 0;
         size_t device = 0;
         CUmemoryPool pool = nullptr;  // the pool it came from (nullptr: not known)
+        bool imported = false;        // another session's, by cuMemPoolImportPointer: charged there, not here
     };
-    void add(CUdeviceptr p, size_t size, size_t device, CUmemoryPool pool) {
-        allocations_[p] = {size, device, pool};
+    void add(CUdeviceptr p, size_t size, size_t device, CUmemoryPool pool, bool imported = false) {
+        allocations_[p] = {size, device, pool, imported};
     }
     // The allocation starting at p, or nothing.
     std::optional<allocation> find(CUdeviceptr p) const {
@@ -584,6 +585,8 @@ class ipc_tables {
     std::map<CUdeviceptr, ipc_token> memory_exports;                // allocation start -> token
     std::map<uint64_t, std::vector<ipc_token>> allocation_exports;  // mem_handle id -> tokens
     std::map<uint64_t, ipc_token> event_exports;                    // event id -> token
+    std::map<CUdeviceptr, ipc_token>
+        pointer_exports;  // stream-ordered allocation -> token (cuMemPoolExportPointer)
     std::map<CUdeviceptr, opened> opened_memory;
 
     // The opened memory whose allocation holds [p, p+n).
@@ -600,7 +603,7 @@ class ipc_tables {
     }
     bool empty() const {
         return memory_exports.empty() && allocation_exports.empty() && event_exports.empty() &&
-               opened_memory.empty();
+               pointer_exports.empty() && opened_memory.empty();
     }
 };
 

@@ -177,3 +177,74 @@ TEST_CASE("an IPC handle of another server is refused with the reason", "[integr
     CHECK(r.result == CUDA_ERROR_NOT_SUPPORTED);
     CHECK(r.detail.find("another vcuda-server") != std::string::npos);
 }
+
+// Memory pools (cuMemPoolExportToShareableHandle, cuMemPoolExportPointer): the pool's handle and each
+// allocation's export data open only in sessions of the same tenant; the export data the application holds is
+// a handle the server made (forged bytes never reach the driver's import), withdrawn when the allocation is
+// freed; what a session imported reads the exporter's bytes, and its free ends only its import.
+TEST_CASE(
+    "pool IPC: pools and their allocations open only for the same tenant, forged export data is refused",
+    "[integration]") {
+    constexpr uint64_t what_pool = 3;
+    auto dir = temp_dir();
+    secret_file secret(dir);
+    server_process server({"--secret-file", secret.path});
+    const std::string alice = secret.token(1), bob = secret.token(2);
+    auto a = open_session(server, alice);
+    auto b = open_session(server, alice);
+    auto c = open_session(server, bob);
+
+    CUmemPoolProps props{};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    props.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    std::vector<std::byte> prop_bytes(sizeof props);
+    std::memcpy(prop_bytes.data(), &props, sizeof props);
+    auto pool = a->call(op::pool_create, {}, {prop_bytes});
+    REQUIRE(pool.result == CUDA_SUCCESS);
+    const size_t n = 1 << 20;
+    auto m = a->call(op::pool_alloc, {n, 0, pool.outs.at(0)});
+    REQUIRE(m.result == CUDA_SUCCESS);
+    const uint64_t p = m.outs.at(0);
+    auto data = pattern(n, 7);
+    REQUIRE(a->call(op::copy_htod, {p, 0}, {}, data).result == CUDA_SUCCESS);
+
+    auto pool_handle = exported(*a, what_pool, pool.outs.at(0));
+    auto pointer = a->call(op::pool_export_pointer, {p});
+    REQUIRE(pointer.result == CUDA_SUCCESS);
+    REQUIRE(pointer.blobs.size() == 1);
+    const auto pointer_handle = pointer.blobs[0];
+    CHECK(a->call(op::pool_export_pointer, {p}).blobs.at(0) == pointer_handle);  // asked again: the same
+
+    // The same tenant imports the pool, then the allocation, and reads A's bytes.
+    auto bpool = b->call(op::ipc_open, {what_pool, 0}, {pool_handle});
+    REQUIRE(bpool.result == CUDA_SUCCESS);
+    auto imported = b->call(op::pool_import_pointer, {bpool.outs.at(0)}, {pointer_handle});
+    REQUIRE(imported.result == CUDA_SUCCESS);
+    const uint64_t q = imported.outs.at(0);
+    CHECK(imported.outs.at(1) >= n);
+    auto seen = b->call(op::copy_dtoh, {q, n, 0});
+    REQUIRE(seen.result == CUDA_SUCCESS);
+    CHECK(seen.payload == data);
+
+    // Another tenant, forged export data, the pool's handle as an allocation's: refused.
+    CHECK(c->call(op::ipc_open, {what_pool, 0}, {pool_handle}).result == CUDA_ERROR_INVALID_VALUE);
+    auto forged = pointer_handle;
+    forged[20] ^= std::byte{1};
+    CHECK(b->call(op::pool_import_pointer, {bpool.outs.at(0)}, {forged}).result == CUDA_ERROR_INVALID_VALUE);
+    std::vector<std::byte> garbage(64, std::byte{0x5a});
+    CHECK(b->call(op::pool_import_pointer, {bpool.outs.at(0)}, {garbage}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(b->call(op::pool_import_pointer, {bpool.outs.at(0)}, {pool_handle}).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::pool_export_pointer, {p + 64}).result ==
+          CUDA_ERROR_INVALID_VALUE);  // not an allocation
+
+    // B's free ends its import; A's memory stays. A's free withdraws the export data.
+    REQUIRE(b->call(op::pool_free, {q, 0}).result == CUDA_SUCCESS);
+    seen = a->call(op::copy_dtoh, {p, n, 0});
+    REQUIRE(seen.result == CUDA_SUCCESS);
+    CHECK(seen.payload == data);
+    REQUIRE(a->call(op::pool_free, {p, 0}).result == CUDA_SUCCESS);
+    CHECK(b->call(op::pool_import_pointer, {bpool.outs.at(0)}, {pointer_handle}).result ==
+          CUDA_ERROR_INVALID_VALUE);
+}

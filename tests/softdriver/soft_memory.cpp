@@ -535,6 +535,10 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hSt
         if (dptr == 0) return CUDA_SUCCESS;  // as the real driver: freeing NULL does nothing
         auto it = s.ranges.find(static_cast<uintptr_t>(dptr));
         if (it == s.ranges.end() || it->second.k != range_kind::device) return CUDA_ERROR_INVALID_VALUE;
+        if (it->second.imports > 0) {  // an importer's free: its import ends, the exporter's memory stays
+            --it->second.imports;
+            return CUDA_SUCCESS;
+        }
         if (capture_of(s, hStream) != nullptr) {
             work at_launch = [base = it->first]() {
                 return entry([&](state& st) -> CUresult {
@@ -562,6 +566,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUm
             return CUDA_ERROR_INVALID_VALUE;
         pool_obj* p = s.create<pool_obj>();
         p->device = props->location.id;
+        p->shareable = (props->handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
         p->access[static_cast<size_t>(p->device)] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         *pool = to_handle<CUmemoryPool>(p->handle);
         return CUDA_SUCCESS;
@@ -1151,6 +1156,80 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuPointerSetAttribute(const void* value, CUpo
         unsigned v = 0;
         std::memcpy(&v, value, sizeof v);
         r->sync_memops = v != 0;
+        return CUDA_SUCCESS;
+    });
+}
+
+// Pools shared between processes, emulated in one: a pool's descriptor is a memfd that holds its handle; an
+// import is a pool object of its own that names it; an allocation's export data holds its address, which the
+// importer uses as it is (one address space). The importer's free ends its import, not the memory.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolExportToShareableHandle(void* handle_out, CUmemoryPool pool,
+                                                                    CUmemAllocationHandleType handleType,
+                                                                    unsigned long long flags) {
+    return entry([&](state& s) -> CUresult {
+        auto* p = s.find<pool_obj>(pool);
+        if (handle_out == nullptr || p == nullptr || flags != 0 ||
+            handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !p->shareable || p->imported_from != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        int fd = memfd_create("vcuda-soft-pool", 0);
+        if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+        const uint64_t h = p->handle;
+        if (pwrite(fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) {
+            close(fd);
+            return CUDA_ERROR_OPERATING_SYSTEM;
+        }
+        *static_cast<int*>(handle_out) = fd;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool* pool_out, void* handle,
+                                                                      CUmemAllocationHandleType handleType,
+                                                                      unsigned long long flags) {
+    return entry([&](state& s) -> CUresult {
+        if (pool_out == nullptr || flags != 0 || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+            return CUDA_ERROR_INVALID_VALUE;
+        uint64_t h = 0;
+        const int fd = static_cast<int>(reinterpret_cast<intptr_t>(handle));
+        if (pread(fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return CUDA_ERROR_INVALID_VALUE;
+        auto* from = s.find<pool_obj>(h);
+        if (from == nullptr || !from->shareable) return CUDA_ERROR_INVALID_VALUE;
+        const int device = from->device;
+        pool_obj* p = s.create<pool_obj>();
+        p->device = device;
+        p->imported_from = h;
+        *pool_out = to_handle<CUmemoryPool>(p->handle);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolExportPointer(CUmemPoolPtrExportData* shareData_out,
+                                                          CUdeviceptr ptr) {
+    return entry([&](state& s) -> CUresult {
+        auto it = s.ranges.find(static_cast<uintptr_t>(ptr));
+        if (shareData_out == nullptr || it == s.ranges.end() || it->second.pool == 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        auto* p = s.find<pool_obj>(it->second.pool);
+        if (p == nullptr || !p->shareable) return CUDA_ERROR_INVALID_VALUE;
+        *shareData_out = {};
+        const uint64_t at = ptr;
+        std::memcpy(shareData_out->reserved, &at, sizeof at);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemPoolImportPointer(CUdeviceptr* ptr_out, CUmemoryPool pool,
+                                                          CUmemPoolPtrExportData* shareData) {
+    return entry([&](state& s) -> CUresult {
+        auto* p = s.find<pool_obj>(pool);
+        if (ptr_out == nullptr || shareData == nullptr || p == nullptr || p->imported_from == 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        uint64_t at = 0;
+        std::memcpy(&at, shareData->reserved, sizeof at);
+        auto it = s.ranges.find(static_cast<uintptr_t>(at));
+        if (it == s.ranges.end() || it->second.pool != p->imported_from) return CUDA_ERROR_INVALID_VALUE;
+        ++it->second.imports;
+        *ptr_out = at;
         return CUDA_SUCCESS;
     });
 }

@@ -127,6 +127,9 @@ struct pool_obj : object {
     uint64_t release_threshold = 0;
     uint64_t used = 0, used_high = 0;
     std::array<CUmemAccess_flags, 8> access{};
+    bool shareable = false;  // made for POSIX file descriptors (cuMemPoolExportToShareableHandle)
+    uint64_t imported_from =
+        0;  // an import of this pool (cuMemPoolImportFromShareableHandle): allocations stay its
 };
 
 struct event_obj : object {
@@ -268,6 +271,7 @@ struct mem_range {
     std::array<CUmemAccess_flags, max_devices> access{};  // vmm: per-device access
     bool sync_memops = false;
     uint64_t pool = 0;   // a stream-ordered allocation's pool
+    int imports = 0;     // its cuMemPoolImportPointer imports not freed yet: a free ends one of them first
     bool graph = false;  // made by a memory alloc node: its address is its graph's, never unmapped by a free
 };
 
