@@ -215,18 +215,7 @@ VCUDA_API cuMemPoolExportToShareableHandle(void* handle_out, CUmemoryPool pool,
     plain_call c(op::ipc_export, "cuMemPoolExportToShareableHandle");
     c.arg(what_pool);
     c.handle(pool, handle_kind::mem_pool);
-    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) {
-        log_ipc_refusal("cuMemPoolExportToShareableHandle", rc, c.reply().detail);
-        return rc;
-    }
-    const auto& blobs = c.reply().blobs;
-    ipc_bytes bytes;
-    if (blobs.size() != 1 || blobs[0].size() != bytes.size()) return CUDA_ERROR_UNKNOWN;
-    std::memcpy(bytes.data(), blobs[0].data(), bytes.size());
-    int fd = shareable_descriptor(bytes);
-    if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
-    *static_cast<int*>(handle_out) = fd;
-    return CUDA_SUCCESS;
+    return export_descriptor(c, "cuMemPoolExportToShareableHandle", handle_out);
 }
 
 VCUDA_API cuMemPoolImportFromShareableHandle(CUmemoryPool* pool_out, void* handle,
@@ -239,11 +228,8 @@ VCUDA_API cuMemPoolImportFromShareableHandle(CUmemoryPool* pool_out, void* handl
         return static_cast<CUresult>(unsupported(
             "cuMemPoolImportFromShareableHandle from a handle type other than a POSIX file descriptor"));
     ipc_bytes bytes;
-    if (!read_shareable_descriptor(static_cast<int>(reinterpret_cast<intptr_t>(handle)), bytes)) {
-        log_ipc_refusal("cuMemPoolImportFromShareableHandle", CUDA_ERROR_INVALID_VALUE,
-                        "the descriptor is not one vcuda's cuMemPoolExportToShareableHandle made");
+    if (!handle_in_descriptor(handle, "cuMemPoolImportFromShareableHandle", bytes))
         return CUDA_ERROR_INVALID_VALUE;
-    }
     if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
     plain_call c(op::ipc_open, "cuMemPoolImportFromShareableHandle");
     c.arg(what_pool);

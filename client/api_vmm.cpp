@@ -226,16 +226,7 @@ VCUDA_API cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAlloca
     plain_call c(op::ipc_export, "cuMemExportToShareableHandle");
     c.arg(what_allocation);
     c.handle(reinterpret_cast<void*>(handle), handle_kind::mem_handle);
-    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS)
-        return refused_by_server("cuMemExportToShareableHandle", rc, c);
-    const auto& blobs = c.reply().blobs;
-    ipc_bytes bytes;
-    if (blobs.size() != 1 || blobs[0].size() != bytes.size()) return CUDA_ERROR_UNKNOWN;
-    std::memcpy(bytes.data(), blobs[0].data(), bytes.size());
-    int fd = shareable_descriptor(bytes);
-    if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
-    *static_cast<int*>(shareableHandle) = fd;
-    return CUDA_SUCCESS;
+    return export_descriptor(c, "cuMemExportToShareableHandle", shareableHandle);
 }
 
 VCUDA_API cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
@@ -247,11 +238,8 @@ VCUDA_API cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, v
         return static_cast<CUresult>(unsupported(
             "cuMemImportFromShareableHandle from a handle type other than a POSIX file descriptor"));
     ipc_bytes bytes;
-    if (!read_shareable_descriptor(static_cast<int>(reinterpret_cast<intptr_t>(osHandle)), bytes)) {
-        log_ipc_refusal("cuMemImportFromShareableHandle", CUDA_ERROR_INVALID_VALUE,
-                        "the descriptor is not one vcuda's cuMemExportToShareableHandle made");
+    if (!handle_in_descriptor(osHandle, "cuMemImportFromShareableHandle", bytes))
         return CUDA_ERROR_INVALID_VALUE;
-    }
     if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
     plain_call c(op::ipc_open, "cuMemImportFromShareableHandle");
     c.arg(what_allocation);

@@ -56,4 +56,25 @@ void log_ipc_refusal(const char* call, int result, const std::string& detail) {
         VCUDA_LOG_WARN("{} (result {})", key, result);
 }
 
+CUresult export_descriptor(plain_call& c, const char* call, void* fd_out) {
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) {
+        log_ipc_refusal(call, rc, c.reply().detail);
+        return rc;
+    }
+    const auto& blobs = c.reply().blobs;
+    ipc_bytes bytes;
+    if (blobs.size() != 1 || blobs[0].size() != bytes.size()) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(bytes.data(), blobs[0].data(), bytes.size());
+    int fd = shareable_descriptor(bytes);
+    if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+    *static_cast<int*>(fd_out) = fd;
+    return CUDA_SUCCESS;
+}
+
+bool handle_in_descriptor(void* os_handle, const char* call, ipc_bytes& out) {
+    if (read_shareable_descriptor(static_cast<int>(reinterpret_cast<intptr_t>(os_handle)), out)) return true;
+    log_ipc_refusal(call, CUDA_ERROR_INVALID_VALUE, "the descriptor is not one vcuda's export made");
+    return false;
+}
+
 }  // namespace vcuda::client

@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <string>
 
+#include "client/plain_call.hpp"
+
 namespace vcuda::client {
 
 inline constexpr size_t ipc_handle_bytes = 64;
@@ -22,5 +24,10 @@ int shareable_descriptor(const ipc_bytes& handle);
 bool read_shareable_descriptor(int fd, ipc_bytes& out);
 // Logs why the server refused an IPC call (its answer's detail), once per reason, as a warning.
 void log_ipc_refusal(const char* call, int result, const std::string& detail);
+// Sends `c`, an ipc_export the caller filled, and writes the application's descriptor of the handle it
+// answers to *fd_out (cuMemExportToShareableHandle, cuMemPoolExportToShareableHandle).
+CUresult export_descriptor(plain_call& c, const char* call, void* fd_out);
+// The handle in the application's descriptor `os_handle`; false, logged, when it is not one vcuda made.
+bool handle_in_descriptor(void* os_handle, const char* call, ipc_bytes& out);
 
 }  // namespace vcuda::client
