@@ -2,6 +2,8 @@
 
 - CONFORMANCE_MAX_TESTS=N: keep N of the collected tests, chosen by a hash of each test's id (the same N tests
   natively and through vcuda, and in every xdist worker, whatever the collection order); the rest deselected.
+- CONFORMANCE_ONLY_IDS=FILE: then keep only the tests whose ids are lines of FILE (the runner gives the modes
+  through vcuda the tests the native run reached, when its time ran out: the others could not be compared).
 - CONFORMANCE_RESULTS=FILE: append one line per test phase report, `OUTCOME<TAB>WHEN<TAB>NODEID`, flushed at once,
   so a run killed by its time limit still leaves the outcomes of the tests that finished (the JUnit XML file is
   written only at the end of the session). Written by the controlling process only (not by xdist workers).
@@ -17,15 +19,22 @@ def _key(nodeid):
     return zlib.crc32(nodeid.encode("utf-8", "replace"))
 
 
+def _keep(config, items, keep_ids):
+    dropped = [it for it in items if it.nodeid not in keep_ids]
+    if dropped:
+        items[:] = [it for it in items if it.nodeid in keep_ids]
+        config.hook.pytest_deselected(items=dropped)
+
+
 def pytest_collection_modifyitems(session, config, items):
     limit = os.environ.get("CONFORMANCE_MAX_TESTS", "").strip()
-    if not limit or int(limit) <= 0 or len(items) <= int(limit):
-        return
-    keep_ids = {it.nodeid for it in sorted(items, key=lambda it: (_key(it.nodeid), it.nodeid))[: int(limit)]}
-    kept = [it for it in items if it.nodeid in keep_ids]
-    dropped = [it for it in items if it.nodeid not in keep_ids]
-    items[:] = kept
-    config.hook.pytest_deselected(items=dropped)
+    if limit and 0 < int(limit) < len(items):
+        _keep(config, items,
+              {it.nodeid for it in sorted(items, key=lambda it: (_key(it.nodeid), it.nodeid))[: int(limit)]})
+    only = os.environ.get("CONFORMANCE_ONLY_IDS", "").strip()
+    if only:
+        with open(only) as f:
+            _keep(config, items, {line.rstrip("\n") for line in f if line.strip()})
 
 
 _results = None

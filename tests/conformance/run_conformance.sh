@@ -22,6 +22,8 @@
 #                          CONFORMANCE_TIMEOUT_<suite> when set
 #   CONFORMANCE_MAX_TESTS_<suite>  pytest suites: run this many tests, picked by a hash of their ids (the same
 #                          ones in every mode); 0 = all. Defaults: torch 400, cupy 2000, jax 300
+#                          When the native run of a pytest suite is cut by its limit, the modes through vcuda
+#                          run only the tests it reached (SUITE.native.reached): the others could not be compared
 #   CONFORMANCE_PATHS_<suite>      pytest suites: the test paths (relative to the suite's folder; torch: to its
 #                          run root, default torch_wheel_tests.py test/test_cuda.py test/test_cuda_sanitizer.py, the
 #                          files under test/ when carried; their serialTest() tests run in a pass without xdist)
@@ -421,6 +423,7 @@ shown() { local d="${1#"$OUTDIR"/}"; echo "${d#"$SUITES_DIR"/}"; }  # a folder a
 # dir, base, envs, kargs, PREFIX) in dir, stopped by SIGINT at LIMIT seconds; its output appended to LOG_FILE;
 # sets $pass_rc. LABEL is for the dry run.
 LOG_FILE=""
+ONLY_IDS=""  # the tests the native run reached, for the modes after it, when its time ran out (else empty)
 one_pytest() {
     local label="$1" lim="$2" max="$3" xml="$4"
     shift 4
@@ -436,6 +439,7 @@ one_pytest() {
     fi
     # SIGINT first: pytest ends the session and still writes its JUnit file; the stream file has the rest
     (cd "$dir" && timeout -s INT -k 20 "$lim" env CONFORMANCE_MAX_TESTS="$max" CONFORMANCE_RESULTS="$base.results" \
+        CONFORMANCE_ONLY_IDS="$ONLY_IDS" \
         VCUDA_LOG_FILE="$base.client.log" ${envs[@]+"${envs[@]}"} "${PREFIX[@]}" "${cmd[@]}") >>"$LOG_FILE" 2>&1 </dev/null
     pass_rc=$?
 }
@@ -585,6 +589,7 @@ for suite in "${SUITES[@]}"; do
             notes+=("torch: no psutil, test/test_cuda.py not collected")
         fi
     fi
+    ONLY_IDS=""
     for mode in "${MODES[@]}"; do
         limit="$(run_limit "$suite" "$mode")"
         say "$suite ($mode): limit ${limit}s"
@@ -606,6 +611,14 @@ for suite in "${SUITES[@]}"; do
         secs=$(( $(date +%s) - t0 ))
         printf 'seconds=%s\nstatus=%s\nlimit=%s\npasses=%s\n' "$secs" "$status" "$limit" "${run_passes# }" \
             >"$OUTDIR/$suite.$mode.meta"
+        # A native pytest run cut by its limit: the modes through vcuda run only the tests it reached (the
+        # others could not be compared), so their time goes to what counts.
+        if [ "$mode" = native ] && [ "$status" = TIMEOUT ] && [ "$suite" != samples ] && [ "$DRY" != 1 ]; then
+            ONLY_IDS="$OUTDIR/$suite.native.reached"
+            awk -F'\t' '$2 != "collect" { print $3 }' "$OUTDIR/$suite.native.results" 2>/dev/null | sort -u >"$ONLY_IDS"
+            say "$suite: the native run reached $(wc -l <"$ONLY_IDS") tests before its limit; the modes through" \
+                "vcuda run those ($(shown "$ONLY_IDS"))"
+        fi
         [ "$DRY" = 1 ] || say "$suite ($mode): $status in ${secs}s${run_passes:+ (${run_passes# }, then the parallel pass)};" \
             "$(tail -1 "$OUTDIR/$suite.$mode.log" 2>/dev/null | cut -c1-150)"
     done
