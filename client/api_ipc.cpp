@@ -39,11 +39,6 @@ CUresult take_handle(const plain_call& c, void* out) {
     return CUDA_SUCCESS;
 }
 
-CUresult refused_by_server(const char* call, CUresult rc, const plain_call& c) {
-    log_ipc_refusal(call, rc, c.reply().detail);
-    return rc;
-}
-
 CUresult open_memory(CUdeviceptr* pdptr, const CUipcMemHandle& handle, unsigned flags, const char* name) {
     VCUDA_REQUIRE_INIT();
     if (!pdptr) return CUDA_ERROR_INVALID_VALUE;

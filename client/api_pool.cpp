@@ -235,10 +235,8 @@ VCUDA_API cuMemPoolImportFromShareableHandle(CUmemoryPool* pool_out, void* handl
     c.arg(what_pool);
     c.arg(uint64_t{0});
     c.blob(bytes);
-    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) {
-        log_ipc_refusal("cuMemPoolImportFromShareableHandle", rc, c.reply().detail);
-        return rc;
-    }
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS)
+        return refused_by_server("cuMemPoolImportFromShareableHandle", rc, c);
     *pool_out = c.out_handle<CUmemoryPool>(0, handle_kind::mem_pool);
     return CUDA_SUCCESS;
 }
@@ -270,10 +268,7 @@ VCUDA_API cuMemPoolImportPointer(CUdeviceptr* ptr_out, CUmemoryPool pool,
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     auto& st = state::get();
     const auto p = c.out<uint64_t>(0), bytes = c.out<uint64_t>(1);
-    const auto server_device = static_cast<int>(c.out<uint64_t>(2));
-    int device = -1;  // the client ordinal of the memory's GPU
-    for (int d = 0; d < st.device_count(); ++d)
-        if (st.device(d).owner == &st.remote() && st.device(d).server_index == server_device) device = d;
+    const int device = st.client_device(static_cast<int>(c.out<uint64_t>(2)));  // the memory's GPU
     if (device < 0 || !p) return CUDA_ERROR_UNKNOWN;
     st.add_allocation(p, bytes, device, false, false, false);
     *ptr_out = p;

@@ -197,11 +197,6 @@ VCUDA_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
 
 namespace {
 enum ipc_what : uint64_t { what_allocation = 2 };
-
-CUresult refused_by_server(const char* call, CUresult rc, const plain_call& c) {
-    log_ipc_refusal(call, rc, c.reply().detail);
-    return rc;
-}
 }  // namespace
 
 VCUDA_API cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
@@ -248,10 +243,7 @@ VCUDA_API cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, v
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS)
         return refused_by_server("cuMemImportFromShareableHandle", rc, c);
     auto& st = state::get();
-    const auto server_device = static_cast<int>(c.out<uint64_t>(2));
-    int device = -1;  // the client ordinal of the memory's GPU
-    for (int d = 0; d < st.device_count(); ++d)
-        if (st.device(d).owner == &st.remote() && st.device(d).server_index == server_device) device = d;
+    const int device = st.client_device(static_cast<int>(c.out<uint64_t>(2)));  // the memory's GPU
     uint64_t id = reinterpret_cast<uint64_t>(c.out_handle<void*>(0, handle_kind::mem_handle));
     if (device < 0) return CUDA_ERROR_UNKNOWN;
     created made;

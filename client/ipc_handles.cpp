@@ -56,11 +56,13 @@ void log_ipc_refusal(const char* call, int result, const std::string& detail) {
         VCUDA_LOG_WARN("{} (result {})", key, result);
 }
 
+CUresult refused_by_server(const char* call, CUresult rc, const plain_call& c) {
+    log_ipc_refusal(call, rc, c.reply().detail);
+    return rc;
+}
+
 CUresult export_descriptor(plain_call& c, const char* call, void* fd_out) {
-    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) {
-        log_ipc_refusal(call, rc, c.reply().detail);
-        return rc;
-    }
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return refused_by_server(call, rc, c);
     const auto& blobs = c.reply().blobs;
     ipc_bytes bytes;
     if (blobs.size() != 1 || blobs[0].size() != bytes.size()) return CUDA_ERROR_UNKNOWN;

@@ -24,6 +24,8 @@ int shareable_descriptor(const ipc_bytes& handle);
 bool read_shareable_descriptor(int fd, ipc_bytes& out);
 // Logs why the server refused an IPC call (its answer's detail), once per reason, as a warning.
 void log_ipc_refusal(const char* call, int result, const std::string& detail);
+// Logs the server's refusal of `call` (log_ipc_refusal) and returns its result.
+CUresult refused_by_server(const char* call, CUresult rc, const plain_call& c);
 // Sends `c`, an ipc_export the caller filled, and writes the application's descriptor of the handle it
 // answers to *fd_out (cuMemExportToShareableHandle, cuMemPoolExportToShareableHandle).
 CUresult export_descriptor(plain_call& c, const char* call, void* fd_out);

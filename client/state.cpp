@@ -383,6 +383,13 @@ void state::device_usage(int device, uint64_t& bytes, bool& has_context) {
     for (auto& [id, c] : contexts_) has_context |= c->device == device;  // primary contexts included
 }
 
+int state::client_device(int server_index) {
+    int found = -1;
+    for (int d = 0; d < device_count(); ++d)
+        if (devices_[d].owner == &remote() && devices_[d].server_index == server_index) found = d;
+    return found;
+}
+
 void state::add_host(const host_allocation& h) {
     std::unique_lock lock(mu);
     host_[h.base] = h;

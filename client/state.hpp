@@ -97,6 +97,8 @@ class state {
     int device_count() const { return static_cast<int>(devices_.size()); }
     size_t session_count() const { return sessions_.size(); }
     const server_device& device(int ordinal) const { return devices_[ordinal]; }
+    // The client ordinal of GPU `server_index` of the session remote() gives; -1 when this process has none.
+    int client_device(int server_index);
     // Every GPU of the sessions in the servers' order, also those CUDA_VISIBLE_DEVICES hides: what NVML
     // lists.
     const std::vector<server_device>& listed_devices() const { return listed_; }

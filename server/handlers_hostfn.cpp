@@ -127,6 +127,31 @@ CUDA_HOST_NODE_PARAMS graph_host_func(call_context& cx, uint64_t id) {
 
 namespace {
 
+// The client's side of copy `c` (its source when it goes to the device): what staging buffers are shared by.
+host_copy_buffers::shape client_side(const CUDA_MEMCPY3D& c, bool to_device) {
+    if (to_device)
+        return {reinterpret_cast<uintptr_t>(c.srcHost),
+                c.srcXInBytes,
+                c.srcY,
+                c.srcZ,
+                c.srcPitch,
+                c.srcHeight,
+                c.WidthInBytes,
+                c.Height,
+                c.Depth,
+                1};
+    return {reinterpret_cast<uintptr_t>(c.dstHost),
+            c.dstXInBytes,
+            c.dstY,
+            c.dstZ,
+            c.dstPitch,
+            c.dstHeight,
+            c.WidthInBytes,
+            c.Height,
+            c.Depth,
+            0};
+}
+
 // Gives a staging buffer that no host copy uses back: unregistered, its size credited.
 void unpin(call_context& cx, host_copy_buffers::buffer& b) {
     if (b.registered) {
@@ -183,27 +208,7 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
     if (id == 0 || to_device == (c.dstMemoryType == CU_MEMORYTYPE_HOST)) return cx.bad_arguments();
     size_t size = 0;
     if (!packed_size(c, size) || size == 0) return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad copy extent");
-    const host_copy_buffers::shape of = to_device
-                                            ? host_copy_buffers::shape{reinterpret_cast<uintptr_t>(c.srcHost),
-                                                                       c.srcXInBytes,
-                                                                       c.srcY,
-                                                                       c.srcZ,
-                                                                       c.srcPitch,
-                                                                       c.srcHeight,
-                                                                       c.WidthInBytes,
-                                                                       c.Height,
-                                                                       c.Depth,
-                                                                       1}
-                                            : host_copy_buffers::shape{reinterpret_cast<uintptr_t>(c.dstHost),
-                                                                       c.dstXInBytes,
-                                                                       c.dstY,
-                                                                       c.dstZ,
-                                                                       c.dstPitch,
-                                                                       c.dstHeight,
-                                                                       c.WidthInBytes,
-                                                                       c.Height,
-                                                                       c.Depth,
-                                                                       0};
+    const host_copy_buffers::shape of = client_side(c, to_device);
     cx.sess.drop_host_copies(false);  // those whose graphs are gone
     bool taken = false;
     std::shared_ptr<host_copy_buffers::buffer> buf = cx.sess.host_copies.use(id, of, taken);

@@ -400,7 +400,7 @@ CUresult handle_ipc_export(call_context& cx) {
 }
 
 // args {what, flags}; blob {the handle}. Out: memory {address, bytes}; event {event}; allocation {mem_handle,
-// size, device}.
+// size, device}; pool {pool, device}.
 CUresult handle_ipc_open(call_context& cx) {
     if (!cx.expect_args(2) || cx.arg(0) > what_pool || cx.blob_count() != 1) return cx.bad_arguments();
     if (!cx.sess.ipc()) return no_ipc(cx);

@@ -12,15 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#define CHECK(x)                                          \
-    do {                                                  \
-        CUresult r_ = (x);                                \
-        if (r_ != CUDA_SUCCESS) {                         \
-            const char* s_ = nullptr;                     \
-            cuGetErrorName(r_, &s_);                      \
-            std::printf("%s -> %s\n", #x, s_ ? s_ : "?"); \
-        }                                                 \
-    } while (0)
+#include "probe_check.h"
 
 namespace {
 
