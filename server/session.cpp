@@ -158,7 +158,7 @@ void session::release_device(size_t device) {
             continue;
         }
         if (s.ctx) d.cuMemFree_v2(it->first);
-        s.memory->credit(it->second.size);
+        if (!it->second.imported) s.memory->credit(it->second.size);  // an import is charged to its exporter
         it = pools.allocations_.erase(it);
     }
     // What the device's pools kept reserved goes with its context.
