@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(cmake ninja-build g++ python3 clang-format clang-tidy
       libboost-dev libflatbuffers-dev flatbuffers-compiler libspdlog-dev libfmt-dev catch2
-      libcli11-dev nlohmann-json3-dev libsqlite3-dev libssl-dev)
+      libcli11-dev nlohmann-json3-dev libsqlite3-dev libssl-dev python3-pytest)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
