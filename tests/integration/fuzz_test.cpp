@@ -269,16 +269,23 @@ class fuzzer {
     // A structurally valid CALL whose op, arguments, blobs and payload are changed: other arg counts, ops
     // next to real ones, values next to real handles and pointers.
     bytes reshaped_call() {
-        static const uint32_t ops[] = {
-            static_cast<uint32_t>(op::mem_alloc),         static_cast<uint32_t>(op::mem_free),
-            static_cast<uint32_t>(op::copy_htod),         static_cast<uint32_t>(op::copy_dtoh),
-            static_cast<uint32_t>(op::copy_dtod),         static_cast<uint32_t>(op::memset),
-            static_cast<uint32_t>(op::mem_get_info),      static_cast<uint32_t>(op::session_info),
-            static_cast<uint32_t>(op::cuStreamCreate),    static_cast<uint32_t>(op::cuStreamSynchronize),
-            static_cast<uint32_t>(op::cuStreamDestroy_v2),  static_cast<uint32_t>(op::pool_alloc),
-            static_cast<uint32_t>(op::pool_free),           static_cast<uint32_t>(op::pool_export_pointer),
-            static_cast<uint32_t>(op::pool_import_pointer), static_cast<uint32_t>(op::ipc_export),
-            static_cast<uint32_t>(op::ipc_open)};
+        static const uint32_t ops[] = {static_cast<uint32_t>(op::mem_alloc),
+                                       static_cast<uint32_t>(op::mem_free),
+                                       static_cast<uint32_t>(op::copy_htod),
+                                       static_cast<uint32_t>(op::copy_dtoh),
+                                       static_cast<uint32_t>(op::copy_dtod),
+                                       static_cast<uint32_t>(op::memset),
+                                       static_cast<uint32_t>(op::mem_get_info),
+                                       static_cast<uint32_t>(op::session_info),
+                                       static_cast<uint32_t>(op::cuStreamCreate),
+                                       static_cast<uint32_t>(op::cuStreamSynchronize),
+                                       static_cast<uint32_t>(op::cuStreamDestroy_v2),
+                                       static_cast<uint32_t>(op::pool_alloc),
+                                       static_cast<uint32_t>(op::pool_free),
+                                       static_cast<uint32_t>(op::pool_export_pointer),
+                                       static_cast<uint32_t>(op::pool_import_pointer),
+                                       static_cast<uint32_t>(op::ipc_export),
+                                       static_cast<uint32_t>(op::ipc_open)};
         uint32_t o = pick(3) ? ops[pick(std::size(ops))] : static_cast<uint32_t>(pick(400));
         std::vector<uint64_t> args(pick(9));
         for (auto& a : args) a = pick(3) ? last_out_ + pick(8192) - 4096 : interesting();
