@@ -478,6 +478,13 @@ int main(int argc, char** argv) {
             "--test-report-utilization {}: heartbeats report that utilization for every GPU (tests)",
             test_utilization);
     vcuda::server::server srv(drv, opts);
+    // Bound now (a bad address fails the start), served last: clients are taken only once every thread of
+    // the server has started, and the "serving" line says so.
+    struct bound_listener {
+        vcuda::listener l;
+        const char* what;
+    };
+    std::vector<bound_listener> bound;
     for (auto& a : listen) {
         auto ep = vcuda::endpoint::parse(a);
         if (!ep) {
@@ -512,14 +519,11 @@ int main(int argc, char** argv) {
         }
         const bool tcp = ep->type == vcuda::endpoint::kind::tcp;
         if (tcp && tls) l->set_tls(tls);
-        VCUDA_LOG_INFO(
-            "serving {} GPU(s) on {}{}{}", drv.gpus().size(), l->local().to_string(),
-            !tcp         ? " (Unix socket: local, not encrypted)"
-            : !tls       ? " (TCP without TLS: not encrypted)"
-            : mutual_tls ? " (TLS; client certificates required)"
-                         : " (TLS)",
-            opts.memory_quota ? fmt::format(" (quota {} MiB per session)", opts.memory_quota >> 20) : "");
-        srv.serve(std::move(*l));
+        bound.push_back(
+            {std::move(*l), !tcp         ? " (Unix socket: local, not encrypted)"
+                            : !tls       ? " (TCP without TLS: not encrypted)"
+                            : mutual_tls ? " (TLS; client certificates required)"
+                                         : " (TLS)"});
     }
     std::unique_ptr<vcuda::metrics::http_listener> metrics_server;  // declared after `srv`: stops before it
     if (metrics_at) {
@@ -912,6 +916,12 @@ int main(int argc, char** argv) {
                 }
             }
         });
+    }
+    for (auto& b : bound) {
+        VCUDA_LOG_INFO(
+            "serving {} GPU(s) on {}{}{}", drv.gpus().size(), b.l.local().to_string(), b.what,
+            opts.memory_quota ? fmt::format(" (quota {} MiB per session)", opts.memory_quota >> 20) : "");
+        srv.serve(std::move(b.l));
     }
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);

@@ -160,10 +160,13 @@ start_server() {
             server_pid=""
             return 1
         fi
-        case "$listen" in
-            unix:*) [ -S "${listen#unix:}" ] && return 0 ;;
-            *) port_listening "${listen##*:}" && return 0 ;;
-        esac
+        # Session-end checks count the server's threads once it has started them all: it logs "serving" then.
+        if [ "$expect_session_end" != 1 ] || grep -q "serving .* GPU(s) on" "$server_log"; then
+            case "$listen" in
+                unix:*) [ -S "${listen#unix:}" ] && return 0 ;;
+                *) port_listening "${listen##*:}" && return 0 ;;
+            esac
+        fi
         sleep 0.1
     done
     echo "run_via_vcuda: the server was not listening on $listen after 15 s" >>"$server_log"
