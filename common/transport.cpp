@@ -609,6 +609,23 @@ transport_result<void> stream::socket_read(void* buf, size_t n, deadline until) 
     return {};
 }
 
+std::vector<std::byte> stream::take_buffered() {
+    std::vector<std::byte> out(buffered());
+    if (!out.empty()) std::memcpy(out.data(), rbuf_.get() + rpos_, out.size());
+    rpos_ = rlen_ = 0;
+    return out;
+}
+
+bool stream::put_back(std::span<const std::byte> bytes) {
+    if (bytes.empty()) return true;
+    if (local_ || buffered() != 0 || bytes.size() > read_buffer_size) return false;
+    if (!rbuf_) rbuf_ = std::make_unique<char[]>(read_buffer_size);
+    std::memcpy(rbuf_.get(), bytes.data(), bytes.size());
+    rpos_ = 0;
+    rlen_ = bytes.size();
+    return true;
+}
+
 // ---------------------------------------------------------------- stream on shared-memory rings
 
 std::chrono::microseconds default_spin() {

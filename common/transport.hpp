@@ -129,6 +129,10 @@ class stream {
     bool has_rings() const { return rings_ != nullptr; }
     // Bytes read ahead from a TCP socket and not yet handed out (0 on other streams).
     size_t buffered() const { return rlen_ - rpos_; }
+    // Those bytes, taken out: the socket goes to another process (--isolation process), which puts them
+    // back in front of what it reads with put_back (as many as read_buffer_size at most).
+    std::vector<std::byte> take_buffered();
+    bool put_back(std::span<const std::byte> bytes);
     // A reader on the socket spins up to `spin` (retrying it) before it sleeps (rings: attach_rings' own
     // spin).
     void set_spin(std::chrono::microseconds spin) { spin_ = spin; }

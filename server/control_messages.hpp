@@ -63,7 +63,7 @@ struct message_reader {
 };
 
 // The largest datagram receive_message takes.
-inline constexpr size_t max_message_bytes = (64u << 10) + 8192;
+inline constexpr size_t max_message_bytes = (128u << 10) + 8192;  // a HELLO and the bytes read after it
 
 // One datagram with `fds` (at most 4) passed along. False when the peer is gone.
 bool send_message(int sock, const std::vector<std::byte>& m, std::span<const int> fds = {});

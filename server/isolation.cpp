@@ -14,11 +14,16 @@
 //
 // Messages on the socket pair (one datagram each, host byte order; both ends are the same binary):
 //   session:    u32 1, u64 id, u64 memory quota, u32 key length, key, u32 lease id length, lease id,
-//               u32 GPU count, u64 GPU index..., u32 tenant length, tenant, u64 the server's IPC instance id
+//               u32 GPU count, u64 GPU index..., u32 tenant length, tenant, u64 the server's IPC instance id,
+//               u32 1 when another server moves the session here (its id and key come with its state)
 // and from the worker, IPC requests (server/ipc.cpp: deposit, withdraw, fetch), which a thread of the parent
 // serves per worker from its registry, for that worker's session and tenant.
-//   connection: u32 2, u32 peer length, peer description, u32 HELLO length, HELLO frame bytes; the
+//   connection: u32 2, u32 peer length, peer description, u32 HELLO length, HELLO frame bytes, u32 length
+//               and the bytes the parent read after HELLO (a moving server does not wait for an answer); the
 //               connection's descriptor rides along (SCM_RIGHTS).
+// Moves (server/session_transfer.cpp) work as in thread mode, inside the worker: the parent passes the
+// manager's request on (msg_move) and waits for the outcome; a session moved here gets a worker of its own,
+// which tells the parent the session's id and key once its state has named them (msg_adopted).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -28,7 +33,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <optional>
+#include <span>
 #include <thread>
 
 #include "common/log.hpp"
@@ -48,6 +56,10 @@ namespace {
 constexpr uint32_t msg_session = 1, msg_connection = 2;
 // Suspend and resume, from the parent (the manager asked); the worker's status, to the parent.
 constexpr uint32_t msg_suspend = 3, msg_resume = 4, msg_status = 5;
+// A move, from the parent (str address, str token); its outcome, to the parent (u32 result, str note). A
+// session moved here: its id, key and client, to the parent, once the moved state named them (u64 id, str
+// key, str client).
+constexpr uint32_t msg_move = 6, msg_move_result = 7, msg_adopted = 8;
 
 std::string describe_status(int status) {
     if (WIFEXITED(status)) return "exited (status " + std::to_string(WEXITSTATUS(status)) + ")";
@@ -70,9 +82,15 @@ struct server::worker {
     pid_t pid = -1;
     int control = -1;  // the parent's end of the socket pair
     int64_t opened_at_ms = 0;
+    bool local_client = false;
+    // A session another server moves here: `id` is a placeholder until the worker names the session.
+    bool incoming = false;
     std::mutex send_mu;
     std::mutex status_mu;
-    worker_status status;  // under status_mu
+    worker_status status;                                   // under status_mu
+    std::condition_variable move_cv;                        // with status_mu
+    std::optional<std::pair<CUresult, std::string>> moved;  // under status_mu: a move's outcome
+    bool ended = false;                                     // under status_mu: the worker is gone
     ~worker() {
         if (control >= 0) ::close(control);
     }
@@ -82,12 +100,14 @@ struct server::worker {
 
 void server::hand_over(frame_stream& fs, const frame& hello, const std::string& peer) {
     auto* h = root_of<wire::Hello>(hello);
-    if (fs.raw().buffered() > 0) {  // a client waits for HELLO_REPLY before it sends anything else
+    // A client waits for HELLO_REPLY before it sends anything else; a server moving a session here sends
+    // its state right after HELLO: what was read of it goes to the worker with the connection.
+    if (fs.raw().buffered() > 0 && !h->adopt()) {
         send_wire_error(fs, wire_errc::unexpected_kind, "frames sent before HELLO_REPLY");
         return;
     }
     std::shared_ptr<worker> w;
-    if (h->session_id() == 0) {
+    if (h->session_id() == 0) {  // a new session, or one that another server moves here (`adopt`)
         session_grant grant;
         if (!authorize(*h, grant, fs, peer)) return;
         std::lock_guard lock(open_mu_);
@@ -97,7 +117,10 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
         while (w->id == 0 || workers_.count(w->id));
         w->key = os_random_bytes(session_key_bytes);
         w->grant = grant;
-        w->peer = peer + " pid " + std::to_string(h->client_pid());
+        w->peer =
+            h->adopt() ? "a session moved from " + peer : peer + " pid " + std::to_string(h->client_pid());
+        w->local_client = fs.raw().is_local();
+        w->incoming = h->adopt();
         w->opened_at_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                               std::chrono::system_clock::now().time_since_epoch())
                               .count();
@@ -154,6 +177,7 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
         for (size_t g : grant.gpus) m.u64(g);
         m.str(grant.tenant);
         m.u64(opts_.ipc ? opts_.ipc->instance() : 0);
+        m.u32(w->incoming ? 1 : 0);
         send_message(w->control, m.bytes, -1);  // a worker that is gone already is reaped below
         std::thread([this, w] {
             name_this_thread("vc-reap");
@@ -163,8 +187,11 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
             name_this_thread("vc-worker-ipc");
             serve_worker(w);
         }).detach();
-        VCUDA_LOG_INFO("session {} opened by {} (host {}): worker pid {}", w->id, w->peer,
-                       h->client_host() ? h->client_host()->str() : "?", pid);
+        if (w->incoming)
+            VCUDA_LOG_INFO("{}: a moved session comes to worker pid {}", peer, pid);
+        else
+            VCUDA_LOG_INFO("session {} opened by {} (host {}): worker pid {}", w->id, w->peer,
+                           h->client_host() ? h->client_host()->str() : "?", pid);
     } else {
         const auto* key = h->session_key();
         std::string_view given =
@@ -188,6 +215,9 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
     auto bytes = frame_bytes(hello);
     m.u32(static_cast<uint32_t>(bytes.size()));
     m.raw(bytes.data(), bytes.size());
+    auto ahead = fs.raw().take_buffered();
+    m.u32(static_cast<uint32_t>(ahead.size()));
+    m.raw(ahead.data(), ahead.size());
     bool sent;
     {
         std::lock_guard lock(w->send_mu);
@@ -208,8 +238,13 @@ void server::reap(const std::shared_ptr<worker>& w) {
     {
         std::lock_guard lock(open_mu_);
         workers_.erase(w->id);
-        drop_lease_claim(w->grant.lease_id, w->grant.gpus, w->id);
+        drop_lease_claim(w->grant.lease_id, w->grant.gpus, w->incoming ? 0 : w->id);
     }
+    {
+        std::lock_guard lock(w->status_mu);
+        w->ended = true;
+    }
+    w->move_cv.notify_all();
     std::string how =
         r < 0 ? std::string("could not be waited for: ") + std::strerror(errno) : describe_status(status);
     if (r >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
@@ -231,12 +266,32 @@ void server::serve_worker(const std::shared_ptr<worker>& w) {
             st.idle_ms = static_cast<int64_t>(r.u64());
             st.memory_used = r.u64();
             st.note = r.str();
+            st.moved_to = r.str();
             st.known = r.ok;
             for (int fd : fds) ::close(fd);
             if (st.known) {
                 std::lock_guard lock(w->status_mu);
                 w->status = std::move(st);
             }
+            continue;
+        }
+        if (message_reader r{m}; r.u32() == msg_move_result) {
+            auto rc = static_cast<CUresult>(r.u32());
+            std::string note = r.str();
+            for (int fd : fds) ::close(fd);
+            if (r.ok) {
+                std::lock_guard lock(w->status_mu);
+                w->moved.emplace(rc, std::move(note));
+            }
+            w->move_cv.notify_all();
+            continue;
+        }
+        if (message_reader r{m}; r.u32() == msg_adopted) {
+            const uint64_t id = r.u64();
+            std::string key = r.str();
+            std::string peer = r.str();
+            for (int fd : fds) ::close(fd);
+            adopt_moved_worker(w, id, std::move(key), std::move(peer), r.ok);
             continue;
         }
         if (!opts_.ipc_exports || !serve_ipc_request(*opts_.ipc_exports, w->id, w->grant.tenant, m, fds)) {
@@ -254,7 +309,8 @@ std::vector<server::worker_session> server::worker_sessions() {
     std::vector<worker_session> out;
     for (auto& [id, w] : workers_) {
         std::lock_guard status(w->status_mu);
-        out.push_back({id, w->pid, w->grant, w->peer, w->opened_at_ms, w->status});
+        if (w->incoming) continue;  // not a session here yet
+        out.push_back({id, w->pid, w->grant, w->peer, w->opened_at_ms, w->local_client, w->status});
     }
     return out;
 }
@@ -271,6 +327,71 @@ bool server::ask_worker(uint64_t id, bool suspend) {
     m.u32(suspend ? msg_suspend : msg_resume);
     std::lock_guard lock(w->send_mu);
     return send_message(w->control, m.bytes, -1);
+}
+
+void server::adopt_moved_worker(const std::shared_ptr<worker>& w, uint64_t id, std::string key,
+                                std::string peer, bool ok) {
+    std::lock_guard lock(open_mu_);
+    if (!w->incoming || id == 0 || key.size() != session_key_bytes || !ok || workers_.count(id)) {
+        VCUDA_LOG_WARN("{}: the moved session {} is refused: {}; its worker pid {} is stopped", w->peer, id,
+                       workers_.count(id) ? "a session with that id is here already" : "malformed", w->pid);
+        ::kill(w->pid, SIGTERM);
+        return;
+    }
+    workers_.erase(w->id);
+    // The lease claim the parent took for it (admit) is the session's now.
+    if (!w->grant.lease_id.empty()) {
+        drop_lease_claim(w->grant.lease_id, w->grant.gpus, 0);
+        std::string refusal;
+        if (claim_lease(w->grant, refusal)) lease_sessions_[{w->grant.lease_id, w->grant.gpus.front()}] = id;
+    }
+    w->id = id;
+    w->key = std::move(key);
+    w->peer = std::move(peer);
+    w->incoming = false;
+    workers_[id] = w;
+    VCUDA_LOG_INFO("session {} ({}): served by worker pid {}", id, w->peer, w->pid);
+}
+
+CUresult server::move_worker_session(uint64_t id, const session::move_target& to, std::chrono::seconds wait,
+                                     std::string& note) {
+    std::shared_ptr<worker> w;
+    {
+        std::lock_guard lock(open_mu_);
+        if (auto it = workers_.find(id); it != workers_.end()) w = it->second;
+    }
+    if (!w) {
+        note = "the session has ended";
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    {
+        std::lock_guard lock(w->status_mu);
+        w->moved.reset();
+    }
+    message_writer m;
+    m.u32(msg_move);
+    m.str(to.address);
+    m.str(to.token);
+    {
+        std::lock_guard lock(w->send_mu);
+        if (!send_message(w->control, m.bytes, -1)) {
+            note = "its worker process is gone";
+            return CUDA_ERROR_NOT_FOUND;
+        }
+    }
+    std::unique_lock lock(w->status_mu);
+    if (!w->move_cv.wait_for(lock, wait, [&] { return w->moved.has_value() || w->ended; })) {
+        note =
+            "its worker process did not say how the move went within " + std::to_string(wait.count()) + " s";
+        return CUDA_ERROR_NOT_READY;
+    }
+    if (!w->moved) {
+        note = "its worker process ended during the move";
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    note = w->moved->second;
+    if (w->moved->first == CUDA_SUCCESS) w->status.moved_to = to.address;
+    return w->moved->first;
 }
 
 void server::end_worker_session(uint64_t id, const std::string& why) {
@@ -325,6 +446,7 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
     uint64_t id = 0, instance = 0;
     std::string key;
     session_grant grant;
+    bool incoming = false;  // another server moves the session here
     if (r.u32() == msg_session) {
         id = r.u64();
         grant.memory_quota = r.u64();
@@ -335,6 +457,7 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
             grant.gpus.push_back(static_cast<size_t>(r.u64()));
         grant.tenant = r.str();
         instance = r.u64();
+        incoming = r.u32() != 0;
     } else {
         r.ok = false;
     }
@@ -347,8 +470,16 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
     opts.ipc = make_worker_broker(instance, control_fd);
     opts.ipc_exports.reset();
     server srv(drv, opts);
-    srv.adopt_id_key_.emplace(id, std::move(key));
+    if (!incoming) srv.adopt_id_key_.emplace(id, std::move(key));
     srv.adopt_grant_ = grant;
+    srv.on_session_adopted_ = [control_fd](uint64_t sid, const std::string& skey, const std::string& peer) {
+        message_writer a;
+        a.u32(msg_adopted);
+        a.u64(sid);
+        a.str(skey);
+        a.str(peer);
+        send_message(control_fd, a.bytes, -1);
+    };
     int wake[2];
     if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) return 1;
     std::atomic<bool> ended{false};
@@ -377,6 +508,7 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         }
         st.u64(used);
         st.str(s.note());
+        st.str(s.moved() ? s.moved_to() : std::string());
         send_message(control_fd, st.bytes, -1);
     };
     auto suspend_or_resume = [&srv, send_status](bool suspend) {
@@ -425,6 +557,36 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         }
         message_reader c{m};
         const uint32_t type = c.u32();
+        if (type == msg_move) {  // on a thread too: the client's calls go on until the move pauses them
+            if (fd >= 0) ::close(fd);
+            std::string address = c.str(), token = c.str();
+            auto ep = endpoint::parse(address);
+            auto answer = [control_fd](CUresult rc, const std::string& note) {
+                message_writer a;
+                a.u32(msg_move_result);
+                a.u32(static_cast<uint32_t>(rc));
+                a.str(note);
+                send_message(control_fd, a.bytes, -1);
+            };
+            if (!c.ok || !ep) {
+                answer(CUDA_ERROR_INVALID_VALUE, "a malformed move request");
+                continue;
+            }
+            try {
+                std::thread([&srv, to = session::move_target{*ep, address, token}, answer, send_status] {
+                    name_this_thread("vc-mobility");
+                    auto all = srv.sessions().snapshot();
+                    std::string why = "the session has not opened here yet";
+                    CUresult rc = CUDA_ERROR_NOT_FOUND;
+                    if (!all.empty()) rc = all.front()->move_to(to, std::chrono::seconds(5), why);
+                    answer(rc, rc == CUDA_SUCCESS ? all.front()->note() : why);
+                    send_status();
+                }).detach();
+            } catch (const std::system_error& e) {
+                answer(CUDA_ERROR_OPERATING_SYSTEM, std::string("no thread for the move: ") + e.what());
+            }
+            continue;
+        }
         if (type == msg_suspend || type == msg_resume) {  // on a thread: connections go on being taken
             if (fd >= 0) ::close(fd);
             try {
@@ -440,16 +602,24 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         std::string peer;
         uint32_t len = 0;
         bool ok = type == msg_connection;
+        std::span<const std::byte> hello_bytes, ahead;
         if (ok) {
             peer = c.str();
             len = c.u32();
-            ok = c.ok && c.bytes.size() == len && fd >= 0;
+            ok = c.ok && c.bytes.size() >= len && fd >= 0;
+        }
+        if (ok) {
+            hello_bytes = c.bytes.first(len);
+            c.bytes = c.bytes.subspan(len);
+            const uint32_t n = c.u32();
+            ok = c.ok && c.bytes.size() == n;
+            ahead = c.bytes;
         }
         frame_limits hello_limits;
         hello_limits.max_meta = max_hello_bytes;
         hello_limits.max_payload = 0;
         auto hello =
-            ok ? frame_from_bytes(c.bytes, hello_limits)
+            ok ? frame_from_bytes(hello_bytes, hello_limits)
                : transport_result<frame>(unexpected{transport_error{transport_errc::protocol, "malformed"}});
         if (!hello) {
             VCUDA_LOG_ERROR("session {}: a malformed connection message from the server ({})", id,
@@ -459,11 +629,24 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         }
         stream s(fd);
         s.set_peer_description(peer);
+        if (!s.put_back(ahead)) {
+            VCUDA_LOG_ERROR(
+                "session {}: a connection came with {} bytes read ahead, more than a stream holds", id,
+                ahead.size());
+            continue;
+        }
         try {
-            std::thread([&srv, st = std::move(s), hf = std::move(*hello), peer]() mutable {
+            std::thread([&srv, st = std::move(s), hf = std::move(*hello), peer, &grant]() mutable {
                 name_this_thread("vc-conn");
                 frame_stream fs(std::move(st));
-                srv.serve_hello(fs, hf, peer);
+                const auto* h = root_of<wire::Hello>(hf);
+                if (!h->adopt()) {
+                    srv.serve_hello(fs, hf, peer);
+                    return;
+                }
+                srv.receive_moved(fs, *h, peer, &grant);
+                // A moved session that was not taken leaves nothing to serve: the worker ends.
+                if (srv.sessions().size() == 0 && srv.on_session_end_) srv.on_session_end_();
             }).detach();
         } catch (const std::system_error& e) {
             VCUDA_LOG_WARN("session {}: cannot start a thread for a connection ({}); it was closed", id,

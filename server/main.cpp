@@ -118,6 +118,27 @@ class task_queue {
     std::jthread thread_;  // last: stopped and joined first
 };
 
+// Where a session moves when the manager asks: the target's address of the client's kind (a Unix socket for a
+// client on one), else its first TCP one, since the client follows the session there. Nothing, with `why`,
+// when the manager gave no usable address.
+std::optional<vcuda::server::session::move_target> move_target_for(const std::vector<std::string>& endpoints,
+                                                                   const std::string& token,
+                                                                   bool local_client, std::string& why) {
+    const auto kind = local_client ? vcuda::endpoint::kind::unix_socket : vcuda::endpoint::kind::tcp;
+    why = "the manager gave no address of the target server";
+    for (int pass = 0; pass < 2; ++pass)
+        for (auto& text : endpoints) {
+            auto ep = vcuda::endpoint::parse(text);
+            if (!ep) {
+                why = "the target's address " + text + ": " + ep.error();
+                continue;
+            }
+            if (ep->type == (pass == 0 ? kind : vcuda::endpoint::kind::tcp))
+                return vcuda::server::session::move_target{*ep, text, token};
+        }
+    return std::nullopt;
+}
+
 }  // namespace
 
 // An exception that escapes main ends the program, as it should.
@@ -364,6 +385,7 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
+    std::string window_index = "none";  // for worker processes (--isolation process)
     if (window_text != "none") {
         uint32_t index = 0;
         if (window_text == "auto") {
@@ -381,6 +403,7 @@ int main(int argc, char** argv) {
         }
         opts.window = std::make_shared<vcuda::server::address_window>(index);
         opts.host_addresses = std::make_shared<vcuda::server::host_window>(index);
+        window_index = std::to_string(index);
     }
     opts.test_precopy_hold = std::chrono::milliseconds(precopy_hold_ms);
     opts.move_memory = move_memory == "copy"      ? vcuda::server::server_options::move_memory_mode::copy
@@ -431,16 +454,13 @@ int main(int argc, char** argv) {
         // What a worker needs to serve a session as this process would (authentication, limits and leases
         // stay here); the session itself (id, key, grant) goes over its socket.
         opts.isolate = true;
-        opts.worker_args = {"--driver",
-                            driver_path,
-                            "--log-level",
-                            level,
-                            "--host-memory-quota",
-                            std::to_string(opts.host_memory_quota),
-                            "--spin-us",
-                            std::to_string(opts.spin.count()),
-                            "--bulk-streams",
-                            std::to_string(opts.bulk_streams)};
+        opts.worker_args = {"--driver", driver_path, "--log-level", level, "--host-memory-quota",
+                            std::to_string(opts.host_memory_quota), "--spin-us",
+                            std::to_string(opts.spin.count()), "--bulk-streams",
+                            std::to_string(opts.bulk_streams),
+                            // Workers move their sessions (server/isolation.cpp): as this server would.
+                            "--address-window", window_index, "--move-memory", move_memory,
+                            "--test-precopy-hold", std::to_string(precopy_hold_ms)};
         if (opts.memory_quota) {
             opts.worker_args.push_back("--memory-quota");
             opts.worker_args.push_back(std::to_string(opts.memory_quota));
@@ -519,11 +539,10 @@ int main(int argc, char** argv) {
         }
         const bool tcp = ep->type == vcuda::endpoint::kind::tcp;
         if (tcp && tls) l->set_tls(tls);
-        bound.push_back(
-            {std::move(*l), !tcp         ? " (Unix socket: local, not encrypted)"
-                            : !tls       ? " (TCP without TLS: not encrypted)"
-                            : mutual_tls ? " (TLS; client certificates required)"
-                                         : " (TLS)"});
+        bound.push_back({std::move(*l), !tcp         ? " (Unix socket: local, not encrypted)"
+                                        : !tls       ? " (TCP without TLS: not encrypted)"
+                                        : mutual_tls ? " (TLS; client certificates required)"
+                                                     : " (TLS)"});
     }
     std::unique_ptr<vcuda::metrics::http_listener> metrics_server;  // declared after `srv`: stops before it
     if (metrics_at) {
@@ -551,10 +570,23 @@ int main(int argc, char** argv) {
     // for (a session here keeps its own), by session id.
     struct worker_seq_book {
         struct seen_seqs {
-            uint64_t suspend = 0, resume = 0;
+            uint64_t suspend = 0, resume = 0, move = 0;
         };
         std::mutex mu;
         std::map<uint64_t, seen_seqs> by_session;
+        // mu held. What session `id` has seen of lease `l`'s requests. At the first look, requests asked for
+        // before it opened are not for it: only the last one, when asked for since, is acted on.
+        seen_seqs& look(uint64_t id, int64_t opened_at_ms, const vcuda::mgmt::active_lease& l) {
+            auto [it, first] = by_session.try_emplace(id);
+            if (first) {
+                auto before = [&](uint64_t seq, int64_t asked_at) {
+                    return seq - std::min<uint64_t>(seq, asked_at >= opened_at_ms ? 1u : 0u);
+                };
+                it->second = {before(l.suspend_seq, l.suspend_asked_at),
+                              before(l.resume_seq, l.resume_asked_at), before(l.move_seq, l.move_asked_at)};
+            }
+            return it->second;
+        }
         std::optional<seen_seqs> seen(uint64_t id) {
             std::lock_guard lock(mu);
             auto it = by_session.find(id);
@@ -600,6 +632,17 @@ int main(int argc, char** argv) {
             std::vector<uint32_t> count(drv.gpus().size(), 0);
             std::lock_guard book(moves.mu);
             std::vector<bool> reported(moves.entries.size(), false);
+            // A move the manager asked for and that was tried: its outcome (never one under way).
+            auto take_move_outcome = [&](vcuda::mgmt::session_report& r) {
+                for (size_t k = 0; k < moves.entries.size(); ++k) {
+                    auto& e = moves.entries[k].first;
+                    if (e.session_id != r.session_id || e.gpu_uuid != r.gpu_uuid) continue;
+                    reported[k] = true;
+                    r.move_seq = e.move_seq;
+                    r.note = e.note;
+                    r.moved_to = e.moved_to;
+                }
+            };
             srv.sessions().for_each([&](vcuda::server::session& s) {
                 std::lock_guard lock(s.mu);
                 for (size_t i = 0; i < s.device_count(); ++i) {
@@ -619,20 +662,10 @@ int main(int argc, char** argv) {
                     r.suspend_seq = s.suspend_seq_seen.load();
                     r.resume_seq = s.resume_seq_seen.load();
                     r.note = s.note();
-                    // A move the manager asked for and that was tried: its outcome (never one under way).
-                    for (size_t k = 0; k < moves.entries.size(); ++k) {
-                        auto& e = moves.entries[k].first;
-                        if (e.session_id != r.session_id || e.gpu_uuid != r.gpu_uuid) continue;
-                        reported[k] = true;
-                        r.move_seq = e.move_seq;
-                        r.note = e.note;
-                        r.moved_to = e.moved_to;
-                    }
+                    take_move_outcome(r);
                     hb.sessions.push_back(std::move(r));
                 }
             });
-            for (size_t k = 0; k < moves.entries.size(); ++k)  // sessions that moved and ended here since
-                if (!reported[k]) hb.sessions.push_back(moves.entries[k].first);
             // --isolation process: sessions live in worker processes; each is counted in its GPU's load with
             // the memory its grant allows (its quota, else the GPU's), not what it holds at the moment; its
             // state is what its worker said last.
@@ -643,19 +676,25 @@ int main(int argc, char** argv) {
                         continue;
                     uint64_t q = w.grant.memory_quota ? w.grant.memory_quota : opts.memory_quota;
                     q = q ? std::min<uint64_t>(q, drv.gpus()[i].total_memory) : drv.gpus()[i].total_memory;
-                    used[i] += q;
-                    ++count[i];
                     vcuda::mgmt::session_report r{std::to_string(w.id), w.grant.lease_id, srv.gpu_id(i),
                                                   w.peer, q};
                     r.suspended = w.status.suspended;
                     r.idle_ms = w.status.known ? w.status.idle_ms : 0;
                     r.note = w.status.note;
+                    r.moved_to = w.status.moved_to;
                     if (auto seen = worker_seqs.seen(w.id)) {
                         r.suspend_seq = seen->suspend;
                         r.resume_seq = seen->resume;
                     }
+                    take_move_outcome(r);
+                    if (r.moved_to.empty()) {  // one that moved lives elsewhere now
+                        used[i] += q;
+                        ++count[i];
+                    }
                     hb.sessions.push_back(std::move(r));
                 }
+            for (size_t k = 0; k < moves.entries.size(); ++k)  // sessions that moved and ended here since
+                if (!reported[k]) hb.sessions.push_back(moves.entries[k].first);
             for (size_t i = 0; i < drv.gpus().size(); ++i) {
                 auto& uuid = drv.gpus()[i].uuid;
                 uint32_t utilization = test_utilization >= 0
@@ -666,7 +705,7 @@ int main(int argc, char** argv) {
             return hb;
         };
         // A session whose lease the manager no longer has (released by an operator, or expired) is ended.
-        cfg.on_leases = [&srv, &mobility, &moves,
+        cfg.on_leases = [&srv, &drv, &mobility, &moves,
                          &worker_seqs](const std::vector<vcuda::mgmt::active_lease>& alive) {
             std::vector<std::pair<std::string, std::chrono::system_clock::time_point>> live;
             live.reserve(alive.size());
@@ -714,24 +753,8 @@ int main(int argc, char** argv) {
                     move_asked.erase({l->lease_id, l->uuid});  // this session takes it up (or took it up)
                     if (l->move_seq > s.move_seq_seen.load()) {
                         s.move_seq_seen = l->move_seq;
-                        // To the target's address of the client's kind (a Unix socket for a client on one),
-                        // else its first TCP one: the client follows the session there.
-                        const auto kind =
-                            s.local_client ? vcuda::endpoint::kind::unix_socket : vcuda::endpoint::kind::tcp;
-                        std::optional<vcuda::server::session::move_target> to;
-                        std::string why = "the manager gave no address of the target server";
-                        for (int pass = 0; pass < 2 && !to; ++pass)
-                            for (auto& text : l->move_to_endpoints) {
-                                auto ep = vcuda::endpoint::parse(text);
-                                if (!ep) {
-                                    why = "the target's address " + text + ": " + ep.error();
-                                    continue;
-                                }
-                                if (ep->type == (pass == 0 ? kind : vcuda::endpoint::kind::tcp)) {
-                                    to = vcuda::server::session::move_target{*ep, text, l->move_token};
-                                    break;
-                                }
-                            }
+                        std::string why;
+                        auto to = move_target_for(l->move_to_endpoints, l->move_token, s.local_client, why);
                         vcuda::mgmt::session_report r{std::to_string(s.id()), s.lease_id(), uuid, s.peer()};
                         r.move_seq = l->move_seq;
                         if (!to) {
@@ -774,6 +797,52 @@ int main(int argc, char** argv) {
                     });
                 }
             }
+            // --isolation process: a worker's session moves as one here does; its worker does the move.
+            for (auto& w : srv.worker_sessions()) {
+                if (w.grant.lease_id.empty()) continue;
+                std::string uuid;
+                for (size_t i = 0; i < drv.gpus().size() && uuid.empty(); ++i)
+                    if (w.grant.gpus.empty() ||
+                        std::find(w.grant.gpus.begin(), w.grant.gpus.end(), i) != w.grant.gpus.end())
+                        uuid = srv.gpu_id(i);
+                if (!w.status.moved_to.empty()) {  // it took up its move already
+                    move_asked.erase({w.grant.lease_id, uuid});
+                    continue;
+                }
+                auto l = std::find_if(alive.begin(), alive.end(), [&](auto& a) {
+                    return a.lease_id == w.grant.lease_id && a.uuid == uuid && !a.move_to_uuid.empty();
+                });
+                if (l == alive.end()) continue;
+                move_asked.erase({l->lease_id, l->uuid});
+                std::lock_guard lock(worker_seqs.mu);
+                auto& seen = worker_seqs.look(w.id, w.opened_at_ms, *l);
+                if (l->move_seq <= seen.move) continue;
+                seen.move = l->move_seq;
+                std::string why;
+                auto to = move_target_for(l->move_to_endpoints, l->move_token, w.local_client, why);
+                vcuda::mgmt::session_report r{std::to_string(w.id), w.grant.lease_id, uuid, w.peer};
+                r.move_seq = l->move_seq;
+                if (!to) {
+                    r.note = "not moved: " + why;
+                    VCUDA_LOG_WARN("session {}: the manager asked for a move to {}; {}", w.id,
+                                   l->move_to_uuid, r.note);
+                    moves.add(std::move(r));
+                    continue;
+                }
+                VCUDA_LOG_INFO(
+                    "session {}: the manager asks for a move to GPU {} at {} (its worker moves it)", w.id,
+                    l->move_to_uuid, to->address);
+                mobility.post([&srv, id = w.id, to = *to, r = std::move(r), &moves]() mutable {
+                    std::string note;
+                    if (srv.move_worker_session(id, to, std::chrono::minutes(15), note) == CUDA_SUCCESS) {
+                        r.note = note;
+                        r.moved_to = to.address;
+                    } else {
+                        r.note = "not moved: " + note;
+                    }
+                    moves.add(std::move(r));
+                });
+            }
             {
                 // Moves no live session here takes up: say why, once (while the book keeps the answer).
                 std::lock_guard lock(moves.mu);
@@ -784,14 +853,10 @@ int main(int argc, char** argv) {
                 const std::string& uuid = asked.second;
                 auto l = std::find_if(alive.begin(), alive.end(),
                                       [&](auto& a) { return a.lease_id == lease_id && a.uuid == uuid; });
-                bool isolated = false;
-                for (auto& w : srv.worker_sessions()) isolated = isolated || w.grant.lease_id == lease_id;
                 vcuda::mgmt::session_report r{"", lease_id, uuid};
                 r.move_seq = l->move_seq;
-                r.note = isolated ? "not moved: sessions in --isolation process cannot move yet"
-                                  : "not moved: lease " + lease_id +
-                                        " has no session on this GPU here (it has "
-                                        "not opened one, or it has ended)";
+                r.note = "not moved: lease " + lease_id +
+                         " has no session on this GPU here (it has not opened one, or it has ended)";
                 moves.add(std::move(r));
             }
             {
@@ -809,7 +874,8 @@ int main(int argc, char** argv) {
             std::set<uint64_t> workers_now;
             for (auto& w : srv.worker_sessions()) {
                 workers_now.insert(w.id);
-                if (w.grant.lease_id.empty()) continue;
+                // One that moved lives on elsewhere; its worker ends as its client follows it.
+                if (w.grant.lease_id.empty() || !w.status.moved_to.empty()) continue;
                 auto l = std::find_if(alive.begin(), alive.end(),
                                       [&](auto& a) { return a.lease_id == w.grant.lease_id; });
                 if (l == alive.end()) {
@@ -820,22 +886,15 @@ int main(int argc, char** argv) {
                 // The manager's suspend and resume requests, each passed to the worker once; at the first
                 // reply the session sees, as for a session here, only the last one asked for since it opened.
                 std::lock_guard lock(worker_seqs.mu);
-                auto [seen, first] = worker_seqs.by_session.try_emplace(w.id);
-                if (first) {
-                    auto since = [&](int64_t asked_at) { return asked_at >= w.opened_at_ms ? 1u : 0u; };
-                    seen->second.suspend =
-                        l->suspend_seq - std::min<uint64_t>(l->suspend_seq, since(l->suspend_asked_at));
-                    seen->second.resume =
-                        l->resume_seq - std::min<uint64_t>(l->resume_seq, since(l->resume_asked_at));
-                }
-                if (l->suspend_seq > seen->second.suspend) {
-                    seen->second.suspend = l->suspend_seq;
+                auto& seen = worker_seqs.look(w.id, w.opened_at_ms, *l);
+                if (l->suspend_seq > seen.suspend) {
+                    seen.suspend = l->suspend_seq;
                     if (!srv.ask_worker(w.id, true))
                         VCUDA_LOG_WARN("session {}: the manager asked for a suspend; its worker is gone",
                                        w.id);
                 }
-                if (l->resume_seq > seen->second.resume) {
-                    seen->second.resume = l->resume_seq;
+                if (l->resume_seq > seen.resume) {
+                    seen.resume = l->resume_seq;
                     if (!srv.ask_worker(w.id, false))
                         VCUDA_LOG_WARN("session {}: the manager asked for a resume; its worker is gone",
                                        w.id);
@@ -888,31 +947,46 @@ int main(int argc, char** argv) {
         mover = std::jthread([&srv, &opts, targets, after = std::chrono::milliseconds(move_after_ms)](
                                  const std::stop_token& st) mutable {
             std::set<uint64_t> tried;
+            // Each session once, `after` its opening.
+            auto due = [&](uint64_t id, int64_t opened_at_ms) {
+                if (tried.count(id) ||
+                    std::chrono::system_clock::now() -
+                            std::chrono::system_clock::time_point(std::chrono::milliseconds(opened_at_ms)) <
+                        after)
+                    return false;
+                tried.insert(id);
+                return true;
+            };
+            auto target_for = [&](bool local_client) {
+                const auto kind =
+                    local_client ? vcuda::endpoint::kind::unix_socket : vcuda::endpoint::kind::tcp;
+                auto to = targets.front();
+                for (auto& t : targets)
+                    if (t.where.type == kind) {
+                        to = t;
+                        break;
+                    }
+                // A standalone server with a secret authorizes the move with a token of its own.
+                if (!opts.secret.empty())
+                    to.token = vcuda::mgmt::sign_token(
+                        opts.secret, {"", std::string(vcuda::mgmt::any_gpu), 0,
+                                      std::chrono::system_clock::now() + std::chrono::minutes(1)});
+                return to;
+            };
             while (!st.stop_requested()) {
                 std::this_thread::sleep_for(std::chrono::milliseconds(10));
                 for (auto& s : srv.sessions().snapshot()) {
-                    if (tried.count(s->id()) || s->moved() ||
-                        std::chrono::system_clock::now() - std::chrono::system_clock::time_point(
-                                                               std::chrono::milliseconds(s->opened_at_ms())) <
-                            after)
-                        continue;
-                    tried.insert(s->id());
-                    const auto kind =
-                        s->local_client ? vcuda::endpoint::kind::unix_socket : vcuda::endpoint::kind::tcp;
-                    auto to = targets.front();
-                    for (auto& t : targets)
-                        if (t.where.type == kind) {
-                            to = t;
-                            break;
-                        }
-                    // A standalone server with a secret authorizes the move with a token of its own.
-                    if (!opts.secret.empty())
-                        to.token = vcuda::mgmt::sign_token(
-                            opts.secret, {"", std::string(vcuda::mgmt::any_gpu), 0,
-                                          std::chrono::system_clock::now() + std::chrono::minutes(1)});
+                    if (s->moved() || !due(s->id(), s->opened_at_ms())) continue;
                     std::string why;
-                    if (s->move_to(to, std::chrono::seconds(5), why) != CUDA_SUCCESS)
+                    if (s->move_to(target_for(s->local_client), std::chrono::seconds(5), why) != CUDA_SUCCESS)
                         VCUDA_LOG_WARN("--test-move-to: session {} not moved: {}", s->id(), why);
+                }
+                for (auto& w : srv.worker_sessions()) {  // --isolation process
+                    if (!due(w.id, w.opened_at_ms)) continue;
+                    std::string note;
+                    if (srv.move_worker_session(w.id, target_for(w.local_client), std::chrono::minutes(2),
+                                                note) != CUDA_SUCCESS)
+                        VCUDA_LOG_WARN("--test-move-to: session {} not moved: {}", w.id, note);
                 }
             }
         });

@@ -187,18 +187,12 @@ void server::run_connection(stream s, bool over_limit, const tls_context* tls) {
         send_wire_error(fs, wire_errc::unexpected_kind, "a bulk connection joins a session that is open");
         return;
     }
-    if (h->adopt()) {
-        if (opts_.isolate)
-            send_wire_error(
-                fs, wire_errc::not_allowed,
-                "this server runs sessions in worker processes (--isolation process), which do not "
-                "take moved sessions yet");
-        else
-            receive_moved(fs, *h, peer);
-        return;
-    }
     if (opts_.isolate) {
         hand_over(fs, *hello, peer);  // to the session's worker process (server/isolation.cpp)
+        return;
+    }
+    if (h->adopt()) {
+        receive_moved(fs, *h, peer);
         return;
     }
     serve_hello(fs, *hello, peer);
@@ -689,9 +683,13 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
     }
 }
 
-void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::string& peer) {
+void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::string& peer,
+                           const session_grant* granted) {
     session_grant grant;
-    if (!authorize(h, grant, fs, peer)) return;
+    if (granted)
+        grant = *granted;
+    else if (!authorize(h, grant, fs, peer))
+        return;
     frame_limits state_limits;
     state_limits.max_meta = max_moved_state_bytes;
     state_limits.max_payload = max_precopy_piece;
@@ -738,16 +736,18 @@ void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::st
     std::shared_ptr<session> sess;
     {
         std::lock_guard lock(open_mu_);
-        if (!admit(grant, sessions_.size(), fs, peer)) return;
+        if (!granted && !admit(grant, sessions_.size(), fs, peer)) return;
         if (key.size() == session_key_bytes && st->session_id() != 0)
             sess = sessions_.adopt(st->session_id(), key, drv_, opts_, grant, from);
         if (!sess) {
-            if (!grant.lease_id.empty()) drop_lease_claim(grant.lease_id, grant.gpus, 0);
+            if (!grant.lease_id.empty() && !granted) drop_lease_claim(grant.lease_id, grant.gpus, 0);
             refuse_session(fs, peer, "a session with that id is here already, or its key is malformed");
             return;
         }
-        if (!grant.lease_id.empty()) lease_sessions_[{grant.lease_id, grant.gpus.front()}] = sess->id();
+        if (!grant.lease_id.empty() && !granted)
+            lease_sessions_[{grant.lease_id, grant.gpus.front()}] = sess->id();
     }
+    if (on_session_adopted_) on_session_adopted_(sess->id(), key, from);
     // This connection holds the session until its client has joined it here (below).
     ++sess->lanes;
     auto t0 = std::chrono::steady_clock::now();

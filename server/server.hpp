@@ -69,19 +69,25 @@ class server {
         int64_t idle_ms = 0;       // since the session's last call
         uint64_t memory_used = 0;  // on the GPU now
         std::string note;          // what came of the last suspend or resume
+        std::string moved_to;      // the session moved there: it lives on there, not here
     };
     struct worker_session {
         uint64_t id = 0;
         int pid = 0;
         session_grant grant;
         std::string peer;
-        int64_t opened_at_ms = 0;  // system clock
+        int64_t opened_at_ms = 0;   // system clock
+        bool local_client = false;  // its client came over a Unix socket (a move goes to one)
         worker_status status;
     };
     std::vector<worker_session> worker_sessions();
     // Asks session `id`'s worker to suspend (or resume) its session, as the manager asks of a session here;
     // its status tells what came of it. False when there is no such worker.
     bool ask_worker(uint64_t id, bool suspend);
+    // Moves session `id`'s worker's session to `to`, as session::move_to does in thread mode: the worker
+    // moves it, and says how it went (`note`: what the session's note says, or why not) within `wait`.
+    CUresult move_worker_session(uint64_t id, const session::move_target& to, std::chrono::seconds wait,
+                                 std::string& note);
     // Ends a session served by a worker process (its lease is gone): the worker is sent SIGTERM.
     void end_worker_session(uint64_t id, const std::string& why);
 
@@ -99,6 +105,10 @@ class server {
     // told why, when it was made already).
     std::shared_ptr<session> adopt_session(const wire::Hello& h, const std::string& peer);
     void reap(const std::shared_ptr<worker>& w);
+    // Parent: the worker of a session moved here named it (msg_adopted): its connections are routed by that
+    // id and key from now on. A malformed or duplicate id stops the worker.
+    void adopt_moved_worker(const std::shared_ptr<worker>& w, uint64_t id, std::string key, std::string peer,
+                            bool ok);
     // Serves the IPC requests of worker `w` until it ends (server/ipc.hpp).
     void serve_worker(const std::shared_ptr<worker>& w);
     // `over_limit`: this connection is past --max-connections: it is only told so, and closed. `tls`: the
@@ -108,8 +118,10 @@ class server {
     // A connection that held `sess` is done with it: the last one ends the session and releases it.
     void leave_session(const std::shared_ptr<session>& sess);
     // HELLO with `adopt`: another server moves a session here (server/session_transfer.cpp). Authorized as a
-    // new session; rebuilt before the answer; kept for its client to join.
-    void receive_moved(frame_stream& fs, const wire::Hello& h, const std::string& peer);
+    // new session; rebuilt before the answer; kept for its client to join. In a worker process the parent
+    // authorized and admitted it already: `granted` is what it granted.
+    void receive_moved(frame_stream& fs, const wire::Hello& h, const std::string& peer,
+                       const session_grant* granted = nullptr);
     // Decides what a new session may use: the GPUs it asks for, or — when the server is attached to a manager
     // — exactly the GPU and memory its lease token grants. False with `refusal` set when it may not open.
     bool authorize(const wire::Hello& h, session_grant& grant, std::string& refusal);
@@ -145,6 +157,9 @@ class server {
     std::optional<std::pair<uint64_t, std::string>> adopt_id_key_;
     session_grant adopt_grant_;
     std::function<void()> on_session_end_;
+    // Worker of a moved-in session: its id, key and client, once the moved state named them (the parent
+    // routes the client's connections by them from then on).
+    std::function<void(uint64_t, const std::string&, const std::string&)> on_session_adopted_;
 };
 
 }  // namespace vcuda::server

@@ -10,6 +10,7 @@
 #   (c) a program placed on A (B cordoned meanwhile) is moved to B by --rebalance (A at 90%, B at 0%);
 #   (d) a tenant may not migrate, not even its own lease.
 # Leases live 2 s (--lease-ttl), so their clients renew them several times after they moved.
+# MOVES_ISOLATION=1: servers A and B run each session in a worker process (--isolation process).
 # Usage: manager_moves.sh BUILD_DIR
 set -u
 build=$(cd "$1" && pwd)
@@ -43,6 +44,7 @@ start_server() {  # NAME WINDOW [ARGS...]
   wait_socket "$tmp/$name.sock"
 }
 managed=(--manager "unix:$tmp/m.sock" --secret-file "$tmp/secret")
+[ -n "${MOVES_ISOLATION:-}" ] && managed+=(--isolation process)
 start_server a 1 --advertise "unix:$tmp/a.sock" --gpu-identity a --test-report-utilization 90 "${managed[@]}"
 start_server b 2 --advertise "unix:$tmp/b.sock" --gpu-identity b "${managed[@]}"
 start_server ref 3

@@ -7,8 +7,11 @@
 # over TCP (pre-copied: sent while the program runs, then what changed); over a Unix socket to a server on
 # another (software) GPU, which refuses the memory handed over, so that it is copied instead (the programs sure
 # to be moved only); and over TCP with a pre-copy 400 ms in, held 1 s before the pause (tcpdirty), in which
-# precopy_dirty changes one of its two pieces: the pause must send that one and only that one.
-#   MOVE_PROGRAMS="a b" to choose programs; MOVE_TRANSPORTS="unix unixcopy unixothergpu tcp tcpdirty".
+# precopy_dirty changes one of its two pieces: the pause must send that one and only that one. unixiso and
+# tcpiso: both servers run each session in a worker process (--isolation process): the worker moves it, and
+# the target's worker takes it (the programs sure to be moved only).
+#   MOVE_PROGRAMS="a b" to choose programs;
+#   MOVE_TRANSPORTS="unix unixcopy unixothergpu tcp tcpdirty unixiso tcpiso".
 # Usage: move_session.sh BUILD_DIR
 set -u
 build=$(cd "$1" && pwd)
@@ -44,9 +47,10 @@ start_server() {  # NAME ADDR WINDOW [ARGS...]; $gpu_id: the software GPU's iden
 normalize() { grep -v -i -E 'ms\b|µs|us\b|GB/s|MB/s|time|elapsed|0x[0-9a-f]+|\[vcuda-client\]' "$1"; }
 
 passed=0
-for transport in ${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty}; do
+for transport in ${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty unixiso tcpiso}; do
   copy=(); [ "$transport" = unixcopy ] && copy=(--move-memory copy)
   [ "$transport" = tcpdirty ] && copy=(--test-precopy-hold 1000)
+  iso=(); [ "${transport%iso}" != "$transport" ] && iso=(--isolation process)
   if [ "${transport#tcp}" = "$transport" ]; then
     ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
   else
@@ -55,16 +59,16 @@ for transport in ${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty}; do
   : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
   start_server ref "$ref" 3
   gpu_id=0; [ "$transport" = unixothergpu ] && gpu_id=1
-  start_server b "$b" 2
+  start_server b "$b" 2 ${iso[@]+"${iso[@]}"}
   gpu_id=0
   after=100; [ "$transport" = tcpdirty ] && after=400  # after precopy_dirty's first pattern
-  start_server a "$a" 1 --test-move-to "$b" --test-move-after $after "${copy[@]}"
+  start_server a "$a" 1 --test-move-to "$b" --test-move-after $after "${copy[@]}" ${iso[@]+"${iso[@]}"}
   for p in $programs; do
     IFS=: read -r name args sure only <<< "$p"
     args=${args//,/ }
     [ -n "$only" ] && [ "$only" != "${transport%copy}" ] && continue
     [ -z "$only" ] && [ "$transport" = tcpdirty ] && continue
-    [ "$transport" = unixothergpu ] && [ "$sure" != sure ] && continue
+    case $transport in unixothergpu | *iso) [ "$sure" != sure ] && continue ;; esac
     for where in ref a; do
       addr=$ref; [ $where = a ] && addr=$a
       # shellcheck disable=SC2086  # args: the program's arguments, word-split on purpose
@@ -83,9 +87,9 @@ for transport in ${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty}; do
       # Memory is handed over only over a Unix socket without --move-memory copy, and then always (a session
       # moved before it held any memory, as suspend_resume 0 may be, has nothing to hand over).
       handed=$(grep -c "session [0-9]* moved to $b: .* handed over on the same GPU" "$tmp/server-a.log")
-      if [ "$transport" = unix ]; then
+      if [ "$transport" = unix ] || [ "$transport" = unixiso ]; then
         [ "$handed" -eq "$(grep "session [0-9]* moved to $b" "$tmp/server-a.log" | grep -c -v ": 0 MiB of GPU state, paused")" ] ||
-          fail "$name over unix: a move copied device memory rather than hand it over"
+          fail "$name over $transport: a move copied device memory rather than hand it over"
       else
         [ "$handed" -eq 0 ] || fail "$name over $transport: device memory was handed over, not copied"
       fi

@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -679,4 +680,37 @@ TEST_CASE("a unix listener never takes over a socket another process serves",
     auto c = stream::connect(first.address(), 2s);
     REQUIRE(c);
     REQUIRE(first.lis.accept(after(2s)));
+}
+
+// --isolation process: the parent reads a connection's HELLO, then hands the socket to a worker process;
+// frames that came with it (a moving server sends its state right after HELLO) must reach the worker.
+TEST_CASE("bytes read ahead of a frame go with the socket to the stream that takes it over",
+          "[unit][integration][transport]") {
+    connected_pair p(transport_kind::tcp);
+    frame_stream out(std::move(p.client));
+    std::vector<outgoing_frame> three;
+    const bytes meta[3] = {small_call_meta(9, 1), small_call_meta(9, 2), small_call_meta(9, 3)};
+    const bytes payload = pattern(3000, 7);
+    for (uint64_t i = 0; i < 3; ++i) three.push_back(call_frame(meta[i], payload, i + 1));
+    REQUIRE(out.send(three, after(5s)));  // one write: the first read takes them all
+    frame_stream parent(std::move(p.accepted));
+    std::this_thread::sleep_for(50ms);
+    auto first = parent.receive(after(5s), 5s);
+    REQUIRE(first);
+    CHECK(call_of(*first).second == 1);
+    REQUIRE(parent.raw().buffered() > 0);
+    auto ahead = parent.raw().take_buffered();
+    CHECK(parent.raw().buffered() == 0);
+    stream worker_side(::dup(parent.raw().native_handle()));
+    REQUIRE(worker_side.put_back(ahead));
+    frame_stream worker(std::move(worker_side));
+    for (uint64_t i = 2; i <= 3; ++i) {
+        auto f = worker.receive(after(5s), 5s);
+        REQUIRE(f);
+        CHECK(call_of(*f).second == i);
+        CHECK((f->payload == payload));
+    }
+    // More than a stream's read buffer, or onto bytes not yet handed out, is refused.
+    stream other(::dup(parent.raw().native_handle()));
+    CHECK(!other.put_back(std::vector<std::byte>(128u << 10)));
 }
