@@ -125,10 +125,10 @@ void address_window::reserve_once(const driver_table& d) {
                    runs_.first() + window_runs::span);
 }
 
-CUdeviceptr address_window::take(const driver_table& d, size_t size) {
+CUdeviceptr address_window::take(const driver_table& d, size_t size, size_t align) {
     std::lock_guard lock(mu_);
     reserve_once(d);
-    return runs_.take(size);
+    return runs_.take(size, std::max<size_t>(align, device_memory::granularity));
 }
 
 void address_window::give_back(CUdeviceptr va, size_t size) {

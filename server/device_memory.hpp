@@ -30,9 +30,10 @@ namespace vcuda::server {
 class address_window {
   public:
     explicit address_window(uint32_t index) : index_(index) {}
-    // A free range of `size` bytes (a multiple of the granularity) of this server's window, for the caller
-    // to map; 0 when the window is full or the driver refused the range (the caller reserves elsewhere).
-    CUdeviceptr take(const driver_table& d, size_t size);
+    // A free range of `size` bytes (a multiple of the granularity), aligned to `align` (a power of two, 0:
+    // the granularity), of this server's window, for the caller to map; 0 when the window is full or the
+    // driver refused the range (the caller reserves elsewhere).
+    CUdeviceptr take(const driver_table& d, size_t size, size_t align = 0);
     void give_back(CUdeviceptr va, size_t size);
     // A moved session's range: true when it lies in the common range and is free here (taken for it then).
     bool claim(const driver_table& d, CUdeviceptr va, size_t size);

@@ -42,14 +42,31 @@ CUresult handle_vmm_granularity(call_context& cx) {
     return rc;
 }
 
-// args {size, alignment, address hint, flags}. Out {start}.
+// args {size, alignment, address hint, flags}. Out {start}. In the server's address window when it has room,
+// as the session's own memory is, so that the reservation can move with the session; the hint is ignored,
+// as the driver ignores it (server/device_memory.hpp). A session's reservations take at most a quarter of
+// the window (PyTorch reserves 1.125 times the GPU's memory per segment kind and stream), so that the other
+// sessions' memory still finds room there; past that they are the driver's, and the session cannot move.
 CUresult handle_vmm_reserve(call_context& cx) {
     if (!cx.expect_args(4)) return cx.bad_arguments();
+    const uint64_t size = cx.arg(0), align = cx.arg(1);
     CUdeviceptr va = 0;
-    CUresult rc = cx.drv().cuMemAddressReserve(&va, cx.arg(0), cx.arg(1), cx.arg(2), cx.arg(3));
-    if (rc != CUDA_SUCCESS) return rc;
+    uint64_t in_window;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        in_window = cx.sess.vmm.windowed_bytes();
+    }
+    const bool plain = cx.arg(3) == 0 && size > 0 && size % device_memory::granularity == 0 &&
+                       (align & (align - 1)) == 0 && align <= window_runs::span &&
+                       size <= window_runs::span / 4 - std::min(in_window, window_runs::span / 4);
+    if (address_window* w = cx.sess.window(); w && plain) va = w->take(cx.drv(), size, align);
+    const bool windowed = va != 0;
+    if (!windowed)
+        if (CUresult rc = cx.drv().cuMemAddressReserve(&va, size, align, cx.arg(2), cx.arg(3));
+            rc != CUDA_SUCCESS)
+            return rc;
     std::lock_guard lock(cx.sess.mu);
-    cx.sess.vmm.add_reservation(va, cx.arg(0));
+    cx.sess.vmm.add_reservation(va, size, windowed);
     cx.out(static_cast<uint64_t>(va));
     return CUDA_SUCCESS;
 }
@@ -59,14 +76,18 @@ CUresult handle_vmm_address_free(call_context& cx) {
     if (!cx.expect_args(2)) return cx.bad_arguments();
     CUdeviceptr va = cx.arg(0);
     std::lock_guard lock(cx.sess.mu);
-    auto size = cx.sess.vmm.reservation(va);
-    if (!size || *size != cx.arg(1))
+    auto r = cx.sess.vmm.reservation(va);
+    if (!r || r->size != cx.arg(1))
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a reservation of this session");
-    if (cx.sess.vmm.has_mapping_in(va, *size))
+    if (cx.sess.vmm.has_mapping_in(va, r->size))
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "the reservation still has mappings");
-    CUresult rc = cx.drv().cuMemAddressFree(va, *size);
-    if (rc == CUDA_SUCCESS) cx.sess.vmm.erase_reservation(va);
-    return rc;
+    if (r->windowed) {
+        cx.sess.window()->give_back(va, r->size);
+    } else if (CUresult rc = cx.drv().cuMemAddressFree(va, r->size); rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    cx.sess.vmm.erase_reservation(va);
+    return CUDA_SUCCESS;
 }
 
 // args {size, flags}; blob {prop}. Out {mem_handle}.

@@ -129,7 +129,13 @@ void session::release_vmm() {
     if (!vmm.physical_released_)
         for (auto& [va, m] : vmm.mapped_) d.cuMemUnmap(va, m.size);
     vmm.mapped_.clear();
-    for (auto& [va, size] : vmm.reserved_) d.cuMemAddressFree(va, size);
+    // Window ranges go back to the window, unless the session moved: its addresses are its new server's now,
+    // and are never handed out here again (as for its device memory).
+    for (auto& [va, r] : vmm.reserved_)
+        if (!r.windowed)
+            d.cuMemAddressFree(va, r.size);
+        else if (!moved())
+            window()->give_back(va, r.size);
     vmm.reserved_.clear();
     handles.for_each([&](uint64_t, handle_entry& e) {
         if (e.kind != handle_kind::mem_handle || !e.raw) return;

@@ -147,6 +147,8 @@ class session : public std::enable_shared_from_this<session> {
     const std::string& lease_id() const { return lease_id_; }
     const std::string& tenant() const { return tenant_; }
     ipc_broker* ipc() const { return opts_.ipc.get(); }
+    // The server's address window (--address-window), or null (none).
+    address_window* window() const { return opts_.window.get(); }
 
     // The session's context on `device`, created on first use. Null with `rc` set if creation failed.
     CUcontext context(size_t device, CUresult& rc);
@@ -349,6 +351,10 @@ class session : public std::enable_shared_from_this<session> {
     CUresult save_vmm(session_image& img, std::string& why);
     void release_vmm_physical();
     CUresult rebuild_vmm(const session_image& img, std::string& what);
+    // A move's target, `mu` held: the moved session's VMM bookkeeping, its reservations claimed in the
+    // address window at the same addresses and its allocations charged to the quota; the image gets room for
+    // the allocations' contents, which rebuild_vmm makes again at the resume.
+    CUresult take_moved_vmm(const wire::SessionState& st, session_image& img, std::string& why);
 
     uint64_t id_;
     std::string key_;

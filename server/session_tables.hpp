@@ -420,20 +420,32 @@ class vmm_tables {
         size_t offset = 0;    // into the allocation
     };
 
-    void add_reservation(CUdeviceptr va, size_t size) { reserved_[va] = size; }
-    // The size of the reservation starting at va, or nothing.
-    std::optional<size_t> reservation(CUdeviceptr va) const {
+    // An address range the application reserved: in the server's address window (server/device_memory.hpp),
+    // where a session moved to another server finds it free, or where the driver put it (the window was
+    // full).
+    struct reservation_entry {
+        size_t size = 0;
+        bool windowed = false;
+    };
+    void add_reservation(CUdeviceptr va, size_t size, bool windowed) { reserved_[va] = {size, windowed}; }
+    // The reservation starting at va, or nothing.
+    std::optional<reservation_entry> reservation(CUdeviceptr va) const {
         auto it = reserved_.find(va);
         if (it == reserved_.end()) return std::nullopt;
         return it->second;
     }
     void erase_reservation(CUdeviceptr va) { reserved_.erase(va); }
+    uint64_t windowed_bytes() const {  // of the reservations, in the address window
+        uint64_t n = 0;
+        for (auto& [va, r] : reserved_) n += r.windowed ? r.size : 0;
+        return n;
+    }
     // True when [va, va+size) lies inside one reservation.
     bool reserved(CUdeviceptr va, size_t size) const {
         auto it = reserved_.upper_bound(va);
         if (it == reserved_.begin()) return false;
         --it;
-        return range_inside(va, size, it->first, it->second);
+        return range_inside(va, size, it->first, it->second.size);
     }
     // True when a mapping starts in [va, va+size).
     bool has_mapping_in(CUdeviceptr va, size_t size) const {
@@ -494,9 +506,9 @@ class vmm_tables {
 
   private:
     friend class session;
-    std::map<CUdeviceptr, size_t> reserved_;      // start -> size
-    std::map<CUdeviceptr, mapping> mapped_;       // start -> mapping
-    std::map<uint64_t, allocation> allocations_;  // mem_handle id -> allocation, charged until freed
+    std::map<CUdeviceptr, reservation_entry> reserved_;  // start -> reservation
+    std::map<CUdeviceptr, mapping> mapped_;              // start -> mapping
+    std::map<uint64_t, allocation> allocations_;         // mem_handle id -> allocation, charged until freed
     bool physical_released_ = false;
 };
 

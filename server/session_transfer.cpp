@@ -143,12 +143,16 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
                 why = "a shared pinned host region lost its pages' descriptor";
                 rc = CUDA_ERROR_NOT_SUPPORTED;
             }
-        // A suspend rebuilds it (its reservations stay in this process); their addresses are the driver's,
-        // not the session's window, so another server may not have them free.
-        if (!vmm.empty() && rc == CUDA_SUCCESS) {
-            why = "the session uses the VMM API itself, which a move does not carry yet (a suspend does)";
-            rc = CUDA_ERROR_NOT_SUPPORTED;
-        }
+        // The program's own VMM reservations move only from the address window: the driver's addresses may
+        // be taken in the other server.
+        for (auto& [va, r] : vmm.reserved_)
+            if (!r.windowed && rc == CUDA_SUCCESS) {
+                why = "the program reserved " + mib(r.size) +
+                      " of addresses (cuMemAddressReserve) outside the server's address window (it had no "
+                      "room, "
+                      "or the server has none), which another server may not have free";
+                rc = CUDA_ERROR_NOT_SUPPORTED;
+            }
     }
     if (rc != CUDA_SUCCESS) {
         VCUDA_LOG_WARN("session {} not moved to {}: {}", id_, to.address, why);
@@ -428,12 +432,41 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
     std::vector<uint64_t> relocated;
     for (auto& [from, r] : globals.relocations())
         relocated.insert(relocated.end(), {from, r.to, r.size, r.owner});
+    // The program's own VMM use; device locations as the session's indices (a move keeps them).
+    auto session_index = [&](int real) {
+        for (size_t i = 0; i < devices_.size(); ++i)
+            if (devices_[i].device == real) return static_cast<int>(i);
+        return real;
+    };
+    std::vector<uint64_t> vmm_reservations, vmm_mappings;
+    for (auto& [va, r] : vmm.reserved_) vmm_reservations.insert(vmm_reservations.end(), {va, r.size});
+    for (auto& [va, m] : vmm.mapped_)
+        vmm_mappings.insert(vmm_mappings.end(), {va, m.size, m.handle, m.offset});
+    std::vector<flatbuffers::Offset<wire::MovedVmmAllocation>> vmm_allocations;
+    for (auto& a : img.vmm_allocations) {
+        CUmemAllocationProp prop = a.prop;
+        if (prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE) prop.location.id = static_cast<int>(a.device);
+        vmm_allocations.push_back(wire::CreateMovedVmmAllocation(
+            b, a.id, a.size, static_cast<uint32_t>(a.device),
+            b.CreateVector(reinterpret_cast<const uint8_t*>(&prop), sizeof prop), a.released));
+    }
+    std::vector<flatbuffers::Offset<wire::MovedVmmAccess>> vmm_access;
+    for (auto& x : img.vmm_access) {
+        auto desc = x.access;
+        for (auto& dsc : desc) dsc.location.id = session_index(dsc.location.id);
+        vmm_access.push_back(
+            wire::CreateMovedVmmAccess(b, x.va,
+                                       b.CreateVector(reinterpret_cast<const uint8_t*>(desc.data()),
+                                                      desc.size() * sizeof(CUmemAccessDesc))));
+    }
     auto key = b.CreateVector(reinterpret_cast<const uint8_t*>(key_.data()), key_.size());
     b.Finish(wire::CreateSessionState(
         b, id_, key, handles.tag(), b.CreateString(peer_), b.CreateVector(slots), free_slots,
         b.CreateVector(devices_out), b.CreateVector(entries), b.CreateVector(globals_out),
         b.CreateVector(origins_out), b.CreateVector(progress), img.bytes, piece_bytes,
-        b.CreateVector(regions), b.CreateVector(gone), b.CreateVector(relocated)));
+        b.CreateVector(regions), b.CreateVector(gone), b.CreateVector(relocated),
+        b.CreateVector(vmm_reservations), b.CreateVector(vmm_allocations), b.CreateVector(vmm_mappings),
+        b.CreateVector(vmm_access)));
     if (b.GetSize() > max_moved_state_bytes) {
         why = "its description (" + mib(b.GetSize()) + ") is larger than a server accepts";
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -544,6 +577,11 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         if (unchanged) unchanged_bytes_ += p.n;
     }
     reader.reset();  // `mu` held, as it wants
+    // The program's physical allocations (VMM), copied out by the save.
+    for (auto& a : img.vmm_allocations)
+        for (size_t off = 0; off < a.size; off += piece_bytes)
+            if (auto r = send_piece({a.bytes.get() + off, std::min<size_t>(piece_bytes, a.size - off)}); !r)
+                return failed_send(r.error());
     // The receiver rebuilds before it answers: a minute, and a second for every GiB it copies back.
     if (CUresult rc = answer_to("move", std::chrono::seconds(60 + (img.bytes >> 30))); rc != CUDA_SUCCESS)
         return rc;
@@ -730,6 +768,7 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
         if (const auto* r = st.relocated_globals(); r && r->size() % 4 == 0)
             for (flatbuffers::uoffset_t k = 0; k < r->size(); k += 4)
                 globals.relocate(r->Get(k), r->Get(k + 1), r->Get(k + 2), r->Get(k + 3));
+        if (CUresult rc = take_moved_vmm(st, *img, why); rc != CUDA_SUCCESS) return rc;
         img->bytes = st.bytes();
         if (const auto* p = st.lane_progress(); p && p->size() % 2 == 0) {
             std::lock_guard l(progress_mu_);
@@ -840,6 +879,10 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                     return CUDA_ERROR_INVALID_VALUE;
             }
         }
+    for (auto& a : img->vmm_allocations)
+        for (size_t off = 0; off < a.size; off += piece)
+            if (!receive_piece(a.bytes.get() + off, std::min<size_t>(piece, a.size - off)))
+                return CUDA_ERROR_INVALID_VALUE;
     {
         std::lock_guard lock(mu);
         img->host_regions = std::move(image_regions);

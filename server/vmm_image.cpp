@@ -7,9 +7,14 @@
 // addresses and offsets with the same access. An allocation the application released while mapped is made
 // again and released again once mapped, so that it still goes with its last unmap.
 // Memory imported from another session (IPC) is not rebuilt: the suspend is refused (session_image.cpp).
+// A move (server/session_transfer.cpp) sends the same: the bookkeeping and the allocations' contents; the
+// target claims the reservations at the same addresses (they are in the address window, which every server
+// reserves at one address) and rebuilds as after a suspend.
+#include <cstring>
 #include <map>
 #include <vector>
 
+#include "common/wire.hpp"
 #include "server/session.hpp"
 #include "server/session_image.hpp"
 
@@ -168,6 +173,89 @@ CUresult session::rebuild_vmm(const session_image& img, std::string& what) {
             handles.rebind(st.id, reinterpret_cast<void*>(made[st.id]));
     }
     vmm.physical_released_ = false;
+    return CUDA_SUCCESS;
+}
+
+CUresult session::take_moved_vmm(const wire::SessionState& st, session_image& img, std::string& why) {
+    auto bad = [&](const std::string& what) {
+        why = "the moved session's state is malformed: " + what;
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    const auto* reservations = st.vmm_reservations();
+    const auto* allocations = st.vmm_allocations();
+    const auto* mappings = st.vmm_mappings();
+    if ((!reservations || reservations->size() == 0) && (!allocations || allocations->size() == 0))
+        return CUDA_SUCCESS;
+    if (reservations) {
+        if (reservations->size() % 2) return bad("its VMM reservations");
+        for (flatbuffers::uoffset_t k = 0; k < reservations->size(); k += 2) {
+            const CUdeviceptr va = reservations->Get(k);
+            const size_t size = reservations->Get(k + 1);
+            if (!window() || !window()->claim(api(), va, size)) {
+                why = "its VMM reservation of " + std::to_string(size >> 20) + " MiB at " +
+                      std::to_string(va) + " is not free in this server's address space";
+                return CUDA_ERROR_ALREADY_MAPPED;
+            }
+            vmm.add_reservation(va, size, true);
+        }
+    }
+    if (allocations)
+        for (const auto* a : *allocations) {
+            const size_t device = a->device();
+            if (device >= devices_.size() || !allowed(device) || !a->prop() ||
+                a->prop()->size() != sizeof(CUmemAllocationProp) || a->size() == 0)
+                return bad("a VMM allocation");
+            if (!a->released() && !handles.find(a->id(), handle_kind::mem_handle))
+                return bad("a VMM allocation without its handle");
+            CUmemAllocationProp prop;
+            std::memcpy(&prop, a->prop()->data(), sizeof prop);
+            if (prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE) prop.location.id = devices_[device].device;
+            if (!devices_[device].memory->charge(a->size())) {
+                why = "its VMM allocations exceed its memory quota here";
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            vmm.add_allocation(a->id(), a->size(), device, false, prop);
+            vmm.allocations_[a->id()].released = a->released();
+            session_image::vmm_allocation_state s;
+            s.id = a->id();
+            s.size = a->size();
+            s.device = device;
+            s.prop = prop;
+            s.released = a->released();
+            s.bytes = host_pages(a->size());
+            if (!s.bytes) {
+                why = "no host memory for its " + std::to_string(a->size() >> 20) + " MiB VMM allocation";
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            img.vmm_allocations.push_back(std::move(s));
+        }
+    if (mappings) {
+        if (mappings->size() % 4) return bad("its VMM mappings");
+        for (flatbuffers::uoffset_t k = 0; k < mappings->size(); k += 4) {
+            const CUdeviceptr va = mappings->Get(k);
+            const size_t size = mappings->Get(k + 1), offset = mappings->Get(k + 3);
+            const uint64_t id = mappings->Get(k + 2);
+            auto a = vmm.allocation_of(id);
+            if (!vmm.reserved(va, size) || !a || offset > a->size || size > a->size - offset)
+                return bad("a VMM mapping");
+            vmm.add_mapping(va, size, id, offset);
+        }
+    }
+    if (const auto* access = st.vmm_access())
+        for (const auto* x : *access) {
+            session_image::vmm_access_state s{x->va(), {}};
+            if (!x->access() || x->access()->size() % sizeof(CUmemAccessDesc))
+                return bad("a VMM mapping's access");
+            s.access.resize(x->access()->size() / sizeof(CUmemAccessDesc));
+            std::memcpy(s.access.data(), x->access()->data(), x->access()->size());
+            for (auto& d : s.access) {
+                if (d.location.id < 0 || static_cast<size_t>(d.location.id) >= devices_.size())
+                    return bad("a VMM mapping's access");
+                d.location.id = devices_[static_cast<size_t>(d.location.id)].device;
+            }
+            img.vmm_access.push_back(std::move(s));
+        }
+    vmm.physical_released_ = true;
     return CUDA_SUCCESS;
 }
 

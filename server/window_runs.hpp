@@ -30,14 +30,17 @@ class window_runs {
     bool inside(uint64_t at, uint64_t size) const {
         return base_ && at >= base_ && at - base_ <= total && size <= total - (at - base_);
     }
-    // A free run of `size` bytes of this window, taken; 0 when none.
-    uint64_t take(uint64_t size) {
+    // A free run of `size` bytes of this window starting at a multiple of `align` (a power of two), taken;
+    // 0 when none.
+    uint64_t take(uint64_t size, uint64_t align = 1) {
         for (auto it = free_.begin(); it != free_.end(); ++it) {
-            if (it->second < size) continue;
             auto [at, len] = *it;
+            const uint64_t start = (at + align - 1) & ~(align - 1);
+            if (start - at > len || len - (start - at) < size) continue;
             free_.erase(it);
-            if (len > size) free_[at + size] = len - size;
-            return at;
+            if (start > at) free_[at] = start - at;
+            if (at + len > start + size) free_[start + size] = at + len - (start + size);
+            return start;
         }
         return 0;
     }

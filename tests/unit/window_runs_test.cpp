@@ -1,0 +1,42 @@
+// The address window's free runs (server/window_runs.hpp): what a server hands out to its sessions' memory
+// and to the programs' own VMM reservations, and claims for sessions moved to it.
+#include "server/window_runs.hpp"
+
+#include <catch2/catch.hpp>
+
+using vcuda::server::window_runs;
+
+namespace {
+constexpr uint64_t mib2 = 2u << 20;
+constexpr uint64_t base = 0x10004000000;  // as on the H200
+}  // namespace
+
+TEST_CASE("window runs: aligned takes, give-backs that merge, claims of moved ranges", "[unit]") {
+    window_runs w;
+    CHECK(w.take(mib2) == 0);  // not started: nothing to hand out
+    w.start(base, 1);
+    const uint64_t mine = base + window_runs::span;
+    REQUIRE(w.first() == mine);
+    const uint64_t a = w.take(mib2, mib2);
+    CHECK(a == mine);
+    // 1 GiB aligned: the run before the aligned start stays free and is handed out next.
+    const uint64_t big = w.take(uint64_t{1} << 30, uint64_t{1} << 30);
+    CHECK(big % (uint64_t{1} << 30) == 0);
+    CHECK(big > a);
+    CHECK(w.take(mib2, mib2) == a + mib2);
+    // Given back, the pieces merge into one run again: a take of the whole window succeeds.
+    w.give_back(a, mib2);
+    w.give_back(a + mib2, mib2);
+    w.give_back(big, uint64_t{1} << 30);
+    CHECK(w.take(window_runs::span, mib2) == mine);
+    w.give_back(mine, window_runs::span);
+    // Too large for the window: nothing.
+    CHECK(w.take(window_runs::span + mib2, mib2) == 0);
+    // A moved session's range: in another server's window it is claimed without being this one's; in this
+    // one only while free; outside the common range never.
+    CHECK(w.claim(base, mib2));
+    CHECK(w.claim(mine, mib2));
+    CHECK(!w.claim(mine, mib2));
+    CHECK(!w.claim(base - mib2, mib2));
+    CHECK(w.take(mib2, mib2) == mine + mib2);
+}
