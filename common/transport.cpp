@@ -19,10 +19,19 @@
 #include <cstring>
 #include <thread>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
 #include "common/log.hpp"
 #include "common/tls.hpp"
 
 namespace vcuda {
+
+namespace asio = boost::asio;
+using error_code = boost::system::error_code;
 
 std::string_view to_string(transport_errc e) {
     switch (e) {
@@ -132,32 +141,35 @@ int poll_timeout_ms(deadline until) {
 
 std::string errno_text(int e) { return std::strerror(e); }
 
-transport_result<int> connect_fd(int fd, const sockaddr* addr, socklen_t len,
-                                 std::chrono::milliseconds timeout) {
-    int flags = fcntl(fd, F_GETFL);
-    fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-    int rc = ::connect(fd, addr, len);
-    if (rc != 0 && errno != EINPROGRESS) {
-        int e = errno;
-        return unexpected{transport_error{
-            e == ECONNREFUSED || e == ENOENT ? transport_errc::refused : transport_errc::io, errno_text(e)}};
+// Connects `sock` to `to` within `timeout` (Asio: the connect and a deadline on one io_context); the socket's
+// descriptor, close-on-exec, then belongs to the caller.
+template <class Socket, class Endpoint>
+transport_result<int> connect_within(asio::io_context& io, Socket& sock, const Endpoint& to,
+                                     std::chrono::milliseconds timeout) {
+    error_code result = asio::error::would_block;
+    sock.async_connect(to, [&](const error_code& ec) { result = ec; });
+    io.restart();
+    io.run_for(timeout);
+    if (result == asio::error::would_block) {  // still connecting at the deadline: cancelled
+        error_code ignored;
+        sock.close(ignored);
+        io.restart();
+        io.run();
+        return unexpected{transport_error{transport_errc::timeout,
+                                          "no answer within " + std::to_string(timeout.count()) + " ms"}};
     }
-    if (rc != 0) {
-        pollfd p{fd, POLLOUT, 0};
-        int n;
-        do n = ::poll(&p, 1, static_cast<int>(timeout.count()));
-        while (n < 0 && errno == EINTR);
-        if (n == 0)
-            return unexpected{transport_error{transport_errc::timeout,
-                                              "no answer within " + std::to_string(timeout.count()) + " ms"}};
-        int err = 0;
-        socklen_t el = sizeof err;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
-        if (err != 0)
-            return unexpected{transport_error{
-                err == ECONNREFUSED ? transport_errc::refused : transport_errc::io, errno_text(err)}};
+    if (result) {
+        const bool refused = result == asio::error::connection_refused || result == asio::error::not_found ||
+                             result == boost::system::errc::no_such_file_or_directory;
+        error_code ignored;
+        sock.close(ignored);
+        return unexpected{
+            transport_error{refused ? transport_errc::refused : transport_errc::io, result.message()}};
     }
-    fcntl(fd, F_SETFL, flags);
+    error_code ec;
+    int fd = sock.release(ec);
+    if (ec) return unexpected{transport_error{transport_errc::io, ec.message()}};
+    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
     return fd;
 }
 
@@ -250,55 +262,40 @@ transport_result<stream> stream::connect(const endpoint& ep, std::chrono::millis
 
 transport_result<stream> stream::connect(const endpoint& ep, std::chrono::milliseconds timeout,
                                          const tls_context* tls) {
+    asio::io_context io(1);
+    auto failed = [&](transport_error e) -> transport_result<stream> {
+        e.message = ep.to_string() + ": " + e.message;
+        return unexpected{std::move(e)};
+    };
     if (ep.type == endpoint::kind::unix_socket) {
-        int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
-        sockaddr_un sa{};
-        sa.sun_family = AF_UNIX;
-        std::memcpy(sa.sun_path, ep.path.data(), std::min(ep.path.size(), sizeof sa.sun_path - 1));
-        auto r = connect_fd(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa, timeout);
-        if (!r) {
-            ::close(fd);
-            auto e = r.error();
-            e.message = ep.to_string() + ": " + e.message;
-            return unexpected{e};
-        }
-        tune_socket(fd, false);
-        stream s(fd);
+        asio::local::stream_protocol::socket sock(io);
+        auto fd = connect_within(io, sock, asio::local::stream_protocol::endpoint(ep.path), timeout);
+        if (!fd) return failed(fd.error());
+        tune_socket(*fd, false);
+        stream s(*fd);
         s.peer_ = ep.to_string();
         return s;
     }
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_family = AF_UNSPEC;
-    addrinfo* list = nullptr;
-    std::string port = std::to_string(ep.port);
-    if (int rc = ::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &list); rc != 0)
-        return unexpected{transport_error{transport_errc::bad_address, ep.host + ": " + gai_strerror(rc)}};
+    error_code ec;
+    asio::ip::tcp::resolver resolver(io);
+    auto found = resolver.resolve(ep.host, std::to_string(ep.port), ec);
+    if (ec) return unexpected{transport_error{transport_errc::bad_address, ep.host + ": " + ec.message()}};
     transport_error last{transport_errc::refused, "no address"};
-    for (addrinfo* ai = list; ai; ai = ai->ai_next) {
-        int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) continue;
-        auto r = connect_fd(fd, ai->ai_addr, ai->ai_addrlen, timeout);
-        if (r) {
-            ::freeaddrinfo(list);
-            tune_socket(fd, true);
-            stream s(fd);
-            s.peer_ = ep.to_string();
-            if (tls)
-                if (auto h = s.start_tls(*tls, ep.host, after(timeout)); !h) {
-                    auto e = h.error();
-                    e.message = ep.to_string() + ": " + e.message;
-                    return unexpected{e};
-                }
-            return s;
+    for (const auto& entry : found) {
+        asio::ip::tcp::socket sock(io);
+        auto fd = connect_within(io, sock, entry.endpoint(), timeout);
+        if (!fd) {
+            last = fd.error();
+            continue;
         }
-        last = r.error();
-        ::close(fd);
+        tune_socket(*fd, true);
+        stream s(*fd);
+        s.peer_ = ep.to_string();
+        if (tls)
+            if (auto h = s.start_tls(*tls, ep.host, after(timeout)); !h) return failed(h.error());
+        return s;
     }
-    ::freeaddrinfo(list);
-    last.message = ep.to_string() + ": " + last.message;
-    return unexpected{last};
+    return failed(last);
 }
 
 namespace fault_injection {
@@ -787,11 +784,21 @@ bool stream::peer_gone() const {
 
 // ---------------------------------------------------------------- listener
 
-listener::listener(listener&& o) noexcept : fd_(o.fd_), local_(std::move(o.local_)), tls_(std::move(o.tls_)) {
-    wake_[0] = o.wake_[0];
-    wake_[1] = o.wake_[1];
-    o.fd_ = o.wake_[0] = o.wake_[1] = -1;
-}
+struct listener::acceptor_state {
+    asio::io_context io{1};
+    std::optional<asio::ip::tcp::acceptor> tcp;
+    std::optional<asio::local::stream_protocol::acceptor> local;
+    std::atomic<bool> closed{false};
+    void close_acceptor() {
+        error_code ignored;
+        if (tcp) tcp->close(ignored);
+        if (local) local->close(ignored);
+    }
+};
+
+listener::listener() = default;
+listener::listener(listener&& o) noexcept
+    : acc_(std::move(o.acc_)), local_(std::move(o.local_)), tls_(std::move(o.tls_)) {}
 listener& listener::operator=(listener&& o) noexcept {
     if (this != &o) {
         this->~listener();
@@ -800,19 +807,21 @@ listener& listener::operator=(listener&& o) noexcept {
     return *this;
 }
 listener::~listener() {
-    if (fd_ >= 0) {
-        ::close(fd_);
-        if (local_.type == endpoint::kind::unix_socket) ::unlink(local_.path.c_str());
-    }
-    for (int& w : wake_)
-        if (w >= 0) ::close(w);
+    if (!acc_) return;
+    const bool bound = acc_->tcp ? acc_->tcp->is_open() : acc_->local && acc_->local->is_open();
+    acc_->close_acceptor();
+    if (acc_->local && bound) ::unlink(local_.path.c_str());
 }
 
 transport_result<listener> listener::listen(const endpoint& ep, int backlog) {
     listener l;
     l.local_ = ep;
-    if (::pipe2(l.wake_, O_CLOEXEC | O_NONBLOCK) != 0)
-        return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
+    l.acc_ = std::make_unique<acceptor_state>();
+    auto& a = *l.acc_;
+    error_code ec;
+    auto failed = [&](const error_code& e) -> transport_result<listener> {
+        return unexpected{transport_error{transport_errc::io, ep.to_string() + ": " + e.message()}};
+    };
     if (ep.type == endpoint::kind::unix_socket) {
         // A stale socket file from a crashed server would block the bind; replace it only if nobody answers
         // there. Probe before `l` owns a socket: a listener that owns one unlinks its path when it goes, and
@@ -820,88 +829,107 @@ transport_result<listener> listener::listen(const endpoint& ep, int backlog) {
         if (auto probe = stream::connect(ep, std::chrono::milliseconds(200)); probe)
             return unexpected{transport_error{transport_errc::io,
                                               ep.to_string() + " is already served by another process"}};
-        l.fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (l.fd_ < 0) return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
-        sockaddr_un sa{};
-        sa.sun_family = AF_UNIX;
-        std::memcpy(sa.sun_path, ep.path.data(), std::min(ep.path.size(), sizeof sa.sun_path - 1));
         ::unlink(ep.path.c_str());
+        auto& acc = a.local.emplace(a.io);
         // Owner and group only (0660), set before listen() so that nobody else ever connects; who of them may
         // is the server's business (SO_PEERCRED).
-        if (::bind(l.fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
-            ::chmod(ep.path.c_str(), 0660) != 0 || ::listen(l.fd_, backlog) != 0)
-            return unexpected{transport_error{transport_errc::io, ep.to_string() + ": " + errno_text(errno)}};
+        if (acc.open(asio::local::stream_protocol(), ec); ec) return failed(ec);
+        ::fcntl(acc.native_handle(), F_SETFD, FD_CLOEXEC);
+        if (acc.bind(asio::local::stream_protocol::endpoint(ep.path), ec); ec) return failed(ec);
+        if (::chmod(ep.path.c_str(), 0660) != 0)
+            return failed(error_code(errno, boost::system::system_category()));
+        if (acc.listen(backlog, ec); ec) return failed(ec);
         return l;
     }
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    addrinfo* list = nullptr;
-    std::string port = std::to_string(ep.port);
-    if (int rc = ::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &list); rc != 0)
-        return unexpected{transport_error{transport_errc::bad_address, ep.host + ": " + gai_strerror(rc)}};
-    int fd = ::socket(list->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, list->ai_addr, list->ai_addrlen) != 0 || ::listen(fd, backlog) != 0) {
-        int e = errno;
-        ::freeaddrinfo(list);
-        ::close(fd);
-        return unexpected{transport_error{transport_errc::io, ep.to_string() + ": " + errno_text(e)}};
-    }
-    ::freeaddrinfo(list);
-    sockaddr_storage bound{};
-    socklen_t bl = sizeof bound;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bl);
-    if (bound.ss_family == AF_INET) l.local_.port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-    if (bound.ss_family == AF_INET6)
-        l.local_.port = ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
-    l.fd_ = fd;
+    asio::ip::tcp::resolver resolver(a.io);
+    auto found = resolver.resolve(ep.host, std::to_string(ep.port), asio::ip::tcp::resolver::passive, ec);
+    if (ec || found.empty())
+        return unexpected{transport_error{transport_errc::bad_address,
+                                          ep.host + ": " + (ec ? ec.message() : "no address")}};
+    const auto at = found.begin()->endpoint();
+    auto& acc = a.tcp.emplace(a.io);
+    if (acc.open(at.protocol(), ec); ec) return failed(ec);
+    ::fcntl(acc.native_handle(), F_SETFD, FD_CLOEXEC);
+    acc.set_option(asio::socket_base::reuse_address(true), ec);
+    if (acc.bind(at, ec); ec) return failed(ec);
+    if (acc.listen(backlog, ec); ec) return failed(ec);
+    l.local_.port = acc.local_endpoint(ec).port();  // "host:0": the port the system chose
     return l;
 }
 
+namespace {
+
+// One accept on `acc` by `until` (an Asio timer), or until close() (posted to the same io_context): the new
+// connection's descriptor, close-on-exec, and the peer's address when it has one.
+template <class Acceptor, class Socket>
+transport_result<int> accept_within(asio::io_context& io, Acceptor& acc, Socket& peer,
+                                    typename Acceptor::endpoint_type& from, deadline until) {
+    error_code result = asio::error::would_block;
+    bool timed_out = false;
+    asio::steady_timer timer(io);
+    acc.async_accept(peer, from, [&](const error_code& ec) {
+        result = ec;
+        timer.cancel();
+    });
+    if (until) {
+        timer.expires_at(*until);
+        timer.async_wait([&](const error_code& ec) {
+            if (ec) return;  // cancelled: the accept came first
+            timed_out = true;
+            error_code ignored;
+            acc.cancel(ignored);
+        });
+    }
+    io.restart();
+    io.run();
+    if (timed_out && result == asio::error::operation_aborted)
+        return unexpected{transport_error{transport_errc::timeout, "no connection"}};
+    if (result) return unexpected{transport_error{transport_errc::io, result.message()}};
+    error_code ec;
+    int fd = peer.release(ec);
+    if (ec) return unexpected{transport_error{transport_errc::io, ec.message()}};
+    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    return fd;
+}
+
+}  // namespace
+
 transport_result<stream> listener::accept(deadline until) {
     for (;;) {
-        if (fd_ < 0) return unexpected{transport_error{transport_errc::closed, "listener closed"}};
-        pollfd p[2] = {{fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-        int n = ::poll(p, 2, poll_timeout_ms(until));
-        if (n == 0) return unexpected{transport_error{transport_errc::timeout, "no connection"}};
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
-        }
-        if (p[1].revents) return unexpected{transport_error{transport_errc::closed, "listener closed"}};
-        sockaddr_storage sa{};
-        socklen_t sl = sizeof sa;
-        int c = ::accept4(fd_, reinterpret_cast<sockaddr*>(&sa), &sl, SOCK_CLOEXEC);
-        if (c < 0) {
-            if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
-            return unexpected{transport_error{transport_errc::io, errno_text(errno)}};
-        }
-        bool tcp = sa.ss_family == AF_INET || sa.ss_family == AF_INET6;
-        tune_socket(c, tcp);
-        stream s(c);
-        char host[INET6_ADDRSTRLEN] = "?";
-        if (sa.ss_family == AF_INET) {
-            inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&sa)->sin_addr, host, sizeof host);
-            s.set_peer_description(std::string(host) + ":" +
-                                   std::to_string(ntohs(reinterpret_cast<sockaddr_in*>(&sa)->sin_port)));
-        } else if (sa.ss_family == AF_INET6) {
-            inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&sa)->sin6_addr, host, sizeof host);
-            s.set_peer_description(std::string("[") + host + "]:" +
-                                   std::to_string(ntohs(reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port)));
+        if (!acc_ || acc_->closed.load())
+            return unexpected{transport_error{transport_errc::closed, "listener closed"}};
+        auto& a = *acc_;
+        std::string peer_text;
+        transport_result<int> fd = -1;
+        if (a.tcp) {
+            asio::ip::tcp::socket peer(a.io);
+            asio::ip::tcp::endpoint from;
+            fd = accept_within(a.io, *a.tcp, peer, from, until);
+            const std::string host = from.address().to_string();
+            peer_text =
+                (from.address().is_v6() ? "[" + host + "]" : host) + ":" + std::to_string(from.port());
         } else {
-            s.set_peer_description(local_.to_string() + " (local peer)");
+            asio::local::stream_protocol::socket peer(a.io);
+            asio::local::stream_protocol::endpoint from;
+            fd = accept_within(a.io, *a.local, peer, from, until);
+            peer_text = local_.to_string() + " (local peer)";
         }
+        if (a.closed.load()) {
+            if (fd) ::close(*fd);
+            return unexpected{transport_error{transport_errc::closed, "listener closed"}};
+        }
+        if (!fd) return unexpected{fd.error()};
+        tune_socket(*fd, a.tcp.has_value());
+        stream s(*fd);
+        s.set_peer_description(peer_text);
         return s;
     }
 }
 
 void listener::close() {
-    if (wake_[1] >= 0) {
-        char b = 1;
-        [[maybe_unused]] auto n = ::write(wake_[1], &b, 1);
-    }
+    if (!acc_ || acc_->closed.exchange(true)) return;
+    // On the io_context an accept() runs in: the acceptor is touched by one thread at a time.
+    asio::post(acc_->io, [a = acc_.get()] { a->close_acceptor(); });
 }
 
 // ---------------------------------------------------------------- frame_stream

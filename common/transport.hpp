@@ -184,9 +184,14 @@ class stream {
     std::unique_ptr<char[]> wbuf_;  // TLS: a write's small pieces gathered into one record (the writer's)
 };
 
+// Listening and connecting go through Boost.Asio (acceptors, resolver, connects, timers for their deadlines).
+// A connected socket then leaves Asio: its reads and writes are non-blocking system calls and poll() with the
+// call's deadline, on the thread that serves it (a lane's, the server's thread per connection), because they
+// pass descriptors (SCM_RIGHTS), ring doorbells and TLS records that Asio's synchronous operations cannot
+// bound by a deadline, and its asynchronous ones would need an io_context per connection.
 class listener {
   public:
-    listener() = default;
+    listener();
     listener(listener&&) noexcept;
     listener& operator=(listener&&) noexcept;
     ~listener();
@@ -204,8 +209,8 @@ class listener {
     const endpoint& local() const { return local_; }
 
   private:
-    int fd_ = -1;
-    int wake_[2] = {-1, -1};  // close() writes here to end a blocked accept()
+    struct acceptor_state;  // Asio's acceptor and the io_context an accept() waits in (common/transport.cpp)
+    std::unique_ptr<acceptor_state> acc_;
     endpoint local_;
     std::shared_ptr<const tls_context> tls_;
 };
