@@ -15,6 +15,8 @@
 #                   and pre-copied (--move-memory precopy; default "1024 10240")
 #   MOVE_MODES      pause modes (default "share copy precopy")
 #   FRAMEWORKS_ONLY as for run_frameworks.sh (default: torch_plain newuser_torch torch_autocast cupy jax triton)
+#   MOVE_SERVER_ARGS more arguments for both servers of the suite and framework parts (e.g. "--isolation
+#                   process": each session's worker moves it, and the target's worker takes it)
 # Prints each suite's table, then `move pauses` (size, pause, receive+rebuild) last.
 set -u
 build=$(cd "${1:?usage: tests/gpu/move_suite.sh BUILD_DIR}" && pwd)
@@ -34,7 +36,8 @@ start_target() {  # NAME -> sets b_unix, b_tcp
   b_unix="unix:$out/$1.sock"
   b_tcp="127.0.0.1:$(free_port)"
   rm -f "$out/$1.sock"
-  "$build/bin/vcuda-server" --listen "$b_unix" --listen "$b_tcp" --address-window 2 --log-level info \
+  # shellcheck disable=SC2086  # MOVE_SERVER_ARGS: words on purpose
+  "$build/bin/vcuda-server" --listen "$b_unix" --listen "$b_tcp" --address-window 2 --log-level info ${MOVE_SERVER_ARGS:-} \
     2> "$out/$1.log" &
   pids+=($!)
   wait_socket "$out/$1.sock"
@@ -44,7 +47,7 @@ rows=()
 
 if [[ " $parts " == *" suite "* ]]; then
   start_target target-suite
-  OUT="$out" SUITE_SERVER_ARGS="--address-window 1 --test-move-to $b_unix --test-move-to $b_tcp --test-move-after ${MOVE_AFTER_MS:-300}" \
+  OUT="$out" SUITE_SERVER_ARGS="${MOVE_SERVER_ARGS:-} --address-window 1 --test-move-to $b_unix --test-move-to $b_tcp --test-move-after ${MOVE_AFTER_MS:-300}" \
     "$here/run_suite.sh" "$build" > "$out/suite.txt" 2>&1 || status=1
   moved=$(cat "$out"/suite/server-*.log 2>/dev/null | grep -c " moved to ")
   refused=$(cat "$out"/suite/server-*.log 2>/dev/null | grep " not moved: " | sed 's/.*not moved: //' | sort | uniq -c)
@@ -55,7 +58,7 @@ fi
 if [[ " $parts " == *" frameworks "* ]]; then
   start_target target-frameworks
   OUT="$out" FRAMEWORKS_TCP=1 FRAMEWORKS_ONLY="${FRAMEWORKS_ONLY:-torch_plain newuser_torch torch_autocast cupy jax triton}" \
-    FRAMEWORKS_SERVER_ARGS="--address-window 1 --test-move-to $b_unix --test-move-to $b_tcp --test-move-after ${MOVE_AFTER_MS_FRAMEWORKS:-1500}" \
+    FRAMEWORKS_SERVER_ARGS="${MOVE_SERVER_ARGS:-} --address-window 1 --test-move-to $b_unix --test-move-to $b_tcp --test-move-after ${MOVE_AFTER_MS_FRAMEWORKS:-1500}" \
     "$here/frameworks/run_frameworks.sh" "$build" > "$out/frameworks.txt" 2>&1 || status=1
   moved=$(grep -c " moved to " "$out/frameworks/server.log" 2>/dev/null)
   refused=$(grep " not moved: " "$out/frameworks/server.log" 2>/dev/null | sed 's/.*not moved: //' | sort | uniq -c)
