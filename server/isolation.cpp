@@ -340,11 +340,7 @@ void server::adopt_moved_worker(const std::shared_ptr<worker>& w, uint64_t id, s
     }
     workers_.erase(w->id);
     // The lease claim the parent took for it (admit) is the session's now.
-    if (!w->grant.lease_id.empty()) {
-        drop_lease_claim(w->grant.lease_id, w->grant.gpus, 0);
-        std::string refusal;
-        if (claim_lease(w->grant, refusal)) lease_sessions_[{w->grant.lease_id, w->grant.gpus.front()}] = id;
-    }
+    if (!w->grant.lease_id.empty()) lease_sessions_[{w->grant.lease_id, w->grant.gpus.front()}] = id;
     w->id = id;
     w->key = std::move(key);
     w->peer = std::move(peer);
