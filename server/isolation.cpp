@@ -23,7 +23,8 @@
 //               connection's descriptor rides along (SCM_RIGHTS).
 // Moves (server/session_transfer.cpp) work as in thread mode, inside the worker: the parent passes the
 // manager's request on (msg_move) and waits for the outcome; a session moved here gets a worker of its own,
-// which tells the parent the session's id and key once its state has named them (msg_adopted).
+// which tells the parent the session's id and key once its state has named them (msg_adopted), and goes on
+// only when the parent has taken them (msg_adopt_answer: an id already served here is refused).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -60,6 +61,9 @@ constexpr uint32_t msg_suspend = 3, msg_resume = 4, msg_status = 5;
 // session moved here: its id, key and client, to the parent, once the moved state named them (u64 id, str
 // key, str client).
 constexpr uint32_t msg_move = 6, msg_move_result = 7, msg_adopted = 8;
+// The parent's answer to msg_adopted (u32 1: the session is routed to this worker; 0: refused, its id is
+// taken).
+constexpr uint32_t msg_adopt_answer = 9;
 
 std::string describe_status(int status) {
     if (WIFEXITED(status)) return "exited (status " + std::to_string(WEXITSTATUS(status)) + ")";
@@ -331,11 +335,19 @@ bool server::ask_worker(uint64_t id, bool suspend) {
 
 void server::adopt_moved_worker(const std::shared_ptr<worker>& w, uint64_t id, std::string key,
                                 std::string peer, bool ok) {
-    std::lock_guard lock(open_mu_);
+    std::unique_lock lock(open_mu_);
+    auto answer = [&](bool taken) {
+        message_writer m;
+        m.u32(msg_adopt_answer);
+        m.u32(taken ? 1 : 0);
+        std::lock_guard send(w->send_mu);
+        send_message(w->control, m.bytes, -1);
+    };
     if (!w->incoming || id == 0 || key.size() != session_key_bytes || !ok || workers_.count(id)) {
-        VCUDA_LOG_WARN("{}: the moved session {} is refused: {}; its worker pid {} is stopped", w->peer, id,
-                       workers_.count(id) ? "a session with that id is here already" : "malformed", w->pid);
-        ::kill(w->pid, SIGTERM);
+        VCUDA_LOG_WARN("{}: the moved session {} is refused: {}", w->peer, id,
+                       workers_.count(id) ? "a session with that id is here already" : "malformed");
+        lock.unlock();
+        answer(false);  // its worker refuses the session and ends
         return;
     }
     workers_.erase(w->id);
@@ -347,6 +359,8 @@ void server::adopt_moved_worker(const std::shared_ptr<worker>& w, uint64_t id, s
     w->incoming = false;
     workers_[id] = w;
     VCUDA_LOG_INFO("session {} ({}): served by worker pid {}", id, w->peer, w->pid);
+    lock.unlock();
+    answer(true);
 }
 
 CUresult server::move_worker_session(uint64_t id, const session::move_target& to, std::chrono::seconds wait,
@@ -468,13 +482,25 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
     server srv(drv, opts);
     if (!incoming) srv.adopt_id_key_.emplace(id, std::move(key));
     srv.adopt_grant_ = grant;
-    srv.on_session_adopted_ = [control_fd](uint64_t sid, const std::string& skey, const std::string& peer) {
+    // A moved-in session goes on only once the parent routes its connections here (the main loop below
+    // takes the answer).
+    struct adopt_answer_box {
+        std::mutex mu;
+        std::condition_variable cv;
+        std::optional<bool> taken;
+    } adopt_answer;
+    srv.on_session_adopted_ = [control_fd, &adopt_answer](uint64_t sid, const std::string& skey,
+                                                          const std::string& peer) {
         message_writer a;
         a.u32(msg_adopted);
         a.u64(sid);
         a.str(skey);
         a.str(peer);
-        send_message(control_fd, a.bytes, -1);
+        if (!send_message(control_fd, a.bytes, -1)) return false;
+        std::unique_lock lock(adopt_answer.mu);
+        adopt_answer.cv.wait_for(lock, std::chrono::seconds(10),
+                                 [&] { return adopt_answer.taken.has_value(); });
+        return adopt_answer.taken.value_or(false);
     };
     int wake[2];
     if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) return 1;
@@ -553,6 +579,16 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         }
         message_reader c{m};
         const uint32_t type = c.u32();
+        if (type == msg_adopt_answer) {
+            if (fd >= 0) ::close(fd);
+            const bool taken = c.u32() == 1 && c.ok;
+            {
+                std::lock_guard lock(adopt_answer.mu);
+                adopt_answer.taken = taken;
+            }
+            adopt_answer.cv.notify_all();
+            continue;
+        }
         if (type == msg_move) {  // on a thread too: the client's calls go on until the move pauses them
             if (fd >= 0) ::close(fd);
             std::string address = c.str(), token = c.str();

@@ -747,9 +747,13 @@ void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::st
         if (!grant.lease_id.empty() && !granted)
             lease_sessions_[{grant.lease_id, grant.gpus.front()}] = sess->id();
     }
-    if (on_session_adopted_) on_session_adopted_(sess->id(), key, from);
     // This connection holds the session until its client has joined it here (below).
     ++sess->lanes;
+    if (on_session_adopted_ && !on_session_adopted_(sess->id(), key, from)) {
+        refuse_session(fs, peer, "a session with that id is here already");
+        leave_session(sess);
+        return;
+    }
     auto t0 = std::chrono::steady_clock::now();
     std::string why;
     CUresult rc = sess->take_moved_state(*st, fs, pre, why);

@@ -158,8 +158,9 @@ class server {
     session_grant adopt_grant_;
     std::function<void()> on_session_end_;
     // Worker of a moved-in session: its id, key and client, once the moved state named them (the parent
-    // routes the client's connections by them from then on).
-    std::function<void(uint64_t, const std::string&, const std::string&)> on_session_adopted_;
+    // routes the client's connections by them from then on). False: the parent refused it (that id is taken
+    // there).
+    std::function<bool(uint64_t, const std::string&, const std::string&)> on_session_adopted_;
 };
 
 }  // namespace vcuda::server

@@ -184,8 +184,9 @@ CUresult session::take_moved_vmm(const wire::SessionState& st, session_image& im
     const auto* reservations = st.vmm_reservations();
     const auto* allocations = st.vmm_allocations();
     const auto* mappings = st.vmm_mappings();
-    if ((!reservations || reservations->size() == 0) && (!allocations || allocations->size() == 0))
-        return CUDA_SUCCESS;
+    const auto* access = st.vmm_access();
+    auto none = [](const auto* v) { return !v || v->size() == 0; };
+    if (none(reservations) && none(allocations) && none(mappings) && none(access)) return CUDA_SUCCESS;
     if (reservations) {
         if (reservations->size() % 2) return bad("its VMM reservations");
         for (flatbuffers::uoffset_t k = 0; k < reservations->size(); k += 2) {
@@ -241,10 +242,10 @@ CUresult session::take_moved_vmm(const wire::SessionState& st, session_image& im
             vmm.add_mapping(va, size, id, offset);
         }
     }
-    if (const auto* access = st.vmm_access())
+    if (access)
         for (const auto* x : *access) {
             session_image::vmm_access_state s{x->va(), {}};
-            if (!x->access() || x->access()->size() % sizeof(CUmemAccessDesc))
+            if (!vmm.mapping_at(x->va()) || !x->access() || x->access()->size() % sizeof(CUmemAccessDesc))
                 return bad("a VMM mapping's access");
             s.access.resize(x->access()->size() / sizeof(CUmemAccessDesc));
             std::memcpy(s.access.data(), x->access()->data(), x->access()->size());
