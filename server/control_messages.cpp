@@ -1,9 +1,11 @@
 #include "server/control_messages.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 namespace vcuda::server {
 
@@ -64,6 +66,31 @@ int receive_message(int sock, std::vector<std::byte>& m, int& fd) {
     int r = receive_message(sock, m, fds, 1);
     fd = fds.empty() ? -1 : fds.front();
     return r;
+}
+
+bool ask_parent(int control, const std::vector<std::byte>& m, int fd, std::vector<std::byte>& reply,
+                std::vector<int>& fds, std::string& why) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+        why = std::string("no socket pair: ") + std::strerror(errno);
+        return false;
+    }
+    int pass[2] = {sv[1], fd};
+    const bool sent = send_message(control, m, std::span<const int>(pass, fd >= 0 ? 2 : 1));
+    ::close(sv[1]);
+    if (!sent) {
+        ::close(sv[0]);
+        why = "the server process is gone";
+        return false;
+    }
+    pollfd p{sv[0], POLLIN, 0};
+    int k;
+    do k = ::poll(&p, 1, 10000);
+    while (k < 0 && errno == EINTR);
+    const bool got = k > 0 && receive_message(sv[0], reply, fds, 1) == 1;
+    ::close(sv[0]);
+    if (!got) why = "no answer from the server process";
+    return got;
 }
 
 }  // namespace vcuda::server

@@ -75,5 +75,10 @@ inline bool send_message(int sock, const std::vector<std::byte>& m, int fd) {
 int receive_message(int sock, std::vector<std::byte>& m, std::vector<int>& fds, size_t max_fds = 4);
 // The same for at most one descriptor (-1 when none came).
 int receive_message(int sock, std::vector<std::byte>& m, int& fd);
+// A worker's request to its parent on `control`: sends `m` with a socket for the answer (and `fd`, when >= 0)
+// and waits up to 10 s for the answer (into `reply`, with at most one descriptor into `fds`); false, with
+// `why`, when the parent is gone or did not answer.
+bool ask_parent(int control, const std::vector<std::byte>& m, int fd, std::vector<std::byte>& reply,
+                std::vector<int>& fds, std::string& why);
 
 }  // namespace vcuda::server

@@ -128,17 +128,23 @@ void address_window::reserve_once(const driver_table& d) {
 CUdeviceptr address_window::take(const driver_table& d, size_t size, size_t align) {
     std::lock_guard lock(mu_);
     reserve_once(d);
-    return runs_.take(size, std::max<size_t>(align, device_memory::granularity));
+    align = std::max<size_t>(align, device_memory::granularity);
+    if (shared_.take) return runs_.base() ? shared_.take(runs_.base(), size, align) : 0;
+    return runs_.take(size, align);
 }
 
 void address_window::give_back(CUdeviceptr va, size_t size) {
     std::lock_guard lock(mu_);
-    runs_.give_back(va, size);
+    if (shared_.give_back)
+        shared_.give_back(va, size);
+    else
+        runs_.give_back(va, size);
 }
 
 bool address_window::claim(const driver_table& d, CUdeviceptr va, size_t size) {
     std::lock_guard lock(mu_);
     reserve_once(d);
+    if (shared_.claim) return runs_.inside(va, size) && shared_.claim(runs_.base(), va, size);
     return runs_.claim(va, size);
 }
 

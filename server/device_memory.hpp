@@ -30,6 +30,16 @@ namespace vcuda::server {
 class address_window {
   public:
     explicit address_window(uint32_t index) : index_(index) {}
+    uint32_t index() const { return index_; }
+    // --isolation process: the window's free runs are the parent's, shared by all its workers, so that no
+    // two of its sessions have the same addresses (they may all move to one other server): a worker asks the
+    // parent for a range (base: where this process's driver put the common range), gives it back, claims one.
+    struct shared_runs {
+        std::function<uint64_t(uint64_t base, uint64_t size, uint64_t align)> take;  // 0: none free
+        std::function<void(uint64_t at, uint64_t size)> give_back;
+        std::function<bool(uint64_t base, uint64_t at, uint64_t size)> claim;
+    };
+    void share_runs(shared_runs r) { shared_ = std::move(r); }
     // A free range of `size` bytes (a multiple of the granularity), aligned to `align` (a power of two, 0:
     // the granularity), of this server's window, for the caller to map; 0 when the window is full or the
     // driver refused the range (the caller reserves elsewhere).
@@ -46,6 +56,7 @@ class address_window {
     uint32_t index_;
     bool tried_ = false;
     window_runs runs_;
+    shared_runs shared_;
 };
 
 class device_memory {

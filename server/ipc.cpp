@@ -200,30 +200,9 @@ class worker_broker final : public ipc_broker {
     void drop_owner(uint64_t) override {}
 
   private:
-    // Sends `m` with a socket for the answer (and `fd`, when >= 0) and waits up to 10 s for the answer.
     bool ask(const message_writer& m, int fd, std::vector<std::byte>& reply, std::vector<int>& fds,
              std::string& why) {
-        int sv[2];
-        if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
-            why = std::string("no socket pair: ") + std::strerror(errno);
-            return false;
-        }
-        unique_fd mine(sv[0]), theirs(sv[1]);
-        int pass[2] = {theirs.get(), fd};
-        if (!send_message(control_, m.bytes, std::span<const int>(pass, fd >= 0 ? 2 : 1))) {
-            why = "the server process is gone";
-            return false;
-        }
-        theirs = unique_fd();
-        pollfd p{mine.get(), POLLIN, 0};
-        int k;
-        do k = ::poll(&p, 1, 10000);
-        while (k < 0 && errno == EINTR);
-        if (k <= 0 || receive_message(mine.get(), reply, fds, 1) != 1) {
-            why = "no answer from the server process";
-            return false;
-        }
-        return true;
+        return ask_parent(control_, m.bytes, fd, reply, fds, why);
     }
 
     int control_;

@@ -36,6 +36,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <span>
 #include <thread>
@@ -64,6 +65,55 @@ constexpr uint32_t msg_move = 6, msg_move_result = 7, msg_adopted = 8;
 // The parent's answer to msg_adopted (u32 1: the session is routed to this worker; 0: refused, its id is
 // taken).
 constexpr uint32_t msg_adopt_answer = 9;
+// The address window's runs, which the parent keeps for all its workers (server/device_memory.hpp): a take
+// (u64 base, size, alignment; answer u64 address, 0 for none), a give-back (u64 address, size) and a claim
+// (u64 base, address, size; answer u32 1 when taken). After the IPC requests' 10-12 (server/ipc.cpp).
+constexpr uint32_t msg_window_take = 13, msg_window_give_back = 14, msg_window_claim = 15;
+
+// A worker's window runs, asked of its parent.
+address_window::shared_runs parent_window_runs(int control_fd) {
+    auto ask = [control_fd](const message_writer& m) {
+        std::vector<std::byte> reply;
+        std::vector<int> fds;
+        std::string why;
+        if (!ask_parent(control_fd, m.bytes, -1, reply, fds, why)) {
+            VCUDA_LOG_WARN("address window: {}", why);
+            reply.clear();
+        }
+        for (int fd : fds) ::close(fd);
+        return reply;
+    };
+    address_window::shared_runs r;
+    r.take = [ask](uint64_t base, uint64_t size, uint64_t align) -> uint64_t {
+        message_writer m;
+        m.u32(msg_window_take);
+        m.u64(base);
+        m.u64(size);
+        m.u64(align);
+        auto reply = ask(m);
+        message_reader a{reply};
+        const uint64_t at = a.u64();
+        return a.ok ? at : 0;
+    };
+    r.give_back = [control_fd](uint64_t at, uint64_t size) {
+        message_writer m;
+        m.u32(msg_window_give_back);
+        m.u64(at);
+        m.u64(size);
+        send_message(control_fd, m.bytes, -1);
+    };
+    r.claim = [ask](uint64_t base, uint64_t at, uint64_t size) {
+        message_writer m;
+        m.u32(msg_window_claim);
+        m.u64(base);
+        m.u64(at);
+        m.u64(size);
+        auto reply = ask(m);
+        message_reader a{reply};
+        return a.u32() == 1 && a.ok;
+    };
+    return r;
+}
 
 std::string describe_status(int status) {
     if (WIFEXITED(status)) return "exited (status " + std::to_string(WEXITSTATUS(status)) + ")";
@@ -91,8 +141,9 @@ struct server::worker {
     bool incoming = false;
     std::mutex send_mu;
     std::mutex status_mu;
-    worker_status status;                                   // under status_mu
-    std::condition_variable move_cv;                        // with status_mu
+    worker_status status;                        // under status_mu
+    std::map<uint64_t, uint64_t> window_ranges;  // under the server's window_mu_: what it took, start -> size
+    std::condition_variable move_cv;             // with status_mu
     std::optional<std::pair<CUresult, std::string>> moved;  // under status_mu: a move's outcome
     bool ended = false;                                     // under status_mu: the worker is gone
     ~worker() {
@@ -290,6 +341,7 @@ void server::serve_worker(const std::shared_ptr<worker>& w) {
             w->move_cv.notify_all();
             continue;
         }
+        if (message_reader r{m}; serve_window_request(*w, r.u32(), r, fds)) continue;
         if (message_reader r{m}; r.u32() == msg_adopted) {
             const uint64_t id = r.u64();
             std::string key = r.str();
@@ -304,8 +356,56 @@ void server::serve_worker(const std::shared_ptr<worker>& w) {
             for (int fd : fds) ::close(fd);
         }
     }
-    // The worker has ended (or closed its end): what its session exported goes with it.
+    // The worker has ended (or closed its end): what its session exported goes with it, and its addresses
+    // go back to the window, unless its session moved away (they are its new server's then).
     if (opts_.ipc_exports) opts_.ipc_exports->drop_owner(w->id);
+    bool moved;
+    {
+        std::lock_guard lock(w->status_mu);
+        moved = !w->status.moved_to.empty();
+    }
+    std::lock_guard lock(window_mu_);
+    if (!moved)
+        for (auto [at, size] : w->window_ranges) worker_window_.give_back(at, size);
+    w->window_ranges.clear();
+}
+
+bool server::serve_window_request(worker& w, uint32_t type, message_reader& r, std::vector<int>& fds) {
+    if (type != msg_window_take && type != msg_window_give_back && type != msg_window_claim) return false;
+    unique_fd answer(type != msg_window_give_back && !fds.empty() ? fds[0] : -1);
+    for (size_t i = answer.get() >= 0 ? 1 : 0; i < fds.size(); ++i) ::close(fds[i]);
+    fds.clear();
+    std::lock_guard lock(window_mu_);
+    // The common range is where every process's driver put it: the first worker's base is the others' too.
+    auto started = [&](uint64_t base) {
+        if (!opts_.window || base == 0) return false;
+        if (worker_window_base_ == 0) {
+            worker_window_.start(base, opts_.window->index());
+            worker_window_base_ = base;
+        }
+        return worker_window_base_ == base;
+    };
+    message_writer reply;
+    if (type == msg_window_take) {
+        const uint64_t base = r.u64(), size = r.u64(), align = r.u64();
+        const bool fits = r.ok && size > 0 && align > 0 && (align & (align - 1)) == 0;
+        const uint64_t at = fits && started(base) ? worker_window_.take(size, align) : 0;
+        if (at) w.window_ranges[at] = size;
+        reply.u64(at);
+    } else if (type == msg_window_claim) {
+        const uint64_t base = r.u64(), at = r.u64(), size = r.u64();
+        const bool taken = r.ok && size > 0 && started(base) && worker_window_.claim(at, size);
+        if (taken) w.window_ranges[at] = size;
+        reply.u32(taken ? 1 : 0);
+    } else {
+        const uint64_t at = r.u64(), size = r.u64();
+        if (auto it = w.window_ranges.find(at); r.ok && it != w.window_ranges.end() && it->second == size) {
+            worker_window_.give_back(at, size);
+            w.window_ranges.erase(it);
+        }
+    }
+    if (answer.get() >= 0) send_message(answer.get(), reply.bytes);
+    return true;
 }
 
 std::vector<server::worker_session> server::worker_sessions() {
@@ -479,6 +579,8 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
     // IPC handles go through the parent, which holds every session's exports.
     opts.ipc = make_worker_broker(instance, control_fd);
     opts.ipc_exports.reset();
+    // Addresses come from the window the parent keeps for all its workers.
+    if (opts.window) opts.window->share_runs(parent_window_runs(control_fd));
     server srv(drv, opts);
     if (!incoming) srv.adopt_id_key_.emplace(id, std::move(key));
     srv.adopt_grant_ = grant;

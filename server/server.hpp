@@ -22,6 +22,8 @@
 
 namespace vcuda::server {
 
+struct message_reader;  // server/control_messages.hpp
+
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi and the manager write GPU UUIDs.
 std::string gpu_uuid_string(const CUuuid& u);
 // The UUID a GPU has towards the manager (lease tokens, registration, heartbeats) under --gpu-identity TAG:
@@ -109,6 +111,9 @@ class server {
     // id and key from now on. A malformed or duplicate id stops the worker.
     void adopt_moved_worker(const std::shared_ptr<worker>& w, uint64_t id, std::string key, std::string peer,
                             bool ok);
+    // Parent: a worker's request of the address window (server/device_memory.hpp shared_runs), answered on
+    // the socket that came with it. False when `type` is not one.
+    bool serve_window_request(worker& w, uint32_t type, message_reader& r, std::vector<int>& fds);
     // Serves the IPC requests of worker `w` until it ends (server/ipc.hpp).
     void serve_worker(const std::shared_ptr<worker>& w);
     // `over_limit`: this connection is past --max-connections: it is only told so, and closed. `tls`: the
@@ -161,6 +166,11 @@ class server {
     // routes the client's connections by them from then on). False: the parent refused it (that id is taken
     // there).
     std::function<bool(uint64_t, const std::string&, const std::string&)> on_session_adopted_;
+    // Parent: the address window's runs its workers share (serve_window_request), started at the common
+    // range's base the first worker reports.
+    std::mutex window_mu_;
+    window_runs worker_window_;
+    uint64_t worker_window_base_ = 0;
 };
 
 }  // namespace vcuda::server

@@ -44,11 +44,18 @@ class window_runs {
         }
         return 0;
     }
-    // A moved session's range: true when it lies in the common range, in another server's window or free in
-    // this one (taken for it then).
+    // A moved session's range: true when it lies in the common range and is free, in this server's window or
+    // in another's (no other moved session holds any of it); taken for it then.
     bool claim(uint64_t at, uint64_t size) {
         if (!inside(at, size)) return false;
-        if (at + size <= mine_ || at >= mine_ + span) return true;
+        if (at + size <= mine_ || at >= mine_ + span) {
+            auto next = foreign_.lower_bound(at);
+            if (next != foreign_.end() && next->first < at + size) return false;
+            if (next != foreign_.begin() && std::prev(next)->first + std::prev(next)->second > at)
+                return false;
+            foreign_[at] = size;
+            return true;
+        }
         auto it = free_.upper_bound(at);
         if (it == free_.begin()) return false;
         --it;
@@ -59,10 +66,14 @@ class window_runs {
         if (run + len > at + size) free_[at + size] = run + len - (at + size);
         return true;
     }
-    // Free again, merged with its neighbours. A range of another server's window (a moved session's, or one
-    // refused here) was never this one's: it is not handed out.
+    // Free again, merged with its neighbours. A range of another server's window (a moved session's) was
+    // never this one's to hand out: it is only free for another moved session again.
     void give_back(uint64_t at, uint64_t size) {
-        if (!base_ || at < mine_ || at - mine_ >= span || size > span - (at - mine_)) return;
+        if (!base_) return;
+        if (at < mine_ || at - mine_ >= span || size > span - (at - mine_)) {
+            if (auto it = foreign_.find(at); it != foreign_.end() && it->second == size) foreign_.erase(it);
+            return;
+        }
         auto next = free_.lower_bound(at);
         if (next != free_.end() && next->first == at + size) {
             size += next->second;
@@ -81,7 +92,8 @@ class window_runs {
   private:
     uint64_t base_ = 0;
     uint64_t mine_ = 0;
-    std::map<uint64_t, uint64_t> free_;  // free runs of this server's window: start -> length
+    std::map<uint64_t, uint64_t> free_;     // free runs of this server's window: start -> length
+    std::map<uint64_t, uint64_t> foreign_;  // ranges of other servers' windows moved sessions hold here
 };
 
 }  // namespace vcuda::server

@@ -49,7 +49,8 @@ start_server() {  # NAME ADDR WINDOW [ARGS...]; $gpu_id: the software GPU's iden
 normalize() { grep -v -i -E 'ms\b|µs|us\b|GB/s|MB/s|time|elapsed|0x[0-9a-f]+|\[vcuda-client\]' "$1"; }
 
 passed=0
-for transport in ${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty unixiso tcpiso}; do
+transports=${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty unixiso tcpiso isopair}
+for transport in ${transports/isopair/}; do
   copy=(); [ "$transport" = unixcopy ] && copy=(--move-memory copy)
   [ "$transport" = tcpdirty ] && copy=(--test-precopy-hold 1000)
   iso=(); [ "${transport%iso}" != "$transport" ] && iso=(--isolation process)
@@ -125,4 +126,30 @@ for transport in ${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty unix
   [ "$moves" -ge 1 ] || fail "no session moved over $transport"
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=()
 done
+# isopair: two sessions of one --isolation process server, running at once (so in two worker processes), both
+# moved to one thread-mode server: their addresses come from the one window their parent keeps, so they do not
+# collide there.
+if [[ " $transports " == *" isopair "* ]]; then
+  ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
+  : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
+  start_server ref "$ref" 3
+  start_server b "$b" 2
+  start_server a "$a" 1 --isolation process --test-move-to "$b" --test-move-after 100
+  LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$ref" timeout 120 "$programs_dir/suspend_resume" 600 > "$tmp/ref.out" 2>&1
+  run_pids=()
+  for k in 1 2; do
+    LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$a" timeout 120 "$programs_dir/suspend_resume" 600 > "$tmp/pair$k.out" 2>&1 &
+    run_pids+=($!)
+  done
+  for k in 1 2; do
+    wait "${run_pids[$((k - 1))]}" || { cat "$tmp/pair$k.out"; fail "isopair: program $k failed"; }
+    diff <(normalize "$tmp/ref.out") <(normalize "$tmp/pair$k.out") > "$tmp/diff.txt" ||
+      { cat "$tmp/diff.txt"; fail "isopair: program $k printed something else when moved"; }
+  done
+  [ "$(grep -c "session [0-9]* moved to $b" "$tmp/server-a.log")" -eq 2 ] || fail "isopair: not both sessions moved"
+  [ "$(grep -c "moved here" "$tmp/server-b.log")" -eq 2 ] || fail "isopair: server B did not take both"
+  echo "isopair: 2 sessions of two worker processes moved to one server"
+  passed=$((passed + 2))
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=()
+fi
 echo "PASS move_session: $passed program runs identical when moved between two servers"

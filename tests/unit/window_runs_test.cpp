@@ -39,4 +39,12 @@ TEST_CASE("window runs: aligned takes, give-backs that merge, claims of moved ra
     CHECK(!w.claim(mine, mib2));
     CHECK(!w.claim(base - mib2, mib2));
     CHECK(w.take(mib2, mib2) == mine + mib2);
+    // Two moved sessions may not hold the same addresses of another server's window (they came from two
+    // processes that both used them); given back, the range may be claimed again, and is never handed out.
+    CHECK(!w.claim(base, 2 * mib2));
+    CHECK(!w.claim(base + mib2 / 2, mib2));
+    CHECK(w.claim(base + mib2, mib2));
+    w.give_back(base, mib2);
+    CHECK(w.claim(base, mib2));
+    CHECK(w.take(mib2, mib2) == mine + 2 * mib2);
 }
