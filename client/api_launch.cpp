@@ -91,13 +91,18 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
     std::vector<std::byte> params;
     param_form form;
     if (CUresult rc = pack_params(info, kernel_params, extra, params, form); rc != CUDA_SUCCESS) return rc;
-    // Pinned memory that only this process has (over TCP) is not the GPU's to reach: a kernel given a pointer
-    // into it (zero-copy, as with unified addressing) would fault and take the context down.
-    if (state::get().points_to_private_host(params))
+    // Pinned memory that only this process has (over TCP, or registered without DEVICEMAP) is not the GPU's
+    // to reach: a kernel given a pointer into it (zero-copy, as with unified addressing) would fault and take
+    // the context down.
+    if (host_allocation h; state::get().points_to_private_host(params, &h))
         return static_cast<CUresult>(unsupported(
-            "cuLaunchKernel with an argument that points into pinned host memory (mapped host memory "
-            "needs a server on this host, over a Unix socket: a GPU on another host cannot address "
-            "this process's pages)"));
+            h.registered && !(h.flags & CU_MEMHOSTREGISTER_DEVICEMAP)
+                ? "cuLaunchKernel with an argument that points into memory registered with cuMemHostRegister "
+                  "without CU_MEMHOSTREGISTER_DEVICEMAP (cudaHostRegisterMapped): vcuda lets kernels reach "
+                  "registered memory only when it is registered with that flag, over a Unix socket"
+                : "cuLaunchKernel with an argument that points into pinned host memory (mapped host memory "
+                  "needs a server on this host, over a Unix socket: a GPU on another host cannot address "
+                  "this process's pages)"));
     // The kernel may read or write any managed memory: the CPU's copies go back to the device first.
     if (CUresult rc = managed_before_launch(); rc != CUDA_SUCCESS) return rc;
 

@@ -417,7 +417,7 @@ bool state::remove_host(uintptr_t base, host_allocation& out) {
     return true;
 }
 
-bool state::points_to_private_host(std::span<const std::byte> params) {
+bool state::points_to_private_host(std::span<const std::byte> params, host_allocation* found) {
     const uintptr_t lo = private_lo_.load(std::memory_order_relaxed);
     const uintptr_t hi = private_hi_.load(std::memory_order_relaxed);
     if (lo >= hi) return false;
@@ -429,7 +429,10 @@ bool state::points_to_private_host(std::span<const std::byte> params) {
         auto it = host_.upper_bound(p);
         if (it == host_.begin()) continue;
         --it;
-        if (p - it->second.base < it->second.size && !it->second.shared()) return true;
+        if (p - it->second.base < it->second.size && !it->second.shared()) {
+            if (found) *found = it->second;
+            return true;
+        }
     }
     return false;
 }

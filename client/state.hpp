@@ -147,8 +147,9 @@ class state {
     // Whether any host allocation or registration overlaps [lo, hi).
     bool host_overlaps(uintptr_t lo, uintptr_t hi);
     // Whether an 8-byte word of `params` (a launch's parameter buffer) points into pinned host memory only
-    // this process has (not shared with a server on this host), which the GPU cannot reach.
-    bool points_to_private_host(std::span<const std::byte> params);
+    // this process has (not shared with a server on this host), which the GPU cannot reach; `found`, when
+    // given, gets that memory.
+    bool points_to_private_host(std::span<const std::byte> params, host_allocation* found = nullptr);
 
     // Images already sent to the server (by content hash).
     bool image_sent(uint64_t hash);

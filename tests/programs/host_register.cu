@@ -19,7 +19,34 @@ extern "C" __global__ void hr_times3_plus(const unsigned* in, unsigned* out, int
     if (i < n) out[i] = in[i] * 3u + k;
 }
 
-int main() {
+// `host_register unmapped-launch`: a kernel given the host pointer of memory registered with default flags
+// (not Mapped). Through vcuda the launch is refused (cudaErrorNotSupported, exit 3): the server cannot reach
+// such pages. Natively it depends on the device (tests/gpu/probes/registered_kernel_access.cu asks the
+// driver).
+int unmapped_launch() {
+    const int n = 4096;
+    auto* buf = static_cast<unsigned*>(std::malloc(n * sizeof(unsigned)));
+    if (!buf) fail("malloc");
+    for (int i = 0; i < n; ++i) buf[i] = static_cast<unsigned>(i);
+    CHECK(cudaFree(nullptr));
+    CHECK(cudaHostRegister(buf, n * sizeof(unsigned), cudaHostRegisterDefault));
+    hr_times3_plus<<<n / 256, 256>>>(buf, buf, n, 1);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e == cudaErrorNotSupported) {
+        std::printf("a kernel on memory registered without the mapped flag: %s\n", cudaGetErrorName(e));
+        return 3;
+    }
+    CHECK(e);
+    for (int i = 0; i < n; ++i)
+        if (buf[i] != static_cast<unsigned>(i) * 3u + 1u) fail("buf[%d] = %u", i, buf[i]);
+    CHECK(cudaHostUnregister(buf));
+    std::free(buf);
+    return pass();
+}
+
+int main(int argc, char** argv) {
+    if (argc > 1 && std::strcmp(argv[1], "unmapped-launch") == 0) return unmapped_launch();
     const int n = 100000;  // not a whole number of pages: the ranges end inside a page
     const size_t bytes = n * sizeof(unsigned);
     // Plain heap memory, as applications register it (the input one word into its allocation).
