@@ -326,6 +326,8 @@ void server::serve_worker(const std::shared_ptr<worker>& w) {
             for (int fd : fds) ::close(fd);
             if (st.known) {
                 std::lock_guard lock(w->status_mu);
+                // A moved session stays moved: a status sent just before the move's outcome does not undo it.
+                if (st.moved_to.empty()) st.moved_to = w->status.moved_to;
                 w->status = std::move(st);
             }
             continue;
