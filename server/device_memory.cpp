@@ -108,6 +108,13 @@ void device_memory::free_addresses(CUdeviceptr va, const mapping& m) {
         window_->give_back(va, m.size);
 }
 
+void device_memory::keep_addresses() {
+    if (keep_addresses_) return;
+    keep_addresses_ = true;
+    for (auto& [va, m] : mappings_)
+        if (m.windowed) window_->keep(va, m.size);
+}
+
 void address_window::reserve_once(const driver_table& d) {
     if (tried_) return;
     tried_ = true;
@@ -139,6 +146,11 @@ void address_window::give_back(CUdeviceptr va, size_t size) {
         shared_.give_back(va, size);
     else
         runs_.give_back(va, size);
+}
+
+void address_window::keep(CUdeviceptr va, size_t size) {
+    std::lock_guard lock(mu_);
+    if (!shared_.take) runs_.keep(va, size);
 }
 
 bool address_window::claim(const driver_table& d, CUdeviceptr va, size_t size) {

@@ -38,13 +38,15 @@ class address_window {
         std::function<uint64_t(uint64_t base, uint64_t size, uint64_t align)> take;  // 0: none free
         std::function<void(uint64_t at, uint64_t size)> give_back;
         std::function<bool(uint64_t base, uint64_t at, uint64_t size)> claim;
-    };
+    };  // (a worker whose session moved away keeps its ranges: its parent keeps them when it ends)
     void share_runs(shared_runs r) { shared_ = std::move(r); }
     // A free range of `size` bytes (a multiple of the granularity), aligned to `align` (a power of two, 0:
     // the granularity), of this server's window, for the caller to map; 0 when the window is full or the
     // driver refused the range (the caller reserves elsewhere).
     CUdeviceptr take(const driver_table& d, size_t size, size_t align = 0);
     void give_back(CUdeviceptr va, size_t size);
+    // A range of a session that moved away: never handed out again, but claimable by it if it comes back.
+    void keep(CUdeviceptr va, size_t size);
     // A moved session's range: true when it lies in the common range and is free here (taken for it then).
     bool claim(const driver_table& d, CUdeviceptr va, size_t size);
 
@@ -163,8 +165,9 @@ class device_memory {
     const allocation_map& allocations() const { return allocations_; }
     CUresult adopt(const std::vector<moved_mapping>& mappings, allocation_map allocations,
                    uint64_t heap_charge, std::string& why);
-    // The session moved away: its addresses are never handed out here again.
-    void keep_addresses() { keep_addresses_ = true; }
+    // The session moved away: its addresses are never handed out here again (kept now, for it alone, should
+    // it come back; its later release leaves them so).
+    void keep_addresses();
 
     static constexpr size_t granularity = 2u << 20;
     static constexpr size_t small_limit = 1u << 20;  // allocations up to this share 2 MiB mappings

@@ -359,7 +359,7 @@ void server::serve_worker(const std::shared_ptr<worker>& w) {
         }
     }
     // The worker has ended (or closed its end): what its session exported goes with it, and its addresses
-    // go back to the window, unless its session moved away (they are its new server's then).
+    // go back to the window, unless its session moved away (kept then, for it alone, should it come back).
     if (opts_.ipc_exports) opts_.ipc_exports->drop_owner(w->id);
     bool moved;
     {
@@ -367,8 +367,11 @@ void server::serve_worker(const std::shared_ptr<worker>& w) {
         moved = !w->status.moved_to.empty();
     }
     std::lock_guard lock(window_mu_);
-    if (!moved)
-        for (auto [at, size] : w->window_ranges) worker_window_.give_back(at, size);
+    for (auto [at, size] : w->window_ranges)
+        if (moved)
+            worker_window_.keep(at, size);
+        else
+            worker_window_.give_back(at, size);
     w->window_ranges.clear();
 }
 

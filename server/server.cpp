@@ -304,7 +304,7 @@ void server::leave_session(const std::shared_ptr<session>& sess) {
         for (size_t d = 0; d < sess->device_count(); ++d) held += sess->memory(d).mapped();
         handles = sess->handles.size();
     }
-    sessions_.remove(sess->id());
+    sessions_.remove(sess->id(), sess.get());
     if (!sess->lease_id().empty()) {
         std::lock_guard lock(open_mu_);
         for (size_t d = 0; d < sess->device_count(); ++d)
@@ -737,6 +737,11 @@ void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::st
     {
         std::lock_guard lock(open_mu_);
         if (!granted && !admit(grant, sessions_.size(), fs, peer)) return;
+        // A session that moved away from here and now comes back: the old object only waits for its client's
+        // connections to go (they follow it), and gives up its id.
+        if (key.size() == session_key_bytes && st->session_id() != 0 &&
+            sessions_.forget_moved_away(st->session_id(), key))
+            VCUDA_LOG_INFO("session {} comes back to this server", st->session_id());
         if (key.size() == session_key_bytes && st->session_id() != 0)
             sess = sessions_.adopt(st->session_id(), key, drv_, opts_, grant, from);
         if (!sess) {

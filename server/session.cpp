@@ -129,8 +129,8 @@ void session::release_vmm() {
     if (!vmm.physical_released_)
         for (auto& [va, m] : vmm.mapped_) d.cuMemUnmap(va, m.size);
     vmm.mapped_.clear();
-    // Window ranges go back to the window, unless the session moved: its addresses are its new server's now,
-    // and are never handed out here again (as for its device memory).
+    // Window ranges go back to the window, unless the session moved: its addresses are its new server's now
+    // (kept when it moved, as for its device memory).
     for (auto& [va, r] : vmm.reserved_)
         if (!r.windowed)
             d.cuMemAddressFree(va, r.size);
@@ -458,9 +458,18 @@ std::shared_ptr<session> session_registry::find(uint64_t id, std::string_view ke
     return it->second;
 }
 
-void session_registry::remove(uint64_t id) {
+bool session_registry::forget_moved_away(uint64_t id, std::string_view key) {
     std::lock_guard lock(mu_);
-    if (auto it = sessions_.find(id); it != sessions_.end()) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || !it->second->moved() || !equal_constant_time(it->second->key(), key))
+        return false;
+    sessions_.erase(it);  // its counters are added when its last connection goes (remove finds it gone)
+    return true;
+}
+
+void session_registry::remove(uint64_t id, const session* which) {
+    std::lock_guard lock(mu_);
+    if (auto it = sessions_.find(id); it != sessions_.end() && it->second.get() == which) {
         it->second->counters.add_to(ended_);  // under the same lock as the erase: no scrape sees it twice
         sessions_.erase(it);
     }

@@ -441,7 +441,13 @@ class session_registry {
     }
     // The session `id` when `key` is its key (compared in constant time); null otherwise.
     std::shared_ptr<session> find(uint64_t id, std::string_view key);
-    void remove(uint64_t id);
+    // Forgets session `id` if it is `which` (a session that moved away and came back has a new object by
+    // then, which stays).
+    void remove(uint64_t id, const session* which);
+    // A session that moved away and is coming back (`key` its key): the old object, which only waits for its
+    // client's last connections to go, leaves the registry so that the new one can take its id. False when
+    // `id` is another session's, or one that has not moved away.
+    bool forget_moved_away(uint64_t id, std::string_view key);
     size_t size();
     // The counters of every session this registry has held, live and ended, added into `sum`.
     void add_counters(session_counters& sum);

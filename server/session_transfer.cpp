@@ -236,6 +236,8 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
         std::lock_guard l(mu);
         image_.reset();
         for (auto& d : devices_) d.memory->keep_addresses();
+        for (auto& [va, r] : vmm.reserved_)
+            if (r.windowed) window()->keep(va, r.size);
         VCUDA_LOG_INFO("session {} {}", id_, note_);
     } else {
         note_ = "not moved: " + why;

@@ -48,6 +48,12 @@ class window_runs {
     // in another's (no other moved session holds any of it); taken for it then.
     bool claim(uint64_t at, uint64_t size) {
         if (!inside(at, size)) return false;
+        // A range a session that moved away from here kept: the same session coming back.
+        if (auto k = kept_.find(at); k != kept_.end() && k->second == size) {
+            kept_.erase(k);
+            if (at + size <= mine_ || at >= mine_ + span) foreign_[at] = size;
+            return true;
+        }
         if (at + size <= mine_ || at >= mine_ + span) {
             auto next = foreign_.lower_bound(at);
             if (next != foreign_.end() && next->first < at + size) return false;
@@ -65,6 +71,13 @@ class window_runs {
         if (at > run) free_[run] = at - run;
         if (run + len > at + size) free_[at + size] = run + len - (at + size);
         return true;
+    }
+    // A range of a session that moved away: handed out to nobody, but claimable again by a session that
+    // brings exactly this range back (the same one, moved back here).
+    void keep(uint64_t at, uint64_t size) {
+        if (!base_) return;
+        foreign_.erase(at);
+        kept_[at] = size;
     }
     // Free again, merged with its neighbours. A range of another server's window (a moved session's) was
     // never this one's to hand out: it is only free for another moved session again.
@@ -94,6 +107,7 @@ class window_runs {
     uint64_t mine_ = 0;
     std::map<uint64_t, uint64_t> free_;     // free runs of this server's window: start -> length
     std::map<uint64_t, uint64_t> foreign_;  // ranges of other servers' windows moved sessions hold here
+    std::map<uint64_t, uint64_t> kept_;     // ranges of sessions that moved away (keep)
 };
 
 }  // namespace vcuda::server

@@ -49,8 +49,9 @@ start_server() {  # NAME ADDR WINDOW [ARGS...]; $gpu_id: the software GPU's iden
 normalize() { grep -v -i -E 'ms\b|µs|us\b|GB/s|MB/s|time|elapsed|0x[0-9a-f]+|\[vcuda-client\]' "$1"; }
 
 passed=0
-transports=${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty unixiso tcpiso isopair}
-for transport in ${transports/isopair/}; do
+transports=${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty unixiso tcpiso back isopair}
+loop_transports=${transports/isopair/}
+for transport in ${loop_transports/back/}; do
   copy=(); [ "$transport" = unixcopy ] && copy=(--move-memory copy)
   [ "$transport" = tcpdirty ] && copy=(--test-precopy-hold 1000)
   iso=(); [ "${transport%iso}" != "$transport" ] && iso=(--isolation process)
@@ -126,6 +127,24 @@ for transport in ${transports/isopair/}; do
   [ "$moves" -ge 1 ] || fail "no session moved over $transport"
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=()
 done
+# back: a session moved from A to B and then back to A (B moves it on too): A kept its addresses for it.
+if [[ " $transports " == *" back "* ]]; then
+  ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
+  : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
+  start_server ref "$ref" 3
+  start_server b "$b" 2 --test-move-to "$a" --test-move-after 100
+  start_server a "$a" 1 --test-move-to "$b" --test-move-after 100
+  LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$ref" timeout 120 "$programs_dir/suspend_resume" 2000 > "$tmp/ref.out" 2>&1
+  LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$a" timeout 120 "$programs_dir/suspend_resume" 2000 > "$tmp/back.out" 2>&1 ||
+    { cat "$tmp/back.out"; fail "back: the program failed"; }
+  diff <(normalize "$tmp/ref.out") <(normalize "$tmp/back.out") > "$tmp/diff.txt" ||
+    { cat "$tmp/diff.txt"; fail "back: the program printed something else when moved"; }
+  grep -q "session [0-9]* moved to $b" "$tmp/server-a.log" || fail "back: A did not move it to B"
+  grep -q "session [0-9]* moved to $a" "$tmp/server-b.log" || fail "back: B did not move it back to A"
+  echo "back: 1 session moved from A to B and back to A"
+  passed=$((passed + 1))
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=()
+fi
 # isopair: two sessions of one --isolation process server, running at once (so in two worker processes), both
 # moved to one thread-mode server: their addresses come from the one window their parent keeps, so they do not
 # collide there.

@@ -47,4 +47,15 @@ TEST_CASE("window runs: aligned takes, give-backs that merge, claims of moved ra
     w.give_back(base, mib2);
     CHECK(w.claim(base, mib2));
     CHECK(w.take(mib2, mib2) == mine + 2 * mib2);
+    // A session that moved away keeps its ranges: nobody else gets them, and it may claim them once when it
+    // comes back; the same for a range of another server's window it held here.
+    const uint64_t gone = w.take(mib2, mib2);
+    w.keep(gone, mib2);
+    w.keep(base, mib2);
+    CHECK(w.take(mib2, mib2) != gone);
+    CHECK(!w.claim(gone, 2 * mib2));
+    CHECK(w.claim(gone, mib2));
+    CHECK(!w.claim(gone, mib2));
+    CHECK(w.claim(base, mib2));
+    CHECK(!w.claim(base, mib2));
 }
