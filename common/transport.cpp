@@ -141,6 +141,16 @@ int poll_timeout_ms(deadline until) {
 
 std::string errno_text(int e) { return std::strerror(e); }
 
+// The descriptor of an Asio socket that is done with Asio (the caller owns it), close-on-exec.
+template <class Socket>
+transport_result<int> release_descriptor(Socket& sock) {
+    error_code ec;
+    int fd = sock.release(ec);
+    if (ec) return unexpected{transport_error{transport_errc::io, ec.message()}};
+    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    return fd;
+}
+
 // Connects `sock` to `to` within `timeout` (Asio: the connect and a deadline on one io_context); the socket's
 // descriptor, close-on-exec, then belongs to the caller.
 template <class Socket, class Endpoint>
@@ -166,11 +176,7 @@ transport_result<int> connect_within(asio::io_context& io, Socket& sock, const E
         return unexpected{
             transport_error{refused ? transport_errc::refused : transport_errc::io, result.message()}};
     }
-    error_code ec;
-    int fd = sock.release(ec);
-    if (ec) return unexpected{transport_error{transport_errc::io, ec.message()}};
-    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-    return fd;
+    return release_descriptor(sock);
 }
 
 }  // namespace
@@ -885,11 +891,7 @@ transport_result<int> accept_within(asio::io_context& io, Acceptor& acc, Socket&
     if (timed_out && result == asio::error::operation_aborted)
         return unexpected{transport_error{transport_errc::timeout, "no connection"}};
     if (result) return unexpected{transport_error{transport_errc::io, result.message()}};
-    error_code ec;
-    int fd = peer.release(ec);
-    if (ec) return unexpected{transport_error{transport_errc::io, ec.message()}};
-    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-    return fd;
+    return release_descriptor(peer);
 }
 
 }  // namespace

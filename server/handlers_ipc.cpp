@@ -44,6 +44,13 @@ std::vector<std::byte> meta_of(std::initializer_list<uint64_t> fields) {
     return std::move(w.bytes);
 }
 
+// An export's metadata that is a driver structure as it is (an event handle, a pool pointer's export data).
+template <class T>
+std::vector<std::byte> meta_of_value(const T& v) {
+    const auto* b = reinterpret_cast<const std::byte*>(&v);
+    return {b, b + sizeof v};
+}
+
 CUresult no_ipc(call_context& cx) {
     return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "this server serves no IPC between sessions");
 }
@@ -58,6 +65,16 @@ CUresult deposit(call_context& cx, ipc_export e, ipc_token& token) {
         return cx.fail(CUDA_ERROR_OPERATING_SYSTEM, "the export could not be registered: " + why);
     auto bytes = encode_ipc_handle({kind, b.instance(), token});
     cx.out_blob(bytes);
+    return CUDA_SUCCESS;
+}
+
+// Deposits `e` and remembers its token in one of the session's export tables, at `key` (under its mutex).
+template <class Map>
+CUresult deposit_at(call_context& cx, ipc_export e, Map& exports, const typename Map::key_type& key) {
+    ipc_token token;
+    if (CUresult r = deposit(cx, std::move(e), token); r != CUDA_SUCCESS) return r;
+    std::lock_guard lock(cx.sess.mu);
+    exports[key] = token;
     return CUDA_SUCCESS;
 }
 
@@ -121,11 +138,7 @@ CUresult export_memory(call_context& cx, CUdeviceptr p) {
     e.kind = ipc_kind::memory;
     e.fd = unique_fd(ex.fd);
     e.meta = meta_of({ex.mapping_size, ex.base - ex.mapping, ex.bytes, device});
-    ipc_token token;
-    if (CUresult r = deposit(cx, std::move(e), token); r != CUDA_SUCCESS) return r;
-    std::lock_guard lock(cx.sess.mu);
-    cx.sess.ipc_state.memory_exports[ex.base] = token;
-    return CUDA_SUCCESS;
+    return deposit_at(cx, std::move(e), cx.sess.ipc_state.memory_exports, ex.base);
 }
 
 CUresult export_event(call_context& cx, uint64_t id) {
@@ -151,13 +164,8 @@ CUresult export_event(call_context& cx, uint64_t id) {
     if (CUresult rc = cx.drv().cuIpcGetEventHandle(&real, ev); rc != CUDA_SUCCESS) return rc;
     ipc_export e;
     e.kind = ipc_kind::event;
-    const auto* b = reinterpret_cast<const std::byte*>(&real);
-    e.meta.assign(b, b + sizeof real);
-    ipc_token token;
-    if (CUresult r = deposit(cx, std::move(e), token); r != CUDA_SUCCESS) return r;
-    std::lock_guard lock(cx.sess.mu);
-    cx.sess.ipc_state.event_exports[id] = token;
-    return CUDA_SUCCESS;
+    e.meta = meta_of_value(real);
+    return deposit_at(cx, std::move(e), cx.sess.ipc_state.event_exports, id);
 }
 
 CUresult export_allocation(call_context& cx, uint64_t id) {
@@ -336,13 +344,8 @@ CUresult handle_pool_export_pointer(call_context& cx) {
     if (CUresult rc = cx.drv().cuMemPoolExportPointer(&data, p); rc != CUDA_SUCCESS) return rc;
     ipc_export e;
     e.kind = ipc_kind::pool_pointer;
-    const auto* b = reinterpret_cast<const std::byte*>(&data);
-    e.meta.assign(b, b + sizeof data);
-    ipc_token token;
-    if (CUresult r = deposit(cx, std::move(e), token); r != CUDA_SUCCESS) return r;
-    std::lock_guard lock(cx.sess.mu);
-    cx.sess.ipc_state.pointer_exports[p] = token;
-    return CUDA_SUCCESS;
+    e.meta = meta_of_value(data);
+    return deposit_at(cx, std::move(e), cx.sess.ipc_state.pointer_exports, p);
 }
 
 // args {pool (imported)}; blob {the handle cuMemPoolExportPointer gave} -> outs {address, bytes, device}

@@ -622,8 +622,14 @@ std::pair<int, std::string> offer_moved_session(
 }
 }  // namespace
 
-TEST_CASE("a malformed or colliding moved session is refused and changes nothing else", "[integration]") {
-    server_process server;
+TEST_CASE(
+    "a malformed or colliding moved session is refused and changes nothing else, in either isolation mode",
+    "[integration]") {
+    // In process mode another worker takes each state, and a colliding id is refused by the parent.
+    const bool isolated = GENERATE(false, true);
+    INFO((isolated ? "--isolation process" : "--isolation thread"));
+    server_process server(isolated ? std::vector<std::string>{"--isolation", "process"}
+                                   : std::vector<std::string>{});
     auto a = raw_client::open(server.address());
     REQUIRE(a);
     REQUIRE(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
@@ -653,10 +659,49 @@ TEST_CASE("a malformed or colliding moved session is refused and changes nothing
     });
     CHECK(rc3 == CUDA_ERROR_OUT_OF_MEMORY);
     CHECK(why3.find("quota") != std::string::npos);
+    // The program's own VMM state alone: `reservations` (start, size, ...) and `mappings` (start, size,
+    // handle id, offset, ...).
+    auto vmm_only = [&](uint64_t id, const std::vector<uint64_t>& reservations,
+                        const std::vector<uint64_t>& mappings) {
+        return offer_moved_session(server.address(), [&](flatbuffers::FlatBufferBuilder& b) {
+            auto r = b.CreateVector(reservations);
+            auto m = b.CreateVector(mappings);
+            auto k = key_of(b);
+            vcuda::wire::SessionStateBuilder sb(b);
+            sb.add_session_id(id);
+            sb.add_session_key(k);
+            sb.add_piece_bytes(1u << 20);
+            sb.add_vmm_reservations(r);
+            sb.add_vmm_mappings(m);
+            b.Finish(sb.Finish());
+        });
+    };
+    // A VMM reservation outside the address window every server reserves: not claimable here.
+    auto [rc4, why4] = vmm_only(0x4321, {0x1000000, 2u << 20}, {});
+    CHECK(rc4 == CUDA_ERROR_ALREADY_MAPPED);
+    CHECK(why4.find("not free") != std::string::npos);
+    // A VMM mapping of an allocation it does not hold.
+    auto [rc5, why5] = vmm_only(0x4322, {}, {0x1000000, 2u << 20, 77, 0});
+    CHECK(rc5 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why5.find("malformed") != std::string::npos);
+    // An offer abandoned right after HELLO.
+    { auto fs = adopting_connection(server.address()); }
     // Nothing of them stays, and the live session goes on.
-    CHECK(!raw_client::open(server.address(), 0x1234, key));
-    CHECK(!raw_client::open(server.address(), 0x5678, key));
+    for (uint64_t id : {0x1234, 0x5678, 0x4321, 0x4322}) CHECK(!raw_client::open(server.address(), id, key));
     CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
+    if (isolated) {  // each offer had a worker of its own: only the live session's is left
+        auto children = [pid = server.pid()] {  // (unreaped ones too: the wait below covers the reaping)
+            int n = 0;
+            for (const auto& e : std::filesystem::directory_iterator("/proc"))
+                if (int p = std::atoi(e.path().filename().c_str()); p > 0)
+                    n += proc_number(p, "status", "PPid:") == pid;
+            return n;
+        };
+        int left = 0;
+        for (int i = 0; i < 100 && (left = children()) != 1; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        CHECK(left == 1);
+    }
 }
 
 TEST_CASE("pre-copied pieces that do not fit are refused before any state and change nothing else",
@@ -687,81 +732,4 @@ TEST_CASE("pre-copied pieces that do not fit are refused before any state and ch
     // A memory piece that is not a pre-copied one, before the state.
     CHECK(offer_piece(false, 0, 0, 0, 4096).find("before the session's state") != std::string::npos);
     CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
-}
-
-TEST_CASE(
-    "moved sessions offered to either isolation mode: collisions, misplaced VMM state and abandoned offers "
-    "leave nothing behind",
-    "[integration]") {
-    const bool isolated = GENERATE(false, true);
-    INFO((isolated ? "--isolation process" : "--isolation thread"));
-    server_process server(isolated ? std::vector<std::string>{"--isolation", "process"}
-                                   : std::vector<std::string>{});
-    auto a = raw_client::open(server.address());
-    REQUIRE(a);
-    REQUIRE(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
-    const std::string key(32, 'k');
-    auto key_of = [&](flatbuffers::FlatBufferBuilder& b) {
-        return b.CreateVector(reinterpret_cast<const uint8_t*>(key.data()), key.size());
-    };
-    // The id of a live session (in process mode another worker takes the state, and the parent refuses it).
-    auto [rc1, why1] = offer_moved_session(server.address(), [&](flatbuffers::FlatBufferBuilder& b) {
-        b.Finish(vcuda::wire::CreateSessionState(b, a->session_id(), key_of(b)));
-    });
-    CHECK(rc1 == -1);
-    CHECK(why1.find("here already") != std::string::npos);
-    // A VMM reservation outside the address window every server reserves: not claimable here.
-    auto [rc2, why2] = offer_moved_session(server.address(), [&](flatbuffers::FlatBufferBuilder& b) {
-        std::vector<uint64_t> reservation = {0x1000000, 2u << 20};
-        auto r = b.CreateVector(reservation);
-        vcuda::wire::SessionStateBuilder sb(b);
-        sb.add_session_id(0x4321);
-        sb.add_session_key(key_of(b));
-        sb.add_piece_bytes(1u << 20);
-        sb.add_vmm_reservations(r);
-        b.Finish(sb.Finish());
-    });
-    CHECK(rc2 == CUDA_ERROR_ALREADY_MAPPED);
-    CHECK(why2.find("not free") != std::string::npos);
-    // A VMM mapping of an allocation it does not hold.
-    auto [rc3, why3] = offer_moved_session(server.address(), [&](flatbuffers::FlatBufferBuilder& b) {
-        std::vector<uint64_t> mapping = {0x1000000, 2u << 20, 77, 0};
-        auto m = b.CreateVector(mapping);
-        vcuda::wire::SessionStateBuilder sb(b);
-        sb.add_session_id(0x4322);
-        sb.add_session_key(key_of(b));
-        sb.add_piece_bytes(1u << 20);
-        sb.add_vmm_mappings(m);
-        b.Finish(sb.Finish());
-    });
-    CHECK(rc3 == CUDA_ERROR_INVALID_VALUE);
-    CHECK(why3.find("malformed") != std::string::npos);
-    // An offer abandoned right after HELLO.
-    { auto fs = adopting_connection(server.address()); }
-    // Nothing of them stays: no session to join, no worker left; the live session goes on.
-    CHECK(!raw_client::open(server.address(), 0x4321, key));
-    CHECK(!raw_client::open(server.address(), 0x4322, key));
-    CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
-    if (isolated) {  // each offer had a worker of its own: only the live session's is left
-        auto children = [pid = server.pid()] {
-            int n = 0;
-            for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-                std::ifstream stat(e.path() / "stat");
-                std::string line;
-                if (!std::getline(stat, line)) continue;
-                auto close = line.rfind(')');
-                if (close == std::string::npos || close + 2 > line.size()) continue;
-                std::istringstream rest(line.substr(close + 2));
-                char state = 0;
-                int ppid = 0;
-                rest >> state >> ppid;
-                n += ppid == pid && state != 'Z';
-            }
-            return n;
-        };
-        int left = 0;
-        for (int i = 0; i < 100 && (left = children()) != 1; ++i)
-            std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        CHECK(left == 1);
-    }
 }

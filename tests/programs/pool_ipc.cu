@@ -29,33 +29,33 @@ namespace {
 constexpr int n = 1 << 16;
 constexpr int threads = 256, blocks = (n + threads - 1) / threads;
 
-// One message: the pool's descriptor (SCM_RIGHTS) and the allocation's export data.
-bool send_export(int sock, int fd, const cudaMemPoolPtrExportData& data) {
-    iovec iov{const_cast<cudaMemPoolPtrExportData*>(&data), sizeof data};
+// One message: the pool's descriptor (SCM_RIGHTS) and the allocation's export data, as sent and received.
+struct export_message {
+    iovec iov;
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
     msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    explicit export_message(cudaMemPoolPtrExportData& data) : iov{&data, sizeof data} {
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = control;
+        m.msg_controllen = sizeof control;
+    }
+};
+
+bool send_export(int sock, int fd, const cudaMemPoolPtrExportData& data) {
+    export_message e(const_cast<cudaMemPoolPtrExportData&>(data));
+    cmsghdr* c = CMSG_FIRSTHDR(&e.m);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    return sendmsg(sock, &m, 0) == static_cast<ssize_t>(sizeof data);
+    return sendmsg(sock, &e.m, 0) == static_cast<ssize_t>(sizeof data);
 }
 
 bool receive_export(int sock, int& fd, cudaMemPoolPtrExportData& data) {
-    iovec iov{&data, sizeof data};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof control;
-    if (recvmsg(sock, &m, MSG_WAITALL) != static_cast<ssize_t>(sizeof data)) return false;
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    export_message e(data);
+    if (recvmsg(sock, &e.m, MSG_WAITALL) != static_cast<ssize_t>(sizeof data)) return false;
+    cmsghdr* c = CMSG_FIRSTHDR(&e.m);
     if (!c || c->cmsg_type != SCM_RIGHTS) return false;
     std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
     return true;
