@@ -100,6 +100,9 @@ struct node_spec {
     // A conditional node: where the array of its body graphs goes, and how many there are.
     CUgraph** bodies_out = nullptr;
     unsigned bodies = 0;
+    // A child graph node that takes its graph (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE): the graph, the node's
+    // from then on.
+    uint64_t moved_graph = 0;
 };
 
 // The body graphs of conditional nodes, as the application reads them (CUDA_CONDITIONAL_NODE_PARAMS
@@ -219,14 +222,15 @@ CUresult host_spec(CUhostFn fn, void* data, node_spec& s) {
     return CUDA_SUCCESS;
 }
 
-CUresult child_spec(CUgraph child, CUgraphChildGraphNodeOwnership ownership, node_spec& s, const char* name) {
+// A child graph node: `child` cloned into it, or moved (the node's then, its nodes reachable through the
+// executable graphs of the parent, as XLA updates them).
+CUresult child_spec(CUgraph child, CUgraphChildGraphNodeOwnership ownership, node_spec& s) {
     if (!state::get().known(id_of(child), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
-    if (ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) {
-        std::string what = std::string(name) + " (a child graph moved into its parent)";
-        return static_cast<CUresult>(unsupported(what.c_str()));
-    }
+    if (ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE && ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE)
+        return CUDA_ERROR_INVALID_VALUE;
     s.type = CU_GRAPH_NODE_TYPE_GRAPH;
-    s.args = {id_of(child)};
+    s.args = {id_of(child), static_cast<uint64_t>(ownership)};
+    if (ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE) s.moved_graph = id_of(child);
     return CUDA_SUCCESS;
 }
 
@@ -251,7 +255,7 @@ CUresult spec_of(CUgraphNodeParams* p, node_spec& s, const char* name) {
             if (p->memcpy.flags || p->memcpy.reserved) return CUDA_ERROR_INVALID_VALUE;
             return memcpy_spec(p->memcpy.copyParams, p->memcpy.copyCtx, s, name);
         case CU_GRAPH_NODE_TYPE_GRAPH:
-            return child_spec(p->graph.graph, p->graph.ownership, s, name);
+            return child_spec(p->graph.graph, p->graph.ownership, s);
         case CU_GRAPH_NODE_TYPE_EMPTY:
             s.type = CU_GRAPH_NODE_TYPE_EMPTY;
             return CUDA_SUCCESS;
@@ -302,6 +306,7 @@ CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CU
         return rc;
     }
     *out = adopt_node(c.out<uint64_t>(0), id_of(g), spec.type);
+    if (spec.moved_graph) state::get().give_graph(spec.moved_graph, id_of(*out));
     if (spec.bodies_out) {
         // The bodies are the node's: session handles the mirror learns, owned by the node.
         if (c.reply().outs.size() != 1 + spec.bodies) return CUDA_ERROR_UNKNOWN;
@@ -321,20 +326,51 @@ CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CU
 // A kernel node's new kernel, as `build(spec)` describes it: on the node itself (exec null, waited for), or
 // on its copy in an executable graph of its graph (checked here, queued: the driver's own checks of the
 // kernel report at the next synchronizing call).
+// True when `node` is a live node of `type` and, given an executable graph, one that graph holds: a node of
+// the graph it was made from, or of a graph inside it (a conditional body, a moved child graph).
+bool node_target(CUgraphExec exec, CUgraphNode node, CUgraphNodeType type) {
+    handle_info n, e;
+    if (!node_info(node, n) || n.node_type != type) return false;
+    return !exec || (state::get().lookup(id_of(exec), e) && e.kind == handle_kind::graph_exec &&
+                     state::get().node_within(id_of(node), e.owner));
+}
+
 template <class Build>
 CUresult set_kernel(CUgraphExec exec, CUgraphNode node, const char* name, Build&& build) {
     VCUDA_REQUIRE_INIT();
     node_spec spec;
     CUresult built = build(spec);
-    handle_info n, e;
-    if (!node_info(node, n) || n.node_type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
-    if (exec &&
-        (!state::get().lookup(id_of(exec), e) || e.kind != handle_kind::graph_exec || e.owner != n.owner))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!node_target(exec, node, CU_GRAPH_NODE_TYPE_KERNEL)) return CUDA_ERROR_INVALID_VALUE;
     if (built != CUDA_SUCCESS) return built;
     plain_call c(op::kernel_node_params, name);
     c.arg(id_of(exec));
     c.arg(id_of(node));
+    for (uint64_t a : spec.args) c.arg(a);
+    c.blob(spec.data);
+    return exec ? c.send_async() : c.send_sync();
+}
+
+// New parameters of a memset, memcpy, host or event node of `type`, as `build(spec)` describes them: on the
+// node itself (exec null, waited for), or on its copy in an executable graph (queued, as kernel updates).
+template <class Build>
+CUresult set_node(CUgraphExec exec, CUgraphNode node, CUgraphNodeType type, const char* name, Build&& build) {
+    VCUDA_REQUIRE_INIT();
+    if (!node_target(exec, node, type)) return CUDA_ERROR_INVALID_VALUE;
+    node_spec spec;
+    CUresult rc = build(spec);
+    if (rc == CUDA_SUCCESS && spec.type != type) rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS && type == CU_GRAPH_NODE_TYPE_MEMCPY && spec.args.at(0) != 0) {
+        std::string what = std::string(name) + " (a copy with this process's own memory)";
+        rc = static_cast<CUresult>(unsupported(what.c_str()));
+    }
+    if (rc != CUDA_SUCCESS) {
+        if (spec.host_function) forget_host_function(spec.host_function);
+        return rc;
+    }
+    plain_call c(op::node_set_params, name);
+    c.arg(id_of(exec));
+    c.arg(id_of(node));
+    c.arg(static_cast<uint64_t>(type));
     for (uint64_t a : spec.args) c.arg(a);
     c.blob(spec.data);
     return exec ? c.send_async() : c.send_sync();
@@ -623,9 +659,8 @@ VCUDA_API cuGraphAddChildGraphNode(CUgraphNode* node, CUgraph g, const CUgraphNo
                                    CUgraph child) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddChildGraphNode, node, g, deps, n, child);
     const char* name = "cuGraphAddChildGraphNode";
-    return add_node(node, g, deps, nullptr, n, name, [&](node_spec& s) {
-        return child_spec(child, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE, s, name);
-    });
+    return add_node(node, g, deps, nullptr, n, name,
+                    [&](node_spec& s) { return child_spec(child, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE, s); });
 }
 
 VCUDA_API cuGraphAddEventRecordNode(CUgraphNode* node, CUgraph g, const CUgraphNode* deps, size_t n,
@@ -684,16 +719,38 @@ VCUDA_API cuGraphKernelNodeSetParams_v2(CUgraphNode node, const CUDA_KERNEL_NODE
     });
 }
 
-// Served for kernel nodes; the type must be the node's.
-VCUDA_API cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams* params) noexcept {
-    VCUDA_TRACE_HOOK(cuGraphNodeSetParams, node, params);
+namespace {
+// cuGraphNodeSetParams / cuGraphExecNodeSetParams: kernel, memset, memcpy, host and event nodes (and child
+// graph nodes of an executable graph); the type must be the node's.
+CUresult set_params(CUgraphExec exec, CUgraphNode node, CUgraphNodeParams* params, const char* name) {
     VCUDA_REQUIRE_INIT();
     handle_info n;
     if (!params || !node_info(node, n) || n.node_type != params->type) return CUDA_ERROR_INVALID_VALUE;
-    const char* name = "cuGraphNodeSetParams";
-    if (params->type != CU_GRAPH_NODE_TYPE_KERNEL)
-        return static_cast<CUresult>(unsupported("cuGraphNodeSetParams (other than kernel nodes)"));
-    return set_kernel(nullptr, node, name, [&](node_spec& s) { return spec_of(params, s, name); });
+    switch (params->type) {
+        case CU_GRAPH_NODE_TYPE_KERNEL:
+            return set_kernel(exec, node, name, [&](node_spec& s) { return spec_of(params, s, name); });
+        case CU_GRAPH_NODE_TYPE_GRAPH:
+            if (exec) return cuGraphExecChildGraphNodeSetParams(exec, node, params->graph.graph);
+            break;
+        case CU_GRAPH_NODE_TYPE_MEMSET:
+        case CU_GRAPH_NODE_TYPE_MEMCPY:
+        case CU_GRAPH_NODE_TYPE_HOST:
+        case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+        case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+            return set_node(exec, node, params->type, name,
+                            [&](node_spec& s) { return spec_of(params, s, name); });
+        default:
+            break;
+    }
+    std::string what =
+        std::string(name) + " (node type " + std::to_string(static_cast<int>(params->type)) + ")";
+    return static_cast<CUresult>(unsupported(what.c_str()));
+}
+}  // namespace
+
+VCUDA_API cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphNodeSetParams, node, params);
+    return set_params(nullptr, node, params, "cuGraphNodeSetParams");
 }
 
 VCUDA_API cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
@@ -716,20 +773,90 @@ VCUDA_API cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
     });
 }
 
-// Served for kernel nodes (queued, as cuGraphExecKernelNodeSetParams) and child graph nodes.
 VCUDA_API cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNodeParams* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphExecNodeSetParams, exec, node, params);
-    VCUDA_REQUIRE_INIT();
-    handle_info n;
-    if (!exec || !params || !node_info(node, n) || n.node_type != params->type)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (params->type == CU_GRAPH_NODE_TYPE_GRAPH)
-        return cuGraphExecChildGraphNodeSetParams(exec, node, params->graph.graph);
-    if (params->type != CU_GRAPH_NODE_TYPE_KERNEL)
-        return static_cast<CUresult>(
-            unsupported("cuGraphExecNodeSetParams (other than kernel and child graph nodes)"));
-    const char* name = "cuGraphExecNodeSetParams";
-    return set_kernel(exec, node, name, [&](node_spec& s) { return spec_of(params, s, name); });
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    return set_params(exec, node, params, "cuGraphExecNodeSetParams");
+}
+
+// ---------------------------------------------------------------- changing other nodes
+
+VCUDA_API cuGraphMemsetNodeSetParams(CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphMemsetNodeSetParams, node, params);
+    const char* name = "cuGraphMemsetNodeSetParams";
+    return set_node(nullptr, node, CU_GRAPH_NODE_TYPE_MEMSET, name, [&](node_spec& s) {
+        return params ? memset_spec(*params, nullptr, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                         const CUDA_MEMSET_NODE_PARAMS* params, CUcontext ctx) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphExecMemsetNodeSetParams, exec, node, params, ctx);
+    const char* name = "cuGraphExecMemsetNodeSetParams";
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    return set_node(exec, node, CU_GRAPH_NODE_TYPE_MEMSET, name, [&](node_spec& s) {
+        return params ? memset_spec(*params, ctx, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphMemcpyNodeSetParams(CUgraphNode node, const CUDA_MEMCPY3D* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphMemcpyNodeSetParams, node, params);
+    const char* name = "cuGraphMemcpyNodeSetParams";
+    return set_node(nullptr, node, CU_GRAPH_NODE_TYPE_MEMCPY, name, [&](node_spec& s) {
+        return params ? memcpy_spec(*params, nullptr, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node, const CUDA_MEMCPY3D* params,
+                                         CUcontext ctx) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphExecMemcpyNodeSetParams, exec, node, params, ctx);
+    const char* name = "cuGraphExecMemcpyNodeSetParams";
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    return set_node(exec, node, CU_GRAPH_NODE_TYPE_MEMCPY, name, [&](node_spec& s) {
+        return params ? memcpy_spec(*params, ctx, s, name) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphHostNodeSetParams(CUgraphNode node, const CUDA_HOST_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphHostNodeSetParams, node, params);
+    return set_node(nullptr, node, CU_GRAPH_NODE_TYPE_HOST, "cuGraphHostNodeSetParams", [&](node_spec& s) {
+        return params ? host_spec(params->fn, params->userData, s) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphExecHostNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                       const CUDA_HOST_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphExecHostNodeSetParams, exec, node, params);
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    return set_node(exec, node, CU_GRAPH_NODE_TYPE_HOST, "cuGraphExecHostNodeSetParams", [&](node_spec& s) {
+        return params ? host_spec(params->fn, params->userData, s) : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_API cuGraphEventRecordNodeSetEvent(CUgraphNode node, CUevent event) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphEventRecordNodeSetEvent, node, event);
+    return set_node(nullptr, node, CU_GRAPH_NODE_TYPE_EVENT_RECORD, "cuGraphEventRecordNodeSetEvent",
+                    [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_EVENT_RECORD, event, s); });
+}
+
+VCUDA_API cuGraphExecEventRecordNodeSetEvent(CUgraphExec exec, CUgraphNode node, CUevent event) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphExecEventRecordNodeSetEvent, exec, node, event);
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    return set_node(exec, node, CU_GRAPH_NODE_TYPE_EVENT_RECORD, "cuGraphExecEventRecordNodeSetEvent",
+                    [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_EVENT_RECORD, event, s); });
+}
+
+VCUDA_API cuGraphEventWaitNodeSetEvent(CUgraphNode node, CUevent event) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphEventWaitNodeSetEvent, node, event);
+    return set_node(nullptr, node, CU_GRAPH_NODE_TYPE_WAIT_EVENT, "cuGraphEventWaitNodeSetEvent",
+                    [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_WAIT_EVENT, event, s); });
+}
+
+VCUDA_API cuGraphExecEventWaitNodeSetEvent(CUgraphExec exec, CUgraphNode node, CUevent event) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphExecEventWaitNodeSetEvent, exec, node, event);
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    return set_node(exec, node, CU_GRAPH_NODE_TYPE_WAIT_EVENT, "cuGraphExecEventWaitNodeSetEvent",
+                    [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_WAIT_EVENT, event, s); });
 }
 
 namespace {

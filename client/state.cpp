@@ -285,9 +285,16 @@ CUresult state::destroy_context(uint64_t id) {
 
 // ---------------------------------------------------------------- handles
 
+namespace {
+// Entries that belong to an owner and go with it: graph nodes, and graphs owned by a node.
+bool dependent(const handle_info& info) {
+    return info.owner && (info.kind == handle_kind::graph_node || info.kind == handle_kind::graph);
+}
+}  // namespace
+
 void state::adopt(uint64_t id, handle_info info) {
     std::unique_lock lock(mu);
-    if (info.kind == handle_kind::graph_node && info.owner) graph_nodes_[info.owner].insert(id);
+    if (dependent(info)) dependents_[info.owner].insert(id);
     handles_[id] = std::move(info);
 }
 
@@ -295,13 +302,47 @@ void state::forget(uint64_t id) {
     std::unique_lock lock(mu);
     auto it = handles_.find(id);
     if (it == handles_.end()) return;
-    if (it->second.kind == handle_kind::graph_node) {
-        if (auto g = graph_nodes_.find(it->second.owner); g != graph_nodes_.end()) g->second.erase(id);
-    } else if (auto g = graph_nodes_.find(id); g != graph_nodes_.end()) {
-        for (uint64_t n : g->second) handles_.erase(n);
-        graph_nodes_.erase(g);
-    }
+    if (dependent(it->second))
+        if (auto o = dependents_.find(it->second.owner); o != dependents_.end()) o->second.erase(id);
     handles_.erase(it);
+    // What it owned, at any depth (a graph's nodes, their bodies' nodes, ...).
+    std::vector<uint64_t> doomed{id};
+    while (!doomed.empty()) {
+        const uint64_t d = doomed.back();
+        doomed.pop_back();
+        auto o = dependents_.find(d);
+        if (o == dependents_.end()) continue;
+        for (uint64_t x : o->second) {
+            handles_.erase(x);
+            doomed.push_back(x);
+        }
+        dependents_.erase(o);
+    }
+}
+
+void state::give_graph(uint64_t id, uint64_t node) {
+    std::unique_lock lock(mu);
+    auto it = handles_.find(id);
+    if (it == handles_.end() || it->second.kind != handle_kind::graph) return;
+    if (dependent(it->second))
+        if (auto o = dependents_.find(it->second.owner); o != dependents_.end()) o->second.erase(id);
+    it->second.owner = node;
+    dependents_[node].insert(id);
+}
+
+bool state::node_within(uint64_t node, uint64_t top) {
+    std::shared_lock lock(mu);
+    // node -> its graph -> that graph's owning node -> ... ; bounded, as a malformed chain must not loop.
+    uint64_t at = node;
+    for (int depth = 0; depth < 64; ++depth) {
+        auto n = handles_.find(at);
+        if (n == handles_.end() || n->second.kind != handle_kind::graph_node) return false;
+        if (n->second.owner == top) return true;
+        auto g = handles_.find(n->second.owner);
+        if (g == handles_.end() || g->second.kind != handle_kind::graph || !g->second.owner) return false;
+        at = g->second.owner;
+    }
+    return false;
 }
 
 bool state::lookup(uint64_t id, handle_info& out) {

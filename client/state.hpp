@@ -113,9 +113,15 @@ class state {
     CUresult destroy_context(uint64_t id);
     void run_cls_destructors(context_info& c);
 
-    // Server-backed handles. A graph node is its graph's: forgetting the graph forgets its nodes.
+    // Server-backed handles. A graph node is its graph's, and a graph with an owner (a conditional node's
+    // body, a child graph moved into its node) is that node's: forgetting one forgets what it owns.
     void adopt(uint64_t id, handle_info info);
     void forget(uint64_t id);
+    // Graph `id` now belongs to node `node` (cuGraphAddNode with CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE).
+    void give_graph(uint64_t id, uint64_t node);
+    // True when graph node `node` lies in graph `top`, or in a graph owned (at any depth) by one of its
+    // nodes: an executable graph of `top` holds it (conditional bodies, moved child graphs).
+    bool node_within(uint64_t node, uint64_t top);
     bool lookup(uint64_t id, handle_info& out);
     // The kind (and parameter layout) only, without copying the rest: for the per-launch checks.
     bool lookup_kind(uint64_t id, handle_kind& kind, std::shared_ptr<const param_layout>* layout = nullptr);
@@ -178,7 +184,7 @@ class state {
     uint32_t next_context_ = 1;
     std::unordered_map<uint64_t, handle_info> handles_;
     std::unordered_map<uint64_t, std::unordered_set<uint64_t>>
-        graph_nodes_;  // graph -> its nodes the mirror knows
+        dependents_;  // graph -> its nodes, node -> the graphs it owns (what the mirror knows)
     std::map<uint64_t, device_allocation> allocations_;
     std::map<uintptr_t, host_allocation> host_;
     // The span [lo, hi) of the entries of host_ that are not shared (lo >= hi: none), read without the lock

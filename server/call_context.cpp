@@ -121,7 +121,7 @@ CUresult call_context::host_box(uintptr_t p, uint64_t x, uint64_t y, uint64_t z,
 }
 
 CUresult call_context::memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height,
-                                    uint64_t pitch) {
+                                    uint64_t pitch, const std::function<bool()>& recorded) {
     if ((elem != 1 && elem != 2 && elem != 4) || !width || !height) return bad_arguments();
     uint64_t row, span;
     if (!mul_add(width, elem, 0, row) || !mul_add(height - 1, pitch, row, span)) return bad_arguments();
@@ -129,7 +129,19 @@ CUresult call_context::memset_range(CUdeviceptr dst, uint64_t elem, uint64_t wid
     // Pinned host memory the session shares with its client is the GPU's to set too, as under unified
     // addressing natively (XLA clears small pinned buffers with cuMemsetD32Async).
     if (sess.owns_host(static_cast<uintptr_t>(dst), span)) return CUDA_SUCCESS;
+    if (!sess.owns_range(dst, span) && recorded && recorded() && placeholder(dst, span)) return CUDA_SUCCESS;
     return device_range(dst, span);
+}
+
+bool call_context::placeholder(CUdeviceptr p, uint64_t n) {
+    constexpr uint64_t limit = uint64_t{1} << 32;
+    if (n > limit || p > limit - n) return false;
+    auto& d = drv();
+    if (!d.cuPointerGetAttribute) return false;
+    CUcontext owner = nullptr;
+    // Neither end is memory of any context: device memory, host registrations and VMM mappings all answer.
+    return d.cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, p) != CUDA_SUCCESS &&
+           d.cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, p + n - 1) != CUDA_SUCCESS;
 }
 
 void call_context::forget_handle(size_t arg_index) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -82,6 +83,8 @@ class call_context {
                    ? CUDA_SUCCESS
                    : fail(CUDA_ERROR_INVALID_VALUE, "address range not owned by this session");
     }
+    // True for a range below 4 GiB of which the driver knows neither end (memset_range's placeholders).
+    bool placeholder(CUdeviceptr p, uint64_t n);
     // The longest prefix of [p, p+n) that device_range accepts (0: not even its first byte is the session's).
     size_t owned_prefix(CUdeviceptr p, size_t n);
     // The bytes one device side of a 2D/3D copy touches (w bytes x h rows x depth slices from (x, y, z) of a
@@ -92,8 +95,12 @@ class call_context {
     CUresult host_box(uintptr_t p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height,
                       uint64_t w, uint64_t h, uint64_t depth);
     // The bytes a memset of `height` rows of `width` elements of `elem` bytes, `pitch` apart, touches: the
-    // session's device memory or its shared pinned host memory.
-    CUresult memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height, uint64_t pitch);
+    // session's device memory or its shared pinned host memory. A memset that `recorded()` says goes into a
+    // graph (captured, or a memset node) may also name a placeholder: a range below 4 GiB that is no memory
+    // the driver knows. cuDNN records its graphs so and sets the real addresses before they run; were one run
+    // so, it would fault in this session's own context, as a kernel with a bad pointer does.
+    CUresult memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height, uint64_t pitch,
+                          const std::function<bool()>& recorded = {});
 
     // ---- payload: the bulk bytes that came with the call (in a staging buffer when one was used)
     std::span<const std::byte> payload() const;

@@ -108,6 +108,18 @@ class handle_table {
         return true;
     }
 
+    // Entry `id` now belongs to `owner` (a child graph moved into its node): erased with it, never on its
+    // own.
+    void give_to(uint64_t id, uint64_t owner) {
+        auto* e = find(id, kind_of(id));
+        if (!e) return;
+        if (e->owned && e->owner)
+            if (auto it = dependents_.find(e->owner); it != dependents_.end()) it->second.erase(id);
+        e->owned = true;
+        e->owner = owner;
+        dependents_[owner].insert(id);
+    }
+
     // The entry `id` stands for a new driver object, or for none (null) while its session is suspended: ids
     // stay, the driver's objects do not (server/session_image.cpp).
     void rebind(uint64_t id, void* raw) {

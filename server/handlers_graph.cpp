@@ -414,6 +414,7 @@ struct node_parts {
     std::vector<CUmemAccessDesc> access;  // a memory alloc node's
     size_t alloc_device = 0;              // ... the session device charged for it
     uint64_t charged = 0;                 // ... and how much, until the node holds it (hold_allocation)
+    uint64_t moved = 0;                   // a child graph moved into the node: its id, the node's once made
 };
 
 // At most this many bodies of a conditional node (a SWITCH's cases).
@@ -421,11 +422,13 @@ constexpr uint64_t max_bodies = 1024;
 
 // How many arguments each node type takes (node_params), by CUgraphNodeType; -1: not served. A memcpy node's
 // one argument was added later: older clients send none.
+// A child graph node's second (its ownership) too.
 constexpr int type_args[] = {9, 1, 6, 1, 1, 0, 1, 1, -1, -1, 0, 1, -1, 3};
 
 bool valid_type_args(uint64_t type, size_t n) {
     if (type >= std::size(type_args) || type_args[type] < 0) return false;
-    return n == static_cast<size_t>(type_args[type]) || (type == CU_GRAPH_NODE_TYPE_MEMCPY && n == 0);
+    return n == static_cast<size_t>(type_args[type]) || (type == CU_GRAPH_NODE_TYPE_MEMCPY && n == 0) ||
+           (type == CU_GRAPH_NODE_TYPE_GRAPH && n == 2);
 }
 
 // A memory alloc node's parameters (blob `i`: a CUDA_MEM_ALLOC_NODE_PARAMS_v2, then its accessDescCount
@@ -501,7 +504,9 @@ CUresult node_params(call_context& cx, CUgraphNodeType type, size_t first, size_
             uint64_t dst = cx.arg(first), value = cx.arg(first + 1), elem = cx.arg(first + 2),
                      width = cx.arg(first + 3), height = cx.arg(first + 4), pitch = cx.arg(first + 5);
             if (value > 0xffffffffu) return cx.bad_arguments();
-            if (CUresult rc = cx.memset_range(dst, elem, width, height, pitch); rc != CUDA_SUCCESS) return rc;
+            if (CUresult rc = cx.memset_range(dst, elem, width, height, pitch, [] { return true; });
+                rc != CUDA_SUCCESS)
+                return rc;
             p.memset = {dst,    pitch, static_cast<unsigned>(value), static_cast<unsigned>(elem), width,
                         height, ctx};
             return CUDA_SUCCESS;
@@ -514,9 +519,26 @@ CUresult node_params(call_context& cx, CUgraphNodeType type, size_t first, size_
                 p.host.userData = h.userData;
                 return CUDA_SUCCESS;
             }
-        case CU_GRAPH_NODE_TYPE_GRAPH:
-            p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
-            return cx.handle(first, handle_kind::graph, p.graph.graph);
+        case CU_GRAPH_NODE_TYPE_GRAPH: {
+            const uint64_t ownership = cx.arg_count() > first + 1
+                                           ? cx.arg(first + 1)
+                                           : uint64_t{CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE};
+            if (ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE &&
+                ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE)
+                return cx.bad_arguments();
+            p.graph.ownership = static_cast<CUgraphChildGraphNodeOwnership>(ownership);
+            handle_entry e;
+            void* raw = nullptr;
+            if (CUresult rc = cx.lookup(cx.arg(first), handle_kind::graph, raw, &e); rc != CUDA_SUCCESS)
+                return rc;
+            p.graph.graph = static_cast<CUgraph>(raw);
+            // A graph moved into a node is the node's: not one that already belongs to something (a capture
+            // under way, a conditional node's body, another node it moved into).
+            if (ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE && e.owned)
+                return cx.fail(CUDA_ERROR_INVALID_VALUE, "that graph belongs to a node or a capture already");
+            parts.moved = ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE ? cx.arg(first) : 0;
+            return CUDA_SUCCESS;
+        }
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
             return cx.handle(first, handle_kind::event, p.eventWait.event);
         case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
@@ -635,6 +657,10 @@ CUresult handle_graph_add_node(call_context& cx) {
     if (rc != CUDA_SUCCESS) return rc;
     if (CUresult r = node_added(cx, g, node, p, parts); r != CUDA_SUCCESS) return r;
     cx.out_handle(handle_kind::graph_node, node, cx.arg(0), /*owned=*/true);
+    if (parts.moved) {  // the driver destroys it with the node from now on
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.handles.give_to(parts.moved, cx.outs.back());
+    }
     if (p.type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) cx.out(static_cast<uint64_t>(p.alloc.dptr));
     if (p.type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
         // Its bodies are the driver's, and the node's: session handles that go with it.
@@ -827,6 +853,45 @@ CUresult handle_kernel_node_params(call_context& cx) {
     if (CUresult rc = cx.handle(0, handle_kind::graph_exec, exec); rc != CUDA_SUCCESS) return rc;
     if (!d.cuGraphExecKernelNodeSetParams_v2) return cx.unsupported("cuGraphExecKernelNodeSetParams_v2");
     return d.cuGraphExecKernelNodeSetParams_v2(exec, node, &p);
+}
+
+// args {executable graph (0: the node itself), node, node type, then the type's (node_params)}; blob {the
+// type's data}: new parameters of a memset, memcpy (the session's memory), host, event record or event wait
+// node. Queued when it updates an executable graph, as kernel_node_params.
+CUresult handle_node_set_params(call_context& cx) {
+    if (cx.arg_count() < 3 || !valid_type_args(cx.arg(2), cx.arg_count() - 3) || cx.blob_count() > 1)
+        return cx.bad_arguments();
+    const auto type = static_cast<CUgraphNodeType>(cx.arg(2));
+    switch (type) {
+        case CU_GRAPH_NODE_TYPE_MEMSET:
+        case CU_GRAPH_NODE_TYPE_HOST:
+        case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+        case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+            break;
+        case CU_GRAPH_NODE_TYPE_MEMCPY:
+            // A copy with the client's memory is a child graph here (server/host_functions.hpp), whose
+            // staging buffer an update cannot swap.
+            if (cx.arg_count() > 3 && cx.arg(3) != 0)
+                return cx.fail(CUDA_ERROR_NOT_SUPPORTED,
+                               "new parameters of a memcpy node with the application's own memory");
+            break;
+        default:
+            return cx.bad_arguments();
+    }
+    CUgraphNode node;
+    if (CUresult rc = cx.handle(1, handle_kind::graph_node, node); rc != CUDA_SUCCESS) return rc;
+    node_parts parts(cx);
+    CUgraphNodeParams p;
+    if (CUresult rc = node_params(cx, type, 3, 0, parts, p); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (cx.arg(0) == 0) {
+        if (!d.cuGraphNodeSetParams) return cx.unsupported("cuGraphNodeSetParams");
+        return d.cuGraphNodeSetParams(node, &p);
+    }
+    CUgraphExec exec;
+    if (CUresult rc = cx.handle(0, handle_kind::graph_exec, exec); rc != CUDA_SUCCESS) return rc;
+    if (!d.cuGraphExecNodeSetParams) return cx.unsupported("cuGraphExecNodeSetParams");
+    return d.cuGraphExecNodeSetParams(exec, node, &p);
 }
 
 // args {graph, 0 add / 1 remove}; blobs {from nodes, to nodes, edge data (may be empty)}

@@ -304,10 +304,13 @@ CUresult handle_host_func(call_context& cx) {
     p->id = cx.arg(1);
     CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
     if (cx.drv().cuStreamIsCapturing) cx.drv().cuStreamIsCapturing(s, &capture);
-    p->in_graph = capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    const bool in_graph = capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    p->in_graph = in_graph;
     CUresult rc = cx.drv().cuLaunchHostFunc(s, &run_in_client, p.get());
     if (rc != CUDA_SUCCESS) return rc;
-    if (p->in_graph)
+    // Not p->in_graph: a function launched on a stream may have run, and been freed, by now (the driver's
+    // thread runs it as soon as the stream reaches it; the client may have answered already).
+    if (in_graph)
         cx.sess.keep_host_func(std::move(p));
     else
         static_cast<void>(p.release());  // run_in_client frees it after its one run

@@ -365,10 +365,16 @@ CUresult handle_memset(call_context& cx) {
     if (!cx.expect_args(7)) return cx.bad_arguments();
     CUdeviceptr dst = cx.arg(0);
     uint64_t value = cx.arg(1), elem = cx.arg(2), width = cx.arg(3), height = cx.arg(4), pitch = cx.arg(5);
-    if (CUresult rc = cx.memset_range(dst, elem, width, height, pitch); rc != CUDA_SUCCESS) return rc;
     CUstream s;
     if (CUresult rc = cx.handle(6, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
+    auto captured = [&] {
+        CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+        return d.cuStreamIsCapturing && d.cuStreamIsCapturing(s, &st) == CUDA_SUCCESS &&
+               st == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    };
+    if (CUresult rc = cx.memset_range(dst, elem, width, height, pitch, captured); rc != CUDA_SUCCESS)
+        return rc;
     if (height == 1) {
         switch (elem) {
             case 1:

@@ -153,8 +153,12 @@ CUresult copy_2d_desc(state& s, work& w, const CUDA_MEMCPY2D* p) {
     return copy_3d(s, w, src, dst, p->WidthInBytes, p->Height, 1);
 }
 
+// `recorded`: the memset goes into a graph (captured, or a memset node). The real driver takes any address
+// then (cuDNN records placeholders and sets the real ones before the graph runs); one that is still no memory
+// when the node runs fails there, with CUDA_ERROR_ILLEGAL_ADDRESS.
 template <class T>
-CUresult memset_2d(state& s, work& w, CUdeviceptr dst, size_t pitch, T value, size_t width, size_t height) {
+CUresult memset_2d(state& s, work& w, CUdeviceptr dst, size_t pitch, T value, size_t width, size_t height,
+                   bool recorded = false) {
     constexpr size_t es = sizeof(T);
     uintptr_t base = static_cast<uintptr_t>(dst);
     if (base % es != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -169,7 +173,11 @@ CUresult memset_2d(state& s, work& w, CUdeviceptr dst, size_t pitch, T value, si
     } else {
         extent = row;
     }
-    if (CUresult r = check_device_range(s, base, extent, true); r != CUDA_SUCCESS) return r;
+    if (CUresult r = check_device_range(s, base, extent, true); r != CUDA_SUCCESS) {
+        if (!recorded) return r;
+        w = [] { return CUDA_ERROR_ILLEGAL_ADDRESS; };
+        return CUDA_SUCCESS;
+    }
     w = [base, pitch, value, width, height]() -> CUresult {
         for (size_t y = 0; y < height; ++y) {
             T* p = reinterpret_cast<T*>(base + y * pitch);
@@ -184,8 +192,8 @@ CUresult memset_2d(state& s, work& w, CUdeviceptr dst, size_t pitch, T value, si
 }
 
 template <class T>
-CUresult memset_1d(state& s, work& w, CUdeviceptr dst, T value, size_t n) {
-    return memset_2d<T>(s, w, dst, 0, value, n, 1);
+CUresult memset_1d(state& s, work& w, CUdeviceptr dst, T value, size_t n, bool recorded = false) {
+    return memset_2d<T>(s, w, dst, 0, value, n, 1, recorded);
 }
 
 }  // namespace
@@ -216,16 +224,16 @@ CUresult copy_3d_desc(state& s, work& w, const CUDA_MEMCPY3D* p) {
     return copy_3d(s, w, src, dst, p->WidthInBytes, p->Height, p->Depth);
 }
 
-CUresult memset_node_work(state& s, const CUDA_MEMSET_NODE_PARAMS& p, work& w) {
+CUresult memset_node_work(state& s, const CUDA_MEMSET_NODE_PARAMS& p, work& w, bool recorded) {
     switch (p.elementSize) {
         case 1:
             return memset_2d<unsigned char>(s, w, p.dst, p.pitch, static_cast<unsigned char>(p.value),
-                                            p.width, p.height);
+                                            p.width, p.height, recorded);
         case 2:
             return memset_2d<unsigned short>(s, w, p.dst, p.pitch, static_cast<unsigned short>(p.value),
-                                             p.width, p.height);
+                                             p.width, p.height, recorded);
         case 4:
-            return memset_2d<unsigned int>(s, w, p.dst, p.pitch, p.value, p.width, p.height);
+            return memset_2d<unsigned int>(s, w, p.dst, p.pitch, p.value, p.width, p.height, recorded);
         default:
             return CUDA_ERROR_INVALID_VALUE;
     }
@@ -405,26 +413,30 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
                                                    CUstream hStream) {
-    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET,
-                    [&](state& s, work& w) { return memset_1d<unsigned char>(s, w, dstDevice, uc, N); });
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) {
+        return memset_1d<unsigned char>(s, w, dstDevice, uc, N, capture_of(s, hStream) != nullptr);
+    });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N,
                                                     CUstream hStream) {
-    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET,
-                    [&](state& s, work& w) { return memset_1d<unsigned short>(s, w, dstDevice, us, N); });
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) {
+        return memset_1d<unsigned short>(s, w, dstDevice, us, N, capture_of(s, hStream) != nullptr);
+    });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                                     CUstream hStream) {
-    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET,
-                    [&](state& s, work& w) { return memset_1d<unsigned int>(s, w, dstDevice, ui, N); });
+    return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) {
+        return memset_1d<unsigned int>(s, w, dstDevice, ui, N, capture_of(s, hStream) != nullptr);
+    });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc,
                                                      size_t Width, size_t Height, CUstream hStream) {
     return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) {
-        return memset_2d<unsigned char>(s, w, dstDevice, dstPitch, uc, Width, Height);
+        return memset_2d<unsigned char>(s, w, dstDevice, dstPitch, uc, Width, Height,
+                                        capture_of(s, hStream) != nullptr);
     });
 }
 
@@ -432,13 +444,15 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D16Async(CUdeviceptr dstDevice, siz
                                                       unsigned short us, size_t Width, size_t Height,
                                                       CUstream hStream) {
     return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) {
-        return memset_2d<unsigned short>(s, w, dstDevice, dstPitch, us, Width, Height);
+        return memset_2d<unsigned short>(s, w, dstDevice, dstPitch, us, Width, Height,
+                                         capture_of(s, hStream) != nullptr);
     });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui,
                                                       size_t Width, size_t Height, CUstream hStream) {
     return async_op(hStream, CU_GRAPH_NODE_TYPE_MEMSET, [&](state& s, work& w) {
-        return memset_2d<unsigned int>(s, w, dstDevice, dstPitch, ui, Width, Height);
+        return memset_2d<unsigned int>(s, w, dstDevice, dstPitch, ui, Width, Height,
+                                       capture_of(s, hStream) != nullptr);
     });
 }

@@ -502,38 +502,17 @@ bool graph_within(state& s, uint64_t g, uint64_t ancestor) {
     return false;
 }
 
-// cuGraphAddNode*: a node of the type `p` names, its work checked and made now (kernel parameters copied; a
-// memory alloc node's memory mapped, its address written into `p`).
-CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* dependencies,
-                       const CUgraphEdgeData* dependencyData, size_t numDependencies, CUgraphNodeParams* p) {
-    if (phGraphNode == nullptr || p == nullptr || p->reserved0[0] != 0 || p->reserved0[1] != 0 ||
-        p->reserved0[2] != 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    graph_obj* g = s.find<graph_obj>(hGraph);
-    if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::vector<uint64_t> deps;
-    std::vector<CUgraphEdgeData> edges;
-    if (CUresult r = check_deps(s, *g, dependencies, dependencyData, numDependencies, p->type, deps, edges);
-        r != CUDA_SUCCESS)
-        return r;
-    work w;
-    uint64_t child = 0;
-    CUDA_HOST_NODE_PARAMS host{};
-    std::optional<CUDA_MEMCPY3D> copy;
+// The work of a memset, memcpy, event record, event wait or host node of parameters `p`: the node types whose
+// parameters cuGraphNodeSetParams and cuGraphExecNodeSetParams change here. A host node's function and a
+// memcpy node's copy are kept with it (`host`, `copy`).
+CUresult settable_node_work(state& s, const CUgraphNodeParams& pr, work& w, CUDA_HOST_NODE_PARAMS& host,
+                            std::optional<CUDA_MEMCPY3D>& copy) {
+    const CUgraphNodeParams* p = &pr;
     switch (p->type) {
-        case CU_GRAPH_NODE_TYPE_KERNEL: {
-            context_obj* c = nullptr;
-            if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
-            CUDA_KERNEL_NODE_PARAMS_v2 k;
-            static_assert(sizeof k == sizeof p->kernel, "the v2 and v3 kernel node layouts are the same");
-            std::memcpy(&k, &p->kernel, sizeof k);
-            if (CUresult r = kernel_node_work(s, k, *c, w); r != CUDA_SUCCESS) return r;
-            break;
-        }
         case CU_GRAPH_NODE_TYPE_MEMSET: {
             const auto& m = p->memset;
             if (CUresult r =
-                    memset_node_work(s, {m.dst, m.pitch, m.value, m.elementSize, m.width, m.height}, w);
+                    memset_node_work(s, {m.dst, m.pitch, m.value, m.elementSize, m.width, m.height}, w, true);
                 r != CUDA_SUCCESS)
                 return r;
             break;
@@ -548,13 +527,6 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
             copy = p->memcpy.copyParams;
             break;
         }
-        case CU_GRAPH_NODE_TYPE_GRAPH:
-            if (s.find<graph_obj>(p->graph.graph) == nullptr) return CUDA_ERROR_INVALID_VALUE;
-            if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) return CUDA_ERROR_NOT_SUPPORTED;
-            child = from_handle(p->graph.graph);
-            break;
-        case CU_GRAPH_NODE_TYPE_EMPTY:
-            break;
         case CU_GRAPH_NODE_TYPE_EVENT_RECORD: {
             if (s.find<event_obj>(p->eventRecord.event) == nullptr) return CUDA_ERROR_INVALID_VALUE;
             w = [event = from_handle(p->eventRecord.event)]() {
@@ -571,6 +543,74 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
         }
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:  // everything before it has run: nothing to wait for
             if (s.find<event_obj>(p->eventWait.event) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+            break;
+        case CU_GRAPH_NODE_TYPE_HOST:
+            if (p->host.fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+            host = {p->host.fn, p->host.userData};
+            w = [host]() -> CUresult {
+                host.fn(host.userData);
+                return CUDA_SUCCESS;
+            };
+            break;
+        default:
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+// cuGraphAddNode*: a node of the type `p` names, its work checked and made now (kernel parameters copied; a
+// memory alloc node's memory mapped, its address written into `p`).
+CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* dependencies,
+                       const CUgraphEdgeData* dependencyData, size_t numDependencies, CUgraphNodeParams* p) {
+    if (phGraphNode == nullptr || p == nullptr || p->reserved0[0] != 0 || p->reserved0[1] != 0 ||
+        p->reserved0[2] != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    graph_obj* g = s.find<graph_obj>(hGraph);
+    if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<uint64_t> deps;
+    std::vector<CUgraphEdgeData> edges;
+    if (CUresult r = check_deps(s, *g, dependencies, dependencyData, numDependencies, p->type, deps, edges);
+        r != CUDA_SUCCESS)
+        return r;
+    work w;
+    uint64_t child = 0, moved = 0;  // a child graph cloned into the node, or moved into it
+    CUDA_HOST_NODE_PARAMS host{};
+    std::optional<CUDA_MEMCPY3D> copy;
+    switch (p->type) {
+        case CU_GRAPH_NODE_TYPE_KERNEL: {
+            context_obj* c = nullptr;
+            if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+            CUDA_KERNEL_NODE_PARAMS_v2 k;
+            static_assert(sizeof k == sizeof p->kernel, "the v2 and v3 kernel node layouts are the same");
+            std::memcpy(&k, &p->kernel, sizeof k);
+            if (CUresult r = kernel_node_work(s, k, *c, w); r != CUDA_SUCCESS) return r;
+            break;
+        }
+        case CU_GRAPH_NODE_TYPE_MEMSET:
+        case CU_GRAPH_NODE_TYPE_MEMCPY:
+        case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+        case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+        case CU_GRAPH_NODE_TYPE_HOST:
+            if (CUresult r = settable_node_work(s, *p, w, host, copy); r != CUDA_SUCCESS) return r;
+            break;
+        case CU_GRAPH_NODE_TYPE_GRAPH: {
+            const graph_obj* c = s.find<graph_obj>(p->graph.graph);
+            if (c == nullptr) return CUDA_ERROR_INVALID_VALUE;
+            if (p->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE) {
+                // Moved: a graph of the application's (not a node's already, not capturing), not g itself
+                // nor one holding it.
+                if (c->parent != 0 || (c->capture != 0 && s.captures.count(c->capture) != 0) ||
+                    graph_within(s, g->handle, c->handle))
+                    return CUDA_ERROR_INVALID_VALUE;
+                moved = c->handle;
+            } else if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) {
+                return CUDA_ERROR_INVALID_VALUE;
+            } else {
+                child = c->handle;
+            }
+            break;
+        }
+        case CU_GRAPH_NODE_TYPE_EMPTY:
             break;
         case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
             const auto& a = p->alloc;
@@ -602,14 +642,6 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
             if (!sized) return CUDA_ERROR_INVALID_VALUE;
             break;
         }
-        case CU_GRAPH_NODE_TYPE_HOST:
-            if (p->host.fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-            host = {p->host.fn, p->host.userData};
-            w = [host]() -> CUresult {
-                host.fn(host.userData);
-                return CUDA_SUCCESS;
-            };
-            break;
         default:
             return CUDA_ERROR_NOT_SUPPORTED;
     }
@@ -635,20 +667,36 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
         uint64_t clone = clone_graph(s, child, node);
         s.find<node_obj>(node)->child = clone;
     }
+    if (moved != 0) {
+        n->child = moved;
+        s.find<graph_obj>(moved)->parent = n->handle;
+    }
     *phGraphNode = to_handle<CUgraphNode>(n->handle);
     return CUDA_SUCCESS;
 }
 
 // The top-level node of executable graph `e` made from graph node `node` of `type`, in a copy of its list
 // that the caller then puts in place (a launch under way keeps the old one).
+// The node of `nodes` (or of a child graph's or conditional body's in them) made from graph node `h`.
+exec_node* find_exec_node(std::vector<exec_node>& nodes, uint64_t h) {
+    for (auto& x : nodes) {
+        if (x.node == h) return &x;
+        if (exec_node* in = find_exec_node(x.child, h)) return in;
+        for (auto& body : x.bodies)
+            if (exec_node* in = find_exec_node(body, h)) return in;
+    }
+    return nullptr;
+}
+
+// The node of executable graph `e` made from graph node `node` of `type` (a node of its graph, or of a graph
+// inside it: a moved child graph's, a conditional body's), in a copy of its list that the caller then puts in
+// place (a launch under way keeps the old one).
 exec_node* exec_copy_of(state& s, graph_exec_obj& e, CUgraphNode node, CUgraphNodeType type,
                         std::shared_ptr<std::vector<exec_node>>& copy) {
     node_obj* n = s.find<node_obj>(node);
-    if (n == nullptr || n->graph != e.graph || n->type != type) return nullptr;
+    if (n == nullptr || !graph_within(s, n->graph, e.graph) || n->type != type) return nullptr;
     copy = std::make_shared<std::vector<exec_node>>(*e.nodes);
-    auto it =
-        std::find_if(copy->begin(), copy->end(), [&](const exec_node& x) { return x.node == n->handle; });
-    return it == copy->end() ? nullptr : &*it;
+    return find_exec_node(*copy, n->handle);
 }
 
 // Adds or removes edges from[i] -> to[i] of `g`.
@@ -972,6 +1020,29 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphKernelNodeSetParams_v2(CUgraphNode hNo
     });
 }
 
+// New parameters of a kernel, memset, memcpy, event or host node (the node's own type): on the node, and so
+// in executable graphs made from it later.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeSetParams(CUgraphNode hNode, CUgraphNodeParams* nodeParams) {
+    if (nodeParams != nullptr && nodeParams->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+        CUDA_KERNEL_NODE_PARAMS k;
+        std::memcpy(&k, &nodeParams->kernel, sizeof k);
+        return cuGraphKernelNodeSetParams_v2(hNode, &k);
+    }
+    return entry([&](state& s) -> CUresult {
+        node_obj* n = s.find<node_obj>(hNode);
+        if (n == nullptr || nodeParams == nullptr || n->type != nodeParams->type)
+            return CUDA_ERROR_INVALID_VALUE;
+        work w;
+        CUDA_HOST_NODE_PARAMS host{};
+        std::optional<CUDA_MEMCPY3D> copy;
+        if (CUresult r = settable_node_work(s, *nodeParams, w, host, copy); r != CUDA_SUCCESS) return r;
+        n->run = std::move(w);
+        n->host = host;
+        n->copy = copy;
+        return CUDA_SUCCESS;
+    });
+}
+
 // Kernel node attributes: kept with the node (the host kernel ignores them; cache hints change nothing here).
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphKernelNodeSetAttribute(CUgraphNode hNode, CUkernelNodeAttrID attr,
                                                                  const CUkernelNodeAttrValue* value) {
@@ -1054,6 +1125,34 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(
         context_obj* c = usable_context(s, e->ctx);
         if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
         if (CUresult r = kernel_node_work(s, *nodeParams, *c, x->run); r != CUDA_SUCCESS) return r;
+        e->nodes = std::move(copy);
+        return CUDA_SUCCESS;
+    });
+}
+
+// The same for the node's copy in executable graph `hGraphExec` only (child graph nodes: as
+// cuGraphExecChildGraphNodeSetParams).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                            CUgraphNodeParams* nodeParams) {
+    if (nodeParams != nullptr && nodeParams->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+        CUDA_KERNEL_NODE_PARAMS k;
+        std::memcpy(&k, &nodeParams->kernel, sizeof k);
+        return cuGraphExecKernelNodeSetParams_v2(hGraphExec, hNode, &k);
+    }
+    if (nodeParams != nullptr && nodeParams->type == CU_GRAPH_NODE_TYPE_GRAPH)
+        return cuGraphExecChildGraphNodeSetParams(hGraphExec, hNode, nodeParams->graph.graph);
+    return entry([&](state& s) -> CUresult {
+        graph_exec_obj* e = s.find<graph_exec_obj>(hGraphExec);
+        if (e == nullptr || nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        std::shared_ptr<std::vector<exec_node>> copy;
+        exec_node* x = exec_copy_of(s, *e, hNode, nodeParams->type, copy);
+        if (x == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        work w;
+        CUDA_HOST_NODE_PARAMS host{};
+        std::optional<CUDA_MEMCPY3D> cp;
+        if (CUresult r = settable_node_work(s, *nodeParams, w, host, cp); r != CUDA_SUCCESS) return r;
+        x->run = std::move(w);
+        x->copy = cp;
         e->nodes = std::move(copy);
         return CUDA_SUCCESS;
     });

@@ -499,7 +499,8 @@ void end_captures_of(state& s, uint64_t ctx);
 void destroy_graph_exec(state& s, uint64_t h);
 // The work of one node of each kind, checked as the stream operation is (soft_module.cpp, soft_copy.cpp).
 CUresult kernel_node_work(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p, const context_obj& ctx, work& w);
-CUresult memset_node_work(state& s, const CUDA_MEMSET_NODE_PARAMS& p, work& w);
+// `recorded`: see memset_2d (soft_copy.cpp).
+CUresult memset_node_work(state& s, const CUDA_MEMSET_NODE_PARAMS& p, work& w, bool recorded);
 CUresult copy_3d_desc(state& s, work& w, const CUDA_MEMCPY3D* p);
 
 // --- Memory (soft_memory.cpp).
