@@ -31,11 +31,7 @@ CUmemLocation device_location(CUdevice d) {
 
 }  // namespace
 
-VCUDA_API cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) noexcept {
-    VCUDA_TRACE_HOOK(cuMemAllocManaged, dptr, bytesize, flags);
-    VCUDA_REQUIRE_INIT();
-    if (!dptr || bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
-        return CUDA_ERROR_INVALID_VALUE;
+CUresult vcuda::client::managed_alloc(CUdeviceptr* dptr, size_t bytesize, unsigned flags) {
     const int d = current_device();
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (!state::get().attribute(d, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)) return CUDA_ERROR_NOT_SUPPORTED;
@@ -55,6 +51,14 @@ VCUDA_API cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int fla
     state::get().record(op::mem_alloc, {asked}, p);
     *dptr = p;
     return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuMemAllocManaged, dptr, bytesize, flags);
+    VCUDA_REQUIRE_INIT();
+    if (!dptr || bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+        return CUDA_ERROR_INVALID_VALUE;
+    return managed_alloc(dptr, bytesize, flags);
 }
 
 VCUDA_API cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation location, unsigned int flags,

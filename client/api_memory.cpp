@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "client/copy_paths.hpp"
 #include "client/entry_point.hpp"
@@ -195,6 +197,36 @@ VCUDA_API cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, voi
 
 // ---------------------------------------------------------------- host memory: the client's own pages
 
+namespace {
+// Mapped pinned memory with a server on another host (cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP, as XLA
+// and cudaHostAllocMapped allocate it): a GPU there cannot reach this process's pages, so the allocation is
+// managed memory of the session (client/managed.hpp), at one address for both sides as unified addressing
+// gives it natively. The GPU sees the CPU's writes at its next launch, the CPU the GPU's once that work is
+// done; a kernel that waits for a CPU write made while it runs waits in vain (README, limits).
+struct mapped_remote {
+    size_t size = 0;
+    unsigned flags = 0;
+};
+std::mutex mapped_mu;
+std::map<uintptr_t, mapped_remote>& mapped_allocations() {
+    static auto* m = new std::map<uintptr_t, mapped_remote>();  // never destroyed: atexit may free memory
+    return *m;
+}
+
+// The mapped allocation holding p: its base and what it is.
+bool find_mapped(uintptr_t p, uintptr_t& base, mapped_remote& out) {
+    std::lock_guard lock(mapped_mu);
+    auto& m = mapped_allocations();
+    auto it = m.upper_bound(p);
+    if (it == m.begin()) return false;
+    --it;
+    if (p - it->first >= it->second.size) return false;
+    base = it->first;
+    out = it->second;
+    return true;
+}
+}  // namespace
+
 VCUDA_API cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) noexcept {
     VCUDA_TRACE_HOOK(cuMemHostAlloc, pp, bytesize, flags);
     VCUDA_REQUIRE_INIT();
@@ -208,6 +240,12 @@ VCUDA_API cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) noexcep
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && release_staging_slots()) rc = shared_host_alloc(h);
     if (rc != CUDA_ERROR_NOT_SUPPORTED) {
         if (rc != CUDA_SUCCESS) return rc;
+    } else if (CUdeviceptr m = 0; (flags & CU_MEMHOSTALLOC_DEVICEMAP) &&
+                                  managed_alloc(&m, bytesize, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS) {
+        std::lock_guard lock(mapped_mu);
+        mapped_allocations()[m] = {bytesize, flags};
+        *pp = reinterpret_cast<void*>(m);
+        return CUDA_SUCCESS;
     } else {  // a server on another host: this process's own pages, copied over the socket
         void* p = mmap(nullptr, bytesize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -227,6 +265,13 @@ VCUDA_API cuMemAllocHost_v2(void** pp, size_t bytesize) noexcept {
 VCUDA_API cuMemFreeHost(void* p) noexcept {
     VCUDA_TRACE_HOOK(cuMemFreeHost, p);
     VCUDA_REQUIRE_INIT();
+    {
+        std::unique_lock lock(mapped_mu);
+        if (mapped_allocations().erase(reinterpret_cast<uintptr_t>(p)) != 0) {
+            lock.unlock();
+            return cuMemFree_v2(reinterpret_cast<CUdeviceptr>(p));
+        }
+    }
     host_allocation h;
     if (!p || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h) || h.registered ||
         h.base != reinterpret_cast<uintptr_t>(p))
@@ -283,8 +328,14 @@ VCUDA_API cuMemHostUnregister(void* p) noexcept {
 VCUDA_API cuMemHostGetFlags(unsigned int* flags, void* p) noexcept {
     VCUDA_TRACE_HOOK(cuMemHostGetFlags, flags, p);
     VCUDA_REQUIRE_INIT();
+    if (!flags) return CUDA_ERROR_INVALID_VALUE;
+    uintptr_t base = 0;
+    if (mapped_remote m; find_mapped(reinterpret_cast<uintptr_t>(p), base, m)) {
+        *flags = m.flags;
+        return CUDA_SUCCESS;
+    }
     host_allocation h;
-    if (!flags || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h)) return CUDA_ERROR_INVALID_VALUE;
+    if (!state::get().find_host(reinterpret_cast<uintptr_t>(p), h)) return CUDA_ERROR_INVALID_VALUE;
     *flags = h.flags;
     return CUDA_SUCCESS;
 }
@@ -293,6 +344,11 @@ VCUDA_API cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int
     VCUDA_TRACE_HOOK(cuMemHostGetDevicePointer_v2, pdptr, p, Flags);
     VCUDA_REQUIRE_INIT();
     if (!pdptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    uintptr_t base = 0;
+    if (mapped_remote m; find_mapped(reinterpret_cast<uintptr_t>(p), base, m)) {
+        *pdptr = reinterpret_cast<CUdeviceptr>(p);  // one address for both sides
+        return CUDA_SUCCESS;
+    }
     host_allocation h;
     if (!state::get().find_host(reinterpret_cast<uintptr_t>(p), h)) return CUDA_ERROR_INVALID_VALUE;
     if (!h.shared())  // the GPU is on another host: it cannot address this process's pages

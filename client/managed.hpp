@@ -40,6 +40,10 @@
 
 namespace vcuda::client {
 
+// A new managed allocation of `bytesize` bytes on the current device (whole 2 MiB granules of its own, for
+// its CPU view), known to the mirror and journaled: cuMemAllocManaged's, and the mapped pinned memory
+// cuMemHostAlloc makes over TCP (client/api_memory.cpp).
+CUresult managed_alloc(CUdeviceptr* dptr, size_t bytesize, unsigned flags);
 // Turns the device allocation [base, base+size) of client device `device`, made in context `ctx` and already
 // known to the mirror, into managed memory (flags: CU_MEM_ATTACH_GLOBAL or _HOST). The range is zeroed on the
 // device (queued) and in the CPU view. CUDA_ERROR_OUT_OF_MEMORY when the address could not be reserved here

@@ -42,9 +42,10 @@ PROGRAMS=(vector_add vector_add_shared kernels_templates streams_events async_co
           device_printf arrays_textures managed_memory managed_streams suspend_resume graph_host_func
           stream_attributes linear_textures peer_copies shareable_handles precopy_dirty
           graph_host_copies graph_memory_nodes graph_conditional_nodes pool_ipc graph_node_updates)
-# Zero-copy host memory needs the server on the client's host: over TCP these programs must report the
-# documented refusal (exit 3, cudaErrorNotSupported) and pass over the Unix socket.
-TCP_REFUSED=(mapped_memory host_register)
+# The application's own memory registered mapped needs the server on the client's host: over TCP it must
+# report the documented refusal (exit 3, cudaErrorNotSupported) and pass over the Unix socket. (Memory
+# allocated mapped, mapped_memory, passes over both: over TCP it is managed memory of the session.)
+TCP_REFUSED=(host_register)
 PROGRAMS+=(mapped_memory)
 # NVIDIA libraries (cuBLAS, cuDNN, NCCL, cuSPARSE), found where PyTorch's pip packages put them (tests/gpu/find_libs.sh).
 LIB_PROGRAMS=(cublas_gemm cudnn_conv nccl_allreduce cusparse_ilu)

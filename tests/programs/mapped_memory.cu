@@ -1,9 +1,9 @@
 // mapped_memory: zero-copy host memory (cudaHostAllocMapped): a kernel reads the host pages through the
 // device pointer cudaHostGetDevicePointer gives and writes its results into other host pages, which the host
 // reads after a synchronize, with no cudaMemcpy at all; then pinned copies from and into such memory. Through
-// vcuda this needs a server on the same host (Unix socket): over TCP cudaHostGetDevicePointer answers
-// cudaErrorNotSupported, which the program reports as its one line and stops (see
-// tests/programs/CMakeLists.txt).
+// vcuda over a Unix socket the pages are shared with the server; over TCP the allocation is managed memory of
+// the session (client/api_memory.cpp). Were cudaHostGetDevicePointer refused (cudaErrorNotSupported), the
+// program would report that as its one line and stop (exit 3).
 #include <cuda_runtime.h>
 
 #include <cstring>
