@@ -108,6 +108,36 @@ VCUDA_API cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr d
 // ---------------------------------------------------------------- pointer attributes
 
 namespace {
+// Mapped pinned memory with a server on another host (cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP, as XLA
+// and cudaHostAllocMapped allocate it): a GPU there cannot reach this process's pages, so the allocation is
+// managed memory of the session (client/managed.hpp), at one address for both sides as unified addressing
+// gives it natively. The GPU sees the CPU's writes at its next launch, the CPU the GPU's once that work is
+// done; a kernel that waits for a CPU write made while it runs waits in vain (README, limits).
+struct mapped_remote {
+    size_t size = 0;
+    unsigned flags = 0;
+};
+std::mutex mapped_mu;
+std::map<uintptr_t, mapped_remote>& mapped_allocations() {
+    static auto* m = new std::map<uintptr_t, mapped_remote>();  // never destroyed: atexit may free memory
+    return *m;
+}
+
+// The mapped allocation holding p: its base and what it is.
+bool find_mapped(uintptr_t p, uintptr_t& base, mapped_remote& out) {
+    std::lock_guard lock(mapped_mu);
+    auto& m = mapped_allocations();
+    auto it = m.upper_bound(p);
+    if (it == m.begin()) return false;
+    --it;
+    if (p - it->first >= it->second.size) return false;
+    base = it->first;
+    out = it->second;
+    return true;
+}
+}  // namespace
+
+namespace {
 CUresult pointer_attribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
     auto& st = state::get();
     device_allocation a;
@@ -116,6 +146,20 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr
     bool host = !dev && st.find_host(ptr, h);
     if (!dev && !host) return CUDA_ERROR_INVALID_VALUE;
     int device = dev ? a.device : 0;
+    uintptr_t base = 0;
+    mapped_remote m;
+    if (dev && a.managed && find_mapped(ptr, base, m)) {  // pinned host memory, as the application made it
+        switch (attr) {
+            case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+                *static_cast<unsigned*>(data) = CU_MEMORYTYPE_HOST;
+                return CUDA_SUCCESS;
+            case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+                *static_cast<unsigned*>(data) = 0;
+                return CUDA_SUCCESS;
+            default:
+                break;  // one address for both sides: the rest as for the allocation
+        }
+    }
     switch (attr) {
         case CU_POINTER_ATTRIBUTE_CONTEXT:
             *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(st.primary_context(device));
@@ -196,36 +240,6 @@ VCUDA_API cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, voi
 }
 
 // ---------------------------------------------------------------- host memory: the client's own pages
-
-namespace {
-// Mapped pinned memory with a server on another host (cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP, as XLA
-// and cudaHostAllocMapped allocate it): a GPU there cannot reach this process's pages, so the allocation is
-// managed memory of the session (client/managed.hpp), at one address for both sides as unified addressing
-// gives it natively. The GPU sees the CPU's writes at its next launch, the CPU the GPU's once that work is
-// done; a kernel that waits for a CPU write made while it runs waits in vain (README, limits).
-struct mapped_remote {
-    size_t size = 0;
-    unsigned flags = 0;
-};
-std::mutex mapped_mu;
-std::map<uintptr_t, mapped_remote>& mapped_allocations() {
-    static auto* m = new std::map<uintptr_t, mapped_remote>();  // never destroyed: atexit may free memory
-    return *m;
-}
-
-// The mapped allocation holding p: its base and what it is.
-bool find_mapped(uintptr_t p, uintptr_t& base, mapped_remote& out) {
-    std::lock_guard lock(mapped_mu);
-    auto& m = mapped_allocations();
-    auto it = m.upper_bound(p);
-    if (it == m.begin()) return false;
-    --it;
-    if (p - it->first >= it->second.size) return false;
-    base = it->first;
-    out = it->second;
-    return true;
-}
-}  // namespace
 
 VCUDA_API cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) noexcept {
     VCUDA_TRACE_HOOK(cuMemHostAlloc, pp, bytesize, flags);

@@ -98,6 +98,10 @@ int main() {
         int* h = nullptr;
         CHECK(cudaHostAlloc(&h, bytes, k.flags));
         describe(k.name, h);
+        cudaPointerAttributes attr{};
+        CHECK(cudaPointerGetAttributes(&attr, h));
+        EXPECT(attr.type == cudaMemoryTypeHost, "%s: not host memory (type %d)", k.name,
+               static_cast<int>(attr.type));
         round_trip(k.name, h, b, n, d, s, false);
         round_trip(k.name, h, b, n, d, s, true);
         if (!(k.flags & cudaHostAllocWriteCombined)) round_trip(k.name, b, h, n, d, s, true);
