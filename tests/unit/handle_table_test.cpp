@@ -69,3 +69,30 @@ TEST_CASE("dependents are erased at every level: a library's kernels and their f
     CHECK(t.find(m, handle_kind::module) == nullptr);
     CHECK(t.find(unrelated, handle_kind::event) != nullptr);
 }
+
+TEST_CASE("a graph given to a node goes with that node, its own nodes with it", "[unit]") {
+    handle_table t;
+    t.set_tag(1);
+    uint64_t parent = t.insert(entry(handle_kind::graph, 0x100));
+    uint64_t child = t.insert(entry(handle_kind::graph, 0x200));
+    uint64_t inner = t.insert_derived(entry(handle_kind::graph_node, 0x210, child));
+    uint64_t holder = t.insert_derived(entry(handle_kind::graph_node, 0x110, parent));
+    // Before: the child graph is the application's.
+    CHECK(!t.find(child, handle_kind::graph)->owned);
+    t.give_to(child, holder);
+    const auto* e = t.find(child, handle_kind::graph);
+    REQUIRE(e != nullptr);
+    CHECK(e->owned);
+    CHECK(e->owner == holder);
+    // Giving it again moves it, without leaving it among the first owner's dependents.
+    uint64_t other = t.insert_derived(entry(handle_kind::graph_node, 0x120, parent));
+    t.give_to(child, other);
+    CHECK(t.erase(holder));
+    CHECK(t.find(child, handle_kind::graph) != nullptr);
+    // Erasing the parent erases the node that holds the child graph, the child graph and its node.
+    CHECK(t.erase(parent));
+    CHECK(t.find(other, handle_kind::graph_node) == nullptr);
+    CHECK(t.find(child, handle_kind::graph) == nullptr);
+    CHECK(t.find(inner, handle_kind::graph_node) == nullptr);
+    CHECK(t.size() == 0);
+}
