@@ -9,9 +9,10 @@
 // shared with the server, and this process's own memory through a host copy: client/host_functions.hpp),
 // host, child graph (cloned, or moved into the node, which then owns it), empty, event record and event wait,
 // memory alloc and free, conditional; the others answer CUDA_ERROR_NOT_SUPPORTED (logged once). New
-// parameters are served for kernel, memset, memcpy (not a host copy), host and event nodes, on the graph or on
-// an executable graph, for a node of the graph or of a graph inside it (a conditional body, a moved child). The graph functions answer CUDA_ERROR_INVALID_VALUE for an unknown graph, node or parameter,
-// as cuda.h lists.
+// parameters are served for kernel, memset, memcpy (not a host copy), host and event nodes, on the graph or
+// on an executable graph, for a node of the graph or of a graph inside it (a conditional body, a moved
+// child). The graph functions answer CUDA_ERROR_INVALID_VALUE for an unknown graph, node or parameter, as
+// cuda.h lists.
 #include <algorithm>
 #include <cstring>
 #include <memory>
