@@ -326,9 +326,6 @@ CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CU
     return CUDA_SUCCESS;
 }
 
-// A kernel node's new kernel, as `build(spec)` describes it: on the node itself (exec null, waited for), or
-// on its copy in an executable graph of its graph (checked here, queued: the driver's own checks of the
-// kernel report at the next synchronizing call).
 // True when `node` is a live node of `type` and, given an executable graph, one that graph holds: a node of
 // the graph it was made from, or of a graph inside it (a conditional body, a moved child graph).
 bool node_target(CUgraphExec exec, CUgraphNode node, CUgraphNodeType type) {
@@ -338,6 +335,9 @@ bool node_target(CUgraphExec exec, CUgraphNode node, CUgraphNodeType type) {
                      state::get().node_within(id_of(node), e.owner));
 }
 
+// A kernel node's new kernel, as `build(spec)` describes it: on the node itself (exec null, waited for), or
+// on its copy in an executable graph of its graph (checked here, queued: the driver's own checks of the
+// kernel report at the next synchronizing call).
 template <class Build>
 CUresult set_kernel(CUgraphExec exec, CUgraphNode node, const char* name, Build&& build) {
     VCUDA_REQUIRE_INIT();
@@ -377,6 +377,12 @@ CUresult set_node(CUgraphExec exec, CUgraphNode node, CUgraphNodeType type, cons
     for (uint64_t a : spec.args) c.arg(a);
     c.blob(spec.data);
     return exec ? c.send_async() : c.send_sync();
+}
+
+// An event record or event wait node's new event.
+CUresult set_event(CUgraphExec exec, CUgraphNode node, CUgraphNodeType type, CUevent event,
+                   const char* name) {
+    return set_node(exec, node, type, name, [&](node_spec& s) { return event_spec(type, event, s); });
 }
 
 // cuGraphInstantiate*: the executable graph remembers its graph (whose nodes name its nodes in updates).
@@ -838,28 +844,25 @@ VCUDA_API cuGraphExecHostNodeSetParams(CUgraphExec exec, CUgraphNode node,
 
 VCUDA_API cuGraphEventRecordNodeSetEvent(CUgraphNode node, CUevent event) noexcept {
     VCUDA_TRACE_HOOK(cuGraphEventRecordNodeSetEvent, node, event);
-    return set_node(nullptr, node, CU_GRAPH_NODE_TYPE_EVENT_RECORD, "cuGraphEventRecordNodeSetEvent",
-                    [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_EVENT_RECORD, event, s); });
+    return set_event(nullptr, node, CU_GRAPH_NODE_TYPE_EVENT_RECORD, event, "cuGraphEventRecordNodeSetEvent");
 }
 
 VCUDA_API cuGraphExecEventRecordNodeSetEvent(CUgraphExec exec, CUgraphNode node, CUevent event) noexcept {
     VCUDA_TRACE_HOOK(cuGraphExecEventRecordNodeSetEvent, exec, node, event);
     if (!exec) return CUDA_ERROR_INVALID_VALUE;
-    return set_node(exec, node, CU_GRAPH_NODE_TYPE_EVENT_RECORD, "cuGraphExecEventRecordNodeSetEvent",
-                    [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_EVENT_RECORD, event, s); });
+    return set_event(exec, node, CU_GRAPH_NODE_TYPE_EVENT_RECORD, event,
+                     "cuGraphExecEventRecordNodeSetEvent");
 }
 
 VCUDA_API cuGraphEventWaitNodeSetEvent(CUgraphNode node, CUevent event) noexcept {
     VCUDA_TRACE_HOOK(cuGraphEventWaitNodeSetEvent, node, event);
-    return set_node(nullptr, node, CU_GRAPH_NODE_TYPE_WAIT_EVENT, "cuGraphEventWaitNodeSetEvent",
-                    [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_WAIT_EVENT, event, s); });
+    return set_event(nullptr, node, CU_GRAPH_NODE_TYPE_WAIT_EVENT, event, "cuGraphEventWaitNodeSetEvent");
 }
 
 VCUDA_API cuGraphExecEventWaitNodeSetEvent(CUgraphExec exec, CUgraphNode node, CUevent event) noexcept {
     VCUDA_TRACE_HOOK(cuGraphExecEventWaitNodeSetEvent, exec, node, event);
     if (!exec) return CUDA_ERROR_INVALID_VALUE;
-    return set_node(exec, node, CU_GRAPH_NODE_TYPE_WAIT_EVENT, "cuGraphExecEventWaitNodeSetEvent",
-                    [&](node_spec& s) { return event_spec(CU_GRAPH_NODE_TYPE_WAIT_EVENT, event, s); });
+    return set_event(exec, node, CU_GRAPH_NODE_TYPE_WAIT_EVENT, event, "cuGraphExecEventWaitNodeSetEvent");
 }
 
 namespace {

@@ -112,32 +112,30 @@ namespace {
 // and cudaHostAllocMapped allocate it): a GPU there cannot reach this process's pages, so the allocation is
 // managed memory of the session (client/managed.hpp), at one address for both sides as unified addressing
 // gives it natively. The GPU sees the CPU's writes at its next launch, the CPU the GPU's once that work is
-// done; a kernel that waits for a CPU write made while it runs waits in vain (README, limits).
-struct mapped_remote {
-    size_t size = 0;
-    unsigned flags = 0;
-};
+// done; a kernel that waits for a CPU write made while it runs waits in vain (README, limits). Kept here:
+// each such allocation's base and the flags it was made with (its extent is the mirror's allocation).
 std::mutex mapped_mu;
-std::map<uintptr_t, mapped_remote>& mapped_allocations() {
-    static auto* m = new std::map<uintptr_t, mapped_remote>();  // never destroyed: atexit may free memory
+std::map<uintptr_t, unsigned>& mapped_allocations() {
+    static auto* m = new std::map<uintptr_t, unsigned>();  // never destroyed: atexit may free memory
     return *m;
 }
 
-// The mapped allocation holding p: its base and what it is.
-bool find_mapped(uintptr_t p, uintptr_t& base, mapped_remote& out) {
+// Whether allocation `a` of the mirror is such an allocation, and its flags.
+bool find_mapped(const device_allocation& a, unsigned& flags) {
+    if (!a.managed) return false;
     std::lock_guard lock(mapped_mu);
-    auto& m = mapped_allocations();
-    auto it = m.upper_bound(p);
-    if (it == m.begin()) return false;
-    --it;
-    if (p - it->first >= it->second.size) return false;
-    base = it->first;
-    out = it->second;
+    auto it = mapped_allocations().find(a.base);
+    if (it == mapped_allocations().end()) return false;
+    flags = it->second;
     return true;
 }
-}  // namespace
 
-namespace {
+// Whether p lies in such an allocation, and its flags.
+bool find_mapped(uintptr_t p, unsigned& flags) {
+    device_allocation a;
+    return state::get().find_allocation(p, 1, a) && find_mapped(a, flags);
+}
+
 CUresult pointer_attribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
     auto& st = state::get();
     device_allocation a;
@@ -146,9 +144,7 @@ CUresult pointer_attribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr
     bool host = !dev && st.find_host(ptr, h);
     if (!dev && !host) return CUDA_ERROR_INVALID_VALUE;
     int device = dev ? a.device : 0;
-    uintptr_t base = 0;
-    mapped_remote m;
-    if (dev && a.managed && find_mapped(ptr, base, m)) {  // pinned host memory, as the application made it
+    if (unsigned flags = 0; dev && find_mapped(a, flags)) {  // pinned host memory, as the application made it
         switch (attr) {
             case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
                 *static_cast<unsigned*>(data) = CU_MEMORYTYPE_HOST;
@@ -257,7 +253,7 @@ VCUDA_API cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) noexcep
     } else if (CUdeviceptr m = 0; (flags & CU_MEMHOSTALLOC_DEVICEMAP) &&
                                   managed_alloc(&m, bytesize, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS) {
         std::lock_guard lock(mapped_mu);
-        mapped_allocations()[m] = {bytesize, flags};
+        mapped_allocations()[m] = flags;
         *pp = reinterpret_cast<void*>(m);
         return CUDA_SUCCESS;
     } else {  // a server on another host: this process's own pages, copied over the socket
@@ -343,11 +339,7 @@ VCUDA_API cuMemHostGetFlags(unsigned int* flags, void* p) noexcept {
     VCUDA_TRACE_HOOK(cuMemHostGetFlags, flags, p);
     VCUDA_REQUIRE_INIT();
     if (!flags) return CUDA_ERROR_INVALID_VALUE;
-    uintptr_t base = 0;
-    if (mapped_remote m; find_mapped(reinterpret_cast<uintptr_t>(p), base, m)) {
-        *flags = m.flags;
-        return CUDA_SUCCESS;
-    }
+    if (find_mapped(reinterpret_cast<uintptr_t>(p), *flags)) return CUDA_SUCCESS;
     host_allocation h;
     if (!state::get().find_host(reinterpret_cast<uintptr_t>(p), h)) return CUDA_ERROR_INVALID_VALUE;
     *flags = h.flags;
@@ -358,8 +350,7 @@ VCUDA_API cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int
     VCUDA_TRACE_HOOK(cuMemHostGetDevicePointer_v2, pdptr, p, Flags);
     VCUDA_REQUIRE_INIT();
     if (!pdptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
-    uintptr_t base = 0;
-    if (mapped_remote m; find_mapped(reinterpret_cast<uintptr_t>(p), base, m)) {
+    if (unsigned flags = 0; find_mapped(reinterpret_cast<uintptr_t>(p), flags)) {
         *pdptr = reinterpret_cast<CUdeviceptr>(p);  // one address for both sides
         return CUDA_SUCCESS;
     }

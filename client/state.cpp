@@ -290,6 +290,13 @@ namespace {
 bool dependent(const handle_info& info) {
     return info.owner && (info.kind == handle_kind::graph_node || info.kind == handle_kind::graph);
 }
+
+// Takes `id` (of `info`) out of its owner's dependents.
+void unlink(std::unordered_map<uint64_t, std::unordered_set<uint64_t>>& dependents, uint64_t id,
+            const handle_info& info) {
+    if (!dependent(info)) return;
+    if (auto o = dependents.find(info.owner); o != dependents.end()) o->second.erase(id);
+}
 }  // namespace
 
 void state::adopt(uint64_t id, handle_info info) {
@@ -302,8 +309,7 @@ void state::forget(uint64_t id) {
     std::unique_lock lock(mu);
     auto it = handles_.find(id);
     if (it == handles_.end()) return;
-    if (dependent(it->second))
-        if (auto o = dependents_.find(it->second.owner); o != dependents_.end()) o->second.erase(id);
+    unlink(dependents_, id, it->second);
     handles_.erase(it);
     // What it owned, at any depth (a graph's nodes, their bodies' nodes, ...).
     std::vector<uint64_t> doomed{id};
@@ -324,8 +330,7 @@ void state::give_graph(uint64_t id, uint64_t node) {
     std::unique_lock lock(mu);
     auto it = handles_.find(id);
     if (it == handles_.end() || it->second.kind != handle_kind::graph) return;
-    if (dependent(it->second))
-        if (auto o = dependents_.find(it->second.owner); o != dependents_.end()) o->second.erase(id);
+    unlink(dependents_, id, it->second);
     it->second.owner = node;
     dependents_[node].insert(id);
 }

@@ -34,6 +34,14 @@ class driver {
     void* handle_ = nullptr;
 };
 
+// Whether `s` captures (cuStreamIsCapturing): NONE also when the driver lacks the call or it fails.
+inline CUstreamCaptureStatus capture_status(const driver_table& d, CUstream s) {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (!d.cuStreamIsCapturing || d.cuStreamIsCapturing(s, &st) != CUDA_SUCCESS)
+        return CU_STREAM_CAPTURE_STATUS_NONE;
+    return st;
+}
+
 // For the server's own calls that a stream capture in GLOBAL or THREAD_LOCAL mode refuses and is invalidated
 // by (measured on the H200: cuMemHostRegister, cuMemHostAlloc): this thread is RELAXED while the scope lives,
 // then back in its mode.

@@ -93,8 +93,7 @@ class handle_table {
         auto& s = slots_[index];
         if (auto it = derived_.find({s.entry.raw, s.entry.kind}); it != derived_.end() && it->second == id)
             derived_.erase(it);
-        if (s.entry.owned && s.entry.owner)
-            if (auto it = dependents_.find(s.entry.owner); it != dependents_.end()) it->second.erase(id);
+        unlink(id, s.entry);
         s.live = false;
         s.entry = {};
         s.generation = (s.generation + 1) % generation_limit;
@@ -113,8 +112,7 @@ class handle_table {
     void give_to(uint64_t id, uint64_t owner) {
         auto* e = find(id, kind_of(id));
         if (!e) return;
-        if (e->owned && e->owner)
-            if (auto it = dependents_.find(e->owner); it != dependents_.end()) it->second.erase(id);
+        unlink(id, *e);
         e->owned = true;
         e->owner = owner;
         dependents_[owner].insert(id);
@@ -189,6 +187,12 @@ class handle_table {
     }
 
   private:
+    // Takes `id` (of entry `e`) out of its owner's dependents.
+    void unlink(uint64_t id, const handle_entry& e) {
+        if (!e.owned || !e.owner) return;
+        if (auto it = dependents_.find(e.owner); it != dependents_.end()) it->second.erase(id);
+    }
+
     struct slot {
         handle_entry entry;
         uint32_t generation = 1;

@@ -168,9 +168,8 @@ CUresult handle_end_capture(call_context& cx) {
     if (!d.cuStreamEndCapture) return cx.unsupported("cuStreamEndCapture");
     CUgraph g = nullptr;
     CUresult rc = d.cuStreamEndCapture(s, &g);
-    CUstreamCaptureStatus still = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (rc != CUDA_SUCCESS && d.cuStreamIsCapturing && d.cuStreamIsCapturing(s, &still) != CUDA_SUCCESS)
-        still = CU_STREAM_CAPTURE_STATUS_NONE;
+    const CUstreamCaptureStatus still =
+        rc != CUDA_SUCCESS ? capture_status(d, s) : CU_STREAM_CAPTURE_STATUS_NONE;
     uint64_t begun = cx.arg(1), result = 0;
     {
         std::lock_guard lock(cx.sess.mu);
@@ -420,9 +419,8 @@ struct node_parts {
 // At most this many bodies of a conditional node (a SWITCH's cases).
 constexpr uint64_t max_bodies = 1024;
 
-// How many arguments each node type takes (node_params), by CUgraphNodeType; -1: not served. A memcpy node's
-// one argument was added later: older clients send none.
-// A child graph node's second (its ownership) too.
+// How many arguments each node type takes (node_params), by CUgraphNodeType; -1: not served. Added later, so
+// older clients leave them out: a memcpy node's one argument, a child graph node's second (its ownership).
 constexpr int type_args[] = {9, 1, 6, 1, 1, 0, 1, 1, -1, -1, 0, 1, -1, 3};
 
 bool valid_type_args(uint64_t type, size_t n) {

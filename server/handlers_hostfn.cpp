@@ -302,9 +302,7 @@ CUresult handle_host_func(call_context& cx) {
     auto p = std::make_unique<pending_host_func>();
     p->sess = cx.sess.weak_from_this();
     p->id = cx.arg(1);
-    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (cx.drv().cuStreamIsCapturing) cx.drv().cuStreamIsCapturing(s, &capture);
-    const bool in_graph = capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    const bool in_graph = capture_status(cx.drv(), s) == CU_STREAM_CAPTURE_STATUS_ACTIVE;
     p->in_graph = in_graph;
     CUresult rc = cx.drv().cuLaunchHostFunc(s, &run_in_client, p.get());
     if (rc != CUDA_SUCCESS) return rc;

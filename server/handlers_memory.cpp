@@ -220,9 +220,7 @@ bool read_striped(call_context& cx, striped_args& a) {
 // The copy's stream; one that captures is refused: a graph would keep the staging buffer's address.
 CUresult striped_stream(call_context& cx, CUstream& s) {
     if (CUresult rc = cx.handle(2, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (cx.drv().cuStreamIsCapturing && cx.drv().cuStreamIsCapturing(s, &st) == CUDA_SUCCESS &&
-        st != CU_STREAM_CAPTURE_STATUS_NONE)
+    if (capture_status(cx.drv(), s) != CU_STREAM_CAPTURE_STATUS_NONE)
         return cx.fail(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "a striped copy cannot be captured");
     return CUDA_SUCCESS;
 }
@@ -368,11 +366,7 @@ CUresult handle_memset(call_context& cx) {
     CUstream s;
     if (CUresult rc = cx.handle(6, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
-    auto captured = [&] {
-        CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-        return d.cuStreamIsCapturing && d.cuStreamIsCapturing(s, &st) == CUDA_SUCCESS &&
-               st == CU_STREAM_CAPTURE_STATUS_ACTIVE;
-    };
+    auto captured = [&] { return capture_status(d, s) == CU_STREAM_CAPTURE_STATUS_ACTIVE; };
     if (CUresult rc = cx.memset_range(dst, elem, width, height, pitch, captured); rc != CUDA_SUCCESS)
         return rc;
     if (height == 1) {

@@ -103,9 +103,8 @@ CUresult handle_pool_alloc(call_context& cx) {
     device_memory* mem;
     if (CUresult rc = current_device_memory(cx, device, mem); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
-    CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (d.cuStreamIsCapturing) d.cuStreamIsCapturing(stream, &capturing);
-    if (capturing == CU_STREAM_CAPTURE_STATUS_ACTIVE) return captured_alloc(cx, stream, pool, size, device);
+    if (capture_status(d, stream) == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        return captured_alloc(cx, stream, pool, size, device);
     // The pool the allocation comes from (the device's current one when none is named): what it keeps
     // reserved is reused first.
     CUmemoryPool from = pool;

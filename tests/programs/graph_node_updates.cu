@@ -164,6 +164,16 @@ CUDA_KERNEL_NODE_PARAMS kernel_of(CUfunction f, kernel_args& a) {
     return k;
 }
 
+// The same as cuGraphAddNode's union takes it.
+CUgraphNodeParams kernel_node(CUfunction f, kernel_args& a) {
+    CUgraphNodeParams p{};
+    p.type = CU_GRAPH_NODE_TYPE_KERNEL;
+    const auto k = kernel_of(f, a);
+    static_assert(sizeof k == sizeof p.kernel, "kernel node layouts");
+    memcpy(&p.kernel, &k, sizeof k);
+    return p;
+}
+
 CUgraphNode add(CUgraph g, CUgraphNode after, CUgraphNodeParams p, const char* what) {
     CUgraphNode out = nullptr;
     ok(d->add(&out, g, after ? &after : nullptr, nullptr, after ? 1 : 0, &p), what);
@@ -278,15 +288,8 @@ int main() {
     ok(d->create(&child, 0), "cuGraphCreate (child)");
     ok(d->create(&parent, 0), "cuGraphCreate (parent)");
     kernel_args fa{c, n, 100}, sa{c, n, 2};
-    p = {};
-    p.type = CU_GRAPH_NODE_TYPE_KERNEL;
-    auto kf = kernel_of(fill, fa);
-    static_assert(sizeof kf == sizeof p.kernel, "kernel node layouts");
-    memcpy(&p.kernel, &kf, sizeof kf);
-    CUgraphNode k1 = add(child, nullptr, p, "kernel node fill (child)");
-    auto ks = kernel_of(scale, sa);
-    memcpy(&p.kernel, &ks, sizeof ks);
-    CUgraphNode k2 = add(child, k1, p, "kernel node scale (child)");
+    CUgraphNode k1 = add(child, nullptr, kernel_node(fill, fa), "kernel node fill (child)");
+    CUgraphNode k2 = add(child, k1, kernel_node(scale, sa), "kernel node scale (child)");
     p = {};
     p.type = CU_GRAPH_NODE_TYPE_GRAPH;
     p.graph.graph = child;
@@ -321,11 +324,7 @@ int main() {
     ok(d->add(&cn, cg, nullptr, nullptr, 0, &cp2), "conditional node");
     CUgraph body = cp2.conditional.phGraph_out[0];
     kernel_args ba{b, n, 5};
-    p = {};
-    p.type = CU_GRAPH_NODE_TYPE_KERNEL;
-    auto kb = kernel_of(fill, ba);
-    memcpy(&p.kernel, &kb, sizeof kb);
-    CUgraphNode kbn = add(body, nullptr, p, "kernel node (body)");
+    CUgraphNode kbn = add(body, nullptr, kernel_node(fill, ba), "kernel node (body)");
     CUgraphExec xc;
     ok(d->instantiate(&xc, cg, 0), "cuGraphInstantiateWithFlags (conditional)");
     run(xc, s);

@@ -505,9 +505,8 @@ bool graph_within(state& s, uint64_t g, uint64_t ancestor) {
 // The work of a memset, memcpy, event record, event wait or host node of parameters `p`: the node types whose
 // parameters cuGraphNodeSetParams and cuGraphExecNodeSetParams change here. A host node's function and a
 // memcpy node's copy are kept with it (`host`, `copy`).
-CUresult settable_node_work(state& s, const CUgraphNodeParams& pr, work& w, CUDA_HOST_NODE_PARAMS& host,
+CUresult settable_node_work(state& s, const CUgraphNodeParams* p, work& w, CUDA_HOST_NODE_PARAMS& host,
                             std::optional<CUDA_MEMCPY3D>& copy) {
-    const CUgraphNodeParams* p = &pr;
     switch (p->type) {
         case CU_GRAPH_NODE_TYPE_MEMSET: {
             const auto& m = p->memset;
@@ -591,7 +590,7 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
         case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
         case CU_GRAPH_NODE_TYPE_HOST:
-            if (CUresult r = settable_node_work(s, *p, w, host, copy); r != CUDA_SUCCESS) return r;
+            if (CUresult r = settable_node_work(s, p, w, host, copy); r != CUDA_SUCCESS) return r;
             break;
         case CU_GRAPH_NODE_TYPE_GRAPH: {
             const graph_obj* c = s.find<graph_obj>(p->graph.graph);
@@ -1035,7 +1034,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeSetParams(CUgraphNode hNode, CUgra
         work w;
         CUDA_HOST_NODE_PARAMS host{};
         std::optional<CUDA_MEMCPY3D> copy;
-        if (CUresult r = settable_node_work(s, *nodeParams, w, host, copy); r != CUDA_SUCCESS) return r;
+        if (CUresult r = settable_node_work(s, nodeParams, w, host, copy); r != CUDA_SUCCESS) return r;
         n->run = std::move(w);
         n->host = host;
         n->copy = copy;
@@ -1150,7 +1149,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecNodeSetParams(CUgraphExec hGraphEx
         work w;
         CUDA_HOST_NODE_PARAMS host{};
         std::optional<CUDA_MEMCPY3D> cp;
-        if (CUresult r = settable_node_work(s, *nodeParams, w, host, cp); r != CUDA_SUCCESS) return r;
+        if (CUresult r = settable_node_work(s, nodeParams, w, host, cp); r != CUDA_SUCCESS) return r;
         x->run = std::move(w);
         x->copy = cp;
         e->nodes = std::move(copy);
