@@ -50,6 +50,40 @@ VCUDA_API cuStreamGetDevice(CUstream s, CUdevice* dev) noexcept {
     return CUDA_SUCCESS;
 }
 
+// A stream waits for an event. The application's GPUs may be served by several sessions (a lease of GPUs on
+// several servers, or of several GPUs of one: one session each), and a session's server knows only its own
+// events: a wait on an event of another session is made on the host instead — that session synchronizes the
+// event, then the call returns — which orders the stream's later work after the event's as the driver would,
+// with the calling thread waiting meanwhile. PyTorch makes such waits for every copy between two GPUs.
+VCUDA_API cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamWaitEvent, s, e, flags);
+    VCUDA_REQUIRE_INIT();
+    auto& st = state::get();
+    handle_info stream, event;
+    const uint64_t event_id = reinterpret_cast<uint64_t>(e);
+    if (st.session_count() > 1 && stream_info(s, stream) && st.lookup(event_id, event) &&
+        event.kind == handle_kind::event && stream.device >= 0 && stream.device < st.device_count() &&
+        event.device >= 0 && event.device < st.device_count() &&
+        st.device(stream.device).owner != st.device(event.device).owner) {
+        if (stream_captures(s))
+            return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;  // a graph cannot wait on another session's work
+        const server_device& where = st.device(event.device);
+        lane* l = where.owner->this_thread_lane();
+        if (!l) return static_cast<CUresult>(connection_lost_result);
+        call_request rq;
+        rq.operation = op::cuEventSynchronize;
+        rq.device = where.server_index;
+        rq.args = {&event_id, 1};
+        call_reply rp;
+        return static_cast<CUresult>(l->call(rq, rp));
+    }
+    plain_call c(op::stream_wait_event, "cuStreamWaitEvent");
+    c.handle(s, handle_kind::stream);
+    c.handle(e, handle_kind::event);
+    c.arg(flags);
+    return c.send_async();
+}
+
 // ---------------------------------------------------------------- stream capture
 // Capture happens on the server: the calls a capturing thread makes reach its lane in order and the server's
 // driver records them. The client mirrors which streams capture, from cuStreamBeginCapture to

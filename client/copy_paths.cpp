@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "client/bulk.hpp"
 #include "client/host_functions.hpp"
@@ -437,12 +438,50 @@ CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m
     return rc;
 }
 
+namespace {
+// A copy between the GPUs of two sessions (GPUs of two servers, or GPUs a lease holds as a session each): no
+// server sees both, so the bytes pass through this process, in pieces, with the calling thread waiting — the
+// destination's stream first finishes its earlier work, then each piece is read from the source (its
+// session's legacy stream: work the application ordered before, with an event as PyTorch does, is done) and
+// written to the destination in the stream.
+CUresult copy_between_sessions(CUdeviceptr dst, int dst_device, CUdeviceptr src, int src_device, size_t n,
+                               CUstream stream) {
+    auto& st = state::get();
+    const uint64_t dst_ctx = st.primary_context(dst_device), src_ctx = st.primary_context(src_device);
+    {
+        context_scope in(dst_ctx);
+        if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS)
+            return rc;
+    }
+    constexpr size_t piece = size_t{64} << 20;
+    std::vector<std::byte> bounce(std::min(n, piece));
+    for (size_t off = 0; off < n; off += piece) {
+        const size_t len = std::min(piece, n - off);
+        {
+            context_scope in(src_ctx);
+            if (CUresult rc = copy_dtoh(bounce.data(), src + off, len, nullptr, mode::sync);
+                rc != CUDA_SUCCESS)
+                return rc;
+        }
+        context_scope in(dst_ctx);
+        if (CUresult rc = copy_htod(dst + off, bounce.data(), len, stream, mode::sync); rc != CUDA_SUCCESS)
+            return rc;
+    }
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
 CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
     if (m == mode::post && (!device_range(dst, n) || !device_range(src, n))) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult rc = managed_before_device_access(src, n, false); rc != CUDA_SUCCESS) return rc;
     if (CUresult rc = managed_before_device_access(dst, n, true); rc != CUDA_SUCCESS) return rc;
+    auto& st = state::get();
+    device_allocation from, to;
+    if (st.session_count() > 1 && st.find_allocation(src, n, from) && st.find_allocation(dst, n, to) &&
+        st.device(from.device).owner != st.device(to.device).owner)
+        return copy_between_sessions(dst, to.device, src, from.device, n, stream);
     return remote(op::copy_dtod, {dst, src, n, stream_arg(stream)}, m);
 }
 

@@ -53,6 +53,18 @@ class plain_call {
     void arg(T v) {
         if (n_ < args_.size()) args_[n_++] = to_wire(v);
     }
+    // A device the application names by its ordinal: the server knows it by the index its session gave it
+    // (server_device::server_index; not the ordinal when the session's GPU is not the server's first, or
+    // CUDA_VISIBLE_DEVICES reorders). An ordinal this process does not have is CUDA_ERROR_INVALID_DEVICE.
+    void device(CUdevice d) {
+        auto& st = state::get();
+        if (d < 0 || d >= st.device_count()) {
+            if (error_ == CUDA_SUCCESS) error_ = CUDA_ERROR_INVALID_DEVICE;
+            arg(d);
+            return;
+        }
+        arg(static_cast<CUdevice>(st.device(d).server_index));
+    }
     template <class H>
     void handle(H h, handle_kind k) {
         uint64_t id = reinterpret_cast<uint64_t>(h);

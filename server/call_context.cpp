@@ -39,9 +39,8 @@ CUresult call_context::lookup(uint64_t id, handle_kind k, void*& raw, handle_ent
 }
 
 CUresult call_context::device(size_t i, CUdevice& out) {
-    uint64_t d = arg(i);
-    if (!sess.allowed(d)) return fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
-    out = sess.drv().gpus()[d].device;
+    if (sess.real_device(arg(i), out) != CUDA_SUCCESS)
+        return fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
     return CUDA_SUCCESS;
 }
 

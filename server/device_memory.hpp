@@ -68,6 +68,9 @@ class device_memory {
 
     // GPUs that can reach this one's memory (peers): its mappings are made accessible to them too.
     void set_peers(std::vector<CUdevice> peers) { peers_ = std::move(peers); }
+    // Another GPU from now on (session::relocate): only while the memory is saved and released (suspended),
+    // so that the rebuild maps it there.
+    void set_device(CUdevice dev) { dev_ = dev; }
 
     CUresult allocate(size_t size, CUdeviceptr& out);
     CUresult release(CUdeviceptr p);  // only the exact start of a live allocation

@@ -248,11 +248,10 @@ std::optional<uint32_t> gpu_utilization(const CUuuid& u) {
 CUresult handle_gpu_status(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
     uint64_t d = cx.arg(0);
-    if (d >= cx.sess.device_count())
-        return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
+    if (!cx.sess.allowed(d)) return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
     auto& nv = host_nvml::get();
     if (!nv.usable()) return cx.fail(CUDA_ERROR_NOT_SUPPORTED, nv.why());
-    nvmlDevice_t h = nv.find(cx.sess.drv().gpus()[d].uuid);
+    nvmlDevice_t h = nv.find(cx.sess.drv().gpus()[cx.sess.gpu_of(d)].uuid);
     if (!h) return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "the host's NVML does not know this GPU's UUID");
     gpu_status st;
     nv.query(h, st);

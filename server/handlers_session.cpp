@@ -3,13 +3,14 @@
 
 namespace vcuda::server {
 
-// The GPUs this session may use: outs = {n, (server index, memory) per GPU}; blobs = {name, uuid, attributes}
-// per GPU. The memory is the session's quota there.
+// The GPUs this session may use: outs = {n, (device index, memory) per GPU}; blobs = {name, uuid, attributes}
+// per GPU. The memory is the session's quota there. The client names each by its device index in later calls
+// (the server's GPU index, unless the session moved here from a GPU of another index: session::gpu_of).
 CUresult handle_session_info(call_context& cx) {
     if (!cx.expect_args(0)) return cx.bad_arguments();
     auto& gpus = cx.sess.drv().gpus();
     std::vector<size_t> mine;
-    for (size_t i = 0; i < gpus.size(); ++i)
+    for (size_t i = 0; i < cx.sess.device_count(); ++i)
         if (cx.sess.allowed(i)) mine.push_back(i);
     cx.out(static_cast<uint64_t>(mine.size()));
     for (size_t i : mine) {
@@ -17,7 +18,7 @@ CUresult handle_session_info(call_context& cx) {
         cx.out(cx.sess.quota(i));
     }
     for (size_t i : mine) {
-        auto& g = gpus[i];
+        auto& g = gpus[cx.sess.gpu_of(i)];
         cx.out_blob({reinterpret_cast<const std::byte*>(g.name.data()), g.name.size()});
         cx.out_blob({reinterpret_cast<const std::byte*>(g.uuid.bytes), 16});
         cx.out_blob(

@@ -647,13 +647,14 @@ int main(int argc, char** argv) {
                 std::lock_guard lock(s.mu);
                 for (size_t i = 0; i < s.device_count(); ++i) {
                     if (!s.allowed(i)) continue;
-                    vcuda::mgmt::session_report r{std::to_string(s.id()), s.lease_id(), srv.gpu_id(i),
+                    const size_t gpu = s.gpu_of(i);
+                    vcuda::mgmt::session_report r{std::to_string(s.id()), s.lease_id(), srv.gpu_id(gpu),
                                                   s.peer(), s.memory(i).resident()};
                     if (s.moved()) {
                         r.moved_to = s.moved_to();  // it lives elsewhere now; the manager lists it there
                     } else {
-                        used[i] += r.memory_used;
-                        ++count[i];
+                        used[gpu] += r.memory_used;
+                        ++count[gpu];
                     }
                     r.suspended = s.suspended();
                     r.idle_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -722,7 +723,7 @@ int main(int argc, char** argv) {
                 if (s.lease_id().empty()) continue;
                 std::string uuid;  // the session's GPU (a lease token opens one session per GPU)
                 for (size_t i = 0; i < s.device_count() && uuid.empty(); ++i)
-                    if (s.allowed(i)) uuid = srv.gpu_id(i);
+                    if (s.allowed(i)) uuid = srv.gpu_id(s.gpu_of(i));
                 // A session that moved lives on at another server: its connections here end as its client
                 // follows it (the manager no longer lists its lease here once it knows).
                 if (s.moved()) {
@@ -757,7 +758,26 @@ int main(int argc, char** argv) {
                         auto to = move_target_for(l->move_to_endpoints, l->move_token, s.local_client, why);
                         vcuda::mgmt::session_report r{std::to_string(s.id()), s.lease_id(), uuid, s.peer()};
                         r.move_seq = l->move_seq;
-                        if (!to) {
+                        // Another GPU of this server: the session stays here, its device goes there.
+                        if (auto own = srv.gpu_index(l->move_to_uuid); own && to) {
+                            size_t index = 0;
+                            while (index < s.device_count() &&
+                                   !(s.allowed(index) && srv.gpu_id(s.gpu_of(index)) == uuid))
+                                ++index;
+                            VCUDA_LOG_INFO("session {}: the manager asks for a move to GPU {} of this server",
+                                           s.id(), l->move_to_uuid);
+                            mobility.post([&srv, sp, index, gpu = *own, address = to->address,
+                                           r = std::move(r), &moves]() mutable {
+                                std::string why;
+                                if (srv.relocate(sp, index, gpu, why) == CUDA_SUCCESS) {
+                                    r.note = sp->note();
+                                    r.moved_to = address;
+                                } else {
+                                    r.note = "not moved: " + why;
+                                }
+                                moves.add(std::move(r));
+                            });
+                        } else if (!to) {
                             r.note = "not moved: " + why;
                             VCUDA_LOG_WARN("session {}: the manager asked for a move to {}; {}", s.id(),
                                            l->move_to_uuid, r.note);
@@ -822,6 +842,10 @@ int main(int argc, char** argv) {
                 auto to = move_target_for(l->move_to_endpoints, l->move_token, w.local_client, why);
                 vcuda::mgmt::session_report r{std::to_string(w.id), w.grant.lease_id, uuid, w.peer};
                 r.move_seq = l->move_seq;
+                if (to && srv.gpu_index(l->move_to_uuid)) {
+                    to.reset();
+                    why = "a move to another GPU of its own server is not done for --isolation process yet";
+                }
                 if (!to) {
                     r.note = "not moved: " + why;
                     VCUDA_LOG_WARN("session {}: the manager asked for a move to {}; {}", w.id,

@@ -49,8 +49,8 @@ std::string collect_metrics(server& srv, const driver& drv) {
         r.idle_seconds = metrics::seconds(now - s.last_call());
         r.calls = s.counters.calls.load(std::memory_order_relaxed);
         std::lock_guard lock(s.mu);
-        for (size_t i = 0; i < s.device_count() && i < uuids.size(); ++i)
-            if (s.allowed(i)) r.memory.push_back({i, s.memory(i).mapped(), s.memory(i).resident()});
+        for (size_t i = 0; i < s.device_count(); ++i)
+            if (s.allowed(i)) r.memory.push_back({s.gpu_of(i), s.memory(i).mapped(), s.memory(i).resident()});
         rows.push_back(std::move(r));
     }
     // --isolation process: those sessions live in worker processes, which this process cannot read; they are

@@ -11,6 +11,7 @@
 #include "server/call_context.hpp"
 #include "server/device_output.hpp"
 #include "server/dispatch.hpp"
+#include "server/placement.hpp"
 
 #include <sys/socket.h>
 #include <unistd.h>
@@ -259,7 +260,7 @@ void server::serve_hello(frame_stream& fs, const frame& hello, const std::string
     uint64_t quota = 0;
     for (size_t d = 0; d < sess->device_count(); ++d)
         if (sess->allowed(d)) {
-            if (sess->quota(d) < drv_.gpus()[d].total_memory) quota = sess->quota(d);
+            if (sess->quota(d) < drv_.gpus()[sess->gpu_of(d)].total_memory) quota = sess->quota(d);
             break;
         }
     auto key = b.CreateVector(reinterpret_cast<const uint8_t*>(sess->key().data()), sess->key().size());
@@ -308,7 +309,7 @@ void server::leave_session(const std::shared_ptr<session>& sess) {
     if (!sess->lease_id().empty()) {
         std::lock_guard lock(open_mu_);
         for (size_t d = 0; d < sess->device_count(); ++d)
-            if (sess->allowed(d)) drop_lease_claim(sess->lease_id(), {d}, sess->id());
+            if (sess->allowed(d)) drop_lease_claim(sess->lease_id(), {sess->gpu_of(d)}, sess->id());
     }
     sess->release_all();
     auto ms =
@@ -432,6 +433,27 @@ bool server::admit(const session_grant& grant, size_t open, frame_stream& fs, co
         return false;
     }
     return true;
+}
+
+std::optional<size_t> server::gpu_index(const std::string& id) const {
+    for (size_t i = 0; i < drv_.gpus().size(); ++i)
+        if (gpu_id(i) == id) return i;
+    return std::nullopt;
+}
+
+CUresult server::relocate(const std::shared_ptr<session>& sess, size_t index, size_t gpu, std::string& why) {
+    if (!sess->allowed(index)) {
+        why = "it has no device " + std::to_string(index);
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    const size_t from = sess->gpu_of(index);
+    CUresult rc = sess->relocate(index, gpu, std::chrono::seconds(5), why);
+    if (rc == CUDA_SUCCESS && !sess->lease_id().empty()) {
+        std::lock_guard lock(open_mu_);
+        drop_lease_claim(sess->lease_id(), {from}, sess->id());
+        lease_sessions_[{sess->lease_id(), gpu}] = sess->id();
+    }
+    return rc;
 }
 
 void server::drop_lease_claim(const std::string& lease_id, const std::vector<size_t>& gpus,
@@ -733,6 +755,14 @@ void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::st
             ? std::string(reinterpret_cast<const char*>(st->session_key()->data()), st->session_key()->size())
             : std::string();
     std::string from = (st->peer() ? st->peer()->str() : std::string("?")) + ", moved from " + peer;
+    if (st->gpus()) {
+        std::string why;
+        if (!place_moved({st->gpus()->begin(), st->gpus()->end()}, grant.gpus, drv_.gpus().size(),
+                         grant.placed, why)) {
+            refuse_session(fs, peer, "the moved session has no place here: " + why);
+            return;
+        }
+    }
     std::shared_ptr<session> sess;
     {
         std::lock_guard lock(open_mu_);
@@ -752,6 +782,9 @@ void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::st
         if (!grant.lease_id.empty() && !granted)
             lease_sessions_[{grant.lease_id, grant.gpus.front()}] = sess->id();
     }
+    for (auto [index, gpu] : grant.placed)
+        if (index != gpu)
+            VCUDA_LOG_INFO("session {}: its device {} runs on this server's GPU {}", sess->id(), index, gpu);
     // This connection holds the session until its client has joined it here (below).
     ++sess->lanes;
     if (on_session_adopted_ && !on_session_adopted_(sess->id(), key, from)) {

@@ -49,6 +49,11 @@ class server {
     session_registry& sessions() { return sessions_; }
     // The UUID of GPU `index` towards the manager and in lease tokens (server_options::gpu_identities).
     std::string gpu_id(size_t index) const;
+    // The index of the GPU whose gpu_id() is `id`, if this server has it.
+    std::optional<size_t> gpu_index(const std::string& id) const;
+    // Moves `sess`'s device `index` onto this server's GPU `gpu` (session::relocate, the manager's move to
+    // another GPU of this server); its lease's claim of the old GPU becomes one of the new.
+    CUresult relocate(const std::shared_ptr<session>& sess, size_t index, size_t gpu, std::string& why);
     // Connections being served now (lanes, bulk connections, HELLOs under way).
     uint32_t connections() const { return connections_.load(); }
     // Attached to a manager: the leases it reports alive on this server's GPUs (id, expiry), after every

@@ -21,20 +21,35 @@ session::session(uint64_t id, std::string key, driver& drv, const server_options
       lease_id_(grant.lease_id),
       tenant_(grant.tenant),
       bulk_(std::make_unique<bulk_hub>(drv.api(), id)) {
-    for (size_t i = 0; i < drv.gpus().size(); ++i) {
-        auto& g = drv.gpus()[i];
+    // Device indices are the server's GPU indices, or a moved session's own (grant.placed), which may reach
+    // past this server's GPUs: the slots in between are not allowed.
+    const size_t slots = grant.placed.empty() ? drv.gpus().size()
+                                              : std::max(drv.gpus().size(), grant.placed.rbegin()->first + 1);
+    for (size_t i = 0; i < slots; ++i) {
         device_slot s;
+        if (grant.placed.empty()) {
+            s.gpu = i;
+            s.allowed =
+                grant.gpus.empty() || std::find(grant.gpus.begin(), grant.gpus.end(), i) != grant.gpus.end();
+        } else {
+            auto p = grant.placed.find(i);
+            s.allowed = p != grant.placed.end();
+            s.gpu = s.allowed ? p->second : std::min(i, drv.gpus().size() - 1);
+        }
+        auto& g = drv.gpus()[s.gpu];
         s.device = g.device;
-        s.allowed =
-            grant.gpus.empty() || std::find(grant.gpus.begin(), grant.gpus.end(), i) != grant.gpus.end();
         uint64_t want = grant.memory_quota ? grant.memory_quota : opts.memory_quota;
         uint64_t q = want ? std::min<uint64_t>(want, g.total_memory) : g.total_memory;
         s.memory = std::make_unique<device_memory>(drv.api(), g.device, q, opts.window.get());
         devices_.push_back(std::move(s));
     }
+    set_peers();
+}
+
+void session::set_peers() {
     // Memory on one GPU is reachable from the session's GPUs that are its peers, as cuMemAlloc's is once peer
     // access is enabled (and by peer copies): the mappings are made accessible to them.
-    auto& d = drv.api();
+    auto& d = drv_->api();
     for (auto& s : devices_) {
         if (!s.allowed || !d.cuDeviceCanAccessPeer) continue;
         std::vector<CUdevice> peers;

@@ -118,7 +118,11 @@ struct session_counters {
 
 // What a session may use: which of the server's GPUs (by index) and how much memory on each.
 struct session_grant {
-    std::vector<size_t> gpus;   // empty = all
+    std::vector<size_t> gpus;  // empty = all
+    // A moved session's device indices (the client's, kept from the server it came from) and the GPU of this
+    // server each runs on here (place_moved, server/placement.hpp): a move may change the GPU's index.
+    // Empty: each device index is the GPU of that index.
+    std::map<size_t, size_t> placed;
     uint64_t memory_quota = 0;  // 0 = the server's default
     std::string lease_id;
     // Who opened it (server::authorize): sessions of one tenant may open each other's IPC handles
@@ -142,8 +146,12 @@ class session : public std::enable_shared_from_this<session> {
     const driver_table& api() const { return drv_->api(); }
     size_t device_count() const { return devices_.size(); }
     uint64_t quota(size_t device) const;
-    // True when this session may use the server's GPU `device`.
+    // True when this session may use its device `device`. A session's device indices are the client's; each
+    // runs on one of the server's GPUs (gpu_of), the GPU of the same index unless the session moved here from
+    // a GPU of another index.
     bool allowed(size_t device) const { return device < devices_.size() && devices_[device].allowed; }
+    // The server's GPU (an index of drv().gpus()) behind an allowed device index.
+    size_t gpu_of(size_t device) const { return devices_[device].gpu; }
     const std::string& lease_id() const { return lease_id_; }
     const std::string& tenant() const { return tenant_; }
     ipc_broker* ipc() const { return opts_.ipc.get(); }
@@ -227,6 +235,11 @@ class session : public std::enable_shared_from_this<session> {
     CUresult suspend(std::chrono::milliseconds wait, std::string& why);
     // Rebuilds a suspended session now (an operator's resume) rather than at its next call.
     CUresult resume(std::string& why);
+    // Moves device `index` onto this server's GPU `gpu` (the manager's move to another GPU of this server): a
+    // suspend, the device pointed at that GPU, the rebuild there; the session's device index, addresses and
+    // handles stay. On a failed rebuild the device goes back where it was and is rebuilt there. `why` says
+    // why not (what suspend refuses, a GPU another of its devices is on).
+    CUresult relocate(size_t index, size_t gpu, std::chrono::milliseconds wait, std::string& why);
     bool suspended() const { return suspended_.load(); }
     // Changes at each rebuild: a lane's context cache is stale then.
     uint64_t epoch() const { return epoch_.load(); }
@@ -317,12 +330,16 @@ class session : public std::enable_shared_from_this<session> {
 
   private:
     struct device_slot {
+        size_t gpu = 0;  // drv().gpus() index
         CUdevice device = 0;
         CUcontext ctx = nullptr;
         std::unique_ptr<device_memory> memory;
         bool allowed = true;
     };
 
+    // Each allowed device's memory is made reachable from its peers among the session's other GPUs. Caller
+    // holds `mu` (or the session is not shared yet).
+    void set_peers();
     // Makes one of the session's contexts current and waits for its GPU work (host regions and VMM mappings
     // are released under any context). The caller holds `mu`.
     void synchronize_any_context();

@@ -169,6 +169,78 @@ CUresult session::resume(std::string& why) {
     return rebuild_through_gate(lock, why);
 }
 
+CUresult session::relocate(size_t index, size_t gpu, std::chrono::milliseconds wait, std::string& why) {
+    if (!allowed(index) || gpu >= drv_->gpus().size()) {
+        why = "it has no device " + std::to_string(index) + ", or this server no GPU " + std::to_string(gpu);
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    const size_t from = gpu_of(index);
+    if (from == gpu) return CUDA_SUCCESS;
+    for (size_t i = 0; i < devices_.size(); ++i)
+        if (i != index && allowed(i) && gpu_of(i) == gpu) {
+            why = "its device " + std::to_string(i) + " runs on GPU " + std::to_string(gpu) + " already";
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+    // The gate stays closed from the save to the rebuild: a call in between would rebuild on the old GPU.
+    std::unique_lock lock(gate_mu_);
+    if (moved_.load()) {
+        why = "the session moved to " + moved_to_;
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    if (!suspended_.load()) {
+        if (CUresult rc = close_gate(lock, wait, why); rc != CUDA_SUCCESS) return rc;
+        lock.unlock();
+        CUresult rc = save_and_release(why);
+        lock.lock();
+        if (rc != CUDA_SUCCESS) {
+            note_ = "not moved to GPU " + std::to_string(gpu) + ": " + why;
+            closed_.store(false);
+            gate_cv_.notify_all();
+            return rc;
+        }
+    } else {
+        closed_.store(true);
+        gate_cv_.wait(lock, [&] { return active_.load() == 0; });
+    }
+    auto point_at = [&](size_t g) {
+        std::lock_guard m(mu);
+        auto& s = devices_[index];
+        s.gpu = g;
+        s.device = drv_->gpus()[g].device;
+        s.memory->set_device(s.device);
+        set_peers();
+    };
+    point_at(gpu);
+    const uint64_t bytes = image_ ? image_->bytes : 0;  // the rebuild lets the saved image go
+    lock.unlock();
+    CUresult rc = rebuild(why);
+    if (rc != CUDA_SUCCESS) {
+        VCUDA_LOG_WARN("session {}: not rebuilt on GPU {} ({}); back to GPU {}", id_, gpu, why, from);
+        point_at(from);
+        std::string again;
+        if (rebuild(again) != CUDA_SUCCESS)
+            VCUDA_LOG_ERROR("session {}: not rebuilt on GPU {} either ({}): its next call tries again", id_,
+                            from, again);
+        why = "not rebuilt on GPU " + std::to_string(gpu) + " (" + why + "); it stays on GPU " +
+              std::to_string(from);
+    }
+    lock.lock();
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    note_ = rc == CUDA_SUCCESS ? "moved from GPU " + std::to_string(from) + " to GPU " + std::to_string(gpu) +
+                                     " of this server: " + std::to_string(bytes >> 20) +
+                                     " MiB of GPU state, paused " + std::to_string(ms) + " ms"
+                               : why;
+    if (rc == CUDA_SUCCESS) {
+        counters.migrations.add(std::chrono::steady_clock::now() - t0);
+        VCUDA_LOG_INFO("session {}: device {} {}", id_, index, note_);
+    }
+    closed_.store(false);
+    gate_cv_.notify_all();
+    return rc;
+}
+
 CUresult session::rebuild_through_gate(std::unique_lock<std::mutex>& lock, std::string& why) {
     closed_.store(true);
     gate_cv_.wait(lock, [&] { return active_.load() == 0; });

@@ -461,6 +461,9 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
                                        b.CreateVector(reinterpret_cast<const uint8_t*>(desc.data()),
                                                       desc.size() * sizeof(CUmemAccessDesc))));
     }
+    std::vector<uint32_t> gpus;
+    for (size_t i = 0; i < devices_.size(); ++i)
+        if (devices_[i].allowed) gpus.push_back(static_cast<uint32_t>(i));
     auto key = b.CreateVector(reinterpret_cast<const uint8_t*>(key_.data()), key_.size());
     b.Finish(wire::CreateSessionState(
         b, id_, key, handles.tag(), b.CreateString(peer_), b.CreateVector(slots), free_slots,
@@ -468,7 +471,7 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         b.CreateVector(origins_out), b.CreateVector(progress), img.bytes, piece_bytes,
         b.CreateVector(regions), b.CreateVector(gone), b.CreateVector(relocated),
         b.CreateVector(vmm_reservations), b.CreateVector(vmm_allocations), b.CreateVector(vmm_mappings),
-        b.CreateVector(vmm_access)));
+        b.CreateVector(vmm_access), b.CreateVector(gpus)));
     if (b.GetSize() > max_moved_state_bytes) {
         why = "its description (" + mib(b.GetSize()) + ") is larger than a server accepts";
         return CUDA_ERROR_NOT_SUPPORTED;

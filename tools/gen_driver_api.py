@@ -316,8 +316,10 @@ def client_plain(name, spec, params):
         lines.append('    if (CUresult rc = vcuda::client::managed_before_launch(); rc != CUDA_SUCCESS) return rc;')
     lines.append(f'    plain_call c(vcuda::op::{name}, "{name}");')
     for role, typ, pname, kind in roles:
-        if role == 'in_scalar' or role == 'in_device':
+        if role == 'in_scalar':
             lines.append(f'    c.arg({pname});')
+        elif role == 'in_device':
+            lines.append(f'    c.device({pname});')
         elif role in ('in_handle', 'destroy_handle'):
             lines.append(f'    c.handle({pname}, handle_kind::{kind});')
     if spec['class'] == 'async' and 'shared_sync' in spec['annot']:

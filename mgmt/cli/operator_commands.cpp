@@ -245,8 +245,8 @@ operator_commands::operator_commands(CLI::App& app) {
             "state and sends it to the target's server at its next heartbeat; the program pauses and "
             "goes on there, its pointers and handles unchanged. The target: the GPU named, or the "
             "best-fitting GPU of the host or server named, or of any host without --to; it must be up "
-            "(not cordoned or draining), have room for the lease's memory, and have the same index on its "
-            "server as the GPU the session is on. `vcuda events` shows the request and the outcome "
+            "(not cordoned or draining) and have room for the lease's memory; it may be another GPU of the "
+            "same server. `vcuda events` shows the request and the outcome "
             "('moved' with the pause, or 'not-moved' with the reason: then it stays where it was); "
             "`vcuda sessions` shows where the session is.");
     migrate_.app

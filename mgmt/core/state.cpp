@@ -572,7 +572,7 @@ mgmt_result<manager_state::move_plan> manager_state::plan_move(const std::string
 
     using key_t = std::tuple<uint64_t, uint32_t, uint32_t, uint32_t, std::string, uint32_t>;
     std::optional<std::pair<key_t, const gpu_record*>> best;
-    size_t same = 0, unavailable = 0, other_index = 0, too_small = 0, full = 0;
+    size_t same = 0, unavailable = 0, too_small = 0, full = 0;
     for (auto* g : targets) {
         if (g->info.uuid == d.uuid) {
             ++same;
@@ -581,10 +581,6 @@ mgmt_result<manager_state::move_plan> manager_state::plan_move(const std::string
         gpu_view v = view(*g);
         if (!v.server || v.state != "up") {
             ++unavailable;
-            continue;
-        }
-        if (g->info.index != from->second.info.index) {
-            ++other_index;
             continue;
         }
         const uint64_t mem = g->info.memory;
@@ -613,10 +609,6 @@ mgmt_result<manager_state::move_plan> manager_state::plan_move(const std::string
         if (same)
             why += "; it is on " + std::string(targets.size() == 1 ? "that GPU" : "one of them") + " already";
         if (unavailable) why += "; " + std::to_string(unavailable) + " down, cordoned or draining";
-        if (other_index)
-            why += "; " + std::to_string(other_index) + " of another index than its GPU's (" +
-                   std::to_string(from->second.info.index) +
-                   "): a session moves only to a GPU of the same index yet";
         if (too_small) why += "; " + std::to_string(too_small) + " smaller than its quota";
         if (full) why += "; " + std::to_string(full) + " without room for its " + format_size(d.memory_quota);
         if (why.starts_with("; ")) why.erase(0, 2);

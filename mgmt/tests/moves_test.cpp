@@ -70,7 +70,7 @@ session_report report(std::string session, std::string lease, std::string uuid, 
 
 }  // namespace
 
-TEST_CASE("migrate: the target is up, of the same index, with room, not where the lease is", "[unit][mgmt]") {
+TEST_CASE("migrate: the target is up, of any index, with room, not where the lease is", "[unit][mgmt]") {
     fixture f;
     f.add(server("alpha", {gpu(0, "GPU-a0", 16 * GiB), gpu(1, "GPU-a1", 16 * GiB)}));
     f.add(server("beta", {gpu(0, "GPU-b0", 16 * GiB), gpu(1, "GPU-b1", 80 * GiB)}));
@@ -78,8 +78,10 @@ TEST_CASE("migrate: the target is up, of the same index, with room, not where th
     auto l = f.acquire(request("alpha", 8 * GiB));
     REQUIRE(l.devices[0].uuid == "GPU-a0");
 
-    // A host: its GPU of the same index (b1 is index 1: a session keeps its GPU index).
+    // A host: its best-fitting GPU (b0's 16 GiB fits 8 GiB better than b1's 80).
     CHECK(f.plan(l.id, "beta").to_uuid == "GPU-b0");
+    // A GPU of another index than the session's: its device index stays the client's, placed on that GPU.
+    CHECK(f.plan(l.id, "GPU-b1").to_uuid == "GPU-b1");
     // Any host: best fit by memory, as placement (b0's 16 GiB fits 8 GiB better than g0's 40).
     CHECK(f.plan(l.id, "").to_uuid == "GPU-b0");
     // A GPU by uuid; a server by id.
@@ -89,8 +91,8 @@ TEST_CASE("migrate: the target is up, of the same index, with room, not where th
     auto e = f.refusal(l.id, "GPU-a0");
     CHECK(e.code == errc::no_capacity);
     CHECK_THAT(e.message, Catch::Contains("on that GPU already"));
-    e = f.refusal(l.id, "GPU-b1");
-    CHECK_THAT(e.message, Catch::Contains("of another index"));
+    // Another GPU of its own server (the server moves the session's device there).
+    CHECK(f.plan(l.id, "GPU-a1").to_uuid == "GPU-a1");
     CHECK(f.refusal(l.id, "nowhere").code == errc::not_found);
     CHECK(f.refusal("lease-none", "beta").code == errc::not_found);
     REQUIRE(f.st.cordon("GPU-b0", true, f.ch));

@@ -17,6 +17,9 @@
 #   FRAMEWORKS_ONLY as for run_frameworks.sh (default: torch_plain newuser_torch torch_autocast cupy jax triton)
 #   MOVE_SERVER_ARGS more arguments for both servers of the suite and framework parts (e.g. "--isolation
 #                   process": each session's worker moves it, and the target's worker takes it)
+#   MOVE_SOURCE_ENV, MOVE_TARGET_ENV  environment words for the moving server (and the suite's native runs)
+#                   and for the target, e.g. "CUDA_VISIBLE_DEVICES=0" and "CUDA_VISIBLE_DEVICES=1": every
+#                   session then moves between two physical GPUs (its memory copied, never handed over)
 # Prints each suite's table, then `move pauses` (size, pause, receive+rebuild) last.
 set -u
 build=$(cd "${1:?usage: tests/gpu/move_suite.sh BUILD_DIR}" && pwd)
@@ -36,8 +39,8 @@ start_target() {  # NAME -> sets b_unix, b_tcp
   b_unix="unix:$out/$1.sock"
   b_tcp="127.0.0.1:$(free_port)"
   rm -f "$out/$1.sock"
-  # shellcheck disable=SC2086  # MOVE_SERVER_ARGS: words on purpose
-  "$build/bin/vcuda-server" --listen "$b_unix" --listen "$b_tcp" --address-window 2 --log-level info ${MOVE_SERVER_ARGS:-} \
+  # shellcheck disable=SC2086  # MOVE_SERVER_ARGS, MOVE_TARGET_ENV: words on purpose
+  env ${MOVE_TARGET_ENV:-} "$build/bin/vcuda-server" --listen "$b_unix" --listen "$b_tcp" --address-window 2 --log-level info ${MOVE_SERVER_ARGS:-} \
     2> "$out/$1.log" &
   pids+=($!)
   wait_socket "$out/$1.sock"
@@ -47,8 +50,9 @@ rows=()
 
 if [[ " $parts " == *" suite "* ]]; then
   start_target target-suite
+  # shellcheck disable=SC2086  # MOVE_SOURCE_ENV: words on purpose
   OUT="$out" SUITE_SERVER_ARGS="${MOVE_SERVER_ARGS:-} --address-window 1 --test-move-to $b_unix --test-move-to $b_tcp --test-move-after ${MOVE_AFTER_MS:-300}" \
-    "$here/run_suite.sh" "$build" > "$out/suite.txt" 2>&1 || status=1
+    env ${MOVE_SOURCE_ENV:-} "$here/run_suite.sh" "$build" > "$out/suite.txt" 2>&1 || status=1
   moved=$(cat "$out"/suite/server-*.log 2>/dev/null | grep -c " moved to ")
   refused=$(cat "$out"/suite/server-*.log 2>/dev/null | grep " not moved: " | sed 's/.*not moved: //' | sort | uniq -c)
   rows+=("suite: $(grep '^SUITE' "$out/suite.txt" | tail -1); $moved sessions moved")
@@ -57,9 +61,10 @@ fi
 
 if [[ " $parts " == *" frameworks "* ]]; then
   start_target target-frameworks
+  # shellcheck disable=SC2086  # MOVE_SOURCE_ENV: words on purpose
   OUT="$out" FRAMEWORKS_TCP=1 FRAMEWORKS_ONLY="${FRAMEWORKS_ONLY:-torch_plain newuser_torch torch_autocast cupy jax triton}" \
     FRAMEWORKS_SERVER_ARGS="${MOVE_SERVER_ARGS:-} --address-window 1 --test-move-to $b_unix --test-move-to $b_tcp --test-move-after ${MOVE_AFTER_MS_FRAMEWORKS:-1500}" \
-    "$here/frameworks/run_frameworks.sh" "$build" > "$out/frameworks.txt" 2>&1 || status=1
+    env ${MOVE_SOURCE_ENV:-} "$here/frameworks/run_frameworks.sh" "$build" > "$out/frameworks.txt" 2>&1 || status=1
   moved=$(grep -c " moved to " "$out/frameworks/server.log" 2>/dev/null)
   refused=$(grep " not moved: " "$out/frameworks/server.log" 2>/dev/null | sed 's/.*not moved: //' | sort | uniq -c)
   rows+=("frameworks: $(tail -3 "$out/frameworks.txt" | tr '\n' ' '); $moved sessions moved")
@@ -79,7 +84,8 @@ if [[ " $parts " == *" pauses "* ]]; then
       start_target "target-$mode-$mib"
       a="$out/source-$mode-$mib.sock"
       rm -f "$a"
-      "$build/bin/vcuda-server" --listen "unix:$a" --address-window 1 --test-move-to "$b_unix" --test-move-after 1500 \
+      # shellcheck disable=SC2086  # MOVE_SOURCE_ENV: words on purpose
+      env ${MOVE_SOURCE_ENV:-} "$build/bin/vcuda-server" --listen "unix:$a" --address-window 1 --test-move-to "$b_unix" --test-move-after 1500 \
         --move-memory "$mode" --log-level info 2> "$out/source-$mode-$mib.log" &
       pids+=($!)
       wait_socket "$a"

@@ -8,7 +8,11 @@
 #       outcome, `vcuda sessions` the session on A;
 #   (b) `vcuda drain SERVER` moves a running lease from B to A, and the program passes;
 #   (c) a program placed on A (B cordoned meanwhile) is moved to B by --rebalance (A at 90%, B at 0%);
-#   (d) a tenant may not migrate, not even its own lease.
+#   (d) a tenant may not migrate, not even its own lease;
+#   (e) `vcuda migrate` to a GPU of another index: a server C with two GPUs joins; a program on B's GPU 0
+#       moves to C's GPU 1 and passes, its device index kept (C's log says where it runs);
+#   (f) `vcuda migrate` to another GPU of the same server: a program on C's GPU 1 moves to C's GPU 0 (the
+#       session stays, suspended and rebuilt there) and passes.
 # Leases live 2 s (--lease-ttl), so their clients renew them several times after they moved.
 # MOVES_ISOLATION=1: servers A and B run each session in a worker process (--isolation process).
 # Usage: manager_moves.sh BUILD_DIR
@@ -130,6 +134,44 @@ check_program "$tmp/c.out" "(c) rebalance"
 vcuda events | grep "$lease"
 vcuda events --json | json "[e['detail'] for e in j['events'] if e['kind'] == 'rebalance' and e['lease_id'] == '$lease']" |
   grep -q "moving lease $lease" || fail "(c) no rebalance event says why $lease moved"
+# (e) another index: C serves two GPUs; the program on B moves to C's GPU 1 (A and C's GPUs cordoned while it
+# starts).
+VCUDA_SOFT_DEVICES=2 start_server c 4 --advertise "unix:$tmp/c.sock" --gpu-identity c "${managed[@]}"
+four_gpus() { [ "$(vcuda gpus --json | json 'len(j["gpus"])')" = 4 ]; }
+wait_for 10 four_gpus || fail "(e) server C's two GPUs never showed up"
+srv_c=$(server_of c)
+gpu_c() { vcuda gpus --json | json "[g['uuid'] for g in j['gpus'] if g['server_id'] == '$srv_c' and g['index'] == $1][0]"; }
+gpu_c0=$(gpu_c 0) gpu_c1=$(gpu_c 1)
+for t in "$srv_a" "$gpu_c0" "$gpu_c1"; do vcuda cordon "$t" > /dev/null || fail "(e) vcuda cordon $t"; done
+run_program 2500 "$tmp/e.out"
+wait_for 10 grep -qs "phase 1 done" "$tmp/e.out" || fail "(e) the program did not start"
+lease=$(lease_on "$gpu_b")
+[ -n "$lease" ] || fail "(e) the lease is not on B"
+wait_for 5 session_on "$lease" "$gpu_b" || fail "(e) B never reported the session"
+vcuda uncordon "$gpu_c1" > /dev/null || fail "(e) vcuda uncordon $gpu_c1"
+vcuda migrate "$lease" --to "$gpu_c1" || fail "(e) vcuda migrate $lease --to $gpu_c1 (C's GPU 1)"
+wait_for 10 moved "$lease" || fail "(e) vcuda events shows no move of $lease"
+wait_for 5 session_on "$lease" "$gpu_c1" || fail "(e) vcuda sessions does not show the session on C's GPU 1"
+check_program "$tmp/e.out" "(e) migrate to another index"
+grep -q "its device 0 runs on this server's GPU 1" "$tmp/server-c.log" || fail "(e) C did not place device 0 on GPU 1"
+[ "$gpu_c0" != "$gpu_c1" ] || fail "(e) C's GPUs have one identity"
+
+# (f) another GPU of the same server: a program on C's GPU 1 (B and C's GPU 0 cordoned while it starts) moves
+# to C's GPU 0.
+vcuda cordon "$srv_b" > /dev/null || fail "(f) vcuda cordon $srv_b"
+run_program 2500 "$tmp/f.out"
+wait_for 10 grep -qs "phase 1 done" "$tmp/f.out" || fail "(f) the program did not start"
+lease=$(lease_on "$gpu_c1")
+[ -n "$lease" ] || fail "(f) the lease is not on C's GPU 1"
+wait_for 5 session_on "$lease" "$gpu_c1" || fail "(f) C never reported the session on its GPU 1"
+vcuda uncordon "$gpu_c0" > /dev/null || fail "(f) vcuda uncordon $gpu_c0"
+vcuda migrate "$lease" --to "$gpu_c0" || fail "(f) vcuda migrate $lease --to $gpu_c0 (C's GPU 0)"
+wait_for 10 moved "$lease" || fail "(f) vcuda events shows no move of $lease"
+wait_for 5 session_on "$lease" "$gpu_c0" || fail "(f) vcuda sessions does not show the session on C's GPU 0"
+check_program "$tmp/f.out" "(f) migrate to another GPU of its server"
+grep -q "device 1 moved from GPU 1 to GPU 0 of this server" "$tmp/server-c.log" ||
+  fail "(f) C did not move the session's device 1 to its GPU 0"
+
 # Every lease was renewed to its end, also after its move (none expired; their programs released them).
 grep "expired (not renewed)" "$tmp/mgmt.log" && fail "a lease expired: its client stopped renewing it"
 echo "PASS manager_moves"

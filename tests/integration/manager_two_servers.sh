@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CI integration test of the manager path on the software driver: one vcuda-mgmt, two vcuda-servers attached
 # to it, and clients that lease GPUs instead of naming a server.
-#   1. a client asking for 2 GPUs gets one on each server and runs a program that uses devices 0 and 1; a peer
-#      copy between them is refused with the reason;
+#   1. a client asking for 2 GPUs gets one on each server and runs a program that uses devices 0 and 1 (device
+#      1's stream waits for an event of device 0's, then copies from it); a peer copy between them is refused
+#      with the reason;
 #   2. a client with a forged token, or none, is refused by the server;
 #   3. `vcuda gpus` and `vcuda leases` show the inventory, and the lease is gone when the client is;
 #   4. an operator releases a running client's lease; a client without a credential gets no lease, another
@@ -46,6 +47,8 @@ out=$("$build/bin/vcuda" run --manager "unix:$tmp/m.sock" --gpus 2 --memory 256M
 echo "$out"
 echo "$out" | grep -q "devices: 2" || fail "the client did not get 2 devices"
 echo "$out" | grep -q "PASS two_devices" || fail "two_devices did not pass"
+echo "$out" | grep -q "device 1 waited for device 0's event and copied from it: ok" ||
+  fail "a stream of one server did not wait for an event of the other's"
 grep -q "session .* opened" "$tmp/server-a.log" || fail "server a served no session"
 grep -q "session .* opened" "$tmp/server-b.log" || fail "server b served no session"
 # Devices of two servers are not peers: a peer copy between them is refused with the reason, logged by name.

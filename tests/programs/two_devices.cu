@@ -1,5 +1,6 @@
-// Uses every visible device: a different vector on each, results checked on the host. Through vcuda with a
-// manager, the devices may be GPUs on different servers (ordinals 0..n-1 all the same to the program).
+// Uses every visible device: a different vector on each, results checked on the host; with two or more,
+// device 1's stream waits for an event of device 0's and copies from it. Through vcuda with a manager, the
+// devices may be GPUs on different servers (ordinals 0..n-1 all the same to the program).
 #include <cstdio>
 #include <vector>
 
@@ -30,6 +31,44 @@ int main() {
         CHECK(cudaMemcpy(ys[d], hy.data(), n * sizeof(float), cudaMemcpyHostToDevice));
         td_scale_add<<<(n + 255) / 256, 256>>>(xs[d], ys[d], float(d + 2), n);
         CHECK(cudaGetLastError());
+    }
+    if (count >= 2) {
+        // PyTorch's copy between two GPUs: the destination's stream waits for an event the source's stream
+        // recorded after its kernel, then copies from the source GPU's memory. Through vcuda the two GPUs may
+        // be sessions on two servers (a lease of GPUs of two servers), whose events only the host can relay.
+        const size_t bytes = n * sizeof(float);
+        cudaStream_t s0, s1;
+        cudaEvent_t done0;
+        float *z0, *z1;
+        CHECK(cudaSetDevice(0));
+        CHECK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+        CHECK(cudaEventCreateWithFlags(&done0, cudaEventDisableTiming));
+        CHECK(cudaMalloc(&z0, bytes));
+        CHECK(cudaMemcpyAsync(z0, hx.data(), bytes, cudaMemcpyHostToDevice, s0));
+        td_scale_add<<<(n + 255) / 256, 256, 0, s0>>>(xs[0], z0, 10.0f, n);  // z0 = 11 x
+        CHECK(cudaGetLastError());
+        CHECK(cudaEventRecord(done0, s0));
+        CHECK(cudaSetDevice(1));
+        CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+        CHECK(cudaMalloc(&z1, bytes));
+        CHECK(cudaStreamWaitEvent(s1, done0, 0));
+        CHECK(cudaMemcpyAsync(z1, z0, bytes, cudaMemcpyDeviceToDevice, s1));
+        std::vector<float> got(n);
+        CHECK(cudaMemcpyAsync(got.data(), z1, bytes, cudaMemcpyDeviceToHost, s1));
+        CHECK(cudaStreamSynchronize(s1));
+        for (int i = 0; i < n; ++i)
+            if (got[i] != 11.0f * hx[i]) {
+                std::printf("FAIL two_devices: after the cross-device wait, element %d is %f, expected %f\n",
+                            i, got[i], 11.0f * hx[i]);
+                return 1;
+            }
+        std::printf("device 1 waited for device 0's event and copied from it: ok\n");
+        CHECK(cudaFree(z1));
+        CHECK(cudaStreamDestroy(s1));
+        CHECK(cudaSetDevice(0));
+        CHECK(cudaFree(z0));
+        CHECK(cudaEventDestroy(done0));
+        CHECK(cudaStreamDestroy(s0));
     }
     for (int d = 0; d < count; ++d) {
         CHECK(cudaSetDevice(d));

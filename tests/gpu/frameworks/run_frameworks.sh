@@ -9,7 +9,8 @@
 # Environment:
 #   OUT                 outputs in $OUT/frameworks (default /tmp/frameworks): ROW.MODE.{out,err,client.log,diff},
 #                       server.log, summary.txt
-#   FRAMEWORKS_ONLY     the rows to run, e.g. "torch_plain jax" (default: all)
+#   FRAMEWORKS_ONLY     the rows to run, e.g. "torch_plain jax" (default: all but the two-GPU rows
+#                       multigpu_ddp and multigpu_copies, torch_multi_gpu.py)
 #   FRAMEWORKS_TCP=1    also run every row over TCP
 #   FRAMEWORKS_TIMEOUT  seconds per run (default 240); FRAMEWORKS_TIMEOUT_<row> for one row
 #   PYTHON              the interpreter (default python3)
@@ -19,7 +20,7 @@
 set -u
 
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 BUILD="$(cd "$1" && pwd)" || { echo "run_frameworks: no such build directory: $1" >&2; exit 2; }
@@ -39,8 +40,11 @@ done
 
 ALL_ROWS=(torch_plain torch_expandable torch_graph torch_autocast torch_queries torch_step_time triton cupy jax
           newuser_torch newuser_compile newuser_jax)
+# Rows that need two GPUs: run only when named in FRAMEWORKS_ONLY.
+TWO_GPU_ROWS=(multigpu_ddp multigpu_copies)
 row_probe() {  # the probe and its arguments
     case "$1" in
+        multigpu_*) echo "torch_multi_gpu.py ${1#multigpu_}" ;;
         torch_*) echo "torch_train.py ${1#torch_}" ;;
         newuser_*) echo "newuser_probe.py ${1#newuser_}" ;;
         *) echo "${1}_probe.py" ;;
@@ -50,7 +54,8 @@ row_timeout() { local v="FRAMEWORKS_TIMEOUT_$1"; echo "${!v:-${FRAMEWORKS_TIMEOU
 
 ROWS=()
 for r in ${FRAMEWORKS_ONLY:-${ALL_ROWS[*]}}; do
-    [[ " ${ALL_ROWS[*]} " == *" $r "* ]] || { echo "run_frameworks: unknown row $r (rows: ${ALL_ROWS[*]})" >&2; exit 2; }
+    [[ " ${ALL_ROWS[*]} ${TWO_GPU_ROWS[*]} " == *" $r "* ]] ||
+        { echo "run_frameworks: unknown row $r (rows: ${ALL_ROWS[*]}; two GPUs: ${TWO_GPU_ROWS[*]})" >&2; exit 2; }
     ROWS+=("$r")
 done
 VMODES=(unix)

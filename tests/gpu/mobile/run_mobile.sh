@@ -18,6 +18,8 @@
 #   MOBILE_MEMORY      each lease's memory (default 16G); MOBILE_TIMEOUT seconds per run (default 300)
 #   MOBILE_SERVER_LOG  the servers' --log-level (default info)
 #   PYTHON             the interpreter (default python3)
+#   MOBILE_GPUS        two GPU indices ("0 1"): server a serves the first only, b the second
+#                      (CUDA_VISIBLE_DEVICES), so that every move goes between two physical GPUs
 #   MOBILE_DRIVER      --driver for the servers, MOBILE_REFERENCE a vcuda-server address for the reference runs
 #                      instead of native ones (to try the script on the software driver)
 set -u
@@ -61,7 +63,12 @@ for transport in ${MOBILE_TRANSPORTS:-unix tcp}; do
     adv=("unix:$t/$s.sock" "127.0.0.1:${port[$s]}"); [ "$transport" = tcp ] && adv=("127.0.0.1:${port[$s]}")
     window=1; [ $s = b ] && window=2
     args=(); for a in "${adv[@]}"; do args+=(--advertise "$a"); done
-    "$build/bin/vcuda-server" "${driver[@]}" --listen "unix:$t/$s.sock" --listen "127.0.0.1:${port[$s]}" \
+    gpu_env=()
+    if [ -n "${MOBILE_GPUS:-}" ]; then
+      read -r -a gpu_pair <<< "$MOBILE_GPUS"
+      gpu_env=(env "CUDA_VISIBLE_DEVICES=${gpu_pair[0]}"); [ $s = b ] && gpu_env=(env "CUDA_VISIBLE_DEVICES=${gpu_pair[1]}")
+    fi
+    "${gpu_env[@]}" "$build/bin/vcuda-server" "${driver[@]}" --listen "unix:$t/$s.sock" --listen "127.0.0.1:${port[$s]}" \
       "${args[@]}" --address-window "$window" --gpu-identity "$s" --manager "unix:$t/m.sock" \
       --secret-file "$t/secret" --log-level "${MOBILE_SERVER_LOG:-info}" 2> "$t/server-$s.log" & pids+=($!)
     wait_socket "$t/$s.sock"
