@@ -78,11 +78,16 @@ TEST_CASE("migrate: the target is up, of any index, with room, not where the lea
     auto l = f.acquire(request("alpha", 8 * GiB));
     REQUIRE(l.devices[0].uuid == "GPU-a0");
 
+    // Any host: best fit by memory, as placement: a1, the other GPU of its own server (16 GiB, as b0; the
+    // server moves the session's device there).
+    CHECK(f.plan(l.id, "").to_uuid == "GPU-a1");
+    CHECK(f.plan(l.id, "GPU-a1").to_uuid == "GPU-a1");
+    REQUIRE(f.st.cordon("GPU-a1", true, f.ch));  // the other servers' GPUs from here on
     // A host: its best-fitting GPU (b0's 16 GiB fits 8 GiB better than b1's 80).
     CHECK(f.plan(l.id, "beta").to_uuid == "GPU-b0");
     // A GPU of another index than the session's: its device index stays the client's, placed on that GPU.
     CHECK(f.plan(l.id, "GPU-b1").to_uuid == "GPU-b1");
-    // Any host: best fit by memory, as placement (b0's 16 GiB fits 8 GiB better than g0's 40).
+    // Any host: best fit by memory (b0's 16 GiB fits 8 GiB better than g0's 40).
     CHECK(f.plan(l.id, "").to_uuid == "GPU-b0");
     // A GPU by uuid; a server by id.
     CHECK(f.plan(l.id, "GPU-g0").to_uuid == "GPU-g0");
@@ -91,16 +96,17 @@ TEST_CASE("migrate: the target is up, of any index, with room, not where the lea
     auto e = f.refusal(l.id, "GPU-a0");
     CHECK(e.code == errc::no_capacity);
     CHECK_THAT(e.message, Catch::Contains("on that GPU already"));
-    // Another GPU of its own server (the server moves the session's device there).
-    CHECK(f.plan(l.id, "GPU-a1").to_uuid == "GPU-a1");
     CHECK(f.refusal(l.id, "nowhere").code == errc::not_found);
     CHECK(f.refusal("lease-none", "beta").code == errc::not_found);
     REQUIRE(f.st.cordon("GPU-b0", true, f.ch));
-    CHECK_THAT(f.refusal(l.id, "beta").message, Catch::Contains("cordoned or draining"));
+    CHECK_THAT(f.refusal(l.id, "GPU-b0").message, Catch::Contains("cordoned or draining"));
     CHECK(f.plan(l.id, "").to_uuid == "GPU-g0");  // the next best
     REQUIRE(f.st.drain("gamma", f.ch));
-    CHECK_THAT(f.refusal(l.id, "").message, Catch::Contains("2 down, cordoned or draining"));
-    REQUIRE(f.st.cordon("beta", false, f.ch));
+    CHECK(f.plan(l.id, "").to_uuid == "GPU-b1");
+    REQUIRE(f.st.cordon("GPU-b1", true, f.ch));
+    CHECK_THAT(f.refusal(l.id, "").message, Catch::Contains("4 down, cordoned or draining"));
+    REQUIRE(f.st.cordon("GPU-b0", false, f.ch));
+    REQUIRE(f.st.cordon("GPU-b1", false, f.ch));
     REQUIRE(f.st.cordon("gamma", false, f.ch));
 
     // Room: b0 holds 12 GiB of another lease, so 8 more do not fit.
