@@ -111,29 +111,38 @@ if [[ " $parts " == *" mobile "* ]]; then
   while read -r line; do row "manager moves GPU 0 <-> GPU 1: $line"; done < <(tail -n 20 "$out/mobile.txt" | grep -E 'migrate|drain|mobile')
 fi
 
+# A leased suspend_resume (1 GiB, idling 8 s between phases) against the manager start_managed made; 3 s in,
+# UNCORDON is uncordoned and `vcuda migrate` sends the lease to TARGET. Sets lease, placed_on (its GPU before
+# the move) and rc (the program's exit status); outputs under $out/NAME.*.
+v() { "$build/bin/vcuda" "$@" --manager "127.0.0.1:$mport"; }
+gpu_at() { v gpus --json | json "[g['uuid'] for g in j['gpus'] if g['server_id'] == '$1' and g['index'] == $2][0]"; }
+migrate_running() {  # NAME UNCORDON TARGET
+  timeout 300 "$build/bin/vcuda" run --manager "127.0.0.1:$mport" --memory "${TWO_MEMORY:-16G}" -- \
+    "$build/tests/programs/suspend_resume" 8000 1024 > "$out/$1.vcuda.out" 2>&1 & app=$!
+  sleep 3
+  v uncordon "$2" > /dev/null
+  lease=$(v leases --json | json "j['leases'][0]['lease_id']")
+  placed_on=$(v leases --json | json "j['leases'][0]['devices'][0]['uuid']")
+  v migrate "$lease" --to "$3" > "$out/$1.migrate.txt" 2>&1
+  wait $app; rc=$?
+  v events > "$out/$1.events.txt" 2>&1
+}
+if [[ " $parts " == *" index "* || " $parts " == *" within "* ]]; then
+  timeout 300 "$build/tests/programs/suspend_resume" 8000 1024 > "$out/sr.native.out" 2>&1
+fi
+
 if [[ " $parts " == *" index "* ]]; then
   # Both servers see both GPUs (the second under distinct identities, --gpu-identity); the lease is placed on
   # GPU 0 of server 1 (everything else cordoned meanwhile), then moved to GPU 1 of server 2.
-  timeout 300 "$build/tests/programs/suspend_resume" 8000 1024 > "$out/index.native.out" 2>&1
   if WANT_GPUS=4 start_managed "index" "" "-- --gpu-identity b"; then
-    v() { "$build/bin/vcuda" "$@" --manager "127.0.0.1:$mport"; }
     srv1=$(v servers --json | json "[s['server_id'] for s in j['servers'] if 'unix:$out/index/s1.sock' in s['endpoints']][0]")
     srv2=$(v servers --json | json "[s['server_id'] for s in j['servers'] if 'unix:$out/index/s2.sock' in s['endpoints']][0]")
-    gpu_at() { v gpus --json | json "[g['uuid'] for g in j['gpus'] if g['server_id'] == '$1' and g['index'] == $2][0]"; }
     from=$(gpu_at "$srv1" 0) other=$(gpu_at "$srv1" 1) to=$(gpu_at "$srv2" 1)
     v cordon "$srv2" > /dev/null; v cordon "$other" > /dev/null
-    timeout 300 "$build/bin/vcuda" run --manager "127.0.0.1:$mport" --memory "${TWO_MEMORY:-16G}" -- \
-      "$build/tests/programs/suspend_resume" 8000 1024 > "$out/index.vcuda.out" 2>&1 & app=$!
-    sleep 3
-    v uncordon "$srv2" > /dev/null
-    lease=$(v leases --json | json "j['leases'][0]['lease_id']")
-    placed_on=$(v leases --json | json "j['leases'][0]['devices'][0]['uuid']")
-    v migrate "$lease" --to "$to" > "$out/index.migrate.txt" 2>&1
-    wait $app; rc=$?
-    v events > "$out/index.events.txt" 2>&1
+    migrate_running index "$srv2" "$to"
     moved=$(grep -o "moved to .*" "$out/index/server-1.log" | head -1)
     placed=$(grep -o "its device [0-9]* runs on this server's GPU [0-9]*" "$out/index/server-2.log" | head -1)
-    if [ $rc = 0 ] && [ -n "$moved" ] && same "$out/index.native.out" "$out/index.vcuda.out" "$out/index.diff"; then r=identical; else r="differs or not moved (exit $rc)"; status=1; fi
+    if [ $rc = 0 ] && [ -n "$moved" ] && same "$out/sr.native.out" "$out/index.vcuda.out" "$out/index.diff"; then r=identical; else r="differs or not moved (exit $rc)"; status=1; fi
     [ "$placed_on" = "$from" ] || r="$r (placed on $placed_on, not server 1's GPU 0)"
     row "index: lease on server 1's GPU 0 migrated to server 2's GPU 1: $r; ${moved:-not moved: $(grep -o 'not moved: .*' "$out/index/server-1.log" | head -1)}; ${placed:-no placement line}"
     stop_managed
@@ -143,24 +152,13 @@ if [[ " $parts " == *" index "* ]]; then
 fi
 
 if [[ " $parts " == *" within "* ]]; then
-  [ -s "$out/index.native.out" ] || timeout 300 "$build/tests/programs/suspend_resume" 8000 1024 > "$out/index.native.out" 2>&1
   if start_managed "within" ""; then
-    v() { "$build/bin/vcuda" "$@" --manager "127.0.0.1:$mport"; }
     srv1=$(v servers --json | json "j['servers'][0]['server_id']")
-    gpu_at() { v gpus --json | json "[g['uuid'] for g in j['gpus'] if g['server_id'] == '$1' and g['index'] == $2][0]"; }
     g0=$(gpu_at "$srv1" 0) g1=$(gpu_at "$srv1" 1)
     v cordon "$g1" > /dev/null
-    timeout 300 "$build/bin/vcuda" run --manager "127.0.0.1:$mport" --memory "${TWO_MEMORY:-16G}" -- \
-      "$build/tests/programs/suspend_resume" 8000 1024 > "$out/within.vcuda.out" 2>&1 & app=$!
-    sleep 3
-    v uncordon "$g1" > /dev/null
-    lease=$(v leases --json | json "j['leases'][0]['lease_id']")
-    placed_on=$(v leases --json | json "j['leases'][0]['devices'][0]['uuid']")
-    v migrate "$lease" --to "$g1" > "$out/within.migrate.txt" 2>&1
-    wait $app; rc=$?
-    v events > "$out/within.events.txt" 2>&1
+    migrate_running within "$g1" "$g1"
     moved=$(grep -o "device [0-9]* moved from GPU .*" "$out/within/server-1.log" | head -1)
-    if [ $rc = 0 ] && [ -n "$moved" ] && same "$out/index.native.out" "$out/within.vcuda.out" "$out/within.diff"; then r=identical; else r="differs or not moved (exit $rc)"; status=1; fi
+    if [ $rc = 0 ] && [ -n "$moved" ] && same "$out/sr.native.out" "$out/within.vcuda.out" "$out/within.diff"; then r=identical; else r="differs or not moved (exit $rc)"; status=1; fi
     [ "$placed_on" = "$g0" ] || r="$r (placed on $placed_on, not GPU 0)"
     row "within: lease on GPU 0 migrated to GPU 1 of the same server: $r; ${moved:-not moved: $(grep -o 'not moved: .*' "$out/within/server-1.log" | head -1) $(cat "$out/within.migrate.txt")}"
     stop_managed
