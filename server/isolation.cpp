@@ -69,6 +69,9 @@ constexpr uint32_t msg_adopt_answer = 9;
 // (u64 base, size, alignment; answer u64 address, 0 for none), a give-back (u64 address, size) and a claim
 // (u64 base, address, size; answer u32 1 when taken). After the IPC requests' 10-12 (server/ipc.cpp).
 constexpr uint32_t msg_window_take = 13, msg_window_give_back = 14, msg_window_claim = 15;
+// A move of the session's device from one GPU of this server to another (u64 from, u64 to: GPU indices), from
+// the parent; its outcome comes back as msg_move_result.
+constexpr uint32_t msg_relocate = 16;
 
 // A worker's window runs, asked of its parent.
 address_window::shared_runs parent_window_runs(int control_fd) {
@@ -468,9 +471,9 @@ void server::adopt_moved_worker(const std::shared_ptr<worker>& w, uint64_t id, s
     answer(true);
 }
 
-CUresult server::move_worker_session(uint64_t id, const session::move_target& to, std::chrono::seconds wait,
-                                     std::string& note) {
-    std::shared_ptr<worker> w;
+CUresult server::ask_worker_outcome(uint64_t id, const std::vector<std::byte>& request,
+                                    std::chrono::seconds wait, std::string& note,
+                                    std::shared_ptr<worker>& w) {
     {
         std::lock_guard lock(open_mu_);
         if (auto it = workers_.find(id); it != workers_.end()) w = it->second;
@@ -483,30 +486,58 @@ CUresult server::move_worker_session(uint64_t id, const session::move_target& to
         std::lock_guard lock(w->status_mu);
         w->moved.reset();
     }
-    message_writer m;
-    m.u32(msg_move);
-    m.str(to.address);
-    m.str(to.token);
     {
         std::lock_guard lock(w->send_mu);
-        if (!send_message(w->control, m.bytes, -1)) {
+        if (!send_message(w->control, request, -1)) {
             note = "its worker process is gone";
             return CUDA_ERROR_NOT_FOUND;
         }
     }
     std::unique_lock lock(w->status_mu);
     if (!w->move_cv.wait_for(lock, wait, [&] { return w->moved.has_value() || w->ended; })) {
-        note =
-            "its worker process did not say how the move went within " + std::to_string(wait.count()) + " s";
+        note = "its worker process did not say how it went within " + std::to_string(wait.count()) + " s";
         return CUDA_ERROR_NOT_READY;
     }
     if (!w->moved) {
-        note = "its worker process ended during the move";
+        note = "its worker process ended meanwhile";
         return CUDA_ERROR_NOT_FOUND;
     }
     note = w->moved->second;
-    if (w->moved->first == CUDA_SUCCESS) w->status.moved_to = to.address;
     return w->moved->first;
+}
+
+CUresult server::move_worker_session(uint64_t id, const session::move_target& to, std::chrono::seconds wait,
+                                     std::string& note) {
+    message_writer m;
+    m.u32(msg_move);
+    m.str(to.address);
+    m.str(to.token);
+    std::shared_ptr<worker> w;
+    CUresult rc = ask_worker_outcome(id, m.bytes, wait, note, w);
+    if (rc == CUDA_SUCCESS) {
+        std::lock_guard lock(w->status_mu);
+        w->status.moved_to = to.address;
+    }
+    return rc;
+}
+
+CUresult server::relocate_worker_session(uint64_t id, size_t from, size_t to, std::chrono::seconds wait,
+                                         std::string& note) {
+    message_writer m;
+    m.u32(msg_relocate);
+    m.u64(from);
+    m.u64(to);
+    std::shared_ptr<worker> w;
+    CUresult rc = ask_worker_outcome(id, m.bytes, wait, note, w);
+    if (rc == CUDA_SUCCESS) {
+        std::lock_guard lock(open_mu_);
+        std::replace(w->grant.gpus.begin(), w->grant.gpus.end(), from, to);
+        if (!w->grant.lease_id.empty()) {
+            drop_lease_claim(w->grant.lease_id, {from}, id);
+            lease_sessions_[{w->grant.lease_id, to}] = id;
+        }
+    }
+    return rc;
 }
 
 void server::end_worker_session(uint64_t id, const std::string& why) {
@@ -723,6 +754,41 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
                 }).detach();
             } catch (const std::system_error& e) {
                 answer(CUDA_ERROR_OPERATING_SYSTEM, std::string("no thread for the move: ") + e.what());
+            }
+            continue;
+        }
+        if (type == msg_relocate) {  // on a thread, as a move
+            if (fd >= 0) ::close(fd);
+            const uint64_t from = c.u64(), to = c.u64();
+            auto answer = [control_fd](CUresult rc, const std::string& note) {
+                message_writer a;
+                a.u32(msg_move_result);
+                a.u32(static_cast<uint32_t>(rc));
+                a.str(note);
+                send_message(control_fd, a.bytes, -1);
+            };
+            if (!c.ok) {
+                answer(CUDA_ERROR_INVALID_VALUE, "a malformed relocation request");
+                continue;
+            }
+            try {
+                std::thread([&srv, from, to, answer, send_status] {
+                    name_this_thread("vc-mobility");
+                    auto all = srv.sessions().snapshot();
+                    std::string why = "the session has not opened here yet";
+                    CUresult rc = CUDA_ERROR_NOT_FOUND;
+                    if (!all.empty()) {
+                        auto& s = *all.front();
+                        size_t index = 0;
+                        while (index < s.device_count() && !(s.allowed(index) && s.gpu_of(index) == from))
+                            ++index;
+                        rc = srv.relocate(all.front(), index, to, why);
+                    }
+                    answer(rc, rc == CUDA_SUCCESS ? all.front()->note() : why);
+                    send_status();
+                }).detach();
+            } catch (const std::system_error& e) {
+                answer(CUDA_ERROR_OPERATING_SYSTEM, std::string("no thread for the relocation: ") + e.what());
             }
             continue;
         }

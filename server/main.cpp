@@ -842,9 +842,26 @@ int main(int argc, char** argv) {
                 auto to = move_target_for(l->move_to_endpoints, l->move_token, w.local_client, why);
                 vcuda::mgmt::session_report r{std::to_string(w.id), w.grant.lease_id, uuid, w.peer};
                 r.move_seq = l->move_seq;
-                if (to && srv.gpu_index(l->move_to_uuid)) {
-                    to.reset();
-                    why = "a move to another GPU of its own server is not done for --isolation process yet";
+                // Another GPU of this server: the worker moves the session's device there.
+                if (auto own = srv.gpu_index(l->move_to_uuid), from = srv.gpu_index(uuid);
+                    own && from && to) {
+                    VCUDA_LOG_INFO(
+                        "session {}: the manager asks for a move to GPU {} of this server (its worker "
+                        "moves it)",
+                        w.id, l->move_to_uuid);
+                    mobility.post([&srv, id = w.id, from = *from, gpu = *own, address = to->address,
+                                   r = std::move(r), &moves]() mutable {
+                        std::string note;
+                        if (srv.relocate_worker_session(id, from, gpu, std::chrono::minutes(15), note) ==
+                            CUDA_SUCCESS) {
+                            r.note = note;
+                            r.moved_to = address;
+                        } else {
+                            r.note = "not moved: " + note;
+                        }
+                        moves.add(std::move(r));
+                    });
+                    continue;
                 }
                 if (!to) {
                     r.note = "not moved: " + why;

@@ -95,6 +95,10 @@ class server {
     // moves it, and says how it went (`note`: what the session's note says, or why not) within `wait`.
     CUresult move_worker_session(uint64_t id, const session::move_target& to, std::chrono::seconds wait,
                                  std::string& note);
+    // Moves session `id`'s device on this server's GPU `from` to its GPU `to`, as relocate() does in thread
+    // mode: the worker relocates it and says how it went; the session's grant and lease claim follow.
+    CUresult relocate_worker_session(uint64_t id, size_t from, size_t to, std::chrono::seconds wait,
+                                     std::string& note);
     // Ends a session served by a worker process (its lease is gone): the worker is sent SIGTERM.
     void end_worker_session(uint64_t id, const std::string& why);
 
@@ -119,6 +123,10 @@ class server {
     // Parent: a worker's request of the address window (server/device_memory.hpp shared_runs), answered on
     // the socket that came with it. False when `type` is not one.
     bool serve_window_request(worker& w, uint32_t type, message_reader& r, std::vector<int>& fds);
+    // Sends `request` (a move or a relocation) to session `id`'s worker and waits up to `wait` for its
+    // outcome (msg_move_result); the worker's record (null when it is gone) for the caller to update.
+    CUresult ask_worker_outcome(uint64_t id, const std::vector<std::byte>& request, std::chrono::seconds wait,
+                                std::string& note, std::shared_ptr<worker>& w);
     // Serves the IPC requests of worker `w` until it ends (server/ipc.hpp).
     void serve_worker(const std::shared_ptr<worker>& w);
     // `over_limit`: this connection is past --max-connections: it is only told so, and closed. `tls`: the

@@ -12,8 +12,7 @@
 #   (e) `vcuda migrate` to a GPU of another index: a server C with two GPUs joins; a program on B's GPU 0
 #       moves to C's GPU 1 and passes, its device index kept (C's log says where it runs);
 #   (f) `vcuda migrate` to another GPU of the same server: a program on C's GPU 1 moves to C's GPU 0 (the
-#       session stays, suspended and rebuilt there) and passes; with MOVES_ISOLATION the move is refused with
-#       the reason (not done in worker processes yet) and the program passes where it was.
+#       session stays, suspended and rebuilt there; with MOVES_ISOLATION its worker does it) and passes.
 # Leases live 2 s (--lease-ttl), so their clients renew them several times after they moved.
 # MOVES_ISOLATION=1: servers A and B run each session in a worker process (--isolation process).
 # Usage: manager_moves.sh BUILD_DIR
@@ -167,17 +166,11 @@ lease=$(lease_on "$gpu_c1")
 wait_for 5 session_on "$lease" "$gpu_c1" || fail "(f) C never reported the session on its GPU 1"
 vcuda uncordon "$gpu_c0" > /dev/null || fail "(f) vcuda uncordon $gpu_c0"
 vcuda migrate "$lease" --to "$gpu_c0" || fail "(f) vcuda migrate $lease --to $gpu_c0 (C's GPU 0)"
-if [ -n "${MOVES_ISOLATION:-}" ]; then  # not done in worker processes yet: refused with the reason, and runs on
-  not_moved() { vcuda events --json | json "[e['detail'] for e in j['events'] if e['lease_id'] == '$1' and e['kind'] == 'not-moved']" | grep -q "not done for --isolation process"; }
-  wait_for 10 not_moved "$lease" || fail "(f) vcuda events does not say why the isolated session did not move"
-  check_program "$tmp/f.out" "(f) a refused move to another GPU of its server"
-else
-  wait_for 10 moved "$lease" || fail "(f) vcuda events shows no move of $lease"
-  wait_for 5 session_on "$lease" "$gpu_c0" || fail "(f) vcuda sessions does not show the session on C's GPU 0"
-  check_program "$tmp/f.out" "(f) migrate to another GPU of its server"
-  grep -q "device 1 moved from GPU 1 to GPU 0 of this server" "$tmp/server-c.log" ||
-    fail "(f) C did not move the session's device 1 to its GPU 0"
-fi
+wait_for 10 moved "$lease" || fail "(f) vcuda events shows no move of $lease"
+wait_for 5 session_on "$lease" "$gpu_c0" || fail "(f) vcuda sessions does not show the session on C's GPU 0"
+check_program "$tmp/f.out" "(f) migrate to another GPU of its server"
+grep -q "device 1 moved from GPU 1 to GPU 0 of this server" "$tmp"/server-c*.log ||
+  fail "(f) C did not move the session's device 1 to its GPU 0"
 
 # Every lease was renewed to its end, also after its move (none expired; their programs released them).
 grep "expired (not renewed)" "$tmp/mgmt.log" && fail "a lease expired: its client stopped renewing it"
