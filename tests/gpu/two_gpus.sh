@@ -15,7 +15,8 @@
 #
 # Usage: tests/gpu/two_gpus.sh BUILD_DIR     (TWO_PARTS: which parts, default all, in the order above;
 #   TWO_DRIVER: --driver for the managed servers, to try the manager and index parts on the software driver;
-#   TWO_MEMORY: each lease's memory, default 16G)
+#   TWO_MEMORY: each lease's memory, default 16G; TWO_SERVER_ARGS: more arguments for the managed servers,
+#   e.g. "--isolation process")
 # Outputs under $OUT/two_gpus (default /tmp/two_gpus); a table last. Exit status 0 when every case is identical.
 set -u
 build=$(cd "${1:?usage: tests/gpu/two_gpus.sh BUILD_DIR}" && pwd)
@@ -66,9 +67,10 @@ start_managed() {
     for x in "${words[@]}"; do
       if [ "$x" = -- ]; then after=1; elif [ $after = 0 ]; then envw+=("$x"); else extra+=("$x"); fi
     done
+    # shellcheck disable=SC2086  # TWO_SERVER_ARGS: words on purpose
     env "${envw[@]}" "$build/bin/vcuda-server" "${drv[@]}" --listen "unix:$dir/s$k.sock" --listen "127.0.0.1:$(free_port)" \
       --advertise "unix:$dir/s$k.sock" --address-window "$k" --manager "127.0.0.1:$mport" \
-      --secret-file "$dir/secret" --log-level info "${extra[@]}" 2> "$dir/server-$k.log" & pids+=($!)
+      --secret-file "$dir/secret" --log-level info "${extra[@]}" ${TWO_SERVER_ARGS:-} 2> "$dir/server-$k.log" & pids+=($!)
     wait_socket "$dir/s$k.sock" || return 1
   done
   "$build/bin/vcuda" tokens create --tenant admin --operator --secret-file "$dir/secret" -o "$dir/admin.cred" \
