@@ -101,7 +101,7 @@ if [[ " $parts " == *" pauses "* ]]; then
       rows+=("move ($mode) of $mib MiB ballast: exit $rc, PASS $pass, ${pause:-not moved}, ${took:-?} ($(grep -o 'moved to .*, paused' "$out/source-$mode-$mib.log" | sed 's/.*: //; s/, paused//' | head -1))")
       kill -9 "${pids[-1]}" "${pids[-2]}" 2>/dev/null
       wait "${pids[-1]}" "${pids[-2]}" 2>/dev/null
-      unset 'pids[-1]' 'pids[-2]'
+      unset 'pids[-1]'; unset 'pids[-1]'  # the last two: after the first, the other is last
     done
   done
 fi
