@@ -202,10 +202,10 @@ class manager_state {
         std::string to_uuid;
     };
     // Where device `device` of `lease_id` can go: `to` is a GPU uuid, a server id, a server host, or empty
-    // (any GPU). A target is up (not cordoned, draining or down), not the GPU the session is on (of any index,
-    // on any server, its own too: the session keeps its device index, placed on that GPU), and has room for
-    // the lease's quota (a whole free GPU for an exclusive lease). Among several: best fit by memory, then least
-    // loaded, as placement. not_found / no_capacity / bad_request say why nothing fits.
+    // (any GPU). A target is up (not cordoned, draining or down), not the GPU the session is on (of any
+    // index, on any server, its own too: the session keeps its device index, placed on that GPU), and has
+    // room for the lease's quota (a whole free GPU for an exclusive lease). Among several: best fit by
+    // memory, then least loaded, as placement. not_found / no_capacity / bad_request say why nothing fits.
     mgmt_result<move_plan> plan_move(const std::string& lease_id, size_t device, const std::string& to) const;
     // Records the request: the source server acts at its next heartbeat (active_lease's move fields).
     mgmt_result<lease_record> request_move(const move_plan& plan, std::string reason, time_ms now);
