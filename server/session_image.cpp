@@ -181,8 +181,13 @@ CUresult session::relocate(size_t index, size_t gpu, std::chrono::milliseconds w
             why = "its device " + std::to_string(i) + " runs on GPU " + std::to_string(gpu) + " already";
             return CUDA_ERROR_INVALID_DEVICE;
         }
-    // The gate stays closed from the save to the rebuild: a call in between would rebuild on the old GPU.
+    // The gate stays closed from the save to the rebuild: a call in between would rebuild on the old GPU. A
+    // suspend or resume under way goes first; gate_mu_ is held from then until the gate is closed.
     std::unique_lock lock(gate_mu_);
+    if (!gate_cv_.wait_for(lock, wait, [&] { return !closed_.load(); })) {
+        why = "a suspend or resume of the session is already under way";
+        return CUDA_ERROR_NOT_READY;
+    }
     if (moved_.load()) {
         why = "the session moved to " + moved_to_;
         return CUDA_ERROR_ILLEGAL_STATE;
@@ -199,7 +204,7 @@ CUresult session::relocate(size_t index, size_t gpu, std::chrono::milliseconds w
             gate_cv_.notify_all();
             return rc;
         }
-    } else {
+    } else {  // suspended already: rebuilt on the other GPU, as a resume would
         closed_.store(true);
         gate_cv_.wait(lock, [&] { return active_.load() == 0; });
     }
