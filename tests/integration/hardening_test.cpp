@@ -684,10 +684,30 @@ TEST_CASE(
     auto [rc5, why5] = vmm_only(0x4322, {}, {0x1000000, 2u << 20, 77, 0});
     CHECK(rc5 == CUDA_ERROR_INVALID_VALUE);
     CHECK(why5.find("malformed") != std::string::npos);
+    // Device indices it cannot have here (server/placement.hpp): one past the bound, or more GPUs than this
+    // server has (it has one).
+    auto with_gpus = [&](uint64_t id, const std::vector<uint32_t>& gpus) {
+        return offer_moved_session(server.address(), [&](flatbuffers::FlatBufferBuilder& b) {
+            auto g = b.CreateVector(gpus);
+            auto k = key_of(b);
+            vcuda::wire::SessionStateBuilder sb(b);
+            sb.add_session_id(id);
+            sb.add_session_key(k);
+            sb.add_gpus(g);
+            b.Finish(sb.Finish());
+        });
+    };
+    auto [rc6, why6] = with_gpus(0x4323, {1000});
+    CHECK(rc6 == -1);
+    CHECK(why6.find("device index 1000") != std::string::npos);
+    auto [rc7, why7] = with_gpus(0x4324, {0, 1});
+    CHECK(rc7 == -1);
+    CHECK(why7.find("uses 2 GPU(s); it may have 1 here") != std::string::npos);
     // An offer abandoned right after HELLO.
     { auto fs = adopting_connection(server.address()); }
     // Nothing of them stays, and the live session goes on.
-    for (uint64_t id : {0x1234, 0x5678, 0x4321, 0x4322}) CHECK(!raw_client::open(server.address(), id, key));
+    for (uint64_t id : {0x1234, 0x5678, 0x4321, 0x4322, 0x4323, 0x4324})
+        CHECK(!raw_client::open(server.address(), id, key));
     CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
     if (isolated) {  // each offer had a worker of its own: only the live session's is left
         auto children = [pid = server.pid()] {  // (unreaped ones too: the wait below covers the reaping)
