@@ -134,6 +134,23 @@ check_program "$tmp/c.out" "(c) rebalance"
 vcuda events | grep "$lease"
 vcuda events --json | json "[e['detail'] for e in j['events'] if e['kind'] == 'rebalance' and e['lease_id'] == '$lease']" |
   grep -q "moving lease $lease" || fail "(c) no rebalance event says why $lease moved"
+# migrate_mid_run CASE FROM TO LINE: a program that starts on GPU FROM (the caller cordoned the others) is moved
+# by `vcuda migrate` to GPU TO (uncordoned first) and passes; server C's log says LINE.
+migrate_mid_run() {
+  local what=$1 from=$2 to=$3 line=$4
+  run_program 2500 "$tmp/$what.out"
+  wait_for 10 grep -qs "phase 1 done" "$tmp/$what.out" || fail "($what) the program did not start"
+  lease=$(lease_on "$from")
+  [ -n "$lease" ] || fail "($what) the lease is not on $from"
+  wait_for 5 session_on "$lease" "$from" || fail "($what) its server never reported the session on $from"
+  vcuda uncordon "$to" > /dev/null || fail "($what) vcuda uncordon $to"
+  vcuda migrate "$lease" --to "$to" || fail "($what) vcuda migrate $lease --to $to"
+  wait_for 10 moved "$lease" || fail "($what) vcuda events shows no move of $lease"
+  wait_for 5 session_on "$lease" "$to" || fail "($what) vcuda sessions does not show the session on $to"
+  check_program "$tmp/$what.out" "($what) migrate"
+  grep -q "$line" "$tmp"/server-c*.log || fail "($what) server C's log does not say: $line"
+}
+
 # (e) another index: C serves two GPUs; the program on B moves to C's GPU 1 (A and C's GPUs cordoned while it
 # starts).
 VCUDA_SOFT_DEVICES=2 start_server c 4 --advertise "unix:$tmp/c.sock" --gpu-identity c "${managed[@]}"
@@ -142,35 +159,14 @@ wait_for 10 four_gpus || fail "(e) server C's two GPUs never showed up"
 srv_c=$(server_of c)
 gpu_c() { vcuda gpus --json | json "[g['uuid'] for g in j['gpus'] if g['server_id'] == '$srv_c' and g['index'] == $1][0]"; }
 gpu_c0=$(gpu_c 0) gpu_c1=$(gpu_c 1)
-for t in "$srv_a" "$gpu_c0" "$gpu_c1"; do vcuda cordon "$t" > /dev/null || fail "(e) vcuda cordon $t"; done
-run_program 2500 "$tmp/e.out"
-wait_for 10 grep -qs "phase 1 done" "$tmp/e.out" || fail "(e) the program did not start"
-lease=$(lease_on "$gpu_b")
-[ -n "$lease" ] || fail "(e) the lease is not on B"
-wait_for 5 session_on "$lease" "$gpu_b" || fail "(e) B never reported the session"
-vcuda uncordon "$gpu_c1" > /dev/null || fail "(e) vcuda uncordon $gpu_c1"
-vcuda migrate "$lease" --to "$gpu_c1" || fail "(e) vcuda migrate $lease --to $gpu_c1 (C's GPU 1)"
-wait_for 10 moved "$lease" || fail "(e) vcuda events shows no move of $lease"
-wait_for 5 session_on "$lease" "$gpu_c1" || fail "(e) vcuda sessions does not show the session on C's GPU 1"
-check_program "$tmp/e.out" "(e) migrate to another index"
-grep -q "its device 0 runs on this server's GPU 1" "$tmp/server-c.log" || fail "(e) C did not place device 0 on GPU 1"
 [ "$gpu_c0" != "$gpu_c1" ] || fail "(e) C's GPUs have one identity"
+for t in "$srv_a" "$gpu_c0" "$gpu_c1"; do vcuda cordon "$t" > /dev/null || fail "(e) vcuda cordon $t"; done
+migrate_mid_run e "$gpu_b" "$gpu_c1" "its device 0 runs on this server's GPU 1"
 
 # (f) another GPU of the same server: a program on C's GPU 1 (B and C's GPU 0 cordoned while it starts) moves
 # to C's GPU 0.
 vcuda cordon "$srv_b" > /dev/null || fail "(f) vcuda cordon $srv_b"
-run_program 2500 "$tmp/f.out"
-wait_for 10 grep -qs "phase 1 done" "$tmp/f.out" || fail "(f) the program did not start"
-lease=$(lease_on "$gpu_c1")
-[ -n "$lease" ] || fail "(f) the lease is not on C's GPU 1"
-wait_for 5 session_on "$lease" "$gpu_c1" || fail "(f) C never reported the session on its GPU 1"
-vcuda uncordon "$gpu_c0" > /dev/null || fail "(f) vcuda uncordon $gpu_c0"
-vcuda migrate "$lease" --to "$gpu_c0" || fail "(f) vcuda migrate $lease --to $gpu_c0 (C's GPU 0)"
-wait_for 10 moved "$lease" || fail "(f) vcuda events shows no move of $lease"
-wait_for 5 session_on "$lease" "$gpu_c0" || fail "(f) vcuda sessions does not show the session on C's GPU 0"
-check_program "$tmp/f.out" "(f) migrate to another GPU of its server"
-grep -q "device 1 moved from GPU 1 to GPU 0 of this server" "$tmp"/server-c*.log ||
-  fail "(f) C did not move the session's device 1 to its GPU 0"
+migrate_mid_run f "$gpu_c1" "$gpu_c0" "device 1 moved from GPU 1 to GPU 0 of this server"
 
 # Every lease was renewed to its end, also after its move (none expired; their programs released them).
 grep "expired (not renewed)" "$tmp/mgmt.log" && fail "a lease expired: its client stopped renewing it"
