@@ -532,10 +532,7 @@ CUresult server::relocate_worker_session(uint64_t id, size_t from, size_t to, st
     if (rc == CUDA_SUCCESS) {
         std::lock_guard lock(open_mu_);
         std::replace(w->grant.gpus.begin(), w->grant.gpus.end(), from, to);
-        if (!w->grant.lease_id.empty()) {
-            drop_lease_claim(w->grant.lease_id, {from}, id);
-            lease_sessions_[{w->grant.lease_id, to}] = id;
-        }
+        move_lease_claim(w->grant.lease_id, from, to, id);
     }
     return rc;
 }
@@ -671,6 +668,14 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         st.str(s.moved() ? s.moved_to() : std::string());
         send_message(control_fd, st.bytes, -1);
     };
+    // The outcome of a move or a relocation the parent asked for.
+    auto answer = [control_fd](CUresult rc, const std::string& note) {
+        message_writer a;
+        a.u32(msg_move_result);
+        a.u32(static_cast<uint32_t>(rc));
+        a.str(note);
+        send_message(control_fd, a.bytes, -1);
+    };
     auto suspend_or_resume = [&srv, send_status](bool suspend) {
         for (auto& sp : srv.sessions().snapshot()) {
             std::string why;
@@ -731,13 +736,6 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
             if (fd >= 0) ::close(fd);
             std::string address = c.str(), token = c.str();
             auto ep = endpoint::parse(address);
-            auto answer = [control_fd](CUresult rc, const std::string& note) {
-                message_writer a;
-                a.u32(msg_move_result);
-                a.u32(static_cast<uint32_t>(rc));
-                a.str(note);
-                send_message(control_fd, a.bytes, -1);
-            };
             if (!c.ok || !ep) {
                 answer(CUDA_ERROR_INVALID_VALUE, "a malformed move request");
                 continue;
@@ -760,13 +758,6 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         if (type == msg_relocate) {  // on a thread, as a move
             if (fd >= 0) ::close(fd);
             const uint64_t from = c.u64(), to = c.u64();
-            auto answer = [control_fd](CUresult rc, const std::string& note) {
-                message_writer a;
-                a.u32(msg_move_result);
-                a.u32(static_cast<uint32_t>(rc));
-                a.str(note);
-                send_message(control_fd, a.bytes, -1);
-            };
             if (!c.ok) {
                 answer(CUDA_ERROR_INVALID_VALUE, "a malformed relocation request");
                 continue;
@@ -778,11 +769,8 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
                     std::string why = "the session has not opened here yet";
                     CUresult rc = CUDA_ERROR_NOT_FOUND;
                     if (!all.empty()) {
-                        auto& s = *all.front();
-                        size_t index = 0;
-                        while (index < s.device_count() && !(s.allowed(index) && s.gpu_of(index) == from))
-                            ++index;
-                        rc = srv.relocate(all.front(), index, to, why);
+                        auto index = all.front()->device_on(from);
+                        rc = srv.relocate(all.front(), index.value_or(all.front()->device_count()), to, why);
                     }
                     answer(rc, rc == CUDA_SUCCESS ? all.front()->note() : why);
                     send_status();

@@ -760,10 +760,10 @@ int main(int argc, char** argv) {
                         r.move_seq = l->move_seq;
                         // Another GPU of this server: the session stays here, its device goes there.
                         if (auto own = srv.gpu_index(l->move_to_uuid); own && to) {
-                            size_t index = 0;
-                            while (index < s.device_count() &&
-                                   !(s.allowed(index) && srv.gpu_id(s.gpu_of(index)) == uuid))
-                                ++index;
+                            auto from = srv.gpu_index(uuid);
+                            auto device = from ? s.device_on(*from) : std::nullopt;
+                            const size_t index =
+                                device.value_or(s.device_count());  // none: refused, why said
                             VCUDA_LOG_INFO("session {}: the manager asks for a move to GPU {} of this server",
                                            s.id(), l->move_to_uuid);
                             mobility.post([&srv, sp, index, gpu = *own, address = to->address,

@@ -448,12 +448,17 @@ CUresult server::relocate(const std::shared_ptr<session>& sess, size_t index, si
     }
     const size_t from = sess->gpu_of(index);
     CUresult rc = sess->relocate(index, gpu, std::chrono::seconds(5), why);
-    if (rc == CUDA_SUCCESS && !sess->lease_id().empty()) {
+    if (rc == CUDA_SUCCESS) {
         std::lock_guard lock(open_mu_);
-        drop_lease_claim(sess->lease_id(), {from}, sess->id());
-        lease_sessions_[{sess->lease_id(), gpu}] = sess->id();
+        move_lease_claim(sess->lease_id(), from, gpu, sess->id());
     }
     return rc;
+}
+
+void server::move_lease_claim(const std::string& lease_id, size_t from, size_t to, uint64_t session_id) {
+    if (lease_id.empty()) return;
+    drop_lease_claim(lease_id, {from}, session_id);
+    lease_sessions_[{lease_id, to}] = session_id;
 }
 
 void server::drop_lease_claim(const std::string& lease_id, const std::vector<size_t>& gpus,

@@ -150,6 +150,9 @@ class server {
     bool claim_lease(const session_grant& grant, std::string& refusal);
     // open_mu_ held. Frees what claim_lease took for `session_id` (0: a claim no session was made for).
     void drop_lease_claim(const std::string& lease_id, const std::vector<size_t>& gpus, uint64_t session_id);
+    // open_mu_ held. Session `session_id`'s claim of (lease, GPU `from`) becomes one of GPU `to` (a
+    // relocation).
+    void move_lease_claim(const std::string& lease_id, size_t from, size_t to, uint64_t session_id);
     // open_mu_ held. Admits a new session when `open` sessions (or worker processes) are open: its lease
     // claimed and --max-sessions respected. False after telling the client why (and logging it); nothing is
     // taken then.

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -152,6 +153,12 @@ class session : public std::enable_shared_from_this<session> {
     bool allowed(size_t device) const { return device < devices_.size() && devices_[device].allowed; }
     // The server's GPU (an index of drv().gpus()) behind an allowed device index.
     size_t gpu_of(size_t device) const { return devices_[device].gpu; }
+    // The allowed device index that runs on the server's GPU `gpu`, if any.
+    std::optional<size_t> device_on(size_t gpu) const {
+        for (size_t i = 0; i < devices_.size(); ++i)
+            if (devices_[i].allowed && devices_[i].gpu == gpu) return i;
+        return std::nullopt;
+    }
     const std::string& lease_id() const { return lease_id_; }
     const std::string& tenant() const { return tenant_; }
     ipc_broker* ipc() const { return opts_.ipc.get(); }

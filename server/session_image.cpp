@@ -176,11 +176,10 @@ CUresult session::relocate(size_t index, size_t gpu, std::chrono::milliseconds w
     }
     const size_t from = gpu_of(index);
     if (from == gpu) return CUDA_SUCCESS;
-    for (size_t i = 0; i < devices_.size(); ++i)
-        if (i != index && allowed(i) && gpu_of(i) == gpu) {
-            why = "its device " + std::to_string(i) + " runs on GPU " + std::to_string(gpu) + " already";
-            return CUDA_ERROR_INVALID_DEVICE;
-        }
+    if (auto other = device_on(gpu)) {  // not `index`: that one runs on `from`
+        why = "its device " + std::to_string(*other) + " runs on GPU " + std::to_string(gpu) + " already";
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     // The gate stays closed from the save to the rebuild: a call in between would rebuild on the old GPU. A
     // suspend or resume under way goes first; gate_mu_ is held from then until the gate is closed.
     std::unique_lock lock(gate_mu_);
