@@ -17,14 +17,6 @@ using namespace vcuda::client;
 
 namespace {
 
-// A client device ordinal as the server knows it.
-CUresult pool_device(CUdevice dev, uint64_t& out) {
-    CUmemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, dev};
-    if (CUresult rc = server_location(loc); rc != CUDA_SUCCESS) return rc;
-    out = static_cast<uint64_t>(loc.id);
-    return CUDA_SUCCESS;
-}
-
 CUresult alloc_async(CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream stream) {
     VCUDA_REQUIRE_INIT();
     if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -56,10 +48,8 @@ bool known_attribute(CUmemPool_attribute a) {
 CUresult device_pool(CUmemoryPool* pool, CUdevice dev, uint64_t which, const char* name) {
     VCUDA_REQUIRE_INIT();
     if (!pool) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t sd;
-    if (CUresult rc = pool_device(dev, sd); rc != CUDA_SUCCESS) return rc;
     plain_call c(op::device_pool, name);
-    c.arg(sd);
+    c.device(dev);  // to the session serving `dev`, which may not be the current context's
     c.arg(which);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     *pool = c.out_handle<CUmemoryPool>(0, handle_kind::mem_pool);

@@ -65,8 +65,10 @@ VCUDA_API cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) noexcept 
         event.kind == handle_kind::event && stream.device >= 0 && stream.device < st.device_count() &&
         event.device >= 0 && event.device < st.device_count() &&
         st.device(stream.device).owner != st.device(event.device).owner) {
-        if (stream_captures(s))
-            return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;  // a graph cannot wait on another session's work
+        if (stream_captures(s))  // a graph cannot wait on another session's work
+            return static_cast<CUresult>(
+                refused("a capturing stream waiting on an event of another vcuda server (another session)",
+                        CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION"));
         const server_device& where = st.device(event.device);
         lane* l = where.owner->this_thread_lane();
         if (!l) return static_cast<CUresult>(connection_lost_result);

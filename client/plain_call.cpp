@@ -40,10 +40,40 @@ void mark_ipc_shared(uint64_t handle) {
     any_shared.store(true, std::memory_order_release);
 }
 
+namespace {
+CUresult refuse_two_sessions() {
+    return static_cast<CUresult>(refused("a call naming devices of two vcuda servers (two sessions)",
+                                         CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE"));
+}
+}  // namespace
+
+void plain_call::device(CUdevice d) {
+    auto& st = state::get();
+    if (d < 0 || d >= st.device_count()) {
+        if (error_ == CUDA_SUCCESS) error_ = CUDA_ERROR_INVALID_DEVICE;
+        arg(d);
+        return;
+    }
+    session* owner = st.device(d).owner;
+    if (!named_) {
+        named_ = owner;
+        if (owner != &st.remote()) routed_ordinal_ = d;
+    } else if (owner != named_) {
+        two_sessions_ = true;
+    }
+    arg(static_cast<CUdevice>(st.device(d).server_index));
+}
+
+int plain_call::call_device() const { return routed_ordinal_ >= 0 ? routed_ordinal_ : current_device(); }
+
+session& plain_call::target() const {
+    return routed_ordinal_ >= 0 ? *state::get().device(routed_ordinal_).owner : state::get().remote();
+}
+
 call_request plain_call::request() {
     call_request rq;
     rq.operation = op_;
-    int d = current_device();
+    int d = call_device();
     rq.device = d < 0 ? -1 : state::get().device(d).server_index;
     rq.args = {args_.data(), n_};
     rq.blobs = {blobs_.data(), n_blobs_};
@@ -52,8 +82,9 @@ call_request plain_call::request() {
 
 CUresult plain_call::send_sync() {
     VCUDA_REQUIRE_INIT();
+    if (error_ == CUDA_SUCCESS && two_sessions_) error_ = refuse_two_sessions();
     if (error_ != CUDA_SUCCESS) return error_;
-    lane* l = state::get().remote().this_thread_lane();
+    lane* l = target().this_thread_lane();
     if (!l) return static_cast<CUresult>(connection_lost_result);
     return static_cast<CUresult>(l->call(request(), reply_));
 }
@@ -106,7 +137,7 @@ void plain_call::about(uint64_t function_or_kernel) { about_ = attribute_owner(f
 std::string plain_call::cache_key() const {
     std::string key(sizeof(uint32_t) + sizeof(int) + n_ * sizeof(uint64_t), '\0');
     auto o = static_cast<uint32_t>(op_);
-    int device = current_device();
+    int device = call_device();
     std::memcpy(key.data(), &o, sizeof o);
     std::memcpy(key.data() + sizeof o, &device, sizeof device);
     std::memcpy(key.data() + sizeof o + sizeof device, args_.data(), n_ * sizeof(uint64_t));
@@ -220,8 +251,9 @@ CUresult plain_call::send_uncaching(size_t value_index) {
 
 CUresult plain_call::send_async() {
     VCUDA_REQUIRE_INIT();
+    if (error_ == CUDA_SUCCESS && two_sessions_) error_ = refuse_two_sessions();
     if (error_ != CUDA_SUCCESS) return error_;
-    lane* l = state::get().remote().this_thread_lane();
+    lane* l = target().this_thread_lane();
     if (!l) return static_cast<CUresult>(connection_lost_result);
     return static_cast<CUresult>(l->post(request()));
 }

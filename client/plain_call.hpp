@@ -55,16 +55,12 @@ class plain_call {
     }
     // A device the application names by its ordinal: the server knows it by the index its session gave it
     // (server_device::server_index; not the ordinal when the session's GPU is not the server's first, or
-    // CUDA_VISIBLE_DEVICES reorders). An ordinal this process does not have is CUDA_ERROR_INVALID_DEVICE.
-    void device(CUdevice d) {
-        auto& st = state::get();
-        if (d < 0 || d >= st.device_count()) {
-            if (error_ == CUDA_SUCCESS) error_ = CUDA_ERROR_INVALID_DEVICE;
-            arg(d);
-            return;
-        }
-        arg(static_cast<CUdevice>(st.device(d).server_index));
-    }
+    // CUDA_VISIBLE_DEVICES reorders). An ordinal this process does not have is CUDA_ERROR_INVALID_DEVICE. The
+    // call goes to the session serving the device, which is not the current context's when the application's
+    // GPUs are served by several (a lease of GPUs on several servers).
+    void device(CUdevice d);
+    // The call named devices of two sessions (different servers, which know nothing of each other's).
+    bool devices_of_two_sessions() const { return two_sessions_; }
     template <class H>
     void handle(H h, handle_kind k) {
         uint64_t id = reinterpret_cast<uint64_t>(h);
@@ -123,6 +119,9 @@ class plain_call {
         const;  // op, device, arguments, blobs and the attribute state of about()'s kernel
     void adopt_handle(uint64_t id, handle_kind k, uint64_t owner);
     call_request request();
+    int call_device()
+        const;  // the client ordinal the call is about: a device() of another session, else current
+    session& target() const;  // the session it goes to
 
     op op_;
     std::array<uint64_t, 16> args_{};
@@ -132,6 +131,9 @@ class plain_call {
     CUresult error_ = CUDA_SUCCESS;
     call_reply reply_;
     uint64_t about_ = 0;  // the kernel (or module function) whose attribute state keys the answer; 0: none
+    session* named_ = nullptr;  // the session of the first device() named; null: none named
+    int routed_ordinal_ = -1;   // that device, when its session is not the current context's
+    bool two_sessions_ = false;
 };
 
 }  // namespace vcuda::client

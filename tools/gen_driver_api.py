@@ -322,6 +322,13 @@ def client_plain(name, spec, params):
             lines.append(f'    c.device({pname});')
         elif role in ('in_handle', 'destroy_handle'):
             lines.append(f'    c.handle({pname}, handle_kind::{kind});')
+    if 'not_peers' in spec['annot']:
+        # Devices of two sessions (servers) are not peers: every answer about them is 0, asked of neither.
+        outs = [pname for role, typ, pname, kind in roles if role == 'out_scalar']
+        if len([r for r in roles if r[0] == 'in_device']) != 2 or not outs:
+            die(f'{name}: not_peers needs two device parameters and a scalar output')
+        zero = ' '.join(f'*{o} = 0;' for o in outs)
+        lines.append(f'    if (c.devices_of_two_sessions()) {{ {zero} return CUDA_SUCCESS; }}')
     if spec['class'] == 'async' and 'shared_sync' in spec['annot']:
         # Queued, unless the handle is shared with other processes (IPC): then the call has run on the server
         # when it returns, so that another process the application tells next sees its effect.

@@ -355,6 +355,7 @@ run_samples_mode() {  # run_samples_mode MODE LIMIT
 # torch: the run root is OUTDIR/torch.root, a mirror of SUITES_DIR/torch/ (links to its entries: test/ with
 # PyTorch's test files when carried) plus a link to torch_wheel_tests.py and a pytest.ini of its own, so that pytest's
 # rootdir is that folder and the test ids read test/test_cuda.py::TestCuda::test_x and torch_wheel_tests.py::...
+# Its conftest.py (torch_conftest.py) supplies names the carried files import that the installed wheel lacks.
 TORCH_ROOT="$OUTDIR/torch.root"
 prepare_torch_root() {
     local e
@@ -364,6 +365,7 @@ prepare_torch_root() {
         for e in "$SUITES_DIR"/torch/*; do [ -e "$e" ] && ln -s "$e" "$TORCH_ROOT/"; done
     fi
     ln -sf "$HERE/torch_wheel_tests.py" "$TORCH_ROOT/torch_wheel_tests.py"
+    ln -sf "$HERE/torch_conftest.py" "$TORCH_ROOT/conftest.py"  # names the wheel lacks (torch_conftest.py)
     [ -e "$TORCH_ROOT/pytest.ini" ] || printf '[pytest]\n' >"$TORCH_ROOT/pytest.ini"
 }
 torch_carried() {  # torch_carried FILE...: those of PyTorch's test files that SUITES_DIR/torch/test holds, as test/FILE

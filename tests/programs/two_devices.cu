@@ -63,6 +63,28 @@ int main() {
                 return 1;
             }
         std::printf("device 1 waited for device 0's event and copied from it: ok\n");
+        // Calls that name a device other than the current one: through vcuda they go to the session serving
+        // that device (another server's, under a lease of two), and two devices of two servers are not peers.
+        CHECK(cudaSetDevice(0));
+        int can = -1, supported = -1;
+        CHECK(cudaDeviceCanAccessPeer(&can, 0, 1));
+        CHECK(cudaDeviceGetP2PAttribute(&supported, cudaDevP2PAttrAccessSupported, 0, 1));
+        if (supported != can) {
+            std::printf("FAIL two_devices: P2P access supported %d, but can access peer %d\n", supported,
+                        can);
+            return 1;
+        }
+        cudaMemPool_t pool1, current1;
+        CHECK(cudaDeviceGetDefaultMemPool(&pool1, 1));
+        CHECK(cudaDeviceSetMemPool(1, pool1));
+        CHECK(cudaSetDevice(1));
+        CHECK(cudaDeviceGetMemPool(&current1, 1));
+        if (current1 != pool1) {
+            std::printf(
+                "FAIL two_devices: device 1's pool, asked from device 0, is not the one device 1 has\n");
+            return 1;
+        }
+        std::printf("device 1's pool and the P2P attribute, asked from device 0: ok\n");
         CHECK(cudaFree(z1));
         CHECK(cudaStreamDestroy(s1));
         CHECK(cudaSetDevice(0));
