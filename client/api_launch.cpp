@@ -1,14 +1,21 @@
 // Launches: validated here like the real driver validates at call time, parameters packed into one buffer
 // using the layout the server reported, and queued. Execution errors surface at the next synchronizing call.
+#include <algorithm>
+#include <climits>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <vector>
 
+#include "client/copy_paths.hpp"
 #include "client/entry_point.hpp"
+#include "client/host_register.hpp"
 #include "client/kernel_params.hpp"
 #include "client/managed.hpp"
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "common/log.hpp"
 
 using namespace vcuda;
 using namespace vcuda::client;
@@ -74,6 +81,71 @@ namespace {
 // launches wait for its answer instead of being queued.
 constexpr unsigned static_shared_limit = 48u << 10;
 
+// Pinned host memory that only this process has (over TCP, or registered without DEVICEMAP over a Unix
+// socket) is not the GPU's to reach. A kernel given a pointer into it (zero-copy, as unified addressing
+// allows) runs on a shadow instead: device memory of the session the size of that allocation, made at its
+// first such launch and freed with it (drop_host_shadows). The allocation is copied to its shadow before the
+// launch, the argument points into the shadow, and the shadow is copied back once the kernel is done, before
+// the launch returns: the CPU sees the kernel's writes at once. What this cannot do: pointers the kernel
+// finds in memory rather than in its arguments still fault, and a kernel that waits for a CPU write made
+// while it runs waits in vain (README, limits).
+struct shadowed {
+    host_allocation host;
+    CUdeviceptr shadow = 0;
+};
+std::mutex shadow_mu;
+std::map<std::pair<uintptr_t, int>, CUdeviceptr>& shadow_table() {  // (allocation base, device) -> shadow
+    static auto* t = new std::map<std::pair<uintptr_t, int>, CUdeviceptr>();  // never destroyed: atexit
+    return *t;
+}
+
+CUresult shadow_of(const host_allocation& h, int device, CUdeviceptr& out) {
+    std::lock_guard lock(shadow_mu);
+    auto& t = shadow_table();
+    if (auto it = t.find({h.base, device}); it != t.end()) {
+        out = it->second;
+        return CUDA_SUCCESS;
+    }
+    if (CUresult rc = cuMemAlloc_v2(&out, h.size); rc != CUDA_SUCCESS) return rc;
+    t[{h.base, device}] = out;
+    VCUDA_LOG_INFO(
+        "a kernel was given a pointer into {} KiB of pinned host memory the GPU cannot reach: it "
+        "runs on a device copy, copied there and back around each such launch",
+        h.size >> 10);
+    return CUDA_SUCCESS;
+}
+
+// Rewrites every word of `params` that points into such memory to point into its shadow, after queueing the
+// memory's copy to the shadow on `stream`; `out` gets the shadows to copy back.
+CUresult point_at_shadows(std::vector<std::byte>& params, int device, CUstream stream,
+                          std::vector<shadowed>& out) {
+    for (const auto& word : state::get().private_host_words(params)) {
+        const size_t at = word.first;
+        const host_allocation& h = word.second;
+        auto it =
+            std::find_if(out.begin(), out.end(), [&](const shadowed& s) { return s.host.base == h.base; });
+        if (it == out.end()) {
+            shadowed s{h, 0};
+            if (CUresult rc = shadow_of(h, device, s.shadow); rc != CUDA_SUCCESS) return rc;
+            if (CUresult rc =
+                    copy_htod(s.shadow, reinterpret_cast<const void*>(h.base), h.size, stream, mode::post);
+                rc != CUDA_SUCCESS)
+                return rc;
+            it = out.insert(out.end(), s);
+        }
+        uintptr_t p;
+        std::memcpy(&p, params.data() + at, sizeof p);
+        p = it->shadow + (p - h.base);
+        std::memcpy(params.data() + at, &p, sizeof p);
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult send_launch(uint64_t fid, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                     unsigned bz, unsigned shared, CUstream stream, param_form form,
+                     std::span<const std::byte> params, std::span<const std::byte> attrs, size_t n_attrs,
+                     int device);
+
 CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                 unsigned shared, CUstream stream, void** kernel_params, void** extra,
                 std::span<const std::byte> attrs, size_t n_attrs) {
@@ -91,21 +163,23 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
     std::vector<std::byte> params;
     param_form form;
     if (CUresult rc = pack_params(info, kernel_params, extra, params, form); rc != CUDA_SUCCESS) return rc;
-    // Pinned memory that only this process has (over TCP, or registered without DEVICEMAP) is not the GPU's
-    // to reach: a kernel given a pointer into it (zero-copy, as with unified addressing) would fault and take
-    // the context down.
-    if (host_allocation h; state::get().points_to_private_host(params, &h))
-        return static_cast<CUresult>(unsupported(
-            h.registered && !(h.flags & CU_MEMHOSTREGISTER_DEVICEMAP)
-                ? "cuLaunchKernel with an argument that points into memory registered with cuMemHostRegister "
-                  "without CU_MEMHOSTREGISTER_DEVICEMAP (cudaHostRegisterMapped): vcuda lets kernels reach "
-                  "registered memory only when it is registered with that flag, over a Unix socket"
-                : "cuLaunchKernel with an argument that points into pinned host memory (mapped host memory "
-                  "needs a server on this host, over a Unix socket: a GPU on another host cannot address "
-                  "this process's pages)"));
+    std::vector<shadowed> shadows;
+    if (CUresult rc = point_at_shadows(params, device, stream, shadows); rc != CUDA_SUCCESS) return rc;
     // The kernel may read or write any managed memory: the CPU's copies go back to the device first.
     if (CUresult rc = managed_before_launch(); rc != CUDA_SUCCESS) return rc;
+    CUresult rc =
+        send_launch(fid, gx, gy, gz, bx, by, bz, shared, stream, form, params, attrs, n_attrs, device);
+    for (const auto& s : shadows)  // the kernel's writes, back where the application looks for them
+        if (CUresult back = copy_dtoh(reinterpret_cast<void*>(s.host.base), s.shadow, s.host.size, stream);
+            rc == CUDA_SUCCESS && back != CUDA_SUCCESS)
+            rc = back;
+    return rc;
+}
 
+CUresult send_launch(uint64_t fid, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                     unsigned bz, unsigned shared, CUstream stream, param_form form,
+                     std::span<const std::byte> params, std::span<const std::byte> attrs, size_t n_attrs,
+                     int device) {
     lane* l = state::get().remote().this_thread_lane();
     if (!l) return static_cast<CUresult>(connection_lost_result);
     uint64_t args[] = {
@@ -145,6 +219,21 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
 }
 
 }  // namespace
+
+namespace vcuda::client {
+void drop_host_shadows(uintptr_t base) {
+    std::vector<CUdeviceptr> gone;
+    {
+        std::lock_guard lock(shadow_mu);
+        auto& t = shadow_table();
+        for (auto it = t.lower_bound({base, INT_MIN}); it != t.end() && it->first.first == base;) {
+            gone.push_back(it->second);
+            it = t.erase(it);
+        }
+    }
+    for (CUdeviceptr p : gone) cuMemFree_v2(p);
+}
+}  // namespace vcuda::client
 
 VCUDA_API cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                          unsigned int by, unsigned int bz, unsigned int shared, CUstream stream,

@@ -287,6 +287,7 @@ VCUDA_API cuMemFreeHost(void* p) noexcept {
         h.base != reinterpret_cast<uintptr_t>(p))
         return CUDA_ERROR_INVALID_VALUE;
     state::get().remove_host(h.base, h);
+    drop_host_shadows(h.base);
     if (h.shared()) shared_host_free(h);
     munmap(p, h.size);
     return CUDA_SUCCESS;
@@ -331,6 +332,7 @@ VCUDA_API cuMemHostUnregister(void* p) noexcept {
         h.base != reinterpret_cast<uintptr_t>(p))
         return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
     state::get().remove_host(h.base, h);
+    drop_host_shadows(h.base);
     unshare_registered_range(h);
     return CUDA_SUCCESS;
 }

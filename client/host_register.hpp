@@ -20,4 +20,8 @@ CUresult share_registered_range(void* p, size_t size, host_allocation& r);
 // mapped here, with their contents, as the application's memory.
 void unshare_registered_range(const host_allocation& r);
 
+// Frees the device copies that launches made of pinned host memory at `base` which the GPU cannot reach
+// (client/api_launch.cpp): called when that memory is freed or unregistered.
+void drop_host_shadows(uintptr_t base);
+
 }  // namespace vcuda::client

@@ -463,10 +463,11 @@ bool state::remove_host(uintptr_t base, host_allocation& out) {
     return true;
 }
 
-bool state::points_to_private_host(std::span<const std::byte> params, host_allocation* found) {
+std::vector<std::pair<size_t, host_allocation>> state::private_host_words(std::span<const std::byte> params) {
+    std::vector<std::pair<size_t, host_allocation>> found;
     const uintptr_t lo = private_lo_.load(std::memory_order_relaxed);
     const uintptr_t hi = private_hi_.load(std::memory_order_relaxed);
-    if (lo >= hi) return false;
+    if (lo >= hi) return found;
     for (size_t at = 0; at + sizeof(uintptr_t) <= params.size(); at += sizeof(uintptr_t)) {
         uintptr_t p;
         std::memcpy(&p, params.data() + at, sizeof p);
@@ -475,12 +476,9 @@ bool state::points_to_private_host(std::span<const std::byte> params, host_alloc
         auto it = host_.upper_bound(p);
         if (it == host_.begin()) continue;
         --it;
-        if (p - it->second.base < it->second.size && !it->second.shared()) {
-            if (found) *found = it->second;
-            return true;
-        }
+        if (p - it->second.base < it->second.size && !it->second.shared()) found.emplace_back(at, it->second);
     }
-    return false;
+    return found;
 }
 
 bool state::find_host(uintptr_t p, host_allocation& out) {

@@ -152,10 +152,10 @@ class state {
     bool find_host(uintptr_t p, host_allocation& out);
     // Whether any host allocation or registration overlaps [lo, hi).
     bool host_overlaps(uintptr_t lo, uintptr_t hi);
-    // Whether an 8-byte word of `params` (a launch's parameter buffer) points into pinned host memory only
-    // this process has (not shared with a server on this host), which the GPU cannot reach; `found`, when
-    // given, gets that memory.
-    bool points_to_private_host(std::span<const std::byte> params, host_allocation* found = nullptr);
+    // The 8-byte words of `params` (a launch's parameter buffer) that point into pinned host memory only this
+    // process has (not shared with a server on this host), which the GPU cannot reach: each word's offset in
+    // `params` and that memory. Empty for most launches, without taking the lock.
+    std::vector<std::pair<size_t, host_allocation>> private_host_words(std::span<const std::byte> params);
 
     // Images already sent to the server (by content hash).
     bool image_sent(uint64_t hash);

@@ -159,9 +159,12 @@ trap 'exit 130' INT TERM
 # ------------------------------------------------------------------------------------------ one run
 # run_mode ROW MODE PROGRAM [ENV...]: runs natively or through vcuda; sets $status (PASS, FAIL(rc), TIMEOUT, MISSING).
 status=""
-run_mode() {
-    local row="$1" mode="$2" prog="$3"
+run_mode() {  # run_mode ROW MODE "PROGRAM [ARGS...]" [ENV...]
+    local row="$1" mode="$2" prog args
+    read -r prog args <<<"$3"
     shift 3
+    local -a argv=()
+    [ -n "$args" ] && read -r -a argv <<<"$args"
     local base="$OUTDIR/$row.$mode"
     if [ ! -x "$PROGS/$prog" ]; then
         status="MISSING"
@@ -171,13 +174,13 @@ run_mode() {
     local rc
     case "$mode" in
         native)
-            timeout -k 5 "$TIMEOUT" env -u VCUDA_SERVER "$@" "$PROGS/$prog" >"$base.out" 2>"$base.err"
+            timeout -k 5 "$TIMEOUT" env -u VCUDA_SERVER "$@" "$PROGS/$prog" ${argv[@]+"${argv[@]}"} >"$base.out" 2>"$base.err"
             rc=$? ;;
         tcp | unix)
             local addr="$TCP_ADDR"
             [ "$mode" = unix ] && addr="$UNIX_ADDR"
             timeout -k 5 "$TIMEOUT" env VCUDA_LOG_FILE="$base.client.log" VCUDA_PRIVATE_TABLE_ID="$TABLE_ID" "$@" \
-                "$VCUDA_BIN" run --server "$addr" -- "$PROGS/$prog" >"$base.out" 2>"$base.err"
+                "$VCUDA_BIN" run --server "$addr" -- "$PROGS/$prog" ${argv[@]+"${argv[@]}"} >"$base.out" 2>"$base.err"
             rc=$? ;;
     esac
     if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
@@ -202,7 +205,7 @@ fi
 
 rows=()
 declare -A st_native st_tcp st_unix same
-run_row() {  # run_row ROW PROGRAM [ENV...]
+run_row() {  # run_row ROW "PROGRAM [ARGS...]" [ENV...]
     local row="$1" prog="$2"
     shift 2
     rows+=("$row")
@@ -243,6 +246,10 @@ run_row() {  # run_row ROW PROGRAM [ENV...]
 for p in "${PROGRAMS[@]}"; do
     run_row "$p" "$p"
 done
+# Kernels given host pointers of pinned memory allocated without the mapped flag, and of memory registered
+# without it: through vcuda, where the GPU cannot reach those pages, the kernels run on device copies.
+run_row "mapped_memory.pinned" "mapped_memory pinned"
+run_row "host_register.unmapped_launch" "host_register unmapped-launch"
 run_row "vector_add.eager" vector_add CUDA_MODULE_LOADING=EAGER
 # shellcheck source=tests/gpu/find_libs.sh
 source "$(dirname "$0")/find_libs.sh" >/dev/null 2>&1

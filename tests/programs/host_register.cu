@@ -20,9 +20,10 @@ extern "C" __global__ void hr_times3_plus(const unsigned* in, unsigned* out, int
 }
 
 // `host_register unmapped-launch`: a kernel given the host pointer of memory registered with default flags
-// (not Mapped). Through vcuda the launch is refused (cudaErrorNotSupported, exit 3): the server cannot reach
-// such pages. Natively it depends on the device (tests/gpu/probes/registered_kernel_access.cu asks the
-// driver).
+// (not Mapped), which it reads and writes. Through vcuda the kernel runs on a device copy of the registered
+// range (client/api_launch.cpp). Natively it depends on the device
+// (tests/gpu/probes/registered_kernel_access.cu asks the driver); a device that refuses answers
+// cudaErrorNotSupported, reported with exit 3.
 int unmapped_launch() {
     const int n = 4096;
     auto* buf = static_cast<unsigned*>(std::malloc(n * sizeof(unsigned)));
