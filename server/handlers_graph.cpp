@@ -312,6 +312,62 @@ CUresult handle_graph_nodes(call_context& cx) {
 }
 
 namespace {
+// The session's id for driver object `raw` of kind `k`; 0 when it has none.
+uint64_t session_handle(call_context& cx, handle_kind k, const void* raw) {
+    uint64_t found = 0;
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.handles.for_each([&](uint64_t id, handle_entry& h) {
+        if (h.kind == k && h.raw == raw && !found) found = id;
+    });
+    return found;
+}
+}  // namespace
+
+// args {node, what (0: the event of an event record or wait node, 1: the graph of a child graph node)} ->
+// outs {its handle}. The event is one of the session's (a node names only events the session has); the child
+// graph is entered as the node's (owned by it: destroyed with it, never on its own), keeping the id it has.
+CUresult handle_graph_node_object(call_context& cx) {
+    if (!cx.expect_args(2) || cx.arg(1) > 1) return cx.bad_arguments();
+    void* raw = nullptr;
+    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    auto node = static_cast<CUgraphNode>(raw);
+    if (!d.cuGraphNodeGetType) return cx.unsupported("cuGraphNodeGetType");
+    CUgraphNodeType type{};
+    if (CUresult rc = d.cuGraphNodeGetType(node, &type); rc != CUDA_SUCCESS) return rc;
+    type = seen_type(d, node, type);  // a host copy's child graph is not the application's to see
+    if (cx.arg(1) == 1) {
+        if (type != CU_GRAPH_NODE_TYPE_GRAPH)
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a child graph node");
+        if (!d.cuGraphChildGraphNodeGetGraph) return cx.unsupported("cuGraphChildGraphNodeGetGraph");
+        CUgraph g = nullptr;
+        if (CUresult rc = d.cuGraphChildGraphNodeGetGraph(node, &g); rc != CUDA_SUCCESS) return rc;
+        if (uint64_t id =
+                session_handle(cx, handle_kind::graph, g))  // a graph moved into it, or asked before
+            cx.out(id);
+        else
+            cx.out_handle(handle_kind::graph, g, cx.arg(0), /*owned=*/true);
+        return CUDA_SUCCESS;
+    }
+    CUevent e = nullptr;
+    CUresult rc;
+    if (type == CU_GRAPH_NODE_TYPE_EVENT_RECORD) {
+        if (!d.cuGraphEventRecordNodeGetEvent) return cx.unsupported("cuGraphEventRecordNodeGetEvent");
+        rc = d.cuGraphEventRecordNodeGetEvent(node, &e);
+    } else if (type == CU_GRAPH_NODE_TYPE_WAIT_EVENT) {
+        if (!d.cuGraphEventWaitNodeGetEvent) return cx.unsupported("cuGraphEventWaitNodeGetEvent");
+        rc = d.cuGraphEventWaitNodeGetEvent(node, &e);
+    } else {
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not an event record or event wait node");
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+    const uint64_t found = session_handle(cx, handle_kind::event, e);
+    if (!found) return cx.fail(CUDA_ERROR_INVALID_VALUE, "the node's event is not one of this session's");
+    cx.out(found);
+    return CUDA_SUCCESS;
+}
+
+namespace {
 
 // The kernel of a kernel node: args first..first+8 are {function or kernel, grid xyz, block xyz, shared
 // bytes, form}, blob `block` its parameters. `args` must outlive the call that reads `p`.

@@ -4,7 +4,9 @@
 // cuGraphNodeSetParams); a child graph moved into its node (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE) whose kernel
 // node is then updated through the parent's executable graph; a kernel node of a conditional node's body
 // updated the same way; and a memset captured at a placeholder address (cuDNN records its graphs so) that
-// gets its real address before the graph runs. Every launch is checked against the values it must produce.
+// gets its real address before the graph runs. Also what nodes hold (an event record node's event, a child
+// graph node's graph), an executable graph's flags, and a node of it switched off and on
+// (cuGraphNodeSetEnabled). Every launch is checked against the values it must produce.
 // Calls the driver must refuse print the error they got (the native run is the reference).
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -65,6 +67,11 @@ struct driver {
     decltype(&::cuStreamEndCapture) end_capture = DRIVER(cuStreamEndCapture);
     decltype(&::cuMemsetD8Async) memset_async = DRIVER(cuMemsetD8Async);
     decltype(&::cuCtxGetCurrent) current = DRIVER(cuCtxGetCurrent);
+    decltype(&::cuGraphEventRecordNodeGetEvent) record_event = DRIVER(cuGraphEventRecordNodeGetEvent);
+    decltype(&::cuGraphChildGraphNodeGetGraph) child_graph = DRIVER(cuGraphChildGraphNodeGetGraph);
+    decltype(&::cuGraphNodeSetEnabled) set_enabled = DRIVER(cuGraphNodeSetEnabled);
+    decltype(&::cuGraphNodeGetEnabled) get_enabled = DRIVER(cuGraphNodeGetEnabled);
+    decltype(&::cuGraphExecGetFlags) exec_flags = DRIVER(cuGraphExecGetFlags);
 };
 
 driver* d;
@@ -275,6 +282,28 @@ int main() {
     run(x, s);
     expect_all(b2, 15, "first executable graph again, b2");
 
+    // What the graph's nodes hold (the graph's node keeps its event; the update was the executable graph's),
+    // the executable graph's flags, and a node of it switched off and on again.
+    CUevent held = nullptr;
+    ok(d->record_event(e, &held), "cuGraphEventRecordNodeGetEvent");
+    EXPECT(held == ev1, "the event record node names another event");
+    refused(d->record_event(m, &held), "the event of a memset node");
+    cuuint64_t xflags = 1;
+    ok(d->exec_flags(x, &xflags), "cuGraphExecGetFlags");
+    EXPECT(xflags == 0, "the executable graph's flags are %llu", static_cast<unsigned long long>(xflags));
+    unsigned on = 0;
+    ok(d->get_enabled(x, m, &on), "cuGraphNodeGetEnabled");
+    EXPECT(on == 1, "the memset node is off before it was switched off");
+    ok(d->set_enabled(x, m, 0), "cuGraphNodeSetEnabled (off)");
+    ok(d->get_enabled(x, m, &on), "cuGraphNodeGetEnabled (off)");
+    EXPECT(on == 0, "the memset node is still on");
+    CHECK(cudaMemset(reinterpret_cast<void*>(a2), 0, bytes));
+    run(x, s);
+    expect_all(b2, 0, "memset node switched off, b2");
+    ok(d->set_enabled(x, m, 1), "cuGraphNodeSetEnabled (on)");
+    run(x, s);
+    expect_all(b2, 15, "memset node switched on again, b2");
+
     // Wrong targets: a memset update of the memcpy node, an update of another graph's node.
     refused(d->exec_memset(x, cp, &m2, ctx), "memset parameters for a memcpy node");
     CUgraph other;
@@ -294,7 +323,10 @@ int main() {
     p.type = CU_GRAPH_NODE_TYPE_GRAPH;
     p.graph.graph = child;
     p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
-    add(parent, nullptr, p, "child graph node (moved)");
+    CUgraphNode child_node = add(parent, nullptr, p, "child graph node (moved)");
+    CUgraph inside = nullptr;
+    ok(d->child_graph(child_node, &inside), "cuGraphChildGraphNodeGetGraph");
+    EXPECT(inside == child, "the child graph node holds another graph than the one moved into it");
     CUgraphNodeType t{};
     ok(d->node_type(k2, &t), "cuGraphNodeGetType (moved child's node)");
     printf("moved child's node type %d\n", static_cast<int>(t));

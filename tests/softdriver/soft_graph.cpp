@@ -187,6 +187,7 @@ uint64_t clone_graph(state& s, uint64_t src, uint64_t parent) {
         node_obj* c = add_node(s, *to, n->type, {}, n->edges, n->run);
         c->host = n->host;
         c->copy = n->copy;
+        c->event = n->event;
         c->cond = n->cond;
         c->cond_type = n->cond_type;
         copy_of[h] = c->handle;
@@ -318,6 +319,7 @@ CUresult run_nodes(const std::vector<exec_node>& nodes) {
     std::stable_sort(steps.begin(), steps.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     for (const auto& [step, n] : steps) {
+        if (!n->enabled) continue;
         if (n->run)
             if (CUresult r = n->run(); r != CUDA_SUCCESS) return r;
         if (n->cond != 0)
@@ -427,6 +429,7 @@ CUresult instantiate(state& s, CUgraphExec* phGraphExec, CUgraph hGraph, unsigne
     graph_exec_obj* e = s.create<graph_exec_obj>();
     e->ctx = c->handle;
     e->graph = g->handle;
+    e->flags = flags;
     e->nodes = std::move(nodes);
     shape_of(s, *g, e->shape);
     retain_graph_refs(s, *g, e->refs);
@@ -557,6 +560,13 @@ CUresult settable_node_work(state& s, const CUgraphNodeParams* p, work& w, CUDA_
     return CUDA_SUCCESS;
 }
 
+// The event an event record or wait node of parameters `p` names (0 for other nodes).
+uint64_t event_of(const CUgraphNodeParams* p) {
+    if (p->type == CU_GRAPH_NODE_TYPE_EVENT_RECORD) return from_handle(p->eventRecord.event);
+    if (p->type == CU_GRAPH_NODE_TYPE_WAIT_EVENT) return from_handle(p->eventWait.event);
+    return 0;
+}
+
 // cuGraphAddNode*: a node of the type `p` names, its work checked and made now (kernel parameters copied; a
 // memory alloc node's memory mapped, its address written into `p`).
 CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* dependencies,
@@ -647,6 +657,7 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
     node_obj* n = add_node(s, *g, p->type, std::move(deps), std::move(edges), std::move(w));
     n->host = host;
     n->copy = copy;
+    n->event = event_of(p);
     if (p->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {  // its bodies: empty graphs of its own
         n->cond = p->conditional.handle;
         n->cond_type = p->conditional.type;
@@ -1038,6 +1049,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeSetParams(CUgraphNode hNode, CUgra
         n->run = std::move(w);
         n->host = host;
         n->copy = copy;
+        n->event = event_of(nodeParams);
         return CUDA_SUCCESS;
     });
 }
@@ -1228,6 +1240,69 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode hNode,
         if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_HOST || nodeParams == nullptr)
             return CUDA_ERROR_INVALID_VALUE;
         *nodeParams = n->host;
+        return CUDA_SUCCESS;
+    });
+}
+
+// The event of an event record or event wait node added by cuGraphAddNode (captured ones keep none here).
+CUresult node_event(CUgraphNode hNode, CUgraphNodeType type, CUevent* out) {
+    return entry([&](state& s) -> CUresult {
+        node_obj* n = s.find<node_obj>(hNode);
+        if (n == nullptr || n->type != type || out == nullptr || n->event == 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        *out = to_handle<CUevent>(n->event);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphEventRecordNodeGetEvent(CUgraphNode hNode, CUevent* event_out) {
+    return node_event(hNode, CU_GRAPH_NODE_TYPE_EVENT_RECORD, event_out);
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphEventWaitNodeGetEvent(CUgraphNode hNode, CUevent* event_out) {
+    return node_event(hNode, CU_GRAPH_NODE_TYPE_WAIT_EVENT, event_out);
+}
+
+// Whether the copy of top-level node `hNode` in an executable graph runs at its launches (kernel, memset and
+// memcpy nodes may be switched off, as the driver allows).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeSetEnabled(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                         unsigned int isEnabled) {
+    return entry([&](state& s) -> CUresult {
+        graph_exec_obj* e = s.find<graph_exec_obj>(hGraphExec);
+        if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        auto copy = std::make_shared<std::vector<exec_node>>(*e->nodes);
+        for (exec_node& x : *copy)
+            if (x.node == from_handle(hNode)) {
+                if (x.type != CU_GRAPH_NODE_TYPE_KERNEL && x.type != CU_GRAPH_NODE_TYPE_MEMSET &&
+                    x.type != CU_GRAPH_NODE_TYPE_MEMCPY)
+                    return CUDA_ERROR_INVALID_VALUE;
+                x.enabled = isEnabled != 0;
+                e->nodes = std::move(copy);
+                return CUDA_SUCCESS;
+            }
+        return CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeGetEnabled(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                         unsigned int* isEnabled) {
+    return entry([&](state& s) -> CUresult {
+        const graph_exec_obj* e = s.find<graph_exec_obj>(hGraphExec);
+        if (e == nullptr || isEnabled == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        for (const exec_node& x : *e->nodes)
+            if (x.node == from_handle(hNode)) {
+                *isEnabled = x.enabled ? 1 : 0;
+                return CUDA_SUCCESS;
+            }
+        return CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphExecGetFlags(CUgraphExec hGraphExec, cuuint64_t* flags) {
+    return entry([&](state& s) -> CUresult {
+        const graph_exec_obj* e = s.find<graph_exec_obj>(hGraphExec);
+        if (e == nullptr || flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        *flags = e->flags;
         return CUDA_SUCCESS;
     });
 }

@@ -402,6 +402,7 @@ struct node_obj : object {
     std::map<int, CUlaunchAttributeValue> attrs;  // kernel nodes: cuGraphKernelNodeSetAttribute
     CUDA_HOST_NODE_PARAMS host{};                 // host nodes: the function and its data
     std::optional<CUDA_MEMCPY3D> copy;  // memcpy nodes made by cuGraphAddNode: their parameters, for updates
+    uint64_t event = 0;  // event record and event wait nodes made by cuGraphAddNode: their event
     // Conditional nodes: the handle, the kind, and the body graphs (the node's own), as handed out.
     uint64_t cond = 0;
     CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
@@ -416,6 +417,7 @@ struct exec_node {
     work run;
     std::optional<CUDA_MEMCPY3D> copy;  // as node_obj's
     std::vector<size_t> deps;           // the positions of its dependencies in its list
+    bool enabled = true;                // cuGraphNodeSetEnabled: a disabled node does nothing when launched
     std::vector<exec_node> child;       // child graph nodes: the child graph's nodes, in the order they run
     // Conditional nodes: the handle, the kind, and each body graph's nodes in the order they run.
     uint64_t cond = 0;
@@ -427,7 +429,8 @@ struct graph_exec_obj : object {
     static constexpr kind tag = kind::graph_exec;
     graph_exec_obj() : object(tag) {}
     uint64_t ctx = 0;
-    uint64_t graph = 0;  // the graph it was instantiated from
+    uint64_t graph = 0;            // the graph it was instantiated from
+    unsigned long long flags = 0;  // its instantiation flags
     // Replaced, never edited: a launch under way keeps the list it started with.
     std::shared_ptr<const std::vector<exec_node>> nodes;
     std::vector<uint64_t> shape;  // its graph's topology, for cuGraphExecUpdate (soft_graph.cpp)
