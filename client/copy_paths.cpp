@@ -373,10 +373,29 @@ int striped_dtoh(bulk_link& link, void* dst, CUdeviceptr src, size_t n, CUstream
 // go striped, large pageable ones to a server on this host through staging slots; otherwise every chunk but
 // the last is queued and the last waits for the server when `m` is sync, so the copy is enqueued on the GPU
 // before the call returns, as with the real driver.
+namespace {
+// Whether [p, p+n) lies in the application's pinned host memory, which a copy may name by its device pointer:
+// under unified addressing that is the host pointer (XLA reads the counter its redzone kernel writes so).
+bool in_pinned_host(uint64_t p, size_t n) {
+    host_allocation h;
+    return state::get().find_host(p, h) && n <= h.size - (p - h.base);
+}
+
+// A copy whose "device" side is such memory, the other side host memory: done in this process once the
+// stream's earlier work is done, as the device would in stream order.
+CUresult copy_local(void* dst, const void* src, size_t n, CUstream stream) {
+    if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS) return rc;
+    std::memmove(dst, src, n);
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
 CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
     if (!src) return CUDA_ERROR_INVALID_VALUE;
+    if (!device_range(dst, n) && in_pinned_host(dst, n) && !(capture_under_way() && stream_captures(stream)))
+        return copy_local(reinterpret_cast<void*>(dst), src, n, stream);
     // Managed memory is the device's: its CPU view is never read here (client/managed.hpp).
     if (managed_contains(reinterpret_cast<uint64_t>(src)))
         return copy_dtod(dst, reinterpret_cast<uint64_t>(src), n, stream, m);
@@ -412,6 +431,8 @@ CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
     if (!dst) return CUDA_ERROR_INVALID_VALUE;
+    if (!device_range(src, n) && in_pinned_host(src, n) && !(capture_under_way() && stream_captures(stream)))
+        return copy_local(dst, reinterpret_cast<const void*>(src), n, stream);
     if (managed_contains(reinterpret_cast<uint64_t>(dst)))
         return copy_dtod(reinterpret_cast<uint64_t>(dst), src, n, stream, m);
     if (CUresult rc = managed_before_device_access(src, n, false); rc != CUDA_SUCCESS) return rc;
@@ -474,6 +495,14 @@ CUresult copy_between_sessions(CUdeviceptr dst, int dst_device, CUdeviceptr src,
 CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
+    if (!(capture_under_way() && stream_captures(stream))) {  // a side in pinned host memory: a host side
+        const bool src_here = !device_range(src, n) && in_pinned_host(src, n);
+        if (!device_range(dst, n) && in_pinned_host(dst, n))
+            return src_here ? copy_local(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n,
+                                         stream)
+                            : copy_dtoh(reinterpret_cast<void*>(dst), src, n, stream, mode::sync);
+        if (src_here) return copy_htod(dst, reinterpret_cast<const void*>(src), n, stream, m);
+    }
     if (m == mode::post && (!device_range(dst, n) || !device_range(src, n))) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult rc = managed_before_device_access(src, n, false); rc != CUDA_SUCCESS) return rc;
     if (CUresult rc = managed_before_device_access(dst, n, true); rc != CUDA_SUCCESS) return rc;

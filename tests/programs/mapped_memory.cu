@@ -4,6 +4,7 @@
 // vcuda over a Unix socket the pages are shared with the server; over TCP the allocation is managed memory of
 // the session (client/api_memory.cpp). Were cudaHostGetDevicePointer refused (cudaErrorNotSupported), the
 // program would report that as its one line and stop (exit 3).
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -14,6 +15,15 @@
 extern "C" __global__ void mm_square_plus(const unsigned* in, unsigned* out, int n, unsigned k) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = in[i] * in[i] + k;
+}
+
+// A driver entry point (the program is a runtime one; the copies below are the driver's own forms).
+void* driver_entry(const char* name) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !fn) fail("%s: no driver entry point", name);
+    return fn;
 }
 
 // `mapped_memory pinned`: pinned memory allocated without the mapped flag, its host pointer given to a kernel
@@ -43,6 +53,35 @@ int pinned_pointer_in_kernel() {
         }
     }
     std::printf("kernels read and wrote pinned host memory through its host pointer: ok\n");
+
+    // Copies that name such memory as device memory (unified addressing: its device pointer is its host
+    // pointer), as XLA reads the counter its redzone kernel writes: from it "device to host", into it "host
+    // to device", and from it to device memory.
+    auto dtoh = reinterpret_cast<decltype(&::cuMemcpyDtoH_v2)>(driver_entry("cuMemcpyDtoH"));
+    auto htod = reinterpret_cast<decltype(&::cuMemcpyHtoD_v2)>(driver_entry("cuMemcpyHtoD"));
+    auto dtod = reinterpret_cast<decltype(&::cuMemcpyDtoDAsync_v2)>(driver_entry("cuMemcpyDtoDAsync"));
+    std::vector<unsigned> seen(n), given(n);
+    if (dtoh(seen.data(), reinterpret_cast<CUdeviceptr>(out), n * sizeof(unsigned)) != CUDA_SUCCESS)
+        fail("cuMemcpyDtoH from pinned memory by its device pointer");
+    for (int i = 0; i < n; ++i) {
+        if (seen[i] != out[i])
+            fail("copied from pinned memory: word %d = %u, expected %u", i, seen[i], out[i]);
+        given[i] = static_cast<unsigned>(7 * i + 1);
+    }
+    if (htod(reinterpret_cast<CUdeviceptr>(in), given.data(), n * sizeof(unsigned)) != CUDA_SUCCESS)
+        fail("cuMemcpyHtoD into pinned memory by its device pointer");
+    for (int i = 0; i < n; ++i)
+        if (in[i] != given[i])
+            fail("copied into pinned memory: word %d = %u, expected %u", i, in[i], given[i]);
+    if (dtod(reinterpret_cast<CUdeviceptr>(dev), reinterpret_cast<CUdeviceptr>(in), n * sizeof(unsigned),
+             nullptr) != CUDA_SUCCESS)
+        fail("cuMemcpyDtoDAsync from pinned memory by its device pointer");
+    std::vector<unsigned> back(n);
+    CHECK(cudaMemcpy(back.data(), dev, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; ++i)
+        if (back[i] != given[i])
+            fail("pinned to device memory: word %d = %u, expected %u", i, back[i], given[i]);
+    std::printf("copies naming pinned host memory by its device pointer: ok\n");
     CHECK(cudaFree(dev));
     CHECK(cudaFreeHost(out));
     CHECK(cudaFreeHost(in));
