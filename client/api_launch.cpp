@@ -169,10 +169,13 @@ CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
     if (CUresult rc = managed_before_launch(); rc != CUDA_SUCCESS) return rc;
     CUresult rc =
         send_launch(fid, gx, gy, gz, bx, by, bz, shared, stream, form, params, attrs, n_attrs, device);
-    for (const auto& s : shadows)  // the kernel's writes, back where the application looks for them
+    for (const auto& s : shadows) {  // the kernel's writes, back where the application looks for them
+        if (s.host.registered && (s.host.flags & CU_MEMHOSTREGISTER_READ_ONLY))
+            continue;  // the GPU only reads
         if (CUresult back = copy_dtoh(reinterpret_cast<void*>(s.host.base), s.shadow, s.host.size, stream);
             rc == CUDA_SUCCESS && back != CUDA_SUCCESS)
             rc = back;
+    }
     return rc;
 }
 

@@ -7,6 +7,7 @@
 // cudaHostRegister(Mapped) answers cudaErrorNotSupported, which the program reports as its one line and stops
 // with exit code 3 (see tests/programs/CMakeLists.txt).
 #include <cuda_runtime.h>
+#include <sys/mman.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +42,28 @@ int unmapped_launch() {
     CHECK(e);
     for (int i = 0; i < n; ++i)
         if (buf[i] != static_cast<unsigned>(i) * 3u + 1u) fail("buf[%d] = %u", i, buf[i]);
+    // Registered read-only, the pages then write-protected: the kernel only reads them (through vcuda nothing
+    // is written back into them: a write would end the program with SIGSEGV).
+    int read_only = 0;
+    CHECK(cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, 0));
+    if (read_only) {
+        const size_t page = 4096, bytes = n * sizeof(unsigned);
+        auto* ro = static_cast<unsigned*>(std::aligned_alloc(page, bytes));
+        if (!ro) fail("aligned_alloc");
+        for (int i = 0; i < n; ++i) ro[i] = static_cast<unsigned>(2 * i);
+        CHECK(cudaHostRegister(ro, bytes, cudaHostRegisterReadOnly));
+        if (mprotect(ro, bytes, PROT_READ) != 0) fail("mprotect");
+        hr_times3_plus<<<n / 256, 256>>>(ro, buf, n, 2);
+        CHECK(cudaGetLastError());
+        CHECK(cudaDeviceSynchronize());
+        for (int i = 0; i < n; ++i)
+            if (buf[i] != static_cast<unsigned>(2 * i) * 3u + 2u)
+                fail("from read-only: buf[%d] = %u", i, buf[i]);
+        if (mprotect(ro, bytes, PROT_READ | PROT_WRITE) != 0) fail("mprotect");
+        CHECK(cudaHostUnregister(ro));
+        std::free(ro);
+        std::printf("a kernel read memory registered read-only and write-protected: ok\n");
+    }
     CHECK(cudaHostUnregister(buf));
     std::free(buf);
     return pass();
