@@ -15,6 +15,7 @@
 // cuda.h lists.
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -398,6 +399,54 @@ CUresult node_object(CUgraphNode node, bool (*fits)(CUgraphNodeType), uint64_t w
             c.out<uint64_t>(0));  // one of the application's events, which the mirror knows
     return CUDA_SUCCESS;
 }
+// A kernel node's parameters as the driver gives them: kernelParams points into a copy of the values, kept
+// per node and replaced at the next such call (graphs give no sign of their end here). locks: its own mutex.
+struct kernel_node_values {
+    std::vector<std::byte> values;
+    std::vector<void*> pointers;
+};
+std::mutex kernel_values_mu;
+std::map<uint64_t, kernel_node_values>& kernel_values() {
+    static auto* m = new std::map<uint64_t, kernel_node_values>();  // never destroyed: atexit may ask
+    return *m;
+}
+
+CUresult kernel_node_params(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS_v2& p, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    handle_info info;
+    if (!node_info(node, info) || info.node_type != CU_GRAPH_NODE_TYPE_KERNEL)
+        return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::graph_kernel_node_params, name);
+    c.handle(node, handle_kind::graph_node);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const call_reply& rp = c.reply();
+    if (rp.outs.size() < 9 || rp.blobs.empty()) return CUDA_ERROR_UNKNOWN;
+    const uint64_t runs = rp.outs[0] ? rp.outs[0] : rp.outs[1];  // a kernel is named as a function too
+    handle_kind kind{};
+    std::shared_ptr<const param_layout> layout;
+    if (!state::get().lookup_kind(runs, kind, &layout) || !layout || layout->total() != rp.blobs[0].size())
+        return CUDA_ERROR_UNKNOWN;
+    p = {};
+    p.func = reinterpret_cast<CUfunction>(runs);
+    p.kern = reinterpret_cast<CUkernel>(rp.outs[1]);
+    p.gridDimX = static_cast<unsigned>(rp.outs[2]);
+    p.gridDimY = static_cast<unsigned>(rp.outs[3]);
+    p.gridDimZ = static_cast<unsigned>(rp.outs[4]);
+    p.blockDimX = static_cast<unsigned>(rp.outs[5]);
+    p.blockDimY = static_cast<unsigned>(rp.outs[6]);
+    p.blockDimZ = static_cast<unsigned>(rp.outs[7]);
+    p.sharedMemBytes = static_cast<unsigned>(rp.outs[8]);
+    p.ctx = reinterpret_cast<CUcontext>(info.ctx);
+    std::lock_guard lock(kernel_values_mu);
+    kernel_node_values& v = kernel_values()[id_of(node)];
+    v.values = rp.blobs[0];
+    v.pointers.resize(layout->params.size());
+    for (size_t i = 0; i < layout->params.size(); ++i)
+        v.pointers[i] = v.values.data() + layout->params[i].first;
+    p.kernelParams = v.pointers.empty() ? nullptr : v.pointers.data();
+    return CUDA_SUCCESS;
+}
+
 bool is_event_record(CUgraphNodeType t) { return t == CU_GRAPH_NODE_TYPE_EVENT_RECORD; }
 bool is_event_wait(CUgraphNodeType t) { return t == CU_GRAPH_NODE_TYPE_WAIT_EVENT; }
 bool is_child_graph(CUgraphNodeType t) { return t == CU_GRAPH_NODE_TYPE_GRAPH; }
@@ -1053,4 +1102,21 @@ VCUDA_API cuGraphEventWaitNodeGetEvent(CUgraphNode node, CUevent* event_out) noe
 VCUDA_API cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph* graph) noexcept {
     VCUDA_TRACE_HOOK(cuGraphChildGraphNodeGetGraph, node, graph);
     return node_object(node, is_child_graph, 1, handle_kind::graph, graph, "cuGraphChildGraphNodeGetGraph");
+}
+
+VCUDA_API cuGraphKernelNodeGetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS_v1* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphKernelNodeGetParams, node, params);
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_KERNEL_NODE_PARAMS_v2 p;
+    if (CUresult rc = kernel_node_params(node, p, "cuGraphKernelNodeGetParams"); rc != CUDA_SUCCESS)
+        return rc;
+    *params = {p.func,      p.gridDimX,  p.gridDimY,       p.gridDimZ,     p.blockDimX,
+               p.blockDimY, p.blockDimZ, p.sharedMemBytes, p.kernelParams, p.extra};
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphKernelNodeGetParams_v2, node, params);
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    return kernel_node_params(node, *params, "cuGraphKernelNodeGetParams_v2");
 }

@@ -312,16 +312,60 @@ CUresult handle_graph_nodes(call_context& cx) {
 }
 
 namespace {
-// The session's id for driver object `raw` of kind `k`; 0 when it has none.
-uint64_t session_handle(call_context& cx, handle_kind k, const void* raw) {
+// The session's id for driver object `raw` of kind `k` (and its entry, when `entry` is given); 0 when it has
+// none.
+uint64_t session_handle(call_context& cx, handle_kind k, const void* raw, handle_entry* entry = nullptr) {
     uint64_t found = 0;
     std::lock_guard lock(cx.sess.mu);
     cx.sess.handles.for_each([&](uint64_t id, handle_entry& h) {
-        if (h.kind == k && h.raw == raw && !found) found = id;
+        if (h.kind == k && h.raw == raw && !found) {
+            found = id;
+            if (entry) *entry = h;
+        }
     });
     return found;
 }
 }  // namespace
+
+// args {node} -> outs {function, kernel (the session's handles; 0: none), grid xyz, block xyz, shared bytes};
+// blob {its parameters, packed at the kernel's layout}. The driver's answer names the function or kernel the
+// node runs; the session knows its parameter layout from when it was looked up.
+CUresult handle_graph_kernel_node_params(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    void* raw = nullptr;
+    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuGraphKernelNodeGetParams_v2) return cx.unsupported("cuGraphKernelNodeGetParams_v2");
+    CUDA_KERNEL_NODE_PARAMS_v2 p{};
+    if (CUresult rc = d.cuGraphKernelNodeGetParams_v2(static_cast<CUgraphNode>(raw), &p); rc != CUDA_SUCCESS)
+        return rc;
+    handle_entry fe, ke;
+    const uint64_t f = p.func ? session_handle(cx, handle_kind::function, p.func, &fe) : 0;
+    uint64_t k = p.kern ? session_handle(cx, handle_kind::kernel, p.kern, &ke) : 0;
+    if (!f && !k && p.func) k = session_handle(cx, handle_kind::kernel, p.func, &ke);  // a kernel run as such
+    const auto& layout = f ? fe.layout : ke.layout;
+    if ((!f && !k) || !layout)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "the node's kernel is not this session's");
+    std::vector<std::byte> params(layout->total());
+    if (p.kernelParams) {
+        for (size_t i = 0; i < layout->params.size(); ++i)
+            std::memcpy(params.data() + layout->params[i].first, p.kernelParams[i], layout->params[i].second);
+    } else if (p.extra) {  // {CU_LAUNCH_PARAM_BUFFER_POINTER, data, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, END}
+        const void* data = nullptr;
+        size_t size = 0;
+        for (size_t i = 0; i < 8 && p.extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+            if (p.extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) data = p.extra[i + 1];
+            if (p.extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<const size_t*>(p.extra[i + 1]);
+        }
+        if (data) std::memcpy(params.data(), data, std::min(size, params.size()));
+    }
+    for (uint64_t v :
+         {f, k, uint64_t{p.gridDimX}, uint64_t{p.gridDimY}, uint64_t{p.gridDimZ}, uint64_t{p.blockDimX},
+          uint64_t{p.blockDimY}, uint64_t{p.blockDimZ}, uint64_t{p.sharedMemBytes}})
+        cx.out(v);
+    cx.out_blob(params);
+    return CUDA_SUCCESS;
+}
 
 // args {node, what (0: the event of an event record or wait node, 1: the graph of a child graph node)} ->
 // outs {its handle}. The event is one of the session's (a node names only events the session has); the child

@@ -5,9 +5,9 @@
 // node is then updated through the parent's executable graph; a kernel node of a conditional node's body
 // updated the same way; and a memset captured at a placeholder address (cuDNN records its graphs so) that
 // gets its real address before the graph runs. Also what nodes hold (an event record node's event, a child
-// graph node's graph), an executable graph's flags, and a node of it switched off and on
-// (cuGraphNodeSetEnabled). Every launch is checked against the values it must produce.
-// Calls the driver must refuse print the error they got (the native run is the reference).
+// graph node's graph, a kernel node's parameters), an executable graph's flags, and a node of it switched off
+// and on (cuGraphNodeSetEnabled). Every launch is checked against the values it must produce. Calls the
+// driver must refuse print the error they got (the native run is the reference).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -72,6 +72,8 @@ struct driver {
     decltype(&::cuGraphNodeSetEnabled) set_enabled = DRIVER(cuGraphNodeSetEnabled);
     decltype(&::cuGraphNodeGetEnabled) get_enabled = DRIVER(cuGraphNodeGetEnabled);
     decltype(&::cuGraphExecGetFlags) exec_flags = DRIVER(cuGraphExecGetFlags);
+    decltype(&::cuGraphKernelNodeGetParams_v2) kernel_params =
+        reinterpret_cast<decltype(&::cuGraphKernelNodeGetParams_v2)>(entry("cuGraphKernelNodeGetParams"));
 };
 
 driver* d;
@@ -339,6 +341,21 @@ int main() {
     ok(d->exec_kernel(xp, k2, &ks3), "cuGraphExecKernelNodeSetParams (moved child's node)");
     run(xp, s);
     expect_ramp(c, 100, 3, "moved child, updated");
+    // The graph's node still holds what it was made with (the update was the executable graph's).
+    CUDA_KERNEL_NODE_PARAMS held_k{};
+    ok(d->kernel_params(k2, &held_k), "cuGraphKernelNodeGetParams");
+    // Printed, not required: the native run is the reference for which handle the driver gives back.
+    printf("the kernel node's function is the one it was made with: %s\n",
+           held_k.func == scale ? "yes" : "no");
+    EXPECT(held_k.gridDimX == blocks && held_k.blockDimX == threads && held_k.gridDimY == 1 &&
+               held_k.sharedMemBytes == 0,
+           "the kernel node's shape is %ux%u, %u bytes", held_k.gridDimX, held_k.blockDimX,
+           held_k.sharedMemBytes);
+    EXPECT(held_k.kernelParams && *static_cast<CUdeviceptr*>(held_k.kernelParams[0]) == c &&
+               *static_cast<int*>(held_k.kernelParams[1]) == n &&
+               *static_cast<unsigned*>(held_k.kernelParams[2]) == 2,
+           "the kernel node's parameters are not the ones it was made with");
+    refused(d->kernel_params(child_node, &held_k), "the kernel parameters of a child graph node");
 
     // --- a kernel node in a conditional node's body, updated through the executable graph.
     CUgraph cg;

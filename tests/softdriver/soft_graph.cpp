@@ -188,6 +188,7 @@ uint64_t clone_graph(state& s, uint64_t src, uint64_t parent) {
         c->host = n->host;
         c->copy = n->copy;
         c->event = n->event;
+        c->kernel = n->kernel;
         c->cond = n->cond;
         c->cond_type = n->cond_type;
         copy_of[h] = c->handle;
@@ -585,6 +586,7 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
     uint64_t child = 0, moved = 0;  // a child graph cloned into the node, or moved into it
     CUDA_HOST_NODE_PARAMS host{};
     std::optional<CUDA_MEMCPY3D> copy;
+    std::shared_ptr<const kernel_node_params> kernel;
     switch (p->type) {
         case CU_GRAPH_NODE_TYPE_KERNEL: {
             context_obj* c = nullptr;
@@ -593,6 +595,7 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
             static_assert(sizeof k == sizeof p->kernel, "the v2 and v3 kernel node layouts are the same");
             std::memcpy(&k, &p->kernel, sizeof k);
             if (CUresult r = kernel_node_work(s, k, *c, w); r != CUDA_SUCCESS) return r;
+            kernel = keep_kernel_params(s, k);
             break;
         }
         case CU_GRAPH_NODE_TYPE_MEMSET:
@@ -658,6 +661,7 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
     n->host = host;
     n->copy = copy;
     n->event = event_of(p);
+    n->kernel = kernel;
     if (p->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {  // its bodies: empty graphs of its own
         n->cond = p->conditional.handle;
         n->cond_type = p->conditional.type;
@@ -1026,6 +1030,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphKernelNodeSetParams_v2(CUgraphNode hNo
         work w;
         if (CUresult r = kernel_node_work(s, *nodeParams, *c, w); r != CUDA_SUCCESS) return r;
         n->run = std::move(w);
+        n->kernel = keep_kernel_params(s, *nodeParams);
         return CUDA_SUCCESS;
     });
 }
@@ -1240,6 +1245,18 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode hNode,
         if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_HOST || nodeParams == nullptr)
             return CUDA_ERROR_INVALID_VALUE;
         *nodeParams = n->host;
+        return CUDA_SUCCESS;
+    });
+}
+
+// A kernel node's parameters, for nodes made or set by cuGraph* calls (captured ones keep none here).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphKernelNodeGetParams_v2(CUgraphNode hNode,
+                                                                 CUDA_KERNEL_NODE_PARAMS* nodeParams) {
+    return entry([&](state& s) -> CUresult {
+        node_obj* n = s.find<node_obj>(hNode);
+        if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_KERNEL || nodeParams == nullptr || !n->kernel)
+            return CUDA_ERROR_INVALID_VALUE;
+        *nodeParams = n->kernel->p;
         return CUDA_SUCCESS;
     });
 }

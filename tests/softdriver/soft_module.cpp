@@ -404,6 +404,24 @@ CUresult kernel_node_work(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p, const c
     return launch_work(s, w, q, ctx);
 }
 
+std::shared_ptr<const kernel_node_params> keep_kernel_params(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p) {
+    auto kept = std::make_shared<kernel_node_params>();
+    kept->p = p;
+    kept->p.kernelParams = nullptr;
+    kept->p.extra = nullptr;
+    callable c;
+    CUfunction f = p.func != nullptr ? p.func : reinterpret_cast<CUfunction>(p.kern);
+    if (p.kernelParams != nullptr && resolve_callable(s, f, c) == CUDA_SUCCESS) {
+        for (size_t i = 0; i < c.entry->param_sizes.size(); ++i) {
+            const auto* v = static_cast<const std::byte*>(p.kernelParams[i]);
+            kept->values.emplace_back(v, v + c.entry->param_sizes[i]);
+        }
+        for (auto& v : kept->values) kept->pointers.push_back(v.data());
+        kept->p.kernelParams = kept->pointers.data();
+    }
+    return kept;
+}
+
 void destroy_function(state& s, uint64_t h) {
     function_obj* f = s.find<function_obj>(h);
     if (f == nullptr) return;

@@ -390,6 +390,13 @@ struct graph_obj : object {
     user_refs refs;
 };
 
+// A kernel node's parameters as given, its parameter values copied (cuGraphKernelNodeGetParams answers them).
+struct kernel_node_params {
+    CUDA_KERNEL_NODE_PARAMS_v2 p{};
+    std::vector<std::vector<std::byte>> values;
+    std::vector<void*> pointers;  // into `values`: what p.kernelParams points at
+};
+
 struct node_obj : object {
     static constexpr kind tag = kind::graph_node;
     node_obj() : object(tag) {}
@@ -403,6 +410,7 @@ struct node_obj : object {
     CUDA_HOST_NODE_PARAMS host{};                 // host nodes: the function and its data
     std::optional<CUDA_MEMCPY3D> copy;  // memcpy nodes made by cuGraphAddNode: their parameters, for updates
     uint64_t event = 0;  // event record and event wait nodes made by cuGraphAddNode: their event
+    std::shared_ptr<const kernel_node_params> kernel;  // kernel nodes made or set by cuGraph* calls
     // Conditional nodes: the handle, the kind, and the body graphs (the node's own), as handed out.
     uint64_t cond = 0;
     CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
@@ -502,6 +510,8 @@ void end_captures_of(state& s, uint64_t ctx);
 void destroy_graph_exec(state& s, uint64_t h);
 // The work of one node of each kind, checked as the stream operation is (soft_module.cpp, soft_copy.cpp).
 CUresult kernel_node_work(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p, const context_obj& ctx, work& w);
+// A copy of kernel node parameters `p` (kernelParams form; values copied at the kernel's parameter sizes).
+std::shared_ptr<const kernel_node_params> keep_kernel_params(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p);
 // `recorded`: see memset_2d (soft_copy.cpp).
 CUresult memset_node_work(state& s, const CUDA_MEMSET_NODE_PARAMS& p, work& w, bool recorded);
 CUresult copy_3d_desc(state& s, work& w, const CUDA_MEMCPY3D* p);
