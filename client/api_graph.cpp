@@ -1120,3 +1120,30 @@ VCUDA_API cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE_PARAM
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     return kernel_node_params(node, *params, "cuGraphKernelNodeGetParams_v2");
 }
+
+VCUDA_API cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphMemsetNodeGetParams, node, params);
+    VCUDA_REQUIRE_INIT();
+    handle_info info;
+    if (!params || !node_info(node, info) || info.node_type != CU_GRAPH_NODE_TYPE_MEMSET)
+        return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::graph_memset_node_params, "cuGraphMemsetNodeGetParams");
+    c.handle(node, handle_kind::graph_node);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *params = {c.out<CUdeviceptr>(0), c.out<size_t>(1), c.out<unsigned>(2),
+               c.out<unsigned>(3),    c.out<size_t>(4), c.out<size_t>(5)};
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuGraphNodeFindInClone(CUgraphNode* copy, CUgraphNode node, CUgraph clone) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphNodeFindInClone, copy, node, clone);
+    VCUDA_REQUIRE_INIT();
+    handle_info info;
+    if (!copy || !node_info(node, info)) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::graph_find_in_clone, "cuGraphNodeFindInClone");
+    c.handle(node, handle_kind::graph_node);
+    c.handle(clone, handle_kind::graph);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *copy = adopt_node(c.out<uint64_t>(0), id_of(clone), c.out<CUgraphNodeType>(1));
+    return CUDA_SUCCESS;
+}

@@ -327,6 +327,44 @@ uint64_t session_handle(call_context& cx, handle_kind k, const void* raw, handle
 }
 }  // namespace
 
+// args {node} -> outs {dst, pitch, value, element size, width, height} of a memset node.
+CUresult handle_graph_memset_node_params(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    void* raw = nullptr;
+    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuGraphMemsetNodeGetParams) return cx.unsupported("cuGraphMemsetNodeGetParams");
+    CUDA_MEMSET_NODE_PARAMS p{};
+    if (CUresult rc = d.cuGraphMemsetNodeGetParams(static_cast<CUgraphNode>(raw), &p); rc != CUDA_SUCCESS)
+        return rc;
+    for (uint64_t v : {uint64_t{p.dst}, uint64_t{p.pitch}, uint64_t{p.value}, uint64_t{p.elementSize},
+                       uint64_t{p.width}, uint64_t{p.height}})
+        cx.out(v);
+    return CUDA_SUCCESS;
+}
+
+// args {node, cloned graph} -> outs {the node's copy in that graph, its type}: entered as the clone's (those
+// listed before keep their ids).
+CUresult handle_graph_find_in_clone(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    void *node = nullptr, *clone = nullptr;
+    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::graph_node, node); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.lookup(cx.arg(1), handle_kind::graph, clone); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuGraphNodeFindInClone) return cx.unsupported("cuGraphNodeFindInClone");
+    if (!d.cuGraphNodeGetType) return cx.unsupported("cuGraphNodeGetType");
+    CUgraphNode copy = nullptr;
+    if (CUresult rc =
+            d.cuGraphNodeFindInClone(&copy, static_cast<CUgraphNode>(node), static_cast<CUgraph>(clone));
+        rc != CUDA_SUCCESS)
+        return rc;
+    CUgraphNodeType type{};
+    if (CUresult rc = d.cuGraphNodeGetType(copy, &type); rc != CUDA_SUCCESS) return rc;
+    cx.out_handle(handle_kind::graph_node, copy, cx.arg(1), /*owned=*/true);
+    cx.out(static_cast<uint64_t>(seen_type(d, copy, type)));
+    return CUDA_SUCCESS;
+}
+
 // args {node} -> outs {function, kernel (the session's handles; 0: none), grid xyz, block xyz, shared bytes};
 // blob {its parameters, packed at the kernel's layout}. The driver's answer names the function or kernel the
 // node runs; the session knows its parameter layout from when it was looked up.

@@ -72,6 +72,9 @@ struct driver {
     decltype(&::cuGraphNodeSetEnabled) set_enabled = DRIVER(cuGraphNodeSetEnabled);
     decltype(&::cuGraphNodeGetEnabled) get_enabled = DRIVER(cuGraphNodeGetEnabled);
     decltype(&::cuGraphExecGetFlags) exec_flags = DRIVER(cuGraphExecGetFlags);
+    decltype(&::cuGraphMemsetNodeGetParams) memset_params = DRIVER(cuGraphMemsetNodeGetParams);
+    decltype(&::cuGraphClone) clone = DRIVER(cuGraphClone);
+    decltype(&::cuGraphNodeFindInClone) find_in_clone = DRIVER(cuGraphNodeFindInClone);
     decltype(&::cuGraphKernelNodeGetParams_v2) kernel_params =
         reinterpret_cast<decltype(&::cuGraphKernelNodeGetParams_v2)>(entry("cuGraphKernelNodeGetParams"));
 };
@@ -290,6 +293,29 @@ int main() {
     ok(d->record_event(e, &held), "cuGraphEventRecordNodeGetEvent");
     EXPECT(held == ev1, "the event record node names another event");
     refused(d->record_event(m, &held), "the event of a memset node");
+    CUDA_MEMSET_NODE_PARAMS held_m{};
+    ok(d->memset_params(m, &held_m), "cuGraphMemsetNodeGetParams");
+    EXPECT(held_m.dst == a && held_m.value == 13 && held_m.elementSize == m3.elementSize &&
+               held_m.width == m3.width && held_m.height == m3.height,
+           "the memset node holds value %u, %zu x %zu", held_m.value, held_m.width, held_m.height);
+    // A clone of the graph: the memset node's copy there, changed, changes only the clone.
+    CUgraph g2 = nullptr;
+    ok(d->clone(&g2, g), "cuGraphClone");
+    CUgraphNode m_copy = nullptr;
+    ok(d->find_in_clone(&m_copy, m, g2), "cuGraphNodeFindInClone");
+    CUgraphNodeType copy_type{};
+    ok(d->node_type(m_copy, &copy_type), "cuGraphNodeGetType (the copy)");
+    EXPECT(copy_type == CU_GRAPH_NODE_TYPE_MEMSET, "the copy's type is %d", static_cast<int>(copy_type));
+    auto m4 = memset_of(a, 17);
+    ok(d->memset(m_copy, &m4), "cuGraphMemsetNodeSetParams (the copy)");
+    ok(d->memset_params(m, &held_m), "cuGraphMemsetNodeGetParams (the original, after the copy changed)");
+    EXPECT(held_m.value == 13, "changing the copy changed the original (value %u)", held_m.value);
+    CUgraphExec x4;
+    ok(d->instantiate(&x4, g2, 0), "cuGraphInstantiateWithFlags (clone)");
+    run(x4, s);
+    expect_all(c, 17, "the clone's changed memset, c");
+    ok(d->exec_destroy(x4), "cuGraphExecDestroy (clone)");
+    ok(d->destroy(g2), "cuGraphDestroy (clone)");
     cuuint64_t xflags = 1;
     ok(d->exec_flags(x, &xflags), "cuGraphExecGetFlags");
     EXPECT(xflags == 0, "the executable graph's flags are %llu", static_cast<unsigned long long>(xflags));

@@ -189,6 +189,8 @@ uint64_t clone_graph(state& s, uint64_t src, uint64_t parent) {
         c->copy = n->copy;
         c->event = n->event;
         c->kernel = n->kernel;
+        c->memset = n->memset;
+        c->origin = h;
         c->cond = n->cond;
         c->cond_type = n->cond_type;
         copy_of[h] = c->handle;
@@ -561,6 +563,13 @@ CUresult settable_node_work(state& s, const CUgraphNodeParams* p, work& w, CUDA_
     return CUDA_SUCCESS;
 }
 
+// The parameters of a memset node of parameters `p` (none for other nodes).
+std::optional<CUDA_MEMSET_NODE_PARAMS> memset_of(const CUgraphNodeParams* p) {
+    if (p->type != CU_GRAPH_NODE_TYPE_MEMSET) return std::nullopt;
+    const auto& m = p->memset;
+    return CUDA_MEMSET_NODE_PARAMS{m.dst, m.pitch, m.value, m.elementSize, m.width, m.height};
+}
+
 // The event an event record or wait node of parameters `p` names (0 for other nodes).
 uint64_t event_of(const CUgraphNodeParams* p) {
     if (p->type == CU_GRAPH_NODE_TYPE_EVENT_RECORD) return from_handle(p->eventRecord.event);
@@ -662,6 +671,7 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
     n->copy = copy;
     n->event = event_of(p);
     n->kernel = kernel;
+    n->memset = memset_of(p);
     if (p->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {  // its bodies: empty graphs of its own
         n->cond = p->conditional.handle;
         n->cond_type = p->conditional.type;
@@ -1055,6 +1065,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeSetParams(CUgraphNode hNode, CUgra
         n->host = host;
         n->copy = copy;
         n->event = event_of(nodeParams);
+        n->memset = memset_of(nodeParams);
         return CUDA_SUCCESS;
     });
 }
@@ -1246,6 +1257,34 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode hNode,
             return CUDA_ERROR_INVALID_VALUE;
         *nodeParams = n->host;
         return CUDA_SUCCESS;
+    });
+}
+
+// A memset node's parameters, for nodes made or set by cuGraph* calls (captured ones keep none here).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphMemsetNodeGetParams(CUgraphNode hNode,
+                                                              CUDA_MEMSET_NODE_PARAMS* nodeParams) {
+    return entry([&](state& s) -> CUresult {
+        node_obj* n = s.find<node_obj>(hNode);
+        if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_MEMSET || nodeParams == nullptr || !n->memset)
+            return CUDA_ERROR_INVALID_VALUE;
+        *nodeParams = *n->memset;
+        return CUDA_SUCCESS;
+    });
+}
+
+// The copy of `hOriginalNode` among the nodes of `hClonedGraph` (a clone of its graph).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeFindInClone(CUgraphNode* phNode, CUgraphNode hOriginalNode,
+                                                          CUgraph hClonedGraph) {
+    return entry([&](state& s) -> CUresult {
+        const graph_obj* g = s.find<graph_obj>(hClonedGraph);
+        if (phNode == nullptr || g == nullptr || s.find<node_obj>(hOriginalNode) == nullptr)
+            return CUDA_ERROR_INVALID_VALUE;
+        for (uint64_t h : g->nodes)
+            if (s.find<node_obj>(h)->origin == from_handle(hOriginalNode)) {
+                *phNode = to_handle<CUgraphNode>(h);
+                return CUDA_SUCCESS;
+            }
+        return CUDA_ERROR_INVALID_VALUE;
     });
 }
 

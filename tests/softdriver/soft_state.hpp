@@ -411,6 +411,8 @@ struct node_obj : object {
     std::optional<CUDA_MEMCPY3D> copy;  // memcpy nodes made by cuGraphAddNode: their parameters, for updates
     uint64_t event = 0;  // event record and event wait nodes made by cuGraphAddNode: their event
     std::shared_ptr<const kernel_node_params> kernel;  // kernel nodes made or set by cuGraph* calls
+    std::optional<CUDA_MEMSET_NODE_PARAMS> memset;     // memset nodes made or set by cuGraph* calls
+    uint64_t origin = 0;                               // the node it was cloned from (cuGraphNodeFindInClone)
     // Conditional nodes: the handle, the kind, and the body graphs (the node's own), as handed out.
     uint64_t cond = 0;
     CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
