@@ -78,9 +78,21 @@ def _imports(path):
             for a in node.names]
 
 
-def _supply():
+def _targets(args):
+    """The carried test files this pytest run collects (its path arguments; all of them when it names none).
+    Only their imports are looked at: importing another file's helpers (common_cuda makes a CUDA tensor when
+    imported) would initialize CUDA in runs that need a process where it never was."""
+    here = pathlib.Path(os.path.abspath(__file__)).parent
+    every = sorted((here / "test").glob("test_*.py"))
+    paths = [pathlib.Path(os.path.abspath(a.split("::")[0])) for a in args if not a.startswith("-")]
+    if not paths:
+        return every
+    return [f for f in every if any(f == p or p in f.parents for p in paths)]
+
+
+def _supply(files):
     supplied, missing = [], []
-    for path in sorted((pathlib.Path(os.path.abspath(__file__)).parent / "test").glob("test_*.py")):
+    for path in files:
         for module_name, name in _imports(path):
             try:
                 module = importlib.import_module(module_name)
@@ -106,7 +118,8 @@ def _supply():
     return supplied, missing
 
 
-_supplied, _missing = _supply()
-if _supplied or _missing:
-    print(f"torch_conftest: torch {torch.__version__}; supplied {len(_supplied)}: {', '.join(_supplied) or '-'};"
-          f" still missing {len(_missing)}: {', '.join(sorted(set(_missing))) or '-'}", file=sys.stderr)
+def pytest_configure(config):
+    supplied, missing = _supply(_targets(config.args))
+    if supplied or missing:
+        print(f"torch_conftest: torch {torch.__version__}; supplied {len(supplied)}: {', '.join(supplied) or '-'};"
+              f" still missing {len(missing)}: {', '.join(sorted(set(missing))) or '-'}", file=sys.stderr)
