@@ -37,7 +37,9 @@
 #   CONFORMANCE_SAMPLES    sample names to run (default: every folder of SUITES_DIR/samples)
 #   CONFORMANCE_SAMPLE_TIMEOUT  seconds per sample run (default 30); CONFORMANCE_SAMPLES_JOBS parallel (default 8)
 #   CONFORMANCE_EXCEPTIONS the exceptions list (default tests/conformance/exceptions.txt)
-#   CONFORMANCE_SERVER_ARGS  extra vcuda-server arguments (e.g. `--driver BUILD/lib/libvcuda-softdriver.so`)
+#   CONFORMANCE_SERVER_ARGS  vcuda-server arguments beside its listeners (default `--isolation process`: each
+#                          session in its own worker process, as every table in the README was measured; set
+#                          it, even empty, to run sessions as threads, or e.g. `--driver BUILD/lib/libvcuda-softdriver.so`)
 #   CONFORMANCE_DRY=1      print what would run (no GPU, no server needed) and stop
 #   PYTHON                 the interpreter (default python3)
 # Exit status: 0 when every test that passed natively passed through vcuda (the exceptions list aside) and the
@@ -179,13 +181,13 @@ start_server() {  # TCP on 127.0.0.1:PORT and the Unix socket, the log appended 
         rm -f "$SOCK"
         echo "=== $(date '+%F %T') vcuda-server --listen $TCP_ADDR --listen $UNIX_ADDR" >>"$SERVER_LOG"
         # shellcheck disable=SC2086  # CONFORMANCE_SERVER_ARGS: words
-        "$SERVER_BIN" --listen "$TCP_ADDR" --listen "$UNIX_ADDR" --log-level info ${CONFORMANCE_SERVER_ARGS:-} \
+        "$SERVER_BIN" --listen "$TCP_ADDR" --listen "$UNIX_ADDR" --log-level info ${CONFORMANCE_SERVER_ARGS---isolation process} \
             >>"$SERVER_LOG" 2>&1 &
         server_pid=$!
         for _ in $(seq 1 200); do
             server_alive || { wait "$server_pid" 2>/dev/null; server_pid=""; break; }
             if [ -S "$SOCK" ] && port_listening "$port"; then
-                say "server up on $TCP_ADDR and $UNIX_ADDR (pid $server_pid)"
+                say "server up on $TCP_ADDR and $UNIX_ADDR (pid $server_pid; arguments: ${CONFORMANCE_SERVER_ARGS---isolation process})"
                 return 0
             fi
             sleep 0.1
