@@ -367,13 +367,6 @@ int striped_dtoh(bulk_link& link, void* dst, CUdeviceptr src, size_t n, CUstream
     return rc;
 }
 
-}  // namespace
-
-// Host to device: from shared pinned memory the server copies straight from the pages; large copies over TCP
-// go striped, large pageable ones to a server on this host through staging slots; otherwise every chunk but
-// the last is queued and the last waits for the server when `m` is sync, so the copy is enqueued on the GPU
-// before the call returns, as with the real driver.
-namespace {
 // Whether [p, p+n) lies in the application's pinned host memory, which a copy may name by its device pointer:
 // under unified addressing that is the host pointer (XLA reads the counter its redzone kernel writes so).
 bool in_pinned_host(uint64_t p, size_t n) {
@@ -390,6 +383,10 @@ CUresult copy_local(void* dst, const void* src, size_t n, CUstream stream) {
 }
 }  // namespace
 
+// Host to device: from shared pinned memory the server copies straight from the pages; large copies over TCP
+// go striped, large pageable ones to a server on this host through staging slots; otherwise every chunk but
+// the last is queued and the last waits for the server when `m` is sync, so the copy is enqueued on the GPU
+// before the call returns, as with the real driver.
 CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
