@@ -142,6 +142,19 @@ class handle_table {
                 f(make_handle(slots_[i].entry.kind, slots_[i].generation, i) | tag_, slots_[i].entry);
     }
 
+    // The first live id of kind `k` standing for driver object `raw` (its entry copied to `out` when given);
+    // 0 when there is none. Linear: for calls that report a driver object back (a pool, a node's event).
+    uint64_t find_raw(handle_kind k, const void* raw, handle_entry* out = nullptr) {
+        uint64_t found = 0;
+        for_each([&](uint64_t id, handle_entry& e) {
+            if (!found && e.kind == k && e.raw == raw) {
+                found = id;
+                if (out) *out = e;
+            }
+        });
+        return found;
+    }
+
     size_t size() const { return slots_.size() - free_.size(); }
     uint32_t tag() const { return static_cast<uint32_t>(tag_ >> tag_shift); }
 

@@ -315,15 +315,8 @@ namespace {
 // The session's id for driver object `raw` of kind `k` (and its entry, when `entry` is given); 0 when it has
 // none.
 uint64_t session_handle(call_context& cx, handle_kind k, const void* raw, handle_entry* entry = nullptr) {
-    uint64_t found = 0;
     std::lock_guard lock(cx.sess.mu);
-    cx.sess.handles.for_each([&](uint64_t id, handle_entry& h) {
-        if (h.kind == k && h.raw == raw && !found) {
-            found = id;
-            if (entry) *entry = h;
-        }
-    });
-    return found;
+    return cx.sess.handles.find_raw(k, raw, entry);
 }
 }  // namespace
 

@@ -28,12 +28,10 @@ CUresult current_device_memory(call_context& cx, size_t& device, device_memory*&
 // The handle the session already gave for the driver's pool `raw`, else a new owned one (a device's default
 // or current pool: asking twice gives the same handle).
 void out_pool(call_context& cx, CUmemoryPool raw) {
-    uint64_t found = 0;
+    uint64_t found;
     {
         std::lock_guard lock(cx.sess.mu);
-        cx.sess.handles.for_each([&](uint64_t id, handle_entry& e) {
-            if (e.kind == handle_kind::mem_pool && e.raw == raw && !found) found = id;
-        });
+        found = cx.sess.handles.find_raw(handle_kind::mem_pool, raw);
     }
     if (found)
         cx.out(found);

@@ -676,6 +676,23 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         a.str(note);
         send_message(control_fd, a.bytes, -1);
     };
+    // A move or a relocation of the worker's session, `op(session, why)`, on a thread of its own (the
+    // client's calls go on until it pauses them), answered with its outcome.
+    auto mobility_thread = [&srv, answer, send_status](const char* what, auto op) {
+        try {
+            std::thread([&srv, answer, send_status, op] {
+                name_this_thread("vc-mobility");
+                auto all = srv.sessions().snapshot();
+                std::string why = "the session has not opened here yet";
+                CUresult rc = CUDA_ERROR_NOT_FOUND;
+                if (!all.empty()) rc = op(all.front(), why);
+                answer(rc, rc == CUDA_SUCCESS ? all.front()->note() : why);
+                send_status();
+            }).detach();
+        } catch (const std::system_error& e) {
+            answer(CUDA_ERROR_OPERATING_SYSTEM, std::string("no thread for the ") + what + ": " + e.what());
+        }
+    };
     auto suspend_or_resume = [&srv, send_status](bool suspend) {
         for (auto& sp : srv.sessions().snapshot()) {
             std::string why;
@@ -740,19 +757,10 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
                 answer(CUDA_ERROR_INVALID_VALUE, "a malformed move request");
                 continue;
             }
-            try {
-                std::thread([&srv, to = session::move_target{*ep, address, token}, answer, send_status] {
-                    name_this_thread("vc-mobility");
-                    auto all = srv.sessions().snapshot();
-                    std::string why = "the session has not opened here yet";
-                    CUresult rc = CUDA_ERROR_NOT_FOUND;
-                    if (!all.empty()) rc = all.front()->move_to(to, std::chrono::seconds(5), why);
-                    answer(rc, rc == CUDA_SUCCESS ? all.front()->note() : why);
-                    send_status();
-                }).detach();
-            } catch (const std::system_error& e) {
-                answer(CUDA_ERROR_OPERATING_SYSTEM, std::string("no thread for the move: ") + e.what());
-            }
+            mobility_thread("move", [to = session::move_target{*ep, address, token}](
+                                        const std::shared_ptr<session>& sp, std::string& why) {
+                return sp->move_to(to, std::chrono::seconds(5), why);
+            });
             continue;
         }
         if (type == msg_relocate) {  // on a thread, as a move
@@ -762,22 +770,10 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
                 answer(CUDA_ERROR_INVALID_VALUE, "a malformed relocation request");
                 continue;
             }
-            try {
-                std::thread([&srv, from, to, answer, send_status] {
-                    name_this_thread("vc-mobility");
-                    auto all = srv.sessions().snapshot();
-                    std::string why = "the session has not opened here yet";
-                    CUresult rc = CUDA_ERROR_NOT_FOUND;
-                    if (!all.empty()) {
-                        auto index = all.front()->device_on(from);
-                        rc = srv.relocate(all.front(), index.value_or(all.front()->device_count()), to, why);
-                    }
-                    answer(rc, rc == CUDA_SUCCESS ? all.front()->note() : why);
-                    send_status();
-                }).detach();
-            } catch (const std::system_error& e) {
-                answer(CUDA_ERROR_OPERATING_SYSTEM, std::string("no thread for the relocation: ") + e.what());
-            }
+            mobility_thread(
+                "relocation", [&srv, from, to](const std::shared_ptr<session>& sp, std::string& why) {
+                    return srv.relocate(sp, sp->device_on(from).value_or(sp->device_count()), to, why);
+                });
             continue;
         }
         if (type == msg_suspend || type == msg_resume) {  // on a thread: connections go on being taken
