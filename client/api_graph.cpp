@@ -380,25 +380,27 @@ CUresult set_node(CUgraphExec exec, CUgraphNode node, CUgraphNodeType type, cons
     return exec ? c.send_async() : c.send_sync();
 }
 
-// The event of an event record or wait node (what 0), or the graph of a child graph node (what 1), as the
-// session names it (server/handlers_graph.cpp, graph_node_object).
+// The event of an event record or wait node, or the graph of a child graph node (`type`), as the session
+// names it (server/handlers_graph.cpp, graph_node_object).
 template <class H>
-CUresult node_object(CUgraphNode node, bool (*fits)(CUgraphNodeType), uint64_t what, handle_kind kind, H* out,
-                     const char* name) {
+CUresult node_object(CUgraphNode node, CUgraphNodeType type, H* out, const char* name) {
     VCUDA_REQUIRE_INIT();
     handle_info info;
-    if (!out || !node_info(node, info) || !fits(info.node_type)) return CUDA_ERROR_INVALID_VALUE;
+    if (!out || !node_info(node, info) || info.node_type != type) return CUDA_ERROR_INVALID_VALUE;
+    const bool child_graph = type == CU_GRAPH_NODE_TYPE_GRAPH;
     plain_call c(op::graph_node_object, name);
     c.handle(node, handle_kind::graph_node);
-    c.arg(what);
+    c.arg(uint64_t{child_graph});
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    if (kind == handle_kind::graph)
-        *out = c.out_handle<H>(0, kind, id_of(node));  // the node's: it lives as long as the node
+    if (child_graph)
+        *out =
+            c.out_handle<H>(0, handle_kind::graph, id_of(node));  // the node's: it lives as long as the node
     else
         *out = reinterpret_cast<H>(
             c.out<uint64_t>(0));  // one of the application's events, which the mirror knows
     return CUDA_SUCCESS;
 }
+
 // A kernel node's parameters as the driver gives them: kernelParams points into a copy of the values, kept
 // per node and replaced at the next such call (graphs give no sign of their end here). locks: its own mutex.
 struct kernel_node_values {
@@ -446,10 +448,6 @@ CUresult kernel_node_params(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS_v2& p, con
     p.kernelParams = v.pointers.empty() ? nullptr : v.pointers.data();
     return CUDA_SUCCESS;
 }
-
-bool is_event_record(CUgraphNodeType t) { return t == CU_GRAPH_NODE_TYPE_EVENT_RECORD; }
-bool is_event_wait(CUgraphNodeType t) { return t == CU_GRAPH_NODE_TYPE_WAIT_EVENT; }
-bool is_child_graph(CUgraphNodeType t) { return t == CU_GRAPH_NODE_TYPE_GRAPH; }
 
 // An event record or event wait node's new event.
 CUresult set_event(CUgraphExec exec, CUgraphNode node, CUgraphNodeType type, CUevent event,
@@ -1090,18 +1088,17 @@ CUresult capture_dependencies(CUstream s, uint64_t graph, std::vector<CUgraphNod
 
 VCUDA_API cuGraphEventRecordNodeGetEvent(CUgraphNode node, CUevent* event_out) noexcept {
     VCUDA_TRACE_HOOK(cuGraphEventRecordNodeGetEvent, node, event_out);
-    return node_object(node, is_event_record, 0, handle_kind::event, event_out,
-                       "cuGraphEventRecordNodeGetEvent");
+    return node_object(node, CU_GRAPH_NODE_TYPE_EVENT_RECORD, event_out, "cuGraphEventRecordNodeGetEvent");
 }
 
 VCUDA_API cuGraphEventWaitNodeGetEvent(CUgraphNode node, CUevent* event_out) noexcept {
     VCUDA_TRACE_HOOK(cuGraphEventWaitNodeGetEvent, node, event_out);
-    return node_object(node, is_event_wait, 0, handle_kind::event, event_out, "cuGraphEventWaitNodeGetEvent");
+    return node_object(node, CU_GRAPH_NODE_TYPE_WAIT_EVENT, event_out, "cuGraphEventWaitNodeGetEvent");
 }
 
 VCUDA_API cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph* graph) noexcept {
     VCUDA_TRACE_HOOK(cuGraphChildGraphNodeGetGraph, node, graph);
-    return node_object(node, is_child_graph, 1, handle_kind::graph, graph, "cuGraphChildGraphNodeGetGraph");
+    return node_object(node, CU_GRAPH_NODE_TYPE_GRAPH, graph, "cuGraphChildGraphNodeGetGraph");
 }
 
 VCUDA_API cuGraphKernelNodeGetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS_v1* params) noexcept {

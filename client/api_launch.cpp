@@ -141,44 +141,8 @@ CUresult point_at_shadows(std::vector<std::byte>& params, int device, CUstream s
     return CUDA_SUCCESS;
 }
 
-CUresult send_launch(uint64_t fid, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                     unsigned bz, unsigned shared, CUstream stream, param_form form,
-                     std::span<const std::byte> params, std::span<const std::byte> attrs, size_t n_attrs,
-                     int device);
-
-CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                unsigned shared, CUstream stream, void** kernel_params, void** extra,
-                std::span<const std::byte> attrs, size_t n_attrs) {
-    VCUDA_REQUIRE_INIT();
-    handle_info info;
-    uint64_t fid = reinterpret_cast<uint64_t>(f);
-    if (!state::get().lookup_kind(fid, info.kind, &info.layout) ||
-        (info.kind != handle_kind::function && info.kind != handle_kind::kernel))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!valid_handle(reinterpret_cast<uint64_t>(stream), handle_kind::stream))
-        return CUDA_ERROR_INVALID_HANDLE;
-    int device = current_device();
-    if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (CUresult rc = check_shape(device, gx, gy, gz, bx, by, bz); rc != CUDA_SUCCESS) return rc;
-    std::vector<std::byte> params;
-    param_form form;
-    if (CUresult rc = pack_params(info, kernel_params, extra, params, form); rc != CUDA_SUCCESS) return rc;
-    std::vector<shadowed> shadows;
-    if (CUresult rc = point_at_shadows(params, device, stream, shadows); rc != CUDA_SUCCESS) return rc;
-    // The kernel may read or write any managed memory: the CPU's copies go back to the device first.
-    if (CUresult rc = managed_before_launch(); rc != CUDA_SUCCESS) return rc;
-    CUresult rc =
-        send_launch(fid, gx, gy, gz, bx, by, bz, shared, stream, form, params, attrs, n_attrs, device);
-    for (const auto& s : shadows) {  // the kernel's writes, back where the application looks for them
-        if (s.host.registered && (s.host.flags & CU_MEMHOSTREGISTER_READ_ONLY))
-            continue;  // the GPU only reads
-        if (CUresult back = copy_dtoh(reinterpret_cast<void*>(s.host.base), s.shadow, s.host.size, stream);
-            rc == CUDA_SUCCESS && back != CUDA_SUCCESS)
-            rc = back;
-    }
-    return rc;
-}
-
+// The launch op on the calling thread's lane: queued, unless the server must answer first (cooperative grids,
+// shared memory above the static limit until such a launch passed).
 CUresult send_launch(uint64_t fid, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                      unsigned bz, unsigned shared, CUstream stream, param_form form,
                      std::span<const std::byte> params, std::span<const std::byte> attrs, size_t n_attrs,
@@ -219,6 +183,39 @@ CUresult send_launch(uint64_t fid, unsigned gx, unsigned gy, unsigned gz, unsign
         }
     }
     return static_cast<CUresult>(l->post(rq));
+}
+
+CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                unsigned shared, CUstream stream, void** kernel_params, void** extra,
+                std::span<const std::byte> attrs, size_t n_attrs) {
+    VCUDA_REQUIRE_INIT();
+    handle_info info;
+    uint64_t fid = reinterpret_cast<uint64_t>(f);
+    if (!state::get().lookup_kind(fid, info.kind, &info.layout) ||
+        (info.kind != handle_kind::function && info.kind != handle_kind::kernel))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!valid_handle(reinterpret_cast<uint64_t>(stream), handle_kind::stream))
+        return CUDA_ERROR_INVALID_HANDLE;
+    int device = current_device();
+    if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult rc = check_shape(device, gx, gy, gz, bx, by, bz); rc != CUDA_SUCCESS) return rc;
+    std::vector<std::byte> params;
+    param_form form;
+    if (CUresult rc = pack_params(info, kernel_params, extra, params, form); rc != CUDA_SUCCESS) return rc;
+    std::vector<shadowed> shadows;
+    if (CUresult rc = point_at_shadows(params, device, stream, shadows); rc != CUDA_SUCCESS) return rc;
+    // The kernel may read or write any managed memory: the CPU's copies go back to the device first.
+    if (CUresult rc = managed_before_launch(); rc != CUDA_SUCCESS) return rc;
+    CUresult rc =
+        send_launch(fid, gx, gy, gz, bx, by, bz, shared, stream, form, params, attrs, n_attrs, device);
+    for (const auto& s : shadows) {  // the kernel's writes, back where the application looks for them
+        if (s.host.registered && (s.host.flags & CU_MEMHOSTREGISTER_READ_ONLY))
+            continue;  // the GPU only reads
+        if (CUresult back = copy_dtoh(reinterpret_cast<void*>(s.host.base), s.shadow, s.host.size, stream);
+            rc == CUDA_SUCCESS && back != CUDA_SUCCESS)
+            rc = back;
+    }
+    return rc;
 }
 
 }  // namespace

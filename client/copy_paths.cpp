@@ -391,18 +391,19 @@ CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, 
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
     if (!src) return CUDA_ERROR_INVALID_VALUE;
-    if (!device_range(dst, n) && in_pinned_host(dst, n) && !(capture_under_way() && stream_captures(stream)))
+    const bool dst_on_device = device_range(dst, n);
+    if (!dst_on_device && in_pinned_host(dst, n) && !(capture_under_way() && stream_captures(stream)))
         return copy_local(reinterpret_cast<void*>(dst), src, n, stream);
     // Managed memory is the device's: its CPU view is never read here (client/managed.hpp).
     if (managed_contains(reinterpret_cast<uint64_t>(src)))
         return copy_dtod(dst, reinterpret_cast<uint64_t>(src), n, stream, m);
     if (CUresult rc = managed_before_device_access(dst, n, true); rc != CUDA_SUCCESS) return rc;
-    if (m == mode::post && !device_range(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+    if (m == mode::post && !dst_on_device) return CUDA_ERROR_INVALID_VALUE;
     if (uint64_t from = shared_address(src, n))
         return remote(op::copy_htod_shared, {dst, from, n, stream_arg(stream)}, m);
     if (capture_under_way() && stream_captures(stream))  // read when the graph runs, not now
         return capture_copy(linear_to_device(dst, src, n), stream, "a captured copy to the device");
-    if (device_range(dst, n)) {  // else the lane's copy gets the server's refusal
+    if (dst_on_device) {  // else the lane's copy gets the server's refusal
         if (auto link = striping(n))
             if (int rc = striped_htod(*link, dst, src, n, stream); rc != moved_retry_result)
                 return static_cast<CUresult>(rc);
@@ -428,19 +429,20 @@ CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
     if (!dst) return CUDA_ERROR_INVALID_VALUE;
-    if (!device_range(src, n) && in_pinned_host(src, n) && !(capture_under_way() && stream_captures(stream)))
+    const bool src_on_device = device_range(src, n);
+    if (!src_on_device && in_pinned_host(src, n) && !(capture_under_way() && stream_captures(stream)))
         return copy_local(dst, reinterpret_cast<const void*>(src), n, stream);
     if (managed_contains(reinterpret_cast<uint64_t>(dst)))
         return copy_dtod(reinterpret_cast<uint64_t>(dst), src, n, stream, m);
     if (CUresult rc = managed_before_device_access(src, n, false); rc != CUDA_SUCCESS) return rc;
     if (uint64_t to = shared_address(dst, n)) {
-        if (m == mode::post && (!device_range(src, n) || check_stream(stream) != CUDA_SUCCESS))
+        if (m == mode::post && (!src_on_device || check_stream(stream) != CUDA_SUCCESS))
             return CUDA_ERROR_INVALID_VALUE;
         return remote(op::copy_dtoh_shared, {to, src, n, stream_arg(stream)}, m);
     }
     if (capture_under_way() && stream_captures(stream))  // written when the graph runs, not now
         return capture_copy(linear_from_device(dst, src, n), stream, "a captured copy from the device");
-    if (device_range(src, n)) {
+    if (src_on_device) {
         if (auto link = striping(n))
             if (int rc = striped_dtoh(*link, dst, src, n, stream); rc != moved_retry_result)
                 return static_cast<CUresult>(rc);
@@ -492,15 +494,17 @@ CUresult copy_between_sessions(CUdeviceptr dst, int dst_device, CUdeviceptr src,
 CUresult copy_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
-    if (!(capture_under_way() && stream_captures(stream))) {  // a side in pinned host memory: a host side
-        const bool src_here = !device_range(src, n) && in_pinned_host(src, n);
-        if (!device_range(dst, n) && in_pinned_host(dst, n))
+    const bool src_on_device = device_range(src, n), dst_on_device = device_range(dst, n);
+    if ((!src_on_device || !dst_on_device) &&
+        !(capture_under_way() && stream_captures(stream))) {  // a side in pinned host memory: a host side
+        const bool src_here = !src_on_device && in_pinned_host(src, n);
+        if (!dst_on_device && in_pinned_host(dst, n))
             return src_here ? copy_local(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n,
                                          stream)
                             : copy_dtoh(reinterpret_cast<void*>(dst), src, n, stream, mode::sync);
         if (src_here) return copy_htod(dst, reinterpret_cast<const void*>(src), n, stream, m);
     }
-    if (m == mode::post && (!device_range(dst, n) || !device_range(src, n))) return CUDA_ERROR_INVALID_VALUE;
+    if (m == mode::post && (!dst_on_device || !src_on_device)) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult rc = managed_before_device_access(src, n, false); rc != CUDA_SUCCESS) return rc;
     if (CUresult rc = managed_before_device_access(dst, n, true); rc != CUDA_SUCCESS) return rc;
     auto& st = state::get();
