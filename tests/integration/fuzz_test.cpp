@@ -285,8 +285,16 @@ class fuzzer {
                                        static_cast<uint32_t>(op::pool_export_pointer),
                                        static_cast<uint32_t>(op::pool_import_pointer),
                                        static_cast<uint32_t>(op::ipc_export),
-                                       static_cast<uint32_t>(op::ipc_open)};
-        uint32_t o = pick(3) ? ops[pick(std::size(ops))] : static_cast<uint32_t>(pick(400));
+                                       static_cast<uint32_t>(op::ipc_open),
+                                       static_cast<uint32_t>(op::graph_node_object),
+                                       static_cast<uint32_t>(op::graph_kernel_node_params),
+                                       static_cast<uint32_t>(op::graph_memset_node_params),
+                                       static_cast<uint32_t>(op::graph_find_in_clone),
+                                       static_cast<uint32_t>(op::cuGraphNodeSetEnabled),
+                                       static_cast<uint32_t>(op::cuGraphNodeGetEnabled),
+                                       static_cast<uint32_t>(op::cuGraphExecGetFlags)};
+        uint32_t o =
+            pick(3) ? ops[pick(std::size(ops))] : static_cast<uint32_t>(pick(512));  // past the last id
         std::vector<uint64_t> args(pick(9));
         for (auto& a : args) a = pick(3) ? last_out_ + pick(8192) - 4096 : interesting();
         flatbuffers::FlatBufferBuilder b;

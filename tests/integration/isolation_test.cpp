@@ -270,6 +270,10 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
     CHECK(add_memset(*b, gb.outs[0], b_ptr, ids({node})).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::graph_nodes, {g.outs[0], 0, 0, 0, 0}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::cuGraphDestroyNode, {node}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(b->call(op::graph_memset_node_params, {node}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(b->call(op::graph_node_object, {node, 0}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(b->call(op::graph_kernel_node_params, {node}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(b->call(op::graph_find_in_clone, {node, gb.outs[0]}).result == CUDA_ERROR_INVALID_HANDLE);
     CUDA_MEMCPY3D copy{};
     copy.srcMemoryType = copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
     copy.srcDevice = a_ptr;
@@ -315,6 +319,21 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
                   {ids({node}), std::vector<std::byte>(3)})
               .result == CUDA_ERROR_INVALID_VALUE);
 
+    // What a node holds: its session reads it (the other session cannot, above); malformed or mistyped asks
+    // are refused (ops graph_memset_node_params, graph_node_object, graph_kernel_node_params,
+    // graph_find_in_clone).
+    auto held = a->call(op::graph_memset_node_params, {node});
+    REQUIRE(held.result == CUDA_SUCCESS);
+    CHECK(held.outs == std::vector<uint64_t>{a_ptr, 64, 0, 4, 16, 1});
+    CHECK(a->call(op::graph_memset_node_params, {}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_node_object, {node, 7}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_node_object, {node, 0}).result == CUDA_ERROR_INVALID_VALUE);  // not an event node
+    CHECK(a->call(op::graph_node_object, {node, 1}).result == CUDA_ERROR_INVALID_VALUE);  // nor a child graph
+    CHECK(a->call(op::graph_kernel_node_params, {node}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_find_in_clone, {node, g.outs[0]}).result ==
+          CUDA_ERROR_INVALID_VALUE);  // no clone
+    CHECK(a->call(op::graph_find_in_clone, {node, node}).result == CUDA_ERROR_INVALID_HANDLE);
+
     // The graph takes its nodes with it: their ids are stale.
     REQUIRE(a->call(op::cuGraphDestroy, {g.outs[0]}).result == CUDA_SUCCESS);
     auto g2 = a->call(op::cuGraphCreate, {0});
@@ -322,6 +341,7 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
     CHECK(add_memset(*a, g2.outs.at(0), a_ptr, ids({node})).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(a->call(op::cuGraphDestroyNode, {n2.outs[0]}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(a->call(op::graph_nodes, {node, 2, 0, 0, 0}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(a->call(op::graph_memset_node_params, {node}).result == CUDA_ERROR_INVALID_HANDLE);
 }
 
 TEST_CASE(
