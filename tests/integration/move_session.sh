@@ -29,7 +29,11 @@ programs=${MOVE_PROGRAMS:-"suspend_resume:300:sure suspend_resume:0: symbols:300
   precopy_dirty:800,1500:sure:tcpdirty vmm:400:sure"}
 # Memory these programs hold is the program's own VMM allocations, which a move copies (never hands over).
 copied_programs=" vmm "
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Ports free now, distinct: all are bound at once (separate picks can return one port twice).
+free_ports() { python3 -c 'import socket, sys
+ss = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"; }
 wait_ready() {
   for _ in $(seq 200); do
     case "$1" in unix:*) [ -S "${1#unix:}" ] && return 0 ;; *) (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null && return 0 ;; esac
@@ -58,7 +62,8 @@ for transport in ${loop_transports/back/}; do
   if [ "${transport#tcp}" = "$transport" ]; then
     ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
   else
-    ref="127.0.0.1:$(free_port)"; a="127.0.0.1:$(free_port)"; b="127.0.0.1:$(free_port)"
+    read -r p_ref p_a p_b <<< "$(free_ports 3)"
+    ref="127.0.0.1:$p_ref"; a="127.0.0.1:$p_a"; b="127.0.0.1:$p_b"
   fi
   : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
   start_server ref "$ref" 3

@@ -35,7 +35,11 @@ pids=()
 # shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Ports free now, distinct: all are bound at once (separate picks can return one port twice).
+free_ports() { python3 -c 'import socket, sys
+ss = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"; }
 wait_socket() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1"; exit 1; }
 wait_for() { local n=$(($1 * 10)); shift; for _ in $(seq "$n"); do "$@" && return 0; sleep 0.1; done; return 1; }
 json() { python3 -c "import json,sys; j=json.load(sys.stdin); print($1)"; }
@@ -58,7 +62,8 @@ for transport in ${MOBILE_TRANSPORTS:-unix tcp}; do
   "$build/bin/vcuda-mgmt" --listen "unix:$t/m.sock" --db "$t/m.db" --secret-file "$t/secret" \
     --heartbeat-timeout 3s --log-level info 2> "$t/mgmt.log" & pids+=($!)
   wait_socket "$t/m.sock"
-  declare -A port=([a]=$(free_port) [b]=$(free_port))
+  read -r p_a p_b <<< "$(free_ports 2)"
+  declare -A port=([a]=$p_a [b]=$p_b)
   for s in a b; do
     adv=("unix:$t/$s.sock" "127.0.0.1:${port[$s]}"); [ "$transport" = tcp ] && adv=("127.0.0.1:${port[$s]}")
     window=1; [ $s = b ] && window=2
