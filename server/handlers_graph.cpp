@@ -41,6 +41,19 @@ CUresult set_thread_capture_mode(call_context& cx, uint64_t mode) {
     return d.cuThreadExchangeStreamCaptureMode(&m);
 }
 
+// The mode the driver begins a capture in. The driver applies a GLOBAL capture's rule to every thread of its
+// process that is in GLOBAL mode: under server threads those include other tenants' lanes, whose allocations
+// and registrations it would refuse and whose calls would invalidate the capture. So there the capture begins
+// THREAD_LOCAL, which binds the capturing thread exactly as GLOBAL does and no other thread (also none of the
+// same application: its other threads act as if THREAD_LOCAL while it captures). A worker process serves one
+// session, and keeps the application's mode.
+CUstreamCaptureMode driver_capture_mode(const call_context& cx, uint64_t asked) {
+    auto mode = static_cast<CUstreamCaptureMode>(asked);
+    if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL && !cx.sess.alone_in_process())
+        return CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    return mode;
+}
+
 // The capture status and id of `s` and the graph it records into (graph may be null).
 CUresult capture_info(call_context& cx, CUstream s, CUstreamCaptureStatus& status, cuuint64_t& id,
                       CUgraph* graph) {
@@ -120,8 +133,7 @@ CUresult handle_begin_capture(call_context& cx) {
     auto& d = cx.drv();
     if (!d.cuStreamBeginCapture_v2 || !d.cuStreamEndCapture) return cx.unsupported("cuStreamBeginCapture_v2");
     if (CUresult rc = set_thread_capture_mode(cx, cx.arg(2)); rc != CUDA_SUCCESS) return rc;
-    if (CUresult rc = d.cuStreamBeginCapture_v2(s, static_cast<CUstreamCaptureMode>(cx.arg(1)));
-        rc != CUDA_SUCCESS)
+    if (CUresult rc = d.cuStreamBeginCapture_v2(s, driver_capture_mode(cx, cx.arg(1))); rc != CUDA_SUCCESS)
         return rc;
     cuuint64_t id = 0;
     CUgraph g = nullptr;
@@ -147,7 +159,7 @@ CUresult handle_begin_capture_to_graph(call_context& cx) {
         return cx.unsupported("cuStreamBeginCaptureToGraph");
     if (CUresult rc = set_thread_capture_mode(cx, cx.arg(3)); rc != CUDA_SUCCESS) return rc;
     if (CUresult rc = d.cuStreamBeginCaptureToGraph(s, into, deps.nodes.data(), deps.edges, deps.nodes.size(),
-                                                    static_cast<CUstreamCaptureMode>(cx.arg(2)));
+                                                    driver_capture_mode(cx, cx.arg(2)));
         rc != CUDA_SUCCESS)
         return rc;
     cuuint64_t id = 0;

@@ -94,7 +94,7 @@ CUresult handle_host_free(call_context& cx) {
     }
     auto& d = cx.drv();
     d.cuCtxSynchronize();  // as cuMemFreeHost: no copy in flight may still use the pages
-    d.cuMemHostUnregister(reinterpret_cast<void*>(addr));
+    cx.sess.unregister_host_pages(addr);
     cx.sess.unmap_host_pages(addr, size);
     return CUDA_SUCCESS;
 }

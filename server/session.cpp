@@ -417,13 +417,20 @@ void session::unmap_host_pages(uintptr_t addr, size_t size) {
         ::munmap(reinterpret_cast<void*>(addr), size);
 }
 
-void session::release_host_regions() {
+void session::unregister_host_pages(uintptr_t addr) {
     auto& d = api();
+    relaxed_capture_scope relaxed(d);
+    if (CUresult rc = d.cuMemHostUnregister(reinterpret_cast<void*>(addr)); rc != CUDA_SUCCESS)
+        VCUDA_LOG_WARN("session {}: unregistering pinned pages at {:#x} failed with error {}", id_, addr,
+                       static_cast<int>(rc));
+}
+
+void session::release_host_regions() {
     std::lock_guard lock(mu);
     if (host.regions_.empty()) return;
     synchronize_any_context();  // the regions are portable: any context will do to unregister them
     for (auto& [addr, r] : host.regions_) {
-        d.cuMemHostUnregister(reinterpret_cast<void*>(addr));
+        unregister_host_pages(addr);
         unmap_host_pages(addr, r.size);
         if (r.fd >= 0) ::close(r.fd);
     }

@@ -162,6 +162,9 @@ class session : public std::enable_shared_from_this<session> {
     const std::string& lease_id() const { return lease_id_; }
     const std::string& tenant() const { return tenant_; }
     ipc_broker* ipc() const { return opts_.ipc.get(); }
+    // Whether this session is the only one its process serves (a worker of --isolation process; the parent
+    // serves none itself): the driver's process-wide rules are then the application's alone.
+    bool alone_in_process() const { return opts_.isolate; }
     // The server's address window (--address-window), or null (none).
     address_window* window() const { return opts_.window.get(); }
 
@@ -195,6 +198,10 @@ class session : public std::enable_shared_from_this<session> {
     void* map_host_pages(int fd, size_t size);
     bool map_host_pages_at(uintptr_t addr, int fd, size_t size);
     void unmap_host_pages(uintptr_t addr, size_t size);
+    // Unregisters the pinned pages at `addr` from the driver, relaxed (a capture under way on this thread
+    // must not keep them registered: pages mapped there later could not be registered again). A failure is
+    // logged.
+    void unregister_host_pages(uintptr_t addr);
     // True when [p, p+n) lies inside one of this session's host regions.
     bool owns_host(uintptr_t p, size_t n);
     // The copy mark of the region holding [p, p+n) (made now if it has none); null when no region holds it.

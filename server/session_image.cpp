@@ -434,7 +434,7 @@ void session::release_gpu_state() {
                 r.last_copy->event = nullptr;
                 r.last_copy->ctx = nullptr;
             }
-            d.cuMemHostUnregister(reinterpret_cast<void*>(addr));
+            unregister_host_pages(addr);
         }
     }
     // Dependents before what they depend on: events and streams, then modules and libraries (their functions,

@@ -482,3 +482,32 @@ TEST_CASE("tensor maps are encoded only over the session's own memory, from well
     // A's session goes on.
     CHECK(tiled(*a, a_ptr, rows, cols * 4).result == CUDA_SUCCESS);
 }
+
+TEST_CASE("a session's stream capture in global mode refuses no call of another session", "[integration]") {
+    // The driver's capture-mode rules span its process: under server threads, one tenant's global-mode
+    // capture made the driver refuse other tenants' allocations and registrations (session 16, on the H200).
+    const std::string isolation = GENERATE("thread", "process");
+    INFO("--isolation " << isolation);
+    server_process server({"--isolation", isolation});
+    auto a = raw_client::open(server.address());
+    auto b = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(b);
+    auto s = a->call(op::cuStreamCreate, {CU_STREAM_NON_BLOCKING});
+    REQUIRE(s.result == CUDA_SUCCESS);
+    const uint64_t stream = s.outs.at(0);
+    auto begun =
+        a->call(op::begin_capture, {stream, CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL});
+    REQUIRE(begun.result == CUDA_SUCCESS);
+    REQUIRE(begun.outs.size() == 2);
+
+    auto other = b->call(op::mem_alloc, {4096});
+    CHECK(other.result == CUDA_SUCCESS);
+    if (other.result == CUDA_SUCCESS) CHECK(b->call(op::mem_free, {other.outs.at(0)}).result == CUDA_SUCCESS);
+    // The capturing thread's own rule holds: its unsafe calls are refused while it captures.
+    CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+
+    auto ended = a->call(op::end_capture, {stream, begun.outs[1]});
+    CHECK(ended.result == CUDA_SUCCESS);
+    CHECK(b->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
+}
