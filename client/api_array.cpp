@@ -1,11 +1,14 @@
-// CUDA arrays, texture objects and surface objects (server/handlers_array.cpp). Arrays are session handles
-// the mirror knows by kind, so a copy naming an unknown array fails here at once; the server checks every
-// copy's box against the array's extent. Texture and surface objects are the server's real values (kernels
-// receive them by value): the server keeps which belong to the session. The array copies (cuMemcpyHtoA ...)
-// are 1D copies through the 2D/3D path (client/copy_paths.cpp).
+// CUDA arrays, mipmapped arrays, texture objects and surface objects (server/handlers_array.cpp). Arrays are
+// session handles the mirror knows by kind, so a copy naming an unknown array fails here at once; the server
+// checks every copy's box against the array's extent. A mipmapped array's level arrays come with it. Texture
+// and surface objects are the server's real values (kernels receive them by value): the server keeps which
+// belong to the session. The array copies (cuMemcpyHtoA ...) are 1D copies through the 2D/3D path
+// (client/copy_paths.cpp).
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "client/copy_paths.hpp"
 #include "client/entry_point.hpp"
@@ -41,6 +44,12 @@ uint64_t element_bytes(CUarray_format f, unsigned channels) {
         default:
             return 4ull * channels;  // the server refuses formats it does not serve before any copy
     }
+}
+
+// Each mipmapped array this process made, and its levels' arrays (level 0 first).
+std::map<uint64_t, std::vector<uint64_t>>& mipmapped() {
+    static auto* m = new std::map<uint64_t, std::vector<uint64_t>>();
+    return *m;
 }
 
 std::span<const std::byte> bytes_of(const void* p, size_t n) { return {static_cast<const std::byte*>(p), n}; }
@@ -124,6 +133,67 @@ VCUDA_API cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d)
                         "cuArray3DCreate");
 }
 
+VCUDA_API cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d,
+                                 unsigned int numMipmapLevels) noexcept {
+    VCUDA_TRACE_HOOK(cuMipmappedArrayCreate, pHandle, d, numMipmapLevels);
+    VCUDA_REQUIRE_INIT();
+    if (!pHandle || !d) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::mipmapped_array_create, "cuMipmappedArrayCreate");
+    for (uint64_t v : {uint64_t{d->Width}, uint64_t{d->Height}, uint64_t{d->Depth}, uint64_t{d->Format},
+                       uint64_t{d->NumChannels}, uint64_t{d->Flags}, uint64_t{numMipmapLevels}})
+        c.arg(v);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    if (c.reply().outs.size() != size_t{numMipmapLevels} + 1) return CUDA_ERROR_UNKNOWN;
+    *pHandle = c.out_handle<CUmipmappedArray>(0, handle_kind::mipmapped_array);
+    const auto id = reinterpret_cast<uint64_t>(*pHandle);
+    std::vector<uint64_t> levels;
+    std::lock_guard lock(arrays_mu);
+    for (unsigned l = 0; l < numMipmapLevels; ++l) {
+        const uint64_t level =
+            reinterpret_cast<uint64_t>(c.out_handle<CUarray>(1 + l, handle_kind::array, id));
+        auto half = [&](size_t n) -> uint64_t { return n ? std::max<uint64_t>(1, n >> l) : 0; };
+        const bool layered = d->Flags & CUDA_ARRAY3D_LAYERED;
+        const uint64_t height = half(d->Height), depth = layered ? d->Depth : half(d->Depth);
+        arrays()[level] = {half(d->Width) * element_bytes(d->Format, d->NumChannels), height ? height : 1,
+                           depth ? depth : 1};
+        levels.push_back(level);
+    }
+    mipmapped()[id] = std::move(levels);
+    return CUDA_SUCCESS;
+}
+
+// The levels' arrays came with the mipmapped array: answered here.
+VCUDA_API cuMipmappedArrayGetLevel(CUarray* pLevelArray, CUmipmappedArray hMipmappedArray,
+                                   unsigned int level) noexcept {
+    VCUDA_TRACE_HOOK(cuMipmappedArrayGetLevel, pLevelArray, hMipmappedArray, level);
+    VCUDA_REQUIRE_INIT();
+    if (!pLevelArray) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard lock(arrays_mu);
+    auto it = mipmapped().find(reinterpret_cast<uint64_t>(hMipmappedArray));
+    if (it == mipmapped().end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (level >= it->second.size()) return CUDA_ERROR_INVALID_VALUE;
+    *pLevelArray = reinterpret_cast<CUarray>(it->second[level]);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) noexcept {
+    VCUDA_TRACE_HOOK(cuMipmappedArrayDestroy, hMipmappedArray);
+    VCUDA_REQUIRE_INIT();
+    plain_call c(op::mipmapped_array_destroy, "cuMipmappedArrayDestroy");
+    c.handle(hMipmappedArray, handle_kind::mipmapped_array);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    c.forget(hMipmappedArray, handle_kind::mipmapped_array);
+    std::lock_guard lock(arrays_mu);
+    auto it = mipmapped().find(reinterpret_cast<uint64_t>(hMipmappedArray));
+    if (it == mipmapped().end()) return CUDA_SUCCESS;
+    for (uint64_t level : it->second) {
+        c.forget(reinterpret_cast<CUarray>(level), handle_kind::array);
+        arrays().erase(level);
+    }
+    mipmapped().erase(it);
+    return CUDA_SUCCESS;
+}
+
 VCUDA_API cuArrayDestroy(CUarray hArray) noexcept {
     VCUDA_TRACE_HOOK(cuArrayDestroy, hArray);
     VCUDA_REQUIRE_INIT();
@@ -204,8 +274,10 @@ VCUDA_API cuTexObjectCreate(CUtexObject* pTexObject, const CUDA_RESOURCE_DESC* p
     if (pResDesc->resType == CU_RESOURCE_TYPE_ARRAY &&
         !valid_handle(reinterpret_cast<uint64_t>(pResDesc->res.array.hArray), handle_kind::array))
         return CUDA_ERROR_INVALID_HANDLE;
-    if (pResDesc->resType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY)
-        return static_cast<CUresult>(unsupported("cuTexObjectCreate over a mipmapped array"));
+    if (pResDesc->resType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY &&
+        !valid_handle(reinterpret_cast<uint64_t>(pResDesc->res.mipmap.hMipmappedArray),
+                      handle_kind::mipmapped_array))
+        return CUDA_ERROR_INVALID_HANDLE;
     plain_call c(op::tex_create, "cuTexObjectCreate");
     c.blob(bytes_of(pResDesc, sizeof *pResDesc));
     c.blob(bytes_of(pTexDesc, sizeof *pTexDesc));

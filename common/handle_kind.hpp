@@ -26,8 +26,9 @@ enum class handle_kind : uint8_t {
     link_state = 12,
     array = 13,
     mem_handle = 14,  // cuMemCreate's physical allocations (CUmemGenericAllocationHandle)
+    mipmapped_array = 15,
 };
-inline constexpr int handle_kind_count = 15;
+inline constexpr int handle_kind_count = 16;
 
 constexpr handle_kind kind_of(uint64_t id) { return static_cast<handle_kind>(id >> 56); }
 constexpr uint64_t make_handle(handle_kind k, uint32_t generation, uint32_t index) {
@@ -68,6 +69,8 @@ constexpr std::string_view to_string(handle_kind k) {
             return "array";
         case handle_kind::mem_handle:
             return "mem_handle";
+        case handle_kind::mipmapped_array:
+            return "mipmapped_array";
     }
     return "unknown";
 }

@@ -1,14 +1,17 @@
-// Hand-written ops for CUDA arrays, texture objects and surface objects (protocol/spec/driver.spec, ids
-// 390-397). Arrays are session handles whose bytes (rows rounded up to 512 bytes, as the driver lays them
-// out) are charged to the device's quota before the driver makes them. Texture and surface objects are the
-// driver's own 64-bit values, answered to the client because kernels receive them by value; the session keeps
-// which are its own (array_tables), so destroy and queries refuse any other value. A resource descriptor
-// names an array by the session's handle (translated here) or device memory (checked against the session's
-// allocations). runs on: the lane's thread. locks: the session's `mu` around its tables, never across a
-// driver call that may block.
+// Hand-written ops for CUDA arrays, mipmapped arrays, texture objects and surface objects
+// (protocol/spec/driver.spec, ids 390-397, 420-421). Arrays are session handles whose bytes (rows rounded up
+// to 512 bytes, as the driver lays them out) are charged to the device's quota before the driver makes them;
+// a mipmapped array is charged for all its levels, whose arrays are handles it owns. Texture and surface
+// objects are the driver's own 64-bit values, answered to the client because kernels receive them by value;
+// the session keeps which are its own (array_tables), so destroy and queries refuse any other value. A
+// resource descriptor names an array by the session's handle (translated here) or device memory (checked
+// against the session's allocations). runs on: the lane's thread. locks: the session's `mu` around its
+// tables, never across a driver call that may block.
 #include "server/handlers_array.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "common/log.hpp"
 #include "server/call_context.hpp"
@@ -95,8 +98,14 @@ CUresult translate_resource(call_context& cx, CUDA_RESOURCE_DESC& r, bool surfac
                 return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad pitch2D resource");
             return cx.device_range(p.devPtr, span);
         }
-        case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
-            return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "mipmapped arrays are not served by vcuda yet");
+        case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: {
+            if (surface) break;
+            void* raw = nullptr;
+            uint64_t id = reinterpret_cast<uint64_t>(r.res.mipmap.hMipmappedArray);
+            if (CUresult rc = cx.lookup(id, handle_kind::mipmapped_array, raw); rc != CUDA_SUCCESS) return rc;
+            r.res.mipmap.hMipmappedArray = static_cast<CUmipmappedArray>(raw);
+            return CUDA_SUCCESS;
+        }
         default:
             break;
     }
@@ -144,13 +153,13 @@ CUresult array_box(call_context& cx, uint64_t id, uint64_t x, uint64_t y, uint64
     return CUDA_SUCCESS;
 }
 
-// args {width, height, depth, format, channels, flags, 3d}. Out {array}.
-CUresult handle_array_create(call_context& cx) {
-    if (!cx.expect_args(7)) return cx.bad_arguments();
-    CUDA_ARRAY3D_DESCRIPTOR d{};
+namespace {
+
+// The descriptor in args 0-5 {width, height, depth, format, channels, flags} and the bytes it takes (rows
+// rounded up to 512 bytes), or a refusal. `three_d`: a cuArray3DCreate descriptor (depth and flags allowed).
+CUresult array_args(call_context& cx, bool three_d, CUDA_ARRAY3D_DESCRIPTOR& d, uint64_t& bytes) {
     uint64_t width = cx.arg(0), height = cx.arg(1), depth = cx.arg(2), format = cx.arg(3),
              channels = cx.arg(4), flags = cx.arg(5);
-    const bool three_d = cx.arg(6) != 0;
     constexpr uint64_t limit = uint64_t{1} << 20;  // past any dimension the driver allows
     // Layered, surface load/store, cubemap, texture gather, depth texture, colour attachment; not sparse.
     constexpr uint64_t known_flags = 0x3f;
@@ -159,38 +168,59 @@ CUresult handle_array_create(call_context& cx) {
     if (!width || width > limit || height > limit || depth > limit || (flags & ~known_flags) ||
         (!three_d && (depth || flags)) || (depth && !height && !(flags & CUDA_ARRAY3D_LAYERED)))
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad array descriptor");
-    uint64_t row = (width * elem + 511) / 512 * 512, bytes;
+    uint64_t row = (width * elem + 511) / 512 * 512;
     if (!mul_add(row, height ? height : 1, 0, bytes) || !mul_add(bytes, depth ? depth : 1, 0, bytes))
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "array too large");
-    size_t device;
-    if (CUresult rc = current_device(cx, device); rc != CUDA_SUCCESS) return rc;
+    d = {};
     d.Width = width;
     d.Height = height;
     d.Depth = depth;
     d.Format = static_cast<CUarray_format>(format);
     d.NumChannels = static_cast<unsigned>(channels);
     d.Flags = static_cast<unsigned>(flags);
-    {
-        std::lock_guard lock(cx.sess.mu);
-        if (!cx.sess.memory(device).charge(bytes))
-            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY,
-                           "array of " + std::to_string(bytes) + " bytes exceeds the session's memory quota");
-    }
+    return CUDA_SUCCESS;
+}
+
+// Charges `bytes` to the session's quota on `device`.
+CUresult charge_array(call_context& cx, size_t device, uint64_t bytes) {
+    std::lock_guard lock(cx.sess.mu);
+    if (!cx.sess.memory(device).charge(bytes))
+        return cx.fail(CUDA_ERROR_OUT_OF_MEMORY,
+                       "array of " + std::to_string(bytes) + " bytes exceeds the session's memory quota");
+    return CUDA_SUCCESS;
+}
+
+void credit_array(call_context& cx, size_t device, uint64_t bytes) {
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.memory(device).credit(bytes);
+}
+
+}  // namespace
+
+// args {width, height, depth, format, channels, flags, 3d}. Out {array}.
+CUresult handle_array_create(call_context& cx) {
+    if (!cx.expect_args(7)) return cx.bad_arguments();
+    const bool three_d = cx.arg(6) != 0;
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    uint64_t bytes = 0;
+    if (CUresult rc = array_args(cx, three_d, d, bytes); rc != CUDA_SUCCESS) return rc;
+    size_t device;
+    if (CUresult rc = current_device(cx, device); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = charge_array(cx, device, bytes); rc != CUDA_SUCCESS) return rc;
     CUarray a = nullptr;
     CUresult rc;
     if (three_d) {
         rc = cx.drv().cuArray3DCreate_v2(&a, &d);
     } else {
         CUDA_ARRAY_DESCRIPTOR d2{};
-        d2.Width = width;
-        d2.Height = height;
+        d2.Width = d.Width;
+        d2.Height = d.Height;
         d2.Format = d.Format;
         d2.NumChannels = d.NumChannels;
         rc = cx.drv().cuArrayCreate_v2(&a, &d2);
     }
     if (rc != CUDA_SUCCESS) {
-        std::lock_guard lock(cx.sess.mu);
-        cx.sess.memory(device).credit(bytes);
+        credit_array(cx, device, bytes);
         return rc;
     }
     cx.out_handle(handle_kind::array, a);
@@ -199,12 +229,92 @@ CUresult handle_array_create(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
+// args {width, height, depth, format, channels, flags, levels}. Out {mipmapped array, then each level's
+// array}. Level l is the descriptor with every extent halved l times (at least 1; a layered array keeps its
+// layers), charged with the mipmapped array.
+CUresult handle_mipmapped_array_create(call_context& cx) {
+    if (!cx.expect_args(7)) return cx.bad_arguments();
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    uint64_t bytes = 0;
+    if (CUresult rc = array_args(cx, true, d, bytes); rc != CUDA_SUCCESS) return rc;
+    const bool layered = d.Flags & CUDA_ARRAY3D_LAYERED;
+    const uint64_t largest = std::max({d.Width, d.Height, layered ? size_t{0} : d.Depth});
+    const uint64_t levels = cx.arg(6);
+    if (levels == 0 || levels > 64 || (largest >> (levels - 1)) == 0)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad number of mipmap levels");
+    auto halve = [](size_t n, uint64_t l) -> size_t { return n ? std::max<size_t>(1, n >> l) : 0; };
+    std::vector<CUDA_ARRAY3D_DESCRIPTOR> level_desc(levels, d);
+    bytes = 0;
+    for (uint64_t l = 0; l < levels; ++l) {
+        auto& ld = level_desc[l];
+        ld.Width = halve(d.Width, l);
+        ld.Height = halve(d.Height, l);
+        ld.Depth = layered ? d.Depth : halve(d.Depth, l);
+        uint64_t row = (ld.Width * element_bytes(d.Format, d.NumChannels) + 511) / 512 * 512, level_bytes;
+        if (!mul_add(row, ld.Height ? ld.Height : 1, 0, level_bytes) ||
+            !mul_add(level_bytes, ld.Depth ? ld.Depth : 1, bytes, bytes))
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "array too large");
+    }
+    size_t device;
+    if (CUresult rc = current_device(cx, device); rc != CUDA_SUCCESS) return rc;
+    auto& drv = cx.drv();
+    if (!drv.cuMipmappedArrayCreate || !drv.cuMipmappedArrayGetLevel || !drv.cuMipmappedArrayDestroy)
+        return cx.unsupported("cuMipmappedArrayCreate");
+    if (CUresult rc = charge_array(cx, device, bytes); rc != CUDA_SUCCESS) return rc;
+    CUmipmappedArray m = nullptr;
+    CUresult rc = drv.cuMipmappedArrayCreate(&m, &d, static_cast<unsigned>(levels));
+    std::vector<CUarray> level_arrays(levels);
+    for (uint64_t l = 0; rc == CUDA_SUCCESS && l < levels; ++l)
+        rc = drv.cuMipmappedArrayGetLevel(&level_arrays[l], m, static_cast<unsigned>(l));
+    if (rc != CUDA_SUCCESS) {
+        if (m) drv.cuMipmappedArrayDestroy(m);
+        credit_array(cx, device, bytes);
+        return rc;
+    }
+    cx.out_handle(handle_kind::mipmapped_array, m);
+    const uint64_t id = cx.outs.back();
+    for (uint64_t l = 0; l < levels; ++l)
+        cx.out_handle(handle_kind::array, level_arrays[l], id, /*owned=*/true);
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.arrays.arrays[id] = {device, bytes, d};
+    for (uint64_t l = 0; l < levels; ++l) cx.sess.arrays.arrays[cx.outs[1 + l]] = {device, 0, level_desc[l]};
+    return CUDA_SUCCESS;
+}
+
+// args {mipmapped array}: destroys it with its levels.
+CUresult handle_mipmapped_array_destroy(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    CUmipmappedArray m;
+    if (CUresult rc = cx.handle(0, handle_kind::mipmapped_array, m); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.drv().cuMipmappedArrayDestroy(m); rc != CUDA_SUCCESS) return rc;
+    const uint64_t id = cx.arg(0);
+    std::lock_guard lock(cx.sess.mu);
+    std::vector<uint64_t> levels;
+    cx.sess.handles.for_each([&](uint64_t level, handle_entry& e) {
+        if (e.kind == handle_kind::array && e.owner == id) levels.push_back(level);
+    });
+    for (uint64_t level : levels) {
+        cx.sess.handles.erase(level);
+        cx.sess.arrays.arrays.erase(level);
+    }
+    cx.sess.handles.erase(id);
+    if (auto it = cx.sess.arrays.arrays.find(id); it != cx.sess.arrays.arrays.end()) {
+        cx.sess.memory(it->second.device).credit(it->second.bytes);
+        cx.sess.arrays.arrays.erase(it);
+    }
+    return CUDA_SUCCESS;
+}
+
 // args {array}.
 CUresult handle_array_destroy(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
-    CUarray a;
-    if (CUresult rc = cx.handle(0, handle_kind::array, a); rc != CUDA_SUCCESS) return rc;
-    if (CUresult rc = cx.drv().cuArrayDestroy(a); rc != CUDA_SUCCESS) return rc;
+    void* raw = nullptr;
+    handle_entry e;
+    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::array, raw, &e); rc != CUDA_SUCCESS) return rc;
+    if (e.owned)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE,
+                       "a level of a mipmapped array: it is destroyed with its mipmapped array");
+    if (CUresult rc = cx.drv().cuArrayDestroy(static_cast<CUarray>(raw)); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
     cx.sess.handles.erase(cx.arg(0));
     if (auto it = cx.sess.arrays.arrays.find(cx.arg(0)); it != cx.sess.arrays.arrays.end()) {

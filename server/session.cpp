@@ -238,8 +238,11 @@ void session::release_device(size_t device) {
         it = arrays.objects.erase(it);
     }
     for (auto& [id, e] : doomed) {
-        if (e.kind != handle_kind::array) continue;
-        if (s.ctx) d.cuArrayDestroy(static_cast<CUarray>(e.raw));
+        if (e.kind != handle_kind::array && e.kind != handle_kind::mipmapped_array) continue;
+        if (s.ctx && e.kind == handle_kind::mipmapped_array)
+            d.cuMipmappedArrayDestroy(static_cast<CUmipmappedArray>(e.raw));
+        else if (s.ctx && !e.owned)  // a mipmapped array's level goes with it
+            d.cuArrayDestroy(static_cast<CUarray>(e.raw));
         if (auto a = arrays.arrays.find(id); a != arrays.arrays.end()) {
             s.memory->credit(a->second.bytes);
             arrays.arrays.erase(a);

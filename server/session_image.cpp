@@ -73,6 +73,7 @@ const char* not_rebuilt(handle_kind k) {
         case handle_kind::graph_node:
             return "CUDA graphs";
         case handle_kind::array:
+        case handle_kind::mipmapped_array:
             return "CUDA arrays";
         case handle_kind::mem_pool:
             return "memory pools";

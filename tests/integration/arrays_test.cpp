@@ -224,3 +224,71 @@ TEST_CASE("a session's end destroys its arrays and objects and gives their memor
     REQUIRE(b);
     CHECK(make_array(*b, 4096, 4096).result == CUDA_SUCCESS);
 }
+
+TEST_CASE(
+    "a mipmapped array's levels are its own: destroyed only with it, another session's to no one, charged "
+    "in full, and released with the session",
+    "[integration]") {
+    // A 100 MiB software GPU, a 64 MiB quota: a 4096 x 2048 float mipmapped array (32 MiB at level 0, about
+    // 42.7 MiB with its levels) fits once, not twice.
+    setenv("VCUDA_SOFT_MEMORY", std::to_string(100u << 20).c_str(), 1);
+    server_process server({"--memory-quota", "64MiB"});
+    unsetenv("VCUDA_SOFT_MEMORY");
+    auto a = raw_client::open(server.address());
+    auto b = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(b);
+    auto mipmapped = [](raw_client& c, uint64_t w, uint64_t h, uint64_t levels) {
+        return c.call(op::mipmapped_array_create, {w, h, 0, CU_AD_FORMAT_FLOAT, 1, 0, levels});
+    };
+    // More levels than halvings of the largest extent, none, and a wrong argument count.
+    CHECK(mipmapped(*a, 64, 32, 8).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(mipmapped(*a, 64, 32, 0).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::mipmapped_array_create, {64, 32, 0, CU_AD_FORMAT_FLOAT, 1, 0}).result ==
+          CUDA_ERROR_INVALID_VALUE);
+
+    auto m = mipmapped(*a, 64, 32, 7);
+    REQUIRE(m.result == CUDA_SUCCESS);
+    REQUIRE(m.outs.size() == 8);
+    const uint64_t mm = m.outs[0], level3 = m.outs[4];
+    auto d = a->call(op::array_descriptor, {level3});
+    REQUIRE(d.result == CUDA_SUCCESS);
+    CHECK((d.outs.at(0) == 8 && d.outs.at(1) == 4));
+    CHECK(a->call(op::mipmapped_array_create, {1, 1, 0, CU_AD_FORMAT_FLOAT, 1, 0, 1}).result == CUDA_SUCCESS);
+    // A level is copied to within its own extent, and never destroyed on its own.
+    CHECK(to_array(*a, level3, 0, 0, 0, 32, 4, 1).result == CUDA_SUCCESS);
+    CHECK(to_array(*a, level3, 0, 0, 0, 33, 4, 1).result == CUDA_ERROR_INVALID_VALUE);
+    auto refused = a->call(op::array_destroy, {level3});
+    CHECK(refused.result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(refused.detail.find("mipmapped") != std::string::npos);
+
+    // Session B can use neither the mipmapped array nor its levels.
+    CUDA_RESOURCE_DESC r{};
+    r.resType = CU_RESOURCE_TYPE_MIPMAPPED_ARRAY;
+    r.res.mipmap.hMipmappedArray = reinterpret_cast<CUmipmappedArray>(mm);
+    CHECK(b->call(op::tex_create, {}, {bytes(r), tex_desc()}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(b->call(op::mipmapped_array_destroy, {mm}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(b->call(op::array_destroy, {level3}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(from_array(*b, level3, 32, 4).result == CUDA_ERROR_INVALID_HANDLE);
+    // A's texture over it works; a surface over a mipmapped array is refused.
+    auto tex = a->call(op::tex_create, {}, {bytes(r), tex_desc()});
+    CHECK(tex.result == CUDA_SUCCESS);
+    CHECK(a->call(op::surf_create, {}, {bytes(r)}).result == CUDA_ERROR_INVALID_VALUE);
+
+    // The quota counts every level; destroying the mipmapped array gives all of it back and ends its levels.
+    auto big = mipmapped(*a, 4096, 2048, 12);
+    REQUIRE(big.result == CUDA_SUCCESS);
+    CHECK(mipmapped(*a, 4096, 2048, 12).result == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(make_array(*a, 4096, 2048).result == CUDA_ERROR_OUT_OF_MEMORY);  // 32 MiB more: past the quota
+    CHECK(a->call(op::mipmapped_array_destroy, {big.outs.at(0)}).result == CUDA_SUCCESS);
+    CHECK(a->call(op::array_descriptor, {big.outs.at(1)}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(a->call(op::mipmapped_array_destroy, {big.outs.at(0)}).result == CUDA_ERROR_INVALID_HANDLE);
+    big = mipmapped(*a, 4096, 2048, 12);
+    REQUIRE(big.result == CUDA_SUCCESS);
+
+    // A session that ends without a cleanup call gives it all back to the device.
+    a.reset();
+    INFO(server.log());
+    CHECK(server.wait_for_log("released 42 MiB"));
+    CHECK(mipmapped(*b, 4096, 2048, 12).result == CUDA_SUCCESS);
+}

@@ -41,14 +41,23 @@ size_t element_bytes(CUarray_format f, unsigned channels) {
     return channel_bytes(f) * channels;
 }
 
-// What a texture or surface object reads: `element` bytes at (x, y, z) of a pitch x rows x depth layout.
+// One level of what a texture or surface object reads: `element` bytes at (x, y, z) of a pitch x rows x depth
+// layout.
+struct plane {
+    std::byte* base = nullptr;
+    size_t width = 0, rows = 1, depth = 1, pitch = 0;
+};
 struct view {
     bool surface = false;
     bool border = false;  // texture: out-of-range reads give zeros
-    std::byte* base = nullptr;
-    size_t element = 0, width = 0, rows = 1, depth = 1, pitch = 0;
-    CUDA_RESOURCE_DESC res{};  // as created, for cuTexObjectGetResourceDesc
+    size_t element = 0;
+    std::vector<plane> levels;  // one, or a mipmapped array's levels
+    CUDA_RESOURCE_DESC res{};   // as created, for cuTexObjectGetResourceDesc
 };
+
+plane plane_of(array_obj& a) {
+    return {a.data.data(), a.desc.Width, a.rows(), a.desc.Depth ? a.desc.Depth : 1, a.row_bytes()};
+}
 
 std::mutex objects_mu;
 std::map<uint64_t, view>& objects() {
@@ -67,12 +76,19 @@ CUresult view_of(state& s, const CUDA_RESOURCE_DESC& r, bool surface, view& v) {
             auto* a = s.find<array_obj>(r.res.array.hArray);
             if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
             if (surface && !(a->desc.Flags & CUDA_ARRAY3D_SURFACE_LDST)) return CUDA_ERROR_INVALID_VALUE;
-            v.base = a->data.data();
             v.element = a->element;
-            v.width = a->desc.Width;
-            v.rows = a->rows();
-            v.depth = a->desc.Depth ? a->desc.Depth : 1;
-            v.pitch = a->row_bytes();
+            v.levels = {plane_of(*a)};
+            return CUDA_SUCCESS;
+        }
+        case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: {
+            auto* m = s.find<mipmapped_array_obj>(r.res.mipmap.hMipmappedArray);
+            if (surface) return CUDA_ERROR_INVALID_VALUE;
+            if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+            for (uint64_t level : m->levels) {
+                auto* a = s.find<array_obj>(level);
+                v.element = a->element;
+                v.levels.push_back(plane_of(*a));
+            }
             return CUDA_SUCCESS;
         }
         case CU_RESOURCE_TYPE_LINEAR: {
@@ -82,9 +98,8 @@ CUresult view_of(state& s, const CUDA_RESOURCE_DESC& r, bool surface, view& v) {
             uintptr_t p = static_cast<uintptr_t>(r.res.linear.devPtr);
             if (CUresult rc = check_device_range(s, p, r.res.linear.sizeInBytes, false); rc != CUDA_SUCCESS)
                 return rc;
-            v.base = reinterpret_cast<std::byte*>(p);
-            v.width = r.res.linear.sizeInBytes / v.element;
-            v.pitch = r.res.linear.sizeInBytes;
+            v.levels = {{reinterpret_cast<std::byte*>(p), r.res.linear.sizeInBytes / v.element, 1, 1,
+                         r.res.linear.sizeInBytes}};
             return CUDA_SUCCESS;
         }
         case CU_RESOURCE_TYPE_PITCH2D: {
@@ -99,14 +114,11 @@ CUresult view_of(state& s, const CUDA_RESOURCE_DESC& r, bool surface, view& v) {
                 return CUDA_ERROR_INVALID_VALUE;
             uintptr_t p = static_cast<uintptr_t>(p2.devPtr);
             if (CUresult rc = check_device_range(s, p, extent, false); rc != CUDA_SUCCESS) return rc;
-            v.base = reinterpret_cast<std::byte*>(p);
-            v.width = p2.width;
-            v.rows = p2.height;
-            v.pitch = p2.pitchInBytes;
+            v.levels = {{reinterpret_cast<std::byte*>(p), p2.width, p2.height, 1, p2.pitchInBytes}};
             return CUDA_SUCCESS;
         }
         default:
-            return CUDA_ERROR_INVALID_VALUE;  // mipmapped arrays are not emulated
+            return CUDA_ERROR_INVALID_VALUE;
     }
 }
 
@@ -137,8 +149,8 @@ CUresult destroy_object(uint64_t h, bool surface) {
     });
 }
 
-CUresult create_array(const CUDA_ARRAY3D_DESCRIPTOR& d, CUarray* out) {
-    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+// Makes an array in the current context (under the driver's lock).
+CUresult create_array_locked(state& s, const CUDA_ARRAY3D_DESCRIPTOR& d, CUarray* out) {
     const unsigned known = CUDA_ARRAY3D_SURFACE_LDST | CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_TEXTURE_GATHER;
     size_t element = element_bytes(d.Format, d.NumChannels);
     if (element == 0 || d.Width == 0 || (d.Flags & ~known) || (d.Depth && !d.Height))
@@ -148,40 +160,86 @@ CUresult create_array(const CUDA_ARRAY3D_DESCRIPTOR& d, CUarray* out) {
         __builtin_mul_overflow(bytes, d.Height ? d.Height : 1, &bytes) ||
         __builtin_mul_overflow(bytes, d.Depth ? d.Depth : 1, &bytes))
         return CUDA_ERROR_INVALID_VALUE;
-    return entry([&](state& s) -> CUresult {
-        context_obj* c = nullptr;
-        if (CUresult rc = require_context(s, c); rc != CUDA_SUCCESS) return rc;
-        if (CUresult rc = charge(s, c->device, bytes); rc != CUDA_SUCCESS) return rc;
-        auto* a = s.create<array_obj>();
-        a->desc = d;
-        a->element = element;
-        a->data.resize(bytes);
-        a->device = c->device;
-        *out = to_handle<CUarray>(a->handle);
-        return CUDA_SUCCESS;
-    });
+    context_obj* c = nullptr;
+    if (CUresult rc = require_context(s, c); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = charge(s, c->device, bytes); rc != CUDA_SUCCESS) return rc;
+    auto* a = s.create<array_obj>();
+    a->desc = d;
+    a->element = element;
+    a->data.resize(bytes);
+    a->device = c->device;
+    *out = to_handle<CUarray>(a->handle);
+    return CUDA_SUCCESS;
 }
 
-// The element at (x, y, z) of an object, clamped or null when outside.
-std::byte* element_at(view& v, long x_elements, long y, long z) {
+CUresult create_array(const CUDA_ARRAY3D_DESCRIPTOR& d, CUarray* out) {
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return entry([&](state& s) -> CUresult { return create_array_locked(s, d, out); });
+}
+
+void destroy_array(state& s, array_obj& a) {
+    uncharge(s, a.device, a.data.size());
+    s.erase(a.handle);
+}
+
+void destroy_mipmapped(state& s, mipmapped_array_obj& m) {
+    for (uint64_t level : m.levels)
+        if (auto* a = s.find<array_obj>(level)) destroy_array(s, *a);
+    s.erase(m.handle);
+}
+
+// The element at (x, y, z) of level `level` of an object, clamped or null when outside.
+std::byte* element_at(view& v, size_t level, long x_elements, long y, long z) {
+    if (level >= v.levels.size()) return nullptr;
+    const plane& p = v.levels[level];
     auto fit = [&](long i, size_t n, bool& out) -> size_t {
         if (i >= 0 && static_cast<size_t>(i) < n) return static_cast<size_t>(i);
         out = true;
         return i < 0 ? 0 : n - 1;
     };
     bool out = false;
-    size_t xi = fit(x_elements, v.width, out), yi = fit(y, v.rows, out), zi = fit(z, v.depth, out);
+    size_t xi = fit(x_elements, p.width, out), yi = fit(y, p.rows, out), zi = fit(z, p.depth, out);
     if (out && (v.surface || v.border)) return nullptr;
-    return v.base + (zi * v.rows + yi) * v.pitch + xi * v.element;
+    return p.base + (zi * p.rows + yi) * p.pitch + xi * v.element;
+}
+
+// Makes a mipmapped array of `levels` levels (under the driver's lock).
+CUresult create_mipmapped(state& s, const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned levels,
+                          CUmipmappedArray* out) {
+    size_t largest = std::max<size_t>({d.Width, d.Height, (d.Flags & CUDA_ARRAY3D_LAYERED) ? 0 : d.Depth});
+    unsigned most = 1;
+    while (most < 32 && (largest >> most) != 0) ++most;
+    if (levels == 0 || levels > most) return CUDA_ERROR_INVALID_VALUE;
+    auto* m = s.create<mipmapped_array_obj>();
+    m->desc = d;
+    auto halve = [](size_t n, unsigned l) { return n ? std::max<size_t>(1, n >> l) : 0; };
+    for (unsigned l = 0; l < levels; ++l) {
+        CUDA_ARRAY3D_DESCRIPTOR ld = d;
+        ld.Width = halve(d.Width, l);
+        ld.Height = halve(d.Height, l);
+        ld.Depth = (d.Flags & CUDA_ARRAY3D_LAYERED) ? d.Depth : halve(d.Depth, l);
+        CUarray a = nullptr;
+        CUresult rc = create_array_locked(s, ld, &a);
+        if (rc != CUDA_SUCCESS) {
+            destroy_mipmapped(s, *m);
+            return rc;
+        }
+        s.find<array_obj>(a)->mipmapped = m->handle;
+        m->levels.push_back(reinterpret_cast<uint64_t>(a));
+    }
+    *out = to_handle<CUmipmappedArray>(m->handle);
+    return CUDA_SUCCESS;
 }
 
 }  // namespace
 
-bool tex_read(uint64_t object, long x, long y, long z, void* out, size_t n) {
+bool tex_read_level(uint64_t object, unsigned level, long x, long y, long z, void* out, size_t n) {
     std::lock_guard lk(objects_mu);
     auto it = objects().find(object);
-    if (it == objects().end() || it->second.surface || n != it->second.element) return false;
-    std::byte* p = element_at(it->second, x, y, z);
+    if (it == objects().end() || it->second.surface || n != it->second.element ||
+        level >= it->second.levels.size())
+        return false;
+    std::byte* p = element_at(it->second, level, x, y, z);
     if (p)
         std::memcpy(out, p, n);
     else
@@ -189,12 +247,16 @@ bool tex_read(uint64_t object, long x, long y, long z, void* out, size_t n) {
     return true;
 }
 
+bool tex_read(uint64_t object, long x, long y, long z, void* out, size_t n) {
+    return tex_read_level(object, 0, x, y, z, out, n);
+}
+
 bool surf_write(uint64_t object, long x_bytes, long y, long z, const void* in, size_t n) {
     std::lock_guard lk(objects_mu);
     auto it = objects().find(object);
     if (it == objects().end() || !it->second.surface || n != it->second.element || x_bytes % long(n))
         return false;
-    std::byte* p = element_at(it->second, x_bytes / long(n), y, z);
+    std::byte* p = element_at(it->second, 0, x_bytes / long(n), y, z);
     if (p == nullptr) return false;
     std::memcpy(p, in, n);
     return true;
@@ -205,7 +267,7 @@ bool surf_read(uint64_t object, long x_bytes, long y, long z, void* out, size_t 
     auto it = objects().find(object);
     if (it == objects().end() || !it->second.surface || n != it->second.element || x_bytes % long(n))
         return false;
-    std::byte* p = element_at(it->second, x_bytes / long(n), y, z);
+    std::byte* p = element_at(it->second, 0, x_bytes / long(n), y, z);
     if (p == nullptr) return false;
     std::memcpy(out, p, n);
     return true;
@@ -234,8 +296,39 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray hArray) {
     return entry([&](state& s) -> CUresult {
         auto* a = s.find<array_obj>(hArray);
         if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-        uncharge(s, a->device, a->data.size());
-        s.erase(a->handle);
+        if (a->mipmapped) return CUDA_ERROR_INVALID_VALUE;  // a level: destroyed with its mipmapped array
+        destroy_array(s, *a);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* pHandle,
+                                                          const CUDA_ARRAY3D_DESCRIPTOR* d,
+                                                          unsigned int numMipmapLevels) {
+    if (pHandle == nullptr || d == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return guarded([&] {
+        return entry([&](state& s) -> CUresult { return create_mipmapped(s, *d, numMipmapLevels, pHandle); });
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMipmappedArrayGetLevel(CUarray* pLevelArray,
+                                                            CUmipmappedArray hMipmappedArray,
+                                                            unsigned int level) {
+    if (pLevelArray == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return entry([&](state& s) -> CUresult {
+        auto* m = s.find<mipmapped_array_obj>(hMipmappedArray);
+        if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        if (level >= m->levels.size()) return CUDA_ERROR_INVALID_VALUE;
+        *pLevelArray = to_handle<CUarray>(m->levels[level]);
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
+    return entry([&](state& s) -> CUresult {
+        auto* m = s.find<mipmapped_array_obj>(hMipmappedArray);
+        if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        destroy_mipmapped(s, *m);
         return CUDA_SUCCESS;
     });
 }

@@ -54,6 +54,8 @@ const global_entry* find_global(std::string_view name);
 // the array they do nothing and answer false (the GPU would trap). False also for an unknown object or a
 // size that is not the element's.
 bool tex_read(uint64_t object, long x, long y, long z, void* out, size_t n);
+// The same at mipmap level `level` of a texture over a mipmapped array (tex2DLod with point filtering).
+bool tex_read_level(uint64_t object, unsigned level, long x, long y, long z, void* out, size_t n);
 bool surf_write(uint64_t object, long x_bytes, long y, long z, const void* in, size_t n);
 bool surf_read(uint64_t object, long x_bytes, long y, long z, void* out, size_t n);
 

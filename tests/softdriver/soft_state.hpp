@@ -78,7 +78,8 @@ enum class kind : uint8_t {
     link,
     array,
     user_object,
-    conditional
+    conditional,
+    mipmapped_array
 };
 
 inline constexpr uint64_t handle_tag = uint64_t{0x5c0d} << 48;
@@ -249,8 +250,18 @@ struct array_obj : object {
     size_t element = 0;  // bytes per element (all channels)
     int device = 0;      // charged to this device's memory
     std::vector<std::byte> data;
+    uint64_t mipmapped = 0;  // the mipmapped array this is a level of, which destroys it; 0: none
     size_t row_bytes() const { return desc.Width * element; }
     size_t rows() const { return desc.Height ? desc.Height : 1; }
+};
+
+// A mipmapped array (soft_array.cpp): its levels are arrays of their own, each half the one before (at least
+// 1; a layered array keeps its layer count), destroyed with it.
+struct mipmapped_array_obj : object {
+    static constexpr kind tag = kind::mipmapped_array;
+    mipmapped_array_obj() : object(tag) {}
+    CUDA_ARRAY3D_DESCRIPTOR desc{};
+    std::vector<uint64_t> levels;  // array handles, level 0 first
 };
 
 enum class range_kind : uint8_t { device, managed, vmm, host_alloc, host_registered, global };
