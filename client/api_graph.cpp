@@ -14,6 +14,7 @@
 // child). The graph functions answer CUDA_ERROR_INVALID_VALUE for an unknown graph, node or parameter, as
 // cuda.h lists.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -615,6 +616,72 @@ VCUDA_API cuGraphGetNodes(CUgraph g, CUgraphNode* nodes, size_t* count) noexcept
 VCUDA_API cuGraphGetRootNodes(CUgraph g, CUgraphNode* nodes, size_t* count) noexcept {
     VCUDA_TRACE_HOOK(cuGraphGetRootNodes, g, nodes, count);
     return list_nodes(id_of(g), listing::root_nodes, nodes, nullptr, count, "cuGraphGetRootNodes");
+}
+
+namespace {
+
+// cuGraphGetEdges(_v2): a count without arrays, else up to *count edges (the rest of the arrays set to NULL)
+// and how many there were. The nodes listed join the mirror.
+CUresult list_edges(CUgraph g, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeData* edges, size_t* count,
+                    const char* name) {
+    VCUDA_REQUIRE_INIT();
+    if (!count || (from == nullptr) != (to == nullptr) || (edges && !from)) return CUDA_ERROR_INVALID_VALUE;
+    if (!state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
+    const size_t capacity = from ? *count : 0;
+    plain_call c(op::graph_edge_list, name);
+    c.arg(id_of(g));
+    c.arg(uint64_t{from != nullptr});
+    c.arg(capacity);
+    c.arg(uint64_t{edges != nullptr});
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const auto& outs = c.reply().outs;
+    const size_t total = c.out<uint64_t>(0), listed = from ? std::min(total, capacity) : 0;
+    if (outs.size() != 1 + 4 * listed ||
+        (edges &&
+         (c.reply().blobs.size() != 1 || c.reply().blobs[0].size() != listed * sizeof(CUgraphEdgeData))))
+        return CUDA_ERROR_UNKNOWN;  // a server that answers otherwise is not speaking this protocol
+    for (size_t i = 0; i < listed; ++i) {
+        from[i] = adopt_node(outs[1 + 4 * i], id_of(g), c.out<CUgraphNodeType>(2 + 4 * i));
+        to[i] = adopt_node(outs[3 + 4 * i], id_of(g), c.out<CUgraphNodeType>(4 + 4 * i));
+    }
+    for (size_t i = listed; i < capacity; ++i) from[i] = to[i] = nullptr;
+    if (edges) {
+        std::memcpy(edges, c.reply().blobs[0].data(), listed * sizeof(CUgraphEdgeData));
+        std::fill(edges + listed, edges + capacity, CUgraphEdgeData{});
+    }
+    *count = total;
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+VCUDA_API cuGraphGetEdges(CUgraph g, CUgraphNode* from, CUgraphNode* to, size_t* count) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphGetEdges, g, from, to, count);
+    return list_edges(g, from, to, nullptr, count, "cuGraphGetEdges");
+}
+
+VCUDA_API cuGraphGetEdges_v2(CUgraph g, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeData* edges,
+                             size_t* count) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphGetEdges_v2, g, from, to, edges, count);
+    return list_edges(g, from, to, edges, count, "cuGraphGetEdges_v2");
+}
+
+// The server's driver describes the graph; the text is written here, to the application's path.
+VCUDA_API cuGraphDebugDotPrint(CUgraph g, const char* path, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphDebugDotPrint, g, path, flags);
+    VCUDA_REQUIRE_INIT();
+    if (!path) return CUDA_ERROR_INVALID_VALUE;
+    if (!state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::graph_dot_print, "cuGraphDebugDotPrint");
+    c.arg(id_of(g));
+    c.arg(uint64_t{flags});
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    if (c.reply().blobs.size() != 1) return CUDA_ERROR_UNKNOWN;
+    const auto& text = c.reply().blobs[0];
+    FILE* f = std::fopen(path, "w");
+    if (!f) return CUDA_ERROR_OPERATING_SYSTEM;
+    const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    return std::fclose(f) == 0 && written ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
 }
 
 VCUDA_API cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode* deps, size_t* count) noexcept {

@@ -10,8 +10,14 @@
 // Graph allocations (memory alloc nodes) are the session's while a graph holding their node lives (a user
 // object of that graph, server/handlers_graph.hpp). The plain graph calls (create, clone, destroy, launch,
 // upload, child graph update, node destroy, graph memory trim) are generated.
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "server/call_context.hpp"
@@ -320,6 +326,64 @@ CUresult handle_graph_nodes(call_context& cx) {
         cx.out(static_cast<uint64_t>(type));
     }
     if (with_edges) cx.out_blob(std::as_bytes(std::span(edges.data(), listed)));
+    return CUDA_SUCCESS;
+}
+
+// args {graph, whether the caller gave arrays, their capacity, whether it wants edge data} -> outs {count,
+// then (from node, its type, to node, its type) per edge listed}; blob {edge data, one per edge listed} when
+// wanted. The nodes listed become the session's, owned by the graph.
+CUresult handle_graph_edge_list(call_context& cx) {
+    if (!cx.expect_args(4) || cx.arg(2) > max_nodes) return cx.bad_arguments();
+    const bool array = cx.arg(1) != 0, with_edges = cx.arg(3) != 0;
+    if (with_edges && !array) return cx.bad_arguments();
+    CUgraph g;
+    if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuGraphGetEdges_v2 || !d.cuGraphNodeGetType) return cx.unsupported("cuGraphGetEdges_v2");
+    const size_t capacity = array ? cx.arg(2) : 0;
+    size_t n = capacity;
+    std::vector<CUgraphNode> from(std::max<size_t>(capacity, 1)), to(from.size());
+    std::vector<CUgraphEdgeData> edges(with_edges ? from.size() : 0);
+    if (CUresult rc = d.cuGraphGetEdges_v2(g, array ? from.data() : nullptr, array ? to.data() : nullptr,
+                                           with_edges ? edges.data() : nullptr, &n);
+        rc != CUDA_SUCCESS)
+        return rc;
+    cx.out(static_cast<uint64_t>(n));
+    if (!array) return CUDA_SUCCESS;
+    const size_t listed = std::min(n, capacity);
+    for (size_t i = 0; i < listed; ++i)
+        for (CUgraphNode node : {from[i], to[i]}) {
+            CUgraphNodeType type{};
+            if (CUresult rc = d.cuGraphNodeGetType(node, &type); rc != CUDA_SUCCESS) return rc;
+            cx.out_handle(handle_kind::graph_node, node, cx.arg(0), /*owned=*/true);
+            cx.out(static_cast<uint64_t>(seen_type(d, node, type)));
+        }
+    if (with_edges) cx.out_blob(std::as_bytes(std::span(edges.data(), listed)));
+    return CUDA_SUCCESS;
+}
+
+// args {graph, flags} -> blob {the DOT text}. The driver writes it into a memory file of this server's, read
+// back here: the application's path is on the client's host.
+CUresult handle_graph_dot_print(call_context& cx) {
+    if (!cx.expect_args(2) || cx.arg(1) > UINT32_MAX) return cx.bad_arguments();
+    CUgraph g;
+    if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuGraphDebugDotPrint) return cx.unsupported("cuGraphDebugDotPrint");
+    constexpr off_t max_text = off_t{16} << 20;
+    int fd = ::memfd_create("vcuda-graph-dot", MFD_CLOEXEC);
+    if (fd < 0) return cx.fail(CUDA_ERROR_OPERATING_SYSTEM, "cannot make a file for the graph's description");
+    const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    CUresult rc = d.cuGraphDebugDotPrint(g, path.c_str(), static_cast<unsigned>(cx.arg(1)));
+    struct stat st {};
+    if (rc == CUDA_SUCCESS && (::fstat(fd, &st) != 0 || st.st_size > max_text))
+        rc = cx.fail(CUDA_ERROR_OPERATING_SYSTEM, "the graph's description is past 16 MiB");
+    std::vector<std::byte> text(rc == CUDA_SUCCESS ? static_cast<size_t>(st.st_size) : 0);
+    if (rc == CUDA_SUCCESS && ::pread(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+        rc = cx.fail(CUDA_ERROR_OPERATING_SYSTEM, "cannot read the graph's description back");
+    ::close(fd);
+    if (rc != CUDA_SUCCESS) return rc;
+    cx.out_blob(text);
     return CUDA_SUCCESS;
 }
 

@@ -191,8 +191,9 @@ TEST_CASE("cuGetErrorName and cuGetErrorString answer locally", "[unit]") {
 }
 
 TEST_CASE("functions vcuda does not implement answer CUDA_ERROR_NOT_SUPPORTED", "[unit]") {
-    auto f = reinterpret_cast<CUresult (*)(CUgraph, const char*, unsigned)>(
-        dlsym(client(), "cuGraphDebugDotPrint"));
+    auto f = reinterpret_cast<CUresult (*)(CUgraphNode, CUDA_HOST_NODE_PARAMS*)>(
+        dlsym(client(), "cuGraphHostNodeGetParams"));
     REQUIRE(f);
-    CHECK(f(nullptr, "/dev/null", 0) == CUDA_ERROR_NOT_SUPPORTED);
+    CUDA_HOST_NODE_PARAMS p{};
+    CHECK(f(nullptr, &p) == CUDA_ERROR_NOT_SUPPORTED);
 }

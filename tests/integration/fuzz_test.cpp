@@ -292,7 +292,11 @@ class fuzzer {
                                        static_cast<uint32_t>(op::graph_find_in_clone),
                                        static_cast<uint32_t>(op::cuGraphNodeSetEnabled),
                                        static_cast<uint32_t>(op::cuGraphNodeGetEnabled),
-                                       static_cast<uint32_t>(op::cuGraphExecGetFlags)};
+                                       static_cast<uint32_t>(op::cuGraphExecGetFlags),
+                                       static_cast<uint32_t>(op::graph_edge_list),
+                                       static_cast<uint32_t>(op::graph_dot_print),
+                                       static_cast<uint32_t>(op::mipmapped_array_create),
+                                       static_cast<uint32_t>(op::mipmapped_array_destroy)};
         uint32_t o =
             pick(3) ? ops[pick(std::size(ops))] : static_cast<uint32_t>(pick(512));  // past the last id
         std::vector<uint64_t> args(pick(9));

@@ -6,6 +6,7 @@
 #include <cuda.h>
 
 #include <cstring>
+#include <string>
 
 #include "raw_client.hpp"
 
@@ -274,6 +275,8 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
     CHECK(b->call(op::graph_node_object, {node, 0}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::graph_kernel_node_params, {node}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::graph_find_in_clone, {node, gb.outs[0]}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(b->call(op::graph_edge_list, {g.outs[0], 0, 0, 0}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(b->call(op::graph_dot_print, {g.outs[0], 0}).result == CUDA_ERROR_INVALID_HANDLE);
     CUDA_MEMCPY3D copy{};
     copy.srcMemoryType = copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
     copy.srcDevice = a_ptr;
@@ -333,6 +336,25 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
     CHECK(a->call(op::graph_find_in_clone, {node, g.outs[0]}).result ==
           CUDA_ERROR_INVALID_VALUE);  // no clone
     CHECK(a->call(op::graph_find_in_clone, {node, node}).result == CUDA_ERROR_INVALID_HANDLE);
+
+    // The graph's one edge, listed with the nodes' ids and types (op graph_edge_list); its DOT text comes
+    // back as a blob (op graph_dot_print). Malformed asks are refused.
+    auto edges = a->call(op::graph_edge_list, {g.outs[0], 1, 2, 1});
+    REQUIRE(edges.result == CUDA_SUCCESS);
+    CHECK(edges.outs ==
+          std::vector<uint64_t>{1, node, CU_GRAPH_NODE_TYPE_MEMSET, n2.outs[0], CU_GRAPH_NODE_TYPE_EMPTY});
+    CHECK((edges.blobs.size() == 1 && edges.blobs[0].size() == sizeof(CUgraphEdgeData)));
+    CHECK(a->call(op::graph_edge_list, {g.outs[0], 0, 0, 1}).result == CUDA_ERROR_INVALID_VALUE);  // no array
+    CHECK(a->call(op::graph_edge_list, {g.outs[0], 1, uint64_t{1} << 40, 0}).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_edge_list, {node, 0, 0, 0}).result == CUDA_ERROR_INVALID_HANDLE);
+    auto dot = a->call(op::graph_dot_print, {g.outs[0], 0});
+    REQUIRE(dot.result == CUDA_SUCCESS);
+    REQUIRE(dot.blobs.size() == 1);
+    CHECK(std::string(reinterpret_cast<const char*>(dot.blobs[0].data()), dot.blobs[0].size())
+              .find("digraph") != std::string::npos);
+    CHECK(a->call(op::graph_dot_print, {g.outs[0], uint64_t{1} << 32}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_dot_print, {g.outs[0]}).result == CUDA_ERROR_INVALID_VALUE);
 
     // The graph takes its nodes with it: their ids are stale.
     REQUIRE(a->call(op::cuGraphDestroy, {g.outs[0]}).result == CUDA_SUCCESS);

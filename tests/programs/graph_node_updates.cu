@@ -6,11 +6,17 @@
 // updated the same way; and a memset captured at a placeholder address (cuDNN records its graphs so) that
 // gets its real address before the graph runs. Also what nodes hold (an event record node's event, a child
 // graph node's graph, a kernel node's parameters), an executable graph's flags, and a node of it switched off
-// and on (cuGraphNodeSetEnabled). Every launch is checked against the values it must produce. Calls the
-// driver must refuse print the error they got (the native run is the reference).
+// and on (cuGraphNodeSetEnabled), a graph's edges and its DOT description. Every launch is checked against
+// the values it must produce. Calls the driver must refuse print the error they got (the native run is the
+// reference).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "common.cuh"
@@ -429,6 +435,57 @@ int main() {
     ok(d->instantiate(&xm, captured, 0), "cuGraphInstantiateWithFlags (captured)");
     run(xm, s);
     expect_all(a2, 0x01010101u, "placeholder memset, given its address");
+
+    // --- a graph's edges (cudaGraphGetEdges) and its DOT description (cudaGraphDebugDotPrint): one node
+    // fanning out to two.
+    cudaGraph_t fan;
+    CHECK(cudaGraphCreate(&fan, 0));
+    int fill_n = n;
+    unsigned fill_base = 7;
+    void* fill_args[] = {&a, &fill_n, &fill_base};
+    cudaKernelNodeParams kp{};
+    kp.func = reinterpret_cast<void*>(gu_fill);
+    kp.gridDim = dim3(blocks);
+    kp.blockDim = dim3(threads);
+    kp.kernelParams = fill_args;
+    cudaGraphNode_t head, left, right;
+    CHECK(cudaGraphAddKernelNode(&head, fan, nullptr, 0, &kp));
+    CHECK(cudaGraphAddKernelNode(&left, fan, &head, 1, &kp));
+    CHECK(cudaGraphAddKernelNode(&right, fan, &head, 1, &kp));
+    size_t edges = 0;
+    CHECK(cudaGraphGetEdges(fan, nullptr, nullptr, nullptr, &edges));
+    EXPECT(edges == 2, "cudaGraphGetEdges counts %zu edges", edges);
+    cudaGraphNode_t from[3], to[3];
+    cudaGraphEdgeData edge_data[3];
+    edges = 3;
+    CHECK(cudaGraphGetEdges(fan, from, to, edge_data, &edges));
+    EXPECT(edges == 2 && from[0] == head && from[1] == head && from[2] == nullptr && to[2] == nullptr &&
+               ((to[0] == left && to[1] == right) || (to[0] == right && to[1] == left)) &&
+               edge_data[0].type == cudaGraphDependencyTypeDefault,
+           "cudaGraphGetEdges listed %zu edges, not head -> left and head -> right", edges);
+    printf("cudaGraphGetEdges: head -> left, head -> right\n");
+    char dot_path[] = "/tmp/graph_node_updates_XXXXXX";
+    int dot_fd = mkstemp(dot_path);
+    EXPECT(dot_fd >= 0, "mkstemp");
+    close(dot_fd);
+    auto dot_text = [&](unsigned flags) {
+        CHECK(cudaGraphDebugDotPrint(fan, dot_path, flags));
+        std::string text;
+        if (FILE* f = fopen(dot_path, "r")) {
+            char buf[4096];
+            for (size_t got; (got = fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, got);
+            fclose(f);
+        }
+        return text;
+    };
+    const std::string plain = dot_text(0), verbose = dot_text(cudaGraphDebugDotFlagsVerbose);
+    unlink(dot_path);
+    EXPECT(plain.find("gu_fill") != std::string::npos && plain.find("digraph") != std::string::npos,
+           "the DOT description names no gu_fill node:\n%s", plain.c_str());
+    EXPECT(verbose.find("gu_fill") != std::string::npos && verbose != plain,
+           "the verbose DOT description is not another, naming gu_fill");
+    printf("cudaGraphDebugDotPrint: names the kernel; verbose differs\n");
+    CHECK(cudaGraphDestroy(fan));
 
     for (CUgraphExec ex : {x, x2, x3, xp, xc, xm}) ok(d->exec_destroy(ex), "cuGraphExecDestroy");
     for (CUgraph gr : {g, other, parent, cg, captured}) ok(d->destroy(gr), "cuGraphDestroy");

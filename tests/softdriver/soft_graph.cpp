@@ -16,6 +16,7 @@
 // and child copies, and executable graphs; graph memory is mapped from its alloc node's creation to its
 // context's end.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -671,6 +672,7 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
     n->copy = copy;
     n->event = event_of(p);
     n->kernel = kernel;
+    if (kernel != nullptr) n->name = kernel_name(s, kernel->p);
     n->memset = memset_of(p);
     if (p->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {  // its bodies: empty graphs of its own
         n->cond = p->conditional.handle;
@@ -778,7 +780,7 @@ bool blocked_by_capture(state& s, CUstream h) {
 }
 
 CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type,
-                        const CUDA_HOST_NODE_PARAMS* host) {
+                        const CUDA_HOST_NODE_PARAMS* host, std::string_view name) {
     if (s.captures.empty()) return CUDA_SUCCESS;
     if (legacy_stream(stream)) {
         if (!invalidate_blocking_captures(s)) return CUDA_SUCCESS;
@@ -794,6 +796,7 @@ CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type
         if (q->last_edges.size() != q->last.size()) q->last_edges.assign(q->last.size(), CUgraphEdgeData{});
         node_obj* n = add_node(s, *g, type, q->last, q->last_edges, std::move(recorded));
         if (host != nullptr) n->host = *host;
+        n->name = name;
         q->last = {n->handle};
         q->last_edges = {CUgraphEdgeData{}};
     }
@@ -929,6 +932,72 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hGraph, CUgraphNode* 
         if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
         return list_nodes(g->nodes, {}, nodes, nullptr, numNodes);
     });
+}
+
+// Every edge of the graph: each node's dependencies, in the order of the graph's nodes.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphGetEdges_v2(CUgraph hGraph, CUgraphNode* from, CUgraphNode* to,
+                                                      CUgraphEdgeData* edgeData, size_t* numEdges) {
+    if (numEdges == nullptr || (from == nullptr) != (to == nullptr) ||
+        (edgeData != nullptr && from == nullptr))
+        return CUDA_ERROR_INVALID_VALUE;
+    return entry([&](state& s) -> CUresult {
+        graph_obj* g = s.find<graph_obj>(hGraph);
+        if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        std::vector<std::pair<uint64_t, uint64_t>> pairs;
+        std::vector<CUgraphEdgeData> data;
+        for (uint64_t h : g->nodes) {
+            const node_obj* n = s.find<node_obj>(h);
+            for (size_t i = 0; i < n->deps.size(); ++i) {
+                pairs.emplace_back(n->deps[i], h);
+                data.push_back(i < n->edges.size() ? n->edges[i] : CUgraphEdgeData{});
+            }
+        }
+        if (from == nullptr) {
+            *numEdges = pairs.size();
+            return CUDA_SUCCESS;
+        }
+        const size_t n = std::min(*numEdges, pairs.size());
+        data.resize(n);
+        if (edgeData == nullptr && lossy(data)) return CUDA_ERROR_LOSSY_QUERY;
+        for (size_t i = 0; i < *numEdges; ++i) {
+            from[i] = i < n ? to_handle<CUgraphNode>(pairs[i].first) : nullptr;
+            to[i] = i < n ? to_handle<CUgraphNode>(pairs[i].second) : nullptr;
+            if (edgeData != nullptr) edgeData[i] = i < n ? data[i] : CUgraphEdgeData{};
+        }
+        *numEdges = n;
+        return CUDA_SUCCESS;
+    });
+}
+
+// A DOT description of the graph: a node per graph node (its type, and a kernel node's kernel), an edge per
+// dependency; VERBOSE adds each node's handle and dependency count.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphDebugDotPrint(CUgraph hGraph, const char* path,
+                                                        unsigned int flags) {
+    if (path == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::string text;
+    CUresult rc = entry([&](state& s) -> CUresult {
+        graph_obj* g = s.find<graph_obj>(hGraph);
+        if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        text = "digraph dot {\n";
+        for (uint64_t h : g->nodes) {
+            const node_obj* n = s.find<node_obj>(h);
+            text += "  \"n" + std::to_string(h) + "\" [label=\"type " + std::to_string(n->type);
+            if (!n->name.empty()) text += "\\n" + n->name;
+            if (flags & CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE)
+                text += "\\nhandle " + std::to_string(h) + ", " + std::to_string(n->deps.size()) +
+                        " dependencies";
+            text += "\"];\n";
+            for (uint64_t dep : n->deps)
+                text += "  \"n" + std::to_string(dep) + "\" -> \"n" + std::to_string(h) + "\";\n";
+        }
+        text += "}\n";
+        return CUDA_SUCCESS;
+    });
+    if (rc != CUDA_SUCCESS) return rc;
+    FILE* f = std::fopen(path, "w");
+    if (f == nullptr) return CUDA_ERROR_OPERATING_SYSTEM;
+    const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    return std::fclose(f) == 0 && written ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphGetRootNodes(CUgraph hGraph, CUgraphNode* rootNodes,

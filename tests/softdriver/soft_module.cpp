@@ -384,7 +384,7 @@ CUresult prepare_launch(state& s, work& w, const launch_request& q) {
     context_obj* ctx = nullptr;
     if (CUresult r = check_stream(s, q.stream, &ctx); r != CUDA_SUCCESS) return r;
     if (CUresult r = launch_work(s, w, q, *ctx); r != CUDA_SUCCESS) return r;
-    return capture_or_run(s, q.stream, w, CU_GRAPH_NODE_TYPE_KERNEL);
+    return capture_or_run(s, q.stream, w, CU_GRAPH_NODE_TYPE_KERNEL, nullptr, c.entry->name);
 }
 
 }  // namespace
@@ -420,6 +420,12 @@ std::shared_ptr<const kernel_node_params> keep_kernel_params(state& s, const CUD
         kept->p.kernelParams = kept->pointers.data();
     }
     return kept;
+}
+
+std::string kernel_name(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p) {
+    callable c;
+    CUfunction f = p.func != nullptr ? p.func : reinterpret_cast<CUfunction>(p.kern);
+    return resolve_callable(s, f, c) == CUDA_SUCCESS ? std::string(c.entry->name) : std::string();
 }
 
 void destroy_function(state& s, uint64_t h) {

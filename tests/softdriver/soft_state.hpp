@@ -424,6 +424,7 @@ struct node_obj : object {
     std::shared_ptr<const kernel_node_params> kernel;  // kernel nodes made or set by cuGraph* calls
     std::optional<CUDA_MEMSET_NODE_PARAMS> memset;     // memset nodes made or set by cuGraph* calls
     uint64_t origin = 0;                               // the node it was cloned from (cuGraphNodeFindInClone)
+    std::string name;                                  // kernel nodes: the kernel's (cuGraphDebugDotPrint)
     // Conditional nodes: the handle, the kind, and the body graphs (the node's own), as handed out.
     uint64_t cond = 0;
     CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
@@ -499,7 +500,7 @@ CUresult check_stream(state& s, CUstream h, context_obj** ctx = nullptr);
 // context captures fails with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidates those captures.
 // A host node's function and data (`host`) are kept with it, as the real driver does.
 CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type,
-                        const CUDA_HOST_NODE_PARAMS* host = nullptr);
+                        const CUDA_HOST_NODE_PARAMS* host = nullptr, std::string_view name = {});
 // The capture `stream` records into, or null (a stale reference to an ended capture is dropped here).
 capture_seq* capture_of(state& s, CUstream stream);
 // Where `stream` keeps the id of the capture it belongs to; null for the legacy stream, which cannot capture.
@@ -525,6 +526,8 @@ void destroy_graph_exec(state& s, uint64_t h);
 CUresult kernel_node_work(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p, const context_obj& ctx, work& w);
 // A copy of kernel node parameters `p` (kernelParams form; values copied at the kernel's parameter sizes).
 std::shared_ptr<const kernel_node_params> keep_kernel_params(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p);
+// The name of the kernel a kernel node's parameters run, or empty.
+std::string kernel_name(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p);
 // `recorded`: see memset_2d (soft_copy.cpp).
 CUresult memset_node_work(state& s, const CUDA_MEMSET_NODE_PARAMS& p, work& w, bool recorded);
 CUresult copy_3d_desc(state& s, work& w, const CUDA_MEMCPY3D* p);
