@@ -164,11 +164,17 @@ class worker_broker final : public ipc_broker {
         return true;
     }
 
+    // Answered: once the call that freed the object returns, no other session can open its handle (an
+    // unanswered message raced with other workers' fetches on their own control sockets).
     void withdraw(const ipc_token& t, uint64_t) override {
         message_writer m;
         m.u32(msg_ipc_withdraw);
         m.raw(t.data(), t.size());
-        send_message(control_, m.bytes);
+        std::vector<std::byte> reply;
+        std::vector<int> fds;
+        std::string why;
+        if (!ask(m, -1, reply, fds, why)) VCUDA_LOG_WARN("IPC handle withdrawal not confirmed: {}", why);
+        for (int fd : fds) ::close(fd);
     }
 
     bool fetch(const ipc_token& t, uint64_t, const std::string&, ipc_export& out, std::string& why) override {
@@ -225,17 +231,18 @@ bool serve_ipc_request(ipc_registry& registry, uint64_t owner, const std::string
     if (type != msg_ipc_deposit && type != msg_ipc_withdraw && type != msg_ipc_fetch) return false;
     ipc_token t{};
     r.raw(t.data(), t.size());
-    // The descriptors: the answer's socket first (deposit and fetch), then a deposit's memory.
-    unique_fd answer(type != msg_ipc_withdraw && !fds.empty() ? fds[0] : -1);
+    // The descriptors: the answer's socket first, then a deposit's memory.
+    unique_fd answer(!fds.empty() ? fds[0] : -1);
     unique_fd memory(type == msg_ipc_deposit && fds.size() > 1 ? fds[1] : -1);
-    for (size_t i = (type == msg_ipc_withdraw ? 0 : type == msg_ipc_deposit ? 2 : 1); i < fds.size(); ++i)
-        ::close(fds[i]);
+    for (size_t i = type == msg_ipc_deposit ? 2 : 1; i < fds.size(); ++i) ::close(fds[i]);
     fds.clear();
+    message_writer reply;
     if (type == msg_ipc_withdraw) {
         if (r.ok) registry.withdraw(t, owner);
+        reply.u32(0);
+        if (answer.get() >= 0) send_message(answer.get(), reply.bytes);
         return true;
     }
-    message_writer reply;
     if (type == msg_ipc_deposit) {
         uint32_t kind = r.u32();
         std::string meta = r.str();
