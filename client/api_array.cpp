@@ -25,6 +25,7 @@ namespace {
 // fails at call time even when it is queued, as with the driver.
 struct extent {
     uint64_t row = 0, rows = 1, slices = 1;
+    uint64_t element = 0;  // bytes
 };
 std::mutex arrays_mu;
 std::map<uint64_t, extent>& arrays() {
@@ -68,7 +69,8 @@ CUresult create_array(CUarray* out, size_t width, size_t height, size_t depth, C
     *out = c.out_handle<CUarray>(0, handle_kind::array);
     std::lock_guard lock(arrays_mu);
     arrays()[reinterpret_cast<uint64_t>(*out)] = {width * element_bytes(format, channels),
-                                                  height ? height : 1, depth ? depth : 1};
+                                                  height ? height : 1, depth ? depth : 1,
+                                                  element_bytes(format, channels)};
     return CUDA_SUCCESS;
 }
 
@@ -117,6 +119,12 @@ bool vcuda::client::array_box_fits(uint64_t id, uint64_t x, uint64_t y, uint64_t
            ye <= it->second.rows && !__builtin_add_overflow(z, d, &ze) && ze <= it->second.slices;
 }
 
+uint64_t vcuda::client::array_element_bytes(uint64_t id) {
+    std::lock_guard lock(arrays_mu);
+    auto it = arrays().find(id);
+    return it == arrays().end() ? 0 : it->second.element;
+}
+
 VCUDA_API cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* d) noexcept {
     VCUDA_TRACE_HOOK(cuArrayCreate_v2, pHandle, d);
     VCUDA_REQUIRE_INIT();
@@ -155,7 +163,7 @@ VCUDA_API cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_D
         const bool layered = d->Flags & CUDA_ARRAY3D_LAYERED;
         const uint64_t height = half(d->Height), depth = layered ? d->Depth : half(d->Depth);
         arrays()[level] = {half(d->Width) * element_bytes(d->Format, d->NumChannels), height ? height : 1,
-                           depth ? depth : 1};
+                           depth ? depth : 1, element_bytes(d->Format, d->NumChannels)};
         levels.push_back(level);
     }
     mipmapped()[id] = std::move(levels);

@@ -434,6 +434,162 @@ VCUDA_API cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* p, CUstream s) noexcept {
     return copy_3d(*p, s, mode::post);
 }
 
+// ---------------------------------------------------------------- batches of copies (CUDA 12.8)
+// A batch runs as its copies, one after another on its stream: the driver promises no order within a batch,
+// so this is one it may choose. A source the attributes say is read during the call
+// (CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: a stack buffer, say) must be read when the call returns;
+// pinned memory shared with the server is read by the GPU in stream order, so a batch holding such a copy
+// waits for its stream before it returns.
+
+namespace {
+
+bool valid_access_order(CUmemcpySrcAccessOrder o) {
+    return o == CU_MEMCPY_SRC_ACCESS_ORDER_STREAM || o == CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL ||
+           o == CU_MEMCPY_SRC_ACCESS_ORDER_ANY;
+}
+
+// A batch's stream: a live stream, never the legacy one (the driver refuses it).
+CUresult batch_stream(CUstream s) {
+    if (s == nullptr || s == CU_STREAM_LEGACY) return CUDA_ERROR_INVALID_VALUE;
+    return check_stream(s);
+}
+
+// Waits for `s` when a copy of the batch read its source during the call.
+CUresult batch_done(bool read_during_call, CUstream s) {
+    if (!read_during_call) return CUDA_SUCCESS;
+    return remote(op::cuStreamSynchronize, {reinterpret_cast<uint64_t>(s)}, mode::sync);
+}
+
+CUresult copy_batch(const CUdeviceptr* dsts, const CUdeviceptr* srcs, const size_t* sizes, size_t count,
+                    const CUmemcpyAttributes* attrs, const size_t* attrs_idxs, size_t num_attrs, CUstream s,
+                    size_t* fail_idx) {
+    VCUDA_REQUIRE_INIT();
+    if (fail_idx) *fail_idx = SIZE_MAX;
+    if (!dsts || !srcs || !sizes || !attrs || !attrs_idxs || count == 0 || num_attrs == 0 ||
+        num_attrs > count || attrs_idxs[0] != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t k = 0; k < num_attrs; ++k)
+        if (!valid_access_order(attrs[k].srcAccessOrder) ||
+            (k > 0 && (attrs_idxs[k] <= attrs_idxs[k - 1] || attrs_idxs[k] >= count)))
+            return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult rc = batch_stream(s); rc != CUDA_SUCCESS) return rc;
+    bool read_during_call = false;
+    for (size_t i = 0, k = 0; i < count; ++i) {
+        while (k + 1 < num_attrs && attrs_idxs[k + 1] <= i) ++k;
+        if (CUresult rc = copy_any(dsts[i], srcs[i], sizes[i], s, mode::post); rc != CUDA_SUCCESS) {
+            if (fail_idx) *fail_idx = i;
+            return rc;
+        }
+        read_during_call |= attrs[k].srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL;
+    }
+    return batch_done(read_during_call, s);
+}
+
+// One side of a 3D batch copy as a CUDA_MEMCPY3D side: a pointer (rows of rowLength elements, layers of
+// layerHeight rows; 0: packed) or an array at an offset in elements.
+CUresult batch_side(const CUmemcpy3DOperand& o, const CUextent3D& e, uint64_t elem, CUmemorytype& type,
+                    CUdeviceptr& ptr, CUarray& array, size_t& x_bytes, size_t& y, size_t& z, size_t& pitch,
+                    size_t& height) {
+    switch (o.type) {
+        case CU_MEMCPY_OPERAND_TYPE_POINTER:
+            if ((o.op.ptr.rowLength && o.op.ptr.rowLength < e.width) ||
+                (o.op.ptr.layerHeight && o.op.ptr.layerHeight < e.height))
+                return CUDA_ERROR_INVALID_VALUE;
+            type = CU_MEMORYTYPE_UNIFIED;
+            ptr = o.op.ptr.ptr;
+            pitch = (o.op.ptr.rowLength ? o.op.ptr.rowLength : e.width) * elem;
+            height = o.op.ptr.layerHeight ? o.op.ptr.layerHeight : e.height;
+            return CUDA_SUCCESS;
+        case CU_MEMCPY_OPERAND_TYPE_ARRAY:
+            type = CU_MEMORYTYPE_ARRAY;
+            array = o.op.array.array;
+            x_bytes = o.op.array.offset.x * elem;
+            y = o.op.array.offset.y;
+            z = o.op.array.offset.z;
+            return CUDA_SUCCESS;
+        default:
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+// The element size of a 3D batch copy: 1 between pointers, else the array's (the same for two arrays).
+CUresult batch_element(const CUDA_MEMCPY3D_BATCH_OP& op, uint64_t& elem) {
+    elem = 1;
+    uint64_t seen = 0;
+    for (const CUmemcpy3DOperand* o : {&op.src, &op.dst}) {
+        if (o->type != CU_MEMCPY_OPERAND_TYPE_ARRAY) continue;
+        uint64_t e = array_element_bytes(reinterpret_cast<uint64_t>(o->op.array.array));
+        if (e == 0) return CUDA_ERROR_INVALID_HANDLE;
+        if (seen && e != seen) return CUDA_ERROR_INVALID_VALUE;
+        seen = elem = e;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult copy_batch_3d(size_t num_ops, const CUDA_MEMCPY3D_BATCH_OP* ops, unsigned long long flags,
+                       CUstream s, size_t* fail_idx) {
+    VCUDA_REQUIRE_INIT();
+    if (fail_idx) *fail_idx = SIZE_MAX;
+    if (num_ops == 0 || !ops || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < num_ops; ++i)
+        if (!valid_access_order(ops[i].srcAccessOrder) || !ops[i].extent.width || !ops[i].extent.height ||
+            !ops[i].extent.depth)
+            return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult rc = batch_stream(s); rc != CUDA_SUCCESS) return rc;
+    bool read_during_call = false;
+    for (size_t i = 0; i < num_ops; ++i) {
+        const auto& op = ops[i];
+        CUDA_MEMCPY3D c{};
+        uint64_t elem = 1;
+        CUresult rc = batch_element(op, elem);
+        if (rc == CUDA_SUCCESS)
+            rc = batch_side(op.src, op.extent, elem, c.srcMemoryType, c.srcDevice, c.srcArray, c.srcXInBytes,
+                            c.srcY, c.srcZ, c.srcPitch, c.srcHeight);
+        if (rc == CUDA_SUCCESS)
+            rc = batch_side(op.dst, op.extent, elem, c.dstMemoryType, c.dstDevice, c.dstArray, c.dstXInBytes,
+                            c.dstY, c.dstZ, c.dstPitch, c.dstHeight);
+        c.WidthInBytes = op.extent.width * elem;
+        c.Height = op.extent.height;
+        c.Depth = op.extent.depth;
+        if (rc == CUDA_SUCCESS) rc = copy_3d(c, s, mode::post);
+        if (rc != CUDA_SUCCESS) {
+            if (fail_idx) *fail_idx = i;
+            return rc;
+        }
+        read_during_call |= op.srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL;
+    }
+    return batch_done(read_during_call, s);
+}
+
+}  // namespace
+
+VCUDA_API cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count,
+                             CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, size_t* failIdx,
+                             CUstream hStream) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyBatchAsync, dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx,
+                     hStream);
+    return copy_batch(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream, failIdx);
+}
+
+VCUDA_API cuMemcpyBatchAsync_v2(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count,
+                                CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs,
+                                CUstream hStream) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyBatchAsync_v2, dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream);
+    return copy_batch(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream, nullptr);
+}
+
+VCUDA_API cuMemcpy3DBatchAsync(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, size_t* failIdx,
+                               unsigned long long flags, CUstream hStream) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpy3DBatchAsync, numOps, opList, failIdx, flags, hStream);
+    return copy_batch_3d(numOps, opList, flags, hStream, failIdx);
+}
+
+VCUDA_API cuMemcpy3DBatchAsync_v2(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, unsigned long long flags,
+                                  CUstream hStream) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpy3DBatchAsync_v2, numOps, opList, flags, hStream);
+    return copy_batch_3d(numOps, opList, flags, hStream, nullptr);
+}
+
 // ---------------------------------------------------------------- sets
 
 VCUDA_API cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) noexcept {

@@ -48,6 +48,8 @@ bool stream_captures(CUstream stream);
 // True when the box of w bytes x h rows x d slices from (x bytes, y, z) lies inside the array `id` this
 // process made (client/api_array.cpp).
 bool array_box_fits(uint64_t id, uint64_t x, uint64_t y, uint64_t z, uint64_t w, uint64_t h, uint64_t d);
+// The bytes of one element of the array `id` this process made; 0 for no such array.
+uint64_t array_element_bytes(uint64_t id);
 // Sets `height` rows of `width` elements of `elem` bytes (1, 2 or 4), `pitch` bytes apart.
 CUresult memset_2d(CUdeviceptr dst, size_t pitch, uint32_t value, unsigned elem, size_t width, size_t height,
                    CUstream stream, mode m);

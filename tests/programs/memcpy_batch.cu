@@ -1,9 +1,9 @@
 // memcpy_batch: CUDA 12.8's batched copies, as copy-engine collectives and KV-cache transfers make them.
-// cudaMemcpyBatchAsync with host-to-device copies from pinned and pageable memory and from a stack buffer read
-// during the call (changed right after it), then device-to-device and device-to-host copies; and
-// cudaMemcpy3DBatchAsync between pointers with rows longer than the copy, into a CUDA array at an offset and out
-// of it. Every byte is checked. Calls the driver must refuse (the legacy stream, attribute indices not starting
-// at 0) print the error they got: the native run is the reference.
+// cudaMemcpyBatchAsync with host-to-device copies from pinned and pageable memory and from a stack buffer
+// read during the call (changed right after it), then device-to-device and device-to-host copies; and
+// cudaMemcpy3DBatchAsync between pointers with rows longer than the copy, into a CUDA array at an offset and
+// out of it. Every byte is checked. Calls the driver must refuse (the legacy stream, attribute indices not
+// starting at 0) print the error they got: the native run is the reference.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -41,35 +41,40 @@ int main() {
     const size_t N = 1 << 16, SMALL = 64;
     int* d[4];
     for (auto& p : d) CHECK(cudaMalloc(&p, N * sizeof(int)));
-    int *pinned = nullptr, *pinned_back = nullptr;
+    int *pinned = nullptr, *pinned_back = nullptr, *pinned_src = nullptr;
     CHECK(cudaMallocHost(&pinned, N * sizeof(int)));
-    CHECK(cudaMallocHost(&pinned_back, SMALL * sizeof(int)));
+    CHECK(cudaMallocHost(&pinned_back, 2 * SMALL * sizeof(int)));
+    CHECK(cudaMallocHost(&pinned_src, SMALL * sizeof(int)));
     std::vector<int> pageable(N), back(N), back2(N);
     for (size_t i = 0; i < N; ++i) {
         pinned[i] = static_cast<int>(i);
         pageable[i] = static_cast<int>(3 * i + 1);
     }
     int stack_buf[SMALL];
-    for (size_t i = 0; i < SMALL; ++i) stack_buf[i] = static_cast<int>(1000 + i);
+    for (size_t i = 0; i < SMALL; ++i) {
+        stack_buf[i] = static_cast<int>(1000 + i);
+        pinned_src[i] = static_cast<int>(2000 + i);
+    }
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
-    // Batch 1: to the device. Copies 0 and 1 in stream order, copy 2 read during the call.
+    // Batch 1: to the device. Copies 0 and 1 in stream order, 2 and 3 (a stack buffer, pinned memory) read
+    // during the call.
     {
-        void* dsts[] = {d[0], d[1], d[2]};
-        const void* srcs[] = {pinned, pageable.data(), stack_buf};
-        size_t sizes[] = {N * sizeof(int), N * sizeof(int), SMALL * sizeof(int)};
+        void* dsts[] = {d[0], d[1], d[2], d[2] + SMALL};
+        const void* srcs[] = {pinned, pageable.data(), stack_buf, pinned_src};
+        size_t sizes[] = {N * sizeof(int), N * sizeof(int), SMALL * sizeof(int), SMALL * sizeof(int)};
         cudaMemcpyAttributes attrs[] = {attributes(cudaMemcpySrcAccessOrderStream),
                                         attributes(cudaMemcpySrcAccessOrderDuringApiCall)};
         size_t idxs[] = {0, 2};
-        CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, attrs, idxs, 2, s));
-        for (auto& v : stack_buf) v = -1;  // read during the call: may change now
+        CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 4, attrs, idxs, 2, s));
+        for (size_t i = 0; i < SMALL; ++i) stack_buf[i] = pinned_src[i] = -1;  // read already: may change now
     }
     // Batch 2: device to device and back to the host.
     {
         void* dsts[] = {d[3], back.data(), pinned_back};
         const void* srcs[] = {d[0], d[1], d[2]};
-        size_t sizes[] = {N * sizeof(int), N * sizeof(int), SMALL * sizeof(int)};
+        size_t sizes[] = {N * sizeof(int), N * sizeof(int), 2 * SMALL * sizeof(int)};
         cudaMemcpyAttributes attrs[] = {attributes(cudaMemcpySrcAccessOrderStream)};
         size_t idxs[] = {0};
         CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3, attrs, idxs, 1, s));
@@ -80,10 +85,13 @@ int main() {
         EXPECT(back2[i] == static_cast<int>(i), "pinned -> device -> device: [%zu] = %d", i, back2[i]);
         EXPECT(back[i] == static_cast<int>(3 * i + 1), "pageable -> device -> host: [%zu] = %d", i, back[i]);
     }
-    for (size_t i = 0; i < SMALL; ++i)
-        EXPECT(pinned_back[i] == static_cast<int>(1000 + i), "stack buffer -> device -> pinned: [%zu] = %d", i,
-               pinned_back[i]);
-    printf("cudaMemcpyBatchAsync: 6 copies in two batches, a source read during the call: ok\n");
+    for (size_t i = 0; i < SMALL; ++i) {
+        EXPECT(pinned_back[i] == static_cast<int>(1000 + i), "stack buffer -> device -> pinned: [%zu] = %d",
+               i, pinned_back[i]);
+        EXPECT(pinned_back[SMALL + i] == static_cast<int>(2000 + i), "pinned -> device -> pinned: [%zu] = %d",
+               i, pinned_back[SMALL + i]);
+    }
+    printf("cudaMemcpyBatchAsync: 7 copies in two batches, sources read during the call: ok\n");
 
     // Refusals: the legacy stream; attribute indices that do not start at 0.
     {
@@ -137,7 +145,8 @@ int main() {
         for (size_t x = 0; x < 16; ++x) {
             // Array (10 + x, 5 + y) came from row 3 + y, column 6 + x of the 80-int rows.
             int want = static_cast<int>(7 * ((3 + y) * 80 + 6 + x));
-            EXPECT(box[y * 16 + x] == want, "array box (%zu, %zu) = %d, expected %d", x, y, box[y * 16 + x], want);
+            EXPECT(box[y * 16 + x] == want, "array box (%zu, %zu) = %d, expected %d", x, y, box[y * 16 + x],
+                   want);
         }
     std::vector<int> packed(40 * 4);
     CHECK(cudaMemcpy(packed.data(), d[3], packed.size() * sizeof(int), cudaMemcpyDeviceToHost));
@@ -154,5 +163,6 @@ int main() {
     for (auto p : d) CHECK(cudaFree(p));
     CHECK(cudaFreeHost(pinned));
     CHECK(cudaFreeHost(pinned_back));
+    CHECK(cudaFreeHost(pinned_src));
     return pass();
 }
