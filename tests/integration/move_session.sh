@@ -34,20 +34,25 @@ free_ports() { python3 -c 'import socket, sys
 ss = [socket.socket() for _ in range(int(sys.argv[1]))]
 for s in ss: s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"; }
-wait_ready() {
-  for _ in $(seq 200); do
-    case "$1" in unix:*) [ -S "${1#unix:}" ] && return 0 ;; *) (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null && return 0 ;; esac
-    sleep 0.05
-  done
-  fail "no server at $1"
-}
+# Starts a server in the background; true once its own log says it serves ADDR, false when it exited first (a
+# TCP port another process took meanwhile), so that the caller picks other ports. A connection test would not
+# do: a port taken by another server answers too.
 start_server() {  # NAME ADDR WINDOW [ARGS...]; $gpu_id: the software GPU's identity (VCUDA_SOFT_HOST_ID)
   local name=$1 addr=$2 window=$3; shift 3
+  local log="$tmp/server-$name.log" before pid
+  before=$(wc -l < "$log" 2>/dev/null || echo 0)
   VCUDA_SOFT_HOST_ID=${gpu_id:-0} "$build/bin/vcuda-server" --listen "$addr" --driver "$driver" --address-window "$window" --log-level info "$@" \
-    2>> "$tmp/server-$name.log" &
-  pids+=($!)
-  wait_ready "$addr"
+    2>> "$log" &
+  pid=$!
+  pids+=($pid)
+  for _ in $(seq 400); do
+    tail -n "+$((before + 1))" "$log" | grep -q -F "on $addr (" && return 0
+    kill -0 "$pid" 2>/dev/null || { echo "server $name did not start on $addr:"; tail -n "+$((before + 1))" "$log"; return 1; }
+    sleep 0.05
+  done
+  fail "server $name: no 'serving' line for $addr in 20 s"
 }
+stop_servers() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=(); }
 # What a run prints, without what differs from run to run (times, rates, addresses the driver picks) and
 # vcuda's own log lines.
 normalize() { grep -v -i -E 'ms\b|µs|us\b|GB/s|MB/s|time|elapsed|0x[0-9a-f]+|\[vcuda-client\]' "$1"; }
@@ -59,19 +64,24 @@ for transport in ${loop_transports/back/}; do
   copy=(); [ "$transport" = unixcopy ] && copy=(--move-memory copy)
   [ "$transport" = tcpdirty ] && copy=(--test-precopy-hold 1000)
   iso=(); [ "${transport%iso}" != "$transport" ] && iso=(--isolation process)
-  if [ "${transport#tcp}" = "$transport" ]; then
-    ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
-  else
-    read -r p_ref p_a p_b <<< "$(free_ports 3)"
-    ref="127.0.0.1:$p_ref"; a="127.0.0.1:$p_a"; b="127.0.0.1:$p_b"
-  fi
-  : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
-  start_server ref "$ref" 3
-  gpu_id=0; [ "$transport" = unixothergpu ] && gpu_id=1
-  start_server b "$b" 2 ${iso[@]+"${iso[@]}"}
-  gpu_id=0
   after=100; [ "$transport" = tcpdirty ] && after=400  # after precopy_dirty's first pattern
-  start_server a "$a" 1 --test-move-to "$b" --test-move-after $after "${copy[@]}" ${iso[@]+"${iso[@]}"}
+  started=0
+  for attempt in 1 2 3; do
+    if [ "${transport#tcp}" = "$transport" ]; then
+      ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
+    else
+      read -r p_ref p_a p_b <<< "$(free_ports 3)"
+      ref="127.0.0.1:$p_ref"; a="127.0.0.1:$p_a"; b="127.0.0.1:$p_b"
+    fi
+    : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
+    b_gpu=0; [ "$transport" = unixothergpu ] && b_gpu=1
+    start_server ref "$ref" 3 && gpu_id=$b_gpu start_server b "$b" 2 ${iso[@]+"${iso[@]}"} &&
+      start_server a "$a" 1 --test-move-to "$b" --test-move-after $after "${copy[@]}" ${iso[@]+"${iso[@]}"} &&
+      { started=1; break; }
+    echo "$transport: the servers did not start (attempt $attempt): new ports"
+    stop_servers
+  done
+  [ $started = 1 ] || fail "$transport: the servers did not start in 3 attempts"
   for p in $programs; do
     IFS=: read -r name args sure only <<< "$p"
     args=${args//,/ }
@@ -130,15 +140,14 @@ for transport in ${loop_transports/back/}; do
   moves=$(grep -c "session [0-9]* moved to $b" "$tmp/server-a.log")
   echo "$transport: $moves sessions moved from A to B"
   [ "$moves" -ge 1 ] || fail "no session moved over $transport"
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=()
+  stop_servers
 done
 # back: a session moved from A to B and then back to A (B moves it on too): A kept its addresses for it.
 if [[ " $transports " == *" back "* ]]; then
   ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
   : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
-  start_server ref "$ref" 3
-  start_server b "$b" 2 --test-move-to "$a" --test-move-after 100
-  start_server a "$a" 1 --test-move-to "$b" --test-move-after 100
+  start_server ref "$ref" 3 && start_server b "$b" 2 --test-move-to "$a" --test-move-after 100 &&
+    start_server a "$a" 1 --test-move-to "$b" --test-move-after 100 || fail "back: the servers did not start"
   LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$ref" timeout 120 "$programs_dir/suspend_resume" 2000 > "$tmp/ref.out" 2>&1
   LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$a" timeout 120 "$programs_dir/suspend_resume" 2000 > "$tmp/back.out" 2>&1 ||
     { cat "$tmp/back.out"; fail "back: the program failed"; }
@@ -148,7 +157,7 @@ if [[ " $transports " == *" back "* ]]; then
   grep -q "session [0-9]* moved to $a" "$tmp/server-b.log" || fail "back: B did not move it back to A"
   echo "back: 1 session moved from A to B and back to A"
   passed=$((passed + 1))
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=()
+  stop_servers
 fi
 # isopair: two sessions of one --isolation process server, running at once (so in two worker processes), both
 # moved to one thread-mode server: their addresses come from the one window their parent keeps, so they do not
@@ -156,9 +165,8 @@ fi
 if [[ " $transports " == *" isopair "* ]]; then
   ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
   : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
-  start_server ref "$ref" 3
-  start_server b "$b" 2
-  start_server a "$a" 1 --isolation process --test-move-to "$b" --test-move-after 100
+  start_server ref "$ref" 3 && start_server b "$b" 2 &&
+    start_server a "$a" 1 --isolation process --test-move-to "$b" --test-move-after 100 || fail "isopair: the servers did not start"
   LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$ref" timeout 120 "$programs_dir/suspend_resume" 600 > "$tmp/ref.out" 2>&1
   run_pids=()
   for k in 1 2; do
@@ -174,6 +182,6 @@ if [[ " $transports " == *" isopair "* ]]; then
   [ "$(grep -c "moved here" "$tmp/server-b.log")" -eq 2 ] || fail "isopair: server B did not take both"
   echo "isopair: 2 sessions of two worker processes moved to one server"
   passed=$((passed + 2))
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=()
+  stop_servers
 fi
 echo "PASS move_session: $passed program runs identical when moved between two servers"
