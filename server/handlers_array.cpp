@@ -136,6 +136,23 @@ CUresult destroy_object(call_context& cx, bool surface) {
 
 }  // namespace
 
+uint64_t packed_row_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d) {
+    return d.Width * element_bytes(d.Format, d.NumChannels);
+}
+
+uint64_t packed_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d) {
+    return packed_row_bytes(d) * (d.Height ? d.Height : 1) * (d.Depth ? d.Depth : 1);
+}
+
+CUDA_ARRAY3D_DESCRIPTOR mipmap_level(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned level) {
+    auto halve = [level](size_t n) -> size_t { return n ? std::max<size_t>(1, n >> level) : 0; };
+    CUDA_ARRAY3D_DESCRIPTOR ld = d;
+    ld.Width = halve(d.Width);
+    ld.Height = halve(d.Height);
+    ld.Depth = (d.Flags & CUDA_ARRAY3D_LAYERED) ? d.Depth : halve(d.Depth);
+    return ld;
+}
+
 CUresult array_box(call_context& cx, uint64_t id, uint64_t x, uint64_t y, uint64_t z, uint64_t w, uint64_t h,
                    uint64_t depth, CUarray& out) {
     void* raw = nullptr;
@@ -242,14 +259,10 @@ CUresult handle_mipmapped_array_create(call_context& cx) {
     const uint64_t levels = cx.arg(6);
     if (levels == 0 || levels > 64 || (largest >> (levels - 1)) == 0)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad number of mipmap levels");
-    auto halve = [](size_t n, uint64_t l) -> size_t { return n ? std::max<size_t>(1, n >> l) : 0; };
-    std::vector<CUDA_ARRAY3D_DESCRIPTOR> level_desc(levels, d);
+    std::vector<CUDA_ARRAY3D_DESCRIPTOR> level_desc(levels);
     bytes = 0;
     for (uint64_t l = 0; l < levels; ++l) {
-        auto& ld = level_desc[l];
-        ld.Width = halve(d.Width, l);
-        ld.Height = halve(d.Height, l);
-        ld.Depth = layered ? d.Depth : halve(d.Depth, l);
+        auto& ld = level_desc[l] = mipmap_level(d, static_cast<unsigned>(l));
         uint64_t row = (ld.Width * element_bytes(d.Format, d.NumChannels) + 511) / 512 * 512, level_bytes;
         if (!mul_add(row, ld.Height ? ld.Height : 1, 0, level_bytes) ||
             !mul_add(level_bytes, ld.Depth ? ld.Depth : 1, bytes, bytes))
@@ -277,7 +290,8 @@ CUresult handle_mipmapped_array_create(call_context& cx) {
         cx.out_handle(handle_kind::array, level_arrays[l], id, /*owned=*/true);
     std::lock_guard lock(cx.sess.mu);
     cx.sess.arrays.arrays[id] = {device, bytes, d};
-    for (uint64_t l = 0; l < levels; ++l) cx.sess.arrays.arrays[cx.outs[1 + l]] = {device, 0, level_desc[l]};
+    for (uint64_t l = 0; l < levels; ++l)
+        cx.sess.arrays.arrays[cx.outs[1 + l]] = {device, 0, level_desc[l], static_cast<unsigned>(l)};
     return CUDA_SUCCESS;
 }
 

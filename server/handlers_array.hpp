@@ -10,6 +10,14 @@ namespace vcuda::server {
 
 // The session's array `id` when the box of w bytes x h rows x depth slices from (x bytes, y, z) lies inside
 // it; else CUDA_ERROR_INVALID_HANDLE (not the session's array) or CUDA_ERROR_INVALID_VALUE (past its extent).
+// Bytes of one row of `d`'s elements, and of all of them, without the driver's padding (how a suspend keeps
+// an array's contents, server/array_image.cpp); 0 for a format vcuda does not serve.
+uint64_t packed_row_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d);
+uint64_t packed_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d);
+// Level `level` of a mipmapped array made with `d`: every extent halved `level` times, at least 1 (a layered
+// array keeps its layers).
+CUDA_ARRAY3D_DESCRIPTOR mipmap_level(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned level);
+
 CUresult array_box(call_context& cx, uint64_t id, uint64_t x, uint64_t y, uint64_t z, uint64_t w, uint64_t h,
                    uint64_t depth, CUarray& out);
 

@@ -386,6 +386,13 @@ class session : public std::enable_shared_from_this<session> {
     // address window at the same addresses and its allocations charged to the quota; the image gets room for
     // the allocations' contents, which rebuild_vmm makes again at the resume.
     CUresult take_moved_vmm(const wire::SessionState& st, session_image& img, std::string& why);
+    // CUDA arrays and mipmapped arrays in a suspend (server/array_image.cpp), `mu` held: contents saved,
+    // arrays destroyed (handles and quota charges stay), made again with their descriptors and filled; a
+    // move's target takes their table entries and contents from the moved state.
+    CUresult save_arrays(session_image& img, std::string& why);
+    void release_arrays();
+    CUresult rebuild_arrays(const session_image& img, std::string& what);
+    CUresult take_moved_arrays(const wire::SessionState& st, session_image& img, std::string& why);
 
     uint64_t id_;
     std::string key_;

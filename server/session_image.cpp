@@ -8,9 +8,10 @@
 // modules (by name) with their settable attributes, module globals the client looked up (contents; a global
 // the driver places elsewhere is reported, and copies to its old address are refused), streams (flags and
 // priority), events (flags), context limits and cache configuration, shared pinned host memory (registered
-// again), the application's own VMM use (server/vmm_image.cpp). What is not yet: graphs, CUDA arrays and
-// texture/surface objects, memory pools and stream-ordered allocations, link states in progress, memory of
-// other sessions (IPC): a session holding any of them is not suspended, and the caller is told which.
+// again), the application's own VMM use (server/vmm_image.cpp), CUDA arrays and mipmapped arrays
+// (server/array_image.cpp). What is not yet: graphs, texture/surface objects, memory pools and stream-ordered
+// allocations, link states in progress, memory of other sessions (IPC): a session holding any of them is not
+// suspended, and the caller is told which.
 #include "server/session_image.hpp"
 
 #include <array>
@@ -72,9 +73,6 @@ const char* not_rebuilt(handle_kind k) {
         case handle_kind::graph_exec:
         case handle_kind::graph_node:
             return "CUDA graphs";
-        case handle_kind::array:
-        case handle_kind::mipmapped_array:
-            return "CUDA arrays";
         case handle_kind::mem_pool:
             return "memory pools";
         case handle_kind::link_state:
@@ -329,6 +327,10 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
         d.cuCtxSetCurrent(nullptr);
         return rc;
     }
+    if (CUresult rc = save_arrays(*img, why); rc != CUDA_SUCCESS) {
+        d.cuCtxSetCurrent(nullptr);
+        return rc;
+    }
     // A reference point behind everything the session did, for the ages of its events.
     std::vector<CUevent> reference(devices_.size(), nullptr);
     for (size_t i = 0; i < devices_.size(); ++i)
@@ -422,6 +424,7 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
 void session::release_gpu_state() {
     auto& d = api();
     release_vmm_physical();  // while the contexts exist
+    release_arrays();
     // Shared host pages stay mapped (the client uses them); only their registration goes with the contexts.
     CUcontext any = nullptr;
     for (auto& s : devices_)
@@ -501,6 +504,7 @@ CUresult session::rebuild(std::string& why) {
                 return failed(rc, "its shared host memory could not be registered again");
     }
     if (std::string what; CUresult rc = rebuild_vmm(img, what)) return failed(rc, what);
+    if (std::string what; CUresult rc = rebuild_arrays(img, what)) return failed(rc, what);
     for (auto& es : img.entries) {
         handle_entry* e = handles.find(es.id, kind_of(es.id));
         if (!e) continue;

@@ -56,11 +56,19 @@ struct session_image {
         CUdeviceptr va = 0;  // a mapping
         std::vector<CUmemAccessDesc> access;
     };
+    // A CUDA array or mipmapped array (server/array_image.cpp): its contents, rows without the driver's
+    // padding, level after level; its descriptor stays in the session's array table.
+    struct array_state {
+        uint64_t id = 0;
+        std::vector<uint64_t> levels;  // a mipmapped array's level handles, level 0 first
+        std::vector<std::byte> bytes;
+    };
     std::vector<device_state> devices;
     std::vector<vmm_allocation_state> vmm_allocations;
     std::vector<vmm_access_state> vmm_access;
     std::vector<entry_state> entries;  // in the order they are made again: owners before what they own
     std::vector<global_state> globals;
+    std::vector<array_state> arrays;
     std::vector<std::pair<uintptr_t, size_t>> host_regions;  // registered again at their addresses
     uint64_t bytes = 0;                                      // device memory and globals saved
     uint64_t handed_over = 0;  // of it, device memory exported as descriptors (a move on the same GPU)

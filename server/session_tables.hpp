@@ -522,6 +522,7 @@ class array_tables {
         size_t device = 0;
         uint64_t bytes = 0;  // charged
         CUDA_ARRAY3D_DESCRIPTOR desc{};
+        unsigned level = 0;  // a mipmapped array's level (its handle is owned by the mipmapped array)
     };
     struct object {
         size_t device = 0;

@@ -461,6 +461,15 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
                                        b.CreateVector(reinterpret_cast<const uint8_t*>(desc.data()),
                                                       desc.size() * sizeof(CUmemAccessDesc))));
     }
+    std::vector<flatbuffers::Offset<wire::MovedArray>> arrays_out;
+    for (auto& a : img.arrays) {
+        const auto& t = arrays.arrays.at(a.id);
+        arrays_out.push_back(wire::CreateMovedArray(
+            b, a.id, static_cast<uint32_t>(t.device), t.bytes,
+            b.CreateVector(reinterpret_cast<const uint8_t*>(&t.desc), sizeof t.desc),
+            b.CreateVector(a.levels),
+            b.CreateVector(reinterpret_cast<const uint8_t*>(a.bytes.data()), a.bytes.size())));
+    }
     std::vector<uint32_t> gpus;
     for (size_t i = 0; i < devices_.size(); ++i)
         if (devices_[i].allowed) gpus.push_back(static_cast<uint32_t>(i));
@@ -471,7 +480,7 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         b.CreateVector(origins_out), b.CreateVector(progress), img.bytes, piece_bytes,
         b.CreateVector(regions), b.CreateVector(gone), b.CreateVector(relocated),
         b.CreateVector(vmm_reservations), b.CreateVector(vmm_allocations), b.CreateVector(vmm_mappings),
-        b.CreateVector(vmm_access), b.CreateVector(gpus)));
+        b.CreateVector(vmm_access), b.CreateVector(gpus), b.CreateVector(arrays_out)));
     if (b.GetSize() > max_moved_state_bytes) {
         why = "its description (" + mib(b.GetSize()) + ") is larger than a server accepts";
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -774,6 +783,7 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
             for (flatbuffers::uoffset_t k = 0; k < r->size(); k += 4)
                 globals.relocate(r->Get(k), r->Get(k + 1), r->Get(k + 2), r->Get(k + 3));
         if (CUresult rc = take_moved_vmm(st, *img, why); rc != CUDA_SUCCESS) return rc;
+        if (CUresult rc = take_moved_arrays(st, *img, why); rc != CUDA_SUCCESS) return rc;
         img->bytes = st.bytes();
         if (const auto* p = st.lane_progress(); p && p->size() % 2 == 0) {
             std::lock_guard l(progress_mu_);

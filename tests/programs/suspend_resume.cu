@@ -3,8 +3,8 @@
 // --idle-suspend-after) saves its GPU state and rebuilds it at the second phase's first call. Natively, and
 // through vcuda whether or not a suspend happened, it must print the same: memory contents at the same device
 // addresses (small packed allocations and large ones), the stream's flags and priority, a function attribute
-// it set, an event pair's elapsed time still measurable, an event without timing still complete, and new work
-// on all of them.
+// it set, an event pair's elapsed time still measurable, an event without timing still complete, CUDA arrays
+// (2D with padded rows, layered, mipmapped) with their contents, and new work on all of them.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -26,6 +26,96 @@ extern "C" __global__ void sr_axpy(float* y, const float* x, size_t n, float a) 
     size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
     if (i < n) y[i] += a * x[i];
 }
+
+// CUDA arrays made and filled before the pause; their contents are checked and written again after it.
+struct arrays_kept {
+    static constexpr size_t w = 37, h = 29;                // float2: 296-byte rows, which the driver pads
+    static constexpr size_t lw = 20, lh = 10, layers = 3;  // uchar4, layered
+    static constexpr size_t mw = 64, mh = 32, levels = 3;  // float, mipmapped
+    cudaArray_t plain = nullptr, layered = nullptr;
+    cudaMipmappedArray_t mip = nullptr;
+
+    static float2 plain_at(size_t i, float base) {
+        return {base + static_cast<float>(i), -static_cast<float>(i)};
+    }
+    static uchar4 layered_at(size_t i) {
+        return {static_cast<unsigned char>(i), static_cast<unsigned char>(i >> 8), 7,
+                static_cast<unsigned char>(i % 251)};
+    }
+    static float mip_at(size_t level, size_t i) { return static_cast<float>(level * 10000 + i); }
+
+    void make() {
+        cudaChannelFormatDesc f2 = cudaCreateChannelDesc<float2>();
+        CHECK(cudaMallocArray(&plain, &f2, w, h));
+        write_plain(1.0f);
+        cudaChannelFormatDesc u4 = cudaCreateChannelDesc<uchar4>();
+        CHECK(cudaMalloc3DArray(&layered, &u4, make_cudaExtent(lw, lh, layers), cudaArrayLayered));
+        std::vector<uchar4> l(lw * lh * layers);
+        for (size_t i = 0; i < l.size(); ++i) l[i] = layered_at(i);
+        cudaMemcpy3DParms p{};
+        p.srcPtr = make_cudaPitchedPtr(l.data(), lw * sizeof(uchar4), lw, lh);
+        p.dstArray = layered;
+        p.extent = make_cudaExtent(lw, lh, layers);
+        p.kind = cudaMemcpyHostToDevice;
+        CHECK(cudaMemcpy3D(&p));
+        cudaChannelFormatDesc f1 = cudaCreateChannelDesc<float>();
+        CHECK(cudaMallocMipmappedArray(&mip, &f1, make_cudaExtent(mw, mh, 0), levels));
+        for (size_t lv = 0; lv < levels; ++lv) {
+            cudaArray_t a;
+            CHECK(cudaGetMipmappedArrayLevel(&a, mip, static_cast<unsigned>(lv)));
+            const size_t cw = mw >> lv, ch = mh >> lv;
+            std::vector<float> m(cw * ch);
+            for (size_t i = 0; i < m.size(); ++i) m[i] = mip_at(lv, i);
+            CHECK(cudaMemcpy2DToArray(a, 0, 0, m.data(), cw * sizeof(float), cw * sizeof(float), ch,
+                                      cudaMemcpyHostToDevice));
+        }
+    }
+    void write_plain(float base) {
+        std::vector<float2> v(w * h);
+        for (size_t i = 0; i < v.size(); ++i) v[i] = plain_at(i, base);
+        CHECK(cudaMemcpy2DToArray(plain, 0, 0, v.data(), w * sizeof(float2), w * sizeof(float2), h,
+                                  cudaMemcpyHostToDevice));
+    }
+    void check_plain(float base) {
+        std::vector<float2> v(w * h);
+        CHECK(cudaMemcpy2DFromArray(v.data(), w * sizeof(float2), plain, 0, 0, w * sizeof(float2), h,
+                                    cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < v.size(); ++i)
+            EXPECT(v[i].x == plain_at(i, base).x && v[i].y == plain_at(i, base).y,
+                   "array element %zu is %f,%f", i, v[i].x, v[i].y);
+    }
+    // After the pause: the same contents; new writes land.
+    void check() {
+        check_plain(1.0f);
+        std::vector<uchar4> l(lw * lh * layers);
+        cudaMemcpy3DParms p{};
+        p.srcArray = layered;
+        p.dstPtr = make_cudaPitchedPtr(l.data(), lw * sizeof(uchar4), lw, lh);
+        p.extent = make_cudaExtent(lw, lh, layers);
+        p.kind = cudaMemcpyDeviceToHost;
+        CHECK(cudaMemcpy3D(&p));
+        for (size_t i = 0; i < l.size(); ++i) {
+            uchar4 want = layered_at(i);
+            EXPECT(l[i].x == want.x && l[i].y == want.y && l[i].z == want.z && l[i].w == want.w,
+                   "layered array element %zu differs", i);
+        }
+        for (size_t lv = 0; lv < levels; ++lv) {
+            cudaArray_t a;
+            CHECK(cudaGetMipmappedArrayLevel(&a, mip, static_cast<unsigned>(lv)));
+            const size_t cw = mw >> lv, ch = mh >> lv;
+            std::vector<float> m(cw * ch);
+            CHECK(cudaMemcpy2DFromArray(m.data(), cw * sizeof(float), a, 0, 0, cw * sizeof(float), ch,
+                                        cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < m.size(); ++i)
+                EXPECT(m[i] == mip_at(lv, i), "mipmap level %zu element %zu is %f", lv, i, m[i]);
+        }
+        write_plain(2.0f);
+        check_plain(2.0f);
+        CHECK(cudaFreeArray(plain));
+        CHECK(cudaFreeArray(layered));
+        CHECK(cudaFreeMipmappedArray(mip));
+    }
+};
 
 int main(int argc, char** argv) {
     const int idle_ms = argc > 1 ? atoi(argv[1]) : 0;
@@ -59,6 +149,8 @@ int main(int argc, char** argv) {
         sr_fill<<<static_cast<unsigned>((ballast_floats + 255) / 256), 256, 0, s>>>(ballast, ballast_floats,
                                                                                     5.0f);
     }
+    arrays_kept arrays;
+    arrays.make();
     CHECK(cudaEventRecord(start, s));
     sr_axpy<<<grid, 256, 0, s>>>(y, x, n, 0.5f);
     CHECK_LAUNCH();
@@ -124,6 +216,8 @@ int main(int argc, char** argv) {
     EXPECT(fa.maxDynamicSharedSizeBytes == 2048, "max dynamic shared memory %d",
            fa.maxDynamicSharedSizeBytes);
     printf("function attribute kept: yes\n");
+    arrays.check();
+    printf("CUDA arrays kept: yes\n");
 
     float* z;  // a new allocation after the pause
     CHECK(cudaMalloc(&z, n * sizeof(float)));

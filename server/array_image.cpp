@@ -1,0 +1,212 @@
+// CUDA arrays and mipmapped arrays in a suspend or a move (server/session_image.cpp). An array is an opaque
+// layout of the driver's, so its contents are read out with a 3D copy into packed rows, and the array is made
+// again from its descriptor (kept in the session's array table) and filled the same way; its handle id then
+// stands for the new array. A mipmapped array is made again with as many levels, each level's handle standing
+// for the new level. Texture and surface objects are not rebuilt (their values are the driver's and travel in
+// kernel parameters): a session holding one is not suspended (session_image.cpp).
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "common/wire.hpp"
+#include "server/handlers_array.hpp"
+#include "server/session.hpp"
+#include "server/session_image.hpp"
+
+namespace vcuda::server {
+
+namespace {
+
+// Copies all of array `a` (made with `d`) to or from packed rows at `host`. A context is current.
+CUresult copy_array(const driver_table& drv, CUarray a, const CUDA_ARRAY3D_DESCRIPTOR& d, std::byte* host,
+                    bool to_array) {
+    CUDA_MEMCPY3D c{};
+    const size_t row = packed_row_bytes(d), rows = d.Height ? d.Height : 1;
+    if (to_array) {
+        c.srcMemoryType = CU_MEMORYTYPE_HOST;
+        c.srcHost = host;
+        c.srcPitch = row;
+        c.srcHeight = rows;
+        c.dstMemoryType = CU_MEMORYTYPE_ARRAY;
+        c.dstArray = a;
+    } else {
+        c.srcMemoryType = CU_MEMORYTYPE_ARRAY;
+        c.srcArray = a;
+        c.dstMemoryType = CU_MEMORYTYPE_HOST;
+        c.dstHost = host;
+        c.dstPitch = row;
+        c.dstHeight = rows;
+    }
+    c.WidthInBytes = row;
+    c.Height = rows;
+    c.Depth = d.Depth ? d.Depth : 1;
+    return drv.cuMemcpy3D_v2(&c);
+}
+
+}  // namespace
+
+CUresult session::save_arrays(session_image& img, std::string& why) {
+    auto& d = api();
+    for (auto& [id, a] : arrays.arrays) {
+        const handle_entry* e = handles.find(id, kind_of(id));
+        if (!e || e->owned) continue;  // a level: saved with its mipmapped array
+        if (a.device >= devices_.size() || !devices_[a.device].ctx) {
+            why = "a CUDA array is on a GPU without a context";
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+        d.cuCtxSetCurrent(devices_[a.device].ctx);
+        session_image::array_state st;
+        st.id = id;
+        std::vector<std::pair<CUarray, CUDA_ARRAY3D_DESCRIPTOR>> parts;
+        if (e->kind == handle_kind::mipmapped_array) {
+            std::map<unsigned, uint64_t> by_level;
+            for (auto& [level_id, l] : arrays.arrays)
+                if (const handle_entry* le = handles.find(level_id, handle_kind::array); le && le->owner == id)
+                    by_level[l.level] = level_id;
+            for (auto& [level, level_id] : by_level) {
+                st.levels.push_back(level_id);
+                parts.emplace_back(static_cast<CUarray>(handles.find(level_id, handle_kind::array)->raw),
+                                   arrays.arrays[level_id].desc);
+            }
+        } else {
+            parts.emplace_back(static_cast<CUarray>(e->raw), a.desc);
+        }
+        size_t total = 0;
+        for (auto& [raw, desc] : parts) total += packed_bytes(desc);
+        st.bytes.resize(total);
+        std::byte* at = st.bytes.data();
+        for (auto& [raw, desc] : parts) {
+            if (CUresult rc = copy_array(d, raw, desc, at, false); rc != CUDA_SUCCESS) {
+                why = "a CUDA array could not be copied out (" + error_text(rc) + ")";
+                return rc;
+            }
+            at += packed_bytes(desc);
+        }
+        img.bytes += total;
+        img.arrays.push_back(std::move(st));
+    }
+    return CUDA_SUCCESS;
+}
+
+void session::release_arrays() {
+    auto& d = api();
+    for (auto& [id, a] : arrays.arrays) {
+        handle_entry* e = handles.find(id, kind_of(id));
+        if (!e || !e->raw) continue;
+        if (a.device < devices_.size() && devices_[a.device].ctx) {
+            d.cuCtxSetCurrent(devices_[a.device].ctx);
+            if (e->kind == handle_kind::mipmapped_array)
+                d.cuMipmappedArrayDestroy(static_cast<CUmipmappedArray>(e->raw));
+            else if (!e->owned)  // a level goes with its mipmapped array
+                d.cuArrayDestroy(static_cast<CUarray>(e->raw));
+        }
+        handles.rebind(id, nullptr);
+    }
+}
+
+CUresult session::rebuild_arrays(const session_image& img, std::string& what) {
+    auto& d = api();
+    for (auto& st : img.arrays) {
+        auto a = arrays.arrays.find(st.id);
+        handle_entry* e = handles.find(st.id, kind_of(st.id));
+        if (a == arrays.arrays.end() || !e || a->second.device >= devices_.size() ||
+            !devices_[a->second.device].ctx) {
+            what = "a CUDA array has no context";
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        d.cuCtxSetCurrent(devices_[a->second.device].ctx);
+        std::vector<std::pair<CUarray, CUDA_ARRAY3D_DESCRIPTOR>> parts;
+        CUresult rc;
+        if (e->kind == handle_kind::mipmapped_array) {
+            CUmipmappedArray m = nullptr;
+            rc = d.cuMipmappedArrayCreate(&m, &a->second.desc, static_cast<unsigned>(st.levels.size()));
+            if (rc == CUDA_SUCCESS) handles.rebind(st.id, m);
+            for (unsigned l = 0; rc == CUDA_SUCCESS && l < st.levels.size(); ++l) {
+                CUarray level = nullptr;
+                rc = d.cuMipmappedArrayGetLevel(&level, m, l);
+                if (rc == CUDA_SUCCESS) {
+                    handles.rebind(st.levels[l], level);
+                    parts.emplace_back(level, arrays.arrays[st.levels[l]].desc);
+                }
+            }
+        } else {
+            CUarray made = nullptr;
+            rc = d.cuArray3DCreate_v2(&made, &a->second.desc);
+            if (rc == CUDA_SUCCESS) {
+                handles.rebind(st.id, made);
+                parts.emplace_back(made, a->second.desc);
+            }
+        }
+        const std::byte* at = st.bytes.data();
+        for (auto& [raw, desc] : parts) {
+            if (rc != CUDA_SUCCESS) break;
+            rc = copy_array(d, raw, desc, const_cast<std::byte*>(at), true);
+            at += packed_bytes(desc);
+        }
+        if (rc != CUDA_SUCCESS) {  // what was made goes with release_arrays
+            what = "a CUDA array could not be made again (" + error_text(rc) + ")";
+            return rc;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult session::take_moved_arrays(const wire::SessionState& st, session_image& img, std::string& why) {
+    if (!st.arrays()) return CUDA_SUCCESS;
+    auto bad = [&](const std::string& what) {
+        why = "the moved session's state is malformed: " + what;
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    constexpr uint64_t extent_limit = uint64_t{1} << 20;  // as handlers_array.cpp accepts
+    for (const auto* m : *st.arrays()) {
+        const size_t device = m->device();
+        const handle_entry* e = handles.find(m->id(), kind_of(m->id()));
+        const bool mipmapped = e && e->kind == handle_kind::mipmapped_array;
+        if (!e || (e->kind != handle_kind::array && !mipmapped) || e->owned || device >= devices_.size() ||
+            !allowed(device) || !m->descriptor() || m->descriptor()->size() != sizeof(CUDA_ARRAY3D_DESCRIPTOR) ||
+            arrays.arrays.count(m->id()) || (mipmapped != (m->levels() && m->levels()->size() > 0)) ||
+            (m->levels() && m->levels()->size() > 64))
+            return bad("a CUDA array");
+        CUDA_ARRAY3D_DESCRIPTOR desc;
+        std::memcpy(&desc, m->descriptor()->data(), sizeof desc);
+        if (!desc.Width || desc.Width > extent_limit || desc.Height > extent_limit || desc.Depth > extent_limit ||
+            !packed_row_bytes(desc))
+            return bad("a CUDA array's descriptor");
+        session_image::array_state s;
+        s.id = m->id();
+        uint64_t total = 0;
+        std::vector<std::pair<uint64_t, CUDA_ARRAY3D_DESCRIPTOR>> levels;
+        if (mipmapped) {
+            for (unsigned l = 0; l < m->levels()->size(); ++l) {
+                const uint64_t level_id = m->levels()->Get(l);
+                const handle_entry* le = handles.find(level_id, handle_kind::array);
+                if (!le || le->owner != m->id() || arrays.arrays.count(level_id))
+                    return bad("a mipmapped array's level");
+                levels.emplace_back(level_id, mipmap_level(desc, l));
+                s.levels.push_back(level_id);
+            }
+        } else {
+            levels.emplace_back(0, desc);
+        }
+        for (auto& [level_id, ld] : levels) {
+            uint64_t part = 0;
+            if (!mul_add(packed_row_bytes(ld), ld.Height ? ld.Height : 1, 0, part) ||
+                !mul_add(part, ld.Depth ? ld.Depth : 1, 0, part) || !mul_add(1, total, part, total))
+                return bad("a CUDA array's size");
+        }
+        if (!m->bytes() || m->bytes()->size() != total) return bad("a CUDA array's contents");
+        if (!devices_[device].memory->charge(m->charge())) {
+            why = "its CUDA arrays exceed its memory quota here";
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        arrays.arrays[m->id()] = {device, m->charge(), desc, 0};
+        for (unsigned l = 0; mipmapped && l < levels.size(); ++l)
+            arrays.arrays[levels[l].first] = {device, 0, levels[l].second, l};
+        s.bytes.assign(reinterpret_cast<const std::byte*>(m->bytes()->data()),
+                       reinterpret_cast<const std::byte*>(m->bytes()->data()) + total);
+        img.arrays.push_back(std::move(s));
+    }
+    return CUDA_SUCCESS;
+}
+
+}  // namespace vcuda::server
