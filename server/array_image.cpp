@@ -61,7 +61,8 @@ CUresult session::save_arrays(session_image& img, std::string& why) {
         if (e->kind == handle_kind::mipmapped_array) {
             std::map<unsigned, uint64_t> by_level;
             for (auto& [level_id, l] : arrays.arrays)
-                if (const handle_entry* le = handles.find(level_id, handle_kind::array); le && le->owner == id)
+                if (const handle_entry* le = handles.find(level_id, handle_kind::array);
+                    le && le->owner == id)
                     by_level[l.level] = level_id;
             for (auto& [level, level_id] : by_level) {
                 st.levels.push_back(level_id);
@@ -163,14 +164,15 @@ CUresult session::take_moved_arrays(const wire::SessionState& st, session_image&
         const handle_entry* e = handles.find(m->id(), kind_of(m->id()));
         const bool mipmapped = e && e->kind == handle_kind::mipmapped_array;
         if (!e || (e->kind != handle_kind::array && !mipmapped) || e->owned || device >= devices_.size() ||
-            !allowed(device) || !m->descriptor() || m->descriptor()->size() != sizeof(CUDA_ARRAY3D_DESCRIPTOR) ||
-            arrays.arrays.count(m->id()) || (mipmapped != (m->levels() && m->levels()->size() > 0)) ||
+            !allowed(device) || !m->descriptor() ||
+            m->descriptor()->size() != sizeof(CUDA_ARRAY3D_DESCRIPTOR) || arrays.arrays.count(m->id()) ||
+            (mipmapped != (m->levels() && m->levels()->size() > 0)) ||
             (m->levels() && m->levels()->size() > 64))
             return bad("a CUDA array");
         CUDA_ARRAY3D_DESCRIPTOR desc;
         std::memcpy(&desc, m->descriptor()->data(), sizeof desc);
-        if (!desc.Width || desc.Width > extent_limit || desc.Height > extent_limit || desc.Depth > extent_limit ||
-            !packed_row_bytes(desc))
+        if (!desc.Width || desc.Width > extent_limit || desc.Height > extent_limit ||
+            desc.Depth > extent_limit || !packed_row_bytes(desc))
             return bad("a CUDA array's descriptor");
         session_image::array_state s;
         s.id = m->id();

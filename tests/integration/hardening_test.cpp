@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/handle_kind.hpp"
 #include "common/wire.hpp"
 #include "mgmt/token.hpp"
 #include "mgmt/wire/lease.hpp"
@@ -703,10 +704,51 @@ TEST_CASE(
     auto [rc7, why7] = with_gpus(0x4324, {0, 1});
     CHECK(rc7 == -1);
     CHECK(why7.find("uses 2 GPU(s); it may have 1 here") != std::string::npos);
+    // CUDA arrays (server/array_image.cpp): one handle slot of kind `kind`, and an array record for it.
+    auto with_array = [&](uint64_t id, vcuda::handle_kind kind, uint32_t width, size_t content_bytes,
+                          uint64_t charge) {
+        return offer_moved_session(server.address(), [&](flatbuffers::FlatBufferBuilder& b) {
+            auto slot = vcuda::wire::CreateMovedSlot(b, 0, 1, true, static_cast<uint32_t>(kind));
+            auto slots = b.CreateVector(&slot, 1);
+            CUDA_ARRAY3D_DESCRIPTOR d{};
+            d.Width = width;
+            d.Height = 4;
+            d.Format = CU_AD_FORMAT_FLOAT;
+            d.NumChannels = 1;
+            auto desc = b.CreateVector(reinterpret_cast<const uint8_t*>(&d), sizeof d);
+            std::vector<uint8_t> contents(content_bytes);
+            auto bytes = b.CreateVector(contents);
+            auto arr =
+                vcuda::wire::CreateMovedArray(b, vcuda::make_handle(kind, 1, 0), 0, charge, desc, 0, bytes);
+            auto arrays = b.CreateVector(&arr, 1);
+            auto k = key_of(b);
+            vcuda::wire::SessionStateBuilder sb(b);
+            sb.add_session_id(id);
+            sb.add_session_key(k);
+            sb.add_piece_bytes(1u << 20);
+            sb.add_slots(slots);
+            sb.add_arrays(arrays);
+            b.Finish(sb.Finish());
+        });
+    };
+    // Contents of another size than its descriptor's; a descriptor past any extent; a handle of another kind;
+    // a charge past the quota.
+    auto [rc8, why8] = with_array(0x4325, vcuda::handle_kind::array, 16, 16 * 4 * 4 + 1, 0);
+    CHECK(rc8 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why8.find("a CUDA array's contents") != std::string::npos);
+    auto [rc9, why9] = with_array(0x4326, vcuda::handle_kind::array, 1u << 30, 0, 0);
+    CHECK(rc9 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why9.find("a CUDA array's descriptor") != std::string::npos);
+    auto [rc10, why10] = with_array(0x4327, vcuda::handle_kind::stream, 16, 16 * 4 * 4, 0);
+    CHECK(rc10 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why10.find("a CUDA array") != std::string::npos);
+    auto [rc11, why11] = with_array(0x4328, vcuda::handle_kind::array, 16, 16 * 4 * 4, uint64_t{1} << 50);
+    CHECK(rc11 == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(why11.find("quota") != std::string::npos);
     // An offer abandoned right after HELLO.
     { auto fs = adopting_connection(server.address()); }
     // Nothing of them stays, and the live session goes on.
-    for (uint64_t id : {0x1234, 0x5678, 0x4321, 0x4322, 0x4323, 0x4324})
+    for (uint64_t id : {0x1234, 0x5678, 0x4321, 0x4322, 0x4323, 0x4324, 0x4325, 0x4326, 0x4327, 0x4328})
         CHECK(!raw_client::open(server.address(), id, key));
     CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
     if (isolated) {  // each offer had a worker of its own: only the live session's is left
