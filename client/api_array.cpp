@@ -87,9 +87,11 @@ CUresult array_descriptor(CUarray a, CUDA_ARRAY3D_DESCRIPTOR& d) {
     return CUDA_SUCCESS;
 }
 
-// A 1D copy of n bytes between an array (at a byte offset in its first row) and host or device memory.
+// A 1D copy of n bytes between an array (at a byte offset in its first row) and host or device memory; on
+// `stream` in its order (mode::post) for the Async forms.
 CUresult copy_1d(CUmemorytype dt, void* dhost, CUdeviceptr ddev, CUarray darr, size_t doff, CUmemorytype st,
-                 const void* shost, CUdeviceptr sdev, CUarray sarr, size_t soff, size_t n) {
+                 const void* shost, CUdeviceptr sdev, CUarray sarr, size_t soff, size_t n,
+                 CUstream stream = nullptr, mode m = mode::sync) {
     CUDA_MEMCPY3D c{};
     c.dstMemoryType = dt;
     c.dstHost = dhost;
@@ -104,7 +106,7 @@ CUresult copy_1d(CUmemorytype dt, void* dhost, CUdeviceptr ddev, CUarray darr, s
     c.WidthInBytes = n;
     c.Height = 1;
     c.Depth = 1;
-    return copy_3d(c, nullptr, mode::sync);
+    return copy_3d(c, stream, m);
 }
 
 }  // namespace
@@ -250,6 +252,22 @@ VCUDA_API cuMemcpyAtoH_v2(void* dstHost, CUarray srcArray, size_t srcOffset, siz
     if (!dstHost) return CUDA_ERROR_INVALID_VALUE;
     return copy_1d(CU_MEMORYTYPE_HOST, dstHost, 0, nullptr, 0, CU_MEMORYTYPE_ARRAY, nullptr, 0, srcArray,
                    srcOffset, ByteCount);
+}
+
+VCUDA_API cuMemcpyHtoAAsync_v2(CUarray dstArray, size_t dstOffset, const void* srcHost, size_t ByteCount,
+                               CUstream hStream) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyHtoAAsync_v2, dstArray, dstOffset, srcHost, ByteCount, hStream);
+    if (!srcHost) return CUDA_ERROR_INVALID_VALUE;
+    return copy_1d(CU_MEMORYTYPE_ARRAY, nullptr, 0, dstArray, dstOffset, CU_MEMORYTYPE_HOST, srcHost, 0,
+                   nullptr, 0, ByteCount, hStream, mode::post);
+}
+
+VCUDA_API cuMemcpyAtoHAsync_v2(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount,
+                               CUstream hStream) noexcept {
+    VCUDA_TRACE_HOOK(cuMemcpyAtoHAsync_v2, dstHost, srcArray, srcOffset, ByteCount, hStream);
+    if (!dstHost) return CUDA_ERROR_INVALID_VALUE;
+    return copy_1d(CU_MEMORYTYPE_HOST, dstHost, 0, nullptr, 0, CU_MEMORYTYPE_ARRAY, nullptr, 0, srcArray,
+                   srcOffset, ByteCount, hStream, mode::post);
 }
 
 VCUDA_API cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice,

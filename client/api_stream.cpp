@@ -40,6 +40,18 @@ VCUDA_API cuStreamGetCtx(CUstream s, CUcontext* pctx) noexcept {
     return CUDA_SUCCESS;
 }
 
+// vcuda makes no green contexts: a stream's green context is always NULL, its context the one it was made in.
+VCUDA_API cuStreamGetCtx_v2(CUstream s, CUcontext* pctx, CUgreenCtx* pgreen) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamGetCtx_v2, s, pctx, pgreen);
+    VCUDA_REQUIRE_INIT();
+    if (!pctx || !pgreen) return CUDA_ERROR_INVALID_VALUE;
+    handle_info info;
+    if (!stream_info(s, info)) return CUDA_ERROR_INVALID_HANDLE;
+    *pctx = reinterpret_cast<CUcontext>(info.ctx);
+    *pgreen = nullptr;
+    return CUDA_SUCCESS;
+}
+
 VCUDA_API cuStreamGetDevice(CUstream s, CUdevice* dev) noexcept {
     VCUDA_TRACE_HOOK(cuStreamGetDevice, s, dev);
     VCUDA_REQUIRE_INIT();

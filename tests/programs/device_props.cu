@@ -338,6 +338,17 @@ int main() {
         CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, dev));
         printf("  cudaDeviceGetPCIBusId = %s\n", bus);
 
+        // The widest 1D linear texture, per element type (cuDeviceGetTexture1DLinearMaxWidth).
+        const cudaChannelFormatDesc kinds[] = {cudaCreateChannelDesc<unsigned char>(),
+                                               cudaCreateChannelDesc<short2>(),
+                                               cudaCreateChannelDesc<float4>()};
+        for (const auto& k : kinds) {
+            size_t w = 0;
+            CHECK(cudaDeviceGetTexture1DLinearMaxWidth(&w, &k, dev));
+            printf("  cudaDeviceGetTexture1DLinearMaxWidth(%d-bit x %d) = %zu\n", k.x,
+                   (k.y != 0) + (k.z != 0) + (k.w != 0) + 1, w);
+        }
+
         size_t free_b = 0, total_b = 0;
         CHECK(cudaMemGetInfo(&free_b, &total_b));
         printf("  cudaMemGetInfo total = %zu\n", total_b);

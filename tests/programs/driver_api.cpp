@@ -138,6 +138,18 @@ int main() {
     // 2. the `extra` form: one buffer laid out as the parameters are (pointer at 0, float at 8, int at 12).
     CUstream s;
     CU_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    {  // the stream's context, device, and (CUDA 12.5) green context: none
+        CUcontext sc = nullptr, sc2 = nullptr;
+        CUgreenCtx green = reinterpret_cast<CUgreenCtx>(1);
+        CUdevice sd = -1;
+        CU_CHECK(cuStreamGetCtx(s, &sc));
+        CU_CHECK(cuStreamGetCtx_v2(s, &sc2, &green));
+        CU_CHECK(cuStreamGetDevice(s, &sd));
+        EXPECT(sc == ctx && sc2 == ctx && green == nullptr && sd == dev,
+               "cuStreamGetCtx/_v2/GetDevice: %p %p %p %d", static_cast<void*>(sc), static_cast<void*>(sc2),
+               static_cast<void*>(green), sd);
+        printf("cuStreamGetCtx, cuStreamGetCtx_v2 (no green context), cuStreamGetDevice: ok\n");
+    }
     {
         unsigned char buf[16];
         float a2 = -0.5f;
@@ -339,6 +351,25 @@ int main() {
         for (int i = 0; i < n; ++i)
             EXPECT(ph[i] == static_cast<float>(i) * 0.25f, "async round trip: [%d] = %g", i, ph[i]);
         printf("async HtoD, launch, DtoH on a stream: ok\n");
+        // A 1D array filled and read back with the async array copies, on the stream, from pinned memory.
+        CUarray arr = nullptr;
+        CUDA_ARRAY_DESCRIPTOR ad{};
+        ad.Width = static_cast<size_t>(n);
+        ad.Height = 0;
+        ad.Format = CU_AD_FORMAT_FLOAT;
+        ad.NumChannels = 1;
+        CU_CHECK(cuArrayCreate(&arr, &ad));
+        for (int i = 0; i < n; ++i) ph[i] = static_cast<float>(3 * i);
+        CU_CHECK(cuMemcpyHtoAAsync(arr, 0, ph, bytes, s));
+        CU_CHECK(cuStreamSynchronize(s));
+        std::memset(ph, 0, bytes);
+        CU_CHECK(cuMemcpyAtoHAsync(ph + 4, arr, 8 * sizeof(float), bytes - 8 * sizeof(float), s));
+        CU_CHECK(cuStreamSynchronize(s));
+        for (int i = 0; i < n - 8; ++i)
+            EXPECT(ph[4 + i] == static_cast<float>(3 * (i + 8)), "array round trip: [%d] = %g", i, ph[4 + i]);
+        EXPECT(ph[0] == 0.0f && ph[3] == 0.0f, "the array copy wrote before its destination");
+        CU_CHECK(cuArrayDestroy(arr));
+        printf("cuMemcpyHtoAAsync, cuMemcpyAtoHAsync (at an offset) on a stream: ok\n");
         CU_CHECK(cuMemFreeHost(ph));
 
         CUdeviceptr base = 0;

@@ -3,6 +3,7 @@
 // each with VCUDA_SOFT_MEMORY bytes (default 8 GiB) of memory that allocations are counted against. They
 // describe an sm_90 (H100-like) part and name themselves "vcuda software test driver (CPU)": this library is
 // a CI stand-in for libcuda, never a feature.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -426,6 +427,35 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceTotalMem_v2(size_t* bytes, CUdevice d
     return device_entry(dev, [&](state& s) -> CUresult {
         if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
         *bytes = s.devices[static_cast<size_t>(dev)].total_memory;
+        return CUDA_SUCCESS;
+    });
+}
+
+// The software GPU's own limit: 2^29 bytes over the element's size, at most 2^28 elements.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetTexture1DLinearMaxWidth(size_t* width, CUarray_format format,
+                                                                      unsigned channels, CUdevice dev) {
+    return device_entry(dev, [&](state&) -> CUresult {
+        size_t bytes = 0;
+        switch (format) {
+            case CU_AD_FORMAT_UNSIGNED_INT8:
+            case CU_AD_FORMAT_SIGNED_INT8:
+                bytes = 1;
+                break;
+            case CU_AD_FORMAT_UNSIGNED_INT16:
+            case CU_AD_FORMAT_SIGNED_INT16:
+            case CU_AD_FORMAT_HALF:
+                bytes = 2;
+                break;
+            case CU_AD_FORMAT_UNSIGNED_INT32:
+            case CU_AD_FORMAT_SIGNED_INT32:
+            case CU_AD_FORMAT_FLOAT:
+                bytes = 4;
+                break;
+            default:
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (!width || (channels != 1 && channels != 2 && channels != 4)) return CUDA_ERROR_INVALID_VALUE;
+        *width = std::min<size_t>(size_t{1} << 28, (size_t{1} << 29) / (bytes * channels));
         return CUDA_SUCCESS;
     });
 }
