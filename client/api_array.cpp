@@ -321,17 +321,56 @@ VCUDA_API cuTexObjectDestroy(CUtexObject texObject) noexcept {
     return c.send_sync();
 }
 
+namespace {
+// One descriptor of a texture or surface object of the session (op tex_resource_desc): the resource as
+// created, or the driver's texture or resource-view descriptor.
+enum class object_desc : uint64_t {
+    texture_resource = 0,
+    texture = 1,
+    resource_view = 2,
+    surface_resource = 3
+};
+
+CUresult object_descriptor(uint64_t object, object_desc which, void* out, size_t size, const char* name) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::tex_resource_desc, name);
+    c.arg(object);
+    c.arg(static_cast<uint64_t>(which));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const auto& blobs = c.reply().blobs;
+    if (blobs.size() != 1 || blobs[0].size() != size) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(out, blobs[0].data(), size);
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
 VCUDA_API cuTexObjectGetResourceDesc(CUDA_RESOURCE_DESC* pResDesc, CUtexObject texObject) noexcept {
     VCUDA_TRACE_HOOK(cuTexObjectGetResourceDesc, pResDesc, texObject);
     VCUDA_REQUIRE_INIT();
-    if (!pResDesc) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::tex_resource_desc, "cuTexObjectGetResourceDesc");
-    c.arg(static_cast<uint64_t>(texObject));
-    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    const auto& blobs = c.reply().blobs;
-    if (blobs.size() != 1 || blobs[0].size() != sizeof *pResDesc) return CUDA_ERROR_UNKNOWN;
-    std::memcpy(pResDesc, blobs[0].data(), sizeof *pResDesc);
-    return CUDA_SUCCESS;
+    return object_descriptor(texObject, object_desc::texture_resource, pResDesc, sizeof *pResDesc,
+                             "cuTexObjectGetResourceDesc");
+}
+
+VCUDA_API cuTexObjectGetTextureDesc(CUDA_TEXTURE_DESC* pTexDesc, CUtexObject texObject) noexcept {
+    VCUDA_TRACE_HOOK(cuTexObjectGetTextureDesc, pTexDesc, texObject);
+    VCUDA_REQUIRE_INIT();
+    return object_descriptor(texObject, object_desc::texture, pTexDesc, sizeof *pTexDesc,
+                             "cuTexObjectGetTextureDesc");
+}
+
+VCUDA_API cuTexObjectGetResourceViewDesc(CUDA_RESOURCE_VIEW_DESC* pResViewDesc,
+                                         CUtexObject texObject) noexcept {
+    VCUDA_TRACE_HOOK(cuTexObjectGetResourceViewDesc, pResViewDesc, texObject);
+    VCUDA_REQUIRE_INIT();
+    return object_descriptor(texObject, object_desc::resource_view, pResViewDesc, sizeof *pResViewDesc,
+                             "cuTexObjectGetResourceViewDesc");
+}
+
+VCUDA_API cuSurfObjectGetResourceDesc(CUDA_RESOURCE_DESC* pResDesc, CUsurfObject surfObject) noexcept {
+    VCUDA_TRACE_HOOK(cuSurfObjectGetResourceDesc, pResDesc, surfObject);
+    VCUDA_REQUIRE_INIT();
+    return object_descriptor(surfObject, object_desc::surface_resource, pResDesc, sizeof *pResDesc,
+                             "cuSurfObjectGetResourceDesc");
 }
 
 VCUDA_API cuSurfObjectCreate(CUsurfObject* pSurfObject, const CUDA_RESOURCE_DESC* pResDesc) noexcept {

@@ -377,14 +377,38 @@ CUresult handle_tex_create(call_context& cx) {
 
 CUresult handle_tex_destroy(call_context& cx) { return destroy_object(cx, false); }
 
-// args {texture object}. Blob out {resource desc, as created}.
+// args {object[, which]}. Blob out: which 0 (or absent), a texture object's resource desc as created (the
+// session's array handles in it); 1 its texture desc and 2 its resource view desc, as the driver answers; 3 a
+// surface object's resource desc as created.
 CUresult handle_tex_resource_desc(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+    if (cx.arg_count() != 1 && cx.arg_count() != 2) return cx.bad_arguments();
+    const uint64_t which = cx.arg_count() == 2 ? cx.arg(1) : 0;
+    if (which > 3) return cx.bad_arguments();
+    const bool surface = which == 3;
+    const uint64_t value = cx.arg(0);
+    // Held through the driver's answer too (a query that does not wait for the GPU), so that the value cannot
+    // become another session's object meanwhile.
     std::lock_guard lock(cx.sess.mu);
-    auto it = cx.sess.arrays.objects.find(cx.arg(0));
-    if (it == cx.sess.arrays.objects.end() || it->second.surface)
-        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a texture object of this session");
-    cx.out_blob({reinterpret_cast<const std::byte*>(&it->second.res), sizeof(CUDA_RESOURCE_DESC)});
+    auto it = cx.sess.arrays.objects.find(value);
+    if (it == cx.sess.arrays.objects.end() || it->second.surface != surface)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, surface ? "not a surface object of this session"
+                                                         : "not a texture object of this session");
+    if (which == 0 || which == 3) {
+        cx.out_blob({reinterpret_cast<const std::byte*>(&it->second.res), sizeof(CUDA_RESOURCE_DESC)});
+        return CUDA_SUCCESS;
+    }
+    auto& d = cx.drv();
+    if (which == 1) {
+        CUDA_TEXTURE_DESC t{};
+        if (!d.cuTexObjectGetTextureDesc) return cx.unsupported("cuTexObjectGetTextureDesc");
+        if (CUresult rc = d.cuTexObjectGetTextureDesc(&t, value); rc != CUDA_SUCCESS) return rc;
+        cx.out_blob({reinterpret_cast<const std::byte*>(&t), sizeof t});
+        return CUDA_SUCCESS;
+    }
+    CUDA_RESOURCE_VIEW_DESC v{};
+    if (!d.cuTexObjectGetResourceViewDesc) return cx.unsupported("cuTexObjectGetResourceViewDesc");
+    if (CUresult rc = d.cuTexObjectGetResourceViewDesc(&v, value); rc != CUDA_SUCCESS) return rc;
+    cx.out_blob({reinterpret_cast<const std::byte*>(&v), sizeof v});
     return CUDA_SUCCESS;
 }
 

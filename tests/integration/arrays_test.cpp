@@ -117,6 +117,14 @@ TEST_CASE("arrays and texture and surface objects are their session's own, copie
     uint64_t tex_b = tb.outs.at(0), surf_b = sb.outs.at(0);
     CHECK(a->call(op::tex_destroy, {tex_b}).result == CUDA_ERROR_INVALID_VALUE);
     CHECK(a->call(op::tex_resource_desc, {tex_b}).result == CUDA_ERROR_INVALID_VALUE);
+    for (uint64_t which : {0, 1, 2})  // its resource, texture and view descriptors
+        CHECK(a->call(op::tex_resource_desc, {tex_b, which}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tex_resource_desc, {surf_b, 3}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(b->call(op::tex_resource_desc, {tex_b, 3}).result == CUDA_ERROR_INVALID_VALUE);   // no surface
+    CHECK(b->call(op::tex_resource_desc, {surf_b, 1}).result == CUDA_ERROR_INVALID_VALUE);  // no texture
+    CHECK(b->call(op::tex_resource_desc, {tex_b, 4}).result != CUDA_SUCCESS);  // no such descriptor
+    CHECK(b->call(op::tex_resource_desc, {tex_b, 1}).result == CUDA_SUCCESS);
+    CHECK(b->call(op::tex_resource_desc, {surf_b, 3}).result == CUDA_SUCCESS);
     CHECK(a->call(op::surf_destroy, {surf_b}).result == CUDA_ERROR_INVALID_VALUE);
     CHECK(b->call(op::tex_destroy, {surf_b}).result == CUDA_ERROR_INVALID_VALUE);  // a surface is no texture
     // A linear texture over B's memory is refused; one past A's own allocation is made (as the driver makes

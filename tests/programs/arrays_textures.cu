@@ -66,6 +66,16 @@ int main() {
     CHECK(cudaGetTextureObjectResourceDesc(&back, tex));
     EXPECT(back.resType == cudaResourceTypeArray && back.res.array.array == arr,
            "cudaGetTextureObjectResourceDesc: another resource");
+    cudaTextureDesc tback{};
+    CHECK(cudaGetTextureObjectTextureDesc(&tback, tex));
+    EXPECT(tback.addressMode[0] == td.addressMode[0] && tback.addressMode[1] == td.addressMode[1] &&
+               tback.filterMode == td.filterMode && tback.readMode == td.readMode &&
+               tback.normalizedCoords == td.normalizedCoords,
+           "cudaGetTextureObjectTextureDesc: another descriptor");
+    cudaResourceViewDesc vback{};
+    printf("texture object's texture descriptor: as created; its resource view (none given): %s\n",
+           cudaGetErrorName(cudaGetTextureObjectResourceViewDesc(&vback, tex)));
+    (void)cudaGetLastError();  // that error, not a launch's
 
     float* dout = nullptr;
     CHECK(cudaMalloc(&dout, sizeof(float) * W * H));
@@ -118,6 +128,13 @@ int main() {
     sres.res.array.array = sarr;
     cudaSurfaceObject_t surf = 0;
     CHECK(cudaCreateSurfaceObject(&surf, &sres));
+    cudaResourceDesc sback{};
+    CHECK(cudaGetSurfaceObjectResourceDesc(&sback, surf));
+    EXPECT(sback.resType == cudaResourceTypeArray && sback.res.array.array == sarr,
+           "cudaGetSurfaceObjectResourceDesc: another resource");
+    EXPECT(cudaGetTextureObjectResourceDesc(&sback, surf) != cudaSuccess || surf == tex,
+           "a surface object answered as a texture object");
+    (void)cudaGetLastError();  // that refusal, not a launch's
     at_surf_write<<<g, b>>>(surf, W, H);
     CHECK_LAUNCH();
     CHECK(cudaMemcpy2DFromArray(round.data(), W * sizeof(float), sarr, 0, 0, W * sizeof(float), H,

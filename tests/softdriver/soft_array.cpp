@@ -53,6 +53,7 @@ struct view {
     size_t element = 0;
     std::vector<plane> levels;  // one, or a mipmapped array's levels
     CUDA_RESOURCE_DESC res{};   // as created, for cuTexObjectGetResourceDesc
+    CUDA_TEXTURE_DESC tex{};    // as created, for cuTexObjectGetTextureDesc
 };
 
 plane plane_of(array_obj& a) {
@@ -130,7 +131,10 @@ CUresult create_object(const CUDA_RESOURCE_DESC* r, const CUDA_TEXTURE_DESC* t, 
         if (CUresult rc = require_context(s, c); rc != CUDA_SUCCESS) return rc;
         view v;
         if (CUresult rc = view_of(s, *r, surface, v); rc != CUDA_SUCCESS) return rc;
-        if (t) v.border = t->addressMode[0] == CU_TR_ADDRESS_MODE_BORDER;
+        if (t) {
+            v.border = t->addressMode[0] == CU_TR_ADDRESS_MODE_BORDER;
+            v.tex = *t;
+        }
         std::lock_guard lk(objects_mu);
         uint64_t h = handle_tag | (uint64_t{surface ? 0x81u : 0x80u} << 40) | next_object++;
         objects()[h] = v;
@@ -376,6 +380,21 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuTexObjectGetResourceDesc(CUDA_RESOURCE_DESC
     if (it == objects().end() || it->second.surface) return CUDA_ERROR_INVALID_VALUE;
     *out = it->second.res;
     return CUDA_SUCCESS;
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuTexObjectGetTextureDesc(CUDA_TEXTURE_DESC* out, CUtexObject texObject) {
+    if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard lk(objects_mu);
+    auto it = objects().find(texObject);
+    if (it == objects().end() || it->second.surface) return CUDA_ERROR_INVALID_VALUE;
+    *out = it->second.tex;
+    return CUDA_SUCCESS;
+}
+
+// Resource views are not emulated (cuTexObjectCreate refuses them): no texture object has one, which the
+// driver answers with INVALID_VALUE.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuTexObjectGetResourceViewDesc(CUDA_RESOURCE_VIEW_DESC*, CUtexObject) {
+    return CUDA_ERROR_INVALID_VALUE;
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuSurfObjectCreate(CUsurfObject* pSurfObject,
