@@ -178,6 +178,20 @@ VCUDA_API cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* de
                   {bytes_of(d.data(), d.size() * sizeof(CUmemAccessDesc))});
 }
 
+VCUDA_API cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) noexcept {
+    VCUDA_TRACE_HOOK(cuMemGetAccess, flags, location, ptr);
+    VCUDA_REQUIRE_INIT();
+    if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;
+    CUmemLocation where = *location;
+    if (CUresult rc = server_location(where); rc != CUDA_SUCCESS) return rc;
+    plain_call c(op::vmm_get_access, "cuMemGetAccess");
+    c.arg(static_cast<uint64_t>(ptr));
+    c.blob(bytes_of(&where, sizeof where));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *flags = c.out<uint64_t>(0);
+    return CUDA_SUCCESS;
+}
+
 VCUDA_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
                                                  CUmemGenericAllocationHandle handle) noexcept {
     VCUDA_TRACE_HOOK(cuMemGetAllocationPropertiesFromHandle, prop, handle);

@@ -202,4 +202,25 @@ CUresult handle_vmm_set_access(call_context& cx) {
     return cx.drv().cuMemSetAccess(va, size, desc.data(), count);
 }
 
+// args {address}; blob {CUmemLocation with a session device index}. Out {flags}: the access that location has
+// to the session's mapping at the address.
+CUresult handle_vmm_get_access(call_context& cx) {
+    if (!cx.expect_args(1) || cx.blob_count() != 1 || cx.blob(0).size() != sizeof(CUmemLocation))
+        return cx.bad_arguments();
+    CUmemLocation where;
+    std::memcpy(&where, cx.blob(0).data(), sizeof where);
+    size_t device;
+    if (CUresult rc = cx.device_location(where, device); rc != CUDA_SUCCESS) return rc;
+    const CUdeviceptr va = cx.arg(0);
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (!cx.sess.vmm.reserved(va, 1))
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "address is not inside a reservation of this session");
+    }
+    unsigned long long flags = 0;
+    CUresult rc = cx.drv().cuMemGetAccess(&flags, &where, va);
+    if (rc == CUDA_SUCCESS) cx.out(static_cast<uint64_t>(flags));
+    return rc;
+}
+
 }  // namespace vcuda::server

@@ -296,7 +296,9 @@ class fuzzer {
                                        static_cast<uint32_t>(op::graph_edge_list),
                                        static_cast<uint32_t>(op::graph_dot_print),
                                        static_cast<uint32_t>(op::mipmapped_array_create),
-                                       static_cast<uint32_t>(op::mipmapped_array_destroy)};
+                                       static_cast<uint32_t>(op::mipmapped_array_destroy),
+                                       static_cast<uint32_t>(op::tex_resource_desc),
+                                       static_cast<uint32_t>(op::vmm_get_access)};
         uint32_t o =
             pick(3) ? ops[pick(std::size(ops))] : static_cast<uint32_t>(pick(512));  // past the last id
         std::vector<uint64_t> args(pick(9));

@@ -112,6 +112,19 @@ TEST_CASE("physical memory released while still mapped stays charged to the quot
     auto first = create();
     REQUIRE(first.result == CUDA_SUCCESS);
     REQUIRE(a->call(op::vmm_map, {va.outs.at(0), size, 0, first.outs.at(0), 0}).result == CUDA_SUCCESS);
+    // Its access is its own to ask about (cuMemGetAccess); another session's question is refused.
+    std::vector<std::byte> where(sizeof(CUmemLocation));
+    std::memcpy(where.data(), &prop.location, sizeof(CUmemLocation));
+    CHECK(a->call(op::vmm_get_access, {va.outs.at(0) + 4096}, {where}).result == CUDA_SUCCESS);
+    {
+        auto b = raw_client::open(server.address());
+        REQUIRE(b);
+        auto other = b->call(op::vmm_get_access, {va.outs.at(0) + 4096}, {where});
+        CHECK(other.result == CUDA_ERROR_INVALID_VALUE);
+        CHECK(other.detail.find("not inside a reservation of this session") != std::string::npos);
+        CHECK(b->call(op::vmm_get_access, {va.outs.at(0)}, {std::vector<std::byte>(3)}).result ==
+              CUDA_ERROR_INVALID_VALUE);  // a malformed location
+    }
     // Released, but the mapping keeps the memory in use: it still counts.
     REQUIRE(a->call(op::vmm_release, {first.outs.at(0)}).result == CUDA_SUCCESS);
     REQUIRE(create().result == CUDA_SUCCESS);

@@ -52,6 +52,12 @@ int main(int argc, char** argv) {
         CU_CHECK(cuMemMap(base + i * gran, gran, 0, h[i], 0));
         CU_CHECK(cuMemSetAccess(base + i * gran, gran, &access, 1));
     }
+    unsigned long long granted = 0;
+    CU_CHECK(cuMemGetAccess(&granted, &access.location, base + gran + 64));
+    std::printf("cuMemGetAccess of a mapped chunk: %s\n",
+                granted == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? "read-write" : "other");
+    if (cuMemGetAccess(&granted, &access.location, 0x1000) == CUDA_SUCCESS)
+        fail("cuMemGetAccess of an address nobody reserved succeeded");
     CUmemAllocationProp back{};
     CU_CHECK(cuMemGetAllocationPropertiesFromHandle(&back, h[1]));
     std::printf("properties from handle: type %d, location %d/%d\n", back.type, back.location.type,
