@@ -963,6 +963,26 @@ VCUDA_API cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node, con
     });
 }
 
+// The function and data of a host node: the server names the host function the client registered for it (an
+// explicit node's, or one captured from a stream), and the registry here gives them back.
+VCUDA_API cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphHostNodeGetParams, node, params);
+    VCUDA_REQUIRE_INIT();
+    handle_info info;
+    if (!params || !node_info(node, info) || info.node_type != CU_GRAPH_NODE_TYPE_HOST)
+        return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::graph_node_object, "cuGraphHostNodeGetParams");
+    c.handle(node, handle_kind::graph_node);
+    c.arg(uint64_t{2});
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    CUhostFn fn = nullptr;
+    void* data = nullptr;
+    if (!graph_host_function_of(c.out<uint64_t>(0), fn, data)) return CUDA_ERROR_INVALID_VALUE;
+    params->fn = fn;
+    params->userData = data;
+    return CUDA_SUCCESS;
+}
+
 VCUDA_API cuGraphHostNodeSetParams(CUgraphNode node, const CUDA_HOST_NODE_PARAMS* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphHostNodeSetParams, node, params);
     return set_node(nullptr, node, CU_GRAPH_NODE_TYPE_HOST, "cuGraphHostNodeSetParams", [&](node_spec& s) {

@@ -182,6 +182,16 @@ uint64_t graph_host_copy(const host_copy_side& side) {
     return add(c);
 }
 
+bool graph_host_function_of(uint64_t id, CUhostFn& fn, void*& data) {
+    auto& r = registry();
+    std::lock_guard lock(r.mu);
+    auto it = r.pending.find(id);
+    if (it == r.pending.end() || !it->second.fn) return false;
+    fn = it->second.fn;
+    data = it->second.data;
+    return true;
+}
+
 void forget_host_function(uint64_t id) {
     auto& r = registry();
     std::lock_guard lock(r.mu);

@@ -27,6 +27,9 @@ struct host_copy_side {
 // The id under which the server asks for the copy's host side.
 uint64_t graph_host_copy(const host_copy_side& c);
 
+// The function and data registered under `id` for a graph host node (false: none, or a copy's side).
+bool graph_host_function_of(uint64_t id, CUhostFn& fn, void*& data);
+
 // Forgets a registration the server refused.
 void forget_host_function(uint64_t id);
 

@@ -478,7 +478,7 @@ CUresult handle_graph_kernel_node_params(call_context& cx) {
 // outs {its handle}. The event is one of the session's (a node names only events the session has); the child
 // graph is entered as the node's (owned by it: destroyed with it, never on its own), keeping the id it has.
 CUresult handle_graph_node_object(call_context& cx) {
-    if (!cx.expect_args(2) || cx.arg(1) > 1) return cx.bad_arguments();
+    if (!cx.expect_args(2) || cx.arg(1) > 2) return cx.bad_arguments();
     void* raw = nullptr;
     if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
@@ -487,6 +487,18 @@ CUresult handle_graph_node_object(call_context& cx) {
     CUgraphNodeType type{};
     if (CUresult rc = d.cuGraphNodeGetType(node, &type); rc != CUDA_SUCCESS) return rc;
     type = seen_type(d, node, type);  // a host copy's child graph is not the application's to see
+    if (cx.arg(1) ==
+        2) {  // a host node: the client's host-function id (client/api_hostfn.cpp) names fn, data
+        CUDA_HOST_NODE_PARAMS p{};
+        uint64_t id = 0;
+        if (type != CU_GRAPH_NODE_TYPE_HOST) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a host node");
+        if (!d.cuGraphHostNodeGetParams) return cx.unsupported("cuGraphHostNodeGetParams");
+        if (CUresult rc = d.cuGraphHostNodeGetParams(node, &p); rc != CUDA_SUCCESS) return rc;
+        if (!graph_host_func_id(p, id))
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "the host node's function is not one of this session's");
+        cx.out(id);
+        return CUDA_SUCCESS;
+    }
     if (cx.arg(1) == 1) {
         if (type != CU_GRAPH_NODE_TYPE_GRAPH)
             return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a child graph node");

@@ -115,6 +115,12 @@ void session::drop_host_copies(bool all) {
         if (b->registered) d.cuMemHostUnregister(b->bytes);
 }  // the memory goes with the last reference (a host_copy_read or _write under way may hold one)
 
+bool graph_host_func_id(const CUDA_HOST_NODE_PARAMS& p, uint64_t& id) {
+    if (p.fn != &run_in_client || !p.userData) return false;
+    id = static_cast<const pending_host_func*>(p.userData)->id;  // kept until the session ends
+    return true;
+}
+
 CUDA_HOST_NODE_PARAMS graph_host_func(call_context& cx, uint64_t id) {
     auto p = std::make_unique<pending_host_func>();
     p->sess = cx.sess.weak_from_this();

@@ -15,6 +15,9 @@ namespace vcuda::server {
 // A host node's function and data for the client's host function `id`, which runs at every launch of the
 // graphs holding the node; kept by the session until it ends.
 CUDA_HOST_NODE_PARAMS graph_host_func(call_context& cx, uint64_t id);
+// The client's host-function id of a host node the session made (explicit or captured from a stream), read
+// from the driver's node parameters; false for a node that is not one of those.
+bool graph_host_func_id(const CUDA_HOST_NODE_PARAMS& p, uint64_t& id);
 
 // The child graph of the client's copy `id`: `c` with its host side (exactly one, CU_MEMORYTYPE_HOST) the
 // client's memory, its other side checked by the caller. The staging buffer is charged to the session's host

@@ -286,6 +286,7 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
     CHECK(b->call(op::cuGraphDestroyNode, {node}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::graph_memset_node_params, {node}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::graph_node_object, {node, 0}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(b->call(op::graph_node_object, {node, 2}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::graph_kernel_node_params, {node}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::graph_find_in_clone, {node, gb.outs[0]}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::graph_edge_list, {g.outs[0], 0, 0, 0}).result == CUDA_ERROR_INVALID_HANDLE);
@@ -345,6 +346,7 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
     CHECK(a->call(op::graph_node_object, {node, 7}).result == CUDA_ERROR_INVALID_VALUE);
     CHECK(a->call(op::graph_node_object, {node, 0}).result == CUDA_ERROR_INVALID_VALUE);  // not an event node
     CHECK(a->call(op::graph_node_object, {node, 1}).result == CUDA_ERROR_INVALID_VALUE);  // nor a child graph
+    CHECK(a->call(op::graph_node_object, {node, 2}).result == CUDA_ERROR_INVALID_VALUE);  // nor a host node
     CHECK(a->call(op::graph_kernel_node_params, {node}).result == CUDA_ERROR_INVALID_VALUE);
     CHECK(a->call(op::graph_find_in_clone, {node, g.outs[0]}).result ==
           CUDA_ERROR_INVALID_VALUE);  // no clone

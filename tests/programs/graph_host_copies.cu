@@ -220,6 +220,10 @@ cudaGraph_t build_graph(buffers& b, seen& host_saw, std::vector<cudaGraphNode_t>
     cudaHostNodeParams hp = {look, &host_saw};
     cudaGraphNode_t host;
     CHECK(cudaGraphAddHostNode(&host, g, &back, 1, &hp));
+    cudaHostNodeParams hp_back{};
+    CHECK(cudaGraphHostNodeGetParams(host, &hp_back));
+    EXPECT(hp_back.fn == look && hp_back.userData == &host_saw,
+           "cudaGraphHostNodeGetParams: another function");
     add_copy(g, {k1}, linear(b.out_pinned, b.d_y, n * sizeof(float), cudaMemcpyDeviceToHost));
     add_copy(g, {k1}, box_to_host(b.box, b.d_y));
     cudaMemcpy3DParms to_array = {};

@@ -37,6 +37,21 @@ int main() {
     size_t nodes = 0;
     CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
     printf("captured nodes: %zu\n", nodes);
+    // Each captured host node gives back its function and data (cudaGraphHostNodeGetParams).
+    std::vector<cudaGraphNode_t> listed(nodes);
+    CHECK(cudaGraphGetNodes(g, listed.data(), &nodes));
+    int host_nodes = 0;
+    for (cudaGraphNode_t n : listed) {
+        cudaGraphNodeType type;
+        CHECK(cudaGraphNodeGetType(n, &type));
+        if (type != cudaGraphNodeTypeHost) continue;
+        cudaHostNodeParams hp{};
+        CHECK(cudaGraphHostNodeGetParams(n, &hp));
+        EXPECT((hp.fn == note || hp.fn == note_twice) && hp.userData == &t, "host node %d: another function",
+               host_nodes);
+        ++host_nodes;
+    }
+    printf("captured host nodes with their function and data: %d\n", host_nodes);
     cudaGraphExec_t e;
     CHECK(cudaGraphInstantiate(&e, g, 0));
     for (int i = 0; i < 3; ++i) {
