@@ -191,9 +191,9 @@ TEST_CASE("cuGetErrorName and cuGetErrorString answer locally", "[unit]") {
 }
 
 TEST_CASE("functions vcuda does not implement answer CUDA_ERROR_NOT_SUPPORTED", "[unit]") {
-    auto f = reinterpret_cast<CUresult (*)(CUgraphNode, CUDA_HOST_NODE_PARAMS*)>(
-        dlsym(client(), "cuGraphHostNodeGetParams"));
+    // Texture references: deprecated since CUDA 11, not served.
+    auto f = reinterpret_cast<CUresult (*)(CUtexref*)>(dlsym(client(), "cuTexRefCreate"));
     REQUIRE(f);
-    CUDA_HOST_NODE_PARAMS p{};
-    CHECK(f(nullptr, &p) == CUDA_ERROR_NOT_SUPPORTED);
+    CUtexref t = nullptr;
+    CHECK(f(&t) == CUDA_ERROR_NOT_SUPPORTED);
 }
