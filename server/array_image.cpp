@@ -17,29 +17,36 @@ namespace vcuda::server {
 
 namespace {
 
-// Copies all of array `a` (made with `d`) to or from packed rows at `host`. A context is current.
-CUresult copy_array(const driver_table& drv, CUarray a, const CUDA_ARRAY3D_DESCRIPTOR& d, std::byte* host,
-                    bool to_array) {
+// A copy of all of an array made with `d`, between the array and packed rows on the host: the caller names
+// the two sides. A context is current when it runs.
+CUDA_MEMCPY3D whole_array(const CUDA_ARRAY3D_DESCRIPTOR& d) {
     CUDA_MEMCPY3D c{};
-    const size_t row = packed_row_bytes(d), rows = d.Height ? d.Height : 1;
-    if (to_array) {
-        c.srcMemoryType = CU_MEMORYTYPE_HOST;
-        c.srcHost = host;
-        c.srcPitch = row;
-        c.srcHeight = rows;
-        c.dstMemoryType = CU_MEMORYTYPE_ARRAY;
-        c.dstArray = a;
-    } else {
-        c.srcMemoryType = CU_MEMORYTYPE_ARRAY;
-        c.srcArray = a;
-        c.dstMemoryType = CU_MEMORYTYPE_HOST;
-        c.dstHost = host;
-        c.dstPitch = row;
-        c.dstHeight = rows;
-    }
-    c.WidthInBytes = row;
-    c.Height = rows;
+    c.WidthInBytes = packed_row_bytes(d);
+    c.Height = d.Height ? d.Height : 1;
     c.Depth = d.Depth ? d.Depth : 1;
+    return c;
+}
+
+CUresult copy_out(const driver_table& drv, CUarray a, const CUDA_ARRAY3D_DESCRIPTOR& d, std::byte* host) {
+    CUDA_MEMCPY3D c = whole_array(d);
+    c.srcMemoryType = CU_MEMORYTYPE_ARRAY;
+    c.srcArray = a;
+    c.dstMemoryType = CU_MEMORYTYPE_HOST;
+    c.dstHost = host;
+    c.dstPitch = c.WidthInBytes;
+    c.dstHeight = c.Height;
+    return drv.cuMemcpy3D_v2(&c);
+}
+
+CUresult copy_in(const driver_table& drv, CUarray a, const CUDA_ARRAY3D_DESCRIPTOR& d,
+                 const std::byte* host) {
+    CUDA_MEMCPY3D c = whole_array(d);
+    c.srcMemoryType = CU_MEMORYTYPE_HOST;
+    c.srcHost = host;
+    c.srcPitch = c.WidthInBytes;
+    c.srcHeight = c.Height;
+    c.dstMemoryType = CU_MEMORYTYPE_ARRAY;
+    c.dstArray = a;
     return drv.cuMemcpy3D_v2(&c);
 }
 
@@ -59,15 +66,19 @@ CUresult session::save_arrays(session_image& img, std::string& why) {
         st.id = id;
         std::vector<std::pair<CUarray, CUDA_ARRAY3D_DESCRIPTOR>> parts;
         if (e->kind == handle_kind::mipmapped_array) {
-            std::map<unsigned, uint64_t> by_level;
+            struct level {
+                uint64_t id;
+                CUarray raw;
+                CUDA_ARRAY3D_DESCRIPTOR desc;
+            };
+            std::map<unsigned, level> by_level;
             for (auto& [level_id, l] : arrays.arrays)
                 if (const handle_entry* le = handles.find(level_id, handle_kind::array);
                     le && le->owner == id)
-                    by_level[l.level] = level_id;
-            for (auto& [level, level_id] : by_level) {
-                st.levels.push_back(level_id);
-                parts.emplace_back(static_cast<CUarray>(handles.find(level_id, handle_kind::array)->raw),
-                                   arrays.arrays[level_id].desc);
+                    by_level[l.level] = {level_id, static_cast<CUarray>(le->raw), l.desc};
+            for (auto& [n, l] : by_level) {
+                st.levels.push_back(l.id);
+                parts.emplace_back(l.raw, l.desc);
             }
         } else {
             parts.emplace_back(static_cast<CUarray>(e->raw), a.desc);
@@ -77,7 +88,7 @@ CUresult session::save_arrays(session_image& img, std::string& why) {
         st.bytes.resize(total);
         std::byte* at = st.bytes.data();
         for (auto& [raw, desc] : parts) {
-            if (CUresult rc = copy_array(d, raw, desc, at, false); rc != CUDA_SUCCESS) {
+            if (CUresult rc = copy_out(d, raw, desc, at); rc != CUDA_SUCCESS) {
                 why = "a CUDA array could not be copied out (" + error_text(rc) + ")";
                 return rc;
             }
@@ -96,10 +107,7 @@ void session::release_arrays() {
         if (!e || !e->raw) continue;
         if (a.device < devices_.size() && devices_[a.device].ctx) {
             d.cuCtxSetCurrent(devices_[a.device].ctx);
-            if (e->kind == handle_kind::mipmapped_array)
-                d.cuMipmappedArrayDestroy(static_cast<CUmipmappedArray>(e->raw));
-            else if (!e->owned)  // a level goes with its mipmapped array
-                d.cuArrayDestroy(static_cast<CUarray>(e->raw));
+            destroy_driver_array(d, *e);
         }
         handles.rebind(id, nullptr);
     }
@@ -127,7 +135,7 @@ CUresult session::rebuild_arrays(const session_image& img, std::string& what) {
                 rc = d.cuMipmappedArrayGetLevel(&level, m, l);
                 if (rc == CUDA_SUCCESS) {
                     handles.rebind(st.levels[l], level);
-                    parts.emplace_back(level, arrays.arrays[st.levels[l]].desc);
+                    parts.emplace_back(level, arrays.arrays.at(st.levels[l]).desc);
                 }
             }
         } else {
@@ -141,7 +149,7 @@ CUresult session::rebuild_arrays(const session_image& img, std::string& what) {
         const std::byte* at = st.bytes.data();
         for (auto& [raw, desc] : parts) {
             if (rc != CUDA_SUCCESS) break;
-            rc = copy_array(d, raw, desc, const_cast<std::byte*>(at), true);
+            rc = copy_in(d, raw, desc, at);
             at += packed_bytes(desc);
         }
         if (rc != CUDA_SUCCESS) {  // what was made goes with release_arrays

@@ -136,6 +136,14 @@ CUresult destroy_object(call_context& cx, bool surface) {
 
 }  // namespace
 
+void destroy_driver_array(const driver_table& d, const handle_entry& e) {
+    if (!e.raw) return;
+    if (e.kind == handle_kind::mipmapped_array)
+        d.cuMipmappedArrayDestroy(static_cast<CUmipmappedArray>(e.raw));
+    else if (e.kind == handle_kind::array && !e.owned)
+        d.cuArrayDestroy(static_cast<CUarray>(e.raw));
+}
+
 uint64_t packed_row_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d) {
     return d.Width * element_bytes(d.Format, d.NumChannels);
 }

@@ -18,6 +18,11 @@ uint64_t packed_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d);
 // array keeps its layers).
 CUDA_ARRAY3D_DESCRIPTOR mipmap_level(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned level);
 
+// Gives the driver back what an array or mipmapped array handle holds: a mipmapped array with its levels, a
+// plain array; nothing for a level (it goes with its mipmapped array) or an entry without a driver object. A
+// context of its device is current. Used at a session's end and by a suspend (server/array_image.cpp).
+void destroy_driver_array(const driver_table& d, const handle_entry& e);
+
 CUresult array_box(call_context& cx, uint64_t id, uint64_t x, uint64_t y, uint64_t z, uint64_t w, uint64_t h,
                    uint64_t depth, CUarray& out);
 

@@ -6,6 +6,7 @@
 #include <tuple>
 #include "common/log.hpp"
 #include "common/random.hpp"
+#include "server/handlers_array.hpp"
 #include "server/handlers_ipc.hpp"
 #include "server/session_image.hpp"
 
@@ -239,10 +240,7 @@ void session::release_device(size_t device) {
     }
     for (auto& [id, e] : doomed) {
         if (e.kind != handle_kind::array && e.kind != handle_kind::mipmapped_array) continue;
-        if (s.ctx && e.kind == handle_kind::mipmapped_array)
-            d.cuMipmappedArrayDestroy(static_cast<CUmipmappedArray>(e.raw));
-        else if (s.ctx && !e.owned)  // a mipmapped array's level goes with it
-            d.cuArrayDestroy(static_cast<CUarray>(e.raw));
+        if (s.ctx) destroy_driver_array(d, e);
         if (auto a = arrays.arrays.find(id); a != arrays.arrays.end()) {
             s.memory->credit(a->second.bytes);
             arrays.arrays.erase(a);

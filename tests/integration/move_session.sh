@@ -17,7 +17,7 @@ set -u
 build=$(cd "$1" && pwd)
 tmp=$(mktemp -d /tmp/vcuda-move-XXXXXX)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
+cleanup() { stop_servers; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; for f in "$tmp"/*.log; do echo "--- $f"; tail -25 "$f"; done; exit 1; }
 programs_dir="$build/tests/programs"
