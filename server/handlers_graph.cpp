@@ -128,6 +128,46 @@ struct dependencies {
     }
 };
 
+// A suspend makes an executable graph again from a clone of the graph it came from (server/graph_image.cpp):
+// kept at instantiation (with its flags), replaced when cuGraphExecUpdate succeeds (`flags` null: as they
+// were).
+void keep_origin(call_context& cx, uint64_t exec, CUgraph g, const cuuint64_t* flags, uint64_t source = 0) {
+    auto& d = cx.drv();
+    std::lock_guard lock(cx.sess.mu);
+    auto& o = cx.sess.graph_execs.add(exec);
+    CUgraph clone = nullptr;
+    if (!d.cuGraphClone || d.cuGraphClone(&clone, g) != CUDA_SUCCESS) {
+        o.not_kept = "an instantiation whose graph could not be cloned";
+        return;
+    }
+    if (o.clone) d.cuGraphDestroy(o.clone);
+    o.clone = clone;
+    if (flags) o.flags = *flags;
+    if (source) o.source = source;
+}
+
+// An update of `node` in executable graph `exec`, made on its clone too through `set`; one the clone cannot
+// follow is noted, and a suspend is then refused.
+template <class Set>
+void follow_update(call_context& cx, uint64_t exec, CUgraphNode node, Set&& set) {
+    auto& d = cx.drv();
+    std::lock_guard lock(cx.sess.mu);
+    auto* o = cx.sess.graph_execs.find(exec);
+    if (!o || !o->clone || !o->not_kept.empty()) return;
+    CUgraphNode copy = nullptr;
+    if (auto it = o->nodes.find(node); it != o->nodes.end())
+        copy = it->second;  // made again from the clone: its node is the clone's
+    else if (!d.cuGraphNodeFindInClone || d.cuGraphNodeFindInClone(&copy, node, o->clone) != CUDA_SUCCESS)
+        copy = nullptr;
+    if (!copy || set(copy) != CUDA_SUCCESS) o->not_kept = "a node update the server could not follow";
+}
+
+// The node an executable-graph call names: after a suspend, the node of the clone it was made from.
+CUgraphNode exec_node(call_context& cx, uint64_t exec, CUgraphNode node) {
+    std::lock_guard lock(cx.sess.mu);
+    return cx.sess.graph_execs.node_in(exec, node);
+}
+
 }  // namespace
 
 // args {stream, capture mode, the calling thread's capture mode} -> outs {capture id, graph}
@@ -249,10 +289,12 @@ CUresult handle_graph_instantiate(call_context& cx) {
     params.hUploadStream = s;
     CUgraphExec exec = nullptr;
     CUresult rc = d.cuGraphInstantiateWithParams(&exec, g, &params);
-    if (rc != CUDA_SUCCESS)
+    if (rc != CUDA_SUCCESS) {
         cx.out(uint64_t{0});
-    else
+    } else {
         cx.out_handle(handle_kind::graph_exec, exec);
+        keep_origin(cx, cx.outs.back(), g, &params.flags, cx.arg(0));
+    }
     cx.out(static_cast<uint64_t>(params.result_out));
     CUgraphNodeType type{};
     if (params.hErrNode_out && d.cuGraphNodeGetType &&
@@ -1038,6 +1080,7 @@ CUresult handle_graph_exec_update(call_context& cx) {
     if (!d.cuGraphExecUpdate_v2 || !d.cuGraphNodeGetType) return cx.unsupported("cuGraphExecUpdate_v2");
     CUgraphExecUpdateResultInfo info{};
     CUresult rc = d.cuGraphExecUpdate_v2(exec, g, &info);
+    if (rc == CUDA_SUCCESS) keep_origin(cx, cx.arg(0), g, nullptr);
     cx.out(static_cast<uint64_t>(info.result));
     for (CUgraphNode node : {info.errorNode, info.errorFromNode}) {
         CUgraphNodeType type{};
@@ -1069,7 +1112,11 @@ CUresult handle_kernel_node_params(call_context& cx) {
     CUgraphExec exec;
     if (CUresult rc = cx.handle(0, handle_kind::graph_exec, exec); rc != CUDA_SUCCESS) return rc;
     if (!d.cuGraphExecKernelNodeSetParams_v2) return cx.unsupported("cuGraphExecKernelNodeSetParams_v2");
-    return d.cuGraphExecKernelNodeSetParams_v2(exec, node, &p);
+    CUresult rc = d.cuGraphExecKernelNodeSetParams_v2(exec, exec_node(cx, cx.arg(0), node), &p);
+    if (rc == CUDA_SUCCESS)
+        follow_update(cx, cx.arg(0), node,
+                      [&](CUgraphNode copy) { return d.cuGraphKernelNodeSetParams_v2(copy, &p); });
+    return rc;
 }
 
 // args {executable graph (0: the node itself), node, node type, then the type's (node_params)}; blob {the
@@ -1108,7 +1155,11 @@ CUresult handle_node_set_params(call_context& cx) {
     CUgraphExec exec;
     if (CUresult rc = cx.handle(0, handle_kind::graph_exec, exec); rc != CUDA_SUCCESS) return rc;
     if (!d.cuGraphExecNodeSetParams) return cx.unsupported("cuGraphExecNodeSetParams");
-    return d.cuGraphExecNodeSetParams(exec, node, &p);
+    CUresult rc = d.cuGraphExecNodeSetParams(exec, exec_node(cx, cx.arg(0), node), &p);
+    if (rc == CUDA_SUCCESS)
+        follow_update(cx, cx.arg(0), node,
+                      [&](CUgraphNode copy) { return d.cuGraphNodeSetParams(copy, &p); });
+    return rc;
 }
 
 // args {graph, 0 add / 1 remove}; blobs {from nodes, to nodes, edge data (may be empty)}
@@ -1130,6 +1181,61 @@ CUresult handle_graph_edges(call_context& cx) {
     }
     if (!d.cuGraphRemoveDependencies_v2) return cx.unsupported("cuGraphRemoveDependencies_v2");
     return d.cuGraphRemoveDependencies_v2(g, from.data(), to.data(), edges, from.size());
+}
+
+// cuGraphExecChildGraphNodeSetParams {exec, node, child graph}: the child's new nodes are not followed on the
+// executable graph's clone, so a suspend is refused after it.
+CUresult handle_exec_child_graph_params(call_context& cx) {
+    auto& d = cx.drv();
+    if (!d.cuGraphExecChildGraphNodeSetParams) return cx.unsupported("cuGraphExecChildGraphNodeSetParams");
+    if (!cx.expect_args(3)) return cx.bad_arguments();
+    CUgraphExec exec;
+    if (CUresult rc = cx.handle(0, handle_kind::graph_exec, exec); rc != CUDA_SUCCESS) return rc;
+    CUgraphNode node;
+    if (CUresult rc = cx.handle(1, handle_kind::graph_node, node); rc != CUDA_SUCCESS) return rc;
+    CUgraph child;
+    if (CUresult rc = cx.handle(2, handle_kind::graph, child); rc != CUDA_SUCCESS) return rc;
+    CUresult rc = d.cuGraphExecChildGraphNodeSetParams(exec, exec_node(cx, cx.arg(0), node), child);
+    if (rc == CUDA_SUCCESS) {
+        std::lock_guard lock(cx.sess.mu);
+        if (auto* o = cx.sess.graph_execs.find(cx.arg(0))) o->not_kept = "cuGraphExecChildGraphNodeSetParams";
+    }
+    return rc;
+}
+
+// cuGraphNodeSetEnabled {exec, node, enabled}: a node switched off is not followed on the clone.
+CUresult handle_node_set_enabled(call_context& cx) {
+    auto& d = cx.drv();
+    if (!d.cuGraphNodeSetEnabled) return cx.unsupported("cuGraphNodeSetEnabled");
+    if (!cx.expect_args(3)) return cx.bad_arguments();
+    CUgraphExec exec;
+    if (CUresult rc = cx.handle(0, handle_kind::graph_exec, exec); rc != CUDA_SUCCESS) return rc;
+    CUgraphNode node;
+    if (CUresult rc = cx.handle(1, handle_kind::graph_node, node); rc != CUDA_SUCCESS) return rc;
+    const auto enabled = cx.scalar<unsigned int>(2);
+    CUresult rc = d.cuGraphNodeSetEnabled(exec, exec_node(cx, cx.arg(0), node), enabled);
+    if (rc == CUDA_SUCCESS && !enabled) {
+        std::lock_guard lock(cx.sess.mu);
+        if (auto* o = cx.sess.graph_execs.find(cx.arg(0)))
+            o->not_kept = "a node switched off (cuGraphNodeSetEnabled)";
+    }
+    return rc;
+}
+
+// cuGraphExecDestroy {exec}: the clone kept for a suspend goes with it.
+CUresult handle_graph_exec_destroy(call_context& cx) {
+    auto& d = cx.drv();
+    if (!d.cuGraphExecDestroy) return cx.unsupported("cuGraphExecDestroy");
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    CUgraphExec exec;
+    if (CUresult rc = cx.handle(0, handle_kind::graph_exec, exec); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = d.cuGraphExecDestroy(exec); rc != CUDA_SUCCESS) return rc;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.graph_execs.forget(d, cx.arg(0));
+    }
+    cx.forget_handle(0);
+    return CUDA_SUCCESS;
 }
 
 }  // namespace vcuda::server

@@ -248,6 +248,8 @@ void session::release_device(size_t device) {
     }
     if (s.ctx) {
         destroy(handle_kind::graph_exec);  // graphs use kernels of modules: before them
+        for (auto& [id, e] : doomed)
+            if (e.kind == handle_kind::graph_exec) graph_execs.forget(d, id);  // and the clones kept for them
         destroy(handle_kind::graph);
         destroy(handle_kind::event);
         destroy(handle_kind::stream);

@@ -220,6 +220,8 @@ class session : public std::enable_shared_from_this<session> {
     std::unordered_set<uint64_t> conditional_handles;  // under mu
     // CUDA arrays, texture and surface objects (server/handlers_array.cpp).
     array_tables arrays;  // under mu
+    // Executable graphs' origins, for a suspend (server/graph_image.cpp).
+    graph_exec_origins graph_execs;  // under mu
     // IPC between sessions: what this one exported and opened (server/handlers_ipc.cpp).
     ipc_tables ipc_state;  // under mu
     void release_vmm();
@@ -393,6 +395,14 @@ class session : public std::enable_shared_from_this<session> {
     void release_arrays();
     CUresult rebuild_arrays(const session_image& img, std::string& what);
     CUresult take_moved_arrays(const wire::SessionState& st, session_image& img, std::string& why);
+    // CUDA graphs and executable graphs in a suspend (server/graph_image.cpp), `mu` held: each graph read
+    // through the driver (nodes, their parameters, edges), each executable graph's clone too; destroyed (ids
+    // stay); made again node by node, each node id standing for its new node, executable graphs instantiated
+    // again from their clones. What cannot be made again (host, memory, conditional nodes, a capture under
+    // way) refuses the suspend with the reason.
+    CUresult save_graphs(session_image& img, std::string& why);
+    void release_graphs();
+    CUresult rebuild_graphs(const session_image& img, std::string& what);
 
     uint64_t id_;
     std::string key_;

@@ -9,9 +9,9 @@
 // the driver places elsewhere is reported, and copies to its old address are refused), streams (flags and
 // priority), events (flags), context limits and cache configuration, shared pinned host memory (registered
 // again), the application's own VMM use (server/vmm_image.cpp), CUDA arrays and mipmapped arrays
-// (server/array_image.cpp). What is not yet: graphs, texture/surface objects, memory pools and stream-ordered
-// allocations, link states in progress, memory of other sessions (IPC): a session holding any of them is not
-// suspended, and the caller is told which.
+// (server/array_image.cpp), CUDA graphs and executable graphs (server/graph_image.cpp). What is not yet:
+// texture/surface objects, memory pools and stream-ordered allocations, link states in progress, memory of
+// other sessions (IPC): a session holding any of them is not suspended, and the caller is told which.
 #include "server/session_image.hpp"
 
 #include <array>
@@ -69,10 +69,6 @@ int rebuild_rank(const handle_entry& e) {
 // What a session holds that cannot be rebuilt yet, or empty.
 const char* not_rebuilt(handle_kind k) {
     switch (k) {
-        case handle_kind::graph:
-        case handle_kind::graph_exec:
-        case handle_kind::graph_node:
-            return "CUDA graphs";
         case handle_kind::mem_pool:
             return "memory pools";
         case handle_kind::link_state:
@@ -331,6 +327,10 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
         d.cuCtxSetCurrent(nullptr);
         return rc;
     }
+    if (CUresult rc = save_graphs(*img, why); rc != CUDA_SUCCESS) {
+        d.cuCtxSetCurrent(nullptr);
+        return rc;
+    }
     // A reference point behind everything the session did, for the ages of its events.
     std::vector<CUevent> reference(devices_.size(), nullptr);
     for (size_t i = 0; i < devices_.size(); ++i)
@@ -425,6 +425,7 @@ void session::release_gpu_state() {
     auto& d = api();
     release_vmm_physical();  // while the contexts exist
     release_arrays();
+    release_graphs();
     // Shared host pages stay mapped (the client uses them); only their registration goes with the contexts.
     CUcontext any = nullptr;
     for (auto& s : devices_)
@@ -606,6 +607,7 @@ CUresult session::rebuild(std::string& why) {
             globals.relocate(g.address, p, g.size, g.owner);
         }
     }
+    if (std::string what; CUresult rc = rebuild_graphs(img, what)) return failed(rc, what);
     d.cuCtxSetCurrent(nullptr);
     auto ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();

@@ -4,6 +4,7 @@
 // contents, context settings, each function's and kernel's name and settable attributes, each stream's flags.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -63,12 +64,40 @@ struct session_image {
         std::vector<uint64_t> levels;  // a mipmapped array's level handles, level 0 first
         std::vector<std::byte> bytes;
     };
+    // A graph (server/graph_image.cpp): its nodes in the driver's order, each with what it takes to add it
+    // again, and its edges as node positions. Children come before the graphs that hold them.
+    struct graph_node_state {
+        CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+        std::vector<uint64_t> ids;       // the session's node handles standing for it
+        uint64_t function = 0;           // kernel: the function or kernel handle
+        std::array<unsigned, 7> dims{};  // kernel: grid xyz, block xyz, shared bytes
+        std::vector<std::byte> params;   // kernel: its parameters, packed at the function's layout
+        CUDA_MEMSET_NODE_PARAMS memset{};
+        CUDA_MEMCPY3D copy{};
+        uint64_t src_array = 0, dst_array = 0;  // memcpy: the array handles of its sides, if any
+        uint64_t event = 0;                     // event record and wait: the event handle
+        size_t child = 0;                       // child graph: its position in `graphs`
+    };
+    struct graph_state {
+        uint64_t id = 0;    // the graph handle (0: a child, or an executable graph's clone)
+        uint64_t exec = 0;  // the executable graph made from it (a clone's)
+        unsigned long long flags = 0;
+        size_t device = 0;
+        std::vector<graph_node_state> nodes;
+        std::vector<std::pair<size_t, size_t>> edges;
+        std::vector<CUgraphEdgeData> edge_data;
+        uint64_t child_id = 0;  // a child: the session's handle for it, if it has one
+        // An executable graph's clone: the application's node handles of the graph it came from, with the
+        // position of the clone's node each stands for.
+        std::vector<std::pair<uint64_t, size_t>> exec_nodes;
+    };
     std::vector<device_state> devices;
     std::vector<vmm_allocation_state> vmm_allocations;
     std::vector<vmm_access_state> vmm_access;
     std::vector<entry_state> entries;  // in the order they are made again: owners before what they own
     std::vector<global_state> globals;
     std::vector<array_state> arrays;
+    std::vector<graph_state> graphs;                         // children before their parents
     std::vector<std::pair<uintptr_t, size_t>> host_regions;  // registered again at their addresses
     uint64_t bytes = 0;                                      // device memory and globals saved
     uint64_t handed_over = 0;  // of it, device memory exported as descriptors (a move on the same GPU)

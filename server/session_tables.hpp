@@ -638,4 +638,44 @@ class event_ages {
     std::map<uint64_t, double> ages_;
 };
 
+// Executable graphs and what each was instantiated from (server/graph_image.cpp): a clone of its graph, kept
+// in step with the updates made through the session, so that a suspend can make the executable graph again
+// from it. `not_kept` names an update the clone cannot follow; a suspend is then refused with it. locks: none
+// inside; the session's `mu`.
+class graph_exec_origins {
+  public:
+    struct origin {
+        CUgraph clone = nullptr;
+        unsigned long long flags = 0;
+        std::string not_kept;
+        uint64_t source = 0;  // the graph it was instantiated from
+        // Made again from its clone by a suspend: the executable graph's nodes are the clone's, and the
+        // application's node handles (of `source`) stand for them in executable-graph calls.
+        std::unordered_map<void*, CUgraphNode> nodes;
+    };
+    // The node `node` of the application's graph stands for in executable graph `exec`.
+    CUgraphNode node_in(uint64_t exec, CUgraphNode node) {
+        auto* o = find(exec);
+        if (!o) return node;
+        auto it = o->nodes.find(node);
+        return it == o->nodes.end() ? node : it->second;
+    }
+    origin* find(uint64_t exec) {
+        auto it = by_exec_.find(exec);
+        return it == by_exec_.end() ? nullptr : &it->second;
+    }
+    origin& add(uint64_t exec) { return by_exec_[exec]; }
+    // The executable graph `exec` is gone: its clone too.
+    void forget(const driver_table& d, uint64_t exec) {
+        auto it = by_exec_.find(exec);
+        if (it == by_exec_.end()) return;
+        if (it->second.clone && d.cuGraphDestroy) d.cuGraphDestroy(it->second.clone);
+        by_exec_.erase(it);
+    }
+    std::unordered_map<uint64_t, origin>& all() { return by_exec_; }
+
+  private:
+    std::unordered_map<uint64_t, origin> by_exec_;
+};
+
 }  // namespace vcuda::server

@@ -4,8 +4,8 @@
 // same id, key, handle ids and device addresses. The protocol is in protocol/vcuda.fbs (SessionState). The
 // client learns where its session went from the next reply of each lane (Reply.moved_to) and joins it there.
 //
-// What does not move yet: what a suspend does not rebuild (graphs, arrays, pools, links in progress), and the
-// application's own VMM use (a suspend rebuilds it in the same process). Shared pinned host memory moves only
+// What does not move yet: what a suspend does not rebuild (pools, links in progress), and CUDA graphs (a
+// suspend rebuilds them in the same process). Shared pinned host memory moves only
 // to a server on the same host (its pages' memfds are passed over the Unix socket and mapped at the same
 // addresses there).
 #include <sys/mman.h>
@@ -143,6 +143,13 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
                 why = "a shared pinned host region lost its pages' descriptor";
                 rc = CUDA_ERROR_NOT_SUPPORTED;
             }
+        // A suspend makes graphs again in the same process; a move does not carry them yet.
+        handles.for_each([&](uint64_t, handle_entry& e) {
+            if ((e.kind == handle_kind::graph || e.kind == handle_kind::graph_exec) && rc == CUDA_SUCCESS) {
+                why = "the session holds CUDA graphs, which a move does not carry yet (a suspend keeps them)";
+                rc = CUDA_ERROR_NOT_SUPPORTED;
+            }
+        });
         // The program's own VMM reservations move only from the address window: the driver's addresses may
         // be taken in the other server.
         for (auto& [va, r] : vmm.reserved_)

@@ -1341,6 +1341,17 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphMemsetNodeGetParams(CUgraphNode hNode,
     });
 }
 
+// A memcpy node's copy, for nodes made or set by cuGraph* calls (captured ones keep none here).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphMemcpyNodeGetParams(CUgraphNode hNode, CUDA_MEMCPY3D* nodeParams) {
+    return entry([&](state& s) -> CUresult {
+        node_obj* n = s.find<node_obj>(hNode);
+        if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_MEMCPY || nodeParams == nullptr || !n->copy)
+            return CUDA_ERROR_INVALID_VALUE;
+        *nodeParams = *n->copy;
+        return CUDA_SUCCESS;
+    });
+}
+
 // The copy of `hOriginalNode` among the nodes of `hClonedGraph` (a clone of its graph).
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeFindInClone(CUgraphNode* phNode, CUgraphNode hOriginalNode,
                                                           CUgraph hClonedGraph) {

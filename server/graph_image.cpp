@@ -1,0 +1,450 @@
+// CUDA graphs and executable graphs in a suspend: each graph the application holds is read through the
+// driver (its nodes, their parameters, its edges), destroyed, and made again node by node at the resume, each
+// node id standing for its new node. An executable graph cannot be read, so each is made again from a clone
+// of the graph it was instantiated from, which the server keeps in step with the updates the application
+// makes (server/handlers_graph.cpp, graph_exec_origins). Device addresses, functions, kernels and events keep
+// their ids through a suspend, so a node's parameters stay valid once its handles are the new objects'.
+// What is not made again refuses the suspend with its reason: host nodes (their functions are the server's
+// callbacks with the client), graph copies with the application's own memory, memory alloc/free nodes (the
+// driver picks their addresses), conditional nodes, a stream capture under way, and an executable graph
+// changed in a way its clone cannot follow.
+#include <cstring>
+#include <optional>
+#include <unordered_map>
+
+#include "server/host_functions.hpp"
+#include "server/session.hpp"
+#include "server/session_image.hpp"
+
+namespace vcuda::server {
+
+namespace {
+
+const char* node_type_name(CUgraphNodeType t) {
+    switch (t) {
+        case CU_GRAPH_NODE_TYPE_HOST:
+            return "host";
+        case CU_GRAPH_NODE_TYPE_MEM_ALLOC:
+            return "memory alloc";
+        case CU_GRAPH_NODE_TYPE_MEM_FREE:
+            return "memory free";
+        case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+            return "conditional";
+        case CU_GRAPH_NODE_TYPE_BATCH_MEM_OP:
+            return "batch memory operation";
+        case CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL:
+        case CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT:
+            return "external semaphore";
+        default:
+            return "unknown";
+    }
+}
+
+// Reads graphs into the image: a graph's children first, so that the rebuild finds them made.
+class graph_reader {
+  public:
+    graph_reader(session& s, const driver_table& d, session_image& img, std::string& why)
+        : s_(s), d_(d), img_(img), why_(why) {
+        s_.handles.for_each([&](uint64_t id, handle_entry& e) {
+            if (e.kind == handle_kind::graph_node && e.raw) node_ids_[e.raw].push_back(id);
+        });
+    }
+
+    // The graph's position in the image, or nothing (why_ says what stopped it).
+    std::optional<size_t> read(CUgraph g, size_t device) {
+        size_t n = 0;
+        if (!call(d_.cuGraphGetNodes(g, nullptr, &n), "its nodes could not be listed")) return std::nullopt;
+        std::vector<CUgraphNode> nodes(n);
+        if (n && !call(d_.cuGraphGetNodes(g, nodes.data(), &n), "its nodes could not be listed"))
+            return std::nullopt;
+        session_image::graph_state gs;
+        gs.device = device;
+        std::unordered_map<CUgraphNode, size_t> position;
+        for (size_t i = 0; i < nodes.size(); ++i) {
+            position[nodes[i]] = i;
+            auto ns = read_node(nodes[i], device);
+            if (!ns) return std::nullopt;
+            gs.nodes.push_back(std::move(*ns));
+        }
+        size_t edges = 0;
+        if (!call(d_.cuGraphGetEdges_v2(g, nullptr, nullptr, nullptr, &edges),
+                  "its edges could not be listed"))
+            return std::nullopt;
+        std::vector<CUgraphNode> from(edges), to(edges);
+        gs.edge_data.resize(edges);
+        if (edges && !call(d_.cuGraphGetEdges_v2(g, from.data(), to.data(), gs.edge_data.data(), &edges),
+                           "its edges could not be listed"))
+            return std::nullopt;
+        for (size_t i = 0; i < edges; ++i) gs.edges.emplace_back(position.at(from[i]), position.at(to[i]));
+        img_.graphs.push_back(std::move(gs));
+        return img_.graphs.size() - 1;
+    }
+
+  private:
+    bool call(CUresult rc, const char* what) {
+        if (rc == CUDA_SUCCESS) return true;
+        why_ = std::string("a graph of the session: ") + what + " (" + error_text(rc) + ")";
+        return false;
+    }
+    bool refuse(std::string what) {
+        why_ = std::move(what);
+        return false;
+    }
+
+    // The session's function or kernel handle for the driver's function of a kernel node.
+    uint64_t function_id(const CUDA_KERNEL_NODE_PARAMS_v2& p) {
+        if (p.kern)
+            if (uint64_t id = s_.handles.find_raw(handle_kind::kernel, p.kern)) return id;
+        if (uint64_t id = s_.handles.find_raw(handle_kind::function, p.func)) return id;
+        if (uint64_t id = s_.handles.find_raw(handle_kind::kernel, p.func)) return id;
+        // A launch of a CUkernel may be recorded as its function in the current context.
+        uint64_t found = 0;
+        s_.handles.for_each([&](uint64_t id, handle_entry& e) {
+            CUfunction f = nullptr;
+            if (!found && e.kind == handle_kind::kernel && e.raw &&
+                d_.cuKernelGetFunction(&f, static_cast<CUkernel>(e.raw)) == CUDA_SUCCESS && f == p.func)
+                found = id;
+        });
+        return found;
+    }
+
+    bool read_kernel(CUgraphNode node, session_image::graph_node_state& ns) {
+        CUDA_KERNEL_NODE_PARAMS_v2 p{};
+        if (!call(d_.cuGraphKernelNodeGetParams_v2(node, &p), "a kernel node's parameters could not be read"))
+            return false;
+        if (p.extra) return refuse("a kernel node whose parameters were given as `extra`, which is not kept");
+        ns.function = function_id(p);
+        handle_entry* e = ns.function ? s_.handles.find(ns.function, kind_of(ns.function)) : nullptr;
+        if (!e || !e->layout) return refuse("a kernel node whose function is not one the session knows");
+        ns.dims = {p.gridDimX,  p.gridDimY,  p.gridDimZ,      p.blockDimX,
+                   p.blockDimY, p.blockDimZ, p.sharedMemBytes};
+        const auto& layout = e->layout->params;
+        ns.params.resize(e->layout->total());
+        if (!layout.empty() && !p.kernelParams) return refuse("a kernel node without its parameters");
+        for (size_t i = 0; i < layout.size(); ++i)
+            std::memcpy(ns.params.data() + layout[i].first, p.kernelParams[i], layout[i].second);
+        return true;
+    }
+
+    // A copy side is kept when the rebuild finds it at the same place: session device memory (its address
+    // stays), an array (by its handle) or the session's shared pinned host memory (registered again there).
+    bool copy_side_kept(CUmemorytype type, const void* host, CUarray& array, uint64_t& array_id) {
+        switch (type) {
+            case CU_MEMORYTYPE_DEVICE:
+            case CU_MEMORYTYPE_UNIFIED:
+                return true;
+            case CU_MEMORYTYPE_ARRAY:
+                array_id = s_.handles.find_raw(handle_kind::array, array);
+                array = nullptr;
+                return array_id != 0;
+            case CU_MEMORYTYPE_HOST:
+                return s_.owns_host(reinterpret_cast<uintptr_t>(host), 1);
+            default:
+                return false;
+        }
+    }
+
+    std::optional<session_image::graph_node_state> read_node(CUgraphNode node, size_t device) {
+        session_image::graph_node_state ns;
+        if (!call(d_.cuGraphNodeGetType(node, &ns.type), "a node's type could not be read"))
+            return std::nullopt;
+        if (auto it = node_ids_.find(node); it != node_ids_.end()) ns.ids = it->second;
+        bool ok = true;
+        switch (ns.type) {
+            case CU_GRAPH_NODE_TYPE_KERNEL:
+                ok = read_kernel(node, ns);
+                break;
+            case CU_GRAPH_NODE_TYPE_MEMSET:
+                ok = call(d_.cuGraphMemsetNodeGetParams(node, &ns.memset),
+                          "a memset node's parameters could not be read");
+                break;
+            case CU_GRAPH_NODE_TYPE_MEMCPY:
+                ok = call(d_.cuGraphMemcpyNodeGetParams(node, &ns.copy),
+                          "a memcpy node's parameters could not be read");
+                if (ok &&
+                    !(copy_side_kept(ns.copy.srcMemoryType, ns.copy.srcHost, ns.copy.srcArray,
+                                     ns.src_array) &&
+                      copy_side_kept(ns.copy.dstMemoryType, ns.copy.dstHost, ns.copy.dstArray, ns.dst_array)))
+                    ok = refuse(
+                        "a memcpy node with memory that is not the session's device memory, arrays or "
+                        "shared pinned memory");
+                break;
+            case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+            case CU_GRAPH_NODE_TYPE_WAIT_EVENT: {
+                CUevent ev = nullptr;
+                ok = call(ns.type == CU_GRAPH_NODE_TYPE_EVENT_RECORD
+                              ? d_.cuGraphEventRecordNodeGetEvent(node, &ev)
+                              : d_.cuGraphEventWaitNodeGetEvent(node, &ev),
+                          "an event node's event could not be read");
+                ns.event = ok ? s_.handles.find_raw(handle_kind::event, ev) : 0;
+                if (ok && !ns.event) ok = refuse("an event node whose event is not the session's");
+                break;
+            }
+            case CU_GRAPH_NODE_TYPE_GRAPH: {
+                if (is_host_copy_node(d_, node)) {
+                    refuse("a graph copy with the application's own memory (its staging buffer)");
+                    return std::nullopt;
+                }
+                CUgraph child = nullptr;
+                ok = call(d_.cuGraphChildGraphNodeGetGraph(node, &child), "a child graph could not be read");
+                if (!ok) break;
+                auto at = read(child, device);
+                if (!at) return std::nullopt;
+                ns.child = *at;
+                img_.graphs[*at].child_id = s_.handles.find_raw(handle_kind::graph, child);
+                break;
+            }
+            case CU_GRAPH_NODE_TYPE_EMPTY:
+                break;
+            default:
+                ok = refuse(std::string("a graph with a ") + node_type_name(ns.type) + " node");
+        }
+        if (!ok) return std::nullopt;
+        return ns;
+    }
+
+    session& s_;
+    const driver_table& d_;
+    session_image& img_;
+    std::string& why_;
+    std::unordered_map<void*, std::vector<uint64_t>> node_ids_;
+};
+
+}  // namespace
+
+CUresult session::save_graphs(session_image& img, std::string& why) {
+    auto& d = api();
+    bool any = false;
+    handles.for_each([&](uint64_t, handle_entry& e) {
+        any = any || e.kind == handle_kind::graph || e.kind == handle_kind::graph_exec;
+    });
+    if (!any) return CUDA_SUCCESS;
+    if (!d.cuGraphGetNodes || !d.cuGraphGetEdges_v2 || !d.cuGraphNodeGetType || !d.cuGraphCreate ||
+        !d.cuGraphAddNode_v2 || !d.cuGraphAddDependencies_v2 || !d.cuGraphInstantiateWithParams) {
+        why = "the driver cannot list and make graphs, so the session's CUDA graphs cannot be made again";
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    std::string blocker;
+    auto current_for = [&](size_t device) {
+        if (device < devices_.size() && devices_[device].ctx) d.cuCtxSetCurrent(devices_[device].ctx);
+    };
+    handles.for_each([&](uint64_t id, handle_entry& e) {
+        if (!blocker.empty()) return;
+        if (e.kind == handle_kind::stream && e.raw &&
+            capture_status(d, static_cast<CUstream>(e.raw)) != CU_STREAM_CAPTURE_STATUS_NONE)
+            blocker = "a stream capture under way";
+        if (e.kind == handle_kind::graph && e.owned && e.owner &&
+            !handles.find(e.owner, handle_kind::graph_node))
+            blocker = "the graph of a stream capture under way";
+        if (e.kind == handle_kind::graph_exec) {
+            auto* o = graph_execs.find(id);
+            if (!o || !o->clone)
+                blocker = "an executable graph whose graph was not kept";
+            else if (!o->not_kept.empty())
+                blocker = "an executable graph changed by " + o->not_kept;
+        }
+    });
+    if (!blocker.empty()) {
+        why = "the session holds " + blocker + ", which a suspend cannot make again";
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    graph_reader reader(*this, d, img, why);
+    bool ok = true;
+    handles.for_each([&](uint64_t id, handle_entry& e) {
+        if (!ok || (e.kind != handle_kind::graph && e.kind != handle_kind::graph_exec)) return;
+        if (e.kind == handle_kind::graph && e.owned) return;  // a child: read with its parent
+        auto device = static_cast<size_t>(e.device);
+        current_for(device);
+        const bool exec = e.kind == handle_kind::graph_exec;
+        auto* o = exec ? graph_execs.find(id) : nullptr;
+        auto at = reader.read(exec ? o->clone : static_cast<CUgraph>(e.raw), device);
+        if (!at) {
+            ok = false;
+            return;
+        }
+        auto& gs = img.graphs[*at];
+        (exec ? gs.exec : gs.id) = id;
+        if (!exec) return;
+        gs.flags = o->flags;
+        // The application's nodes of the graph it came from, by the position of the clone's node each is.
+        size_t n = gs.nodes.size();
+        std::vector<CUgraphNode> clone_nodes(n);
+        if (n && d.cuGraphGetNodes(o->clone, clone_nodes.data(), &n) != CUDA_SUCCESS) return;
+        std::unordered_map<CUgraphNode, size_t> position;
+        for (size_t i = 0; i < clone_nodes.size(); ++i) position[clone_nodes[i]] = i;
+        handles.for_each([&](uint64_t node_id, handle_entry& ne) {
+            if (ne.kind != handle_kind::graph_node || !ne.raw || !o->source || ne.owner != o->source) return;
+            CUgraphNode copy = nullptr;
+            if (auto it = o->nodes.find(ne.raw); it != o->nodes.end())
+                copy = it->second;
+            else if (!d.cuGraphNodeFindInClone ||
+                     d.cuGraphNodeFindInClone(&copy, static_cast<CUgraphNode>(ne.raw), o->clone) !=
+                         CUDA_SUCCESS)
+                return;
+            if (auto it = position.find(copy); it != position.end())
+                gs.exec_nodes.emplace_back(node_id, it->second);
+        });
+    });
+    if (!ok) {
+        why = "the session holds CUDA graphs a suspend cannot make again: " + why;
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return CUDA_SUCCESS;
+}
+
+void session::release_graphs() {
+    auto& d = api();
+    auto current_for = [&](const handle_entry& e) {
+        auto dev = static_cast<size_t>(e.device);
+        if (dev < devices_.size() && devices_[dev].ctx) d.cuCtxSetCurrent(devices_[dev].ctx);
+    };
+    // Executable graphs, then the clones they came from and the application's graphs (children go with their
+    // parents); every id stays, standing for nothing until the rebuild.
+    handles.for_each([&](uint64_t id, handle_entry& e) {
+        if (e.kind != handle_kind::graph_exec || !e.raw) return;
+        current_for(e);
+        d.cuGraphExecDestroy(static_cast<CUgraphExec>(e.raw));
+        handles.rebind(id, nullptr);
+    });
+    for (auto& [id, o] : graph_execs.all())
+        if (o.clone) {
+            d.cuGraphDestroy(o.clone);
+            o.clone = nullptr;
+        }
+    handles.for_each([&](uint64_t id, handle_entry& e) {
+        if (e.kind == handle_kind::graph && e.raw && !e.owned) d.cuGraphDestroy(static_cast<CUgraph>(e.raw));
+        if (e.kind == handle_kind::graph || e.kind == handle_kind::graph_node) handles.rebind(id, nullptr);
+    });
+}
+
+CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
+    auto& d = api();
+    std::vector<CUgraph> made(img.graphs.size(), nullptr);
+    std::vector<std::vector<CUgraphNode>> made_nodes(img.graphs.size());
+    for (size_t gi = 0; gi < img.graphs.size(); ++gi) {
+        const auto& gs = img.graphs[gi];
+        if (gs.device < devices_.size() && devices_[gs.device].ctx)
+            d.cuCtxSetCurrent(devices_[gs.device].ctx);
+        CUgraph g = nullptr;
+        if (CUresult rc = d.cuGraphCreate(&g, 0); rc != CUDA_SUCCESS) {
+            what = "a graph could not be made again";
+            return rc;
+        }
+        auto fail = [&](CUresult rc, const std::string& why) {
+            d.cuGraphDestroy(g);
+            what = why;
+            return rc;
+        };
+        std::vector<CUgraphNode> nodes(gs.nodes.size(), nullptr);
+        for (size_t i = 0; i < gs.nodes.size(); ++i) {
+            const auto& ns = gs.nodes[i];
+            CUgraphNodeParams p{};
+            p.type = ns.type;
+            std::vector<void*> args;
+            switch (ns.type) {
+                case CU_GRAPH_NODE_TYPE_KERNEL: {
+                    const handle_entry* e = handles.find(ns.function, kind_of(ns.function));
+                    if (!e || !e->raw || !e->layout)
+                        return fail(CUDA_ERROR_INVALID_HANDLE, "a kernel node's function was not made again");
+                    (e->kind == handle_kind::kernel ? reinterpret_cast<void*&>(p.kernel.kern)
+                                                    : reinterpret_cast<void*&>(p.kernel.func)) = e->raw;
+                    p.kernel.gridDimX = ns.dims[0];
+                    p.kernel.gridDimY = ns.dims[1];
+                    p.kernel.gridDimZ = ns.dims[2];
+                    p.kernel.blockDimX = ns.dims[3];
+                    p.kernel.blockDimY = ns.dims[4];
+                    p.kernel.blockDimZ = ns.dims[5];
+                    p.kernel.sharedMemBytes = ns.dims[6];
+                    for (auto [offset, size] : e->layout->params)
+                        args.push_back(const_cast<std::byte*>(ns.params.data()) + offset);
+                    p.kernel.kernelParams = args.data();
+                    break;
+                }
+                case CU_GRAPH_NODE_TYPE_MEMSET: {
+                    const auto& m = ns.memset;
+                    p.memset = {m.dst, m.pitch, m.value, m.elementSize, m.width, m.height, nullptr};
+                    break;
+                }
+                case CU_GRAPH_NODE_TYPE_MEMCPY: {
+                    p.memcpy.copyParams = ns.copy;
+                    for (auto [id, slot] : {std::pair{ns.src_array, &p.memcpy.copyParams.srcArray},
+                                            std::pair{ns.dst_array, &p.memcpy.copyParams.dstArray}}) {
+                        if (!id) continue;
+                        const handle_entry* a = handles.find(id, handle_kind::array);
+                        if (!a || !a->raw)
+                            return fail(CUDA_ERROR_INVALID_HANDLE,
+                                        "a memcpy node's array was not made again");
+                        *slot = static_cast<CUarray>(a->raw);
+                    }
+                    CUcontext ctx = nullptr;
+                    d.cuCtxGetCurrent(&ctx);
+                    p.memcpy.copyCtx = ctx;
+                    break;
+                }
+                case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+                case CU_GRAPH_NODE_TYPE_WAIT_EVENT: {
+                    const handle_entry* e = handles.find(ns.event, handle_kind::event);
+                    if (!e || !e->raw)
+                        return fail(CUDA_ERROR_INVALID_HANDLE, "an event node's event is gone");
+                    (ns.type == CU_GRAPH_NODE_TYPE_EVENT_RECORD ? p.eventRecord.event : p.eventWait.event) =
+                        static_cast<CUevent>(e->raw);
+                    break;
+                }
+                case CU_GRAPH_NODE_TYPE_GRAPH:
+                    // Moved in, so that the child keeps the nodes its ids were given.
+                    p.graph = {made[ns.child], CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE};
+                    made[ns.child] = nullptr;
+                    break;
+                default:
+                    break;
+            }
+            if (CUresult rc = d.cuGraphAddNode_v2(&nodes[i], g, nullptr, nullptr, 0, &p); rc != CUDA_SUCCESS)
+                return fail(rc, "a graph node could not be made again");
+            for (uint64_t id : ns.ids) handles.rebind(id, nodes[i]);
+            if (ns.type == CU_GRAPH_NODE_TYPE_GRAPH && img.graphs[ns.child].child_id) {
+                CUgraph child = nullptr;
+                if (d.cuGraphChildGraphNodeGetGraph(nodes[i], &child) == CUDA_SUCCESS)
+                    handles.rebind(img.graphs[ns.child].child_id, child);
+            }
+        }
+        std::vector<CUgraphNode> from, to;
+        for (auto [a, b] : gs.edges) {
+            from.push_back(nodes[a]);
+            to.push_back(nodes[b]);
+        }
+        if (!from.empty())
+            if (CUresult rc = d.cuGraphAddDependencies_v2(g, from.data(), to.data(),
+                                                          const_cast<CUgraphEdgeData*>(gs.edge_data.data()),
+                                                          from.size());
+                rc != CUDA_SUCCESS)
+                return fail(rc, "a graph's edges could not be made again");
+        made[gi] = g;
+        made_nodes[gi] = nodes;
+        if (gs.id) {
+            handles.rebind(gs.id, g);
+            made[gi] = nullptr;  // the application's now
+        }
+        if (gs.exec) {
+            CUDA_GRAPH_INSTANTIATE_PARAMS params{};
+            params.flags = gs.flags;
+            CUgraphExec exec = nullptr;
+            if (CUresult rc = d.cuGraphInstantiateWithParams(&exec, g, &params); rc != CUDA_SUCCESS)
+                return fail(rc, "an executable graph could not be instantiated again");
+            handles.rebind(gs.exec, exec);
+            if (auto* o = graph_execs.find(gs.exec)) o->clone = g;
+            made[gi] = nullptr;
+        }
+    }
+    // Executable-graph calls name the application's nodes: each stands for its clone's node now.
+    for (size_t gi = 0; gi < img.graphs.size(); ++gi) {
+        auto* o = img.graphs[gi].exec ? graph_execs.find(img.graphs[gi].exec) : nullptr;
+        if (!o) continue;
+        o->nodes.clear();
+        for (auto [node_id, pos] : img.graphs[gi].exec_nodes)
+            if (const handle_entry* e = handles.find(node_id, handle_kind::graph_node); e && e->raw)
+                o->nodes[e->raw] = made_nodes[gi][pos];
+    }
+    return CUDA_SUCCESS;
+}
+
+}  // namespace vcuda::server

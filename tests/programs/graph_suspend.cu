@@ -1,0 +1,167 @@
+// graph_suspend: CUDA graphs kept through a pause (argv[1] ms, default 0) in which a server that suspends
+// idle sessions (vcuda-server --test-suspend-every) destroys and makes them again (server/graph_image.cpp).
+// Before the pause: a graph of kernel, memset, memcpy, event record and child graph nodes, with edges,
+// instantiated and launched; the executable graph's kernel node updated and launched again. After it, through
+// the same handles: the executable graph launched (its update kept), a node of the graph read and changed,
+// the graph instantiated again, the old executable graph updated through a node handle. Natively and through
+// vcuda (suspended or not) it must print the same.
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "common.cuh"
+
+extern "C" __global__ void gs_set(unsigned* x, int n, unsigned base) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = base + i;
+}
+
+// y[i] += a * x[i]
+extern "C" __global__ void gs_add(unsigned* y, const unsigned* x, int n, unsigned a) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += a * x[i];
+}
+
+namespace {
+
+constexpr int n = 4096;
+
+cudaKernelNodeParams add_params(void** args) {
+    cudaKernelNodeParams p{};
+    p.func = reinterpret_cast<void*>(gs_add);
+    p.gridDim = dim3(n / 256);
+    p.blockDim = dim3(256);
+    p.kernelParams = args;
+    return p;
+}
+
+// z after a launch: the graph computes z = (b + 1) * x with x[i] = 1 + i, where b is the add node's factor
+// and the child graph adds x once more.
+void check_z(const unsigned* z, unsigned b, const char* when) {
+    std::vector<unsigned> h(n);
+    CHECK(cudaMemcpy(h.data(), z, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; ++i)
+        if (h[i] != (b + 1) * (1u + i))
+            fail("%s: z[%d] = %u, expected %u", when, i, h[i], (b + 1) * (1u + i));
+    printf("%s: z = %u * x: ok\n", when, b + 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const int idle_ms = argc > 1 ? atoi(argv[1]) : 0;
+    unsigned *x, *y, *z;
+    CHECK(cudaMalloc(&x, n * sizeof(unsigned)));
+    CHECK(cudaMalloc(&y, n * sizeof(unsigned)));
+    CHECK(cudaMalloc(&z, n * sizeof(unsigned)));
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaEvent_t ev;
+    CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    gs_set<<<n / 256, 256, 0, s>>>(x, n, 0);  // the module loaded before its kernels become nodes
+    CHECK_LAUNCH();
+    CHECK(cudaStreamSynchronize(s));
+
+    int count = n;
+    unsigned base = 1, two = 2, one = 1;
+    void* set_args[] = {&x, &count, &base};
+    void* add_args[] = {&y, &x, &count, &two};
+    void* child_args[] = {&z, &x, &count, &one};
+
+    // The child graph: z += x.
+    cudaGraph_t child;
+    CHECK(cudaGraphCreate(&child, 0));
+    cudaGraphNode_t child_add;
+    cudaKernelNodeParams cp = add_params(child_args);
+    CHECK(cudaGraphAddKernelNode(&child_add, child, nullptr, 0, &cp));
+
+    // set x; memset y = 0; y += b * x; z = y; record ev; child (z += x).
+    cudaGraph_t g;
+    CHECK(cudaGraphCreate(&g, 0));
+    cudaGraphNode_t set, clear, add, copy, record, sub;
+    cudaKernelNodeParams sp{};
+    sp.func = reinterpret_cast<void*>(gs_set);
+    sp.gridDim = dim3(n / 256);
+    sp.blockDim = dim3(256);
+    sp.kernelParams = set_args;
+    CHECK(cudaGraphAddKernelNode(&set, g, nullptr, 0, &sp));
+    cudaMemsetParams mp{};
+    mp.dst = y;
+    mp.value = 0;
+    mp.elementSize = sizeof(unsigned);
+    mp.width = n;
+    mp.height = 1;
+    CHECK(cudaGraphAddMemsetNode(&clear, g, nullptr, 0, &mp));
+    cudaGraphNode_t before_add[] = {set, clear};
+    cudaKernelNodeParams ap = add_params(add_args);
+    CHECK(cudaGraphAddKernelNode(&add, g, before_add, 2, &ap));
+    CHECK(cudaGraphAddMemcpyNode1D(&copy, g, &add, 1, z, y, n * sizeof(unsigned), cudaMemcpyDeviceToDevice));
+    CHECK(cudaGraphAddEventRecordNode(&record, g, &copy, 1, ev));
+    CHECK(cudaGraphAddChildGraphNode(&sub, g, &record, 1, child));
+    size_t nodes = 0, edges = 0;
+    CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
+    CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &edges));
+    printf("graph: %zu nodes, %zu edges\n", nodes, edges);
+
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, g, 0));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    check_z(z, 2, "first launch");
+    unsigned five = 5;
+    void* add5[] = {&y, &x, &count, &five};
+    cudaKernelNodeParams ap5 = add_params(add5);
+    CHECK(cudaGraphExecKernelNodeSetParams(exec, add, &ap5));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    check_z(z, 5, "executable graph updated");
+    printf("phase 1 done\n");
+    fflush(stdout);
+    if (idle_ms > 0) usleep(static_cast<useconds_t>(idle_ms) * 1000);
+
+    // After the pause: the same handles.
+    CHECK(cudaMemset(z, 0, n * sizeof(unsigned)));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    check_z(z, 5, "after the pause, the executable graph");
+    EXPECT(cudaEventQuery(ev) == cudaSuccess, "the graph's event record node did not record");
+    printf("event recorded by the graph: yes\n");
+    cudaGraphNodeType type{};
+    CHECK(cudaGraphNodeGetType(add, &type));
+    EXPECT(type == cudaGraphNodeTypeKernel, "the add node's type is %d", static_cast<int>(type));
+    CHECK(cudaGraphNodeGetType(sub, &type));
+    EXPECT(type == cudaGraphNodeTypeGraph, "the child graph node's type is %d", static_cast<int>(type));
+    printf("node handles kept: yes\n");
+    CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
+    CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &edges));
+    printf("graph after the pause: %zu nodes, %zu edges\n", nodes, edges);
+    unsigned three = 3;
+    void* add3[] = {&y, &x, &count, &three};
+    cudaKernelNodeParams ap3 = add_params(add3);
+    CHECK(cudaGraphKernelNodeSetParams(add, &ap3));
+    cudaGraphExec_t again;
+    CHECK(cudaGraphInstantiate(&again, g, 0));
+    CHECK(cudaGraphLaunch(again, s));
+    CHECK(cudaStreamSynchronize(s));
+    check_z(z, 3, "the graph changed and instantiated again");
+    unsigned seven = 7;
+    void* add7[] = {&y, &x, &count, &seven};
+    cudaKernelNodeParams ap7 = add_params(add7);
+    CHECK(cudaGraphExecKernelNodeSetParams(exec, add, &ap7));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    check_z(z, 7, "the first executable graph updated again");
+
+    CHECK(cudaGraphExecDestroy(again));
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(g));
+    CHECK(cudaGraphDestroy(child));
+    CHECK(cudaEventDestroy(ev));
+    CHECK(cudaStreamDestroy(s));
+    CHECK(cudaFree(x));
+    CHECK(cudaFree(y));
+    CHECK(cudaFree(z));
+    return pass();
+}
