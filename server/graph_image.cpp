@@ -219,6 +219,10 @@ CUresult session::save_graphs(session_image& img, std::string& why) {
         any = any || e.kind == handle_kind::graph || e.kind == handle_kind::graph_exec;
     });
     if (!any) return CUDA_SUCCESS;
+    if (!opts_.suspend_graphs) {
+        why = "the session holds CUDA graphs, which a suspend keeps only with vcuda-server --suspend-graphs";
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
     if (!d.cuGraphGetNodes || !d.cuGraphGetEdges_v2 || !d.cuGraphNodeGetType || !d.cuGraphCreate ||
         !d.cuGraphAddNode_v2 || !d.cuGraphAddDependencies_v2 || !d.cuGraphInstantiateWithParams) {
         why = "the driver cannot list and make graphs, so the session's CUDA graphs cannot be made again";

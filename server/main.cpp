@@ -261,6 +261,11 @@ int main(int argc, char** argv) {
                    "resume again and again")
         ->group("Testing")
         ->check(CLI::Range(1, 3600 * 1000));
+    bool suspend_graphs = false;
+    app.add_flag("--suspend-graphs", suspend_graphs,
+                 "A suspend (or a move between GPUs of this server) keeps the session's CUDA graphs and "
+                 "executable graphs, made again node by node, instead of being refused while it holds any. "
+                 "Experimental, off by default (README, Suspend and resume)");
     std::string window_text = "auto";
     app.add_option(
            "--address-window", window_text,
@@ -406,6 +411,7 @@ int main(int argc, char** argv) {
         window_index = std::to_string(index);
     }
     opts.test_precopy_hold = std::chrono::milliseconds(precopy_hold_ms);
+    opts.suspend_graphs = suspend_graphs;
     opts.move_memory = move_memory == "copy"      ? vcuda::server::server_options::move_memory_mode::copy
                        : move_memory == "precopy" ? vcuda::server::server_options::move_memory_mode::precopy
                                                   : vcuda::server::server_options::move_memory_mode::share;
@@ -466,6 +472,7 @@ int main(int argc, char** argv) {
             opts.worker_args.push_back(std::to_string(opts.memory_quota));
         }
         if (!opts.shm_rings) opts.worker_args.push_back("--no-shm-rings");
+        if (suspend_graphs) opts.worker_args.push_back("--suspend-graphs");
         if (suspend_every_ms > 0) {  // the worker suspends its session itself
             opts.worker_args.push_back("--test-suspend-every");
             opts.worker_args.push_back(std::to_string(suspend_every_ms));
