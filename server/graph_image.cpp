@@ -45,9 +45,22 @@ class graph_reader {
   public:
     graph_reader(session& s, const driver_table& d, session_image& img, std::string& why)
         : s_(s), d_(d), img_(img), why_(why) {
+        // One pass over the table: a suspend of a session with thousands of nodes and handles must not look
+        // each one up by a scan.
         s_.handles.for_each([&](uint64_t id, handle_entry& e) {
-            if (e.kind == handle_kind::graph_node && e.raw) node_ids_[e.raw].push_back(id);
+            if (!e.raw) return;
+            if (e.kind == handle_kind::graph_node) node_ids_[e.raw].push_back(id);
+            if (e.kind == handle_kind::function || e.kind == handle_kind::kernel ||
+                e.kind == handle_kind::event || e.kind == handle_kind::graph || e.kind == handle_kind::array)
+                ids_.emplace(std::pair{e.raw, e.kind}, id);
+            if (e.kind == handle_kind::kernel) kernels_.emplace_back(id, static_cast<CUkernel>(e.raw));
         });
+    }
+
+    // The session's id of driver object `raw` of kind `k`, or 0.
+    uint64_t id_of(handle_kind k, const void* raw) const {
+        auto it = ids_.find({const_cast<void*>(raw), k});
+        return it == ids_.end() ? 0 : it->second;
     }
 
     // The graph's position in the image, or nothing (why_ says what stopped it).
@@ -94,18 +107,19 @@ class graph_reader {
     // The session's function or kernel handle for the driver's function of a kernel node.
     uint64_t function_id(const CUDA_KERNEL_NODE_PARAMS_v2& p) {
         if (p.kern)
-            if (uint64_t id = s_.handles.find_raw(handle_kind::kernel, p.kern)) return id;
-        if (uint64_t id = s_.handles.find_raw(handle_kind::function, p.func)) return id;
-        if (uint64_t id = s_.handles.find_raw(handle_kind::kernel, p.func)) return id;
-        // A launch of a CUkernel may be recorded as its function in the current context.
-        uint64_t found = 0;
-        s_.handles.for_each([&](uint64_t id, handle_entry& e) {
-            CUfunction f = nullptr;
-            if (!found && e.kind == handle_kind::kernel && e.raw &&
-                d_.cuKernelGetFunction(&f, static_cast<CUkernel>(e.raw)) == CUDA_SUCCESS && f == p.func)
-                found = id;
-        });
-        return found;
+            if (uint64_t id = id_of(handle_kind::kernel, p.kern)) return id;
+        if (uint64_t id = id_of(handle_kind::function, p.func)) return id;
+        if (uint64_t id = id_of(handle_kind::kernel, p.func)) return id;
+        // A launch of a CUkernel may be recorded as its function in the current context: each kernel's
+        // function asked once.
+        if (!kernel_functions_made_) {
+            kernel_functions_made_ = true;
+            for (auto [id, k] : kernels_)
+                if (CUfunction f = nullptr; d_.cuKernelGetFunction(&f, k) == CUDA_SUCCESS && f)
+                    kernel_functions_.emplace(f, id);
+        }
+        auto it = kernel_functions_.find(p.func);
+        return it == kernel_functions_.end() ? 0 : it->second;
     }
 
     bool read_kernel(CUgraphNode node, session_image::graph_node_state& ns) {
@@ -134,7 +148,7 @@ class graph_reader {
             case CU_MEMORYTYPE_UNIFIED:
                 return true;
             case CU_MEMORYTYPE_ARRAY:
-                array_id = s_.handles.find_raw(handle_kind::array, array);
+                array_id = id_of(handle_kind::array, array);
                 array = nullptr;
                 return array_id != 0;
             case CU_MEMORYTYPE_HOST:
@@ -176,7 +190,7 @@ class graph_reader {
                               ? d_.cuGraphEventRecordNodeGetEvent(node, &ev)
                               : d_.cuGraphEventWaitNodeGetEvent(node, &ev),
                           "an event node's event could not be read");
-                ns.event = ok ? s_.handles.find_raw(handle_kind::event, ev) : 0;
+                ns.event = ok ? id_of(handle_kind::event, ev) : 0;
                 if (ok && !ns.event) ok = refuse("an event node whose event is not the session's");
                 break;
             }
@@ -191,7 +205,7 @@ class graph_reader {
                 auto at = read(child, device);
                 if (!at) return std::nullopt;
                 ns.child = *at;
-                img_.graphs[*at].child_id = s_.handles.find_raw(handle_kind::graph, child);
+                img_.graphs[*at].child_id = id_of(handle_kind::graph, child);
                 break;
             }
             case CU_GRAPH_NODE_TYPE_EMPTY:
@@ -208,6 +222,15 @@ class graph_reader {
     session_image& img_;
     std::string& why_;
     std::unordered_map<void*, std::vector<uint64_t>> node_ids_;
+    struct raw_kind_hash {
+        size_t operator()(const std::pair<void*, handle_kind>& k) const {
+            return std::hash<void*>()(k.first) ^ static_cast<size_t>(k.second);
+        }
+    };
+    std::unordered_map<std::pair<void*, handle_kind>, uint64_t, raw_kind_hash> ids_;
+    std::vector<std::pair<uint64_t, CUkernel>> kernels_;
+    std::unordered_map<CUfunction, uint64_t> kernel_functions_;
+    bool kernel_functions_made_ = false;
 };
 
 }  // namespace
@@ -253,6 +276,10 @@ CUresult session::save_graphs(session_image& img, std::string& why) {
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     graph_reader reader(*this, d, img, why);
+    std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, void*>>> nodes_of;  // by graph
+    handles.for_each([&](uint64_t id, handle_entry& e) {
+        if (e.kind == handle_kind::graph_node && e.raw) nodes_of[e.owner].emplace_back(id, e.raw);
+    });
     bool ok = true;
     handles.for_each([&](uint64_t id, handle_entry& e) {
         if (!ok || (e.kind != handle_kind::graph && e.kind != handle_kind::graph_exec)) return;
@@ -276,18 +303,17 @@ CUresult session::save_graphs(session_image& img, std::string& why) {
         if (n && d.cuGraphGetNodes(o->clone, clone_nodes.data(), &n) != CUDA_SUCCESS) return;
         std::unordered_map<CUgraphNode, size_t> position;
         for (size_t i = 0; i < clone_nodes.size(); ++i) position[clone_nodes[i]] = i;
-        handles.for_each([&](uint64_t node_id, handle_entry& ne) {
-            if (ne.kind != handle_kind::graph_node || !ne.raw || !o->source || ne.owner != o->source) return;
+        if (!o->source) return;
+        for (auto [node_id, raw] : nodes_of[o->source]) {
             CUgraphNode copy = nullptr;
-            if (auto it = o->nodes.find(ne.raw); it != o->nodes.end())
+            if (auto it = o->nodes.find(raw); it != o->nodes.end())
                 copy = it->second;
             else if (!d.cuGraphNodeFindInClone ||
-                     d.cuGraphNodeFindInClone(&copy, static_cast<CUgraphNode>(ne.raw), o->clone) !=
-                         CUDA_SUCCESS)
-                return;
+                     d.cuGraphNodeFindInClone(&copy, static_cast<CUgraphNode>(raw), o->clone) != CUDA_SUCCESS)
+                continue;
             if (auto it = position.find(copy); it != position.end())
                 gs.exec_nodes.emplace_back(node_id, it->second);
-        });
+        }
     });
     if (!ok) {
         why = "the session holds CUDA graphs a suspend cannot make again: " + why;
