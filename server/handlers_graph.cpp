@@ -132,38 +132,53 @@ struct dependencies {
 // kept at instantiation (with its flags), replaced when cuGraphExecUpdate succeeds (`flags` null: as they
 // were).
 void keep_origin(call_context& cx, uint64_t exec, CUgraph g, const cuuint64_t* flags, uint64_t source = 0) {
+    if (!cx.sess.keeps_graphs()) return;  // --suspend-graphs off: nothing is kept, nothing costs
     auto& d = cx.drv();
-    std::lock_guard lock(cx.sess.mu);
-    auto& o = cx.sess.graph_execs.add(exec);
+    // The driver's work outside the session's lock: no suspend runs while this call is inside the gate.
     CUgraph clone = nullptr;
-    if (!d.cuGraphClone || d.cuGraphClone(&clone, g) != CUDA_SUCCESS) {
-        o.not_kept = "an instantiation whose graph could not be cloned";
-        return;
+    const bool cloned = d.cuGraphClone && d.cuGraphClone(&clone, g) == CUDA_SUCCESS;
+    CUgraph old = nullptr;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        auto& o = cx.sess.graph_execs.add(exec);
+        if (!cloned) {
+            o.not_kept = "an instantiation whose graph could not be cloned";
+            return;
+        }
+        old = o.clone;
+        o.clone = clone;
+        if (flags) o.flags = *flags;
+        if (source) o.source = source;
     }
-    if (o.clone) d.cuGraphDestroy(o.clone);
-    o.clone = clone;
-    if (flags) o.flags = *flags;
-    if (source) o.source = source;
+    if (old) d.cuGraphDestroy(old);
 }
 
 // An update of `node` in executable graph `exec`, made on its clone too through `set`; one the clone cannot
 // follow is noted, and a suspend is then refused.
 template <class Set>
 void follow_update(call_context& cx, uint64_t exec, CUgraphNode node, Set&& set) {
+    if (!cx.sess.keeps_graphs()) return;
     auto& d = cx.drv();
-    std::lock_guard lock(cx.sess.mu);
-    auto* o = cx.sess.graph_execs.find(exec);
-    if (!o || !o->clone || !o->not_kept.empty()) return;
+    CUgraph clone = nullptr;
     CUgraphNode copy = nullptr;
-    if (auto it = o->nodes.find(node); it != o->nodes.end())
-        copy = it->second;  // made again from the clone: its node is the clone's
-    else if (!d.cuGraphNodeFindInClone || d.cuGraphNodeFindInClone(&copy, node, o->clone) != CUDA_SUCCESS)
+    {
+        std::lock_guard lock(cx.sess.mu);
+        auto* o = cx.sess.graph_execs.find(exec);
+        if (!o || !o->clone || !o->not_kept.empty()) return;
+        clone = o->clone;
+        if (auto it = o->nodes.find(node); it != o->nodes.end())
+            copy = it->second;  // made again from the clone: its node is the clone's
+    }
+    if (!copy && d.cuGraphNodeFindInClone && d.cuGraphNodeFindInClone(&copy, node, clone) != CUDA_SUCCESS)
         copy = nullptr;
-    if (!copy || set(copy) != CUDA_SUCCESS) o->not_kept = "a node update the server could not follow";
+    if (copy && set(copy) == CUDA_SUCCESS) return;
+    std::lock_guard lock(cx.sess.mu);
+    if (auto* o = cx.sess.graph_execs.find(exec)) o->not_kept = "a node update the server could not follow";
 }
 
 // The node an executable-graph call names: after a suspend, the node of the clone it was made from.
 CUgraphNode exec_node(call_context& cx, uint64_t exec, CUgraphNode node) {
+    if (!cx.sess.keeps_graphs()) return node;
     std::lock_guard lock(cx.sess.mu);
     return cx.sess.graph_execs.node_in(exec, node);
 }

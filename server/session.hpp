@@ -169,6 +169,8 @@ class session : public std::enable_shared_from_this<session> {
     // Whether this session is the only one its process serves (a worker of --isolation process; the parent
     // serves none itself): the driver's process-wide rules are then the application's alone.
     bool alone_in_process() const { return opts_.isolate; }
+    // --suspend-graphs: executable graphs' origins are kept (server/graph_image.cpp).
+    bool keeps_graphs() const { return opts_.suspend_graphs; }
     // The server's address window (--address-window), or null (none).
     address_window* window() const { return opts_.window.get(); }
 
