@@ -263,7 +263,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 3600 * 1000));
     bool suspend_graphs = false;
     app.add_flag("--suspend-graphs", suspend_graphs,
-                 "A suspend (or a move between GPUs of this server) keeps the session's CUDA graphs and "
+                 "A suspend keeps the session's CUDA graphs and "
                  "executable graphs, made again node by node, instead of being refused while it holds any. "
                  "Experimental, off by default (README, Suspend and resume)");
     std::string window_text = "auto";
