@@ -507,6 +507,10 @@ CUresult handle_graph_kernel_node_params(call_context& cx) {
     const uint64_t f = p.func ? session_handle(cx, handle_kind::function, p.func, &fe) : 0;
     uint64_t k = p.kern ? session_handle(cx, handle_kind::kernel, p.kern, &ke) : 0;
     if (!f && !k && p.func) k = session_handle(cx, handle_kind::kernel, p.func, &ke);  // a kernel run as such
+    // A function taken from a kernel (cuKernelGetFunction) names its kernel too, as cudart gave both when it
+    // added the node; it finds the kernel by it (a driver that keeps only the function answered no kernel,
+    // and cudaGraphKernelNodeGetParams then failed with cudaErrorInvalidDeviceFunction).
+    if (f && !k && fe.owned && kind_of(fe.owner) == handle_kind::kernel) k = fe.owner;
     const auto& layout = f ? fe.layout : ke.layout;
     if ((!f && !k) || !layout)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "the node's kernel is not this session's");

@@ -128,6 +128,11 @@ int main(int argc, char** argv) {
     check_z(z, 5, "after the pause, the executable graph");
     EXPECT(cudaEventQuery(ev) == cudaSuccess, "the graph's event record node did not record");
     printf("event recorded by the graph: yes\n");
+    cudaKernelNodeParams got{};
+    CHECK(cudaGraphKernelNodeGetParams(add, &got));
+    EXPECT(got.func == reinterpret_cast<void*>(gs_add) && *static_cast<unsigned*>(got.kernelParams[3]) == 2,
+           "the add node reads back factor %u", *static_cast<unsigned*>(got.kernelParams[3]));
+    printf("the graph's add node: gs_add, factor 2\n");
     cudaGraphNodeType type{};
     CHECK(cudaGraphNodeGetType(add, &type));
     EXPECT(type == cudaGraphNodeTypeKernel, "the add node's type is %d", static_cast<int>(type));
