@@ -8,11 +8,11 @@
 // callbacks with the client), graph copies with the application's own memory, memory alloc/free nodes (the
 // driver picks their addresses), conditional nodes, a stream capture under way, and an executable graph
 // changed in a way its clone cannot follow.
-#include <cstring>
 #include <optional>
 #include <unordered_map>
 
 #include "server/host_functions.hpp"
+#include "server/kernel_args.hpp"
 #include "server/session.hpp"
 #include "server/session_image.hpp"
 
@@ -132,11 +132,9 @@ class graph_reader {
         if (!e || !e->layout) return refuse("a kernel node whose function is not one the session knows");
         ns.dims = {p.gridDimX,  p.gridDimY,  p.gridDimZ,      p.blockDimX,
                    p.blockDimY, p.blockDimZ, p.sharedMemBytes};
-        const auto& layout = e->layout->params;
-        ns.params.resize(e->layout->total());
-        if (!layout.empty() && !p.kernelParams) return refuse("a kernel node without its parameters");
-        for (size_t i = 0; i < layout.size(); ++i)
-            std::memcpy(ns.params.data() + layout[i].first, p.kernelParams[i], layout[i].second);
+        if (!e->layout->params.empty() && !p.kernelParams)
+            return refuse("a kernel node without its parameters");
+        ns.params = pack_kernel_params(*e->layout, p.kernelParams);
         return true;
     }
 
@@ -378,13 +376,7 @@ CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
                         return fail(CUDA_ERROR_INVALID_HANDLE, "a kernel node's function was not made again");
                     (e->kind == handle_kind::kernel ? reinterpret_cast<void*&>(p.kernel.kern)
                                                     : reinterpret_cast<void*&>(p.kernel.func)) = e->raw;
-                    p.kernel.gridDimX = ns.dims[0];
-                    p.kernel.gridDimY = ns.dims[1];
-                    p.kernel.gridDimZ = ns.dims[2];
-                    p.kernel.blockDimX = ns.dims[3];
-                    p.kernel.blockDimY = ns.dims[4];
-                    p.kernel.blockDimZ = ns.dims[5];
-                    p.kernel.sharedMemBytes = ns.dims[6];
+                    set_dims(p.kernel, ns.dims);
                     for (auto [offset, size] : e->layout->params)
                         args.push_back(const_cast<std::byte*>(ns.params.data()) + offset);
                     p.kernel.kernelParams = args.data();

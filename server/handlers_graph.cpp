@@ -153,6 +153,12 @@ void keep_origin(call_context& cx, uint64_t exec, CUgraph g, const cuuint64_t* f
     if (old) d.cuGraphDestroy(old);
 }
 
+// Executable graph `exec` was changed in a way its clone does not follow (`what`): a suspend is refused.
+void not_kept(call_context& cx, uint64_t exec, const char* what) {
+    std::lock_guard lock(cx.sess.mu);
+    if (auto* o = cx.sess.graph_execs.find(exec)) o->not_kept = what;
+}
+
 // An update of `node` in executable graph `exec`, made on its clone too through `set`; one the clone cannot
 // follow is noted, and a suspend is then refused.
 template <class Set>
@@ -171,9 +177,7 @@ void follow_update(call_context& cx, uint64_t exec, CUgraphNode node, Set&& set)
     }
     if (!copy && d.cuGraphNodeFindInClone && d.cuGraphNodeFindInClone(&copy, node, clone) != CUDA_SUCCESS)
         copy = nullptr;
-    if (copy && set(copy) == CUDA_SUCCESS) return;
-    std::lock_guard lock(cx.sess.mu);
-    if (auto* o = cx.sess.graph_execs.find(exec)) o->not_kept = "a node update the server could not follow";
+    if (!copy || set(copy) != CUDA_SUCCESS) not_kept(cx, exec, "a node update the server could not follow");
 }
 
 // The node an executable-graph call names: after a suspend, the node of the clone it was made from.
@@ -514,11 +518,10 @@ CUresult handle_graph_kernel_node_params(call_context& cx) {
     const auto& layout = f ? fe.layout : ke.layout;
     if ((!f && !k) || !layout)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "the node's kernel is not this session's");
-    std::vector<std::byte> params(layout->total());
-    if (p.kernelParams) {
-        for (size_t i = 0; i < layout->params.size(); ++i)
-            std::memcpy(params.data() + layout->params[i].first, p.kernelParams[i], layout->params[i].second);
-    } else if (p.extra) {  // {CU_LAUNCH_PARAM_BUFFER_POINTER, data, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, END}
+    std::vector<std::byte> params = p.kernelParams ? pack_kernel_params(*layout, p.kernelParams)
+                                                   : std::vector<std::byte>(layout->total());
+    if (!p.kernelParams &&
+        p.extra) {  // {CU_LAUNCH_PARAM_BUFFER_POINTER, data, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, END}
         const void* data = nullptr;
         size_t size = 0;
         for (size_t i = 0; i < 8 && p.extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
@@ -1215,10 +1218,7 @@ CUresult handle_exec_child_graph_params(call_context& cx) {
     CUgraph child;
     if (CUresult rc = cx.handle(2, handle_kind::graph, child); rc != CUDA_SUCCESS) return rc;
     CUresult rc = d.cuGraphExecChildGraphNodeSetParams(exec, exec_node(cx, cx.arg(0), node), child);
-    if (rc == CUDA_SUCCESS) {
-        std::lock_guard lock(cx.sess.mu);
-        if (auto* o = cx.sess.graph_execs.find(cx.arg(0))) o->not_kept = "cuGraphExecChildGraphNodeSetParams";
-    }
+    if (rc == CUDA_SUCCESS) not_kept(cx, cx.arg(0), "cuGraphExecChildGraphNodeSetParams");
     return rc;
 }
 
@@ -1233,11 +1233,8 @@ CUresult handle_node_set_enabled(call_context& cx) {
     if (CUresult rc = cx.handle(1, handle_kind::graph_node, node); rc != CUDA_SUCCESS) return rc;
     const auto enabled = cx.scalar<unsigned int>(2);
     CUresult rc = d.cuGraphNodeSetEnabled(exec, exec_node(cx, cx.arg(0), node), enabled);
-    if (rc == CUDA_SUCCESS && !enabled) {
-        std::lock_guard lock(cx.sess.mu);
-        if (auto* o = cx.sess.graph_execs.find(cx.arg(0)))
-            o->not_kept = "a node switched off (cuGraphNodeSetEnabled)";
-    }
+    if (rc == CUDA_SUCCESS && !enabled)
+        not_kept(cx, cx.arg(0), "a node switched off (cuGraphNodeSetEnabled)");
     return rc;
 }
 

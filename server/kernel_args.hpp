@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -16,9 +17,10 @@ namespace vcuda::server {
 // value.
 CUresult launch_dims(call_context& cx, size_t first, unsigned (&dims)[7]);
 
-// launch_dims' answer into a CUlaunchConfig or a CUDA_KERNEL_NODE_PARAMS (their fields have the same names).
-template <class P>
-void set_dims(P& p, const unsigned (&dims)[7]) {
+// launch_dims' answer (or seven saved values) into a CUlaunchConfig or a CUDA_KERNEL_NODE_PARAMS (their
+// fields have the same names).
+template <class P, class Dims>
+void set_dims(P& p, const Dims& dims) {
     p.gridDimX = dims[0];
     p.gridDimY = dims[1];
     p.gridDimZ = dims[2];
@@ -26,6 +28,16 @@ void set_dims(P& p, const unsigned (&dims)[7]) {
     p.blockDimY = dims[4];
     p.blockDimZ = dims[5];
     p.sharedMemBytes = dims[6];
+}
+
+// The driver's form of kernel parameters (one pointer per parameter) packed into one block at `layout`, the
+// form the client sends: what a kernel node reports, for the client or for a suspend
+// (server/graph_image.cpp).
+inline std::vector<std::byte> pack_kernel_params(const param_layout& layout, void* const* kernel_params) {
+    std::vector<std::byte> block(layout.total());
+    for (size_t i = 0; i < layout.params.size(); ++i)
+        std::memcpy(block.data() + layout.params[i].first, kernel_params[i], layout.params[i].second);
+    return block;
 }
 
 class kernel_args {

@@ -5,9 +5,8 @@
 // client learns where its session went from the next reply of each lane (Reply.moved_to) and joins it there.
 //
 // What does not move yet: what a suspend does not rebuild (pools, links in progress), and CUDA graphs (a
-// suspend rebuilds them in the same process). Shared pinned host memory moves only
-// to a server on the same host (its pages' memfds are passed over the Unix socket and mapped at the same
-// addresses there).
+// suspend rebuilds them in the same process). Shared pinned host memory moves only to a server on the same
+// host (its pages' memfds are passed over the Unix socket and mapped at the same addresses there).
 #include <sys/mman.h>
 #include <unistd.h>
 
