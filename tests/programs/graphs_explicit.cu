@@ -12,8 +12,10 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -233,7 +235,8 @@ struct add_args {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+    const int idle_ms = argc > 1 ? atoi(argv[1]) : 0;  // a pause before the end (a suspending server's tests)
     drv = load_driver();
     rng r(11);
     reference ref;
@@ -488,6 +491,8 @@ int main() {
     ref.launch(500, 3, 9, 11);
     CHECK(cudaStreamSynchronize(run_stream));
     expect_results("a second executable graph after changing a node, then the first", b, ref);
+    fflush(stdout);
+    if (idle_ms > 0) usleep(static_cast<useconds_t>(idle_ms) * 1000);
 
     DRV(drv.exec_destroy(exec));
     DRV(drv.exec_destroy(exec2));
