@@ -23,6 +23,7 @@ namespace {
 struct created {
     CUmemAllocationProp prop{};  // as the application gave it (client device ordinals)
     size_t size = 0;
+    unsigned refs = 1;  // cuMemCreate's (or the import's), and one per cuMemRetainAllocationHandle
 };
 
 std::mutex vmm_mu;
@@ -129,9 +130,32 @@ VCUDA_API cuMemRelease(CUmemGenericAllocationHandle handle) noexcept {
     plain_call c(op::vmm_release, "cuMemRelease");
     c.handle(reinterpret_cast<void*>(handle), handle_kind::mem_handle);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    c.forget(reinterpret_cast<void*>(handle), handle_kind::mem_handle);
     std::lock_guard lock(vmm_mu);
+    if (auto it = allocations().find(handle); it != allocations().end() && it->second.refs > 1) {
+        --it->second.refs;  // retained: the handle stays valid (the server counts alike)
+        return CUDA_SUCCESS;
+    }
+    c.forget(reinterpret_cast<void*>(handle), handle_kind::mem_handle);
     allocations().erase(handle);
+    return CUDA_SUCCESS;
+}
+
+// The handle of the physical allocation mapped at `addr`, one more reference to it. The session's server
+// answers from its tables (server/handlers_vmm.cpp); memory not mapped through the VMM API is refused with
+// CUDA_ERROR_INVALID_VALUE, as by the driver.
+VCUDA_API cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) noexcept {
+    VCUDA_TRACE_HOOK(cuMemRetainAllocationHandle, handle, addr);
+    VCUDA_REQUIRE_INIT();
+    if (!handle || !addr) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::vmm_retain, "cuMemRetainAllocationHandle");
+    c.arg(reinterpret_cast<uint64_t>(addr));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const uint64_t id = c.out<uint64_t>(0);
+    std::lock_guard lock(vmm_mu);
+    auto it = allocations().find(id);
+    if (it == allocations().end()) return CUDA_ERROR_UNKNOWN;  // the server's tables and ours disagree
+    ++it->second.refs;
+    *handle = id;
     return CUDA_SUCCESS;
 }
 

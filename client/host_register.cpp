@@ -1,23 +1,33 @@
 // cuMemHostRegister with CU_MEMHOSTREGISTER_DEVICEMAP over shared memory. The GPU can only reach pages the
-// server has registered with its driver, and the server can only register pages it maps itself: so the pages
-// holding the application's range are moved onto a memfd the server made (op host_alloc, as cuMemHostAlloc's
-// pinned memory): their contents are copied into it, then it is mapped over the same addresses (MAP_FIXED),
-// so the application's pointers stay valid and it sees the same bytes. Kernels then reach them through the
-// server's device pointer, and copies from and into them move no bytes over the socket.
+// server has registered with its driver, and the server can only register pages it maps itself. Two cases:
+// - Private memory (malloc, new, anonymous mmap, the heap): the pages holding the range are moved onto a
+// memfd
+//   the server made (op host_alloc, as cuMemHostAlloc's pinned memory): their contents are copied into it,
+//   then it is mapped over the same addresses (MAP_FIXED), so the application's pointers stay valid and it
+//   sees the same bytes.
+// - Pages of a file the application maps shared (NCCL's /dev/shm segments, memfds): nothing moves; the
+//   file's descriptor goes to the server (op host_register_file), which maps and registers the same pages,
+//   so other processes mapping the file see what kernels write.
+// Kernels then reach the pages through the server's device pointer, and copies from and into them move no
+// bytes over the socket.
 //
 // What this needs, and the limits (each refusal is CUDA_ERROR_NOT_SUPPORTED with the reason logged):
 // - a server on this host (Unix socket) with shared host memory on (VCUDA_SHARED_HOST);
-// - private anonymous memory (malloc, new, anonymous mmap, the heap), or pages an earlier registration moved:
-// a
-//   file's pages or shared memory would lose their file or their sharing; the caller's stack is refused too;
+// - private anonymous memory, pages an earlier registration moved, or one shared mapping of a file this
+//   process still holds open or can open by its name; private file mappings and the caller's stack are
+//   refused;
 // - whole pages move: bytes before and after the range on its first and last page move with it (same
-// contents);
-// - the application must not write the range from another thread while cuMemHostRegister runs (the copy would
-//   miss the write);
+//   contents);
+// - the application must not write a moved range from another thread while cuMemHostRegister runs (the copy
+//   would miss the write);
 // - after a fork the moved pages are shared with the child instead of copied on write.
 #include "client/host_register.hpp"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -39,56 +49,99 @@ namespace {
 constexpr uintptr_t page = 4096;
 
 struct segment {
-    uintptr_t lo, hi;
+    uintptr_t lo, hi;  // clipped to the range asked about
     int prot;
+    bool shared;            // MAP_SHARED
+    unsigned long offset;   // into its file, of `lo`
+    unsigned long inode;    // 0: anonymous
+    unsigned major, minor;  // the file's device
+    std::string path;
 };
 
-// The mappings covering [lo, hi), from /proc/self/maps, each clipped to the range; `why` says why they cannot
-// move (an empty `why` and false: a hole, the range is not all mapped).
-bool private_anonymous(uintptr_t lo, uintptr_t hi, std::vector<segment>& out, std::string& why) {
+// The mappings covering [lo, hi), from /proc/self/maps, each clipped to the range; false when the range is
+// not all mapped (a hole) or the maps cannot be read.
+bool mappings_of(uintptr_t lo, uintptr_t hi, std::vector<segment>& out) {
     FILE* f = std::fopen("/proc/self/maps", "re");
-    if (!f) {
-        why = "cannot read /proc/self/maps";
-        return false;
-    }
+    if (!f) return false;
     char line[4096];
     uintptr_t next = lo;
-    bool ok = true;
-    while (ok && next < hi && std::fgets(line, sizeof line, f)) {
+    while (next < hi && std::fgets(line, sizeof line, f)) {
         unsigned long a = 0, b = 0, offset = 0, inode = 0;
-        char perms[8] = {}, dev[32] = {};
+        unsigned major = 0, minor = 0;
+        char perms[8] = {};
         int consumed = 0;
-        if (std::sscanf(line, "%lx-%lx %7s %lx %31s %lu %n", &a, &b, perms, &offset, dev, &inode, &consumed) <
-            6)
+        if (std::sscanf(line, "%lx-%lx %7s %lx %x:%x %lu %n", &a, &b, perms, &offset, &major, &minor, &inode,
+                        &consumed) < 7)
             continue;
         if (b <= next || a >= hi) continue;
-        if (a > next) {  // a hole before this mapping
-            ok = false;
-            break;
-        }
+        if (a > next) break;  // a hole before this mapping
         std::string path(line + consumed);
         while (!path.empty() && (path.back() == '\n' || path.back() == ' ')) path.pop_back();
-        // Pages an earlier registration moved and unregistration left here (vcuda's own memfd) move again.
-        const bool ours_before = perms[3] == 's' && path.rfind("/memfd:vcuda-pinned", 0) == 0;
-        if (!ours_before && (perms[3] != 'p' || inode != 0 ||
-                             (!path.empty() && path != "[heap]" && path.rfind("[anon:", 0) != 0))) {
-            why = "the range is not private anonymous memory (" +
-                  (path.empty() ? std::string("shared") : path) + ")";
-            ok = false;
-            break;
-        }
-        int prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
-                   (perms[2] == 'x' ? PROT_EXEC : 0);
-        if (!(prot & PROT_READ)) {
-            why = "the range has pages that cannot be read";
-            ok = false;
-            break;
-        }
-        out.push_back({next, b < hi ? b : hi, prot});
-        next = b < hi ? b : hi;
+        const int prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
+                         (perms[2] == 'x' ? PROT_EXEC : 0);
+        const uintptr_t end = b < hi ? b : hi;
+        out.push_back({next, end, prot, perms[3] == 's', offset + (next - a), inode, major, minor, path});
+        next = end;
     }
     std::fclose(f);
-    return ok && next >= hi;
+    return next >= hi;
+}
+
+// Private anonymous memory (malloc, new, anonymous mmap, the heap), or pages an earlier registration moved
+// (vcuda's own memfd): pages that can move onto a memfd of the server's. `why` says why not.
+bool movable(const std::vector<segment>& segments, std::string& why) {
+    for (auto& seg : segments) {
+        const bool ours_before = seg.shared && seg.path.rfind("/memfd:vcuda-pinned", 0) == 0;
+        if (!ours_before &&
+            (seg.shared || seg.inode != 0 ||
+             (!seg.path.empty() && seg.path != "[heap]" && seg.path.rfind("[anon:", 0) != 0))) {
+            why = "the range is not private anonymous memory (" +
+                  (seg.path.empty() ? std::string("shared") : seg.path) + ")";
+            return false;
+        }
+        if (!(seg.prot & PROT_READ)) {
+            why = "the range has pages that cannot be read";
+            return false;
+        }
+    }
+    return true;
+}
+
+// A descriptor of the file a shared file mapping shows, opened read-write (the caller closes it), or -1. The
+// application's own descriptors are looked at first: NCCL unlinks a segment's name before registering it, but
+// keeps it open. Then the path, when the file still has it.
+int open_mapped_file(const segment& seg) {
+    const dev_t dev = makedev(seg.major, seg.minor);
+    auto same = [&](int fd) {
+        struct stat st {};
+        return ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == dev && st.st_ino == seg.inode;
+    };
+    if (DIR* dir = ::opendir("/proc/self/fd")) {
+        const int skip = ::dirfd(dir);
+        int found = -1;
+        while (dirent* e = ::readdir(dir)) {
+            char* end = nullptr;
+            const long fd = std::strtol(e->d_name, &end, 10);
+            if (end == e->d_name || *end || fd == skip || !same(static_cast<int>(fd))) continue;
+            // Its own descriptor, read-write (the one the application has may be read-only).
+            const std::string self = "/proc/self/fd/" + std::string(e->d_name);
+            found = ::open(self.c_str(), O_RDWR | O_CLOEXEC);
+            if (found >= 0 && !same(found)) {
+                ::close(found);
+                found = -1;
+            }
+            if (found >= 0) break;
+        }
+        ::closedir(dir);
+        if (found >= 0) return found;
+    }
+    if (seg.path.empty() || seg.path[0] != '/') return -1;
+    int fd = ::open(seg.path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd >= 0 && !same(fd)) {  // the name now names another file
+        ::close(fd);
+        fd = -1;
+    }
+    return fd;
 }
 
 bool sharing_enabled() {  // as client/api_memory.cpp: VCUDA_SHARED_HOST=0 turns shared host memory off
@@ -99,6 +152,31 @@ bool sharing_enabled() {  // as client/api_memory.cpp: VCUDA_SHARED_HOST=0 turns
 CUresult refuse(const std::string& why) {
     std::string what = "cuMemHostRegister with CU_MEMHOSTREGISTER_DEVICEMAP (" + why + ")";
     return static_cast<CUresult>(unsupported(what.c_str()));
+}
+
+// Pages of a file the application maps shared (NCCL's /dev/shm segments, a memfd): nothing moves. The server
+// maps the same file and registers its own mapping (op host_register_file), so kernels write the very pages
+// this process, and any other that maps the file, reads.
+CUresult share_file_range(const segment& seg, uintptr_t a, size_t size, session& s, host_allocation& r) {
+    if (!(seg.prot & PROT_READ)) return refuse("the range has pages that cannot be read");
+    const int fd = open_mapped_file(seg);
+    if (fd < 0)
+        return refuse("the range maps a shared file (" + seg.path +
+                      ") that this process no longer holds open and that has no name to open it by");
+    const uintptr_t lo = seg.lo;
+    call_reply rp;
+    CUresult rc = remote(op::host_register_file, {seg.offset, seg.hi - seg.lo}, mode::sync, &rp, {}, {}, fd);
+    ::close(fd);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (rp.outs.size() != 2) return CUDA_ERROR_UNKNOWN;
+    r.server_addr = rp.outs[0] + (a - lo);
+    r.device_ptr = rp.outs[1] + (a - lo);
+    r.owner = &s;
+    VCUDA_LOG_DEBUG(
+        "cuMemHostRegister: {:#x}+{} of the shared file {} registered by the server (device pointer "
+        "{:#x})",
+        a, size, seg.path, r.device_ptr);
+    return CUDA_SUCCESS;
 }
 
 }  // namespace
@@ -117,12 +195,13 @@ CUresult share_registered_range(void* p, size_t size, host_allocation& r) {
     const size_t len = hi - lo;
 
     std::vector<segment> segments;
+    if (!mappings_of(lo, hi, segments))
+        return CUDA_ERROR_INVALID_VALUE;  // not all mapped: the driver refuses it the same way
+    if (segments.size() == 1 && segments[0].shared && segments[0].inode != 0 &&
+        segments[0].path.rfind("/memfd:vcuda-pinned", 0) != 0)
+        return share_file_range(segments[0], a, size, s, r);
     std::string why;
-    if (!private_anonymous(lo, hi, segments, why)) {
-        if (why.empty())
-            return CUDA_ERROR_INVALID_VALUE;  // not all mapped: the driver refuses it the same way
-        return refuse(why);
-    }
+    if (!movable(segments, why)) return refuse(why);
     // Thread stacks: the pages the caller runs on cannot move under it.
     int here = 0;
     const auto sp = reinterpret_cast<uintptr_t>(&here);

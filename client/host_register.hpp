@@ -9,11 +9,12 @@
 
 namespace vcuda::client {
 
-// Moves the pages holding [p, p+size) onto pinned pages shared with the current device's server (a memfd the
-// server registers with its driver, as for cuMemHostAlloc), keeping their addresses and contents, and fills
-// r's server address and device pointer. CUDA_ERROR_NOT_SUPPORTED (logged with the reason) when the server is
-// on another host, sharing is off, or the range is not private anonymous memory (a file's pages, shared
-// memory).
+// Makes the pages holding [p, p+size) reachable by the current device's server's GPU: private memory moves
+// onto pinned pages shared with the server (a memfd the server registers with its driver, as for
+// cuMemHostAlloc), keeping its addresses and contents; a shared mapping of a file is mapped and registered by
+// the server itself. Fills r's server address and device pointer. CUDA_ERROR_NOT_SUPPORTED (logged with the
+// reason) when the server is on another host, sharing is off, or the range is neither
+// (client/host_register.cpp).
 CUresult share_registered_range(void* p, size_t size, host_allocation& r);
 
 // At cuMemHostUnregister of a range share_registered_range moved: the server lets the pages go; they stay

@@ -147,7 +147,7 @@ void lane::writer_loop() {
     }
 }
 
-bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
+bool lane::send(const outgoing_frame& f, bool wait_for_reply, int pass_fd) {
     std::byte header[frame_header_size];
     frame_header h = f.header;
     h.meta_len = static_cast<uint32_t>(f.meta.size());
@@ -162,7 +162,7 @@ bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
         unacked_.insert(unacked_.end(), f.payload.begin(), f.payload.end());
     }
     if (getpid() != owner_pid_) {  // forked child: the writer thread stayed in the parent
-        auto r = fs_.raw().write_all(iov);
+        auto r = fs_.raw().write_all(iov, never, pass_fd);
         if (!r) failure_ = r.error();
         return r.has_value();
     }
@@ -177,7 +177,7 @@ bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
         lock.unlock();
         iovec all[4] = {{queued.data(), queued.size()}, iov[0], iov[1], iov[2]};
         const size_t skip = queued.empty() ? 1 : 0;
-        auto r = fs_.raw().write_all(std::span<iovec>(all + skip, 4 - skip));
+        auto r = fs_.raw().write_all(std::span<iovec>(all + skip, 4 - skip), never, pass_fd);
         lock.lock();
         writing_ = false;
         if (queue_.empty()) {  // keep the queue's capacity
@@ -196,6 +196,11 @@ bool lane::send(const outgoing_frame& f, bool wait_for_reply) {
     // would otherwise wait for the writer to wake). On shared-memory rings a write is a copy into the ring,
     // cheaper than waking the writer, so every frame goes out from here while the link is idle.
     if (!writing_ && (wait_for_reply || fs_.raw().has_rings())) return write_here();
+    if (pass_fd >= 0) {  // a descriptor goes with bytes written from here, never through the writer's queue
+        cv_.wait(lock, [&] { return !writing_; });
+        if (failed_) return false;
+        return write_here();
+    }
     if (f.payload.size() <= direct_payload) {
         queue_.insert(queue_.end(), header, header + frame_header_size);
         queue_.insert(queue_.end(), f.meta.begin(), f.meta.end());
@@ -337,7 +342,7 @@ int lane::call_held(const call_request& rq, call_reply& rp) {
         c.sync_by_op[static_cast<uint32_t>(rq.operation) % op_id_limit].fetch_add(1,
                                                                                   std::memory_order_relaxed);
     const outgoing_frame f = build(rq, false);
-    if (!send(f, true)) return lost(failure_);
+    if (!send(f, true, rq.pass_fd)) return lost(failure_);
     if (rq.after_send) (*rq.after_send)();
     payload_sink sink;
     if (rp.payload_dst) {

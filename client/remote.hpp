@@ -44,6 +44,9 @@ struct call_request {
     // Its bytes travel on the session's bulk connections (striped copies): if the session moves to another
     // server meanwhile, the call answers moved_retry_result instead of being sent there again.
     bool uses_bulk = false;
+    // A file descriptor that travels with the call (Unix sockets; synchronous calls only); the caller keeps
+    // and closes its own.
+    int pass_fd = -1;
 };
 
 struct call_reply {
@@ -103,7 +106,7 @@ class lane {
     // out posted frames it ran already (their sequence is within the progress it was sent).
     bool follow(const std::string& to, uint64_t ran_through, const outgoing_frame* again, bool others = true);
     // Queues the frame (or writes it directly when its payload is large). False when the link is gone.
-    bool send(const outgoing_frame& f, bool wait_for_reply);
+    bool send(const outgoing_frame& f, bool wait_for_reply, int pass_fd = -1);
     void writer_loop();
 
     static constexpr size_t direct_payload = 64u << 10;

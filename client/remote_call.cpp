@@ -10,7 +10,8 @@ int current_server_device() {
 }
 
 CUresult remote(op o, std::initializer_list<uint64_t> args, mode m, call_reply* reply,
-                std::span<const std::byte> payload, std::initializer_list<std::span<const std::byte>> blobs) {
+                std::span<const std::byte> payload, std::initializer_list<std::span<const std::byte>> blobs,
+                int pass_fd) {
     VCUDA_REQUIRE_INIT();
     lane* l = state::get().remote().this_thread_lane();
     if (!l) return static_cast<CUresult>(connection_lost_result);
@@ -20,6 +21,7 @@ CUresult remote(op o, std::initializer_list<uint64_t> args, mode m, call_reply* 
     rq.args = {args.begin(), args.size()};
     rq.blobs = {blobs.begin(), blobs.size()};
     rq.payload = payload;
+    rq.pass_fd = pass_fd;
     if (m == mode::post) return static_cast<CUresult>(l->post(rq));
     call_reply local;
     return static_cast<CUresult>(l->call(rq, reply ? *reply : local));

@@ -5,7 +5,11 @@
 // Only over a Unix socket: a client on another host has no way to share the pages.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "common/log.hpp"
 #include "server/call_context.hpp"
@@ -76,6 +80,67 @@ CUresult handle_host_alloc(call_context& cx) {
         cx.sess.host.add(reinterpret_cast<uintptr_t>(p), size, ::fcntl(fd, F_DUPFD_CLOEXEC, 0));
     }
     cx.reply_fd = fd;
+    cx.out(reinterpret_cast<uint64_t>(p));
+    cx.out(static_cast<uint64_t>(dptr));
+    return CUDA_SUCCESS;
+}
+
+// args {file offset, bytes}, both whole pages; the client's descriptor of the file travels with the call.
+// Out {server address, device pointer}. Pages of a file the client maps shared (NCCL's /dev/shm segments,
+// memfds: client/host_register.cpp): mapped here too and registered, so kernels reach the very pages the
+// client, and every other process mapping the file, sees. Charged to the host quota as pinned memory.
+CUresult handle_host_register_file(call_context& cx) {
+    const int fd = cx.lane.stream->raw().take_fd();  // first: a refused call must not leave it queued
+    auto close_fd = [fd] {
+        if (fd >= 0) ::close(fd);
+    };
+    if (!cx.expect_args(2) || fd < 0) {
+        close_fd();
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "a file registration needs its offset, size and descriptor");
+    }
+    const uint64_t offset = cx.arg(0), size = cx.arg(1);
+    struct stat st {};
+    // The file's last page may be partly past its end (NCCL's segments are not whole pages): it maps whole.
+    const auto pages = [](uint64_t n) { return (n + 4095) & ~uint64_t{4095}; };
+    if (size == 0 || size > (uint64_t{1} << 40) || offset % 4096 || size % 4096 || ::fstat(fd, &st) != 0 ||
+        !S_ISREG(st.st_mode) || offset > pages(static_cast<uint64_t>(st.st_size)) ||
+        size > pages(static_cast<uint64_t>(st.st_size)) - offset) {
+        close_fd();
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not whole pages of a regular file the client mapped");
+    }
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (!cx.sess.host.reserve(size, cx.sess.host_quota())) {
+            close_fd();
+            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "registering " + std::to_string(size) +
+                                                         " bytes of a shared file exceeds the session's host "
+                                                         "memory quota");
+        }
+    }
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
+    close_fd();  // the mapping keeps the file
+    auto undo = [&](CUresult rc, const std::string& why) {
+        if (p != MAP_FAILED) ::munmap(p, size);
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.host.unreserve(size);
+        return why.empty() ? rc : cx.fail(rc, why);
+    };
+    if (p == MAP_FAILED)
+        return undo(CUDA_ERROR_INVALID_VALUE,
+                    std::string("cannot map the client's file: ") + std::strerror(errno));
+    auto& d = cx.drv();
+    relaxed_capture_scope relaxed(d);  // as NCCL registers its segments: an application capture goes on
+    CUresult rc = d.cuMemHostRegister_v2(p, size, host_regions::register_flags);
+    CUdeviceptr dptr = 0;
+    if (rc == CUDA_SUCCESS) rc = d.cuMemHostGetDevicePointer_v2(&dptr, p, 0);
+    if (rc != CUDA_SUCCESS) {
+        d.cuMemHostUnregister(p);
+        return undo(rc, "");
+    }
+    {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.host.add_file(reinterpret_cast<uintptr_t>(p), size);
+    }
     cx.out(reinterpret_cast<uint64_t>(p));
     cx.out(static_cast<uint64_t>(dptr));
     return CUDA_SUCCESS;

@@ -125,6 +125,10 @@ CUresult handle_vmm_release(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
     void* raw = nullptr;
     if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::mem_handle, raw); rc != CUDA_SUCCESS) return rc;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        if (cx.sess.vmm.drop_reference(cx.arg(0))) return CUDA_SUCCESS;  // retained: the handle lives on
+    }
     CUresult rc = cx.drv().cuMemRelease(reinterpret_cast<CUmemGenericAllocationHandle>(raw));
     if (rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
@@ -137,6 +141,27 @@ CUresult handle_vmm_release(call_context& cx) {
             for (const auto& t : it->second) cx.sess.ipc()->withdraw(t, cx.sess.id());
         cx.sess.ipc_state.allocation_exports.erase(it);
     }
+    return CUDA_SUCCESS;
+}
+
+// args {address}. Out {mem_handle}: the session's handle of the physical allocation mapped at the address,
+// with one more reference (cuMemRelease drops it; NCCL retains before each free). Kept by the session, not
+// the driver, whose handle is released at the last reference. Memory the application did not map through the
+// VMM API (cuMemAlloc's) answers CUDA_ERROR_INVALID_VALUE, as the driver does; callers fall back to legacy
+// IPC.
+CUresult handle_vmm_retain(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    std::lock_guard lock(cx.sess.mu);
+    bool released = false;
+    const uint64_t id = cx.sess.vmm.retain_at(cx.arg(0), released);
+    if (released)
+        return cx.fail(CUDA_ERROR_NOT_SUPPORTED,
+                       "cuMemRetainAllocationHandle of memory whose handle the application released already "
+                       "(vcuda gives a handle back only while the application holds one)");
+    if (!id)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE,
+                       "no mapping of the VMM API of this session holds the address");
+    cx.out(id);
     return CUDA_SUCCESS;
 }
 

@@ -51,6 +51,7 @@ struct session_image {
         size_t device = 0;
         CUmemAllocationProp prop{};
         bool released = false;  // cuMemRelease'd while mapped: goes again at its last unmap
+        unsigned refs = 1;      // the application's references to its handle (vmm_tables::allocation)
         device_memory::saved_mapping::bytes_type bytes{nullptr, device_memory::unmap_bytes{0}};
     };
     struct vmm_access_state {

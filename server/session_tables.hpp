@@ -225,7 +225,8 @@ class host_regions {
     struct region {
         size_t size = 0;
         std::shared_ptr<copy_mark> last_copy;  // made at the first marked copy
-        int fd = -1;  // the pages' memfd, kept so that a moved session can hand them to the next server
+        int fd = -1;        // the pages' memfd, kept so that a moved session can hand them to the next server
+        bool file = false;  // pages of the application's own shared file, mapped here (no fd kept)
     };
     host_regions() = default;
     host_regions(const host_regions&) = delete;
@@ -248,6 +249,8 @@ class host_regions {
     void credit_later(uint64_t size) { credit_.fetch_add(size); }
     // A region of reserved bytes, at the server's address `addr`, its pages in `fd` (owned from now on).
     void add(uintptr_t addr, size_t size, int fd) { regions_[addr] = {size, nullptr, fd}; }
+    // A region of reserved bytes that maps pages of the client's own shared file (handle_host_register_file).
+    void add_file(uintptr_t addr, size_t size) { regions_[addr] = {size, nullptr, -1, true}; }
     // Forgets the region at `addr` and its bytes; its size, or nothing when there is no region there.
     std::optional<size_t> remove(uintptr_t addr) {
         auto it = regions_.find(addr);
@@ -413,6 +416,9 @@ class vmm_tables {
         bool released = false;  // cuMemRelease'd while mapped: the driver frees it at the last unmap
         bool foreign = false;   // imported from another session's shareable handle: charged there, not here
         CUmemAllocationProp prop{};  // as made (real device): a suspended session's is made again from it
+        // The application's references to its handle: cuMemCreate's (or the import's), and one per
+        // cuMemRetainAllocationHandle. The driver's handle is released at the last cuMemRelease only.
+        unsigned refs = 1;
     };
     struct mapping {
         size_t size = 0;
@@ -474,6 +480,33 @@ class vmm_tables {
         allocation a = it->second;
         allocations_.erase(it);
         return a;
+    }
+
+    // cuMemRelease of `id` while cuMemRetainAllocationHandle gave it out more than once: one reference goes,
+    // the handle stays (true). False at its last reference (release() follows).
+    bool drop_reference(uint64_t id) {
+        auto it = allocations_.find(id);
+        if (it == allocations_.end() || it->second.refs <= 1) return false;
+        --it->second.refs;
+        return true;
+    }
+    // cuMemRetainAllocationHandle of `va`: the mem_handle id of the allocation mapped there, with one more
+    // reference; 0 when no mapping of the session holds va, or (`released` set) when its allocation's handle
+    // was released already, so that the session has no handle of it to give.
+    uint64_t retain_at(CUdeviceptr va, bool& released) {
+        released = false;
+        auto m = mapped_.upper_bound(va);
+        if (m == mapped_.begin()) return 0;
+        --m;
+        if (va - m->first >= m->second.size) return 0;
+        auto a = allocations_.find(m->second.handle);
+        if (a == allocations_.end()) return 0;
+        if (a->second.released) {
+            released = true;
+            return 0;
+        }
+        ++a->second.refs;
+        return m->second.handle;
     }
 
     void add_mapping(CUdeviceptr va, size_t size, uint64_t id, size_t offset) {

@@ -139,7 +139,10 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
         }
         for (auto& [addr, r] : host.regions_)
             if (r.fd < 0 && rc == CUDA_SUCCESS) {
-                why = "a shared pinned host region lost its pages' descriptor";
+                why = r.file
+                          ? "the client registered pages of a shared file of its own (e.g. NCCL's /dev/shm "
+                            "segments), which a move does not carry yet (a suspend keeps them)"
+                          : "a shared pinned host region lost its pages' descriptor";
                 rc = CUDA_ERROR_NOT_SUPPORTED;
             }
         // A suspend makes graphs again in the same process; a move does not carry them yet.
@@ -456,7 +459,7 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         if (prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE) prop.location.id = static_cast<int>(a.device);
         vmm_allocations.push_back(wire::CreateMovedVmmAllocation(
             b, a.id, a.size, static_cast<uint32_t>(a.device),
-            b.CreateVector(reinterpret_cast<const uint8_t*>(&prop), sizeof prop), a.released));
+            b.CreateVector(reinterpret_cast<const uint8_t*>(&prop), sizeof prop), a.released, a.refs));
     }
     std::vector<flatbuffers::Offset<wire::MovedVmmAccess>> vmm_access;
     for (auto& x : img.vmm_access) {

@@ -10,6 +10,7 @@
 // A move (server/session_transfer.cpp) sends the same: the bookkeeping and the allocations' contents; the
 // target claims the reservations at the same addresses (they are in the address window, which every server
 // reserves at one address) and rebuilds as after a suspend.
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -79,6 +80,7 @@ CUresult session::save_vmm(session_image& img, std::string& why) {
         st.device = a.device;
         st.prop = a.prop;
         st.released = a.released;
+        st.refs = a.refs;
         st.bytes = host_pages(a.size);
         CUresult rc = st.bytes ? copy_physical(d, h, a.size, devices_[a.device].device, st.bytes.get(), false)
                                : CUDA_ERROR_OUT_OF_MEMORY;
@@ -217,6 +219,7 @@ CUresult session::take_moved_vmm(const wire::SessionState& st, session_image& im
             }
             vmm.add_allocation(a->id(), a->size(), device, false, prop);
             vmm.allocations_[a->id()].released = a->released();
+            vmm.allocations_[a->id()].refs = std::max(1u, a->refs());
             session_image::vmm_allocation_state s;
             s.id = a->id();
             s.size = a->size();

@@ -7,7 +7,12 @@
 // cudaHostRegister(Mapped) answers cudaErrorNotSupported, which the program reports as its one line and stops
 // with exit code 3 (see tests/programs/CMakeLists.txt).
 #include <cuda_runtime.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <cstdlib>
 #include <cstring>
@@ -69,8 +74,84 @@ int unmapped_launch() {
     return pass();
 }
 
+// `host_register shared-file`: pages of a file in /dev/shm mapped MAP_SHARED by two processes, each
+// registering its own mapping mapped, as NCCL's shared-memory transport does. The parent closes its
+// descriptor before registering (the file still has its name); the child unlinks the name first and keeps its
+// descriptor open (NCCL's attaching side). A kernel of each writes through its own device pointer: the other
+// process sees the bytes. Through vcuda each process is a session of its own; over TCP the registration
+// answers cudaErrorNotSupported (exit 3), as for the main case. The file's length is not whole pages (NCCL's
+// segments end with a 4-byte reference count).
+int shared_file() {
+    const int n = 50000;
+    const size_t bytes = n * sizeof(unsigned) + 4;
+    char path[] = "/dev/shm/vcuda-hr-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) fail("creating %s", path);
+    int to_child[2], to_parent[2];
+    if (pipe(to_child) != 0 || pipe(to_parent) != 0) fail("pipe");
+    const pid_t child = fork();  // before any CUDA call: each process starts its own
+    if (child < 0) fail("fork");
+    char token = 0;
+    if (child == 0) {
+        if (read(to_child[0], &token, 1) != 1) _exit(1);
+        const int cfd = open(path, O_RDWR);
+        if (cfd < 0) fail("child: open");
+        auto* view = static_cast<unsigned*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, cfd, 0));
+        if (view == MAP_FAILED) fail("child: mmap");
+        unlink(path);
+        cudaError_t e = cudaHostRegister(view, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+        if (e == cudaErrorNotSupported) _exit(3);
+        CHECK(e);
+        unsigned* d_view = nullptr;
+        CHECK(cudaHostGetDevicePointer(&d_view, view, 0));
+        hr_times3_plus<<<(n + 255) / 256, 256>>>(d_view, d_view, n, 2);
+        CHECK(cudaGetLastError());
+        CHECK(cudaDeviceSynchronize());
+        for (int i = 0; i < n; ++i)
+            if (view[i] != (static_cast<unsigned>(i) * 3u + 1u) * 3u + 2u)
+                fail("child: view[%d] = %u", i, view[i]);
+        CHECK(cudaHostUnregister(view));
+        munmap(view, bytes);
+        close(cfd);
+        if (write(to_parent[1], "d", 1) != 1) _exit(1);
+        _exit(0);
+    }
+    auto* view = static_cast<unsigned*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    if (view == MAP_FAILED) fail("mmap");
+    close(fd);
+    for (int i = 0; i < n; ++i) view[i] = static_cast<unsigned>(i);
+    CHECK(cudaFree(nullptr));
+    cudaError_t e = cudaHostRegister(view, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+    if (e == cudaErrorNotSupported) {
+        std::printf("mapped registered host memory not supported here: %s\n", cudaGetErrorName(e));
+        kill(child, SIGKILL);
+        waitpid(child, nullptr, 0);
+        unlink(path);
+        return 3;
+    }
+    CHECK(e);
+    unsigned* d_view = nullptr;
+    CHECK(cudaHostGetDevicePointer(&d_view, view, 0));
+    hr_times3_plus<<<(n + 255) / 256, 256>>>(d_view, d_view, n, 1);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    std::printf("parent's kernel wrote the shared file through its device pointer\n");
+    if (write(to_child[1], "g", 1) != 1) fail("pipe write");
+    int status = 0;
+    if (read(to_parent[0], &token, 1) != 1 || waitpid(child, &status, 0) != child || !WIFEXITED(status) ||
+        WEXITSTATUS(status) != 0)
+        fail("the child failed (status %d)", status);
+    for (int i = 0; i < n; ++i)
+        if (view[i] != (static_cast<unsigned>(i) * 3u + 1u) * 3u + 2u) fail("view[%d] = %u", i, view[i]);
+    std::printf("the child's kernel wrote the same pages through its own registration: ok\n");
+    CHECK(cudaHostUnregister(view));
+    munmap(view, bytes);
+    return pass();
+}
+
 int main(int argc, char** argv) {
     if (argc > 1 && std::strcmp(argv[1], "unmapped-launch") == 0) return unmapped_launch();
+    if (argc > 1 && std::strcmp(argv[1], "shared-file") == 0) return shared_file();
     const int n = 100000;  // not a whole number of pages: the ranges end inside a page
     const size_t bytes = n * sizeof(unsigned);
     // Plain heap memory, as applications register it (the input one word into its allocation).

@@ -102,6 +102,28 @@ int main(int argc, char** argv) {
         if (second[k] != 0x2000u) fail("two-chunk mapping word %zu = %#x", k, second[k]);
     std::printf("contents intact: the chunks (one released while mapped) and a two-chunk allocation\n");
 
+    // cuMemRetainAllocationHandle, as NCCL frees its buffers: the handle of the allocation mapped at an
+    // address inside it, one more reference; released once, the allocation and its mapping stay. Memory that
+    // cuMemAlloc gave is not the application's VMM allocation: refused.
+    CUmemGenericAllocationHandle retained = 0;
+    CU_CHECK(cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(half + gran + 8)));
+    std::printf("retained handle: %s\n", retained == pair ? "the one created" : "another");
+    CU_CHECK(cuMemRelease(retained));
+    CU_CHECK(cuMemGetAllocationPropertiesFromHandle(&back, pair));
+    CU_CHECK(cuMemsetD32(half + gran, 0x3000u, words));
+    CU_CHECK(cuMemcpyDtoH(second.data(), half, 2 * gran));
+    for (size_t k = 0; k < second.size(); ++k)
+        if (second[k] != (k < words ? 0x2000u : 0x3000u)) fail("after a retain and release: word %zu", k);
+    CUdeviceptr plain = 0;
+    CU_CHECK(cuMemAlloc(&plain, 1 << 20));
+    CUmemGenericAllocationHandle none = 0;
+    std::printf("retain of cuMemAlloc memory: %s\n",
+                cuMemRetainAllocationHandle(&none, reinterpret_cast<void*>(plain)) == CUDA_SUCCESS
+                    ? "accepted"
+                    : "refused");
+    CU_CHECK(cuMemFree(plain));
+    std::printf("retained and released once: the allocation stays mapped and usable\n");
+
     // Refusals leave everything as it was.
     CUdeviceptr outside = base + reserve + (size_t(1) << 30);
     CUresult r = cuMemMap(outside, gran, 0, h[0], 0);
