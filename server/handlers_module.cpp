@@ -1,4 +1,5 @@
 // Hand-written ops for modules, libraries, kernels, functions and launches.
+#include <algorithm>
 #include <cstring>
 
 #include "common/log.hpp"
@@ -13,7 +14,9 @@ namespace vcuda::server {
 namespace {
 
 constexpr size_t max_name = 4096;
-constexpr size_t max_image_parts = 64;
+// A fatbin wrapper of version 2 lists the fatbins of relocatable device code, one per source file linked:
+// NCCL 2.28's holds hundreds. A bound on the arguments only (the bytes are bounded by the payload).
+constexpr size_t max_image_parts = 16384;
 constexpr size_t max_cached_image_bytes = size_t{1} << 30;  // per session
 
 // A symbol name from blob 0: non-empty, bounded, no NUL inside.
@@ -102,6 +105,40 @@ void out_layout(call_context& cx, const param_layout& l) {
     }
 }
 
+// What an image the driver refused holds, for the log: each part's kind and size and, for a fatbin, its
+// entries (kind 1 PTX, 2 ELF; the architecture; flags, where compression shows).
+std::string image_summary(uint64_t format, const image_cache::parts& parts) {
+    std::string out = "format " + std::to_string(format);
+    for (auto& part : parts) {
+        const auto* b = reinterpret_cast<const unsigned char*>(part.data());
+        const size_t n = part.size() * 8;
+        uint32_t magic = 0;
+        std::memcpy(&magic, b, sizeof magic);
+        out += "; part of " + std::to_string(n) + " bytes, magic " + std::to_string(magic);
+        if (magic != 0xBA55ED50u || n < 16) continue;
+        uint16_t header = 0;
+        uint64_t files = 0;
+        std::memcpy(&header, b + 6, 2);
+        std::memcpy(&files, b + 8, 8);
+        out += ", fatbin entries:";
+        for (size_t off = header, k = 0; off + 64 <= n && off < header + files && k < 64; ++k) {
+            uint16_t kind = 0;
+            uint32_t entry_header = 0, arch = 0;
+            uint64_t size = 0, flags = 0;
+            std::memcpy(&kind, b + off, 2);
+            std::memcpy(&entry_header, b + off + 4, 4);
+            std::memcpy(&size, b + off + 8, 8);
+            std::memcpy(&arch, b + off + 28, 4);
+            std::memcpy(&flags, b + off + 40, 8);
+            out += " " + std::to_string(kind) + "/sm" + std::to_string(arch) + "/" + std::to_string(size) +
+                   "/f" + std::to_string(flags);
+            if (entry_header == 0) break;
+            off += entry_header + size;
+        }
+    }
+    return out;
+}
+
 }  // namespace
 
 // args {target (0 module, 1 library), format (0 raw, 1 wrapper v1, 2 wrapper v2), hash, nparts, sizes...};
@@ -109,9 +146,13 @@ void out_layout(call_context& cx, const param_layout& l) {
 CUresult handle_module_load(call_context& cx) {
     if (cx.arg_count() < 4) return cx.bad_arguments();
     uint64_t target = cx.arg(0), format = cx.arg(1), hash = cx.arg(2), nparts = cx.arg(3);
-    if (target > 1 || format > 2 || nparts == 0 || nparts > max_image_parts || cx.arg_count() != 4 + nparts ||
+    if (target > 1 || format > 2 || nparts == 0 || cx.arg_count() != 4 + nparts ||
         (format != 2 && nparts != 1))
         return cx.bad_arguments();
+    if (nparts > max_image_parts)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "an image of " + std::to_string(nparts) +
+                                                     " parts (at most " + std::to_string(max_image_parts) +
+                                                     ")");
     auto payload = cx.payload();
     std::shared_ptr<const image_cache::parts> parts;
     {
@@ -168,7 +209,12 @@ CUresult handle_module_load(call_context& cx) {
         std::lock_guard lock(cx.sess.mu);
         cx.sess.origins.add(cx.outs.back(), std::move(o));
     }
-    if (rc != CUDA_SUCCESS) cx.out(uint64_t{0});
+    if (rc != CUDA_SUCCESS) {
+        cx.out(uint64_t{0});
+        VCUDA_LOG_WARN("session {}: the driver refused to load a {} with error {} ({}; JIT options: {})",
+                       cx.sess.id(), target == 1 ? "library" : "module", static_cast<int>(rc),
+                       image_summary(format, *parts), jit.count());
+    }
     if (cx.blob_count() > 0) jit.answer(cx);
     return rc;
 }
@@ -420,15 +466,17 @@ CUresult kernel_args::set(call_context& cx, std::span<const std::byte> block, ui
                           const handle_entry& e) {
     if (form > 1) return cx.bad_arguments();
     form_ = form;
-    // Parameters copied into 8-byte-aligned storage; kernelParams point into it at the server's own layout.
-    const size_t words = (block.size() + 7) / 8 + 1;
+    if (!e.layout) return refuse_launch(cx, "the kernel's parameter layout is unknown");
+    const size_t need = e.layout->total();
+    // Parameters copied into 8-byte-aligned storage, zero-filled up to the kernel's whole parameter space;
+    // kernelParams point into it at the server's own layout.
+    const size_t words = (std::max(block.size(), need) + 7) / 8 + 1;
     uint64_t* storage = small_storage_;
     if (words > small_words) {
         big_storage_.resize(words);
         storage = big_storage_.data();
     }
-    storage[words - 1] = 0;
-    if (words >= 2) storage[words - 2] = 0;  // the bytes after the last parameter
+    std::memset(storage, 0, words * 8);
     std::memcpy(storage, block.data(), block.size());
     auto* base = reinterpret_cast<char*>(storage);
     // Pointers into module globals the driver placed elsewhere since the application learnt their address.
@@ -444,17 +492,12 @@ CUresult kernel_args::set(call_context& cx, std::span<const std::byte> block, ui
     extra_[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
     extra_[3] = &size_;
     extra_[4] = CU_LAUNCH_PARAM_END;
-    // The driver reads the kernel's parameters at its own layout: from the `extra` buffer up to the end of
-    // the last one, through one kernelParams pointer per parameter. A block that does not cover them would
-    // have it read past what the client sent, so the launch is refused before the driver sees it.
-    if (!e.layout) return refuse_launch(cx, "the kernel's parameter layout is unknown");
-    const size_t need = e.layout->total();
-    if (form == 1) {
-        if (block.size() < need)
-            return refuse_launch(cx, "the extra buffer holds " + std::to_string(block.size()) +
-                                         " bytes, the kernel's parameters " + std::to_string(need));
-        return CUDA_SUCCESS;
-    }
+    // The driver reads the kernel's parameters at its own layout, through one kernelParams pointer per
+    // parameter: a block that does not cover them exactly is refused before the driver sees it. An `extra`
+    // buffer may be shorter than the parameter space, as natively (NCCL passes the bytes of its work that it
+    // uses of a 4 KiB parameter): the driver takes the bytes the buffer's size names, and whatever it might
+    // read beyond them is the zeroed storage above, never memory past what the client sent.
+    if (form == 1) return CUDA_SUCCESS;
     if (block.size() != need)
         return refuse_launch(cx, "the parameter block holds " + std::to_string(block.size()) +
                                      " bytes, the kernel's " + std::to_string(e.layout->params.size()) +

@@ -337,12 +337,13 @@ CUresult launch_work(state& s, work& w, const launch_request& q, const context_o
         }
         std::vector<size_t> offsets = param_offsets(*k);
         const size_t needed = count == 0 ? 0 : offsets.back() + k->param_sizes.back();
-        if (needed > 0 && (data == nullptr || size == nullptr || *size < needed))
-            return CUDA_ERROR_INVALID_VALUE;
-        // An aligned copy, so that a kernel may read its parameters as the types they are.
+        if (needed > 0 && (data == nullptr || size == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+        // An aligned copy, so that a kernel may read its parameters as the types they are. A buffer shorter
+        // than the parameters is taken, as by the real driver (NCCL passes the part of its 4 KiB parameter
+        // that it uses): what it leaves out reads as zeros here.
         buffer = std::make_shared<std::vector<std::max_align_t>>((needed + sizeof(std::max_align_t) - 1) /
                                                                  sizeof(std::max_align_t));
-        if (needed > 0) std::memcpy(buffer->data(), data, needed);
+        if (needed > 0) std::memcpy(buffer->data(), data, std::min(needed, *size));
         auto* bytes = reinterpret_cast<char*>(buffer->data());
         for (size_t i = 0; i < count; ++i) (*params)[i] = bytes + offsets[i];
     } else if (count > 0) {
