@@ -13,8 +13,10 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include "client/state.hpp"
@@ -44,6 +46,17 @@ int decode(const call_reply& rp, gpu_status& st) {
     text(0, st.driver_version, sizeof st.driver_version);
     text(1, st.nvml_version, sizeof st.nvml_version);
     text(2, st.serial, sizeof st.serial);
+    if (rp.blobs.size() > 3) {  // the NVLinks' far ends, one per line
+        std::string_view rest(reinterpret_cast<const char*>(rp.blobs[3].data()), rp.blobs[3].size());
+        size_t n = 0;
+        for (size_t end; n < std::size(st.nvlink_remote) && (end = rest.find('\n')) != std::string_view::npos;
+             rest.remove_prefix(end + 1), ++n) {
+            const size_t k = std::min(end, sizeof st.nvlink_remote[0] - 1);
+            std::memcpy(st.nvlink_remote[n], rest.data(), k);
+            st.nvlink_remote[n][k] = '\0';
+        }
+        if (st.has(gpu_field::nvlinks) && st.get(gpu_field::nvlinks) > n) st.set(gpu_field::nvlinks, n);
+    }
     return CUDA_SUCCESS;
 }
 

@@ -3,7 +3,8 @@
 //
 // Reply of op gpu_status (args {session device index}): outs[0] = bit mask of the fields the server's NVML
 // answered (bit i = gpu_field i), outs[1 + i] = field i (0 when unanswered); blobs = {driver version, NVML
-// version, serial}, each empty when unanswered. CUDA_ERROR_NOT_SUPPORTED when the server has no NVML or NVML
+// version, serial, the far ends of the NVLinks `nvlinks` counts (PCI bus ids, one per line)}, each empty when
+// unanswered. CUDA_ERROR_NOT_SUPPORTED when the server has no NVML or NVML
 // does not know the GPU. Fields only grow: a new one goes before `count`, never in between.
 #pragma once
 
@@ -54,6 +55,7 @@ enum class gpu_field : uint32_t {
     pcie_width_max,
     pcie_gen_gpu_max,  // ... the most the GPU itself supports
     pcie_speed,        // MB/s per lane (nvmlDeviceGetPcieSpeed)
+    nvlinks,  // NVLinks up and able to carry P2P traffic; their far ends in gpu_status::nvlink_remote
     count
 };
 inline constexpr size_t gpu_field_count = static_cast<size_t>(gpu_field::count);
@@ -67,6 +69,8 @@ struct gpu_status {
     char driver_version[80] = {};
     char nvml_version[80] = {};
     char serial[32] = {};
+    char nvlink_remote[18][32] =
+        {};  // the PCI bus id ("%08X:%02X:%02X.0") at the far end of each counted link
 
     bool has(gpu_field f) const { return (answered >> static_cast<uint32_t>(f)) & 1; }
     uint64_t get(gpu_field f) const { return values[static_cast<uint32_t>(f)]; }

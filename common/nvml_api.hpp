@@ -71,6 +71,19 @@ typedef enum nvmlGpuP2PCapsIndex_enum {
 
 typedef enum nvmlEnableState_enum { NVML_FEATURE_DISABLED = 0, NVML_FEATURE_ENABLED = 1 } nvmlEnableState_t;
 
+#define NVML_NVLINK_MAX_LINKS 18
+#define NVML_FI_DEV_NVLINK_GET_STATE \
+    165  // field value: a link's state (scopeId: the link), nvmlEnableState_t
+typedef enum nvmlNvLinkCapability_enum {
+    NVML_NVLINK_CAP_P2P_SUPPORTED = 0,
+    NVML_NVLINK_CAP_SYSMEM_ACCESS = 1,
+    NVML_NVLINK_CAP_P2P_ATOMICS = 2,
+    NVML_NVLINK_CAP_SYSMEM_ATOMICS = 3,
+    NVML_NVLINK_CAP_SLI_BRIDGE = 4,
+    NVML_NVLINK_CAP_VALID = 5,
+    NVML_NVLINK_CAP_COUNT
+} nvmlNvLinkCapability_t;
+
 typedef enum nvmlTemperatureSensors_enum {
     NVML_TEMPERATURE_GPU = 0,
     NVML_TEMPERATURE_COUNT
@@ -327,6 +340,15 @@ nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int* arch) 
 nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int* count) noexcept;
 nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int* isMigDevice) noexcept;
 nvmlReturn_t nvmlDeviceValidateInforom(nvmlDevice_t device) noexcept;
+nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link,
+                                           nvmlNvLinkCapability_t capability,
+                                           unsigned int* capResult) noexcept;
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+                                      nvmlEnableState_t* isActive) noexcept;
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                 nvmlPciInfo_t* pci) noexcept;
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link,
+                                              vcuda_nvmlPciInfo_legacy_t* pci) noexcept;
 #pragma GCC visibility pop
 
 }  // extern "C"

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -108,6 +109,21 @@ class host_nvml {
         if (driver_version_) driver_version_(st.driver_version, sizeof st.driver_version);
         if (nvml_version_) nvml_version_(st.nvml_version, sizeof st.nvml_version);
         if (serial_) serial_(h, st.serial, sizeof st.serial);
+        // NVLinks that are up and carry P2P traffic, with their far ends (NCCL builds its topology from
+        // them).
+        if (nvlink_cap_ && nvlink_state_ && nvlink_remote_) {
+            unsigned n = 0;
+            for (unsigned l = 0; l < NVML_NVLINK_MAX_LINKS; ++l) {
+                unsigned p2p = 0;
+                nvmlEnableState_t up{};
+                nvmlPciInfo_t far{};
+                if (call(nvlink_cap_, h, l, NVML_NVLINK_CAP_P2P_SUPPORTED, &p2p) && p2p &&
+                    call(nvlink_state_, h, l, &up) && up == NVML_FEATURE_ENABLED &&
+                    call(nvlink_remote_, h, l, &far))
+                    std::snprintf(st.nvlink_remote[n++], sizeof st.nvlink_remote[0], "%s", far.busId);
+            }
+            st.set(gpu_field::nvlinks, n);
+        }
     }
 
   private:
@@ -168,6 +184,10 @@ class host_nvml {
         gpu_max_pcie_gen_ =
             sym<decltype(&nvmlDeviceGetGpuMaxPcieLinkGeneration)>("nvmlDeviceGetGpuMaxPcieLinkGeneration");
         pcie_speed_ = sym<decltype(&nvmlDeviceGetPcieSpeed)>("nvmlDeviceGetPcieSpeed");
+        nvlink_cap_ = sym<decltype(&nvmlDeviceGetNvLinkCapability)>("nvmlDeviceGetNvLinkCapability");
+        nvlink_state_ = sym<decltype(&nvmlDeviceGetNvLinkState)>("nvmlDeviceGetNvLinkState");
+        nvlink_remote_ =
+            sym<decltype(&nvmlDeviceGetNvLinkRemotePciInfo_v2)>("nvmlDeviceGetNvLinkRemotePciInfo_v2");
         usable_ = get_by_uuid_ != nullptr;
         if (!usable_) why_ = "the host's NVML lacks nvmlDeviceGetHandleByUUID";
         VCUDA_LOG_INFO("NVML loaded: clients' nvidia-smi sees this host's GPU status");
@@ -227,6 +247,9 @@ class host_nvml {
     decltype(&nvmlDeviceGetMaxPcieLinkWidth) max_pcie_width_ = nullptr;
     decltype(&nvmlDeviceGetGpuMaxPcieLinkGeneration) gpu_max_pcie_gen_ = nullptr;
     decltype(&nvmlDeviceGetPcieSpeed) pcie_speed_ = nullptr;
+    decltype(&nvmlDeviceGetNvLinkCapability) nvlink_cap_ = nullptr;
+    decltype(&nvmlDeviceGetNvLinkState) nvlink_state_ = nullptr;
+    decltype(&nvmlDeviceGetNvLinkRemotePciInfo_v2) nvlink_remote_ = nullptr;
 };
 
 template <size_t N>
@@ -260,6 +283,10 @@ CUresult handle_gpu_status(call_context& cx) {
     out_string(cx, st.driver_version);
     out_string(cx, st.nvml_version);
     out_string(cx, st.serial);
+    std::string remotes;
+    for (unsigned l = 0; st.has(gpu_field::nvlinks) && l < st.get(gpu_field::nvlinks); ++l)
+        remotes += std::string(st.nvlink_remote[l]) + "\n";
+    cx.out_blob({reinterpret_cast<const std::byte*>(remotes.data()), remotes.size()});
     return CUDA_SUCCESS;
 }
 

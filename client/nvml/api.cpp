@@ -653,8 +653,99 @@ extern "C" nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_
     return NVML_SUCCESS;
 }
 
-// Field values (NVML_FI_*) are not forwarded: each requested field answers NOT_SUPPORTED in its own return
-// code, as NVML reports fields a GPU lacks, so that tools show "N/A" rather than read an unset value.
+// ---------------------------------------------------------------- NVLink
+// The server's NVLinks that are up and carry P2P traffic (NCCL builds its topology from them and picks its
+// P2P transport over NVLink, which through vcuda is cuMem IPC between sessions of one server: it works over
+// TCP too, where host memory cannot be shared). Reported only where CUDA can use them: when this process sees
+// at least two vGPUs and each is a peer of every other (one server's GPUs). Devices of two servers must not
+// look linked: P2P between them cannot work. A vGPU alone reports none either: the process's peers may be on
+// another server.
+namespace {
+
+bool nvlinks_usable() {
+    std::vector<const vgpu_device*> seen;
+    for (auto& d : vgpu::get().devices())
+        if (d.cuda_ordinal >= 0) seen.push_back(&d);
+    if (seen.size() < 2) return false;
+    for (auto* a : seen)
+        for (auto* b : seen)
+            if (a != b && !(b->index < a->can_access_peer.size() && a->can_access_peer[b->index]))
+                return false;
+    return true;
+}
+
+// The far end of `link` of the device, when that link is reported.
+nvmlReturn_t nvlink_far_end(nvmlDevice_t device, unsigned link, std::string& bus_id) {
+    const vgpu_device* d;
+    if (nvmlReturn_t rc = device_of(device, d); rc != NVML_SUCCESS) return rc;
+    if (link >= NVML_NVLINK_MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!nvlinks_usable()) return NVML_ERROR_NOT_SUPPORTED;
+    gpu_status st;
+    if (nvmlReturn_t rc = vgpu::get().status(*d, st); rc != NVML_SUCCESS) return rc;
+    if (!st.has(gpu_field::nvlinks) || link >= st.get(gpu_field::nvlinks)) return NVML_ERROR_NOT_SUPPORTED;
+    bus_id = st.nvlink_remote[link];
+    return NVML_SUCCESS;
+}
+
+template <class Pci>
+void fill_far_end(const std::string& bus_id, Pci& pci) {
+    unsigned domain = 0, bus = 0, dev = 0;
+    std::sscanf(bus_id.c_str(), "%x:%x:%x", &domain, &bus, &dev);
+    pci.domain = domain;
+    pci.bus = bus;
+    pci.device = dev;
+}
+
+}  // namespace
+
+extern "C" nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link,
+                                                      nvmlNvLinkCapability_t capability,
+                                                      unsigned int* capResult) noexcept {
+    if (!capResult) return NVML_ERROR_INVALID_ARGUMENT;
+    std::string far;
+    if (nvmlReturn_t rc = nvlink_far_end(device, link, far); rc != NVML_SUCCESS) return rc;
+    // Counted links carry P2P traffic (what the server's NVML said); the rest is not known here.
+    *capResult = capability == NVML_NVLINK_CAP_P2P_SUPPORTED || capability == NVML_NVLINK_CAP_VALID;
+    return NVML_SUCCESS;
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+                                                 nvmlEnableState_t* isActive) noexcept {
+    if (!isActive) return NVML_ERROR_INVALID_ARGUMENT;
+    std::string far;
+    if (nvmlReturn_t rc = nvlink_far_end(device, link, far); rc != NVML_SUCCESS) return rc;
+    *isActive = NVML_FEATURE_ENABLED;
+    return NVML_SUCCESS;
+}
+
+extern "C" nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                            nvmlPciInfo_t* pci) noexcept {
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    std::string far;
+    if (nvmlReturn_t rc = nvlink_far_end(device, link, far); rc != NVML_SUCCESS) return rc;
+    *pci = {};
+    std::snprintf(pci->busId, sizeof pci->busId, "%s", far.c_str());
+    std::snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%s", far.c_str());
+    fill_far_end(far, *pci);
+    return NVML_SUCCESS;
+}
+
+// The first NVML's layout (NCCL asks with it): the bus id in 16 bytes, cut short as that layout cuts it.
+extern "C" nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link,
+                                                         vcuda_nvmlPciInfo_legacy_t* pci) noexcept {
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    std::string far;
+    if (nvmlReturn_t rc = nvlink_far_end(device, link, far); rc != NVML_SUCCESS) return rc;
+    std::snprintf(pci->busId, sizeof pci->busId, "%s", far.c_str());
+    fill_far_end(far, *pci);
+    pci->pciDeviceId = 0;
+    pci->pciSubSystemId = 0;
+    return NVML_SUCCESS;
+}
+
+// Field values (NVML_FI_*) are not forwarded, but for NVLink states (NCCL asks them on Hopper): each other
+// requested field answers NOT_SUPPORTED in its own return code, as NVML reports fields a GPU lacks, so that
+// tools show "N/A" rather than read an unset value.
 extern "C" nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
                                                  nvmlFieldValue_t* values) noexcept {
     const vgpu_device* d;
@@ -668,6 +759,13 @@ extern "C" nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int values
         values[i].latencyUsec = 0;
         values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         values[i].value.ullVal = 0;
+        std::string far;
+        if (values[i].fieldId == NVML_FI_DEV_NVLINK_GET_STATE &&
+            nvlink_far_end(device, values[i].scopeId, far) == NVML_SUCCESS) {
+            values[i].nvmlReturn = NVML_SUCCESS;
+            values[i].valueType = 1;  // NVML_VALUE_TYPE_UNSIGNED_INT
+            values[i].value.uiVal = NVML_FEATURE_ENABLED;
+        }
     }
     return NVML_SUCCESS;
 }

@@ -115,7 +115,8 @@ TEST_CASE("gpu_status fields keep their wire positions", "[unit]") {
     CHECK(static_cast<int>(vcuda::gpu_field::pci_sub_class) == 27);
     CHECK(static_cast<int>(vcuda::gpu_field::inforom_valid) == 34);
     CHECK(static_cast<int>(vcuda::gpu_field::pcie_speed) == 40);
-    CHECK(vcuda::gpu_field_count == 41);
+    CHECK(static_cast<int>(vcuda::gpu_field::nvlinks) == 41);
+    CHECK(vcuda::gpu_field_count == 42);
     vcuda::gpu_status st;
     CHECK(!st.has(vcuda::gpu_field::fan_speed));
     st.set(vcuda::gpu_field::fan_speed, 40);
