@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -417,12 +418,22 @@ int lane::call_held(const call_request& rq, call_reply& rp) {
 
 // ---------------------------------------------------------------- session
 
+namespace {
+std::atomic<bool> disconnect_expected{false};
+}  // namespace
+
+void session::expect_disconnect() { disconnect_expected.store(true); }
+
 void session::mark_lost(const std::string& why) {
-    if (!lost_.exchange(true))
-        VCUDA_LOG_ERROR(
-            "lost the connection to vcuda-server at {} ({}); every CUDA call now fails with "
-            "CUDA_ERROR_DEVICE_UNAVAILABLE",
-            address_, why);
+    if (lost_.exchange(true)) return;
+    if (disconnect_expected.load()) {  // the lease went back at exit: the servers end its sessions
+        VCUDA_LOG_DEBUG("the session at {} ended after the lease was handed back ({})", address_, why);
+        return;
+    }
+    VCUDA_LOG_ERROR(
+        "lost the connection to vcuda-server at {} ({}); every CUDA call now fails with "
+        "CUDA_ERROR_DEVICE_UNAVAILABLE",
+        address_, why);
 }
 
 bool session::moved(const std::string& to) {

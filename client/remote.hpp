@@ -156,6 +156,9 @@ class session {
                                          const std::string& token, uint32_t tag, std::string& why);
     uint32_t tag() const { return tag_; }
     static constexpr uint32_t max_sessions = 16;
+    // The process handed its lease back at exit: the servers end its sessions while libraries' destructors
+    // may still call, so a lost connection is expected from now on (logged at debug, not as an error).
+    static void expect_disconnect();
 
     // This thread's lane, connected on first use. Null when the server cannot be reached (reason logged).
     lane* this_thread_lane();

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <tuple>
 
 #include "common/log.hpp"
 #include "mgmt/wire/lease.hpp"
@@ -161,6 +162,16 @@ bool state::connect_sessions(std::string& why) {
             for (auto& d : s->devices()) all.push_back(d);
             sessions_.push_back(std::move(s));
         }
+        // The same order in every process of a job: each process takes a lease of its own, and the manager
+        // may list two leases' GPUs in different orders (NCCL then finds two ranks on one GPU). Natively
+        // CUDA numbers equal GPUs by PCI bus id; ties (GPUs of two hosts) by UUID.
+        auto pci = [](const server_device& d) {
+            return std::tuple(d.attribute(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
+                              d.attribute(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID),
+                              d.attribute(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID), d.uuid);
+        };
+        std::stable_sort(all.begin(), all.end(),
+                         [&](const auto& a, const auto& b) { return pci(a) < pci(b); });
         // Renew while the process lives; the lease ends with it (the manager expires it).
         lease_keeper_ = new mgmt::lease_keeper(*ep, *grant, [](const std::string& reason) {
             VCUDA_LOG_ERROR("the GPU lease was lost: {}", reason);
@@ -168,7 +179,9 @@ bool state::connect_sessions(std::string& why) {
         // A process that exits normally hands its lease back at once; one that is killed lets it expire.
         static const pid_t owner = getpid();  // a forked child's exit must not hand back its parent's lease
         std::atexit([] {
-            if (getpid() == owner) delete static_cast<mgmt::lease_keeper*>(state::get().lease_keeper_);
+            if (getpid() != owner) return;
+            session::expect_disconnect();
+            delete static_cast<mgmt::lease_keeper*>(state::get().lease_keeper_);
         });
     } else {
         if (!addr || !*addr) {

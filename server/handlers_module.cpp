@@ -211,7 +211,7 @@ CUresult handle_module_load(call_context& cx) {
     }
     if (rc != CUDA_SUCCESS) {
         cx.out(uint64_t{0});
-        VCUDA_LOG_WARN("session {}: the driver refused to load a {} with error {} ({}; JIT options: {})",
+        VCUDA_LOG_INFO("session {}: the driver refused to load a {} with error {} ({}; JIT options: {})",
                        cx.sess.id(), target == 1 ? "library" : "module", static_cast<int>(rc),
                        image_summary(format, *parts), jit.count());
     }

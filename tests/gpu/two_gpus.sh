@@ -3,8 +3,9 @@
 #   frameworks  tests/gpu/frameworks rows multigpu_ddp (DistributedDataParallel, two processes over NCCL) and
 #               multigpu_copies (one process, copies between the GPUs), over the Unix socket and TCP, one
 #               vcuda-server serving both GPUs
-#   manager     `vcuda run --manager M --gpus 2`: the two_devices program and multigpu_copies, first with one
-#               server serving both GPUs, then with two servers serving one each (CUDA_VISIBLE_DEVICES)
+#   manager     `vcuda run --manager M --gpus 2`: the two_devices program, multigpu_copies and multigpu_ddp,
+#               first with one server serving both GPUs, then with two servers serving one each
+#               (CUDA_VISIBLE_DEVICES)
 #   moves       tests/gpu/move_suite.sh with the moving server on GPU 0 and the target on GPU 1: the GPU suite
 #               moved mid-run, then the pauses of 1 and 10 GiB moves, stop-and-copy and pre-copy
 #   mobile      tests/gpu/mobile/run_mobile.sh with its servers on GPU 0 and GPU 1 (MOBILE_GPUS)
@@ -87,6 +88,7 @@ stop_managed() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/
 if [[ " $parts " == *" manager "* ]]; then
   timeout 120 "$build/tests/programs/two_devices" > "$out/two_devices.native.out" 2>&1
   timeout 180 python3 "$here/frameworks/torch_multi_gpu.py" copies > "$out/copies.native.out" 2>&1
+  timeout 180 python3 "$here/frameworks/torch_multi_gpu.py" ddp > "$out/ddp.native.out" 2>&1
   for layout in one two; do
     if [ $layout = one ]; then start_managed "manager-one" ""; else start_managed "manager-two" CUDA_VISIBLE_DEVICES=0 CUDA_VISIBLE_DEVICES=1; fi || { row "manager ($layout server(s)): did not start"; status=1; stop_managed; continue; }
     vrun() { timeout 180 "$build/bin/vcuda" run --manager "127.0.0.1:$mport" --gpus 2 --memory "${TWO_MEMORY:-16G}" -- "$@"; }
@@ -96,6 +98,9 @@ if [[ " $parts " == *" manager "* ]]; then
     vrun python3 "$here/frameworks/torch_multi_gpu.py" copies > "$out/copies.$layout.out" 2>&1; rc=$?
     if [ $rc = 0 ] && same "$out/copies.native.out" "$out/copies.$layout.out" "$out/copies.$layout.diff"; then r=identical; else r="differs (exit $rc)"; status=1; fi
     row "manager, $layout server(s), --gpus 2: torch copies $r ($(grep -o 'peer access.*' "$out/copies.$layout.out" | head -1))"
+    vrun python3 "$here/frameworks/torch_multi_gpu.py" ddp > "$out/ddp.$layout.out" 2>&1; rc=$?
+    if [ $rc = 0 ] && same "$out/ddp.native.out" "$out/ddp.$layout.out" "$out/ddp.$layout.diff"; then r=identical; else r="differs (exit $rc)"; status=1; fi
+    row "manager, $layout server(s), --gpus 2: DDP over NCCL $r"
     stop_managed
   done
 fi

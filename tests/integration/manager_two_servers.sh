@@ -51,6 +51,35 @@ echo "$out" | grep -q "device 1 waited for device 0's event and copied from it: 
   fail "a stream of one server did not wait for an event of the other's"
 grep -q "session .* opened" "$tmp/server-a.log" || fail "server a served no session"
 grep -q "session .* opened" "$tmp/server-b.log" || fail "server b served no session"
+# Every process of a job numbers the GPUs alike, whatever order the manager lists a lease's GPUs in (two DDP
+# ranks, each with a lease of its own, found themselves on one GPU when the manager listed the second lease's
+# GPUs the other way round). The manager lists the fuller GPU first (best fit): a client holding 128 MiB of
+# one GPU makes the next lease list that GPU first. The devices keep one order (by PCI bus id, then UUID).
+props() {
+  "$build/bin/vcuda" run --manager "unix:$tmp/m.sock" --gpus 2 --memory 128M --credential "$tmp/alice.cred" -- \
+    "$build/tests/programs/device_props" > "$tmp/order-$1.out" 2>&1 || fail "device_props through a lease of 2 GPUs"
+  grep -E "^  (uuid|pci) = " "$tmp/order-$1.out" > "$tmp/order-$1.ids"
+}
+props 1
+[ "$(grep -c uuid "$tmp/order-1.ids")" -eq 2 ] || fail "device_props did not list 2 devices: $(cat "$tmp/order-1.out")"
+# The holder goes to the GPU of the larger UUID (the other cordoned meanwhile), which the manager then lists
+# first: out of the order the devices must keep.
+gpu_a=$(vcuda gpus --json | python3 -c 'import json,sys; print(min(g["uuid"] for g in json.load(sys.stdin)["gpus"]))')
+leases() { vcuda leases --json | grep -o '"lease_id"' | wc -l; }
+for i in $(seq 100); do [ "$(leases)" -eq 0 ] && break; sleep 0.1; done  # the first client's is gone
+vcuda cordon "$gpu_a" > /dev/null || fail "vcuda cordon $gpu_a"
+"$build/bin/vcuda" run --manager "unix:$tmp/m.sock" --memory 128M --credential "$tmp/alice.cred" -- \
+  "$build/tests/programs/multi_thread" 20000 > "$tmp/holder.out" 2>&1 &
+holder=$!
+for i in $(seq 100); do [ "$(leases)" -ge 1 ] && break; sleep 0.1; done
+vcuda uncordon "$gpu_a" > /dev/null || fail "vcuda uncordon $gpu_a"
+props 2
+kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
+cmp -s "$tmp/order-1.ids" "$tmp/order-2.ids" ||
+  fail "two clients numbered the GPUs differently: $(paste "$tmp/order-1.ids" "$tmp/order-2.ids")"
+# ... and that order is PCI bus id, then UUID (each device's uuid line comes before its pci line).
+paste - - < "$tmp/order-2.ids" | awk '{ print $6, $3 }' | sort -c ||
+  fail "the GPUs are not numbered by PCI bus id and UUID: $(cat "$tmp/order-2.ids")"
 # Devices of two servers are not peers: a peer copy between them is refused with the reason, logged by name.
 out=$("$build/bin/vcuda" run --manager "unix:$tmp/m.sock" --gpus 2 --memory 256M --credential "$tmp/alice.cred" -- \
       env VCUDA_LOG_FILE="$tmp/peer-client.log" "$build/tests/programs/peer_copies" refusal-ok 2>&1) ||
