@@ -473,6 +473,35 @@ VCUDA_STREAM_MEMOP(cuStreamWriteValue64, cuuint64_t, 2)
 VCUDA_STREAM_MEMOP(cuStreamWaitValue64, cuuint64_t, 3)
 #undef VCUDA_STREAM_MEMOP
 
+namespace {
+// At most this many operations in one batch (the driver documents no bound; the frame must stay small).
+constexpr unsigned max_batch_ops = 256;
+CUresult batch_memop(CUstream stream, unsigned count, CUstreamBatchMemOpParams* ops, unsigned flags,
+                     bool legacy, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    if (count > max_batch_ops || (count && !ops)) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::stream_batch_memop, name);
+    c.handle(stream, handle_kind::stream);
+    c.arg(uint64_t{count});
+    c.arg(uint64_t{flags});
+    c.arg(uint64_t{legacy});
+    c.blob({reinterpret_cast<const std::byte*>(ops), count * sizeof(CUstreamBatchMemOpParams)});
+    return c.send_sync();  // the server's verdict on every address, at the call
+}
+}  // namespace
+
+VCUDA_API cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray,
+                                unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamBatchMemOp_v2, stream, count, paramArray, flags);
+    return batch_memop(stream, count, paramArray, flags, false, "cuStreamBatchMemOp_v2");
+}
+
+VCUDA_API cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray,
+                             unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamBatchMemOp, stream, count, paramArray, flags);
+    return batch_memop(stream, count, paramArray, flags, true, "cuStreamBatchMemOp");
+}
+
 // ---------------------------------------------------------------- stream and kernel-node attributes
 // Forwarded and waited for (server/handlers_stream.cpp), so that a value the driver refuses fails at the
 // call. The value travels as its 64 bytes; the server refuses attributes that hold a handle.

@@ -1,6 +1,9 @@
 // Hand-written ops for device memory, copies and sets. Every device range is checked against the session's
 // own allocations before the driver sees it.
 #include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "common/log.hpp"
 #include "server/call_context.hpp"
@@ -428,6 +431,54 @@ CUresult handle_stream_memop(call_context& cx) {
         default:
             return d.cuStreamWaitValue64_v2(stream, addr, value, flags);
     }
+}
+
+// args {stream, count, flags, legacy (the entry point without _v2)}; blob {CUstreamBatchMemOpParams[count]}.
+// Every operation is checked first (its kind, its address in the session's memory, aligned), so that a
+// refused batch leaves nothing enqueued; then the driver takes the batch as it is.
+CUresult handle_stream_batch_memop(call_context& cx) {
+    if (!cx.expect_args(4) || cx.blob_count() != 1) return cx.bad_arguments();
+    CUstream stream;
+    if (CUresult rc = cx.handle(0, handle_kind::stream, stream); rc != CUDA_SUCCESS) return rc;
+    const uint64_t count = cx.arg(1);
+    auto bytes = cx.blob(0);
+    if (count > 256 || bytes.size() != count * sizeof(CUstreamBatchMemOpParams)) return cx.bad_arguments();
+    std::vector<CUstreamBatchMemOpParams> ops(count);
+    if (count) std::memcpy(ops.data(), bytes.data(), bytes.size());
+    for (auto& o : ops) {
+        size_t width = 0;
+        CUdeviceptr addr = 0;
+        switch (o.operation) {
+            case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+            case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+                width = o.operation == CU_STREAM_MEM_OP_WAIT_VALUE_32 ? 4 : 8;
+                addr = o.waitValue.address;
+                o.waitValue.alias = 0;  // the driver's own
+                break;
+            case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+            case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+                width = o.operation == CU_STREAM_MEM_OP_WRITE_VALUE_32 ? 4 : 8;
+                addr = o.writeValue.address;
+                o.writeValue.alias = 0;
+                break;
+            case CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES:
+            case CU_STREAM_MEM_OP_BARRIER:
+                continue;
+            default:
+                return cx.fail(CUDA_ERROR_INVALID_VALUE, "unknown batch memory operation " +
+                                                             std::to_string(static_cast<int>(o.operation)));
+        }
+        if (addr % width)
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "a batch operation's address is misaligned");
+        if (!cx.sess.owns_host(addr, width))
+            if (CUresult rc = cx.device_range(addr, width); rc != CUDA_SUCCESS) return rc;
+    }
+    auto& d = cx.drv();
+    const auto flags = static_cast<unsigned>(cx.arg(2));
+    if (cx.arg(3) && d.cuStreamBatchMemOp)
+        return d.cuStreamBatchMemOp(stream, static_cast<unsigned>(count), ops.data(), flags);
+    if (!d.cuStreamBatchMemOp_v2) return cx.unsupported("cuStreamBatchMemOp_v2");
+    return d.cuStreamBatchMemOp_v2(stream, static_cast<unsigned>(count), ops.data(), flags);
 }
 
 }  // namespace vcuda::server

@@ -449,6 +449,49 @@ TEST_CASE(
     CHECK(b->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
 }
 
+TEST_CASE("a batch of stream memory operations touching another session's memory is refused whole",
+          "[integration]") {
+    server_process server;
+    auto a = raw_client::open(server.address());
+    auto b = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(b);
+    const uint64_t mine = alloc(*a, 4096), theirs = alloc(*b, 4096);
+    REQUIRE(a->call(op::memset, {mine, 0, 1, 4096, 1, 4096, 0}).result == CUDA_SUCCESS);
+    auto write32 = [](uint64_t addr, uint32_t value) {
+        CUstreamBatchMemOpParams o{};
+        o.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+        o.writeValue.address = addr;
+        o.writeValue.value = value;
+        return o;
+    };
+    auto batch = [&](std::vector<CUstreamBatchMemOpParams> ops) {
+        std::vector<std::byte> blob(ops.size() * sizeof(CUstreamBatchMemOpParams));
+        std::memcpy(blob.data(), ops.data(), blob.size());
+        return a->call(op::stream_batch_memop, {0, ops.size(), 0, 0}, {blob});
+    };
+    // The first write is to its own memory, the second to the other tenant's: nothing runs.
+    auto r = batch({write32(mine, 7), write32(theirs, 8)});
+    CHECK(r.result == CUDA_ERROR_INVALID_VALUE);
+    auto misaligned = batch({write32(mine + 2, 9)});
+    CHECK(misaligned.result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::stream_batch_memop, {0, 3, 0, 0}, {std::vector<std::byte>(8)}).result ==
+          CUDA_ERROR_INVALID_VALUE);  // a blob that is not 3 operations
+    auto back = a->call(op::copy_dtoh, {mine, 4, 0});
+    REQUIRE(back.result == CUDA_SUCCESS);
+    uint32_t word = 1;
+    std::memcpy(&word, back.payload.data(), 4);
+    CHECK(word == 0);
+    // A batch of its own memory runs.
+    REQUIRE(batch({write32(mine, 7), write32(mine + 4, 8)}).result == CUDA_SUCCESS);
+    back = a->call(op::copy_dtoh, {mine, 8, 0});
+    REQUIRE(back.result == CUDA_SUCCESS);
+    uint32_t words[2] = {};
+    std::memcpy(words, back.payload.data(), 8);
+    CHECK(words[0] == 7);
+    CHECK(words[1] == 8);
+}
+
 TEST_CASE("tensor maps are encoded only over the session's own memory, from well-formed arguments",
           "[integration]") {
     server_process server;

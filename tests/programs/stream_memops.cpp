@@ -57,6 +57,33 @@ int main() {
     EXPECT(released == 42, "the write behind the wait gave %u", released);
     CU_CHECK(cuEventDestroy(e));
 
+    // A batch (cuStreamBatchMemOp): two writes, a wait on the first, a barrier, then a write behind them.
+    CUstreamBatchMemOpParams ops[5] = {};
+    ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    ops[0].writeValue.address = words + 40;
+    ops[0].writeValue.value = 5;
+    ops[1].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+    ops[1].writeValue.address = words + 48;
+    ops[1].writeValue.value64 = 0x0102030405060708ull;
+    ops[2].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    ops[2].waitValue.address = words + 40;
+    ops[2].waitValue.value = 5;
+    ops[2].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+    ops[3].memoryBarrier.operation = CU_STREAM_MEM_OP_BARRIER;
+    ops[3].memoryBarrier.flags = CU_STREAM_MEMORY_BARRIER_TYPE_GPU;
+    ops[4].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    ops[4].writeValue.address = words + 56;
+    ops[4].writeValue.value = 6;
+    CU_CHECK(cuStreamBatchMemOp(s, 5, ops, 0));
+    uint32_t b32[2] = {};
+    uint64_t b64 = 0;
+    CU_CHECK(cuMemcpyDtoHAsync(&b32[0], words + 40, 4, s));
+    CU_CHECK(cuMemcpyDtoHAsync(&b64, words + 48, 8, s));
+    CU_CHECK(cuMemcpyDtoHAsync(&b32[1], words + 56, 4, s));
+    CU_CHECK(cuStreamSynchronize(s));
+    std::printf("batch: %u 0x%llx %u\n", b32[0], static_cast<unsigned long long>(b64), b32[1]);
+    EXPECT(b32[0] == 5 && b64 == 0x0102030405060708ull && b32[1] == 6, "the batch wrote wrong values");
+
     // Refusals at the call.
     std::printf("unknown wait flag: %d\n", static_cast<int>(cuStreamWaitValue32(s, words, 1, 7)));
     std::printf("unknown write flag: %d\n", static_cast<int>(cuStreamWriteValue32(s, words, 1, 4)));

@@ -460,6 +460,42 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamWaitValue64_v2(CUstream stream, CUdev
     return stream_wait<cuuint64_t>(stream, addr, value, flags);
 }
 
+// A batch is its operations in order, each as the single call would enqueue it; barriers and flushes have
+// nothing to order on a CPU.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuStreamBatchMemOp_v2(CUstream stream, unsigned int count,
+                                                         CUstreamBatchMemOpParams* ops, unsigned int flags) {
+    if (flags != 0 || (count && !ops)) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < count; ++i) {
+        const auto& o = ops[i];
+        CUresult rc = CUDA_SUCCESS;
+        switch (o.operation) {
+            case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+                rc = stream_write<cuuint32_t>(stream, o.writeValue.address, o.writeValue.value,
+                                              o.writeValue.flags);
+                break;
+            case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+                rc = stream_write<cuuint64_t>(stream, o.writeValue.address, o.writeValue.value64,
+                                              o.writeValue.flags);
+                break;
+            case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+                rc = stream_wait<cuuint32_t>(stream, o.waitValue.address, o.waitValue.value,
+                                             o.waitValue.flags);
+                break;
+            case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+                rc = stream_wait<cuuint64_t>(stream, o.waitValue.address, o.waitValue.value64,
+                                             o.waitValue.flags);
+                break;
+            case CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES:
+            case CU_STREAM_MEM_OP_BARRIER:
+                break;
+            default:
+                rc = CUDA_ERROR_INVALID_VALUE;
+        }
+        if (rc != CUDA_SUCCESS) return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
 // --- Stream attributes (kernel node ones are soft_graph.cpp's).
 
 namespace vcuda::soft {
