@@ -81,7 +81,8 @@ struct soft_server {
     std::string address = "unix:" + socket;
     pid_t pid = -1;
 
-    explicit soft_server(int devices = 1) {
+    // `host_nvml`: the server finds tests/nvml/fake_host_nvml.cpp as the host's NVML (GPUs with NVLinks).
+    explicit soft_server(int devices = 1, bool host_nvml = false) {
         std::string log = dir / "server.log";
         pid = fork();
         REQUIRE(pid >= 0);
@@ -90,6 +91,7 @@ struct soft_server {
             (void)f;
             dup2(fileno(stdout), 2);
             setenv("VCUDA_SOFT_DEVICES", std::to_string(devices).c_str(), 1);
+            if (host_nvml) setenv("LD_LIBRARY_PATH", VCUDA_FAKE_HOST_NVML_DIR, 1);
             execl(VCUDA_SERVER_BIN, VCUDA_SERVER_BIN, "--listen", address.c_str(), "--driver",
                   VCUDA_SOFTDRIVER, "--memory-quota", "1GiB", "--log-level", "debug",
                   static_cast<char*>(nullptr));
@@ -248,6 +250,51 @@ TEST_CASE("NVML reports the vGPU as CUDA does, through vcuda-server on the softw
     }
     CHECK(num(kv, "shutdown.rc") == NVML_SUCCESS);
     CHECK(num(kv, "after_shutdown.rc") == NVML_ERROR_UNINITIALIZED);
+}
+
+TEST_CASE("NVML reports the server's NVLinks only where CUDA can use them", "[integration]") {
+    // Two GPUs of one server, peers: the links the host's NVML reports, as NCCL reads them.
+    {
+        soft_server server(2, /*host_nvml=*/true);
+        auto kv = run_probe(server.env(), "nvlinks", server.dir / "probe.log");
+        INFO("probe log: " << server.dir / "probe.log");
+        REQUIRE(num(kv, "count") == 2);
+        for (int d = 0; d < 2; ++d) {
+            std::string p = "dev" + std::to_string(d) + ".";
+            INFO("device " << d);
+            for (int l = 0; l < 2; ++l) {
+                std::string k = p + "link" + std::to_string(l) + ".";
+                CHECK(num(kv, k + "cap.rc") == NVML_SUCCESS);
+                CHECK(num(kv, k + "cap") == 1);
+                CHECK(num(kv, k + "state.rc") == NVML_SUCCESS);
+                CHECK(num(kv, k + "state") == NVML_FEATURE_ENABLED);
+                CHECK(num(kv, k + "far.rc") == NVML_SUCCESS);
+                CHECK(kv[k + "far"] == "FFFFFFFF:FF:FF.0");
+                CHECK(num(kv, k + "far_legacy.rc") == NVML_SUCCESS);
+                CHECK(kv[k + "far_legacy"] == "FFFFFFFF:FF:FF.");  // the old layout's 16 bytes
+                CHECK(num(kv, k + "field.rc") == NVML_SUCCESS);
+                CHECK(num(kv, k + "field") == NVML_FEATURE_ENABLED);
+            }
+            CHECK(num(kv, p + "link2.cap.rc") == NVML_ERROR_NOT_SUPPORTED);  // the host has two
+            CHECK(num(kv, p + "link2.field.rc") == NVML_ERROR_NOT_SUPPORTED);
+        }
+    }
+    // One vGPU visible to CUDA: its peers may be another server's, so no link is reported.
+    {
+        soft_server server(2, /*host_nvml=*/true);
+        auto kv = run_probe(server.env() + " CUDA_VISIBLE_DEVICES=1", "nvlinks", server.dir / "probe.log");
+        INFO("probe log: " << server.dir / "probe.log");
+        CHECK(num(kv, "dev0.link0.cap.rc") == NVML_ERROR_NOT_SUPPORTED);
+        CHECK(num(kv, "dev1.link0.state.rc") == NVML_ERROR_NOT_SUPPORTED);
+        CHECK(num(kv, "dev1.link0.field.rc") == NVML_ERROR_NOT_SUPPORTED);
+    }
+    // No NVML on the server: nothing to report.
+    {
+        soft_server server(2);
+        auto kv = run_probe(server.env(), "nvlinks", server.dir / "probe.log");
+        CHECK(num(kv, "dev0.link0.cap.rc") == NVML_ERROR_NOT_SUPPORTED);
+        CHECK(num(kv, "dev0.link0.far.rc") == NVML_ERROR_NOT_SUPPORTED);
+    }
 }
 
 TEST_CASE("NVML lists every GPU whatever CUDA_VISIBLE_DEVICES says, as the real NVML does", "[integration]") {

@@ -244,6 +244,43 @@ int lost(pid_t server) {
 
 }  // namespace
 
+// NVLinks as NCCL asks for them (links 0 to 2 of each NVML device): capability, state, far end in both
+// layouts, and the state as a field value.
+int nvlinks() {
+    print("init.rc", NVML(nvmlInit_v2)());
+    cuda<CUresult (*)(unsigned)>("cuInit")(0);  // the peer answers come from CUDA's side
+    unsigned count = 0;
+    NVML(nvmlDeviceGetCount_v2)(&count);
+    print("count", count);
+    for (unsigned i = 0; i < count; ++i) {
+        nvmlDevice_t h = nullptr;
+        NVML(nvmlDeviceGetHandleByIndex_v2)(i, &h);
+        for (unsigned l = 0; l < 3; ++l) {
+            std::string p = "dev" + std::to_string(i) + ".link" + std::to_string(l) + ".";
+            unsigned cap = 9;
+            print((p + "cap.rc").c_str(),
+                  NVML(nvmlDeviceGetNvLinkCapability)(h, l, NVML_NVLINK_CAP_P2P_SUPPORTED, &cap));
+            print((p + "cap").c_str(), cap);
+            nvmlEnableState_t up = NVML_FEATURE_DISABLED;
+            print((p + "state.rc").c_str(), NVML(nvmlDeviceGetNvLinkState)(h, l, &up));
+            print((p + "state").c_str(), up);
+            nvmlPciInfo_t far{};
+            print((p + "far.rc").c_str(), NVML(nvmlDeviceGetNvLinkRemotePciInfo_v2)(h, l, &far));
+            print((p + "far").c_str(), far.busId);
+            vcuda_nvmlPciInfo_legacy_t old{};
+            print((p + "far_legacy.rc").c_str(), NVML(nvmlDeviceGetNvLinkRemotePciInfo)(h, l, &old));
+            print((p + "far_legacy").c_str(), old.busId);
+            nvmlFieldValue_t f{};
+            f.fieldId = NVML_FI_DEV_NVLINK_GET_STATE;
+            f.scopeId = l;
+            NVML(nvmlDeviceGetFieldValues)(h, 1, &f);
+            print((p + "field.rc").c_str(), f.nvmlReturn);
+            print((p + "field").c_str(), f.value.uiVal);
+        }
+    }
+    return 0;
+}
+
 int main(int argc, char** argv) {
     std::string dir = VCUDA_CLIENT_LIB_DIR;
     // libcuda first, by its full path: the libnvidia-ml.so.1 loaded next finds this same copy.
@@ -261,10 +298,12 @@ int main(int argc, char** argv) {
         rc = query();
     else if (mode == "listing")
         rc = listing();
+    else if (mode == "nvlinks")
+        rc = nvlinks();
     else if (mode == "lost" && argc > 2)
         rc = lost(static_cast<pid_t>(std::atoi(argv[2])));
     else
-        std::fprintf(stderr, "usage: vcuda_nvml_probe init | query | listing | lost SERVER_PID\n");
+        std::fprintf(stderr, "usage: vcuda_nvml_probe init | query | listing | nvlinks | lost SERVER_PID\n");
     std::fflush(stdout);
     return rc;
 }
