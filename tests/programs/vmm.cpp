@@ -89,6 +89,12 @@ int main(int argc, char** argv) {
     if (cuMemMap(base + 8 * gran, gran, gran, pair, 0) == CUDA_SUCCESS)
         fail("a mapping at an offset into its allocation was accepted");
     CU_CHECK(cuMemRelease(h[1]));
+    // cuMemRetainAllocationHandle, as NCCL frees its buffers: the handle of the allocation mapped at an
+    // address inside it, one more reference, held across the pause (a suspend or a move keeps the count);
+    // released once after it, the allocation and its mapping stay.
+    CUmemGenericAllocationHandle retained = 0;
+    CU_CHECK(cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(half + gran + 8)));
+    std::printf("retained handle: %s\n", retained == pair ? "the one created" : "another");
     if (pause_ms > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
         std::printf("idled %d ms\n", pause_ms);
@@ -101,19 +107,13 @@ int main(int argc, char** argv) {
     for (size_t k = 0; k < second.size(); ++k)
         if (second[k] != 0x2000u) fail("two-chunk mapping word %zu = %#x", k, second[k]);
     std::printf("contents intact: the chunks (one released while mapped) and a two-chunk allocation\n");
-
-    // cuMemRetainAllocationHandle, as NCCL frees its buffers: the handle of the allocation mapped at an
-    // address inside it, one more reference; released once, the allocation and its mapping stay. Memory that
-    // cuMemAlloc gave is not the application's VMM allocation: refused.
-    CUmemGenericAllocationHandle retained = 0;
-    CU_CHECK(cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(half + gran + 8)));
-    std::printf("retained handle: %s\n", retained == pair ? "the one created" : "another");
     CU_CHECK(cuMemRelease(retained));
     CU_CHECK(cuMemGetAllocationPropertiesFromHandle(&back, pair));
     CU_CHECK(cuMemsetD32(half + gran, 0x3000u, words));
     CU_CHECK(cuMemcpyDtoH(second.data(), half, 2 * gran));
     for (size_t k = 0; k < second.size(); ++k)
         if (second[k] != (k < words ? 0x2000u : 0x3000u)) fail("after a retain and release: word %zu", k);
+    // Memory that cuMemAlloc gave is not the application's VMM allocation: refused.
     CUdeviceptr plain = 0;
     CU_CHECK(cuMemAlloc(&plain, 1 << 20));
     CUmemGenericAllocationHandle none = 0;
