@@ -6,7 +6,11 @@
 #include <cuda.h>
 
 #include <cstring>
+#include <filesystem>
 #include <string>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "raw_client.hpp"
 
@@ -447,6 +451,64 @@ TEST_CASE(
     std::memcpy(out.data(), back.payload.data(), bytes.size());
     for (int i = 0; i < n; ++i) REQUIRE(out[i] == 4.0f * static_cast<float>(i));
     CHECK(b->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
+}
+
+TEST_CASE("a file registration takes only whole pages of a regular file, and its descriptor only",
+          "[integration]") {
+    server_process server;
+    auto a = raw_client::open(server.address());
+    REQUIRE(a);
+    auto open_fds = [&] {
+        size_t n = 0;
+        for ([[maybe_unused]] auto& e :
+             std::filesystem::directory_iterator("/proc/" + std::to_string(server.pid()) + "/fd"))
+            ++n;
+        return n;
+    };
+    auto file = [](size_t bytes) {
+        int fd = ::memfd_create("vcuda-test-file", MFD_CLOEXEC);
+        REQUIRE(fd >= 0);
+        REQUIRE(::ftruncate(fd, static_cast<off_t>(bytes)) == 0);
+        return fd;
+    };
+    // Device memory first: the software driver opens descriptors of its own for it.
+    const uint64_t dev = alloc(*a, 4096);
+    REQUIRE(a->call(op::memset, {dev, 0x5a, 1, 4096, 1, 4096, 0}).result == CUDA_SUCCESS);
+    const size_t fds_before = open_fds();
+    // No descriptor with the call: refused, and nothing is left for a later call to take.
+    auto none = a->call(op::host_register_file, {0, 4096});
+    CHECK(none.result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(none.detail.find("descriptor") != std::string::npos);
+    // Not a regular file; pages past the file's end; an offset inside a page; nothing.
+    int pipe_fds[2];
+    REQUIRE(::pipe(pipe_fds) == 0);
+    CHECK(a->call_with_fd(op::host_register_file, {0, 4096}, pipe_fds[0]).result == CUDA_ERROR_INVALID_VALUE);
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    int f = file(8192);
+    CHECK(a->call_with_fd(op::host_register_file, {4096, 8192}, f).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call_with_fd(op::host_register_file, {100, 4096}, f).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call_with_fd(op::host_register_file, {0, 0}, f).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call_with_fd(op::host_register_file, {0, uint64_t{1} << 50}, f).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    ::close(f);
+    // After each refusal the next call without a descriptor still finds none queued.
+    CHECK(a->call(op::host_register_file, {0, 4096}).detail.find("descriptor") != std::string::npos);
+    // A file whose last page is partly past its end (NCCL's segments): registered, written through the
+    // server's mapping, freed.
+    f = file(8192 + 4);
+    auto ok = a->call_with_fd(op::host_register_file, {0, 12288}, f);
+    REQUIRE(ok.result == CUDA_SUCCESS);
+    REQUIRE(ok.outs.size() == 2);
+    const uint64_t region = ok.outs[0];
+    REQUIRE(a->call(op::copy_dtoh_shared, {region + 4096, dev, 4096, 0}).result == CUDA_SUCCESS);
+    unsigned char seen = 0;
+    REQUIRE(::pread(f, &seen, 1, 4096 + 17) == 1);
+    CHECK(seen == 0x5a);  // the server wrote the client's own file
+    CHECK(a->call(op::host_free, {region}).result == CUDA_SUCCESS);
+    ::close(f);
+    // The server kept no descriptor of any of these files.
+    CHECK(open_fds() == fds_before);
 }
 
 TEST_CASE("a batch of stream memory operations touching another session's memory is refused whole",

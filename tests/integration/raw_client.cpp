@@ -91,6 +91,18 @@ raw_reply raw_client::call(op o, std::vector<uint64_t> args, std::vector<std::ve
     return receive_reply();
 }
 
+raw_reply raw_client::call_with_fd(op o, std::vector<uint64_t> args, int fd, int device) {
+    flatbuffers::FlatBufferBuilder b;
+    auto a = b.CreateVector(args);
+    b.Finish(wire::CreateCall(b, static_cast<uint32_t>(o), device, a));
+    if (!fs_.send(make_frame(frame_kind::call, b, ++sequence_, 0, 0), never, fd)) {
+        raw_reply r;
+        r.connection_ok = false;
+        return r;
+    }
+    return receive_reply();
+}
+
 bool raw_client::send_call(op o, std::vector<uint64_t> args, int device) {
     return send_args(o, args, device, 0);
 }

@@ -32,6 +32,8 @@ class raw_client {
     raw_reply call(op o, std::vector<uint64_t> args, std::vector<std::vector<std::byte>> blobs = {},
                    std::vector<std::byte> payload = {}, int device = 0);
     raw_reply call(uint32_t raw_op, std::vector<uint64_t> args, int device = 0);
+    // A call whose frame carries file descriptor `fd` (Unix sockets), as host_register_file's does.
+    raw_reply call_with_fd(op o, std::vector<uint64_t> args, int fd, int device = 0);
     // A call in two steps, for calls that wait for what the test sends elsewhere meanwhile (striped copies).
     bool send_call(op o, std::vector<uint64_t> args, int device = 0);
     // A queued call: no reply comes; a failure is reported by the next synchronous call.
