@@ -1,10 +1,9 @@
 // cuMemHostRegister with CU_MEMHOSTREGISTER_DEVICEMAP over shared memory. The GPU can only reach pages the
 // server has registered with its driver, and the server can only register pages it maps itself. Two cases:
 // - Private memory (malloc, new, anonymous mmap, the heap): the pages holding the range are moved onto a
-// memfd
-//   the server made (op host_alloc, as cuMemHostAlloc's pinned memory): their contents are copied into it,
-//   then it is mapped over the same addresses (MAP_FIXED), so the application's pointers stay valid and it
-//   sees the same bytes.
+//   memfd the server made (op host_alloc, as cuMemHostAlloc's pinned memory): their contents are copied into
+//   it, then it is mapped over the same addresses (MAP_FIXED), so the application's pointers stay valid and
+//   it sees the same bytes.
 // - Pages of a file the application maps shared (NCCL's /dev/shm segments, memfds): nothing moves; the
 //   file's descriptor goes to the server (op host_register_file), which maps and registers the same pages,
 //   so other processes mapping the file see what kernels write.
@@ -87,12 +86,17 @@ bool mappings_of(uintptr_t lo, uintptr_t hi, std::vector<segment>& out) {
     return next >= hi;
 }
 
-// Private anonymous memory (malloc, new, anonymous mmap, the heap), or pages an earlier registration moved
-// (vcuda's own memfd): pages that can move onto a memfd of the server's. `why` says why not.
+// Pages an earlier registration moved, which unregistration left in place (vcuda's own memfd).
+bool moved_before(const segment& seg) { return seg.shared && seg.path.rfind("/memfd:vcuda-pinned", 0) == 0; }
+
+// A shared mapping of a file of the application's (not one of vcuda's own memfds).
+bool shared_file(const segment& seg) { return seg.shared && seg.inode != 0 && !moved_before(seg); }
+
+// Private anonymous memory (malloc, new, anonymous mmap, the heap), or pages an earlier registration moved:
+// pages that can move onto a memfd of the server's. `why` says why not.
 bool movable(const std::vector<segment>& segments, std::string& why) {
     for (auto& seg : segments) {
-        const bool ours_before = seg.shared && seg.path.rfind("/memfd:vcuda-pinned", 0) == 0;
-        if (!ours_before &&
+        if (!moved_before(seg) &&
             (seg.shared || seg.inode != 0 ||
              (!seg.path.empty() && seg.path != "[heap]" && seg.path.rfind("[anon:", 0) != 0))) {
             why = "the range is not private anonymous memory (" +
@@ -197,9 +201,7 @@ CUresult share_registered_range(void* p, size_t size, host_allocation& r) {
     std::vector<segment> segments;
     if (!mappings_of(lo, hi, segments))
         return CUDA_ERROR_INVALID_VALUE;  // not all mapped: the driver refuses it the same way
-    if (segments.size() == 1 && segments[0].shared && segments[0].inode != 0 &&
-        segments[0].path.rfind("/memfd:vcuda-pinned", 0) != 0)
-        return share_file_range(segments[0], a, size, s, r);
+    if (segments.size() == 1 && shared_file(segments[0])) return share_file_range(segments[0], a, size, s, r);
     std::string why;
     if (!movable(segments, why)) return refuse(why);
     // Thread stacks: the pages the caller runs on cannot move under it.

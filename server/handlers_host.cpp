@@ -10,9 +10,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "common/log.hpp"
 #include "server/call_context.hpp"
+#include "server/ipc.hpp"
 
 namespace vcuda::server {
 
@@ -30,6 +32,29 @@ CUresult mark_copy(call_context& cx, uintptr_t host, uint64_t n, CUstream s) {
 bool shared_copy_args(const call_context& cx) {
     return cx.expect_args(4) || (cx.expect_args(5) && cx.arg(4) <= 1);
 }
+
+// Counts `size` bytes of pinned pages (`what`) against the session's host memory quota, before they exist:
+// concurrent lanes cannot both pass.
+CUresult reserve_host(call_context& cx, uint64_t size, const std::string& what) {
+    std::lock_guard lock(cx.sess.mu);
+    if (cx.sess.host.reserve(size, cx.sess.host_quota())) return CUDA_SUCCESS;
+    return cx.fail(CUDA_ERROR_OUT_OF_MEMORY,
+                   what + " of " + std::to_string(size) + " bytes exceeds the session's host memory quota");
+}
+
+void unreserve_host(call_context& cx, uint64_t size) {
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.host.unreserve(size);
+}
+
+// Registers pages the server mapped with the driver (every context may use them, kernels address them) and
+// gives their device pointer; nothing stays registered when that fails.
+CUresult register_pages(const driver_table& d, void* p, uint64_t size, CUdeviceptr& dptr) {
+    CUresult rc = d.cuMemHostRegister_v2(p, size, host_regions::register_flags);
+    if (rc == CUDA_SUCCESS) rc = d.cuMemHostGetDevicePointer_v2(&dptr, p, 0);
+    if (rc != CUDA_SUCCESS) d.cuMemHostUnregister(p);
+    return rc;
+}
 }  // namespace
 
 // args {size}; out {server address, device pointer}; the memfd travels with the reply.
@@ -41,17 +66,8 @@ CUresult handle_host_alloc(call_context& cx) {
     uint64_t size = cx.arg(0);
     if (size == 0 || size > (uint64_t{1} << 40)) return CUDA_ERROR_INVALID_VALUE;
     size = (size + 4095) & ~uint64_t{4095};
-    {
-        std::lock_guard lock(cx.sess.mu);
-        if (!cx.sess.host.reserve(size,
-                                  cx.sess.host_quota()))  // reserved now: concurrent lanes cannot both pass
-            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "pinned host memory of " + std::to_string(size) +
-                                                         " bytes exceeds the session's host memory quota");
-    }
-    auto unreserve = [&] {
-        std::lock_guard lock(cx.sess.mu);
-        cx.sess.host.unreserve(size);
-    };
+    if (CUresult rc = reserve_host(cx, size, "pinned host memory"); rc != CUDA_SUCCESS) return rc;
+    auto unreserve = [&] { unreserve_host(cx, size); };
     int fd = ::memfd_create("vcuda-pinned", MFD_CLOEXEC);
     if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
         if (fd >= 0) ::close(fd);
@@ -64,12 +80,8 @@ CUresult handle_host_alloc(call_context& cx) {
         unreserve();
         return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "cannot map shared pages");
     }
-    auto& d = cx.drv();
-    CUresult rc = d.cuMemHostRegister_v2(p, size, host_regions::register_flags);
     CUdeviceptr dptr = 0;
-    if (rc == CUDA_SUCCESS) rc = d.cuMemHostGetDevicePointer_v2(&dptr, p, 0);
-    if (rc != CUDA_SUCCESS) {
-        d.cuMemHostUnregister(p);
+    if (CUresult rc = register_pages(cx.drv(), p, size, dptr); rc != CUDA_SUCCESS) {
         cx.sess.unmap_host_pages(reinterpret_cast<uintptr_t>(p), size);
         ::close(fd);
         unreserve();
@@ -90,52 +102,33 @@ CUresult handle_host_alloc(call_context& cx) {
 // memfds: client/host_register.cpp): mapped here too and registered, so kernels reach the very pages the
 // client, and every other process mapping the file, sees. Charged to the host quota as pinned memory.
 CUresult handle_host_register_file(call_context& cx) {
-    const int fd = cx.lane.stream->raw().take_fd();  // first: a refused call must not leave it queued
-    auto close_fd = [fd] {
-        if (fd >= 0) ::close(fd);
-    };
-    if (!cx.expect_args(2) || fd < 0) {
-        close_fd();
+    unique_fd fd(cx.lane.stream->raw().take_fd());  // first: a refused call must not leave it queued
+    if (!cx.expect_args(2) || fd.get() < 0)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "a file registration needs its offset, size and descriptor");
-    }
     const uint64_t offset = cx.arg(0), size = cx.arg(1);
     struct stat st {};
     // The file's last page may be partly past its end (NCCL's segments are not whole pages): it maps whole.
     const auto pages = [](uint64_t n) { return (n + 4095) & ~uint64_t{4095}; };
-    if (size == 0 || size > (uint64_t{1} << 40) || offset % 4096 || size % 4096 || ::fstat(fd, &st) != 0 ||
-        !S_ISREG(st.st_mode) || offset > pages(static_cast<uint64_t>(st.st_size)) ||
-        size > pages(static_cast<uint64_t>(st.st_size)) - offset) {
-        close_fd();
+    if (size == 0 || size > (uint64_t{1} << 40) || offset % 4096 || size % 4096 ||
+        ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+        offset > pages(static_cast<uint64_t>(st.st_size)) ||
+        size > pages(static_cast<uint64_t>(st.st_size)) - offset)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "not whole pages of a regular file the client mapped");
+    if (CUresult rc = reserve_host(cx, size, "a shared file's registration"); rc != CUDA_SUCCESS) return rc;
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), static_cast<off_t>(offset));
+    fd = unique_fd();  // the mapping keeps the file
+    if (p == MAP_FAILED) {
+        unreserve_host(cx, size);
+        return cx.fail(CUDA_ERROR_INVALID_VALUE,
+                       std::string("cannot map the client's file: ") + std::strerror(errno));
     }
-    {
-        std::lock_guard lock(cx.sess.mu);
-        if (!cx.sess.host.reserve(size, cx.sess.host_quota())) {
-            close_fd();
-            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY, "registering " + std::to_string(size) +
-                                                         " bytes of a shared file exceeds the session's host "
-                                                         "memory quota");
-        }
-    }
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
-    close_fd();  // the mapping keeps the file
-    auto undo = [&](CUresult rc, const std::string& why) {
-        if (p != MAP_FAILED) ::munmap(p, size);
-        std::lock_guard lock(cx.sess.mu);
-        cx.sess.host.unreserve(size);
-        return why.empty() ? rc : cx.fail(rc, why);
-    };
-    if (p == MAP_FAILED)
-        return undo(CUDA_ERROR_INVALID_VALUE,
-                    std::string("cannot map the client's file: ") + std::strerror(errno));
-    auto& d = cx.drv();
-    relaxed_capture_scope relaxed(d);  // as NCCL registers its segments: an application capture goes on
-    CUresult rc = d.cuMemHostRegister_v2(p, size, host_regions::register_flags);
+    relaxed_capture_scope relaxed(
+        cx.drv());  // as NCCL registers its segments: an application capture goes on
     CUdeviceptr dptr = 0;
-    if (rc == CUDA_SUCCESS) rc = d.cuMemHostGetDevicePointer_v2(&dptr, p, 0);
-    if (rc != CUDA_SUCCESS) {
-        d.cuMemHostUnregister(p);
-        return undo(rc, "");
+    if (CUresult rc = register_pages(cx.drv(), p, size, dptr); rc != CUDA_SUCCESS) {
+        ::munmap(p, size);
+        unreserve_host(cx, size);
+        return rc;
     }
     {
         std::lock_guard lock(cx.sess.mu);

@@ -392,6 +392,13 @@ CUresult handle_memset(call_context& cx) {
     }
 }
 
+namespace {
+// A stream memory operation's word: the session's device memory or its shared pinned host memory.
+CUresult memop_target(call_context& cx, CUdeviceptr addr, size_t width) {
+    return cx.sess.owns_host(addr, width) ? CUDA_SUCCESS : cx.device_range(addr, width);
+}
+}  // namespace
+
 // args {stream, kind (0 write32, 1 wait32, 2 write64, 3 wait64; +4: a legacy entry point), address, value,
 // flags}: the word must be this session's device memory or its shared pinned host memory.
 CUresult handle_stream_memop(call_context& cx) {
@@ -405,8 +412,7 @@ CUresult handle_stream_memop(call_context& cx) {
     auto flags = static_cast<unsigned>(cx.arg(4));
     if (kind > 3) return cx.bad_arguments();
     const size_t width = kind < 2 ? 4 : 8;
-    if (!cx.sess.owns_host(addr, width))
-        if (CUresult rc = cx.device_range(addr, width); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = memop_target(cx, addr, width); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     if (legacy && d.cuStreamWriteValue32 && d.cuStreamWaitValue32 && d.cuStreamWriteValue64 &&
         d.cuStreamWaitValue64) {
@@ -470,8 +476,7 @@ CUresult handle_stream_batch_memop(call_context& cx) {
         }
         if (addr % width)
             return cx.fail(CUDA_ERROR_INVALID_VALUE, "a batch operation's address is misaligned");
-        if (!cx.sess.owns_host(addr, width))
-            if (CUresult rc = cx.device_range(addr, width); rc != CUDA_SUCCESS) return rc;
+        if (CUresult rc = memop_target(cx, addr, width); rc != CUDA_SUCCESS) return rc;
     }
     auto& d = cx.drv();
     const auto flags = static_cast<unsigned>(cx.arg(2));
