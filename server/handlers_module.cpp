@@ -476,9 +476,9 @@ CUresult kernel_args::set(call_context& cx, std::span<const std::byte> block, ui
         big_storage_.resize(words);
         storage = big_storage_.data();
     }
-    std::memset(storage, 0, words * 8);
-    std::memcpy(storage, block.data(), block.size());
     auto* base = reinterpret_cast<char*>(storage);
+    std::memcpy(base, block.data(), block.size());
+    std::memset(base + block.size(), 0, words * 8 - block.size());  // only what the client did not send
     // Pointers into module globals the driver placed elsewhere since the application learnt their address.
     if (cx.sess.globals.any_relocated() && e.layout)
         for (auto [off, size] : e.layout->params)
