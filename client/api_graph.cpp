@@ -1219,6 +1219,59 @@ VCUDA_API cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS* 
     return CUDA_SUCCESS;
 }
 
+VCUDA_API cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphMemAllocNodeGetParams, node, params);
+    VCUDA_REQUIRE_INIT();
+    handle_info info;
+    if (!params || !node_info(node, info) || info.node_type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::graph_mem_node_params, "cuGraphMemAllocNodeGetParams");
+    c.handle(node, handle_kind::graph_node);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const auto& blobs = c.reply().blobs;
+    if (blobs.size() != 2 || blobs[0].size() != sizeof(CUmemPoolProps) ||
+        blobs[1].size() % sizeof(CUmemAccessDesc) != 0)
+        return CUDA_ERROR_UNKNOWN;
+    CUmemPoolProps props;
+    std::memcpy(&props, blobs[0].data(), sizeof props);
+    std::vector<CUmemAccessDesc> access(blobs[1].size() / sizeof(CUmemAccessDesc));
+    std::memcpy(access.data(), blobs[1].data(), blobs[1].size());
+    auto& st = state::get();
+    auto to_client = [&](CUmemLocation& loc) {  // the server's device index -> this process's ordinal
+        if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE) loc.id = st.client_device(loc.id);
+    };
+    to_client(props.location);
+    for (auto& a : access) to_client(a.location);
+    // The array lives with the node: the mirror keeps the first answer (the node's parameters never change).
+    auto kept = std::make_shared<const std::vector<CUmemAccessDesc>>(std::move(access));
+    st.amend(id_of(node), [&](handle_info& h) {
+        if (h.node_access)
+            kept = h.node_access;
+        else
+            h.node_access = kept;
+    });
+    *params = {};
+    params->poolProps = props;
+    params->accessDescs = kept->empty() ? nullptr : kept->data();
+    params->accessDescCount = kept->size();
+    params->bytesize = c.out<size_t>(1);
+    params->dptr = c.out<CUdeviceptr>(0);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr* dptr) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphMemFreeNodeGetParams, node, dptr);
+    VCUDA_REQUIRE_INIT();
+    handle_info info;
+    if (!dptr || !node_info(node, info) || info.node_type != CU_GRAPH_NODE_TYPE_MEM_FREE)
+        return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::graph_mem_node_params, "cuGraphMemFreeNodeGetParams");
+    c.handle(node, handle_kind::graph_node);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *dptr = c.out<CUdeviceptr>(0);
+    return CUDA_SUCCESS;
+}
+
 VCUDA_API cuGraphNodeFindInClone(CUgraphNode* copy, CUgraphNode node, CUgraph clone) noexcept {
     VCUDA_TRACE_HOOK(cuGraphNodeFindInClone, copy, node, clone);
     VCUDA_REQUIRE_INIT();

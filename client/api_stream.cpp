@@ -62,6 +62,21 @@ VCUDA_API cuStreamGetDevice(CUstream s, CUdevice* dev) noexcept {
     return CUDA_SUCCESS;
 }
 
+namespace {
+// A wait for event `event_id` of another session, made on the host: that session synchronizes the event.
+CUresult wait_on_host(const handle_info& event, uint64_t event_id) {
+    const server_device& where = state::get().device(event.device);
+    lane* l = where.owner->this_thread_lane();
+    if (!l) return static_cast<CUresult>(connection_lost_result);
+    call_request rq;
+    rq.operation = op::cuEventSynchronize;
+    rq.device = where.server_index;
+    rq.args = {&event_id, 1};
+    call_reply rp;
+    return static_cast<CUresult>(l->call(rq, rp));
+}
+}  // namespace
+
 // A stream waits for an event. The application's GPUs may be served by several sessions (a lease of GPUs on
 // several servers, or of several GPUs of one: one session each), and a session's server knows only its own
 // events: a wait on an event of another session is made on the host instead — that session synchronizes the
@@ -81,21 +96,52 @@ VCUDA_API cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) noexcept 
             return static_cast<CUresult>(
                 refused("a capturing stream waiting on an event of another vcuda server (another session)",
                         CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION"));
-        const server_device& where = st.device(event.device);
-        lane* l = where.owner->this_thread_lane();
-        if (!l) return static_cast<CUresult>(connection_lost_result);
-        call_request rq;
-        rq.operation = op::cuEventSynchronize;
-        rq.device = where.server_index;
-        rq.args = {&event_id, 1};
-        call_reply rp;
-        return static_cast<CUresult>(l->call(rq, rp));
+        return wait_on_host(event, event_id);
     }
     plain_call c(op::stream_wait_event, "cuStreamWaitEvent");
     c.handle(s, handle_kind::stream);
     c.handle(e, handle_kind::event);
     c.arg(flags);
     return c.send_async();
+}
+
+// cuCtxRecordEvent and cuCtxWaitEvent (protocol/spec/driver.spec, ctx_event): the event recorded must be the
+// context's own, as natively; a wait goes to the context's device, or is made on the host when the event is
+// of another session.
+namespace {
+CUresult ctx_event(CUcontext ctx, CUevent e, bool record) {
+    VCUDA_REQUIRE_INIT();
+    auto& st = state::get();
+    int device = -1;
+    {
+        std::shared_lock lock(st.mu);
+        auto* c = ctx ? st.find_context(reinterpret_cast<uint64_t>(ctx)) : nullptr;
+        if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+        device = c->device;
+    }
+    handle_info event;
+    if (!st.lookup(reinterpret_cast<uint64_t>(e), event) || event.kind != handle_kind::event)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (record && event.ctx != reinterpret_cast<uint64_t>(ctx)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!record && st.session_count() > 1 && st.device(device).owner != st.device(event.device).owner) {
+        return wait_on_host(event, reinterpret_cast<uint64_t>(e));
+    }
+    plain_call c(op::ctx_event, record ? "cuCtxRecordEvent" : "cuCtxWaitEvent");
+    c.arg(record ? 0 : 1);
+    c.handle(e, handle_kind::event);
+    c.device(device);
+    return c.send_async();
+}
+}  // namespace
+
+VCUDA_API cuCtxRecordEvent(CUcontext ctx, CUevent e) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxRecordEvent, ctx, e);
+    return ctx_event(ctx, e, true);
+}
+
+VCUDA_API cuCtxWaitEvent(CUcontext ctx, CUevent e) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxWaitEvent, ctx, e);
+    return ctx_event(ctx, e, false);
 }
 
 // ---------------------------------------------------------------- stream capture

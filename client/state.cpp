@@ -371,6 +371,14 @@ bool state::lookup(uint64_t id, handle_info& out) {
     return true;
 }
 
+bool state::amend(uint64_t id, const std::function<void(handle_info&)>& change) {
+    std::unique_lock lock(mu);
+    auto it = handles_.find(id);
+    if (it == handles_.end()) return false;
+    change(it->second);
+    return true;
+}
+
 bool state::lookup_kind(uint64_t id, handle_kind& kind, std::shared_ptr<const param_layout>* layout) {
     std::shared_lock lock(mu);
     auto it = handles_.find(id);

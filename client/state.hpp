@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -39,6 +40,9 @@ struct handle_info {
     // any other device it is used on (route()).
     std::shared_ptr<const std::vector<std::vector<std::byte>>> image_parts;
     uint64_t image_format = 0, image_hash = 0;
+    // A memory alloc node's access descriptors, once asked for: cuGraphMemAllocNodeGetParams answers an array
+    // that lives as long as the node.
+    std::shared_ptr<const std::vector<CUmemAccessDesc>> node_access;
 };
 
 struct context_info {
@@ -123,6 +127,8 @@ class state {
     // nodes: an executable graph of `top` holds it (conditional bodies, moved child graphs).
     bool node_within(uint64_t node, uint64_t top);
     bool lookup(uint64_t id, handle_info& out);
+    // Changes what the mirror keeps for handle `id`; false when it has no such handle.
+    bool amend(uint64_t id, const std::function<void(handle_info&)>& change);
     // The kind (and parameter layout) only, without copying the rest: for the per-launch checks.
     bool lookup_kind(uint64_t id, handle_kind& kind, std::shared_ptr<const param_layout>* layout = nullptr);
     bool known(uint64_t id, handle_kind k);

@@ -25,6 +25,29 @@ CUresult handle_event_record(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
+// ctx_event {what (0 cuCtxRecordEvent, 1 cuCtxWaitEvent), event, device}: in the session's context on that
+// device, which holds only this session's work. Queued.
+CUresult handle_ctx_event(call_context& cx) {
+    if (!cx.expect_args(3) || cx.arg(0) > 1) return cx.bad_arguments();
+    const bool record = cx.arg(0) == 0;
+    auto& d = cx.drv();
+    if (record ? !d.cuCtxRecordEvent : !d.cuCtxWaitEvent)
+        return cx.unsupported(record ? "cuCtxRecordEvent" : "cuCtxWaitEvent");
+    CUevent e;
+    if (CUresult rc = cx.handle(1, handle_kind::event, e); rc != CUDA_SUCCESS) return rc;
+    CUdevice real;
+    if (CUresult rc = cx.device(2, real); rc != CUDA_SUCCESS) return rc;
+    CUresult rc = CUDA_SUCCESS;
+    CUcontext ctx = cx.sess.context(static_cast<size_t>(cx.arg(2)), rc);
+    if (!ctx) return rc;
+    rc = record ? d.cuCtxRecordEvent(ctx, e) : d.cuCtxWaitEvent(ctx, e);
+    if (rc == CUDA_SUCCESS && record) {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.event_times.forget(cx.arg(1));
+    }
+    return rc;
+}
+
 // cuStreamWaitEvent {stream, event, flags}. Queued.
 CUresult handle_stream_wait_event(call_context& cx) {
     if (!cx.expect_args(3)) return cx.bad_arguments();

@@ -473,6 +473,43 @@ CUresult handle_graph_memset_node_params(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
+// args {node} -> a memory alloc node's outs {address, bytes} and blobs {its pool properties, its access
+// descriptors}, device locations as the session's indices; a memory free node's outs {address}.
+CUresult handle_graph_mem_node_params(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    void* raw = nullptr;
+    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    auto node = static_cast<CUgraphNode>(raw);
+    CUgraphNodeType type{};
+    if (CUresult rc = d.cuGraphNodeGetType(node, &type); rc != CUDA_SUCCESS) return rc;
+    if (type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
+        if (!d.cuGraphMemFreeNodeGetParams) return cx.unsupported("cuGraphMemFreeNodeGetParams");
+        CUdeviceptr p = 0;
+        if (CUresult rc = d.cuGraphMemFreeNodeGetParams(node, &p); rc != CUDA_SUCCESS) return rc;
+        cx.out(uint64_t{p});
+        return CUDA_SUCCESS;
+    }
+    if (type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) return CUDA_ERROR_INVALID_VALUE;
+    if (!d.cuGraphMemAllocNodeGetParams) return cx.unsupported("cuGraphMemAllocNodeGetParams");
+    CUDA_MEM_ALLOC_NODE_PARAMS p{};
+    if (CUresult rc = d.cuGraphMemAllocNodeGetParams(node, &p); rc != CUDA_SUCCESS) return rc;
+    auto to_session = [&](CUmemLocation& loc) {
+        if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE) loc.id = cx.sess.session_device(loc.id);
+    };
+    CUmemPoolProps props = p.poolProps;
+    props.win32SecurityAttributes = nullptr;
+    to_session(props.location);
+    std::vector<CUmemAccessDesc> access(p.accessDescs,
+                                        p.accessDescs + (p.accessDescs ? p.accessDescCount : 0));
+    for (auto& a : access) to_session(a.location);
+    cx.out(uint64_t{p.dptr});
+    cx.out(uint64_t{p.bytesize});
+    cx.out_blob({reinterpret_cast<const std::byte*>(&props), sizeof props});
+    cx.out_blob({reinterpret_cast<const std::byte*>(access.data()), access.size() * sizeof(CUmemAccessDesc)});
+    return CUDA_SUCCESS;
+}
+
 // args {node, cloned graph} -> outs {the node's copy in that graph, its type}: entered as the clone's (those
 // listed before keep their ids).
 CUresult handle_graph_find_in_clone(call_context& cx) {

@@ -369,16 +369,26 @@ CUresult handle_module_get_global(call_context& cx) {
 }
 
 namespace {
-// The launch attributes in blob `i` (n of them), checked. False (with the reply's error set) when malformed.
-CUresult launch_attributes(call_context& cx, size_t i, uint64_t n, std::vector<CUlaunchAttribute>& attrs) {
+// The launch attributes in blob `i` (n of them), checked, their events the driver's (`events`: the session
+// handles of those recorded). False (with the reply's error set) when malformed.
+CUresult launch_attributes(call_context& cx, size_t i, uint64_t n, std::vector<CUlaunchAttribute>& attrs,
+                           std::vector<uint64_t>* events = nullptr) {
     auto bytes = cx.blob(i);
     if (n > 64 || bytes.size() != n * sizeof(CUlaunchAttribute)) return cx.bad_arguments();
     attrs.resize(n);
     std::memcpy(attrs.data(), bytes.data(), bytes.size());
-    for (auto& a : attrs)
-        if (!plain_launch_attribute(a.id))  // handles would need translating
+    for (auto& a : attrs) {
+        if (plain_launch_attribute(a.id)) continue;
+        CUevent* e = launch_attribute_event(a);
+        if (!e)  // a handle the server would have to translate
             return cx.fail(CUDA_ERROR_NOT_SUPPORTED,
                            "launch attribute " + std::to_string(a.id) + " not supported");
+        const auto id = reinterpret_cast<uint64_t>(*e);
+        void* raw = nullptr;
+        if (CUresult rc = cx.lookup(id, handle_kind::event, raw); rc != CUDA_SUCCESS) return rc;
+        *e = static_cast<CUevent>(raw);
+        if (events) events->push_back(id);
+    }
     return CUDA_SUCCESS;
 }
 }  // namespace
@@ -435,14 +445,20 @@ CUresult handle_launch(call_context& cx) {
         return d.cuLaunchKernel(f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s,
                                 params.kernel_params(), params.extra());
     std::vector<CUlaunchAttribute> attrs;
-    if (CUresult rc = launch_attributes(cx, 1, n_attrs, attrs); rc != CUDA_SUCCESS) return rc;
+    std::vector<uint64_t> recorded;
+    if (CUresult rc = launch_attributes(cx, 1, n_attrs, attrs, &recorded); rc != CUDA_SUCCESS) return rc;
     CUlaunchConfig config{};
     set_dims(config, dims);
     config.hStream = s;
     config.attrs = attrs.data();
     config.numAttrs = static_cast<unsigned>(n_attrs);
     if (!d.cuLaunchKernelEx) return cx.unsupported("cuLaunchKernelEx");
-    return d.cuLaunchKernelEx(&config, f, params.kernel_params(), params.extra());
+    CUresult rc = d.cuLaunchKernelEx(&config, f, params.kernel_params(), params.extra());
+    if (rc == CUDA_SUCCESS && !recorded.empty()) {  // recorded again, as by cuEventRecord: no age kept
+        std::lock_guard lock(cx.sess.mu);
+        for (uint64_t e : recorded) cx.sess.event_times.forget(e);
+    }
+    return rc;
 }
 
 CUresult launch_dims(call_context& cx, size_t first, unsigned (&dims)[7]) {

@@ -9,8 +9,8 @@ namespace vcuda::server {
 
 // True for the attributes whose value holds no handle: the client's bytes can go to the driver as they are.
 // The access policy window holds a device address (the same on both sides), which the driver only uses as a
-// cache hint. Events (programmatic and completion events) and the device-updatable node's device handle
-// would need translating and are refused; so is any id this server does not know.
+// cache hint. The device-updatable node's device handle would need translating and is refused; so is any id
+// this server does not know. Launches also take the two that hold an event (launch_attribute_event).
 constexpr bool plain_launch_attribute(CUlaunchAttributeID id) {
     switch (id) {
         case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
@@ -28,6 +28,19 @@ constexpr bool plain_launch_attribute(CUlaunchAttributeID id) {
             return true;
         default:
             return false;
+    }
+}
+
+// The event a launch attribute records (the programmatic event, the launch completion event), or null. The
+// client sends its session handle there; the server puts the driver's event in its place.
+inline CUevent* launch_attribute_event(CUlaunchAttribute& a) {
+    switch (a.id) {
+        case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT:
+            return &a.value.programmaticEvent.event;
+        case CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT:
+            return &a.value.launchCompletionEvent.event;
+        default:
+            return nullptr;
     }
 }
 

@@ -188,6 +188,13 @@ class session : public std::enable_shared_from_this<session> {
         return CUDA_SUCCESS;
     }
 
+    // The session's index of real device `real`; -1 when the session has no such device.
+    int session_device(CUdevice real) const {
+        for (size_t i = 0; i < devices_.size(); ++i)
+            if (devices_[i].device == real) return static_cast<int>(i);
+        return -1;
+    }
+
     // True when [p, p+n) is this session's memory on any of its GPUs (allocations or module globals).
     bool owns_range(CUdeviceptr p, size_t n);
 

@@ -445,9 +445,8 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         relocated.insert(relocated.end(), {from, r.to, r.size, r.owner});
     // The program's own VMM use; device locations as the session's indices (a move keeps them).
     auto session_index = [&](int real) {
-        for (size_t i = 0; i < devices_.size(); ++i)
-            if (devices_[i].device == real) return static_cast<int>(i);
-        return real;
+        const int i = session_device(real);
+        return i < 0 ? real : i;
     };
     std::vector<uint64_t> vmm_reservations, vmm_mappings;
     for (auto& [va, r] : vmm.reserved_) vmm_reservations.insert(vmm_reservations.end(), {va, r.size});

@@ -292,6 +292,7 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
     CHECK(b->call(op::graph_node_object, {node, 0}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::graph_node_object, {node, 2}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::graph_kernel_node_params, {node}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(b->call(op::graph_mem_node_params, {node}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::graph_find_in_clone, {node, gb.outs[0]}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::graph_edge_list, {g.outs[0], 0, 0, 0}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::graph_dot_print, {g.outs[0], 0}).result == CUDA_ERROR_INVALID_HANDLE);
@@ -342,7 +343,7 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
 
     // What a node holds: its session reads it (the other session cannot, above); malformed or mistyped asks
     // are refused (ops graph_memset_node_params, graph_node_object, graph_kernel_node_params,
-    // graph_find_in_clone).
+    // graph_mem_node_params, graph_find_in_clone).
     auto held = a->call(op::graph_memset_node_params, {node});
     REQUIRE(held.result == CUDA_SUCCESS);
     CHECK(held.outs == std::vector<uint64_t>{a_ptr, 64, 0, 4, 16, 1});
@@ -352,6 +353,7 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
     CHECK(a->call(op::graph_node_object, {node, 1}).result == CUDA_ERROR_INVALID_VALUE);  // nor a child graph
     CHECK(a->call(op::graph_node_object, {node, 2}).result == CUDA_ERROR_INVALID_VALUE);  // nor a host node
     CHECK(a->call(op::graph_kernel_node_params, {node}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_mem_node_params, {node}).result == CUDA_ERROR_INVALID_VALUE);  // not alloc/free
     CHECK(a->call(op::graph_find_in_clone, {node, g.outs[0]}).result ==
           CUDA_ERROR_INVALID_VALUE);  // no clone
     CHECK(a->call(op::graph_find_in_clone, {node, node}).result == CUDA_ERROR_INVALID_HANDLE);
@@ -385,6 +387,23 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
     CHECK(a->call(op::graph_memset_node_params, {node}).result == CUDA_ERROR_INVALID_HANDLE);
 }
 
+namespace {
+// The software driver's kernel drv_scale(float* x, float a, int n), looked up in a library loaded on a lane
+// with no context: {kernel, parameter count, (offset, size) of each}.
+raw_reply scale_kernel(raw_client& c) {
+    const std::vector<std::byte> image(16, std::byte{0x5a});  // the software driver does not parse images
+    auto lib = c.call(op::module_load, {1, 0, 0x1a7e1a7e, 1, image.size()}, {}, image, -1);
+    REQUIRE(lib.result == CUDA_SUCCESS);
+    const std::string name = "drv_scale";
+    std::vector<std::byte> name_blob(reinterpret_cast<const std::byte*>(name.data()),
+                                     reinterpret_cast<const std::byte*>(name.data()) + name.size());
+    auto k = c.call(op::library_get_kernel, {lib.outs.at(0)}, {name_blob}, {}, -1);
+    REQUIRE(k.result == CUDA_SUCCESS);
+    REQUIRE(k.outs.size() == 8);
+    return k;
+}
+}  // namespace
+
 TEST_CASE(
     "a kernel looked up on a lane with no context gets its real layout, and launches that do not match it "
     "are refused",
@@ -398,15 +417,7 @@ TEST_CASE(
     auto b = raw_client::open(server.address());
     REQUIRE(a);
     REQUIRE(b);
-    const std::vector<std::byte> image(16, std::byte{0x5a});  // the software driver does not parse images
-    auto lib = a->call(op::module_load, {1, 0, 0x1a7e1a7e, 1, image.size()}, {}, image, -1);
-    REQUIRE(lib.result == CUDA_SUCCESS);
-    const std::string name = "drv_scale";  // (float* x, float a, int n)
-    std::vector<std::byte> name_blob(reinterpret_cast<const std::byte*>(name.data()),
-                                     reinterpret_cast<const std::byte*>(name.data()) + name.size());
-    auto k = a->call(op::library_get_kernel, {lib.outs.at(0)}, {name_blob}, {}, -1);
-    REQUIRE(k.result == CUDA_SUCCESS);
-    REQUIRE(k.outs.size() == 8);
+    auto k = scale_kernel(*a);
     CHECK(k.outs[1] == 3);
     CHECK((k.outs[2] == 0 && k.outs[3] == 8));
     CHECK((k.outs[4] == 8 && k.outs[5] == 4));
@@ -451,6 +462,59 @@ TEST_CASE(
     std::memcpy(out.data(), back.payload.data(), bytes.size());
     for (int i = 0; i < n; ++i) REQUIRE(out[i] == 4.0f * static_cast<float>(i));
     CHECK(b->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
+}
+
+TEST_CASE("a launch records only its own session's events through its attributes", "[integration]") {
+    server_process server;
+    auto a = raw_client::open(server.address());
+    auto b = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(b);
+    auto k = scale_kernel(*a);
+    const int n = 64;
+    const uint64_t x = alloc(*a, n * sizeof(float));
+    std::vector<float> host(n);
+    for (int i = 0; i < n; ++i) host[i] = static_cast<float>(i);
+    std::vector<std::byte> bytes(n * sizeof(float));
+    std::memcpy(bytes.data(), host.data(), bytes.size());
+    REQUIRE(a->call(op::copy_htod, {x, 0}, {}, bytes).result == CUDA_SUCCESS);
+    std::vector<std::byte> params(16);
+    const float two = 2.0f;
+    std::memcpy(params.data(), &x, 8);
+    std::memcpy(params.data() + 8, &two, 4);
+    std::memcpy(params.data() + 12, &n, 4);
+    auto own = a->call(op::cuEventCreate, {CU_EVENT_DISABLE_TIMING});
+    auto other = b->call(op::cuEventCreate, {CU_EVENT_DISABLE_TIMING});
+    REQUIRE(own.result == CUDA_SUCCESS);
+    REQUIRE(other.result == CUDA_SUCCESS);
+    auto launch = [&](CUlaunchAttributeID id, uint64_t event) {
+        CUlaunchAttribute attr{};
+        attr.id = id;
+        if (id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT)
+            attr.value.programmaticEvent.event = reinterpret_cast<CUevent>(event);
+        else
+            attr.value.launchCompletionEvent.event = reinterpret_cast<CUevent>(event);
+        std::vector<std::byte> attr_blob(sizeof attr);
+        std::memcpy(attr_blob.data(), &attr, sizeof attr);
+        return a->call(op::launch, {k.outs[0], 1, 1, 1, static_cast<uint64_t>(n), 1, 1, 0, 0, 0, 1},
+                       {params, attr_blob});
+    };
+    for (auto id : {CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT}) {
+        INFO("attribute " << id);
+        // Another session's event, or no event at all: refused before the driver sees the launch.
+        CHECK(launch(id, other.outs.at(0)).result == CUDA_ERROR_INVALID_HANDLE);
+        CHECK(launch(id, 0x5eed).result == CUDA_ERROR_INVALID_HANDLE);
+        // Its own: the launch runs and the event is recorded.
+        REQUIRE(launch(id, own.outs.at(0)).result == CUDA_SUCCESS);
+        CHECK(a->call(op::cuEventSynchronize, {own.outs.at(0)}).result == CUDA_SUCCESS);
+    }
+    // The two accepted launches ran, the refused ones did not.
+    auto back = a->call(op::copy_dtoh, {x, bytes.size(), 0});
+    REQUIRE(back.result == CUDA_SUCCESS);
+    std::vector<float> out(n);
+    std::memcpy(out.data(), back.payload.data(), bytes.size());
+    for (int i = 0; i < n; ++i) REQUIRE(out[i] == 4.0f * static_cast<float>(i));
+    CHECK(b->call(op::cuEventQuery, {other.outs.at(0)}).result == CUDA_SUCCESS);
 }
 
 TEST_CASE("a file registration takes only whole pages of a regular file, and its descriptor only",

@@ -351,6 +351,24 @@ int main() {
         for (int i = 0; i < n; ++i)
             EXPECT(ph[i] == static_cast<float>(i) * 0.25f, "async round trip: [%d] = %g", i, ph[i]);
         printf("async HtoD, launch, DtoH on a stream: ok\n");
+        // A context's events: recorded after the context's work, waited on by the context, then by the host.
+        CUevent ce = nullptr;
+        CU_CHECK(cuEventCreate(&ce, CU_EVENT_DISABLE_TIMING));
+        CU_CHECK(cuMemcpyHtoDAsync(x, ph, bytes, s));
+        float a5 = 2.0f;
+        void* cargs[] = {&x, &a5, &nn};
+        CU_CHECK(cuLaunchKernel(f_scale, grid, 1, 1, 256, 1, 1, 0, s, cargs, nullptr));
+        CU_CHECK(cuCtxRecordEvent(ctx, ce));
+        CU_CHECK(cuCtxWaitEvent(ctx, ce));
+        CU_CHECK(cuEventSynchronize(ce));
+        CU_CHECK(cuMemcpyDtoH(ph, x, bytes));
+        for (int i = 0; i < n; ++i)
+            EXPECT(ph[i] == static_cast<float>(i) * 0.5f, "after cuCtxRecordEvent: [%d] = %g", i, ph[i]);
+        printf("cuCtxRecordEvent, cuCtxWaitEvent: ok\n");
+        // Not compared yet: what the real driver answers for a NULL context (vcuda:
+        // CUDA_ERROR_INVALID_CONTEXT).
+        printf("info: cuCtxRecordEvent(NULL) = %s\n", err_name(cuCtxRecordEvent(nullptr, ce)));
+        CU_CHECK(cuEventDestroy(ce));
         // A 1D array filled and read back with the async array copies, on the stream, from pinned memory.
         CUarray arr = nullptr;
         CUDA_ARRAY_DESCRIPTOR ad{};

@@ -55,6 +55,25 @@ static void print_attrs(const char* name, const void* fn) {
     EXPECT(a.maxThreadsPerBlock > 0, "%s: maxThreadsPerBlock %d", name, a.maxThreadsPerBlock);
 }
 
+// The deprecated bank-size setting (older programs still make these calls): accepted, ignored where banks
+// have one width, and read back; an unknown value refused.
+#pragma nv_diag_suppress 1444  // deprecated on purpose
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+static void shared_mem_config() {
+    CHECK(cudaDeviceSetSharedMemConfig(cudaSharedMemBankSizeEightByte));
+    cudaSharedMemConfig c;
+    CHECK(cudaDeviceGetSharedMemConfig(&c));
+    printf("device shared memory config after asking for 8-byte banks: %d\n", int(c));
+    CHECK(cudaFuncSetSharedMemConfig(fa_dynamic, cudaSharedMemBankSizeFourByte));
+    cudaError_t bad = cudaDeviceSetSharedMemConfig(static_cast<cudaSharedMemConfig>(7));
+    cudaGetLastError();
+    CHECK(cudaDeviceGetSharedMemConfig(&c));
+    printf("an unknown config: %s; config now %d\n", cudaGetErrorName(bad), int(c));
+    CHECK(cudaDeviceSetSharedMemConfig(cudaSharedMemBankSizeDefault));
+}
+#pragma GCC diagnostic pop
+
 int main() {
     print_attrs("fa_small", reinterpret_cast<const void*>(fa_small));
     print_attrs("fa_bounded", reinterpret_cast<const void*>(fa_bounded));
@@ -156,6 +175,7 @@ int main() {
     CHECK(cudaMemcpy(out.data(), dout, n * sizeof(float), cudaMemcpyDeviceToHost));
     for (int i = 0; i < n; ++i) EXPECT(out[i] == i + 1.0f, "fa_dynamic after raising [%d] = %g", i, out[i]);
     printf("setters repeated, lowered and raised: ok\n");
+    shared_mem_config();
     CHECK(cudaFree(di));
     CHECK(cudaFree(df));
     CHECK(cudaFree(dout));

@@ -84,6 +84,37 @@ void explicit_nodes(int device, cudaStream_t s) {
     CHECK(cudaGraphAddMemFreeNode(&fy, g, &cout, 1, y));
     printf("graph with memory nodes: %s %s %s %s %s %s %s\n", type_name(ax), type_name(ay), type_name(cin),
            type_name(k), type_name(cout), type_name(fx), type_name(fy));
+    // The nodes' parameters read back: y's allocation with an access descriptor for the device, and its free.
+    cudaMemAccessDesc rw = {};
+    rw.location = ap.poolProps.location;
+    rw.flags = cudaMemAccessFlagsProtReadWrite;
+    ap.accessDescs = &rw;
+    ap.accessDescCount = 1;
+    cudaGraphNode_t az;
+    CHECK(cudaGraphAddMemAllocNode(&az, g, &ay, 1, &ap));
+    CHECK(cudaGraphAddMemFreeNode(&fx, g, &az, 1, ap.dptr));
+    for (cudaGraphNode_t node : {ay, az}) {
+        cudaMemAllocNodeParams got = {};
+        CHECK(cudaGraphMemAllocNodeGetParams(node, &got));
+        EXPECT(got.bytesize == bytes && got.poolProps.location.type == cudaMemLocationTypeDevice &&
+                   got.poolProps.location.id == device && (node != ay || got.dptr == y),
+               "alloc node parameters: %zu bytes at %p, location %d/%d", got.bytesize, got.dptr,
+               int(got.poolProps.location.type), got.poolProps.location.id);
+        printf("alloc node: %zu bytes, type %d, location %d/%d, %zu access descriptors", got.bytesize,
+               int(got.poolProps.allocType), int(got.poolProps.location.type), got.poolProps.location.id,
+               got.accessDescCount);
+        for (size_t i = 0; i < got.accessDescCount; ++i)
+            printf(" [%d/%d flags %d]", int(got.accessDescs[i].location.type), got.accessDescs[i].location.id,
+                   int(got.accessDescs[i].flags));
+        printf("\n");
+    }
+    void* freed = nullptr;
+    CHECK(cudaGraphMemFreeNodeGetParams(fy, &freed));
+    EXPECT(freed == y, "free node frees %p, not y %p", freed, static_cast<void*>(y));
+    cudaMemAllocNodeParams wrong = {};
+    cudaError_t e_wrong = cudaGraphMemAllocNodeGetParams(fy, &wrong);
+    printf("free node frees y; a free node asked for alloc parameters: %s\n", cudaGetErrorName(e_wrong));
+    cudaGetLastError();
     cudaGraphExec_t e;
     CHECK(cudaGraphInstantiate(&e, g, 0));
     CHECK(cudaGraphDestroy(g));
@@ -184,6 +215,26 @@ void captured(cudaStream_t s) {
     size_t nodes = 0;
     CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
     printf("captured stream-ordered allocations: %zu nodes\n", nodes);
+    std::vector<cudaGraphNode_t> list(nodes);
+    CHECK(cudaGraphGetNodes(g, list.data(), &nodes));
+    int allocs = 0, frees = 0;
+    for (cudaGraphNode_t node : list) {
+        cudaGraphNodeType t;
+        CHECK(cudaGraphNodeGetType(node, &t));
+        if (t == cudaGraphNodeTypeMemAlloc) {
+            cudaMemAllocNodeParams got = {};
+            CHECK(cudaGraphMemAllocNodeGetParams(node, &got));
+            EXPECT(got.bytesize == bytes && (got.dptr == x || got.dptr == y || got.dptr == z),
+                   "captured alloc node: %zu bytes at %p", got.bytesize, got.dptr);
+            ++allocs;
+        } else if (t == cudaGraphNodeTypeMemFree) {
+            void* p = nullptr;
+            CHECK(cudaGraphMemFreeNodeGetParams(node, &p));
+            EXPECT(p == x || p == y || p == z, "captured free node frees %p", p);
+            ++frees;
+        }
+    }
+    printf("captured: %d alloc nodes and %d free nodes, each on one of the three buffers\n", allocs, frees);
     cudaGraphExec_t e;
     CHECK(cudaGraphInstantiate(&e, g, 0));
     CHECK(cudaGraphDestroy(g));

@@ -436,6 +436,29 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxGetCacheConfig(CUfunc_cache* pconfig) {
     });
 }
 
+// Shared memory banks are four bytes wide on every device the driver supports: a setting is checked and
+// ignored.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxSetSharedMemConfig(CUsharedconfig config) {
+    return entry([&](state& s) -> CUresult {
+        context_obj* c = nullptr;
+        if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+        return config >= CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE &&
+                       config <= CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE
+                   ? CUDA_SUCCESS
+                   : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxGetSharedMemConfig(CUsharedconfig* pConfig) {
+    return entry([&](state& s) -> CUresult {
+        if (pConfig == nullptr) return CUDA_ERROR_INVALID_VALUE;
+        context_obj* c = nullptr;
+        if (CUresult r = require_context(s, c); r != CUDA_SUCCESS) return r;
+        *pConfig = CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE;
+        return CUDA_SUCCESS;
+    });
+}
+
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxResetPersistingL2Cache(void) {
     return entry([&](state& s) -> CUresult {
         context_obj* c = nullptr;

@@ -674,6 +674,10 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
     n->kernel = kernel;
     if (kernel != nullptr) n->name = kernel_name(s, kernel->p);
     n->memset = memset_of(p);
+    if (p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        keep_alloc_params(*n, p->alloc.poolProps, p->alloc.accessDescs, p->alloc.accessDescCount,
+                          p->alloc.bytesize, p->alloc.dptr);
+    if (p->type == CU_GRAPH_NODE_TYPE_MEM_FREE) n->freed = p->free.dptr;
     if (p->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {  // its bodies: empty graphs of its own
         n->cond = p->conditional.handle;
         n->cond_type = p->conditional.type;
@@ -801,6 +805,22 @@ CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type
         q->last_edges = {CUgraphEdgeData{}};
     }
     return CUDA_SUCCESS;
+}
+
+node_obj* last_captured(state& s, CUstream stream) {
+    capture_seq* q = capture_of(s, stream);
+    return q != nullptr && q->last.size() == 1 ? s.find<node_obj>(q->last[0]) : nullptr;
+}
+
+void keep_alloc_params(node_obj& n, const CUmemPoolProps& props, const CUmemAccessDesc* access, size_t count,
+                       size_t bytes, CUdeviceptr dptr) {
+    n.access.assign(access, access + (access != nullptr ? count : 0));
+    n.alloc = {};
+    n.alloc.poolProps = props;
+    n.alloc.accessDescs = n.access.empty() ? nullptr : n.access.data();
+    n.alloc.accessDescCount = n.access.size();
+    n.alloc.bytesize = bytes;
+    n.alloc.dptr = dptr;
 }
 
 CUresult check_not_capturing(state& s, CUstream stream) {
@@ -1337,6 +1357,28 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphMemsetNodeGetParams(CUgraphNode hNode,
         if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_MEMSET || nodeParams == nullptr || !n->memset)
             return CUDA_ERROR_INVALID_VALUE;
         *nodeParams = *n->memset;
+        return CUDA_SUCCESS;
+    });
+}
+
+// A memory alloc node's parameters, and a free node's address (made by cuGraph* calls or captured).
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphMemAllocNodeGetParams(CUgraphNode hNode,
+                                                                CUDA_MEM_ALLOC_NODE_PARAMS* params_out) {
+    return entry([&](state& s) -> CUresult {
+        node_obj* n = s.find<node_obj>(hNode);
+        if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC || params_out == nullptr)
+            return CUDA_ERROR_INVALID_VALUE;
+        *params_out = n->alloc;
+        return CUDA_SUCCESS;
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr* dptr_out) {
+    return entry([&](state& s) -> CUresult {
+        node_obj* n = s.find<node_obj>(hNode);
+        if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_MEM_FREE || dptr_out == nullptr)
+            return CUDA_ERROR_INVALID_VALUE;
+        *dptr_out = n->freed;
         return CUDA_SUCCESS;
     });
 }

@@ -498,7 +498,15 @@ CUresult pool_alloc(state& s, CUdeviceptr* dptr, size_t bytes, pool_obj* pool, C
     if (capture_of(s, stream) != nullptr) {  // a memory alloc node of the capture's graph
         if (CUresult r = graph_alloc(s, *c, bytes, dptr); r != CUDA_SUCCESS) return r;
         work none = []() { return CUDA_SUCCESS; };
-        return capture_or_run(s, stream, none, CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+        if (CUresult r = capture_or_run(s, stream, none, CU_GRAPH_NODE_TYPE_MEM_ALLOC); r != CUDA_SUCCESS)
+            return r;
+        if (node_obj* n = last_captured(s, stream)) {
+            CUmemPoolProps props{};
+            props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+            props.location = {CU_MEM_LOCATION_TYPE_DEVICE, c->device};
+            keep_alloc_params(*n, props, nullptr, 0, bytes, *dptr);
+        }
+        return CUDA_SUCCESS;
     }
     if (CUresult r = device_alloc(s, *c, bytes, range_kind::device, 0, dptr); r != CUDA_SUCCESS) return r;
     s.ranges[static_cast<uintptr_t>(*dptr)].pool = pool->handle;
@@ -549,7 +557,11 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hSt
                     return CUDA_SUCCESS;
                 });
             };
-            return capture_or_run(s, hStream, at_launch, CU_GRAPH_NODE_TYPE_MEM_FREE);
+            if (CUresult r = capture_or_run(s, hStream, at_launch, CU_GRAPH_NODE_TYPE_MEM_FREE);
+                r != CUDA_SUCCESS)
+                return r;
+            if (node_obj* n = last_captured(s, hStream)) n->freed = dptr;
+            return CUDA_SUCCESS;
         }
         if (it->second.graph) return CUDA_SUCCESS;  // the address stays its graph's
         release_pooled(s, it->second);

@@ -870,6 +870,18 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc
     });
 }
 
+// Checked and ignored, as cuCtxSetSharedMemConfig.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuFuncSetSharedMemConfig(CUfunction hfunc, CUsharedconfig config) {
+    return entry([&](state& s) -> CUresult {
+        callable c;
+        if (CUresult r = resolve_callable(s, hfunc, c); r != CUDA_SUCCESS) return r;
+        return config >= CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE &&
+                       config <= CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE
+                   ? CUDA_SUCCESS
+                   : CUDA_ERROR_INVALID_VALUE;
+    });
+}
+
 // Measured on the real driver: a CUkernel cast to CUfunction answers CUDA_ERROR_INVALID_HANDLE here.
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t* paramOffset,
                                                       size_t* paramSize) {
@@ -1077,6 +1089,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config
         q.stream = config->hStream;
         q.kernel_params = kernelParams;
         q.extra = extra;
+        std::vector<CUevent> events;  // recorded by the launch
         for (unsigned i = 0; i < config->numAttrs; ++i) {
             const CUlaunchAttribute& a = config->attrs[i];
             switch (a.id) {
@@ -1095,19 +1108,28 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config
                 case CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY:
                 case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
                 case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
-                case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT:
                 case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
                 case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
                 case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION:
-                case CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT:
                 case CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE:
                 case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
                 case CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING:
+                    break;
+                case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT:  // the kernel ran by the time the call returns
+                    events.push_back(a.value.programmaticEvent.event);
+                    break;
+                case CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT:
+                    events.push_back(a.value.launchCompletionEvent.event);
                     break;
                 default:
                     return CUDA_ERROR_INVALID_VALUE;
             }
         }
-        return prepare_launch(s, w, q);
+        for (CUevent e : events)
+            if (s.find<event_obj>(e) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+        if (CUresult r = prepare_launch(s, w, q); r != CUDA_SUCCESS) return r;
+        for (CUevent e : events)
+            if (CUresult r = record_event(s, e, q.stream); r != CUDA_SUCCESS) return r;
+        return CUDA_SUCCESS;
     });
 }

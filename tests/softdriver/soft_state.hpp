@@ -423,8 +423,12 @@ struct node_obj : object {
     uint64_t event = 0;  // event record and event wait nodes made by cuGraphAddNode: their event
     std::shared_ptr<const kernel_node_params> kernel;  // kernel nodes made or set by cuGraph* calls
     std::optional<CUDA_MEMSET_NODE_PARAMS> memset;     // memset nodes made or set by cuGraph* calls
-    uint64_t origin = 0;                               // the node it was cloned from (cuGraphNodeFindInClone)
-    std::string name;                                  // kernel nodes: the kernel's (cuGraphDebugDotPrint)
+    // Memory alloc nodes: their parameters (accessDescs pointing into `access`); free nodes: the address.
+    CUDA_MEM_ALLOC_NODE_PARAMS alloc{};
+    std::vector<CUmemAccessDesc> access;
+    CUdeviceptr freed = 0;
+    uint64_t origin = 0;  // the node it was cloned from (cuGraphNodeFindInClone)
+    std::string name;     // kernel nodes: the kernel's (cuGraphDebugDotPrint)
     // Conditional nodes: the handle, the kind, and the body graphs (the node's own), as handed out.
     uint64_t cond = 0;
     CUgraphConditionalNodeType cond_type = CU_GRAPH_COND_TYPE_IF;
@@ -503,6 +507,12 @@ CUresult capture_or_run(state& s, CUstream stream, work& w, CUgraphNodeType type
                         const CUDA_HOST_NODE_PARAMS* host = nullptr, std::string_view name = {});
 // The capture `stream` records into, or null (a stale reference to an ended capture is dropped here).
 capture_seq* capture_of(state& s, CUstream stream);
+// The node `stream`'s capture recorded last (after capture_or_run recorded one), or null.
+node_obj* last_captured(state& s, CUstream stream);
+// Keeps a memory alloc node's parameters (made by cuGraphAddNode or captured) for
+// cuGraphMemAllocNodeGetParams.
+void keep_alloc_params(node_obj& n, const CUmemPoolProps& props, const CUmemAccessDesc* access, size_t count,
+                       size_t bytes, CUdeviceptr dptr);
 // Where `stream` keeps the id of the capture it belongs to; null for the legacy stream, which cannot capture.
 uint64_t* capture_slot(state& s, CUstream stream);
 // True when `stream` is the legacy stream and a blocking stream of its context captures.
@@ -514,6 +524,8 @@ CUresult check_not_capturing(state& s, CUstream stream);
 // capture mode (cuThreadExchangeStreamCaptureMode) with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
 CUresult check_unsafe_call(state& s);
 CUstreamCaptureMode thread_capture_mode();  // soft_stream.cpp
+// Records event `ev` on `stream` now (streams are always complete here), or into the stream's capture.
+CUresult record_event(state& s, CUevent ev, CUstream stream);
 // A stream (`node` false) or kernel node attribute value as the real driver checks it: an id valid for that
 // object, a policy window no larger than the device allows, known enum values (soft_stream.cpp).
 CUresult check_attribute(CUlaunchAttributeID id, const CUlaunchAttributeValue& v, bool node);

@@ -37,6 +37,8 @@ CUresult create_stream(state& s, CUstream* ph, unsigned flags, int priority) {
     return CUDA_SUCCESS;
 }
 
+}  // namespace
+
 CUresult record_event(state& s, CUevent ev, CUstream stream) {
     event_obj* e = s.find<event_obj>(ev);
     if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
@@ -54,6 +56,8 @@ CUresult record_event(state& s, CUevent ev, CUstream stream) {
     e->when = std::chrono::steady_clock::now();
     return CUDA_SUCCESS;
 }
+
+namespace {
 
 CUresult elapsed(state& s, float* ms, CUevent start, CUevent end) {
     if (ms == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -353,6 +357,33 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstre
         if ((flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
         return record_event(s, hEvent, hStream);
     });
+}
+
+// A context's events. Its streams are always complete, so a record marks the event recorded now and a wait
+// has nothing to wait for; both are refused while a stream of the context captures, as the real driver's are.
+namespace {
+CUresult ctx_event(state& s, CUcontext hCtx, CUevent hEvent, bool record) {
+    context_obj* c = s.find<context_obj>(hCtx);
+    if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    event_obj* e = s.find<event_obj>(hEvent);
+    if (e == nullptr || (record && e->ctx != c->handle)) return CUDA_ERROR_INVALID_HANDLE;
+    for (auto& [id, q] : s.captures)
+        if (q.ctx == c->handle) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (record) {
+        e->capture = 0;
+        e->recorded = true;
+        e->when = std::chrono::steady_clock::now();
+    }
+    return CUDA_SUCCESS;
+}
+}  // namespace
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent) {
+    return entry([&](state& s) { return ctx_event(s, hCtx, hEvent, true); });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent) {
+    return entry([&](state& s) { return ctx_event(s, hCtx, hEvent, false); });
 }
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
