@@ -298,7 +298,13 @@ class fuzzer {
                                        static_cast<uint32_t>(op::mipmapped_array_create),
                                        static_cast<uint32_t>(op::mipmapped_array_destroy),
                                        static_cast<uint32_t>(op::tex_resource_desc),
-                                       static_cast<uint32_t>(op::vmm_get_access)};
+                                       static_cast<uint32_t>(op::vmm_get_access),
+                                       static_cast<uint32_t>(op::vmm_retain),
+                                       static_cast<uint32_t>(op::host_register_file),
+                                       static_cast<uint32_t>(op::stream_batch_memop),
+                                       static_cast<uint32_t>(op::graph_mem_node_params),
+                                       static_cast<uint32_t>(op::ctx_event),
+                                       static_cast<uint32_t>(op::launch)};
         uint32_t o =
             pick(3) ? ops[pick(std::size(ops))] : static_cast<uint32_t>(pick(512));  // past the last id
         std::vector<uint64_t> args(pick(9));
