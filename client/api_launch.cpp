@@ -159,11 +159,20 @@ CUresult send_launch(uint64_t fid, unsigned gx, unsigned gy, unsigned gz, unsign
     rq.args = args;
     rq.blobs = std::span(blobs, n_attrs ? 2 : 1);  // no empty attribute block on the wire
     // A cooperative grid must fit on the device at once, which only the driver knows (it answers
-    // CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE at call time): such launches wait for the server's answer.
+    // CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE at call time): such launches wait for the server's answer. So
+    // do launches recording an event shared with another process (as its cuEventRecord does), and the events
+    // an attribute names must be the application's.
     for (size_t i = 0; i < n_attrs; ++i) {
         CUlaunchAttribute a;
         std::memcpy(&a, attrs.data() + i * sizeof a, sizeof a);
-        if (a.id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && a.value.cooperative) {
+        const CUevent event = a.id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT ? a.value.programmaticEvent.event
+                              : a.id == CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT
+                                  ? a.value.launchCompletionEvent.event
+                                  : nullptr;
+        const auto event_id = reinterpret_cast<uint64_t>(event);
+        if (event && !valid_handle(event_id, handle_kind::event)) return CUDA_ERROR_INVALID_HANDLE;
+        if ((a.id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && a.value.cooperative) ||
+            (event && ipc_shared(event_id))) {
             call_reply rp;
             return static_cast<CUresult>(l->call(rq, rp));
         }
