@@ -481,6 +481,7 @@ CUresult handle_graph_mem_node_params(call_context& cx) {
     if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     auto node = static_cast<CUgraphNode>(raw);
+    if (!d.cuGraphNodeGetType) return cx.unsupported("cuGraphNodeGetType");
     CUgraphNodeType type{};
     if (CUresult rc = d.cuGraphNodeGetType(node, &type); rc != CUDA_SUCCESS) return rc;
     if (type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
