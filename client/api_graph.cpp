@@ -51,6 +51,12 @@ bool node_info(CUgraphNode node, handle_info& out) {
     return state::get().lookup(id_of(node), out) && out.kind == handle_kind::graph_node;
 }
 
+// True when the mirror knows `node` as a graph node of type `type`.
+bool node_of_type(CUgraphNode node, CUgraphNodeType type) {
+    handle_info info;
+    return node_info(node, info) && info.node_type == type;
+}
+
 // The mirror learns a node the server entered, with its graph and type, before the application sees it.
 CUgraphNode adopt_node(uint64_t id, uint64_t graph, CUgraphNodeType type) {
     handle_info info;
@@ -386,8 +392,7 @@ CUresult set_node(CUgraphExec exec, CUgraphNode node, CUgraphNodeType type, cons
 template <class H>
 CUresult node_object(CUgraphNode node, CUgraphNodeType type, H* out, const char* name) {
     VCUDA_REQUIRE_INIT();
-    handle_info info;
-    if (!out || !node_info(node, info) || info.node_type != type) return CUDA_ERROR_INVALID_VALUE;
+    if (!out || !node_of_type(node, type)) return CUDA_ERROR_INVALID_VALUE;
     const bool child_graph = type == CU_GRAPH_NODE_TYPE_GRAPH;
     plain_call c(op::graph_node_object, name);
     c.handle(node, handle_kind::graph_node);
@@ -968,9 +973,7 @@ VCUDA_API cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node, con
 VCUDA_API cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphHostNodeGetParams, node, params);
     VCUDA_REQUIRE_INIT();
-    handle_info info;
-    if (!params || !node_info(node, info) || info.node_type != CU_GRAPH_NODE_TYPE_HOST)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!params || !node_of_type(node, CU_GRAPH_NODE_TYPE_HOST)) return CUDA_ERROR_INVALID_VALUE;
     plain_call c(op::graph_node_object, "cuGraphHostNodeGetParams");
     c.handle(node, handle_kind::graph_node);
     c.arg(uint64_t{2});
@@ -1208,9 +1211,7 @@ VCUDA_API cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE_PARAM
 VCUDA_API cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphMemsetNodeGetParams, node, params);
     VCUDA_REQUIRE_INIT();
-    handle_info info;
-    if (!params || !node_info(node, info) || info.node_type != CU_GRAPH_NODE_TYPE_MEMSET)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!params || !node_of_type(node, CU_GRAPH_NODE_TYPE_MEMSET)) return CUDA_ERROR_INVALID_VALUE;
     plain_call c(op::graph_memset_node_params, "cuGraphMemsetNodeGetParams");
     c.handle(node, handle_kind::graph_node);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
@@ -1222,9 +1223,7 @@ VCUDA_API cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS* 
 VCUDA_API cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS* params) noexcept {
     VCUDA_TRACE_HOOK(cuGraphMemAllocNodeGetParams, node, params);
     VCUDA_REQUIRE_INIT();
-    handle_info info;
-    if (!params || !node_info(node, info) || info.node_type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!params || !node_of_type(node, CU_GRAPH_NODE_TYPE_MEM_ALLOC)) return CUDA_ERROR_INVALID_VALUE;
     plain_call c(op::graph_mem_node_params, "cuGraphMemAllocNodeGetParams");
     c.handle(node, handle_kind::graph_node);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
@@ -1262,9 +1261,7 @@ VCUDA_API cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PAR
 VCUDA_API cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr* dptr) noexcept {
     VCUDA_TRACE_HOOK(cuGraphMemFreeNodeGetParams, node, dptr);
     VCUDA_REQUIRE_INIT();
-    handle_info info;
-    if (!dptr || !node_info(node, info) || info.node_type != CU_GRAPH_NODE_TYPE_MEM_FREE)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!dptr || !node_of_type(node, CU_GRAPH_NODE_TYPE_MEM_FREE)) return CUDA_ERROR_INVALID_VALUE;
     plain_call c(op::graph_mem_node_params, "cuGraphMemFreeNodeGetParams");
     c.handle(node, handle_kind::graph_node);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;

@@ -38,6 +38,16 @@ CUgraphNodeType seen_type(const driver_table& d, CUgraphNode node, CUgraphNodeTy
     return type == CU_GRAPH_NODE_TYPE_GRAPH && is_host_copy_node(d, node) ? CU_GRAPH_NODE_TYPE_MEMCPY : type;
 }
 
+// Graph node argument `i` (one of the session's) and the type the driver reports for it.
+CUresult typed_node(call_context& cx, size_t i, CUgraphNode& node, CUgraphNodeType& type) {
+    void* raw = nullptr;
+    if (CUresult rc = cx.lookup(cx.arg(i), handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
+    node = static_cast<CUgraphNode>(raw);
+    auto& d = cx.drv();
+    if (!d.cuGraphNodeGetType) return cx.unsupported("cuGraphNodeGetType");
+    return d.cuGraphNodeGetType(node, &type);
+}
+
 // This lane's thread takes the client thread's capture mode (cuThreadExchangeStreamCaptureMode): it decides
 // which calls the driver allows while a capture is under way.
 CUresult set_thread_capture_mode(call_context& cx, uint64_t mode) {
@@ -477,13 +487,10 @@ CUresult handle_graph_memset_node_params(call_context& cx) {
 // descriptors}, device locations as the session's indices; a memory free node's outs {address}.
 CUresult handle_graph_mem_node_params(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
-    void* raw = nullptr;
-    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
-    auto& d = cx.drv();
-    auto node = static_cast<CUgraphNode>(raw);
-    if (!d.cuGraphNodeGetType) return cx.unsupported("cuGraphNodeGetType");
+    CUgraphNode node = nullptr;
     CUgraphNodeType type{};
-    if (CUresult rc = d.cuGraphNodeGetType(node, &type); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = typed_node(cx, 0, node, type); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
     if (type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
         if (!d.cuGraphMemFreeNodeGetParams) return cx.unsupported("cuGraphMemFreeNodeGetParams");
         CUdeviceptr p = 0;
@@ -581,13 +588,10 @@ CUresult handle_graph_kernel_node_params(call_context& cx) {
 // graph is entered as the node's (owned by it: destroyed with it, never on its own), keeping the id it has.
 CUresult handle_graph_node_object(call_context& cx) {
     if (!cx.expect_args(2) || cx.arg(1) > 2) return cx.bad_arguments();
-    void* raw = nullptr;
-    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
-    auto& d = cx.drv();
-    auto node = static_cast<CUgraphNode>(raw);
-    if (!d.cuGraphNodeGetType) return cx.unsupported("cuGraphNodeGetType");
+    CUgraphNode node = nullptr;
     CUgraphNodeType type{};
-    if (CUresult rc = d.cuGraphNodeGetType(node, &type); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = typed_node(cx, 0, node, type); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
     type = seen_type(d, node, type);  // a host copy's child graph is not the application's to see
     if (cx.arg(1) ==
         2) {  // a host node: the client's host-function id (client/api_hostfn.cpp) names fn, data
