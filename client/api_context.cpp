@@ -1,5 +1,6 @@
 // Contexts are client-side objects over the session's one server context per device: creating, pushing,
 // popping and querying them costs no message. Synchronize and reset go to the server.
+#include "client/deferred_copies.hpp"
 #include "client/entry_point.hpp"
 #include "client/peer.hpp"
 #include "client/plain_call.hpp"
@@ -36,7 +37,9 @@ std::vector<primary_state>& primaries() {
 CUresult server_sync(int device) {
     plain_call c(op::ctx_synchronize, "cuCtxSynchronize");
     (void)device;
-    return c.send_sync();
+    CUresult rc = c.send_sync();
+    if (rc == CUDA_SUCCESS) settle_finished();  // copies left under way land before it returns
+    return rc;
 }
 
 }  // namespace

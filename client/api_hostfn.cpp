@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client/deferred_copies.hpp"
 #include "client/entry_point.hpp"
 #include "client/host_functions.hpp"
 #include "client/plain_call.hpp"
@@ -121,6 +122,8 @@ void run_host_functions(session* s) {
                 if (rp.outs.size() < 2 || rp.outs[1] == 0) r.pending.erase(it);
             }
         }
+        // The stream's work before the function is done: copies it left under way land before it runs.
+        if (c.fn || c.callback) settle_finished();
         if (c.fn) {
             c.fn(c.data);
         } else if (c.callback) {

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "client/copy_paths.hpp"
+#include "client/deferred_copies.hpp"
 #include "client/entry_point.hpp"
 #include "client/host_register.hpp"
 #include "client/managed.hpp"
@@ -286,6 +287,7 @@ VCUDA_API cuMemFreeHost(void* p) noexcept {
     if (!p || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h) || h.registered ||
         h.base != reinterpret_cast<uintptr_t>(p))
         return CUDA_ERROR_INVALID_VALUE;
+    settle_range(p, h.size);  // copies still under way into it land before it goes
     state::get().remove_host(h.base, h);
     drop_host_shadows(h.base);
     if (h.shared()) shared_host_free(h);
@@ -331,6 +333,7 @@ VCUDA_API cuMemHostUnregister(void* p) noexcept {
     if (!p || !state::get().find_host(reinterpret_cast<uintptr_t>(p), h) || !h.registered ||
         h.base != reinterpret_cast<uintptr_t>(p))
         return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    settle_range(p, h.size);  // copies still under way into it land before it goes
     state::get().remove_host(h.base, h);
     drop_host_shadows(h.base);
     unshare_registered_range(h);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "client/copy_paths.hpp"
+#include "client/deferred_copies.hpp"
 #include "client/entry_point.hpp"
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
@@ -73,7 +74,9 @@ CUresult wait_on_host(const handle_info& event, uint64_t event_id) {
     rq.device = where.server_index;
     rq.args = {&event_id, 1};
     call_reply rp;
-    return static_cast<CUresult>(l->call(rq, rp));
+    const auto rc = static_cast<CUresult>(l->call(rq, rp));
+    if (rc == CUDA_SUCCESS) settle_finished();  // the event's work is done: copies it covers land
+    return rc;
 }
 }  // namespace
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "client/bulk.hpp"
+#include "client/deferred_copies.hpp"
 #include "client/host_functions.hpp"
 #include "client/managed.hpp"
 #include "client/parallel_copy.hpp"
@@ -42,6 +43,13 @@ bool device_range(CUdeviceptr p, size_t n) {
 }
 
 uint64_t stream_arg(CUstream s) { return reinterpret_cast<uint64_t>(s); }
+// Waits for the stream's earlier work, for a step this process then takes in the device's place (a copy or a
+// memset of its own memory): copies that work left under way land first (client/deferred_copies.hpp).
+CUresult stream_done_here(CUstream stream) {
+    CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)});
+    if (rc == CUDA_SUCCESS) settle_finished();
+    return rc;
+}
 
 }  // namespace
 
@@ -377,9 +385,27 @@ bool in_pinned_host(uint64_t p, size_t n) {
 // A copy whose "device" side is such memory, the other side host memory: done in this process once the
 // stream's earlier work is done, as the device would in stream order.
 CUresult copy_local(void* dst, const void* src, size_t n, CUstream stream) {
-    if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = stream_done_here(stream); rc != CUDA_SUCCESS) return rc;
     std::memmove(dst, src, n);
     return CUDA_SUCCESS;
+}
+// A copy from the device into this process's memory, complete when it returns: striped, through staging
+// slots, or in the reply's payload.
+CUresult dtoh_now(void* dst, CUdeviceptr src, size_t n, CUstream stream, bool src_on_device) {
+    if (src_on_device) {
+        if (auto link = striping(n))
+            if (int rc = striped_dtoh(*link, dst, src, n, stream); rc != moved_retry_result)
+                return static_cast<CUresult>(rc);
+        if (stageable(n))
+            if (CUresult rc = staged_dtoh(dst, src, n, stream); rc != CUDA_ERROR_NOT_SUPPORTED) return rc;
+    }
+    call_reply rp;
+    rp.payload_dst = static_cast<std::byte*>(dst);
+    rp.payload_cap = n;
+    CUresult rc = remote(op::copy_dtoh, {src, n, stream_arg(stream)}, mode::sync, &rp);
+    if (rc == CUDA_SUCCESS && !rp.payload.empty())
+        return CUDA_ERROR_UNKNOWN;  // size mismatch from the server
+    return rc;
 }
 }  // namespace
 
@@ -403,7 +429,8 @@ CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, 
         return remote(op::copy_htod_shared, {dst, from, n, stream_arg(stream)}, m);
     if (capture_under_way() && stream_captures(stream))  // read when the graph runs, not now
         return capture_copy(linear_to_device(dst, src, n), stream, "a captured copy to the device");
-    if (dst_on_device) {  // else the lane's copy gets the server's refusal
+    settle_range(src, n);  // a copy from the device still under way into these bytes lands first
+    if (dst_on_device) {   // else the lane's copy gets the server's refusal
         if (auto link = striping(n))
             if (int rc = striped_htod(*link, dst, src, n, stream); rc != moved_retry_result)
                 return static_cast<CUresult>(rc);
@@ -422,9 +449,9 @@ CUresult copy_htod(CUdeviceptr dst, const void* src, size_t n, CUstream stream, 
 
 // Device to host: into shared pinned memory the GPU writes the pages itself, and the asynchronous form is
 // truly asynchronous (the bytes are there once the stream is synchronized with, as with the real driver).
-// Otherwise the reply's payload (or a striped copy's chunks, or staging slots) fills the caller's buffer, and
-// the asynchronous form also waits, so the bytes are there whenever any later call synchronizes with the
-// stream.
+// The asynchronous form into the application's own pinned memory (a server over TCP) is left under way
+// (client/deferred_copies.hpp). Otherwise the reply's payload (or a striped copy's chunks, or staging slots)
+// fills the caller's buffer before the call returns, as the driver does for pageable memory.
 CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m) {
     VCUDA_REQUIRE_INIT();
     if (n == 0) return CUDA_SUCCESS;
@@ -442,19 +469,14 @@ CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, mode m
     }
     if (capture_under_way() && stream_captures(stream))  // written when the graph runs, not now
         return capture_copy(linear_from_device(dst, src, n), stream, "a captured copy from the device");
-    if (src_on_device) {
-        if (auto link = striping(n))
-            if (int rc = striped_dtoh(*link, dst, src, n, stream); rc != moved_retry_result)
-                return static_cast<CUresult>(rc);
-        if (stageable(n))
-            if (CUresult rc = staged_dtoh(dst, src, n, stream); rc != CUDA_ERROR_NOT_SUPPORTED) return rc;
-    }
-    call_reply rp;
-    rp.payload_dst = static_cast<std::byte*>(dst);
-    rp.payload_cap = n;
-    CUresult rc = remote(op::copy_dtoh, {src, n, stream_arg(stream)}, mode::sync, &rp);
-    if (rc == CUDA_SUCCESS && !rp.payload.empty())
-        return CUDA_ERROR_UNKNOWN;  // size mismatch from the server
+    // Into the application's own pinned memory, asynchronously: left under way, as the driver leaves it.
+    if (CUresult rc; m == mode::post && src_on_device && in_pinned_host(reinterpret_cast<uint64_t>(dst), n) &&
+                     defer_dtoh(dst, src, n, stream, rc))
+        return rc;
+    settle_range(dst, n);  // an earlier copy still under way into these bytes lands first
+    CUresult rc = dtoh_now(dst, src, n, stream, src_on_device);
+    // The stream reached this copy: what was left under way before it in the stream has finished.
+    if (rc == CUDA_SUCCESS) settle_finished();
     return rc;
 }
 
@@ -470,8 +492,7 @@ CUresult copy_between_sessions(CUdeviceptr dst, int dst_device, CUdeviceptr src,
     const uint64_t dst_ctx = st.primary_context(dst_device), src_ctx = st.primary_context(src_device);
     {
         context_scope in(dst_ctx);
-        if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS)
-            return rc;
+        if (CUresult rc = stream_done_here(stream); rc != CUDA_SUCCESS) return rc;
     }
     constexpr size_t piece = size_t{64} << 20;
     std::vector<std::byte> bounce(std::min(n, piece));
@@ -520,7 +541,7 @@ namespace {
 // once the stream's earlier work is done, as the device would in stream order.
 CUresult memset_local(uint64_t dst, size_t pitch, uint32_t value, unsigned elem, size_t width, size_t height,
                       CUstream stream) {
-    if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = stream_done_here(stream); rc != CUDA_SUCCESS) return rc;
     for (size_t row = 0; row < height; ++row) {
         auto* p = reinterpret_cast<unsigned char*>(dst + row * pitch);
         for (size_t i = 0; i < width; ++i)
@@ -579,8 +600,7 @@ CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, m
     if (dd) return copy_htod(dst, reinterpret_cast<const void*>(src), n, stream, m);
     if (sd) return copy_dtoh(reinterpret_cast<void*>(dst), src, n, stream, m);
     if (m == mode::sync) {  // host to host: the copy is ordered after prior work in the stream
-        if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS)
-            return rc;
+        if (CUresult rc = stream_done_here(stream); rc != CUDA_SUCCESS) return rc;
     }
     std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
     return CUDA_SUCCESS;
@@ -649,10 +669,22 @@ CUresult copy_3d(const CUDA_MEMCPY3D& given, CUstream stream, mode m) {
     auto host_row = [&](const char* base, size_t pitch, size_t height, size_t x, size_t y, size_t z,
                         size_t row,
                         size_t slice) { return base + ((z + slice) * height + (y + row)) * pitch + x; };
+    // Copies from the device still under way into a host side land first.
+    if (s == 0) {
+        const char* first = host_row(shost, spitch, sheight, c.srcXInBytes, c.srcY, c.srcZ, 0, 0);
+        settle_range(
+            first,
+            host_row(shost, spitch, sheight, c.srcXInBytes, c.srcY, c.srcZ, h - 1, depth - 1) + w - first);
+    }
+    if (d == 0) {
+        const char* first = host_row(dhost, dpitch, dheight, c.dstXInBytes, c.dstY, c.dstZ, 0, 0);
+        settle_range(
+            first,
+            host_row(dhost, dpitch, dheight, c.dstXInBytes, c.dstY, c.dstZ, h - 1, depth - 1) + w - first);
+    }
     if (s == 0 && d == 0) {
         if (m == mode::sync)
-            if (CUresult rc = remote(op::cuStreamSynchronize, {stream_arg(stream)}); rc != CUDA_SUCCESS)
-                return rc;
+            if (CUresult rc = stream_done_here(stream); rc != CUDA_SUCCESS) return rc;
         for (size_t z = 0; z < depth; ++z)
             for (size_t y = 0; y < h; ++y)
                 std::memmove(

@@ -54,12 +54,13 @@ outgoing_frame lane::build(const call_request& rq, bool async) {
             wire::CreateBlob(fbb_, fbb_.CreateVector(reinterpret_cast<const uint8_t*>(b.data()), b.size())));
     auto args = fbb_.CreateVector(rq.args.data(), rq.args.size());
     auto blobs = fbb_.CreateVector(blob_offsets_);
-    // The host-function thread's calls and NVML's status queries stand outside the order of the application's
-    // calls: a host function (or a graph copy's host side) may be what an application call on another thread
-    // is waiting for.
+    // The host-function thread's calls, NVML's status queries and the collection of finished deferred copies
+    // stand outside the order of the application's calls: a host function (or a graph copy's host side) may
+    // be what an application call on another thread is waiting for. (A collection follows a call that was
+    // ordered: what it must see was started before that call.)
     const bool ordered = rq.operation != op::host_func_next && rq.operation != op::host_func_done &&
                          rq.operation != op::host_copy_read && rq.operation != op::host_copy_write &&
-                         rq.operation != op::gpu_status;
+                         rq.operation != op::gpu_status && rq.operation != op::deferred_collect;
     ++sequence_;
     auto after = ordered ? session_.note_send(number_, sequence_) : session::frame_ref{};
     fbb_.Finish(wire::CreateCall(fbb_, static_cast<uint32_t>(rq.operation), rq.device, args, blobs,

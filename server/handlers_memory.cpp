@@ -1,8 +1,10 @@
 // Hand-written ops for device memory, copies and sets. Every device range is checked against the session's
 // own allocations before the driver sees it.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/log.hpp"
@@ -200,6 +202,59 @@ CUresult handle_copy_dtoh(call_context& cx) {
         cur = next;
         len = next_len;
     }
+}
+
+// ---------------------------------------------------------------- deferred copies
+// (server/deferred_copies.hpp)
+
+namespace {
+// The checks and the start of a deferred copy, args {src, size, stream, ticket}.
+CUresult start_deferred_copy(call_context& cx) {
+    const CUdeviceptr src = cx.arg(0);
+    const uint64_t n = cx.arg(1), ticket = cx.arg(3);
+    if (n == 0 || n > deferred_copies::max_copy || ticket == 0)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE,
+                       "a deferred copy of no bytes, of too many, or without a ticket");
+    if (CUresult rc = cx.device_range(src, n); rc != CUDA_SUCCESS) return rc;
+    CUstream s;
+    if (CUresult rc = cx.handle(2, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+    if (capture_status(cx.drv(), s) != CU_STREAM_CAPTURE_STATUS_NONE)  // a graph would keep the store's pages
+        return cx.fail(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "a deferred copy cannot be captured");
+    CUresult rc = cx.sess.deferred.start(cx.drv(), ticket, src, n, s);
+    if (rc == CUDA_ERROR_INVALID_VALUE)
+        return cx.fail(rc, "a deferred copy's ticket is in use, or the session's deferred copies hold " +
+                               std::to_string(deferred_copies::max_bytes >> 20) + " MiB already");
+    return rc;
+}
+}  // namespace
+
+// args {src, size, stream, ticket}: queued by the client; the copy is left under way.
+CUresult handle_copy_dtoh_deferred(call_context& cx) {
+    if (!cx.expect_args(4)) return cx.bad_arguments();
+    CUresult rc = start_deferred_copy(cx);
+    // A refused copy is answered as failed at the next collect (a ticket in use keeps its copy).
+    if (rc != CUDA_SUCCESS) cx.sess.deferred.refused(cx.arg(3), rc);
+    return rc;
+}
+
+// args {}: every finished copy, in the payload (deferred_copies::collect).
+CUresult handle_deferred_collect(call_context& cx) {
+    if (!cx.expect_args(0)) return cx.bad_arguments();
+    cx.sess.deferred.collect(cx.drv(), cx.reply_payload);
+    return CUDA_SUCCESS;
+}
+
+// args {ticket}: returns once that copy is no longer under way.
+CUresult handle_deferred_wait(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    // Polled, not waited on in the driver: no lock is held across a wait, and a client that leaves ends it.
+    auto pause = std::chrono::microseconds(20);
+    while (cx.sess.deferred.under_way(cx.drv(), cx.arg(0))) {
+        if (cx.lane.stream->raw().peer_gone()) return CUDA_SUCCESS;  // nobody wants the answer
+        std::this_thread::sleep_for(pause);
+        pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+    }
+    return CUDA_SUCCESS;
 }
 
 // ---------------------------------------------------------------- striped copies (server/bulk.hpp)

@@ -173,6 +173,7 @@ void session::release_device(size_t device) {
                                // anyway)
         bulk_->forget_context(s.ctx);
     }
+    deferred.land_all(d);  // their bytes kept for the client; events and pinned pages go before the context
     // Stream-ordered allocations go back to their pools before pools are destroyed.
     for (auto it = pools.allocations_.begin(); it != pools.allocations_.end();) {
         if (it->second.device != device) {
@@ -447,6 +448,7 @@ void session::release_all() {
     drop_host_copies(true);
     release_vmm();
     for (size_t i = 0; i < devices_.size(); ++i) release_device(i);
+    deferred.clear(api());
     std::lock_guard lock(mu);
     images.clear();
     if (opts_.ipc) opts_.ipc->drop_owner(id_);  // what is left of its exports (physical allocations)

@@ -24,6 +24,7 @@
 
 #include "common/transport.hpp"
 #include "server/bulk.hpp"
+#include "server/deferred_copies.hpp"
 #include "server/device_memory.hpp"
 #include "server/driver.hpp"
 #include "server/handle_table.hpp"
@@ -200,6 +201,8 @@ class session : public std::enable_shared_from_this<session> {
 
     // Pinned host memory shared with a client on this host (server/session_tables.hpp).
     host_regions host;  // under mu
+    // Device-to-host copies the client left under way (server/deferred_copies.hpp).
+    deferred_copies deferred;
     // Staging buffers of graph copies with the client's memory (charged to `host`'s quota).
     host_copy_buffers host_copies;
     // Unregisters and frees the retired staging buffers (`all`: every one, at the session's end), on a thread

@@ -281,6 +281,8 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
             return rc;
         }
     }
+    // Copies left under way for the client keep their bytes here until it collects them.
+    deferred.land_all(d);
     auto img = std::make_unique<session_image>();
     img->devices.resize(devices_.size());
     for (size_t i = 0; i < devices_.size(); ++i) {

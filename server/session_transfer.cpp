@@ -478,6 +478,11 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
             b.CreateVector(a.levels),
             b.CreateVector(reinterpret_cast<const uint8_t*>(a.bytes.data()), a.bytes.size())));
     }
+    std::vector<flatbuffers::Offset<wire::MovedDeferredCopy>> deferred_out;
+    for (auto& c : deferred.landed_copies())
+        deferred_out.push_back(wire::CreateMovedDeferredCopy(
+            b, c.ticket, static_cast<int32_t>(c.status),
+            b.CreateVector(reinterpret_cast<const uint8_t*>(c.bytes.data()), c.bytes.size())));
     std::vector<uint32_t> gpus;
     for (size_t i = 0; i < devices_.size(); ++i)
         if (devices_[i].allowed) gpus.push_back(static_cast<uint32_t>(i));
@@ -488,7 +493,8 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         b.CreateVector(origins_out), b.CreateVector(progress), img.bytes, piece_bytes,
         b.CreateVector(regions), b.CreateVector(gone), b.CreateVector(relocated),
         b.CreateVector(vmm_reservations), b.CreateVector(vmm_allocations), b.CreateVector(vmm_mappings),
-        b.CreateVector(vmm_access), b.CreateVector(gpus), b.CreateVector(arrays_out)));
+        b.CreateVector(vmm_access), b.CreateVector(gpus), b.CreateVector(arrays_out),
+        b.CreateVector(deferred_out)));
     if (b.GetSize() > max_moved_state_bytes) {
         why = "its description (" + mib(b.GetSize()) + ") is larger than a server accepts";
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -792,6 +798,18 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                 globals.relocate(r->Get(k), r->Get(k + 1), r->Get(k + 2), r->Get(k + 3));
         if (CUresult rc = take_moved_vmm(st, *img, why); rc != CUDA_SUCCESS) return rc;
         if (CUresult rc = take_moved_arrays(st, *img, why); rc != CUDA_SUCCESS) return rc;
+        if (const auto* dc = st.deferred_copies()) {
+            std::vector<deferred_copies::landed> landed;
+            for (const auto* c : *dc) {
+                if (!c->bytes() || c->bytes()->size() > deferred_copies::max_copy)
+                    return bad("a deferred copy");
+                deferred_copies::landed l{c->ticket(), static_cast<CUresult>(c->status()), {}};
+                l.bytes.assign(reinterpret_cast<const std::byte*>(c->bytes()->data()),
+                               reinterpret_cast<const std::byte*>(c->bytes()->data()) + c->bytes()->size());
+                landed.push_back(std::move(l));
+            }
+            deferred.add_landed(std::move(landed));
+        }
         img->bytes = st.bytes();
         if (const auto* p = st.lane_progress(); p && p->size() % 2 == 0) {
             std::lock_guard l(progress_mu_);

@@ -108,6 +108,9 @@ def read_stub_symbols(stub):
     return sorted(set(s.split('@')[0] for s in syms))
 
 
+# The annotations a `fn` line may carry (the spec's header says what each does).
+ANNOTATIONS = {'destroy', 'cached', 'uncaches', 'optional_outs', 'shared_sync', 'not_peers', 'device_work',
+               'charge', 'server', 'observes'}
 outside_gate = set()  # ops that run while a session is suspended (annotation outside_gate)
 
 
@@ -144,6 +147,8 @@ def read_spec(path):
                 die(f'{where}: unknown class {klass}')
             for a in rest:
                 k, _, v = a.partition('=')
+                if k not in ANNOTATIONS:
+                    die(f'{where}: unknown annotation {k} (known: {", ".join(sorted(ANNOTATIONS))})')
                 entry['annot'][k] = v
             if name in fns:
                 die(f'{where}: {name} listed twice')
@@ -256,6 +261,7 @@ def emit_client(out, fns, protos, symbols):
             '#define __CUDA_API_VERSION_INTERNAL 1',
             '#include <cuda.h>',
             '#include <cudaProfiler.h>',
+            '#include "client/deferred_copies.hpp"',
             '#include "client/managed.hpp"',
             '#include "client/plain_call.hpp"',
             '#include "client/trace.hpp"',
@@ -351,6 +357,9 @@ def client_plain(name, spec, params):
         send = 'send_sync()'
     call = send if send.startswith('ipc_shared') else f'c.{send}'
     lines.append(f'    if (CUresult rc = {call}; rc != CUDA_SUCCESS) return rc;')
+    if 'observes' in spec['annot']:
+        # The application now knows that GPU work finished: copies left under way into its memory land first.
+        lines.append('    vcuda::client::settle_finished();')
     i = 0
     for role, typ, pname, kind in roles:
         if role == 'out_scalar':

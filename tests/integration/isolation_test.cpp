@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include <sys/mman.h>
@@ -717,4 +718,73 @@ TEST_CASE("a session's stream capture in global mode refuses no call of another 
     auto ended = a->call(op::end_capture, {stream, begun.outs[1]});
     CHECK(ended.result == CUDA_SUCCESS);
     CHECK(b->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
+}
+
+TEST_CASE("deferred copies take only the session's memory, stay within their bound and answer once",
+          "[integration]") {
+    server_process server;
+    auto a = raw_client::open(server.address());
+    auto b = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(b);
+    const uint64_t mine = alloc(*a, 8u << 20), theirs = alloc(*b, 4096);
+    std::vector<std::byte> pattern(4096);
+    for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<std::byte>(i * 7);
+    REQUIRE(a->call(op::copy_htod, {mine, 0}, {}, pattern).result == CUDA_SUCCESS);
+    // Collected records: ticket -> {status, bytes}.
+    auto collect = [&](raw_client& c) {
+        std::map<uint64_t, std::pair<uint64_t, std::vector<std::byte>>> got;
+        auto r = c.call(op::deferred_collect, {});
+        REQUIRE(r.result == CUDA_SUCCESS);
+        for (size_t at = 0; at + 24 <= r.payload.size();) {
+            uint64_t head[3];
+            std::memcpy(head, r.payload.data() + at, sizeof head);
+            at += sizeof head;
+            REQUIRE(head[1] <= r.payload.size() - at);
+            got[head[0]] = {head[2],
+                            {r.payload.begin() + static_cast<std::ptrdiff_t>(at),
+                             r.payload.begin() + static_cast<std::ptrdiff_t>(at + head[1])}};
+            at += head[1];
+        }
+        return got;
+    };
+    // Another session's memory, no ticket, no bytes, too many: refused, each error at the next synchronous
+    // call; a refused copy with a ticket is answered as failed, so that a client stops waiting for it.
+    const std::vector<std::vector<uint64_t>> bad = {
+        {theirs, 4096, 0, 1}, {mine, 4096, 0, 0}, {mine, 0, 0, 2}, {mine, (8u << 20) + 1, 0, 3}};
+    for (auto& args : bad) {
+        INFO("args " << args[0] << " " << args[1] << " ticket " << args[3]);
+        REQUIRE(a->send_queued(op::copy_dtoh_deferred, args));
+        CHECK(a->call(op::mem_get_info, {}).result == CUDA_ERROR_INVALID_VALUE);
+    }
+    auto refused = collect(*a);
+    CHECK(refused.size() == 3);  // tickets 1, 2, 3 (ticket 0 names nothing)
+    for (auto& [ticket, r] : refused) CHECK(r.first != CUDA_SUCCESS);
+    // A good one: its bytes, once; a ticket in use is refused without touching the first copy.
+    REQUIRE(a->send_queued(op::copy_dtoh_deferred, {mine, 4096, 0, 10}));
+    REQUIRE(a->send_queued(op::copy_dtoh_deferred, {mine, 16, 0, 10}));
+    CHECK(a->call(op::deferred_wait, {10}).result == CUDA_ERROR_INVALID_VALUE);  // the second one's error
+    auto first = collect(*a);
+    REQUIRE(first.count(10) == 1);
+    CHECK(first[10].first == CUDA_SUCCESS);
+    CHECK(first[10].second == pattern);
+    CHECK(collect(*a).empty());
+    // Another session collects nothing of this one's, and waits for none of its tickets.
+    REQUIRE(a->send_queued(op::copy_dtoh_deferred, {mine, 4096, 0, 11}));
+    CHECK(a->call(op::deferred_wait, {11}).result == CUDA_SUCCESS);
+    CHECK(b->call(op::deferred_wait, {11}).result == CUDA_SUCCESS);
+    CHECK(collect(*b).empty());
+    CHECK(collect(*a).count(11) == 1);
+    // The bound: 64 MiB under way at most; the copy past it is refused and reported.
+    for (uint64_t t = 100; t < 108; ++t)
+        REQUIRE(a->send_queued(op::copy_dtoh_deferred, {mine, 8u << 20, 0, t}));
+    REQUIRE(a->send_queued(op::copy_dtoh_deferred, {mine, 8u << 20, 0, 108}));
+    CHECK(a->call(op::deferred_wait, {107}).result == CUDA_ERROR_INVALID_VALUE);
+    auto full = collect(*a);
+    CHECK(full.size() == 8);
+    CHECK(full.count(108) == 0);
+    // Collected, the bound is free again; copies left uncollected go with the session.
+    REQUIRE(a->send_queued(op::copy_dtoh_deferred, {mine, 8u << 20, 0, 200}));
+    CHECK(a->call(op::deferred_wait, {200}).result == CUDA_SUCCESS);
+    CHECK(b->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
 }

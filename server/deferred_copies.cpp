@@ -1,0 +1,197 @@
+#include "server/deferred_copies.hpp"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace vcuda::server {
+
+namespace {
+// What a copy counts against max_bytes (the client counts the same).
+size_t charge(size_t n) { return std::max<size_t>(n, 4096); }
+}  // namespace
+
+deferred_copies::~deferred_copies() = default;  // clear() gave everything back (it needs the driver)
+
+deferred_copies::in_flight deferred_copies::pages_for(const driver_table& drv, size_t n) {
+    size_t k = 0;
+    while ((size_t{4096} << k) < n) ++k;
+    const size_t size = size_t{4096} << k;
+    bool registering = false;
+    {
+        std::lock_guard lock(mu_);
+        if (!free_[k].empty()) {
+            in_flight f = free_[k].back();
+            free_[k].pop_back();
+            f.size = n;
+            return f;
+        }
+        if (registered_ + size <= max_registered && drv.cuMemHostRegister_v2) {
+            registered_ += size;
+            registering = true;
+        }
+    }
+    in_flight f;
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) {
+        f = {p, n, size, false, nullptr};
+        // Pinned, so that the copy is asynchronous.
+        f.registered =
+            registering && drv.cuMemHostRegister_v2(p, size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
+    }
+    if (registering && !f.registered) {
+        std::lock_guard lock(mu_);
+        registered_ -= size;
+    }
+    return f;
+}
+
+void deferred_copies::release(in_flight& f) {
+    if (f.pages && f.registered) {
+        size_t k = 0;
+        while ((size_t{4096} << k) < f.mapped) ++k;
+        f.done = nullptr;
+        free_[k].push_back(f);
+    } else if (f.pages) {
+        ::munmap(f.pages, f.mapped);
+    }
+    f = {};
+}
+
+void deferred_copies::land(const driver_table& drv, copy& c, CUresult status) {
+    c.result.status = status;
+    if (status == CUDA_SUCCESS && c.flight.pages) {
+        const auto* b = static_cast<const std::byte*>(c.flight.pages);
+        c.result.bytes.assign(b, b + c.flight.size);
+    }
+    if (c.flight.done) drv.cuEventDestroy_v2(c.flight.done);
+    release(c.flight);
+    c.at = copy::phase::landed;
+}
+
+CUresult deferred_copies::start(const driver_table& drv, uint64_t ticket, CUdeviceptr src, size_t n,
+                                CUstream stream) {
+    if (ticket == 0 || n == 0 || n > max_copy) return CUDA_ERROR_INVALID_VALUE;
+    {
+        std::lock_guard lock(mu_);
+        if (copies_.count(ticket) || bytes_ + charge(n) > max_bytes) return CUDA_ERROR_INVALID_VALUE;
+        bytes_ += charge(n);
+        copy& c = copies_[ticket];  // starting: collect() passes it by while the driver works
+        c.charged = charge(n);
+        c.result.ticket = ticket;
+    }
+    in_flight f = pages_for(drv, n);
+    CUresult rc = f.pages ? drv.cuMemcpyDtoHAsync_v2(f.pages, src, n, stream) : CUDA_ERROR_OUT_OF_MEMORY;
+    // With no event to wait on later, the copy is waited for now, and collected as landed.
+    CUresult waited = CUDA_ERROR_NOT_READY;
+    if (rc == CUDA_SUCCESS && drv.cuEventCreate(&f.done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+        f.done = nullptr;
+        waited = drv.cuStreamSynchronize(stream);
+    } else if (rc == CUDA_SUCCESS && drv.cuEventRecord(f.done, stream) != CUDA_SUCCESS) {
+        waited = drv.cuStreamSynchronize(stream);
+    }
+    std::lock_guard lock(mu_);
+    auto it = copies_.find(ticket);
+    if (rc != CUDA_SUCCESS) {
+        if (f.done) drv.cuEventDestroy_v2(f.done);
+        release(f);
+        bytes_ -= it->second.charged;
+        copies_.erase(it);
+        return rc;
+    }
+    it->second.flight = f;
+    it->second.at = copy::phase::flying;
+    if (waited != CUDA_ERROR_NOT_READY) land(drv, it->second, waited);
+    return CUDA_SUCCESS;
+}
+
+bool deferred_copies::under_way(const driver_table& drv, uint64_t ticket) {
+    std::lock_guard lock(mu_);
+    auto it = copies_.find(ticket);
+    if (it == copies_.end() || it->second.at == copy::phase::landed) return false;
+    if (it->second.at == copy::phase::starting) return true;
+    const CUresult q = drv.cuEventQuery(it->second.flight.done);
+    if (q == CUDA_ERROR_NOT_READY) return true;
+    land(drv, it->second, q);
+    return false;
+}
+
+void deferred_copies::collect(const driver_table& drv, std::vector<std::byte>& out) {
+    std::lock_guard lock(mu_);
+    for (auto it = copies_.begin(); it != copies_.end();) {
+        copy& c = it->second;
+        if (c.at == copy::phase::flying) {
+            if (const CUresult q = drv.cuEventQuery(c.flight.done); q != CUDA_ERROR_NOT_READY)
+                land(drv, c, q);
+        }
+        if (c.at != copy::phase::landed) {
+            ++it;
+            continue;
+        }
+        const uint64_t head[3] = {c.result.ticket, c.result.bytes.size(),
+                                  static_cast<uint64_t>(c.result.status)};
+        const size_t at = out.size();
+        out.resize(at + sizeof head + c.result.bytes.size());
+        std::memcpy(out.data() + at, head, sizeof head);
+        if (!c.result.bytes.empty())
+            std::memcpy(out.data() + at + sizeof head, c.result.bytes.data(), c.result.bytes.size());
+        bytes_ -= c.charged;
+        it = copies_.erase(it);
+    }
+}
+
+void deferred_copies::land_all(const driver_table& drv) {
+    std::lock_guard lock(mu_);
+    for (auto& [ticket, c] : copies_)
+        if (c.at == copy::phase::flying) land(drv, c, drv.cuEventSynchronize(c.flight.done));
+    // The session's work is drained: registrations are undone now, before the contexts they were made in go.
+    for (auto& list : free_) {
+        for (auto& f : list) {
+            drv.cuMemHostUnregister(f.pages);
+            ::munmap(f.pages, f.mapped);
+        }
+        list.clear();
+    }
+    registered_ = 0;
+}
+
+std::vector<deferred_copies::landed> deferred_copies::landed_copies() {
+    std::lock_guard lock(mu_);
+    std::vector<landed> out;
+    for (auto& [ticket, c] : copies_)
+        if (c.at == copy::phase::landed) out.push_back(c.result);
+    return out;
+}
+
+void deferred_copies::add_landed(std::vector<landed> copies) {
+    std::lock_guard lock(mu_);
+    for (auto& l : copies) {
+        if (l.ticket == 0 || copies_.count(l.ticket)) continue;
+        copy& c = copies_[l.ticket];
+        c.at = copy::phase::landed;
+        c.charged = charge(l.bytes.size());
+        bytes_ += c.charged;
+        c.result = std::move(l);
+    }
+}
+
+void deferred_copies::refused(uint64_t ticket, CUresult why) {
+    std::lock_guard lock(mu_);
+    if (ticket == 0 || copies_.count(ticket) || bytes_ + charge(0) > max_bytes) return;
+    copy& c = copies_[ticket];
+    c.at = copy::phase::landed;
+    c.charged = charge(0);
+    bytes_ += c.charged;
+    c.result.ticket = ticket;
+    c.result.status = why;
+}
+
+void deferred_copies::clear(const driver_table& drv) {
+    land_all(drv);
+    std::lock_guard lock(mu_);
+    copies_.clear();
+    bytes_ = 0;
+}
+
+}  // namespace vcuda::server
