@@ -86,8 +86,8 @@ int main(int argc, char** argv) {
         CHECK(cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, s));
         printf("right after the call, the buffer is %s\n",
                h[n - 1] == (n - 1) * 3 ? "written" : "not yet written");
-        // `nonblocking_copies MS look PAUSE_MS`: idle that long before the synchronize (a test server suspends
-        // the session meanwhile, the copy's bytes kept for the client).
+        // `nonblocking_copies MS look PAUSE_MS`: idle that long before the synchronize (a test server
+        // suspends the session meanwhile, the copy's bytes kept for the client).
         if (argc > 3) std::this_thread::sleep_for(std::chrono::milliseconds(std::stoul(argv[3])));
         CHECK(cudaStreamSynchronize(s));
         expect(h, 3, "after cudaStreamSynchronize");
