@@ -698,7 +698,11 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
         if (cx.replied) continue;
         // An earlier queued call failed: this call answers that failure. It still ran (frees, destroys and
         // host function completions must; what a successful creation made stays the session's until it ends).
-        if (rc == CUDA_SUCCESS && lane.pending_error != CUDA_SUCCESS) {
+        // Not the client's own collection of deferred copies: the application never sees that answer, so the
+        // failure waits for its next call (and the copies collected are not thrown away).
+        if (rc == CUDA_SUCCESS && lane.pending_error != CUDA_SUCCESS &&
+            call->op() != static_cast<uint32_t>(op::deferred_collect) &&
+            call->op() != static_cast<uint32_t>(op::deferred_wait)) {
             rc = cx.fail(lane.pending_error, "an earlier asynchronous call failed: " + lane.pending_detail);
             lane.pending_error = CUDA_SUCCESS;
             lane.pending_detail.clear();
