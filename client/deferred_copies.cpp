@@ -8,6 +8,7 @@
 #include <set>
 
 #include "client/remote_call.hpp"
+#include "common/deferred_copy_limits.hpp"
 #include "common/log.hpp"
 
 namespace vcuda::client {
@@ -22,9 +23,7 @@ bool deferring_enabled() {
     return on;
 }
 
-// What a copy counts against the bound: the server counts the same, so a client under it never meets the
-// server's refusal.
-size_t charge(size_t n) { return std::max<size_t>(n, 4096); }
+using deferred_copy::charge;
 
 struct under_way {
     std::byte* dst = nullptr;
@@ -77,13 +76,13 @@ void collect_locked(copies_under_way& q) {
             continue;
         }
         const auto& p = rp.payload;
-        for (size_t at = 0; at + 24 <= p.size();) {
-            uint64_t head[3];
-            std::memcpy(head, p.data() + at, sizeof head);
+        for (size_t at = 0; at + sizeof(deferred_copy::record_head) <= p.size();) {
+            deferred_copy::record_head head;
+            std::memcpy(&head, p.data() + at, sizeof head);
             at += sizeof head;
-            const uint64_t ticket = head[0], size = head[1], status = head[2];
+            const uint64_t size = head.size, status = head.status;
             if (size > p.size() - at) break;  // malformed: the rest is not trusted
-            auto it = q.copies.find(ticket);
+            auto it = q.copies.find(head.ticket);
             if (it != q.copies.end()) {
                 if (status == CUDA_SUCCESS && size == it->second.n)
                     std::memcpy(it->second.dst, p.data() + at, size);
@@ -99,14 +98,14 @@ void collect_locked(copies_under_way& q) {
 }  // namespace
 
 bool defer_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, CUresult& rc) {
-    if (!deferring_enabled() || n == 0 || n > deferred_copy_max) return false;
+    if (!deferring_enabled() || n == 0 || n > deferred_copy::max_copy) return false;
     const uint64_t ctx = current_context();
     if (!ctx) return false;
     auto& q = queue();
     uint64_t ticket;
     {
         std::lock_guard lock(q.mu);
-        if (q.bytes + charge(n) > deferred_bytes_max) return false;
+        if (q.bytes + charge(n) > deferred_copy::max_bytes) return false;
         ticket = ++q.next_ticket;
         q.copies[ticket] = {static_cast<std::byte*>(dst), n, ctx};
         q.bytes += charge(n);

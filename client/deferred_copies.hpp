@@ -22,14 +22,10 @@
 
 namespace vcuda::client {
 
-// Copies of more bytes than this go as before (complete when the call returns).
-inline constexpr size_t deferred_copy_max = size_t{8} << 20;
-// The most bytes under way at once (the server's bound too); a copy beyond it goes as before.
-inline constexpr size_t deferred_bytes_max = size_t{64} << 20;
-
 // Leaves the copy of n bytes from `src` into `dst` (the application's own pinned memory, not shared with the
-// server) under way on `stream` when it can; false when it cannot (switched off, too large, the bound
-// reached): the caller copies as before. `rc` is the call's answer when deferred.
+// server) under way on `stream` when it can; false when it cannot (switched off, or past
+// common/deferred_copy_limits.hpp's bounds): the caller copies as before. `rc` is the call's answer when
+// deferred.
 bool defer_dtoh(void* dst, CUdeviceptr src, size_t n, CUstream stream, CUresult& rc);
 // The application can now know that some GPU work is done: the bytes of every copy left under way that has
 // finished are fetched and written to their destinations. One atomic load while nothing is under way.

@@ -2,22 +2,23 @@
 
 #include <sys/mman.h>
 
-#include <algorithm>
 #include <cstring>
 
 namespace vcuda::server {
 
-namespace {
-// What a copy counts against max_bytes (the client counts the same).
-size_t charge(size_t n) { return std::max<size_t>(n, 4096); }
-}  // namespace
+using deferred_copy::charge;
+using deferred_copy::max_bytes;
 
 deferred_copies::~deferred_copies() = default;  // clear() gave everything back (it needs the driver)
 
-deferred_copies::in_flight deferred_copies::pages_for(const driver_table& drv, size_t n) {
+size_t deferred_copies::size_class(size_t n) {
     size_t k = 0;
     while ((size_t{4096} << k) < n) ++k;
-    const size_t size = size_t{4096} << k;
+    return k;
+}
+
+deferred_copies::in_flight deferred_copies::pages_for(const driver_table& drv, size_t n) {
+    const size_t k = size_class(n), size = size_t{4096} << k;
     bool registering = false;
     {
         std::lock_guard lock(mu_);
@@ -47,12 +48,11 @@ deferred_copies::in_flight deferred_copies::pages_for(const driver_table& drv, s
     return f;
 }
 
-void deferred_copies::release(in_flight& f) {
+void deferred_copies::release(const driver_table& drv, in_flight& f) {
+    if (f.done) drv.cuEventDestroy_v2(f.done);
+    f.done = nullptr;
     if (f.pages && f.registered) {
-        size_t k = 0;
-        while ((size_t{4096} << k) < f.mapped) ++k;
-        f.done = nullptr;
-        free_[k].push_back(f);
+        free_[size_class(f.mapped)].push_back(f);
     } else if (f.pages) {
         ::munmap(f.pages, f.mapped);
     }
@@ -65,14 +65,13 @@ void deferred_copies::land(const driver_table& drv, copy& c, CUresult status) {
         const auto* b = static_cast<const std::byte*>(c.flight.pages);
         c.result.bytes.assign(b, b + c.flight.size);
     }
-    if (c.flight.done) drv.cuEventDestroy_v2(c.flight.done);
-    release(c.flight);
+    release(drv, c.flight);
     c.at = copy::phase::landed;
 }
 
 CUresult deferred_copies::start(const driver_table& drv, uint64_t ticket, CUdeviceptr src, size_t n,
                                 CUstream stream) {
-    if (ticket == 0 || n == 0 || n > max_copy) return CUDA_ERROR_INVALID_VALUE;
+    if (ticket == 0 || n == 0 || n > deferred_copy::max_copy) return CUDA_ERROR_INVALID_VALUE;
     {
         std::lock_guard lock(mu_);
         if (copies_.count(ticket) || bytes_ + charge(n) > max_bytes) return CUDA_ERROR_INVALID_VALUE;
@@ -94,8 +93,7 @@ CUresult deferred_copies::start(const driver_table& drv, uint64_t ticket, CUdevi
     std::lock_guard lock(mu_);
     auto it = copies_.find(ticket);
     if (rc != CUDA_SUCCESS) {
-        if (f.done) drv.cuEventDestroy_v2(f.done);
-        release(f);
+        release(drv, f);
         bytes_ -= it->second.charged;
         copies_.erase(it);
         return rc;
@@ -129,11 +127,11 @@ void deferred_copies::collect(const driver_table& drv, std::vector<std::byte>& o
             ++it;
             continue;
         }
-        const uint64_t head[3] = {c.result.ticket, c.result.bytes.size(),
-                                  static_cast<uint64_t>(c.result.status)};
+        const deferred_copy::record_head head{c.result.ticket, c.result.bytes.size(),
+                                              static_cast<uint64_t>(c.result.status)};
         const size_t at = out.size();
         out.resize(at + sizeof head + c.result.bytes.size());
-        std::memcpy(out.data() + at, head, sizeof head);
+        std::memcpy(out.data() + at, &head, sizeof head);
         if (!c.result.bytes.empty())
             std::memcpy(out.data() + at + sizeof head, c.result.bytes.data(), c.result.bytes.size());
         bytes_ -= c.charged;
@@ -164,27 +162,23 @@ std::vector<deferred_copies::landed> deferred_copies::landed_copies() {
     return out;
 }
 
+void deferred_copies::keep_landed(landed l) {
+    if (l.ticket == 0 || copies_.count(l.ticket)) return;
+    copy& c = copies_[l.ticket];
+    c.at = copy::phase::landed;
+    c.charged = charge(l.bytes.size());
+    bytes_ += c.charged;
+    c.result = std::move(l);
+}
+
 void deferred_copies::add_landed(std::vector<landed> copies) {
     std::lock_guard lock(mu_);
-    for (auto& l : copies) {
-        if (l.ticket == 0 || copies_.count(l.ticket)) continue;
-        copy& c = copies_[l.ticket];
-        c.at = copy::phase::landed;
-        c.charged = charge(l.bytes.size());
-        bytes_ += c.charged;
-        c.result = std::move(l);
-    }
+    for (auto& l : copies) keep_landed(std::move(l));
 }
 
 void deferred_copies::refused(uint64_t ticket, CUresult why) {
     std::lock_guard lock(mu_);
-    if (ticket == 0 || copies_.count(ticket) || bytes_ + charge(0) > max_bytes) return;
-    copy& c = copies_[ticket];
-    c.at = copy::phase::landed;
-    c.charged = charge(0);
-    bytes_ += c.charged;
-    c.result.ticket = ticket;
-    c.result.status = why;
+    if (bytes_ + charge(0) <= max_bytes) keep_landed({ticket, why, {}});
 }
 
 void deferred_copies::clear(const driver_table& drv) {

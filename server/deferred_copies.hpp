@@ -2,8 +2,8 @@
 // into pinned memory (client/deferred_copies.hpp): the GPU writes into pages of this store, registered with
 // the driver so that the copy is asynchronous, behind an event; the client collects the bytes of completed
 // copies when the application observes completion (a synchronize, a query that answers ready, a host
-// function's turn). Bounded per session: max_copy bytes a copy, max_bytes in all (the client keeps under
-// both; a copy beyond them is refused). Each copy counts at least 4 KiB against the bound, refused ones too.
+// function's turn). Bounded per session by common/deferred_copy_limits.hpp, refused copies counted too (the
+// client keeps under the bounds; a copy beyond them is refused).
 // runs on: the session's lane threads. locks: one mutex of its own, never held across a driver wait.
 #pragma once
 
@@ -13,15 +13,13 @@
 #include <mutex>
 #include <vector>
 
+#include "common/deferred_copy_limits.hpp"
 #include "driver_table.hpp"
 
 namespace vcuda::server {
 
 class deferred_copies {
   public:
-    static constexpr size_t max_copy = size_t{8} << 20;
-    static constexpr size_t max_bytes = size_t{64} << 20;
-
     // A copy that finished (its bytes, or the driver's error in `status`), kept until collected: after a
     // suspend or a move, when its pages and event are gone.
     struct landed {
@@ -71,10 +69,14 @@ class deferred_copies {
     // the session's registered pages stay under max_registered, else pageable (the driver then ends the copy
     // before it returns: slower, still right).
     in_flight pages_for(const driver_table& drv, size_t n);
-    // Gives pages back (mu_ held): registered ones to the free lists. Registrations are undone only in
-    // land_all(), with the session's work drained: cuMemHostUnregister waits for the GPU, which may be
-    // waiting for a host function of this client's, whose thread may be collecting copies now.
-    void release(in_flight& f);
+    // The size class of n bytes: its pages are 4 KiB << class.
+    static size_t size_class(size_t n);
+    // A landed copy kept for the next collect (mu_ held), unless its ticket is 0 or in use.
+    void keep_landed(landed l);
+    // Gives pages back, their event destroyed (mu_ held): registered ones to the free lists. Registrations
+    // are undone only in land_all(), with the session's work drained: cuMemHostUnregister waits for the GPU,
+    // which may be waiting for a host function of this client's, whose thread may be collecting copies now.
+    void release(const driver_table& drv, in_flight& f);
     // A finished copy's bytes out of its pages, with its status (mu_ held).
     void land(const driver_table& drv, copy& c, CUresult status);
 
@@ -83,7 +85,7 @@ class deferred_copies {
     size_t bytes_ = 0;                 // of the copies in the store
     // Registered pages not in use, by size class (4 KiB << k); the bytes registered, in use or not.
     static constexpr size_t classes = 12;  // up to 8 MiB, max_copy
-    static constexpr size_t max_registered = 2 * max_bytes;
+    static constexpr size_t max_registered = 2 * deferred_copy::max_bytes;
     std::vector<in_flight> free_[classes];
     size_t registered_ = 0;
 };

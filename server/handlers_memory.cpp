@@ -212,7 +212,7 @@ namespace {
 CUresult start_deferred_copy(call_context& cx) {
     const CUdeviceptr src = cx.arg(0);
     const uint64_t n = cx.arg(1), ticket = cx.arg(3);
-    if (n == 0 || n > deferred_copies::max_copy || ticket == 0)
+    if (n == 0 || n > deferred_copy::max_copy || ticket == 0)
         return cx.fail(CUDA_ERROR_INVALID_VALUE,
                        "a deferred copy of no bytes, of too many, or without a ticket");
     if (CUresult rc = cx.device_range(src, n); rc != CUDA_SUCCESS) return rc;
@@ -223,7 +223,7 @@ CUresult start_deferred_copy(call_context& cx) {
     CUresult rc = cx.sess.deferred.start(cx.drv(), ticket, src, n, s);
     if (rc == CUDA_ERROR_INVALID_VALUE)
         return cx.fail(rc, "a deferred copy's ticket is in use, or the session's deferred copies hold " +
-                               std::to_string(deferred_copies::max_bytes >> 20) + " MiB already");
+                               std::to_string(deferred_copy::max_bytes >> 20) + " MiB already");
     return rc;
 }
 }  // namespace

@@ -801,7 +801,7 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
         if (const auto* dc = st.deferred_copies()) {
             std::vector<deferred_copies::landed> landed;
             for (const auto* c : *dc) {
-                if (!c->bytes() || c->bytes()->size() > deferred_copies::max_copy)
+                if (!c->bytes() || c->bytes()->size() > deferred_copy::max_copy)
                     return bad("a deferred copy");
                 deferred_copies::landed l{c->ticket(), static_cast<CUresult>(c->status()), {}};
                 l.bytes.assign(reinterpret_cast<const std::byte*>(c->bytes()->data()),
