@@ -149,6 +149,7 @@ struct server::worker {
     std::condition_variable move_cv;             // with status_mu
     std::optional<std::pair<CUresult, std::string>> moved;  // under status_mu: a move's outcome
     bool ended = false;                                     // under status_mu: the worker is gone
+    std::string stopped_because;  // under the server's open_mu_: why this server sent it SIGTERM, if it did
     ~worker() {
         if (control >= 0) ::close(control);
     }
@@ -293,10 +294,12 @@ void server::reap(const std::shared_ptr<worker>& w) {
     pid_t r;
     do r = ::waitpid(w->pid, &status, 0);
     while (r < 0 && errno == EINTR);
+    std::string stopped_because;
     {
         std::lock_guard lock(open_mu_);
         workers_.erase(w->id);
         drop_lease_claim(w->grant.lease_id, w->grant.gpus, w->incoming ? 0 : w->id);
+        stopped_because = w->stopped_because;
     }
     {
         std::lock_guard lock(w->status_mu);
@@ -307,6 +310,9 @@ void server::reap(const std::shared_ptr<worker>& w) {
         r < 0 ? std::string("could not be waited for: ") + std::strerror(errno) : describe_status(status);
     if (r >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
         VCUDA_LOG_INFO("session {}: worker pid {} {}", w->id, w->pid, how);
+    else if (r >= 0 && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM && !stopped_because.empty())
+        VCUDA_LOG_INFO("session {}: worker pid {} {}, as this server asked ({})", w->id, w->pid, how,
+                       stopped_because);
     else
         VCUDA_LOG_WARN(
             "session {}: worker pid {} {}: that session ({}) has ended and its connections are closed; other "
@@ -542,6 +548,7 @@ void server::end_worker_session(uint64_t id, const std::string& why) {
     auto it = workers_.find(id);
     if (it == workers_.end()) return;
     VCUDA_LOG_WARN("session {} ended: {}; its worker pid {} is stopped", id, why, it->second->pid);
+    it->second->stopped_because = why;
     ::kill(it->second->pid, SIGTERM);
 }
 

@@ -79,4 +79,20 @@ grep -q "phase 1 done" "$tmp/op.out" && ! grep -q "PASS" "$tmp/op.out" ||
 wait $prog || fail "the program failed after an operator's suspend and resume: $(cat "$tmp/op.out")"
 grep -q "PASS suspend_resume" "$tmp/op.out" || fail "no PASS after the operator's suspend and resume"
 vcuda events | grep -q "suspend asked by" || fail "vcuda events does not show the operator's suspend"
+
+# 3. an operator releases a running lease: its session ends; a worker this server stopped for that is logged as
+#    such, not as a crash
+run_program 6000 "$tmp/rel.out"
+wait_for 10 grep -qs "phase 1 done" "$tmp/rel.out" || fail "the third program did not start"
+lease=$(lease_id)
+[ -n "$lease" ] || fail "no lease for the third program"
+vcuda release "$lease" || fail "vcuda release $lease"
+wait $prog && fail "the program went on after its lease was released"
+wait_for 5 grep -q "its lease $lease was released or expired" "$tmp/server.log" ||
+  fail "the server did not end the released lease's session"
+if [[ " ${server_args[*]-} " == *" process"* ]]; then
+  wait_for 5 grep -q "was killed by signal 15 (SIGTERM), as this server asked (its lease $lease" \
+    "$tmp/server.log" || fail "the stopped worker's end was not logged as asked for"
+  ! grep -q "SIGTERM): that session" "$tmp/server.log" || fail "a worker stopped on purpose was logged as a crash"
+fi
 echo "PASS manager_suspend ${server_args[*]-}"
