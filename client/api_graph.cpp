@@ -21,6 +21,8 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "client/copy_paths.hpp"
@@ -1217,6 +1219,46 @@ VCUDA_API cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS* 
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     *params = {c.out<CUdeviceptr>(0), c.out<size_t>(1), c.out<unsigned>(2),
                c.out<unsigned>(3),    c.out<size_t>(4), c.out<size_t>(5)};
+    return CUDA_SUCCESS;
+}
+
+// A memcpy node's copy as the application gave it: the server's answer (arrays as handles here), a side in
+// this process's own memory taken from its host copy's registration, shared pinned memory by its address
+// here.
+VCUDA_API cuGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D* params) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphMemcpyNodeGetParams, node, params);
+    VCUDA_REQUIRE_INIT();
+    if (!params || !node_of_type(node, CU_GRAPH_NODE_TYPE_MEMCPY)) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::graph_memcpy_node_params, "cuGraphMemcpyNodeGetParams");
+    c.handle(node, handle_kind::graph_node);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const auto& blobs = c.reply().blobs;
+    CUDA_MEMCPY3D p;
+    if (blobs.size() != 1 || blobs[0].size() != sizeof p) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(&p, blobs[0].data(), sizeof p);
+    host_copy_side mine;
+    const uint64_t host_copy = c.out<uint64_t>(0);
+    if (host_copy && !graph_host_copy_of(host_copy, mine)) return CUDA_ERROR_UNKNOWN;
+    auto& st = state::get();
+    auto to_client = [&](CUmemorytype type, bool source, auto& host, size_t& x, size_t& y, size_t& z,
+                         size_t& pitch, size_t& height) {
+        if (type != CU_MEMORYTYPE_HOST) return true;
+        if (host_copy && mine.to_device == source) {
+            host = mine.base;
+            std::tie(x, y, z, pitch, height) = std::tie(mine.x, mine.y, mine.z, mine.pitch, mine.height);
+            return true;
+        }
+        host_allocation h;
+        const auto at = reinterpret_cast<uint64_t>(host);
+        if (!st.find_host_shared_at(at, &st.remote(), h)) return false;
+        host = reinterpret_cast<char*>(h.base + (at - h.server_addr));
+        return true;
+    };
+    if (!to_client(p.srcMemoryType, true, p.srcHost, p.srcXInBytes, p.srcY, p.srcZ, p.srcPitch,
+                   p.srcHeight) ||
+        !to_client(p.dstMemoryType, false, p.dstHost, p.dstXInBytes, p.dstY, p.dstZ, p.dstPitch, p.dstHeight))
+        return CUDA_ERROR_UNKNOWN;
+    *params = p;
     return CUDA_SUCCESS;
 }
 

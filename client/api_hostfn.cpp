@@ -195,6 +195,15 @@ bool graph_host_function_of(uint64_t id, CUhostFn& fn, void*& data) {
     return true;
 }
 
+bool graph_host_copy_of(uint64_t id, host_copy_side& side) {
+    auto& r = registry();
+    std::lock_guard lock(r.mu);
+    auto it = r.pending.find(id);
+    if (it == r.pending.end() || !it->second.copy) return false;
+    side = *it->second.copy;
+    return true;
+}
+
 void forget_host_function(uint64_t id) {
     auto& r = registry();
     std::lock_guard lock(r.mu);

@@ -27,6 +27,9 @@ struct host_copy_side {
 // The id under which the server asks for the copy's host side.
 uint64_t graph_host_copy(const host_copy_side& c);
 
+// The side in this process of the graph copy registered under `id` (false: none, or a host function).
+bool graph_host_copy_of(uint64_t id, host_copy_side& side);
+
 // The function and data registered under `id` for a graph host node (false: none, or a copy's side).
 bool graph_host_function_of(uint64_t id, CUhostFn& fn, void*& data);
 

@@ -512,6 +512,16 @@ bool state::find_host(uintptr_t p, host_allocation& out) {
     return true;
 }
 
+bool state::find_host_shared_at(uint64_t server_addr, const session* owner, host_allocation& out) {
+    std::shared_lock lock(mu);
+    for (const auto& [base, h] : host_)  // few, and asked only by cuGraphMemcpyNodeGetParams
+        if (h.shared() && h.owner == owner && server_addr - h.server_addr < h.size) {
+            out = h;
+            return true;
+        }
+    return false;
+}
+
 bool state::host_overlaps(uintptr_t lo, uintptr_t hi) {
     std::shared_lock lock(mu);
     auto it =

@@ -156,6 +156,8 @@ class state {
     void add_host(const host_allocation& h);
     bool remove_host(uintptr_t base, host_allocation& out);
     bool find_host(uintptr_t p, host_allocation& out);
+    // The shared pinned allocation of `owner` whose pages the server knows at `server_addr` (false: none).
+    bool find_host_shared_at(uint64_t server_addr, const session* owner, host_allocation& out);
     // Whether any host allocation or registration overlaps [lo, hi).
     bool host_overlaps(uintptr_t lo, uintptr_t hi);
     // The 8-byte words of `params` (a launch's parameter buffer) that point into pinned host memory only this

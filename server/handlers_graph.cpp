@@ -483,6 +483,41 @@ CUresult handle_graph_memset_node_params(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
+// args {node} -> outs {the client's host copy id, 0 when the copy is between the session's memories}; blob
+// the memcpy node's CUDA_MEMCPY3D, its arrays as the session's handles; a host copy's side in the client has
+// no pointer (the client knows it by the id), shared pinned memory keeps the server's address.
+CUresult handle_graph_memcpy_node_params(call_context& cx) {
+    if (!cx.expect_args(1)) return cx.bad_arguments();
+    CUgraphNode node = nullptr;
+    CUgraphNodeType type{};
+    if (CUresult rc = typed_node(cx, 0, node, type); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuGraphMemcpyNodeGetParams) return cx.unsupported("cuGraphMemcpyNodeGetParams");
+    CUDA_MEMCPY3D c{};
+    uint64_t id = 0;
+    if (type == CU_GRAPH_NODE_TYPE_MEMCPY) {
+        if (CUresult rc = d.cuGraphMemcpyNodeGetParams(node, &c); rc != CUDA_SUCCESS) return rc;
+    } else if (!host_copy_of(d, node, c, id)) {
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a memcpy node");
+    }
+    if (id) {  // the staging buffer stands for the client's memory
+        if (c.srcMemoryType == CU_MEMORYTYPE_HOST)
+            c.srcHost = nullptr;
+        else
+            c.dstHost = nullptr;
+    }
+    for (auto* a : {&c.srcArray, &c.dstArray})
+        if (*a) {
+            const uint64_t h = session_handle(cx, handle_kind::array, *a);
+            if (!h) return cx.fail(CUDA_ERROR_INVALID_VALUE, "the copy's array is not one of the session's");
+            *a = reinterpret_cast<CUarray>(h);
+        }
+    c.reserved0 = c.reserved1 = nullptr;
+    cx.out(id);
+    cx.out_blob(std::as_bytes(std::span(&c, 1)));
+    return CUDA_SUCCESS;
+}
+
 // args {node} -> a memory alloc node's outs {address, bytes} and blobs {its pool properties, its access
 // descriptors}, device locations as the session's indices; a memory free node's outs {address}.
 CUresult handle_graph_mem_node_params(call_context& cx) {

@@ -281,23 +281,36 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
     return CUDA_SUCCESS;
 }
 
-bool is_host_copy_node(const driver_table& d, CUgraphNode node) {
+bool host_copy_of(const driver_table& d, CUgraphNode node, CUDA_MEMCPY3D& copy, uint64_t& id) {
     CUgraphNodeType type{};
     CUgraph child = nullptr;
     if (!d.cuGraphNodeGetType || !d.cuGraphChildGraphNodeGetGraph || !d.cuGraphGetNodes ||
-        !d.cuGraphHostNodeGetParams || d.cuGraphNodeGetType(node, &type) != CUDA_SUCCESS ||
-        type != CU_GRAPH_NODE_TYPE_GRAPH || d.cuGraphChildGraphNodeGetGraph(node, &child) != CUDA_SUCCESS)
+        !d.cuGraphHostNodeGetParams || !d.cuGraphMemcpyNodeGetParams ||
+        d.cuGraphNodeGetType(node, &type) != CUDA_SUCCESS || type != CU_GRAPH_NODE_TYPE_GRAPH ||
+        d.cuGraphChildGraphNodeGetGraph(node, &child) != CUDA_SUCCESS)
         return false;
     CUgraphNode nodes[2] = {};
     size_t n = 2;
     if (d.cuGraphGetNodes(child, nodes, &n) != CUDA_SUCCESS || n != 2) return false;
+    bool host = false, copied = false;
     for (CUgraphNode k : nodes) {
-        CUDA_HOST_NODE_PARAMS p{};
-        if (d.cuGraphNodeGetType(k, &type) == CUDA_SUCCESS && type == CU_GRAPH_NODE_TYPE_HOST &&
-            d.cuGraphHostNodeGetParams(k, &p) == CUDA_SUCCESS)
-            return p.fn == &run_host_copy;
+        if (d.cuGraphNodeGetType(k, &type) != CUDA_SUCCESS) return false;
+        if (type == CU_GRAPH_NODE_TYPE_HOST) {
+            CUDA_HOST_NODE_PARAMS p{};
+            if (d.cuGraphHostNodeGetParams(k, &p) != CUDA_SUCCESS || p.fn != &run_host_copy) return false;
+            id = static_cast<const host_copy_node*>(p.userData)->id;  // kept until the session ends
+            host = true;
+        } else if (type == CU_GRAPH_NODE_TYPE_MEMCPY) {
+            copied = d.cuGraphMemcpyNodeGetParams(k, &copy) == CUDA_SUCCESS;
+        }
     }
-    return false;
+    return host && copied;
+}
+
+bool is_host_copy_node(const driver_table& d, CUgraphNode node) {
+    CUDA_MEMCPY3D copy{};
+    uint64_t id = 0;
+    return host_copy_of(d, node, copy, id);
 }
 
 // args {stream, id}. Queued.

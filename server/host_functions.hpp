@@ -28,5 +28,7 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
 // True when `node` is a copy made by host_copy_graph (a child graph node that the client sees as a memcpy
 // node).
 bool is_host_copy_node(const driver_table& d, CUgraphNode node);
+// The same, and then the copy as the driver holds it (its host side the staging buffer) and the client's id.
+bool host_copy_of(const driver_table& d, CUgraphNode node, CUDA_MEMCPY3D& copy, uint64_t& id);
 
 }  // namespace vcuda::server

@@ -5,7 +5,9 @@
 // that reads one of them; a stream capture records the same kind of work, with a copy on a second stream that
 // joined the capture; an executable graph is updated from a new capture whose copy writes elsewhere. Every
 // launch runs on new host inputs and is checked against a CPU reference, and the host nodes must see the
-// bytes of their own launch: host memory is read and written when the graph runs, in the graph's order.
+// bytes of their own launch: host memory is read and written when the graph runs, in the graph's order. The
+// copy nodes' parameters read back (cudaGraphMemcpyNodeGetParams) are those they were given, on the graph and
+// on its clone.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -110,10 +112,43 @@ cudaGraphNode_t add_kernel(cudaGraph_t g, std::vector<cudaGraphNode_t> deps, voi
     return node;
 }
 
+// The copy nodes made by add_copy, with the parameters they were given.
+std::vector<std::pair<cudaGraphNode_t, cudaMemcpy3DParms>> copies_made;
+
 cudaGraphNode_t add_copy(cudaGraph_t g, std::vector<cudaGraphNode_t> deps, const cudaMemcpy3DParms& p) {
     cudaGraphNode_t node;
     CHECK(cudaGraphAddMemcpyNode(&node, g, deps.data(), deps.size(), &p));
+    copies_made.emplace_back(node, p);
     return node;
+}
+
+// A copy node's parameters read back (in `g`, or its copy in `clone`) against those it was given: the same
+// pointers, arrays, positions and extent; the figures the runtime derives (pitched sizes, kind) printed.
+void read_back_copies(cudaGraph_t clone) {
+    int i = 0;
+    for (auto& [node, given] : copies_made) {
+        cudaGraphNode_t at = node;
+        if (clone) CHECK(cudaGraphNodeFindInClone(&at, node, clone));
+        cudaMemcpy3DParms got = {};
+        CHECK(cudaGraphMemcpyNodeGetParams(at, &got));
+        const char* where = clone ? "clone" : "graph";
+        EXPECT(got.srcPtr.ptr == given.srcPtr.ptr && got.dstPtr.ptr == given.dstPtr.ptr,
+               "%s copy %d: pointers %p -> %p, given %p -> %p", where, i, got.srcPtr.ptr, got.dstPtr.ptr,
+               given.srcPtr.ptr, given.dstPtr.ptr);
+        EXPECT(got.srcArray == given.srcArray && got.dstArray == given.dstArray, "%s copy %d: other arrays",
+               where, i);
+        EXPECT(got.extent.width == given.extent.width && got.extent.height == given.extent.height &&
+                   got.extent.depth == given.extent.depth,
+               "%s copy %d: extent %zu x %zu x %zu", where, i, got.extent.width, got.extent.height,
+               got.extent.depth);
+        EXPECT(got.srcPos.x == given.srcPos.x && got.srcPos.y == given.srcPos.y &&
+                   got.dstPos.x == given.dstPos.x && got.dstPos.y == given.dstPos.y,
+               "%s copy %d: other positions", where, i);
+        printf("%s copy %d read back: src pitch %zu, %zu x %zu; dst pitch %zu, %zu x %zu; kind %d\n", where,
+               i, got.srcPtr.pitch, got.srcPtr.xsize, got.srcPtr.ysize, got.dstPtr.pitch, got.dstPtr.xsize,
+               got.dstPtr.ysize, static_cast<int>(got.kind));
+        ++i;
+    }
 }
 
 const char* type_name(cudaGraphNode_t node) {
@@ -274,6 +309,8 @@ void explicit_graph(buffers& b) {
     CHECK(cudaGraphInstantiate(&exec, g, 0));
     cudaGraph_t clone;
     CHECK(cudaGraphClone(&clone, g));
+    read_back_copies(nullptr);
+    read_back_copies(clone);
     CHECK(cudaGraphDestroy(g));  // the executable graph and the clone keep what they need
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
