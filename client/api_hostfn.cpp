@@ -36,6 +36,9 @@ struct host_call {
     CUstream stream = nullptr;
     // A graph copy's side in this process.
     std::optional<host_copy_side> copy;
+    // A user object's destructor: fn(data) once, when the server's driver destroys the object; no stream
+    // waits.
+    bool destructor = false;
 };
 
 struct host_functions {
@@ -121,6 +124,10 @@ void run_host_functions(session* s) {
                 // life, as graphs give no sign of their end here).
                 if (rp.outs.size() < 2 || rp.outs[1] == 0) r.pending.erase(it);
             }
+        }
+        if (c.destructor) {
+            c.fn(c.data);
+            continue;
         }
         // The stream's work before the function is done: copies it left under way land before it runs.
         if (c.fn || c.callback) settle_finished();
@@ -230,4 +237,62 @@ VCUDA_API cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void*
     c.data = userData;
     c.stream = hStream;
     return enqueue(hStream, c);
+}
+
+// User objects: the server holds the driver's object (server/handlers_hostfn.cpp); the application's
+// destructor is registered here as a host function, which the host-function thread runs once the driver has
+// destroyed the object. The handle is the registration's id.
+VCUDA_API cuUserObjectCreate(CUuserObject* object_out, void* ptr, CUhostFn destroy,
+                             unsigned int initialRefcount, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuUserObjectCreate, object_out, ptr, destroy, initialRefcount, flags);
+    VCUDA_REQUIRE_INIT();
+    if (!object_out || !destroy || initialRefcount == 0 || flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
+        return CUDA_ERROR_INVALID_VALUE;
+    host_call c;
+    c.fn = destroy;
+    c.data = ptr;
+    c.destructor = true;
+    const uint64_t id = add(c);
+    CUresult rc = remote(op::user_object_create, {id, initialRefcount}, mode::sync);
+    if (rc != CUDA_SUCCESS) {
+        forget_host_function(id);
+        return rc;
+    }
+    *object_out = reinterpret_cast<CUuserObject>(id);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuUserObjectRetain(CUuserObject object, unsigned int count) noexcept {
+    VCUDA_TRACE_HOOK(cuUserObjectRetain, object, count);
+    VCUDA_REQUIRE_INIT();
+    if (!object || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    return remote(op::user_object_refs, {reinterpret_cast<uint64_t>(object), count, 1}, mode::sync);
+}
+
+VCUDA_API cuUserObjectRelease(CUuserObject object, unsigned int count) noexcept {
+    VCUDA_TRACE_HOOK(cuUserObjectRelease, object, count);
+    VCUDA_REQUIRE_INIT();
+    if (!object || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    return remote(op::user_object_refs, {reinterpret_cast<uint64_t>(object), count, 0}, mode::sync);
+}
+
+VCUDA_API cuGraphRetainUserObject(CUgraph graph, CUuserObject object, unsigned int count,
+                                  unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphRetainUserObject, graph, object, count, flags);
+    VCUDA_REQUIRE_INIT();
+    if (!object || count == 0 || !valid_handle(reinterpret_cast<uint64_t>(graph), handle_kind::graph))
+        return CUDA_ERROR_INVALID_VALUE;
+    return remote(op::graph_user_object,
+                  {reinterpret_cast<uint64_t>(graph), reinterpret_cast<uint64_t>(object), count, flags, 1},
+                  mode::sync);
+}
+
+VCUDA_API cuGraphReleaseUserObject(CUgraph graph, CUuserObject object, unsigned int count) noexcept {
+    VCUDA_TRACE_HOOK(cuGraphReleaseUserObject, graph, object, count);
+    VCUDA_REQUIRE_INIT();
+    if (!object || count == 0 || !valid_handle(reinterpret_cast<uint64_t>(graph), handle_kind::graph))
+        return CUDA_ERROR_INVALID_VALUE;
+    return remote(op::graph_user_object,
+                  {reinterpret_cast<uint64_t>(graph), reinterpret_cast<uint64_t>(object), count, 0, 0},
+                  mode::sync);
 }

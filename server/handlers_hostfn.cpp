@@ -71,6 +71,31 @@ void CUDA_CB drop_host_copy(void* data) {
     }
 }
 
+// An application's user object as its driver destructor sees it.
+struct user_object_end {
+    std::weak_ptr<session> sess;
+    uint64_t id = 0;
+};
+
+// The driver's destructor of an application's user object, on a thread of the driver's (or in the release
+// that dropped the last reference): no driver calls. The application's destructor runs in the client.
+void CUDA_CB end_user_object(void* data) {
+    std::unique_ptr<user_object_end> e(static_cast<user_object_end*>(data));
+    auto s = e->sess.lock();
+    if (!s) return;  // the session has ended: its client has no one to run the destructor
+    {
+        std::lock_guard lock(s->user_objects_mu);
+        s->user_objects.erase(e->id);
+    }
+    s->host_func_started(e->id, false);
+}
+
+// At most this many user objects a session (each holds a little of the server's memory).
+constexpr size_t max_user_objects = 65536;
+
+// References counted in one call: at most what CUDA's unsigned int takes.
+bool valid_count(uint64_t n) { return n > 0 && n <= UINT32_MAX; }
+
 // The bytes of one side of a 2D/3D copy, packed: w x h x depth.
 bool packed_size(const CUDA_MEMCPY3D& c, size_t& out) {
     uint64_t n;
@@ -311,6 +336,121 @@ bool is_host_copy_node(const driver_table& d, CUgraphNode node) {
     CUDA_MEMCPY3D copy{};
     uint64_t id = 0;
     return host_copy_of(d, node, copy, id);
+}
+
+void session::release_user_objects() {
+    std::vector<CUuserObject> held;
+    {
+        std::lock_guard lock(user_objects_mu);
+        for (auto& [id, o] : user_objects)
+            if (o.obj && o.refs) {
+                held.push_back(o.obj);
+                o.refs = 0;
+            }
+    }
+    for (CUuserObject o : held) api().cuUserObjectRelease(o, 1);
+}
+
+// args {the client's id, initial references}: a user object whose destructor the client runs.
+CUresult handle_user_object_create(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    const uint64_t id = cx.arg(0), refs = cx.arg(1);
+    auto& d = cx.drv();
+    if (!d.cuUserObjectCreate || !d.cuUserObjectRelease) return cx.unsupported("cuUserObjectCreate");
+    if (id == 0 || !valid_count(refs))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad user object id or count");
+    auto& s = cx.sess;
+    {
+        std::lock_guard lock(s.user_objects_mu);
+        if (s.user_objects.size() >= max_user_objects)
+            return cx.fail(CUDA_ERROR_OUT_OF_MEMORY,
+                           "the session has " + std::to_string(max_user_objects) + " user objects already");
+        if (!s.user_objects.emplace(id, session::user_object{}).second)
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "user object id already in use");
+    }
+    auto* end = new user_object_end{s.weak_from_this(), id};
+    CUuserObject obj = nullptr;
+    CUresult rc = d.cuUserObjectCreate(&obj, end, &end_user_object, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
+    std::lock_guard lock(s.user_objects_mu);
+    if (rc != CUDA_SUCCESS) {
+        delete end;
+        s.user_objects.erase(id);
+        return rc;
+    }
+    s.user_objects[id] = {obj, refs};
+    return CUDA_SUCCESS;
+}
+
+namespace {
+
+// The driver's object of user object `id` with one more driver reference taken (the caller releases it once
+// done with it), or null when the application holds no reference of it. `take`: references the application
+// gives up (a release, or a move to a graph); refused when it holds fewer.
+CUuserObject hold_user_object(call_context& cx, uint64_t id, uint64_t take, bool& last) {
+    auto& s = cx.sess;
+    std::lock_guard lock(s.user_objects_mu);
+    auto it = s.user_objects.find(id);
+    last = false;
+    if (it == s.user_objects.end() || !it->second.obj || it->second.refs < std::max<uint64_t>(take, 1))
+        return nullptr;
+    cx.drv().cuUserObjectRetain(it->second.obj, 1);  // never runs a destructor
+    it->second.refs -= take;
+    last = it->second.refs == 0;  // the session's own reference goes too
+    return it->second.obj;
+}
+
+// Gives back what hold_user_object took: its reference, and the session's when the application's last went.
+void let_go(call_context& cx, CUuserObject obj, bool last) {
+    cx.drv().cuUserObjectRelease(obj, last ? 2 : 1);
+}
+
+}  // namespace
+
+// args {id, count, 1 retain / 0 release}: the application's references.
+CUresult handle_user_object_refs(call_context& cx) {
+    if (!cx.expect_args(3) || cx.arg(2) > 1) return cx.bad_arguments();
+    const uint64_t id = cx.arg(0), count = cx.arg(1);
+    const bool retain = cx.arg(2) == 1;
+    if (!valid_count(count)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad reference count");
+    if (!cx.drv().cuUserObjectRetain) return cx.unsupported("cuUserObjectRetain");
+    bool last = false;
+    CUuserObject obj = hold_user_object(cx, id, retain ? 0 : count, last);
+    if (!obj)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a user object the application holds that many of");
+    if (retain) {
+        std::lock_guard lock(cx.sess.user_objects_mu);
+        cx.sess.user_objects[id].refs += count;
+    }
+    let_go(cx, obj, last);
+    return CUDA_SUCCESS;
+}
+
+// args {graph, id, count, flags, 1 retain / 0 release}: a graph's references (CU_GRAPH_USER_OBJECT_MOVE: the
+// application's go to the graph).
+CUresult handle_graph_user_object(call_context& cx) {
+    if (!cx.expect_args(5) || cx.arg(4) > 1) return cx.bad_arguments();
+    const uint64_t id = cx.arg(1), count = cx.arg(2), flags = cx.arg(3);
+    const bool retain = cx.arg(4) == 1, move = flags == CU_GRAPH_USER_OBJECT_MOVE;
+    CUgraph g;
+    if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    if (!d.cuGraphRetainUserObject || !d.cuGraphReleaseUserObject || !d.cuUserObjectRetain)
+        return cx.unsupported("cuGraphRetainUserObject");
+    if (!valid_count(count) || (flags != 0 && !(retain && move)))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad reference count or flags");
+    bool last = false;
+    CUuserObject obj = hold_user_object(cx, id, move ? count : 0, last);
+    if (!obj)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a user object the application holds that many of");
+    const auto n = static_cast<unsigned>(count);
+    CUresult rc = retain ? d.cuGraphRetainUserObject(g, obj, n, 0) : d.cuGraphReleaseUserObject(g, obj, n);
+    if (rc != CUDA_SUCCESS && move) {  // the application keeps its references
+        std::lock_guard lock(cx.sess.user_objects_mu);
+        cx.sess.user_objects[id].refs += count;
+        last = false;
+    }
+    let_go(cx, obj, last);
+    return rc;
 }
 
 // args {stream, id}. Queued.

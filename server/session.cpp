@@ -444,6 +444,7 @@ void session::release_host_regions() {
 
 void session::release_all() {
     stop_host_funcs();       // the client is gone: callbacks still queued on streams return at once
+    release_user_objects();  // destructors of objects graphs still hold come when the graphs go
     release_host_regions();  // while the contexts still exist
     drop_host_copies(true);
     release_vmm();

@@ -340,6 +340,19 @@ class session : public std::enable_shared_from_this<session> {
     void host_func_wait(uint64_t id);  // in the driver's callback: until done or stopped
     void stop_host_funcs();
 
+    // CUDA user objects (server/handlers_hostfn.cpp), by the client's id: the driver's object and how many
+    // references the application holds. The session holds one driver reference while the application holds
+    // any; the driver's destructor forgets the entry and hands the id to the client's host-function thread,
+    // which runs the application's destructor. A call naming an object the application holds no reference
+    // of is refused, so that no driver call names an object that may be gone.
+    struct user_object {
+        CUuserObject obj = nullptr;  // null while being made
+        uint64_t refs = 0;
+    };
+    std::mutex user_objects_mu;  // never held across a driver call that may run a destructor
+    std::map<uint64_t, user_object> user_objects;
+    void release_user_objects();  // at the session's end: the session's references
+
     // Progress of each lane (the last call number it has run, or started for a call that blocks), so that a
     // call depending on another lane's call (Call.after_lane/after_seq) waits for it.
     void lane_progress(uint32_t lane, uint64_t seq);

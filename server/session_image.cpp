@@ -11,7 +11,8 @@
 // again), the application's own VMM use (server/vmm_image.cpp), CUDA arrays and mipmapped arrays
 // (server/array_image.cpp), CUDA graphs and executable graphs (server/graph_image.cpp). What is not yet:
 // texture/surface objects, memory pools and stream-ordered allocations, link states in progress, memory of
-// other sessions (IPC): a session holding any of them is not suspended, and the caller is told which.
+// other sessions (IPC), CUDA user objects: a session holding any of them is not suspended, and the caller is
+// told which.
 #include "server/session_image.hpp"
 
 #include <array>
@@ -267,6 +268,10 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
     if (!pools.allocations_.empty()) blocker = "stream-ordered allocations";
     if (!arrays.objects.empty()) blocker = "texture or surface objects";
     if (!ipc_state.empty()) blocker = "memory or events shared with other sessions (IPC)";
+    {
+        std::lock_guard objects(user_objects_mu);
+        if (!user_objects.empty()) blocker = "CUDA user objects";
+    }
     if (!blocker.empty()) {
         why = "the session holds " + blocker + ", which suspend does not rebuild yet";
         return CUDA_ERROR_NOT_SUPPORTED;

@@ -797,3 +797,55 @@ TEST_CASE("deferred copies take only the session's memory, stay within their bou
     CHECK(a->call(op::deferred_wait, {200}).result == CUDA_SUCCESS);
     CHECK(b->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
 }
+
+TEST_CASE("user objects: only the session's, only while the application holds a reference, destroyed once",
+          "[integration]") {
+    server_process server;
+    auto a = raw_client::open(server.address());
+    auto b = raw_client::open(server.address());
+    REQUIRE(a);
+    REQUIRE(b);
+    auto g = a->call(op::cuGraphCreate, {0});
+    auto gb = b->call(op::cuGraphCreate, {0});
+    REQUIRE(g.result == CUDA_SUCCESS);
+    REQUIRE(gb.result == CUDA_SUCCESS);
+    constexpr uint64_t retain = 1, release = 0, move = CU_GRAPH_USER_OBJECT_MOVE;
+    // Made: id 0, no reference or too many, an id in use are refused.
+    CHECK(a->call(op::user_object_create, {0, 1}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::user_object_create, {7, 0}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::user_object_create, {7, uint64_t{1} << 32}).result == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(a->call(op::user_object_create, {7, 1}).result == CUDA_SUCCESS);
+    CHECK(a->call(op::user_object_create, {7, 1}).result == CUDA_ERROR_INVALID_VALUE);
+    // Another session names nothing of A's: not the object, not with its own graph, not A's graph.
+    CHECK(b->call(op::user_object_refs, {7, 1, retain}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(b->call(op::user_object_refs, {7, 1, release}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(b->call(op::graph_user_object, {gb.outs.at(0), 7, 1, 0, retain}).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    CHECK(b->call(op::graph_user_object, {g.outs.at(0), 7, 1, 0, retain}).result != CUDA_SUCCESS);
+    // More released than held, a bad count or flags: refused, and the object is still A's.
+    CHECK(a->call(op::user_object_refs, {7, 2, release}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::user_object_refs, {7, 0, retain}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_user_object, {g.outs.at(0), 7, 2, move, retain}).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_user_object, {g.outs.at(0), 7, 1, 99, retain}).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_user_object, {g.outs.at(0), 7, 1, move, release}).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(a->call(op::user_object_refs, {7, 1, retain}).result == CUDA_SUCCESS);
+    REQUIRE(a->call(op::graph_user_object, {g.outs.at(0), 7, 1, 0, retain}).result == CUDA_SUCCESS);
+    // The application's last two references go: the graph still holds the object, yet no call may name it
+    // (the driver's object could go with the graph meanwhile).
+    REQUIRE(a->call(op::user_object_refs, {7, 2, release}).result == CUDA_SUCCESS);
+    CHECK(a->call(op::user_object_refs, {7, 1, retain}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_user_object, {g.outs.at(0), 7, 1, 0, release}).result ==
+          CUDA_ERROR_INVALID_VALUE);
+    // The graph goes: the destructor's id comes to A's host-function thread, once.
+    REQUIRE(a->call(op::cuGraphDestroy, {g.outs.at(0)}).result == CUDA_SUCCESS);
+    auto hf = a->call(op::host_func_next, {});
+    REQUIRE(hf.result == CUDA_SUCCESS);
+    REQUIRE(hf.outs.size() >= 1);
+    CHECK(hf.outs[0] == 7);
+    // The id is free again; B's session was not touched.
+    CHECK(a->call(op::user_object_create, {7, 1}).result == CUDA_SUCCESS);
+    CHECK(b->call(op::mem_get_info, {}).result == CUDA_SUCCESS);
+}
