@@ -122,6 +122,37 @@ VCUDA_API cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) noexcept {
     return device_pool(pool, dev, 1, "cuDeviceGetMemPool");
 }
 
+// CUDA 13's pools by location and allocation type: a device's pinned pools are the device's (above);
+// host-located and managed pools are not served (the server's host memory is not this process's).
+CUresult location_pool(CUmemoryPool* pool, const CUmemLocation* location, CUmemAllocationType type,
+                       uint64_t which, const char* name) {
+    if (!pool || !location) return CUDA_ERROR_INVALID_VALUE;
+    if (location->type != CU_MEM_LOCATION_TYPE_DEVICE || type != CU_MEM_ALLOCATION_TYPE_PINNED) {
+        std::string what = std::string(name) + " (a host-located or managed pool)";
+        return static_cast<CUresult>(unsupported(what.c_str()));
+    }
+    return device_pool(pool, location->id, which, name);
+}
+
+VCUDA_API cuMemGetDefaultMemPool(CUmemoryPool* pool_out, CUmemLocation* location,
+                                 CUmemAllocationType type) noexcept {
+    VCUDA_TRACE_HOOK(cuMemGetDefaultMemPool, pool_out, location, type);
+    return location_pool(pool_out, location, type, 0, "cuMemGetDefaultMemPool");
+}
+
+VCUDA_API cuMemGetMemPool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) noexcept {
+    VCUDA_TRACE_HOOK(cuMemGetMemPool, pool, location, type);
+    return location_pool(pool, location, type, 1, "cuMemGetMemPool");
+}
+
+VCUDA_API cuMemSetMemPool(CUmemLocation* location, CUmemAllocationType type, CUmemoryPool pool) noexcept {
+    VCUDA_TRACE_HOOK(cuMemSetMemPool, location, type, pool);
+    if (!location) return CUDA_ERROR_INVALID_VALUE;
+    if (location->type != CU_MEM_LOCATION_TYPE_DEVICE || type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return static_cast<CUresult>(unsupported("cuMemSetMemPool (a host-located or managed pool)"));
+    return cuDeviceSetMemPool(location->id, pool);
+}
+
 VCUDA_API cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) noexcept {
     VCUDA_TRACE_HOOK(cuMemPoolSetAttribute, pool, attr, value);
     VCUDA_REQUIRE_INIT();

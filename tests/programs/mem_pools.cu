@@ -98,6 +98,21 @@ int main() {
     CHECK(cudaFreeAsync(d, s));
     CHECK(cudaStreamSynchronize(s));
     CHECK(cudaDeviceSetMemPool(0, def));
+    // CUDA 13's calls by location: the same pools.
+    cudaMemLocation dev0 = {};
+    dev0.type = cudaMemLocationTypeDevice;
+    dev0.id = 0;
+    CHECK(cudaMemGetDefaultMemPool(&again, &dev0, cudaMemAllocationTypePinned));
+    EXPECT(again == def, "cudaMemGetDefaultMemPool: another pool than the device's default");
+    CHECK(cudaMemSetMemPool(&dev0, cudaMemAllocationTypePinned, pool));
+    CHECK(cudaMemGetMemPool(&cur, &dev0, cudaMemAllocationTypePinned));
+    EXPECT(cur == pool, "cudaMemSetMemPool did not take");
+    CHECK(cudaDeviceGetMemPool(&cur, 0));
+    EXPECT(cur == pool, "cudaMemSetMemPool did not set the device's current pool");
+    CHECK(cudaMemSetMemPool(&dev0, cudaMemAllocationTypePinned, def));
+    CHECK(cudaMemGetMemPool(&cur, &dev0, cudaMemAllocationTypePinned));
+    EXPECT(cur == def, "cudaMemSetMemPool did not set the default pool back");
+    printf("pools by location: the device's default and current pools\n");
     CHECK(cudaMemPoolDestroy(pool));
 
     // Bad input.
