@@ -2,9 +2,22 @@
 
 #include <sys/mman.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 namespace vcuda::server {
+
+namespace {
+
+// The stream reached the callback put behind a copy: the copy is done, or failed with the stream.
+void CUDA_CB reached(CUstream, CUresult status, void* data) {
+    std::unique_ptr<std::shared_ptr<copy_done>> held(static_cast<std::shared_ptr<copy_done>*>(data));
+    (*held)->status.store(status);
+    (*held)->reached.store(true, std::memory_order_release);
+}
+
+}  // namespace
 
 using deferred_copy::charge;
 using deferred_copy::max_bytes;
@@ -48,9 +61,8 @@ deferred_copies::in_flight deferred_copies::pages_for(const driver_table& drv, s
     return f;
 }
 
-void deferred_copies::release(const driver_table& drv, in_flight& f) {
-    if (f.done) drv.cuEventDestroy_v2(f.done);
-    f.done = nullptr;
+void deferred_copies::release(in_flight& f) {
+    f.done.reset();
     if (f.pages && f.registered) {
         free_[size_class(f.mapped)].push_back(f);
     } else if (f.pages) {
@@ -59,14 +71,20 @@ void deferred_copies::release(const driver_table& drv, in_flight& f) {
     f = {};
 }
 
-void deferred_copies::land(const driver_table& drv, copy& c, CUresult status) {
+void deferred_copies::land(copy& c, CUresult status) {
     c.result.status = status;
     if (status == CUDA_SUCCESS && c.flight.pages) {
         const auto* b = static_cast<const std::byte*>(c.flight.pages);
         c.result.bytes.assign(b, b + c.flight.size);
     }
-    release(drv, c.flight);
+    release(c.flight);
     c.at = copy::phase::landed;
+}
+
+bool deferred_copies::land_if_reached(copy& c) {
+    if (!c.flight.done || !c.flight.done->reached.load(std::memory_order_acquire)) return false;
+    land(c, static_cast<CUresult>(c.flight.done->status.load()));
+    return true;
 }
 
 CUresult deferred_copies::start(const driver_table& drv, uint64_t ticket, CUdeviceptr src, size_t n,
@@ -82,47 +100,45 @@ CUresult deferred_copies::start(const driver_table& drv, uint64_t ticket, CUdevi
     }
     in_flight f = pages_for(drv, n);
     CUresult rc = f.pages ? drv.cuMemcpyDtoHAsync_v2(f.pages, src, n, stream) : CUDA_ERROR_OUT_OF_MEMORY;
-    // With no event to wait on later, the copy is waited for now, and collected as landed.
+    // The stream's callback marks the copy done (also with the stream's error). Without one, the copy is
+    // waited for now, and collected as landed.
     CUresult waited = CUDA_ERROR_NOT_READY;
-    if (rc == CUDA_SUCCESS && drv.cuEventCreate(&f.done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
-        f.done = nullptr;
-        waited = drv.cuStreamSynchronize(stream);
-    } else if (rc == CUDA_SUCCESS && drv.cuEventRecord(f.done, stream) != CUDA_SUCCESS) {
-        waited = drv.cuStreamSynchronize(stream);
+    if (rc == CUDA_SUCCESS) {
+        f.done = std::make_shared<copy_done>();
+        auto* held = new std::shared_ptr<copy_done>(f.done);  // the callback's, freed by it
+        if (!drv.cuStreamAddCallback || drv.cuStreamAddCallback(stream, &reached, held, 0) != CUDA_SUCCESS) {
+            delete held;
+            f.done.reset();
+            waited = drv.cuStreamSynchronize(stream);
+        }
     }
     std::lock_guard lock(mu_);
     auto it = copies_.find(ticket);
     if (rc != CUDA_SUCCESS) {
-        release(drv, f);
+        release(f);
         bytes_ -= it->second.charged;
         copies_.erase(it);
         return rc;
     }
     it->second.flight = f;
     it->second.at = copy::phase::flying;
-    if (waited != CUDA_ERROR_NOT_READY) land(drv, it->second, waited);
+    if (waited != CUDA_ERROR_NOT_READY) land(it->second, waited);
     return CUDA_SUCCESS;
 }
 
-bool deferred_copies::under_way(const driver_table& drv, uint64_t ticket) {
+bool deferred_copies::under_way(uint64_t ticket) {
     std::lock_guard lock(mu_);
     auto it = copies_.find(ticket);
     if (it == copies_.end() || it->second.at == copy::phase::landed) return false;
     if (it->second.at == copy::phase::starting) return true;
-    const CUresult q = drv.cuEventQuery(it->second.flight.done);
-    if (q == CUDA_ERROR_NOT_READY) return true;
-    land(drv, it->second, q);
-    return false;
+    return !land_if_reached(it->second);
 }
 
-void deferred_copies::collect(const driver_table& drv, std::vector<std::byte>& out) {
+void deferred_copies::collect(std::vector<std::byte>& out) {
     std::lock_guard lock(mu_);
     for (auto it = copies_.begin(); it != copies_.end();) {
         copy& c = it->second;
-        if (c.at == copy::phase::flying) {
-            if (const CUresult q = drv.cuEventQuery(c.flight.done); q != CUDA_ERROR_NOT_READY)
-                land(drv, c, q);
-        }
+        if (c.at == copy::phase::flying) land_if_reached(c);
         if (c.at != copy::phase::landed) {
             ++it;
             continue;
@@ -141,8 +157,15 @@ void deferred_copies::collect(const driver_table& drv, std::vector<std::byte>& o
 
 void deferred_copies::land_all(const driver_table& drv) {
     std::lock_guard lock(mu_);
-    for (auto& [ticket, c] : copies_)
-        if (c.at == copy::phase::flying) land(drv, c, drv.cuEventSynchronize(c.flight.done));
+    // The session's work is drained (or its contexts are gone): a callback still to come comes at once, or
+    // never (its context went with its work); such a copy is lost, and reported so.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    for (auto& [ticket, c] : copies_) {
+        if (c.at != copy::phase::flying) continue;
+        while (!land_if_reached(c) && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (c.at == copy::phase::flying) land(c, CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    }
     // The session's work is drained: registrations are undone now, before the contexts they were made in go.
     for (auto& list : free_) {
         for (auto& f : list) {

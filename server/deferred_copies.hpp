@@ -1,15 +1,20 @@
 // Device-to-host copies the client leaves under way when the call returns, as the real driver leaves a copy
 // into pinned memory (client/deferred_copies.hpp): the GPU writes into pages of this store, registered with
-// the driver so that the copy is asynchronous, behind an event; the client collects the bytes of completed
-// copies when the application observes completion (a synchronize, a query that answers ready, a host
-// function's turn). Bounded per session by common/deferred_copy_limits.hpp, refused copies counted too (the
-// client keeps under the bounds; a copy beyond them is refused).
-// runs on: the session's lane threads. locks: one mutex of its own, never held across a driver wait.
+// the driver so that the copy is asynchronous, followed on its stream by a callback that marks it done; the
+// client collects the bytes of completed copies when the application observes completion (a synchronize, a
+// query that answers ready, a host function's turn). Collecting and waiting make no driver call: the client's
+// host-function thread collects while the GPU may wait for that very host function, and a driver call then
+// could wait for the GPU (cuMemHostRegister on another lane does, holding what cuEventQuery needs: NVIDIA's
+// simpleCallback sample hung so over TCP). Bounded per session by common/deferred_copy_limits.hpp, refused
+// copies counted too (the client keeps under the bounds; a copy beyond them is refused). runs on: the
+// session's lane threads. locks: one mutex of its own, never held across a driver wait.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -17,6 +22,12 @@
 #include "driver_table.hpp"
 
 namespace vcuda::server {
+
+// A copy's end as its stream's callback reports it (the driver's thread writes, lanes read).
+struct copy_done {
+    std::atomic<bool> reached{false};
+    std::atomic<int> status{CUDA_SUCCESS};
+};
 
 class deferred_copies {
   public:
@@ -40,10 +51,10 @@ class deferred_copies {
     // waiting for it.
     void refused(uint64_t ticket, CUresult why);
     // Whether `ticket` is still under way (false when it finished, was collected, or never was).
-    bool under_way(const driver_table& drv, uint64_t ticket);
+    bool under_way(uint64_t ticket);
     // Every finished copy, in ticket order, appended to `out` as {ticket, size, status} (3 x uint64) and then
     // its bytes when status is 0; they leave the store.
-    void collect(const driver_table& drv, std::vector<std::byte>& out);
+    void collect(std::vector<std::byte>& out);
     // Before a suspend or a move, the session's work drained: every copy becomes a landed one.
     void land_all(const driver_table& drv);
     // The landed copies, for a move's state; and a moved session's, on the receiving side.
@@ -57,7 +68,7 @@ class deferred_copies {
         void* pages = nullptr;
         size_t size = 0, mapped = 0;
         bool registered = false;
-        CUevent done = nullptr;
+        std::shared_ptr<copy_done> done;  // set by the stream's callback after the copy
     };
     struct copy {
         enum class phase { starting, flying, landed } at = phase::starting;
@@ -73,12 +84,14 @@ class deferred_copies {
     static size_t size_class(size_t n);
     // A landed copy kept for the next collect (mu_ held), unless its ticket is 0 or in use.
     void keep_landed(landed l);
-    // Gives pages back, their event destroyed (mu_ held): registered ones to the free lists. Registrations
+    // Gives pages back (mu_ held): registered ones to the free lists. Registrations
     // are undone only in land_all(), with the session's work drained: cuMemHostUnregister waits for the GPU,
     // which may be waiting for a host function of this client's, whose thread may be collecting copies now.
-    void release(const driver_table& drv, in_flight& f);
+    void release(in_flight& f);
     // A finished copy's bytes out of its pages, with its status (mu_ held).
-    void land(const driver_table& drv, copy& c, CUresult status);
+    void land(copy& c, CUresult status);
+    // A flying copy whose callback has come is landed (mu_ held); false while it is still under way.
+    bool land_if_reached(copy& c);
 
     std::mutex mu_;
     std::map<uint64_t, copy> copies_;  // by ticket

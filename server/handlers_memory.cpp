@@ -240,7 +240,7 @@ CUresult handle_copy_dtoh_deferred(call_context& cx) {
 // args {}: every finished copy, in the payload (deferred_copies::collect).
 CUresult handle_deferred_collect(call_context& cx) {
     if (!cx.expect_args(0)) return cx.bad_arguments();
-    cx.sess.deferred.collect(cx.drv(), cx.reply_payload);
+    cx.sess.deferred.collect(cx.reply_payload);
     return CUDA_SUCCESS;
 }
 
@@ -249,7 +249,7 @@ CUresult handle_deferred_wait(call_context& cx) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
     // Polled, not waited on in the driver: no lock is held across a wait, and a client that leaves ends it.
     auto pause = std::chrono::microseconds(20);
-    while (cx.sess.deferred.under_way(cx.drv(), cx.arg(0))) {
+    while (cx.sess.deferred.under_way(cx.arg(0))) {
         if (cx.lane.stream->raw().peer_gone()) return CUDA_SUCCESS;  // nobody wants the answer
         std::this_thread::sleep_for(pause);
         pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));

@@ -42,7 +42,8 @@ PROGRAMS=(vector_add vector_add_shared kernels_templates streams_events async_co
           device_printf arrays_textures managed_memory managed_streams suspend_resume graph_host_func
           stream_attributes linear_textures peer_copies shareable_handles precopy_dirty
           graph_host_copies graph_memory_nodes graph_conditional_nodes pool_ipc graph_node_updates mipmapped_arrays
-          memcpy_batch graph_suspend launch_events nonblocking_copies user_objects)
+          memcpy_batch graph_suspend launch_events nonblocking_copies user_objects
+          callback_workers)
 # The application's own memory registered mapped needs the server on the client's host: over TCP it must
 # report the documented refusal (exit 3, cudaErrorNotSupported) and pass over the Unix socket. (Memory
 # allocated mapped, mapped_memory, passes over both: over TCP it is managed memory of the session.)
