@@ -129,8 +129,9 @@ void run_host_functions(session* s) {
             c.fn(c.data);
             continue;
         }
-        // The stream's work before the function is done: copies it left under way land before it runs.
-        if (c.fn || c.callback) settle_finished();
+        // The stream's work before the function is done: copies it left under way land before it runs (and
+        // before a graph copy reads or writes the same memory here).
+        settle_finished();
         if (c.fn) {
             c.fn(c.data);
         } else if (c.callback) {

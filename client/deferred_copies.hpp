@@ -1,9 +1,10 @@
 // Device-to-host copies into the application's own pinned memory, left under way when the call returns, as
 // the real driver leaves them. Over TCP the server cannot write this process's pages: the GPU copies into
-// pages of the server (server/deferred_copies.hpp) behind an event, and the bytes are fetched here when the
-// application can first know that the copy is done — when a synchronize returns, a query answers ready, an
-// event or stream is waited for on the host, a host function starts, or a synchronous copy from the device
-// returns — and before this process reads, writes or frees the destination for another copy. Pinned memory
+// pages of the server (server/deferred_copies.hpp), and the bytes are fetched here when the application can
+// first know that the copy is done — when a synchronize returns, a query answers ready, an event or stream is
+// waited for on the host, a host function or a graph's copy with this process's memory starts, or a
+// synchronous copy from the device returns — and before this process reads, writes or frees the destination
+// for another copy. Pinned memory
 // shared with a server on this host needs none of this: the GPU writes its pages itself.
 //
 // Limit (README): a program that polls the destination for the bytes without any CUDA call waits in vain.

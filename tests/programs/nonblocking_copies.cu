@@ -1,8 +1,8 @@
 // nonblocking_copies: a copy from the device into pinned memory with cudaMemcpyAsync is asynchronous, as
 // PyTorch's `.to("cpu", non_blocking=True)` expects: while a kernel ordered before the copy still runs, the
 // stream is not done. The bytes are in the buffer once a call that synchronizes with the copy returns — a
-// stream, event or device synchronize, a query that answers done, a host function ordered after it — and a
-// later copy from or into the same bytes, or a free of the buffer, comes after it.
+// stream, event or device synchronize, a query that answers done, a host function or a graph's copy ordered
+// after it — and a later copy from or into the same bytes, or a free of the buffer, comes after it.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -189,6 +189,27 @@ int main(int argc, char** argv) {
     CHECK(cudaFreeHost(doomed));
     CHECK(cudaStreamSynchronize(s));
     printf("pinned memory freed while a copy into it was under way: ok\n");
+
+    // A graph whose copy reads the pinned buffer, launched after a copy into it on the same stream: the graph
+    // copies the bytes that copy brought (over TCP its host side is read here, at the graph's turn).
+    fill(d, 31, s);
+    CHECK(cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, s));
+    cudaGraph_t g;
+    CHECK(cudaGraphCreate(&g, 0));
+    cudaMemcpy3DParms up = {};
+    up.srcPtr = make_cudaPitchedPtr(h, bytes, bytes, 1);
+    up.dstPtr = make_cudaPitchedPtr(d2, bytes, bytes, 1);
+    up.extent = make_cudaExtent(bytes, 1, 1);
+    up.kind = cudaMemcpyHostToDevice;
+    cudaGraphNode_t node;
+    CHECK(cudaGraphAddMemcpyNode(&node, g, nullptr, 0, &up));
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, g, 0));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaMemcpyAsync(pageable.data(), d2, bytes, cudaMemcpyDeviceToHost, s));
+    expect(pageable.data(), 31, "a graph's copy from pinned memory after a copy into it");
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(g));
 
     // Many copies at once, 96 MiB into one pinned buffer, in 1 MiB pieces on two streams.
     const size_t pieces = 96, piece = size_t(1) << 20;
