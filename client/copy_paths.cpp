@@ -20,6 +20,7 @@
 
 #include "client/bulk.hpp"
 #include "client/deferred_copies.hpp"
+#include "client/env_switch.hpp"
 #include "client/host_functions.hpp"
 #include "client/managed.hpp"
 #include "client/parallel_copy.hpp"
@@ -64,10 +65,7 @@ namespace {
 // Whether pinned allocations are shared with a server on this host: VCUDA_SHARED_HOST=0 turns it off (to
 // compare with the copy-over-the-socket path).
 bool sharing_enabled() {
-    static const bool on = [] {
-        const char* v = std::getenv("VCUDA_SHARED_HOST");
-        return !v || std::strcmp(v, "0") != 0;
-    }();
+    static const bool on = env_switch_on("VCUDA_SHARED_HOST");
     return on;
 }
 

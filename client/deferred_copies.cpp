@@ -7,6 +7,7 @@
 #include <mutex>
 #include <set>
 
+#include "client/env_switch.hpp"
 #include "client/remote_call.hpp"
 #include "common/deferred_copy_limits.hpp"
 #include "common/log.hpp"
@@ -16,10 +17,7 @@ namespace vcuda::client {
 namespace {
 
 bool deferring_enabled() {
-    static const bool on = [] {
-        const char* v = std::getenv("VCUDA_DEFER_COPIES");
-        return !v || std::strcmp(v, "0") != 0;
-    }();
+    static const bool on = env_switch_on("VCUDA_DEFER_COPIES");
     return on;
 }
 

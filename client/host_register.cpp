@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "client/env_switch.hpp"
 #include "client/remote.hpp"
 #include "client/remote_call.hpp"
 #include "client/unsupported.hpp"
@@ -148,9 +149,8 @@ int open_mapped_file(const segment& seg) {
     return fd;
 }
 
-bool sharing_enabled() {  // as client/api_memory.cpp: VCUDA_SHARED_HOST=0 turns shared host memory off
-    const char* v = std::getenv("VCUDA_SHARED_HOST");
-    return !v || std::strcmp(v, "0") != 0;
+bool sharing_enabled() {  // as client/copy_paths.cpp: VCUDA_SHARED_HOST=0 turns shared host memory off
+    return env_switch_on("VCUDA_SHARED_HOST");
 }
 
 CUresult refuse(const std::string& why) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "client/env_switch.hpp"
 #include "common/log.hpp"
 #include "common/wire.hpp"
 
@@ -477,8 +478,7 @@ std::optional<frame_stream> session::connect_stream(uint32_t number, std::string
     char host[256] = {};
     gethostname(host, sizeof host - 1);
     // Shared-memory rings unless VCUDA_SHM=0 (frames then stay on the Unix socket).
-    const char* shm = std::getenv("VCUDA_SHM");
-    const bool want_rings = fs.raw().is_local() && !(shm && std::string_view(shm) == "0");
+    const bool want_rings = fs.raw().is_local() && env_switch_on("VCUDA_SHM");
     b.Finish(wire::CreateHello(
         b, protocol_version, features::all | features::bulk | (want_rings ? features::shm_rings : 0),
         b.CreateString(token_), id_, number, static_cast<uint32_t>(getpid()), b.CreateString(host), 0, tag_,
