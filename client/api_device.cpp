@@ -1,4 +1,5 @@
 // Entry points answered from the mirror: initialization, versions, cuGetProcAddress, error strings, devices.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -204,4 +205,50 @@ VCUDA_API cuDeviceGetProperties(CUdevprop* p, CUdevice dev) noexcept {
     p->clockRate = a(CU_DEVICE_ATTRIBUTE_CLOCK_RATE);
     p->textureAlign = a(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT);
     return CUDA_SUCCESS;
+}
+
+namespace {
+
+// At most this many operations in one question (the driver takes any number; a bound keeps the frame small).
+constexpr unsigned max_atomic_operations = 1024;
+
+// The native atomic capabilities of `dev`'s link to its host (no `peer`), or to device `peer`, asked of the
+// server's driver: the host is the server's, whose memory is the only host memory the GPU reaches. Devices of
+// two sessions (servers) have no link between them: every capability 0.
+CUresult atomic_capabilities(unsigned* caps, const CUatomicOperation* ops, unsigned count, CUdevice dev,
+                             const CUdevice* peer, const char* name) {
+    VCUDA_REQUIRE_INIT();
+    if (!caps || !ops || count == 0 || count > max_atomic_operations) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::device_atomic_caps, name);
+    c.device(dev);
+    if (peer) c.device(*peer);
+    c.blob({reinterpret_cast<const std::byte*>(ops), count * sizeof(CUatomicOperation)});
+    if (c.devices_of_two_sessions()) {
+        for (unsigned i = 0; i < count; ++i)
+            if (ops[i] < 0 || ops[i] >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;
+        std::fill(caps, caps + count, 0u);
+        return CUDA_SUCCESS;
+    }
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const auto& blobs = c.reply().blobs;
+    if (blobs.size() != 1 || blobs[0].size() != count * sizeof(unsigned)) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(caps, blobs[0].data(), blobs[0].size());
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+VCUDA_API cuDeviceGetHostAtomicCapabilities(unsigned int* capabilities, const CUatomicOperation* operations,
+                                            unsigned int count, CUdevice dev) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetHostAtomicCapabilities, capabilities, operations, count, dev);
+    return atomic_capabilities(capabilities, operations, count, dev, nullptr,
+                               "cuDeviceGetHostAtomicCapabilities");
+}
+
+VCUDA_API cuDeviceGetP2PAtomicCapabilities(unsigned int* capabilities, const CUatomicOperation* operations,
+                                           unsigned int count, CUdevice srcDevice,
+                                           CUdevice dstDevice) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetP2PAtomicCapabilities, capabilities, operations, count, srcDevice, dstDevice);
+    return atomic_capabilities(capabilities, operations, count, srcDevice, &dstDevice,
+                               "cuDeviceGetP2PAtomicCapabilities");
 }

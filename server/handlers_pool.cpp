@@ -5,6 +5,8 @@
 // charged. Only device-located pools are served. On a capturing stream the driver makes a memory alloc node
 // instead: its allocation is held as its graph's (server/handlers_graph.hpp).
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include "server/call_context.hpp"
 #include "server/handlers_graph.hpp"
@@ -191,6 +193,35 @@ CUresult handle_pool_destroy(call_context& cx) {
         if (kept && device < cx.sess.device_count()) cx.sess.memory(device).credit(kept);
     }
     cx.forget_handle(0);
+    return CUDA_SUCCESS;
+}
+
+// args {device[, peer device]} (session indices); blob the operations -> blob their capabilities (unsigned
+// each): of the device's link to this host, or to the peer.
+CUresult handle_device_atomic_caps(call_context& cx) {
+    if (cx.arg_count() < 1 || cx.arg_count() > 2 || cx.blob_count() != 1) return cx.bad_arguments();
+    auto b = cx.blob(0);
+    if (b.empty() || b.size() % sizeof(CUatomicOperation) != 0 || b.size() > 1024 * sizeof(CUatomicOperation))
+        return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad count of atomic operations");
+    const auto count = static_cast<unsigned>(b.size() / sizeof(CUatomicOperation));
+    std::vector<CUatomicOperation> ops(count);
+    std::memcpy(ops.data(), b.data(), b.size());
+    std::vector<unsigned> caps(count);
+    CUdevice dev;
+    if (CUresult rc = cx.device(0, dev); rc != CUDA_SUCCESS) return rc;
+    auto& d = cx.drv();
+    CUresult rc;
+    if (cx.arg_count() == 1) {
+        if (!d.cuDeviceGetHostAtomicCapabilities) return cx.unsupported("cuDeviceGetHostAtomicCapabilities");
+        rc = d.cuDeviceGetHostAtomicCapabilities(caps.data(), ops.data(), count, dev);
+    } else {
+        CUdevice peer;
+        if (rc = cx.device(1, peer); rc != CUDA_SUCCESS) return rc;
+        if (!d.cuDeviceGetP2PAtomicCapabilities) return cx.unsupported("cuDeviceGetP2PAtomicCapabilities");
+        rc = d.cuDeviceGetP2PAtomicCapabilities(caps.data(), ops.data(), count, dev, peer);
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+    cx.out_blob(std::as_bytes(std::span(caps)));
     return CUDA_SUCCESS;
 }
 

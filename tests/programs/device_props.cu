@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <vector>
 
 #include "common.cuh"
 
@@ -348,6 +349,21 @@ int main() {
             printf("  cudaDeviceGetTexture1DLinearMaxWidth(%d-bit x %d) = %zu\n", k.x,
                    (k.y != 0) + (k.z != 0) + (k.w != 0) + 1, w);
         }
+
+        // The native atomic capabilities of the device's link to its host (CUDA 13), every operation at once.
+        std::vector<cudaAtomicOperation> ops;
+        for (int o = 0; o < static_cast<int>(cudaAtomicOperationFloatMax) + 1; ++o)
+            ops.push_back(static_cast<cudaAtomicOperation>(o));
+        std::vector<unsigned> caps(ops.size(), 0xdeadu);
+        CHECK(cudaDeviceGetHostAtomicCapabilities(caps.data(), ops.data(), static_cast<unsigned>(ops.size()),
+                                                  dev));
+        printf("  cudaDeviceGetHostAtomicCapabilities =");
+        for (unsigned c : caps) printf(" %#x", c);
+        printf("\n");
+        const cudaAtomicOperation bad = static_cast<cudaAtomicOperation>(1000);
+        cudaError_t e = cudaDeviceGetHostAtomicCapabilities(caps.data(), &bad, 1, dev);
+        printf("  cudaDeviceGetHostAtomicCapabilities of an unknown operation: %s\n", cudaGetErrorName(e));
+        (void)cudaGetLastError();
 
         size_t free_b = 0, total_b = 0;
         CHECK(cudaMemGetInfo(&free_b, &total_b));

@@ -74,6 +74,17 @@ int main() {
                         can);
             return 1;
         }
+        // Native atomics between the two: none when the attribute says so (two devices of two servers).
+        int atomics = -1;
+        CHECK(cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, 0, 1));
+        const cudaAtomicOperation ops[2] = {cudaAtomicOperationIntegerAdd, cudaAtomicOperationFloatAdd};
+        unsigned caps[2] = {0xdead, 0xdead};
+        CHECK(cudaDeviceGetP2PAtomicCapabilities(caps, ops, 2, 0, 1));
+        if (caps[0] == 0xdead || (atomics == 0 && (caps[0] | caps[1]) != 0)) {
+            std::printf("FAIL two_devices: P2P atomic capabilities %#x %#x with native atomics %d\n", caps[0],
+                        caps[1], atomics);
+            return 1;
+        }
         cudaMemPool_t pool1, current1;
         CHECK(cudaDeviceGetDefaultMemPool(&pool1, 1));
         CHECK(cudaDeviceSetMemPool(1, pool1));

@@ -526,6 +526,46 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceCanAccessPeer(int* canAccessPeer, CUd
     });
 }
 
+namespace {
+
+// The software device's native atomics: none with its host (CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED
+// is 0), with a peer (whose native atomic attribute is 1) integer ones signed and unsigned on 32 and 64 bits,
+// float ones on 32 and 64 bits.
+CUresult soft_atomic_capabilities(unsigned* caps, const CUatomicOperation* ops, unsigned count, bool native) {
+    if (caps == nullptr || ops == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < count; ++i) {
+        if (ops[i] < 0 || ops[i] >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;
+        const unsigned sizes = CU_ATOMIC_CAPABILITY_SCALAR_32 | CU_ATOMIC_CAPABILITY_SCALAR_64;
+        caps[i] = !native ? 0u
+                  : ops[i] >= CU_ATOMIC_OPERATION_FLOAT_ADD
+                      ? sizes
+                      : sizes | CU_ATOMIC_CAPABILITY_SIGNED | CU_ATOMIC_CAPABILITY_UNSIGNED;
+    }
+    return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetHostAtomicCapabilities(unsigned int* capabilities,
+                                                                     const CUatomicOperation* operations,
+                                                                     unsigned int count, CUdevice dev) {
+    return entry([&](state& s) -> CUresult {
+        if (!s.valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+        return soft_atomic_capabilities(capabilities, operations, count, false);
+    });
+}
+
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetP2PAtomicCapabilities(unsigned int* capabilities,
+                                                                    const CUatomicOperation* operations,
+                                                                    unsigned int count, CUdevice srcDevice,
+                                                                    CUdevice dstDevice) {
+    return entry([&](state& s) -> CUresult {
+        if (!s.valid_device(srcDevice) || !s.valid_device(dstDevice) || srcDevice == dstDevice)
+            return CUDA_ERROR_INVALID_DEVICE;
+        return soft_atomic_capabilities(capabilities, operations, count, true);
+    });
+}
+
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attrib,
                                                            CUdevice srcDevice, CUdevice dstDevice) {
     return entry([&](state& s) -> CUresult {
