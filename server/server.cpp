@@ -804,24 +804,27 @@ void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::st
     auto t0 = std::chrono::steady_clock::now();
     std::string why;
     CUresult rc = sess->take_moved_state(*st, fs, pre, why);
+    if (rc != CUDA_SUCCESS) {
+        // Gone before the answer: the sender may offer it again at once (copying its memory instead), and its
+        // id must be free by then.
+        VCUDA_LOG_WARN("session {} from {} not taken: {}", sess->id(), peer, why);
+        leave_session(sess);
+    }
     flatbuffers::FlatBufferBuilder b(256);
     b.Finish(wire::CreateReply(b, rc, 0, 0, why.empty() ? 0 : b.CreateString(why)));
     if (!fs.send(make_frame(frame_kind::reply, b), after(std::chrono::seconds(10))))
         VCUDA_LOG_WARN("session {}: the server that moved it here did not get the answer", sess->id());
     auto ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-    if (rc != CUDA_SUCCESS) {
-        VCUDA_LOG_WARN("session {} from {} not taken: {}", sess->id(), peer, why);
-    } else {
-        VCUDA_LOG_INFO("session {} ({}) moved here: {} MiB of GPU state received and rebuilt in {} ms",
-                       sess->id(), from, st->bytes() >> 20, ms);
-        // Until the client's lane 0 (which its process keeps to the end) is here, or the old server closed
-        // this connection: its last connection from the client closed there, so the client has gone.
-        while (!sess->first_lane_here.load() && !fs.raw().peer_gone() && !stopping_)
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        if (!sess->first_lane_here.load())
-            VCUDA_LOG_INFO("session {}: its client left {} before its lane 0 came here", sess->id(), peer);
-    }
+    if (rc != CUDA_SUCCESS) return;
+    VCUDA_LOG_INFO("session {} ({}) moved here: {} MiB of GPU state received and rebuilt in {} ms",
+                   sess->id(), from, st->bytes() >> 20, ms);
+    // Until the client's lane 0 (which its process keeps to the end) is here, or the old server closed this
+    // connection: its last connection from the client closed there, so the client has gone.
+    while (!sess->first_lane_here.load() && !fs.raw().peer_gone() && !stopping_)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!sess->first_lane_here.load())
+        VCUDA_LOG_INFO("session {}: its client left {} before its lane 0 came here", sess->id(), peer);
     leave_session(sess);
 }
 
