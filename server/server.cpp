@@ -805,10 +805,10 @@ void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::st
     std::string why;
     CUresult rc = sess->take_moved_state(*st, fs, pre, why);
     if (rc != CUDA_SUCCESS) {
-        // Gone before the answer: the sender may offer it again at once (copying its memory instead), and its
-        // id must be free by then.
+        // Its id free before the answer: the sender may offer it again at once (copying its memory instead).
+        // The rest of its end comes after the answer (a worker process ends with its last session).
         VCUDA_LOG_WARN("session {} from {} not taken: {}", sess->id(), peer, why);
-        leave_session(sess);
+        sessions_.remove(sess->id(), sess.get());
     }
     flatbuffers::FlatBufferBuilder b(256);
     b.Finish(wire::CreateReply(b, rc, 0, 0, why.empty() ? 0 : b.CreateString(why)));
@@ -816,7 +816,10 @@ void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::st
         VCUDA_LOG_WARN("session {}: the server that moved it here did not get the answer", sess->id());
     auto ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-    if (rc != CUDA_SUCCESS) return;
+    if (rc != CUDA_SUCCESS) {
+        leave_session(sess);
+        return;
+    }
     VCUDA_LOG_INFO("session {} ({}) moved here: {} MiB of GPU state received and rebuilt in {} ms",
                    sess->id(), from, st->bytes() >> 20, ms);
     // Until the client's lane 0 (which its process keeps to the end) is here, or the old server closed this
