@@ -306,18 +306,22 @@ CUresult host_copy_graph(call_context& cx, CUDA_MEMCPY3D c, uint64_t id, CUgraph
     return CUDA_SUCCESS;
 }
 
-bool host_copy_of(const driver_table& d, CUgraphNode node, CUDA_MEMCPY3D& copy, uint64_t& id) {
+namespace {
+
+// The copy node and the client's id of a host copy's child graph node (host_copy_graph); false for any other
+// node. Reads no copy parameters: node listings ask it of every child graph node.
+bool host_copy_parts(const driver_table& d, CUgraphNode node, CUgraphNode& copy_node, uint64_t& id) {
     CUgraphNodeType type{};
     CUgraph child = nullptr;
     if (!d.cuGraphNodeGetType || !d.cuGraphChildGraphNodeGetGraph || !d.cuGraphGetNodes ||
-        !d.cuGraphHostNodeGetParams || !d.cuGraphMemcpyNodeGetParams ||
-        d.cuGraphNodeGetType(node, &type) != CUDA_SUCCESS || type != CU_GRAPH_NODE_TYPE_GRAPH ||
-        d.cuGraphChildGraphNodeGetGraph(node, &child) != CUDA_SUCCESS)
+        !d.cuGraphHostNodeGetParams || d.cuGraphNodeGetType(node, &type) != CUDA_SUCCESS ||
+        type != CU_GRAPH_NODE_TYPE_GRAPH || d.cuGraphChildGraphNodeGetGraph(node, &child) != CUDA_SUCCESS)
         return false;
     CUgraphNode nodes[2] = {};
     size_t n = 2;
     if (d.cuGraphGetNodes(child, nodes, &n) != CUDA_SUCCESS || n != 2) return false;
-    bool host = false, copied = false;
+    bool host = false;
+    copy_node = nullptr;
     for (CUgraphNode k : nodes) {
         if (d.cuGraphNodeGetType(k, &type) != CUDA_SUCCESS) return false;
         if (type == CU_GRAPH_NODE_TYPE_HOST) {
@@ -326,16 +330,24 @@ bool host_copy_of(const driver_table& d, CUgraphNode node, CUDA_MEMCPY3D& copy, 
             id = static_cast<const host_copy_node*>(p.userData)->id;  // kept until the session ends
             host = true;
         } else if (type == CU_GRAPH_NODE_TYPE_MEMCPY) {
-            copied = d.cuGraphMemcpyNodeGetParams(k, &copy) == CUDA_SUCCESS;
+            copy_node = k;
         }
     }
-    return host && copied;
+    return host && copy_node;
+}
+
+}  // namespace
+
+bool host_copy_of(const driver_table& d, CUgraphNode node, CUDA_MEMCPY3D& copy, uint64_t& id) {
+    CUgraphNode copy_node = nullptr;
+    return host_copy_parts(d, node, copy_node, id) && d.cuGraphMemcpyNodeGetParams &&
+           d.cuGraphMemcpyNodeGetParams(copy_node, &copy) == CUDA_SUCCESS;
 }
 
 bool is_host_copy_node(const driver_table& d, CUgraphNode node) {
-    CUDA_MEMCPY3D copy{};
+    CUgraphNode copy_node = nullptr;
     uint64_t id = 0;
-    return host_copy_of(d, node, copy, id);
+    return host_copy_parts(d, node, copy_node, id);
 }
 
 void session::release_user_objects() {
