@@ -2,8 +2,14 @@
 // layout of the driver's, so its contents are read out with a 3D copy into packed rows, and the array is made
 // again from its descriptor (kept in the session's array table) and filled the same way; its handle id then
 // stands for the new array. A mipmapped array is made again with as many levels, each level's handle standing
-// for the new level. Texture and surface objects are not rebuilt (their values are the driver's and travel in
-// kernel parameters): a session holding one is not suspended (session_image.cpp).
+// for the new level.
+//
+// Texture and surface objects: kernels hold their values, which the driver gives, not vcuda. The driver
+// numbers them in each context from 1, texture and surface objects together, and does not give a value twice
+// (seen on the H200, driver 580: tests/gpu/probes/texture_values.cpp). So in the new context they are made
+// again in the order of their values, with a stand-in made for each value that was given and is gone, and the
+// stand-ins are destroyed after. A value that comes back otherwise fails the rebuild: no kernel may read
+// another object than the one it names.
 #include <cstring>
 #include <map>
 #include <vector>
@@ -50,7 +56,135 @@ CUresult copy_in(const driver_table& drv, CUarray a, const CUDA_ARRAY3D_DESCRIPT
     return drv.cuMemcpy3D_v2(&c);
 }
 
+// At most this many stand-ins a rebuild makes (values given and gone below the largest held): a program that
+// makes and destroys objects without end is not suspended or moved, instead of a rebuild that takes minutes.
+constexpr uint64_t max_stand_ins = uint64_t{1} << 16;
+// At most this many objects in a moved session's state (a bound on what the sender may ask for).
+constexpr size_t max_moved_objects = size_t{1} << 20;
+
+// The bytes of a flatbuffer vector as exactly one T.
+template <class T>
+bool bytes_as(const flatbuffers::Vector<uint8_t>* v, T& out) {
+    if (!v || v->size() != sizeof(T)) return false;
+    std::memcpy(&out, v->data(), sizeof(T));
+    return true;
+}
+
 }  // namespace
+
+std::string session::objects_blocker() const {
+    std::map<size_t, std::pair<uint64_t, uint64_t>> per_device;  // device -> objects held, largest value
+    for (auto& [key, o] : arrays.objects) {
+        auto& [held, largest] = per_device[key.first];
+        ++held;
+        largest = std::max(largest, key.second);
+    }
+    uint64_t gaps = 0;
+    for (auto& [device, p] : per_device) gaps += p.second - p.first;
+    if (gaps <= max_stand_ins) return {};
+    return "texture or surface objects whose values are too far apart (" + std::to_string(gaps) +
+           " values made and destroyed below those held)";
+}
+
+CUresult session::rebuild_objects(std::string& what) {
+    auto& d = api();
+    struct stand_in {
+        size_t device;
+        uint64_t value;
+        bool surface;
+    };
+    std::vector<stand_in> stand_ins;
+    auto drop_stand_ins = [&] {
+        for (auto& s : stand_ins) {
+            d.cuCtxSetCurrent(devices_[s.device].ctx);
+            (s.surface ? d.cuSurfObjectDestroy : d.cuTexObjectDestroy)(s.value);
+        }
+    };
+    // In (device, value) order, the table's own.
+    for (auto& [key, o] : arrays.objects) {
+        const auto [device, value] = key;
+        if (device >= devices_.size() || !devices_[device].ctx) {
+            drop_stand_ins();
+            what = "a texture or surface object has no context";
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        d.cuCtxSetCurrent(devices_[device].ctx);
+        // The resource as the driver must see it now: the session's array made again, or its memory, which
+        // kept its addresses (checked again: a moved session's table came from another server).
+        CUDA_RESOURCE_DESC r = o.made;
+        bool owned = r.flags == 0;
+        if (r.resType == CU_RESOURCE_TYPE_ARRAY || r.resType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY) {
+            const bool mip = r.resType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY;
+            const uint64_t id = mip ? reinterpret_cast<uint64_t>(r.res.mipmap.hMipmappedArray)
+                                    : reinterpret_cast<uint64_t>(r.res.array.hArray);
+            const handle_entry* e = handles.find(id, mip ? handle_kind::mipmapped_array : handle_kind::array);
+            owned = owned && e && e->raw && static_cast<size_t>(e->device) == device;
+            if (owned && mip) r.res.mipmap.hMipmappedArray = static_cast<CUmipmappedArray>(e->raw);
+            if (owned && !mip) r.res.array.hArray = static_cast<CUarray>(e->raw);
+        } else if (r.resType == CU_RESOURCE_TYPE_LINEAR && !o.surface) {
+            const auto& l = r.res.linear;
+            owned = owned && l.sizeInBytes &&
+                    (owns_range_locked(l.devPtr, l.sizeInBytes) || host.holding(l.devPtr, l.sizeInBytes));
+        } else if (r.resType == CU_RESOURCE_TYPE_PITCH2D && !o.surface) {
+            const auto& p = r.res.pitch2D;
+            uint64_t span = 0;
+            owned = owned && p.height && mul_add(p.height - 1, p.pitchInBytes, p.pitchInBytes, span) &&
+                    (owns_range_locked(p.devPtr, span) || host.holding(p.devPtr, span));
+        } else {
+            owned = false;
+        }
+        if (!owned) {
+            drop_stand_ins();
+            what = "texture or surface object " + std::to_string(value) +
+                   " reads what the session does not hold";
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        for (;;) {
+            unsigned long long got = 0;
+            CUresult rc = o.surface ? d.cuSurfObjectCreate(&got, &r)
+                                    : d.cuTexObjectCreate(&got, &r, &o.tex, o.has_view ? &o.view : nullptr);
+            if (rc != CUDA_SUCCESS) {
+                drop_stand_ins();
+                what = "texture or surface object " + std::to_string(value) + " could not be made again";
+                return rc;
+            }
+            if (got == value) break;
+            if (got > value || stand_ins.size() >= max_stand_ins) {
+                (o.surface ? d.cuSurfObjectDestroy : d.cuTexObjectDestroy)(got);
+                drop_stand_ins();
+                what = "texture or surface object " + std::to_string(value) + " came back as " +
+                       std::to_string(got) + ", and kernels hold the first";
+                return CUDA_ERROR_NOT_SUPPORTED;
+            }
+            stand_ins.push_back({device, got, o.surface});
+        }
+    }
+    drop_stand_ins();
+    return CUDA_SUCCESS;
+}
+
+CUresult session::take_moved_objects(const wire::SessionState& st, std::string& why) {
+    if (!st.objects()) return CUDA_SUCCESS;
+    if (st.objects()->size() > max_moved_objects) {
+        why = "the moved session's state is malformed: too many texture or surface objects";
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (const auto* m : *st.objects()) {
+        array_tables::object o;
+        o.surface = m->surface();
+        o.has_view = m->view() && m->view()->size() > 0;
+        const size_t device = m->device();
+        if (device >= devices_.size() || !allowed(device) || m->value() == 0 ||
+            arrays.objects.count({device, m->value()}) || !bytes_as(m->resource(), o.res) ||
+            !bytes_as(m->made(), o.made) || (!o.surface && !bytes_as(m->texture(), o.tex)) ||
+            (o.has_view && !bytes_as(m->view(), o.view))) {
+            why = "the moved session's state is malformed: a texture or surface object";
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        arrays.objects[{device, m->value()}] = o;  // what it reads is checked when it is made again
+    }
+    return CUDA_SUCCESS;
+}
 
 CUresult session::save_arrays(session_image& img, std::string& why) {
     auto& d = api();

@@ -112,20 +112,27 @@ CUresult translate_resource(call_context& cx, CUDA_RESOURCE_DESC& r, bool surfac
     return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad resource type");
 }
 
-// Records a texture or surface object the driver made.
-void keep_object(call_context& cx, uint64_t value, size_t device, bool surface,
-                 const CUDA_RESOURCE_DESC& as_given) {
+// Records a texture or surface object the driver made from `made` (translate_resource's result); the
+// session's handle stands in it for the driver's array, so that a suspend or a move can make it again.
+void keep_object(call_context& cx, uint64_t value, size_t device, array_tables::object o,
+                 const CUDA_RESOURCE_DESC& made) {
+    o.made = made;
+    if (made.resType == CU_RESOURCE_TYPE_ARRAY) o.made.res.array.hArray = o.res.res.array.hArray;
+    if (made.resType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY)
+        o.made.res.mipmap.hMipmappedArray = o.res.res.mipmap.hMipmappedArray;
     std::lock_guard lock(cx.sess.mu);
-    cx.sess.arrays.objects[value] = {device, surface, as_given};
+    cx.sess.arrays.objects[{device, value}] = o;
 }
 
-// Forgets the session's object `value` (of the right kind) and destroys it.
+// Forgets the session's object `value` (of the right kind, of the current device) and destroys it.
 CUresult destroy_object(call_context& cx, bool surface) {
     if (!cx.expect_args(1)) return cx.bad_arguments();
     uint64_t value = cx.arg(0);
+    size_t device;
+    if (CUresult rc = current_device(cx, device); rc != CUDA_SUCCESS) return rc;
     {
         std::lock_guard lock(cx.sess.mu);
-        auto it = cx.sess.arrays.objects.find(value);
+        auto it = cx.sess.arrays.objects.find({device, value});
         if (it == cx.sess.arrays.objects.end() || it->second.surface != surface)
             return cx.fail(CUDA_ERROR_INVALID_VALUE, surface ? "not a surface object of this session"
                                                              : "not a texture object of this session");
@@ -378,7 +385,7 @@ CUresult handle_tex_create(call_context& cx) {
     CUtexObject o = 0;
     if (CUresult rc = cx.drv().cuTexObjectCreate(&o, &r, &t, view ? &v : nullptr); rc != CUDA_SUCCESS)
         return rc;
-    keep_object(cx, o, device, false, as_given);
+    keep_object(cx, o, device, {false, as_given, {}, t, view, v}, r);
     cx.out(static_cast<uint64_t>(o));
     return CUDA_SUCCESS;
 }
@@ -394,10 +401,12 @@ CUresult handle_tex_resource_desc(call_context& cx) {
     if (which > 3) return cx.bad_arguments();
     const bool surface = which == 3;
     const uint64_t value = cx.arg(0);
+    size_t device;
+    if (CUresult rc = current_device(cx, device); rc != CUDA_SUCCESS) return rc;
     // Held through the driver's answer too (a query that does not wait for the GPU), so that the value cannot
-    // become another session's object meanwhile.
+    // be destroyed and made again meanwhile.
     std::lock_guard lock(cx.sess.mu);
-    auto it = cx.sess.arrays.objects.find(value);
+    auto it = cx.sess.arrays.objects.find({device, value});
     if (it == cx.sess.arrays.objects.end() || it->second.surface != surface)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, surface ? "not a surface object of this session"
                                                          : "not a texture object of this session");
@@ -432,7 +441,7 @@ CUresult handle_surf_create(call_context& cx) {
     if (CUresult rc = translate_resource(cx, r, true); rc != CUDA_SUCCESS) return rc;
     CUsurfObject o = 0;
     if (CUresult rc = cx.drv().cuSurfObjectCreate(&o, &r); rc != CUDA_SUCCESS) return rc;
-    keep_object(cx, o, device, true, as_given);
+    keep_object(cx, o, device, {true, as_given, {}, {}, false, {}}, r);
     cx.out(static_cast<uint64_t>(o));
     return CUDA_SUCCESS;
 }

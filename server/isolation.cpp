@@ -72,6 +72,10 @@ constexpr uint32_t msg_window_take = 13, msg_window_give_back = 14, msg_window_c
 // A move of the session's device from one GPU of this server to another (u64 from, u64 to: GPU indices), from
 // the parent; its outcome comes back as msg_move_result.
 constexpr uint32_t msg_relocate = 16;
+// A session moved here that the worker named (msg_adopted) and then did not take (its state could not be
+// rebuilt), to the parent, before the worker answers the sender; the parent frees its id and answers with
+// msg_adopt_answer.
+constexpr uint32_t msg_adopt_given_up = 17;
 
 // A worker's window runs, asked of its parent.
 address_window::shared_runs parent_window_runs(int control_fd) {
@@ -297,7 +301,7 @@ void server::reap(const std::shared_ptr<worker>& w) {
     std::string stopped_because;
     {
         std::lock_guard lock(open_mu_);
-        workers_.erase(w->id);
+        if (auto it = workers_.find(w->id); it != workers_.end() && it->second == w) workers_.erase(it);
         drop_lease_claim(w->grant.lease_id, w->grant.gpus, w->incoming ? 0 : w->id);
         stopped_because = w->stopped_because;
     }
@@ -353,6 +357,11 @@ void server::serve_worker(const std::shared_ptr<worker>& w) {
             continue;
         }
         if (message_reader r{m}; serve_window_request(*w, r.u32(), r, fds)) continue;
+        if (message_reader r{m}; r.u32() == msg_adopt_given_up) {
+            for (int fd : fds) ::close(fd);
+            give_up_moved_worker(w);
+            continue;
+        }
         if (message_reader r{m}; r.u32() == msg_adopted) {
             const uint64_t id = r.u64();
             std::string key = r.str();
@@ -475,6 +484,26 @@ void server::adopt_moved_worker(const std::shared_ptr<worker>& w, uint64_t id, s
     VCUDA_LOG_INFO("session {} ({}): served by worker pid {}", id, w->peer, w->pid);
     lock.unlock();
     answer(true);
+}
+
+void server::give_up_moved_worker(const std::shared_ptr<worker>& w) {
+    {
+        std::lock_guard lock(open_mu_);
+        if (auto it = workers_.find(w->id); !w->incoming && it != workers_.end() && it->second == w) {
+            VCUDA_LOG_INFO("session {} was not taken by worker pid {}: its id is free again", w->id, w->pid);
+            workers_.erase(it);
+            drop_lease_claim(w->grant.lease_id, w->grant.gpus, w->id);
+            do w->id = os_random_u64() & 0x7fffffffffffffffULL;
+            while (w->id == 0 || workers_.count(w->id));
+            w->incoming = true;
+            workers_[w->id] = w;
+        }
+    }
+    message_writer m;
+    m.u32(msg_adopt_answer);
+    m.u32(1);
+    std::lock_guard send(w->send_mu);
+    send_message(w->control, m.bytes, -1);
 }
 
 CUresult server::ask_worker_outcome(uint64_t id, const std::vector<std::byte>& request,
@@ -643,6 +672,15 @@ int server::run_worker(driver& drv, server_options opts, int control_fd) {
         adopt_answer.cv.wait_for(lock, std::chrono::seconds(10),
                                  [&] { return adopt_answer.taken.has_value(); });
         return adopt_answer.taken.value_or(false);
+    };
+    srv.on_adopted_refused_ = [control_fd, &adopt_answer] {
+        message_writer a;
+        a.u32(msg_adopt_given_up);
+        std::unique_lock lock(adopt_answer.mu);
+        adopt_answer.taken.reset();
+        if (!send_message(control_fd, a.bytes, -1)) return;
+        adopt_answer.cv.wait_for(lock, std::chrono::seconds(10),
+                                 [&] { return adopt_answer.taken.has_value(); });
     };
     int wake[2];
     if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) return 1;

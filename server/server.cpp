@@ -809,6 +809,7 @@ void server::receive_moved(frame_stream& fs, const wire::Hello& h, const std::st
         // The rest of its end comes after the answer (a worker process ends with its last session).
         VCUDA_LOG_WARN("session {} from {} not taken: {}", sess->id(), peer, why);
         sessions_.remove(sess->id(), sess.get());
+        if (on_adopted_refused_) on_adopted_refused_();
     }
     flatbuffers::FlatBufferBuilder b(256);
     b.Finish(wire::CreateReply(b, rc, 0, 0, why.empty() ? 0 : b.CreateString(why)));

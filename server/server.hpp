@@ -120,6 +120,10 @@ class server {
     // id and key from now on. A malformed or duplicate id stops the worker.
     void adopt_moved_worker(const std::shared_ptr<worker>& w, uint64_t id, std::string key, std::string peer,
                             bool ok);
+    // Parent: that worker's moved session was not taken after all (msg_adopt_given_up): its id is free at
+    // once, before the sender hears the refusal and may offer it again; the worker is an incoming one again
+    // until it ends.
+    void give_up_moved_worker(const std::shared_ptr<worker>& w);
     // Parent: a worker's request of the address window (server/device_memory.hpp shared_runs), answered on
     // the socket that came with it. False when `type` is not one.
     bool serve_window_request(worker& w, uint32_t type, message_reader& r, std::vector<int>& fds);
@@ -182,6 +186,8 @@ class server {
     // routes the client's connections by them from then on). False: the parent refused it (that id is taken
     // there).
     std::function<bool(uint64_t, const std::string&, const std::string&)> on_session_adopted_;
+    // The same worker: the session it named is not taken after all; returns once the parent has freed its id.
+    std::function<void()> on_adopted_refused_;
     // Parent: the address window's runs its workers share (serve_window_request), started at the common
     // range's base the first worker reports.
     std::mutex window_mu_;

@@ -108,6 +108,10 @@ CUcontext session::existing_first_context() {
 
 bool session::owns_range(CUdeviceptr p, size_t n) {
     std::lock_guard lock(mu);
+    return owns_range_locked(p, n);
+}
+
+bool session::owns_range_locked(CUdeviceptr p, size_t n) {
     for (auto& s : devices_)
         if (s.memory->contains(p, n)) return true;
     auto& mapped = vmm.mapped_;
@@ -232,11 +236,11 @@ void session::release_device(size_t device) {
     };
     // Texture and surface objects before the arrays they read; arrays give their bytes back to the quota.
     for (auto it = arrays.objects.begin(); it != arrays.objects.end();) {
-        if (it->second.device != device) {
+        if (it->first.first != device) {
             ++it;
             continue;
         }
-        if (s.ctx) (it->second.surface ? d.cuSurfObjectDestroy : d.cuTexObjectDestroy)(it->first);
+        if (s.ctx) (it->second.surface ? d.cuSurfObjectDestroy : d.cuTexObjectDestroy)(it->first.second);
         it = arrays.objects.erase(it);
     }
     for (auto& [id, e] : doomed) {

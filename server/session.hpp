@@ -198,6 +198,7 @@ class session : public std::enable_shared_from_this<session> {
 
     // True when [p, p+n) is this session's memory on any of its GPUs (allocations or module globals).
     bool owns_range(CUdeviceptr p, size_t n);
+    bool owns_range_locked(CUdeviceptr p, size_t n);  // the same, `mu` held
 
     // Pinned host memory shared with a client on this host (server/session_tables.hpp).
     host_regions host;  // under mu
@@ -424,6 +425,12 @@ class session : public std::enable_shared_from_this<session> {
     void release_arrays();
     CUresult rebuild_arrays(const session_image& img, std::string& what);
     CUresult take_moved_arrays(const wire::SessionState& st, session_image& img, std::string& why);
+    // Texture and surface objects in a suspend or a move (server/array_image.cpp), `mu` held: why they cannot
+    // be made again at the values kernels hold (empty: they can); made again at those values, after the
+    // arrays and memory they read; a move's target takes their table from the moved state.
+    std::string objects_blocker() const;
+    CUresult rebuild_objects(std::string& what);
+    CUresult take_moved_objects(const wire::SessionState& st, std::string& why);
     // CUDA graphs and executable graphs in a suspend (server/graph_image.cpp), `mu` held: each graph read
     // through the driver (nodes, their parameters, edges), each executable graph's clone too; destroyed (ids
     // stay); made again node by node, each node id standing for its new node, executable graphs instantiated

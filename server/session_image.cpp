@@ -9,10 +9,10 @@
 // the driver places elsewhere is reported, and copies to its old address are refused), streams (flags and
 // priority), events (flags), context limits and cache configuration, shared pinned host memory (registered
 // again), the application's own VMM use (server/vmm_image.cpp), CUDA arrays and mipmapped arrays
-// (server/array_image.cpp), CUDA graphs and executable graphs (server/graph_image.cpp). What is not yet:
-// texture/surface objects, memory pools and stream-ordered allocations, link states in progress, memory of
-// other sessions (IPC), CUDA user objects: a session holding any of them is not suspended, and the caller is
-// told which.
+// (server/array_image.cpp), texture and surface objects at the values kernels hold (the same file), CUDA
+// graphs and executable graphs (server/graph_image.cpp). What is not yet: memory pools and stream-ordered
+// allocations, link states in progress, memory of other sessions (IPC), CUDA user objects: a session holding
+// any of them is not suspended, and the caller is told which.
 #include "server/session_image.hpp"
 
 #include <array>
@@ -266,7 +266,7 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
     for (auto& [id, a] : vmm.allocations_)
         if (a.foreign) blocker = "memory of another session mapped with the VMM API (IPC)";
     if (!pools.allocations_.empty()) blocker = "stream-ordered allocations";
-    if (!arrays.objects.empty()) blocker = "texture or surface objects";
+    if (std::string objects = objects_blocker(); !objects.empty()) blocker = objects;
     if (!ipc_state.empty()) blocker = "memory or events shared with other sessions (IPC)";
     {
         std::lock_guard objects(user_objects_mu);
@@ -513,6 +513,7 @@ CUresult session::rebuild(std::string& why) {
     }
     if (std::string what; CUresult rc = rebuild_vmm(img, what)) return failed(rc, what);
     if (std::string what; CUresult rc = rebuild_arrays(img, what)) return failed(rc, what);
+    if (std::string what; CUresult rc = rebuild_objects(what)) return failed(rc, what);
     for (auto& es : img.entries) {
         handle_entry* e = handles.find(es.id, kind_of(es.id));
         if (!e) continue;

@@ -548,7 +548,9 @@ class vmm_tables {
 // CUDA arrays and the texture and surface objects of a session (server/handlers_array.cpp). Arrays are
 // handles (kind array) whose bytes are charged to their device's quota; texture and surface objects are the
 // driver's own values (kernels receive them by value), kept here so that only the session's own are destroyed
-// or asked about. Both are released per device at a reset and at session end (server/session.cpp).
+// or asked about, and so that a suspend or a move makes them again (server/array_image.cpp). The driver
+// numbers them per context, so two devices' objects may have the same value. Both are released per device at
+// a reset and at session end (server/session.cpp).
 class array_tables {
   public:
     struct array {
@@ -558,12 +560,16 @@ class array_tables {
         unsigned level = 0;  // a mipmapped array's level (its handle is owned by the mipmapped array)
     };
     struct object {
-        size_t device = 0;
         bool surface = false;
-        CUDA_RESOURCE_DESC res{};  // as the client gave it (its array handle, not the driver's)
+        CUDA_RESOURCE_DESC res{};   // as the client gave it (its array handle, not the driver's)
+        CUDA_RESOURCE_DESC made{};  // as the driver got it, but with the session's array handle
+        CUDA_TEXTURE_DESC tex{};
+        bool has_view = false;
+        CUDA_RESOURCE_VIEW_DESC view{};
     };
-    std::map<uint64_t, array> arrays;    // array handle id -> array
-    std::map<uint64_t, object> objects;  // the driver's CUtexObject / CUsurfObject -> object
+    using object_key = std::pair<size_t, uint64_t>;  // the session's device index, the driver's value
+    std::map<uint64_t, array> arrays;                // array handle id -> array
+    std::map<object_key, object> objects;            // CUtexObject / CUsurfObject of a device -> object
 };
 
 // Images (modules, libraries) the client has sent, by content hash, so that it sends each only once. Held

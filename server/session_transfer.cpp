@@ -478,6 +478,16 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
             b.CreateVector(a.levels),
             b.CreateVector(reinterpret_cast<const uint8_t*>(a.bytes.data()), a.bytes.size())));
     }
+    auto struct_bytes = [&](const auto& v) {
+        return b.CreateVector(reinterpret_cast<const uint8_t*>(&v), sizeof v);
+    };
+    const flatbuffers::Offset<flatbuffers::Vector<uint8_t>> absent;
+    std::vector<flatbuffers::Offset<wire::MovedObject>> objects_out;
+    for (auto& [key, o] : arrays.objects)
+        objects_out.push_back(wire::CreateMovedObject(b, static_cast<uint32_t>(key.first), key.second,
+                                                      o.surface, struct_bytes(o.res), struct_bytes(o.made),
+                                                      o.surface ? absent : struct_bytes(o.tex),
+                                                      o.has_view ? struct_bytes(o.view) : absent));
     std::vector<flatbuffers::Offset<wire::MovedDeferredCopy>> deferred_out;
     for (auto& c : deferred.landed_copies())
         deferred_out.push_back(wire::CreateMovedDeferredCopy(
@@ -494,7 +504,7 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         b.CreateVector(regions), b.CreateVector(gone), b.CreateVector(relocated),
         b.CreateVector(vmm_reservations), b.CreateVector(vmm_allocations), b.CreateVector(vmm_mappings),
         b.CreateVector(vmm_access), b.CreateVector(gpus), b.CreateVector(arrays_out),
-        b.CreateVector(deferred_out)));
+        b.CreateVector(deferred_out), b.CreateVector(objects_out)));
     if (b.GetSize() > max_moved_state_bytes) {
         why = "its description (" + mib(b.GetSize()) + ") is larger than a server accepts";
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -798,6 +808,7 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                 globals.relocate(r->Get(k), r->Get(k + 1), r->Get(k + 2), r->Get(k + 3));
         if (CUresult rc = take_moved_vmm(st, *img, why); rc != CUDA_SUCCESS) return rc;
         if (CUresult rc = take_moved_arrays(st, *img, why); rc != CUDA_SUCCESS) return rc;
+        if (CUresult rc = take_moved_objects(st, why); rc != CUDA_SUCCESS) return rc;
         if (const auto* dc = st.deferred_copies()) {
             std::vector<deferred_copies::landed> landed;
             for (const auto* c : *dc) {

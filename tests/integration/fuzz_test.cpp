@@ -304,6 +304,14 @@ class fuzzer {
                                        static_cast<uint32_t>(op::stream_batch_memop),
                                        static_cast<uint32_t>(op::graph_mem_node_params),
                                        static_cast<uint32_t>(op::ctx_event),
+                                       static_cast<uint32_t>(op::copy_dtoh_deferred),
+                                       static_cast<uint32_t>(op::deferred_collect),
+                                       static_cast<uint32_t>(op::deferred_wait),
+                                       static_cast<uint32_t>(op::graph_memcpy_node_params),
+                                       static_cast<uint32_t>(op::user_object_create),
+                                       static_cast<uint32_t>(op::user_object_refs),
+                                       static_cast<uint32_t>(op::graph_user_object),
+                                       static_cast<uint32_t>(op::device_atomic_caps),
                                        static_cast<uint32_t>(op::launch)};
         uint32_t o =
             pick(3) ? ops[pick(std::size(ops))] : static_cast<uint32_t>(pick(512));  // past the last id

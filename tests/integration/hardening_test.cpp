@@ -611,15 +611,22 @@ std::pair<int, std::string> offer_moved_session(
     flatbuffers::FlatBufferBuilder b(1024);
     state(b);
     if (!fs.send(vcuda::make_frame(vcuda::frame_kind::session_state, b))) return {-2, "send failed"};
-    auto in = fs.receive(vcuda::after(std::chrono::seconds(10)), std::chrono::seconds(10));
-    if (!in) return {-2, in.error().message};
-    if (in->kind() == vcuda::frame_kind::error) {
-        auto* e = vcuda::root_of<vcuda::wire::Error>(*in);
-        return {-1, e->message() ? e->message()->str() : ""};
+    for (bool state_taken = false;;) {
+        auto in = fs.receive(vcuda::after(std::chrono::seconds(10)), std::chrono::seconds(10));
+        if (!in) return {-2, in.error().message};
+        if (in->kind() == vcuda::frame_kind::error) {
+            auto* e = vcuda::root_of<vcuda::wire::Error>(*in);
+            return {-1, e->message() ? e->message()->str() : ""};
+        }
+        REQUIRE(in->kind() == vcuda::frame_kind::reply);
+        auto* r = vcuda::root_of<vcuda::wire::Reply>(*in);
+        // A state with no pieces to send: past the go-ahead (success, no detail) comes the rebuild's answer.
+        if (!state_taken && r->result() == CUDA_SUCCESS && !r->detail()) {
+            state_taken = true;
+            continue;
+        }
+        return {r->result(), r->detail() ? r->detail()->str() : ""};
     }
-    REQUIRE(in->kind() == vcuda::frame_kind::reply);
-    auto* r = vcuda::root_of<vcuda::wire::Reply>(*in);
-    return {r->result(), r->detail() ? r->detail()->str() : ""};
 }
 }  // namespace
 
@@ -704,6 +711,18 @@ TEST_CASE(
     auto [rc7, why7] = with_gpus(0x4324, {0, 1});
     CHECK(rc7 == -1);
     CHECK(why7.find("uses 2 GPU(s); it may have 1 here") != std::string::npos);
+    // A state of session `id` with its key and 1 MiB pieces; `add` adds the rest (made before, as flatbuffers
+    // want).
+    auto finish_state = [&](flatbuffers::FlatBufferBuilder& b, uint64_t id,
+                            const std::function<void(vcuda::wire::SessionStateBuilder&)>& add) {
+        auto k = key_of(b);
+        vcuda::wire::SessionStateBuilder sb(b);
+        sb.add_session_id(id);
+        sb.add_session_key(k);
+        sb.add_piece_bytes(1u << 20);
+        add(sb);
+        b.Finish(sb.Finish());
+    };
     // CUDA arrays (server/array_image.cpp): one handle slot of kind `kind`, and an array record for it.
     auto with_array = [&](uint64_t id, vcuda::handle_kind kind, uint32_t width, size_t content_bytes,
                           uint64_t charge) {
@@ -721,14 +740,10 @@ TEST_CASE(
             auto arr =
                 vcuda::wire::CreateMovedArray(b, vcuda::make_handle(kind, 1, 0), 0, charge, desc, 0, bytes);
             auto arrays = b.CreateVector(&arr, 1);
-            auto k = key_of(b);
-            vcuda::wire::SessionStateBuilder sb(b);
-            sb.add_session_id(id);
-            sb.add_session_key(k);
-            sb.add_piece_bytes(1u << 20);
-            sb.add_slots(slots);
-            sb.add_arrays(arrays);
-            b.Finish(sb.Finish());
+            finish_state(b, id, [&](vcuda::wire::SessionStateBuilder& sb) {
+                sb.add_slots(slots);
+                sb.add_arrays(arrays);
+            });
         });
     };
     // Contents of another size than its descriptor's; a descriptor past any extent; a handle of another kind;
@@ -745,10 +760,52 @@ TEST_CASE(
     auto [rc11, why11] = with_array(0x4328, vcuda::handle_kind::array, 16, 16 * 4 * 4, uint64_t{1} << 50);
     CHECK(rc11 == CUDA_ERROR_OUT_OF_MEMORY);
     CHECK(why11.find("quota") != std::string::npos);
+    // Texture objects (server/array_image.cpp): one object record, its resource descriptor `res_bytes` long.
+    auto with_object = [&](uint64_t id, size_t res_bytes, CUdeviceptr linear, bool any = true) {
+        return offer_moved_session(server.address(), [&](flatbuffers::FlatBufferBuilder& b) {
+            CUDA_RESOURCE_DESC r{};
+            r.resType = CU_RESOURCE_TYPE_LINEAR;
+            r.res.linear.devPtr = linear;
+            r.res.linear.format = CU_AD_FORMAT_FLOAT;
+            r.res.linear.numChannels = 1;
+            r.res.linear.sizeInBytes = 4096;
+            CUDA_TEXTURE_DESC t{};
+            auto res = b.CreateVector(reinterpret_cast<const uint8_t*>(&r), res_bytes);
+            auto made = b.CreateVector(reinterpret_cast<const uint8_t*>(&r), sizeof r);
+            auto tex = b.CreateVector(reinterpret_cast<const uint8_t*>(&t), sizeof t);
+            auto o = vcuda::wire::CreateMovedObject(b, 0, 1, false, res, made, tex);
+            auto objects = b.CreateVector(&o, any ? 1 : 0);
+            auto dev = vcuda::wire::CreateMovedDevice(b, true);
+            auto devices = b.CreateVector(&dev, 1);
+            finish_state(b, id, [&](vcuda::wire::SessionStateBuilder& sb) {
+                sb.add_devices(devices);
+                sb.add_objects(objects);
+            });
+        });
+    };
+    // A descriptor of another size; a texture over memory the moved session does not hold (here, the live
+    // session's): refused when it is made again, before the answer.
+    auto [rc12, why12] = with_object(0x4329, sizeof(CUDA_RESOURCE_DESC) - 8, 0);
+    CHECK(rc12 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why12.find("a texture or surface object") != std::string::npos);
+    auto live = a->call(op::mem_alloc, {4096});
+    REQUIRE(live.result == CUDA_SUCCESS);
+    auto [rc13, why13] = with_object(0x432a, sizeof(CUDA_RESOURCE_DESC), live.outs.at(0));
+    CHECK(rc13 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why13.find("reads what the session does not hold") != std::string::npos);
+    // A session refused after its id was taken here (its rebuild failed) gives the id up before the answer:
+    // offered again at once without the object, it is taken (and ends when this offer's connection closes).
+    auto [rc14, why14] = with_object(0x432b, sizeof(CUDA_RESOURCE_DESC), live.outs.at(0));
+    CHECK(rc14 == CUDA_ERROR_INVALID_VALUE);
+    auto [rc15, why15] = with_object(0x432b, sizeof(CUDA_RESOURCE_DESC), 0, false);
+    CHECK(rc15 == CUDA_SUCCESS);
+    CHECK(why15.empty());
+    if (isolated) CHECK(server.wait_for_log("session 17195 was not taken by worker pid"));
     // An offer abandoned right after HELLO.
     { auto fs = adopting_connection(server.address()); }
     // Nothing of them stays, and the live session goes on.
-    for (uint64_t id : {0x1234, 0x5678, 0x4321, 0x4322, 0x4323, 0x4324, 0x4325, 0x4326, 0x4327, 0x4328})
+    for (uint64_t id :
+         {0x1234, 0x5678, 0x4321, 0x4322, 0x4323, 0x4324, 0x4325, 0x4326, 0x4327, 0x4328, 0x4329, 0x432a})
         CHECK(!raw_client::open(server.address(), id, key));
     CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
     if (isolated) {  // each offer had a worker of its own: only the live session's is left

@@ -4,7 +4,8 @@
 // through vcuda whether or not a suspend happened, it must print the same: memory contents at the same device
 // addresses (small packed allocations and large ones), the stream's flags and priority, a function attribute
 // it set, an event pair's elapsed time still measurable, an event without timing still complete, CUDA arrays
-// (2D with padded rows, layered, mipmapped) with their contents, and new work on all of them.
+// (2D with padded rows, layered, mipmapped) with their contents, texture and surface objects at the values
+// kernels hold, and new work on all of them.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -26,6 +27,88 @@ extern "C" __global__ void sr_axpy(float* y, const float* x, size_t n, float a) 
     size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
     if (i < n) y[i] += a * x[i];
 }
+
+extern "C" __global__ void sr_surf_write(cudaSurfaceObject_t s, int w, int h, float base) {
+    int x = threadIdx.x, y = threadIdx.y;
+    if (x < w && y < h) surf2Dwrite(base + static_cast<float>(x + 100 * y), s, x * 4, y);
+}
+
+extern "C" __global__ void sr_tex_read(cudaTextureObject_t t, float* out, int w, int h) {
+    int x = threadIdx.x, y = threadIdx.y;
+    if (x < w && y < h) out[y * w + x] = tex2D<float>(t, x + 0.5f, y + 0.5f);
+}
+
+extern "C" __global__ void sr_tex1d(cudaTextureObject_t t, float* out, int n) {
+    int i = threadIdx.x;
+    if (i < n) out[i] = tex1Dfetch<float>(t, i);
+}
+
+// Texture and surface objects made before the pause, with one made and destroyed among them (the driver does
+// not give its value again). Kernels hold their values, so after the pause the same values must still name
+// them: reads through both textures and writes through the surface.
+struct objects_kept {
+    static constexpr int w = 16, h = 8;
+    cudaArray_t arr = nullptr;
+    float *lin = nullptr, *out = nullptr;
+    cudaTextureObject_t tex = 0, tex_lin = 0;
+    cudaSurfaceObject_t surf = 0;
+
+    void make() {
+        cudaChannelFormatDesc f = cudaCreateChannelDesc<float>();
+        CHECK(cudaMallocArray(&arr, &f, w, h, cudaArraySurfaceLoadStore));
+        CHECK(cudaMalloc(&lin, w * h * sizeof(float)));
+        CHECK(cudaMalloc(&out, w * h * sizeof(float)));
+        cudaResourceDesc ra{};
+        ra.resType = cudaResourceTypeArray;
+        ra.res.array.array = arr;
+        cudaTextureDesc td{};
+        td.filterMode = cudaFilterModePoint;
+        td.readMode = cudaReadModeElementType;
+        td.addressMode[0] = td.addressMode[1] = cudaAddressModeClamp;
+        cudaTextureObject_t gone = 0;
+        CHECK(cudaCreateTextureObject(&gone, &ra, &td, nullptr));
+        CHECK(cudaCreateTextureObject(&tex, &ra, &td, nullptr));
+        CHECK(cudaDestroyTextureObject(gone));
+        CHECK(cudaCreateSurfaceObject(&surf, &ra));
+        cudaResourceDesc rl{};
+        rl.resType = cudaResourceTypeLinear;
+        rl.res.linear.devPtr = lin;
+        rl.res.linear.desc = f;
+        rl.res.linear.sizeInBytes = w * h * sizeof(float);
+        CHECK(cudaCreateTextureObject(&tex_lin, &rl, &td, nullptr));
+        sr_fill<<<1, w * h>>>(lin, w * h, 100.0f);
+        write(1.0f);
+    }
+    void write(float base) {
+        sr_surf_write<<<1, dim3(w, h)>>>(surf, w, h, base);
+        CHECK_LAUNCH();
+        CHECK(cudaDeviceSynchronize());
+    }
+    void check(float base) {
+        std::vector<float> v(w * h);
+        sr_tex_read<<<1, dim3(w, h)>>>(tex, out, w, h);
+        CHECK_LAUNCH();
+        CHECK(cudaMemcpy(v.data(), out, v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < w * h; ++i)
+            EXPECT(v[i] == base + static_cast<float>(i % w + 100 * (i / w)), "texture read [%d] = %f", i,
+                   v[i]);
+        sr_tex1d<<<1, w * h>>>(tex_lin, out, w * h);
+        CHECK_LAUNCH();
+        CHECK(cudaMemcpy(v.data(), out, v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < w * h; ++i)
+            EXPECT(v[i] == 100.0f + static_cast<float>(i), "linear texture read [%d] = %f", i, v[i]);
+    }
+    void finish() {
+        write(2.0f);
+        check(2.0f);
+        CHECK(cudaDestroyTextureObject(tex));
+        CHECK(cudaDestroyTextureObject(tex_lin));
+        CHECK(cudaDestroySurfaceObject(surf));
+        CHECK(cudaFreeArray(arr));
+        CHECK(cudaFree(lin));
+        CHECK(cudaFree(out));
+    }
+};
 
 // CUDA arrays made and filled before the pause; their contents are checked and written again after it.
 struct arrays_kept {
@@ -151,6 +234,9 @@ int main(int argc, char** argv) {
     }
     arrays_kept arrays;
     arrays.make();
+    objects_kept objects;
+    objects.make();
+    objects.check(1.0f);
     CHECK(cudaEventRecord(start, s));
     sr_axpy<<<grid, 256, 0, s>>>(y, x, n, 0.5f);
     CHECK_LAUNCH();
@@ -218,6 +304,9 @@ int main(int argc, char** argv) {
     printf("function attribute kept: yes\n");
     arrays.check();
     printf("CUDA arrays kept: yes\n");
+    objects.check(1.0f);
+    objects.finish();
+    printf("texture and surface objects kept: yes\n");
 
     float* z;  // a new allocation after the pause
     CHECK(cudaMalloc(&z, n * sizeof(float)));

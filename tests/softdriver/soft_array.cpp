@@ -1,7 +1,9 @@
 // The software test driver: CUDA arrays, texture objects and surface objects. An array is host memory with a
 // plain layout (soft_state.hpp: array_obj); 2D/3D copies reach it through soft_copy.cpp. Texture and surface
 // objects live in a table of their own, guarded by its own mutex, so that host kernels (which run with the
-// driver's lock released) can resolve them through soft_kernel.hpp's tex_read / surf_write / surf_read.
+// driver's lock released) can resolve them through soft_kernel.hpp's tex_read / surf_write / surf_read. Their
+// values count from 1 in each context, texture and surface objects together, as the H200's driver (580)
+// numbers them.
 // Emulated exactly: point filtering at integer coordinates, clamp (wrap and mirror are treated as clamp) or
 // border addressing, element formats of 1, 2 and 4 bytes per channel with 1, 2 or 4 channels.
 // locks: the driver's state lock for arrays; objects_mu for the object table (never taken the other way
@@ -61,11 +63,22 @@ plane plane_of(array_obj& a) {
 }
 
 std::mutex objects_mu;
-std::map<uint64_t, view>& objects() {
-    static auto* m = new std::map<uint64_t, view>();
+using object_key = std::pair<uint64_t, uint64_t>;  // context handle, the object's value
+std::map<object_key, view>& objects() {
+    static auto* m = new std::map<object_key, view>();
     return *m;
 }
-uint64_t next_object = 1;  // under objects_mu
+std::map<uint64_t, uint64_t>& last_value() {  // context handle -> the last value it gave; under objects_mu
+    static auto* m = new std::map<uint64_t, uint64_t>();
+    return *m;
+}
+thread_local uint64_t running_context = 0;  // the context of the kernel this thread runs
+
+// The object `value` of the calling thread's context (a kernel's: the context it runs in), or end().
+std::map<object_key, view>::iterator find_object(uint64_t value) {
+    uint64_t ctx = running_context ? running_context : current_context_handle();
+    return objects().find({ctx, value});
+}
 
 // The view a resource descriptor names (under the driver's lock).
 CUresult view_of(state& s, const CUDA_RESOURCE_DESC& r, bool surface, view& v) {
@@ -136,9 +149,9 @@ CUresult create_object(const CUDA_RESOURCE_DESC* r, const CUDA_TEXTURE_DESC* t, 
             v.tex = *t;
         }
         std::lock_guard lk(objects_mu);
-        uint64_t h = handle_tag | (uint64_t{surface ? 0x81u : 0x80u} << 40) | next_object++;
-        objects()[h] = v;
-        *out = h;
+        uint64_t value = ++last_value()[c->handle];
+        objects()[{c->handle, value}] = v;
+        *out = value;
         return CUDA_SUCCESS;
     });
 }
@@ -146,7 +159,7 @@ CUresult create_object(const CUDA_RESOURCE_DESC* r, const CUDA_TEXTURE_DESC* t, 
 CUresult destroy_object(uint64_t h, bool surface) {
     return entry([&](state&) -> CUresult {
         std::lock_guard lk(objects_mu);
-        auto it = objects().find(h);
+        auto it = find_object(h);
         if (it == objects().end() || it->second.surface != surface) return CUDA_ERROR_INVALID_VALUE;
         objects().erase(it);
         return CUDA_SUCCESS;
@@ -237,9 +250,19 @@ CUresult create_mipmapped(state& s, const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned l
 
 }  // namespace
 
+running_in_context::running_in_context(uint64_t ctx) : previous(running_context) { running_context = ctx; }
+running_in_context::~running_in_context() { running_context = previous; }
+
+void forget_context_objects(uint64_t ctx) {
+    std::lock_guard lk(objects_mu);
+    auto& m = objects();
+    m.erase(m.lower_bound({ctx, 0}), m.lower_bound({ctx + 1, 0}));
+    last_value().erase(ctx);
+}
+
 bool tex_read_level(uint64_t object, unsigned level, long x, long y, long z, void* out, size_t n) {
     std::lock_guard lk(objects_mu);
-    auto it = objects().find(object);
+    auto it = find_object(object);
     if (it == objects().end() || it->second.surface || n != it->second.element ||
         level >= it->second.levels.size())
         return false;
@@ -257,7 +280,7 @@ bool tex_read(uint64_t object, long x, long y, long z, void* out, size_t n) {
 
 bool surf_write(uint64_t object, long x_bytes, long y, long z, const void* in, size_t n) {
     std::lock_guard lk(objects_mu);
-    auto it = objects().find(object);
+    auto it = find_object(object);
     if (it == objects().end() || !it->second.surface || n != it->second.element || x_bytes % long(n))
         return false;
     std::byte* p = element_at(it->second, 0, x_bytes / long(n), y, z);
@@ -268,7 +291,7 @@ bool surf_write(uint64_t object, long x_bytes, long y, long z, const void* in, s
 
 bool surf_read(uint64_t object, long x_bytes, long y, long z, void* out, size_t n) {
     std::lock_guard lk(objects_mu);
-    auto it = objects().find(object);
+    auto it = find_object(object);
     if (it == objects().end() || !it->second.surface || n != it->second.element || x_bytes % long(n))
         return false;
     std::byte* p = element_at(it->second, 0, x_bytes / long(n), y, z);
@@ -376,7 +399,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuTexObjectGetResourceDesc(CUDA_RESOURCE_DESC
                                                               CUtexObject texObject) {
     if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard lk(objects_mu);
-    auto it = objects().find(texObject);
+    auto it = find_object(texObject);
     if (it == objects().end() || it->second.surface) return CUDA_ERROR_INVALID_VALUE;
     *out = it->second.res;
     return CUDA_SUCCESS;
@@ -385,7 +408,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuTexObjectGetResourceDesc(CUDA_RESOURCE_DESC
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuTexObjectGetTextureDesc(CUDA_TEXTURE_DESC* out, CUtexObject texObject) {
     if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard lk(objects_mu);
-    auto it = objects().find(texObject);
+    auto it = find_object(texObject);
     if (it == objects().end() || it->second.surface) return CUDA_ERROR_INVALID_VALUE;
     *out = it->second.tex;
     return CUDA_SUCCESS;

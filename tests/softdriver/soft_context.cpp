@@ -85,6 +85,8 @@ context_obj* current_context(state& s) {
     return usable_context(s, ctx_stack.back());
 }
 
+uint64_t current_context_handle() { return ctx_stack.empty() ? 0 : ctx_stack.back(); }
+
 CUresult require_context(state& s, context_obj*& out) {
     out = current_context(s);
     return out != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
@@ -114,6 +116,7 @@ void release_context_resources(state& s, context_obj& c) {
         }
     }
     end_captures_of(s, c.handle);
+    forget_context_objects(c.handle);
     for (uint64_t h : modules) destroy_module(s, h);
     for (uint64_t h : functions)
         if (s.find<function_obj>(h) != nullptr) destroy_function(s, h);

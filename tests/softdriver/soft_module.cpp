@@ -367,9 +367,10 @@ CUresult launch_work(state& s, work& w, const launch_request& q, const context_o
     l.block = b;
     l.shared_bytes = q.shared;
     kernel_fn fn = k->fn;
-    w = [l, fn, params, buffer]() mutable -> CUresult {
+    w = [l, fn, params, buffer, context = ctx.handle]() mutable -> CUresult {
         l.params = params->data();
         try {
+            running_in_context running(context);  // its texture and surface objects are the context's
             fn(l);
         } catch (...) {
             return CUDA_ERROR_LAUNCH_FAILED;

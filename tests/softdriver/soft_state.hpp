@@ -493,6 +493,21 @@ CUresult require_context(state& s, context_obj*& out);
 context_obj* usable_context(state& s, uint64_t h);
 // Frees everything a context owns (streams, events, modules, allocations) and forgets it on this thread.
 void release_context_resources(state& s, context_obj& c);
+// The calling thread's current context handle (0: none), read without the driver's lock.
+uint64_t current_context_handle();
+
+// --- Texture and surface objects (soft_array.cpp). Their values count from 1 in each context, as the GPU's
+// driver numbers them (a context's objects and another's may have the same value), so a kernel resolves them
+// in the context it runs in: set for the kernel's duration on the thread that runs it.
+struct running_in_context {
+    explicit running_in_context(uint64_t ctx);
+    ~running_in_context();
+    running_in_context(const running_in_context&) = delete;
+    running_in_context& operator=(const running_in_context&) = delete;
+    uint64_t previous;
+};
+// Forgets a context's texture and surface objects (its destruction).
+void forget_context_objects(uint64_t ctx);
 
 // --- Streams (soft_stream.cpp). Checks a stream argument; special handles need a current context.
 // On success *ctx is the context the stream belongs to.
