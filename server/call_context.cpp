@@ -166,6 +166,7 @@ transport_result<void> send_reply(call_context& cx, CUresult rc, uint64_t payloa
     auto bv = b.CreateVector(blobs);
     auto detail = cx.detail.empty() ? 0 : b.CreateString(cx.detail);
     auto& printed = cx.lane.device_output;
+    if (std::string held = cx.sess.take_held_output(); !held.empty()) printed.insert(0, held);
     auto output = printed.empty()
                       ? 0
                       : b.CreateVector(reinterpret_cast<const uint8_t*>(printed.data()), printed.size());

@@ -532,6 +532,7 @@ bool answer_moved(session& sess, frame_stream& fs, const frame& f, lane_state& l
     if (lane.pending_error != CUDA_SUCCESS)
         detail = "an earlier asynchronous call failed: " + lane.pending_detail;
     auto& printed = lane.device_output;
+    if (std::string held = sess.take_held_output(); !held.empty()) printed.insert(0, held);
     auto output = printed.empty()
                       ? 0
                       : b.CreateVector(reinterpret_cast<const uint8_t*>(printed.data()), printed.size());

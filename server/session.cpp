@@ -106,6 +106,20 @@ CUcontext session::existing_first_context() {
     return nullptr;
 }
 
+void session::hold_output(std::string printed) {
+    if (printed.empty()) return;
+    std::lock_guard lock(held_output_mu_);
+    held_output_ += printed;
+    has_held_output_.store(true);
+}
+
+std::string session::take_held_output() {
+    if (!has_held_output_.load()) return {};
+    std::lock_guard lock(held_output_mu_);
+    has_held_output_.store(false);
+    return std::exchange(held_output_, {});
+}
+
 bool session::owns_range(CUdeviceptr p, size_t n) {
     std::lock_guard lock(mu);
     return owns_range_locked(p, n);

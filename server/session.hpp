@@ -196,6 +196,11 @@ class session : public std::enable_shared_from_this<session> {
         return -1;
     }
 
+    // What kernels printed that a suspend or a move flushed (its synchronize runs on no lane's thread): the
+    // next reply of any lane here carries it (server/call_context.cpp, answer_moved in server/server.cpp).
+    void hold_output(std::string printed);
+    std::string take_held_output();  // cheap when there is none
+
     // True when [p, p+n) is this session's memory on any of its GPUs (allocations or module globals).
     bool owns_range(CUdeviceptr p, size_t n);
     bool owns_range_locked(CUdeviceptr p, size_t n);  // the same, `mu` held
@@ -468,6 +473,9 @@ class session : public std::enable_shared_from_this<session> {
     std::atomic<int> active_{0};
     std::atomic<bool> closed_{false};
     std::atomic<bool> suspended_{false};
+    std::mutex held_output_mu_;
+    std::string held_output_;  // under held_output_mu_
+    std::atomic<bool> has_held_output_{false};
     std::atomic<uint64_t> epoch_{0};
     // A session that has had no call yet (or was just moved here) is idle since it was made.
     std::atomic<std::chrono::steady_clock::rep> last_call_{

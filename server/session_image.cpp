@@ -20,6 +20,7 @@
 
 #include "common/log.hpp"
 #include "ops.hpp"
+#include "server/device_output.hpp"
 #include "server/jit.hpp"
 #include "server/session.hpp"
 
@@ -276,11 +277,19 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
         why = "the session holds " + blocker + ", which suspend does not rebuild yet";
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    // Pending work first: what is saved must be what the application's calls so far have made.
-    for (auto& s : devices_) {
-        if (!s.ctx) continue;
-        d.cuCtxSetCurrent(s.ctx);
-        if (CUresult rc = d.cuCtxSynchronize(); rc != CUDA_SUCCESS) {
+    // Pending work first: what is saved must be what the application's calls so far have made. What its
+    // kernels printed the driver writes on this thread, which is no lane's: kept for the client.
+    {
+        std::string printed;
+        device_output::capture to_client(printed);
+        CUresult rc = CUDA_SUCCESS;
+        for (auto& s : devices_) {
+            if (!s.ctx || rc != CUDA_SUCCESS) continue;
+            d.cuCtxSetCurrent(s.ctx);
+            rc = d.cuCtxSynchronize();
+        }
+        hold_output(std::move(printed));
+        if (rc != CUDA_SUCCESS) {
             d.cuCtxSetCurrent(nullptr);
             why = "its GPU work failed (" + error_text(rc) + "); the session stays as it is";
             return rc;
