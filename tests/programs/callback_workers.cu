@@ -5,7 +5,9 @@
 // copies), the server's lanes register staging pages while other streams wait for their callbacks, and the
 // client's host-function thread collects finished copies before each callback runs: that collection must not
 // wait for the driver (it waited for cuMemHostRegister, which waited for the GPU, which waited for the
-// callback).
+// callback). argv[1]: ms each callback waits before it starts its thread (default 0): the program is then
+// idle with callbacks still due, when a server that suspends idle sessions suspends it; the callbacks after
+// the first collect their copies while the suspend waits for them, which must not wait for the suspend.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -32,6 +34,7 @@ struct workload {
     std::atomic<bool> right{false};
 };
 std::atomic<int> finished{0};
+int callback_wait_ms = 0;
 
 void postprocess(workload* w) {
     bool right = true;
@@ -45,6 +48,7 @@ void postprocess(workload* w) {
 
 void CUDART_CB on_done(cudaStream_t, cudaError_t status, void* data) {
     if (status != cudaSuccess) fail("a callback saw %s", cudaGetErrorName(status));
+    if (callback_wait_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(callback_wait_ms));
     std::thread(postprocess, static_cast<workload*>(data)).detach();
 }
 
@@ -63,7 +67,8 @@ void launch(workload* w) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+    if (argc > 1) callback_wait_ms = atoi(argv[1]);
     std::vector<workload> loads(workers);
     std::vector<std::thread> threads;
     for (int i = 0; i < workers; ++i) {
