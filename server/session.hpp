@@ -434,9 +434,6 @@ class session : public std::enable_shared_from_this<session> {
     // be made again at the values kernels hold (empty: they can); made again at those values, after the
     // arrays and memory they read; a move's target takes their table from the moved state.
     std::string objects_blocker() const;
-    // Waits up to `limit` for the GPU work the session's calls have queued so far, `mu` held; NOT_READY with
-    // the reason when it is still running then (server/session_image.cpp).
-    CUresult drain_within(std::chrono::milliseconds limit, std::string& why);
     CUresult rebuild_objects(std::string& what);
     CUresult take_moved_objects(const wire::SessionState& st, std::string& why);
     // CUDA graphs and executable graphs in a suspend (server/graph_image.cpp), `mu` held: each graph read

@@ -80,82 +80,7 @@ const char* not_rebuilt(handle_kind k) {
     }
 }
 
-// How long a suspend or a move waits for the session's GPU work before it gives up. Work may wait for the
-// application itself (a stream callback whose client thread waits at the closed gate for a call of its own,
-// or for another lane's call): the gate must open again rather than wait for ever.
-constexpr std::chrono::milliseconds drain_limit{2000};
-
 }  // namespace
-
-CUresult session::drain_within(std::chrono::milliseconds limit, std::string& why) {
-    auto& d = api();
-    struct mark {
-        CUcontext ctx;
-        CUevent event;
-    };
-    std::vector<mark> marks;
-    CUresult rc = CUDA_SUCCESS;
-    auto drop_marks = [&] {
-        for (auto& m : marks) {
-            d.cuCtxSetCurrent(m.ctx);
-            d.cuEventDestroy_v2(m.event);
-        }
-    };
-    // An event after the work of each stream: the legacy stream's covers every blocking stream (per-thread
-    // default streams too); the session's own streams, non-blocking ones included, get one each. A stream
-    // that captures is not touched (an event there would join its graph): the suspend waits for another time.
-    for (size_t i = 0; i < devices_.size() && rc == CUDA_SUCCESS; ++i) {
-        CUcontext ctx = devices_[i].ctx;
-        if (!ctx) continue;
-        d.cuCtxSetCurrent(ctx);
-        std::vector<CUstream> streams{nullptr};
-        handles.for_each([&](uint64_t, handle_entry& e) {
-            if (e.kind == handle_kind::stream && e.raw && static_cast<size_t>(e.device) == i)
-                streams.push_back(static_cast<CUstream>(e.raw));
-        });
-        for (CUstream s : streams) {
-            if (s && capture_status(d, s) != CU_STREAM_CAPTURE_STATUS_NONE) {
-                why = "a stream capture is under way";
-                rc = CUDA_ERROR_NOT_READY;
-                break;
-            }
-            CUevent e = nullptr;
-            if (rc = d.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING); rc != CUDA_SUCCESS) break;
-            marks.push_back({ctx, e});
-            if (rc = d.cuEventRecord(e, s); rc != CUDA_SUCCESS) break;
-        }
-    }
-    if (rc != CUDA_SUCCESS) {
-        if (why.empty()) why = "its GPU work could not be marked (" + error_text(rc) + ")";
-        drop_marks();
-        return rc;
-    }
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    auto pause = std::chrono::microseconds(50);
-    for (size_t done = 0; done < marks.size();) {
-        d.cuCtxSetCurrent(marks[done].ctx);
-        CUresult q = d.cuEventQuery(marks[done].event);
-        if (q == CUDA_SUCCESS) {
-            ++done;
-            continue;
-        }
-        if (q != CUDA_ERROR_NOT_READY) {
-            why = "its GPU work failed (" + error_text(q) + "); the session stays as it is";
-            drop_marks();
-            return q;
-        }
-        if (std::chrono::steady_clock::now() >= deadline) {
-            why = "its GPU work did not finish within " + std::to_string(limit.count()) +
-                  " ms (long kernels, or stream callbacks waiting for the application)";
-            drop_marks();
-            return CUDA_ERROR_NOT_READY;
-        }
-        std::this_thread::sleep_for(pause);
-        pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(5));
-    }
-    drop_marks();
-    return CUDA_SUCCESS;
-}
 
 CUresult session::enter_call(std::string& why) {
     for (;;) {
@@ -357,17 +282,16 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
     {
         std::string printed;
         device_output::capture to_client(printed);
-        CUresult rc = drain_within(drain_limit, why);
+        CUresult rc = CUDA_SUCCESS;
         for (auto& s : devices_) {
             if (!s.ctx || rc != CUDA_SUCCESS) continue;
             d.cuCtxSetCurrent(s.ctx);
             rc = d.cuCtxSynchronize();
-            if (rc != CUDA_SUCCESS)
-                why = "its GPU work failed (" + error_text(rc) + "); the session stays as it is";
         }
         hold_output(std::move(printed));
         if (rc != CUDA_SUCCESS) {
             d.cuCtxSetCurrent(nullptr);
+            why = "its GPU work failed (" + error_text(rc) + "); the session stays as it is";
             return rc;
         }
     }
