@@ -11,7 +11,8 @@
 #   NAME.MODE.out (stdout, compared), NAME.MODE.err (stderr), NAME.MODE.client.log (vcuda's client log),
 #   NAME.MODE.diff (against native), server-*.log, summary.txt.
 # Prints a table `program | native | tcp | unix | same-output` and ends with `SUITE: N/M identical`.
-# SUITE_SERVER_ARGS: extra arguments for the server the programs run through (e.g. `--test-suspend-every 50`).
+# SUITE_SERVER_ARGS: extra arguments for the server the programs run through (e.g. `--test-suspend-every 50`;
+#   a `--log-level` there replaces the suite's `info`).
 # Exit status: 0 when every row is identical and the quota, kill and concurrency checks pass, else 1.
 set -u
 
@@ -123,7 +124,9 @@ start_server() {
         PORT="$(free_port)"
         TCP_ADDR="127.0.0.1:$PORT"
         rm -f "$SOCK"
-        "$SERVER_BIN" --listen "$TCP_ADDR" --listen "$UNIX_ADDR" --log-level info "$@" >>"$server_log" 2>&1 &
+        local level=(--log-level info)
+        case " $* " in *" --log-level"*) level=() ;; esac  # the caller's level (SUITE_SERVER_ARGS) wins
+        "$SERVER_BIN" --listen "$TCP_ADDR" --listen "$UNIX_ADDR" "${level[@]}" "$@" >>"$server_log" 2>&1 &
         server_pid=$!
         for _ in $(seq 1 200); do
             if ! kill -0 "$server_pid" 2>/dev/null; then
