@@ -106,7 +106,7 @@ CUcontext session::existing_first_context() {
     return nullptr;
 }
 
-void session::hold_output(std::string printed) {
+void session::hold_output(const std::string& printed) {
     if (printed.empty()) return;
     std::lock_guard lock(held_output_mu_);
     held_output_ += printed;

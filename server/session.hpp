@@ -198,7 +198,7 @@ class session : public std::enable_shared_from_this<session> {
 
     // What kernels printed that a suspend or a move flushed (its synchronize runs on no lane's thread): the
     // next reply of any lane here carries it (server/call_context.cpp, answer_moved in server/server.cpp).
-    void hold_output(std::string printed);
+    void hold_output(const std::string& printed);
     std::string take_held_output();  // cheap when there is none
 
     // True when [p, p+n) is this session's memory on any of its GPUs (allocations or module globals).

@@ -288,7 +288,7 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
             d.cuCtxSetCurrent(s.ctx);
             rc = d.cuCtxSynchronize();
         }
-        hold_output(std::move(printed));
+        hold_output(printed);
         if (rc != CUDA_SUCCESS) {
             d.cuCtxSetCurrent(nullptr);
             why = "its GPU work failed (" + error_text(rc) + "); the session stays as it is";
