@@ -4,6 +4,7 @@
 #include <flatbuffers/flatbuffers.h>
 
 #include <cstddef>
+#include <cstring>
 #include <span>
 
 #include "common/transport.hpp"
@@ -14,6 +15,19 @@ namespace vcuda {
 // The finished bytes of a builder, as a span (valid while the builder lives and is not reset).
 inline std::span<const std::byte> builder_bytes(const flatbuffers::FlatBufferBuilder& b) {
     return {reinterpret_cast<const std::byte*>(b.GetBufferPointer()), b.GetSize()};
+}
+
+// A plain struct (a driver descriptor) as a byte vector of a table, and back: exactly one T, else false.
+template <class T>
+flatbuffers::Offset<flatbuffers::Vector<uint8_t>> struct_vector(flatbuffers::FlatBufferBuilder& b,
+                                                                const T& v) {
+    return b.CreateVector(reinterpret_cast<const uint8_t*>(&v), sizeof v);
+}
+template <class T>
+bool vector_as(const flatbuffers::Vector<uint8_t>* v, T& out) {
+    if (!v || v->size() != sizeof(T)) return false;
+    std::memcpy(&out, v->data(), sizeof(T));
+    return true;
 }
 
 // The root table of a received, verified frame. Only call after frame_stream::receive() accepted it.

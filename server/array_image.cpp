@@ -62,14 +62,6 @@ constexpr uint64_t max_stand_ins = uint64_t{1} << 16;
 // At most this many objects in a moved session's state (a bound on what the sender may ask for).
 constexpr size_t max_moved_objects = size_t{1} << 20;
 
-// The bytes of a flatbuffer vector as exactly one T.
-template <class T>
-bool bytes_as(const flatbuffers::Vector<uint8_t>* v, T& out) {
-    if (!v || v->size() != sizeof(T)) return false;
-    std::memcpy(&out, v->data(), sizeof(T));
-    return true;
-}
-
 }  // namespace
 
 std::string session::objects_blocker() const {
@@ -175,9 +167,9 @@ CUresult session::take_moved_objects(const wire::SessionState& st, std::string& 
         o.has_view = m->view() && m->view()->size() > 0;
         const size_t device = m->device();
         if (device >= devices_.size() || !allowed(device) || m->value() == 0 ||
-            arrays.objects.count({device, m->value()}) || !bytes_as(m->resource(), o.res) ||
-            !bytes_as(m->made(), o.made) || (!o.surface && !bytes_as(m->texture(), o.tex)) ||
-            (o.has_view && !bytes_as(m->view(), o.view))) {
+            arrays.objects.count({device, m->value()}) || !vector_as(m->resource(), o.res) ||
+            !vector_as(m->made(), o.made) || (!o.surface && !vector_as(m->texture(), o.tex)) ||
+            (o.has_view && !vector_as(m->view(), o.view))) {
             why = "the moved session's state is malformed: a texture or surface object";
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -305,14 +297,12 @@ CUresult session::take_moved_arrays(const wire::SessionState& st, session_image&
         const size_t device = m->device();
         const handle_entry* e = handles.find(m->id(), kind_of(m->id()));
         const bool mipmapped = e && e->kind == handle_kind::mipmapped_array;
+        CUDA_ARRAY3D_DESCRIPTOR desc;
         if (!e || (e->kind != handle_kind::array && !mipmapped) || e->owned || device >= devices_.size() ||
-            !allowed(device) || !m->descriptor() ||
-            m->descriptor()->size() != sizeof(CUDA_ARRAY3D_DESCRIPTOR) || arrays.arrays.count(m->id()) ||
+            !allowed(device) || !vector_as(m->descriptor(), desc) || arrays.arrays.count(m->id()) ||
             (mipmapped != (m->levels() && m->levels()->size() > 0)) ||
             (m->levels() && m->levels()->size() > 64))
             return bad("a CUDA array");
-        CUDA_ARRAY3D_DESCRIPTOR desc;
-        std::memcpy(&desc, m->descriptor()->data(), sizeof desc);
         if (!desc.Width || desc.Width > extent_limit || desc.Height > extent_limit ||
             desc.Depth > extent_limit || !packed_row_bytes(desc))
             return bad("a CUDA array's descriptor");

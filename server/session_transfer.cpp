@@ -457,8 +457,7 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         CUmemAllocationProp prop = a.prop;
         if (prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE) prop.location.id = static_cast<int>(a.device);
         vmm_allocations.push_back(wire::CreateMovedVmmAllocation(
-            b, a.id, a.size, static_cast<uint32_t>(a.device),
-            b.CreateVector(reinterpret_cast<const uint8_t*>(&prop), sizeof prop), a.released, a.refs));
+            b, a.id, a.size, static_cast<uint32_t>(a.device), struct_vector(b, prop), a.released, a.refs));
     }
     std::vector<flatbuffers::Offset<wire::MovedVmmAccess>> vmm_access;
     for (auto& x : img.vmm_access) {
@@ -473,21 +472,17 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
     for (auto& a : img.arrays) {
         const auto& t = arrays.arrays.at(a.id);
         arrays_out.push_back(wire::CreateMovedArray(
-            b, a.id, static_cast<uint32_t>(t.device), t.bytes,
-            b.CreateVector(reinterpret_cast<const uint8_t*>(&t.desc), sizeof t.desc),
+            b, a.id, static_cast<uint32_t>(t.device), t.bytes, struct_vector(b, t.desc),
             b.CreateVector(a.levels),
             b.CreateVector(reinterpret_cast<const uint8_t*>(a.bytes.data()), a.bytes.size())));
     }
-    auto struct_bytes = [&](const auto& v) {
-        return b.CreateVector(reinterpret_cast<const uint8_t*>(&v), sizeof v);
-    };
     const flatbuffers::Offset<flatbuffers::Vector<uint8_t>> absent;
     std::vector<flatbuffers::Offset<wire::MovedObject>> objects_out;
     for (auto& [key, o] : arrays.objects)
-        objects_out.push_back(wire::CreateMovedObject(b, static_cast<uint32_t>(key.first), key.second,
-                                                      o.surface, struct_bytes(o.res), struct_bytes(o.made),
-                                                      o.surface ? absent : struct_bytes(o.tex),
-                                                      o.has_view ? struct_bytes(o.view) : absent));
+        objects_out.push_back(wire::CreateMovedObject(
+            b, static_cast<uint32_t>(key.first), key.second, o.surface, struct_vector(b, o.res),
+            struct_vector(b, o.made), o.surface ? absent : struct_vector(b, o.tex),
+            o.has_view ? struct_vector(b, o.view) : absent));
     std::vector<flatbuffers::Offset<wire::MovedDeferredCopy>> deferred_out;
     for (auto& c : deferred.landed_copies())
         deferred_out.push_back(wire::CreateMovedDeferredCopy(

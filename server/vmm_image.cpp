@@ -205,13 +205,12 @@ CUresult session::take_moved_vmm(const wire::SessionState& st, session_image& im
     if (allocations)
         for (const auto* a : *allocations) {
             const size_t device = a->device();
-            if (device >= devices_.size() || !allowed(device) || !a->prop() ||
-                a->prop()->size() != sizeof(CUmemAllocationProp) || a->size() == 0)
+            CUmemAllocationProp prop;
+            if (device >= devices_.size() || !allowed(device) || !vector_as(a->prop(), prop) ||
+                a->size() == 0)
                 return bad("a VMM allocation");
             if (!a->released() && !handles.find(a->id(), handle_kind::mem_handle))
                 return bad("a VMM allocation without its handle");
-            CUmemAllocationProp prop;
-            std::memcpy(&prop, a->prop()->data(), sizeof prop);
             if (prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE) prop.location.id = devices_[device].device;
             if (!devices_[device].memory->charge(a->size())) {
                 why = "its VMM allocations exceed its memory quota here";
