@@ -461,7 +461,11 @@ void session::release_host_regions() {
 }
 
 void session::release_all() {
-    stop_host_funcs();       // the client is gone: callbacks still queued on streams return at once
+    stop_host_funcs();  // the client is gone: callbacks still queued on streams return at once
+    {
+        std::lock_guard lock(mu);
+        wait_for_drain();  // a synchronize a suspend gave up on, before the contexts go
+    }
     release_user_objects();  // destructors of objects graphs still hold come when the graphs go
     release_host_regions();  // while the contexts still exist
     drop_host_copies(true);

@@ -434,6 +434,11 @@ class session : public std::enable_shared_from_this<session> {
     // be made again at the values kernels hold (empty: they can); made again at those values, after the
     // arrays and memory they read; a move's target takes their table from the moved state.
     std::string objects_blocker() const;
+    // Waits up to `limit` for the GPU work the session's calls have queued so far (server/session_image.cpp),
+    // `mu` held; NOT_READY with the reason when it is still running then. wait_for_drain: until a wait that
+    // was given up on has ended (the session's end, before its contexts go).
+    CUresult drain_within(std::chrono::milliseconds limit, std::string& why);
+    void wait_for_drain();
     CUresult rebuild_objects(std::string& what);
     CUresult take_moved_objects(const wire::SessionState& st, std::string& why);
     // CUDA graphs and executable graphs in a suspend (server/graph_image.cpp), `mu` held: each graph read
@@ -473,6 +478,13 @@ class session : public std::enable_shared_from_this<session> {
     std::atomic<int> active_{0};
     std::atomic<bool> closed_{false};
     std::atomic<bool> suspended_{false};
+    struct drain_state {
+        std::mutex mu;
+        std::condition_variable cv;
+        bool done = false;  // under mu
+        CUresult rc = CUDA_SUCCESS;
+    };
+    std::shared_ptr<drain_state> drain_;  // the last synchronize a suspend or a move started; under `mu`
     std::mutex held_output_mu_;
     std::string held_output_;  // under held_output_mu_
     std::atomic<bool> has_held_output_{false};

@@ -16,6 +16,7 @@
 #include "server/session_image.hpp"
 
 #include <array>
+#include <condition_variable>
 #include <thread>
 
 #include "common/log.hpp"
@@ -80,7 +81,65 @@ const char* not_rebuilt(handle_kind k) {
     }
 }
 
+// How long a suspend or a move waits for the session's GPU work before it gives up. Work may wait for the
+// application itself (a stream callback whose thread, or a thread it started, waits at the closed gate): the
+// gate must open again rather than wait for ever.
+constexpr std::chrono::milliseconds drain_limit{2000};
+
 }  // namespace
+
+// The synchronize runs on a thread of its own, so that the caller can give up on it; that thread ends when
+// the work does (at the latest when the session ends: its callbacks then return at once). What the kernels
+// printed the driver writes on that thread, which is no lane's: kept for the client.
+CUresult session::drain_within(std::chrono::milliseconds limit, std::string& why) {
+    if (drain_) {
+        std::lock_guard earlier(drain_->mu);
+        if (!drain_->done) {
+            why = "its GPU work is still running since an earlier suspend or move gave up on it";
+            return CUDA_ERROR_NOT_READY;
+        }
+    }
+    auto st = std::make_shared<drain_state>();
+    drain_ = st;
+    std::vector<CUcontext> contexts;
+    for (auto& s : devices_)
+        if (s.ctx) contexts.push_back(s.ctx);
+    std::thread([st, contexts, &d = api(), self = weak_from_this()] {
+        CUresult rc = CUDA_SUCCESS;
+        std::string printed;
+        {
+            device_output::capture to_client(printed);
+            for (CUcontext c : contexts) {
+                if (rc != CUDA_SUCCESS) break;
+                d.cuCtxSetCurrent(c);
+                rc = d.cuCtxSynchronize();
+            }
+            d.cuCtxSetCurrent(nullptr);
+        }
+        if (auto s = self.lock()) s->hold_output(printed);
+        std::lock_guard lock(st->mu);
+        st->rc = rc;
+        st->done = true;
+        st->cv.notify_all();
+    }).detach();
+    std::unique_lock lock(st->mu);
+    if (!st->cv.wait_for(lock, limit, [&] { return st->done; })) {
+        why = "its GPU work did not finish within " + std::to_string(limit.count()) +
+              " ms (long kernels, or stream callbacks waiting for the application)";
+        return CUDA_ERROR_NOT_READY;
+    }
+    if (st->rc != CUDA_SUCCESS) {
+        why = "its GPU work failed (" + error_text(st->rc) + "); the session stays as it is";
+        return st->rc;
+    }
+    return CUDA_SUCCESS;
+}
+
+void session::wait_for_drain() {
+    if (!drain_) return;
+    std::unique_lock lock(drain_->mu);
+    drain_->cv.wait(lock, [&] { return drain_->done; });
+}
 
 CUresult session::enter_call(std::string& why) {
     for (;;) {
@@ -277,24 +336,8 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
         why = "the session holds " + blocker + ", which suspend does not rebuild yet";
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    // Pending work first: what is saved must be what the application's calls so far have made. What its
-    // kernels printed the driver writes on this thread, which is no lane's: kept for the client.
-    {
-        std::string printed;
-        device_output::capture to_client(printed);
-        CUresult rc = CUDA_SUCCESS;
-        for (auto& s : devices_) {
-            if (!s.ctx || rc != CUDA_SUCCESS) continue;
-            d.cuCtxSetCurrent(s.ctx);
-            rc = d.cuCtxSynchronize();
-        }
-        hold_output(printed);
-        if (rc != CUDA_SUCCESS) {
-            d.cuCtxSetCurrent(nullptr);
-            why = "its GPU work failed (" + error_text(rc) + "); the session stays as it is";
-            return rc;
-        }
-    }
+    // Pending work first: what is saved must be what the application's calls so far have made.
+    if (CUresult rc = drain_within(drain_limit, why); rc != CUDA_SUCCESS) return rc;
     // Copies left under way for the client keep their bytes here until it collects them.
     deferred.land_all(d);
     auto img = std::make_unique<session_image>();
