@@ -48,7 +48,7 @@ void install() {
     (void)routed;
 }
 
-capture::capture(std::string& into) { sink = &into; }
-capture::~capture() { sink = nullptr; }
+capture::capture(std::string& into) : outer_(sink) { sink = &into; }
+capture::~capture() { sink = outer_; }
 
 }  // namespace vcuda::server::device_output

@@ -15,7 +15,8 @@ namespace vcuda::server::device_output {
 void install();
 
 // While alive, what this thread writes to stdout is appended to `into`, at most `limit` bytes pending (the
-// driver's own printf buffer is 1 MiB by default); past that it is dropped and the loss noted once.
+// driver's own printf buffer is 1 MiB by default); past that it is dropped and the loss noted once. Nested
+// captures (a lane's thread that suspends its session) end into the outer one's string again.
 class capture {
   public:
     static constexpr size_t limit = size_t{4} << 20;
@@ -23,6 +24,9 @@ class capture {
     ~capture();
     capture(const capture&) = delete;
     capture& operator=(const capture&) = delete;
+
+  private:
+    std::string* outer_;
 };
 
 }  // namespace vcuda::server::device_output

@@ -26,6 +26,7 @@
 #include "server/bulk.hpp"
 #include "server/deferred_copies.hpp"
 #include "server/device_memory.hpp"
+#include "server/device_output.hpp"
 #include "server/driver.hpp"
 #include "server/handle_table.hpp"
 #include "server/host_window.hpp"
@@ -200,6 +201,21 @@ class session : public std::enable_shared_from_this<session> {
     // next reply of any lane here carries it (server/call_context.cpp, answer_moved in server/server.cpp).
     void hold_output(const std::string& printed);
     std::string take_held_output();  // cheap when there is none
+    // While alive, what the driver writes on this thread is held for the client: the driver writes kernels'
+    // printf on the thread of whichever call flushes it, and a suspend's save or a move's pre-copy calls the
+    // driver on no lane's thread.
+    class output_for_client {
+      public:
+        explicit output_for_client(session& s) : s_(s), capture_(printed_) {}
+        ~output_for_client() { s_.hold_output(printed_); }
+        output_for_client(const output_for_client&) = delete;
+        output_for_client& operator=(const output_for_client&) = delete;
+
+      private:
+        session& s_;
+        std::string printed_;
+        device_output::capture capture_;  // after printed_: made after it, ended before it
+    };
 
     // True when [p, p+n) is this session's memory on any of its GPUs (allocations or module globals).
     bool owns_range(CUdeviceptr p, size_t n);

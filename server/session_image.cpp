@@ -86,6 +86,26 @@ const char* not_rebuilt(handle_kind k) {
 // gate must open again rather than wait for ever.
 constexpr std::chrono::milliseconds drain_limit{2000};
 
+// One of settable_stream_attributes, compared by the members it uses (the union's other bytes are undefined).
+bool same_stream_attribute(CUstreamAttrID id, const CUstreamAttrValue& a, const CUstreamAttrValue& b) {
+    switch (id) {
+        case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: {
+            const auto &x = a.accessPolicyWindow, &y = b.accessPolicyWindow;
+            return x.base_ptr == y.base_ptr && x.num_bytes == y.num_bytes && x.hitRatio == y.hitRatio &&
+                   x.hitProp == y.hitProp && x.missProp == y.missProp;
+        }
+        case CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY:
+            return a.syncPolicy == b.syncPolicy;
+        case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+            return a.memSyncDomainMap.default_ == b.memSyncDomainMap.default_ &&
+                   a.memSyncDomainMap.remote == b.memSyncDomainMap.remote;
+        case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+            return a.memSyncDomain == b.memSyncDomain;
+        default:
+            return false;
+    }
+}
+
 }  // namespace
 
 // The synchronize runs on a thread of its own, so that the caller can give up on it; that thread ends when
@@ -314,6 +334,7 @@ CUresult session::rebuild_through_gate(std::unique_lock<std::mutex>& lock, std::
 }
 
 CUresult session::save_and_release(std::string& why, device_memory::save_mode memory) {
+    output_for_client printed(*this);  // the driver may write kernels' printf on this thread too (its copies)
     auto& d = api();
     std::lock_guard lock(mu);
     std::string blocker;
@@ -436,6 +457,11 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
                 rc = d.cuStreamGetFlags(static_cast<CUstream>(e.raw), &es.flags);
                 if (rc == CUDA_SUCCESS)
                     rc = d.cuStreamGetPriority(static_cast<CUstream>(e.raw), &es.priority);
+                for (auto a : settable_stream_attributes)
+                    if (CUstreamAttrValue v{};
+                        rc == CUDA_SUCCESS && d.cuStreamGetAttribute &&
+                        d.cuStreamGetAttribute(static_cast<CUstream>(e.raw), a, &v) == CUDA_SUCCESS)
+                        es.stream_attributes.emplace_back(a, v);
                 break;
             case handle_kind::event: {
                 es.flags = static_cast<unsigned>(e.made_with[0]);
@@ -624,6 +650,12 @@ CUresult session::rebuild(std::string& why) {
             case handle_kind::stream: {
                 CUstream s = nullptr;
                 rc = d.cuStreamCreateWithPriority(&s, es.flags, es.priority);
+                for (auto& [a, v] : es.stream_attributes)  // those that differ from a new stream's
+                    if (CUstreamAttrValue now{}; rc == CUDA_SUCCESS && d.cuStreamGetAttribute &&
+                                                 d.cuStreamSetAttribute &&
+                                                 d.cuStreamGetAttribute(s, a, &now) == CUDA_SUCCESS &&
+                                                 !same_stream_attribute(a, now, v))
+                        rc = d.cuStreamSetAttribute(s, a, &v);
                 raw = s;
                 break;
             }

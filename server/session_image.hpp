@@ -1,7 +1,8 @@
 // What a suspended session keeps of its GPU state in this server's memory, to be rebuilt at the same
 // addresses and under the same handles (server/session_image.cpp). Handles keep their ids and their table
 // entries; the image holds what the driver cannot be asked again once its objects are gone: memory and global
-// contents, context settings, each function's and kernel's name and settable attributes, each stream's flags.
+// contents, context settings, each function's and kernel's name and settable attributes, each stream's flags,
+// priority and settable attributes.
 #pragma once
 
 #include <array>
@@ -18,6 +19,12 @@ namespace vcuda::server {
 // How a suspend's, a rebuild's or a move's reason names the driver's error.
 inline std::string error_text(CUresult rc) { return "error " + std::to_string(static_cast<int>(rc)); }
 
+// Stream attributes an application may set (cuStreamSetAttribute) besides the priority, which a stream is
+// made with again; none holds a handle. A suspend or a move keeps them.
+inline constexpr std::array<CUstreamAttrID, 4> settable_stream_attributes = {
+    CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY,
+    CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP, CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN};
+
 struct session_image {
     struct device_state {
         bool had_context = false;
@@ -31,8 +38,10 @@ struct session_image {
         std::vector<std::pair<int, int>> attributes;  // settable function attributes, as they were
         unsigned flags = 0;                           // streams and events
         int priority = 0;                             // streams
-        bool recorded = false;                        // events: recorded before the suspend
-        double age_ms = 0;                            // events: how long before the suspend (event_ages)
+        std::vector<std::pair<CUstreamAttrID, CUstreamAttrValue>>
+            stream_attributes;  // streams: settable ones
+        bool recorded = false;  // events: recorded before the suspend
+        double age_ms = 0;      // events: how long before the suspend (event_ages)
     };
     struct global_state {
         CUdeviceptr address = 0;

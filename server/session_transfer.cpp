@@ -287,6 +287,7 @@ std::unique_ptr<frame_stream> session::open_move_link(const move_target& to, std
 
 CUresult session::precopy_memory(frame_stream& fs, const move_target& to, precopy_record& record,
                                  std::string& why) {
+    output_for_client printed(*this);  // its copies may flush what the application's kernels printed
     record.piece_bytes = piece_bytes;
     struct piece {
         size_t device;
@@ -338,6 +339,7 @@ CUresult session::precopy_memory(frame_stream& fs, const move_target& to, precop
 
 CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_target& to,
                              const precopy_record* record, std::string& why) {
+    output_for_client printed(*this);  // reading memory left on the GPU may flush kernels' printf
     std::lock_guard lock(mu);
     unchanged_bytes_ = 0;
     auto& img = *image_;
@@ -415,8 +417,12 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
             attrs.push_back(a);
             attrs.push_back(v);
         }
+        std::vector<flatbuffers::Offset<wire::MovedStreamAttribute>> stream_attrs;
+        for (auto& [a, v] : es.stream_attributes)
+            stream_attrs.push_back(wire::CreateMovedStreamAttribute(b, a, struct_vector(b, v)));
         entries.push_back(wire::CreateMovedEntry(b, es.id, b.CreateString(es.name), b.CreateVector(attrs),
-                                                 es.flags, es.priority, es.recorded, es.age_ms));
+                                                 es.flags, es.priority, es.recorded, es.age_ms,
+                                                 b.CreateVector(stream_attrs)));
     }
     std::vector<flatbuffers::Offset<wire::MovedGlobal>> globals_out;
     for (auto& g : img.globals)
@@ -781,6 +787,16 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                 es.priority = e->priority();
                 es.recorded = e->recorded();
                 es.age_ms = e->age_ms();
+                if (e->stream_attributes())
+                    for (const auto* a : *e->stream_attributes()) {
+                        const auto id = static_cast<CUstreamAttrID>(a->id());
+                        CUstreamAttrValue v{};
+                        if (std::find(settable_stream_attributes.begin(), settable_stream_attributes.end(),
+                                      id) == settable_stream_attributes.end() ||
+                            !vector_as(a->value(), v))
+                            return bad("a stream attribute");
+                        es.stream_attributes.emplace_back(id, v);
+                    }
                 img->entries.push_back(std::move(es));
             }
         if (st.globals())

@@ -801,11 +801,30 @@ TEST_CASE(
     CHECK(rc15 == CUDA_SUCCESS);
     CHECK(why15.empty());
     if (isolated) CHECK(server.wait_for_log("session 17195 was not taken by worker pid"));
+    // Stream attributes (settable_stream_attributes): one a stream cannot be given (cooperative), and a value
+    // of another size than CUstreamAttrValue.
+    auto with_stream_attribute = [&](uint64_t id, uint32_t attr, size_t value_bytes) {
+        return offer_moved_session(server.address(), [&](flatbuffers::FlatBufferBuilder& b) {
+            std::vector<uint8_t> value(value_bytes);
+            auto at = vcuda::wire::CreateMovedStreamAttribute(b, attr, b.CreateVector(value));
+            auto attrs = b.CreateVector(&at, 1);
+            auto e = vcuda::wire::CreateMovedEntry(b, 1, 0, 0, 0, 0, false, 0, attrs);
+            auto entries = b.CreateVector(&e, 1);
+            finish_state(b, id, [&](vcuda::wire::SessionStateBuilder& sb) { sb.add_entries(entries); });
+        });
+    };
+    auto [rc16, why16] =
+        with_stream_attribute(0x432c, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, sizeof(CUstreamAttrValue));
+    CHECK(rc16 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why16.find("a stream attribute") != std::string::npos);
+    auto [rc17, why17] = with_stream_attribute(0x432d, CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY, 4);
+    CHECK(rc17 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why17.find("a stream attribute") != std::string::npos);
     // An offer abandoned right after HELLO.
     { auto fs = adopting_connection(server.address()); }
     // Nothing of them stays, and the live session goes on.
-    for (uint64_t id :
-         {0x1234, 0x5678, 0x4321, 0x4322, 0x4323, 0x4324, 0x4325, 0x4326, 0x4327, 0x4328, 0x4329, 0x432a})
+    for (uint64_t id : {0x1234, 0x5678, 0x4321, 0x4322, 0x4323, 0x4324, 0x4325, 0x4326, 0x4327, 0x4328,
+                        0x4329, 0x432a, 0x432c, 0x432d})
         CHECK(!raw_client::open(server.address(), id, key));
     CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
     if (isolated) {  // each offer had a worker of its own: only the live session's is left

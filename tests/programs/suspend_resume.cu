@@ -2,7 +2,8 @@
 // that a server suspending idle sessions (vcuda-server --test-suspend-every, or the manager's
 // --idle-suspend-after) saves its GPU state and rebuilds it at the second phase's first call. Natively, and
 // through vcuda whether or not a suspend happened, it must print the same: memory contents at the same device
-// addresses (small packed allocations and large ones), the stream's flags and priority, a function attribute
+// addresses (small packed allocations and large ones), the stream's flags, priority, access policy window and
+// synchronization policy, a function attribute
 // it set, an event pair's elapsed time still measurable, an event without timing still complete, CUDA arrays
 // (2D with padded rows, layered, mipmapped) with their contents, texture and surface objects at the values
 // kernels hold, and new work on all of them.
@@ -220,6 +221,17 @@ int main(int argc, char** argv) {
     float *x, *y, *tiny;
     CHECK(cudaMalloc(&x, n * sizeof(float)));
     CHECK(cudaMalloc(&y, n * sizeof(float)));
+    // Stream attributes the application set (cudaStreamSetAttribute): a window over y, a sync policy.
+    cudaStreamAttrValue window{};
+    window.accessPolicyWindow.base_ptr = y;
+    window.accessPolicyWindow.num_bytes = 1 << 16;
+    window.accessPolicyWindow.hitRatio = 0.5f;
+    window.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+    window.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+    CHECK(cudaStreamSetAttribute(s, cudaStreamAttributeAccessPolicyWindow, &window));
+    cudaStreamAttrValue policy{};
+    policy.syncPolicy = cudaSyncPolicyYield;
+    CHECK(cudaStreamSetAttribute(s, cudaStreamAttributeSynchronizationPolicy, &policy));
     CHECK(cudaMalloc(&tiny, small * sizeof(float)));
     std::vector<float> h(small);
     for (size_t i = 0; i < small; ++i) h[i] = static_cast<float>(i) * 0.25f;
@@ -297,6 +309,19 @@ int main(int argc, char** argv) {
     EXPECT(flags == cudaStreamNonBlocking && priority == greatest, "stream flags %u priority %d", flags,
            priority);
     printf("stream flags and priority kept: yes\n");
+    cudaStreamAttrValue got{};
+    CHECK(cudaStreamGetAttribute(s, cudaStreamAttributeAccessPolicyWindow, &got));
+    EXPECT(got.accessPolicyWindow.base_ptr == y && got.accessPolicyWindow.num_bytes == (1 << 16) &&
+               got.accessPolicyWindow.hitProp == cudaAccessPropertyPersisting &&
+               got.accessPolicyWindow.missProp == cudaAccessPropertyStreaming,
+           "the stream's access policy window is now %zu bytes, hit %d, miss %d",
+           got.accessPolicyWindow.num_bytes, int(got.accessPolicyWindow.hitProp),
+           int(got.accessPolicyWindow.missProp));
+    got = {};
+    CHECK(cudaStreamGetAttribute(s, cudaStreamAttributeSynchronizationPolicy, &got));
+    EXPECT(got.syncPolicy == cudaSyncPolicyYield, "the stream's synchronization policy is now %d",
+           int(got.syncPolicy));
+    printf("stream access policy window and synchronization policy kept: yes\n");
     cudaFuncAttributes fa{};
     CHECK(cudaFuncGetAttributes(&fa, sr_axpy));
     EXPECT(fa.maxDynamicSharedSizeBytes == 2048, "max dynamic shared memory %d",
