@@ -6,8 +6,8 @@
 // their ids through a suspend, so a node's parameters stay valid once its handles are the new objects'.
 // What is not made again refuses the suspend with its reason: host nodes (their functions are the server's
 // callbacks with the client), graph copies with the application's own memory, memory alloc/free nodes (the
-// driver picks their addresses), conditional nodes, a stream capture under way, and an executable graph
-// changed in a way its clone cannot follow.
+// driver picks their addresses), conditional nodes, and an executable graph
+// changed in a way its clone cannot follow (a stream capture under way: save_and_release, before it drains).
 #include <optional>
 #include <unordered_map>
 
@@ -255,9 +255,6 @@ CUresult session::save_graphs(session_image& img, std::string& why) {
     };
     handles.for_each([&](uint64_t id, handle_entry& e) {
         if (!blocker.empty()) return;
-        if (e.kind == handle_kind::stream && e.raw &&
-            capture_status(d, static_cast<CUstream>(e.raw)) != CU_STREAM_CAPTURE_STATUS_NONE)
-            blocker = "a stream capture under way";
         if (e.kind == handle_kind::graph && e.owned && e.owner &&
             !handles.find(e.owner, handle_kind::graph_node))
             blocker = "the graph of a stream capture under way";

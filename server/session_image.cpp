@@ -343,6 +343,10 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
         if (e.kind == handle_kind::event && e.made_by != static_cast<uint32_t>(op::cuEventCreate) &&
             blocker.empty())
             blocker = "an event not made by cuEventCreate";
+        // Checked before the synchronize below, which would end the capture with an error.
+        if (e.kind == handle_kind::stream && e.raw && blocker.empty() &&
+            capture_status(d, static_cast<CUstream>(e.raw)) != CU_STREAM_CAPTURE_STATUS_NONE)
+            blocker = "a stream capture under way";
     });
     for (auto& [id, a] : vmm.allocations_)
         if (a.foreign) blocker = "memory of another session mapped with the VMM API (IPC)";

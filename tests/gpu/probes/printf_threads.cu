@@ -1,23 +1,24 @@
 // A probe of the real driver, run natively (no vcuda): on which thread does the driver write what kernels
 // printed? The server gives device printf to the client of the thread that wrote it
 // (server/device_output.cpp), which is right only if the driver writes a context's lines on a thread whose
-// call synchronized with that context. Each case runs a kernel printing `lines` lines in context A and then
-// has some thread call the driver; stdout is replaced by a stream that counts the lines each named thread
-// wrote. Cases:
-//   1 other_ctx_sync:    another thread syncs and copies in context B while A's kernel has finished
-//   2 other_ctx_destroy: another thread destroys context B then
-//   3 same_ctx_thread:   another thread, A current, copies from A (the launching thread has not synchronized)
-//   4 fresh_thread_sync: a new thread, A current, calls cuCtxSynchronize (as a suspend's helper would)
-//   5 launcher_sync:     the launching thread synchronizes (the ordinary case)
-// Each case ends with the launching thread synchronizing, so that any line not yet written is written then.
+// call synchronized with that context. Each case launches a kernel printing `lines` lines in context A, waits
+// `delay` ms (the kernel takes about 1 ms), then has one thread synchronize context A:
+//   launcher: the thread that launched; seasoned: a thread that has made driver calls before; fresh: a new
+//   thread whose first driver call this is (as a suspend's helper thread).
+// stdout is replaced by a stream that counts the lines each named thread wrote; "driver" is any thread this
+// program did not start.
+// Session 25, call 2 (one H200, driver 580.159), the first form of this probe (delay 300 ms only): every line
+// of every case was written by a thread the program did not start.
 //   nvcc -o printf_threads printf_threads.cu -lcuda
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -29,7 +30,7 @@ __global__ void pt_lines(int n) {
 
 static std::mutex counts_mu;
 static std::map<std::string, int> counts;
-static thread_local const char* who = "unnamed";
+static thread_local const char* who = "driver";
 
 static ssize_t count_lines(void*, const char* buf, size_t n) {
     int k = 0;
@@ -39,22 +40,54 @@ static ssize_t count_lines(void*, const char* buf, size_t n) {
     return static_cast<ssize_t>(n);
 }
 
-#define CK(x)                                                   \
-    do {                                                        \
-        int r_ = static_cast<int>(x);                           \
-        if (r_) {                                               \
+#define CK(x)                                                                \
+    do {                                                                     \
+        int r_ = static_cast<int>(x);                                        \
+        if (r_) {                                                            \
             fprintf(stderr, "%s:%d %s -> %d\n", __FILE__, __LINE__, #x, r_); \
-            _exit(1);                                           \
-        }                                                       \
+            _exit(1);                                                        \
+        }                                                                    \
     } while (0)
 
-static void report(const char* name) {
-    std::lock_guard lock(counts_mu);
-    fprintf(stderr, "%-18s", name);
-    for (auto& [t, n] : counts) fprintf(stderr, " %s=%d", t.c_str(), n);
-    fprintf(stderr, "\n");
-    counts.clear();
-}
+// A thread that runs jobs one at a time and stays: it has made driver calls before each new job.
+class seasoned_thread {
+  public:
+    seasoned_thread() : t_([this] { loop(); }) {}
+    ~seasoned_thread() {
+        run(nullptr);
+        t_.join();
+    }
+    void run(std::function<void()> job) {
+        std::unique_lock lock(mu_);
+        job_ = std::move(job);
+        has_ = true;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return !has_; });
+    }
+
+  private:
+    void loop() {
+        who = "seasoned";
+        for (;;) {
+            std::unique_lock lock(mu_);
+            cv_.wait(lock, [&] { return has_; });
+            auto job = std::move(job_);
+            if (!job) {
+                has_ = false;
+                cv_.notify_all();
+                return;
+            }
+            job();
+            has_ = false;
+            cv_.notify_all();
+        }
+    }
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::function<void()> job_;
+    bool has_ = false;
+    std::thread t_;
+};
 
 int main(int argc, char** argv) {
     const int lines = argc > 1 ? atoi(argv[1]) : 200;
@@ -66,58 +99,37 @@ int main(int argc, char** argv) {
     CUdevice dev;
     CK(cuDeviceGet(&dev, 0));
     who = "launcher";
-    for (int c = 1; c <= 5; ++c) {
-        CUcontext a, b;
-        CK(cuCtxCreate(&a, nullptr, 0, dev));
-        CK(cuCtxCreate(&b, nullptr, 0, dev));
-        CUdeviceptr pa, pb;
-        CK(cuCtxSetCurrent(b));
-        CK(cuMemAlloc(&pb, 64));
-        CK(cuCtxSetCurrent(a));
-        CK(cuMemAlloc(&pa, 64));
-        pt_lines<<<1, 1>>>(lines);
-        CK(cudaGetLastError());
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the kernel is done by then
-        const char* name = "";
-        std::thread other([&] {
-            char buf[64];
-            switch (c) {
-                case 1:
-                    who = "other_ctx_B";
-                    name = "other_ctx_sync";
-                    CK(cuCtxSetCurrent(b));
-                    CK(cuCtxSynchronize());
-                    CK(cuMemcpyDtoH(buf, pb, 64));
-                    break;
-                case 2:
-                    who = "other_ctx_B";
-                    name = "other_ctx_destroy";
-                    CK(cuCtxDestroy(b));
-                    b = nullptr;
-                    break;
-                case 3:
-                    who = "other_thread_A";
-                    name = "same_ctx_thread";
-                    CK(cuCtxSetCurrent(a));
-                    CK(cuMemcpyDtoH(buf, pa, 64));
-                    break;
-                case 4:
-                    who = "fresh_thread_A";
-                    name = "fresh_thread_sync";
-                    CK(cuCtxSetCurrent(a));
-                    CK(cuCtxSynchronize());
-                    break;
-                default:
-                    name = "launcher_sync";
-                    break;
-            }
-        });
-        other.join();
+    CUcontext a;
+    CK(cuCtxCreate(&a, nullptr, 0, dev));
+    CK(cuCtxSetCurrent(a));
+    seasoned_thread seasoned;
+    seasoned.run([&] {
         CK(cuCtxSetCurrent(a));
         CK(cuCtxSynchronize());
-        report(name);
-        CK(cuCtxDestroy(a));
-        if (b) CK(cuCtxDestroy(b));
-    }
+    });
+    for (int delay : {0, 5, 20, 100, 300})
+        for (const char* by : {"launcher", "seasoned", "fresh"}) {
+            pt_lines<<<1, 1>>>(lines);
+            CK(cudaGetLastError());
+            if (delay) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+            auto sync = [&] {
+                CK(cuCtxSetCurrent(a));
+                CK(cuCtxSynchronize());
+            };
+            if (by[0] == 'l') sync();
+            if (by[0] == 's') seasoned.run(sync);
+            if (by[0] == 'f')
+                std::thread([&] {
+                    who = "fresh";
+                    sync();
+                }).join();
+            std::this_thread::sleep_for(std::chrono::milliseconds(400));  // anything left is written by then
+            std::lock_guard lock(counts_mu);
+            fprintf(stderr, "delay %3d ms, synchronized by %-8s:", delay, by);
+            for (auto& [t, n] : counts) fprintf(stderr, " %s=%d", t.c_str(), n);
+            fprintf(stderr, "\n");
+            counts.clear();
+        }
+    CK(cuCtxDestroy(a));
     return 0;
 }
