@@ -4,12 +4,35 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <mutex>
+#include <set>
+
+#include "common/log.hpp"
 
 namespace vcuda::server::device_output {
 
 namespace {
 
 thread_local std::string* sink = nullptr;
+
+std::mutex claimants_mu;
+std::set<claimant*> claimants;                      // under claimants_mu
+const std::function<void(std::string_view)>* sole;  // the only claimant's take, or null; under claimants_mu
+
+void update_sole(const std::set<claimant*>& all, const std::function<void(std::string_view)>* only) {
+    sole = all.size() == 1 ? only : nullptr;
+}
+
+ssize_t write_real_stdout(const char* buf, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = ::write(STDOUT_FILENO, buf + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return done ? static_cast<ssize_t>(done) : -1;
+        done += static_cast<size_t>(w);
+    }
+    return static_cast<ssize_t>(n);
+}
 
 ssize_t write_out(void*, const char* buf, size_t n) {
     if (sink) {
@@ -22,14 +45,24 @@ ssize_t write_out(void*, const char* buf, size_t n) {
         }
         return static_cast<ssize_t>(n);
     }
-    size_t done = 0;
-    while (done < n) {
-        ssize_t w = ::write(STDOUT_FILENO, buf + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return done ? static_cast<ssize_t>(done) : -1;
-        done += static_cast<size_t>(w);
+    {
+        std::lock_guard lock(claimants_mu);
+        if (sole) {
+            (*sole)(std::string_view(buf, n));
+            return static_cast<ssize_t>(n);
+        }
+        if (!claimants.empty()) {
+            static std::once_flag noted;
+            std::call_once(noted, [] {
+                VCUDA_LOG_WARN(
+                    "device printf that the driver wrote on its own thread (no synchronize of its session "
+                    "within "
+                    "about 20 ms of the kernel's end) went to this server's stdout: with several sessions in "
+                    "this process it names none of them (--isolation process gives it to its client)");
+            });
+        }
     }
-    return static_cast<ssize_t>(n);
+    return write_real_stdout(buf, n);
 }
 
 }  // namespace
@@ -50,5 +83,17 @@ void install() {
 
 capture::capture(std::string& into) : outer_(sink) { sink = &into; }
 capture::~capture() { sink = outer_; }
+
+claimant::claimant(std::function<void(std::string_view)> take) : take_(std::move(take)) {
+    std::lock_guard lock(claimants_mu);
+    claimants.insert(this);
+    update_sole(claimants, &take_);
+}
+
+claimant::~claimant() {
+    std::lock_guard lock(claimants_mu);
+    claimants.erase(this);
+    update_sole(claimants, claimants.empty() ? nullptr : &(*claimants.begin())->take_);
+}
 
 }  // namespace vcuda::server::device_output

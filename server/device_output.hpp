@@ -1,13 +1,17 @@
-// Device printf: the driver writes what kernels printed to the process's `stdout` FILE, on the thread whose
-// call flushed it (a synchronize, a blocking copy, a launch), as measured with driver 580 on an H200. The
-// server replaces its `stdout` at start with a stream that gives those bytes to the lane whose thread wrote
-// them; the lane sends them with its next reply and the client writes them to its own stdout, where CUDA
-// would have. Writes from any other thread go to the real standard output.
-// runs on: install() once at start; capture on a lane's thread for the lane's life.
+// Device printf: the driver writes what kernels printed to the process's `stdout` FILE. Measured with driver
+// 580 on an H200 (tests/gpu/probes/printf_threads.cu): on the thread of a synchronize that comes within about
+// 20 ms of the kernel's end, else on a thread of the driver's own. The server replaces its `stdout` at start
+// with a stream that gives those bytes to the lane whose thread wrote them; the lane sends them with its next
+// reply and the client writes them to its own stdout, where CUDA would have. What the driver's own thread
+// writes names no session: it goes to the process's one claimant when there is exactly one (a worker of
+// --isolation process, or a server with one session), else to the real standard output.
+// runs on: install() once at start; capture on a lane's thread for the lane's life; claimant per session.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
+#include <string_view>
 
 namespace vcuda::server::device_output {
 
@@ -27,6 +31,20 @@ class capture {
 
   private:
     std::string* outer_;
+};
+
+// While alive, a session that may have kernels' output no capture claims: `take` gets it when this is the
+// process's only claimant (so it cannot be another session's). Alive from before the session's first context
+// until after its last is gone, so that a session's late lines never reach another one.
+class claimant {
+  public:
+    explicit claimant(std::function<void(std::string_view)> take);
+    ~claimant();
+    claimant(const claimant&) = delete;
+    claimant& operator=(const claimant&) = delete;
+
+  private:
+    std::function<void(std::string_view)> take_;
 };
 
 }  // namespace vcuda::server::device_output

@@ -109,7 +109,8 @@ CUcontext session::existing_first_context() {
 void session::hold_output(const std::string& printed) {
     if (printed.empty()) return;
     std::lock_guard lock(held_output_mu_);
-    held_output_ += printed;
+    if (held_output_.size() >= device_output::capture::limit) return;  // a client that does not call for long
+    held_output_.append(printed, 0, device_output::capture::limit - held_output_.size());
     has_held_output_.store(true);
 }
 

@@ -504,6 +504,10 @@ class session : public std::enable_shared_from_this<session> {
     std::mutex held_output_mu_;
     std::string held_output_;  // under held_output_mu_
     std::atomic<bool> has_held_output_{false};
+    // Kernels' output the driver's own thread wrote, when this is the process's only session; after the
+    // members hold_output uses, so that it goes before them.
+    device_output::claimant printf_claimant_{
+        [this](std::string_view text) { hold_output(std::string(text)); }};
     std::atomic<uint64_t> epoch_{0};
     // A session that has had no call yet (or was just moved here) is idle since it was made.
     std::atomic<std::chrono::steady_clock::rep> last_call_{
