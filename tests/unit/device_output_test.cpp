@@ -1,6 +1,6 @@
 // Device printf's routing (server/device_output.hpp): a thread's capture takes what it writes; what a thread
-// without one writes (the driver's own, for kernels no synchronize claimed in time) goes to the only claimant,
-// and to no session when there are several.
+// without one writes (the driver's own, for kernels no synchronize claimed in time) goes to the only
+// claimant, and to no session when there are several.
 #include "server/device_output.hpp"
 
 #include <catch2/catch.hpp>
@@ -17,7 +17,8 @@ void write_from_another_thread(const char* text) {
 }
 }  // namespace
 
-TEST_CASE("device output: captures nest, the sole claimant takes unclaimed lines, several take none", "[unit]") {
+TEST_CASE("device output: captures nest, the sole claimant takes unclaimed lines, several take none",
+          "[unit]") {
     output::install();
     std::string a_got, b_got;
     {

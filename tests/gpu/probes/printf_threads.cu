@@ -7,8 +7,11 @@
 //   thread whose first driver call this is (as a suspend's helper thread).
 // stdout is replaced by a stream that counts the lines each named thread wrote; "driver" is any thread this
 // program did not start.
-// Session 25, call 2 (one H200, driver 580.159), the first form of this probe (delay 300 ms only): every line
-// of every case was written by a thread the program did not start.
+// Session 25 (one H200, driver 580.159), call 3: with a delay of 0 or 5 ms, all 200 lines on the
+// synchronizing thread whichever it was; at 20 ms on it for the launcher and the seasoned thread, on the
+// driver's for the fresh one; at 100 and 300 ms all 200 on the driver's own thread for every syncing thread.
+// (Call 2, an earlier form of this probe with a 300 ms delay and syncs by other contexts and threads: every
+// line on the driver's thread.)
 //   nvcc -o printf_threads printf_threads.cu -lcuda
 #include <cuda.h>
 #include <cuda_runtime.h>
