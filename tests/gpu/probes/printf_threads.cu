@@ -4,14 +4,15 @@
 // call synchronized with that context. Each case launches a kernel printing `lines` lines in context A, waits
 // `delay` ms (the kernel takes about 1 ms), then has one thread synchronize context A:
 //   launcher: the thread that launched; seasoned: a thread that has made driver calls before; fresh: a new
-//   thread whose first driver call this is (as a suspend's helper thread).
+//   thread whose first driver call this is (as a suspend's helper thread); other_ctx: a new thread that
+//   synchronizes another context, B, and never A (does a synchronize take another context's lines?).
 // stdout is replaced by a stream that counts the lines each named thread wrote; "driver" is any thread this
 // program did not start.
 // Session 25 (one H200, driver 580.159), call 3: with a delay of 0 or 5 ms, all 200 lines on the
 // synchronizing thread whichever it was; at 20 ms on it for the launcher and the seasoned thread, on the
 // driver's for the fresh one; at 100 and 300 ms all 200 on the driver's own thread for every syncing thread.
 // (Call 2, an earlier form of this probe with a 300 ms delay and syncs by other contexts and threads: every
-// line on the driver's thread.)
+// line on the driver's thread.) The other_ctx case was added after call 3 and has not run yet.
 //   nvcc -o printf_threads printf_threads.cu -lcuda
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -102,7 +103,8 @@ int main(int argc, char** argv) {
     CUdevice dev;
     CK(cuDeviceGet(&dev, 0));
     who = "launcher";
-    CUcontext a;
+    CUcontext a, b;
+    CK(cuCtxCreate(&b, nullptr, 0, dev));
     CK(cuCtxCreate(&a, nullptr, 0, dev));
     CK(cuCtxSetCurrent(a));
     seasoned_thread seasoned;
@@ -111,7 +113,7 @@ int main(int argc, char** argv) {
         CK(cuCtxSynchronize());
     });
     for (int delay : {0, 5, 20, 100, 300})
-        for (const char* by : {"launcher", "seasoned", "fresh"}) {
+        for (const char* by : {"launcher", "seasoned", "fresh", "other_ctx"}) {
             pt_lines<<<1, 1>>>(lines);
             CK(cudaGetLastError());
             if (delay) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
@@ -126,6 +128,12 @@ int main(int argc, char** argv) {
                     who = "fresh";
                     sync();
                 }).join();
+            if (by[0] == 'o')
+                std::thread([&] {
+                    who = "other_ctx";
+                    CK(cuCtxSetCurrent(b));
+                    CK(cuCtxSynchronize());
+                }).join();
             std::this_thread::sleep_for(std::chrono::milliseconds(400));  // anything left is written by then
             std::lock_guard lock(counts_mu);
             fprintf(stderr, "delay %3d ms, synchronized by %-8s:", delay, by);
@@ -134,5 +142,6 @@ int main(int argc, char** argv) {
             counts.clear();
         }
     CK(cuCtxDestroy(a));
+    CK(cuCtxDestroy(b));
     return 0;
 }
