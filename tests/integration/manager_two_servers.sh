@@ -23,9 +23,13 @@ head -c 32 /dev/urandom | base64 > "$tmp/secret"; chmod 600 "$tmp/secret"
 "$build/bin/vcuda-mgmt" --listen "unix:$tmp/m.sock" --db "$tmp/m.db" --secret-file "$tmp/secret" --lease-ttl 5s \
   --log-level debug 2> "$tmp/mgmt.log" & pids+=($!)
 wait_socket "$tmp/m.sock"
+# Address windows of their own: `auto` hashes the socket path (a random folder), and two servers given one window
+# hand out the same device addresses, which one client using both cannot tell apart (clean-clone CI of eae3848:
+# two_devices read zeros, "element 1 is 0.000000, expected 11.000000").
 for s in a b; do
   id=$([ $s = a ] && echo 1 || echo 2)
   VCUDA_SOFT_HOST_ID=$id "$build/bin/vcuda-server" --listen "unix:$tmp/$s.sock" --advertise "unix:$tmp/$s.sock" \
+    --address-window "$id" \
     --driver "$build/lib/libvcuda-softdriver.so" --manager "unix:$tmp/m.sock" --secret-file "$tmp/secret" \
     --log-level debug 2> "$tmp/server-$s.log" & pids+=($!)
   wait_socket "$tmp/$s.sock"
