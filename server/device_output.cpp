@@ -16,12 +16,7 @@ namespace {
 thread_local std::string* sink = nullptr;
 
 std::mutex claimants_mu;
-std::set<claimant*> claimants;                      // under claimants_mu
-const std::function<void(std::string_view)>* sole;  // the only claimant's take, or null; under claimants_mu
-
-void update_sole(const std::set<claimant*>& all, const std::function<void(std::string_view)>* only) {
-    sole = all.size() == 1 ? only : nullptr;
-}
+std::set<const std::function<void(std::string_view)>*> claimants;  // each claimant's take; under claimants_mu
 
 ssize_t write_real_stdout(const char* buf, size_t n) {
     size_t done = 0;
@@ -47,18 +42,18 @@ ssize_t write_out(void*, const char* buf, size_t n) {
     }
     {
         std::lock_guard lock(claimants_mu);
-        if (sole) {
-            (*sole)(std::string_view(buf, n));
+        if (claimants.size() == 1) {
+            (**claimants.begin())(std::string_view(buf, n));
             return static_cast<ssize_t>(n);
         }
-        if (!claimants.empty()) {
+        if (claimants.size() > 1) {
             static std::once_flag noted;
             std::call_once(noted, [] {
                 VCUDA_LOG_WARN(
-                    "device printf that the driver wrote on its own thread (no synchronize of its session "
-                    "within "
-                    "about 20 ms of the kernel's end) went to this server's stdout: with several sessions in "
-                    "this process it names none of them (--isolation process gives it to its client)");
+                    "device printf that the driver wrote on its own thread (no synchronize of its "
+                    "session within about 20 ms of the kernel's end) went to this server's stdout: with "
+                    "several sessions in this process it names none of them (--isolation process gives "
+                    "it to its client)");
             });
         }
     }
@@ -86,14 +81,12 @@ capture::~capture() { sink = outer_; }
 
 claimant::claimant(std::function<void(std::string_view)> take) : take_(std::move(take)) {
     std::lock_guard lock(claimants_mu);
-    claimants.insert(this);
-    update_sole(claimants, &take_);
+    claimants.insert(&take_);
 }
 
 claimant::~claimant() {
     std::lock_guard lock(claimants_mu);
-    claimants.erase(this);
-    update_sole(claimants, claimants.empty() ? nullptr : &(*claimants.begin())->take_);
+    claimants.erase(&take_);
 }
 
 }  // namespace vcuda::server::device_output

@@ -6,8 +6,8 @@
 // their ids through a suspend, so a node's parameters stay valid once its handles are the new objects'.
 // What is not made again refuses the suspend with its reason: host nodes (their functions are the server's
 // callbacks with the client), graph copies with the application's own memory, memory alloc/free nodes (the
-// driver picks their addresses), conditional nodes, and an executable graph
-// changed in a way its clone cannot follow (a stream capture under way: save_and_release, before it drains).
+// driver picks their addresses), conditional nodes, and an executable graph changed in a way its clone
+// cannot follow. A stream capture under way refuses it too, in save_and_release, before its synchronize.
 #include <optional>
 #include <unordered_map>
 
