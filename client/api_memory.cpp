@@ -36,8 +36,11 @@ VCUDA_API cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) noexcept {
     CUresult rc = remote(op::mem_alloc, {bytesize}, mode::sync, &rp);
     if (rc != CUDA_SUCCESS) return rc;
     if (rp.outs.size() != 1) return CUDA_ERROR_UNKNOWN;
+    if (!state::get().add_allocation(rp.outs[0], bytesize, d)) {
+        remote(op::mem_free, {rp.outs[0]});
+        return refuse_overlapping(rp.outs[0], bytesize, d, "cuMemAlloc");
+    }
     *dptr = rp.outs[0];
-    state::get().add_allocation(*dptr, bytesize, d);
     state::get().record(op::mem_alloc, {bytesize}, *dptr);
     return CUDA_SUCCESS;
 }
@@ -54,9 +57,12 @@ VCUDA_API cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, siz
     CUresult rc = remote(op::mem_alloc_pitch, {width, height, elem}, mode::sync, &rp);
     if (rc != CUDA_SUCCESS) return rc;
     if (rp.outs.size() != 2) return CUDA_ERROR_UNKNOWN;
+    if (!state::get().add_allocation(rp.outs[0], rp.outs[1] * height, d)) {
+        remote(op::mem_free, {rp.outs[0]});
+        return refuse_overlapping(rp.outs[0], rp.outs[1] * height, d, "cuMemAllocPitch");
+    }
     *dptr = rp.outs[0];
     *pitch = rp.outs[1];
-    state::get().add_allocation(*dptr, *pitch * height, d);
     state::get().record(op::mem_alloc_pitch, {width, height, elem}, *dptr);
     return CUDA_SUCCESS;
 }

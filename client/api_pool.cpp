@@ -32,10 +32,16 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     auto p = c.out<uint64_t>(0);
     if (!p) return CUDA_ERROR_UNKNOWN;
-    *dptr = p;
     // Made in a capture, it is a memory alloc node's: its address is the graph's (client/api_graph.cpp).
     const bool graph = capture_under_way() && stream_captures(stream);
-    state::get().add_allocation(p, size, d, false, false, graph);
+    if (!state::get().add_allocation(p, size, d, false, false, graph) && !graph) {
+        plain_call undo(op::pool_free, "cuMemFreeAsync");
+        undo.arg(p);
+        undo.handle(stream, handle_kind::stream);
+        (void)undo.send_async();
+        return refuse_overlapping(p, size, d, pool ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync");
+    }
+    *dptr = p;
     return CUDA_SUCCESS;
 }
 

@@ -396,12 +396,22 @@ bool state::known(uint64_t id, handle_kind k) {
 
 // ---------------------------------------------------------------- allocations
 
-void state::add_allocation(uint64_t base, size_t size, int device, bool module_global, bool managed,
+bool state::add_allocation(uint64_t base, size_t size, int device, bool module_global, bool managed,
                            bool graph) {
     std::unique_lock lock(mu);
-    if (allocations_.count(base)) return;  // a module global looked up twice
+    auto at = allocations_.find(base);
+    if (at != allocations_.end()) return at->second.device == device;  // a module global looked up twice
+    const uint64_t end = size > UINT64_MAX - base ? UINT64_MAX : base + size;
+    auto it = allocations_.upper_bound(base);
+    if (it != allocations_.begin()) {
+        auto before = std::prev(it);
+        if (before->second.device != device && before->first + before->second.size > base) return false;
+    }
+    for (; it != allocations_.end() && it->first < end; ++it)
+        if (it->second.device != device) return false;
     allocations_[base] = device_allocation{base, size, device, module_global, managed, graph};
     reserve_range(base, size);
+    return true;
 }
 
 bool state::reserved(uint64_t base, size_t size) {
@@ -628,6 +638,17 @@ uint64_t state::route(uint64_t id) {
     std::unique_lock lock(mu);
     routes[{id, want}] = mapped;
     return mapped;
+}
+
+CUresult refuse_overlapping(uint64_t base, size_t size, int device, const char* call) {
+    VCUDA_LOG_ERROR(
+        "{}: device {}'s server gave memory at {:#x}-{:#x}, which overlaps memory of another device this "
+        "process "
+        "holds: their servers hand out the same addresses (one --address-window, or none), and this process "
+        "could not tell the two apart; answered CUDA_ERROR_OUT_OF_MEMORY. Give each server its own "
+        "--address-window",
+        call, device, base, base + size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 }  // namespace vcuda::client

@@ -138,8 +138,10 @@ class state {
     std::map<std::pair<uint64_t, uint32_t>, uint64_t>
         routes;  // (id, session tag) -> that session's id; under mu
 
-    // Device allocations (the server's real addresses).
-    void add_allocation(uint64_t base, size_t size, int device, bool module_global = false,
+    // Device allocations (the server's real addresses). False, and nothing kept, when the range overlaps
+    // memory of another device: two servers handing out the same addresses (one address window, or none),
+    // which this process could not tell apart.
+    bool add_allocation(uint64_t base, size_t size, int device, bool module_global = false,
                         bool managed = false, bool graph = false);
     bool remove_allocation(uint64_t base, device_allocation& out);
     // The allocation holding [p, p+len); false when there is none (overflow-safe).
@@ -228,5 +230,9 @@ struct context_scope {
 CUstream per_thread_stream(CUstream s);
 // True while a stream capture is under way in this process (client/api_stream.cpp).
 bool capture_under_way();
+
+// What `call` answers when the memory a server gave overlaps another device's (state::add_allocation refused
+// it; the caller has freed it there): logged with the reason and the fix, CUDA_ERROR_OUT_OF_MEMORY.
+CUresult refuse_overlapping(uint64_t base, size_t size, int device, const char* call);
 
 }  // namespace vcuda::client

@@ -621,6 +621,9 @@ int main(int argc, char** argv) {
                 advertise.push_back(x);
             }
         cfg.registration.endpoints = advertise;
+        // The manager registers one server per window (two in one hand out the same device addresses).
+        static_assert(vcuda::server::address_window::count == vcuda::mgmt::address_window_count);
+        if (opts.window) cfg.registration.address_window = static_cast<int32_t>(opts.window->index());
         // Registrations and heartbeats are signed with the shared secret: the manager refuses others.
         cfg.sign = [secret = opts.secret](std::string_view method, std::string_view body) {
             return vcuda::mgmt::sign_request(secret, method, body);

@@ -108,9 +108,14 @@ CUcontext session::existing_first_context() {
 
 void session::hold_output(const std::string& printed) {
     if (printed.empty()) return;
+    static constexpr std::string_view dropped =
+        "\n[vcuda: device printf output beyond 4 MiB held for the client was dropped]\n";
     std::lock_guard lock(held_output_mu_);
-    if (held_output_.size() >= device_output::capture::limit) return;  // a client that does not call for long
-    held_output_.append(printed, 0, device_output::capture::limit - held_output_.size());
+    // A client that does not call for long: the rest goes, said once where it stops.
+    if (held_output_.size() >= device_output::capture::limit) return;
+    const size_t room = device_output::capture::limit - held_output_.size();
+    held_output_.append(printed, 0, room);
+    if (printed.size() > room) held_output_.append(dropped);
     has_held_output_.store(true);
 }
 

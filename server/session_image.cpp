@@ -354,8 +354,15 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
     if (std::string objects = objects_blocker(); !objects.empty()) blocker = objects;
     if (!ipc_state.empty()) blocker = "memory or events shared with other sessions (IPC)";
     {
+        // The driver keeps user objects through the context's release
+        // (tests/gpu/probes/user_object_context.cpp), so the application's stay valid; graphs holding them
+        // are not made again with their references yet.
+        bool graphs = false;
+        handles.for_each([&](uint64_t, handle_entry& e) {
+            graphs = graphs || e.kind == handle_kind::graph || e.kind == handle_kind::graph_exec;
+        });
         std::lock_guard objects(user_objects_mu);
-        if (!user_objects.empty()) blocker = "CUDA user objects";
+        if (!user_objects.empty() && graphs) blocker = "CUDA user objects and graphs";
     }
     if (!blocker.empty()) {
         why = "the session holds " + blocker + ", which suspend does not rebuild yet";

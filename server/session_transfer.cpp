@@ -152,6 +152,16 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
                 rc = CUDA_ERROR_NOT_SUPPORTED;
             }
         });
+        {
+            // Driver objects of this process, whose destructors the client runs: nothing to make them again
+            // from.
+            std::lock_guard objects(user_objects_mu);
+            if (!user_objects.empty() && rc == CUDA_SUCCESS) {
+                why =
+                    "the session holds CUDA user objects, which a move does not carry (a suspend keeps them)";
+                rc = CUDA_ERROR_NOT_SUPPORTED;
+            }
+        }
         // The program's own VMM reservations move only from the address window: the driver's addresses may
         // be taken in the other server.
         for (auto& [va, r] : vmm.reserved_)

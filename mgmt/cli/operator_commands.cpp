@@ -85,13 +85,15 @@ void print_gpus(const json& body) {
 }
 
 void print_servers(const json& body) {
-    table t({"SERVER", "HOST", "ENDPOINTS", "GPUS>", "LEASES>", "STATE", "LAST HEARTBEAT"});
+    table t({"SERVER", "HOST", "ENDPOINTS", "WINDOW>", "GPUS>", "LEASES>", "STATE", "LAST HEARTBEAT"});
     for (auto& s : list(body, "servers")) {
         std::string eps;
         for (auto& e : list(s, "endpoints"))
             eps += (eps.empty() ? "" : ",") + (e.is_string() ? e.get<std::string>() : e.dump());
-        t.add({str(s, "server_id"), str(s, "host"), eps, std::to_string(num(s, "gpus")),
-               std::to_string(num(s, "leases")), str(s, "state"),
+        const bool windowed = s.contains("address_window") && s["address_window"].is_number_integer();
+        t.add({str(s, "server_id"), str(s, "host"), eps,
+               windowed ? std::to_string(s["address_window"].get<int64_t>()) : "-",
+               std::to_string(num(s, "gpus")), std::to_string(num(s, "leases")), str(s, "state"),
                relative(static_cast<int64_t>(num(s, "last_heartbeat")))});
     }
     if (t.empty()) {

@@ -102,9 +102,53 @@ mgmt_result<std::string> manager_state::register_server(const server_registratio
             return unexpected{mgmt_error{errc::bad_request, "GPU " + g.uuid + " is listed twice"}};
     }
 
+    if (reg.address_window < -1 || reg.address_window >= address_window_count)
+        return unexpected{mgmt_error{errc::bad_request, "address_window must be -1 (none) or 0-" +
+                                                            std::to_string(address_window_count - 1)}};
+
     server_record* server = nullptr;
     for (auto& [id, s] : servers_)
         if (s.host == reg.host && s.endpoints == reg.endpoints) server = &s;
+    if (reg.address_window >= 0) {
+        // Another server in the same window would hand out the same device addresses: one client leasing GPUs
+        // of both could not tell their memory apart, and sessions moved between them would collide. A record
+        // this registration replaces (the same server, or one whose GPUs it now reports) does not count.
+        std::set<int32_t> taken;
+        const server_record* holder = nullptr;
+        for (auto& [id, s] : servers_) {
+            if (&s == server || s.address_window < 0) continue;
+            const std::string& holder_id = id;  // a structured binding cannot be captured (C++17)
+            const bool replaced =
+                std::any_of(reg.gpus.begin(), reg.gpus.end(), [&](const gpu_description& d) {
+                    auto g = gpus_.find(d.uuid);
+                    return g != gpus_.end() && g->second.server_id == holder_id;
+                });
+            if (replaced) continue;
+            taken.insert(s.address_window);
+            if (s.address_window == reg.address_window) holder = &s;
+        }
+        if (holder) {
+            std::string free;
+            int listed = 0;
+            for (int32_t w = 0; w < address_window_count; ++w) {
+                if (taken.contains(w)) continue;
+                if (listed++ == 8) {
+                    free += ", ...";
+                    break;
+                }
+                free += (free.empty() ? "" : ", ") + std::to_string(w);
+            }
+            std::string where = holder->host;
+            for (auto& e : holder->endpoints) where += " " + e;
+            return unexpected{mgmt_error{
+                errc::address_window_taken,
+                "address window " + std::to_string(reg.address_window) + " is server " + holder->id + "'s (" +
+                    where + (holder->down ? ", down" : "") +
+                    "): two servers in one window hand out the same device addresses; start this server "
+                    "with --address-window N, a free one (" +
+                    (free.empty() ? std::string("none left") : free) + ")"}};
+        }
+    }
     if (!server) {
         std::string id = make_id("srv-");
         server = &servers_[id];
@@ -113,6 +157,7 @@ mgmt_result<std::string> manager_state::register_server(const server_registratio
         server->endpoints = reg.endpoints;
         server->registered_at = now;
     }
+    server->address_window = reg.address_window;
     server->down = false;
     server->last_heartbeat = now;
     server->sessions.clear();

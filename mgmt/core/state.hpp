@@ -50,6 +50,7 @@ inline constexpr const char* forbidden = "forbidden";              // valid, but
 inline constexpr const char* unknown_server = "unknown_server";
 inline constexpr const char* unknown_lease = "unknown_lease";
 inline constexpr const char* no_capacity = "no_capacity";
+inline constexpr const char* address_window_taken = "address_window_taken";  // server.register
 inline constexpr const char* not_found = "not_found";
 inline constexpr const char* internal = "internal";
 }  // namespace errc
@@ -58,6 +59,7 @@ struct server_record {
     std::string id;
     std::string host;
     std::vector<std::string> endpoints;
+    int32_t address_window = -1;  // -1: none (server_registration)
     bool cordoned = false;
     bool draining = false;
     bool down = false;
@@ -170,7 +172,9 @@ class manager_state {
 
     // A server (re)announces itself and its GPUs. The same host + endpoints keeps its server id (and cordon
     // flags); GPUs are keyed by UUID, so a GPU keeps its cordon flag and its leases when its server
-    // re-registers.
+    // re-registers. A server asking for the address window another server holds is refused
+    // (address_window_taken, naming the free ones), even when that server is down: its sessions keep their
+    // addresses wherever they go.
     mgmt_result<std::string> register_server(const server_registration& reg, time_ms now,
                                              state_changes& changes);
     // Records load; a server that was down is up again. unknown_server when the id is not known (register

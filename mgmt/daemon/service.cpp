@@ -371,9 +371,18 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
         auto reg = decode<server_registration>(body_text);
         if (!reg) return fail(errc::bad_request, reg.error());
         auto id = state_.register_server(*reg, now, changes);
-        if (!id) return fail(id.error());
-        VCUDA_LOG_INFO("server {} registered: host {}, {} GPUs, endpoints {}", *id, reg->host,
-                       reg->gpus.size(), dump(json(reg->endpoints)));
+        const std::string key =
+            reg->host + " " + dump(json(reg->endpoints)) + " " + std::to_string(reg->address_window);
+        if (!id) {
+            if (id.error().code == errc::address_window_taken && refused_windows_.insert(key).second)
+                VCUDA_LOG_WARN("server.register from host {} (endpoints {}) refused: {}", reg->host,
+                               dump(json(reg->endpoints)), id.error().message);
+            return fail(id.error());
+        }
+        refused_windows_.erase(key);
+        VCUDA_LOG_INFO("server {} registered: host {}, {} GPUs, endpoints {}, address window {}", *id,
+                       reg->host, reg->gpus.size(), dump(json(reg->endpoints)),
+                       reg->address_window >= 0 ? std::to_string(reg->address_window) : "none");
         return ok(
             {{"server_id", *id},
              {"heartbeat_interval_ms", std::max<int64_t>(cfg_.state.heartbeat_timeout.count() / 3, 100)}});
@@ -505,6 +514,7 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
             servers.push_back({{"server_id", id},
                                {"host", s.host},
                                {"endpoints", s.endpoints},
+                               {"address_window", s.address_window >= 0 ? json(s.address_window) : json()},
                                {"state", state_.server_state(s)},
                                {"cordoned", s.cordoned},
                                {"draining", s.draining},

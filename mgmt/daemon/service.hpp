@@ -18,6 +18,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -102,6 +103,9 @@ class service {
     manager_state state_;
     std::map<std::string, credential_record> credentials_;  // by id
     std::unordered_map<std::string, int64_t> nonces_;  // signed requests seen within the window, by nonce
+    // Registrations refused for their address window, logged once each (the server retries): "host endpoints
+    // W".
+    std::set<std::string> refused_windows_;
 
     void event(time_ms now, std::string kind, std::string lease_id, std::string detail);
     // Moves: asks for one (event `kind` with `reason`), and records what came of those settled.

@@ -9,8 +9,8 @@ namespace vcuda::mgmt {
 
 namespace {
 
-// 1: servers, gpus, leases, lease_devices. 2: leases.tenant, credentials.
-constexpr int schema_version = 2;
+// 1: servers, gpus, leases, lease_devices. 2: leases.tenant, credentials. 3: servers.address_window.
+constexpr int schema_version = 3;
 
 constexpr const char* schema_sql = R"sql(
 CREATE TABLE IF NOT EXISTS servers (
@@ -20,7 +20,8 @@ CREATE TABLE IF NOT EXISTS servers (
   cordoned      INTEGER NOT NULL DEFAULT 0,
   draining      INTEGER NOT NULL DEFAULT 0,
   down          INTEGER NOT NULL DEFAULT 0,
-  registered_at INTEGER NOT NULL        -- Unix ms
+  registered_at INTEGER NOT NULL,       -- Unix ms
+  address_window INTEGER NOT NULL DEFAULT -1  -- -1: none
 );
 CREATE TABLE IF NOT EXISTS gpus (
   uuid           TEXT PRIMARY KEY,
@@ -151,6 +152,16 @@ result<std::unique_ptr<sqlite_store>, std::string> sqlite_store::open(const std:
             if (auto r = s->exec("ALTER TABLE leases ADD COLUMN tenant TEXT NOT NULL DEFAULT '';"); !r)
                 return unexpected{r.error()};
     }
+    {
+        // Schema 2 -> 3: servers gain their address window (old records have none until they register again).
+        stmt cols(s->db_, "SELECT 1 FROM pragma_table_info('servers') WHERE name = 'address_window';");
+        if (!cols.ok()) return unexpected{s->error_text("cannot read the schema")};
+        if (cols.step() != SQLITE_ROW)
+            if (auto r =
+                    s->exec("ALTER TABLE servers ADD COLUMN address_window INTEGER NOT NULL DEFAULT -1;");
+                !r)
+                return unexpected{r.error()};
+    }
     if (auto r = s->exec(("PRAGMA user_version=" + std::to_string(schema_version) + ";").c_str()); !r)
         return unexpected{r.error()};
     return s;
@@ -159,9 +170,10 @@ result<std::unique_ptr<sqlite_store>, std::string> sqlite_store::open(const std:
 result<state_snapshot, std::string> sqlite_store::load() {
     state_snapshot snap;
     {
-        stmt q(
-            db_,
-            "SELECT id, host, endpoints, cordoned, draining, down, registered_at FROM servers ORDER BY id;");
+        stmt q(db_,
+               "SELECT id, host, endpoints, cordoned, draining, down, registered_at, address_window FROM "
+               "servers "
+               "ORDER BY id;");
         if (!q.ok()) return unexpected{error_text("cannot read servers")};
         while (q.step() == SQLITE_ROW) {
             server_record s;
@@ -175,6 +187,7 @@ result<state_snapshot, std::string> sqlite_store::load() {
             s.draining = q.integer(4) != 0;
             s.down = q.integer(5) != 0;
             s.registered_at = from_unix_ms(q.integer(6));
+            s.address_window = static_cast<int32_t>(q.integer(7));
             snap.servers.push_back(std::move(s));
         }
     }
@@ -231,8 +244,8 @@ result<void, std::string> sqlite_store::apply(const manager_state& state, const 
     };
     stmt put_server(
         db_,
-        "INSERT OR REPLACE INTO servers (id, host, endpoints, cordoned, draining, down, registered_at) "
-        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7);");
+        "INSERT OR REPLACE INTO servers (id, host, endpoints, cordoned, draining, down, registered_at, "
+        "address_window) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);");
     stmt del_server(db_, "DELETE FROM servers WHERE id = ?1;");
     stmt del_server_gpus(db_, "DELETE FROM gpus WHERE server_id = ?1;");
     stmt put_gpu(
@@ -277,6 +290,7 @@ result<void, std::string> sqlite_store::apply(const manager_state& state, const 
                  .bind(5, int64_t(s.draining))
                  .bind(6, int64_t(s.down))
                  .bind(7, to_unix_ms(s.registered_at))
+                 .bind(8, int64_t(s.address_window))
                  .run())
             return fail("cannot write a server");
         // The server's GPU rows are rewritten as a whole: GPUs it no longer has disappear.

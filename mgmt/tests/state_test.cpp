@@ -282,6 +282,46 @@ TEST_CASE("re-registration keeps the server id, cordons and leases", "[unit][mgm
     CHECK_FALSE(f.st.register_server(server("h", {gpu(0, "G", 1), gpu(1, "G", 1)}), f.clock(), ch));
 }
 
+TEST_CASE("one server per address window: another asking for a held one is refused, naming free ones",
+          "[unit][mgmt]") {
+    fixture f;
+    auto windowed = [](server_registration r, int32_t w) {
+        r.address_window = w;
+        return r;
+    };
+    auto a = f.add(windowed(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}), 1));
+    f.add(windowed(server("beta", {gpu(0, "GPU-b0", 16 * GiB)}), 0));
+    state_changes ch;
+    auto refused =
+        f.st.register_server(windowed(server("gamma", {gpu(0, "GPU-g0", 16 * GiB)}), 1), f.clock(), ch);
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == errc::address_window_taken);
+    CHECK_THAT(refused.error().message, Catch::Contains("address window 1 is server " + a + "'s (alpha") &&
+                                            Catch::Contains("--address-window N, a free one (2, 3, 4"));
+    CHECK_FALSE(f.st.gpus().contains("GPU-g0"));
+    CHECK(ch.servers_put.empty());
+    // Still refused while the holder is down: its sessions keep their addresses wherever they go.
+    f.clock.advance(20s);
+    f.st.tick(f.clock(), ch);
+    REQUIRE(f.st.servers().at(a).down);
+    CHECK_FALSE(
+        f.st.register_server(windowed(server("gamma", {gpu(0, "GPU-g0", 16 * GiB)}), 1), f.clock(), ch));
+    // The holder itself registers again (the same server, or its GPUs from another address); other windows
+    // and servers without one are free; a window out of range is a bad request.
+    CHECK(f.add(windowed(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}), 1)) == a);
+    auto moved = f.st.register_server(
+        windowed(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}, "alpha:7301"), 1), f.clock(), ch);
+    REQUIRE(moved);
+    CHECK(f.st.servers().at(*moved).address_window == 1);
+    CHECK(f.st.register_server(windowed(server("gamma", {gpu(0, "GPU-g0", 16 * GiB)}), 2), f.clock(), ch));
+    CHECK(f.st.register_server(server("delta", {gpu(0, "GPU-d0", 16 * GiB)}), f.clock(), ch));
+    CHECK(f.st.register_server(server("epsilon", {gpu(0, "GPU-e0", 16 * GiB)}), f.clock(), ch));
+    auto bad =
+        f.st.register_server(windowed(server("zeta", {gpu(0, "GPU-z0", 16 * GiB)}), 64), f.clock(), ch);
+    REQUIRE_FALSE(bad);
+    CHECK(bad.error().code == errc::bad_request);
+}
+
 TEST_CASE("a restarted manager keeps leases and gives clients and servers time", "[unit][mgmt]") {
     fixture f;
     auto a = f.add(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}));

@@ -1,4 +1,6 @@
 // The SQLite store: what the core changed is on disk, and a reopened database gives the same state.
+#include <sqlite3.h>
+
 #include <catch2/catch.hpp>
 
 #include "mgmt/store/store.hpp"
@@ -20,7 +22,9 @@ TEST_CASE("the store persists servers, GPUs, leases and cordons across a reopen"
         state_changes ch;
         a = *st.register_server(server("alpha", {gpu(0, "GPU-a0", 16 * GiB), gpu(1, "GPU-a1", 16 * GiB)}),
                                 clock(), ch);
-        drained = *st.register_server(server("beta", {gpu(0, "GPU-b0", 40 * GiB)}), clock(), ch);
+        auto beta = server("beta", {gpu(0, "GPU-b0", 40 * GiB)});
+        beta.address_window = 7;
+        drained = *st.register_server(beta, clock(), ch);
         auto l = st.acquire(request("alpha", 4 * GiB, 2), clock(), ch);
         REQUIRE(l);
         lease_id = l->id;
@@ -44,6 +48,8 @@ TEST_CASE("the store persists servers, GPUs, leases and cordons across a reopen"
     CHECK(back.servers().at(a).host == "alpha");
     CHECK(back.servers().at(a).endpoints == std::vector<std::string>{"alpha:7300"});
     CHECK(back.servers().at(drained).draining);
+    CHECK(back.servers().at(drained).address_window == 7);
+    CHECK(back.servers().at(a).address_window == -1);
     REQUIRE(back.gpus().size() == 3);
     CHECK(back.gpus().at("GPU-a1").cordoned);
     CHECK_FALSE(back.gpus().at("GPU-a0").cordoned);
@@ -99,4 +105,31 @@ TEST_CASE("the store refuses a database it cannot open, saying what to do", "[un
     auto s = sqlite_store::open("/nonexistent-folder/x/mgmt.db");
     REQUIRE_FALSE(s);
     CHECK(s.error().find("--db") != std::string::npos);
+}
+
+TEST_CASE("the store upgrades a schema-2 database: servers gain their address window",
+          "[unit][mgmt][store]") {
+    temp_dir dir;
+    auto db = dir / "mgmt.db";
+    {
+        sqlite3* raw = nullptr;
+        REQUIRE(sqlite3_open((db).c_str(), &raw) == SQLITE_OK);
+        const char* v2 =
+            "CREATE TABLE servers (id TEXT PRIMARY KEY, host TEXT NOT NULL, endpoints TEXT NOT NULL, "
+            "cordoned "
+            "INTEGER NOT NULL DEFAULT 0, draining INTEGER NOT NULL DEFAULT 0, down INTEGER NOT NULL DEFAULT "
+            "0, "
+            "registered_at INTEGER NOT NULL);"
+            "INSERT INTO servers VALUES ('srv-old', 'alpha', '[\"alpha:7300\"]', 0, 0, 0, 1);"
+            "PRAGMA user_version=2;";
+        CHECK(sqlite3_exec(raw, v2, nullptr, nullptr, nullptr) == SQLITE_OK);
+        sqlite3_close(raw);
+    }
+    auto store = sqlite_store::open(db);
+    REQUIRE(store);
+    auto snap = (*store)->load();
+    REQUIRE(snap);
+    REQUIRE(snap->servers.size() == 1);
+    CHECK(snap->servers[0].host == "alpha");
+    CHECK(snap->servers[0].address_window == -1);
 }

@@ -103,12 +103,19 @@ void server_agent::run() {
                 continue;
             }
             if (e.kind != rpc_errc::remote) conn.reset();
-            if (!warned || connected_)
-                VCUDA_LOG_WARN("manager {}: {}", method,
-                               e.kind == rpc_errc::remote ? e.message : describe(e, cfg_.manager));
+            // A refusal of this server's settings (its address window) stands until it is restarted with
+            // others: said as an error, asked again at the heartbeat interval (the other server may go).
+            const bool refused = e.kind == rpc_errc::remote && e.code == "address_window_taken";
+            if (!warned || connected_) {
+                if (refused)
+                    VCUDA_LOG_ERROR("the manager at {} refused this server: {}", where, e.message);
+                else
+                    VCUDA_LOG_WARN("manager {}: {}", method,
+                                   e.kind == rpc_errc::remote ? e.message : describe(e, cfg_.manager));
+            }
             warned = true;
             connected_ = false;
-            wait = std::min(interval, milliseconds(1000));
+            wait = refused ? interval : std::min(interval, milliseconds(1000));
             continue;
         }
         if (warned) VCUDA_LOG_INFO("manager at {} answers again", where);

@@ -51,10 +51,16 @@ struct gpu_description {
     std::string driver_version;
 };
 
+// How many address windows a server may be given (0 to count-1; server/window_runs.hpp checks its own).
+inline constexpr int32_t address_window_count = 64;
+
 struct server_registration {
     std::string host;
     std::vector<std::string> endpoints;  // addresses clients connect to, e.g. "10.0.0.5:7300"
     std::vector<gpu_description> gpus;
+    // The server's address window (vcuda-server --address-window; server/device_memory.hpp), -1: none. Two
+    // servers in one window hand out the same device addresses: the manager registers only one of them.
+    int32_t address_window = -1;
 };
 
 struct gpu_load {

@@ -138,7 +138,10 @@ vcuda events --json | json "[e['detail'] for e in j['events'] if e['kind'] == 'r
 # by `vcuda migrate` to GPU TO (uncordoned first) and passes; server C's log says LINE.
 migrate_mid_run() {
   local what=$1 from=$2 to=$3 line=$4
-  run_program 2500 "$tmp/$what.out"
+  # 5 s of pause: a move to another GPU copies the memory (after the same-GPU handover is refused), and the
+  # session must still be running when the manager next hears from the target (2.5 s was too short on a slow CI
+  # machine: the program had ended).
+  run_program 5000 "$tmp/$what.out"
   wait_for 10 grep -qs "phase 1 done" "$tmp/$what.out" || fail "($what) the program did not start"
   lease=$(lease_on "$from")
   [ -n "$lease" ] || fail "($what) the lease is not on $from"

@@ -8,6 +8,9 @@
 #   3. `vcuda gpus` and `vcuda leases` show the inventory, and the lease is gone when the client is;
 #   4. an operator releases a running client's lease; a client without a credential gets no lease, another
 #      tenant cannot release it.
+#   5. on two servers without address windows (the same device addresses), the client refuses the overlapping
+#      allocation with the reason.
+# Before 1, a third server asking for server a's address window is refused by the manager.
 # The operator's credential is made with the shared secret file (as on the manager's host), the tenant's with it.
 # Usage: manager_two_servers.sh BUILD_DIR
 set -u
@@ -44,6 +47,19 @@ vcuda tokens list
 for i in $(seq 100); do [ "$(vcuda gpus --json 2>/dev/null | grep -o '"uuid"' | wc -l)" -ge 2 ] && break; sleep 0.1; done
 vcuda gpus || fail "vcuda gpus"
 [ "$(vcuda gpus --json | grep -o '"uuid"' | wc -l)" -eq 2 ] || fail "the manager does not list both servers' GPUs"
+# A third server asking for server a's window is refused: it would hand out a's device addresses. It says so,
+# with the free windows, and its GPU is not leased.
+VCUDA_SOFT_HOST_ID=3 "$build/bin/vcuda-server" --listen "unix:$tmp/c.sock" --advertise "unix:$tmp/c.sock" \
+  --address-window 1 --driver "$build/lib/libvcuda-softdriver.so" --manager "unix:$tmp/m.sock" \
+  --secret-file "$tmp/secret" 2> "$tmp/server-c.log" & server_c=$!; pids+=($server_c)
+for i in $(seq 100); do grep -q "refused this server" "$tmp/server-c.log" && break; sleep 0.1; done
+grep -q "the manager at unix:$tmp/m.sock refused this server: address window 1 is server srv-.* free one (0, 3, 4" \
+  "$tmp/server-c.log" || fail "a server in another's address window was not refused with the reason"
+grep -q "server.register from host .* refused: address window 1" "$tmp/mgmt.log" ||
+  fail "the manager did not log the refused registration"
+[ "$(vcuda gpus --json | grep -o '"uuid"' | wc -l)" -eq 2 ] || fail "the refused server's GPU was listed"
+vcuda servers | grep -q "unix:$tmp/a.sock *1 " || fail "vcuda servers does not show server a's window: $(vcuda servers)"
+kill "$server_c"; wait "$server_c" 2>/dev/null
 
 # 1. two GPUs on two servers in one process
 out=$("$build/bin/vcuda" run --manager "unix:$tmp/m.sock" --gpus 2 --memory 256M --credential "$tmp/alice.cred" -- \
@@ -121,4 +137,21 @@ vcuda release "$lease" || fail "vcuda release $lease"
 for i in $(seq 300); do kill -0 $long 2>/dev/null || break; sleep 0.1; done
 if kill -0 $long 2>/dev/null; then kill $long; fail "the client kept running after its lease was released"; fi
 grep -q "was released or expired" "$tmp"/server-*.log || fail "no server ended the released lease's session"
+# 5. Two servers without address windows hand out the same device addresses: a client leasing a GPU of each
+# refuses the second server's allocation, saying why, instead of mixing the two servers' memory up.
+gpus_before=$(vcuda gpus --json | python3 -c 'import json,sys; print(" ".join(g["uuid"] for g in json.load(sys.stdin)["gpus"]))')
+for s in c d; do
+  id=$([ $s = c ] && echo 3 || echo 4)
+  VCUDA_SOFT_HOST_ID=$id "$build/bin/vcuda-server" --listen "unix:$tmp/$s.sock" --advertise "unix:$tmp/$s.sock" \
+    --address-window none --driver "$build/lib/libvcuda-softdriver.so" --manager "unix:$tmp/m.sock" \
+    --secret-file "$tmp/secret" 2> "$tmp/server-$s.log" & pids+=($!)
+  wait_socket "$tmp/$s.sock"
+done
+for g in $gpus_before; do vcuda cordon "$g" > /dev/null || fail "vcuda cordon $g"; done
+for i in $(seq 100); do [ "$(vcuda gpus --json | grep -o '"uuid"' | wc -l)" -ge 4 ] && break; sleep 0.1; done
+out=$("$build/bin/vcuda" run --manager "unix:$tmp/m.sock" --gpus 2 --memory 256M --credential "$tmp/alice.cred" -- \
+      env VCUDA_LOG_FILE="$tmp/overlap-client.log" "$build/tests/programs/two_devices" 2>&1) &&
+  fail "two_devices passed on two servers handing out the same addresses: $out"
+grep -q "overlaps memory of another device this process holds" "$tmp/overlap-client.log" ||
+  fail "the client did not refuse the overlapping allocation: $out; $(tail -5 "$tmp/overlap-client.log")"
 echo "PASS manager_two_servers"

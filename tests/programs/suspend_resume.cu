@@ -6,14 +6,16 @@
 // synchronization policy, a function attribute
 // it set, an event pair's elapsed time still measurable, an event without timing still complete, CUDA arrays
 // (2D with padded rows, layered, mipmapped) with their contents, texture and surface objects at the values
-// kernels hold, and new work on all of them.
+// kernels hold, and new work on all of them; with argv[3] "user-object", a CUDA user object held through it.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -201,9 +203,19 @@ struct arrays_kept {
     }
 };
 
+// A CUDA user object the application holds through the pause (argv[3] "user-object"): still there after it,
+// and its destructor runs once its last reference goes.
+std::atomic<int> user_object_ends{0};
+void CUDART_CB end_user_object(void* p) { static_cast<std::atomic<int>*>(p)->fetch_add(1); }
+
 int main(int argc, char** argv) {
     const int idle_ms = argc > 1 ? atoi(argv[1]) : 0;
     const size_t ballast_floats = (argc > 2 ? strtoull(argv[2], nullptr, 10) : 0) << 18;  // MiB -> floats
+    const bool with_user_object = argc > 3 && std::string(argv[3]) == "user-object";
+    cudaUserObject_t user_object{};
+    if (with_user_object)
+        CHECK(cudaUserObjectCreate(&user_object, &user_object_ends, end_user_object, 1,
+                                   cudaUserObjectNoDestructorSync));
     const size_t n = size_t{8} << 20;  // 32 MiB per buffer: mappings of their own
     const size_t small = 1000;         // 4 KB: packed with others in a shared mapping
     const unsigned grid = static_cast<unsigned>((n + 255) / 256);
@@ -332,6 +344,16 @@ int main(int argc, char** argv) {
     objects.check(1.0f);
     objects.finish();
     printf("texture and surface objects kept: yes\n");
+    if (with_user_object) {
+        CHECK(cudaUserObjectRetain(user_object, 1));
+        CHECK(cudaUserObjectRelease(user_object, 1));
+        EXPECT(user_object_ends.load() == 0, "the user object's destructor ran while it was held");
+        CHECK(cudaUserObjectRelease(user_object, 1));
+        for (int i = 0; i < 200 && user_object_ends.load() == 0; ++i) usleep(10000);
+        EXPECT(user_object_ends.load() == 1, "the user object's destructor ran %d times, not once",
+               user_object_ends.load());
+        printf("user object kept, its destructor run at its last release: yes\n");
+    }
 
     float* z;  // a new allocation after the pause
     CHECK(cudaMalloc(&z, n * sizeof(float)));
