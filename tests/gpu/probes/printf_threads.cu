@@ -13,7 +13,8 @@
 // driver's for the fresh one; at 100 and 300 ms all 200 on the driver's own thread for every syncing thread.
 // (Call 2, an earlier form of this probe with a 300 ms delay and syncs by other contexts and threads: every
 // line on the driver's thread.) Session 26, call 1, the other_ctx case: at every delay (0 to 300 ms) all 200
-// lines on the driver's own thread, none on the thread that synchronized context B (the other cases as before).
+// lines on the driver's own thread, none on the thread that synchronized context B (the other cases as
+// before).
 //   nvcc -o printf_threads printf_threads.cu -lcuda
 #include <cuda.h>
 #include <cuda_runtime.h>
