@@ -760,6 +760,10 @@ int main(int argc, char** argv) {
                         l->resume_seq - std::min<uint64_t>(l->resume_seq, since(l->resume_asked_at));
                     s.move_seq_seen = l->move_seq - std::min<uint64_t>(l->move_seq, since(l->move_asked_at));
                 }
+                // Relocated to (or being relocated to) the move's target GPU of this server: the relocation
+                // reports the outcome; not "no session on this GPU", which raced it (manager_moves (f)).
+                if (!l->move_to_uuid.empty() && l->uuid != uuid && l->move_to_uuid == uuid)
+                    move_asked.erase({l->lease_id, l->uuid});
                 if (!l->move_to_uuid.empty() && l->uuid == uuid) {
                     move_asked.erase({l->lease_id, l->uuid});  // this session takes it up (or took it up)
                     if (l->move_seq > s.move_seq_seen.load()) {
@@ -839,6 +843,9 @@ int main(int argc, char** argv) {
                     move_asked.erase({w.grant.lease_id, uuid});
                     continue;
                 }
+                for (auto& a : alive)  // relocated to its move's target GPU here: as for sessions above
+                    if (a.lease_id == w.grant.lease_id && a.uuid != uuid && a.move_to_uuid == uuid)
+                        move_asked.erase({a.lease_id, a.uuid});
                 auto l = std::find_if(alive.begin(), alive.end(), [&](auto& a) {
                     return a.lease_id == w.grant.lease_id && a.uuid == uuid && !a.move_to_uuid.empty();
                 });

@@ -197,6 +197,11 @@ mgmt_result<heartbeat_reply> manager_state::heartbeat(const mgmt::heartbeat& hb,
         return unexpected{mgmt_error{
             errc::unknown_server, "server id '" + hb.server_id + "' is not registered here; register again"}};
     auto& s = it->second;
+    if (hb.address_window != s.address_window)
+        return unexpected{
+            mgmt_error{errc::unknown_server, "server " + s.id + " is registered here with address window " +
+                                                 std::to_string(s.address_window) + ", not " +
+                                                 std::to_string(hb.address_window) + "; register again"}};
     s.last_heartbeat = now;
     if (s.down) {
         s.down = false;

@@ -320,6 +320,16 @@ TEST_CASE("one server per address window: another asking for a held one is refus
         f.st.register_server(windowed(server("zeta", {gpu(0, "GPU-z0", 16 * GiB)}), 64), f.clock(), ch);
     REQUIRE_FALSE(bad);
     CHECK(bad.error().code == errc::bad_request);
+    // A heartbeat naming another window than the record's (a record a manager without windows stored) is told
+    // to register again, where the rule applies.
+    heartbeat hb;
+    hb.server_id = *moved;
+    hb.address_window = 1;
+    CHECK(f.st.heartbeat(hb, f.clock(), ch));
+    hb.address_window = 5;
+    auto again = f.st.heartbeat(hb, f.clock(), ch);
+    REQUIRE_FALSE(again);
+    CHECK(again.error().code == errc::unknown_server);
 }
 
 TEST_CASE("a restarted manager keeps leases and gives clients and servers time", "[unit][mgmt]") {

@@ -24,7 +24,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(gpu_load, uuid, utilization, mem
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(session_report, session_id, lease_id, gpu_uuid, client,
                                                 memory_used, suspended, idle_ms, suspend_seq, resume_seq,
                                                 note, move_seq, moved_to)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(heartbeat, server_id, gpus, sessions)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(heartbeat, server_id, gpus, sessions, address_window)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(active_lease, lease_id, uuid, memory_quota, expires_at,
                                                 suspend_seq, resume_seq, suspend_asked_at, resume_asked_at,
                                                 move_seq, move_asked_at, move_to_uuid, move_to_endpoints,

@@ -69,6 +69,7 @@ void server_agent::run() {
                 VCUDA_LOG_ERROR("manager agent: the load callback failed: {}", e.what());
             }
             hb.server_id = id;
+            hb.address_window = cfg_.registration.address_window;
             body = encode(hb);
         }
 
@@ -95,8 +96,9 @@ void server_agent::run() {
         if (!reply) {
             const auto& e = reply.error();
             if (e.kind == rpc_errc::remote && e.code == "unknown_server") {
-                VCUDA_LOG_WARN("the manager at {} no longer knows this server ({}); registering again", where,
-                               id);
+                VCUDA_LOG_WARN(
+                    "the manager at {} does not know this server as it is ({}: {}); registering again", where,
+                    id, e.message);
                 server_id_.clear();
                 connected_ = false;
                 wait = milliseconds(0);

@@ -96,6 +96,9 @@ struct heartbeat {
     std::string server_id;
     std::vector<gpu_load> gpus;
     std::vector<session_report> sessions;  // optional: what `vcuda sessions` shows
+    // The server's address window, as registered (-1: none). A record that differs (a manager upgraded from
+    // one that did not store windows) makes the server register again, where the window rule applies.
+    int32_t address_window = -1;
 };
 
 // What the heartbeat reply tells a server: the leases that are alive on its GPUs. A session whose lease is
