@@ -338,7 +338,9 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
     auto& d = api();
     std::lock_guard lock(mu);
     std::string blocker;
+    bool graphs = false;  // user objects are kept only without them (below)
     handles.for_each([&](uint64_t, handle_entry& e) {
+        graphs = graphs || e.kind == handle_kind::graph || e.kind == handle_kind::graph_exec;
         if (const char* what = not_rebuilt(e.kind); what && blocker.empty()) blocker = what;
         if (e.kind == handle_kind::event && e.made_by != static_cast<uint32_t>(op::cuEventCreate) &&
             blocker.empty())
@@ -357,10 +359,6 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
         // The driver keeps user objects through the context's release
         // (tests/gpu/probes/user_object_context.cpp), so the application's stay valid; graphs holding them
         // are not made again with their references yet.
-        bool graphs = false;
-        handles.for_each([&](uint64_t, handle_entry& e) {
-            graphs = graphs || e.kind == handle_kind::graph || e.kind == handle_kind::graph_exec;
-        });
         std::lock_guard objects(user_objects_mu);
         if (!user_objects.empty() && graphs) blocker = "CUDA user objects and graphs";
     }
