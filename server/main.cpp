@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -299,12 +300,22 @@ int main(int argc, char** argv) {
         ->group("Testing")
         ->capture_default_str()
         ->check(CLI::Range(0, 3600 * 1000));
+    std::string move_when;
+    app.add_option("--test-move-when", move_when,
+                   "For tests: with --test-move-to, a session moves only once FILE exists (a test program "
+                   "creates it when its memory is ready), and --test-move-after has passed")
+        ->group("Testing");
     int precopy_hold_ms = 0;
     app.add_option("--test-precopy-hold", precopy_hold_ms,
                    "For tests: a pre-copied move waits MS between its pre-copy and its pause, so that a test "
                    "program can change memory in between")
         ->group("Testing")
         ->check(CLI::Range(0, 60 * 1000));
+    std::string precopy_hold_until;
+    app.add_option("--test-precopy-hold-until", precopy_hold_until,
+                   "For tests: a pre-copied move, its pre-copy done, pauses only once FILE exists (60 s at "
+                   "most), so that a test program can change memory in between whatever the machine's speed")
+        ->group("Testing");
     std::string gpu_identity;
     app.add_option(
         "--gpu-identity", gpu_identity,
@@ -411,6 +422,7 @@ int main(int argc, char** argv) {
         window_index = std::to_string(index);
     }
     opts.test_precopy_hold = std::chrono::milliseconds(precopy_hold_ms);
+    opts.test_precopy_hold_until = precopy_hold_until;
     opts.suspend_graphs = suspend_graphs;
     opts.move_memory = move_memory == "copy"      ? vcuda::server::server_options::move_memory_mode::copy
                        : move_memory == "precopy" ? vcuda::server::server_options::move_memory_mode::precopy
@@ -467,6 +479,10 @@ int main(int argc, char** argv) {
                             // Workers move their sessions (server/isolation.cpp): as this server would.
                             "--address-window", window_index, "--move-memory", move_memory,
                             "--test-precopy-hold", std::to_string(precopy_hold_ms)};
+        if (!precopy_hold_until.empty()) {
+            opts.worker_args.push_back("--test-precopy-hold-until");
+            opts.worker_args.push_back(precopy_hold_until);
+        }
         if (opts.memory_quota) {
             opts.worker_args.push_back("--memory-quota");
             opts.worker_args.push_back(std::to_string(opts.memory_quota));
@@ -1002,12 +1018,13 @@ int main(int argc, char** argv) {
         }
         VCUDA_LOG_WARN("--test-move-to {}: every session moves there {} ms after it opened (tests)",
                        move_to_text.front(), move_after_ms);
-        mover = std::jthread([&srv, &opts, targets, after = std::chrono::milliseconds(move_after_ms)](
-                                 const std::stop_token& st) mutable {
+        mover = std::jthread([&srv, &opts, targets, after = std::chrono::milliseconds(move_after_ms),
+                              move_when](const std::stop_token& st) mutable {
             std::set<uint64_t> tried;
-            // Each session once, `after` its opening.
+            // Each session once, `after` its opening (and once the --test-move-when file exists).
             auto due = [&](uint64_t id, int64_t opened_at_ms) {
-                if (tried.count(id) ||
+                std::error_code ec;
+                if (tried.count(id) || (!move_when.empty() && !std::filesystem::exists(move_when, ec)) ||
                     std::chrono::system_clock::now() -
                             std::chrono::system_clock::time_point(std::chrono::milliseconds(opened_at_ms)) <
                         after)

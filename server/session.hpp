@@ -79,6 +79,8 @@ struct server_options {
     // --test-precopy-hold MS (tests): a pre-copied move waits this long between its pre-copy and its pause,
     // so that a test program can change memory in between.
     std::chrono::milliseconds test_precopy_hold{0};
+    // --test-precopy-hold-until FILE (tests): ... or until FILE exists (60 s at most).
+    std::string test_precopy_hold_until;
     // --test-suspend-every, in a worker process (--isolation process): its session is suspended that often
     // while no call runs (tests; the server process does the same for its own sessions).
     std::chrono::milliseconds test_suspend_every{0};

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "common/log.hpp"
@@ -28,6 +29,19 @@ constexpr uint64_t piece_bytes = 64u << 20;  // also the grain at which pre-copi
 constexpr uint64_t max_image_words = uint64_t{1} << 29;  // 4 GiB of module images
 
 std::string mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+// --test-precopy-hold-until: a test's program creates the file once it has changed its memory.
+void hold_until_exists(const std::string& path) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+    std::error_code ec;
+    while (!std::filesystem::exists(path, ec))
+        if (std::chrono::steady_clock::now() > until) {
+            VCUDA_LOG_WARN("--test-precopy-hold-until: {} did not appear in 60 s: the move goes on", path);
+            return;
+        } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+}
 
 template <class T>
 std::span<const std::byte> bytes_of(const std::vector<T>& v) {
@@ -204,6 +218,7 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - p0)
                 .count());
         if (opts_.test_precopy_hold.count()) std::this_thread::sleep_for(opts_.test_precopy_hold);
+        if (!opts_.test_precopy_hold_until.empty()) hold_until_exists(opts_.test_precopy_hold_until);
         lock.lock();
     }
     if (rc = close_gate(lock, wait, why); rc != CUDA_SUCCESS) return rc;

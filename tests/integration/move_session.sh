@@ -6,8 +6,9 @@
 # handed over: both servers are on the same software GPU), over a Unix socket with --move-memory copy, and
 # over TCP (pre-copied: sent while the program runs, then what changed); over a Unix socket to a server on
 # another (software) GPU, which refuses the memory handed over, so that it is copied instead (the programs sure
-# to be moved only); and over TCP with a pre-copy 400 ms in, held 1 s before the pause (tcpdirty), in which
-# precopy_dirty changes one of its two pieces: the pause must send that one and only that one. unixiso and
+# to be moved only); and over TCP paced by files, not time (tcpdirty): precopy_dirty writes both of its pieces,
+# then the move pre-copies them, then the program changes one piece, then the move pauses: the pause must
+# send that one and only that one. unixiso and
 # tcpiso: both servers run each session in a worker process (--isolation process): the worker moves it, and
 # the target's worker takes it (the programs sure to be moved only).
 #   MOVE_PROGRAMS="a b" to choose programs;
@@ -26,7 +27,7 @@ driver="$build/lib/libvcuda-softdriver.so"
 # before it ends; "only": the one transport it runs over (mapped host memory needs a Unix socket).
 programs=${MOVE_PROGRAMS:-"suspend_resume:300:sure suspend_resume:0: symbols:300:sure streams_events:: async_copies:: vector_add::
   host_functions:: pinned_memory:: mapped_memory:::unix device_copies:: late_thread_runtime:: func_attributes:: error_cases::
-  precopy_dirty:800,1500:sure:tcpdirty vmm:400:sure nonblocking_copies:20,look,300:sure:tcp"}
+  precopy_dirty:--gates,GATES:sure:tcpdirty vmm:400:sure nonblocking_copies:20,look,300:sure:tcp"}
 # Memory these programs hold is the program's own VMM allocations, which a move copies (never hands over).
 copied_programs=" vmm "
 # Ports free now, distinct: all are bound at once (separate picks can return one port twice).
@@ -40,7 +41,7 @@ print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"; }
 start_server() {  # NAME ADDR WINDOW [ARGS...]; $gpu_id: the software GPU's identity (VCUDA_SOFT_HOST_ID)
   local name=$1 addr=$2 window=$3; shift 3
   local log="$tmp/server-$name.log" before pid
-  before=$(wc -l < "$log" 2>/dev/null || echo 0)
+  before=$(wc -l 2>/dev/null < "$log" || echo 0)
   VCUDA_SOFT_HOST_ID=${gpu_id:-0} "$build/bin/vcuda-server" --listen "$addr" --driver "$driver" --address-window "$window" --log-level info "$@" \
     2>> "$log" &
   pid=$!
@@ -62,9 +63,11 @@ transports=${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty unixiso tc
 loop_transports=${transports/isopair/}
 for transport in ${loop_transports/back/}; do
   copy=(); [ "$transport" = unixcopy ] && copy=(--move-memory copy)
-  [ "$transport" = tcpdirty ] && copy=(--test-precopy-hold 1000)
+  # tcpdirty: the move starts once precopy_dirty wrote its first pattern and pauses once it wrote its second.
+  [ "$transport" = tcpdirty ] &&
+    copy=(--test-move-when "$tmp/gates-a/a-written" --test-precopy-hold-until "$tmp/gates-a/b-written")
   iso=(); [ "${transport%iso}" != "$transport" ] && iso=(--isolation process)
-  after=100; [ "$transport" = tcpdirty ] && after=400  # after precopy_dirty's first pattern
+  after=100; [ "$transport" = tcpdirty ] && after=0
   started=0
   for attempt in 1 2 3; do
     if [ "${transport#tcp}" = "$transport" ]; then
@@ -90,10 +93,24 @@ for transport in ${loop_transports/back/}; do
     case $transport in unixothergpu | *iso) [ "$sure" != sure ] && continue ;; esac
     for where in ref a; do
       addr=$ref; [ $where = a ] && addr=$a
+      # GATES: precopy_dirty's pacing files. On ref nothing moves: it goes on at once. On a, it goes on once A
+      # says the pre-copy is done.
+      gates="$tmp/gates-$where" watcher=
+      rm -rf "$gates"; mkdir -p "$gates"
+      if [ "$where" = ref ]; then
+        touch "$gates/precopied"
+      elif [[ "$args" == *GATES* ]]; then
+        ( for _ in $(seq 1200); do
+            grep -q "pre-copied to $b" "$tmp/server-a.log" && { touch "$gates/precopied"; exit 0; }
+            sleep 0.05
+          done ) &
+        watcher=$!
+      fi
       # shellcheck disable=SC2086  # args: the program's arguments, word-split on purpose
-      LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$addr" timeout 120 "$programs_dir/$name" $args \
+      LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$addr" timeout 120 "$programs_dir/$name" ${args//GATES/$gates} \
         > "$tmp/$where.out" 2>&1
       rc=$?
+      [ -n "$watcher" ] && { kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; }
       grep -q "^PASS" "$tmp/$where.out" && [ $rc -eq 0 ] ||
         { cat "$tmp/$where.out"; fail "$name $args over $transport ($where) exited $rc without PASS"; }
     done

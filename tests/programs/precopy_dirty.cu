@@ -4,17 +4,40 @@
 // read back. Moved with `vcuda-server --move-memory precopy --test-move-after 400 --test-precopy-hold 1000`
 // and argv = 800 1500, the pre-copy sees A everywhere and the pause sees B in the second piece: a receiver
 // that kept the pre-copied second piece would read back A there. Copies and memsets only (no kernels), so
-// that it runs unchanged on the software driver.
+// that it runs unchanged on the software driver. `precopy_dirty --gates DIR` paces itself by files instead of
+// time, for a test that drives the move (tests/integration/move_session.sh): it creates DIR/a-written after
+// pattern A, waits for DIR/precopied before pattern B, then creates DIR/b-written.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "common.cuh"
 
+namespace {
+
+void touch(const std::string& path) {
+    if (!std::ofstream(path)) fail("cannot create %s", path.c_str());
+}
+
+void wait_for(const std::string& path) {
+    for (int i = 0; i < 6000; ++i) {
+        if (std::ifstream(path)) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    fail("%s did not appear in 60 s", path.c_str());
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-    const int before_ms = argc > 1 ? atoi(argv[1]) : 0;
-    const int after_ms = argc > 2 ? atoi(argv[2]) : 0;
+    const std::string gates = argc > 2 && std::string(argv[1]) == "--gates" ? argv[2] : "";
+    const int before_ms = argc > 1 && gates.empty() ? atoi(argv[1]) : 0;
+    const int after_ms = argc > 2 && gates.empty() ? atoi(argv[2]) : 0;
     const size_t piece = size_t{64} << 20, n = 2 * piece;
     unsigned char* d = nullptr;
     CHECK(cudaMalloc(&d, n));
@@ -23,10 +46,15 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < words.size(); ++i) words[i] = static_cast<unsigned char>(i * 7 + 3);
     CHECK(cudaMemcpy(d + 12345, words.data(), words.size(), cudaMemcpyHostToDevice));
     CHECK(cudaDeviceSynchronize());
+    if (!gates.empty()) {
+        touch(gates + "/a-written");
+        wait_for(gates + "/precopied");
+    }
     usleep(static_cast<useconds_t>(before_ms) * 1000);
     CHECK(cudaMemset(d + piece, 0xb2, piece));
     CHECK(cudaMemcpy(d + piece + 777, words.data(), words.size(), cudaMemcpyHostToDevice));
     CHECK(cudaDeviceSynchronize());
+    if (!gates.empty()) touch(gates + "/b-written");
     usleep(static_cast<useconds_t>(after_ms) * 1000);
 
     std::vector<unsigned char> h(n);
