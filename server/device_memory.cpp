@@ -132,8 +132,21 @@ void address_window::reserve_once(const driver_table& d) {
                    runs_.first() + window_runs::span);
 }
 
+bool address_window::reassign(uint32_t index) {
+    std::lock_guard lock(mu_);
+    if (index >= count || (used_ && index != index_.load())) return false;
+    index_.store(index);
+    if (runs_.base()) {
+        const uint64_t base = runs_.base();
+        runs_ = window_runs{};
+        runs_.start(base, index);
+    }
+    return true;
+}
+
 CUdeviceptr address_window::take(const driver_table& d, size_t size, size_t align) {
     std::lock_guard lock(mu_);
+    used_ = true;
     reserve_once(d);
     align = std::max<size_t>(align, device_memory::granularity);
     if (shared_.take) return runs_.base() ? shared_.take(runs_.base(), size, align) : 0;
@@ -155,6 +168,7 @@ void address_window::keep(CUdeviceptr va, size_t size) {
 
 bool address_window::claim(const driver_table& d, CUdeviceptr va, size_t size) {
     std::lock_guard lock(mu_);
+    used_ = true;
     reserve_once(d);
     if (shared_.claim) return runs_.inside(va, size) && shared_.claim(runs_.base(), va, size);
     return runs_.claim(va, size);

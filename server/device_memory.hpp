@@ -30,7 +30,15 @@ namespace vcuda::server {
 class address_window {
   public:
     explicit address_window(uint32_t index) : index_(index) {}
-    uint32_t index() const { return index_; }
+    uint32_t index() const { return index_.load(); }
+    // Another window (the manager's, for a server that chose its own: --address-window auto), only while
+    // nothing of this one was handed out: true when it is this one now.
+    bool reassign(uint32_t index);
+    // --isolation process, in the parent: its workers hand out this window's runs from now on.
+    void note_used() {
+        std::lock_guard lock(mu_);
+        used_ = true;
+    }
     // --isolation process: the window's free runs are the parent's, shared by all its workers, so that no
     // two of its sessions have the same addresses (they may all move to one other server): a worker asks the
     // parent for a range (base: where this process's driver put the common range), gives it back, claims one.
@@ -55,8 +63,9 @@ class address_window {
   private:
     void reserve_once(const driver_table& d);  // mu_ held
     std::mutex mu_;
-    uint32_t index_;
+    std::atomic<uint32_t> index_;
     bool tried_ = false;
+    bool used_ = false;  // a range was taken or claimed (or workers use it): the index stays
     window_runs runs_;
     shared_runs shared_;
 };

@@ -31,8 +31,19 @@ host_window::~host_window() {
     if (runs_.base()) ::munmap(reinterpret_cast<void*>(runs_.base()), window_runs::total);
 }
 
+bool host_window::reassign(uint32_t index) {
+    std::lock_guard lock(mu_);
+    if (index >= window_runs::count || used_) return false;
+    if (runs_.base()) {
+        runs_ = window_runs{};
+        runs_.start(common_base, index);
+    }
+    return true;
+}
+
 void* host_window::map(int fd, size_t size) {
     std::lock_guard lock(mu_);
+    used_ = true;
     const uintptr_t at = runs_.take(size);
     if (!at) return nullptr;
     void* want = reinterpret_cast<void*>(at);
@@ -43,6 +54,7 @@ void* host_window::map(int fd, size_t size) {
 
 bool host_window::map_at(uintptr_t addr, int fd, size_t size) {
     std::lock_guard lock(mu_);
+    used_ = true;
     if (!runs_.claim(addr, size)) return false;
     void* want = reinterpret_cast<void*>(addr);
     return ::mmap(want, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == want;

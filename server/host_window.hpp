@@ -32,12 +32,15 @@ class host_window {
     // The pages at addr go; true when the range was the window's (reserved again), false when the caller
     // unmaps it. `reuse`: false for a session that moved away (its pages live on at the same addresses).
     bool unmap(uintptr_t addr, size_t size, bool reuse = true);
+    // Another window (address_window::reassign), only while nothing was mapped: true when it is this one now.
+    bool reassign(uint32_t index);
 
     static constexpr uintptr_t common_base = uintptr_t{32} << 40;  // 32 TiB
 
   private:
     std::mutex mu_;
     window_runs runs_;
+    bool used_ = false;  // something was mapped here: the window stays
 };
 
 }  // namespace vcuda::server

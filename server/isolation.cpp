@@ -206,6 +206,9 @@ void server::hand_over(frame_stream& fs, const frame& hello, const std::string& 
         }
         std::vector<std::string> args = {"vcuda-server", "--worker-fd", "3"};
         args.insert(args.end(), opts_.worker_args.begin(), opts_.worker_args.end());
+        // The window now: the manager may have given another than the one chosen at start.
+        args.insert(args.end(),
+                    {"--address-window", opts_.window ? std::to_string(opts_.window->index()) : "none"});
         std::vector<char*> argv;
         argv.reserve(args.size() + 1);
         for (auto& a : args) argv.push_back(a.data());
@@ -403,6 +406,7 @@ bool server::serve_window_request(worker& w, uint32_t type, message_reader& r, s
     auto started = [&](uint64_t base) {
         if (!opts_.window || base == 0) return false;
         if (worker_window_base_ == 0) {
+            opts_.window->note_used();
             worker_window_.start(base, opts_.window->index());
             worker_window_base_ = base;
         }

@@ -274,7 +274,8 @@ int main(int argc, char** argv) {
                "): the part of a device address range every server reserves where this server maps its "
                "sessions' memory, so that sessions moved between servers with different windows keep "
                "their addresses (server/device_memory.hpp). auto (default): one chosen from the first "
-               "--listen address; none: the driver chooses every address (such sessions may fail to "
+               "--listen address, or, when a manager finds it taken, a free one it gives; none: the driver "
+               "chooses every address (such sessions may fail to "
                "move)")
         ->capture_default_str();
     std::string move_memory = "share";
@@ -401,7 +402,6 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    std::string window_index = "none";  // for worker processes (--isolation process)
     if (window_text != "none") {
         uint32_t index = 0;
         if (window_text == "auto") {
@@ -419,7 +419,11 @@ int main(int argc, char** argv) {
         }
         opts.window = std::make_shared<vcuda::server::address_window>(index);
         opts.host_addresses = std::make_shared<vcuda::server::host_window>(index);
-        window_index = std::to_string(index);
+        if (window_text == "auto" && worker_fd < 0)
+            VCUDA_LOG_INFO(
+                "address window {} (auto: from the first --listen address; under a manager, another "
+                "if it is taken)",
+                index);
     }
     opts.test_precopy_hold = std::chrono::milliseconds(precopy_hold_ms);
     opts.test_precopy_hold_until = precopy_hold_until;
@@ -472,13 +476,12 @@ int main(int argc, char** argv) {
         // What a worker needs to serve a session as this process would (authentication, limits and leases
         // stay here); the session itself (id, key, grant) goes over its socket.
         opts.isolate = true;
-        opts.worker_args = {"--driver", driver_path, "--log-level", level, "--host-memory-quota",
-                            std::to_string(opts.host_memory_quota), "--spin-us",
-                            std::to_string(opts.spin.count()), "--bulk-streams",
-                            std::to_string(opts.bulk_streams),
-                            // Workers move their sessions (server/isolation.cpp): as this server would.
-                            "--address-window", window_index, "--move-memory", move_memory,
-                            "--test-precopy-hold", std::to_string(precopy_hold_ms)};
+        opts.worker_args = {
+            "--driver", driver_path, "--log-level", level, "--host-memory-quota",
+            std::to_string(opts.host_memory_quota), "--spin-us", std::to_string(opts.spin.count()),
+            "--bulk-streams", std::to_string(opts.bulk_streams),
+            // Workers move their sessions (server/isolation.cpp): as this server would.
+            "--move-memory", move_memory, "--test-precopy-hold", std::to_string(precopy_hold_ms)};
         if (!precopy_hold_until.empty()) {
             opts.worker_args.push_back("--test-precopy-hold-until");
             opts.worker_args.push_back(precopy_hold_until);
@@ -639,7 +642,20 @@ int main(int argc, char** argv) {
         cfg.registration.endpoints = advertise;
         // The manager registers one server per window (two in one hand out the same device addresses).
         static_assert(vcuda::server::address_window::count == vcuda::mgmt::address_window_count);
+        // A window this server chose itself gives way to one the manager names, while nothing uses it.
         if (opts.window) cfg.registration.address_window = static_cast<int32_t>(opts.window->index());
+        if (opts.window && window_text == "auto") {
+            cfg.registration.address_window_auto = true;
+            cfg.take_window = [&opts](int32_t w) {
+                const uint32_t before = opts.window->index();
+                if (w < 0 ||
+                    (opts.host_addresses && !opts.host_addresses->reassign(static_cast<uint32_t>(w))))
+                    return false;
+                if (opts.window->reassign(static_cast<uint32_t>(w))) return true;
+                if (opts.host_addresses) opts.host_addresses->reassign(before);
+                return false;
+            };
+        }
         // Registrations and heartbeats are signed with the shared secret: the manager refuses others.
         cfg.sign = [secret = opts.secret](std::string_view method, std::string_view body) {
             return vcuda::mgmt::sign_request(secret, method, body);

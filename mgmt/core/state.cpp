@@ -109,6 +109,7 @@ mgmt_result<std::string> manager_state::register_server(const server_registratio
     server_record* server = nullptr;
     for (auto& [id, s] : servers_)
         if (s.host == reg.host && s.endpoints == reg.endpoints) server = &s;
+    int32_t window = reg.address_window;
     if (reg.address_window >= 0) {
         // Another server in the same window would hand out the same device addresses: one client leasing GPUs
         // of both could not tell their memory apart, and sessions moved between them would collide. A record
@@ -126,6 +127,17 @@ mgmt_result<std::string> manager_state::register_server(const server_registratio
             if (replaced) continue;
             taken.insert(s.address_window);
             if (s.address_window == reg.address_window) holder = &s;
+        }
+        // A server that chose its window itself takes a free one: the one it had here, else the lowest.
+        if (holder && reg.address_window_auto) {
+            int32_t w = server && server->address_window >= 0 && !taken.contains(server->address_window)
+                            ? server->address_window
+                            : 0;
+            while (w < address_window_count && taken.contains(w)) ++w;
+            if (w < address_window_count) {
+                window = w;
+                holder = nullptr;
+            }
         }
         if (holder) {
             std::string free;
@@ -157,7 +169,7 @@ mgmt_result<std::string> manager_state::register_server(const server_registratio
         server->endpoints = reg.endpoints;
         server->registered_at = now;
     }
-    server->address_window = reg.address_window;
+    server->address_window = window;
     server->down = false;
     server->last_heartbeat = now;
     server->sessions.clear();

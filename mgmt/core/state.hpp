@@ -174,7 +174,8 @@ class manager_state {
     // flags); GPUs are keyed by UUID, so a GPU keeps its cordon flag and its leases when its server
     // re-registers. A server asking for the address window another server holds is refused
     // (address_window_taken, naming the free ones), even when that server is down: its sessions keep their
-    // addresses wherever they go.
+    // addresses wherever they go. A server that chose its window itself (address_window_auto) is given a
+    // free one instead: the window its record had, else the lowest; the record says which.
     mgmt_result<std::string> register_server(const server_registration& reg, time_ms now,
                                              state_changes& changes);
     // Records load; a server that was down is up again. unknown_server when the id is not known (register

@@ -380,11 +380,16 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
             return fail(id.error());
         }
         refused_windows_.erase(key);
-        VCUDA_LOG_INFO("server {} registered: host {}, {} GPUs, endpoints {}, address window {}", *id,
+        const int32_t window = state_.servers().at(*id).address_window;
+        VCUDA_LOG_INFO("server {} registered: host {}, {} GPUs, endpoints {}, address window {}{}", *id,
                        reg->host, reg->gpus.size(), dump(json(reg->endpoints)),
-                       reg->address_window >= 0 ? std::to_string(reg->address_window) : "none");
+                       window >= 0 ? std::to_string(window) : "none",
+                       window != reg->address_window
+                           ? " (it asked for " + std::to_string(reg->address_window) + ", another server's)"
+                           : "");
         return ok(
             {{"server_id", *id},
+             {"address_window", window},
              {"heartbeat_interval_ms", std::max<int64_t>(cfg_.state.heartbeat_timeout.count() / 3, 100)}});
     }
     if (method == "server.heartbeat") {

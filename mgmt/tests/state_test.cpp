@@ -332,6 +332,49 @@ TEST_CASE("one server per address window: another asking for a held one is refus
     CHECK(again.error().code == errc::unknown_server);
 }
 
+TEST_CASE("a server that chose its window itself is given a free one: the one it had, else the lowest",
+          "[unit][mgmt]") {
+    fixture f;
+    auto windowed = [](server_registration r, int32_t w, bool chosen) {
+        r.address_window = w;
+        r.address_window_auto = chosen;
+        return r;
+    };
+    f.add(windowed(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}), 0, false));
+    f.add(windowed(server("beta", {gpu(0, "GPU-b0", 16 * GiB)}), 1, false));
+    state_changes ch;
+    // Its own choice when free.
+    auto gamma =
+        f.st.register_server(windowed(server("gamma", {gpu(0, "GPU-g0", 16 * GiB)}), 7, true), f.clock(), ch);
+    REQUIRE(gamma);
+    CHECK(f.st.servers().at(*gamma).address_window == 7);
+    // Taken: the lowest free one, recorded (and persisted: servers_put).
+    ch = {};
+    auto delta =
+        f.st.register_server(windowed(server("delta", {gpu(0, "GPU-d0", 16 * GiB)}), 1, true), f.clock(), ch);
+    REQUIRE(delta);
+    CHECK(f.st.servers().at(*delta).address_window == 2);
+    CHECK(ch.servers_put == std::vector<std::string>{*delta});
+    // Restarted, it chose 7 again (gamma's): it gets back the window it had.
+    auto again =
+        f.st.register_server(windowed(server("delta", {gpu(0, "GPU-d0", 16 * GiB)}), 7, true), f.clock(), ch);
+    REQUIRE(again);
+    CHECK(*again == *delta);
+    CHECK(f.st.servers().at(*delta).address_window == 2);
+    // Every window taken: refused as a server that named its window is.
+    for (int32_t w = 3; w < address_window_count; ++w)
+        if (w != 7)
+            REQUIRE(f.st.register_server(
+                windowed(server("h" + std::to_string(w), {gpu(0, "GPU-h" + std::to_string(w), GiB)}), w,
+                         false),
+                f.clock(), ch));
+    auto full =
+        f.st.register_server(windowed(server("omega", {gpu(0, "GPU-o0", 16 * GiB)}), 1, true), f.clock(), ch);
+    REQUIRE_FALSE(full);
+    CHECK(full.error().code == errc::address_window_taken);
+    CHECK_THAT(full.error().message, Catch::Contains("none left"));
+}
+
 TEST_CASE("a restarted manager keeps leases and gives clients and servers time", "[unit][mgmt]") {
     fixture f;
     auto a = f.add(server("alpha", {gpu(0, "GPU-a0", 16 * GiB)}));

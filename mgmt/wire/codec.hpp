@@ -19,7 +19,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(device_grant, server_endpoints, 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(lease_grant, lease_id, expires_at, ttl_ms, devices)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(gpu_description, index, uuid, name, memory, sms,
                                                 driver_version)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(server_registration, host, endpoints, gpus, address_window)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(server_registration, host, endpoints, gpus, address_window,
+                                                address_window_auto)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(gpu_load, uuid, utilization, memory_used, sessions)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(session_report, session_id, lease_id, gpu_uuid, client,
                                                 memory_used, suspended, idle_ms, suspend_seq, resume_seq,

@@ -124,6 +124,28 @@ void server_agent::run() {
         warned = false;
         if (method == "server.register") {
             auto j = nlohmann::json::parse(*reply, nullptr, false);
+            auto& reg = cfg_.registration;
+            if (j.is_object() && j.contains("address_window") && j["address_window"].is_number_integer() &&
+                j["address_window"].get<int32_t>() != reg.address_window && j.contains("server_id")) {
+                // The window this server chose is another's: it takes the one the manager gave, or, when its
+                // sessions already use its own, registers again without the choice (and is refused).
+                const auto given = j["address_window"].get<int32_t>();
+                const bool taken = reg.address_window_auto && cfg_.take_window && cfg_.take_window(given);
+                if (!taken) {
+                    VCUDA_LOG_ERROR(
+                        "the manager at {} gave this server address window {} (window {} is another "
+                        "server's), but its sessions already use window {}: restart it with --address-window "
+                        "{}",
+                        where, given, reg.address_window, reg.address_window, given);
+                    reg.address_window_auto = false;
+                    wait = milliseconds(0);
+                    continue;
+                }
+                VCUDA_LOG_INFO(
+                    "address window {} is another server's: the manager at {} gave this server window {}",
+                    reg.address_window, where, given);
+                reg.address_window = given;
+            }
             if (j.is_object() && j.contains("server_id") && j["server_id"].is_string()) {
                 server_id_ = j["server_id"].get<std::string>();
                 if (cfg_.interval.count() == 0 && j.contains("heartbeat_interval_ms") &&

@@ -35,6 +35,9 @@ struct server_agent_config {
     // (mgmt::sign_request of mgmt/token.hpp; kept out of this library, which links no crypto). The manager
     // refuses registrations and heartbeats that are not signed.
     std::function<std::string(std::string_view method, std::string_view body)> sign;
+    // For a server that chose its address window itself (registration.address_window_auto): takes the window
+    // the manager gave instead, true when it could (no session has used the old one yet).
+    std::function<bool(int32_t window)> take_window;
 };
 
 class server_agent {

@@ -61,6 +61,9 @@ struct server_registration {
     // The server's address window (vcuda-server --address-window; server/device_memory.hpp), -1: none. Two
     // servers in one window hand out the same device addresses: the manager registers only one of them.
     int32_t address_window = -1;
+    // The server chose its window itself (--address-window auto) and takes another that the manager names in
+    // its reply when this one is taken, rather than be refused.
+    bool address_window_auto = false;
 };
 
 struct gpu_load {

@@ -10,6 +10,8 @@
 #      tenant cannot release it.
 #   5. on two servers without address windows (the same device addresses), the client refuses the overlapping
 #      allocation with the reason.
+#   6. a server whose window is its own choice (--address-window auto) and taken is given a free one by the
+#      manager, and places its sessions' memory there.
 # Before 1, a third server asking for server a's address window is refused by the manager.
 # The operator's credential is made with the shared secret file (as on the manager's host), the tenant's with it.
 # Usage: manager_two_servers.sh BUILD_DIR
@@ -154,4 +156,36 @@ out=$("$build/bin/vcuda" run --manager "unix:$tmp/m.sock" --gpus 2 --memory 256M
   fail "two_devices passed on two servers handing out the same addresses: $out"
 grep -q "overlaps memory of another device this process holds" "$tmp/overlap-client.log" ||
   fail "the client did not refuse the overlapping allocation: $out; $(tail -5 "$tmp/overlap-client.log")"
+# 6. `auto` hashes the listen address: server e's choice, learned from a run of its own, is made another's
+# (server f's, unless a or b holds it), then e under the manager gets a free window and uses it.
+VCUDA_SOFT_HOST_ID=6 "$build/bin/vcuda-server" --listen "unix:$tmp/e.sock" --driver "$build/lib/libvcuda-softdriver.so" \
+  2> "$tmp/probe-e.log" & probe=$!
+wait_socket "$tmp/e.sock"; kill $probe; wait $probe 2>/dev/null; rm -f "$tmp/e.sock"
+chosen=$(sed -n 's/.*address window \([0-9]*\) (auto.*/\1/p' "$tmp/probe-e.log")
+[ -n "$chosen" ] || fail "server e did not say which window it chose: $(cat "$tmp/probe-e.log")"
+if [ "$chosen" != 1 ] && [ "$chosen" != 2 ]; then
+  VCUDA_SOFT_HOST_ID=5 "$build/bin/vcuda-server" --listen "unix:$tmp/f.sock" --advertise "unix:$tmp/f.sock" \
+    --address-window "$chosen" --driver "$build/lib/libvcuda-softdriver.so" --manager "unix:$tmp/m.sock" \
+    --secret-file "$tmp/secret" 2> "$tmp/server-f.log" & pids+=($!)
+  wait_socket "$tmp/f.sock"
+  for i in $(seq 100); do grep -q "registered with the manager" "$tmp/server-f.log" && break; sleep 0.1; done
+fi
+for g in $(vcuda gpus --json | python3 -c 'import json,sys; print(" ".join(g["uuid"] for g in json.load(sys.stdin)["gpus"]))'); do
+  vcuda cordon "$g" > /dev/null || fail "vcuda cordon $g"
+done
+VCUDA_SOFT_HOST_ID=6 "$build/bin/vcuda-server" --listen "unix:$tmp/e.sock" --advertise "unix:$tmp/e.sock" \
+  --driver "$build/lib/libvcuda-softdriver.so" --manager "unix:$tmp/m.sock" --secret-file "$tmp/secret" \
+  2> "$tmp/server-e.log" & pids+=($!)
+wait_socket "$tmp/e.sock"
+for i in $(seq 100); do grep -q "registered with the manager" "$tmp/server-e.log" && break; sleep 0.1; done
+given=$(sed -n "s/.*address window $chosen is another server's: the manager at .* gave this server window \([0-9]*\)/\1/p" \
+  "$tmp/server-e.log")
+[ -n "$given" ] && [ "$given" != "$chosen" ] || fail "server e was not given another window than $chosen"
+grep -q "address window $given (it asked for $chosen, another server's)" "$tmp/mgmt.log" ||
+  fail "the manager did not log the window it gave"
+vcuda servers | grep -q "unix:$tmp/e.sock *$given " || fail "vcuda servers does not show e's window $given: $(vcuda servers)"
+out=$("$build/bin/vcuda" run --manager "unix:$tmp/m.sock" --gpus 1 --credential "$tmp/alice.cred" -- \
+      "$build/tests/programs/vector_add" 2>&1) || fail "vector_add on server e: $out"
+grep -q "address window $given: sessions' memory at" "$tmp/server-e.log" ||
+  fail "server e did not place its session's memory in window $given: $(grep 'address window' "$tmp/server-e.log")"
 echo "PASS manager_two_servers"
