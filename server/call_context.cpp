@@ -78,8 +78,6 @@ CUresult call_context::device_location(CUmemLocation& loc, size_t& device, bool 
     return CUDA_SUCCESS;
 }
 
-namespace {
-// The first and one-past-last byte a box of device_box or host_box touches, overflow-checked.
 bool box_span(uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height, uint64_t w, uint64_t h,
               uint64_t depth, uint64_t& first, uint64_t& last) {
     uint64_t rows;
@@ -87,7 +85,6 @@ bool box_span(uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t heigh
     if (!mul_add(z, height, y, rows) || !mul_add(rows, pitch, x, first)) return false;
     return mul_add(z + depth - 1, height, y + h - 1, rows) && mul_add(rows, pitch, x + w, last);
 }
-}  // namespace
 
 CUresult call_context::device_box(CUdeviceptr p, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch,
                                   uint64_t height, uint64_t w, uint64_t h, uint64_t depth) {

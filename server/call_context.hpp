@@ -16,6 +16,11 @@
 
 namespace vcuda::server {
 
+// The first and one-past-last byte a box of a 2D/3D copy side touches (w bytes x h rows x depth slices from
+// (x, y, z) of a pitch x height layout), overflow-checked: false when it overflows or rows overlap.
+bool box_span(uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height, uint64_t w, uint64_t h,
+              uint64_t depth, uint64_t& first, uint64_t& last);
+
 struct lane_state {
     frame_stream* stream = nullptr;
     staging_pool* staging = nullptr;

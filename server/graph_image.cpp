@@ -8,9 +8,13 @@
 // callbacks with the client), graph copies with the application's own memory, memory alloc/free nodes (the
 // driver picks their addresses), conditional nodes, and an executable graph changed in a way its clone
 // cannot follow. A stream capture under way refuses it too, in save_and_release, before its synchronize.
+// A move carries the same image to another server (moved_graphs, take_moved_graphs), which checks every
+// handle, position and memory range in it before it makes anything.
 #include <optional>
 #include <unordered_map>
 
+#include "common/wire.hpp"
+#include "server/call_context.hpp"
 #include "server/host_functions.hpp"
 #include "server/kernel_args.hpp"
 #include "server/session.hpp"
@@ -22,6 +26,20 @@ namespace {
 
 const char* node_type_name(CUgraphNodeType t) {
     switch (t) {
+        case CU_GRAPH_NODE_TYPE_KERNEL:
+            return "kernel";
+        case CU_GRAPH_NODE_TYPE_MEMCPY:
+            return "memcpy";
+        case CU_GRAPH_NODE_TYPE_MEMSET:
+            return "memset";
+        case CU_GRAPH_NODE_TYPE_GRAPH:
+            return "child graph";
+        case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+            return "event record";
+        case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+            return "event wait";
+        case CU_GRAPH_NODE_TYPE_EMPTY:
+            return "empty";
         case CU_GRAPH_NODE_TYPE_HOST:
             return "host";
         case CU_GRAPH_NODE_TYPE_MEM_ALLOC:
@@ -240,7 +258,7 @@ CUresult session::save_graphs(session_image& img, std::string& why) {
         any = any || e.kind == handle_kind::graph || e.kind == handle_kind::graph_exec;
     });
     if (!any) return CUDA_SUCCESS;
-    if (!opts_.suspend_graphs) {
+    if (!keeps_graphs()) {
         why = "the session holds CUDA graphs, which a suspend keeps only with vcuda-server --suspend-graphs";
         return CUDA_ERROR_NOT_SUPPORTED;
     }
@@ -463,6 +481,201 @@ CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
             if (const handle_entry* e = handles.find(node_id, handle_kind::graph_node); e && e->raw)
                 o->nodes[e->raw] = made_nodes[gi][pos];
     }
+    return CUDA_SUCCESS;
+}
+
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::MovedGraph>>> session::moved_graphs(
+    flatbuffers::FlatBufferBuilder& b, const session_image& img) {
+    std::vector<flatbuffers::Offset<wire::MovedGraph>> out;
+    for (const auto& gs : img.graphs) {
+        std::vector<flatbuffers::Offset<wire::MovedGraphNode>> nodes;
+        for (const auto& ns : gs.nodes) {
+            const std::vector<uint32_t> dims(ns.dims.begin(), ns.dims.end());
+            nodes.push_back(wire::CreateMovedGraphNode(
+                b, static_cast<int32_t>(ns.type), b.CreateVector(ns.ids), ns.function, b.CreateVector(dims),
+                b.CreateVector(reinterpret_cast<const uint8_t*>(ns.params.data()), ns.params.size()),
+                struct_vector(b, ns.memset), struct_vector(b, ns.copy), ns.src_array, ns.dst_array, ns.event,
+                ns.child));
+        }
+        std::vector<uint64_t> edges, exec_nodes;
+        for (auto [from, to] : gs.edges) edges.insert(edges.end(), {from, to});
+        for (auto [id, at] : gs.exec_nodes) exec_nodes.insert(exec_nodes.end(), {id, at});
+        const auto* o = gs.exec ? graph_execs.find(gs.exec) : nullptr;
+        out.push_back(
+            wire::CreateMovedGraph(b, gs.id, gs.exec, gs.flags, static_cast<uint32_t>(gs.device),
+                                   b.CreateVector(nodes), b.CreateVector(edges),
+                                   b.CreateVector(reinterpret_cast<const uint8_t*>(gs.edge_data.data()),
+                                                  gs.edge_data.size() * sizeof(CUgraphEdgeData)),
+                                   gs.child_id, b.CreateVector(exec_nodes), o ? o->source : 0));
+    }
+    return b.CreateVector(out);
+}
+
+namespace {
+
+// A device range a moved graph's node may name: the session's memory, or a placeholder below 4 GiB that
+// the application sets before the graph runs (call_context::memset_range).
+bool placeholder_range(uint64_t p, uint64_t n) {
+    return p < (uint64_t{1} << 32) && n <= (uint64_t{1} << 32) - p;
+}
+
+}  // namespace
+
+CUresult session::take_moved_graphs(const wire::SessionState& st, session_image& img, std::string& why) {
+    if (!st.graphs()) return CUDA_SUCCESS;
+    auto bad = [&](const std::string& what) {
+        why = "the moved session's state is malformed: " + what;
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    auto is = [&](uint64_t id, handle_kind k) { return id && handles.find(id, k) != nullptr; };
+    // Shared pinned host memory moves with the session: a copy's host side must lie in it.
+    auto in_host_regions = [&](uint64_t p, uint64_t n) {
+        const auto* r = st.host_regions();
+        for (flatbuffers::uoffset_t k = 0; r && k + 1 < r->size(); k += 2)
+            if (p >= r->Get(k) && p - r->Get(k) <= r->Get(k + 1) && n <= r->Get(k + 1) - (p - r->Get(k)))
+                return true;
+        return false;
+    };
+    auto device_side = [&](uint64_t p, uint64_t n) {
+        return owns_range_locked(p, n) || placeholder_range(p, n);
+    };
+    auto copy_side = [&](const CUDA_MEMCPY3D& c, CUmemorytype type, uint64_t device, uintptr_t host,
+                         uint64_t array, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch,
+                         uint64_t height) {
+        uint64_t first = 0, last = 0;
+        const bool box = box_span(x, y, z, pitch, height, c.WidthInBytes, c.Height, c.Depth, first, last);
+        switch (type) {
+            case CU_MEMORYTYPE_DEVICE:
+            case CU_MEMORYTYPE_UNIFIED:
+                return box && device + first >= device && device_side(device + first, last - first);
+            case CU_MEMORYTYPE_HOST:
+                return box && host + first >= host && in_host_regions(host + first, last - first);
+            case CU_MEMORYTYPE_ARRAY:
+                return is(array, handle_kind::array);
+            default:
+                return false;
+        }
+    };
+    const auto count = st.graphs()->size();
+    std::vector<bool> child_taken(count, false);
+    for (flatbuffers::uoffset_t gi = 0; gi < count; ++gi) {
+        const auto* m = st.graphs()->Get(gi);
+        session_image::graph_state gs;
+        gs.id = m->id();
+        gs.exec = m->exec();
+        gs.flags = m->flags();
+        gs.device = m->device();
+        gs.child_id = m->child_id();
+        if (gs.device >= devices_.size() || !allowed(gs.device)) return bad("a graph's GPU");
+        if ((gs.id && gs.exec) || (gs.id && !is(gs.id, handle_kind::graph)) ||
+            (gs.exec && (!is(gs.exec, handle_kind::graph_exec) || graph_execs.find(gs.exec))) ||
+            (gs.child_id && !is(gs.child_id, handle_kind::graph)) ||
+            (m->source() && !is(m->source(), handle_kind::graph)))
+            return bad("a graph's handles");
+        const auto n = m->nodes() ? m->nodes()->size() : 0;
+        for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
+            const auto* x = m->nodes()->Get(i);
+            session_image::graph_node_state ns;
+            ns.type = static_cast<CUgraphNodeType>(x->type());
+            if (x->ids())
+                for (uint64_t id : *x->ids()) {
+                    if (!is(id, handle_kind::graph_node)) return bad("a graph node's handle");
+                    ns.ids.push_back(id);
+                }
+            bool ok = true;
+            switch (ns.type) {
+                case CU_GRAPH_NODE_TYPE_KERNEL: {
+                    ns.function = x->function();
+                    const handle_entry* e =
+                        ns.function ? handles.find(ns.function, kind_of(ns.function)) : nullptr;
+                    ok = e && (e->kind == handle_kind::function || e->kind == handle_kind::kernel) &&
+                         e->layout && x->dims() && x->dims()->size() == ns.dims.size() && x->params();
+                    if (!ok) break;
+                    std::copy(x->dims()->begin(), x->dims()->end(), ns.dims.begin());
+                    ns.params.assign(
+                        reinterpret_cast<const std::byte*>(x->params()->data()),
+                        reinterpret_cast<const std::byte*>(x->params()->data()) + x->params()->size());
+                    for (auto [offset, size] : e->layout->params)
+                        ok = ok && offset <= ns.params.size() && size <= ns.params.size() - offset;
+                    break;
+                }
+                case CU_GRAPH_NODE_TYPE_MEMSET: {
+                    auto& s = ns.memset;
+                    uint64_t row = 0, span = 0;
+                    ok = vector_as(x->memset(), s) &&
+                         (s.elementSize == 1 || s.elementSize == 2 || s.elementSize == 4) && s.width &&
+                         s.height && mul_add(s.width, s.elementSize, 0, row) &&
+                         (s.height == 1 || s.pitch >= row) && mul_add(s.height - 1, s.pitch, row, span) &&
+                         device_side(s.dst, span);
+                    break;
+                }
+                case CU_GRAPH_NODE_TYPE_MEMCPY: {
+                    auto& c = ns.copy;
+                    ns.src_array = x->src_array();
+                    ns.dst_array = x->dst_array();
+                    ok = vector_as(x->copy(), c) && c.WidthInBytes && c.Height && c.Depth;
+                    if (!ok) break;
+                    c.srcArray = c.dstArray = nullptr;  // the handles above stand for them
+                    c.reserved0 = c.reserved1 = nullptr;
+                    ok = copy_side(c, c.srcMemoryType, c.srcDevice, reinterpret_cast<uintptr_t>(c.srcHost),
+                                   ns.src_array, c.srcXInBytes, c.srcY, c.srcZ, c.srcPitch, c.srcHeight) &&
+                         copy_side(c, c.dstMemoryType, c.dstDevice, reinterpret_cast<uintptr_t>(c.dstHost),
+                                   ns.dst_array, c.dstXInBytes, c.dstY, c.dstZ, c.dstPitch, c.dstHeight);
+                    break;
+                }
+                case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+                case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+                    ns.event = x->event();
+                    ok = is(ns.event, handle_kind::event);
+                    break;
+                case CU_GRAPH_NODE_TYPE_GRAPH: {
+                    // An earlier graph of the state that is nobody else's: moved into this node.
+                    ns.child = x->child();
+                    ok = ns.child < gi && !child_taken[ns.child] && !img.graphs[ns.child].id &&
+                         !img.graphs[ns.child].exec && img.graphs[ns.child].device == gs.device;
+                    if (ok) child_taken[ns.child] = true;
+                    break;
+                }
+                case CU_GRAPH_NODE_TYPE_EMPTY:
+                    break;
+                default:
+                    ok = false;
+            }
+            if (!ok) return bad("a graph's " + std::string(node_type_name(ns.type)) + " node");
+            gs.nodes.push_back(std::move(ns));
+        }
+        if (const auto* e = m->edges()) {
+            const size_t edges = e->size() / 2;
+            if (e->size() % 2 || !m->edge_data() || m->edge_data()->size() != edges * sizeof(CUgraphEdgeData))
+                return bad("a graph's edges");
+            for (flatbuffers::uoffset_t k = 0; k < e->size(); k += 2) {
+                if (e->Get(k) >= n || e->Get(k + 1) >= n) return bad("a graph's edges");
+                gs.edges.emplace_back(e->Get(k), e->Get(k + 1));
+            }
+            gs.edge_data.resize(edges);
+            std::memcpy(gs.edge_data.data(), m->edge_data()->data(), m->edge_data()->size());
+        }
+        if (const auto* e = m->exec_nodes()) {
+            if (e->size() % 2 || (e->size() && !gs.exec)) return bad("an executable graph's nodes");
+            for (flatbuffers::uoffset_t k = 0; k < e->size(); k += 2) {
+                if (!is(e->Get(k), handle_kind::graph_node) || e->Get(k + 1) >= n)
+                    return bad("an executable graph's nodes");
+                gs.exec_nodes.emplace_back(e->Get(k), e->Get(k + 1));
+            }
+        }
+        img.graphs.push_back(std::move(gs));
+    }
+    // Every graph is the application's, an executable graph's clone, or one node's child.
+    for (size_t gi = 0; gi < count; ++gi)
+        if (!img.graphs[gi].id && !img.graphs[gi].exec && !child_taken[gi])
+            return bad("a graph nobody holds");
+    for (size_t gi = 0; gi < count; ++gi)
+        if (img.graphs[gi].exec) {
+            auto& o = graph_execs.add(img.graphs[gi].exec);
+            o.flags = img.graphs[gi].flags;
+            o.source = st.graphs()->Get(static_cast<flatbuffers::uoffset_t>(gi))->source();
+        }
+    if (count) carried_graphs_.store(true);
     return CUDA_SUCCESS;
 }
 

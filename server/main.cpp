@@ -263,10 +263,11 @@ int main(int argc, char** argv) {
         ->group("Testing")
         ->check(CLI::Range(1, 3600 * 1000));
     bool suspend_graphs = false;
-    app.add_flag("--suspend-graphs", suspend_graphs,
-                 "A suspend keeps the session's CUDA graphs and "
-                 "executable graphs, made again node by node, instead of being refused while it holds any. "
-                 "Experimental, off by default (README, Suspend and resume)");
+    app.add_flag(
+        "--suspend-graphs", suspend_graphs,
+        "A suspend keeps the session's CUDA graphs and "
+        "executable graphs, made again node by node, and a move carries them, instead of being refused "
+        "while it holds any. Experimental, off by default (README, Suspend and resume)");
     std::string window_text = "auto";
     app.add_option(
            "--address-window", window_text,

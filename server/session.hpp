@@ -174,7 +174,9 @@ class session : public std::enable_shared_from_this<session> {
     // serves none itself): the driver's process-wide rules are then the application's alone.
     bool alone_in_process() const { return opts_.isolate; }
     // --suspend-graphs: executable graphs' origins are kept (server/graph_image.cpp).
-    bool keeps_graphs() const { return opts_.suspend_graphs; }
+    // --suspend-graphs, or the session came here from a server with it, holding graphs: it keeps them as
+    // there (executable graphs' clones, their nodes), so that they follow it through later moves.
+    bool keeps_graphs() const { return opts_.suspend_graphs || carried_graphs_.load(); }
     // The server's address window (--address-window), or null (none).
     address_window* window() const { return opts_.window.get(); }
 
@@ -465,6 +467,10 @@ class session : public std::enable_shared_from_this<session> {
     // again from their clones. What cannot be made again (host, memory, conditional nodes, a capture under
     // way) refuses the suspend with the reason.
     CUresult save_graphs(session_image& img, std::string& why);
+    // A move's graphs (server/graph_image.cpp): the image's, and the ones a received state holds, checked.
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::MovedGraph>>> moved_graphs(
+        flatbuffers::FlatBufferBuilder& b, const session_image& img);
+    CUresult take_moved_graphs(const wire::SessionState& st, session_image& img, std::string& why);
     void release_graphs();
     CUresult rebuild_graphs(const session_image& img, std::string& what);
 
@@ -495,6 +501,7 @@ class session : public std::enable_shared_from_this<session> {
     // The gate (enter_call/leave_call): calls running, and whether a suspend or resume holds it closed.
     std::atomic<int> active_{0};
     std::atomic<bool> closed_{false};
+    std::atomic<bool> carried_graphs_{false};  // keeps_graphs
     std::atomic<bool> suspended_{false};
     struct drain_state {
         std::mutex mu;

@@ -4,9 +4,10 @@
 // same id, key, handle ids and device addresses. The protocol is in protocol/vcuda.fbs (SessionState). The
 // client learns where its session went from the next reply of each lane (Reply.moved_to) and joins it there.
 //
-// What does not move yet: what a suspend does not rebuild (pools, links in progress), and CUDA graphs (a
-// suspend rebuilds them in the same process). Shared pinned host memory moves only to a server on the same
-// host (its pages' memfds are passed over the Unix socket and mapped at the same addresses there).
+// What does not move yet: what a suspend does not rebuild (pools, links in progress). CUDA graphs move as a
+// suspend keeps them: only with --suspend-graphs (server/graph_image.cpp). Shared pinned host memory moves
+// only to a server on the same host (its pages' memfds are passed over the Unix socket and mapped at the same
+// addresses there).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -161,8 +162,11 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
             }
         // A suspend makes graphs again in the same process; a move does not carry them yet.
         handles.for_each([&](uint64_t, handle_entry& e) {
-            if ((e.kind == handle_kind::graph || e.kind == handle_kind::graph_exec) && rc == CUDA_SUCCESS) {
-                why = "the session holds CUDA graphs, which a move does not carry yet (a suspend keeps them)";
+            if ((e.kind == handle_kind::graph || e.kind == handle_kind::graph_exec) && rc == CUDA_SUCCESS &&
+                !keeps_graphs()) {
+                why =
+                    "the session holds CUDA graphs, which a move carries only with vcuda-server "
+                    "--suspend-graphs";
                 rc = CUDA_ERROR_NOT_SUPPORTED;
             }
         });
@@ -530,7 +534,7 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         b.CreateVector(regions), b.CreateVector(gone), b.CreateVector(relocated),
         b.CreateVector(vmm_reservations), b.CreateVector(vmm_allocations), b.CreateVector(vmm_mappings),
         b.CreateVector(vmm_access), b.CreateVector(gpus), b.CreateVector(arrays_out),
-        b.CreateVector(deferred_out), b.CreateVector(objects_out)));
+        b.CreateVector(deferred_out), b.CreateVector(objects_out), moved_graphs(b, img)));
     if (b.GetSize() > max_moved_state_bytes) {
         why = "its description (" + mib(b.GetSize()) + ") is larger than a server accepts";
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -845,6 +849,7 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
         if (CUresult rc = take_moved_vmm(st, *img, why); rc != CUDA_SUCCESS) return rc;
         if (CUresult rc = take_moved_arrays(st, *img, why); rc != CUDA_SUCCESS) return rc;
         if (CUresult rc = take_moved_objects(st, why); rc != CUDA_SUCCESS) return rc;
+        if (CUresult rc = take_moved_graphs(st, *img, why); rc != CUDA_SUCCESS) return rc;
         if (const auto* dc = st.deferred_copies()) {
             std::vector<deferred_copies::landed> landed;
             for (const auto* c : *dc) {

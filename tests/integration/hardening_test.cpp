@@ -628,6 +628,19 @@ std::pair<int, std::string> offer_moved_session(
         return {r->result(), r->detail() ? r->detail()->str() : ""};
     }
 }
+
+// A moved session's state: session `id` with `key` and 1 MiB pieces; `add` adds the rest (made before, as
+// flatbuffers want).
+void finish_state(flatbuffers::FlatBufferBuilder& b, uint64_t id, const std::string& key,
+                  const std::function<void(vcuda::wire::SessionStateBuilder&)>& add) {
+    auto k = b.CreateVector(reinterpret_cast<const uint8_t*>(key.data()), key.size());
+    vcuda::wire::SessionStateBuilder sb(b);
+    sb.add_session_id(id);
+    sb.add_session_key(k);
+    sb.add_piece_bytes(1u << 20);
+    add(sb);
+    b.Finish(sb.Finish());
+}
 }  // namespace
 
 TEST_CASE(
@@ -711,18 +724,6 @@ TEST_CASE(
     auto [rc7, why7] = with_gpus(0x4324, {0, 1});
     CHECK(rc7 == -1);
     CHECK(why7.find("uses 2 GPU(s); it may have 1 here") != std::string::npos);
-    // A state of session `id` with its key and 1 MiB pieces; `add` adds the rest (made before, as flatbuffers
-    // want).
-    auto finish_state = [&](flatbuffers::FlatBufferBuilder& b, uint64_t id,
-                            const std::function<void(vcuda::wire::SessionStateBuilder&)>& add) {
-        auto k = key_of(b);
-        vcuda::wire::SessionStateBuilder sb(b);
-        sb.add_session_id(id);
-        sb.add_session_key(k);
-        sb.add_piece_bytes(1u << 20);
-        add(sb);
-        b.Finish(sb.Finish());
-    };
     // CUDA arrays (server/array_image.cpp): one handle slot of kind `kind`, and an array record for it.
     auto with_array = [&](uint64_t id, vcuda::handle_kind kind, uint32_t width, size_t content_bytes,
                           uint64_t charge) {
@@ -740,7 +741,7 @@ TEST_CASE(
             auto arr =
                 vcuda::wire::CreateMovedArray(b, vcuda::make_handle(kind, 1, 0), 0, charge, desc, 0, bytes);
             auto arrays = b.CreateVector(&arr, 1);
-            finish_state(b, id, [&](vcuda::wire::SessionStateBuilder& sb) {
+            finish_state(b, id, key, [&](vcuda::wire::SessionStateBuilder& sb) {
                 sb.add_slots(slots);
                 sb.add_arrays(arrays);
             });
@@ -777,7 +778,7 @@ TEST_CASE(
             auto objects = b.CreateVector(&o, any ? 1 : 0);
             auto dev = vcuda::wire::CreateMovedDevice(b, true);
             auto devices = b.CreateVector(&dev, 1);
-            finish_state(b, id, [&](vcuda::wire::SessionStateBuilder& sb) {
+            finish_state(b, id, key, [&](vcuda::wire::SessionStateBuilder& sb) {
                 sb.add_devices(devices);
                 sb.add_objects(objects);
             });
@@ -810,7 +811,7 @@ TEST_CASE(
             auto attrs = b.CreateVector(&at, 1);
             auto e = vcuda::wire::CreateMovedEntry(b, 1, 0, 0, 0, 0, false, 0, attrs);
             auto entries = b.CreateVector(&e, 1);
-            finish_state(b, id, [&](vcuda::wire::SessionStateBuilder& sb) { sb.add_entries(entries); });
+            finish_state(b, id, key, [&](vcuda::wire::SessionStateBuilder& sb) { sb.add_entries(entries); });
         });
     };
     auto [rc16, why16] =
@@ -840,6 +841,101 @@ TEST_CASE(
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
         CHECK(left == 1);
     }
+}
+
+TEST_CASE("a moved session's CUDA graphs are checked before anything is made of them", "[integration]") {
+    server_process server;
+    auto a = raw_client::open(server.address());
+    REQUIRE(a);
+    auto live = a->call(op::mem_alloc, {4096});  // another tenant's memory
+    REQUIRE(live.result == CUDA_SUCCESS);
+    const std::string key(32, 'k');
+    using vcuda::handle_kind;
+    const uint64_t graph = vcuda::make_handle(handle_kind::graph, 1, 0);
+    const uint64_t node = vcuda::make_handle(handle_kind::graph_node, 1, 1);
+    const uint64_t function = vcuda::make_handle(handle_kind::function, 1, 2);
+    // One graph (handle `graph`) of the nodes `add` makes, with `edges` (from, to, ...), and a function whose
+    // parameters are 8 + 4 bytes.
+    using node_maker = std::function<std::vector<flatbuffers::Offset<vcuda::wire::MovedGraphNode>>(
+        flatbuffers::FlatBufferBuilder&)>;
+    auto with_graph = [&](uint64_t id, const node_maker& add, const std::vector<uint64_t>& edges) {
+        return offer_moved_session(server.address(), [&](flatbuffers::FlatBufferBuilder& b) {
+            std::vector<uint32_t> layout = {0, 8, 8, 4};
+            std::vector<flatbuffers::Offset<vcuda::wire::MovedSlot>> slot_list = {
+                vcuda::wire::CreateMovedSlot(b, 0, 1, true, static_cast<uint32_t>(handle_kind::graph)),
+                vcuda::wire::CreateMovedSlot(b, 1, 1, true, static_cast<uint32_t>(handle_kind::graph_node), 0,
+                                             graph, true),
+                vcuda::wire::CreateMovedSlot(b, 2, 1, true, static_cast<uint32_t>(handle_kind::function), 0,
+                                             0, false, 0, 0, b.CreateVector(layout))};
+            auto slots = b.CreateVector(slot_list);
+            auto nodes = b.CreateVector(add(b));
+            std::vector<CUgraphEdgeData> data(edges.size() / 2);
+            auto g =
+                vcuda::wire::CreateMovedGraph(b, graph, 0, 0, 0, nodes, b.CreateVector(edges),
+                                              b.CreateVector(reinterpret_cast<const uint8_t*>(data.data()),
+                                                             data.size() * sizeof(CUgraphEdgeData)));
+            auto graphs = b.CreateVector(&g, 1);
+            auto dev = vcuda::wire::CreateMovedDevice(b, true);
+            auto devices = b.CreateVector(&dev, 1);
+            finish_state(b, id, key, [&](vcuda::wire::SessionStateBuilder& sb) {
+                sb.add_slots(slots);
+                sb.add_devices(devices);
+                sb.add_graphs(graphs);
+            });
+        });
+    };
+    auto kernel = [&](size_t param_bytes) {
+        return [=](flatbuffers::FlatBufferBuilder& b) {
+            std::vector<uint32_t> dims = {1, 1, 1, 32, 1, 1, 0};
+            std::vector<uint8_t> params(param_bytes);
+            std::vector<uint64_t> ids = {node};
+            return std::vector{
+                vcuda::wire::CreateMovedGraphNode(b, CU_GRAPH_NODE_TYPE_KERNEL, b.CreateVector(ids), function,
+                                                  b.CreateVector(dims), b.CreateVector(params))};
+        };
+    };
+    // A device-to-host copy of 64 bytes from `device` to `host`.
+    auto copy = [&](CUdeviceptr device, uintptr_t host) {
+        return [=](flatbuffers::FlatBufferBuilder& b) {
+            CUDA_MEMCPY3D c{};
+            c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+            c.srcDevice = device;
+            c.dstMemoryType = CU_MEMORYTYPE_HOST;
+            c.dstHost = reinterpret_cast<void*>(host);
+            c.WidthInBytes = 64;
+            c.Height = c.Depth = 1;
+            return std::vector{vcuda::wire::CreateMovedGraphNode(b, CU_GRAPH_NODE_TYPE_MEMCPY, 0, 0, 0, 0, 0,
+                                                                 vcuda::struct_vector(b, c))};
+        };
+    };
+    // Parameters shorter than the function's: the driver would read past them.
+    auto [rc1, why1] = with_graph(0x5001, kernel(10), {});
+    CHECK(rc1 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why1.find("a graph's kernel node") != std::string::npos);
+    // A copy into host memory that is not the session's (the server's own), or out of another tenant's
+    // memory.
+    auto [rc2, why2] = with_graph(0x5002, copy(0x10000, reinterpret_cast<uintptr_t>(&key)), {});
+    CHECK(rc2 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why2.find("a graph's memcpy node") != std::string::npos);
+    auto [rc3, why3] = with_graph(0x5003, copy(live.outs.at(0), 0), {});
+    CHECK(rc3 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why3.find("a graph's memcpy node") != std::string::npos);
+    // An edge to a node the graph does not have.
+    auto [rc4, why4] = with_graph(0x5004, kernel(12), {0, 1});
+    CHECK(rc4 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why4.find("a graph's edges") != std::string::npos);
+    // A child graph node naming a graph that is not an earlier one.
+    auto [rc5, why5] = with_graph(0x5005,
+                                  [&](flatbuffers::FlatBufferBuilder& b) {
+                                      return std::vector{vcuda::wire::CreateMovedGraphNode(
+                                          b, CU_GRAPH_NODE_TYPE_GRAPH, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)};
+                                  },
+                                  {});
+    CHECK(rc5 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why5.find("a graph's child graph node") != std::string::npos);
+    for (uint64_t id : {0x5001, 0x5002, 0x5003, 0x5004, 0x5005})
+        CHECK(!raw_client::open(server.address(), id, key));
+    CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
 }
 
 TEST_CASE("pre-copied pieces that do not fit are refused before any state and change nothing else",

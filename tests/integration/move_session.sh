@@ -10,7 +10,8 @@
 # then the move pre-copies them, then the program changes one piece, then the move pauses: the pause must
 # send that one and only that one. unixiso and
 # tcpiso: both servers run each session in a worker process (--isolation process): the worker moves it, and
-# the target's worker takes it (the programs sure to be moved only).
+# the target's worker takes it (the programs sure to be moved only). Server A carries CUDA graphs
+# (--suspend-graphs): graph_suspend holds a graph, a child graph and executable graphs when it moves.
 #   MOVE_PROGRAMS="a b" to choose programs;
 #   MOVE_TRANSPORTS="unix unixcopy unixothergpu tcp tcpdirty unixiso tcpiso".
 # Usage: move_session.sh BUILD_DIR
@@ -27,7 +28,8 @@ driver="$build/lib/libvcuda-softdriver.so"
 # before it ends; "only": the one transport it runs over (mapped host memory needs a Unix socket).
 programs=${MOVE_PROGRAMS:-"suspend_resume:300:sure suspend_resume:0: symbols:300:sure streams_events:: async_copies:: vector_add::
   host_functions:: pinned_memory:: mapped_memory:::unix device_copies:: late_thread_runtime:: func_attributes:: error_cases::
-  precopy_dirty:--gates,GATES:sure:tcpdirty vmm:400:sure nonblocking_copies:20,look,300:sure:tcp"}
+  precopy_dirty:--gates,GATES:sure:tcpdirty vmm:400:sure nonblocking_copies:20,look,300:sure:tcp
+  graph_suspend:300:sure"}
 # Memory these programs hold is the program's own VMM allocations, which a move copies (never hands over).
 copied_programs=" vmm "
 # Ports free now, distinct: all are bound at once (separate picks can return one port twice).
@@ -79,7 +81,7 @@ for transport in ${loop_transports/back/}; do
     : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
     b_gpu=0; [ "$transport" = unixothergpu ] && b_gpu=1
     start_server ref "$ref" 3 && gpu_id=$b_gpu start_server b "$b" 2 ${iso[@]+"${iso[@]}"} &&
-      start_server a "$a" 1 --test-move-to "$b" --test-move-after $after "${copy[@]}" ${iso[@]+"${iso[@]}"} &&
+      start_server a "$a" 1 --test-move-to "$b" --test-move-after $after --suspend-graphs "${copy[@]}" ${iso[@]+"${iso[@]}"} &&
       { started=1; break; }
     echo "$transport: the servers did not start (attempt $attempt): new ports"
     stop_servers
@@ -91,6 +93,7 @@ for transport in ${loop_transports/back/}; do
     [ -n "$only" ] && [ "$only" != "${transport%copy}" ] && continue
     [ -z "$only" ] && [ "$transport" = tcpdirty ] && continue
     case $transport in unixothergpu | *iso) [ "$sure" != sure ] && continue ;; esac
+    mark=$(wc -l < "$tmp/server-a.log")  # what server A logs of this program follows
     for where in ref a; do
       addr=$ref; [ $where = a ] && addr=$a
       # GATES: precopy_dirty's pacing files. On ref nothing moves: it goes on at once. On a, it goes on once A
@@ -117,23 +120,24 @@ for transport in ${loop_transports/back/}; do
     if ! diff <(normalize "$tmp/ref.out") <(normalize "$tmp/a.out") > "$tmp/diff.txt"; then
       cat "$tmp/diff.txt"; fail "$name $args over $transport printed something else when moved"
     fi
+    tail -n "+$((mark + 1))" "$tmp/server-a.log" > "$tmp/program-a.log"
     if [ "$sure" = sure ]; then
-      grep -q "session [0-9]* moved to $b" "$tmp/server-a.log" || fail "$name over $transport: server A did not move it"
+      grep -q "session [0-9]* moved to $b" "$tmp/program-a.log" || fail "$name over $transport: server A did not move it"
       grep -q "moved here" "$tmp/server-b.log" || fail "$name over $transport: server B did not take it"
       # Memory is handed over only over a Unix socket without --move-memory copy, and then always (a session
       # moved before it held any memory, as suspend_resume 0 may be, has nothing to hand over).
-      handed=$(grep -c "session [0-9]* moved to $b: .* handed over on the same GPU" "$tmp/server-a.log")
+      handed=$(grep -c "session [0-9]* moved to $b: .* handed over on the same GPU" "$tmp/program-a.log")
       if [ "${copied_programs#* $name }" != "$copied_programs" ]; then
         :
       elif [ "$transport" = unix ] || [ "$transport" = unixiso ]; then
-        [ "$handed" -eq "$(grep "session [0-9]* moved to $b" "$tmp/server-a.log" | grep -c -v ": 0 MiB of GPU state, paused")" ] ||
+        [ "$handed" -eq "$(grep "session [0-9]* moved to $b" "$tmp/program-a.log" | grep -c -v ": 0 MiB of GPU state, paused")" ] ||
           fail "$name over $transport: a move copied device memory rather than hand it over"
       else
         [ "$handed" -eq 0 ] || fail "$name over $transport: device memory was handed over, not copied"
       fi
       # Over TCP, memory is pre-copied; in tcpdirty only the piece precopy_dirty changed is sent when paused.
       if [ "${transport#tcp}" != "$transport" ]; then
-        line=$(grep "session [0-9]* moved to $b" "$tmp/server-a.log" | tail -1)
+        line=$(grep "session [0-9]* moved to $b" "$tmp/program-a.log" | tail -1)
         [[ "$line" =~ \(([0-9]+)\ MiB\ pre-copied\ while\ it\ ran,\ ([0-9]+)\ MiB\ of\ it\ unchanged ]] ||
           fail "$name over $transport: the move was not pre-copied: $line"
         if [ "$transport" = tcpdirty ]; then
@@ -143,7 +147,7 @@ for transport in ${loop_transports/back/}; do
         fi
       fi
       if [ "$transport" = unixothergpu ] && [ "${copied_programs#* $name }" = "$copied_programs" ]; then
-        grep -q "on GPU 0 as the physical memory of another GPU.*its memory is copied instead" "$tmp/server-a.log" ||
+        grep -q "on GPU 0 as the physical memory of another GPU.*its memory is copied instead" "$tmp/program-a.log" ||
           fail "$name over $transport: the target did not refuse memory of another GPU, or it was not copied then"
       fi
     fi
