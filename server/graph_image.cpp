@@ -606,7 +606,7 @@ CUresult session::take_moved_graphs(const wire::SessionState& st, session_image&
                          (s.elementSize == 1 || s.elementSize == 2 || s.elementSize == 4) && s.width &&
                          s.height && mul_add(s.width, s.elementSize, 0, row) &&
                          (s.height == 1 || s.pitch >= row) && mul_add(s.height - 1, s.pitch, row, span) &&
-                         device_side(s.dst, span);
+                         (device_side(s.dst, span) || in_host_regions(s.dst, span));
                     break;
                 }
                 case CU_GRAPH_NODE_TYPE_MEMCPY: {

@@ -147,8 +147,8 @@ void print_events(const json& body) {
                str(e, "detail")});
     if (t.empty()) {
         std::printf(
-            "no events: the manager has not suspended, resumed, reclaimed or moved anything since it "
-            "started.\n");
+            "no events: the manager has not suspended, resumed, reclaimed or moved anything, nor given a "
+            "server another address window, since it started.\n");
         return;
     }
     std::fputs(t.render().c_str(), stdout);

@@ -387,6 +387,11 @@ service_reply service::dispatch(std::string_view method, std::string_view body_t
                        window != reg->address_window
                            ? " (it asked for " + std::to_string(reg->address_window) + ", another server's)"
                            : "");
+        if (window != reg->address_window)
+            event(now, "window", "",
+                  "server " + *id + " (host " + reg->host + ") chose address window " +
+                      std::to_string(reg->address_window) + ", another server's: given window " +
+                      std::to_string(window));
         return ok(
             {{"server_id", *id},
              {"address_window", window},

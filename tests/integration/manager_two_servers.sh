@@ -183,6 +183,8 @@ given=$(sed -n "s/.*address window $chosen is another server's: the manager at .
 [ -n "$given" ] && [ "$given" != "$chosen" ] || fail "server e was not given another window than $chosen"
 grep -q "address window $given (it asked for $chosen, another server's)" "$tmp/mgmt.log" ||
   fail "the manager did not log the window it gave"
+vcuda events | grep -q "chose address window $chosen, another server's: given window $given" ||
+  fail "vcuda events does not show the window given: $(vcuda events)"
 vcuda servers | grep -q "unix:$tmp/e.sock *$given " || fail "vcuda servers does not show e's window $given: $(vcuda servers)"
 out=$("$build/bin/vcuda" run --manager "unix:$tmp/m.sock" --gpus 1 --credential "$tmp/alice.cred" -- \
       "$build/tests/programs/vector_add" 2>&1) || fail "vector_add on server e: $out"

@@ -2,7 +2,12 @@
 // and to the programs' own VMM reservations, and claims for sessions moved to it.
 #include "server/window_runs.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+
+#include "server/host_window.hpp"
 
 using vcuda::server::window_runs;
 
@@ -58,4 +63,26 @@ TEST_CASE("window runs: aligned takes, give-backs that merge, claims of moved ra
     CHECK(!w.claim(gone, mib2));
     CHECK(w.claim(base, mib2));
     CHECK(!w.claim(base, mib2));
+}
+
+TEST_CASE("a host window takes another index only while nothing was mapped in it", "[unit]") {
+    vcuda::server::host_window w(3);
+    REQUIRE(w.reassign(5));  // the manager's window for a server at --address-window auto
+    const int fd = memfd_create("window-test", 0);
+    REQUIRE(fd >= 0);
+    REQUIRE(ftruncate(fd, mib2) == 0);
+    void* p = w.map(fd, mib2);
+    if (!p) {
+        WARN("the common range of host addresses is taken in this process: nothing to check");
+    } else {
+        // Mapped in window 5, not 3; from now on the index stays.
+        const auto at = reinterpret_cast<uintptr_t>(p);
+        const uintptr_t five = vcuda::server::host_window::common_base + 5 * window_runs::span;
+        CHECK(at >= five);
+        CHECK(at < five + window_runs::span);
+        CHECK_FALSE(w.reassign(6));
+        CHECK(w.unmap(at, mib2));
+    }
+    CHECK_FALSE(w.reassign(window_runs::count));
+    close(fd);
 }
