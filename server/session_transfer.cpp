@@ -269,6 +269,9 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
         if (precopied)
             how = " (" + mib(record.bytes) + " pre-copied while it ran, " + mib(unchanged_bytes_) +
                   " of it unchanged when paused)";
+        size_t graphs = 0;  // the application's graphs and executable graphs (not children)
+        for (auto& g : image_->graphs) graphs += g.id || g.exec ? 1 : 0;
+        if (graphs) how += " with " + std::to_string(graphs) + " CUDA graphs";
         note_ = "moved to " + to.address + ": " + mib(bytes) + " of GPU state" + how + ", paused " +
                 std::to_string(ms) + " ms";
         std::lock_guard l(mu);

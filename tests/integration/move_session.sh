@@ -163,21 +163,34 @@ for transport in ${loop_transports/back/}; do
   [ "$moves" -ge 1 ] || fail "no session moved over $transport"
   stop_servers
 done
-# back: a session moved from A to B and then back to A (B moves it on too): A kept its addresses for it.
+# back: a session moved from A to B and then back to A (B moves it on too): A kept its addresses for it. The
+# same for graph_suspend's graphs (A moves it once they are made): B, without --suspend-graphs, keeps the graphs
+# that came with the session, and moves them back.
 if [[ " $transports " == *" back "* ]]; then
   ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
   : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
   start_server ref "$ref" 3 && start_server b "$b" 2 --test-move-to "$a" --test-move-after 100 &&
-    start_server a "$a" 1 --test-move-to "$b" --test-move-after 100 || fail "back: the servers did not start"
-  LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$ref" timeout 120 "$programs_dir/suspend_resume" 2000 > "$tmp/ref.out" 2>&1
-  LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$a" timeout 120 "$programs_dir/suspend_resume" 2000 > "$tmp/back.out" 2>&1 ||
-    { cat "$tmp/back.out"; fail "back: the program failed"; }
-  diff <(normalize "$tmp/ref.out") <(normalize "$tmp/back.out") > "$tmp/diff.txt" ||
-    { cat "$tmp/diff.txt"; fail "back: the program printed something else when moved"; }
-  grep -q "session [0-9]* moved to $b" "$tmp/server-a.log" || fail "back: A did not move it to B"
-  grep -q "session [0-9]* moved to $a" "$tmp/server-b.log" || fail "back: B did not move it back to A"
-  echo "back: 1 session moved from A to B and back to A"
-  passed=$((passed + 1))
+    start_server a "$a" 1 --test-move-to "$b" --test-move-after 100 --suspend-graphs \
+      --test-move-when "$tmp/graphs-made" || fail "back: the servers did not start"
+  for run in "graph_suspend 1000 $tmp/graphs-made" "suspend_resume 2000"; do
+    # shellcheck disable=SC2086  # run: the program and its argument, word-split on purpose
+    LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$ref" timeout 120 "$programs_dir/"${run/graphs-made/ref-made} > "$tmp/ref.out" 2>&1
+    before_a=$(grep -c "session [0-9]* moved to $b" "$tmp/server-a.log")
+    before_b=$(grep -c "session [0-9]* moved to $a" "$tmp/server-b.log")
+    # shellcheck disable=SC2086
+    LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$a" timeout 120 "$programs_dir/"$run > "$tmp/back.out" 2>&1 ||
+      { cat "$tmp/back.out"; fail "back: $run failed"; }
+    diff <(normalize "$tmp/ref.out") <(normalize "$tmp/back.out") > "$tmp/diff.txt" ||
+      { cat "$tmp/diff.txt"; fail "back: $run printed something else when moved"; }
+    [ "$(grep -c "session [0-9]* moved to $b" "$tmp/server-a.log")" -gt "$before_a" ] || fail "back: A did not move $run to B"
+    [ "$(grep -c "session [0-9]* moved to $a" "$tmp/server-b.log")" -gt "$before_b" ] || fail "back: B did not move $run back to A"
+    if [ "${run%% *}" = graph_suspend ]; then
+      grep -q "session [0-9]* moved to $b: .* with 3 CUDA graphs" "$tmp/server-a.log" || fail "back: A moved no graphs"
+      grep -q "session [0-9]* moved to $a: .* with 3 CUDA graphs" "$tmp/server-b.log" || fail "back: B moved no graphs back"
+    fi
+    echo "back: $run moved from A to B and back to A"
+    passed=$((passed + 1))
+  done
   stop_servers
 fi
 # isopair: two sessions of one --isolation process server, running at once (so in two worker processes), both

@@ -4,11 +4,13 @@
 // instantiated and launched; the executable graph's kernel node updated and launched again. After it, through
 // the same handles: the executable graph launched (its update kept), a node of the graph read and changed,
 // the graph instantiated again, the old executable graph updated through a node handle. Natively and through
-// vcuda (suspended or not) it must print the same.
+// vcuda (suspended or not) it must print the same. argv[2], if given: a file created when the pause begins
+// (graphs made), for a test that moves the session then (tests/integration/move_session.sh).
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <vector>
 
 #include "common.cuh"
@@ -119,6 +121,7 @@ int main(int argc, char** argv) {
     check_z(z, 5, "executable graph updated");
     printf("phase 1 done\n");
     fflush(stdout);
+    if (argc > 2 && !std::ofstream(argv[2])) fail("cannot create %s", argv[2]);
     if (idle_ms > 0) usleep(static_cast<useconds_t>(idle_ms) * 1000);
 
     // After the pause: the same handles.
