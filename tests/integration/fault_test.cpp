@@ -45,25 +45,34 @@ struct session_outcome {
     uint64_t id = 0;
     bool completed = false;
     bool wrong_bytes = false;
+    std::string stopped;  // where it stopped, and why (for the test's messages)
 };
 
 session_outcome short_session(const std::string& address) {
     session_outcome out;
-    auto c = raw_client::open(address);
-    if (!c) return out;
+    auto c = raw_client::open(address, 0, {}, &out.stopped);
+    if (!c) {
+        out.stopped = "HELLO: " + out.stopped;
+        return out;
+    }
     out.id = c->session_id();
+    auto failed = [&](const char* what, const raw_reply& r) {
+        out.stopped = std::string(what) + ": result " + std::to_string(r.result) + " " + r.detail;
+        return r.result != CUDA_SUCCESS;
+    };
     auto a = c->call(op::mem_alloc, {8192});
-    if (a.result != CUDA_SUCCESS || a.outs.size() != 1) return out;
+    if (failed("mem_alloc", a) || a.outs.size() != 1) return out;
     std::vector<std::byte> data(8192);
     for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(i * 7);
-    if (c->call(op::copy_htod, {a.outs[0], 0}, {}, data).result != CUDA_SUCCESS) return out;
-    if (c->call(op::memset, {a.outs[0], 0x11, 1, 256, 1, 256, 0}).result != CUDA_SUCCESS) return out;
+    if (failed("copy_htod", c->call(op::copy_htod, {a.outs[0], 0}, {}, data))) return out;
+    if (failed("memset", c->call(op::memset, {a.outs[0], 0x11, 1, 256, 1, 256, 0}))) return out;
     std::fill(data.begin(), data.begin() + 256, std::byte{0x11});
     auto back = c->call(op::copy_dtoh, {a.outs[0], data.size(), 0});
-    if (back.result != CUDA_SUCCESS) return out;
+    if (failed("copy_dtoh", back)) return out;
     out.wrong_bytes = back.payload != data;
-    if (c->call(op::mem_free, {a.outs[0]}).result != CUDA_SUCCESS) return out;
-    if (c->call(op::mem_get_info, {}).result != CUDA_SUCCESS) return out;
+    if (failed("mem_free", c->call(op::mem_free, {a.outs[0]}))) return out;
+    if (failed("mem_get_info", c->call(op::mem_get_info, {}))) return out;
+    out.stopped.clear();
     out.completed = true;
     return out;
 }
@@ -75,7 +84,12 @@ void check_after_fault(const server_process& server, const session_outcome& o, c
     CHECK(!o.wrong_bytes);
     if (o.id && !o.completed) CHECK(ended_within(server, o.id, 2s));
     auto next = short_session(server.address());
-    CHECK(next.completed);
+    INFO("the next session stopped at " << next.stopped);
+    if (!next.completed) {  // what the server said, for whoever reads the failure
+        const std::string log = server.log();
+        INFO("the server's log ends with: " << log.substr(log.size() > 3000 ? log.size() - 3000 : 0));
+        CHECK(next.completed);
+    }
     CHECK(!next.wrong_bytes);
 }
 

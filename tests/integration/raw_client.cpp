@@ -241,8 +241,15 @@ server_process::server_process(std::vector<std::string> extra, transport t, int 
         }
         return;
     }
-    for (int i = 0; i < 200; ++i) {
-        if (access((dir_ + "/s.sock").c_str(), F_OK) == 0) break;
+    // Until the server says it serves there: its socket file exists from the bind on, but connections are
+    // refused until it listens, after loading the driver (a loaded machine took seconds in between).
+    for (int i = 0; i < 500; ++i) {
+        if (int st = 0; waitpid(pid_, &st, WNOHANG) == pid_) {  // it refused to start
+            exit_status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            pid_ = -1;
+            return;
+        }
+        if (log().find(" on " + address_ + " (") != std::string::npos) return;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
 }
