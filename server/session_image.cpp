@@ -86,6 +86,24 @@ const char* not_rebuilt(handle_kind k) {
 // gate must open again rather than wait for ever.
 constexpr std::chrono::milliseconds drain_limit{2000};
 
+// True when `layout` is the one the driver reports through `query(i, &offset, &size)`: a moved session's
+// functions come with the layouts its sender knew, and a launch packed at a shorter one than the kernel's
+// would hand the driver a parameter array it reads past.
+template <class Query>
+bool driver_layout_is(const param_layout* layout, Query&& query) {
+    if (!layout) return true;             // none: its launches are refused (kernel_args::set)
+    constexpr size_t max_params = 32768;  // as handlers_module.cpp's query_layout
+    for (size_t i = 0; i < max_params; ++i) {
+        size_t off = 0, size = 0;
+        CUresult rc = query(i, &off, &size);
+        if (rc == CUDA_ERROR_INVALID_VALUE) return i == layout->params.size();
+        if (rc != CUDA_SUCCESS || i >= layout->params.size() || layout->params[i].first != off ||
+            layout->params[i].second != size)
+            return false;
+    }
+    return false;
+}
+
 // One of settable_stream_attributes, compared by the members it uses (the union's other bytes are undefined).
 bool same_stream_attribute(CUstreamAttrID id, const CUstreamAttrValue& a, const CUstreamAttrValue& b) {
     switch (id) {
@@ -682,6 +700,17 @@ CUresult session::rebuild(std::string& why) {
         }
         if (rc != CUDA_SUCCESS)
             return failed(rc, "handle " + std::to_string(es.id) + " could not be made again");
+        // A moved session's functions and kernels came with the layouts its sender knew: the driver's, or
+        // none.
+        const bool kernel = e->kind == handle_kind::kernel;
+        if (img.moved_in && (kernel || e->kind == handle_kind::function) &&
+            !driver_layout_is(e->layout.get(), [&](size_t i, size_t* o, size_t* s) {
+                return kernel ? d.cuKernelGetParamInfo(static_cast<CUkernel>(raw), i, o, s)
+                              : d.cuFuncGetParamInfo(static_cast<CUfunction>(raw), i, o, s);
+            }))
+            return failed(CUDA_ERROR_INVALID_VALUE,
+                          std::string(to_string(e->kind)) + " " + es.name +
+                              " came with another parameter layout than the driver's");
         handles.rebind(es.id, raw);
     }
     // Globals: contents back; one the driver placed elsewhere keeps its contents at its new address, and the

@@ -109,7 +109,10 @@ struct session_image {
     std::vector<array_state> arrays;
     std::vector<graph_state> graphs;                         // children before their parents
     std::vector<std::pair<uintptr_t, size_t>> host_regions;  // registered again at their addresses
-    uint64_t bytes = 0;                                      // device memory and globals saved
+    // Came from another server (take_moved_state): what it says of the code is checked against the driver
+    // (each function's and kernel's parameter layout, by which launches are packed) when it is made again.
+    bool moved_in = false;
+    uint64_t bytes = 0;        // device memory and globals saved
     uint64_t handed_over = 0;  // of it, device memory exported as descriptors (a move on the same GPU)
 };
 

@@ -866,6 +866,7 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
             deferred.add_landed(std::move(landed));
         }
         img->bytes = st.bytes();
+        img->moved_in = true;
         if (const auto* p = st.lane_progress(); p && p->size() % 2 == 0) {
             std::lock_guard l(progress_mu_);
             for (flatbuffers::uoffset_t k = 0; k < p->size(); k += 2)

@@ -603,10 +603,12 @@ vcuda::frame_stream adopting_connection(const std::string& address) {
     return fs;
 }
 
-// Offers a session to `address` as another server would (HELLO with `adopt`, then the state); the answer:
-// a Reply's result and detail, or the Error frame's message (result -1).
+// Offers a session to `address` as another server would (HELLO with `adopt`, then the state, then once it is
+// taken the `pieces` it announces); the answer: a Reply's result and detail, or the Error frame's message
+// (result -1).
 std::pair<int, std::string> offer_moved_session(
-    const std::string& address, const std::function<void(flatbuffers::FlatBufferBuilder&)>& state) {
+    const std::string& address, const std::function<void(flatbuffers::FlatBufferBuilder&)>& state,
+    const std::vector<std::vector<std::byte>>& pieces = {}) {
     auto fs = adopting_connection(address);
     flatbuffers::FlatBufferBuilder b(1024);
     state(b);
@@ -623,6 +625,12 @@ std::pair<int, std::string> offer_moved_session(
         // A state with no pieces to send: past the go-ahead (success, no detail) comes the rebuild's answer.
         if (!state_taken && r->result() == CUDA_SUCCESS && !r->detail()) {
             state_taken = true;
+            for (size_t i = 0; i < pieces.size(); ++i) {
+                flatbuffers::FlatBufferBuilder pb(64);
+                pb.Finish(vcuda::wire::CreateStatePiece(pb, i));
+                if (!fs.send(vcuda::make_frame(vcuda::frame_kind::state_piece, pb, 0, 0, 0, pieces[i])))
+                    return {-2, "piece send failed"};
+            }
             continue;
         }
         return {r->result(), r->detail() ? r->detail()->str() : ""};
@@ -935,6 +943,58 @@ TEST_CASE("a moved session's CUDA graphs are checked before anything is made of 
     CHECK(why5.find("a graph's child graph node") != std::string::npos);
     for (uint64_t id : {0x5001, 0x5002, 0x5003, 0x5004, 0x5005})
         CHECK(!raw_client::open(server.address(), id, key));
+    CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
+}
+
+TEST_CASE("a moved session's kernel whose parameter layout is not the driver's is refused", "[integration]") {
+    // Launches are packed at the layout the session's table holds; one shorter than the kernel's would hand
+    // the driver a parameter array it reads past (the crash of the conformance issue, every tenant lost).
+    server_process server;
+    auto a = raw_client::open(server.address());
+    REQUIRE(a);
+    const std::string key(32, 'k');
+    using vcuda::handle_kind;
+    const uint64_t library = vcuda::make_handle(handle_kind::library, 1, 0);
+    const uint64_t kernel = vcuda::make_handle(handle_kind::kernel, 1, 1);
+    // A library (the software driver does not parse images: 16 bytes do) and its kernel drv_scale(float*,
+    // float, int), said to have `layout` (offset, size, ...).
+    auto with_kernel = [&](uint64_t id, const std::vector<uint32_t>& layout) {
+        const std::vector<std::byte> image(16, std::byte{0x5a});
+        return offer_moved_session(
+            server.address(),
+            [&](flatbuffers::FlatBufferBuilder& b) {
+                std::vector<flatbuffers::Offset<vcuda::wire::MovedSlot>> slot_list = {
+                    vcuda::wire::CreateMovedSlot(b, 0, 1, true, static_cast<uint32_t>(handle_kind::library)),
+                    vcuda::wire::CreateMovedSlot(b, 1, 1, true, static_cast<uint32_t>(handle_kind::kernel), 0,
+                                                 library, true, 0, 0, b.CreateVector(layout))};
+                auto slots = b.CreateVector(slot_list);
+                std::vector<uint64_t> words = {image.size() / 8};
+                auto origin = vcuda::wire::CreateMovedOrigin(b, library, true, 1, 0, b.CreateVector(words));
+                auto origins = b.CreateVector(&origin, 1);
+                std::vector<flatbuffers::Offset<vcuda::wire::MovedEntry>> entry_list = {
+                    vcuda::wire::CreateMovedEntry(b, library),
+                    vcuda::wire::CreateMovedEntry(b, kernel, b.CreateString("drv_scale"))};
+                auto entries = b.CreateVector(entry_list);
+                auto dev = vcuda::wire::CreateMovedDevice(b, true);
+                auto devices = b.CreateVector(&dev, 1);
+                finish_state(b, id, key, [&](vcuda::wire::SessionStateBuilder& sb) {
+                    sb.add_slots(slots);
+                    sb.add_origins(origins);
+                    sb.add_entries(entries);
+                    sb.add_devices(devices);
+                });
+            },
+            {image});
+    };
+    auto [rc1, why1] = with_kernel(0x6001, {0, 8});
+    CHECK(rc1 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why1.find("kernel drv_scale came with another parameter layout than the driver's") !=
+          std::string::npos);
+    CHECK(!raw_client::open(server.address(), 0x6001, key));
+    // The kernel's own layout: taken.
+    auto [rc2, why2] = with_kernel(0x6002, {0, 8, 8, 4, 12, 4});
+    CHECK(rc2 == CUDA_SUCCESS);
+    CHECK(why2.empty());
     CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
 }
 
