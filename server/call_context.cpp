@@ -116,23 +116,28 @@ CUresult call_context::host_box(uintptr_t p, uint64_t x, uint64_t y, uint64_t z,
                : fail(CUDA_ERROR_INVALID_VALUE, "host range not this session's shared host memory");
 }
 
+bool memset_span(uint64_t elem, uint64_t width, uint64_t height, uint64_t pitch, uint64_t& row,
+                 uint64_t& span) {
+    if ((elem != 1 && elem != 2 && elem != 4) || !width || !height) return false;
+    return mul_add(width, elem, 0, row) && mul_add(height - 1, pitch, row, span);
+}
+
 CUresult call_context::memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height,
                                     uint64_t pitch, const std::function<bool()>& recorded) {
-    if ((elem != 1 && elem != 2 && elem != 4) || !width || !height) return bad_arguments();
     uint64_t row, span;
-    if (!mul_add(width, elem, 0, row) || !mul_add(height - 1, pitch, row, span)) return bad_arguments();
+    if (!memset_span(elem, width, height, pitch, row, span)) return bad_arguments();
     if (height > 1 && pitch < row) return CUDA_ERROR_INVALID_VALUE;
     // Pinned host memory the session shares with its client is the GPU's to set too, as under unified
     // addressing natively (XLA clears small pinned buffers with cuMemsetD32Async).
     if (sess.owns_host(static_cast<uintptr_t>(dst), span)) return CUDA_SUCCESS;
-    if (!sess.owns_range(dst, span) && recorded && recorded() && placeholder(dst, span)) return CUDA_SUCCESS;
+    if (!sess.owns_range(dst, span) && recorded && recorded() && placeholder_range(drv(), dst, span))
+        return CUDA_SUCCESS;
     return device_range(dst, span);
 }
 
-bool call_context::placeholder(CUdeviceptr p, uint64_t n) {
+bool placeholder_range(const driver_table& d, CUdeviceptr p, uint64_t n) {
     constexpr uint64_t limit = uint64_t{1} << 32;
     if (n > limit || p > limit - n) return false;
-    auto& d = drv();
     if (!d.cuPointerGetAttribute) return false;
     CUcontext owner = nullptr;
     // Neither end is memory of any context: device memory, host registrations and VMM mappings all answer.

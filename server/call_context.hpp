@@ -20,6 +20,14 @@ namespace vcuda::server {
 // (x, y, z) of a pitch x height layout), overflow-checked: false when it overflows or rows overlap.
 bool box_span(uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height, uint64_t w, uint64_t h,
               uint64_t depth, uint64_t& first, uint64_t& last);
+// A memset of `height` rows of `width` elements of `elem` bytes, `pitch` apart: the bytes of one row and the
+// span from the first byte to the last, overflow-checked; false for an element size other than 1, 2 or 4, an
+// empty memset or an overflow (a pitch shorter than a row is the caller's to refuse).
+bool memset_span(uint64_t elem, uint64_t width, uint64_t height, uint64_t pitch, uint64_t& row,
+                 uint64_t& span);
+// True for a range below 4 GiB of which the driver knows neither end: an address the application sets before
+// the graph it recorded runs (cuDNN records its graphs so).
+bool placeholder_range(const driver_table& d, CUdeviceptr p, uint64_t n);
 
 struct lane_state {
     frame_stream* stream = nullptr;
@@ -88,8 +96,6 @@ class call_context {
                    ? CUDA_SUCCESS
                    : fail(CUDA_ERROR_INVALID_VALUE, "address range not owned by this session");
     }
-    // True for a range below 4 GiB of which the driver knows neither end (memset_range's placeholders).
-    bool placeholder(CUdeviceptr p, uint64_t n);
     // The longest prefix of [p, p+n) that device_range accepts (0: not even its first byte is the session's).
     size_t owned_prefix(CUdeviceptr p, size_t n);
     // The bytes one device side of a 2D/3D copy touches (w bytes x h rows x depth slices from (x, y, z) of a

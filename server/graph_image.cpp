@@ -511,16 +511,6 @@ flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::MovedGraph>>> 
     return b.CreateVector(out);
 }
 
-namespace {
-
-// A device range a moved graph's node may name: the session's memory, or a placeholder below 4 GiB that
-// the application sets before the graph runs (call_context::memset_range).
-bool placeholder_range(uint64_t p, uint64_t n) {
-    return p < (uint64_t{1} << 32) && n <= (uint64_t{1} << 32) - p;
-}
-
-}  // namespace
-
 CUresult session::take_moved_graphs(const wire::SessionState& st, session_image& img, std::string& why) {
     if (!st.graphs()) return CUDA_SUCCESS;
     auto bad = [&](const std::string& what) {
@@ -536,8 +526,9 @@ CUresult session::take_moved_graphs(const wire::SessionState& st, session_image&
                 return true;
         return false;
     };
+    // A device range a node may name: the session's memory, or a placeholder (as call_context::memset_range).
     auto device_side = [&](uint64_t p, uint64_t n) {
-        return owns_range_locked(p, n) || placeholder_range(p, n);
+        return owns_range_locked(p, n) || placeholder_range(api(), p, n);
     };
     auto copy_side = [&](const CUDA_MEMCPY3D& c, CUmemorytype type, uint64_t device, uintptr_t host,
                          uint64_t array, uint64_t x, uint64_t y, uint64_t z, uint64_t pitch,
@@ -603,9 +594,8 @@ CUresult session::take_moved_graphs(const wire::SessionState& st, session_image&
                     auto& s = ns.memset;
                     uint64_t row = 0, span = 0;
                     ok = vector_as(x->memset(), s) &&
-                         (s.elementSize == 1 || s.elementSize == 2 || s.elementSize == 4) && s.width &&
-                         s.height && mul_add(s.width, s.elementSize, 0, row) &&
-                         (s.height == 1 || s.pitch >= row) && mul_add(s.height - 1, s.pitch, row, span) &&
+                         memset_span(s.elementSize, s.width, s.height, s.pitch, row, span) &&
+                         (s.height == 1 || s.pitch >= row) &&
                          (device_side(s.dst, span) || in_host_regions(s.dst, span));
                     break;
                 }

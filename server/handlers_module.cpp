@@ -51,18 +51,11 @@ CUresult query_layout(call_context& cx, Query&& q, std::shared_ptr<param_layout>
         d.cuCtxSetCurrent(ctx);
     }
     auto layout = std::make_shared<param_layout>();
-    CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    constexpr size_t max_params = 32768;  // kernel parameters take at most 32,764 bytes
-    for (size_t i = 0; i < max_params; ++i) {
-        size_t off = 0, size = 0;
-        rc = q(i, &off, &size);
-        if (rc != CUDA_SUCCESS) break;
-        layout->params.emplace_back(static_cast<uint32_t>(off), static_cast<uint32_t>(size));
-    }
+    CUresult rc = driver_param_layout(q, *layout);
     if (borrowed) d.cuCtxSetCurrent(nullptr);
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS && layout->params.size() == max_kernel_params)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "the kernel reports too many parameters");
-    if (rc != CUDA_ERROR_INVALID_VALUE) {
+    if (rc != CUDA_SUCCESS) {
         VCUDA_LOG_WARN("session {}: parameter layout query failed with error {}", cx.sess.id(),
                        static_cast<int>(rc));
         return cx.fail(rc, "the driver did not report the kernel's parameters");

@@ -13,6 +13,26 @@
 
 namespace vcuda::server {
 
+// Kernels take at most 32,764 bytes of parameters: a layout this long is none the driver can mean.
+constexpr size_t max_kernel_params = 32768;
+
+// The parameter layout the driver reports through query(i, &offset, &size) (cuFuncGetParamInfo,
+// cuKernelGetParamInfo): it ends where the driver answers CUDA_ERROR_INVALID_VALUE. Another error is
+// answered; a list that does not end within max_kernel_params leaves `out` that long, for the caller to
+// refuse.
+template <class Query>
+CUresult driver_param_layout(Query&& query, param_layout& out) {
+    out.params.clear();
+    for (size_t i = 0; i < max_kernel_params; ++i) {
+        size_t off = 0, size = 0;
+        CUresult rc = query(i, &off, &size);
+        if (rc == CUDA_ERROR_INVALID_VALUE) return CUDA_SUCCESS;
+        if (rc != CUDA_SUCCESS) return rc;
+        out.params.emplace_back(static_cast<uint32_t>(off), static_cast<uint32_t>(size));
+    }
+    return CUDA_SUCCESS;
+}
+
 // Grid xyz, block xyz and shared bytes: arguments first..first+6 of a launch-shaped call, each a 32-bit
 // value.
 CUresult launch_dims(call_context& cx, size_t first, unsigned (&dims)[7]);

@@ -23,6 +23,7 @@
 #include "ops.hpp"
 #include "server/device_output.hpp"
 #include "server/jit.hpp"
+#include "server/kernel_args.hpp"
 #include "server/session.hpp"
 
 namespace vcuda::server {
@@ -91,17 +92,10 @@ constexpr std::chrono::milliseconds drain_limit{2000};
 // would hand the driver a parameter array it reads past.
 template <class Query>
 bool driver_layout_is(const param_layout* layout, Query&& query) {
-    if (!layout) return true;             // none: its launches are refused (kernel_args::set)
-    constexpr size_t max_params = 32768;  // as handlers_module.cpp's query_layout
-    for (size_t i = 0; i < max_params; ++i) {
-        size_t off = 0, size = 0;
-        CUresult rc = query(i, &off, &size);
-        if (rc == CUDA_ERROR_INVALID_VALUE) return i == layout->params.size();
-        if (rc != CUDA_SUCCESS || i >= layout->params.size() || layout->params[i].first != off ||
-            layout->params[i].second != size)
-            return false;
-    }
-    return false;
+    if (!layout) return true;  // none: its launches are refused (kernel_args::set)
+    param_layout reported;
+    return driver_param_layout(query, reported) == CUDA_SUCCESS &&
+           reported.params.size() < max_kernel_params && reported.params == layout->params;
 }
 
 // One of settable_stream_attributes, compared by the members it uses (the union's other bytes are undefined).
