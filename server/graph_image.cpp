@@ -4,6 +4,7 @@
 // of the graph it was instantiated from, which the server keeps in step with the updates the application
 // makes (server/handlers_graph.cpp, graph_exec_origins). Device addresses, functions, kernels and events keep
 // their ids through a suspend, so a node's parameters stay valid once its handles are the new objects'.
+// Kernel nodes given an `extra` buffer are made again with kernelParams at the function's layout.
 // What is not made again refuses the suspend with its reason: host nodes (their functions are the server's
 // callbacks with the client), graph copies with the application's own memory, memory alloc/free nodes (the
 // driver picks their addresses), conditional nodes, and an executable graph changed in a way its clone
@@ -13,6 +14,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "common/log.hpp"
 #include "common/wire.hpp"
 #include "server/call_context.hpp"
 #include "server/host_functions.hpp"
@@ -144,15 +146,14 @@ class graph_reader {
         CUDA_KERNEL_NODE_PARAMS_v2 p{};
         if (!call(d_.cuGraphKernelNodeGetParams_v2(node, &p), "a kernel node's parameters could not be read"))
             return false;
-        if (p.extra) return refuse("a kernel node whose parameters were given as `extra`, which is not kept");
         ns.function = function_id(p);
         handle_entry* e = ns.function ? s_.handles.find(ns.function, kind_of(ns.function)) : nullptr;
         if (!e || !e->layout) return refuse("a kernel node whose function is not one the session knows");
         ns.dims = {p.gridDimX,  p.gridDimY,  p.gridDimZ,      p.blockDimX,
                    p.blockDimY, p.blockDimZ, p.sharedMemBytes};
-        if (!e->layout->params.empty() && !p.kernelParams)
-            return refuse("a kernel node without its parameters");
-        ns.params = pack_kernel_params(*e->layout, p.kernelParams);
+        auto params = kernel_node_params(*e->layout, p);
+        if (!params) return refuse("a kernel node without its parameters");
+        ns.params = std::move(*params);
         return true;
     }
 
@@ -318,8 +319,10 @@ CUresult session::save_graphs(session_image& img, std::string& why) {
         for (size_t i = 0; i < clone_nodes.size(); ++i) position[clone_nodes[i]] = i;
         if (!o->source) return;
         for (auto [node_id, raw] : nodes_of[o->source]) {
+            // The clone's node: the one a rebuild made for it, else (updated since: a new clone) the driver's
+            // answer.
             CUgraphNode copy = nullptr;
-            if (auto it = o->nodes.find(raw); it != o->nodes.end())
+            if (auto it = o->nodes.find(raw); it != o->nodes.end() && position.count(it->second))
                 copy = it->second;
             else if (!d.cuGraphNodeFindInClone ||
                      d.cuGraphNodeFindInClone(&copy, static_cast<CUgraphNode>(raw), o->clone) != CUDA_SUCCESS)
@@ -349,11 +352,12 @@ void session::release_graphs() {
         d.cuGraphExecDestroy(static_cast<CUgraphExec>(e.raw));
         handles.rebind(id, nullptr);
     });
-    for (auto& [id, o] : graph_execs.all())
-        if (o.clone) {
-            d.cuGraphDestroy(o.clone);
-            o.clone = nullptr;
-        }
+    for (auto& [id, o] : graph_execs.all()) {
+        if (o.clone) d.cuGraphDestroy(o.clone);
+        for (CUgraph g : o.retired) d.cuGraphDestroy(g);
+        o.clone = nullptr;
+        o.retired.clear();
+    }
     handles.for_each([&](uint64_t id, handle_entry& e) {
         if (e.kind == handle_kind::graph && e.raw && !e.owned) d.cuGraphDestroy(static_cast<CUgraph>(e.raw));
         if (e.kind == handle_kind::graph || e.kind == handle_kind::graph_node) handles.rebind(id, nullptr);
@@ -399,7 +403,11 @@ CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
                 }
                 case CU_GRAPH_NODE_TYPE_MEMSET: {
                     const auto& m = ns.memset;
-                    p.memset = {m.dst, m.pitch, m.value, m.elementSize, m.width, m.height, nullptr};
+                    // The driver refuses a memset node without its context (CUDA_ERROR_INVALID_VALUE on the
+                    // H200).
+                    CUcontext ctx = nullptr;
+                    d.cuCtxGetCurrent(&ctx);
+                    p.memset = {m.dst, m.pitch, m.value, m.elementSize, m.width, m.height, ctx};
                     break;
                 }
                 case CU_GRAPH_NODE_TYPE_MEMCPY: {
@@ -435,8 +443,24 @@ CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
                 default:
                     break;
             }
-            if (CUresult rc = d.cuGraphAddNode_v2(&nodes[i], g, nullptr, nullptr, 0, &p); rc != CUDA_SUCCESS)
-                return fail(rc, "a graph node could not be made again");
+            if (CUresult rc = d.cuGraphAddNode_v2(&nodes[i], g, nullptr, nullptr, 0, &p);
+                rc != CUDA_SUCCESS) {
+                // What the driver refused, for whoever reads the log: the node's memory.
+                if (ns.type == CU_GRAPH_NODE_TYPE_MEMSET)
+                    VCUDA_LOG_WARN("session {}: memset node at {:#x}, {} x {} of {} bytes, pitch {}, refused",
+                                   id_, ns.memset.dst, ns.memset.width, ns.memset.height,
+                                   ns.memset.elementSize, ns.memset.pitch);
+                if (ns.type == CU_GRAPH_NODE_TYPE_MEMCPY)
+                    VCUDA_LOG_WARN(
+                        "session {}: memcpy node from {:#x} (type {}) to {:#x} (type {}), {} x {} x {}, "
+                        "refused",
+                        id_, ns.copy.srcDevice, static_cast<int>(ns.copy.srcMemoryType), ns.copy.dstDevice,
+                        static_cast<int>(ns.copy.dstMemoryType), ns.copy.WidthInBytes, ns.copy.Height,
+                        ns.copy.Depth);
+                return fail(rc, std::string("a graph's ") + node_type_name(ns.type) + " node (" +
+                                    std::to_string(i + 1) + " of " + std::to_string(gs.nodes.size()) +
+                                    ") could not be made again");
+            }
             for (uint64_t id : ns.ids) handles.rebind(id, nodes[i]);
             if (ns.type == CU_GRAPH_NODE_TYPE_GRAPH && img.graphs[ns.child].child_id) {
                 CUgraph child = nullptr;

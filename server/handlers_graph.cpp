@@ -156,6 +156,11 @@ void keep_origin(call_context& cx, uint64_t exec, CUgraph g, const cuuint64_t* f
             return;
         }
         old = o.clone;
+        // Made again from `old` by a suspend: the executable graph's nodes are old's, and stay so.
+        if (old && !o.nodes.empty()) {
+            o.retired.push_back(old);
+            old = nullptr;
+        }
         o.clone = clone;
         if (flags) o.flags = *flags;
         if (source) o.source = source;
@@ -182,8 +187,8 @@ void follow_update(call_context& cx, uint64_t exec, CUgraphNode node, Set&& set)
         auto* o = cx.sess.graph_execs.find(exec);
         if (!o || !o->clone || !o->not_kept.empty()) return;
         clone = o->clone;
-        if (auto it = o->nodes.find(node); it != o->nodes.end())
-            copy = it->second;  // made again from the clone: its node is the clone's
+        // Made again from the clone (and not updated past it since): its node is the clone's.
+        if (auto it = o->nodes.find(node); it != o->nodes.end() && o->retired.empty()) copy = it->second;
     }
     if (!copy && d.cuGraphNodeFindInClone && d.cuGraphNodeFindInClone(&copy, node, clone) != CUDA_SUCCESS)
         copy = nullptr;
@@ -598,23 +603,13 @@ CUresult handle_graph_kernel_node_params(call_context& cx) {
     const auto& layout = f ? fe.layout : ke.layout;
     if ((!f && !k) || !layout)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "the node's kernel is not this session's");
-    std::vector<std::byte> params = p.kernelParams ? pack_kernel_params(*layout, p.kernelParams)
-                                                   : std::vector<std::byte>(layout->total());
-    if (!p.kernelParams &&
-        p.extra) {  // {CU_LAUNCH_PARAM_BUFFER_POINTER, data, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, END}
-        const void* data = nullptr;
-        size_t size = 0;
-        for (size_t i = 0; i < 8 && p.extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-            if (p.extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) data = p.extra[i + 1];
-            if (p.extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<const size_t*>(p.extra[i + 1]);
-        }
-        if (data) std::memcpy(params.data(), data, std::min(size, params.size()));
-    }
+    auto params = kernel_node_params(*layout, p);
+    if (!params) params.emplace(layout->total());  // a node given no parameters: zeros, as before
     for (uint64_t v :
          {f, k, uint64_t{p.gridDimX}, uint64_t{p.gridDimY}, uint64_t{p.gridDimZ}, uint64_t{p.blockDimX},
           uint64_t{p.blockDimY}, uint64_t{p.blockDimZ}, uint64_t{p.sharedMemBytes}})
         cx.out(v);
-    cx.out_blob(params);
+    cx.out_blob(*params);
     return CUDA_SUCCESS;
 }
 
@@ -1282,8 +1277,9 @@ CUresult handle_graph_edges(call_context& cx) {
     return d.cuGraphRemoveDependencies_v2(g, from.data(), to.data(), edges, from.size());
 }
 
-// cuGraphExecChildGraphNodeSetParams {exec, node, child graph}: the child's new nodes are not followed on the
-// executable graph's clone, so a suspend is refused after it.
+// cuGraphExecChildGraphNodeSetParams {exec, node, child graph}: not followed on the executable graph's clone,
+// so a suspend is refused after it. (Following it node by node was tried in session 28: on the H200 a JAX
+// session suspended after it hit an illegal address, which took every session of the server with it.)
 CUresult handle_exec_child_graph_params(call_context& cx) {
     auto& d = cx.drv();
     if (!d.cuGraphExecChildGraphNodeSetParams) return cx.unsupported("cuGraphExecChildGraphNodeSetParams");

@@ -4,8 +4,10 @@
 // runs on: the lane's thread; an instance lives for one call.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -57,6 +59,25 @@ inline std::vector<std::byte> pack_kernel_params(const param_layout& layout, voi
     std::vector<std::byte> block(layout.total());
     for (size_t i = 0; i < layout.params.size(); ++i)
         std::memcpy(block.data() + layout.params[i].first, kernel_params[i], layout.params[i].second);
+    return block;
+}
+
+// A kernel node's parameters as the driver reports them (cuGraphKernelNodeGetParams_v2), packed at `layout`:
+// from kernelParams, else from an `extra` buffer ({CU_LAUNCH_PARAM_BUFFER_POINTER, data,
+// CU_LAUNCH_PARAM_BUFFER_SIZE, &size, END}, laid out as the block already). Nothing: neither was given.
+inline std::optional<std::vector<std::byte>> kernel_node_params(const param_layout& layout,
+                                                                const CUDA_KERNEL_NODE_PARAMS_v2& p) {
+    if (p.kernelParams) return pack_kernel_params(layout, p.kernelParams);
+    std::vector<std::byte> block(layout.total());
+    if (!p.extra) return layout.params.empty() ? std::optional(block) : std::nullopt;
+    const void* data = nullptr;
+    size_t size = 0;
+    for (size_t i = 0; i < 8 && p.extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+        if (p.extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) data = p.extra[i + 1];
+        if (p.extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<const size_t*>(p.extra[i + 1]);
+    }
+    if (!data) return layout.params.empty() ? std::optional(block) : std::nullopt;
+    std::memcpy(block.data(), data, std::min(size, block.size()));
     return block;
 }
 

@@ -691,6 +691,9 @@ class graph_exec_origins {
         // Made again from its clone by a suspend: the executable graph's nodes are the clone's, and the
         // application's node handles (of `source`) stand for them in executable-graph calls.
         std::unordered_map<void*, CUgraphNode> nodes;
+        // Clones such an executable graph was made from and then updated past (cuGraphExecUpdate): its nodes,
+        // which `nodes` names, are theirs, so they live as long as it does.
+        std::vector<CUgraph> retired;
     };
     // The node `node` of the application's graph stands for in executable graph `exec`.
     CUgraphNode node_in(uint64_t exec, CUgraphNode node) {
@@ -704,11 +707,14 @@ class graph_exec_origins {
         return it == by_exec_.end() ? nullptr : &it->second;
     }
     origin& add(uint64_t exec) { return by_exec_[exec]; }
-    // The executable graph `exec` is gone: its clone too.
+    // The executable graph `exec` is gone: its clones too.
     void forget(const driver_table& d, uint64_t exec) {
         auto it = by_exec_.find(exec);
         if (it == by_exec_.end()) return;
-        if (it->second.clone && d.cuGraphDestroy) d.cuGraphDestroy(it->second.clone);
+        if (d.cuGraphDestroy) {
+            if (it->second.clone) d.cuGraphDestroy(it->second.clone);
+            for (CUgraph g : it->second.retired) d.cuGraphDestroy(g);
+        }
         by_exec_.erase(it);
     }
     std::unordered_map<uint64_t, origin>& all() { return by_exec_; }

@@ -4,11 +4,11 @@
 # MOVE_AFTER_MS after it opened (clients on the Unix socket to B's socket, TCP clients to B's port), each
 # compared with its native run as those suites do; then the pause of a move for sessions holding a ballast of
 # device memory (suspend_resume, which pauses between its phases), over the Unix socket, memory handed over
-# and copied.
+# and copied; and graph_suspend's CUDA graphs moved with --suspend-graphs (graphs part).
 #
 # Usage: tests/gpu/move_suite.sh BUILD_DIR
 #   MOVE_OUT        outputs (default $OUT/move, else /tmp/move); the suites' own folders under it
-#   MOVE_PARTS      what to run (default "suite frameworks pauses")
+#   MOVE_PARTS      what to run (default "suite frameworks pauses graphs")
 #   MOVE_AFTER_MS   suite: 300; frameworks: MOVE_AFTER_MS_FRAMEWORKS (default 1500)
 #   MOVE_SIZES_SHARE, MOVE_SIZES_COPY, MOVE_SIZES_PRECOPY  ballast sizes moved with the memory handed over
 #                   (default "1024 10240 51200"), copied while paused (--move-memory copy; default "1024 10240")
@@ -26,7 +26,7 @@ build=$(cd "${1:?usage: tests/gpu/move_suite.sh BUILD_DIR}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 out=${MOVE_OUT:-${OUT:-/tmp}/move}
 mkdir -p "$out"
-parts=${MOVE_PARTS:-suite frameworks pauses}
+parts=${MOVE_PARTS:-suite frameworks pauses graphs}
 pids=()
 # shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; wait 2>/dev/null; }
@@ -103,6 +103,38 @@ if [[ " $parts " == *" pauses "* ]]; then
       wait "${pids[-1]}" "${pids[-2]}" 2>/dev/null
       unset 'pids[-1]'; unset 'pids[-1]'  # the last two: after the first, the other is last
     done
+  done
+fi
+
+if [[ " $parts " == *" graphs "* ]]; then
+  # graph_suspend holds a graph, a child graph and two executable graphs when it pauses; server A (with
+  # --suspend-graphs) moves it then, once the program's file says its graphs are made, to B (without the flag:
+  # it keeps the graphs that come with a session) over the Unix socket and over TCP. It must print what it
+  # printed natively.
+  normalize() { grep -v -i -E 'ms\b|µs|us\b|time|elapsed|0x[0-9a-f]+|\[vcuda-client\]' "$1"; }
+  "$build/tests/programs/graph_suspend" 1000 "$out/graphs-native-made" > "$out/graphs-native.out" 2>&1
+  for via in unix tcp; do
+    start_target "target-graphs-$via"
+    to=$b_unix; [ "$via" = tcp ] && to=$b_tcp
+    a="$out/source-graphs-$via.sock"
+    made="$out/graphs-made-$via"
+    rm -f "$a" "$made"
+    # shellcheck disable=SC2086  # MOVE_SOURCE_ENV: words on purpose
+    env ${MOVE_SOURCE_ENV:-} "$build/bin/vcuda-server" --listen "unix:$a" --address-window 1 --suspend-graphs \
+      --test-move-to "$to" --test-move-after 100 --test-move-when "$made" --log-level info 2> "$out/source-graphs-$via.log" &
+    pids+=($!)
+    wait_socket "$a"
+    LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="unix:$a" timeout 120 \
+      "$build/tests/programs/graph_suspend" 1000 "$made" > "$out/graphs-$via.out" 2>&1
+    rc=$?
+    same=identical
+    diff <(normalize "$out/graphs-native.out") <(normalize "$out/graphs-$via.out") > "$out/graphs-$via.diff" || same=DIFFERENT
+    moved=$(grep -o "moved to .* CUDA graphs" "$out/source-graphs-$via.log" | head -1)
+    [ "$rc" -eq 0 ] && [ "$same" = identical ] && [ -n "$moved" ] || status=1
+    rows+=("graphs over $via: exit $rc, $same to native; ${moved:-not moved: $(grep -o 'not moved.*' "$out/source-graphs-$via.log" | head -1)}")
+    kill -9 "${pids[-1]}" "${pids[-2]}" 2>/dev/null
+    wait "${pids[-1]}" "${pids[-2]}" 2>/dev/null
+    unset 'pids[-1]'; unset 'pids[-1]'
   done
 fi
 

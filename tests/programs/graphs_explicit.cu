@@ -7,7 +7,8 @@
 // instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY and launched; the executable graph's kernel
 // nodes and child graph are updated between launches (cuGraphExecKernelNodeSetParams,
 // cuGraphExecChildGraphNodeSetParams) and a node of the graph itself is changed for a second executable
-// graph. Every launch is compared with a CPU reference. Calls the driver must refuse print the error they got
+// graph. After a pause (argv[1] ms) both executable graphs run again. Every launch is compared with a CPU
+// reference. Calls the driver must refuse print the error they got
 // (the native run is the reference).
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -493,6 +494,13 @@ int main(int argc, char** argv) {
     expect_results("a second executable graph after changing a node, then the first", b, ref);
     fflush(stdout);
     if (idle_ms > 0) usleep(static_cast<useconds_t>(idle_ms) * 1000);
+    // ---- after the pause (in which a suspending server makes both executable graphs again): the same work
+    DRV(drv.launch(exec, run_stream));
+    ref.launch(500, 3, 9, 11);
+    DRV(drv.launch(exec2, run_stream));
+    ref.launch(100, 2, 13, 7);
+    CHECK(cudaStreamSynchronize(run_stream));
+    expect_results("after the pause, both executable graphs", b, ref);
 
     DRV(drv.exec_destroy(exec));
     DRV(drv.exec_destroy(exec2));

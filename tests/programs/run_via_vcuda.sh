@@ -7,7 +7,8 @@
 #
 # Usage: run_via_vcuda.sh --build-dir DIR [--transport unix|tcp|tls|mtls] [--env NAME=VALUE]... [--server-arg=ARG]...
 #                         [--timeout SECONDS] [--driver PATH] [--expect-exit N] [--expect-output REGEX]
-#                         [--expect-session-end] [--expect-server-log REGEX] -- PROGRAM [ARGS...]
+#                         [--expect-session-end] [--expect-server-log REGEX] [--forbid-server-log REGEX]
+#                         -- PROGRAM [ARGS...]
 #   --transport      unix (default) or tcp (127.0.0.1 and a free port); tls: TCP with TLS (certificates made
 #                    for the run by BUILD/tests/tls/vcuda_test_certs, the program given VCUDA_TLS_CA); mtls: TLS
 #                    with client certificates (server --tls-client-ca, program VCUDA_TLS_CERT/VCUDA_TLS_KEY)
@@ -17,8 +18,10 @@
 #   --driver         the driver library the server loads (default BUILD/lib/libvcuda-softdriver.so)
 #   --expect-exit    the program must exit with N (a refusal it reports), not pass; the server must live on
 #   --expect-output  the program's output (stdout and stderr) must also match this extended regex
-#   --expect-server-log  the server's log must match this extended regex (e.g. that a suspend happened)
+#   --expect-server-log  the server's log must match this extended regex (e.g. that a suspend happened;
+#                    repeatable: each must match)
 #   --forbid-output  the program's output must have nothing matching this extended regex
+#   --forbid-server-log  the server's log must have nothing matching this extended regex
 #   --expect-session-end  within 5 s of the program's exit (CI machines are loaded) the server must log that its
 #                    session ended, and its thread and descriptor counts must be back where they were before
 set -u
@@ -31,8 +34,9 @@ prog_env=()
 server_args=()
 expect_exit=""
 expect_output=""
-expect_server_log=""
+expect_server_logs=()
 forbid_output=""
+forbid_server_log=""
 expect_session_end=0
 
 
@@ -58,8 +62,9 @@ while [ $# -gt 0 ]; do
         --expect-exit) [ $# -ge 2 ] || die "--expect-exit needs a value"; expect_exit="$2"; shift 2 ;;
         --expect-output) [ $# -ge 2 ] || die "--expect-output needs a value"; expect_output="$2"; shift 2 ;;
         --expect-session-end) expect_session_end=1; shift ;;
-        --expect-server-log) [ $# -ge 2 ] || die "--expect-server-log needs a value"; expect_server_log="$2"; shift 2 ;;
+        --expect-server-log) [ $# -ge 2 ] || die "--expect-server-log needs a value"; expect_server_logs+=("$2"); shift 2 ;;
         --forbid-output) [ $# -ge 2 ] || die "--forbid-output needs a value"; forbid_output="$2"; shift 2 ;;
+        --forbid-server-log) [ $# -ge 2 ] || die "--forbid-server-log needs a value"; forbid_server_log="$2"; shift 2 ;;
         --) shift; break ;;
         -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
@@ -247,8 +252,10 @@ elif [ -n "$expect_output" ] && ! grep -Eq -- "$expect_output" "$prog_out"; then
     why="its output has nothing matching '$expect_output'"
 elif [ -n "$forbid_output" ] && grep -Eq -- "$forbid_output" "$prog_out"; then
     why="its output has '$(grep -Em1 -- "$forbid_output" "$prog_out")'"
-elif [ -n "$expect_server_log" ] && ! grep -Eq -- "$expect_server_log" "$server_log"; then
-    why="the server's log has nothing matching '$expect_server_log'"
+elif [ -n "$forbid_server_log" ] && grep -Eq -- "$forbid_server_log" "$server_log"; then
+    why="the server's log has '$(grep -Em1 -- "$forbid_server_log" "$server_log")'"
+elif missing=$(for x in "${expect_server_logs[@]}"; do grep -Eq -- "$x" "$server_log" || { echo "$x"; break; }; done) && [ -n "$missing" ]; then
+    why="the server's log has nothing matching '$missing'"
 fi
 
 if [ -z "$why" ] && [ "$expect_session_end" = 1 ]; then

@@ -613,6 +613,9 @@ CUresult add_node_from(state& s, CUgraphNode* phGraphNode, CUgraph hGraph, const
         case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
         case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
         case CU_GRAPH_NODE_TYPE_HOST:
+            // A memset node added without its context is refused, as the H200's driver (580, CUDA 13.0) does.
+            if (p->type == CU_GRAPH_NODE_TYPE_MEMSET && p->memset.ctx == nullptr)
+                return CUDA_ERROR_INVALID_VALUE;
             if (CUresult r = settable_node_work(s, p, w, host, copy); r != CUDA_SUCCESS) return r;
             break;
         case CU_GRAPH_NODE_TYPE_GRAPH: {
@@ -1410,7 +1413,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeFindInClone(CUgraphNode* phNode, C
     });
 }
 
-// A kernel node's parameters, for nodes made or set by cuGraph* calls (captured ones keep none here).
+// A kernel node's parameters (given as `extra` or captured, reported as kernelParams).
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphKernelNodeGetParams_v2(CUgraphNode hNode,
                                                                  CUDA_KERNEL_NODE_PARAMS* nodeParams) {
     return entry([&](state& s) -> CUresult {

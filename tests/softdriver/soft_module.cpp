@@ -386,7 +386,26 @@ CUresult prepare_launch(state& s, work& w, const launch_request& q) {
     context_obj* ctx = nullptr;
     if (CUresult r = check_stream(s, q.stream, &ctx); r != CUDA_SUCCESS) return r;
     if (CUresult r = launch_work(s, w, q, *ctx); r != CUDA_SUCCESS) return r;
-    return capture_or_run(s, q.stream, w, CU_GRAPH_NODE_TYPE_KERNEL, nullptr, c.entry->name);
+    const bool capturing = capture_of(s, q.stream) != nullptr;
+    if (CUresult r = capture_or_run(s, q.stream, w, CU_GRAPH_NODE_TYPE_KERNEL, nullptr, c.entry->name);
+        r != CUDA_SUCCESS || !capturing)
+        return r;
+    // A captured launch's node reports its parameters, as one added by cuGraphAddKernelNode.
+    if (node_obj* n = last_captured(s, q.stream); n != nullptr && n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+        CUDA_KERNEL_NODE_PARAMS_v2 p{};
+        p.func = q.f;
+        p.gridDimX = q.grid.x;
+        p.gridDimY = q.grid.y;
+        p.gridDimZ = q.grid.z;
+        p.blockDimX = q.block.x;
+        p.blockDimY = q.block.y;
+        p.blockDimZ = q.block.z;
+        p.sharedMemBytes = q.shared;
+        p.kernelParams = q.kernel_params;
+        p.extra = q.extra;
+        n->kernel = keep_kernel_params(s, p);
+    }
+    return CUDA_SUCCESS;
 }
 
 }  // namespace
@@ -413,11 +432,33 @@ std::shared_ptr<const kernel_node_params> keep_kernel_params(state& s, const CUD
     kept->p.extra = nullptr;
     callable c;
     CUfunction f = p.func != nullptr ? p.func : reinterpret_cast<CUfunction>(p.kern);
-    if (p.kernelParams != nullptr && resolve_callable(s, f, c) == CUDA_SUCCESS) {
+    if (resolve_callable(s, f, c) != CUDA_SUCCESS) return kept;
+    if (p.kernelParams != nullptr) {
         for (size_t i = 0; i < c.entry->param_sizes.size(); ++i) {
             const auto* v = static_cast<const std::byte*>(p.kernelParams[i]);
             kept->values.emplace_back(v, v + c.entry->param_sizes[i]);
         }
+    } else if (p.extra != nullptr) {
+        // An `extra` buffer ({CU_LAUNCH_PARAM_BUFFER_POINTER, data, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, END},
+        // checked by launch_work): kept as such.
+        const std::byte* data = nullptr;
+        for (size_t i = 0; p.extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+            if (p.extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+                data = static_cast<const std::byte*>(p.extra[i + 1]);
+            if (p.extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE)
+                kept->buffer_size = *static_cast<const size_t*>(p.extra[i + 1]);
+        }
+        if (data != nullptr) kept->buffer.assign(data, data + kept->buffer_size);
+        kept->buffer_size = kept->buffer.size();
+        kept->extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
+        kept->extra[1] = kept->buffer.data();
+        kept->extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
+        kept->extra[3] = &kept->buffer_size;
+        kept->extra[4] = CU_LAUNCH_PARAM_END;
+        kept->p.extra = kept->extra;
+        return kept;
+    }
+    if (!kept->values.empty() || c.entry->param_sizes.empty()) {
         for (auto& v : kept->values) kept->pointers.push_back(v.data());
         kept->p.kernelParams = kept->pointers.data();
     }

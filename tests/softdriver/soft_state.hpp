@@ -401,11 +401,15 @@ struct graph_obj : object {
     user_refs refs;
 };
 
-// A kernel node's parameters as given, its parameter values copied (cuGraphKernelNodeGetParams answers them).
+// A kernel node's parameters as given, its parameter values copied (cuGraphKernelNodeGetParams answers them):
+// kernelParams, or an `extra` buffer, as the real driver reports the form most recently set.
 struct kernel_node_params {
     CUDA_KERNEL_NODE_PARAMS_v2 p{};
     std::vector<std::vector<std::byte>> values;
-    std::vector<void*> pointers;  // into `values`: what p.kernelParams points at
+    std::vector<void*> pointers;    // into `values`: what p.kernelParams points at
+    std::vector<std::byte> buffer;  // an `extra` buffer's bytes, and the array p.extra points at
+    size_t buffer_size = 0;
+    void* extra[5] = {};
 };
 
 struct node_obj : object {

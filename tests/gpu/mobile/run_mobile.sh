@@ -17,6 +17,7 @@
 #   MOBILE_PAUSE       seconds each workload pauses (default 10)
 #   MOBILE_MEMORY      each lease's memory (default 16G); MOBILE_TIMEOUT seconds per run (default 300)
 #   MOBILE_SERVER_LOG  the servers' --log-level (default info)
+#   MOBILE_SERVER_ARGS more arguments for both servers (words), e.g. "--suspend-graphs"
 #   PYTHON             the interpreter (default python3)
 #   MOBILE_GPUS        two GPU indices ("0 1"): server a serves the first only, b the second
 #                      (CUDA_VISIBLE_DEVICES), so that every move goes between two physical GPUs
@@ -73,9 +74,10 @@ for transport in ${MOBILE_TRANSPORTS:-unix tcp}; do
       read -r -a gpu_pair <<< "$MOBILE_GPUS"
       gpu_env=(env "CUDA_VISIBLE_DEVICES=${gpu_pair[0]}"); [ $s = b ] && gpu_env=(env "CUDA_VISIBLE_DEVICES=${gpu_pair[1]}")
     fi
+    # shellcheck disable=SC2086  # MOBILE_SERVER_ARGS: words on purpose
     "${gpu_env[@]}" "$build/bin/vcuda-server" "${driver[@]}" --listen "unix:$t/$s.sock" --listen "127.0.0.1:${port[$s]}" \
       "${args[@]}" --address-window "$window" --gpu-identity "$s" --manager "unix:$t/m.sock" \
-      --secret-file "$t/secret" --log-level "${MOBILE_SERVER_LOG:-info}" 2> "$t/server-$s.log" & pids+=($!)
+      --secret-file "$t/secret" --log-level "${MOBILE_SERVER_LOG:-info}" ${MOBILE_SERVER_ARGS:-} 2> "$t/server-$s.log" & pids+=($!)
     wait_socket "$t/$s.sock"
   done
   "$build/bin/vcuda" tokens create --tenant admin --operator --secret-file "$t/secret" -o "$t/admin.cred" \
