@@ -3,7 +3,8 @@
 // Before the pause: a graph of kernel, memset, memcpy, event record and child graph nodes, with edges,
 // instantiated and launched; the executable graph's kernel node updated and launched again. After it, through
 // the same handles: the executable graph launched (its update kept), a node of the graph read and changed,
-// the graph instantiated again, the old executable graph updated through a node handle. Natively and through
+// the graph instantiated again, the old executable graph updated through a node handle, then from the graph
+// (cuGraphExecUpdate) and through the node handle again. Natively and through
 // vcuda (suspended or not) it must print the same. argv[2], if given: a file created when the pause begins
 // (graphs made), for a test that moves the session then (tests/integration/move_session.sh).
 #include <cuda_runtime.h>
@@ -161,6 +162,17 @@ int main(int argc, char** argv) {
     CHECK(cudaGraphLaunch(exec, s));
     CHECK(cudaStreamSynchronize(s));
     check_z(z, 7, "the first executable graph updated again");
+    // Updated from its graph as a whole (cuGraphExecUpdate: the add node's factor 3 again), then through a
+    // node handle: a suspending server made the executable graph again from a clone during the pause.
+    cudaGraphExecUpdateResultInfo info{};
+    CHECK(cudaGraphExecUpdate(exec, g, &info));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    check_z(z, 3, "the first executable graph updated from the graph");
+    CHECK(cudaGraphExecKernelNodeSetParams(exec, add, &ap7));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    check_z(z, 7, "then updated through its node");
 
     CHECK(cudaGraphExecDestroy(again));
     CHECK(cudaGraphExecDestroy(exec));
