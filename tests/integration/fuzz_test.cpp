@@ -1,6 +1,7 @@
 // Issue 17, point 10: a socket-level fuzzer against a vcuda-server on the software driver. For a bounded time
 // it sends malformed traffic over a Unix socket or TCP (random bytes, headers that lie about lengths, kinds
-// and versions, truncated frames, mutated replays of a recorded legitimate session) while a legitimate
+// and versions, truncated frames, mutated replays of a recorded legitimate session, moved sessions' states as
+// another server sends them, mutated) while a legitimate
 // session beside it runs a fixed workload that must see no error. At the end the server must be alive, serve
 // a new session, and hold about the threads, descriptors and memory it held at the start.
 //
@@ -27,6 +28,7 @@
 #include <string>
 #include <thread>
 
+#include "common/handle_kind.hpp"
 #include "common/wire.hpp"
 #include "raw_client.hpp"
 
@@ -129,13 +131,15 @@ class fuzzer {
 
     // One connection's worth of malformed traffic.
     void once() {
-        switch (pick(8)) {
+        switch (pick(9)) {
             case 0:
                 return garbage_before_hello();
             case 1:
                 return lying_header_before_hello();
             case 2:
                 return mutated_hello();
+            case 3:
+                return mutated_moved_state();
             default:
                 return mutated_session();
         }
@@ -216,12 +220,7 @@ class fuzzer {
         hb.add_bulk_set(pick(4) ? 0 : static_cast<uint32_t>(interesting()));
         hb.add_session_key(k);
         b.Finish(hb.Finish());
-        auto f = make_frame(frame_kind::hello, b);
-        bytes out(frame_header_size + f.meta.size());
-        f.header.meta_len = static_cast<uint32_t>(f.meta.size());
-        encode_header(f.header, out.data());
-        std::memcpy(out.data() + frame_header_size, f.meta.data(), f.meta.size());
-        return out;
+        return frame_bytes(make_frame(frame_kind::hello, b));
     }
 
     void mutate(bytes& b) {
@@ -403,6 +402,115 @@ class fuzzer {
         drain(s, 100ms);
     }
 
+    // A frame's bytes: header, then metadata and `payload`.
+    static bytes frame_bytes(outgoing_frame f, const bytes& payload = {}) {
+        f.header.meta_len = static_cast<uint32_t>(f.meta.size());
+        f.header.payload_len = payload.size();
+        bytes out(frame_header_size + f.meta.size());
+        encode_header(f.header, out.data());
+        std::memcpy(out.data() + frame_header_size, f.meta.data(), f.meta.size());
+        out.insert(out.end(), payload.begin(), payload.end());
+        return out;
+    }
+
+    // A moved session's state as another server sends it (server/session_transfer.cpp): handles of several
+    // kinds, a 2 MiB mapping in the server's address window (near memory a session was given there) with an
+    // allocation in it, a stream and an event, a CUDA array with its contents, and a graph of a memset and an
+    // event record node. Its memory follows as two pieces of 1 MiB.
+    bytes moved_state(uint64_t id) {
+        using namespace vcuda::wire;
+        flatbuffers::FlatBufferBuilder b(2048);
+        const uint64_t va =
+            ((last_out_ ? last_out_ : uint64_t{1} << 40) & ~uint64_t{(2u << 20) - 1}) + (512u << 20);
+        const handle_kind kinds[] = {handle_kind::stream, handle_kind::event,      handle_kind::array,
+                                     handle_kind::graph,  handle_kind::graph_node, handle_kind::graph_node};
+        std::vector<flatbuffers::Offset<MovedSlot>> slots;
+        for (uint32_t i = 0; i < std::size(kinds); ++i)
+            slots.push_back(CreateMovedSlot(
+                b, i, 1, true, static_cast<uint32_t>(kinds[i]), 0,
+                kinds[i] == handle_kind::graph_node ? make_handle(handle_kind::graph, 1, 3) : 0,
+                kinds[i] == handle_kind::graph_node));
+        auto handle = [&](uint32_t i) { return make_handle(kinds[i], 1, i); };
+        auto slot_vec = b.CreateVector(slots);
+        std::vector<uint64_t> runs{4096, (2u << 20) - 4096};
+        auto mapping = CreateMovedMapping(b, va, 2u << 20, false, 4096, b.CreateVector(runs));
+        auto allocation = CreateMovedAllocation(b, va, 4096, va);
+        auto device =
+            CreateMovedDevice(b, true, 0, 0, b.CreateVector(&mapping, 1), b.CreateVector(&allocation, 1));
+        auto devices = b.CreateVector(&device, 1);
+        std::vector<flatbuffers::Offset<MovedEntry>> entries{
+            CreateMovedEntry(b, handle(0), 0, 0, 1, 0),
+            CreateMovedEntry(b, handle(1), 0, 0, 0, 0, true, 1.5)};
+        auto entry_vec = b.CreateVector(entries);
+        CUDA_ARRAY3D_DESCRIPTOR d{};
+        d.Width = 16;
+        d.Height = 4;
+        d.Format = CU_AD_FORMAT_FLOAT;
+        d.NumChannels = 1;
+        auto contents = pattern(size_t{16} * 4 * 4, 5);
+        auto array = CreateMovedArray(
+            b, handle(2), 0, 4096, b.CreateVector(reinterpret_cast<const uint8_t*>(&d), sizeof d), 0,
+            b.CreateVector(reinterpret_cast<const uint8_t*>(contents.data()), contents.size()));
+        auto arrays = b.CreateVector(&array, 1);
+        CUDA_MEMSET_NODE_PARAMS m{va, 0, 7, 4, 256, 1};
+        std::vector<uint64_t> memset_ids{handle(4)}, record_ids{handle(5)};
+        std::vector<flatbuffers::Offset<MovedGraphNode>> nodes{
+            CreateMovedGraphNode(b, CU_GRAPH_NODE_TYPE_MEMSET, b.CreateVector(memset_ids), 0, 0, 0,
+                                 b.CreateVector(reinterpret_cast<const uint8_t*>(&m), sizeof m)),
+            CreateMovedGraphNode(b, CU_GRAPH_NODE_TYPE_EVENT_RECORD, b.CreateVector(record_ids), 0, 0, 0, 0,
+                                 0, 0, 0, handle(1))};
+        std::vector<uint64_t> edges{0, 1};
+        CUgraphEdgeData edge{};
+        auto graph = CreateMovedGraph(b, handle(3), 0, 0, 0, b.CreateVector(nodes), b.CreateVector(edges),
+                                      b.CreateVector(reinterpret_cast<const uint8_t*>(&edge), sizeof edge));
+        auto graphs = b.CreateVector(&graph, 1);
+        const std::string key(32, 'f');
+        auto k = b.CreateVector(reinterpret_cast<const uint8_t*>(key.data()), key.size());
+        SessionStateBuilder sb(b);
+        sb.add_session_id(id);
+        sb.add_session_key(k);
+        sb.add_slots(slot_vec);
+        sb.add_devices(devices);
+        sb.add_entries(entry_vec);
+        sb.add_arrays(arrays);
+        sb.add_graphs(graphs);
+        sb.add_bytes(2u << 20);
+        sb.add_piece_bytes(1u << 20);
+        b.Finish(sb.Finish());
+        return frame_bytes(make_frame(frame_kind::session_state, b));
+    }
+
+    // As another server moving a session here (HELLO with `adopt`): a state, often mutated, then up to three
+    // pieces of its memory, often not what it announced.
+    void mutated_moved_state() {
+        auto s = connect();
+        if (!s) return;
+        flatbuffers::FlatBufferBuilder hb(256);
+        hb.Finish(wire::CreateHello(hb, protocol_version, features::all, hb.CreateString(""), 0, 0,
+                                    static_cast<uint32_t>(getpid()), hb.CreateString("fuzz"), 0, 0, 0, 0,
+                                    true));
+        send(*s, frame_bytes(make_frame(frame_kind::hello, hb)));
+        auto state = moved_state(1 + pick(uint64_t{1} << 62));
+        if (coin()) mutate(state);
+        send(*s, state);
+        frames += 2;
+        drain(*s, 20ms);
+        // Half the time the two pieces it announced, as announced; else up to three, of other indices and
+        // sizes, some mutated.
+        const bool as_announced = coin();
+        for (uint64_t i = 0, n = as_announced ? 2 : pick(4); i < n; ++i) {
+            flatbuffers::FlatBufferBuilder pb(64);
+            pb.Finish(wire::CreateStatePiece(pb, as_announced || coin() ? i : interesting()));
+            auto piece = frame_bytes(make_frame(frame_kind::state_piece, pb),
+                                     as_announced || coin() ? pattern(1u << 20, static_cast<uint32_t>(i))
+                                                            : random_bytes(pick(4096)));
+            if (!as_announced && pick(4) == 0) mutate(piece);
+            send(*s, piece);
+            ++frames;
+        }
+        drain(*s, 100ms);
+    }
+
     std::string address_;
     std::vector<bytes> recorded_;
     std::mt19937_64 rng_;
@@ -456,7 +564,17 @@ void fuzz_server(server_process::transport t, const char* name) {
                 static_cast<unsigned long long>(f.connections), static_cast<unsigned long long>(f.frames),
                 static_cast<unsigned long long>(rounds));
 
+    // How far the moved states got: taken (rebuilt) or refused with a reason.
+    auto count = [log = server.log()](const std::string& what) {
+        size_t n = 0;
+        for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+        return n;
+    };
+    const size_t taken = count(") moved here: "), refused = count(" not taken: ");
+    std::printf("fuzz %s: moved states taken %zu, refused at or after their rebuild %zu\n", name, taken,
+                refused);
     REQUIRE(alive(server.pid()));
+    CHECK(taken > 0);  // the state the fuzzer starts from is one a server takes
     INFO("legitimate session: " << legit_error);
     CHECK(legit_error.empty());
     CHECK(rounds > 0);
@@ -478,7 +596,7 @@ void fuzz_server(server_process::transport t, const char* name) {
                     << " -> " << rss << " KiB");
     CHECK(threads <= threads0 + 1);
     CHECK(fds <= fds0 + 2);
-    CHECK(rss - rss0 < 96 * 1024);
+    CHECK(rss - rss0 < 96L * 1024);
     CHECK(alive(server.pid()));
 }
 
