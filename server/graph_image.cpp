@@ -11,6 +11,8 @@
 // cannot follow. A stream capture under way refuses it too, in save_and_release, before its synchronize.
 // A move carries the same image to another server (moved_graphs, take_moved_graphs), which checks every
 // handle, position and memory range in it before it makes anything.
+#include <algorithm>
+#include <cstring>
 #include <optional>
 #include <unordered_map>
 
@@ -19,6 +21,7 @@
 #include "server/call_context.hpp"
 #include "server/host_functions.hpp"
 #include "server/kernel_args.hpp"
+#include "server/launch_attributes.hpp"
 #include "server/session.hpp"
 #include "server/session_image.hpp"
 
@@ -154,6 +157,20 @@ class graph_reader {
         auto params = kernel_node_params(*e->layout, p);
         if (!params) return refuse("a kernel node without its parameters");
         ns.params = std::move(*params);
+        // Its attributes (cluster dimensions, cooperative, priority...): each the driver answers for.
+        if (d_.cuGraphKernelNodeGetAttribute) {
+            CUlaunchAttributeValue v{};
+            if (d_.cuGraphKernelNodeGetAttribute(node, CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE,
+                                                 &v) == CUDA_SUCCESS &&
+                v.deviceUpdatableKernelNode.deviceUpdatable)
+                return refuse("a device-updatable kernel node (its device handle would change)");
+            for (CUlaunchAttributeID id : kernel_node_attributes) {
+                CUlaunchAttribute a{};
+                a.id = id;
+                if (d_.cuGraphKernelNodeGetAttribute(node, id, &a.value) == CUDA_SUCCESS)
+                    ns.attributes.push_back(a);
+            }
+        }
         return true;
     }
 
@@ -461,6 +478,20 @@ CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
                                     std::to_string(i + 1) + " of " + std::to_string(gs.nodes.size()) +
                                     ") could not be made again");
             }
+            // A kernel node's attributes, those that differ from a new node's.
+            if (!ns.attributes.empty() &&
+                (!d.cuGraphKernelNodeGetAttribute || !d.cuGraphKernelNodeSetAttribute))
+                return fail(CUDA_ERROR_NOT_SUPPORTED, "the driver cannot set a kernel node's attributes");
+            for (const auto& a : ns.attributes) {
+                CUlaunchAttributeValue now{};
+                if (d.cuGraphKernelNodeGetAttribute(nodes[i], a.id, &now) == CUDA_SUCCESS &&
+                    std::memcmp(&now, &a.value, sizeof now) == 0)
+                    continue;
+                if (CUresult rc = d.cuGraphKernelNodeSetAttribute(nodes[i], a.id, &a.value);
+                    rc != CUDA_SUCCESS)
+                    return fail(
+                        rc, "a kernel node's attribute " + std::to_string(a.id) + " could not be set again");
+            }
             for (uint64_t id : ns.ids) handles.rebind(id, nodes[i]);
             if (ns.type == CU_GRAPH_NODE_TYPE_GRAPH && img.graphs[ns.child].child_id) {
                 CUgraph child = nullptr;
@@ -519,7 +550,9 @@ flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::MovedGraph>>> 
                 b, static_cast<int32_t>(ns.type), b.CreateVector(ns.ids), ns.function, b.CreateVector(dims),
                 b.CreateVector(reinterpret_cast<const uint8_t*>(ns.params.data()), ns.params.size()),
                 struct_vector(b, ns.memset), struct_vector(b, ns.copy), ns.src_array, ns.dst_array, ns.event,
-                ns.child));
+                ns.child,
+                b.CreateVector(reinterpret_cast<const uint8_t*>(ns.attributes.data()),
+                               ns.attributes.size() * sizeof(CUlaunchAttribute))));
         }
         std::vector<uint64_t> edges, exec_nodes;
         for (auto [from, to] : gs.edges) edges.insert(edges.end(), {from, to});
@@ -612,6 +645,22 @@ CUresult session::take_moved_graphs(const wire::SessionState& st, session_image&
                         reinterpret_cast<const std::byte*>(x->params()->data()) + x->params()->size());
                     for (auto [offset, size] : e->layout->params)
                         ok = ok && offset <= ns.params.size() && size <= ns.params.size() - offset;
+                    // Attributes: whole records of the ones a suspend carries; an access policy window over
+                    // the session's memory.
+                    if (const auto* a = x->attributes(); ok && a) {
+                        ok = a->size() % sizeof(CUlaunchAttribute) == 0 &&
+                             a->size() / sizeof(CUlaunchAttribute) <= std::size(kernel_node_attributes);
+                        ns.attributes.resize(ok ? a->size() / sizeof(CUlaunchAttribute) : 0);
+                        if (ok) std::memcpy(ns.attributes.data(), a->data(), a->size());
+                        for (const auto& at : ns.attributes) {
+                            ok = ok && std::find(std::begin(kernel_node_attributes),
+                                                 std::end(kernel_node_attributes),
+                                                 at.id) != std::end(kernel_node_attributes);
+                            const auto& w = at.value.accessPolicyWindow;
+                            if (ok && at.id == CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW && w.num_bytes)
+                                ok = device_side(reinterpret_cast<uintptr_t>(w.base_ptr), w.num_bytes);
+                        }
+                    }
                     break;
                 }
                 case CU_GRAPH_NODE_TYPE_MEMSET: {

@@ -31,6 +31,20 @@ constexpr bool plain_launch_attribute(CUlaunchAttributeID id) {
     }
 }
 
+// The attributes a kernel graph node may hold that a suspend or a move carries (server/graph_image.cpp):
+// the plain ones. A device-updatable node is refused there.
+constexpr CUlaunchAttributeID kernel_node_attributes[] = {
+    CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW,
+    CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
+    CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+    CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+    CU_LAUNCH_ATTRIBUTE_PRIORITY,
+    CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP,
+    CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN,
+    CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION,
+    CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+};
+
 // The event a launch attribute records (the programmatic event, the launch completion event), or null. The
 // client sends its session handle there; the server puts the driver's event in its place.
 inline CUevent* launch_attribute_event(CUlaunchAttribute& a) {

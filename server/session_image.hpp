@@ -78,10 +78,11 @@ struct session_image {
     // again, and its edges as node positions. Children come before the graphs that hold them.
     struct graph_node_state {
         CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
-        std::vector<uint64_t> ids;       // the session's node handles standing for it
-        uint64_t function = 0;           // kernel: the function or kernel handle
-        std::array<unsigned, 7> dims{};  // kernel: grid xyz, block xyz, shared bytes
-        std::vector<std::byte> params;   // kernel: its parameters, packed at the function's layout
+        std::vector<uint64_t> ids;                  // the session's node handles standing for it
+        uint64_t function = 0;                      // kernel: the function or kernel handle
+        std::array<unsigned, 7> dims{};             // kernel: grid xyz, block xyz, shared bytes
+        std::vector<std::byte> params;              // kernel: its parameters, packed at the function's layout
+        std::vector<CUlaunchAttribute> attributes;  // kernel: the node's (kernel_node_attributes) as read
         CUDA_MEMSET_NODE_PARAMS memset{};
         CUDA_MEMCPY3D copy{};
         uint64_t src_array = 0, dst_array = 0;  // memcpy: the array handles of its sides, if any

@@ -187,6 +187,7 @@ TEST_CASE("the detector of std::mt19937_64 sequences finds one", "[unit]") {
     CHECK(looks_like_mt19937(pairs));
     std::random_device rd;
     std::vector<std::pair<uint64_t, uint64_t>> other;
+    other.reserve(170);
     for (int i = 0; i < 170; ++i) other.emplace_back(rng() >> 1, (uint64_t(rd()) << 32) | rd());
     CHECK_FALSE(looks_like_mt19937(other));
 }
@@ -443,13 +444,14 @@ TEST_CASE("a HELLO announcing a 1 GiB payload is refused before anything is allo
         REQUIRE(!end);
         CHECK(end.error().code != transport_errc::timeout);
     }
-    CHECK(rss_kib(server.pid()) - before < 64 * 1024);
+    CHECK(rss_kib(server.pid()) - before < 64L * 1024);
 }
 
 TEST_CASE("a call announcing a 1 GiB payload and sending little makes the server hold little",
           "[integration]") {
     server_process server;
     std::vector<std::unique_ptr<raw_client>> held;
+    held.reserve(3);
     for (int i = 0; i < 3; ++i) held.push_back(raw_client::open(server.address()));
     for (auto& c : held) REQUIRE(c);
     // A real call frame with a payload, as the client put it on the wire; then the same header announcing a
@@ -473,7 +475,7 @@ TEST_CASE("a call announcing a 1 GiB payload and sending little makes the server
     }
     std::this_thread::sleep_for(500ms);  // time to read what came
     // Each lane holds one 8 MiB step at most (it held the whole gigabyte, zeroed, before).
-    CHECK(rss_kib(server.pid()) - before < 64 * 1024);
+    CHECK(rss_kib(server.pid()) - before < 64L * 1024);
 }
 
 TEST_CASE(
@@ -763,10 +765,11 @@ TEST_CASE(
     auto [rc9, why9] = with_array(0x4326, vcuda::handle_kind::array, 1u << 30, 0, 0);
     CHECK(rc9 == CUDA_ERROR_INVALID_VALUE);
     CHECK(why9.find("a CUDA array's descriptor") != std::string::npos);
-    auto [rc10, why10] = with_array(0x4327, vcuda::handle_kind::stream, 16, 16 * 4 * 4, 0);
+    auto [rc10, why10] = with_array(0x4327, vcuda::handle_kind::stream, 16, size_t{16} * 4 * 4, 0);
     CHECK(rc10 == CUDA_ERROR_INVALID_VALUE);
     CHECK(why10.find("a CUDA array") != std::string::npos);
-    auto [rc11, why11] = with_array(0x4328, vcuda::handle_kind::array, 16, 16 * 4 * 4, uint64_t{1} << 50);
+    auto [rc11, why11] =
+        with_array(0x4328, vcuda::handle_kind::array, 16, size_t{16} * 4 * 4, uint64_t{1} << 50);
     CHECK(rc11 == CUDA_ERROR_OUT_OF_MEMORY);
     CHECK(why11.find("quota") != std::string::npos);
     // Texture objects (server/array_image.cpp): one object record, its resource descriptor `res_bytes` long.
@@ -892,14 +895,16 @@ TEST_CASE("a moved session's CUDA graphs are checked before anything is made of 
             });
         });
     };
-    auto kernel = [&](size_t param_bytes) {
+    auto kernel = [&](size_t param_bytes, const std::vector<CUlaunchAttribute>& attributes = {}) {
         return [=](flatbuffers::FlatBufferBuilder& b) {
             std::vector<uint32_t> dims = {1, 1, 1, 32, 1, 1, 0};
             std::vector<uint8_t> params(param_bytes);
             std::vector<uint64_t> ids = {node};
-            return std::vector{
-                vcuda::wire::CreateMovedGraphNode(b, CU_GRAPH_NODE_TYPE_KERNEL, b.CreateVector(ids), function,
-                                                  b.CreateVector(dims), b.CreateVector(params))};
+            auto attrs = b.CreateVector(reinterpret_cast<const uint8_t*>(attributes.data()),
+                                        attributes.size() * sizeof(CUlaunchAttribute));
+            return std::vector{vcuda::wire::CreateMovedGraphNode(
+                b, CU_GRAPH_NODE_TYPE_KERNEL, b.CreateVector(ids), function, b.CreateVector(dims),
+                b.CreateVector(params), 0, 0, 0, 0, 0, 0, attrs)};
         };
     };
     // A device-to-host copy of 64 bytes from `device` to `host`.
@@ -941,7 +946,22 @@ TEST_CASE("a moved session's CUDA graphs are checked before anything is made of 
                                   {});
     CHECK(rc5 == CUDA_ERROR_INVALID_VALUE);
     CHECK(why5.find("a graph's child graph node") != std::string::npos);
-    for (uint64_t id : {0x5001, 0x5002, 0x5003, 0x5004, 0x5005})
+    // Kernel node attributes: one a suspend does not carry (a device-updatable node's device handle), and an
+    // access policy window over another tenant's memory.
+    CUlaunchAttribute updatable{};
+    updatable.id = CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE;
+    updatable.value.deviceUpdatableKernelNode.deviceUpdatable = 1;
+    auto [rc6, why6] = with_graph(0x5006, kernel(12, {updatable}), {});
+    CHECK(rc6 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why6.find("a graph's kernel node") != std::string::npos);
+    CUlaunchAttribute window{};
+    window.id = CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW;
+    window.value.accessPolicyWindow.base_ptr = reinterpret_cast<void*>(live.outs.at(0));
+    window.value.accessPolicyWindow.num_bytes = 4096;
+    auto [rc7, why7] = with_graph(0x5007, kernel(12, {window}), {});
+    CHECK(rc7 == CUDA_ERROR_INVALID_VALUE);
+    CHECK(why7.find("a graph's kernel node") != std::string::npos);
+    for (uint64_t id : {0x5001, 0x5002, 0x5003, 0x5004, 0x5005, 0x5006, 0x5007})
         CHECK(!raw_client::open(server.address(), id, key));
     CHECK(a->call(op::mem_alloc, {4096}).result == CUDA_SUCCESS);
 }

@@ -1,12 +1,12 @@
 // graph_suspend: CUDA graphs kept through a pause (argv[1] ms, default 0) in which a server that suspends
 // idle sessions (vcuda-server --test-suspend-every) destroys and makes them again (server/graph_image.cpp).
-// Before the pause: a graph of kernel, memset, memcpy, event record and child graph nodes, with edges,
-// instantiated and launched; the executable graph's kernel node updated and launched again. After it, through
-// the same handles: the executable graph launched (its update kept), a node of the graph read and changed,
-// the graph instantiated again, the old executable graph updated through a node handle, then from the graph
-// (cuGraphExecUpdate) and through the node handle again. Natively and through
-// vcuda (suspended or not) it must print the same. argv[2], if given: a file created when the pause begins
-// (graphs made), for a test that moves the session then (tests/integration/move_session.sh).
+// Before the pause: a graph of kernel (one with a priority attribute), memset, memcpy, event record and child
+// graph nodes, with edges, instantiated and launched; the executable graph's kernel node updated and launched
+// again. After it, through the same handles: the executable graph launched (its update kept), a node of the
+// graph read (its priority too) and changed, the graph instantiated again, the old executable graph updated
+// through a node handle, then from the graph (cuGraphExecUpdate) and through the node handle again. Natively
+// and through vcuda (suspended or not) it must print the same. argv[2], if given: a file created when the
+// pause begins (graphs made), for a test that moves the session then (tests/integration/move_session.sh).
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -100,6 +100,14 @@ int main(int argc, char** argv) {
     cudaGraphNode_t before_add[] = {set, clear};
     cudaKernelNodeParams ap = add_params(add_args);
     CHECK(cudaGraphAddKernelNode(&add, g, before_add, 2, &ap));
+    // The add node runs at the device's highest stream priority (a node attribute a suspend must keep).
+    int least = 0, greatest = 0;
+    CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaLaunchAttributeValue prio{};
+    prio.priority = greatest;
+    CHECK(cudaGraphKernelNodeSetAttribute(add, cudaLaunchAttributePriority, &prio));
+    cudaLaunchAttributeValue prio_set{};
+    CHECK(cudaGraphKernelNodeGetAttribute(add, cudaLaunchAttributePriority, &prio_set));
     CHECK(cudaGraphAddMemcpyNode1D(&copy, g, &add, 1, z, y, n * sizeof(unsigned), cudaMemcpyDeviceToDevice));
     CHECK(cudaGraphAddEventRecordNode(&record, g, &copy, 1, ev));
     CHECK(cudaGraphAddChildGraphNode(&sub, g, &record, 1, child));
@@ -143,6 +151,11 @@ int main(int argc, char** argv) {
     CHECK(cudaGraphNodeGetType(sub, &type));
     EXPECT(type == cudaGraphNodeTypeGraph, "the child graph node's type is %d", static_cast<int>(type));
     printf("node handles kept: yes\n");
+    cudaLaunchAttributeValue prio_now{};
+    CHECK(cudaGraphKernelNodeGetAttribute(add, cudaLaunchAttributePriority, &prio_now));
+    EXPECT(prio_now.priority == prio_set.priority, "the add node's priority is %d, was %d", prio_now.priority,
+           prio_set.priority);
+    printf("the add node's priority attribute kept: yes\n");
     CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
     CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &edges));
     printf("graph after the pause: %zu nodes, %zu edges\n", nodes, edges);
