@@ -389,6 +389,10 @@ CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
         const auto& gs = img.graphs[gi];
         if (gs.device < devices_.size() && devices_[gs.device].ctx)
             d.cuCtxSetCurrent(devices_[gs.device].ctx);
+        // The context memset and memcpy nodes name: the driver refuses a memset node without one
+        // (CUDA_ERROR_INVALID_VALUE on the H200).
+        CUcontext ctx = nullptr;
+        d.cuCtxGetCurrent(&ctx);
         CUgraph g = nullptr;
         if (CUresult rc = d.cuGraphCreate(&g, 0); rc != CUDA_SUCCESS) {
             what = "a graph could not be made again";
@@ -420,10 +424,6 @@ CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
                 }
                 case CU_GRAPH_NODE_TYPE_MEMSET: {
                     const auto& m = ns.memset;
-                    // The driver refuses a memset node without its context (CUDA_ERROR_INVALID_VALUE on the
-                    // H200).
-                    CUcontext ctx = nullptr;
-                    d.cuCtxGetCurrent(&ctx);
                     p.memset = {m.dst, m.pitch, m.value, m.elementSize, m.width, m.height, ctx};
                     break;
                 }
@@ -438,8 +438,6 @@ CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
                                         "a memcpy node's array was not made again");
                         *slot = static_cast<CUarray>(a->raw);
                     }
-                    CUcontext ctx = nullptr;
-                    d.cuCtxGetCurrent(&ctx);
                     p.memcpy.copyCtx = ctx;
                     break;
                 }
@@ -485,7 +483,7 @@ CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
             for (const auto& a : ns.attributes) {
                 CUlaunchAttributeValue now{};
                 if (d.cuGraphKernelNodeGetAttribute(nodes[i], a.id, &now) == CUDA_SUCCESS &&
-                    std::memcmp(&now, &a.value, sizeof now) == 0)
+                    same_launch_attribute(a.id, now, a.value))
                     continue;
                 if (CUresult rc = d.cuGraphKernelNodeSetAttribute(nodes[i], a.id, &a.value);
                     rc != CUDA_SUCCESS)

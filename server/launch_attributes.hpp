@@ -45,6 +45,44 @@ constexpr CUlaunchAttributeID kernel_node_attributes[] = {
     CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
 };
 
+// True when `a` and `b` hold the same value of attribute `id`, compared by the members it uses (the union's
+// other bytes are undefined); false for an id not named here. Serves the rebuild of streams and kernel nodes
+// (a value is set again only when it differs from a new object's).
+constexpr bool same_launch_attribute(CUlaunchAttributeID id, const CUlaunchAttributeValue& a,
+                                     const CUlaunchAttributeValue& b) {
+    switch (id) {
+        case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: {
+            const auto &x = a.accessPolicyWindow, &y = b.accessPolicyWindow;
+            return x.base_ptr == y.base_ptr && x.num_bytes == y.num_bytes && x.hitRatio == y.hitRatio &&
+                   x.hitProp == y.hitProp && x.missProp == y.missProp;
+        }
+        case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+            return a.cooperative == b.cooperative;
+        case CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY:
+            return a.syncPolicy == b.syncPolicy;
+        case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+            return a.clusterDim.x == b.clusterDim.x && a.clusterDim.y == b.clusterDim.y &&
+                   a.clusterDim.z == b.clusterDim.z;
+        case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+            return a.clusterSchedulingPolicyPreference == b.clusterSchedulingPolicyPreference;
+        case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+            return a.priority == b.priority;
+        case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+            return a.memSyncDomainMap.default_ == b.memSyncDomainMap.default_ &&
+                   a.memSyncDomainMap.remote == b.memSyncDomainMap.remote;
+        case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+            return a.memSyncDomain == b.memSyncDomain;
+        case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION:
+            return a.preferredClusterDim.x == b.preferredClusterDim.x &&
+                   a.preferredClusterDim.y == b.preferredClusterDim.y &&
+                   a.preferredClusterDim.z == b.preferredClusterDim.z;
+        case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+            return a.sharedMemCarveout == b.sharedMemCarveout;
+        default:
+            return false;
+    }
+}
+
 // The event a launch attribute records (the programmatic event, the launch completion event), or null. The
 // client sends its session handle there; the server puts the driver's event in its place.
 inline CUevent* launch_attribute_event(CUlaunchAttribute& a) {

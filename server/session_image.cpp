@@ -24,6 +24,7 @@
 #include "server/device_output.hpp"
 #include "server/jit.hpp"
 #include "server/kernel_args.hpp"
+#include "server/launch_attributes.hpp"
 #include "server/session.hpp"
 
 namespace vcuda::server {
@@ -96,26 +97,6 @@ bool driver_layout_is(const param_layout* layout, Query&& query) {
     param_layout reported;
     return driver_param_layout(query, reported) == CUDA_SUCCESS &&
            reported.params.size() < max_kernel_params && reported.params == layout->params;
-}
-
-// One of settable_stream_attributes, compared by the members it uses (the union's other bytes are undefined).
-bool same_stream_attribute(CUstreamAttrID id, const CUstreamAttrValue& a, const CUstreamAttrValue& b) {
-    switch (id) {
-        case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: {
-            const auto &x = a.accessPolicyWindow, &y = b.accessPolicyWindow;
-            return x.base_ptr == y.base_ptr && x.num_bytes == y.num_bytes && x.hitRatio == y.hitRatio &&
-                   x.hitProp == y.hitProp && x.missProp == y.missProp;
-        }
-        case CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY:
-            return a.syncPolicy == b.syncPolicy;
-        case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
-            return a.memSyncDomainMap.default_ == b.memSyncDomainMap.default_ &&
-                   a.memSyncDomainMap.remote == b.memSyncDomainMap.remote;
-        case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
-            return a.memSyncDomain == b.memSyncDomain;
-        default:
-            return false;
-    }
 }
 
 }  // namespace
@@ -675,7 +656,7 @@ CUresult session::rebuild(std::string& why) {
                     if (CUstreamAttrValue now{}; rc == CUDA_SUCCESS && d.cuStreamGetAttribute &&
                                                  d.cuStreamSetAttribute &&
                                                  d.cuStreamGetAttribute(s, a, &now) == CUDA_SUCCESS &&
-                                                 !same_stream_attribute(a, now, v))
+                                                 !same_launch_attribute(a, now, v))
                         rc = d.cuStreamSetAttribute(s, a, &v);
                 raw = s;
                 break;
