@@ -1413,7 +1413,7 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphNodeFindInClone(CUgraphNode* phNode, C
     });
 }
 
-// A kernel node's parameters (given as `extra` or captured, reported as kernelParams).
+// A kernel node's parameters (captured ones too), in the form most recently set: kernelParams or `extra`.
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGraphKernelNodeGetParams_v2(CUgraphNode hNode,
                                                                  CUDA_KERNEL_NODE_PARAMS* nodeParams) {
     return entry([&](state& s) -> CUresult {

@@ -287,6 +287,24 @@ struct launch_request {
     unsigned cluster_x = 0, cluster_y = 0, cluster_z = 0;  // 0: no cluster dimension given
 };
 
+// The buffer a launch's `extra` gives ({CU_LAUNCH_PARAM_BUFFER_POINTER, p, CU_LAUNCH_PARAM_BUFFER_SIZE,
+// &size, CU_LAUNCH_PARAM_END}; either may be missing): false for another key, or no END within 32 pairs.
+bool extra_buffer(void* const* extra, const void*& data, const size_t*& size) {
+    data = nullptr;
+    size = nullptr;
+    for (size_t i = 0; i < 64; i += 2) {
+        void* key = extra[i];
+        if (key == CU_LAUNCH_PARAM_END) return true;
+        if (key == CU_LAUNCH_PARAM_BUFFER_POINTER)
+            data = extra[i + 1];
+        else if (key == CU_LAUNCH_PARAM_BUFFER_SIZE)
+            size = static_cast<const size_t*>(extra[i + 1]);
+        else
+            return false;
+    }
+    return false;
+}
+
 // The work of launch `q` in context `ctx`, checked as the real driver checks at call time (q.stream unused).
 CUresult launch_work(state& s, work& w, const launch_request& q, const context_obj& ctx) {
     callable c;
@@ -321,20 +339,9 @@ CUresult launch_work(state& s, work& w, const launch_request& q, const context_o
     auto params = std::make_shared<std::vector<void*>>(count);
     std::shared_ptr<std::vector<std::max_align_t>> buffer;
     if (q.extra != nullptr) {
-        // {CU_LAUNCH_PARAM_BUFFER_POINTER, p, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END}
         const void* data = nullptr;
         const size_t* size = nullptr;
-        for (size_t i = 0;; i += 2) {
-            if (i >= 64) return CUDA_ERROR_INVALID_VALUE;
-            void* key = q.extra[i];
-            if (key == CU_LAUNCH_PARAM_END) break;
-            if (key == CU_LAUNCH_PARAM_BUFFER_POINTER)
-                data = q.extra[i + 1];
-            else if (key == CU_LAUNCH_PARAM_BUFFER_SIZE)
-                size = static_cast<const size_t*>(q.extra[i + 1]);
-            else
-                return CUDA_ERROR_INVALID_VALUE;
-        }
+        if (!extra_buffer(q.extra, data, size)) return CUDA_ERROR_INVALID_VALUE;
         std::vector<size_t> offsets = param_offsets(*k);
         const size_t needed = count == 0 ? 0 : offsets.back() + k->param_sizes.back();
         if (needed > 0 && (data == nullptr || size == nullptr)) return CUDA_ERROR_INVALID_VALUE;
@@ -439,16 +446,12 @@ std::shared_ptr<const kernel_node_params> keep_kernel_params(state& s, const CUD
             kept->values.emplace_back(v, v + c.entry->param_sizes[i]);
         }
     } else if (p.extra != nullptr) {
-        // An `extra` buffer ({CU_LAUNCH_PARAM_BUFFER_POINTER, data, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, END},
-        // checked by launch_work): kept as such.
-        const std::byte* data = nullptr;
-        for (size_t i = 0; p.extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-            if (p.extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
-                data = static_cast<const std::byte*>(p.extra[i + 1]);
-            if (p.extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE)
-                kept->buffer_size = *static_cast<const size_t*>(p.extra[i + 1]);
-        }
-        if (data != nullptr) kept->buffer.assign(data, data + kept->buffer_size);
+        // An `extra` buffer (checked by launch_work): kept as such.
+        const void* data = nullptr;
+        const size_t* size = nullptr;
+        if (extra_buffer(p.extra, data, size) && data != nullptr && size != nullptr)
+            kept->buffer.assign(static_cast<const std::byte*>(data),
+                                static_cast<const std::byte*>(data) + *size);
         kept->buffer_size = kept->buffer.size();
         kept->extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
         kept->extra[1] = kept->buffer.data();
