@@ -111,7 +111,8 @@ if [[ " $parts " == *" graphs "* ]]; then
   # --suspend-graphs) moves it then, once the program's file says its graphs are made, to B (without the flag:
   # it keeps the graphs that come with a session) over the Unix socket and over TCP. It must print what it
   # printed natively.
-  normalize() { grep -v -i -E 'ms\b|µs|us\b|time|elapsed|0x[0-9a-f]+|\[vcuda-client\]' "$1"; }
+  # shellcheck source=tests/normalize_output.sh
+  source "$here/../normalize_output.sh"
   "$build/tests/programs/graph_suspend" 1000 "$out/graphs-native-made" > "$out/graphs-native.out" 2>&1
   for via in unix tcp; do
     start_target "target-graphs-$via"

@@ -31,8 +31,8 @@ fail() {
 wait_socket() { for _ in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.05; done; fail "no socket $1"; }
 # wait_for SECONDS CMD...: until CMD succeeds
 wait_for() { local n=$(($1 * 10)); shift; for _ in $(seq "$n"); do "$@" && return 0; sleep 0.1; done; return 1; }
-# What a run prints, without what differs from run to run (times, addresses) and vcuda's own log lines.
-normalize() { grep -v -i -E 'ms\b|µs|us\b|GB/s|MB/s|time|elapsed|0x[0-9a-f]+|\[vcuda-client\]' "$1"; }
+# shellcheck source=tests/normalize_output.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../normalize_output.sh"
 driver="$build/lib/libvcuda-softdriver.so"
 program="$build/tests/programs/suspend_resume"
 

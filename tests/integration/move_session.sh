@@ -56,9 +56,8 @@ start_server() {  # NAME ADDR WINDOW [ARGS...]; $gpu_id: the software GPU's iden
   fail "server $name: no 'serving' line for $addr in 20 s"
 }
 stop_servers() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=(); }
-# What a run prints, without what differs from run to run (times, rates, addresses the driver picks) and
-# vcuda's own log lines.
-normalize() { grep -v -i -E 'ms\b|µs|us\b|GB/s|MB/s|time|elapsed|0x[0-9a-f]+|\[vcuda-client\]' "$1"; }
+# shellcheck source=tests/normalize_output.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../normalize_output.sh"
 
 passed=0
 transports=${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty unixiso tcpiso back isopair}
