@@ -13,17 +13,29 @@
 # Prints a table `program | native | tcp | unix | same-output` and ends with `SUITE: N/M identical`.
 # SUITE_SERVER_ARGS: extra arguments for the server the programs run through (e.g. `--test-suspend-every 50`;
 #   a `--log-level` there replaces the suite's `info`).
+# SUITE_TLS=1: the server's TCP address speaks TLS (throw-away certificates made by
+#   BUILD/tests/tls/vcuda_test_certs), every client trusts their CA (VCUDA_TLS_CA); the tcp column is then TLS.
 # Exit status: 0 when every row is identical and the quota, kill and concurrency checks pass, else 1.
 set -u
 
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 BUILD="$(cd "$1" && pwd)" || { echo "run_suite: no such build directory: $1" >&2; exit 2; }
 OUTDIR="${OUT:+$OUT/suite}"
 OUTDIR="${OUTDIR:-/tmp/suite}"
 mkdir -p "$OUTDIR" || { echo "run_suite: cannot create $OUTDIR" >&2; exit 2; }
+TLS_ARGS=()
+TCP_LABEL=tcp
+if [ "${SUITE_TLS:-0}" = 1 ]; then
+    certs="$BUILD/tests/tls/vcuda_test_certs"
+    [ -x "$certs" ] || { echo "run_suite: SUITE_TLS=1 needs $certs" >&2; exit 2; }
+    "$certs" "$OUTDIR/certs" >/dev/null || { echo "run_suite: $certs could not make certificates" >&2; exit 2; }
+    TLS_ARGS=(--tls-cert "$OUTDIR/certs/server.pem" --tls-key "$OUTDIR/certs/server.key")
+    export VCUDA_TLS_CA="$OUTDIR/certs/ca.pem"
+    TCP_LABEL=tcp+tls
+fi
 
 PROGS="$BUILD/tests/programs"
 SERVER_BIN="$BUILD/bin/vcuda-server"
@@ -126,7 +138,8 @@ start_server() {
         rm -f "$SOCK"
         local level=(--log-level info)
         case " $* " in *" --log-level"*) level=() ;; esac  # the caller's level (SUITE_SERVER_ARGS) wins
-        "$SERVER_BIN" --listen "$TCP_ADDR" --listen "$UNIX_ADDR" "${level[@]}" "$@" >>"$server_log" 2>&1 &
+        "$SERVER_BIN" --listen "$TCP_ADDR" --listen "$UNIX_ADDR" "${level[@]}" ${TLS_ARGS[@]+"${TLS_ARGS[@]}"} "$@" \
+            >>"$server_log" 2>&1 &
         server_pid=$!
         for _ in $(seq 1 200); do
             if ! kill -0 "$server_pid" 2>/dev/null; then
@@ -385,7 +398,7 @@ for r in "${rows[@]}"; do
 done
 {
     echo
-    printf '%-20s | %-9s | %-9s | %-9s | %s\n' program native tcp unix same-output
+    printf '%-20s | %-9s | %-9s | %-9s | %s\n' program native "$TCP_LABEL" unix same-output
     printf '%-20s-+-%-9s-+-%-9s-+-%-9s-+-%s\n' -------------------- --------- --------- --------- -----------
     for r in "${rows[@]}"; do
         printf '%-20s | %-9s | %-9s | %-9s | %s\n' "$r" "${st_native[$r]}" "${st_tcp[$r]}" "${st_unix[$r]}" "${same[$r]}"
