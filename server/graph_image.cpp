@@ -8,9 +8,10 @@
 // What is not made again refuses the suspend with its reason: host nodes (their functions are the server's
 // callbacks with the client), graph copies with the application's own memory, memory alloc/free nodes (the
 // driver picks their addresses), conditional nodes, and an executable graph changed in a way its clone
-// cannot follow. A stream capture under way refuses it too, in save_and_release, before its synchronize.
-// A move carries the same image to another server (moved_graphs, take_moved_graphs), which checks every
-// handle, position and memory range in it before it makes anything.
+// cannot follow. A child graph the application gave an executable graph's node is read in the place of the
+// clone's child there. A stream capture under way refuses it too, in save_and_release, before its
+// synchronize. A move carries the same image to another server (moved_graphs, take_moved_graphs), which
+// checks every handle, position and memory range in it before it makes anything.
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -85,6 +86,9 @@ class graph_reader {
         auto it = ids_.find({const_cast<void*>(raw), k});
         return it == ids_.end() ? 0 : it->second;
     }
+
+    // The child graph nodes given new children in the executable graph read next, and those children.
+    void replaced_children(const std::unordered_map<CUgraphNode, CUgraph>& children) { replaced_ = children; }
 
     // The graph's position in the image, or nothing (why_ says what stopped it).
     std::optional<size_t> read(CUgraph g, size_t device) {
@@ -234,7 +238,11 @@ class graph_reader {
                     return std::nullopt;
                 }
                 CUgraph child = nullptr;
-                ok = call(d_.cuGraphChildGraphNodeGetGraph(node, &child), "a child graph could not be read");
+                if (auto it = replaced_.find(node); it != replaced_.end())
+                    child = it->second;  // given to it in the executable graph since (graph_exec_origins)
+                else
+                    ok = call(d_.cuGraphChildGraphNodeGetGraph(node, &child),
+                              "a child graph could not be read");
                 if (!ok) break;
                 auto at = read(child, device);
                 if (!at) return std::nullopt;
@@ -255,6 +263,7 @@ class graph_reader {
     const driver_table& d_;
     session_image& img_;
     std::string& why_;
+    std::unordered_map<CUgraphNode, CUgraph> replaced_;  // the executable graph's being read
     std::unordered_map<void*, std::vector<uint64_t>> node_ids_;
     struct raw_kind_hash {
         size_t operator()(const std::pair<void*, handle_kind>& k) const {
@@ -319,6 +328,7 @@ CUresult session::save_graphs(session_image& img, std::string& why) {
         current_for(device);
         const bool exec = e.kind == handle_kind::graph_exec;
         auto* o = exec ? graph_execs.find(id) : nullptr;
+        reader.replaced_children(exec ? o->children : std::unordered_map<CUgraphNode, CUgraph>{});
         auto at = reader.read(exec ? o->clone : static_cast<CUgraph>(e.raw), device);
         if (!at) {
             ok = false;
@@ -372,6 +382,7 @@ void session::release_graphs() {
     for (auto& [id, o] : graph_execs.all()) {
         if (o.clone) d.cuGraphDestroy(o.clone);
         for (CUgraph g : o.retired) d.cuGraphDestroy(g);
+        o.drop_children(d);  // read into the image: the clone made again holds them
         o.clone = nullptr;
         o.retired.clear();
     }

@@ -148,6 +148,7 @@ void keep_origin(call_context& cx, uint64_t exec, CUgraph g, const cuuint64_t* f
     CUgraph clone = nullptr;
     const bool cloned = d.cuGraphClone && d.cuGraphClone(&clone, g) == CUDA_SUCCESS;
     CUgraph old = nullptr;
+    std::unordered_map<CUgraphNode, CUgraph> children;  // the old clone's: the new graph has its own
     {
         std::lock_guard lock(cx.sess.mu);
         auto& o = cx.sess.graph_execs.add(exec);
@@ -155,6 +156,7 @@ void keep_origin(call_context& cx, uint64_t exec, CUgraph g, const cuuint64_t* f
             o.not_kept = "an instantiation whose graph could not be cloned";
             return;
         }
+        children.swap(o.children);
         old = o.clone;
         // Made again from `old` by a suspend: the executable graph's nodes are old's, and stay so.
         if (old && !o.nodes.empty()) {
@@ -166,6 +168,7 @@ void keep_origin(call_context& cx, uint64_t exec, CUgraph g, const cuuint64_t* f
         if (source) o.source = source;
     }
     if (old) d.cuGraphDestroy(old);
+    for (auto& [node, g] : children) d.cuGraphDestroy(g);
 }
 
 // Executable graph `exec` was changed in a way its clone does not follow (`what`): a suspend is refused.
@@ -174,25 +177,42 @@ void not_kept(call_context& cx, uint64_t exec, const char* what) {
     if (auto* o = cx.sess.graph_execs.find(exec)) o->not_kept = what;
 }
 
-// An update of `node` in executable graph `exec`, made on its clone too through `set`; one the clone cannot
-// follow is noted, and a suspend is then refused.
-template <class Set>
-void follow_update(call_context& cx, uint64_t exec, CUgraphNode node, Set&& set) {
-    if (!cx.sess.keeps_graphs()) return;
+// The node of executable graph `exec`'s clone that the application's `node` (handle `node_id`) stands for,
+// or null: nothing kept, a change not followed already, or one that cannot be followed now (noted). Once a
+// child graph of the executable graph was replaced, a node inside a child graph is not followed: it may be
+// the replaced child's, which a suspend does not read.
+CUgraphNode clone_node(call_context& cx, uint64_t exec, uint64_t node_id, CUgraphNode node) {
+    if (!cx.sess.keeps_graphs()) return nullptr;
     auto& d = cx.drv();
     CUgraph clone = nullptr;
     CUgraphNode copy = nullptr;
     {
         std::lock_guard lock(cx.sess.mu);
         auto* o = cx.sess.graph_execs.find(exec);
-        if (!o || !o->clone || !o->not_kept.empty()) return;
+        if (!o || !o->clone || !o->not_kept.empty()) return nullptr;
+        if (!o->children.empty()) {
+            const handle_entry* e = cx.sess.handles.find(node_id, handle_kind::graph_node);
+            if (!e || !o->source || e->owner != o->source) {
+                o->not_kept = "an update of a node inside a child graph after a child graph was replaced";
+                return nullptr;
+            }
+        }
         clone = o->clone;
         // Made again from the clone (and not updated past it since): its node is the clone's.
         if (auto it = o->nodes.find(node); it != o->nodes.end() && o->retired.empty()) copy = it->second;
     }
     if (!copy && d.cuGraphNodeFindInClone && d.cuGraphNodeFindInClone(&copy, node, clone) != CUDA_SUCCESS)
         copy = nullptr;
-    if (!copy || set(copy) != CUDA_SUCCESS) not_kept(cx, exec, "a node update the server could not follow");
+    if (!copy) not_kept(cx, exec, "a node update the server could not follow");
+    return copy;
+}
+
+// An update of `node` (handle `node_id`) in executable graph `exec`, made on its clone too through `set`; one
+// the clone cannot follow is noted, and a suspend is then refused.
+template <class Set>
+void follow_update(call_context& cx, uint64_t exec, uint64_t node_id, CUgraphNode node, Set&& set) {
+    CUgraphNode copy = clone_node(cx, exec, node_id, node);
+    if (copy && set(copy) != CUDA_SUCCESS) not_kept(cx, exec, "a node update the server could not follow");
 }
 
 // The node an executable-graph call names: after a suspend, the node of the clone it was made from.
@@ -1208,7 +1228,7 @@ CUresult handle_kernel_node_params(call_context& cx) {
     if (!d.cuGraphExecKernelNodeSetParams_v2) return cx.unsupported("cuGraphExecKernelNodeSetParams_v2");
     CUresult rc = d.cuGraphExecKernelNodeSetParams_v2(exec, exec_node(cx, cx.arg(0), node), &p);
     if (rc == CUDA_SUCCESS)
-        follow_update(cx, cx.arg(0), node,
+        follow_update(cx, cx.arg(0), cx.arg(1), node,
                       [&](CUgraphNode copy) { return d.cuGraphKernelNodeSetParams_v2(copy, &p); });
     return rc;
 }
@@ -1251,7 +1271,7 @@ CUresult handle_node_set_params(call_context& cx) {
     if (!d.cuGraphExecNodeSetParams) return cx.unsupported("cuGraphExecNodeSetParams");
     CUresult rc = d.cuGraphExecNodeSetParams(exec, exec_node(cx, cx.arg(0), node), &p);
     if (rc == CUDA_SUCCESS)
-        follow_update(cx, cx.arg(0), node,
+        follow_update(cx, cx.arg(0), cx.arg(1), node,
                       [&](CUgraphNode copy) { return d.cuGraphNodeSetParams(copy, &p); });
     return rc;
 }
@@ -1277,9 +1297,10 @@ CUresult handle_graph_edges(call_context& cx) {
     return d.cuGraphRemoveDependencies_v2(g, from.data(), to.data(), edges, from.size());
 }
 
-// cuGraphExecChildGraphNodeSetParams {exec, node, child graph}: not followed on the executable graph's clone,
-// so a suspend is refused after it. (Following it node by node was tried in session 28: on the H200 a JAX
-// session suspended after it hit an illegal address, which took every session of the server with it.)
+// cuGraphExecChildGraphNodeSetParams {exec, node, child graph}: a clone of the child is kept for the clone's
+// node, and a suspend reads it in the node's place (graph_exec_origins). (Following it by setting the
+// clone's nodes one by one was tried in session 28: on the H200 a JAX session suspended after it hit an
+// illegal address.)
 CUresult handle_exec_child_graph_params(call_context& cx) {
     auto& d = cx.drv();
     if (!d.cuGraphExecChildGraphNodeSetParams) return cx.unsupported("cuGraphExecChildGraphNodeSetParams");
@@ -1291,7 +1312,30 @@ CUresult handle_exec_child_graph_params(call_context& cx) {
     CUgraph child;
     if (CUresult rc = cx.handle(2, handle_kind::graph, child); rc != CUDA_SUCCESS) return rc;
     CUresult rc = d.cuGraphExecChildGraphNodeSetParams(exec, exec_node(cx, cx.arg(0), node), child);
-    if (rc == CUDA_SUCCESS) not_kept(cx, cx.arg(0), "cuGraphExecChildGraphNodeSetParams");
+    if (rc != CUDA_SUCCESS) return rc;
+    CUgraphNode copy = clone_node(cx, cx.arg(0), cx.arg(1), node);
+    if (!copy) return rc;
+    CUgraph kept = nullptr;
+    if (!d.cuGraphClone || d.cuGraphClone(&kept, child) != CUDA_SUCCESS) {
+        not_kept(cx, cx.arg(0),
+                 "cuGraphExecChildGraphNodeSetParams with a child graph that could not be cloned");
+        return rc;
+    }
+    CUgraph old = nullptr;
+    {
+        std::lock_guard lock(cx.sess.mu);
+        auto* o = cx.sess.graph_execs.find(cx.arg(0));
+        if (!o) {
+            old = kept;
+        } else {
+            auto [it, fresh] = o->children.try_emplace(copy, kept);
+            if (!fresh) {
+                old = it->second;
+                it->second = kept;
+            }
+        }
+    }
+    if (old) d.cuGraphDestroy(old);
     return rc;
 }
 

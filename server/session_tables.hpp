@@ -679,8 +679,11 @@ class event_ages {
 
 // Executable graphs and what each was instantiated from (server/graph_image.cpp): a clone of its graph, kept
 // in step with the updates made through the session, so that a suspend can make the executable graph again
-// from it. `not_kept` names an update the clone cannot follow; a suspend is then refused with it. locks: none
-// inside; the session's `mu`.
+// from it. `not_kept` names an update the clone cannot follow; a suspend is then refused with it. A child
+// graph given to a node of the executable graph (cuGraphExecChildGraphNodeSetParams) is cloned and read by
+// a suspend in place of what the clone's node holds: the driver takes only a child of the same topology, so
+// the graph made again from the clone with it is the updated executable graph's. locks: none inside; the
+// session's `mu`.
 class graph_exec_origins {
   public:
     struct origin {
@@ -694,6 +697,13 @@ class graph_exec_origins {
         // Clones such an executable graph was made from and then updated past (cuGraphExecUpdate): its nodes,
         // which `nodes` names, are theirs, so they live as long as it does.
         std::vector<CUgraph> retired;
+        // The clone's child graph nodes given new children since it was made: a clone of each new child.
+        std::unordered_map<CUgraphNode, CUgraph> children;
+        void drop_children(const driver_table& d) {
+            if (d.cuGraphDestroy)
+                for (auto& [node, g] : children) d.cuGraphDestroy(g);
+            children.clear();
+        }
     };
     // The node `node` of the application's graph stands for in executable graph `exec`.
     CUgraphNode node_in(uint64_t exec, CUgraphNode node) {
@@ -715,6 +725,7 @@ class graph_exec_origins {
             if (it->second.clone) d.cuGraphDestroy(it->second.clone);
             for (CUgraph g : it->second.retired) d.cuGraphDestroy(g);
         }
+        it->second.drop_children(d);
         by_exec_.erase(it);
     }
     std::unordered_map<uint64_t, origin>& all() { return by_exec_; }

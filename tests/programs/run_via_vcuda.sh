@@ -21,7 +21,7 @@
 #   --expect-server-log  the server's log must match this extended regex (e.g. that a suspend happened;
 #                    repeatable: each must match)
 #   --forbid-output  the program's output must have nothing matching this extended regex
-#   --forbid-server-log  the server's log must have nothing matching this extended regex
+#   --forbid-server-log  the server's log must have nothing matching this extended regex (repeatable)
 #   --expect-session-end  within 5 s of the program's exit (CI machines are loaded) the server must log that its
 #                    session ended, and its thread and descriptor counts must be back where they were before
 set -u
@@ -36,7 +36,7 @@ expect_exit=""
 expect_output=""
 expect_server_logs=()
 forbid_output=""
-forbid_server_log=""
+forbid_server_logs=()
 expect_session_end=0
 
 
@@ -64,7 +64,7 @@ while [ $# -gt 0 ]; do
         --expect-session-end) expect_session_end=1; shift ;;
         --expect-server-log) [ $# -ge 2 ] || die "--expect-server-log needs a value"; expect_server_logs+=("$2"); shift 2 ;;
         --forbid-output) [ $# -ge 2 ] || die "--forbid-output needs a value"; forbid_output="$2"; shift 2 ;;
-        --forbid-server-log) [ $# -ge 2 ] || die "--forbid-server-log needs a value"; forbid_server_log="$2"; shift 2 ;;
+        --forbid-server-log) [ $# -ge 2 ] || die "--forbid-server-log needs a value"; forbid_server_logs+=("$2"); shift 2 ;;
         --) shift; break ;;
         -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
@@ -252,8 +252,9 @@ elif [ -n "$expect_output" ] && ! grep -Eq -- "$expect_output" "$prog_out"; then
     why="its output has nothing matching '$expect_output'"
 elif [ -n "$forbid_output" ] && grep -Eq -- "$forbid_output" "$prog_out"; then
     why="its output has '$(grep -Em1 -- "$forbid_output" "$prog_out")'"
-elif [ -n "$forbid_server_log" ] && grep -Eq -- "$forbid_server_log" "$server_log"; then
-    why="the server's log has '$(grep -Em1 -- "$forbid_server_log" "$server_log")'"
+elif found=$(for x in ${forbid_server_logs[@]+"${forbid_server_logs[@]}"}; do grep -Em1 -- "$x" "$server_log" && break; done) &&
+    [ -n "$found" ]; then
+    why="the server's log has '$found'"
 elif missing=$(for x in "${expect_server_logs[@]}"; do grep -Eq -- "$x" "$server_log" || { echo "$x"; break; }; done) && [ -n "$missing" ]; then
     why="the server's log has nothing matching '$missing'"
 fi
