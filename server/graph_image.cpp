@@ -420,6 +420,9 @@ CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
             CUgraphNodeParams p{};
             p.type = ns.type;
             std::vector<void*> args;
+            std::vector<std::byte> params;
+            // A device address of the node's, moved with its global if it points into one.
+            auto now_at = [&](CUdeviceptr p) { return globals.relocated(p).value_or(p); };
             switch (ns.type) {
                 case CU_GRAPH_NODE_TYPE_KERNEL: {
                     const handle_entry* e = handles.find(ns.function, kind_of(ns.function));
@@ -428,18 +431,26 @@ CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
                     (e->kind == handle_kind::kernel ? reinterpret_cast<void*&>(p.kernel.kern)
                                                     : reinterpret_cast<void*&>(p.kernel.func)) = e->raw;
                     set_dims(p.kernel, ns.dims);
-                    for (auto [offset, size] : e->layout->params)
-                        args.push_back(const_cast<std::byte*>(ns.params.data()) + offset);
+                    // Its pointers into module globals the driver placed elsewhere when their modules were
+                    // loaded again (XLA passes its constants' addresses so).
+                    params.assign(ns.params.begin(), ns.params.end());
+                    globals.relocate_params(params, *e->layout);
+                    for (auto [offset, size] : e->layout->params) args.push_back(params.data() + offset);
                     p.kernel.kernelParams = args.data();
                     break;
                 }
                 case CU_GRAPH_NODE_TYPE_MEMSET: {
                     const auto& m = ns.memset;
-                    p.memset = {m.dst, m.pitch, m.value, m.elementSize, m.width, m.height, ctx};
+                    p.memset = {now_at(m.dst), m.pitch, m.value, m.elementSize, m.width, m.height, ctx};
                     break;
                 }
                 case CU_GRAPH_NODE_TYPE_MEMCPY: {
                     p.memcpy.copyParams = ns.copy;
+                    auto& c = p.memcpy.copyParams;
+                    if (c.srcMemoryType == CU_MEMORYTYPE_DEVICE || c.srcMemoryType == CU_MEMORYTYPE_UNIFIED)
+                        c.srcDevice = now_at(c.srcDevice);
+                    if (c.dstMemoryType == CU_MEMORYTYPE_DEVICE || c.dstMemoryType == CU_MEMORYTYPE_UNIFIED)
+                        c.dstDevice = now_at(c.dstDevice);
                     for (auto [id, slot] : {std::pair{ns.src_array, &p.memcpy.copyParams.srcArray},
                                             std::pair{ns.dst_array, &p.memcpy.copyParams.dstArray}}) {
                         if (!id) continue;

@@ -489,12 +489,7 @@ CUresult kernel_args::set(call_context& cx, std::span<const std::byte> block, ui
     std::memcpy(base, block.data(), block.size());
     std::memset(base + block.size(), 0, words * 8 - block.size());  // only what the client did not send
     // Pointers into module globals the driver placed elsewhere since the application learnt their address.
-    if (cx.sess.globals.any_relocated() && e.layout)
-        for (auto [off, size] : e.layout->params)
-            if (uint64_t v = 0; size == 8 && off + size <= block.size()) {
-                std::memcpy(&v, base + off, 8);
-                if (auto to = cx.sess.globals.relocated(v)) std::memcpy(base + off, &*to, 8);
-            }
+    cx.sess.globals.relocate_params({reinterpret_cast<std::byte*>(base), block.size()}, *e.layout);
     size_ = block.size();
     extra_[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
     extra_[1] = base;

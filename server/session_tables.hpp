@@ -17,15 +17,18 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "common/param_layout.hpp"
 #include "driver_table.hpp"
 #include "server/ipc.hpp"
 #include "server/jit.hpp"
@@ -82,6 +85,16 @@ class module_globals {
         return it->second.to + (p - it->first);
     }
     bool any_relocated() const { return !relocated_.empty(); }
+    // The 8-byte parameters of a kernel's parameter block (packed at `layout`) that point into a relocated
+    // global, given the new address: a launch's, and a graph kernel node's made again.
+    void relocate_params(std::span<std::byte> block, const param_layout& layout) const {
+        if (relocated_.empty()) return;
+        for (auto [off, size] : layout.params)
+            if (uint64_t v = 0; size == 8 && off + size <= block.size()) {
+                std::memcpy(&v, block.data() + off, 8);
+                if (auto to = relocated(v)) std::memcpy(block.data() + off, &*to, 8);
+            }
+    }
     const std::map<CUdeviceptr, relocation>& relocations() const { return relocated_; }
     void erase_device(size_t device) {
         std::erase_if(globals_, [&](const auto& g) { return g.first.second == device; });

@@ -1,12 +1,13 @@
 // graph_suspend: CUDA graphs kept through a pause (argv[1] ms, default 0) in which a server that suspends
 // idle sessions (vcuda-server --test-suspend-every) destroys and makes them again (server/graph_image.cpp).
-// Before the pause: a graph of kernel (one with a priority attribute), memset, memcpy, event record and child
-// graph nodes, with edges, instantiated and launched; the executable graph's kernel node updated and launched
-// again. After it, through the same handles: the executable graph launched (its update kept), a node of the
-// graph read (its priority too) and changed, the graph instantiated again, the old executable graph updated
-// through a node handle, then from the graph (cuGraphExecUpdate) and through the node handle again. Natively
-// and through vcuda (suspended or not) it must print the same. argv[2], if given: a file created when the
-// pause begins (graphs made), for a test that moves the session then (tests/integration/move_session.sh).
+// Before the pause: a graph of kernel (one with a priority attribute, one writing a module global through its
+// address), memset, memcpy, event record and child graph nodes, with edges, instantiated and launched; the
+// executable graph's kernel node updated and launched again. After it, through the same handles: the
+// executable graph launched (its update kept), a node of the graph read (its priority too) and changed, the
+// graph instantiated again, the old executable graph updated through a node handle, then from the graph
+// (cuGraphExecUpdate) and through the node handle again. Natively and through vcuda (suspended or not) it
+// must print the same. argv[2], if given: a file created when the pause begins (graphs made), for a test that
+// moves the session then (tests/integration/move_session.sh).
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -26,6 +27,11 @@ extern "C" __global__ void gs_add(unsigned* y, const unsigned* x, int n, unsigne
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += a * x[i];
 }
+
+// A module global the graph writes through its address, as XLA's kernels reach their constants: a suspend
+// loads the module again, maybe with the global elsewhere.
+__device__ unsigned gs_marks[4];
+extern "C" __global__ void gs_mark(unsigned* where, unsigned v) { *where = v; }
 
 namespace {
 
@@ -111,6 +117,19 @@ int main(int argc, char** argv) {
     CHECK(cudaGraphAddMemcpyNode1D(&copy, g, &add, 1, z, y, n * sizeof(unsigned), cudaMemcpyDeviceToDevice));
     CHECK(cudaGraphAddEventRecordNode(&record, g, &copy, 1, ev));
     CHECK(cudaGraphAddChildGraphNode(&sub, g, &record, 1, child));
+    // gs_marks[1] = 42, through the global's address.
+    unsigned* marks = nullptr;
+    CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&marks), gs_marks));
+    unsigned* mark_at = marks + 1;
+    unsigned answer = 42;
+    void* mark_args[] = {&mark_at, &answer};
+    cudaKernelNodeParams mk{};
+    mk.func = reinterpret_cast<void*>(gs_mark);
+    mk.gridDim = dim3(1);
+    mk.blockDim = dim3(1);
+    mk.kernelParams = mark_args;
+    cudaGraphNode_t mark;
+    CHECK(cudaGraphAddKernelNode(&mark, g, &set, 1, &mk));
     size_t nodes = 0, edges = 0;
     CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
     CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &edges));
@@ -135,9 +154,16 @@ int main(int argc, char** argv) {
 
     // After the pause: the same handles.
     CHECK(cudaMemset(z, 0, n * sizeof(unsigned)));
+    const unsigned zeros[4] = {};
+    CHECK(cudaMemcpyToSymbol(gs_marks, zeros, sizeof zeros));
     CHECK(cudaGraphLaunch(exec, s));
     CHECK(cudaStreamSynchronize(s));
     check_z(z, 5, "after the pause, the executable graph");
+    unsigned marks_now[4] = {};
+    CHECK(cudaMemcpyFromSymbol(marks_now, gs_marks, sizeof marks_now));
+    EXPECT(marks_now[1] == 42, "the graph's write through the global's address: gs_marks[1] = %u",
+           marks_now[1]);
+    printf("the graph wrote the module global through its address: yes\n");
     EXPECT(cudaEventQuery(ev) == cudaSuccess, "the graph's event record node did not record");
     printf("event recorded by the graph: yes\n");
     cudaKernelNodeParams got{};
