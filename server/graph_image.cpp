@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <unordered_map>
 
 #include "common/log.hpp"
@@ -61,6 +62,26 @@ const char* node_type_name(CUgraphNodeType t) {
             return "external semaphore";
         default:
             return "unknown";
+    }
+}
+
+// Logs the 8-byte words of a kernel node's parameters (`when`: read or made again) that look like device
+// addresses (4 GiB up to 2^48) yet fall in no memory of the session, device or shared host: if they are
+// addresses, a suspend does not keep what they point at. A parameter may as well be a number, so this only
+// tells the log (at most `budget` lines). The session's `mu` is held.
+void log_foreign_words(session& s, const char* when, const char* function, std::span<const std::byte> params,
+                       size_t& budget) {
+    for (size_t off = 0; off + 8 <= params.size() && budget > 0; off += 8) {
+        uint64_t v = 0;
+        std::memcpy(&v, params.data() + off, 8);
+        if (v < (uint64_t{1} << 32) || v >= (uint64_t{1} << 48) || s.owns_range_locked(v, 1) ||
+            s.host.holding(v, 1))
+            continue;
+        --budget;
+        VCUDA_LOG_INFO(
+            "session {}: a kernel node of {} {}: its parameter bytes {}-{} hold {:#x}, in no memory of the "
+            "session (if it is an address, a suspend does not keep what it points at)",
+            s.id(), function ? function : "an unnamed function", when, off, off + 7, v);
     }
 }
 
@@ -161,6 +182,14 @@ class graph_reader {
         auto params = kernel_node_params(*e->layout, p);
         if (!params) return refuse("a kernel node without its parameters");
         ns.params = std::move(*params);
+        if (foreign_budget_ > 0) {
+            const char* name = nullptr;
+            if (p.kern && d_.cuKernelGetName)
+                d_.cuKernelGetName(&name, p.kern);
+            else if (p.func && d_.cuFuncGetName)
+                d_.cuFuncGetName(&name, p.func);
+            log_foreign_words(s_, "read", name, ns.params, foreign_budget_);
+        }
         // Its attributes (cluster dimensions, cooperative, priority...): each the driver answers for.
         if (d_.cuGraphKernelNodeGetAttribute) {
             CUlaunchAttributeValue v{};
@@ -189,8 +218,8 @@ class graph_reader {
                 array_id = id_of(handle_kind::array, array);
                 array = nullptr;
                 return array_id != 0;
-            case CU_MEMORYTYPE_HOST:
-                return s_.owns_host(reinterpret_cast<uintptr_t>(host), 1);
+            case CU_MEMORYTYPE_HOST:  // the session's `mu` is held (owns_host would take it again)
+                return s_.host.holding(reinterpret_cast<uintptr_t>(host), 1) != nullptr;
             default:
                 return false;
         }
@@ -264,6 +293,7 @@ class graph_reader {
     session_image& img_;
     std::string& why_;
     std::unordered_map<CUgraphNode, CUgraph> replaced_;  // the executable graph's being read
+    size_t foreign_budget_ = 16;                         // log_foreign_words' lines left
     std::unordered_map<void*, std::vector<uint64_t>> node_ids_;
     struct raw_kind_hash {
         size_t operator()(const std::pair<void*, handle_kind>& k) const {
@@ -395,6 +425,7 @@ void session::release_graphs() {
 CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
     auto& d = api();
     std::vector<CUgraph> made(img.graphs.size(), nullptr);
+    size_t foreign_budget = 16;  // log_foreign_words' lines left
     std::vector<std::vector<CUgraphNode>> made_nodes(img.graphs.size());
     for (size_t gi = 0; gi < img.graphs.size(); ++gi) {
         const auto& gs = img.graphs[gi];
@@ -435,6 +466,14 @@ CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
                     // loaded again (XLA passes its constants' addresses so).
                     params.assign(ns.params.begin(), ns.params.end());
                     globals.relocate_params(params, *e->layout);
+                    if (foreign_budget > 0) {
+                        const char* name = nullptr;
+                        if (e->kind == handle_kind::kernel && d.cuKernelGetName)
+                            d.cuKernelGetName(&name, static_cast<CUkernel>(e->raw));
+                        else if (d.cuFuncGetName)
+                            d.cuFuncGetName(&name, static_cast<CUfunction>(e->raw));
+                        log_foreign_words(*this, "made again", name, params, foreign_budget);
+                    }
                     for (auto [offset, size] : e->layout->params) args.push_back(params.data() + offset);
                     p.kernel.kernelParams = args.data();
                     break;

@@ -110,8 +110,10 @@ CUresult handle_tensor_map_encode(call_context& cx) {
         if (!mul_add(dims[i] - 1, strides[i - 1], extent, extent))
             return cx.fail(CUDA_ERROR_INVALID_VALUE, std::string(names[kind]) + ": tensor extent overflows");
     // A null address is encoded as the driver does (a descriptor made before its tensor, given an address
-    // later with cuTensorMapReplaceAddress); any other must be this session's memory.
-    const CUdeviceptr address = cx.arg(3);
+    // later with cuTensorMapReplaceAddress); any other must be this session's memory. An address in a module
+    // global the driver placed elsewhere since the application learnt it (a resume, a move) is the global's
+    // new one (XLA encodes its constants' tensor maps before each run).
+    const CUdeviceptr address = cx.sess.globals.relocated(cx.arg(3)).value_or(cx.arg(3));
     if (CUresult rc = address ? cx.device_range(address, extent) : CUDA_SUCCESS; rc != CUDA_SUCCESS)
         return cx.fail(rc, std::string(names[kind]) + ": the tensor (" + std::to_string(extent) +
                                " bytes from its address) is not memory this session owns");

@@ -85,15 +85,20 @@ class module_globals {
         return it->second.to + (p - it->first);
     }
     bool any_relocated() const { return !relocated_.empty(); }
-    // The 8-byte parameters of a kernel's parameter block (packed at `layout`) that point into a relocated
-    // global, given the new address: a launch's, and a graph kernel node's made again.
+    // The 8-byte words of a kernel's parameter block (packed at `layout`) that point into a relocated global,
+    // given the new address: a launch's, and a graph kernel node's made again. Words inside a parameter too,
+    // at its 8-byte-aligned offsets: a struct passed by value carries pointers so (XLA's CUTLASS kernels take
+    // their constants' addresses in their Params).
     void relocate_params(std::span<std::byte> block, const param_layout& layout) const {
         if (relocated_.empty()) return;
-        for (auto [off, size] : layout.params)
-            if (uint64_t v = 0; size == 8 && off + size <= block.size()) {
-                std::memcpy(&v, block.data() + off, 8);
-                if (auto to = relocated(v)) std::memcpy(block.data() + off, &*to, 8);
+        for (auto [off, size] : layout.params) {
+            if (off % 8 != 0) continue;
+            for (size_t at = off; at + 8 <= size_t{off} + size && at + 8 <= block.size(); at += 8) {
+                uint64_t v = 0;
+                std::memcpy(&v, block.data() + at, 8);
+                if (auto to = relocated(v)) std::memcpy(block.data() + at, &*to, 8);
             }
+        }
     }
     const std::map<CUdeviceptr, relocation>& relocations() const { return relocated_; }
     void erase_device(size_t device) {

@@ -1,13 +1,15 @@
 // graph_suspend: CUDA graphs kept through a pause (argv[1] ms, default 0) in which a server that suspends
 // idle sessions (vcuda-server --test-suspend-every) destroys and makes them again (server/graph_image.cpp).
-// Before the pause: a graph of kernel (one with a priority attribute, one writing a module global through its
-// address), memset, memcpy, event record and child graph nodes, with edges, instantiated and launched; the
-// executable graph's kernel node updated and launched again. After it, through the same handles: the
-// executable graph launched (its update kept), a node of the graph read (its priority too) and changed, the
-// graph instantiated again, the old executable graph updated through a node handle, then from the graph
-// (cuGraphExecUpdate) and through the node handle again. Natively and through vcuda (suspended or not) it
-// must print the same. argv[2], if given: a file created when the pause begins (graphs made), for a test that
+// Before the pause: a graph of kernel (one with a priority attribute, two writing a module global through its
+// address, alone and in a struct), memset, memcpy, event record and child graph nodes, with edges,
+// instantiated and launched; the executable graph's kernel node updated and launched again. After it, through
+// the same handles: the executable graph launched (its update kept), a node of the graph read (its priority
+// too) and changed, the graph instantiated again, the old executable graph updated through a node handle,
+// then from the graph (cuGraphExecUpdate) and through the node handle again; then a launch and a tensor map
+// with the global's address learnt before the pause. Natively and through vcuda (suspended or not) it must
+// print the same. argv[2], if given: a file created when the pause begins (graphs made), for a test that
 // moves the session then (tests/integration/move_session.sh).
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -30,8 +32,15 @@ extern "C" __global__ void gs_add(unsigned* y, const unsigned* x, int n, unsigne
 
 // A module global the graph writes through its address, as XLA's kernels reach their constants: a suspend
 // loads the module again, maybe with the global elsewhere.
-__device__ unsigned gs_marks[4];
+__device__ __align__(16) unsigned gs_marks[4];
 extern "C" __global__ void gs_mark(unsigned* where, unsigned v) { *where = v; }
+// The same through a pointer inside a struct passed by value (as CUTLASS's Params carry XLA's constants).
+struct gs_mark_params {
+    unsigned pad;
+    unsigned* where;
+    unsigned v;
+};
+extern "C" __global__ void gs_mark_in(gs_mark_params p) { *p.where = p.v; }
 
 namespace {
 
@@ -130,6 +139,13 @@ int main(int argc, char** argv) {
     mk.kernelParams = mark_args;
     cudaGraphNode_t mark;
     CHECK(cudaGraphAddKernelNode(&mark, g, &set, 1, &mk));
+    // gs_marks[2] = 43, through a struct parameter.
+    gs_mark_params in_struct{0, marks + 2, 43};
+    void* mark_in_args[] = {&in_struct};
+    mk.func = reinterpret_cast<void*>(gs_mark_in);
+    mk.kernelParams = mark_in_args;
+    cudaGraphNode_t mark_in;
+    CHECK(cudaGraphAddKernelNode(&mark_in, g, &set, 1, &mk));
     size_t nodes = 0, edges = 0;
     CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
     CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &edges));
@@ -163,7 +179,32 @@ int main(int argc, char** argv) {
     CHECK(cudaMemcpyFromSymbol(marks_now, gs_marks, sizeof marks_now));
     EXPECT(marks_now[1] == 42, "the graph's write through the global's address: gs_marks[1] = %u",
            marks_now[1]);
-    printf("the graph wrote the module global through its address: yes\n");
+    EXPECT(marks_now[2] == 43, "the graph's write through a struct parameter: gs_marks[2] = %u",
+           marks_now[2]);
+    printf("the graph wrote the module global through its address, alone and in a struct: yes\n");
+    // A launch with the address learnt before the pause, in a struct.
+    gs_mark_params late{0, marks + 3, 44};
+    gs_mark_in<<<1, 1, 0, s>>>(late);
+    CHECK_LAUNCH();
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaMemcpyFromSymbol(marks_now, gs_marks, sizeof marks_now));
+    EXPECT(marks_now[3] == 44, "a launch's write through a struct parameter: gs_marks[3] = %u", marks_now[3]);
+    printf("a launch wrote the module global through a struct parameter: yes\n");
+    // A tensor map over the global, encoded with the address learnt before the pause (XLA encodes its
+    // constants' maps before each run).
+    void* encode = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &encode, 12000, cudaEnableDefault,
+                                           &found));
+    CUtensorMap map{};
+    cuuint64_t dims[] = {4};
+    cuuint32_t box[] = {4}, element_strides[] = {1};
+    CUresult rc = reinterpret_cast<decltype(&::cuTensorMapEncodeTiled)>(encode)(
+        &map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 1, marks, dims, nullptr, box, element_strides,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    EXPECT(rc == CUDA_SUCCESS, "a tensor map over the global: CUresult %d", static_cast<int>(rc));
+    printf("a tensor map over the module global encoded: yes\n");
     EXPECT(cudaEventQuery(ev) == cudaSuccess, "the graph's event record node did not record");
     printf("event recorded by the graph: yes\n");
     cudaKernelNodeParams got{};

@@ -4,9 +4,9 @@
 // cuGraphExecUpdate): if the listing is not the insertion order, a graph made again pairs its nodes with the
 // wrong ones of the application's next child graph. Each node is a kernel writing its insertion index; the
 // probe prints the indices in listing order for a graph built node by node (with edges that make its
-// topological order differ), its clone, a graph captured on two streams, and a graph made again from a listing.
-// On the H200 (driver 580.159, session 29) every listing was the insertion order (0 1 2 3 4 5; captured
-// 0 1 2 3 4), so a graph made again in listing order pairs as the application's did.
+// topological order differ), its clone, a graph captured on two streams, and a graph made again from a
+// listing. On the H200 (driver 580.159, session 29) every listing was the insertion order (0 1 2 3 4 5;
+// captured 0 1 2 3 4), so a graph made again in listing order pairs as the application's did.
 //   nvcc -arch=sm_90 -o graph_node_order graph_node_order.cu -lcuda
 #include <cuda.h>
 #include <cuda_runtime.h>

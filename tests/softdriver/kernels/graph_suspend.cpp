@@ -26,8 +26,19 @@ void gs_add(const launch& l) {
 
 void gs_mark(const launch& l) { *l.param<unsigned*>(0) = l.param<unsigned>(1); }
 
+struct gs_mark_params {
+    unsigned pad;
+    unsigned* where;
+    unsigned v;
+};
+void gs_mark_in(const launch& l) {
+    auto p = l.param<gs_mark_params>(0);
+    *p.where = p.v;
+}
+
 vcuda::soft::registrar r_set("gs_set", {8, 4, 4}, gs_set);
 vcuda::soft::registrar r_add("gs_add", {8, 8, 4, 4}, gs_add);
 vcuda::soft::registrar r_mark("gs_mark", {8, 4}, gs_mark);
+vcuda::soft::registrar r_mark_in("gs_mark_in", {sizeof(gs_mark_params)}, gs_mark_in);
 vcuda::soft::registrar g_marks("gs_marks", size_t{16});  // __device__ unsigned gs_marks[4]
 }  // namespace
