@@ -257,8 +257,9 @@ operator_commands::operator_commands(CLI::App& app) {
         ->required();
     migrate_.app->add_option("--to", migrate_to_, "GPU UUID, server host or server id (default: any)");
     migrate_.app->footer(
-        "Limits: sessions holding what a move does not carry yet (CUDA graphs, arrays and textures, memory "
-        "pools and stream-ordered allocations, memory or events shared through IPC, VMM reservations outside "
+        "Limits: sessions holding what a move does not carry yet (CUDA graphs unless the servers run with "
+        "--suspend-graphs, memory pools and stream-ordered allocations, CUDA user objects, memory or events "
+        "shared through IPC, VMM reservations outside "
         "the server's address window), and sessions sharing pinned host memory with a client on another "
         "host than the target, stay where they are, with the reason in `vcuda events`. A move to a GPU of "
         "another model leaves the program with the old GPU's attributes.");

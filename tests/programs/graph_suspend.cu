@@ -197,10 +197,11 @@ int main(int argc, char** argv) {
     CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &encode, 12000, cudaEnableDefault,
                                            &found));
     CUtensorMap map{};
-    cuuint64_t dims[] = {4};
-    cuuint32_t box[] = {4}, element_strides[] = {1};
+    // Two rows of 16 bytes (the H200's driver refused a rank-1 map over it, natively).
+    cuuint64_t dims[] = {4, 1}, strides[] = {16};
+    cuuint32_t box[] = {4, 1}, element_strides[] = {1, 1};
     CUresult rc = reinterpret_cast<decltype(&::cuTensorMapEncodeTiled)>(encode)(
-        &map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 1, marks, dims, nullptr, box, element_strides,
+        &map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, marks, dims, strides, box, element_strides,
         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     EXPECT(rc == CUDA_SUCCESS, "a tensor map over the global: CUresult %d", static_cast<int>(rc));

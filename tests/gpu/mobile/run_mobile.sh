@@ -14,7 +14,8 @@
 #   MOBILE_OUT         outputs (default $OUT/mobile, else /tmp/mobile)
 #   MOBILE_WORKLOADS   default "cnn transformer cupy jax" (workload.py's kinds; "sr": tests/programs/suspend_resume)
 #   MOBILE_ACTIONS     default "migrate suspend drain"; MOBILE_TRANSPORTS default "unix tcp"
-#   MOBILE_PAUSE       seconds each workload pauses (default 10)
+#   MOBILE_PAUSE       seconds each workload pauses at most (default 60): workload.py ends its pause when the
+#                      action is done (MOBILE_GO_FILE), so that a quick workload is still paused when it comes
 #   MOBILE_MEMORY      each lease's memory (default 16G); MOBILE_TIMEOUT seconds per run (default 300)
 #   MOBILE_SERVER_LOG  the servers' --log-level (default info)
 #   MOBILE_SERVER_ARGS more arguments for both servers (words), e.g. "--suspend-graphs"
@@ -29,7 +30,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${MOBILE_OUT:-${OUT:-/tmp}/mobile}
 rm -rf "$out"; mkdir -p "$out"
 py=${PYTHON:-python3}
-pause=${MOBILE_PAUSE:-10}
+pause=${MOBILE_PAUSE:-60}
 workloads=${MOBILE_WORKLOADS:-cnn transformer cupy jax}
 driver=(); [ -n "${MOBILE_DRIVER:-}" ] && driver=(--driver "$MOBILE_DRIVER")
 pids=()
@@ -94,9 +95,10 @@ for transport in ${MOBILE_TRANSPORTS:-unix tcp}; do
     # All on A: B cordoned while they start.
     vcuda cordon "$srv_b" > /dev/null
     declare -A prog=()
+    go="$t/$action.go"; rm -f "$go"
     for w in $workloads; do
       # shellcheck disable=SC2046
-      VCUDA_CREDENTIAL=$(cat "$t/alice.cred") timeout "${MOBILE_TIMEOUT:-300}" "$build/bin/vcuda" run --manager "unix:$t/m.sock" \
+      MOBILE_GO_FILE=$go VCUDA_CREDENTIAL=$(cat "$t/alice.cred") timeout "${MOBILE_TIMEOUT:-300}" "$build/bin/vcuda" run --manager "unix:$t/m.sock" \
         --memory "${MOBILE_MEMORY:-16G}" -- $(command_of "$w" "$pause") > "$t/$action.$w.out" 2> "$t/$action.$w.err" &
       prog[$w]=$!
     done
@@ -124,6 +126,10 @@ for transport in ${MOBILE_TRANSPORTS:-unix tcp}; do
         for l in $leases; do vcuda resume "$l" > /dev/null; done ;;
       drain) vcuda drain "$srv_a" > "$t/drain.txt" ;;
     esac
+    # A move happens at the server's next heartbeat: the workloads go on once each lease's is done or refused.
+    settled() { [ "$(vcuda events --json | json "len({e['lease_id'] for e in j['events'] if e['kind'] in ('moved', 'not-moved')} & set('$leases'.split()))")" -ge "$(echo "$leases" | wc -w)" ]; }
+    [ "$action" = suspend ] || wait_for 30 settled || echo "$transport $action: not every lease's move was done or refused within 30 s"
+    touch "$go"  # the workloads go on
     for w in $workloads; do
       wait "${prog[$w]}"; rc=$?
       verdict="identical"

@@ -7,19 +7,24 @@
 #   transformer  PyTorch: a 2-layer transformer encoder, AdamW, 20 + 20 steps
 #   cupy         CuPy: a least-squares fit by gradient descent with an ElementwiseKernel, 200 + 200 steps
 #   jax          JAX: jit + grad of a small MLP, 50 + 50 steps
-# Prints `phase 1 done` (the orchestrator's cue), sleeps PAUSE_SECONDS, runs phase 2, prints `PASS workload`.
+# Prints `phase 1 done` (the orchestrator's cue), pauses, runs phase 2, prints `PASS workload`. The pause lasts
+# PAUSE_SECONDS, or less when MOBILE_GO_FILE names a file: until it exists (the orchestrator made it once its
+# action was done, so that a workload quicker than the others is still in its pause when the action comes).
 import os
 import sys
 import time
 
 KIND = sys.argv[1] if len(sys.argv) > 1 else "cnn"
 PAUSE = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+GO = os.environ.get("MOBILE_GO_FILE", "")
 sys.stdout.reconfigure(line_buffering=True)
 
 
 def pause():
     print("phase 1 done", flush=True)
-    time.sleep(PAUSE)
+    end = time.monotonic() + PAUSE
+    while time.monotonic() < end and not (GO and os.path.exists(GO)):
+        time.sleep(0.05)
 
 
 if KIND in ("cnn", "transformer"):
