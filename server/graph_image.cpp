@@ -68,7 +68,9 @@ const char* node_type_name(CUgraphNodeType t) {
 // Logs the 8-byte words of a kernel node's parameters (`when`: read or made again) that look like device
 // addresses (4 GiB up to 2^48) yet fall in no memory of the session, device or shared host: if they are
 // addresses, a suspend does not keep what they point at. A parameter may as well be a number, so this only
-// tells the log (at most `budget` lines). The session's `mu` is held.
+// tells the debug log (at most `budget` lines: foreign_word_lines()). The session's `mu` is held.
+size_t foreign_word_lines() { return log::get()->should_log(spdlog::level::debug) ? 16 : 0; }
+
 void log_foreign_words(session& s, const char* when, const char* function, std::span<const std::byte> params,
                        size_t& budget) {
     for (size_t off = 0; off + 8 <= params.size() && budget > 0; off += 8) {
@@ -78,7 +80,7 @@ void log_foreign_words(session& s, const char* when, const char* function, std::
             s.host.holding(v, 1))
             continue;
         --budget;
-        VCUDA_LOG_INFO(
+        VCUDA_LOG_DEBUG(
             "session {}: a kernel node of {} {}: its parameter bytes {}-{} hold {:#x}, in no memory of the "
             "session (if it is an address, a suspend does not keep what it points at)",
             s.id(), function ? function : "an unnamed function", when, off, off + 7, v);
@@ -293,7 +295,7 @@ class graph_reader {
     session_image& img_;
     std::string& why_;
     std::unordered_map<CUgraphNode, CUgraph> replaced_;  // the executable graph's being read
-    size_t foreign_budget_ = 16;                         // log_foreign_words' lines left
+    size_t foreign_budget_ = foreign_word_lines();       // log_foreign_words' lines left
     std::unordered_map<void*, std::vector<uint64_t>> node_ids_;
     struct raw_kind_hash {
         size_t operator()(const std::pair<void*, handle_kind>& k) const {
@@ -425,7 +427,7 @@ void session::release_graphs() {
 CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
     auto& d = api();
     std::vector<CUgraph> made(img.graphs.size(), nullptr);
-    size_t foreign_budget = 16;  // log_foreign_words' lines left
+    size_t foreign_budget = foreign_word_lines();  // log_foreign_words' lines left
     std::vector<std::vector<CUgraphNode>> made_nodes(img.graphs.size());
     for (size_t gi = 0; gi < img.graphs.size(); ++gi) {
         const auto& gs = img.graphs[gi];
