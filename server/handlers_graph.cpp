@@ -9,7 +9,8 @@
 // here: copies with the client's memory (server/host_functions.hpp) and stream-ordered allocations' holds.
 // Graph allocations (memory alloc nodes) are the session's while a graph holding their node lives (a user
 // object of that graph, server/handlers_graph.hpp). The plain graph calls (create, clone, destroy, launch,
-// upload, child graph update, node destroy, graph memory trim) are generated.
+// upload, node destroy, graph memory trim) are generated; so is the child graph update's client side, its
+// server side is here (the suspend follows it).
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
