@@ -65,25 +65,35 @@ const char* node_type_name(CUgraphNodeType t) {
     }
 }
 
-// Logs the 8-byte words of a kernel node's parameters (`when`: read or made again) that look like device
-// addresses (4 GiB up to 2^48) yet fall in no memory of the session, device or shared host: if they are
-// addresses, a suspend does not keep what they point at. A parameter may as well be a number, so this only
-// tells the debug log (at most `budget` lines: foreign_word_lines()). The session's `mu` is held.
+// Logs the 8-byte words of a kernel node's parameters (`when`: read or made again; its kernel `kern`, else
+// function `func`) that look like device addresses (4 GiB up to 2^48) yet fall in no memory of the session,
+// device or shared host: if they are addresses, a suspend does not keep what they point at. A parameter may
+// as well be a number, so this only tells the debug log (at most `budget` lines: foreign_word_lines()). The
+// session's `mu` is held.
 size_t foreign_word_lines() { return log::get()->should_log(spdlog::level::debug) ? 16 : 0; }
 
-void log_foreign_words(session& s, const char* when, const char* function, std::span<const std::byte> params,
-                       size_t& budget) {
+void log_foreign_words(session& s, const driver_table& d, const char* when, CUkernel kern, CUfunction func,
+                       std::span<const std::byte> params, size_t& budget) {
+    const char* name = nullptr;
+    bool named = false;
     for (size_t off = 0; off + 8 <= params.size() && budget > 0; off += 8) {
         uint64_t v = 0;
         std::memcpy(&v, params.data() + off, 8);
         if (v < (uint64_t{1} << 32) || v >= (uint64_t{1} << 48) || s.owns_range_locked(v, 1) ||
             s.host.holding(v, 1))
             continue;
+        if (!named) {  // asked of the driver once, and only for a node with something to log
+            named = true;
+            if (kern && d.cuKernelGetName)
+                d.cuKernelGetName(&name, kern);
+            else if (func && d.cuFuncGetName)
+                d.cuFuncGetName(&name, func);
+        }
         --budget;
         VCUDA_LOG_DEBUG(
             "session {}: a kernel node of {} {}: its parameter bytes {}-{} hold {:#x}, in no memory of the "
             "session (if it is an address, a suspend does not keep what it points at)",
-            s.id(), function ? function : "an unnamed function", when, off, off + 7, v);
+            s.id(), name ? name : "an unnamed function", when, off, off + 7, v);
     }
 }
 
@@ -110,8 +120,9 @@ class graph_reader {
         return it == ids_.end() ? 0 : it->second;
     }
 
-    // The child graph nodes given new children in the executable graph read next, and those children.
-    void replaced_children(const std::unordered_map<CUgraphNode, CUgraph>& children) { replaced_ = children; }
+    // The child graph nodes given new children in the executable graph read next, and those children (null:
+    // none, a graph that is not an executable graph's clone). They must outlive the read.
+    void replaced_children(const std::unordered_map<CUgraphNode, CUgraph>* children) { replaced_ = children; }
 
     // The graph's position in the image, or nothing (why_ says what stopped it).
     std::optional<size_t> read(CUgraph g, size_t device) {
@@ -144,6 +155,11 @@ class graph_reader {
     }
 
   private:
+    CUgraph replaced_child(CUgraphNode node) const {
+        if (!replaced_) return nullptr;
+        auto it = replaced_->find(node);
+        return it == replaced_->end() ? nullptr : it->second;
+    }
     bool call(CUresult rc, const char* what) {
         if (rc == CUDA_SUCCESS) return true;
         why_ = std::string("a graph of the session: ") + what + " (" + error_text(rc) + ")";
@@ -184,14 +200,8 @@ class graph_reader {
         auto params = kernel_node_params(*e->layout, p);
         if (!params) return refuse("a kernel node without its parameters");
         ns.params = std::move(*params);
-        if (foreign_budget_ > 0) {
-            const char* name = nullptr;
-            if (p.kern && d_.cuKernelGetName)
-                d_.cuKernelGetName(&name, p.kern);
-            else if (p.func && d_.cuFuncGetName)
-                d_.cuFuncGetName(&name, p.func);
-            log_foreign_words(s_, "read", name, ns.params, foreign_budget_);
-        }
+        if (foreign_budget_ > 0)
+            log_foreign_words(s_, d_, "read", p.kern, p.func, ns.params, foreign_budget_);
         // Its attributes (cluster dimensions, cooperative, priority...): each the driver answers for.
         if (d_.cuGraphKernelNodeGetAttribute) {
             CUlaunchAttributeValue v{};
@@ -268,10 +278,9 @@ class graph_reader {
                     refuse("a graph copy with the application's own memory (its staging buffer)");
                     return std::nullopt;
                 }
-                CUgraph child = nullptr;
-                if (auto it = replaced_.find(node); it != replaced_.end())
-                    child = it->second;  // given to it in the executable graph since (graph_exec_origins)
-                else
+                // The child given to it in the executable graph since (graph_exec_origins), else its own.
+                CUgraph child = replaced_child(node);
+                if (!child)
                     ok = call(d_.cuGraphChildGraphNodeGetGraph(node, &child),
                               "a child graph could not be read");
                 if (!ok) break;
@@ -294,8 +303,8 @@ class graph_reader {
     const driver_table& d_;
     session_image& img_;
     std::string& why_;
-    std::unordered_map<CUgraphNode, CUgraph> replaced_;  // the executable graph's being read
-    size_t foreign_budget_ = foreign_word_lines();       // log_foreign_words' lines left
+    const std::unordered_map<CUgraphNode, CUgraph>* replaced_ = nullptr;  // the executable graph's being read
+    size_t foreign_budget_ = foreign_word_lines();                        // log_foreign_words' lines left
     std::unordered_map<void*, std::vector<uint64_t>> node_ids_;
     struct raw_kind_hash {
         size_t operator()(const std::pair<void*, handle_kind>& k) const {
@@ -360,7 +369,7 @@ CUresult session::save_graphs(session_image& img, std::string& why) {
         current_for(device);
         const bool exec = e.kind == handle_kind::graph_exec;
         auto* o = exec ? graph_execs.find(id) : nullptr;
-        reader.replaced_children(exec ? o->children : std::unordered_map<CUgraphNode, CUgraph>{});
+        reader.replaced_children(exec ? &o->children : nullptr);
         auto at = reader.read(exec ? o->clone : static_cast<CUgraph>(e.raw), device);
         if (!at) {
             ok = false;
@@ -468,14 +477,9 @@ CUresult session::rebuild_graphs(const session_image& img, std::string& what) {
                     // loaded again (XLA passes its constants' addresses so).
                     params.assign(ns.params.begin(), ns.params.end());
                     globals.relocate_params(params, *e->layout);
-                    if (foreign_budget > 0) {
-                        const char* name = nullptr;
-                        if (e->kind == handle_kind::kernel && d.cuKernelGetName)
-                            d.cuKernelGetName(&name, static_cast<CUkernel>(e->raw));
-                        else if (d.cuFuncGetName)
-                            d.cuFuncGetName(&name, static_cast<CUfunction>(e->raw));
-                        log_foreign_words(*this, "made again", name, params, foreign_budget);
-                    }
+                    if (foreign_budget > 0)
+                        log_foreign_words(*this, d, "made again", p.kernel.kern, p.kernel.func, params,
+                                          foreign_budget);
                     for (auto [offset, size] : e->layout->params) args.push_back(params.data() + offset);
                     p.kernel.kernelParams = args.data();
                     break;

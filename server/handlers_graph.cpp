@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "server/call_context.hpp"
@@ -149,7 +150,7 @@ void keep_origin(call_context& cx, uint64_t exec, CUgraph g, const cuuint64_t* f
     CUgraph clone = nullptr;
     const bool cloned = d.cuGraphClone && d.cuGraphClone(&clone, g) == CUDA_SUCCESS;
     CUgraph old = nullptr;
-    std::unordered_map<CUgraphNode, CUgraph> children;  // the old clone's: the new graph has its own
+    graph_exec_origins::origin gone;  // the old clone's children: the new graph has its own
     {
         std::lock_guard lock(cx.sess.mu);
         auto& o = cx.sess.graph_execs.add(exec);
@@ -157,7 +158,7 @@ void keep_origin(call_context& cx, uint64_t exec, CUgraph g, const cuuint64_t* f
             o.not_kept = "an instantiation whose graph could not be cloned";
             return;
         }
-        children.swap(o.children);
+        gone.children.swap(o.children);
         old = o.clone;
         // Made again from `old` by a suspend: the executable graph's nodes are old's, and stay so.
         if (old && !o.nodes.empty()) {
@@ -169,7 +170,7 @@ void keep_origin(call_context& cx, uint64_t exec, CUgraph g, const cuuint64_t* f
         if (source) o.source = source;
     }
     if (old) d.cuGraphDestroy(old);
-    for (auto& [node, g] : children) d.cuGraphDestroy(g);
+    gone.drop_children(d);
 }
 
 // Executable graph `exec` was changed in a way its clone does not follow (`what`): a suspend is refused.
@@ -1322,19 +1323,10 @@ CUresult handle_exec_child_graph_params(call_context& cx) {
                  "cuGraphExecChildGraphNodeSetParams with a child graph that could not be cloned");
         return rc;
     }
-    CUgraph old = nullptr;
+    CUgraph old = kept;  // destroyed below unless kept: the one it replaces, or this one (graph gone)
     {
         std::lock_guard lock(cx.sess.mu);
-        auto* o = cx.sess.graph_execs.find(cx.arg(0));
-        if (!o) {
-            old = kept;
-        } else {
-            auto [it, fresh] = o->children.try_emplace(copy, kept);
-            if (!fresh) {
-                old = it->second;
-                it->second = kept;
-            }
-        }
+        if (auto* o = cx.sess.graph_execs.find(cx.arg(0))) old = std::exchange(o->children[copy], kept);
     }
     if (old) d.cuGraphDestroy(old);
     return rc;
