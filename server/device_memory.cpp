@@ -346,7 +346,7 @@ CUresult device_memory::allocate(size_t size, CUdeviceptr& out) {
             }
         }
         CUdeviceptr va;
-        if (CUresult rc = map_new(granularity, true, va); rc != CUDA_SUCCESS) return rc;
+        if (CUresult rc = map_making_room(granularity, true, va); rc != CUDA_SUCCESS) return rc;
         auto& m = mappings_[va];
         m.free_runs.clear();
         if (granularity > need) m.free_runs[need] = granularity - need;
@@ -355,21 +355,57 @@ CUresult device_memory::allocate(size_t size, CUdeviceptr& out) {
         allocations_[out] = {need, va};
         return CUDA_SUCCESS;
     }
-    CUdeviceptr va;
-    if (CUresult rc = map_new(round_up(size, granularity), false, va); rc != CUDA_SUCCESS) return rc;
+    CUdeviceptr va = 0;
+    const size_t whole = round_up(size, granularity);
+    if (auto spare = spares_.find(whole); spare != spares_.end()) {
+        va = spare->second;
+        spares_.erase(spare);
+        spare_bytes_ -= whole;
+    } else if (CUresult rc = map_making_room(whole, false, va); rc != CUDA_SUCCESS) {
+        return rc;
+    }
     mappings_[va].live = 1;
     out = va;
     allocations_[out] = {size, va};
     return CUDA_SUCCESS;
 }
 
-CUresult device_memory::release(CUdeviceptr p) {
+CUresult device_memory::map_making_room(size_t size, bool shared, CUdeviceptr& va) {
+    CUresult rc = map_new(size, shared, va);
+    if (rc != CUDA_ERROR_OUT_OF_MEMORY || spares_.empty()) return rc;
+    drop_spares();  // room for it, rather than memory kept for allocations that may never come
+    return map_new(size, shared, va);
+}
+
+void device_memory::drop_spares() {
+    for (auto [size, va] : spares_) {
+        unmap(va, mappings_.at(va));
+        mappings_.erase(va);
+    }
+    spares_.clear();
+    spare_bytes_ = 0;
+}
+
+CUresult device_memory::release(CUdeviceptr p, bool spare) {
     auto it = allocations_.find(p);
     if (it == allocations_.end()) return CUDA_ERROR_INVALID_VALUE;
     auto [size, va] = it->second;
     allocations_.erase(it);
     auto& m = mappings_.at(va);
     if (!m.shared) {
+        if (spare && m.handle && m.size <= spare_limit) {
+            while (spare_bytes_ + m.size > spare_limit) {  // the smallest kept go first
+                auto [kept_size, kept_va] = *spares_.begin();
+                spares_.erase(spares_.begin());
+                spare_bytes_ -= kept_size;
+                unmap(kept_va, mappings_.at(kept_va));
+                mappings_.erase(kept_va);
+            }
+            m.live = 0;
+            spares_.emplace(m.size, va);
+            spare_bytes_ += m.size;
+            return CUDA_SUCCESS;
+        }
         unmap(va, m);
         mappings_.erase(va);
         return CUDA_SUCCESS;
@@ -460,6 +496,8 @@ void device_memory::unmap_foreign(CUdeviceptr va, size_t size, CUmemGenericAlloc
 void device_memory::release_all() {
     for (auto& [va, m] : mappings_) unmap(va, m);
     mappings_.clear();
+    spares_.clear();
+    spare_bytes_ = 0;
     allocations_.clear();
     credit(heap_charge_);  // the context goes, and its heap with it
     heap_charge_ = 0;

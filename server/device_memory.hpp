@@ -82,7 +82,13 @@ class device_memory {
     void set_device(CUdevice dev) { dev_ = dev; }
 
     CUresult allocate(size_t size, CUdeviceptr& out);
-    CUresult release(CUdeviceptr p);  // only the exact start of a live allocation
+    // Only the exact start of a live allocation. `spare`: a mapping of its own stays mapped (and charged) for
+    // the next allocation of its size, as a pool keeps what is freed (default pools' allocations: a
+    // cudaMallocAsync/cudaFreeAsync loop then maps nothing); at most spare_limit bytes, dropped first when an
+    // allocation finds no room, and by drop_spares().
+    CUresult release(CUdeviceptr p, bool spare = false);
+    void drop_spares();
+    static constexpr uint64_t spare_limit = uint64_t{1} << 30;
     // True when [p, p+n) lies inside one live allocation (overflow-safe).
     bool contains(CUdeviceptr p, size_t n) const;
     // Unmaps everything (session end, context reset). The caller has synchronized the GPU.
@@ -197,6 +203,8 @@ class device_memory {
     };
 
     CUresult map_new(size_t size, bool shared, CUdeviceptr& va);
+    CUresult map_making_room(size_t size, bool shared,
+                             CUdeviceptr& va);  // map_new, spares dropped if need be
     // Gives a mapping's addresses back: to the window, or the reservation to the driver.
     void free_addresses(CUdeviceptr va, const mapping& m);
     CUresult map_at(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle& h, bool& exportable);
@@ -221,6 +229,9 @@ class device_memory {
     bool export_allowed_ = true;           // until the driver refuses an exportable mapping (map_at)
     std::map<CUdeviceptr, bool> foreign_;  // map_foreign's mappings: start -> in the address window
     allocation_map allocations_;           // start -> (size, its mapping)
+    std::multimap<size_t, CUdeviceptr>
+        spares_;  // mappings of their own kept by release(p, true): size -> start
+    uint64_t spare_bytes_ = 0;
 };
 
 // Copies between GPU memory and `size` bytes of host pages at `host` with `copy`, the pages registered for

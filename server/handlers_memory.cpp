@@ -29,8 +29,11 @@ CUresult current_memory(call_context& cx, device_memory*& mem) {
 
 CUresult free_device_allocation(call_context& cx, device_memory& mem, CUdeviceptr p) {
     std::lock_guard lock(cx.sess.mu);
+    cx.sess.settle_stream_frees(false);
+    if (cx.sess.pools.freed_pending(p)) return CUDA_ERROR_INVALID_VALUE;  // freed already, in stream order
     CUresult rc = mem.release(p);
     if (rc != CUDA_SUCCESS) return rc;
+    cx.sess.pools.erase(p);  // a default pool's allocation (server/handlers_pool.cpp)
     // Its IPC handle opens no more (memory others opened stays theirs until they close it).
     if (auto it = cx.sess.ipc_state.memory_exports.find(p); it != cx.sess.ipc_state.memory_exports.end()) {
         if (cx.sess.ipc()) cx.sess.ipc()->withdraw(it->second, cx.sess.id());
@@ -96,6 +99,11 @@ CUresult handle_mem_free(call_context& cx) {
     // address stays the session's as long as its graph: server/handlers_graph.hpp).
     auto p = static_cast<CUdeviceptr>(cx.arg(0));
     if (!cx.sess.pools.find(p) && cx.sess.graph_memory.find(p)) return cx.drv().cuMemFree_v2(p);
+    if (auto a = cx.sess.pools.find(p); a && a->windowed) {  // of another device than the current one
+        if (CUresult r = cx.sess.memory(a->device).release(p); r != CUDA_SUCCESS) return r;
+        cx.sess.pools.erase(p);
+        return CUDA_SUCCESS;
+    }
     if (auto a = cx.sess.pools.find(p)) {
         if (CUresult r = cx.drv().cuMemFree_v2(p); r != CUDA_SUCCESS) return r;
         if (!a->imported) cx.sess.memory(a->device).credit(cx.sess.pools.keep(a->pool, a->size, a->device));

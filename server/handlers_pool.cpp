@@ -1,9 +1,16 @@
 // Stream-ordered allocation and memory pools (cuMemAllocAsync, cuMemFreeAsync, cuMemPoolCreate, ...). Every
 // stream-ordered allocation is this session's memory (copies and kernels may use it; charged to the quota
 // when made, credited when freed); pools are session handles, the devices' default pools owned by the session
-// (never destroyed by it). What a pool keeps reserved after frees, up to its release threshold, stays
-// charged. Only device-located pools are served. On a capturing stream the driver makes a memory alloc node
-// instead: its allocation is held as its graph's (server/handlers_graph.hpp).
+// (never destroyed by it). Only device-located pools are served. On a capturing stream the driver makes a
+// memory alloc node instead: its allocation is held as its graph's (server/handlers_graph.hpp).
+//
+// A device's default pool is served from the session's own device memory (device_memory, in the address
+// window), not the driver's pool: the driver picks its pools' addresses, which another server process could
+// not give again, so only such memory is suspended and moved with the session. A free waits for its stream:
+// an event recorded behind the stream's work says when the memory may go back (session::settle_stream_frees,
+// at the next allocation or free, or when an allocation finds no room). The pool's figures count it
+// (pool_allocations::window_figures). A pool the application made stays the driver's; what it keeps reserved
+// after frees, up to its release threshold, stays charged.
 #include <cstring>
 #include <span>
 #include <vector>
@@ -28,17 +35,21 @@ CUresult current_device_memory(call_context& cx, size_t& device, device_memory*&
 }
 
 // The handle the session already gave for the driver's pool `raw`, else a new owned one (a device's default
-// or current pool: asking twice gives the same handle).
-void out_pool(call_context& cx, CUmemoryPool raw) {
+// or current pool: asking twice gives the same handle), of session device `device`.
+void out_pool(call_context& cx, CUmemoryPool raw, size_t device) {
     uint64_t found;
     {
         std::lock_guard lock(cx.sess.mu);
         found = cx.sess.handles.find_raw(handle_kind::mem_pool, raw);
     }
-    if (found)
+    if (found) {
         cx.out(found);
-    else
-        cx.out_handle(handle_kind::mem_pool, raw, 0, /*owned=*/true);
+        return;
+    }
+    cx.out_handle(handle_kind::mem_pool, raw, 0, /*owned=*/true);
+    std::lock_guard lock(cx.sess.mu);
+    if (handle_entry* e = cx.sess.handles.find(cx.outs.back(), handle_kind::mem_pool))
+        e->device = static_cast<int>(device);  // a suspend makes it again on its own device
 }
 
 // cuMemAllocAsync on a capturing stream: a memory alloc node of the capture's graph, charged in full (the
@@ -70,6 +81,68 @@ CUresult captured_alloc(call_context& cx, CUstream stream, CUmemoryPool pool, si
     return CUDA_SUCCESS;
 }
 
+// Whether allocations from `pool` (nullptr: the device's current pool) are served from the session's own
+// memory: those of the device's default pool.
+bool from_default_pool(call_context& cx, size_t device, CUmemoryPool& pool) {
+    auto& d = cx.drv();
+    CUdevice dev;
+    CUmemoryPool def = nullptr;
+    if (cx.sess.real_device(device, dev) != CUDA_SUCCESS || !d.cuDeviceGetDefaultMemPool ||
+        d.cuDeviceGetDefaultMemPool(&def, dev) != CUDA_SUCCESS)
+        return false;
+    if (!pool && (!d.cuDeviceGetMemPool || d.cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS)) return false;
+    return pool == def;
+}
+
+// The session's device index whose default pool `pool` is, or -1.
+int default_pool_device(call_context& cx, CUmemoryPool pool) {
+    for (size_t i = 0; i < cx.sess.device_count(); ++i)
+        if (CUmemoryPool p = pool; p && from_default_pool(cx, i, p)) return static_cast<int>(i);
+    return -1;
+}
+
+// An allocation of the default pool: the session's device memory, where the frees that waited for their
+// streams gave room back first (all of them, waited for, when there is no room otherwise).
+CUresult windowed_alloc(call_context& cx, device_memory& mem, size_t size, size_t device, CUmemoryPool pool) {
+    CUdeviceptr p = 0;
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.settle_stream_frees(false);
+    CUresult rc = mem.allocate(size, p);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && !cx.sess.pools.pending().empty()) {
+        cx.sess.settle_stream_frees(true);
+        rc = mem.allocate(size, p);
+    }
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && mem.quota())
+        return cx.fail(rc,
+                       "allocation of " + std::to_string(size) + " bytes exceeds the session's memory quota");
+    if (rc != CUDA_SUCCESS) return rc;
+    cx.sess.pools.add(p, size, device, pool, /*imported=*/false, /*windowed=*/true);
+    cx.out(static_cast<uint64_t>(p));
+    return CUDA_SUCCESS;
+}
+
+// A free of the session's own memory in stream order (`counted`: bytes of the default pool's figures): the
+// memory goes back once the stream's work before the free is done. Without an event to say when, the
+// stream is waited for.
+CUresult free_when_done(call_context& cx, device_memory& mem, CUdeviceptr p, CUstream stream, size_t device,
+                        size_t counted) {
+    auto& d = cx.drv();
+    CUevent done = nullptr;
+    if (d.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS &&
+        d.cuEventRecord(done, stream) == CUDA_SUCCESS) {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.pools.erase(p, /*waiting=*/true);
+        cx.sess.pools.pending().push_back({done, p, counted, device});
+        cx.sess.settle_stream_frees(false);
+        return CUDA_SUCCESS;
+    }
+    if (done) d.cuEventDestroy_v2(done);
+    if (CUresult rc = d.cuStreamSynchronize(stream); rc != CUDA_SUCCESS) return rc;
+    std::lock_guard lock(cx.sess.mu);
+    cx.sess.pools.erase(p);
+    return mem.release(p);
+}
+
 // cuMemFreeAsync of an allocation made by cuMemAlloc, which the driver takes (cuSPARSE 13 frees its SpSV
 // buffers so): the session's allocations are its own mappings, freed once the stream's work before is done.
 CUresult free_in_stream_order(call_context& cx, CUdeviceptr p, CUstream stream) {
@@ -78,13 +151,12 @@ CUresult free_in_stream_order(call_context& cx, CUdeviceptr p, CUstream stream) 
     if (CUresult rc = current_device_memory(cx, device, mem); rc != CUDA_SUCCESS) return rc;
     {
         std::lock_guard lock(cx.sess.mu);
-        if (!mem->contains(p, 1))
-            return cx.fail(CUDA_ERROR_INVALID_VALUE, "not an allocation of this session");
+        if (!mem->allocations().count(p) || cx.sess.pools.freed_pending(p))
+            return cx.fail(CUDA_ERROR_INVALID_VALUE, "not the start of an allocation of this session");
     }
-    if (CUresult rc = cx.drv().cuStreamSynchronize(stream); rc != CUDA_SUCCESS) return rc;
-    if (CUresult rc = free_device_allocation(cx, *mem, p); rc != CUDA_SUCCESS)
-        return cx.fail(rc, "not the start of an allocation of this session");
-    return CUDA_SUCCESS;
+    if (capture_status(cx.drv(), stream) == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        return cx.drv().cuMemFreeAsync(p, stream);  // refused: a capture frees only its graph's allocations
+    return free_when_done(cx, *mem, p, stream, device, 0);
 }
 
 }  // namespace
@@ -105,6 +177,8 @@ CUresult handle_pool_alloc(call_context& cx) {
     auto& d = cx.drv();
     if (capture_status(d, stream) == CU_STREAM_CAPTURE_STATUS_ACTIVE)
         return captured_alloc(cx, stream, pool, size, device);
+    if (CUmemoryPool def = pool; from_default_pool(cx, device, def))
+        return windowed_alloc(cx, *mem, size, device, def);
     // The pool the allocation comes from (the device's current one when none is named): what it keeps
     // reserved is reused first.
     CUmemoryPool from = pool;
@@ -153,6 +227,12 @@ CUresult handle_pool_free(call_context& cx) {
         }
     }
     if (!stream_ordered) return free_in_stream_order(cx, p, stream);
+    if (a.windowed) {
+        if (capture_status(cx.drv(), stream) == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+            return cx.drv().cuMemFreeAsync(p,
+                                           stream);  // refused: a capture frees only its graph's allocations
+        return free_when_done(cx, cx.sess.memory(a.device), p, stream, a.device, a.size);
+    }
     if (CUresult rc = cx.drv().cuMemFreeAsync(p, stream); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
     cx.sess.pools.erase(p);
@@ -234,7 +314,7 @@ CUresult handle_device_pool(call_context& cx) {
     auto& d = cx.drv();
     CUresult rc = cx.arg(1) == 0 ? d.cuDeviceGetDefaultMemPool(&pool, dev) : d.cuDeviceGetMemPool(&pool, dev);
     if (rc != CUDA_SUCCESS) return rc;
-    out_pool(cx, pool);
+    out_pool(cx, pool, cx.arg(0));
     return CUDA_SUCCESS;
 }
 
@@ -255,6 +335,15 @@ CUresult handle_pool_set_attribute(call_context& cx) {
     const bool is_wide = wide_attribute(attr);
     CUresult rc = cx.drv().cuMemPoolSetAttribute(
         pool, attr, is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
+    if (rc == CUDA_SUCCESS &&
+        (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH || attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH))
+        if (int device = default_pool_device(cx, pool);
+            device >= 0) {  // high marks back to the current figures
+            std::lock_guard lock(cx.sess.mu);
+            auto& f = cx.sess.pools.figures(static_cast<size_t>(device));
+            (attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH ? f.used_high : f.reserved_high) =
+                attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH ? f.used : f.reserved;
+        }
     if (rc != CUDA_SUCCESS || attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) return rc;
     // What the pool may keep reserved from now on (charged while it keeps it: handle_pool_free).
     std::lock_guard lock(cx.sess.mu);
@@ -277,6 +366,27 @@ CUresult handle_pool_get_attribute(call_context& cx) {
             pool, attr, is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
         rc != CUDA_SUCCESS)
         return rc;
+    // The default pool's figures: the driver's (captured allocations) and the session's memory it serves.
+    if (int device = default_pool_device(cx, pool); device >= 0 && is_wide) {
+        std::lock_guard lock(cx.sess.mu);
+        const auto& f = cx.sess.pools.figures(static_cast<size_t>(device));
+        switch (attr) {
+            case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+                wide += f.reserved;
+                break;
+            case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+                wide += f.reserved_high;
+                break;
+            case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+                wide += f.used;
+                break;
+            case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+                wide += f.used_high;
+                break;
+            default:
+                break;
+        }
+    }
     cx.out(is_wide ? wide : static_cast<uint64_t>(static_cast<uint32_t>(narrow)));
     return CUDA_SUCCESS;
 }
@@ -311,6 +421,22 @@ CUresult handle_pool_get_access(call_context& cx) {
     CUmemAccess_flags flags{};
     if (CUresult rc = cx.drv().cuMemPoolGetAccess(&flags, pool, &loc); rc != CUDA_SUCCESS) return rc;
     cx.out(static_cast<uint64_t>(flags));
+    return CUDA_SUCCESS;
+}
+
+// cuMemPoolTrimTo {pool, bytes to keep}: the default pool gives back the frees that are done, and holds no
+// more than it must for its allocations, or the bytes to keep.
+CUresult handle_pool_trim(call_context& cx) {
+    if (!cx.expect_args(2)) return cx.bad_arguments();
+    CUmemoryPool pool;
+    if (CUresult rc = cx.handle(0, handle_kind::mem_pool, pool); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.drv().cuMemPoolTrimTo(pool, cx.arg(1)); rc != CUDA_SUCCESS) return rc;
+    if (int device = default_pool_device(cx, pool); device >= 0) {
+        std::lock_guard lock(cx.sess.mu);
+        cx.sess.settle_stream_frees(false);
+        cx.sess.memory(static_cast<size_t>(device)).drop_spares();
+        cx.sess.pools.figures(static_cast<size_t>(device)).trimmed(cx.arg(1));
+    }
     return CUDA_SUCCESS;
 }
 

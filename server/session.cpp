@@ -150,6 +150,20 @@ bool session::owns_range_locked(CUdeviceptr p, size_t n) {
     return globals.holds(p, n) || ipc_state.holding(p, n) != nullptr || graph_memory.holds(p, n);
 }
 
+void session::settle_stream_frees(bool wait) {
+    auto& d = api();
+    std::erase_if(pools.pending(), [&](const pool_allocations::pending_free& f) {
+        CUresult rc = wait ? d.cuEventSynchronize(f.done) : d.cuEventQuery(f.done);
+        if (rc == CUDA_ERROR_NOT_READY) return false;
+        // Done, or its stream failed: the memory goes back either way (the error is the application's to see
+        // in its own calls).
+        d.cuEventDestroy_v2(f.done);
+        if (f.device < devices_.size()) devices_[f.device].memory->release(f.p, /*spare=*/f.size > 0);
+        pools.gave_back(f);
+        return true;
+    });
+}
+
 void session::synchronize_any_context() {
     auto& d = api();
     for (auto& s : devices_)
@@ -198,10 +212,21 @@ void session::release_device(size_t device) {
         bulk_->forget_context(s.ctx);
     }
     deferred.land_all(d);  // their bytes kept for the client; events and pinned pages go before the context
-    // Stream-ordered allocations go back to their pools before pools are destroyed.
+    // Stream-ordered allocations go back to their pools before pools are destroyed; those of the default
+    // pool are the device memory released below, and the events of their frees go before the context.
+    std::erase_if(pools.pending_, [&](const pool_allocations::pending_free& f) {
+        if (f.device != device) return false;
+        if (s.ctx) d.cuEventDestroy_v2(f.done);
+        return true;
+    });
+    pools.figures_.erase(device);
     for (auto it = pools.allocations_.begin(); it != pools.allocations_.end();) {
         if (it->second.device != device) {
             ++it;
+            continue;
+        }
+        if (it->second.windowed) {
+            it = pools.allocations_.erase(it);
             continue;
         }
         if (s.ctx) d.cuMemFree_v2(it->first);

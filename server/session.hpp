@@ -224,6 +224,9 @@ class session : public std::enable_shared_from_this<session> {
     // True when [p, p+n) is this session's memory on any of its GPUs (allocations or module globals).
     bool owns_range(CUdeviceptr p, size_t n);
     bool owns_range_locked(CUdeviceptr p, size_t n);  // the same, `mu` held
+    // Gives back the allocations freed in stream order whose streams got past the free (`wait`: waits for
+    // every one); `mu` held.
+    void settle_stream_frees(bool wait);
 
     // Pinned host memory shared with a client on this host (server/session_tables.hpp).
     host_regions host;  // under mu

@@ -10,7 +10,8 @@
 // priority), events (flags), context limits and cache configuration, shared pinned host memory (registered
 // again), the application's own VMM use (server/vmm_image.cpp), CUDA arrays and mipmapped arrays
 // (server/array_image.cpp), texture and surface objects at the values kernels hold (the same file), CUDA
-// graphs and executable graphs (server/graph_image.cpp). What is not yet: memory pools and stream-ordered
+// graphs and executable graphs (server/graph_image.cpp), allocations of the devices' default pools (device
+// memory of the session: server/handlers_pool.cpp). What is not yet: pools the application made and their
 // allocations, link states in progress, memory of other sessions (IPC), CUDA user objects: a session holding
 // any of them is not suspended, and the caller is told which.
 #include "server/session_image.hpp"
@@ -66,16 +67,18 @@ int rebuild_rank(const handle_entry& e) {
         case handle_kind::stream:
         case handle_kind::event:
             return 4;
+        case handle_kind::mem_pool:
+            return e.owned ? 4 : -1;  // a device's default pool (not_rebuilt)
         default:
             return -1;
     }
 }
 
 // What a session holds that cannot be rebuilt yet, or empty.
-const char* not_rebuilt(handle_kind k) {
-    switch (k) {
-        case handle_kind::mem_pool:
-            return "memory pools";
+const char* not_rebuilt(const handle_entry& e) {
+    switch (e.kind) {
+        case handle_kind::mem_pool:  // a device's default pool stands for the new one's (its memory is ours)
+            return e.owned ? nullptr : "memory pools the application made";
         case handle_kind::link_state:
             return "a link in progress";
         default:
@@ -334,7 +337,7 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
     bool graphs = false;  // user objects are kept only without them (below)
     handles.for_each([&](uint64_t, handle_entry& e) {
         graphs = graphs || e.kind == handle_kind::graph || e.kind == handle_kind::graph_exec;
-        if (const char* what = not_rebuilt(e.kind); what && blocker.empty()) blocker = what;
+        if (const char* what = not_rebuilt(e); what && blocker.empty()) blocker = what;
         if (e.kind == handle_kind::event && e.made_by != static_cast<uint32_t>(op::cuEventCreate) &&
             blocker.empty())
             blocker = "an event not made by cuEventCreate";
@@ -345,7 +348,9 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
     });
     for (auto& [id, a] : vmm.allocations_)
         if (a.foreign) blocker = "memory of another session mapped with the VMM API (IPC)";
-    if (!pools.allocations_.empty()) blocker = "stream-ordered allocations";
+    if (std::any_of(pools.allocations_.begin(), pools.allocations_.end(),
+                    [](const auto& a) { return !a.second.windowed; }))
+        blocker = "stream-ordered allocations of a pool the application made";
     if (std::string objects = objects_blocker(); !objects.empty()) blocker = objects;
     if (!ipc_state.empty()) blocker = "memory or events shared with other sessions (IPC)";
     {
@@ -361,6 +366,8 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
     }
     // Pending work first: what is saved must be what the application's calls so far have made.
     if (CUresult rc = drain_within(drain_limit, why); rc != CUDA_SUCCESS) return rc;
+    settle_stream_frees(true);  // their events are the old context's; their streams are done
+    for (auto& s : devices_) s.memory->drop_spares();  // kept for allocations to come: not worth saving
     // Copies left under way for the client keep their bytes here until it collects them.
     deferred.land_all(d);
     auto img = std::make_unique<session_image>();
@@ -659,6 +666,12 @@ CUresult session::rebuild(std::string& why) {
                                                  !same_launch_attribute(a, now, v))
                         rc = d.cuStreamSetAttribute(s, a, &v);
                 raw = s;
+                break;
+            }
+            case handle_kind::mem_pool: {
+                CUmemoryPool pool = nullptr;
+                rc = d.cuDeviceGetDefaultMemPool(&pool, devices_[device].device);
+                raw = pool;
                 break;
             }
             case handle_kind::event: {

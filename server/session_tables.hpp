@@ -150,7 +150,9 @@ class module_origins {
 };
 
 // Stream-ordered allocations (cuMemAllocAsync, cuMemAllocFromPoolAsync): start -> size and the device
-// charged.
+// charged. Those from a device's default pool are the session's own memory (`windowed`: made by its
+// device_memory in the address window, so that they are suspended and moved with it); the figures the
+// default pool reports count them, and their frees wait in `pending` for the stream's work before them.
 class pool_allocations {
   public:
     struct allocation {
@@ -158,9 +160,44 @@ class pool_allocations {
         size_t device = 0;
         CUmemoryPool pool = nullptr;  // the pool it came from (nullptr: not known)
         bool imported = false;        // another session's, by cuMemPoolImportPointer: charged there, not here
+        bool windowed = false;        // the session's device memory, not the driver's pool
     };
-    void add(CUdeviceptr p, size_t size, size_t device, CUmemoryPool pool, bool imported = false) {
-        allocations_[p] = {size, device, pool, imported};
+    void add(CUdeviceptr p, size_t size, size_t device, CUmemoryPool pool, bool imported = false,
+             bool windowed = false) {
+        allocations_[p] = {size, device, pool, imported, windowed};
+        if (windowed) figures(device).allocated(size);
+    }
+    // What a device's default pool reports beside the driver's own figures (CU_MEMPOOL_ATTR_*_MEM_*): the
+    // bytes of windowed allocations not yet freed (used), and what the pool holds for them: the most they
+    // needed (with frees still waiting), in 2 MiB granules, since the pool was last trimmed (reserved).
+    struct window_figures {
+        uint64_t used = 0, used_high = 0, reserved = 0, reserved_high = 0;
+        uint64_t waiting = 0;  // bytes freed in stream order, not yet given back
+        void allocated(uint64_t size) {
+            used += size;
+            used_high = std::max(used_high, used);
+            reserved = std::max(reserved, granules(used + waiting));
+            reserved_high = std::max(reserved_high, reserved);
+        }
+        void trimmed(uint64_t keep) {
+            reserved = std::max(granules(used + waiting), std::min(reserved, keep));
+        }
+        static uint64_t granules(uint64_t n) {
+            return (n + (uint64_t{2} << 20) - 1) & ~((uint64_t{2} << 20) - 1);
+        }
+    };
+    window_figures& figures(size_t device) { return figures_[device]; }
+    // Device memory of the session freed in stream order: given back once `done` (an event recorded behind
+    // the stream's work) has completed.
+    struct pending_free {
+        CUevent done = nullptr;
+        CUdeviceptr p = 0;
+        size_t size = 0;  // a default pool's allocation (its figures' bytes); 0: cuMemAlloc's
+        size_t device = 0;
+    };
+    std::vector<pending_free>& pending() { return pending_; }
+    bool freed_pending(CUdeviceptr p) const {
+        return std::any_of(pending_.begin(), pending_.end(), [p](const pending_free& f) { return f.p == p; });
     }
     // The allocation starting at p, or nothing.
     std::optional<allocation> find(CUdeviceptr p) const {
@@ -168,7 +205,21 @@ class pool_allocations {
         if (it == allocations_.end()) return std::nullopt;
         return it->second;
     }
-    void erase(CUdeviceptr p) { allocations_.erase(p); }
+    // `waiting`: a windowed allocation freed in stream order, given back later (gave_back()).
+    void erase(CUdeviceptr p, bool waiting = false) {
+        auto it = allocations_.find(p);
+        if (it == allocations_.end()) return;
+        if (it->second.windowed) {
+            auto& f = figures(it->second.device);
+            f.used -= std::min(f.used, uint64_t{it->second.size});
+            if (waiting) f.waiting += it->second.size;
+        }
+        allocations_.erase(it);
+    }
+    void gave_back(const pending_free& f) {
+        auto& w = figures(f.device);
+        w.waiting -= std::min(w.waiting, uint64_t{f.size});
+    }
 
     // Memory a pool keeps reserved after frees (up to its release threshold) is still held for the session:
     // a free into a pool credits the quota only past what the pool may keep, and an allocation from a pool
@@ -221,6 +272,8 @@ class pool_allocations {
     };
     std::map<CUdeviceptr, allocation> allocations_;
     std::map<CUmemoryPool, retention> retention_;
+    std::map<size_t, window_figures> figures_;
+    std::vector<pending_free> pending_;
 };
 
 // The last copy marked against a host region (a client's staging slot, refilled once that copy is done).

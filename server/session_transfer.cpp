@@ -4,10 +4,10 @@
 // same id, key, handle ids and device addresses. The protocol is in protocol/vcuda.fbs (SessionState). The
 // client learns where its session went from the next reply of each lane (Reply.moved_to) and joins it there.
 //
-// What does not move yet: what a suspend does not rebuild (pools, links in progress). CUDA graphs move as a
-// suspend keeps them: only with --suspend-graphs (server/graph_image.cpp). Shared pinned host memory moves
-// only to a server on the same host (its pages' memfds are passed over the Unix socket and mapped at the same
-// addresses there).
+// What does not move yet: what a suspend does not rebuild (pools the application made, links in progress).
+// CUDA graphs move as a suspend keeps them: only with --suspend-graphs (server/graph_image.cpp). Shared
+// pinned host memory moves only to a server on the same host (its pages' memfds are passed over the Unix
+// socket and mapped at the same addresses there).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -526,6 +526,9 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         deferred_out.push_back(wire::CreateMovedDeferredCopy(
             b, c.ticket, static_cast<int32_t>(c.status),
             b.CreateVector(reinterpret_cast<const uint8_t*>(c.bytes.data()), c.bytes.size())));
+    std::vector<uint64_t> pool_allocs;
+    for (auto& [p, a] : pools.allocations_)
+        if (a.windowed) pool_allocs.insert(pool_allocs.end(), {p, a.size, a.device});
     std::vector<uint32_t> gpus;
     for (size_t i = 0; i < devices_.size(); ++i)
         if (devices_[i].allowed) gpus.push_back(static_cast<uint32_t>(i));
@@ -537,7 +540,8 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         b.CreateVector(regions), b.CreateVector(gone), b.CreateVector(relocated),
         b.CreateVector(vmm_reservations), b.CreateVector(vmm_allocations), b.CreateVector(vmm_mappings),
         b.CreateVector(vmm_access), b.CreateVector(gpus), b.CreateVector(arrays_out),
-        b.CreateVector(deferred_out), b.CreateVector(objects_out), moved_graphs(b, img)));
+        b.CreateVector(deferred_out), b.CreateVector(objects_out), moved_graphs(b, img),
+        b.CreateVector(pool_allocs)));
     if (b.GetSize() > max_moved_state_bytes) {
         why = "its description (" + mib(b.GetSize()) + ") is larger than a server accepts";
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -849,6 +853,19 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
         if (const auto* r = st.relocated_globals(); r && r->size() % 4 == 0)
             for (flatbuffers::uoffset_t k = 0; k < r->size(); k += 4)
                 globals.relocate(r->Get(k), r->Get(k + 1), r->Get(k + 2), r->Get(k + 3));
+        // The default pools' allocations: each the start of device memory adopted above, no larger.
+        if (const auto* pa = st.pool_allocations()) {
+            if (pa->size() % 3) return bad("its stream-ordered allocations");
+            for (flatbuffers::uoffset_t k = 0; k < pa->size(); k += 3) {
+                const uint64_t p = pa->Get(k), size = pa->Get(k + 1), device = pa->Get(k + 2);
+                if (device >= devices_.size()) return bad("a stream-ordered allocation");
+                const auto& held = devices_[device].memory->allocations();
+                auto it = held.find(p);
+                if (size == 0 || it == held.end() || size > it->second.first || pools.find(p))
+                    return bad("a stream-ordered allocation");
+                pools.add(p, size, device, nullptr, /*imported=*/false, /*windowed=*/true);
+            }
+        }
         if (CUresult rc = take_moved_vmm(st, *img, why); rc != CUDA_SUCCESS) return rc;
         if (CUresult rc = take_moved_arrays(st, *img, why); rc != CUDA_SUCCESS) return rc;
         if (CUresult rc = take_moved_objects(st, why); rc != CUDA_SUCCESS) return rc;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #define CHECK(x)                                                                         \
@@ -84,6 +85,23 @@ int main() {
                            CHECK(cudaFree(p));
                        }),
            "us");
+    // Stream-ordered allocations of the default pool, each freed behind the work queued before it: 1 MiB
+    // shares mappings, 64 MiB gets one of its own.
+    for (auto [name, size] : {std::pair{"async_alloc_free_1MiB", size_t{1} << 20},
+                              std::pair{"async_alloc_free_64MiB", size_t{64} << 20}})
+        metric(name,
+               per_call_us(1, 5,
+                           [&, size = size] {
+                               for (int i = 0; i < 200; ++i) {
+                                   void* p;
+                                   CHECK(cudaMallocAsync(&p, size, s));
+                                   empty_kernel<<<1, 1, 0, s>>>();
+                                   CHECK(cudaFreeAsync(p, s));
+                               }
+                               CHECK(cudaStreamSynchronize(s));
+                           }) /
+                   200,
+               "us");
     const size_t big = 256u << 20;
     void* pinned;
     CHECK(cudaMallocHost(&pinned, big));

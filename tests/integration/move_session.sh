@@ -29,7 +29,7 @@ driver="$build/lib/libvcuda-softdriver.so"
 programs=${MOVE_PROGRAMS:-"suspend_resume:300:sure suspend_resume:0: symbols:300:sure streams_events:: async_copies:: vector_add::
   host_functions:: pinned_memory:: mapped_memory:::unix device_copies:: late_thread_runtime:: func_attributes:: error_cases::
   precopy_dirty:--gates,GATES:sure:tcpdirty vmm:400:sure nonblocking_copies:20,look,300:sure:tcp
-  graph_suspend:300:sure"}
+  graph_suspend:300:sure mem_pools:300:sure"}
 # Memory these programs hold is the program's own VMM allocations, which a move copies (never hands over).
 copied_programs=" vmm "
 # Ports free now, distinct: all are bound at once (separate picks can return one port twice).

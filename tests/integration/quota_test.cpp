@@ -124,13 +124,19 @@ TEST_CASE("memory a pool keeps reserved after frees stays charged until its rele
     server_process server({"--memory-quota", "64MiB"});
     auto a = raw_client::open(server.address());
     REQUIRE(a);
-    auto pool = a->call(op::device_pool, {0, 1});  // the device's current pool, as cudaMallocAsync uses
-    REQUIRE(pool.result == CUDA_SUCCESS);
+    // A pool the application made: the driver's, which keeps what is freed up to its release threshold.
+    CUmemPoolProps props{};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    std::vector<std::byte> prop_bytes(sizeof props);
+    std::memcpy(prop_bytes.data(), &props, sizeof props);
+    auto made = a->call(op::pool_create, {}, {prop_bytes});
+    REQUIRE(made.result == CUDA_SUCCESS);
+    const uint64_t pool = made.outs.at(0);
     const uint64_t threshold = CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
     // Keep everything that is freed (a common setting: no trips back to the driver).
-    REQUIRE(a->call(op::pool_set_attribute, {pool.outs.at(0), threshold, ~uint64_t{0}}).result ==
-            CUDA_SUCCESS);
-    auto p = a->call(op::pool_alloc, {48u << 20, 0, 0});
+    REQUIRE(a->call(op::pool_set_attribute, {pool, threshold, ~uint64_t{0}}).result == CUDA_SUCCESS);
+    auto p = a->call(op::pool_alloc, {48u << 20, 0, pool});
     REQUIRE(p.result == CUDA_SUCCESS);
     REQUIRE(a->call(op::pool_free, {p.outs.at(0), 0}).result == CUDA_SUCCESS);
     // The pool still holds the 48 MiB: only 16 MiB are left to other allocations (it used to be 64).
@@ -138,12 +144,40 @@ TEST_CASE("memory a pool keeps reserved after frees stays charged until its rele
     CHECK(over.result == CUDA_ERROR_OUT_OF_MEMORY);
     CHECK(over.detail.find("quota") != std::string::npos);
     // What the pool keeps is reused by its next allocation.
-    auto again = a->call(op::pool_alloc, {48u << 20, 0, 0});
+    auto again = a->call(op::pool_alloc, {48u << 20, 0, pool});
     REQUIRE(again.result == CUDA_SUCCESS);
     REQUIRE(a->call(op::pool_free, {again.outs.at(0), 0}).result == CUDA_SUCCESS);
     // A threshold of 0 lets it all go.
-    REQUIRE(a->call(op::pool_set_attribute, {pool.outs.at(0), threshold, 0}).result == CUDA_SUCCESS);
+    REQUIRE(a->call(op::pool_set_attribute, {pool, threshold, 0}).result == CUDA_SUCCESS);
     CHECK(a->call(op::mem_alloc, {64u << 20}).result == CUDA_SUCCESS);
+}
+
+TEST_CASE(
+    "the default pool's allocations are the session's memory: what it keeps is charged, and given up "
+    "for an allocation that needs the room",
+    "[integration]") {
+    server_process server({"--memory-quota", "64MiB"});
+    auto a = raw_client::open(server.address());
+    REQUIRE(a);
+    auto p = a->call(op::pool_alloc, {48u << 20, 0, 0});  // the current pool: the default one
+    REQUIRE(p.result == CUDA_SUCCESS);
+    CHECK(free_memory(*a) == (16u << 20));
+    REQUIRE(a->call(op::pool_free, {p.outs.at(0), 0}).result == CUDA_SUCCESS);
+    // Its mapping is kept for the next allocation of its size, charged meanwhile.
+    CHECK(free_memory(*a) == (16u << 20));
+    auto again = a->call(op::pool_alloc, {48u << 20, 0, 0});
+    REQUIRE(again.result == CUDA_SUCCESS);
+    CHECK(again.outs.at(0) == p.outs.at(0));
+    REQUIRE(a->call(op::pool_free, {again.outs.at(0), 0}).result == CUDA_SUCCESS);
+    // An allocation that needs the room gets it, and the quota still holds.
+    auto plain = a->call(op::mem_alloc, {32u << 20});
+    REQUIRE(plain.result == CUDA_SUCCESS);
+    CHECK(free_memory(*a) == (32u << 20));
+    auto over = a->call(op::pool_alloc, {48u << 20, 0, 0});
+    CHECK(over.result == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(over.detail.find("quota") != std::string::npos);
+    CHECK(a->call(op::pool_alloc, {32u << 20, 0, 0}).result == CUDA_SUCCESS);
+    CHECK(free_memory(*a) == 0);
 }
 
 TEST_CASE("a module's globals, constants and code are charged to the session's memory quota at load",

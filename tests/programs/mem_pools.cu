@@ -1,9 +1,14 @@
 // mem_pools: stream-ordered allocation and memory pools — cudaMallocAsync/cudaFreeAsync on a stream, the
 // device's default and current pools, a pool of its own (attributes, access, trim, cudaMallocFromPoolAsync,
 // destroy), kernels and copies on pooled memory, a free of a pointer that is not an allocation, a free of
-// NULL, a cudaMalloc allocation freed with cudaFreeAsync.
+// NULL, a cudaMalloc allocation freed with cudaFreeAsync. `mem_pools PAUSE_MS`: holds an allocation of the
+// default pool (and one freed in stream order, not yet waited for) through a pause, in which a server may
+// suspend or move the session, and checks its contents and the pool after it.
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "common.cuh"
@@ -23,7 +28,8 @@ static void fill_and_check(int* d, int n, int v, cudaStream_t s, const char* wha
     printf("%s: %d ints ok\n", what, n);
 }
 
-int main() {
+int main(int argc, char** argv) {
+    const int pause_ms = argc > 1 ? std::atoi(argv[1]) : 0;
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const int n = 1 << 20;
@@ -50,6 +56,34 @@ int main() {
     int reuse = -1;
     CHECK(cudaMemPoolGetAttribute(def, cudaMemPoolReuseAllowOpportunistic, &reuse));
     printf("default pool opportunistic reuse %d\n", reuse);
+
+    // Held through a pause: one allocation written, another freed behind a kernel still queued on the stream.
+    int* held = nullptr;
+    int* gone = nullptr;
+    CHECK(cudaMallocAsync(reinterpret_cast<void**>(&held), n * sizeof(int), s));
+    CHECK(cudaMallocAsync(reinterpret_cast<void**>(&gone), 4096 * sizeof(int), s));
+    mp_fill<<<(n + 255) / 256, 256, 0, s>>>(held, n, 21);
+    mp_fill<<<16, 256, 0, s>>>(gone, 4096, 5);
+    CHECK_LAUNCH();
+    CHECK(cudaFreeAsync(gone, s));
+    CHECK(cudaMemPoolGetAttribute(def, cudaMemPoolAttrUsedMemCurrent, &got));
+    printf("default pool in use with a held allocation: %s\n",
+           got >= n * sizeof(int) ? "at least its size" : "too little");
+    if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    std::vector<int> back(n);
+    CHECK(cudaMemcpyAsync(back.data(), held, n * sizeof(int), cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    int wrong = 0;
+    for (int i = 0; i < n; ++i) wrong += back[i] != 21 + i;
+    EXPECT(wrong == 0, "the held allocation lost %d of its ints over the pause", wrong);
+    printf("held allocation after the pause: %d ints kept\n", n - wrong);
+    CHECK(cudaMemPoolGetAttribute(def, cudaMemPoolAttrUsedMemCurrent, &got));
+    printf("default pool in use after the pause: %s\n",
+           got >= n * sizeof(int) ? "at least its size" : "too little");
+    fill_and_check(held, n, 8, s, "the held allocation written again");
+    CHECK(cudaFreeAsync(held, s));
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaMemPoolTrimTo(def, 0));
 
     // A pool of our own.
     cudaMemPoolProps props = {};
