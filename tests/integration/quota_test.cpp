@@ -23,7 +23,8 @@ namespace {
 // (.nv.global holds no bytes in the file, as nvcc writes it) and 1 GiB of shared memory (per block, not the
 // module's memory).
 std::vector<std::byte> cubin(uint64_t global) {
-    const std::string names = std::string("\0.shstrtab\0.text.k\0.nv.global\0.nv.shared.k\0", 46);
+    static constexpr char name_table[] = "\0.shstrtab\0.text.k\0.nv.global\0.nv.shared.k";
+    const std::string names(name_table, sizeof name_table);  // the last name's NUL included
     const uint64_t text_size = 256, strings_at = sizeof(Elf64_Ehdr), text_at = 128,
                    sections_at = text_at + text_size;
     std::vector<std::byte> b(sections_at + 5 * sizeof(Elf64_Shdr));
