@@ -23,22 +23,29 @@ CUresult device_memory::map_at(CUdeviceptr va, size_t size, CUmemGenericAllocati
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = dev_;
-    h = 0;
-    exportable = export_allowed_;
-    CUresult rc = CUDA_ERROR_NOT_SUPPORTED;
-    if (exportable) {
-        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-        rc = d.cuMemCreate(&h, size, &prop, 0);
-    }
-    if (rc == CUDA_ERROR_NOT_SUPPORTED || rc == CUDA_ERROR_INVALID_VALUE) {
-        exportable = false;
-        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-        rc = d.cuMemCreate(&h, size, &prop, 0);
-        // The handle type was what the driver refused: later mappings are made plain at once.
-        if (rc == CUDA_SUCCESS) export_allowed_ = false;
-    }
+    CUresult rc = create_physical(d, h, size, prop, 0, export_allowed_, exportable);
     if (rc != CUDA_SUCCESS) return rc;
+    // The handle type was what the driver refused: later mappings are made plain at once.
+    if (!exportable) export_allowed_ = false;
     return map_handle(va, size, h);
+}
+
+CUresult create_physical(const driver_table& d, CUmemGenericAllocationHandle& h, size_t size,
+                         CUmemAllocationProp prop, unsigned long long flags, bool try_export,
+                         bool& exportable) {
+    h = 0;
+    exportable = (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+    if (try_export && prop.requestedHandleTypes == CU_MEM_HANDLE_TYPE_NONE &&
+        prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        CUresult rc = d.cuMemCreate(&h, size, &prop, flags);
+        if (rc != CUDA_ERROR_NOT_SUPPORTED && rc != CUDA_ERROR_INVALID_VALUE) {
+            exportable = rc == CUDA_SUCCESS;
+            return rc;
+        }
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    }
+    return d.cuMemCreate(&h, size, &prop, flags);
 }
 
 CUresult device_memory::map_handle(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h) {

@@ -234,6 +234,13 @@ class device_memory {
     uint64_t spare_bytes_ = 0;
 };
 
+// cuMemCreate of `prop`. With `try_export`, a device allocation for which `prop` asks no handle type is asked
+// for a POSIX file descriptor handle too, so that a move to a server on the same GPU can hand the memory over
+// (made without it where the driver refuses that handle type). `exportable`: it can be exported so.
+CUresult create_physical(const driver_table& d, CUmemGenericAllocationHandle& h, size_t size,
+                         CUmemAllocationProp prop, unsigned long long flags, bool try_export,
+                         bool& exportable);
+
 // Copies between GPU memory and `size` bytes of host pages at `host` with `copy`, the pages registered for
 // the copy when the driver allows it (a DMA at the bus's speed rather than the driver's pageable path,
 // several times slower).

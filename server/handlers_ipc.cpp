@@ -177,6 +177,11 @@ CUresult export_allocation(call_context& cx, uint64_t id) {
         a = cx.sess.vmm.allocation_of(id);
     }
     if (!a) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a physical allocation of this session");
+    // The server may have made it exportable for moves (create_physical); the application may export only
+    // what it asked to.
+    if (!(a->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) && !a->foreign)
+        return cx.fail(CUDA_ERROR_INVALID_VALUE,
+                       "the allocation was not made with a POSIX file descriptor handle type");
     if (!cx.drv().cuMemExportToShareableHandle) return cx.unsupported("cuMemExportToShareableHandle");
     int fd = -1;
     if (CUresult rc =

@@ -44,9 +44,10 @@ CUresult handle_vmm_granularity(call_context& cx) {
 
 // args {size, alignment, address hint, flags}. Out {start}. In the server's address window when it has room,
 // as the session's own memory is, so that the reservation can move with the session; the hint is ignored,
-// as the driver ignores it (server/device_memory.hpp). A session's reservations take at most a quarter of
-// the window (PyTorch reserves 1.125 times the GPU's memory per segment kind and stream), so that the other
-// sessions' memory still finds room there; past that they are the driver's, and the session cannot move.
+// as the driver ignores it (server/device_memory.hpp). A session's reservations take at most half of the
+// window (128 GiB: XLA reserves 75% of an H200's 141 GB by default; PyTorch reserves 1.125 times the GPU's
+// memory per segment kind and stream, which no window holds), so that the other sessions' memory still finds
+// room there; past that they are the driver's, and the session cannot move.
 CUresult handle_vmm_reserve(call_context& cx) {
     if (!cx.expect_args(4)) return cx.bad_arguments();
     const uint64_t size = cx.arg(0), align = cx.arg(1);
@@ -58,7 +59,7 @@ CUresult handle_vmm_reserve(call_context& cx) {
     }
     const bool plain = cx.arg(3) == 0 && size > 0 && size % device_memory::granularity == 0 &&
                        (align & (align - 1)) == 0 && align <= window_runs::span &&
-                       size <= window_runs::span / 4 - std::min(in_window, window_runs::span / 4);
+                       size <= window_runs::span / 2 - std::min(in_window, window_runs::span / 2);
     if (address_window* w = cx.sess.window(); w && plain) va = w->take(cx.drv(), size, align);
     const bool windowed = va != 0;
     if (!windowed)
@@ -104,7 +105,8 @@ CUresult handle_vmm_create(call_context& cx) {
                                                          " bytes exceeds the session's memory quota");
     }
     CUmemGenericAllocationHandle h = 0;
-    CUresult rc = cx.drv().cuMemCreate(&h, size, &prop, cx.arg(1));
+    bool exportable = false;
+    CUresult rc = create_physical(cx.drv(), h, size, prop, cx.arg(1), /*try_export=*/true, exportable);
     std::lock_guard lock(cx.sess.mu);
     if (rc != CUDA_SUCCESS) {
         cx.sess.memory(device).credit(size);
@@ -115,7 +117,7 @@ CUresult handle_vmm_create(call_context& cx) {
     e.raw = reinterpret_cast<void*>(h);
     e.device = static_cast<int>(device);
     uint64_t id = cx.sess.handles.insert(std::move(e));
-    cx.sess.vmm.add_allocation(id, size, device, false, prop);
+    cx.sess.vmm.add_allocation(id, size, device, false, prop, exportable);
     cx.out(id);
     return CUDA_SUCCESS;
 }

@@ -438,8 +438,9 @@ class session : public std::enable_shared_from_this<session> {
     void release_gpu_state();
     // The application's VMM use in a suspend (server/vmm_image.cpp), `mu` held: its physical allocations'
     // contents and its mappings' access saved; given back (reservations stay); made again, copied back and
-    // mapped at the same addresses. `what` says what failed.
-    CUresult save_vmm(session_image& img, std::string& why);
+    // mapped at the same addresses. `what` says what failed. With save_mode::descriptor (a move to a server
+    // on the same GPU) an allocation the driver made exportable is handed over as a descriptor, not copied.
+    CUresult save_vmm(session_image& img, std::string& why, device_memory::save_mode memory);
     void release_vmm_physical();
     CUresult rebuild_vmm(const session_image& img, std::string& what);
     // A move's target, `mu` held: the moved session's VMM bookkeeping, its reservations claimed in the

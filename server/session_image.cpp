@@ -408,7 +408,7 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
         img->bytes += g.size;
         img->globals.push_back(std::move(gs));
     }
-    if (CUresult rc = save_vmm(*img, why); rc != CUDA_SUCCESS) {
+    if (CUresult rc = save_vmm(*img, why, memory); rc != CUDA_SUCCESS) {
         d.cuCtxSetCurrent(nullptr);
         return rc;
     }

@@ -62,6 +62,11 @@ struct session_image {
         bool released = false;  // cuMemRelease'd while mapped: goes again at its last unmap
         unsigned refs = 1;      // the application's references to its handle (vmm_tables::allocation)
         device_memory::saved_mapping::bytes_type bytes{nullptr, device_memory::unmap_bytes{0}};
+        // Or, moving to a server on the same GPU, the physical memory itself, exported
+        // (save_mode::descriptor); on the target `by_descriptor` until the descriptor comes.
+        std::unique_ptr<int, device_memory::close_descriptor> descriptor;
+        bool by_descriptor = false;
+        int fd() const { return descriptor ? *descriptor : -1; }
     };
     struct vmm_access_state {
         CUdeviceptr va = 0;  // a mapping

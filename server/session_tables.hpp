@@ -486,7 +486,10 @@ class vmm_tables {
         int maps = 0;           // mappings that use it
         bool released = false;  // cuMemRelease'd while mapped: the driver frees it at the last unmap
         bool foreign = false;   // imported from another session's shareable handle: charged there, not here
-        CUmemAllocationProp prop{};  // as made (real device): a suspended session's is made again from it
+        CUmemAllocationProp prop{};  // as asked (real device): a suspended session's is made again from it
+        // The driver's allocation can be exported as a file descriptor (create_physical): a move to a server
+        // on the same GPU hands it over.
+        bool exportable = false;
         // The application's references to its handle: cuMemCreate's (or the import's), and one per
         // cuMemRetainAllocationHandle. The driver's handle is released at the last cuMemRelease only.
         unsigned refs = 1;
@@ -531,8 +534,8 @@ class vmm_tables {
     }
 
     void add_allocation(uint64_t id, size_t size, size_t device, bool foreign = false,
-                        const CUmemAllocationProp& prop = {}) {
-        allocations_[id] = {size, device, 0, false, foreign, prop};
+                        const CUmemAllocationProp& prop = {}, bool exportable = false) {
+        allocations_[id] = {size, device, 0, false, foreign, prop, exportable};
     }
     std::optional<allocation> allocation_of(uint64_t id) const {
         auto it = allocations_.find(id);

@@ -494,8 +494,9 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
     for (auto& a : img.vmm_allocations) {
         CUmemAllocationProp prop = a.prop;
         if (prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE) prop.location.id = static_cast<int>(a.device);
-        vmm_allocations.push_back(wire::CreateMovedVmmAllocation(
-            b, a.id, a.size, static_cast<uint32_t>(a.device), struct_vector(b, prop), a.released, a.refs));
+        vmm_allocations.push_back(
+            wire::CreateMovedVmmAllocation(b, a.id, a.size, static_cast<uint32_t>(a.device),
+                                           struct_vector(b, prop), a.released, a.refs, a.fd() >= 0));
     }
     std::vector<flatbuffers::Offset<wire::MovedVmmAccess>> vmm_access;
     for (auto& x : img.vmm_access) {
@@ -652,11 +653,16 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         if (unchanged) unchanged_bytes_ += p.n;
     }
     reader.reset();  // `mu` held, as it wants
-    // The program's physical allocations (VMM), copied out by the save.
+    // The program's physical allocations (VMM), copied out by the save, or handed over as one piece with its
+    // descriptor.
     for (auto& a : img.vmm_allocations)
-        for (size_t off = 0; off < a.size; off += piece_bytes)
-            if (auto r = send_piece({a.bytes.get() + off, std::min<size_t>(piece_bytes, a.size - off)}); !r)
-                return failed_send(r.error());
+        if (a.fd() >= 0) {
+            if (auto r = send_piece({}, a.fd()); !r) return failed_send(r.error());
+        } else
+            for (size_t off = 0; off < a.size; off += piece_bytes)
+                if (auto r = send_piece({a.bytes.get() + off, std::min<size_t>(piece_bytes, a.size - off)});
+                    !r)
+                    return failed_send(r.error());
     // The receiver rebuilds before it answers: a minute, and a second for every GiB it copies back.
     if (CUresult rc = answer_to("move", std::chrono::seconds(60 + (img.bytes >> 30))); rc != CUDA_SUCCESS)
         return rc;
@@ -993,10 +999,26 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                     return CUDA_ERROR_INVALID_VALUE;
             }
         }
-    for (auto& a : img->vmm_allocations)
+    for (auto& a : img->vmm_allocations) {
+        if (a.by_descriptor) {
+            if (!fs.raw().is_local()) {
+                why = "the moved session's memory can be handed over only over a Unix socket";
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            if (!receive_piece(nullptr, 0)) return CUDA_ERROR_INVALID_VALUE;
+            a.descriptor = device_memory::own_descriptor(fs.raw().take_fd());
+            if (!a.descriptor) {
+                why = "the moved session's VMM allocation " + std::to_string(a.id) +
+                      " came without its descriptor";
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            img->handed_over += a.size;
+            continue;
+        }
         for (size_t off = 0; off < a.size; off += piece)
             if (!receive_piece(a.bytes.get() + off, std::min<size_t>(piece, a.size - off)))
                 return CUDA_ERROR_INVALID_VALUE;
+    }
     {
         std::lock_guard lock(mu);
         img->host_regions = std::move(image_regions);

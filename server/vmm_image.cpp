@@ -49,7 +49,7 @@ CUresult copy_physical(const driver_table& d, CUmemGenericAllocationHandle h, si
 
 }  // namespace
 
-CUresult session::save_vmm(session_image& img, std::string& why) {
+CUresult session::save_vmm(session_image& img, std::string& why, device_memory::save_mode memory) {
     auto& d = api();
     for (auto& [id, a] : vmm.allocations_) {
         if (a.device >= devices_.size() || !devices_[a.device].ctx) {
@@ -81,9 +81,21 @@ CUresult session::save_vmm(session_image& img, std::string& why) {
         st.prop = a.prop;
         st.released = a.released;
         st.refs = a.refs;
-        st.bytes = host_pages(a.size);
-        CUresult rc = st.bytes ? copy_physical(d, h, a.size, devices_[a.device].device, st.bytes.get(), false)
-                               : CUDA_ERROR_OUT_OF_MEMORY;
+        CUresult rc = CUDA_ERROR_NOT_SUPPORTED;
+        if (memory == device_memory::save_mode::descriptor && a.exportable) {
+            int fd = -1;
+            rc = d.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+            if (rc == CUDA_SUCCESS) {
+                st.descriptor = device_memory::own_descriptor(fd);
+                st.by_descriptor = true;
+                img.handed_over += a.size;
+            }
+        }
+        if (rc != CUDA_SUCCESS) {  // copied out
+            st.bytes = host_pages(a.size);
+            rc = st.bytes ? copy_physical(d, h, a.size, devices_[a.device].device, st.bytes.get(), false)
+                          : CUDA_ERROR_OUT_OF_MEMORY;
+        }
         if (retained) d.cuMemRelease(h);
         if (rc != CUDA_SUCCESS) {
             why = "a physical allocation of the VMM API could not be copied out (" + error_text(rc) + ")";
@@ -143,13 +155,26 @@ CUresult session::rebuild_vmm(const session_image& img, std::string& what) {
             return undo(CUDA_ERROR_INVALID_CONTEXT, "a physical allocation of the VMM API has no context");
         d.cuCtxSetCurrent(devices_[st.device].ctx);
         CUmemGenericAllocationHandle h = 0;
-        CUresult rc = d.cuMemCreate(&h, st.size, &st.prop, 0);
-        if (rc == CUDA_SUCCESS) {
-            made[st.id] = h;
-            rc = copy_physical(d, h, st.size, devices_[st.device].device, st.bytes.get(), true);
+        bool exportable = false;
+        CUresult rc;
+        if (st.by_descriptor) {  // handed over by the server it moved from, on the same GPU
+            rc = st.fd() < 0 ? CUDA_ERROR_INVALID_HANDLE
+                             : d.cuMemImportFromShareableHandle(
+                                   &h, reinterpret_cast<void*>(static_cast<intptr_t>(st.fd())),
+                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+            exportable = true;
+            if (rc == CUDA_SUCCESS) made[st.id] = h;
+        } else {
+            rc = create_physical(d, h, st.size, st.prop, 0, /*try_export=*/true, exportable);
+            if (rc == CUDA_SUCCESS) {
+                made[st.id] = h;
+                rc = copy_physical(d, h, st.size, devices_[st.device].device, st.bytes.get(), true);
+            }
         }
         if (rc != CUDA_SUCCESS)
             return undo(rc, "a physical allocation of the VMM API could not be made again");
+        if (auto a = vmm.allocations_.find(st.id); a != vmm.allocations_.end())
+            a->second.exportable = exportable;
     }
     for (auto& [va, m] : vmm.mapped_) {
         auto h = made.find(m.handle);
@@ -225,6 +250,21 @@ CUresult session::take_moved_vmm(const wire::SessionState& st, session_image& im
             s.device = device;
             s.prop = prop;
             s.released = a->released();
+            if (a->by_descriptor()) {  // the physical memory itself, which must be this GPU's
+                const auto* devs = st.devices();
+                const auto* uuid = devs && device < devs->size() ? devs->Get(device)->gpu_uuid() : nullptr;
+                CUuuid here{};
+                api().cuDeviceGetUuid_v2(&here, devices_[device].device);
+                if (!uuid || uuid->size() != sizeof here.bytes ||
+                    std::memcmp(uuid->data(), here.bytes, sizeof here.bytes) != 0) {
+                    why = "its VMM allocation was offered on GPU " + std::to_string(device) +
+                          " as the physical memory of another GPU than this server's";
+                    return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+                }
+                s.by_descriptor = true;
+                img.vmm_allocations.push_back(std::move(s));
+                continue;
+            }
             s.bytes = host_pages(a->size());
             if (!s.bytes) {
                 why = "no host memory for its " + std::to_string(a->size() >> 20) + " MiB VMM allocation";

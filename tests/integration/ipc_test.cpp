@@ -248,3 +248,31 @@ TEST_CASE(
     CHECK(b->call(op::pool_import_pointer, {bpool.outs.at(0)}, {pointer_handle}).result ==
           CUDA_ERROR_INVALID_VALUE);
 }
+
+// The server makes the application's physical allocations exportable, so that a move to a server on the same
+// GPU hands them over; the application itself may export only what it asked to be exportable.
+TEST_CASE("a physical allocation made without a shareable handle type is not exported for the application",
+          "[integration]") {
+    constexpr uint64_t what_allocation = 2;
+    auto dir = temp_dir();
+    secret_file secret(dir);
+    server_process server({"--secret-file", secret.path});
+    auto a = open_session(server, secret.token(1));
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    auto create = [&](CUmemAllocationHandleType types) {
+        prop.requestedHandleTypes = types;
+        std::vector<std::byte> blob(sizeof prop);
+        std::memcpy(blob.data(), &prop, sizeof prop);
+        auto made = a->call(op::vmm_create, {2u << 20, 0}, {blob});
+        REQUIRE(made.result == CUDA_SUCCESS);
+        return made.outs.at(0);
+    };
+    auto plain = a->call(op::ipc_export, {what_allocation, create(CU_MEM_HANDLE_TYPE_NONE)});
+    CHECK(plain.result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(plain.detail.find("not made with a POSIX file descriptor handle type") != std::string::npos);
+    CHECK(
+        a->call(op::ipc_export, {what_allocation, create(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)}).result ==
+        CUDA_SUCCESS);
+}
