@@ -290,6 +290,13 @@ int main(int argc, char** argv) {
            "measure or test that path)")
         ->check(CLI::IsMember({"share", "precopy", "copy"}))
         ->capture_default_str();
+    std::string move_copy_limit_text = "16GiB";
+    app.add_option("--move-copy-limit", move_copy_limit_text,
+                   "The most memory a move may copy while the session is paused: the program's own VMM "
+                   "allocations (which are not pre-copied) unless they are handed over on the same GPU, and "
+                   "device memory with --move-memory copy. A move that would copy more is refused with the "
+                   "reason and the session stays (a long pause would outlast what its client waits for)")
+        ->capture_default_str();
     std::vector<std::string> move_to_text;
     int move_after_ms = 500;
     app.add_option(
@@ -351,6 +358,11 @@ int main(int argc, char** argv) {
     if (!quota_text.empty() && (!parse_size(quota_text, opts.memory_quota) || opts.memory_quota == 0)) {
         std::cerr << "vcuda-server: --memory-quota: '" << quota_text
                   << "' is not a size (examples: 512MiB, 8GiB)\n";
+        return 2;
+    }
+    if (!parse_size(move_copy_limit_text, opts.move_copy_limit)) {
+        std::cerr << "vcuda-server: --move-copy-limit: '" << move_copy_limit_text
+                  << "' is not a size (examples: 512MiB, 16GiB)\n";
         return 2;
     }
     if (!host_quota_text.empty()) {
@@ -482,7 +494,8 @@ int main(int argc, char** argv) {
             std::to_string(opts.host_memory_quota), "--spin-us", std::to_string(opts.spin.count()),
             "--bulk-streams", std::to_string(opts.bulk_streams),
             // Workers move their sessions (server/isolation.cpp): as this server would.
-            "--move-memory", move_memory, "--test-precopy-hold", std::to_string(precopy_hold_ms)};
+            "--move-memory", move_memory, "--move-copy-limit", std::to_string(opts.move_copy_limit),
+            "--test-precopy-hold", std::to_string(precopy_hold_ms)};
         if (!precopy_hold_until.empty()) {
             opts.worker_args.push_back("--test-precopy-hold-until");
             opts.worker_args.push_back(precopy_hold_until);

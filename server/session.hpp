@@ -76,6 +76,10 @@ struct server_options {
     // pre-copied (copied while the application runs, then what changed); copy: copied while it is paused.
     enum class move_memory_mode { share, precopy, copy };
     move_memory_mode move_memory = move_memory_mode::share;
+    // --move-copy-limit: the most bytes a move may copy while the session is paused (the application's VMM
+    // allocations unless handed over, and device memory with --move-memory copy); a move past it is refused,
+    // so that a pause never outlasts what a client waits for (a lane it opens meanwhile waits 5 s).
+    uint64_t move_copy_limit = uint64_t{16} << 30;
     // --test-precopy-hold MS (tests): a pre-copied move waits this long between its pre-copy and its pause,
     // so that a test program can change memory in between.
     std::chrono::milliseconds test_precopy_hold{0};

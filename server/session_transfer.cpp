@@ -203,6 +203,25 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
     const bool by_descriptor = opts_.move_memory == mode::share && unix_target;
     const bool precopy =
         opts_.move_memory == mode::precopy || (opts_.move_memory == mode::share && !unix_target);
+    // What the pause would copy: the program's VMM allocations (not pre-copied) unless handed over, and with
+    // stop-and-copy the device memory. Past --move-copy-limit the session stays: its client waits only so
+    // long for a lane it opens meanwhile.
+    uint64_t paused_copy = 0;
+    {
+        std::lock_guard l(mu);
+        for (auto& [id, a] : vmm.allocations_)
+            if (!a.foreign && !(by_descriptor && a.exportable)) paused_copy += a.size;
+        if (opts_.move_memory == mode::copy)
+            for (auto& s : devices_) paused_copy += s.memory->mapped();
+    }
+    if (paused_copy > opts_.move_copy_limit) {
+        why =
+            "it would copy " + mib(paused_copy) + " while paused (" +
+            (opts_.move_memory == mode::copy ? "stop-and-copy" : "its own VMM allocations, not pre-copied") +
+            "), more than --move-copy-limit " + mib(opts_.move_copy_limit);
+        VCUDA_LOG_WARN("session {} not moved to {}: {}", id_, to.address, why);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
     auto link = open_move_link(to, why);
     if (!link) {
         VCUDA_LOG_WARN("session {} not moved to {}: {}", id_, to.address, why);
@@ -974,21 +993,27 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
             image_regions.emplace_back(addr, size);
         }
     }
+    // Physical memory handed over: a piece of no bytes with its descriptor, which only a Unix socket carries.
+    auto take_handed_over = [&](std::unique_ptr<int, device_memory::close_descriptor>& into, size_t size,
+                                const std::string& what) {
+        if (!fs.raw().is_local()) {
+            why = "the moved session's memory can be handed over only over a Unix socket";
+            return false;
+        }
+        if (!receive_piece(nullptr, 0)) return false;
+        into = device_memory::own_descriptor(fs.raw().take_fd());
+        if (!into) {
+            why = "the moved session's " + what + " came without its descriptor";
+            return false;
+        }
+        img->handed_over += size;
+        return true;
+    };
     for (auto& ds : img->devices)
         for (auto& m : ds.memory) {
-            if (!m.bytes) {  // handed over: a piece with its descriptor
-                if (!fs.raw().is_local()) {
-                    why = "the moved session's memory can be handed over only over a Unix socket";
+            if (!m.bytes) {
+                if (!take_handed_over(m.descriptor, m.size, "memory at " + std::to_string(m.va)))
                     return CUDA_ERROR_INVALID_VALUE;
-                }
-                if (!receive_piece(nullptr, 0)) return CUDA_ERROR_INVALID_VALUE;
-                m.descriptor = device_memory::own_descriptor(fs.raw().take_fd());
-                if (!m.descriptor) {
-                    why = "the moved session's memory at " + std::to_string(m.va) +
-                          " came without its descriptor";
-                    return CUDA_ERROR_INVALID_VALUE;
-                }
-                img->handed_over += m.size;
                 continue;
             }
             const auto have = precopied.find(m.va);
@@ -1001,18 +1026,8 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
         }
     for (auto& a : img->vmm_allocations) {
         if (a.by_descriptor) {
-            if (!fs.raw().is_local()) {
-                why = "the moved session's memory can be handed over only over a Unix socket";
+            if (!take_handed_over(a.descriptor, a.size, "VMM allocation " + std::to_string(a.id)))
                 return CUDA_ERROR_INVALID_VALUE;
-            }
-            if (!receive_piece(nullptr, 0)) return CUDA_ERROR_INVALID_VALUE;
-            a.descriptor = device_memory::own_descriptor(fs.raw().take_fd());
-            if (!a.descriptor) {
-                why = "the moved session's VMM allocation " + std::to_string(a.id) +
-                      " came without its descriptor";
-                return CUDA_ERROR_INVALID_VALUE;
-            }
-            img->handed_over += a.size;
             continue;
         }
         for (size_t off = 0; off < a.size; off += piece)

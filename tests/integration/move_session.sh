@@ -13,7 +13,7 @@
 # the target's worker takes it (the programs sure to be moved only). Server A carries CUDA graphs
 # (--suspend-graphs): graph_suspend holds a graph, a child graph and executable graphs when it moves.
 #   MOVE_PROGRAMS="a b" to choose programs;
-#   MOVE_TRANSPORTS="unix unixcopy unixothergpu tcp tcpdirty unixiso tcpiso".
+#   MOVE_TRANSPORTS="unix unixcopy unixothergpu tcp tcpdirty unixiso tcpiso back isopair copylimit".
 # Usage: move_session.sh BUILD_DIR
 set -u
 build=$(cd "$1" && pwd)
@@ -58,8 +58,9 @@ stop_servers() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/
 source "$(dirname "${BASH_SOURCE[0]}")/../normalize_output.sh"
 
 passed=0
-transports=${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty unixiso tcpiso back isopair}
+transports=${MOVE_TRANSPORTS:-unix unixcopy unixothergpu tcp tcpdirty unixiso tcpiso back isopair copylimit}
 loop_transports=${transports/isopair/}
+loop_transports=${loop_transports/copylimit/}
 for transport in ${loop_transports/back/}; do
   copy=(); [ "$transport" = unixcopy ] && copy=(--move-memory copy)
   # tcpdirty: the move starts once precopy_dirty wrote its first pattern and pauses once it wrote its second.
@@ -211,6 +212,26 @@ if [[ " $transports " == *" isopair "* ]]; then
   [ "$(grep -c "moved here" "$tmp/server-b.log")" -eq 2 ] || fail "isopair: server B did not take both"
   echo "isopair: 2 sessions of two worker processes moved to one server"
   passed=$((passed + 2))
+  stop_servers
+fi
+# copylimit: a move that would copy more than --move-copy-limit while paused (here vmm's own VMM allocations
+# over TCP, which are not pre-copied) is refused with the reason; the program runs on where it is.
+if [[ " $transports " == *" copylimit "* ]]; then
+  ref="unix:$tmp/ref.sock"; a="127.0.0.1:$(free_ports 1)"; b="127.0.0.1:$(free_ports 1)"
+  : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
+  start_server ref "$ref" 3 && start_server b "$b" 2 &&
+    start_server a "$a" 1 --test-move-to "$b" --test-move-after 100 --move-copy-limit 1MiB ||
+    fail "copylimit: the servers did not start"
+  LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$ref" timeout 120 "$programs_dir/vmm" 400 > "$tmp/ref.out" 2>&1
+  LD_LIBRARY_PATH="$build/lib/vcuda" VCUDA_SERVER="$a" timeout 120 "$programs_dir/vmm" 400 > "$tmp/limit.out" 2>&1 ||
+    { cat "$tmp/limit.out"; fail "copylimit: vmm failed"; }
+  diff <(normalize "$tmp/ref.out") <(normalize "$tmp/limit.out") > "$tmp/diff.txt" ||
+    { cat "$tmp/diff.txt"; fail "copylimit: vmm printed something else"; }
+  grep -q "not moved to $b: it would copy [0-9]* MiB while paused (its own VMM allocations, not pre-copied), more than --move-copy-limit 1 MiB" \
+    "$tmp/server-a.log" || fail "copylimit: the move was not refused with the reason"
+  ! grep -q "moved here" "$tmp/server-b.log" || fail "copylimit: server B took the session"
+  echo "copylimit: a move past --move-copy-limit refused, the program ran on"
+  passed=$((passed + 1))
   stop_servers
 fi
 echo "PASS move_session: $passed program runs identical when moved between two servers"
