@@ -377,6 +377,17 @@ CUresult device_memory::allocate(size_t size, CUdeviceptr& out) {
     return CUDA_SUCCESS;
 }
 
+bool device_memory::take_again(CUdeviceptr p, size_t size) {
+    auto it = allocations_.find(p);
+    if (it == allocations_.end() || size == 0) return false;
+    const mapping& m = mappings_.at(it->second.second);
+    if (m.shared ? size > small_limit || round_up(size, small_align) != it->second.first
+                 : size <= small_limit || m.size != round_up(size, granularity))
+        return false;
+    it->second.first = m.shared ? round_up(size, small_align) : size;
+    return true;
+}
+
 CUresult device_memory::map_making_room(size_t size, bool shared, CUdeviceptr& va) {
     CUresult rc = map_new(size, shared, va);
     if (rc != CUDA_ERROR_OUT_OF_MEMORY || spares_.empty()) return rc;

@@ -88,6 +88,10 @@ class device_memory {
     // allocation finds no room, and by drop_spares().
     CUresult release(CUdeviceptr p, bool spare = false);
     void drop_spares();
+    // The live allocation at p (freed in stream order, not given back yet) made an allocation of `size`
+    // bytes where it holds them as it is: the same 2 MiB granules of a mapping of its own, or the same run of
+    // a shared one. False (nothing changed) otherwise.
+    bool take_again(CUdeviceptr p, size_t size);
     static constexpr uint64_t spare_limit = uint64_t{1} << 30;
     // True when [p, p+n) lies inside one live allocation (overflow-safe).
     bool contains(CUdeviceptr p, size_t n) const;

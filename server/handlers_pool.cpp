@@ -8,7 +8,8 @@
 // window), not the driver's pool: the driver picks its pools' addresses, which another server process could
 // not give again, so only such memory is suspended and moved with the session. A free waits for its stream:
 // an event recorded behind the stream's work says when the memory may go back (session::settle_stream_frees,
-// at the next allocation or free, or when an allocation finds no room). The pool's figures count it
+// at the next allocation or free, or when an allocation finds no room); an allocation on the same stream
+// takes it at once where it fits as it is, as the driver's pools reuse it. The pool's figures count it
 // (pool_allocations::window_figures). A pool the application made stays the driver's; what it keeps reserved
 // after frees, up to its release threshold, stays charged.
 #include <cstring>
@@ -103,9 +104,23 @@ int default_pool_device(call_context& cx, CUmemoryPool pool) {
 
 // An allocation of the default pool: the session's device memory, where the frees that waited for their
 // streams gave room back first (all of them, waited for, when there is no room otherwise).
-CUresult windowed_alloc(call_context& cx, device_memory& mem, size_t size, size_t device, CUmemoryPool pool) {
+CUresult windowed_alloc(call_context& cx, device_memory& mem, size_t size, size_t device, CUmemoryPool pool,
+                        CUstream stream) {
     CUdeviceptr p = 0;
     std::lock_guard lock(cx.sess.mu);
+    // Memory freed on this stream is this allocation's at once, as the driver's pools reuse it: the stream
+    // runs its work in order, so nothing before the free touches it after.
+    auto& pending = cx.sess.pools.pending();
+    for (auto f = pending.begin(); f != pending.end(); ++f)
+        if (f->stream == stream && f->size && f->device == device && mem.take_again(f->p, size)) {
+            p = f->p;
+            cx.drv().cuEventDestroy_v2(f->done);
+            cx.sess.pools.gave_back(*f);
+            pending.erase(f);
+            cx.sess.pools.add(p, size, device, pool, /*imported=*/false, /*windowed=*/true);
+            cx.out(static_cast<uint64_t>(p));
+            return CUDA_SUCCESS;
+        }
     cx.sess.settle_stream_frees(false);
     CUresult rc = mem.allocate(size, p);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && !cx.sess.pools.pending().empty()) {
@@ -132,7 +147,7 @@ CUresult free_when_done(call_context& cx, device_memory& mem, CUdeviceptr p, CUs
         d.cuEventRecord(done, stream) == CUDA_SUCCESS) {
         std::lock_guard lock(cx.sess.mu);
         cx.sess.pools.erase(p, /*waiting=*/true);
-        cx.sess.pools.pending().push_back({done, p, counted, device});
+        cx.sess.pools.pending().push_back({done, p, counted, device, stream});
         cx.sess.settle_stream_frees(false);
         return CUDA_SUCCESS;
     }
@@ -178,7 +193,7 @@ CUresult handle_pool_alloc(call_context& cx) {
     if (capture_status(d, stream) == CU_STREAM_CAPTURE_STATUS_ACTIVE)
         return captured_alloc(cx, stream, pool, size, device);
     if (CUmemoryPool def = pool; from_default_pool(cx, device, def))
-        return windowed_alloc(cx, *mem, size, device, def);
+        return windowed_alloc(cx, *mem, size, device, def, stream);
     // The pool the allocation comes from (the device's current one when none is named): what it keeps
     // reserved is reused first.
     CUmemoryPool from = pool;

@@ -152,9 +152,15 @@ bool session::owns_range_locked(CUdeviceptr p, size_t n) {
 
 void session::settle_stream_frees(bool wait) {
     auto& d = api();
+    // A stream's frees complete in the order they were made: past its first one not done, none is asked.
+    std::vector<CUstream> busy;
     std::erase_if(pools.pending(), [&](const pool_allocations::pending_free& f) {
+        if (std::find(busy.begin(), busy.end(), f.stream) != busy.end()) return false;
         CUresult rc = wait ? d.cuEventSynchronize(f.done) : d.cuEventQuery(f.done);
-        if (rc == CUDA_ERROR_NOT_READY) return false;
+        if (rc == CUDA_ERROR_NOT_READY) {
+            busy.push_back(f.stream);
+            return false;
+        }
         // Done, or its stream failed: the memory goes back either way (the error is the application's to see
         // in its own calls).
         d.cuEventDestroy_v2(f.done);

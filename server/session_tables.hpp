@@ -194,6 +194,7 @@ class pool_allocations {
         CUdeviceptr p = 0;
         size_t size = 0;  // a default pool's allocation (its figures' bytes); 0: cuMemAlloc's
         size_t device = 0;
+        CUstream stream = nullptr;  // the free's: its work runs in order, so its events complete in order
     };
     std::vector<pending_free>& pending() { return pending_; }
     bool freed_pending(CUdeviceptr p) const {
