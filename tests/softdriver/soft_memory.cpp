@@ -384,7 +384,14 @@ void* global_alloc(state& s, global_set& set, const global_entry& g, int device)
     auto it = set.vars.find(g.name);
     if (it != set.vars.end()) return it->second.first;
     size_t size = g.size == 0 ? 1 : g.size;
-    void* p = std::aligned_alloc(256, round_up(size, 256));
+    void* p = nullptr;
+    if (auto kept = s.freed_globals.find({std::string(g.name), device, g.size});
+        kept != s.freed_globals.end()) {
+        p = kept->second;
+        s.freed_globals.erase(kept);
+    } else {
+        p = std::aligned_alloc(256, round_up(size, 256));
+    }
     if (p == nullptr) throw std::bad_alloc();
     std::memset(p, 0, round_up(size, 256));
     mem_range r;
@@ -399,10 +406,13 @@ void* global_alloc(state& s, global_set& set, const global_entry& g, int device)
 
 void free_globals(state& s, global_set& set) {
     for (auto& [name, var] : set.vars) {
-        if (s.ranges.count(reinterpret_cast<uintptr_t>(var.first)) != 0)
-            free_range(s, reinterpret_cast<uintptr_t>(var.first));
-        else
+        auto r = s.ranges.find(reinterpret_cast<uintptr_t>(var.first));
+        if (r == s.ranges.end()) {
             std::free(var.first);
+            continue;
+        }
+        s.freed_globals.emplace(std::make_tuple(name, r->second.device, var.second), var.first);
+        s.ranges.erase(r);
     }
     set.vars.clear();
 }

@@ -27,6 +27,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -299,8 +300,12 @@ struct state {
     bool initialized = false;
     std::vector<device_info> devices;
     std::unordered_map<uint64_t, std::unique_ptr<object>> objects;
-    std::map<uintptr_t, mem_range> ranges;       // by base; never overlapping
-    std::map<uintptr_t, size_t> reservations;    // cuMemAddressReserve: base -> size
+    std::map<uintptr_t, mem_range> ranges;     // by base; never overlapping
+    std::map<uintptr_t, size_t> reservations;  // cuMemAddressReserve: base -> size
+    // Globals' storage kept when their module goes, for the next load of the same global (name, device,
+    // size): a module loaded again finds them where they were, every time (malloc mostly, not always, gave
+    // the same address, and a resumed session's global that moves is another test's matter).
+    std::multimap<std::tuple<std::string, int, size_t>, void*> freed_globals;
     uintptr_t next_device_va = device_va_begin;  // where the next reservation without a hint is tried
     uint64_t next_serial = 1;
     uint64_t next_buffer_id = 1;
