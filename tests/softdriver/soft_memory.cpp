@@ -350,9 +350,10 @@ void free_range(state& s, uintptr_t base) {
             uncharge(s, r.device, r.charged);
             break;
         case range_kind::vmm: {
-            // Back to a reserved, inaccessible range.
-            mmap(reinterpret_cast<void*>(r.base), r.size, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            // Back to a reserved, inaccessible range (a failure leaves the pages as they were: nothing to
+            // undo).
+            (void)mmap(reinterpret_cast<void*>(r.base), r.size, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
             if (auto* m = s.find<mem_handle_obj>(r.mem_handle)) {
                 --m->maps;
                 maybe_free_mem_handle(s, *m);
