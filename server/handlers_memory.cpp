@@ -25,8 +25,8 @@ CUresult current_memory(call_context& cx, device_memory*& mem) {
     return CUDA_SUCCESS;
 }
 
-}  // namespace
-
+// Frees `p`, an allocation (cuMemAlloc) of the current device's memory, and withdraws its IPC handle; the
+// caller has made sure that nothing in flight still uses it. The allocator's answer when `p` is none.
 CUresult free_device_allocation(call_context& cx, device_memory& mem, CUdeviceptr p) {
     std::lock_guard lock(cx.sess.mu);
     cx.sess.settle_stream_frees(false);
@@ -34,12 +34,17 @@ CUresult free_device_allocation(call_context& cx, device_memory& mem, CUdevicept
     CUresult rc = mem.release(p);
     if (rc != CUDA_SUCCESS) return rc;
     cx.sess.pools.erase(p);  // a default pool's allocation (server/handlers_pool.cpp)
-    // Its IPC handle opens no more (memory others opened stays theirs until they close it).
-    if (auto it = cx.sess.ipc_state.memory_exports.find(p); it != cx.sess.ipc_state.memory_exports.end()) {
-        if (cx.sess.ipc()) cx.sess.ipc()->withdraw(it->second, cx.sess.id());
-        cx.sess.ipc_state.memory_exports.erase(it);
-    }
+    withdraw_memory_export(cx.sess, p);
     return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+void withdraw_memory_export(session& s, CUdeviceptr p) {
+    if (auto it = s.ipc_state.memory_exports.find(p); it != s.ipc_state.memory_exports.end()) {
+        if (s.ipc()) s.ipc()->withdraw(it->second, s.id());
+        s.ipc_state.memory_exports.erase(it);
+    }
 }
 
 CUresult handle_mem_alloc(call_context& cx) {

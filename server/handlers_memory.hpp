@@ -5,8 +5,9 @@
 
 namespace vcuda::server {
 
-// Frees `p`, an allocation (cuMemAlloc) of the current device's memory, and withdraws its IPC handle; the
-// caller has made sure that nothing in flight still uses it. The allocator's answer when `p` is none.
-CUresult free_device_allocation(call_context& cx, device_memory& mem, CUdeviceptr p);
+// The IPC handle of the session's allocation at p opens no more (memory others opened stays theirs until
+// they close it); `mu` held. At every free, also one in stream order, whose memory goes back later and may
+// then be another allocation's.
+void withdraw_memory_export(session& s, CUdeviceptr p);
 
 }  // namespace vcuda::server

@@ -171,6 +171,10 @@ CUresult free_in_stream_order(call_context& cx, CUdeviceptr p, CUstream stream) 
     }
     if (capture_status(cx.drv(), stream) == CU_STREAM_CAPTURE_STATUS_ACTIVE)
         return cx.drv().cuMemFreeAsync(p, stream);  // refused: a capture frees only its graph's allocations
+    {
+        std::lock_guard lock(cx.sess.mu);
+        withdraw_memory_export(cx.sess, p);
+    }
     return free_when_done(cx, *mem, p, stream, device, 0);
 }
 

@@ -276,3 +276,19 @@ TEST_CASE("a physical allocation made without a shareable handle type is not exp
         a->call(op::ipc_export, {what_allocation, create(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)}).result ==
         CUDA_SUCCESS);
 }
+
+// cuMemFreeAsync of cuMemAlloc memory (cuSPARSE frees so) withdraws its IPC handle at the free, as cuMemFree
+// does: the memory goes back later, once the stream gets there, and may then be another allocation's.
+TEST_CASE("an IPC handle of memory freed in stream order opens no more", "[integration]") {
+    auto dir = temp_dir();
+    secret_file secret(dir);
+    server_process server({"--secret-file", secret.path});
+    const std::string alice = secret.token(1);
+    auto a = open_session(server, alice);
+    auto m = a->call(op::mem_alloc, {1u << 20});
+    REQUIRE(m.result == CUDA_SUCCESS);
+    auto handle = exported(*a, what_memory, m.outs.at(0));
+    REQUIRE(a->call(op::pool_free, {m.outs.at(0), 0}).result == CUDA_SUCCESS);
+    auto b = open_session(server, alice);
+    CHECK(b->call(op::ipc_open, {what_memory, 0}, {handle}).result == CUDA_ERROR_INVALID_VALUE);
+}
