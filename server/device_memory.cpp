@@ -396,12 +396,15 @@ CUresult device_memory::map_making_room(size_t size, bool shared, CUdeviceptr& v
 }
 
 void device_memory::drop_spares() {
-    for (auto [size, va] : spares_) {
-        unmap(va, mappings_.at(va));
-        mappings_.erase(va);
-    }
-    spares_.clear();
-    spare_bytes_ = 0;
+    while (!spares_.empty()) drop_spare(spares_.begin());
+}
+
+void device_memory::drop_spare(std::multimap<size_t, CUdeviceptr>::iterator spare) {
+    auto [size, va] = *spare;
+    spares_.erase(spare);
+    spare_bytes_ -= size;
+    unmap(va, mappings_.at(va));
+    mappings_.erase(va);
 }
 
 CUresult device_memory::release(CUdeviceptr p, bool spare) {
@@ -412,13 +415,7 @@ CUresult device_memory::release(CUdeviceptr p, bool spare) {
     auto& m = mappings_.at(va);
     if (!m.shared) {
         if (spare && m.handle && m.size <= spare_limit) {
-            while (spare_bytes_ + m.size > spare_limit) {  // the smallest kept go first
-                auto [kept_size, kept_va] = *spares_.begin();
-                spares_.erase(spares_.begin());
-                spare_bytes_ -= kept_size;
-                unmap(kept_va, mappings_.at(kept_va));
-                mappings_.erase(kept_va);
-            }
+            while (spare_bytes_ + m.size > spare_limit) drop_spare(spares_.begin());  // the smallest first
             m.live = 0;
             spares_.emplace(m.size, va);
             spare_bytes_ += m.size;

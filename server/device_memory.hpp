@@ -209,6 +209,7 @@ class device_memory {
     CUresult map_new(size_t size, bool shared, CUdeviceptr& va);
     CUresult map_making_room(size_t size, bool shared,
                              CUdeviceptr& va);  // map_new, spares dropped if need be
+    void drop_spare(std::multimap<size_t, CUdeviceptr>::iterator spare);  // unmapped, the quota credited
     // Gives a mapping's addresses back: to the window, or the reservation to the driver.
     void free_addresses(CUdeviceptr va, const mapping& m);
     CUresult map_at(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle& h, bool& exportable);

@@ -136,12 +136,18 @@ CUresult windowed_alloc(call_context& cx, device_memory& mem, size_t size, size_
     return CUDA_SUCCESS;
 }
 
-// A free of the session's own memory in stream order (`counted`: bytes of the default pool's figures): the
-// memory goes back once the stream's work before the free is done. Without an event to say when, the
-// stream is waited for.
+// A free of the session's own memory in stream order (`counted`: bytes of the default pool's figures): its
+// IPC handle opens no more at once, and the memory goes back once the stream's work before the free is done.
+// Without an event to say when, the stream is waited for. A capture frees only its graph's allocations: the
+// driver refuses this one.
 CUresult free_when_done(call_context& cx, device_memory& mem, CUdeviceptr p, CUstream stream, size_t device,
                         size_t counted) {
     auto& d = cx.drv();
+    if (capture_status(d, stream) == CU_STREAM_CAPTURE_STATUS_ACTIVE) return d.cuMemFreeAsync(p, stream);
+    {
+        std::lock_guard lock(cx.sess.mu);
+        withdraw_memory_export(cx.sess, p);
+    }
     CUevent done = nullptr;
     if (d.cuEventCreate(&done, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS &&
         d.cuEventRecord(done, stream) == CUDA_SUCCESS) {
@@ -168,12 +174,6 @@ CUresult free_in_stream_order(call_context& cx, CUdeviceptr p, CUstream stream) 
         std::lock_guard lock(cx.sess.mu);
         if (!mem->allocations().count(p) || cx.sess.pools.freed_pending(p))
             return cx.fail(CUDA_ERROR_INVALID_VALUE, "not the start of an allocation of this session");
-    }
-    if (capture_status(cx.drv(), stream) == CU_STREAM_CAPTURE_STATUS_ACTIVE)
-        return cx.drv().cuMemFreeAsync(p, stream);  // refused: a capture frees only its graph's allocations
-    {
-        std::lock_guard lock(cx.sess.mu);
-        withdraw_memory_export(cx.sess, p);
     }
     return free_when_done(cx, *mem, p, stream, device, 0);
 }
@@ -246,12 +246,7 @@ CUresult handle_pool_free(call_context& cx) {
         }
     }
     if (!stream_ordered) return free_in_stream_order(cx, p, stream);
-    if (a.windowed) {
-        if (capture_status(cx.drv(), stream) == CU_STREAM_CAPTURE_STATUS_ACTIVE)
-            return cx.drv().cuMemFreeAsync(p,
-                                           stream);  // refused: a capture frees only its graph's allocations
-        return free_when_done(cx, cx.sess.memory(a.device), p, stream, a.device, a.size);
-    }
+    if (a.windowed) return free_when_done(cx, cx.sess.memory(a.device), p, stream, a.device, a.size);
     if (CUresult rc = cx.drv().cuMemFreeAsync(p, stream); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
     cx.sess.pools.erase(p);

@@ -451,6 +451,11 @@ class session : public std::enable_shared_from_this<session> {
     // address window at the same addresses and its allocations charged to the quota; the image gets room for
     // the allocations' contents, which rebuild_vmm makes again at the resume.
     CUresult take_moved_vmm(const wire::SessionState& st, session_image& img, std::string& why);
+    // A move's target: physical memory handed over for device `i` must be this server's GPU there, the one
+    // the sender named (MovedDevice.gpu_uuid); else CUDA_ERROR_PEER_ACCESS_UNSUPPORTED with `why` (the
+    // sender then copies it).
+    CUresult check_handed_over_gpu(const wire::SessionState& st, size_t i, const char* what,
+                                   std::string& why);
     // CUDA arrays and mipmapped arrays in a suspend (server/array_image.cpp), `mu` held: contents saved,
     // arrays destroyed (handles and quota charges stay), made again with their descriptors and filled; a
     // move's target takes their table entries and contents from the moved state.

@@ -689,6 +689,21 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
     return CUDA_SUCCESS;
 }
 
+CUresult session::check_handed_over_gpu(const wire::SessionState& st, size_t i, const char* what,
+                                        std::string& why) {
+    const auto* devs = st.devices();
+    const auto* uuid =
+        devs && i < devs->size() ? devs->Get(static_cast<flatbuffers::uoffset_t>(i))->gpu_uuid() : nullptr;
+    CUuuid here{};
+    api().cuDeviceGetUuid_v2(&here, devices_[i].device);
+    if (uuid && uuid->size() == sizeof here.bytes &&
+        std::memcmp(uuid->data(), here.bytes, sizeof here.bytes) == 0)
+        return CUDA_SUCCESS;
+    why = std::string("its ") + what + " was offered on GPU " + std::to_string(i) +
+          " as the physical memory of another GPU than this server's";
+    return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+}
+
 CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& fs, precopy_store& pre,
                                    std::string& why) {
     auto img = std::make_unique<session_image>();
@@ -771,16 +786,8 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                 rc != CUDA_SUCCESS)
                 return rc;
             // Memory handed over must be the same physical GPU's: otherwise the sender copies it instead.
-            if (std::find(by_descriptor.begin(), by_descriptor.end(), true) != by_descriptor.end()) {
-                CUuuid here{};
-                api().cuDeviceGetUuid_v2(&here, devices_[i].device);
-                if (!d->gpu_uuid() || d->gpu_uuid()->size() != sizeof here.bytes ||
-                    std::memcmp(d->gpu_uuid()->data(), here.bytes, sizeof here.bytes) != 0) {
-                    why = "its memory was offered on GPU " + std::to_string(i) +
-                          " as the physical memory of another GPU than this server's";
-                    return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
-                }
-            }
+            if (std::find(by_descriptor.begin(), by_descriptor.end(), true) != by_descriptor.end())
+                if (CUresult rc = check_handed_over_gpu(st, i, "memory", why); rc != CUDA_SUCCESS) return rc;
             // Room for the contents, registered with the driver when it is copied back (restore); memory
             // handed over comes as a descriptor instead; memory pre-copied is where it came.
             for (size_t k = 0; k < maps.size(); ++k) {

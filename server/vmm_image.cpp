@@ -251,16 +251,9 @@ CUresult session::take_moved_vmm(const wire::SessionState& st, session_image& im
             s.prop = prop;
             s.released = a->released();
             if (a->by_descriptor()) {  // the physical memory itself, which must be this GPU's
-                const auto* devs = st.devices();
-                const auto* uuid = devs && device < devs->size() ? devs->Get(device)->gpu_uuid() : nullptr;
-                CUuuid here{};
-                api().cuDeviceGetUuid_v2(&here, devices_[device].device);
-                if (!uuid || uuid->size() != sizeof here.bytes ||
-                    std::memcmp(uuid->data(), here.bytes, sizeof here.bytes) != 0) {
-                    why = "its VMM allocation was offered on GPU " + std::to_string(device) +
-                          " as the physical memory of another GPU than this server's";
-                    return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
-                }
+                if (CUresult rc = check_handed_over_gpu(st, device, "VMM allocation", why);
+                    rc != CUDA_SUCCESS)
+                    return rc;
                 s.by_descriptor = true;
                 img.vmm_allocations.push_back(std::move(s));
                 continue;

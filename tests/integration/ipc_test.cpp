@@ -291,4 +291,10 @@ TEST_CASE("an IPC handle of memory freed in stream order opens no more", "[integ
     REQUIRE(a->call(op::pool_free, {m.outs.at(0), 0}).result == CUDA_SUCCESS);
     auto b = open_session(server, alice);
     CHECK(b->call(op::ipc_open, {what_memory, 0}, {handle}).result == CUDA_ERROR_INVALID_VALUE);
+    // The same for an allocation of the default pool, which is the session's device memory too.
+    auto pooled = a->call(op::pool_alloc, {1u << 20, 0, 0});
+    REQUIRE(pooled.result == CUDA_SUCCESS);
+    auto pooled_handle = exported(*a, what_memory, pooled.outs.at(0));
+    REQUIRE(a->call(op::pool_free, {pooled.outs.at(0), 0}).result == CUDA_SUCCESS);
+    CHECK(b->call(op::ipc_open, {what_memory, 0}, {pooled_handle}).result == CUDA_ERROR_INVALID_VALUE);
 }
