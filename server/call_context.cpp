@@ -122,7 +122,7 @@ bool memset_span(uint64_t elem, uint64_t width, uint64_t height, uint64_t pitch,
     return mul_add(width, elem, 0, row) && mul_add(height - 1, pitch, row, span);
 }
 
-CUresult call_context::memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height,
+CUresult call_context::memset_range(CUdeviceptr& dst, uint64_t elem, uint64_t width, uint64_t height,
                                     uint64_t pitch, const std::function<bool()>& recorded) {
     uint64_t row, span;
     if (!memset_span(elem, width, height, pitch, row, span)) return bad_arguments();
@@ -132,7 +132,7 @@ CUresult call_context::memset_range(CUdeviceptr dst, uint64_t elem, uint64_t wid
     if (sess.owns_host(static_cast<uintptr_t>(dst), span)) return CUDA_SUCCESS;
     if (!sess.owns_range(dst, span) && recorded && recorded() && placeholder_range(drv(), dst, span))
         return CUDA_SUCCESS;
-    return device_range(dst, span);
+    return device_range_now(dst, span);
 }
 
 bool placeholder_range(const driver_table& d, CUdeviceptr p, uint64_t n) {

@@ -96,6 +96,14 @@ class call_context {
                    ? CUDA_SUCCESS
                    : fail(CUDA_ERROR_INVALID_VALUE, "address range not owned by this session");
     }
+    // device_range for a copy's device side, where an old address of a global the driver placed elsewhere at
+    // a resume or move (module_globals::relocate) becomes `p`'s new value: the application keeps the old one
+    // (cudart caches symbol addresses for cudaMemcpyToSymbol). A range the session owns now stays as it is.
+    CUresult device_range_now(CUdeviceptr& p, size_t n) {
+        if (sess.globals.any_relocated() && !sess.owns_range(p, n))
+            if (auto to = sess.globals.relocated(p, n)) p = *to;
+        return device_range(p, n);
+    }
     // The longest prefix of [p, p+n) that device_range accepts (0: not even its first byte is the session's).
     size_t owned_prefix(CUdeviceptr p, size_t n);
     // The bytes one device side of a 2D/3D copy touches (w bytes x h rows x depth slices from (x, y, z) of a
@@ -109,8 +117,9 @@ class call_context {
     // session's device memory or its shared pinned host memory. A memset that `recorded()` says goes into a
     // graph (captured, or a memset node) may also name a placeholder: a range below 4 GiB that is no memory
     // the driver knows. cuDNN records its graphs so and sets the real addresses before they run; were one run
-    // so, it would fault in this session's own context, as a kernel with a bad pointer does.
-    CUresult memset_range(CUdeviceptr dst, uint64_t elem, uint64_t width, uint64_t height, uint64_t pitch,
+    // so, it would fault in this session's own context, as a kernel with a bad pointer does. `dst` as in
+    // device_range_now.
+    CUresult memset_range(CUdeviceptr& dst, uint64_t elem, uint64_t width, uint64_t height, uint64_t pitch,
                           const std::function<bool()>& recorded = {});
 
     // ---- payload: the bulk bytes that came with the call (in a staging buffer when one was used)

@@ -876,8 +876,9 @@ CUresult node_params(call_context& cx, CUgraphNodeType type, size_t first, size_
             return CUDA_SUCCESS;
         }
         case CU_GRAPH_NODE_TYPE_MEMSET: {
-            uint64_t dst = cx.arg(first), value = cx.arg(first + 1), elem = cx.arg(first + 2),
-                     width = cx.arg(first + 3), height = cx.arg(first + 4), pitch = cx.arg(first + 5);
+            CUdeviceptr dst = cx.arg(first);
+            uint64_t value = cx.arg(first + 1), elem = cx.arg(first + 2), width = cx.arg(first + 3),
+                     height = cx.arg(first + 4), pitch = cx.arg(first + 5);
             if (value > 0xffffffffu) return cx.bad_arguments();
             if (CUresult rc = cx.memset_range(dst, elem, width, height, pitch, [] { return true; });
                 rc != CUDA_SUCCESS)

@@ -166,7 +166,7 @@ CUresult handle_copy_htod_shared(call_context& cx) {
     auto src = static_cast<uintptr_t>(cx.arg(1));
     uint64_t n = cx.arg(2);
     if (n == 0) return CUDA_SUCCESS;
-    if (CUresult rc = cx.device_range(dst, n); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.device_range_now(dst, n); rc != CUDA_SUCCESS) return rc;
     if (!cx.sess.owns_host(src, n))
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "source is not this session's shared host memory");
     CUstream s;
@@ -184,7 +184,7 @@ CUresult handle_copy_dtoh_shared(call_context& cx) {
     CUdeviceptr src = cx.arg(1);
     uint64_t n = cx.arg(2);
     if (n == 0) return CUDA_SUCCESS;
-    if (CUresult rc = cx.device_range(src, n); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.device_range_now(src, n); rc != CUDA_SUCCESS) return rc;
     if (!cx.sess.owns_host(dst, n))
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "destination is not this session's shared host memory");
     CUstream s;

@@ -139,7 +139,7 @@ CUresult handle_copy_htod(call_context& cx) {
     CUdeviceptr dst = cx.arg(0);
     auto data = cx.payload();
     if (data.empty()) return CUDA_SUCCESS;
-    if (CUresult rc = cx.device_range(dst, data.size()); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.device_range_now(dst, data.size()); rc != CUDA_SUCCESS) return rc;
     CUstream s;
     if (CUresult rc = cx.handle(1, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     CUresult rc = cx.drv().cuMemcpyHtoDAsync_v2(dst, data.data(), data.size(), s);
@@ -159,7 +159,7 @@ CUresult handle_copy_dtoh(call_context& cx) {
     if (n == 0) return CUDA_SUCCESS;
     if (n > cx.lane.stream->limits().max_payload)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "copy larger than one frame");
-    if (CUresult rc = cx.device_range(src, n); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.device_range_now(src, n); rc != CUDA_SUCCESS) return rc;
     CUstream s;
     if (CUresult rc = cx.handle(2, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     auto& drv = cx.drv();
@@ -223,12 +223,12 @@ CUresult handle_copy_dtoh(call_context& cx) {
 namespace {
 // The checks and the start of a deferred copy, args {src, size, stream, ticket}.
 CUresult start_deferred_copy(call_context& cx) {
-    const CUdeviceptr src = cx.arg(0);
+    CUdeviceptr src = cx.arg(0);
     const uint64_t n = cx.arg(1), ticket = cx.arg(3);
     if (n == 0 || n > deferred_copy::max_copy || ticket == 0)
         return cx.fail(CUDA_ERROR_INVALID_VALUE,
                        "a deferred copy of no bytes, of too many, or without a ticket");
-    if (CUresult rc = cx.device_range(src, n); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.device_range_now(src, n); rc != CUDA_SUCCESS) return rc;
     CUstream s;
     if (CUresult rc = cx.handle(2, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     if (capture_status(cx.drv(), s) != CU_STREAM_CAPTURE_STATUS_NONE)  // a graph would keep the store's pages
@@ -309,7 +309,7 @@ CUresult handle_copy_htod_striped(call_context& cx) {
         return cx.bad_arguments();
     }
     CUstream s = nullptr;
-    CUresult rc = cx.device_range(a.device, a.n);
+    CUresult rc = cx.device_range_now(a.device, a.n);
     if (rc == CUDA_SUCCESS) rc = striped_stream(cx, s);
     return cx.sess.bulk().to_device(a.set, a.transfer, a.device, a.n, a.chunk, s, rc, cx.detail);
 }
@@ -318,7 +318,7 @@ CUresult handle_copy_htod_striped(call_context& cx) {
 CUresult handle_copy_dtoh_striped(call_context& cx) {
     striped_args a;
     if (!read_striped(cx, a)) return cx.bad_arguments();
-    if (CUresult rc = cx.device_range(a.device, a.n); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.device_range_now(a.device, a.n); rc != CUDA_SUCCESS) return rc;
     CUstream s = nullptr;
     if (CUresult rc = striped_stream(cx, s); rc != CUDA_SUCCESS) return rc;
     return cx.sess.bulk().to_host(a.set, a.transfer, a.device, a.n, a.chunk, s, cx.detail);
@@ -334,8 +334,8 @@ CUresult handle_copy_dtod(call_context& cx) {
     CUdeviceptr dst = cx.arg(0), src = cx.arg(1);
     uint64_t n = cx.arg(2);
     if (n == 0) return CUDA_SUCCESS;
-    if (CUresult rc = cx.device_range(dst, n); rc != CUDA_SUCCESS) return rc;
-    if (CUresult rc = cx.device_range(src, n); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.device_range_now(dst, n); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.device_range_now(src, n); rc != CUDA_SUCCESS) return rc;
     CUstream s;
     if (CUresult rc = cx.handle(3, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     return cx.drv().cuMemcpyDtoDAsync_v2(dst, src, n, s);

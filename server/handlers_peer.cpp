@@ -60,8 +60,8 @@ CUresult handle_copy_peer(call_context& cx) {
     if (CUresult rc = context_arg(cx, 1, dst_ctx); rc != CUDA_SUCCESS) return rc;
     if (CUresult rc = context_arg(cx, 3, src_ctx); rc != CUDA_SUCCESS) return rc;
     if (n == 0) return CUDA_SUCCESS;
-    if (CUresult rc = cx.device_range(dst, n); rc != CUDA_SUCCESS) return rc;
-    if (CUresult rc = cx.device_range(src, n); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.device_range_now(dst, n); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.device_range_now(src, n); rc != CUDA_SUCCESS) return rc;
     CUstream s;
     if (CUresult rc = cx.handle(5, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
     return cx.queued() ? d.cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, n, s)

@@ -6,7 +6,7 @@
 // What is rebuilt: device memory (cuMemAlloc: contents and addresses; the reservations stay while suspended),
 // modules and libraries (from the images and JIT options they were loaded with), their functions, kernels and
 // modules (by name) with their settable attributes, module globals the client looked up (contents; a global
-// the driver places elsewhere is reported, and copies to its old address are refused), streams (flags and
+// the driver places elsewhere is reported, and its old address is sent to the new one), streams (flags and
 // priority), events (flags), context limits and cache configuration, shared pinned host memory (registered
 // again), the application's own VMM use (server/vmm_image.cpp), CUDA arrays and mipmapped arrays
 // (server/array_image.cpp), texture and surface objects at the values kernels hold (the same file), CUDA
@@ -702,7 +702,8 @@ CUresult session::rebuild(std::string& why) {
         handles.rebind(es.id, raw);
     }
     // Globals: contents back; one the driver placed elsewhere keeps its contents at its new address, and the
-    // old one is no longer the session's (copies to it are refused, not sent to whatever is there now).
+    // old one is no longer the session's: kernel parameters and copies naming it are sent to the new one
+    // (module_globals::relocate).
     for (auto& g : img.globals) {
         handle_entry* owner = handles.find(g.owner, kind_of(g.owner));
         if (!owner) continue;
@@ -718,7 +719,7 @@ CUresult session::rebuild(std::string& why) {
         if (p != g.address) {
             VCUDA_LOG_WARN(
                 "session {}: global {} moved from {:#x} to {:#x} when its module was loaded again; kernel "
-                "parameters holding the old address are given the new one (copies to it are refused)",
+                "parameters and copies naming the old address are given the new one",
                 id_, g.name, g.address, p);
             globals.globals_.erase({g.address, g.device});
             globals.add(p, g.size, g.owner, g.device, g.name);

@@ -65,7 +65,8 @@ class module_globals {
     }
     // A global the driver placed elsewhere when its module was loaded again (a resume, a move): the
     // application keeps its old address, so launch parameters pointing into it are rewritten to the new
-    // one (kernel_args::set; cuBLAS passes its constants' address so). Changed only while no call runs.
+    // one (kernel_args::set; cuBLAS passes its constants' address so), and so are copies' device sides
+    // (call_context::device_range_now; cudart caches symbol addresses). Changed only while no call runs.
     struct relocation {
         CUdeviceptr to = 0;
         size_t size = 0;
@@ -76,12 +77,13 @@ class module_globals {
             if (r.to == from) r.to = to;
         if (!relocated_.count(from)) relocated_[from] = {to, size, owner};
     }
-    // Where the application's address p is now, when it points into a relocated global.
-    std::optional<CUdeviceptr> relocated(uint64_t p) const {
+    // Where the application's address p is now, when it points into a relocated global; with `n`, when all of
+    // [p, p+n) lies in it.
+    std::optional<CUdeviceptr> relocated(uint64_t p, size_t n = 1) const {
         auto it = relocated_.upper_bound(p);
         if (it == relocated_.begin()) return std::nullopt;
         --it;
-        if (p - it->first >= it->second.size) return std::nullopt;
+        if (!range_inside(p, n, it->first, it->second.size)) return std::nullopt;
         return it->second.to + (p - it->first);
     }
     bool any_relocated() const { return !relocated_.empty(); }

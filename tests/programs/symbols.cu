@@ -3,7 +3,8 @@
 // cudaGetSymbolAddress, cudaGetSymbolSize — and used by a kernel through their addresses; plus the initial
 // value of an initialized __device__ array. With a pause (argv[1] ms) at the end, during which the session
 // may be suspended or moved (its module loaded again, the globals maybe elsewhere), the kernel runs again
-// through the addresses cudaGetSymbolAddress gave before: they must still reach the globals.
+// through the addresses cudaGetSymbolAddress gave before, and symbol copies and a memset name them: they must
+// still reach the globals.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -140,6 +141,27 @@ int main(int argc, char** argv) {
             if (out[i] != want) fail("after the pause: out[%d] = %g, expected %g", i, out[i], want);
         }
         printf("after the pause, the kernel through the symbol addresses from before: ok\n");
+        // Copies and a memset after the pause, to the addresses from before: the program's own, and (cudart
+        // may cache them) the symbol API's.
+        for (int i = 0; i < 256; ++i) t_now[i] = 5 - i;
+        for (int i = 0; i < 16; ++i) c_now[i] = 0.25f * static_cast<float>(i);
+        CHECK(cudaMemcpyToSymbol(sym_table, t_now.data(), 256 * sizeof(int)));
+        CHECK(cudaMemcpy(p_coeffs, c_now, sizeof c_now, cudaMemcpyHostToDevice));
+        std::vector<int> t_back(256);
+        CHECK(cudaMemcpy(t_back.data(), p_table, 256 * sizeof(int), cudaMemcpyDeviceToHost));
+        EXPECT(t_back == t_now, "after the pause: the table read through its old address differs");
+        CHECK(cudaMemset(p_counter, 0, sizeof(unsigned long long)));
+        sym_apply<<<(n + 255) / 256, 256>>>(p_table, p_coeffs, d_out, p_counter, n);
+        CHECK_LAUNCH();
+        CHECK(cudaMemcpy(out.data(), d_out, n * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < n; ++i) {
+            float want = c_now[i % 16] * static_cast<float>(t_now[i % 256]);
+            if (out[i] != want)
+                fail("after the pause, new table: out[%d] = %g, expected %g", i, out[i], want);
+        }
+        CHECK(cudaMemcpyFromSymbol(&counter, sym_counter, sizeof counter));
+        EXPECT(counter == static_cast<unsigned long long>(n), "after the pause: counter %llu", counter);
+        printf("after the pause, symbol copies and a memset through the addresses from before: ok\n");
     }
     CHECK(cudaFree(d_out));
     return pass();

@@ -386,8 +386,14 @@ void* global_alloc(state& s, global_set& set, const global_entry& g, int device)
     if (it != set.vars.end()) return it->second.first;
     size_t size = g.size == 0 ? 1 : g.size;
     void* p = nullptr;
+    // VCUDA_SOFT_MOVE_GLOBALS=1: a global loaded again goes elsewhere, as a real driver may place it in
+    // another process (a resumed or moved session's).
+    static const bool move_globals = [] {
+        const char* v = std::getenv("VCUDA_SOFT_MOVE_GLOBALS");
+        return v != nullptr && std::strcmp(v, "1") == 0;
+    }();
     if (auto kept = s.freed_globals.find({std::string(g.name), device, g.size});
-        kept != s.freed_globals.end()) {
+        !move_globals && kept != s.freed_globals.end()) {
         p = kept->second;
         s.freed_globals.erase(kept);
     } else {
