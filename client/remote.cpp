@@ -487,7 +487,10 @@ std::optional<frame_stream> session::connect_stream(uint32_t number, std::string
         why = "sending HELLO to " + where + " failed: " + r.error().message;
         return std::nullopt;
     }
-    auto in = fs.receive(after(timeout_), timeout_);
+    // A new session's reply must come within the connect timeout (a wrong address fails fast). A lane that
+    // joins the session waits as its calls do: the server may be taking it while the session is paused (a
+    // worker process suspending it, a long move) for longer than that.
+    auto in = fs.receive(id_ == 0 ? after(timeout_) : never, timeout_);
     if (!in) {
         why = "no HELLO reply from " + where + ": " + in.error().message;
         return std::nullopt;

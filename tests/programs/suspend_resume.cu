@@ -6,7 +6,8 @@
 // synchronization policy, a function attribute
 // it set, an event pair's elapsed time still measurable, an event without timing still complete, CUDA arrays
 // (2D with padded rows, layered, mipmapped) with their contents, texture and surface objects at the values
-// kernels hold, and new work on all of them; with argv[3] "user-object", a CUDA user object held through it.
+// kernels hold, and new work on all of them; with argv[3] "user-object", a CUDA user object held through it;
+// with "new-thread", a thread that makes its first call halfway through the pause.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -211,7 +212,8 @@ void CUDART_CB end_user_object(void* p) { static_cast<std::atomic<int>*>(p)->fet
 int main(int argc, char** argv) {
     const int idle_ms = argc > 1 ? atoi(argv[1]) : 0;
     const size_t ballast_floats = (argc > 2 ? strtoull(argv[2], nullptr, 10) : 0) << 18;  // MiB -> floats
-    const bool with_user_object = argc > 3 && std::string(argv[3]) == "user-object";
+    const std::string mode = argc > 3 ? argv[3] : "";
+    const bool with_user_object = mode == "user-object";
     cudaUserObject_t user_object{};
     if (with_user_object)
         CHECK(cudaUserObjectCreate(&user_object, &user_object_ends, end_user_object, 1,
@@ -305,7 +307,24 @@ int main(int argc, char** argv) {
     printf("info: phase 1 axpy %.3f ms; idle %d ms (device pointers %p %p %p)\n", before, idle_ms,
            static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(tiny));
     fflush(stdout);
-    if (idle_ms > 0) usleep(static_cast<useconds_t>(idle_ms) * 1000);
+    if (idle_ms > 0 && mode == "new-thread") {
+        // A thread that first calls halfway through the pause: its connection joins the session while it
+        // may be suspended or moved (or still being so).
+        usleep(static_cast<useconds_t>(idle_ms / 2) * 1000);
+        std::thread late([&] {
+            sr_fill<<<16, 256>>>(w_buf, 4096, 90.0f);
+            CHECK(cudaDeviceSynchronize());
+            float v = 0;
+            CHECK(cudaMemcpy(&v, w_buf + 7, sizeof v, cudaMemcpyDeviceToHost));
+            EXPECT(v == 97.0f, "the thread new in the pause read %f", v);
+        });
+        late.join();
+        printf("a thread new in the pause: ok\n");
+        fflush(stdout);
+        usleep(static_cast<useconds_t>(idle_ms - idle_ms / 2) * 1000);
+    } else if (idle_ms > 0) {
+        usleep(static_cast<useconds_t>(idle_ms) * 1000);
+    }
 
     // Phase 2: everything made before the pause is still there, at the same addresses and handles.
     float after = -1;
