@@ -262,12 +262,12 @@ int main(int argc, char** argv) {
                    "resume again and again")
         ->group("Testing")
         ->check(CLI::Range(1, 3600 * 1000));
-    bool suspend_graphs = false;
-    app.add_flag(
-        "--suspend-graphs", suspend_graphs,
-        "A suspend keeps the session's CUDA graphs and "
-        "executable graphs, made again node by node, and a move carries them, instead of being refused "
-        "while it holds any. Experimental, off by default (README, Suspend and resume)");
+    bool suspend_graphs = true;
+    app.add_flag("--suspend-graphs,!--no-suspend-graphs", suspend_graphs,
+                 "A suspend keeps the session's CUDA graphs and executable graphs, made again node by node, and "
+                 "a move carries them (the default); --no-suspend-graphs: a session holding any is not "
+                 "suspended or moved, and instantiations keep no copy of their graph (README, Suspend and "
+                 "resume)");
     std::string window_text = "auto";
     app.add_option(
            "--address-window", window_text,
@@ -505,7 +505,7 @@ int main(int argc, char** argv) {
             opts.worker_args.push_back(std::to_string(opts.memory_quota));
         }
         if (!opts.shm_rings) opts.worker_args.push_back("--no-shm-rings");
-        if (suspend_graphs) opts.worker_args.push_back("--suspend-graphs");
+        if (!suspend_graphs) opts.worker_args.push_back("--no-suspend-graphs");
         if (suspend_every_ms > 0) {  // the worker suspends its session itself
             opts.worker_args.push_back("--test-suspend-every");
             opts.worker_args.push_back(std::to_string(suspend_every_ms));

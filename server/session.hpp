@@ -88,10 +88,9 @@ struct server_options {
     // --test-suspend-every, in a worker process (--isolation process): its session is suspended that often
     // while no call runs (tests; the server process does the same for its own sessions).
     std::chrono::milliseconds test_suspend_every{0};
-    // --suspend-graphs: a suspend keeps CUDA graphs (server/graph_image.cpp) instead of being refused by
-    // them. Off by default: on the H200 a JAX program under --test-suspend-every 200 left the server not
-    // answering HELLOs on its Unix socket with it on (session 19, not yet diagnosed).
-    bool suspend_graphs = false;
+    // --suspend-graphs (the default; --no-suspend-graphs): a suspend keeps CUDA graphs
+    // (server/graph_image.cpp) instead of being refused by them.
+    bool suspend_graphs = true;
     // --gpu-identity TAG: the UUID each GPU (by index) has towards the manager and in lease tokens, so that
     // several servers on one physical GPU (tests, the software driver) are distinct GPUs to the manager.
     // Empty: each GPU's own UUID. NVML and the application still see the physical UUID.

@@ -5,7 +5,7 @@
 // client learns where its session went from the next reply of each lane (Reply.moved_to) and joins it there.
 //
 // What does not move yet: what a suspend does not rebuild (pools the application made, links in progress).
-// CUDA graphs move as a suspend keeps them: only with --suspend-graphs (server/graph_image.cpp). Shared
+// CUDA graphs move as a suspend keeps them, unless --no-suspend-graphs (server/graph_image.cpp). Shared
 // pinned host memory moves only to a server on the same host (its pages' memfds are passed over the Unix
 // socket and mapped at the same addresses there).
 #include <sys/mman.h>
@@ -165,8 +165,8 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
             if ((e.kind == handle_kind::graph || e.kind == handle_kind::graph_exec) && rc == CUDA_SUCCESS &&
                 !keeps_graphs()) {
                 why =
-                    "the session holds CUDA graphs, which a move carries only with vcuda-server "
-                    "--suspend-graphs";
+                    "the session holds CUDA graphs, which a move does not carry: vcuda-server runs with "
+                    "--no-suspend-graphs";
                 rc = CUDA_ERROR_NOT_SUPPORTED;
             }
         });

@@ -108,8 +108,8 @@ fi
 
 if [[ " $parts " == *" graphs "* ]]; then
   # graph_suspend holds a graph, a child graph and two executable graphs when it pauses; server A (with
-  # --suspend-graphs) moves it then, once the program's file says its graphs are made, to B (without the flag:
-  # it keeps the graphs that come with a session) over the Unix socket and over TCP. It must print what it
+  # --suspend-graphs) moves it then, once the program's file says its graphs are made, to B (it keeps the graphs
+  # that come with a session) over the Unix socket and over TCP. It must print what it
   # printed natively.
   # shellcheck source=tests/normalize_output.sh
   source "$here/../normalize_output.sh"

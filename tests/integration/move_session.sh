@@ -160,12 +160,12 @@ for transport in ${loop_transports/back/}; do
   stop_servers
 done
 # back: a session moved from A to B and then back to A (B moves it on too): A kept its addresses for it. The
-# same for graph_suspend's graphs (A moves it once they are made): B, without --suspend-graphs, keeps the graphs
+# same for graph_suspend's graphs (A moves it once they are made): B, with --no-suspend-graphs, keeps the graphs
 # that came with the session, and moves them back.
 if [[ " $transports " == *" back "* ]]; then
   ref="unix:$tmp/ref.sock"; a="unix:$tmp/a.sock"; b="unix:$tmp/b.sock"
   : > "$tmp/server-a.log"; : > "$tmp/server-b.log"
-  start_server ref "$ref" 3 && start_server b "$b" 2 --test-move-to "$a" --test-move-after 100 &&
+  start_server ref "$ref" 3 && start_server b "$b" 2 --test-move-to "$a" --test-move-after 100 --no-suspend-graphs &&
     start_server a "$a" 1 --test-move-to "$b" --test-move-after 100 --suspend-graphs \
       --test-move-when "$tmp/graphs-made" || fail "back: the servers did not start"
   for run in "graph_suspend 1000 $tmp/graphs-made" "suspend_resume 2000"; do
