@@ -327,8 +327,9 @@ CUresult session::save_graphs(session_image& img, std::string& why) {
     });
     if (!any) return CUDA_SUCCESS;
     if (!keeps_graphs()) {
-        why = "the session holds CUDA graphs, which a suspend does not keep: vcuda-server runs with "
-              "--no-suspend-graphs";
+        why =
+            "the session holds CUDA graphs, which a suspend does not keep: vcuda-server runs with "
+            "--no-suspend-graphs";
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     if (!d.cuGraphGetNodes || !d.cuGraphGetEdges_v2 || !d.cuGraphNodeGetType || !d.cuGraphCreate ||

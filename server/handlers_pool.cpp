@@ -10,8 +10,10 @@
 // an event recorded behind the stream's work says when the memory may go back (session::settle_stream_frees,
 // at the next allocation or free, or when an allocation finds no room); an allocation on the same stream
 // takes it at once where it fits as it is, as the driver's pools reuse it. The pool's figures count it
-// (pool_allocations::window_figures). A pool the application made stays the driver's; what it keeps reserved
-// after frees, up to its release threshold, stays charged.
+// (pool_allocations::window_figures). So is a pool the application made like a default pool (device memory,
+// not shareable, no size limit): its driver pool answers its attributes and holds nothing. Any other pool the
+// application made stays the driver's; what it keeps reserved after frees, up to its release threshold, stays
+// charged.
 #include <cstring>
 #include <span>
 #include <vector>
@@ -102,22 +104,44 @@ int default_pool_device(call_context& cx, CUmemoryPool pool) {
     return -1;
 }
 
-// An allocation of the default pool: the session's device memory, where the frees that waited for their
-// streams gave room back first (all of them, waited for, when there is no room otherwise).
+// A pool whose allocations the session serves from its own memory: a device's default pool (made 0), or one
+// the application made that the session serves (made: its handle); device -1 for any other.
+struct served_pool {
+    int device = -1;
+    uint64_t made = 0;
+};
+served_pool served(call_context& cx, CUmemoryPool pool) {
+    served_pool s;
+    if (!pool) return s;
+    if ((s.device = default_pool_device(cx, pool)) >= 0) return s;
+    std::lock_guard lock(cx.sess.mu);
+    uint64_t id = cx.sess.handles.find_raw(handle_kind::mem_pool, pool);
+    const handle_entry* e = id ? cx.sess.handles.find(id, handle_kind::mem_pool) : nullptr;
+    if (e && !e->owned && (e->made_with[0] & pool_allocations::served_by_session)) {
+        s.device = e->device;
+        s.made = id;
+    }
+    return s;
+}
+
+// An allocation of a pool the session serves (`made`: the application's pool, 0 the default pool): the
+// session's device memory, where the frees that waited for their streams gave room back first (all of them,
+// waited for, when there is no room otherwise).
 CUresult windowed_alloc(call_context& cx, device_memory& mem, size_t size, size_t device, CUmemoryPool pool,
-                        CUstream stream) {
+                        CUstream stream, uint64_t made) {
     CUdeviceptr p = 0;
     std::lock_guard lock(cx.sess.mu);
     // Memory freed on this stream is this allocation's at once, as the driver's pools reuse it: the stream
     // runs its work in order, so nothing before the free touches it after.
     auto& pending = cx.sess.pools.pending();
     for (auto f = pending.begin(); f != pending.end(); ++f)
-        if (f->stream == stream && f->size && f->device == device && mem.take_again(f->p, size)) {
+        if (f->stream == stream && f->size && f->device == device && f->made_pool == made &&
+            mem.take_again(f->p, size)) {
             p = f->p;
             cx.drv().cuEventDestroy_v2(f->done);
             cx.sess.pools.gave_back(*f);
             pending.erase(f);
-            cx.sess.pools.add(p, size, device, pool, /*imported=*/false, /*windowed=*/true);
+            cx.sess.pools.add(p, size, device, pool, /*imported=*/false, /*windowed=*/true, made);
             cx.out(static_cast<uint64_t>(p));
             return CUDA_SUCCESS;
         }
@@ -131,17 +155,18 @@ CUresult windowed_alloc(call_context& cx, device_memory& mem, size_t size, size_
         return cx.fail(rc,
                        "allocation of " + std::to_string(size) + " bytes exceeds the session's memory quota");
     if (rc != CUDA_SUCCESS) return rc;
-    cx.sess.pools.add(p, size, device, pool, /*imported=*/false, /*windowed=*/true);
+    cx.sess.pools.add(p, size, device, pool, /*imported=*/false, /*windowed=*/true, made);
     cx.out(static_cast<uint64_t>(p));
     return CUDA_SUCCESS;
 }
 
-// A free of the session's own memory in stream order (`counted`: bytes of the default pool's figures): its
+// A free of the session's own memory in stream order (`counted`: bytes of its pool's figures, `made` that
+// pool as in windowed_alloc): its
 // IPC handle opens no more at once, and the memory goes back once the stream's work before the free is done.
 // Without an event to say when, the stream is waited for. A capture frees only its graph's allocations: the
 // driver refuses this one.
 CUresult free_when_done(call_context& cx, device_memory& mem, CUdeviceptr p, CUstream stream, size_t device,
-                        size_t counted) {
+                        size_t counted, uint64_t made = 0) {
     auto& d = cx.drv();
     if (capture_status(d, stream) == CU_STREAM_CAPTURE_STATUS_ACTIVE) return d.cuMemFreeAsync(p, stream);
     {
@@ -153,7 +178,7 @@ CUresult free_when_done(call_context& cx, device_memory& mem, CUdeviceptr p, CUs
         d.cuEventRecord(done, stream) == CUDA_SUCCESS) {
         std::lock_guard lock(cx.sess.mu);
         cx.sess.pools.erase(p, /*waiting=*/true);
-        cx.sess.pools.pending().push_back({done, p, counted, device, stream});
+        cx.sess.pools.pending().push_back({done, p, counted, device, stream, made});
         cx.sess.settle_stream_frees(false);
         return CUDA_SUCCESS;
     }
@@ -197,12 +222,15 @@ CUresult handle_pool_alloc(call_context& cx) {
     if (capture_status(d, stream) == CU_STREAM_CAPTURE_STATUS_ACTIVE)
         return captured_alloc(cx, stream, pool, size, device);
     if (CUmemoryPool def = pool; from_default_pool(cx, device, def))
-        return windowed_alloc(cx, *mem, size, device, def, stream);
+        return windowed_alloc(cx, *mem, size, device, def, stream, 0);
     // The pool the allocation comes from (the device's current one when none is named): what it keeps
     // reserved is reused first.
     CUmemoryPool from = pool;
     if (CUdevice dev; !from && cx.sess.real_device(device, dev) == CUDA_SUCCESS && d.cuDeviceGetMemPool)
         d.cuDeviceGetMemPool(&from, dev);
+    if (served_pool s = served(cx, from); s.made)  // on the pool's device, as the driver places it
+        return windowed_alloc(cx, cx.sess.memory(static_cast<size_t>(s.device)), size,
+                              static_cast<size_t>(s.device), from, stream, s.made);
     uint64_t charged;
     {
         std::lock_guard lock(cx.sess.mu);
@@ -246,7 +274,8 @@ CUresult handle_pool_free(call_context& cx) {
         }
     }
     if (!stream_ordered) return free_in_stream_order(cx, p, stream);
-    if (a.windowed) return free_when_done(cx, cx.sess.memory(a.device), p, stream, a.device, a.size);
+    if (a.windowed)
+        return free_when_done(cx, cx.sess.memory(a.device), p, stream, a.device, a.size, a.made_pool);
     if (CUresult rc = cx.drv().cuMemFreeAsync(p, stream); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
     cx.sess.pools.erase(p);
@@ -267,6 +296,16 @@ CUresult handle_pool_create(call_context& cx) {
     CUmemoryPool pool = nullptr;
     if (CUresult rc = cx.drv().cuMemPoolCreate(&pool, &props); rc != CUDA_SUCCESS) return rc;
     cx.out_handle(handle_kind::mem_pool, pool, 0, /*owned=*/false);
+    // Served from the session's memory, so that it suspends and moves, when nothing in it needs the driver's
+    // own pool: device memory, no shareable handle type (IPC of the pool), no size limit, no special usage.
+    const bool serve =
+        props.allocType == CU_MEM_ALLOCATION_TYPE_PINNED && props.handleTypes == CU_MEM_HANDLE_TYPE_NONE &&
+        props.location.type == CU_MEM_LOCATION_TYPE_DEVICE && props.maxSize == 0 && props.usage == 0;
+    std::lock_guard lock(cx.sess.mu);
+    if (handle_entry* e = cx.sess.handles.find(cx.outs.back(), handle_kind::mem_pool)) {
+        e->device = static_cast<int>(device);
+        e->made_with[0] = serve ? pool_allocations::served_by_session : 0;
+    }
     return CUDA_SUCCESS;
 }
 
@@ -285,6 +324,7 @@ CUresult handle_pool_destroy(call_context& cx) {
         size_t device = 0;
         uint64_t kept = cx.sess.pools.forget_pool(static_cast<CUmemoryPool>(raw), device);
         if (kept && device < cx.sess.device_count()) cx.sess.memory(device).credit(kept);
+        cx.sess.pools.forget_made_pool(cx.arg(0));
     }
     cx.forget_handle(0);
     return CUDA_SUCCESS;
@@ -351,10 +391,9 @@ CUresult handle_pool_set_attribute(call_context& cx) {
         pool, attr, is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
     if (rc == CUDA_SUCCESS &&
         (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH || attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH))
-        if (int device = default_pool_device(cx, pool);
-            device >= 0) {  // high marks back to the current figures
+        if (served_pool s = served(cx, pool); s.device >= 0) {  // high marks back to the current figures
             std::lock_guard lock(cx.sess.mu);
-            auto& f = cx.sess.pools.figures(static_cast<size_t>(device));
+            auto& f = cx.sess.pools.figures(static_cast<size_t>(s.device), s.made);
             (attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH ? f.used_high : f.reserved_high) =
                 attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH ? f.used : f.reserved;
         }
@@ -380,10 +419,10 @@ CUresult handle_pool_get_attribute(call_context& cx) {
             pool, attr, is_wide ? static_cast<void*>(&wide) : static_cast<void*>(&narrow));
         rc != CUDA_SUCCESS)
         return rc;
-    // The default pool's figures: the driver's (captured allocations) and the session's memory it serves.
-    if (int device = default_pool_device(cx, pool); device >= 0 && is_wide) {
+    // A served pool's figures: the driver's (captured allocations) and the session's memory it serves.
+    if (served_pool s = served(cx, pool); s.device >= 0 && is_wide) {
         std::lock_guard lock(cx.sess.mu);
-        const auto& f = cx.sess.pools.figures(static_cast<size_t>(device));
+        const auto& f = cx.sess.pools.figures(static_cast<size_t>(s.device), s.made);
         switch (attr) {
             case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
                 wide += f.reserved;
@@ -438,18 +477,18 @@ CUresult handle_pool_get_access(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// cuMemPoolTrimTo {pool, bytes to keep}: the default pool gives back the frees that are done, and holds no
-// more than it must for its allocations, or the bytes to keep.
+// cuMemPoolTrimTo {pool, bytes to keep}: a served pool gives back the frees that are done, and holds no more
+// than it must for its allocations, or the bytes to keep.
 CUresult handle_pool_trim(call_context& cx) {
     if (!cx.expect_args(2)) return cx.bad_arguments();
     CUmemoryPool pool;
     if (CUresult rc = cx.handle(0, handle_kind::mem_pool, pool); rc != CUDA_SUCCESS) return rc;
     if (CUresult rc = cx.drv().cuMemPoolTrimTo(pool, cx.arg(1)); rc != CUDA_SUCCESS) return rc;
-    if (int device = default_pool_device(cx, pool); device >= 0) {
+    if (served_pool s = served(cx, pool); s.device >= 0) {
         std::lock_guard lock(cx.sess.mu);
         cx.sess.settle_stream_frees(false);
-        cx.sess.memory(static_cast<size_t>(device)).drop_spares();
-        cx.sess.pools.figures(static_cast<size_t>(device)).trimmed(cx.arg(1));
+        cx.sess.memory(static_cast<size_t>(s.device)).drop_spares();
+        cx.sess.pools.figures(static_cast<size_t>(s.device), s.made).trimmed(cx.arg(1));
     }
     return CUDA_SUCCESS;
 }

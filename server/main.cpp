@@ -263,11 +263,12 @@ int main(int argc, char** argv) {
         ->group("Testing")
         ->check(CLI::Range(1, 3600 * 1000));
     bool suspend_graphs = true;
-    app.add_flag("--suspend-graphs,!--no-suspend-graphs", suspend_graphs,
-                 "A suspend keeps the session's CUDA graphs and executable graphs, made again node by node, and "
-                 "a move carries them (the default); --no-suspend-graphs: a session holding any is not "
-                 "suspended or moved, and instantiations keep no copy of their graph (README, Suspend and "
-                 "resume)");
+    app.add_flag(
+        "--suspend-graphs,!--no-suspend-graphs", suspend_graphs,
+        "A suspend keeps the session's CUDA graphs and executable graphs, made again node by node, and "
+        "a move carries them (the default); --no-suspend-graphs: a session holding any is not "
+        "suspended or moved, and instantiations keep no copy of their graph (README, Suspend and "
+        "resume)");
     std::string window_text = "auto";
     app.add_option(
            "--address-window", window_text,

@@ -276,6 +276,7 @@ void session::release_device(size_t device) {
                     break;
                 case handle_kind::mem_pool:
                     d.cuMemPoolDestroy(static_cast<CUmemoryPool>(e.raw));
+                    pools.forget_made_pool(id);
                     break;
                 case handle_kind::link_state:
                     d.cuLinkDestroy(static_cast<CUlinkState>(e.raw));

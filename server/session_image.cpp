@@ -10,10 +10,12 @@
 // priority), events (flags), context limits and cache configuration, shared pinned host memory (registered
 // again), the application's own VMM use (server/vmm_image.cpp), CUDA arrays and mipmapped arrays
 // (server/array_image.cpp), texture and surface objects at the values kernels hold (the same file), CUDA
-// graphs and executable graphs (server/graph_image.cpp), allocations of the devices' default pools (device
-// memory of the session: server/handlers_pool.cpp). What is not yet: pools the application made and their
-// allocations, link states in progress, memory of other sessions (IPC), CUDA user objects: a session holding
-// any of them is not suspended, and the caller is told which.
+// graphs and executable graphs (server/graph_image.cpp), allocations of the devices' default pools and of
+// the pools the application made that the session serves (device memory of the session:
+// server/handlers_pool.cpp), those pools with their settable attributes. What is not yet: other pools the
+// application made (shareable, size-limited) and their allocations, link states in progress, memory of other
+// sessions (IPC), CUDA user objects: a session holding any of them is not suspended, and the caller is told
+// which.
 #include "server/session_image.hpp"
 
 #include <array>
@@ -53,6 +55,13 @@ constexpr std::array<CUfunction_attribute, 7> settable_attributes = {
     CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
 };
 
+// Attributes of int of a pool the application made (the release threshold, 64 bits, goes on its own).
+constexpr std::array<CUmemPool_attribute, 3> settable_pool_attributes = {
+    CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+};
+
 // The order in which entries are made again: what owns comes before what it owns.
 int rebuild_rank(const handle_entry& e) {
     switch (e.kind) {
@@ -67,8 +76,8 @@ int rebuild_rank(const handle_entry& e) {
         case handle_kind::stream:
         case handle_kind::event:
             return 4;
-        case handle_kind::mem_pool:
-            return e.owned ? 4 : -1;  // a device's default pool (not_rebuilt)
+        case handle_kind::mem_pool:  // a device's default pool, or one of the application's it serves
+            return e.owned || (e.made_with[0] & pool_allocations::served_by_session) ? 4 : -1;
         default:
             return -1;
     }
@@ -77,8 +86,14 @@ int rebuild_rank(const handle_entry& e) {
 // What a session holds that cannot be rebuilt yet, or empty.
 const char* not_rebuilt(const handle_entry& e) {
     switch (e.kind) {
-        case handle_kind::mem_pool:  // a device's default pool stands for the new one's (its memory is ours)
-            return e.owned ? nullptr : "memory pools the application made";
+        // A device's default pool stands for the new one's, and a pool the application made that the session
+        // serves is made again (the memory of both is the session's).
+        case handle_kind::mem_pool:
+            return e.owned || (e.made_with[0] & pool_allocations::served_by_session)
+                       ? nullptr
+                       : "a memory pool the application made shareable (IPC), limited in size or for a "
+                         "special "
+                         "use";
         case handle_kind::link_state:
             return "a link in progress";
         default:
@@ -472,6 +487,17 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
                         d.cuStreamGetAttribute(static_cast<CUstream>(e.raw), a, &v) == CUDA_SUCCESS)
                         es.stream_attributes.emplace_back(a, v);
                 break;
+            case handle_kind::mem_pool:  // one the application made: its settable attributes
+                if (!e.owned) {
+                    auto pool = static_cast<CUmemoryPool>(e.raw);
+                    for (auto a : settable_pool_attributes)
+                        if (int v = 0; rc == CUDA_SUCCESS && (rc = d.cuMemPoolGetAttribute(pool, a, &v)) == 0)
+                            es.attributes.emplace_back(a, v);
+                    if (rc == CUDA_SUCCESS)
+                        rc = d.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                                     &es.release_threshold);
+                }
+                break;
             case handle_kind::event: {
                 es.flags = static_cast<unsigned>(e.made_with[0]);
                 // An event without timing cannot say whether it was recorded: it is recorded again at the
@@ -550,6 +576,8 @@ void session::release_gpu_state() {
                 d.cuModuleUnload(static_cast<CUmodule>(e.raw));
             if (pass == 1 && !e.owned && e.kind == handle_kind::library)
                 d.cuLibraryUnload(static_cast<CUlibrary>(e.raw));
+            if (pass == 1 && !e.owned && e.kind == handle_kind::mem_pool && rebuild_rank(e) >= 0)
+                d.cuMemPoolDestroy(static_cast<CUmemoryPool>(e.raw));  // it holds nothing: made again
             if (pass == 1 && rebuild_rank(e) >= 0) handles.rebind(id, nullptr);
         });
     for (auto& s : devices_) {
@@ -670,7 +698,21 @@ CUresult session::rebuild(std::string& why) {
             }
             case handle_kind::mem_pool: {
                 CUmemoryPool pool = nullptr;
-                rc = d.cuDeviceGetDefaultMemPool(&pool, devices_[device].device);
+                if (e->owned) {
+                    rc = d.cuDeviceGetDefaultMemPool(&pool, devices_[device].device);
+                } else {  // one the application made, served by the session: as handle_pool_create made it
+                    CUmemPoolProps props{};
+                    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+                    props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+                    props.location = {CU_MEM_LOCATION_TYPE_DEVICE, devices_[device].device};
+                    rc = d.cuMemPoolCreate(&pool, &props);
+                    for (auto [a, v] : es.attributes)
+                        if (rc == CUDA_SUCCESS)
+                            rc = d.cuMemPoolSetAttribute(pool, static_cast<CUmemPool_attribute>(a), &v);
+                    if (rc == CUDA_SUCCESS)
+                        rc = d.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                                     &es.release_threshold);
+                }
                 raw = pool;
                 break;
             }

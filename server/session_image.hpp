@@ -39,9 +39,10 @@ struct session_image {
         unsigned flags = 0;                           // streams and events
         int priority = 0;                             // streams
         std::vector<std::pair<CUstreamAttrID, CUstreamAttrValue>>
-            stream_attributes;  // streams: settable ones
-        bool recorded = false;  // events: recorded before the suspend
-        double age_ms = 0;      // events: how long before the suspend (event_ages)
+            stream_attributes;           // streams: settable ones
+        bool recorded = false;           // events: recorded before the suspend
+        double age_ms = 0;               // events: how long before the suspend (event_ages)
+        uint64_t release_threshold = 0;  // pools the application made: CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
     };
     struct global_state {
         CUdeviceptr address = 0;

@@ -152,22 +152,27 @@ class module_origins {
 };
 
 // Stream-ordered allocations (cuMemAllocAsync, cuMemAllocFromPoolAsync): start -> size and the device
-// charged. Those from a device's default pool are the session's own memory (`windowed`: made by its
-// device_memory in the address window, so that they are suspended and moved with it); the figures the
-// default pool reports count them, and their frees wait in `pending` for the stream's work before them.
+// charged. Those from a device's default pool, or from a pool the application made that the session serves
+// (server/handlers_pool.cpp, windowed_pool), are the session's own memory (`windowed`: made by its
+// device_memory in the address window, so that they are suspended and moved with it); the figures their pool
+// reports count them, and their frees wait in `pending` for the stream's work before them.
 class pool_allocations {
   public:
+    // handle_entry::made_with[0] of a pool the application made whose allocations the session serves from
+    // its own memory (server/handlers_pool.cpp, handle_pool_create).
+    static constexpr uint64_t served_by_session = 1;
     struct allocation {
         size_t size = 0;
         size_t device = 0;
         CUmemoryPool pool = nullptr;  // the pool it came from (nullptr: not known)
         bool imported = false;        // another session's, by cuMemPoolImportPointer: charged there, not here
         bool windowed = false;        // the session's device memory, not the driver's pool
+        uint64_t made_pool = 0;       // windowed: the application's pool (its handle), 0 the default pool
     };
     void add(CUdeviceptr p, size_t size, size_t device, CUmemoryPool pool, bool imported = false,
-             bool windowed = false) {
-        allocations_[p] = {size, device, pool, imported, windowed};
-        if (windowed) figures(device).allocated(size);
+             bool windowed = false, uint64_t made_pool = 0) {
+        allocations_[p] = {size, device, pool, imported, windowed, made_pool};
+        if (window_figures* f = windowed ? figures_if(device, made_pool, true) : nullptr) f->allocated(size);
     }
     // What a device's default pool reports beside the driver's own figures (CU_MEMPOOL_ATTR_*_MEM_*): the
     // bytes of windowed allocations not yet freed (used), and what the pool holds for them: the most they
@@ -188,15 +193,29 @@ class pool_allocations {
             return (n + (uint64_t{2} << 20) - 1) & ~((uint64_t{2} << 20) - 1);
         }
     };
-    window_figures& figures(size_t device) { return figures_[device]; }
+    // A device's default pool's (made_pool 0), or those of the application's pool with that handle.
+    window_figures& figures(size_t device, uint64_t made_pool = 0) {
+        return made_pool ? made_figures_[made_pool] : figures_[device];
+    }
+    // The application destroyed its pool: its figures go, and allocations still held (valid, as the driver
+    // keeps them) are counted nowhere.
+    static constexpr uint64_t destroyed_pool = UINT64_MAX;
+    void forget_made_pool(uint64_t made_pool) {
+        if (!made_figures_.erase(made_pool)) return;
+        for (auto& [p, a] : allocations_)
+            if (a.made_pool == made_pool) a.made_pool = destroyed_pool;
+        for (auto& f : pending_)
+            if (f.made_pool == made_pool) f.made_pool = destroyed_pool;
+    }
     // Device memory of the session freed in stream order: given back once `done` (an event recorded behind
     // the stream's work) has completed.
     struct pending_free {
         CUevent done = nullptr;
         CUdeviceptr p = 0;
-        size_t size = 0;  // a default pool's allocation (its figures' bytes); 0: cuMemAlloc's
+        size_t size = 0;  // a pool's allocation (its figures' bytes); 0: cuMemAlloc's
         size_t device = 0;
         CUstream stream = nullptr;  // the free's: its work runs in order, so its events complete in order
+        uint64_t made_pool = 0;     // as allocation::made_pool
     };
     std::vector<pending_free>& pending() { return pending_; }
     bool freed_pending(CUdeviceptr p) const {
@@ -212,16 +231,16 @@ class pool_allocations {
     void erase(CUdeviceptr p, bool waiting = false) {
         auto it = allocations_.find(p);
         if (it == allocations_.end()) return;
-        if (it->second.windowed) {
-            auto& f = figures(it->second.device);
-            f.used -= std::min(f.used, uint64_t{it->second.size});
-            if (waiting) f.waiting += it->second.size;
+        if (window_figures* f =
+                it->second.windowed ? figures_if(it->second.device, it->second.made_pool) : nullptr) {
+            f->used -= std::min(f->used, uint64_t{it->second.size});
+            if (waiting) f->waiting += it->second.size;
         }
         allocations_.erase(it);
     }
     void gave_back(const pending_free& f) {
-        auto& w = figures(f.device);
-        w.waiting -= std::min(w.waiting, uint64_t{f.size});
+        if (window_figures* w = figures_if(f.device, f.made_pool))
+            w->waiting -= std::min(w->waiting, uint64_t{f.size});
     }
 
     // Memory a pool keeps reserved after frees (up to its release threshold) is still held for the session:
@@ -275,7 +294,15 @@ class pool_allocations {
     };
     std::map<CUdeviceptr, allocation> allocations_;
     std::map<CUmemoryPool, retention> retention_;
+    window_figures* figures_if(size_t device, uint64_t made_pool, bool make = false) {
+        if (!made_pool) return &figures_[device];
+        if (made_pool == destroyed_pool) return nullptr;
+        auto it = made_figures_.find(made_pool);
+        if (it == made_figures_.end() && make) it = made_figures_.emplace(made_pool, window_figures{}).first;
+        return it == made_figures_.end() ? nullptr : &it->second;
+    }
     std::map<size_t, window_figures> figures_;
+    std::map<uint64_t, window_figures> made_figures_;  // by the application's pool handle
     std::vector<pending_free> pending_;
 };
 

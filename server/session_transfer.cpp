@@ -160,7 +160,7 @@ CUresult session::move_to(const move_target& to, std::chrono::milliseconds wait,
                           : "a shared pinned host region lost its pages' descriptor";
                 rc = CUDA_ERROR_NOT_SUPPORTED;
             }
-        // A suspend makes graphs again in the same process; a move does not carry them yet.
+        // Graphs move as a suspend keeps them (server/graph_image.cpp), unless the server was told not to.
         handles.for_each([&](uint64_t, handle_entry& e) {
             if ((e.kind == handle_kind::graph || e.kind == handle_kind::graph_exec) && rc == CUDA_SUCCESS &&
                 !keeps_graphs()) {
@@ -473,7 +473,7 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
             stream_attrs.push_back(wire::CreateMovedStreamAttribute(b, a, struct_vector(b, v)));
         entries.push_back(wire::CreateMovedEntry(b, es.id, b.CreateString(es.name), b.CreateVector(attrs),
                                                  es.flags, es.priority, es.recorded, es.age_ms,
-                                                 b.CreateVector(stream_attrs)));
+                                                 b.CreateVector(stream_attrs), es.release_threshold));
     }
     std::vector<flatbuffers::Offset<wire::MovedGlobal>> globals_out;
     for (auto& g : img.globals)
@@ -546,9 +546,12 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         deferred_out.push_back(wire::CreateMovedDeferredCopy(
             b, c.ticket, static_cast<int32_t>(c.status),
             b.CreateVector(reinterpret_cast<const uint8_t*>(c.bytes.data()), c.bytes.size())));
-    std::vector<uint64_t> pool_allocs;
+    std::vector<uint64_t> pool_allocs, pool_alloc_pools;
     for (auto& [p, a] : pools.allocations_)
-        if (a.windowed) pool_allocs.insert(pool_allocs.end(), {p, a.size, a.device});
+        if (a.windowed) {
+            pool_allocs.insert(pool_allocs.end(), {p, a.size, a.device});
+            pool_alloc_pools.push_back(a.made_pool);
+        }
     std::vector<uint32_t> gpus;
     for (size_t i = 0; i < devices_.size(); ++i)
         if (devices_[i].allowed) gpus.push_back(static_cast<uint32_t>(i));
@@ -561,7 +564,7 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
         b.CreateVector(vmm_reservations), b.CreateVector(vmm_allocations), b.CreateVector(vmm_mappings),
         b.CreateVector(vmm_access), b.CreateVector(gpus), b.CreateVector(arrays_out),
         b.CreateVector(deferred_out), b.CreateVector(objects_out), moved_graphs(b, img),
-        b.CreateVector(pool_allocs)));
+        b.CreateVector(pool_allocs), b.CreateVector(pool_alloc_pools)));
     if (b.GetSize() > max_moved_state_bytes) {
         why = "its description (" + mib(b.GetSize()) + ") is larger than a server accepts";
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -855,6 +858,7 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                 es.priority = e->priority();
                 es.recorded = e->recorded();
                 es.age_ms = e->age_ms();
+                es.release_threshold = e->release_threshold();
                 if (e->stream_attributes())
                     for (const auto* a : *e->stream_attributes()) {
                         const auto id = static_cast<CUstreamAttrID>(a->id());
@@ -885,17 +889,26 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
         if (const auto* r = st.relocated_globals(); r && r->size() % 4 == 0)
             for (flatbuffers::uoffset_t k = 0; k < r->size(); k += 4)
                 globals.relocate(r->Get(k), r->Get(k + 1), r->Get(k + 2), r->Get(k + 3));
-        // The default pools' allocations: each the start of device memory adopted above, no larger.
+        // The served pools' allocations: each the start of device memory adopted above, no larger; one of a
+        // pool the application made names that pool, served, of the same device.
         if (const auto* pa = st.pool_allocations()) {
-            if (pa->size() % 3) return bad("its stream-ordered allocations");
+            const auto* from = st.pool_allocation_pools();
+            if (pa->size() % 3 || (from && from->size() * 3 != pa->size()))
+                return bad("its stream-ordered allocations");
             for (flatbuffers::uoffset_t k = 0; k < pa->size(); k += 3) {
                 const uint64_t p = pa->Get(k), size = pa->Get(k + 1), device = pa->Get(k + 2);
+                const uint64_t made = from ? from->Get(k / 3) : 0;
                 if (device >= devices_.size()) return bad("a stream-ordered allocation");
                 const auto& held = devices_[device].memory->allocations();
                 auto it = held.find(p);
                 if (size == 0 || it == held.end() || size > it->second.first || pools.find(p))
                     return bad("a stream-ordered allocation");
-                pools.add(p, size, device, nullptr, /*imported=*/false, /*windowed=*/true);
+                if (const handle_entry* e = made ? handles.find(made, handle_kind::mem_pool) : nullptr;
+                    made && made != pool_allocations::destroyed_pool &&
+                    (!e || e->owned || !(e->made_with[0] & pool_allocations::served_by_session) ||
+                     static_cast<uint64_t>(e->device) != device))
+                    return bad("a stream-ordered allocation of a pool");
+                pools.add(p, size, device, nullptr, /*imported=*/false, /*windowed=*/true, made);
             }
         }
         if (CUresult rc = take_moved_vmm(st, *img, why); rc != CUDA_SUCCESS) return rc;

@@ -125,10 +125,12 @@ TEST_CASE("memory a pool keeps reserved after frees stays charged until its rele
     server_process server({"--memory-quota", "64MiB"});
     auto a = raw_client::open(server.address());
     REQUIRE(a);
-    // A pool the application made: the driver's, which keeps what is freed up to its release threshold.
+    // A pool the application made with a size limit: the driver's (the session serves only plain ones from
+    // its own memory), which keeps what is freed up to its release threshold.
     CUmemPoolProps props{};
     props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
     props.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    props.maxSize = size_t{60} << 20;
     std::vector<std::byte> prop_bytes(sizeof props);
     std::memcpy(prop_bytes.data(), &props, sizeof props);
     auto made = a->call(op::pool_create, {}, {prop_bytes});

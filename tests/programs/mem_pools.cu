@@ -2,8 +2,9 @@
 // device's default and current pools, a pool of its own (attributes, access, trim, cudaMallocFromPoolAsync,
 // destroy), kernels and copies on pooled memory, a free of a pointer that is not an allocation, a free of
 // NULL, a cudaMalloc allocation freed with cudaFreeAsync. `mem_pools PAUSE_MS`: holds an allocation of the
-// default pool (and one freed in stream order, not yet waited for) through a pause, in which a server may
-// suspend or move the session, and checks its contents and the pool after it.
+// default pool (and one freed in stream order, not yet waited for) and one of a pool of its own (its
+// attributes set) through a pause, in which a server may suspend or move the session, and checks their
+// contents and the pools after it.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -69,7 +70,46 @@ int main(int argc, char** argv) {
     CHECK(cudaMemPoolGetAttribute(def, cudaMemPoolAttrUsedMemCurrent, &got));
     printf("default pool in use with a held allocation: %s\n",
            got >= n * sizeof(int) ? "at least its size" : "too little");
+    // A pool of its own, with an allocation and attributes of its own held through the pause.
+    cudaMemPoolProps own = {};
+    own.allocType = cudaMemAllocationTypePinned;
+    own.location.type = cudaMemLocationTypeDevice;
+    own.location.id = 0;
+    cudaMemPool_t kept_pool = nullptr;
+    CHECK(cudaMemPoolCreate(&kept_pool, &own));
+    uint64_t kept_threshold = 32ull << 20;
+    int no = 0;
+    CHECK(cudaMemPoolSetAttribute(kept_pool, cudaMemPoolAttrReleaseThreshold, &kept_threshold));
+    CHECK(cudaMemPoolSetAttribute(kept_pool, cudaMemPoolReuseAllowOpportunistic, &no));
+    int* kept = nullptr;
+    CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&kept), n * sizeof(int), kept_pool, s));
+    mp_fill<<<(n + 255) / 256, 256, 0, s>>>(kept, n, 33);
+    CHECK_LAUNCH();
     if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    {
+        std::vector<int> k(n);
+        CHECK(cudaMemcpyAsync(k.data(), kept, n * sizeof(int), cudaMemcpyDeviceToHost, s));
+        CHECK(cudaStreamSynchronize(s));
+        int lost = 0;
+        for (int i = 0; i < n; ++i) lost += k[i] != 33 + i;
+        EXPECT(lost == 0, "the own pool's allocation lost %d of its ints over the pause", lost);
+        uint64_t t = 0, in_use = 0;
+        int opportunistic = -1;
+        CHECK(cudaMemPoolGetAttribute(kept_pool, cudaMemPoolAttrReleaseThreshold, &t));
+        CHECK(cudaMemPoolGetAttribute(kept_pool, cudaMemPoolReuseAllowOpportunistic, &opportunistic));
+        CHECK(cudaMemPoolGetAttribute(kept_pool, cudaMemPoolAttrUsedMemCurrent, &in_use));
+        printf(
+            "own pool after the pause: %d ints kept, release threshold %llu MiB, opportunistic reuse %d, in "
+            "use %s\n",
+            n - lost, static_cast<unsigned long long>(t >> 20), opportunistic,
+            in_use >= n * sizeof(int) ? "at least its allocation" : "too little");
+        fill_and_check(kept, n, 9, s, "the own pool's allocation written again");
+        CHECK(cudaFreeAsync(kept, s));
+        CHECK(cudaStreamSynchronize(s));
+        CHECK(cudaMemPoolGetAttribute(kept_pool, cudaMemPoolAttrUsedMemCurrent, &in_use));
+        printf("own pool in use after its free: %llu\n", static_cast<unsigned long long>(in_use));
+        CHECK(cudaMemPoolDestroy(kept_pool));
+    }
     std::vector<int> back(n);
     CHECK(cudaMemcpyAsync(back.data(), held, n * sizeof(int), cudaMemcpyDeviceToHost, s));
     CHECK(cudaStreamSynchronize(s));
