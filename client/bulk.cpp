@@ -50,7 +50,8 @@ std::shared_ptr<bulk_link> bulk_link::open(const endpoint& ep, uint64_t session_
             why = "sending HELLO failed: " + r.error().message;
             return nullptr;
         }
-        auto in = fs.receive(after(timeout), timeout);
+        // The session is open: its reply may wait for a pause, as a lane's join does (client/remote.cpp).
+        auto in = fs.receive(never, timeout);
         if (!in) {
             why = "no HELLO reply: " + in.error().message;
             return nullptr;

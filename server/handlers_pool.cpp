@@ -8,8 +8,9 @@
 // window), not the driver's pool: the driver picks its pools' addresses, which another server process could
 // not give again, so only such memory is suspended and moved with the session. A free waits for its stream:
 // an event recorded behind the stream's work says when the memory may go back (session::settle_stream_frees,
-// at the next allocation or free, or when an allocation finds no room); an allocation on the same stream
-// takes it at once where it fits as it is, as the driver's pools reuse it. The pool's figures count it
+// at the application's next synchronize, a pool allocation, a trim or cuMemFree, and waited for when a pool
+// allocation finds no room; not at the free, which the driver's pools keep too); an allocation on the same
+// stream takes it at once where it fits as it is, as the driver's pools reuse it. The pool's figures count it
 // (pool_allocations::window_figures). So is a pool the application made like a default pool (device memory,
 // not shareable, no size limit): its driver pool answers its attributes and holds nothing. Any other pool the
 // application made stays the driver's; what it keeps reserved after frees, up to its release threshold, stays
@@ -179,7 +180,6 @@ CUresult free_when_done(call_context& cx, device_memory& mem, CUdeviceptr p, CUs
         std::lock_guard lock(cx.sess.mu);
         cx.sess.pools.erase(p, /*waiting=*/true);
         cx.sess.pools.pending().push_back({done, p, counted, device, stream, made});
-        cx.sess.settle_stream_frees(false);
         return CUDA_SUCCESS;
     }
     if (done) d.cuEventDestroy_v2(done);

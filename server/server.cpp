@@ -671,6 +671,13 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
                 lane.current_device = rc == CUDA_SUCCESS ? dev : -2;
             }
             if (rc == CUDA_SUCCESS) rc = entry->handler(cx);
+            // A synchronization gives the memory a served pool's frees gave back (server/handlers_pool.cpp)
+            // to the session, as the driver's pools release what they keep past their threshold there, and
+            // not before: CuPy's tests check that cudaMalloc cannot have it until then.
+            if (rc == CUDA_SUCCESS && blocks && gated) {
+                std::lock_guard lock(sess->mu);
+                sess->settle_stream_frees(false);
+            }
             if (gated) sess->leave_call();
             // A wait outside the gate (the next host function) ended by the move: its client asks again
             // there.

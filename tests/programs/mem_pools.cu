@@ -158,6 +158,7 @@ int main(int argc, char** argv) {
     CHECK(cudaFreeAsync(b, s));
     CHECK(cudaFree(c));  // cudaFree takes a stream-ordered allocation too
     CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaDeviceSynchronize());  // the free of cudaFree is done too (natively, not before)
     CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
     printf("own pool in use after the frees: %llu\n", static_cast<unsigned long long>(used));
     CHECK(cudaMemPoolTrimTo(pool, 0));
