@@ -29,6 +29,15 @@ static void fill_and_check(int* d, int n, int v, cudaStream_t s, const char* wha
     printf("%s: %d ints ok\n", what, n);
 }
 
+// A pool of device 0's memory, as the application makes one.
+static cudaMemPoolProps device0_pool() {
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = 0;
+    return props;
+}
+
 int main(int argc, char** argv) {
     const int pause_ms = argc > 1 ? std::atoi(argv[1]) : 0;
     cudaStream_t s;
@@ -71,10 +80,7 @@ int main(int argc, char** argv) {
     printf("default pool in use with a held allocation: %s\n",
            got >= n * sizeof(int) ? "at least its size" : "too little");
     // A pool of its own, with an allocation and attributes of its own held through the pause.
-    cudaMemPoolProps own = {};
-    own.allocType = cudaMemAllocationTypePinned;
-    own.location.type = cudaMemLocationTypeDevice;
-    own.location.id = 0;
+    cudaMemPoolProps own = device0_pool();
     cudaMemPool_t kept_pool = nullptr;
     CHECK(cudaMemPoolCreate(&kept_pool, &own));
     uint64_t kept_threshold = 32ull << 20;
@@ -126,10 +132,7 @@ int main(int argc, char** argv) {
     CHECK(cudaMemPoolTrimTo(def, 0));
 
     // A pool of our own.
-    cudaMemPoolProps props = {};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = 0;
+    cudaMemPoolProps props = device0_pool();
     cudaMemPool_t pool = nullptr;
     CHECK(cudaMemPoolCreate(&pool, &props));
     cudaMemAccessDesc desc = {};
