@@ -180,6 +180,7 @@ CUresult free_when_done(call_context& cx, device_memory& mem, CUdeviceptr p, CUs
         std::lock_guard lock(cx.sess.mu);
         cx.sess.pools.erase(p, /*waiting=*/true);
         cx.sess.pools.pending().push_back({done, p, counted, device, stream, made});
+        cx.sess.pools.maybe_pending.store(true, std::memory_order_relaxed);
         return CUDA_SUCCESS;
     }
     if (done) d.cuEventDestroy_v2(done);

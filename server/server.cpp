@@ -674,7 +674,8 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
             // A synchronization gives the memory a served pool's frees gave back (server/handlers_pool.cpp)
             // to the session, as the driver's pools release what they keep past their threshold there, and
             // not before: CuPy's tests check that cudaMalloc cannot have it until then.
-            if (rc == CUDA_SUCCESS && blocks && gated) {
+            if (rc == CUDA_SUCCESS && blocks && gated &&
+                sess->pools.maybe_pending.load(std::memory_order_relaxed)) {
                 std::lock_guard lock(sess->mu);
                 sess->settle_stream_frees(false);
             }

@@ -168,6 +168,7 @@ void session::settle_stream_frees(bool wait) {
         pools.gave_back(f);
         return true;
     });
+    if (pools.pending().empty()) pools.maybe_pending.store(false, std::memory_order_relaxed);
 }
 
 void session::synchronize_any_context() {

@@ -218,6 +218,9 @@ class pool_allocations {
         uint64_t made_pool = 0;     // as allocation::made_pool
     };
     std::vector<pending_free>& pending() { return pending_; }
+    // Whether any free may be waiting, read without `mu` where a synchronize returns (server.cpp): a cheap
+    // look before taking the lock on every synchronize. Set when one is added, cleared when none is left.
+    std::atomic<bool> maybe_pending{false};
     bool freed_pending(CUdeviceptr p) const {
         return std::any_of(pending_.begin(), pending_.end(), [p](const pending_free& f) { return f.p == p; });
     }
