@@ -18,7 +18,7 @@
 #                      action is done (MOBILE_GO_FILE), so that a quick workload is still paused when it comes
 #   MOBILE_MEMORY      each lease's memory (default 16G); MOBILE_TIMEOUT seconds per run (default 300)
 #   MOBILE_SERVER_LOG  the servers' --log-level (default info)
-#   MOBILE_SERVER_ARGS more arguments for both servers (words), e.g. "--suspend-graphs"
+#   MOBILE_SERVER_ARGS more arguments for both servers (words), e.g. "--isolation process"
 #   PYTHON             the interpreter (default python3)
 #   MOBILE_GPUS        two GPU indices ("0 1"): server a serves the first only, b the second
 #                      (CUDA_VISIBLE_DEVICES), so that every move goes between two physical GPUs
