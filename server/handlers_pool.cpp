@@ -111,10 +111,10 @@ struct served_pool {
     int device = -1;
     uint64_t made = 0;
 };
-served_pool served(call_context& cx, CUmemoryPool pool) {
+// The application's pool `pool` when the session serves it (no driver call: an allocation's path).
+served_pool served_made(call_context& cx, CUmemoryPool pool) {
     served_pool s;
     if (!pool) return s;
-    if ((s.device = default_pool_device(cx, pool)) >= 0) return s;
     std::lock_guard lock(cx.sess.mu);
     uint64_t id = cx.sess.handles.find_raw(handle_kind::mem_pool, pool);
     const handle_entry* e = id ? cx.sess.handles.find(id, handle_kind::mem_pool) : nullptr;
@@ -123,6 +123,11 @@ served_pool served(call_context& cx, CUmemoryPool pool) {
         s.made = id;
     }
     return s;
+}
+// Any pool the session serves: a device's default one, or the application's.
+served_pool served(call_context& cx, CUmemoryPool pool) {
+    if (int device = default_pool_device(cx, pool); device >= 0) return {device, 0};
+    return served_made(cx, pool);
 }
 
 // An allocation of a pool the session serves (`made`: the application's pool, 0 the default pool): the
@@ -162,10 +167,9 @@ CUresult windowed_alloc(call_context& cx, device_memory& mem, size_t size, size_
 }
 
 // A free of the session's own memory in stream order (`counted`: bytes of its pool's figures, `made` that
-// pool as in windowed_alloc): its
-// IPC handle opens no more at once, and the memory goes back once the stream's work before the free is done.
-// Without an event to say when, the stream is waited for. A capture frees only its graph's allocations: the
-// driver refuses this one.
+// pool as in windowed_alloc): its IPC handle opens no more at once, and the memory goes back once the
+// stream's work before the free is done. Without an event to say when, the stream is waited for. A capture
+// frees only its graph's allocations: the driver refuses this one.
 CUresult free_when_done(call_context& cx, device_memory& mem, CUdeviceptr p, CUstream stream, size_t device,
                         size_t counted, uint64_t made = 0) {
     auto& d = cx.drv();
@@ -229,7 +233,7 @@ CUresult handle_pool_alloc(call_context& cx) {
     CUmemoryPool from = pool;
     if (CUdevice dev; !from && cx.sess.real_device(device, dev) == CUDA_SUCCESS && d.cuDeviceGetMemPool)
         d.cuDeviceGetMemPool(&from, dev);
-    if (served_pool s = served(cx, from); s.made)  // on the pool's device, as the driver places it
+    if (served_pool s = served_made(cx, from); s.made)  // on the pool's device, as the driver places it
         return windowed_alloc(cx, cx.sess.memory(static_cast<size_t>(s.device)), size,
                               static_cast<size_t>(s.device), from, stream, s.made);
     uint64_t charged;

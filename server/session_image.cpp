@@ -92,8 +92,7 @@ const char* not_rebuilt(const handle_entry& e) {
             return e.owned || (e.made_with[0] & pool_allocations::served_by_session)
                        ? nullptr
                        : "a memory pool the application made shareable (IPC), limited in size or for a "
-                         "special "
-                         "use";
+                         "special use";
         case handle_kind::link_state:
             return "a link in progress";
         default:
@@ -491,7 +490,8 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
                 if (!e.owned) {
                     auto pool = static_cast<CUmemoryPool>(e.raw);
                     for (auto a : settable_pool_attributes)
-                        if (int v = 0; rc == CUDA_SUCCESS && (rc = d.cuMemPoolGetAttribute(pool, a, &v)) == 0)
+                        if (int v = 0;
+                            rc == CUDA_SUCCESS && (rc = d.cuMemPoolGetAttribute(pool, a, &v)) == CUDA_SUCCESS)
                             es.attributes.emplace_back(a, v);
                     if (rc == CUDA_SUCCESS)
                         rc = d.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,

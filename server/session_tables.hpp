@@ -153,7 +153,7 @@ class module_origins {
 
 // Stream-ordered allocations (cuMemAllocAsync, cuMemAllocFromPoolAsync): start -> size and the device
 // charged. Those from a device's default pool, or from a pool the application made that the session serves
-// (server/handlers_pool.cpp, windowed_pool), are the session's own memory (`windowed`: made by its
+// (server/handlers_pool.cpp, handle_pool_create), are the session's own memory (`windowed`: made by its
 // device_memory in the address window, so that they are suspended and moved with it); the figures their pool
 // reports count them, and their frees wait in `pending` for the stream's work before them.
 class pool_allocations {
@@ -193,9 +193,9 @@ class pool_allocations {
             return (n + (uint64_t{2} << 20) - 1) & ~((uint64_t{2} << 20) - 1);
         }
     };
-    // A device's default pool's (made_pool 0), or those of the application's pool with that handle.
+    // A device's default pool's (made_pool 0), or those of the application's live pool with that handle.
     window_figures& figures(size_t device, uint64_t made_pool = 0) {
-        return made_pool ? made_figures_[made_pool] : figures_[device];
+        return *figures_if(device, made_pool, true);
     }
     // The application destroyed its pool: its figures go, and allocations still held (valid, as the driver
     // keeps them) are counted nowhere.
