@@ -3,6 +3,7 @@
 // queries need no further message.
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "client/entry_point.hpp"
 #include "client/images.hpp"
 #include "client/jit.hpp"
+#include "client/managed.hpp"
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
@@ -133,7 +135,10 @@ CUresult unload(uint64_t h, handle_kind k) {
     VCUDA_REQUIRE_INIT();
     if (!state::get().known(h, k)) return CUDA_ERROR_INVALID_HANDLE;
     CUresult rc = remote(op::module_unload, {h});
-    if (rc == CUDA_SUCCESS) state::get().forget(h);
+    if (rc == CUDA_SUCCESS) {
+        state::get().forget(h);
+        if (k == handle_kind::library) managed_release_library(h);
+    }
     return rc;
 }
 
@@ -204,17 +209,28 @@ CUresult enumerate_entries(uint64_t owner, handle_kind owner_kind, op get, handl
     return rc;
 }
 
+// managed: a library's __managed__ variable (cuLibraryGetManaged), which gets a CPU view at its address.
 CUresult get_global(uint64_t owner, handle_kind owner_kind, CUdeviceptr* dptr, size_t* bytes,
-                    const char* name) {
+                    const char* name, bool managed = false) {
     VCUDA_REQUIRE_INIT();
     if (!name) return CUDA_ERROR_INVALID_VALUE;
     if (!state::get().known(owner, owner_kind)) return CUDA_ERROR_INVALID_HANDLE;
     call_reply rp;
-    CUresult rc =
-        remote(op::module_get_global, {state::get().route(owner)}, mode::sync, &rp, {}, {name_blob(name)});
+    // cudart asks for __managed__ variables before any context is current (a library belongs to none): then
+    // they are looked up, and later fetched and written back, in device 0's primary context.
+    const uint64_t ctx = managed && current_context() == 0 ? state::get().primary_context(0) : 0;
+    std::optional<context_scope> in_primary;
+    if (ctx) in_primary.emplace(ctx);
+    const uint64_t route = state::get().route(owner);
+    CUresult rc = managed ? remote(op::module_get_global, {route, 1}, mode::sync, &rp, {}, {name_blob(name)})
+                          : remote(op::module_get_global, {route}, mode::sync, &rp, {}, {name_blob(name)});
     if (rc != CUDA_SUCCESS) return rc;
     if (rp.outs.size() != 2) return CUDA_ERROR_UNKNOWN;
-    state::get().add_allocation(rp.outs[0], rp.outs[1], current_device(), true);
+    if (managed) {
+        rc = managed_adopt_variable(rp.outs[0], rp.outs[1], current_device(), current_context(), owner);
+        if (rc != CUDA_SUCCESS) return rc;
+    }
+    state::get().add_allocation(rp.outs[0], rp.outs[1], current_device(), true, managed);
     if (dptr) *dptr = rp.outs[0];
     if (bytes) *bytes = rp.outs[1];
     return CUDA_SUCCESS;
@@ -406,6 +422,12 @@ VCUDA_API cuLibraryGetModule(CUmodule* module, CUlibrary library) noexcept {
 VCUDA_API cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name) noexcept {
     VCUDA_TRACE_HOOK(cuLibraryGetGlobal, dptr, bytes, library, name);
     return get_global(reinterpret_cast<uint64_t>(library), handle_kind::library, dptr, bytes, name);
+}
+
+VCUDA_API cuLibraryGetManaged(CUdeviceptr* dptr, size_t* bytes, CUlibrary library,
+                              const char* name) noexcept {
+    VCUDA_TRACE_HOOK(cuLibraryGetManaged, dptr, bytes, library, name);
+    return get_global(reinterpret_cast<uint64_t>(library), handle_kind::library, dptr, bytes, name, true);
 }
 
 VCUDA_API cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) noexcept {

@@ -46,9 +46,18 @@ struct page_advice {
 };
 constexpr uint32_t cpu_bit = 1u << 31;
 
+// Bytes of a view that are the device's: an allocation's are one extent from its start; a __managed__
+// variable's view holds the whole pages around it (and around variables that share them), each variable an
+// extent that names its library. Only extents are copied: the rest of those pages is not the session's.
+struct extent {
+    size_t off = 0, len = 0;
+    uint64_t owner = 0;  // 0: an allocation; else the library of a __managed__ variable
+};
+
 struct managed_range {
     uint64_t base = 0;
-    size_t size = 0, view = 0;  // bytes asked for; bytes of the CPU view (whole pages)
+    size_t size = 0, view = 0;  // bytes up to the end of the last extent; bytes of the CPU view (whole pages)
+    std::vector<extent> extents;
     int device = 0;
     uint64_t ctx = 0;
     unsigned flags = 0;
@@ -121,9 +130,17 @@ managed_range* range_of(uint64_t p, size_t n) {
 
 size_t chunk_count(const managed_range& r) { return (r.view + chunk_bytes - 1) / chunk_bytes; }
 size_t chunk_offset(size_t c) { return c * chunk_bytes; }
-// The bytes of chunks [a, b) that the device has: the view's last page may reach past the allocation.
-size_t copy_length(const managed_range& r, size_t a, size_t b) {
-    return std::min(r.size, chunk_offset(b)) - chunk_offset(a);
+// Applies fn(offset, length) to each run of the device's bytes in chunks [a, b): the view's last page may
+// reach past an allocation, and a variable's pages hold bytes that are not the session's.
+template <class Fn>
+CUresult for_device_bytes(const managed_range& r, size_t a, size_t b, Fn fn) {
+    const size_t lo = chunk_offset(a), hi = std::min(r.view, chunk_offset(b));
+    for (const extent& e : r.extents) {
+        const size_t s = std::max(lo, e.off), t = std::min(hi, e.off + e.len);
+        if (s < t)
+            if (CUresult rc = fn(s, t - s); rc != CUDA_SUCCESS) return rc;
+    }
+    return CUDA_SUCCESS;
 }
 
 // Applies fn(first, end) to each run of consecutive chunks in [c0, c1) for which want(state) holds.
@@ -181,8 +198,9 @@ CUresult write_back(managed_range& r, size_t c0, size_t c1, bool drop) {
     managed_scope scope;
     context_scope ctx(r.ctx);
     CUresult rc = for_runs(r, c0, c1, dirty, [&](size_t a, size_t b) {
-        const size_t off = chunk_offset(a);
-        return copy_htod(r.base + off, r.alias + off, copy_length(r, a, b), nullptr, mode::sync);
+        return for_device_bytes(r, a, b, [&](size_t off, size_t len) {
+            return copy_htod(r.base + off, r.alias + off, len, nullptr, mode::sync);
+        });
     });
     if (rc != CUDA_SUCCESS) {
         VCUDA_LOG_ERROR("managed memory: writing [{:#x}, +{}) back to the device failed: {}", r.base, r.size,
@@ -205,13 +223,19 @@ CUresult fetch(managed_range& r, size_t c0, size_t c1) {
     return for_runs(
         r, c0, c1, [](uint8_t s) { return s == device_only; },
         [&](size_t a, size_t b) {
-            const size_t off = chunk_offset(a), len = copy_length(r, a, b);
-            if (CUresult rc = copy_dtoh(r.alias + off, r.base + off, len, nullptr, mode::sync);
-                rc != CUDA_SUCCESS) {
-                VCUDA_LOG_ERROR("managed memory: fetching [{:#x}, +{}) from the device failed: {}",
-                                r.base + off, len, static_cast<int>(rc));
+            if (CUresult rc = for_device_bytes(r, a, b,
+                                               [&](size_t off, size_t len) {
+                                                   CUresult c = copy_dtoh(r.alias + off, r.base + off, len,
+                                                                          nullptr, mode::sync);
+                                                   if (c != CUDA_SUCCESS)
+                                                       VCUDA_LOG_ERROR(
+                                                           "managed memory: fetching [{:#x}, +{}) from the "
+                                                           "device failed: {}",
+                                                           r.base + off, len, static_cast<int>(c));
+                                                   return c;
+                                               });
+                rc != CUDA_SUCCESS)
                 return rc;
-            }
             protect(r, a, b, PROT_READ);
             for (size_t c = a; c < b; ++c) set_state(r, c, cpu_clean);
             return CUDA_SUCCESS;
@@ -338,7 +362,72 @@ bool start_fault_service() {
 
 }  // namespace
 
-// ---------------------------------------------------------------- allocation
+// ---------------------------------------------------------------- views
+
+namespace {
+
+// The memfd behind r's view (r.view bytes), its always-writable alias, and the view itself at r.base with
+// `prot`, mapped over what is there (the reservation, or the views it replaces), registered for the fault
+// handler. Under mu. False, with nothing left behind, when any of it fails.
+bool open_view(managed_range& r, int prot) {
+    r.fd = memfd_create("vcuda-managed", MFD_CLOEXEC);
+    if (r.fd < 0 || ftruncate(r.fd, static_cast<off_t>(r.view)) != 0) {
+        if (r.fd >= 0) close(r.fd);
+        return false;
+    }
+    void* alias = mmap(nullptr, r.view, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd, 0);
+    if (alias == MAP_FAILED) {
+        close(r.fd);
+        return false;
+    }
+    r.alias = static_cast<std::byte*>(alias);
+    size_t slot = 0;
+    const size_t used = slots_used.load();
+    while (slot < used && fault_slots[slot].lo.load() != 0) ++slot;
+    if (slot == max_ranges ||
+        mmap(reinterpret_cast<void*>(r.base), r.view, prot, MAP_SHARED | MAP_FIXED, r.fd, 0) == MAP_FAILED) {
+        VCUDA_LOG_WARN("managed memory: no CPU view for [{:#x}, +{}) ({})", r.base, r.size,
+                       slot == max_ranges ? "4096 managed ranges live" : "mmap failed");
+        munmap(alias, r.view);
+        close(r.fd);
+        return false;
+    }
+    r.slot = slot;
+    r.chunks.assign(chunk_count(r), prot == PROT_NONE ? device_only : cpu_clean);
+    r.resident = prot == PROT_NONE ? 0 : r.chunks.size();
+    resident_total.fetch_add(r.resident);
+    fault_slots[slot].hi.store(r.base + r.view, std::memory_order_relaxed);
+    fault_slots[slot].lo.store(r.base, std::memory_order_release);
+    if (slot == used) slots_used.store(used + 1, std::memory_order_release);
+    return true;
+}
+
+// Forgets r's view. Its pages become a plain reservation again (`reserve`: an allocation's, which
+// client/state.cpp releases with it) or are unmapped (a variable's, or when a larger view took them: `keep`).
+enum class view_end { reserve, unmap, keep };
+void close_view(managed_range& r, view_end end) {
+    fault_slots[r.slot].lo.store(0, std::memory_order_release);
+    fault_slots[r.slot].hi.store(0, std::memory_order_relaxed);
+    if (end == view_end::reserve &&
+        mmap(reinterpret_cast<void*>(r.base), r.view, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+        VCUDA_LOG_WARN("managed memory at {:#x}: its reservation could not be restored (errno {})", r.base,
+                       errno);
+    if (end == view_end::unmap) munmap(reinterpret_cast<void*>(r.base), r.view);
+    munmap(r.alias, r.view);
+    close(r.fd);
+    resident_total.fetch_sub(r.resident);
+}
+
+size_t extents_end(const managed_range& r) {
+    size_t end = 0;
+    for (const extent& e : r.extents) end = std::max(end, e.off + e.len);
+    return end;
+}
+
+bool is_variable(const managed_range& r) { return !r.extents.empty() && r.extents.front().owner != 0; }
+
+}  // namespace
 
 CUresult managed_adopt(uint64_t base, size_t size, int device, uint64_t ctx, unsigned flags) {
     const size_t page = page_size(), view = (size + page - 1) / page * page;
@@ -361,60 +450,136 @@ CUresult managed_adopt(uint64_t base, size_t size, int device, uint64_t ctx, uns
     r.base = base;
     r.size = size;
     r.view = view;
+    r.extents = {{0, size, 0}};
     r.device = device;
     r.ctx = ctx;
     r.flags = flags;
-    r.fd = memfd_create("vcuda-managed", MFD_CLOEXEC);
-    if (r.fd < 0 || ftruncate(r.fd, static_cast<off_t>(view)) != 0) {
-        if (r.fd >= 0) close(r.fd);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    void* alias = mmap(nullptr, view, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd, 0);
-    if (alias == MAP_FAILED) {
-        close(r.fd);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    r.alias = static_cast<std::byte*>(alias);
     std::lock_guard lock(mu);
-    size_t slot = 0;
-    const size_t used = slots_used.load();
-    while (slot < used && fault_slots[slot].lo.load() != 0) ++slot;
-    if (slot == max_ranges ||
-        mmap(reinterpret_cast<void*>(base), view, PROT_READ, MAP_SHARED | MAP_FIXED, r.fd, 0) == MAP_FAILED) {
-        VCUDA_LOG_WARN("managed memory: no CPU view for [{:#x}, +{}) ({})", base, size,
-                       slot == max_ranges ? "4096 managed allocations live" : "mmap failed");
-        munmap(alias, view);
-        close(r.fd);
+    if (!open_view(r, PROT_READ)) return CUDA_ERROR_OUT_OF_MEMORY;
+    ranges.emplace(base, std::move(r));
+    return CUDA_SUCCESS;
+}
+
+CUresult managed_adopt_variable(uint64_t p, size_t size, int device, uint64_t ctx, uint64_t library) {
+    if (size == 0) return CUDA_SUCCESS;
+    if (!start_fault_service()) {
+        VCUDA_LOG_ERROR("managed memory: the fault handler could not be installed (errno {})", errno);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    r.slot = slot;
-    r.chunks.assign(chunk_count(r), cpu_clean);
-    r.resident = r.chunks.size();
-    resident_total.fetch_add(r.resident);
-    fault_slots[slot].hi.store(base + view, std::memory_order_relaxed);
-    fault_slots[slot].lo.store(base, std::memory_order_release);
-    if (slot == used) slots_used.store(used + 1, std::memory_order_release);
-    ranges.emplace(base, std::move(r));
+    const size_t page = page_size();
+    uint64_t lo = p / page * page, hi = (p + size + page - 1) / page * page;
+    std::lock_guard lock(mu);
+    if (managed_range* r = range_of(p))
+        for (const extent& e : r->extents)
+            if (r->base + e.off == p && e.len == size) return CUDA_SUCCESS;  // looked up before
+    // The views whose pages this variable's pages meet (a page may hold several variables): one view replaces
+    // them all.
+    std::vector<std::map<uint64_t, managed_range>::iterator> met;
+    auto it = ranges.upper_bound(lo);
+    if (it != ranges.begin()) --it;
+    for (; it != ranges.end() && it->first < hi; ++it) {
+        if (it->first + it->second.view <= lo) continue;
+        if (!is_variable(it->second)) {
+            VCUDA_LOG_ERROR("__managed__ variable at {:#x}: its pages meet managed allocation {:#x}", p,
+                            it->first);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        met.push_back(it);
+        lo = std::min<uint64_t>(lo, it->first);
+        hi = std::max<uint64_t>(hi, it->first + it->second.view);
+    }
+    // The pages no view holds yet must be free in this process: the driver chose the address in the server's.
+    std::vector<std::pair<uint64_t, uint64_t>> claimed;
+    auto claim = [&](uint64_t a, uint64_t b) {
+        if (a >= b) return true;
+        void* q = mmap(reinterpret_cast<void*>(a), b - a, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+        if (q == MAP_FAILED) return false;
+        if (reinterpret_cast<uint64_t>(q) != a) {  // a kernel without MAP_FIXED_NOREPLACE took it as a hint
+            munmap(q, b - a);
+            return false;
+        }
+        claimed.emplace_back(a, b);
+        return true;
+    };
+    uint64_t at = lo;
+    bool free_here = true;
+    for (auto m : met) {
+        free_here = free_here && claim(at, m->first);
+        at = m->first + m->second.view;
+    }
+    free_here = free_here && claim(at, hi);
+    auto unclaim = [&] {
+        for (auto [a, b] : claimed) munmap(reinterpret_cast<void*>(a), b - a);
+    };
+    if (!free_here) {
+        unclaim();
+        VCUDA_LOG_ERROR(
+            "__managed__ variable at {:#x} (+{}) cannot have a CPU view: the address is taken in this "
+            "process "
+            "(the server's driver chose it)",
+            p, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    managed_range r;
+    r.base = lo;
+    r.view = hi - lo;
+    r.device = device;
+    r.ctx = ctx;
+    r.flags = CU_MEM_ATTACH_GLOBAL;
+    // What the CPU wrote in the views it replaces goes to the device first; the new view starts empty.
+    for (auto m : met) {
+        if (CUresult rc = write_back(m->second, 0, m->second.chunks.size(), true); rc != CUDA_SUCCESS) {
+            unclaim();
+            return rc;
+        }
+        for (extent e : m->second.extents) {
+            e.off += m->first - lo;
+            r.extents.push_back(e);
+        }
+    }
+    r.extents.push_back({p - lo, size, library});
+    std::sort(r.extents.begin(), r.extents.end(),
+              [](const extent& x, const extent& y) { return x.off < y.off; });
+    r.size = extents_end(r);
+    if (!open_view(r, PROT_NONE)) {
+        unclaim();
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (auto m : met) {
+        close_view(m->second, view_end::keep);
+        ranges.erase(m);
+    }
+    ranges.emplace(lo, std::move(r));
     return CUDA_SUCCESS;
 }
 
 bool managed_release(uint64_t base) {
     std::lock_guard lock(mu);
     auto it = ranges.find(base);
-    if (it == ranges.end()) return false;
-    managed_range& r = it->second;
-    fault_slots[r.slot].lo.store(0, std::memory_order_release);
-    fault_slots[r.slot].hi.store(0, std::memory_order_relaxed);
-    // Back to a plain reservation (client/state.cpp releases it with the allocation).
-    if (mmap(reinterpret_cast<void*>(base), r.view, PROT_NONE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
-        VCUDA_LOG_WARN("managed memory at {:#x}: its reservation could not be restored (errno {})", base,
-                       errno);
-    munmap(r.alias, r.view);
-    close(r.fd);
-    resident_total.fetch_sub(r.resident);
+    if (it == ranges.end() || is_variable(it->second)) return false;
+    close_view(it->second, view_end::reserve);
     ranges.erase(it);
     return true;
+}
+
+void managed_release_library(uint64_t library) {
+    std::lock_guard lock(mu);
+    for (auto it = ranges.begin(); it != ranges.end();) {
+        managed_range& r = it->second;
+        if (!std::erase_if(r.extents, [&](const extent& e) { return e.owner == library; })) {
+            ++it;
+            continue;
+        }
+        if (!r.extents.empty()) {  // variables of another library share its pages: they keep the view
+            write_back(r, 0, r.chunks.size(), true);
+            r.size = extents_end(r);
+            ++it;
+            continue;
+        }
+        close_view(r, view_end::unmap);
+        it = ranges.erase(it);
+    }
 }
 
 bool managed_contains(uint64_t p) {

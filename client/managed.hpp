@@ -49,8 +49,16 @@ CUresult managed_alloc(CUdeviceptr* dptr, size_t bytesize, unsigned flags);
 // device (queued) and in the CPU view. CUDA_ERROR_OUT_OF_MEMORY when the address could not be reserved here
 // or the table of managed ranges is full.
 CUresult managed_adopt(uint64_t base, size_t size, int device, uint64_t ctx, unsigned flags);
-// At cuMemFree: drops the CPU view and restores the reservation. False when `base` is not managed.
+// A library's __managed__ variable [p, p+size) (cuLibraryGetManaged), at the address the server's driver
+// gave it: a CPU view of the pages around it (shared with variables that meet them), empty until the CPU
+// touches it, of which only the variable's bytes are copied. CUDA_ERROR_OUT_OF_MEMORY when those pages are
+// taken in this process.
+CUresult managed_adopt_variable(uint64_t p, size_t size, int device, uint64_t ctx, uint64_t library);
+// At cuMemFree: drops the CPU view and restores the reservation. False when `base` is not a managed
+// allocation.
 bool managed_release(uint64_t base);
+// At cuLibraryUnload: the library's variables lose their views.
+void managed_release_library(uint64_t library);
 // Whether p lies in managed memory.
 bool managed_contains(uint64_t p);
 

@@ -337,24 +337,30 @@ CUresult handle_module_entries(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {module or library}, blob name -> outs {address, size}; the range becomes the session's.
+// args {module or library[, managed]}, blob name -> outs {address, size}; the range becomes the session's.
+// managed 1: a library's __managed__ variable (cuLibraryGetManaged).
 CUresult handle_module_get_global(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+    if (cx.arg_count() != 1 && cx.arg_count() != 2) return cx.bad_arguments();
+    const bool managed = cx.arg_count() == 2 && cx.arg(1) != 0;
     std::string name;
     if (!name_arg(cx, name)) return cx.bad_arguments();
     void* raw = nullptr;
     handle_entry e;
     CUresult rc = lookup_module_or_library(cx, cx.arg(0), raw, e);
     if (rc != CUDA_SUCCESS) return rc;
+    if (managed && e.kind != handle_kind::library) return CUDA_ERROR_INVALID_HANDLE;
     CUdeviceptr p = 0;
     size_t size = 0;
+    const auto lib = static_cast<CUlibrary>(raw);
+    if (managed && !cx.drv().cuLibraryGetManaged) return cx.unsupported("cuLibraryGetManaged");
     rc = e.kind == handle_kind::module
              ? cx.drv().cuModuleGetGlobal_v2(&p, &size, static_cast<CUmodule>(raw), name.c_str())
-             : cx.drv().cuLibraryGetGlobal(&p, &size, static_cast<CUlibrary>(raw), name.c_str());
+         : managed ? cx.drv().cuLibraryGetManaged(&p, &size, lib, name.c_str())
+                   : cx.drv().cuLibraryGetGlobal(&p, &size, lib, name.c_str());
     if (rc != CUDA_SUCCESS) return rc;
     {
         std::lock_guard lock(cx.sess.mu);
-        cx.sess.globals.add(p, size, cx.arg(0), static_cast<size_t>(cx.device_index()), name);
+        cx.sess.globals.add(p, size, cx.arg(0), static_cast<size_t>(cx.device_index()), name, managed);
     }
     cx.out(p);
     cx.out(static_cast<uint64_t>(size));

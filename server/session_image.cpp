@@ -412,7 +412,7 @@ CUresult session::save_and_release(std::string& why, device_memory::save_mode me
     };
     for (auto& [key, g] : globals.globals_) {
         if (!current_for(key.second)) continue;
-        session_image::global_state gs{key.first, g.size, key.second, g.owner, g.name, {}};
+        session_image::global_state gs{key.first, g.size, key.second, g.owner, g.name, {}, g.managed};
         gs.bytes.resize(g.size);
         if (CUresult rc = d.cuMemcpyDtoH_v2(gs.bytes.data(), key.first, g.size); rc != CUDA_SUCCESS) {
             d.cuCtxSetCurrent(nullptr);
@@ -752,10 +752,12 @@ CUresult session::rebuild(std::string& why) {
         current_for(g.device);
         CUdeviceptr p = 0;
         size_t size = 0;
+        const auto lib = static_cast<CUlibrary>(owner->raw);
         CUresult rc =
-            owner->kind == handle_kind::library
-                ? d.cuLibraryGetGlobal(&p, &size, static_cast<CUlibrary>(owner->raw), g.name.c_str())
-                : d.cuModuleGetGlobal_v2(&p, &size, static_cast<CUmodule>(owner->raw), g.name.c_str());
+            owner->kind != handle_kind::library
+                ? d.cuModuleGetGlobal_v2(&p, &size, static_cast<CUmodule>(owner->raw), g.name.c_str())
+            : g.managed ? d.cuLibraryGetManaged(&p, &size, lib, g.name.c_str())
+                        : d.cuLibraryGetGlobal(&p, &size, lib, g.name.c_str());
         if (rc == CUDA_SUCCESS && size == g.size) rc = d.cuMemcpyHtoD_v2(p, g.bytes.data(), g.size);
         if (rc != CUDA_SUCCESS) return failed(rc, "global " + g.name + " could not be restored");
         if (p != g.address) {
@@ -764,7 +766,7 @@ CUresult session::rebuild(std::string& why) {
                 "parameters and copies naming the old address are given the new one",
                 id_, g.name, g.address, p);
             globals.globals_.erase({g.address, g.device});
-            globals.add(p, g.size, g.owner, g.device, g.name);
+            globals.add(p, g.size, g.owner, g.device, g.name, g.managed);
             globals.relocate(g.address, p, g.size, g.owner);
         }
     }

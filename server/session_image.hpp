@@ -51,6 +51,7 @@ struct session_image {
         uint64_t owner = 0;
         std::string name;
         std::vector<std::byte> bytes;
+        bool managed = false;  // a __managed__ variable
     };
     // The application's own VMM use (server/vmm_image.cpp): each physical allocation's properties and
     // contents, and each mapping's access; reservations stay while suspended, mappings are in the session's

@@ -42,14 +42,18 @@ inline bool range_inside(uint64_t p, size_t n, uint64_t start, size_t size) {
     return p - start < size && n <= size - (p - start);
 }
 
-// Module globals (cuModuleGetGlobal, cuLibraryGetGlobal): device ranges the session may copy to and from,
-// each known with the module or library it came from and the session device whose context it was looked up
-// in. One address may be known for several devices (a driver that gives a library's global one address in
-// every context): it stays the session's until the last of them goes.
+// Module globals (cuModuleGetGlobal, cuLibraryGetGlobal, and cuLibraryGetManaged's __managed__ variables):
+// device ranges the session may copy to and from, each known with the module or library it came from and the
+// session device whose context it was looked up in. One address may be known for several devices (a driver
+// that gives a library's global one address in every context): it stays the session's until the last of them
+// goes.
 class module_globals {
   public:
-    void add(CUdeviceptr p, size_t size, uint64_t owner, size_t device, std::string name) {
-        globals_[{p, device}] = {size, owner, std::move(name)};
+    // A __managed__ variable stays one when it is looked up again as a plain global.
+    void add(CUdeviceptr p, size_t size, uint64_t owner, size_t device, std::string name,
+             bool managed = false) {
+        global& g = globals_[{p, device}];
+        g = {size, owner, std::move(name), managed || g.managed};
     }
     // True when [p, p+n) lies inside one global.
     bool holds(CUdeviceptr p, size_t n) const {
@@ -116,8 +120,9 @@ class module_globals {
     std::map<CUdeviceptr, relocation> relocated_;  // the application's address -> where it is now
     struct global {
         size_t size = 0;
-        uint64_t owner = 0;  // the module or library handle
-        std::string name;    // its symbol, to find it again in a rebuilt module
+        uint64_t owner = 0;    // the module or library handle
+        std::string name;      // its symbol, to find it again in a rebuilt module
+        bool managed = false;  // found again with cuLibraryGetManaged
     };
     std::map<std::pair<CUdeviceptr, size_t>, global> globals_;  // (start, session device) -> global
 };

@@ -480,7 +480,7 @@ CUresult session::send_state(std::unique_ptr<frame_stream> link, const move_targ
     for (auto& g : img.globals)
         globals_out.push_back(wire::CreateMovedGlobal(
             b, g.address, g.size, g.device, g.owner, b.CreateString(g.name),
-            b.CreateVector(reinterpret_cast<const uint8_t*>(g.bytes.data()), g.bytes.size())));
+            b.CreateVector(reinterpret_cast<const uint8_t*>(g.bytes.data()), g.bytes.size()), g.managed));
     std::vector<uint64_t> progress;
     std::vector<uint32_t> gone;
     {
@@ -880,11 +880,12 @@ CUresult session::take_moved_state(const wire::SessionState& st, frame_stream& f
                 gs.device = g->device();
                 gs.owner = g->owner();
                 gs.name = g->name() ? g->name()->str() : std::string();
+                gs.managed = g->managed();
                 if (!g->bytes() || g->bytes()->size() != gs.size || gs.device >= devices_.size())
                     return bad("global " + gs.name);
                 gs.bytes.assign(reinterpret_cast<const std::byte*>(g->bytes()->data()),
                                 reinterpret_cast<const std::byte*>(g->bytes()->data()) + gs.size);
-                globals.add(gs.address, gs.size, gs.owner, gs.device, gs.name);
+                globals.add(gs.address, gs.size, gs.owner, gs.device, gs.name, gs.managed);
                 img->globals.push_back(std::move(gs));
             }
         if (const auto* r = st.relocated_globals(); r && r->size() % 4 == 0)

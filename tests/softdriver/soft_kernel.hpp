@@ -59,6 +59,11 @@ bool tex_read_level(uint64_t object, unsigned level, long x, long y, long z, voi
 bool surf_write(uint64_t object, long x_bytes, long y, long z, const void* in, size_t n);
 bool surf_read(uint64_t object, long x_bytes, long y, long z, void* out, size_t n);
 
+// For a host kernel whose device code names a variable itself (a __managed__ or __device__ one, not through a
+// parameter): that variable of the running kernel's module or library, nullptr when it was never looked up
+// there (cudart looks up each __managed__ variable when it loads the module).
+void* kernel_global(std::string_view name);
+
 // cudaGraphSetConditional for host kernels (soft_graph.cpp): sets conditional handle `handle`, which the
 // kernel took by value, to `value`; false for an unknown handle.
 bool set_conditional(uint64_t handle, unsigned value);

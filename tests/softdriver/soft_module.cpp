@@ -21,20 +21,34 @@ struct callable {
     const kernel_entry* entry = nullptr;
     func_attrs* attrs = nullptr;
     const std::string* name = nullptr;
-    uint64_t ctx = 0;  // a function's context; 0 for a kernel (it runs in the stream's context)
+    uint64_t ctx = 0;               // a function's context; 0 for a kernel (it runs in the stream's context)
+    global_set* globals = nullptr;  // its module's or library's variables (kernel_global)
 };
+
+global_set* library_globals(state& s, uint64_t library) {
+    library_obj* lib = s.find<library_obj>(library);
+    return lib != nullptr ? &lib->globals : nullptr;
+}
 
 CUresult resolve_callable(state& s, CUfunction f, callable& out) {
     if (function_obj* fn = s.find<function_obj>(f)) {
-        out = {fn->entry, fn->attrs.get(), &fn->name, fn->ctx};
+        global_set* globals = nullptr;
+        if (module_obj* m = s.find<module_obj>(fn->module))
+            globals = m->library != 0 ? library_globals(s, m->library) : &m->globals;
+        else if (kernel_obj* k = s.find<kernel_obj>(fn->kernel))
+            globals = library_globals(s, k->library);
+        out = {fn->entry, fn->attrs.get(), &fn->name, fn->ctx, globals};
         return CUDA_SUCCESS;
     }
     if (kernel_obj* k = s.find<kernel_obj>(f)) {
-        out = {k->entry, k->attrs.get(), &k->name, 0};
+        out = {k->entry, k->attrs.get(), &k->name, 0, library_globals(s, k->library)};
         return CUDA_SUCCESS;
     }
     return CUDA_ERROR_INVALID_HANDLE;
 }
+
+// The variables of the kernel running on this thread (kernel_global).
+thread_local const global_set* running_globals = nullptr;
 
 CUresult get_attr(const func_attrs& a, CUfunction_attribute attrib, int& out) {
     switch (attrib) {
@@ -374,12 +388,16 @@ CUresult launch_work(state& s, work& w, const launch_request& q, const context_o
     l.block = b;
     l.shared_bytes = q.shared;
     kernel_fn fn = k->fn;
-    w = [l, fn, params, buffer, context = ctx.handle]() mutable -> CUresult {
+    w = [l, fn, params, buffer, context = ctx.handle, globals = c.globals]() mutable -> CUresult {
         l.params = params->data();
+        const global_set* outer = running_globals;
+        running_globals = globals;
         try {
             running_in_context running(context);  // its texture and surface objects are the context's
             fn(l);
+            running_globals = outer;
         } catch (...) {
+            running_globals = outer;
             return CUDA_ERROR_LAUNCH_FAILED;
         }
         return CUDA_SUCCESS;
@@ -416,6 +434,12 @@ CUresult prepare_launch(state& s, work& w, const launch_request& q) {
 }
 
 }  // namespace
+
+void* kernel_global(std::string_view name) {
+    if (running_globals == nullptr) return nullptr;
+    auto it = running_globals->vars.find(name);
+    return it != running_globals->vars.end() ? it->second.first : nullptr;
+}
 
 // A kernel node runs `func`, or `kern` in the node's context (the graph's: the one it is made or updated in).
 CUresult kernel_node_work(state& s, const CUDA_KERNEL_NODE_PARAMS_v2& p, const context_obj& ctx, work& w) {
@@ -588,6 +612,12 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLibraryGetGlobal(CUdeviceptr* dptr, size_t*
         context_obj* c = current_context(s);
         return get_global(s, lib->globals, dptr, bytes, name, c != nullptr ? c->device : 0);
     });
+}
+
+// A __managed__ variable: host memory here, as every global is, so it is a global looked up by its name.
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuLibraryGetManaged(CUdeviceptr* dptr, size_t* bytes, CUlibrary library,
+                                                       const char* name) {
+    return cuLibraryGetGlobal(dptr, bytes, library, name);
 }
 
 // --- Kernels (CUkernel).
