@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "client/env_switch.hpp"
+#include "client/state.hpp"
 #include "common/log.hpp"
 #include "common/wire.hpp"
 
@@ -65,7 +66,7 @@ outgoing_frame lane::build(const call_request& rq, bool async) {
     ++sequence_;
     auto after = ordered ? session_.note_send(number_, sequence_) : session::frame_ref{};
     fbb_.Finish(wire::CreateCall(fbb_, static_cast<uint32_t>(rq.operation), rq.device, args, blobs,
-                                 after.lane, after.seq));
+                                 after.lane, after.seq, current_green_context()));
     return make_frame(frame_kind::call, fbb_, sequence_, number_, async ? frame_flags::no_reply : 0,
                       rq.payload);
 }

@@ -256,16 +256,61 @@ context_info* state::find_context(uint64_t id) {
     return it == contexts_.end() ? nullptr : it->second.get();
 }
 
-uint64_t state::create_context(int device, unsigned flags) {
-    std::unique_lock lock(mu);
+uint64_t state::add_context(int device, unsigned flags, uint64_t green) {
     auto c = std::make_unique<context_info>();
     c->id = make_handle(handle_kind::context, 1, next_context_++);
     c->device = device;
     c->flags = flags;
     c->uid = next_context_;
+    c->green = green;
     uint64_t id = c->id;
     contexts_[id] = std::move(c);
     return id;
+}
+
+uint64_t state::create_context(int device, unsigned flags) {
+    std::unique_lock lock(mu);
+    return add_context(device, flags, 0);
+}
+
+namespace {
+// Bumped whenever a context is destroyed: a thread's remembered context -> device answer is then looked up
+// again. (Context ids are never reused and a context's device never changes.)
+std::atomic<uint64_t> contexts_destroyed{0};
+std::atomic<int> green_contexts_live{0};
+}  // namespace
+
+uint64_t state::green_context(uint64_t green, int device) {
+    std::unique_lock lock(mu);
+    for (auto& [id, c] : contexts_)
+        if (c->green == green) return id;
+    green_contexts_live.fetch_add(1, std::memory_order_relaxed);
+    return add_context(device, 0, green);
+}
+
+void state::forget_green_context(uint64_t green) {
+    std::unique_ptr<context_info> c;
+    {
+        std::unique_lock lock(mu);
+        auto it = std::find_if(contexts_.begin(), contexts_.end(),
+                               [&](const auto& e) { return e.second->green == green; });
+        if (it == contexts_.end()) return;
+        c = std::move(it->second);
+        contexts_.erase(it);
+        contexts_destroyed.fetch_add(1, std::memory_order_release);
+        green_contexts_live.fetch_sub(1, std::memory_order_relaxed);
+    }
+    run_cls_destructors(*c);
+}
+
+uint64_t current_green_context() {
+    if (green_contexts_live.load(std::memory_order_relaxed) == 0) return 0;
+    const uint64_t c = current_context();
+    if (!c) return 0;
+    auto& st = state::get();
+    std::shared_lock lock(st.mu);
+    const context_info* info = st.find_context(c);
+    return info ? info->green : 0;
 }
 
 void state::run_cls_destructors(context_info& c) {
@@ -275,12 +320,6 @@ void state::run_cls_destructors(context_info& c) {
         if (v.second)
             v.second(reinterpret_cast<CUcontext>(c.id), reinterpret_cast<void*>(key.second), v.first);
 }
-
-namespace {
-// Bumped whenever a context is destroyed: a thread's remembered context -> device answer is then looked up
-// again. (Context ids are never reused and a context's device never changes.)
-std::atomic<uint64_t> contexts_destroyed{0};
-}  // namespace
 
 CUresult state::destroy_context(uint64_t id) {
     std::unique_ptr<context_info> c;

@@ -51,6 +51,7 @@ struct context_info {
     bool primary = false;
     unsigned flags = 0;
     unsigned long long uid = 0;  // cuCtxGetId
+    uint64_t green = 0;          // cuCtxFromGreenCtx's: the green context (session handle) its calls name
     std::map<std::pair<uint64_t, uint64_t>, std::pair<void*, void (*)(CUcontext, void*, void*)>>
         cls;  // context-local storage
 };
@@ -114,6 +115,10 @@ class state {
     uint64_t primary_context(int device);     // the id; the context exists from first use, retained or not
     context_info* find_context(uint64_t id);  // caller holds mu
     uint64_t create_context(int device, unsigned flags);
+    // The CUcontext of green context `green` (cuCtxFromGreenCtx): a context of `device` whose calls name it
+    // (Call.green_ctx), the same id each time; forgotten at cuGreenCtxDestroy.
+    uint64_t green_context(uint64_t green, int device);
+    void forget_green_context(uint64_t green);
     CUresult destroy_context(uint64_t id);
     void run_cls_destructors(context_info& c);
 
@@ -177,6 +182,7 @@ class state {
     std::shared_mutex mu;
 
   private:
+    uint64_t add_context(int device, unsigned flags, uint64_t green);  // caller holds mu
     state() = default;
 
     std::once_flag once_;
@@ -209,6 +215,9 @@ class state {
 // The calling thread's current context (0 when none) and its context stack.
 std::vector<uint64_t>& context_stack();
 uint64_t current_context();
+// The green context (session handle) the calling thread's current context stands for, else 0: one relaxed
+// load while the process has none.
+uint64_t current_green_context();
 // The client ordinal of the current context's device, or -1.
 int current_device();
 // The context `ctx` current on this thread for the scope's duration: calls go to its device's session.

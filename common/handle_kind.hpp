@@ -27,8 +27,10 @@ enum class handle_kind : uint8_t {
     array = 13,
     mem_handle = 14,  // cuMemCreate's physical allocations (CUmemGenericAllocationHandle)
     mipmapped_array = 15,
+    green_ctx = 16,      // cuGreenCtxCreate's (an SM partition); its CUcontext is the session's too
+    resource_desc = 17,  // cuDevResourceGenerateDesc's
 };
-inline constexpr int handle_kind_count = 16;
+inline constexpr int handle_kind_count = 18;
 
 constexpr handle_kind kind_of(uint64_t id) { return static_cast<handle_kind>(id >> 56); }
 constexpr uint64_t make_handle(handle_kind k, uint32_t generation, uint32_t index) {
@@ -69,6 +71,10 @@ constexpr std::string_view to_string(handle_kind k) {
             return "array";
         case handle_kind::mem_handle:
             return "mem_handle";
+        case handle_kind::green_ctx:
+            return "green_ctx";
+        case handle_kind::resource_desc:
+            return "resource_desc";
         case handle_kind::mipmapped_array:
             return "mipmapped_array";
     }

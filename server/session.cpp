@@ -282,6 +282,10 @@ void session::release_device(size_t device) {
                 case handle_kind::link_state:
                     d.cuLinkDestroy(static_cast<CUlinkState>(e.raw));
                     break;
+                case handle_kind::green_ctx:
+                    d.cuGreenCtxDestroy(static_cast<CUgreenCtx>(e.raw));
+                    green_contexts.erase(id);
+                    break;
                 default:
                     break;
             }
@@ -315,6 +319,7 @@ void session::release_device(size_t device) {
         destroy(handle_kind::module);
         destroy(handle_kind::library);
         destroy(handle_kind::link_state);
+        destroy(handle_kind::green_ctx);  // after the streams and events made in them
     }
     // The device's module globals go with its context; those of its modules and libraries in other devices'
     // contexts go with the libraries.

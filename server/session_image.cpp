@@ -95,6 +95,9 @@ const char* not_rebuilt(const handle_entry& e) {
                          "special use";
         case handle_kind::link_state:
             return "a link in progress";
+        case handle_kind::green_ctx:
+        case handle_kind::resource_desc:
+            return "a green context (an SM partition)";
         default:
             return nullptr;
     }

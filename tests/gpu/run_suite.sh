@@ -56,7 +56,7 @@ PROGRAMS=(vector_add vector_add_shared kernels_templates streams_events async_co
           stream_attributes linear_textures peer_copies shareable_handles precopy_dirty
           graph_host_copies graph_memory_nodes graph_conditional_nodes pool_ipc graph_node_updates mipmapped_arrays
           memcpy_batch graph_suspend launch_events nonblocking_copies user_objects
-          callback_workers managed_globals)
+          callback_workers managed_globals green_contexts)
 # The application's own memory registered mapped needs the server on the client's host: over TCP it must
 # report the documented refusal (exit 3, cudaErrorNotSupported) and pass over the Unix socket. (Memory
 # allocated mapped, mapped_memory, passes over both: over TCP it is managed memory of the session.)

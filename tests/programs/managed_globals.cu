@@ -3,9 +3,10 @@
 // kernel; CPU writes seen by a kernel that names the variables in its own code; its writes seen by the CPU
 // after a synchronize, round after round, with one element written by the CPU between rounds; an array of
 // 64 KiB over several pages beside small variables that may share a page with it; cudaMemcpyToSymbol /
-// FromSymbol, cudaGetSymbolAddress and cudaMemset on them; a kernel given a variable's address as a parameter.
-// `managed_globals ROUNDS PAUSE_MS`: a pause before each round, in which the session may be suspended or moved
-// (its module loaded again, the variables maybe elsewhere): the CPU's view and the kernels must still agree.
+// FromSymbol, cudaGetSymbolAddress and cudaMemset on them; a kernel given a variable's address as a
+// parameter. `managed_globals ROUNDS PAUSE_MS`: a pause before each round, in which the session may be
+// suspended or moved (its module loaded again, the variables maybe elsewhere): the CPU's view and the kernels
+// must still agree.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -53,8 +54,8 @@ int main(int argc, char** argv) {
            mg_bias.calls, mg_table[0], mg_total);
     void* addr = nullptr;
     CHECK(cudaGetSymbolAddress(&addr, mg_counter));
-    EXPECT(addr == static_cast<void*>(&mg_counter), "cudaGetSymbolAddress(mg_counter) %p, the host uses %p", addr,
-           static_cast<void*>(&mg_counter));
+    EXPECT(addr == static_cast<void*>(&mg_counter), "cudaGetSymbolAddress(mg_counter) %p, the host uses %p",
+           addr, static_cast<void*>(&mg_counter));
     size_t size = 0;
     CHECK(cudaGetSymbolSize(&size, mg_table));
     EXPECT(size == sizeof mg_table, "cudaGetSymbolSize(mg_table) = %zu", size);
@@ -76,7 +77,8 @@ int main(int argc, char** argv) {
         CHECK(cudaDeviceSynchronize());
         expect_counter += r;
         added += 7LL * r;
-        EXPECT(mg_counter == expect_counter, "round %d: counter %d, expected %lld", r, mg_counter, expect_counter);
+        EXPECT(mg_counter == expect_counter, "round %d: counter %d, expected %lld", r, mg_counter,
+               expect_counter);
         EXPECT(mg_bias.calls == r, "round %d: %d calls counted", r, mg_bias.calls);
         for (int i = 0; i < table_len; ++i) {
             const long long want = i + added + (i <= bumped && i % 97 == 0 ? 1000 : 0);
@@ -87,8 +89,8 @@ int main(int argc, char** argv) {
             if (i % 97 == 0) mg_table[i] += 1000;
         bumped = r * table_len / rounds - 1;
     }
-    printf("%d rounds: counter %d, calls %d, table[97] %d, table[last] %d\n", rounds, mg_counter, mg_bias.calls,
-           mg_table[97], mg_table[table_len - 1]);
+    printf("%d rounds: counter %d, calls %d, table[97] %d, table[last] %d\n", rounds, mg_counter,
+           mg_bias.calls, mg_table[97], mg_table[table_len - 1]);
 
     // A kernel given the variables' addresses.
     long long sum = 0;

@@ -7,9 +7,6 @@
 #include "soft_state.hpp"
 
 namespace vcuda::soft {
-namespace {
-
-thread_local std::vector<uint64_t> ctx_stack;
 
 std::array<size_t, CU_LIMIT_MAX> default_limits() {
     std::array<size_t, CU_LIMIT_MAX> l{};
@@ -22,6 +19,10 @@ std::array<size_t, CU_LIMIT_MAX> default_limits() {
     l[CU_LIMIT_PERSISTING_L2_CACHE_SIZE] = 0;
     return l;
 }
+
+namespace {
+
+thread_local std::vector<uint64_t> ctx_stack;
 
 bool valid_ctx_flags(unsigned flags) {
     if ((flags & ~static_cast<unsigned>(CU_CTX_FLAGS_MASK)) != 0) return false;

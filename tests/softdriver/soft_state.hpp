@@ -80,7 +80,9 @@ enum class kind : uint8_t {
     array,
     user_object,
     conditional,
-    mipmapped_array
+    mipmapped_array,
+    green_ctx,
+    resource_desc
 };
 
 inline constexpr uint64_t handle_tag = uint64_t{0x5c0d} << 48;
@@ -105,6 +107,7 @@ struct context_obj : object {
     CUfunc_cache cache_config = CU_FUNC_CACHE_PREFER_NONE;
     std::array<size_t, CU_LIMIT_MAX> limits{};
     std::vector<uint64_t> peers;  // contexts it has peer access to (cuCtxEnablePeerAccess)
+    unsigned sm_limit = 0;        // a green context's SMs (soft_green.cpp); 0: all of the device's
 };
 
 struct stream_obj : object {
@@ -498,6 +501,8 @@ struct user_object_obj : object {
 context_obj* current_context(state& s);
 // The current context or CUDA_ERROR_INVALID_CONTEXT.
 CUresult require_context(state& s, context_obj*& out);
+// A new context's limits (soft_context.cpp).
+std::array<size_t, CU_LIMIT_MAX> default_limits();
 // A context handle passed in: unknown or destroyed -> nullptr.
 context_obj* usable_context(state& s, uint64_t h);
 // Frees everything a context owns (streams, events, modules, allocations) and forgets it on this thread.

@@ -1,0 +1,194 @@
+// Green contexts (SM partitions): the resource queries, splits and descriptors travel as the driver's own
+// structures (the server's driver made them; their internal bytes mean nothing here), green contexts are
+// session handles, and the CUcontext of one (cuCtxFromGreenCtx) is a context of the mirror whose calls name
+// it, so that the server runs them in it (server/handlers_green.cpp).
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "client/entry_point.hpp"
+#include "client/plain_call.hpp"
+#include "client/state.hpp"
+#include "client/trace.hpp"
+#include "client/unsupported.hpp"
+
+using namespace vcuda;
+using namespace vcuda::client;
+
+namespace {
+
+std::span<const std::byte> bytes_of(const void* p, size_t n) { return {static_cast<const std::byte*>(p), n}; }
+
+// The reply's blob `i` into `out`, which must be exactly `n` bytes.
+CUresult take_blob(const plain_call& c, size_t i, void* out, size_t n) {
+    const auto& blobs = c.reply().blobs;
+    if (i >= blobs.size() || blobs[i].size() != n) return CUDA_ERROR_UNKNOWN;
+    if (n) std::memcpy(out, blobs[i].data(), n);
+    return CUDA_SUCCESS;
+}
+
+// Green contexts are served on the first server's GPUs only: their calls go to its session.
+bool served_here(int ordinal) {
+    auto& st = state::get();
+    if (st.device(ordinal).owner == &st.remote()) return true;
+    unsupported("green contexts on a GPU of a second vcuda server");
+    return false;
+}
+
+// what: 0 a device, 1 a green context, 2 the session's context of a device (server/handlers_green.cpp).
+CUresult get_resource(int ordinal, uint64_t what, uint64_t which, CUdevResource* resource, CUdevResourceType type) {
+    if (!resource) return CUDA_ERROR_INVALID_VALUE;
+    if (!served_here(ordinal)) return CUDA_ERROR_NOT_SUPPORTED;
+    plain_call c(op::dev_resource, "cuDeviceGetDevResource");
+    c.arg(what);
+    c.arg(which);
+    c.arg(static_cast<uint64_t>(type));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    return take_blob(c, 0, resource, sizeof *resource);
+}
+
+bool green_info(CUgreenCtx g, handle_info& info) {
+    return state::get().lookup(reinterpret_cast<uint64_t>(g), info) && info.kind == handle_kind::green_ctx;
+}
+
+}  // namespace
+
+VCUDA_API cuDeviceGetDevResource(CUdevice device, CUdevResource* resource, CUdevResourceType type) noexcept {
+    VCUDA_TRACE_HOOK(cuDeviceGetDevResource, device, resource, type);
+    VCUDA_REQUIRE_INIT();
+    if (device < 0 || device >= state::get().device_count()) return CUDA_ERROR_INVALID_DEVICE;
+    return get_resource(device, 0, static_cast<uint64_t>(state::get().device(device).server_index), resource,
+                        type);
+}
+
+VCUDA_API cuGreenCtxGetDevResource(CUgreenCtx hCtx, CUdevResource* resource, CUdevResourceType type) noexcept {
+    VCUDA_TRACE_HOOK(cuGreenCtxGetDevResource, hCtx, resource, type);
+    VCUDA_REQUIRE_INIT();
+    handle_info info;
+    if (!green_info(hCtx, info)) return CUDA_ERROR_INVALID_HANDLE;
+    return get_resource(info.device, 1, reinterpret_cast<uint64_t>(hCtx), resource, type);
+}
+
+VCUDA_API cuCtxGetDevResource(CUcontext hCtx, CUdevResource* resource, CUdevResourceType type) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxGetDevResource, hCtx, resource, type);
+    VCUDA_REQUIRE_INIT();
+    auto& st = state::get();
+    const uint64_t id = hCtx ? reinterpret_cast<uint64_t>(hCtx) : current_context();
+    int device = 0;
+    uint64_t green = 0;
+    {
+        std::shared_lock lock(st.mu);
+        const context_info* c = st.find_context(id);
+        if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+        device = c->device;
+        green = c->green;
+    }
+    if (green) return get_resource(device, 1, green, resource, type);
+    return get_resource(device, 2, static_cast<uint64_t>(st.device(device).server_index), resource, type);
+}
+
+VCUDA_API cuDevSmResourceSplitByCount(CUdevResource* result, unsigned int* nbGroups, const CUdevResource* input,
+                                      CUdevResource* remaining, unsigned int useFlags,
+                                      unsigned int minCount) noexcept {
+    VCUDA_TRACE_HOOK(cuDevSmResourceSplitByCount, result, nbGroups, input, remaining, useFlags, minCount);
+    VCUDA_REQUIRE_INIT();
+    if (!nbGroups || !input) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned asked = result ? *nbGroups : 0;
+    plain_call c(op::sm_resource_split, "cuDevSmResourceSplitByCount");
+    c.arg(static_cast<uint64_t>(asked));
+    c.arg(useFlags);
+    c.arg(minCount);
+    c.arg(static_cast<uint64_t>(remaining != nullptr));
+    c.blob(bytes_of(input, sizeof *input));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const auto& outs = c.reply().outs;
+    const auto& blobs = c.reply().blobs;
+    if (outs.size() != 1 || blobs.size() != 2 || blobs[0].size() % sizeof(CUdevResource) != 0 ||
+        blobs[0].size() / sizeof(CUdevResource) > asked)
+        return CUDA_ERROR_UNKNOWN;
+    *nbGroups = static_cast<unsigned>(outs[0]);
+    if (result && !blobs[0].empty()) std::memcpy(result, blobs[0].data(), blobs[0].size());
+    if (remaining) return take_blob(c, 1, remaining, sizeof *remaining);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuDevResourceGenerateDesc(CUdevResourceDesc* phDesc, CUdevResource* resources,
+                                    unsigned int nbResources) noexcept {
+    VCUDA_TRACE_HOOK(cuDevResourceGenerateDesc, phDesc, resources, nbResources);
+    VCUDA_REQUIRE_INIT();
+    if (!phDesc || !resources || nbResources == 0) return CUDA_ERROR_INVALID_VALUE;
+    plain_call c(op::resource_desc, "cuDevResourceGenerateDesc");
+    c.blob(bytes_of(resources, size_t{nbResources} * sizeof(CUdevResource)));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *phDesc = c.out_handle<CUdevResourceDesc>(0, handle_kind::resource_desc);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags) noexcept {
+    VCUDA_TRACE_HOOK(cuGreenCtxCreate, phCtx, desc, dev, flags);
+    VCUDA_REQUIRE_INIT();
+    if (!phCtx) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= state::get().device_count()) return CUDA_ERROR_INVALID_DEVICE;
+    if (!served_here(dev)) return CUDA_ERROR_NOT_SUPPORTED;
+    plain_call c(op::green_ctx_create, "cuGreenCtxCreate");
+    c.handle(desc, handle_kind::resource_desc);
+    c.arg(static_cast<uint64_t>(state::get().device(dev).server_index));
+    c.arg(flags);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const auto& outs = c.reply().outs;
+    if (outs.empty() || !outs[0]) return CUDA_ERROR_UNKNOWN;
+    handle_info g;
+    g.kind = handle_kind::green_ctx;
+    g.device = dev;
+    g.ctx = current_context();
+    state::get().adopt(outs[0], std::move(g));
+    *phCtx = reinterpret_cast<CUgreenCtx>(outs[0]);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuCtxFromGreenCtx(CUcontext* pContext, CUgreenCtx hCtx) noexcept {
+    VCUDA_TRACE_HOOK(cuCtxFromGreenCtx, pContext, hCtx);
+    VCUDA_REQUIRE_INIT();
+    if (!pContext) return CUDA_ERROR_INVALID_VALUE;
+    handle_info info;
+    if (!green_info(hCtx, info)) return CUDA_ERROR_INVALID_CONTEXT;
+    *pContext = reinterpret_cast<CUcontext>(
+        state::get().green_context(reinterpret_cast<uint64_t>(hCtx), info.device));
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuGreenCtxDestroy(CUgreenCtx hCtx) noexcept {
+    VCUDA_TRACE_HOOK(cuGreenCtxDestroy, hCtx);
+    VCUDA_REQUIRE_INIT();
+    handle_info info;
+    if (!green_info(hCtx, info)) return CUDA_ERROR_INVALID_CONTEXT;
+    plain_call c(op::green_ctx_destroy, "cuGreenCtxDestroy");
+    c.handle(hCtx, handle_kind::green_ctx);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    state::get().forget_green_context(reinterpret_cast<uint64_t>(hCtx));
+    c.forget(hCtx, handle_kind::green_ctx);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCtx, unsigned int flags,
+                                 int priority) noexcept {
+    VCUDA_TRACE_HOOK(cuGreenCtxStreamCreate, phStream, greenCtx, flags, priority);
+    VCUDA_REQUIRE_INIT();
+    if (!phStream) return CUDA_ERROR_INVALID_VALUE;
+    handle_info info;
+    if (!green_info(greenCtx, info)) return CUDA_ERROR_INVALID_CONTEXT;
+    plain_call c(op::green_stream_create, "cuGreenCtxStreamCreate");
+    c.handle(greenCtx, handle_kind::green_ctx);
+    c.arg(flags);
+    c.arg(priority);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const auto& outs = c.reply().outs;
+    if (outs.empty() || !outs[0]) return CUDA_ERROR_UNKNOWN;
+    handle_info s;
+    s.kind = handle_kind::stream;
+    s.device = info.device;
+    s.ctx = state::get().green_context(reinterpret_cast<uint64_t>(greenCtx), info.device);
+    state::get().adopt(outs[0], std::move(s));
+    *phStream = reinterpret_cast<CUstream>(outs[0]);
+    return CUDA_SUCCESS;
+}
