@@ -36,7 +36,8 @@ bool served_here(int ordinal) {
 }
 
 // what: 0 a device, 1 a green context, 2 the session's context of a device (server/handlers_green.cpp).
-CUresult get_resource(int ordinal, uint64_t what, uint64_t which, CUdevResource* resource, CUdevResourceType type) {
+CUresult get_resource(int ordinal, uint64_t what, uint64_t which, CUdevResource* resource,
+                      CUdevResourceType type) {
     if (!resource) return CUDA_ERROR_INVALID_VALUE;
     if (!served_here(ordinal)) return CUDA_ERROR_NOT_SUPPORTED;
     plain_call c(op::dev_resource, "cuDeviceGetDevResource");
@@ -61,7 +62,8 @@ VCUDA_API cuDeviceGetDevResource(CUdevice device, CUdevResource* resource, CUdev
                         type);
 }
 
-VCUDA_API cuGreenCtxGetDevResource(CUgreenCtx hCtx, CUdevResource* resource, CUdevResourceType type) noexcept {
+VCUDA_API cuGreenCtxGetDevResource(CUgreenCtx hCtx, CUdevResource* resource,
+                                   CUdevResourceType type) noexcept {
     VCUDA_TRACE_HOOK(cuGreenCtxGetDevResource, hCtx, resource, type);
     VCUDA_REQUIRE_INIT();
     handle_info info;
@@ -87,9 +89,9 @@ VCUDA_API cuCtxGetDevResource(CUcontext hCtx, CUdevResource* resource, CUdevReso
     return get_resource(device, 2, static_cast<uint64_t>(st.device(device).server_index), resource, type);
 }
 
-VCUDA_API cuDevSmResourceSplitByCount(CUdevResource* result, unsigned int* nbGroups, const CUdevResource* input,
-                                      CUdevResource* remaining, unsigned int useFlags,
-                                      unsigned int minCount) noexcept {
+VCUDA_API cuDevSmResourceSplitByCount(CUdevResource* result, unsigned int* nbGroups,
+                                      const CUdevResource* input, CUdevResource* remaining,
+                                      unsigned int useFlags, unsigned int minCount) noexcept {
     VCUDA_TRACE_HOOK(cuDevSmResourceSplitByCount, result, nbGroups, input, remaining, useFlags, minCount);
     VCUDA_REQUIRE_INIT();
     if (!nbGroups || !input) return CUDA_ERROR_INVALID_VALUE;
@@ -124,7 +126,8 @@ VCUDA_API cuDevResourceGenerateDesc(CUdevResourceDesc* phDesc, CUdevResource* re
     return CUDA_SUCCESS;
 }
 
-VCUDA_API cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags) noexcept {
+VCUDA_API cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice dev,
+                           unsigned int flags) noexcept {
     VCUDA_TRACE_HOOK(cuGreenCtxCreate, phCtx, desc, dev, flags);
     VCUDA_REQUIRE_INIT();
     if (!phCtx) return CUDA_ERROR_INVALID_VALUE;

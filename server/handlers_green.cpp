@@ -77,10 +77,9 @@ CUresult handle_sm_resource_split(call_context& cx) {
     auto groups = static_cast<unsigned>(cx.arg(0));
     std::vector<CUdevResource> result(groups);
     CUdevResource remaining{};
-    if (CUresult rc = d.cuDevSmResourceSplitByCount(groups ? result.data() : nullptr, &groups, &input,
-                                                     cx.arg(3) ? &remaining : nullptr,
-                                                     static_cast<unsigned>(cx.arg(1)),
-                                                     static_cast<unsigned>(cx.arg(2)));
+    if (CUresult rc = d.cuDevSmResourceSplitByCount(
+            groups ? result.data() : nullptr, &groups, &input, cx.arg(3) ? &remaining : nullptr,
+            static_cast<unsigned>(cx.arg(1)), static_cast<unsigned>(cx.arg(2)));
         rc != CUDA_SUCCESS)
         return rc;
     cx.out(static_cast<uint64_t>(groups));
@@ -131,7 +130,8 @@ CUresult handle_green_ctx_create(call_context& cx) {
     const uint64_t id = cx.outs.back();
     cx.sess.green_contexts[id] = ctx;
     // It belongs to the device it was made on, which need not be the caller's current one.
-    if (handle_entry* e = cx.sess.handles.find(id, handle_kind::green_ctx)) e->device = static_cast<int>(cx.arg(1));
+    if (handle_entry* e = cx.sess.handles.find(id, handle_kind::green_ctx))
+        e->device = static_cast<int>(cx.arg(1));
     return CUDA_SUCCESS;
 }
 

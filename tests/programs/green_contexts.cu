@@ -1,13 +1,17 @@
 // green_contexts: an SM partition made as torch.cuda.green_contexts makes one (PyTorch's CUDAGreenContext):
 // the device's SM resource split by count, a descriptor of one group, a green context and its CUcontext
 // pushed current. Under it, a stream of cudaStreamCreate, the green context's default stream and a stream of
-// cuGreenCtxStreamCreate each run a kernel on one buffer, in order through an event; the partition's SM count is
-// read back from the context and from the green context. Popped, a stream of the primary context waits for
+// cuGreenCtxStreamCreate each run a kernel on one buffer, in order through an event; the partition's SM count
+// is read back from the context and from the green context. Popped, a stream of the primary context waits for
 // the green context's event and runs the last kernel; the buffer is checked, the green context destroyed, and
 // the primary context still works. Driver entry points come through cudaGetDriverEntryPointByVersion, as
-// PyTorch's do.
+// PyTorch's do. `green_contexts PAUSE_MS`: a pause while the green context is current, in which a server may
+// try to suspend or move the session (it must refuse, and the program go on).
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 #include <vector>
 
@@ -54,7 +58,8 @@ void* driver_entry(const char* name) {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
     CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12080, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || !fn) fail("%s: no driver entry point (%d)", name, static_cast<int>(q));
+    if (q != cudaDriverEntryPointSuccess || !fn)
+        fail("%s: no driver entry point (%d)", name, static_cast<int>(q));
     return fn;
 }
 
@@ -69,8 +74,10 @@ F entry(const char* name) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
     const int n = 1 << 16;
+    const int pause_ms = argc > 1 ? atoi(argv[1]) : 0;
+    if (pause_ms < 0) fail("usage: green_contexts [PAUSE_MS]");
     CHECK(cudaFree(nullptr));  // the primary context, current
     auto get_dev_resource = entry<decltype(&cuDeviceGetDevResource)>("cuDeviceGetDevResource");
     auto split = entry<decltype(&cuDevSmResourceSplitByCount)>("cuDevSmResourceSplitByCount");
@@ -119,7 +126,8 @@ int main() {
     check_cu(ctx_resource(gctx, &r, CU_DEV_RESOURCE_TYPE_SM), "cuCtxGetDevResource (green)");
     EXPECT(r.sm.smCount == part.sm.smCount, "its context has %u SMs", r.sm.smCount);
     check_cu(ctx_resource(primary, &r, CU_DEV_RESOURCE_TYPE_SM), "cuCtxGetDevResource (primary)");
-    EXPECT(r.sm.smCount == all.sm.smCount, "the primary context has %u SMs of %u", r.sm.smCount, all.sm.smCount);
+    EXPECT(r.sm.smCount == all.sm.smCount, "the primary context has %u SMs of %u", r.sm.smCount,
+           all.sm.smCount);
 
     int* buf = nullptr;
     CHECK(cudaMalloc(&buf, n * sizeof(int)));
@@ -136,6 +144,7 @@ int main() {
     EXPECT(current == gctx, "the pushed green context is not current");
     cudaStream_t s1 = nullptr, s2 = nullptr;
     CHECK(cudaStreamCreate(&s1));
+    if (pause_ms > 0) usleep(static_cast<useconds_t>(pause_ms) * 1000);
     const int green_sms = sms_used(sm_ids, sm_blocks, s1);
     printf("info: %d SMs ran the primary context's blocks, %d the green context's\n", primary_sms, green_sms);
     EXPECT(green_sms >= 1 && green_sms <= static_cast<int>(part.sm.smCount),

@@ -65,14 +65,16 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDeviceGetDevResource(CUdevice device, CUdev
 
 VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDevSmResourceSplitByCount(CUdevResource* result, unsigned int* nbGroups,
                                                                const CUdevResource* input,
-                                                               CUdevResource* remaining, unsigned int useFlags,
-                                                               unsigned int minCount) {
+                                                               CUdevResource* remaining,
+                                                               unsigned int useFlags, unsigned int minCount) {
     return entry([&](state&) -> CUresult {
-        if (nbGroups == nullptr || input == nullptr || input->type != CU_DEV_RESOURCE_TYPE_SM || useFlags != 0)
+        if (nbGroups == nullptr || input == nullptr || input->type != CU_DEV_RESOURCE_TYPE_SM ||
+            useFlags != 0)
             return CUDA_ERROR_INVALID_VALUE;
         // Each group gets minCount SMs rounded up to the partition size, at least one partition.
-        const unsigned per = minCount <= min_partition ? min_partition
-                                                       : (minCount + min_partition - 1) / min_partition * min_partition;
+        const unsigned per = minCount <= min_partition
+                                 ? min_partition
+                                 : (minCount + min_partition - 1) / min_partition * min_partition;
         unsigned groups = input->sm.smCount / per;
         if (result != nullptr) groups = std::min(groups, *nbGroups);
         if (groups == 0) return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
@@ -85,17 +87,20 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDevSmResourceSplitByCount(CUdevResource* re
     });
 }
 
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDevResourceGenerateDesc(CUdevResourceDesc* phDesc, CUdevResource* resources,
+VCUDA_SOFT_EXPORT CUresult CUDAAPI cuDevResourceGenerateDesc(CUdevResourceDesc* phDesc,
+                                                             CUdevResource* resources,
                                                              unsigned int nbResources) {
     return entry([&](state& s) -> CUresult {
         if (phDesc == nullptr || resources == nullptr || nbResources == 0) return CUDA_ERROR_INVALID_VALUE;
         unsigned sms = 0;
         for (unsigned i = 0; i < nbResources; ++i) {
-            if (resources[i].type != CU_DEV_RESOURCE_TYPE_SM || device_of(resources[i]) != device_of(resources[0]))
+            if (resources[i].type != CU_DEV_RESOURCE_TYPE_SM ||
+                device_of(resources[i]) != device_of(resources[0]))
                 return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
             sms += resources[i].sm.smCount;
         }
-        if (sms == 0 || sms > static_cast<unsigned>(sm_count)) return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+        if (sms == 0 || sms > static_cast<unsigned>(sm_count))
+            return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
         resource_desc_obj* d = s.create<resource_desc_obj>();
         d->device = device_of(resources[0]);
         d->sms = sms;

@@ -26,8 +26,8 @@ void gc_add(const launch& l) {
     });
 }
 
-// gc_sm(int* out): out[block] = the SM it ran on. Here every launch runs on the CPU: blocks are spread over the
-// smallest partition's 8 "SMs".
+// gc_sm(int* out): out[block] = the SM it ran on. Here every launch runs on the CPU: blocks are spread over
+// the smallest partition's 8 "SMs".
 void gc_sm(const launch& l) {
     auto out = l.param<int*>(0);
     for (unsigned b = 0; b < l.grid.x; ++b) out[b] = static_cast<int>(b % 8);
