@@ -57,7 +57,7 @@ int sms_used(int* out, int blocks, cudaStream_t s) {
 void* driver_entry(const char* name) {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12080, cudaEnableDefault, &q));
+    CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 13000, cudaEnableDefault, &q));
     if (q != cudaDriverEntryPointSuccess || !fn)
         fail("%s: no driver entry point (%d)", name, static_cast<int>(q));
     return fn;
@@ -91,6 +91,10 @@ int main(int argc, char** argv) {
     auto push = entry<decltype(&cuCtxPushCurrent_v2)>("cuCtxPushCurrent");
     auto pop = entry<decltype(&cuCtxPopCurrent_v2)>("cuCtxPopCurrent");
     auto get_current = entry<decltype(&cuCtxGetCurrent)>("cuCtxGetCurrent");
+    auto green_record = entry<decltype(&cuGreenCtxRecordEvent)>("cuGreenCtxRecordEvent");
+    auto green_wait = entry<decltype(&cuGreenCtxWaitEvent)>("cuGreenCtxWaitEvent");
+    auto green_id = entry<decltype(&cuGreenCtxGetId)>("cuGreenCtxGetId");
+    auto stream_green = entry<decltype(&cuStreamGetGreenCtx)>("cuStreamGetGreenCtx");
 
     CUdevice dev = 0;
     CUdevResource all{};
@@ -164,6 +168,23 @@ int main(int argc, char** argv) {
     cudaEvent_t done = nullptr;
     CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     CHECK(cudaEventRecord(done, s2));
+    // The same through the green context itself: an event of all its work so far, and a wait its later work
+    // keeps (on an event already recorded: nothing to wait for).
+    cudaEvent_t all_green = nullptr;
+    CHECK(cudaEventCreateWithFlags(&all_green, cudaEventDisableTiming));
+    check_cu(green_record(green, reinterpret_cast<CUevent>(all_green)), "cuGreenCtxRecordEvent");
+    check_cu(green_wait(green, reinterpret_cast<CUevent>(done)), "cuGreenCtxWaitEvent");
+    unsigned long long id1 = 0, id2 = 0;
+    check_cu(green_id(green, &id1), "cuGreenCtxGetId");
+    check_cu(green_id(green, &id2), "cuGreenCtxGetId (again)");
+    EXPECT(id1 != 0 && id1 == id2, "cuGreenCtxGetId gave %llu then %llu", id1, id2);
+    CUgreenCtx of_s1 = nullptr, of_s2 = nullptr;
+    check_cu(stream_green(reinterpret_cast<CUstream>(s1), &of_s1), "cuStreamGetGreenCtx (s1)");
+    check_cu(stream_green(raw, &of_s2), "cuStreamGetGreenCtx (s2)");
+    EXPECT(of_s2 == green, "cuStreamGetGreenCtx of the green context's stream gave %p",
+           static_cast<void*>(of_s2));
+    printf("the green context of a stream made under its context: %s\n",
+           of_s1 == green ? "its own" : (of_s1 ? "another" : "none"));
     CUcontext popped = nullptr;
     check_cu(pop(&popped), "cuCtxPopCurrent");
     EXPECT(popped == gctx, "popped %p, not the green context", static_cast<void*>(popped));
@@ -173,6 +194,11 @@ int main(int argc, char** argv) {
     cudaStream_t ps = nullptr;
     CHECK(cudaStreamCreateWithFlags(&ps, cudaStreamNonBlocking));
     CHECK(cudaStreamWaitEvent(ps, done, 0));
+    CHECK(cudaStreamWaitEvent(ps, all_green, 0));
+    CUgreenCtx of_ps = nullptr;
+    check_cu(stream_green(reinterpret_cast<CUstream>(ps), &of_ps), "cuStreamGetGreenCtx (primary)");
+    EXPECT(of_ps == nullptr, "a stream of the primary context has green context %p",
+           static_cast<void*>(of_ps));
     gc_add<<<blocks, 256, 0, ps>>>(buf, n, 4);
     CHECK_LAUNCH();
     std::vector<int> host(n);
@@ -183,6 +209,7 @@ int main(int argc, char** argv) {
     printf("kernels on three streams of the green context and one of the primary context: ok\n");
 
     CHECK(cudaEventDestroy(done));
+    CHECK(cudaEventDestroy(all_green));
     CHECK(cudaStreamDestroy(s1));
     CHECK(cudaStreamDestroy(s2));
     check_cu(green_destroy(green), "cuGreenCtxDestroy");
