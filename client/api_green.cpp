@@ -1,7 +1,8 @@
 // Green contexts (SM partitions): the resource queries, splits and descriptors travel as the driver's own
 // structures (the server's driver made them; their internal bytes mean nothing here), green contexts are
 // session handles, and the CUcontext of one (cuCtxFromGreenCtx) is a context of the mirror whose calls name
-// it, so that the server runs them in it (server/handlers_green.cpp).
+// it, so that the server runs them in it (server/handlers_green.cpp). Events on a green context and the green
+// context of a stream are with those of contexts and streams (client/api_stream.cpp).
 #include <cstring>
 #include <span>
 #include <vector>
@@ -173,30 +174,6 @@ VCUDA_API cuGreenCtxDestroy(CUgreenCtx hCtx) noexcept {
     return CUDA_SUCCESS;
 }
 
-namespace {
-CUresult green_event(CUgreenCtx hCtx, CUevent hEvent, uint64_t wait, const char* name) {
-    handle_info info;
-    if (!green_info(hCtx, info)) return CUDA_ERROR_INVALID_HANDLE;
-    plain_call c(op::green_ctx_event, name);
-    c.handle(hCtx, handle_kind::green_ctx);
-    c.handle(hEvent, handle_kind::event);
-    c.arg(wait);
-    return c.send_sync();
-}
-}  // namespace
-
-VCUDA_API cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent) noexcept {
-    VCUDA_TRACE_HOOK(cuGreenCtxRecordEvent, hCtx, hEvent);
-    VCUDA_REQUIRE_INIT();
-    return green_event(hCtx, hEvent, 0, "cuGreenCtxRecordEvent");
-}
-
-VCUDA_API cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent) noexcept {
-    VCUDA_TRACE_HOOK(cuGreenCtxWaitEvent, hCtx, hEvent);
-    VCUDA_REQUIRE_INIT();
-    return green_event(hCtx, hEvent, 1, "cuGreenCtxWaitEvent");
-}
-
 // The id of the mirror context that stands for it: unique in the process, as the driver's.
 VCUDA_API cuGreenCtxGetId(CUgreenCtx greenCtx, unsigned long long* greenCtxId) noexcept {
     VCUDA_TRACE_HOOK(cuGreenCtxGetId, greenCtx, greenCtxId);
@@ -210,27 +187,6 @@ VCUDA_API cuGreenCtxGetId(CUgreenCtx greenCtx, unsigned long long* greenCtxId) n
     const context_info* c = st.find_context(ctx);
     if (!c) return CUDA_ERROR_INVALID_HANDLE;
     *greenCtxId = c->uid;
-    return CUDA_SUCCESS;
-}
-
-// The green context a stream was made in (under a context cuCtxFromGreenCtx gave, or by
-// cuGreenCtxStreamCreate); NULL for a stream of any other context.
-VCUDA_API cuStreamGetGreenCtx(CUstream hStream, CUgreenCtx* phCtx) noexcept {
-    VCUDA_TRACE_HOOK(cuStreamGetGreenCtx, hStream, phCtx);
-    VCUDA_REQUIRE_INIT();
-    if (!phCtx) return CUDA_ERROR_INVALID_VALUE;
-    const uint64_t id = reinterpret_cast<uint64_t>(hStream);
-    uint64_t ctx = current_context();
-    if (id != stream_null && id != stream_legacy && id != stream_per_thread) {
-        handle_info info;
-        if (!state::get().lookup(id, info) || info.kind != handle_kind::stream)
-            return CUDA_ERROR_INVALID_HANDLE;
-        ctx = info.ctx;
-    }
-    auto& st = state::get();
-    std::shared_lock lock(st.mu);
-    const context_info* c = st.find_context(ctx);
-    *phCtx = reinterpret_cast<CUgreenCtx>(c ? c->green : 0);
     return CUDA_SUCCESS;
 }
 

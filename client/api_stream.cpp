@@ -29,6 +29,14 @@ bool stream_info(CUstream s, handle_info& info) {
     }
     return state::get().lookup(id, info) && info.kind == handle_kind::stream;
 }
+
+// The green context whose CUcontext the stream was made in (under it, or by cuGreenCtxStreamCreate), else 0.
+uint64_t green_of(const handle_info& stream) {
+    auto& st = state::get();
+    std::shared_lock lock(st.mu);
+    const context_info* c = st.find_context(stream.ctx);
+    return c ? c->green : 0;
+}
 }  // namespace
 
 VCUDA_API cuStreamGetCtx(CUstream s, CUcontext* pctx) noexcept {
@@ -41,15 +49,27 @@ VCUDA_API cuStreamGetCtx(CUstream s, CUcontext* pctx) noexcept {
     return CUDA_SUCCESS;
 }
 
-// vcuda makes no green contexts: a stream's green context is always NULL, its context the one it was made in.
+// A stream of a green context answers the green context and, as the driver does, the device's primary
+// context; any other its context and NULL.
 VCUDA_API cuStreamGetCtx_v2(CUstream s, CUcontext* pctx, CUgreenCtx* pgreen) noexcept {
     VCUDA_TRACE_HOOK(cuStreamGetCtx_v2, s, pctx, pgreen);
     VCUDA_REQUIRE_INIT();
     if (!pctx || !pgreen) return CUDA_ERROR_INVALID_VALUE;
     handle_info info;
     if (!stream_info(s, info)) return CUDA_ERROR_INVALID_HANDLE;
-    *pctx = reinterpret_cast<CUcontext>(info.ctx);
-    *pgreen = nullptr;
+    const uint64_t green = green_of(info);
+    *pctx = reinterpret_cast<CUcontext>(green ? state::get().primary_context(info.device) : info.ctx);
+    *pgreen = reinterpret_cast<CUgreenCtx>(green);
+    return CUDA_SUCCESS;
+}
+
+VCUDA_API cuStreamGetGreenCtx(CUstream s, CUgreenCtx* phCtx) noexcept {
+    VCUDA_TRACE_HOOK(cuStreamGetGreenCtx, s, phCtx);
+    VCUDA_REQUIRE_INIT();
+    if (!phCtx) return CUDA_ERROR_INVALID_VALUE;
+    handle_info info;
+    if (!stream_info(s, info)) return CUDA_ERROR_INVALID_HANDLE;
+    *phCtx = reinterpret_cast<CUgreenCtx>(green_of(info));
     return CUDA_SUCCESS;
 }
 
@@ -109,23 +129,26 @@ VCUDA_API cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) noexcept 
 }
 
 // cuCtxRecordEvent and cuCtxWaitEvent (protocol/spec/driver.spec, ctx_event): the event recorded must be the
-// context's own, as natively; a wait goes to the context's device, or is made on the host when the event is
-// of another session.
+// context's own, as natively (`own_event`); a wait goes to the context's device, or is made on the host when
+// the event is of another session. A green context's (its CUcontext's, or cuGreenCtxRecordEvent's and
+// cuGreenCtxWaitEvent's) names it, and the server runs it there.
 namespace {
-CUresult ctx_event(CUcontext ctx, CUevent e, bool record) {
+CUresult ctx_event(CUcontext ctx, CUevent e, bool record, bool own_event = true) {
     VCUDA_REQUIRE_INIT();
     auto& st = state::get();
     int device = -1;
+    uint64_t green = 0;
     {
         std::shared_lock lock(st.mu);
         auto* c = ctx ? st.find_context(reinterpret_cast<uint64_t>(ctx)) : nullptr;
         if (!c) return CUDA_ERROR_INVALID_CONTEXT;
         device = c->device;
+        green = c->green;
     }
     handle_info event;
     if (!st.lookup(reinterpret_cast<uint64_t>(e), event) || event.kind != handle_kind::event)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (record && event.ctx != reinterpret_cast<uint64_t>(ctx)) return CUDA_ERROR_INVALID_HANDLE;
+    if (record && own_event && event.ctx != reinterpret_cast<uint64_t>(ctx)) return CUDA_ERROR_INVALID_HANDLE;
     if (!record && st.session_count() > 1 && st.device(device).owner != st.device(event.device).owner) {
         return wait_on_host(event, reinterpret_cast<uint64_t>(e));
     }
@@ -133,7 +156,23 @@ CUresult ctx_event(CUcontext ctx, CUevent e, bool record) {
     c.arg(record ? 0 : 1);
     c.handle(e, handle_kind::event);
     c.device(device);
+    if (green) c.arg(green);
     return c.send_async();
+}
+
+// The mirror context that stands for green context `g` (cuCtxFromGreenCtx's), or nullptr when g is none.
+CUcontext green_ctx(CUgreenCtx g) {
+    handle_info info;
+    const auto id = reinterpret_cast<uint64_t>(g);
+    if (!state::get().lookup(id, info) || info.kind != handle_kind::green_ctx) return nullptr;
+    return reinterpret_cast<CUcontext>(state::get().green_context(id, info.device));
+}
+
+// cuGreenCtxRecordEvent and cuGreenCtxWaitEvent: as their context's, the event any of the session's.
+CUresult green_ctx_event(CUgreenCtx g, CUevent e, bool record) {
+    VCUDA_REQUIRE_INIT();
+    CUcontext ctx = green_ctx(g);
+    return ctx ? ctx_event(ctx, e, record, false) : CUDA_ERROR_INVALID_HANDLE;
 }
 }  // namespace
 
@@ -145,6 +184,16 @@ VCUDA_API cuCtxRecordEvent(CUcontext ctx, CUevent e) noexcept {
 VCUDA_API cuCtxWaitEvent(CUcontext ctx, CUevent e) noexcept {
     VCUDA_TRACE_HOOK(cuCtxWaitEvent, ctx, e);
     return ctx_event(ctx, e, false);
+}
+
+VCUDA_API cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent) noexcept {
+    VCUDA_TRACE_HOOK(cuGreenCtxRecordEvent, hCtx, hEvent);
+    return green_ctx_event(hCtx, hEvent, true);
+}
+
+VCUDA_API cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent) noexcept {
+    VCUDA_TRACE_HOOK(cuGreenCtxWaitEvent, hCtx, hEvent);
+    return green_ctx_event(hCtx, hEvent, false);
 }
 
 // ---------------------------------------------------------------- stream capture

@@ -220,22 +220,17 @@ CUresult write_back(managed_range& r, size_t c0, size_t c1, bool drop) {
 CUresult fetch(managed_range& r, size_t c0, size_t c1) {
     managed_scope scope;
     context_scope ctx(r.ctx);
+    auto copy_in = [&](size_t off, size_t len) {
+        CUresult rc = copy_dtoh(r.alias + off, r.base + off, len, nullptr, mode::sync);
+        if (rc != CUDA_SUCCESS)
+            VCUDA_LOG_ERROR("managed memory: fetching [{:#x}, +{}) from the device failed: {}", r.base + off,
+                            len, static_cast<int>(rc));
+        return rc;
+    };
     return for_runs(
         r, c0, c1, [](uint8_t s) { return s == device_only; },
         [&](size_t a, size_t b) {
-            if (CUresult rc = for_device_bytes(r, a, b,
-                                               [&](size_t off, size_t len) {
-                                                   CUresult c = copy_dtoh(r.alias + off, r.base + off, len,
-                                                                          nullptr, mode::sync);
-                                                   if (c != CUDA_SUCCESS)
-                                                       VCUDA_LOG_ERROR(
-                                                           "managed memory: fetching [{:#x}, +{}) from the "
-                                                           "device failed: {}",
-                                                           r.base + off, len, static_cast<int>(c));
-                                                   return c;
-                                               });
-                rc != CUDA_SUCCESS)
-                return rc;
+            if (CUresult rc = for_device_bytes(r, a, b, copy_in); rc != CUDA_SUCCESS) return rc;
             protect(r, a, b, PROT_READ);
             for (size_t c = a; c < b; ++c) set_state(r, c, cpu_clean);
             return CUDA_SUCCESS;

@@ -25,10 +25,11 @@ CUresult handle_event_record(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// ctx_event {what (0 cuCtxRecordEvent, 1 cuCtxWaitEvent), event, device}: in the session's context on that
-// device, which holds only this session's work. Queued.
+// ctx_event {what (0 cuCtxRecordEvent, 1 cuCtxWaitEvent), event, device[, green context]}: in the session's
+// context on that device, which holds only this session's work, or in the green context named (its own
+// CUcontext, cuGreenCtxRecordEvent's and cuGreenCtxWaitEvent's). Queued.
 CUresult handle_ctx_event(call_context& cx) {
-    if (!cx.expect_args(3) || cx.arg(0) > 1) return cx.bad_arguments();
+    if ((cx.arg_count() != 3 && cx.arg_count() != 4) || cx.arg(0) > 1) return cx.bad_arguments();
     const bool record = cx.arg(0) == 0;
     auto& d = cx.drv();
     if (record ? !d.cuCtxRecordEvent : !d.cuCtxWaitEvent)
@@ -38,8 +39,11 @@ CUresult handle_ctx_event(call_context& cx) {
     CUdevice real;
     if (CUresult rc = cx.device(2, real); rc != CUDA_SUCCESS) return rc;
     CUresult rc = CUDA_SUCCESS;
-    CUcontext ctx = cx.sess.context(static_cast<size_t>(cx.arg(2)), rc);
-    if (!ctx) return rc;
+    const uint64_t green = cx.arg_count() == 4 ? cx.arg(3) : 0;
+    CUcontext ctx =
+        green ? cx.sess.green_context(green) : cx.sess.context(static_cast<size_t>(cx.arg(2)), rc);
+    if (!ctx)
+        return green ? cx.fail(CUDA_ERROR_INVALID_CONTEXT, "no such green context in this session") : rc;
     rc = record ? d.cuCtxRecordEvent(ctx, e) : d.cuCtxWaitEvent(ctx, e);
     if (rc == CUDA_SUCCESS && record) {
         std::lock_guard lock(cx.sess.mu);

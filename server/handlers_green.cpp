@@ -164,17 +164,4 @@ CUresult handle_green_stream_create(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {green context, event, 0: cuGreenCtxRecordEvent (the event marks the work submitted to the green
-// context so far) / 1: cuGreenCtxWaitEvent (the green context's later work waits for it)}.
-CUresult handle_green_ctx_event(call_context& cx) {
-    auto& d = cx.drv();
-    if (!d.cuGreenCtxRecordEvent || !d.cuGreenCtxWaitEvent) return cx.unsupported("cuGreenCtxRecordEvent");
-    if (!cx.expect_args(3) || cx.arg(2) > 1) return cx.bad_arguments();
-    CUgreenCtx g = nullptr;
-    if (CUresult rc = cx.handle(0, handle_kind::green_ctx, g); rc != CUDA_SUCCESS) return rc;
-    CUevent ev = nullptr;
-    if (CUresult rc = cx.handle(1, handle_kind::event, ev); rc != CUDA_SUCCESS) return rc;
-    return cx.arg(2) == 0 ? d.cuGreenCtxRecordEvent(g, ev) : d.cuGreenCtxWaitEvent(g, ev);
-}
-
 }  // namespace vcuda::server

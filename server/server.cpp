@@ -673,12 +673,10 @@ void server::run_lane(const std::shared_ptr<session>& sess, frame_stream& fs, ui
             // A green context's call runs in it (server/handlers_green.cpp); the next call sets its own.
             if (const uint64_t green = call->green_ctx(); green != 0 && rc == CUDA_SUCCESS) {
                 lane.current_device = -2;
-                std::lock_guard lock(sess->mu);
-                auto it = sess->green_contexts.find(green);
-                if (it == sess->green_contexts.end())
-                    rc = cx.fail(CUDA_ERROR_INVALID_CONTEXT, "no such green context in this session");
+                if (CUcontext ctx = sess->green_context(green))
+                    d.cuCtxSetCurrent(ctx);
                 else
-                    d.cuCtxSetCurrent(it->second);
+                    rc = cx.fail(CUDA_ERROR_INVALID_CONTEXT, "no such green context in this session");
             }
             if (rc == CUDA_SUCCESS) rc = entry->handler(cx);
             // A synchronization gives the memory a served pool's frees gave back (server/handlers_pool.cpp)

@@ -171,6 +171,12 @@ void session::settle_stream_frees(bool wait) {
     if (pools.pending().empty()) pools.maybe_pending.store(false, std::memory_order_relaxed);
 }
 
+CUcontext session::green_context(uint64_t id) {
+    std::lock_guard lock(mu);
+    auto it = green_contexts.find(id);
+    return it == green_contexts.end() ? nullptr : it->second;
+}
+
 void session::synchronize_any_context() {
     auto& d = api();
     for (auto& s : devices_)

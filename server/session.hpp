@@ -286,8 +286,10 @@ class session : public std::enable_shared_from_this<session> {
     event_ages event_times;  // under mu
     link_states links;       // under mu
     // Green contexts (server/handlers_green.cpp): each handle's CUcontext (cuCtxFromGreenCtx), in which the
-    // calls that name it run (Call.green_ctx). Under mu.
+    // calls that name it run (Call.green_ctx, ctx_event). Under mu.
     std::map<uint64_t, CUcontext> green_contexts;
+    // Green context `id`'s CUcontext; nullptr when the session has no such green context. Takes mu.
+    CUcontext green_context(uint64_t id);
 
     // ---- Suspend and resume (server/session_image.cpp): the session's GPU state saved to this server's
     // memory and the GPU given back, then rebuilt at the same addresses, under the same handles. Every call a

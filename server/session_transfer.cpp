@@ -5,7 +5,7 @@
 // client learns where its session went from the next reply of each lane (Reply.moved_to) and joins it there.
 //
 // What does not move yet: what a suspend does not rebuild (shareable or size-limited pools the application
-// made, links in progress).
+// made, links in progress, green contexts).
 // CUDA graphs move as a suspend keeps them, unless --no-suspend-graphs (server/graph_image.cpp). Shared
 // pinned host memory moves only to a server on the same host (its pages' memfds are passed over the Unix
 // socket and mapped at the same addresses there).

@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
     auto green_wait = entry<decltype(&cuGreenCtxWaitEvent)>("cuGreenCtxWaitEvent");
     auto green_id = entry<decltype(&cuGreenCtxGetId)>("cuGreenCtxGetId");
     auto stream_green = entry<decltype(&cuStreamGetGreenCtx)>("cuStreamGetGreenCtx");
+    auto stream_ctx = entry<decltype(&cuStreamGetCtx_v2)>("cuStreamGetCtx");
 
     CUdevice dev = 0;
     CUdevResource all{};
@@ -183,6 +184,12 @@ int main(int argc, char** argv) {
     check_cu(stream_green(raw, &of_s2), "cuStreamGetGreenCtx (s2)");
     EXPECT(of_s2 == green, "cuStreamGetGreenCtx of the green context's stream gave %p",
            static_cast<void*>(of_s2));
+    CUcontext ctx_of_s2 = nullptr;
+    CUgreenCtx green_of_s2 = nullptr;
+    check_cu(stream_ctx(raw, &ctx_of_s2, &green_of_s2), "cuStreamGetCtx_v2 (s2)");
+    EXPECT(green_of_s2 == green && ctx_of_s2 == primary,
+           "cuStreamGetCtx_v2 of the green context's stream: context %p (primary %p), green context %p",
+           static_cast<void*>(ctx_of_s2), static_cast<void*>(primary), static_cast<void*>(green_of_s2));
     printf("the green context of a stream made under its context: %s\n",
            of_s1 == green ? "its own" : (of_s1 ? "another" : "none"));
     CUcontext popped = nullptr;

@@ -189,24 +189,3 @@ VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGreenCtxStreamCreate(CUstream* phStream, CU
         return CUDA_SUCCESS;
     });
 }
-
-// Work runs when it is submitted here: the green context's work so far is done when it is recorded.
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent) {
-    return entry([&](state& s) -> CUresult {
-        if (s.find<green_obj>(hCtx) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-        event_obj* e = s.find<event_obj>(hEvent);
-        if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-        e->capture = 0;
-        e->recorded = true;
-        e->when = std::chrono::steady_clock::now();
-        return CUDA_SUCCESS;
-    });
-}
-
-VCUDA_SOFT_EXPORT CUresult CUDAAPI cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent) {
-    return entry([&](state& s) -> CUresult {
-        if (s.find<green_obj>(hCtx) == nullptr || s.find<event_obj>(hEvent) == nullptr)
-            return CUDA_ERROR_INVALID_HANDLE;
-        return CUDA_SUCCESS;
-    });
-}
