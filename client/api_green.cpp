@@ -12,6 +12,7 @@
 #include "client/state.hpp"
 #include "client/trace.hpp"
 #include "client/unsupported.hpp"
+#include "client_ops.hpp"
 
 using namespace vcuda;
 using namespace vcuda::client;
@@ -20,11 +21,10 @@ namespace {
 
 std::span<const std::byte> bytes_of(const void* p, size_t n) { return {static_cast<const std::byte*>(p), n}; }
 
-// The reply's blob `i` into `out`, which must be exactly `n` bytes.
-CUresult take_blob(const plain_call& c, size_t i, void* out, size_t n) {
-    const auto& blobs = c.reply().blobs;
-    if (i >= blobs.size() || blobs[i].size() != n) return CUDA_ERROR_UNKNOWN;
-    if (n) std::memcpy(out, blobs[i].data(), n);
+// A reply's blob into `out`, which must be exactly its size.
+CUresult take_blob(std::span<const std::byte> blob, void* out, size_t n) {
+    if (blob.size() != n) return CUDA_ERROR_UNKNOWN;
+    if (n) std::memcpy(out, blob.data(), n);
     return CUDA_SUCCESS;
 }
 
@@ -37,16 +37,13 @@ bool served_here(int ordinal) {
 }
 
 // what: 0 a device, 1 a green context, 2 the session's context of a device (server/handlers_green.cpp).
-CUresult get_resource(int ordinal, uint64_t what, uint64_t which, CUdevResource* resource,
+CUresult get_resource(int ordinal, unsigned what, uint64_t which, CUdevResource* resource,
                       CUdevResourceType type) {
     if (!resource) return CUDA_ERROR_INVALID_VALUE;
     if (!served_here(ordinal)) return CUDA_ERROR_NOT_SUPPORTED;
-    plain_call c(op::dev_resource, "cuDeviceGetDevResource");
-    c.arg(what);
-    c.arg(which);
-    c.arg(static_cast<uint64_t>(type));
+    dev_resource_call c("cuDeviceGetDevResource", what, which, static_cast<unsigned>(type));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    return take_blob(c, 0, resource, sizeof *resource);
+    return take_blob(c.resource(), resource, sizeof *resource);
 }
 
 bool green_info(CUgreenCtx g, handle_info& info) {
@@ -97,21 +94,15 @@ VCUDA_API cuDevSmResourceSplitByCount(CUdevResource* result, unsigned int* nbGro
     VCUDA_REQUIRE_INIT();
     if (!nbGroups || !input) return CUDA_ERROR_INVALID_VALUE;
     const unsigned asked = result ? *nbGroups : 0;
-    plain_call c(op::sm_resource_split, "cuDevSmResourceSplitByCount");
-    c.arg(static_cast<uint64_t>(asked));
-    c.arg(useFlags);
-    c.arg(minCount);
-    c.arg(static_cast<uint64_t>(remaining != nullptr));
-    c.blob(bytes_of(input, sizeof *input));
+    sm_resource_split_call c("cuDevSmResourceSplitByCount", asked, useFlags, minCount, remaining != nullptr,
+                             bytes_of(input, sizeof *input));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    const auto& outs = c.reply().outs;
-    const auto& blobs = c.reply().blobs;
-    if (outs.size() != 1 || blobs.size() != 2 || blobs[0].size() % sizeof(CUdevResource) != 0 ||
-        blobs[0].size() / sizeof(CUdevResource) > asked)
+    const auto results = c.results();
+    if (results.size() % sizeof(CUdevResource) != 0 || results.size() / sizeof(CUdevResource) > asked)
         return CUDA_ERROR_UNKNOWN;
-    *nbGroups = static_cast<unsigned>(outs[0]);
-    if (result && !blobs[0].empty()) std::memcpy(result, blobs[0].data(), blobs[0].size());
-    if (remaining) return take_blob(c, 1, remaining, sizeof *remaining);
+    *nbGroups = c.made();
+    if (result && !results.empty()) std::memcpy(result, results.data(), results.size());
+    if (remaining) return take_blob(c.rest(), remaining, sizeof *remaining);
     return CUDA_SUCCESS;
 }
 
@@ -120,10 +111,10 @@ VCUDA_API cuDevResourceGenerateDesc(CUdevResourceDesc* phDesc, CUdevResource* re
     VCUDA_TRACE_HOOK(cuDevResourceGenerateDesc, phDesc, resources, nbResources);
     VCUDA_REQUIRE_INIT();
     if (!phDesc || !resources || nbResources == 0) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::resource_desc, "cuDevResourceGenerateDesc");
-    c.blob(bytes_of(resources, size_t{nbResources} * sizeof(CUdevResource)));
+    resource_desc_call c("cuDevResourceGenerateDesc",
+                         bytes_of(resources, size_t{nbResources} * sizeof(CUdevResource)));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    *phDesc = c.out_handle<CUdevResourceDesc>(0, handle_kind::resource_desc);
+    *phDesc = c.desc();
     return CUDA_SUCCESS;
 }
 
@@ -134,10 +125,7 @@ VCUDA_API cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice d
     if (!phCtx) return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0 || dev >= state::get().device_count()) return CUDA_ERROR_INVALID_DEVICE;
     if (!served_here(dev)) return CUDA_ERROR_NOT_SUPPORTED;
-    plain_call c(op::green_ctx_create, "cuGreenCtxCreate");
-    c.handle(desc, handle_kind::resource_desc);
-    c.arg(static_cast<uint64_t>(state::get().device(dev).server_index));
-    c.arg(flags);
+    green_ctx_create_call c("cuGreenCtxCreate", desc, dev, flags);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     const auto& outs = c.reply().outs;
     if (outs.empty() || !outs[0]) return CUDA_ERROR_UNKNOWN;
@@ -166,11 +154,10 @@ VCUDA_API cuGreenCtxDestroy(CUgreenCtx hCtx) noexcept {
     VCUDA_REQUIRE_INIT();
     handle_info info;
     if (!green_info(hCtx, info)) return CUDA_ERROR_INVALID_CONTEXT;
-    plain_call c(op::green_ctx_destroy, "cuGreenCtxDestroy");
-    c.handle(hCtx, handle_kind::green_ctx);
+    green_ctx_destroy_call c("cuGreenCtxDestroy", hCtx);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     state::get().forget_green_context(reinterpret_cast<uint64_t>(hCtx));
-    c.forget(hCtx, handle_kind::green_ctx);
+    c.forget_destroyed();
     return CUDA_SUCCESS;
 }
 
@@ -197,10 +184,7 @@ VCUDA_API cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCtx, unsign
     if (!phStream) return CUDA_ERROR_INVALID_VALUE;
     handle_info info;
     if (!green_info(greenCtx, info)) return CUDA_ERROR_INVALID_CONTEXT;
-    plain_call c(op::green_stream_create, "cuGreenCtxStreamCreate");
-    c.handle(greenCtx, handle_kind::green_ctx);
-    c.arg(flags);
-    c.arg(priority);
+    green_stream_create_call c("cuGreenCtxStreamCreate", greenCtx, flags, priority);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     const auto& outs = c.reply().outs;
     if (outs.empty() || !outs[0]) return CUDA_ERROR_UNKNOWN;

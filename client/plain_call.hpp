@@ -112,6 +112,10 @@ class plain_call {
         state::get().forget(reinterpret_cast<uint64_t>(h));
     }
 
+    std::span<const std::byte> out_blob(size_t i) const {
+        return i < reply_.blobs.size() ? std::span<const std::byte>(reply_.blobs[i])
+                                       : std::span<const std::byte>{};
+    }
     const call_reply& reply() const { return reply_; }
 
   private:

@@ -18,12 +18,19 @@ Outputs (build tree only, never edited by hand):
   driver_table.hpp/.cpp   the server's table of real-driver entry points, loaded with dlsym
   surface.md              how each of the driver's entry points is served, counted (README.md holds a copy,
                           kept equal by the test readme.surface)
+  server_ops.hpp, client_ops.hpp, op_signatures.hpp, ops.md
+                          from the signatures of described hand-written ops (tools/gen_ops.py): the server's
+                          decoding into named arguments, the client's encoding, a table for tests, and
+                          protocol/OPS.md (kept equal by the test protocol.ops_doc)
 """
 import argparse
 import os
 import re
 import subprocess
 import sys
+
+import gen_ops
+from gen_ops import write_if_changed
 
 # Opaque handle types -> the handle kind the session tables use (common/handle_kind.hpp).
 HANDLE_TYPES = {
@@ -112,6 +119,8 @@ def read_stub_symbols(stub):
 ANNOTATIONS = {'destroy', 'cached', 'uncaches', 'optional_outs', 'shared_sync', 'not_peers', 'device_work',
                'charge', 'server', 'observes'}
 outside_gate = set()  # ops that run while a session is suspended (annotation outside_gate)
+op_signatures = {}  # hand-written op -> its signature (tools/gen_ops.py), or None
+op_docs = {}  # hand-written op -> the comment on its spec line
 
 
 def read_spec(path):
@@ -125,12 +134,16 @@ def read_spec(path):
         words = line.split()
         where = f'{path}:{lineno}'
         if words[0] == 'op':
-            if len(words) not in (3, 4) or (len(words) == 4 and words[3] != 'outside_gate'):
-                die(f'{where}: expected "op NAME ID [outside_gate]"')
-            name, oid = words[1], int(words[2])
+            m = re.fullmatch(r'op\s+(\w+)\s+(\d+)(\s+outside_gate)?(.*)', line)
+            if not m:
+                die(f'{where}: expected "op NAME ID [outside_gate] [SIGNATURE]"')
+            name, oid = m.group(1), int(m.group(2))
             ops[name] = oid
-            if len(words) == 4:
+            if m.group(3):
                 outside_gate.add(name)
+            op_signatures[name] = gen_ops.parse(where, name, m.group(4), die)
+            if '#' in raw:
+                op_docs[name] = raw.split('#', 1)[1].strip()
         elif words[0] == 'fn':
             if len(words) < 3:
                 die(f'{where}: expected "fn NAME CLASS [OP] [ANNOT...]"')
@@ -236,17 +249,14 @@ def emit_ops(out, ops):
         lines.append(f'        case op::{name}: return "{name}";')
     lines.append('    }\n    return "unknown op";\n}\n')
     lines.append('}  // namespace vcuda\n')
-    open(os.path.join(out, 'ops.hpp'), 'w').write('\n'.join(lines))
+    write_if_changed(os.path.join(out, 'ops.hpp'), '\n'.join(lines))
 
 
 def emit_exports(out, symbols):
-    with open(os.path.join(out, 'client_exports.map'), 'w') as f:
-        f.write('/* ' + HEADER.strip()[3:] + ' */\n{\n  global:\n')
-        for s in symbols:
-            f.write(f'    {s};\n')
-        f.write('  local:\n    *;\n};\n')
-    with open(os.path.join(out, 'export_symbols.txt'), 'w') as f:
-        f.write('\n'.join(symbols) + '\n')
+    write_if_changed(os.path.join(out, 'client_exports.map'),
+                     '/* ' + HEADER.strip()[3:] + ' */\n{\n  global:\n' + ''.join(f'    {s};\n' for s in symbols) +
+                     '  local:\n    *;\n};\n')
+    write_if_changed(os.path.join(out, 'export_symbols.txt'), '\n'.join(symbols) + '\n')
 
 
 def cdecl(params):
@@ -286,7 +296,7 @@ def emit_client(out, fns, protos, symbols):
             else:
                 unsupported.append(sym)
     body.append('}  // extern "C"\n')
-    open(os.path.join(out, 'client_stubs.cpp'), 'w').write('\n'.join(body))
+    write_if_changed(os.path.join(out, 'client_stubs.cpp'), '\n'.join(body))
 
     # Unsupported stubs: they log their name once and answer CUDA_ERROR_NOT_SUPPORTED, or, in record mode,
     # forward to the real driver like every other exported function.
@@ -306,7 +316,7 @@ def emit_client(out, fns, protos, symbols):
                      f'    {trace_hook(sym, params)}\n'
                      f'    return static_cast<CUresult>(vcuda::client::unsupported("{sym}"));\n}}')
     lines.append('}  // extern "C"\n')
-    open(os.path.join(out, 'client_unsupported.cpp'), 'w').write('\n'.join(lines))
+    write_if_changed(os.path.join(out, 'client_unsupported.cpp'), '\n'.join(lines))
     return unsupported
 
 
@@ -463,7 +473,7 @@ def emit_trace(out, protos, symbols):
         if s in protos:
             h.append(f'CUresult {s}({cdecl(protos[s])}) noexcept;')
     h.append('\n}  // namespace vcuda::client::trace\n')
-    open(os.path.join(out, 'client_trace.hpp'), 'w').write('\n'.join(h))
+    write_if_changed(os.path.join(out, 'client_trace.hpp'), '\n'.join(h))
 
     c = [HEADER, '#include "client/trace.hpp"', '#include "client/trace_log.hpp"\n', '#include <cstring>\n',
          'namespace vcuda::client::trace {\n',
@@ -502,7 +512,7 @@ def emit_trace(out, protos, symbols):
         body.append('    return vt_rc;\n}\n')
         c.append('\n'.join(body))
     c.append('}  // namespace vcuda::client::trace\n')
-    open(os.path.join(out, 'client_trace.cpp'), 'w').write('\n'.join(c))
+    write_if_changed(os.path.join(out, 'client_trace.cpp'), '\n'.join(c))
 
 
 def emit_procaddress(out, table, symbols):
@@ -528,7 +538,7 @@ def emit_procaddress(out, table, symbols):
     lines.append('};')
     lines.append(f'const size_t proc_table_size = {len(table)};\n')
     lines.append('}  // namespace vcuda::client\n')
-    open(os.path.join(out, 'procaddress_table.cpp'), 'w').write('\n'.join(lines))
+    write_if_changed(os.path.join(out, 'procaddress_table.cpp'), '\n'.join(lines))
 
 
 def emit_errors(out, cuda_include):
@@ -545,7 +555,7 @@ def emit_errors(out, cuda_include):
     lines = [HEADER, '// {CUresult, name, description}', ]
     for code, name, desc in entries:
         lines.append(f'{{{code}, "{name}", "{desc}"}},')
-    open(os.path.join(out, 'error_names.inc'), 'w').write('\n'.join(lines) + '\n')
+    write_if_changed(os.path.join(out, 'error_names.inc'), '\n'.join(lines) + '\n')
 
 
 def emit_driver_table(out, protos):
@@ -562,16 +572,18 @@ def emit_driver_table(out, protos):
     h.append('        return found;\n    }')
     h.append(f'    static constexpr int size = {len(names)};')
     h.append('};\n\n}  // namespace vcuda::server\n')
-    open(os.path.join(out, 'driver_table.hpp'), 'w').write('\n'.join(h))
-    open(os.path.join(out, 'driver_table.cpp'), 'w').write(HEADER + '#include "driver_table.hpp"\n')
+    write_if_changed(os.path.join(out, 'driver_table.hpp'), '\n'.join(h))
+    write_if_changed(os.path.join(out, 'driver_table.cpp'), HEADER + '#include "driver_table.hpp"\n')
 
 
 def emit_server(out, fns, ops, protos):
     lines = [HEADER, '#include <functional>', '', '#include "server/dispatch.hpp"', '#include "server/call_context.hpp"', '',
              'namespace vcuda::server {', '']
     hand_ops = sorted(n for n in ops if n not in fns)
+    lines.insert(4, '#include "server_ops.hpp"')
     for n in hand_ops:
-        lines.append(f'CUresult handle_{n}(call_context& cx);  // server/handlers_*.cpp')
+        if not op_signatures.get(n):
+            lines.append(f'CUresult handle_{n}(call_context& cx);  // server/handlers_*.cpp')
     for name, spec in sorted(fns.items()):
         if spec['class'] in ('sync', 'async') and 'charge' in spec['annot']:
             types = [typ if r != 'in_device' else 'CUdevice' for r, typ, pname, kind in
@@ -587,18 +599,22 @@ def emit_server(out, fns, ops, protos):
         if spec['class'] not in ('sync', 'async') or 'server' in spec['annot']:
             continue
         lines.append(server_plain(name, spec, protos[name]))
+    for n in hand_ops:
+        if op_signatures.get(n):
+            lines.append(gen_ops.server_wrapper(n, op_signatures[n]))
     lines.append('}  // namespace\n')
     lines.append('// The allowlist: an op absent here is refused. Indexed by op id.')
     lines.append('const dispatch_entry dispatch_table[] = {')
     for name, oid in sorted(ops.items(), key=lambda x: x[1]):
-        fn = (fns[name]['annot'].get('server', f'gen_{name}')) if name in fns else f'handle_{name}'
+        fn = (fns[name]['annot'].get('server', f'gen_{name}')) if name in fns else \
+            (f'op_{name}' if op_signatures.get(name) else f'handle_{name}')
         klass = fns[name]['class'] if name in fns else 'hand'
         lines.append(f'    {{op::{name}, "{name}", &{fn}, {"true" if klass == "async" else "false"}, '
                      f'{"true" if name in outside_gate else "false"}}},')
     lines.append('};')
     lines.append('const size_t dispatch_table_size = sizeof(dispatch_table) / sizeof(dispatch_table[0]);\n')
     lines.append('}  // namespace vcuda::server\n')
-    open(os.path.join(out, 'server_dispatch.cpp'), 'w').write('\n'.join(lines))
+    write_if_changed(os.path.join(out, 'server_dispatch.cpp'), '\n'.join(lines))
 
 
 def server_plain(name, spec, params):
@@ -666,7 +682,7 @@ def emit_surface(out, fns, symbols, unsupported):
     ]
     lines = ['| how vcuda serves it | entry points |', '|---|---|']
     lines += [f'| {what} | {n} |' for what, n in rows]
-    open(os.path.join(out, 'surface.md'), 'w').write('\n'.join(lines) + '\n')
+    write_if_changed(os.path.join(out, 'surface.md'), '\n'.join(lines) + '\n')
 
 
 def main():
@@ -703,8 +719,10 @@ def main():
     emit_errors(a.out, a.cuda_include)
     emit_server(a.out, fns, ops, protos)
     emit_surface(a.out, fns, symbols, unsupported)
-    print(f'gen_driver_api: {len(symbols)} symbols, {len(fns)} in the spec, {len(ops)} ops, '
-          f'{len(unsupported)} unsupported stubs')
+    hand_ops = [n for n in ops if n not in fns]
+    described = gen_ops.emit(a.out, HEADER, ops, op_signatures, op_docs, hand_ops)
+    print(f'gen_driver_api: {len(symbols)} symbols, {len(fns)} in the spec, {len(ops)} ops '
+          f'({len(described)} of {len(hand_ops)} hand-written ones described), {len(unsupported)} unsupported stubs')
 
 
 if __name__ == '__main__':
