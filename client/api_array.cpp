@@ -15,6 +15,7 @@
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 
 using namespace vcuda;
 using namespace vcuda::client;
@@ -57,16 +58,9 @@ std::span<const std::byte> bytes_of(const void* p, size_t n) { return {static_ca
 
 CUresult create_array(CUarray* out, size_t width, size_t height, size_t depth, CUarray_format format,
                       unsigned channels, unsigned flags, bool three_d, const char* name) {
-    plain_call c(op::array_create, name);
-    c.arg(static_cast<uint64_t>(width));
-    c.arg(static_cast<uint64_t>(height));
-    c.arg(static_cast<uint64_t>(depth));
-    c.arg(static_cast<uint64_t>(format));
-    c.arg(static_cast<uint64_t>(channels));
-    c.arg(static_cast<uint64_t>(flags));
-    c.arg(static_cast<uint64_t>(three_d));
+    array_create_call c(name, width, height, depth, static_cast<unsigned>(format), channels, flags, three_d);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    *out = c.out_handle<CUarray>(0, handle_kind::array);
+    *out = c.array();
     std::lock_guard lock(arrays_mu);
     arrays()[reinterpret_cast<uint64_t>(*out)] = {width * element_bytes(format, channels),
                                                   height ? height : 1, depth ? depth : 1,
@@ -75,15 +69,14 @@ CUresult create_array(CUarray* out, size_t width, size_t height, size_t depth, C
 }
 
 CUresult array_descriptor(CUarray a, CUDA_ARRAY3D_DESCRIPTOR& d) {
-    plain_call c(op::array_descriptor, "cuArray3DGetDescriptor");
-    c.handle(a, handle_kind::array);
+    array_descriptor_call c("cuArray3DGetDescriptor", a);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    d.Width = c.out<uint64_t>(0);
-    d.Height = c.out<uint64_t>(1);
-    d.Depth = c.out<uint64_t>(2);
-    d.Format = static_cast<CUarray_format>(c.out<uint64_t>(3));
-    d.NumChannels = static_cast<unsigned>(c.out<uint64_t>(4));
-    d.Flags = static_cast<unsigned>(c.out<uint64_t>(5));
+    d.Width = c.width();
+    d.Height = c.height();
+    d.Depth = c.depth();
+    d.Format = static_cast<CUarray_format>(c.format());
+    d.NumChannels = c.channels();
+    d.Flags = c.flags();
     return CUDA_SUCCESS;
 }
 
@@ -189,10 +182,9 @@ VCUDA_API cuMipmappedArrayGetLevel(CUarray* pLevelArray, CUmipmappedArray hMipma
 VCUDA_API cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) noexcept {
     VCUDA_TRACE_HOOK(cuMipmappedArrayDestroy, hMipmappedArray);
     VCUDA_REQUIRE_INIT();
-    plain_call c(op::mipmapped_array_destroy, "cuMipmappedArrayDestroy");
-    c.handle(hMipmappedArray, handle_kind::mipmapped_array);
+    mipmapped_array_destroy_call c("cuMipmappedArrayDestroy", hMipmappedArray);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    c.forget(hMipmappedArray, handle_kind::mipmapped_array);
+    c.forget_destroyed();
     std::lock_guard lock(arrays_mu);
     auto it = mipmapped().find(reinterpret_cast<uint64_t>(hMipmappedArray));
     if (it == mipmapped().end()) return CUDA_SUCCESS;
@@ -207,10 +199,9 @@ VCUDA_API cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) noexcept {
 VCUDA_API cuArrayDestroy(CUarray hArray) noexcept {
     VCUDA_TRACE_HOOK(cuArrayDestroy, hArray);
     VCUDA_REQUIRE_INIT();
-    plain_call c(op::array_destroy, "cuArrayDestroy");
-    c.handle(hArray, handle_kind::array);
+    array_destroy_call c("cuArrayDestroy", hArray);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    c.forget(hArray, handle_kind::array);
+    c.forget_destroyed();
     std::lock_guard lock(arrays_mu);
     arrays().erase(reinterpret_cast<uint64_t>(hArray));
     return CUDA_SUCCESS;

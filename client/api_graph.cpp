@@ -33,6 +33,7 @@
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 
 using namespace vcuda;
 using namespace vcuda::client;
@@ -1116,12 +1117,9 @@ VCUDA_API cuGraphConditionalHandleCreate(CUgraphConditionalHandle* handle, CUgra
     const char* name = "cuGraphConditionalHandleCreate";
     if (!handle || !state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult rc = node_context(ctx, name); rc != CUDA_SUCCESS) return rc;
-    plain_call c(op::conditional_handle_create, name);
-    c.arg(id_of(g));
-    c.arg(uint64_t{default_value});
-    c.arg(uint64_t{flags});
+    conditional_handle_create_call c(name, g, default_value, flags);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    *handle = c.out<uint64_t>(0);
+    *handle = c.value();
     return CUDA_SUCCESS;
 }
 
@@ -1316,10 +1314,8 @@ VCUDA_API cuGraphNodeFindInClone(CUgraphNode* copy, CUgraphNode node, CUgraph cl
     VCUDA_REQUIRE_INIT();
     handle_info info;
     if (!copy || !node_info(node, info)) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::graph_find_in_clone, "cuGraphNodeFindInClone");
-    c.handle(node, handle_kind::graph_node);
-    c.handle(clone, handle_kind::graph);
+    graph_find_in_clone_call c("cuGraphNodeFindInClone", node, clone);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    *copy = adopt_node(c.out<uint64_t>(0), id_of(clone), c.out<CUgraphNodeType>(1));
+    *copy = adopt_node(c.copy_id(), id_of(clone), static_cast<CUgraphNodeType>(c.type()));
     return CUDA_SUCCESS;
 }

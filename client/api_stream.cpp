@@ -15,6 +15,7 @@
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 
 using namespace vcuda;
 using namespace vcuda::client;
@@ -121,10 +122,7 @@ VCUDA_API cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) noexcept 
                         CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION"));
         return wait_on_host(event, event_id);
     }
-    plain_call c(op::stream_wait_event, "cuStreamWaitEvent");
-    c.handle(s, handle_kind::stream);
-    c.handle(e, handle_kind::event);
-    c.arg(flags);
+    stream_wait_event_call c("cuStreamWaitEvent", s, e, flags);
     return c.send_async();
 }
 

@@ -15,6 +15,7 @@
 
 #include "common/log.hpp"
 #include "server/call_context.hpp"
+#include "server_ops.hpp"
 
 namespace vcuda::server {
 
@@ -187,11 +188,11 @@ CUresult array_box(call_context& cx, uint64_t id, uint64_t x, uint64_t y, uint64
 
 namespace {
 
-// The descriptor in args 0-5 {width, height, depth, format, channels, flags} and the bytes it takes (rows
-// rounded up to 512 bytes), or a refusal. `three_d`: a cuArray3DCreate descriptor (depth and flags allowed).
-CUresult array_args(call_context& cx, bool three_d, CUDA_ARRAY3D_DESCRIPTOR& d, uint64_t& bytes) {
-    uint64_t width = cx.arg(0), height = cx.arg(1), depth = cx.arg(2), format = cx.arg(3),
-             channels = cx.arg(4), flags = cx.arg(5);
+// The descriptor {width, height, depth, format, channels, flags} and the bytes it takes (rows rounded up to
+// 512 bytes), or a refusal. `three_d`: a cuArray3DCreate descriptor (depth and flags allowed).
+CUresult array_args(call_context& cx, bool three_d, uint64_t width, uint64_t height, uint64_t depth,
+                    uint64_t format, uint64_t channels, uint64_t flags, CUDA_ARRAY3D_DESCRIPTOR& d,
+                    uint64_t& bytes) {
     constexpr uint64_t limit = uint64_t{1} << 20;  // past any dimension the driver allows
     // Layered, surface load/store, cubemap, texture gather, depth texture, colour attachment; not sparse.
     constexpr uint64_t known_flags = 0x3f;
@@ -229,33 +230,34 @@ void credit_array(call_context& cx, size_t device, uint64_t bytes) {
 
 }  // namespace
 
-// args {width, height, depth, format, channels, flags, 3d}. Out {array}.
-CUresult handle_array_create(call_context& cx) {
-    if (!cx.expect_args(7)) return cx.bad_arguments();
-    const bool three_d = cx.arg(6) != 0;
+CUresult handle_array_create(call_context& cx, const array_create_args& a) {
+    const bool three_d = a.three_d;
     CUDA_ARRAY3D_DESCRIPTOR d{};
     uint64_t bytes = 0;
-    if (CUresult rc = array_args(cx, three_d, d, bytes); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc =
+            array_args(cx, three_d, a.width, a.height, a.depth, a.format, a.channels, a.flags, d, bytes);
+        rc != CUDA_SUCCESS)
+        return rc;
     size_t device;
     if (CUresult rc = current_device(cx, device); rc != CUDA_SUCCESS) return rc;
     if (CUresult rc = charge_array(cx, device, bytes); rc != CUDA_SUCCESS) return rc;
-    CUarray a = nullptr;
+    CUarray made = nullptr;
     CUresult rc;
     if (three_d) {
-        rc = cx.drv().cuArray3DCreate_v2(&a, &d);
+        rc = cx.drv().cuArray3DCreate_v2(&made, &d);
     } else {
         CUDA_ARRAY_DESCRIPTOR d2{};
         d2.Width = d.Width;
         d2.Height = d.Height;
         d2.Format = d.Format;
         d2.NumChannels = d.NumChannels;
-        rc = cx.drv().cuArrayCreate_v2(&a, &d2);
+        rc = cx.drv().cuArrayCreate_v2(&made, &d2);
     }
     if (rc != CUDA_SUCCESS) {
         credit_array(cx, device, bytes);
         return rc;
     }
-    cx.out_handle(handle_kind::array, a);
+    cx.out_handle(handle_kind::array, made);
     std::lock_guard lock(cx.sess.mu);
     cx.sess.arrays.arrays[cx.outs.back()] = {device, bytes, d};
     return CUDA_SUCCESS;
@@ -268,7 +270,10 @@ CUresult handle_mipmapped_array_create(call_context& cx) {
     if (!cx.expect_args(7)) return cx.bad_arguments();
     CUDA_ARRAY3D_DESCRIPTOR d{};
     uint64_t bytes = 0;
-    if (CUresult rc = array_args(cx, true, d, bytes); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc =
+            array_args(cx, true, cx.arg(0), cx.arg(1), cx.arg(2), cx.arg(3), cx.arg(4), cx.arg(5), d, bytes);
+        rc != CUDA_SUCCESS)
+        return rc;
     const bool layered = d.Flags & CUDA_ARRAY3D_LAYERED;
     const uint64_t largest = std::max({d.Width, d.Height, layered ? size_t{0} : d.Depth});
     const uint64_t levels = cx.arg(6);
@@ -310,13 +315,10 @@ CUresult handle_mipmapped_array_create(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {mipmapped array}: destroys it with its levels.
-CUresult handle_mipmapped_array_destroy(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    CUmipmappedArray m;
-    if (CUresult rc = cx.handle(0, handle_kind::mipmapped_array, m); rc != CUDA_SUCCESS) return rc;
-    if (CUresult rc = cx.drv().cuMipmappedArrayDestroy(m); rc != CUDA_SUCCESS) return rc;
-    const uint64_t id = cx.arg(0);
+// Its levels go with it.
+CUresult handle_mipmapped_array_destroy(call_context& cx, const mipmapped_array_destroy_args& a) {
+    if (CUresult rc = cx.drv().cuMipmappedArrayDestroy(a.mipmapped); rc != CUDA_SUCCESS) return rc;
+    const uint64_t id = a.mipmapped_id;
     std::lock_guard lock(cx.sess.mu);
     std::vector<uint64_t> levels;
     cx.sess.handles.for_each([&](uint64_t level, handle_entry& e) {
@@ -326,7 +328,6 @@ CUresult handle_mipmapped_array_destroy(call_context& cx) {
         cx.sess.handles.erase(level);
         cx.sess.arrays.arrays.erase(level);
     }
-    cx.sess.handles.erase(id);
     if (auto it = cx.sess.arrays.arrays.find(id); it != cx.sess.arrays.arrays.end()) {
         cx.sess.memory(it->second.device).credit(it->second.bytes);
         cx.sess.arrays.arrays.erase(it);
@@ -334,38 +335,31 @@ CUresult handle_mipmapped_array_destroy(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {array}.
-CUresult handle_array_destroy(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+CUresult handle_array_destroy(call_context& cx, const array_destroy_args& a) {
     void* raw = nullptr;
     handle_entry e;
-    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::array, raw, &e); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.lookup(a.array_id, handle_kind::array, raw, &e); rc != CUDA_SUCCESS) return rc;
     if (e.owned)
         return cx.fail(CUDA_ERROR_INVALID_VALUE,
                        "a level of a mipmapped array: it is destroyed with its mipmapped array");
-    if (CUresult rc = cx.drv().cuArrayDestroy(static_cast<CUarray>(raw)); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.drv().cuArrayDestroy(a.array); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
-    cx.sess.handles.erase(cx.arg(0));
-    if (auto it = cx.sess.arrays.arrays.find(cx.arg(0)); it != cx.sess.arrays.arrays.end()) {
+    if (auto it = cx.sess.arrays.arrays.find(a.array_id); it != cx.sess.arrays.arrays.end()) {
         cx.sess.memory(it->second.device).credit(it->second.bytes);
         cx.sess.arrays.arrays.erase(it);
     }
     return CUDA_SUCCESS;
 }
 
-// args {array}. Out {width, height, depth, format, channels, flags}.
-CUresult handle_array_descriptor(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    CUarray a;
-    if (CUresult rc = cx.handle(0, handle_kind::array, a); rc != CUDA_SUCCESS) return rc;
+CUresult handle_array_descriptor(call_context& cx, const array_descriptor_args& a) {
     CUDA_ARRAY3D_DESCRIPTOR d{};
-    if (CUresult rc = cx.drv().cuArray3DGetDescriptor_v2(&d, a); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.drv().cuArray3DGetDescriptor_v2(&d, a.array); rc != CUDA_SUCCESS) return rc;
     cx.out(static_cast<uint64_t>(d.Width));
     cx.out(static_cast<uint64_t>(d.Height));
     cx.out(static_cast<uint64_t>(d.Depth));
-    cx.out(static_cast<uint64_t>(d.Format));
-    cx.out(static_cast<uint64_t>(d.NumChannels));
-    cx.out(static_cast<uint64_t>(d.Flags));
+    cx.out(static_cast<unsigned>(d.Format));
+    cx.out(d.NumChannels);
+    cx.out(d.Flags);
     return CUDA_SUCCESS;
 }
 

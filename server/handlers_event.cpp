@@ -4,6 +4,7 @@
 #include "ops.hpp"
 #include "server/call_context.hpp"
 #include "server/session.hpp"
+#include "server_ops.hpp"
 
 namespace vcuda::server {
 
@@ -52,15 +53,9 @@ CUresult handle_ctx_event(call_context& cx) {
     return rc;
 }
 
-// cuStreamWaitEvent {stream, event, flags}. Queued.
-CUresult handle_stream_wait_event(call_context& cx) {
-    if (!cx.expect_args(3)) return cx.bad_arguments();
+CUresult handle_stream_wait_event(call_context& cx, const stream_wait_event_args& a) {
     if (!cx.drv().cuStreamWaitEvent) return cx.unsupported("cuStreamWaitEvent");
-    CUstream s;
-    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
-    CUevent e;
-    if (CUresult rc = cx.handle(1, handle_kind::event, e); rc != CUDA_SUCCESS) return rc;
-    return cx.drv().cuStreamWaitEvent(s, e, cx.scalar<unsigned>(2));
+    return cx.drv().cuStreamWaitEvent(a.stream, a.event, a.flags);
 }
 
 // cuEventQuery {event} and cuEventSynchronize {event}.

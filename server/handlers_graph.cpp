@@ -27,6 +27,7 @@
 #include "server/handlers_graph.hpp"
 #include "server/host_functions.hpp"
 #include "server/kernel_args.hpp"
+#include "server_ops.hpp"
 
 namespace vcuda::server {
 
@@ -580,25 +581,17 @@ CUresult handle_graph_mem_node_params(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {node, cloned graph} -> outs {the node's copy in that graph, its type}: entered as the clone's (those
-// listed before keep their ids).
-CUresult handle_graph_find_in_clone(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
-    void *node = nullptr, *clone = nullptr;
-    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::graph_node, node); rc != CUDA_SUCCESS) return rc;
-    if (CUresult rc = cx.lookup(cx.arg(1), handle_kind::graph, clone); rc != CUDA_SUCCESS) return rc;
+// The copy is entered as the clone's (those listed before keep their ids).
+CUresult handle_graph_find_in_clone(call_context& cx, const graph_find_in_clone_args& a) {
     auto& d = cx.drv();
     if (!d.cuGraphNodeFindInClone) return cx.unsupported("cuGraphNodeFindInClone");
     if (!d.cuGraphNodeGetType) return cx.unsupported("cuGraphNodeGetType");
     CUgraphNode copy = nullptr;
-    if (CUresult rc =
-            d.cuGraphNodeFindInClone(&copy, static_cast<CUgraphNode>(node), static_cast<CUgraph>(clone));
-        rc != CUDA_SUCCESS)
-        return rc;
+    if (CUresult rc = d.cuGraphNodeFindInClone(&copy, a.node, a.clone); rc != CUDA_SUCCESS) return rc;
     CUgraphNodeType type{};
     if (CUresult rc = d.cuGraphNodeGetType(copy, &type); rc != CUDA_SUCCESS) return rc;
-    cx.out_handle(handle_kind::graph_node, copy, cx.arg(1), /*owned=*/true);
-    cx.out(static_cast<uint64_t>(seen_type(d, copy, type)));
+    cx.out_handle(handle_kind::graph_node, copy, a.clone_id, /*owned=*/true);
+    cx.out(static_cast<unsigned>(seen_type(d, copy, type)));
     return CUDA_SUCCESS;
 }
 
@@ -1088,21 +1081,15 @@ CUresult handle_capture_add_node(call_context& cx) {
     return d.cuStreamUpdateCaptureDependencies_v2(s, &node, nullptr, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES);
 }
 
-// args {graph, default value, flags} -> outs {the handle}: a conditional handle of the graph, which kernels
-// take by value and conditional nodes name; the session's (kept until it ends).
-CUresult handle_conditional_handle_create(call_context& cx) {
-    if (!cx.expect_args(3) || cx.arg(1) > 0xffffffffu ||
-        (cx.arg(2) & ~uint64_t{CU_GRAPH_COND_ASSIGN_DEFAULT}))
-        return cx.bad_arguments();
-    CUgraph g;
-    if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+// Conditional nodes name the handle too; it is the session's until it ends.
+CUresult handle_conditional_handle_create(call_context& cx, const conditional_handle_create_args& a) {
+    if (a.flags & ~unsigned{CU_GRAPH_COND_ASSIGN_DEFAULT}) return cx.bad_arguments();
     auto& d = cx.drv();
     if (!d.cuGraphConditionalHandleCreate) return cx.unsupported("cuGraphConditionalHandleCreate");
     CUcontext ctx = nullptr;
     d.cuCtxGetCurrent(&ctx);
     CUgraphConditionalHandle h = 0;
-    if (CUresult rc = d.cuGraphConditionalHandleCreate(&h, g, ctx, static_cast<unsigned>(cx.arg(1)),
-                                                       static_cast<unsigned>(cx.arg(2)));
+    if (CUresult rc = d.cuGraphConditionalHandleCreate(&h, a.graph, ctx, a.default_value, a.flags);
         rc != CUDA_SUCCESS)
         return rc;
     {

@@ -24,6 +24,8 @@ HANDLE_C_TYPES = {
     'mipmapped_array': 'CUmipmappedArray', 'green_ctx': 'CUgreenCtx', 'resource_desc': 'CUdevResourceDesc',
 }
 GROUPS = ('args', 'blobs', 'outs', 'out_blobs', 'destroys')
+CLIENT_MEMBERS = {'arg', 'device', 'handle', 'blob', 'out', 'out_handle', 'out_blob', 'reply', 'forget', 'about',
+                  'send_sync', 'send_async', 'send_cached', 'send_uncaching', 'request', 'target', 'forget_destroyed'}
 
 
 def write_if_changed(path, text):
@@ -72,6 +74,10 @@ def parse(where, name, text, die):
     if len(set(names)) != len(names) or len({a for a, _ in sig['outs']} | set(sig['out_blobs'])) != \
             len(sig['outs']) + len(sig['out_blobs']):
         die(f'{where}: {name}: a name is used twice')
+    # The client's class names its outputs' accessors so; plain_call's own members would be hidden.
+    for out in [a for a, _ in sig['outs']] + sig['out_blobs']:
+        if out in CLIENT_MEMBERS:
+            die(f'{where}: output {out}: plain_call has a member of that name')
     handles = {a for a, k in sig['args'] if k in HANDLE_C_TYPES}
     for d in sig['destroys']:
         if d not in handles:
@@ -186,6 +192,7 @@ def client_header(described):
             if kind in HANDLE_C_TYPES:
                 lines.append(f'    {c_type(kind)} {out}(uint64_t owner = 0) {{ return out_handle<{c_type(kind)}>({i}, '
                              f'handle_kind::{kind}, owner); }}')
+                lines.append(f'    uint64_t {out}_id() const {{ return out<uint64_t>({i}); }}  // not adopted in the mirror')
             else:
                 lines.append(f'    {c_type(kind)} {out}() const {{ return out<{c_type(kind)}>({i}); }}')
         for i, b in enumerate(sig['out_blobs']):

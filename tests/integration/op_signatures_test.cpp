@@ -1,7 +1,7 @@
 // Every described op (protocol/OPS.md) against what its signature forbids, from the generated table: a call
-// with one argument or one blob too many, a 32-bit or boolean argument out of range, handles of the right kind
-// that the session was never given. Each must be refused with the error the generated decoding promises, and
-// the session (and another beside it) must go on working.
+// with one argument or one blob too many, a 32-bit or boolean argument out of range, handles of the right
+// kind that the session was never given. Each must be refused with the error the generated decoding promises,
+// and the session (and another beside it) must go on working.
 #include <catch2/catch.hpp>
 
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -22,7 +22,9 @@ namespace {
 using blobs = std::vector<std::vector<std::byte>>;
 
 // A handle of kind `k` with an index no session reaches, for argument `i`.
-uint64_t never_given(handle_kind k, size_t i) { return make_handle(k, 0x5a5, 0x7fff0000u + static_cast<uint32_t>(i)); }
+uint64_t never_given(handle_kind k, size_t i) {
+    return make_handle(k, 0x5a5, 0x7fff0000u + static_cast<uint32_t>(i));
+}
 
 bool still_works(raw_client& c) {
     auto r = c.call(op::mem_get_info, {});
