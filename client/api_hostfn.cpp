@@ -21,6 +21,7 @@
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 #include "common/log.hpp"
 
 using namespace vcuda;
@@ -254,7 +255,7 @@ VCUDA_API cuUserObjectCreate(CUuserObject* object_out, void* ptr, CUhostFn destr
     c.data = ptr;
     c.destructor = true;
     const uint64_t id = add(c);
-    CUresult rc = remote(op::user_object_create, {id, initialRefcount}, mode::sync);
+    CUresult rc = user_object_create_call("cuUserObjectCreate", id, initialRefcount).send_sync();
     if (rc != CUDA_SUCCESS) {
         forget_host_function(id);
         return rc;
@@ -267,14 +268,16 @@ VCUDA_API cuUserObjectRetain(CUuserObject object, unsigned int count) noexcept {
     VCUDA_TRACE_HOOK(cuUserObjectRetain, object, count);
     VCUDA_REQUIRE_INIT();
     if (!object || count == 0) return CUDA_ERROR_INVALID_VALUE;
-    return remote(op::user_object_refs, {reinterpret_cast<uint64_t>(object), count, 1}, mode::sync);
+    return user_object_refs_call("cuUserObjectRetain", reinterpret_cast<uint64_t>(object), count, true)
+        .send_sync();
 }
 
 VCUDA_API cuUserObjectRelease(CUuserObject object, unsigned int count) noexcept {
     VCUDA_TRACE_HOOK(cuUserObjectRelease, object, count);
     VCUDA_REQUIRE_INIT();
     if (!object || count == 0) return CUDA_ERROR_INVALID_VALUE;
-    return remote(op::user_object_refs, {reinterpret_cast<uint64_t>(object), count, 0}, mode::sync);
+    return user_object_refs_call("cuUserObjectRelease", reinterpret_cast<uint64_t>(object), count, false)
+        .send_sync();
 }
 
 VCUDA_API cuGraphRetainUserObject(CUgraph graph, CUuserObject object, unsigned int count,
@@ -283,9 +286,9 @@ VCUDA_API cuGraphRetainUserObject(CUgraph graph, CUuserObject object, unsigned i
     VCUDA_REQUIRE_INIT();
     if (!object || count == 0 || !valid_handle(reinterpret_cast<uint64_t>(graph), handle_kind::graph))
         return CUDA_ERROR_INVALID_VALUE;
-    return remote(op::graph_user_object,
-                  {reinterpret_cast<uint64_t>(graph), reinterpret_cast<uint64_t>(object), count, flags, 1},
-                  mode::sync);
+    return graph_user_object_call("cuGraphRetainUserObject", graph, reinterpret_cast<uint64_t>(object), count,
+                                  flags, true)
+        .send_sync();
 }
 
 VCUDA_API cuGraphReleaseUserObject(CUgraph graph, CUuserObject object, unsigned int count) noexcept {
@@ -293,7 +296,7 @@ VCUDA_API cuGraphReleaseUserObject(CUgraph graph, CUuserObject object, unsigned 
     VCUDA_REQUIRE_INIT();
     if (!object || count == 0 || !valid_handle(reinterpret_cast<uint64_t>(graph), handle_kind::graph))
         return CUDA_ERROR_INVALID_VALUE;
-    return remote(op::graph_user_object,
-                  {reinterpret_cast<uint64_t>(graph), reinterpret_cast<uint64_t>(object), count, 0, 0},
-                  mode::sync);
+    return graph_user_object_call("cuGraphReleaseUserObject", graph, reinterpret_cast<uint64_t>(object),
+                                  count, 0, false)
+        .send_sync();
 }

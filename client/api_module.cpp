@@ -16,6 +16,7 @@
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 #include "common/log.hpp"
 
 using namespace vcuda;
@@ -405,17 +406,10 @@ VCUDA_API cuLibraryGetModule(CUmodule* module, CUlibrary library) noexcept {
     if (!module) return CUDA_ERROR_INVALID_VALUE;
     uint64_t lib = reinterpret_cast<uint64_t>(library);
     if (!state::get().known(lib, handle_kind::library)) return CUDA_ERROR_INVALID_HANDLE;
-    call_reply rp;
-    CUresult rc = remote(op::library_get_module, {state::get().route(lib)}, mode::sync, &rp);
-    if (rc != CUDA_SUCCESS) return rc;
-    if (rp.outs.size() != 1) return CUDA_ERROR_UNKNOWN;
-    handle_info info;
-    info.kind = handle_kind::module;
-    info.ctx = current_context();
-    info.device = current_device();
-    info.owner = lib;
-    state::get().adopt(rp.outs[0], info);
-    *module = reinterpret_cast<CUmodule>(rp.outs[0]);
+    library_get_module_call c("cuLibraryGetModule", library);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    if (!c.module_id()) return CUDA_ERROR_UNKNOWN;
+    *module = c.module(lib);
     return CUDA_SUCCESS;
 }
 
@@ -438,10 +432,9 @@ VCUDA_API cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) noexcept {
     handle_info kinfo;
     if (!state::get().lookup(k, kinfo) || kinfo.kind != handle_kind::kernel) return CUDA_ERROR_INVALID_HANDLE;
     // The server gives the same function for the same kernel and device each time: asked once, then cached.
-    plain_call c(op::kernel_get_function, "cuKernelGetFunction");
-    c.arg(state::get().route(k));
+    kernel_get_function_call c("cuKernelGetFunction", reinterpret_cast<CUkernel>(k));
     if (CUresult rc = c.send_cached(); rc != CUDA_SUCCESS) return rc;
-    uint64_t fn = c.out<uint64_t>(0);
+    uint64_t fn = c.function_id();
     if (!fn) return CUDA_ERROR_UNKNOWN;
     handle_info finfo;
     if (!state::get().lookup(fn, finfo)) {

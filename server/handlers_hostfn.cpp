@@ -15,6 +15,7 @@
 
 #include "server/call_context.hpp"
 #include "server/host_functions.hpp"
+#include "server_ops.hpp"
 
 namespace vcuda::server {
 
@@ -363,10 +364,8 @@ void session::release_user_objects() {
     for (CUuserObject o : held) api().cuUserObjectRelease(o, 1);
 }
 
-// args {the client's id, initial references}: a user object whose destructor the client runs.
-CUresult handle_user_object_create(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
-    const uint64_t id = cx.arg(0), refs = cx.arg(1);
+CUresult handle_user_object_create(call_context& cx, const user_object_create_args& a) {
+    const uint64_t id = a.id, refs = a.refs;
     auto& d = cx.drv();
     if (!d.cuUserObjectCreate || !d.cuUserObjectRelease) return cx.unsupported("cuUserObjectCreate");
     if (id == 0 || !valid_count(refs))
@@ -418,11 +417,9 @@ void let_go(call_context& cx, CUuserObject obj, bool last) {
 
 }  // namespace
 
-// args {id, count, 1 retain / 0 release}: the application's references.
-CUresult handle_user_object_refs(call_context& cx) {
-    if (!cx.expect_args(3) || cx.arg(2) > 1) return cx.bad_arguments();
-    const uint64_t id = cx.arg(0), count = cx.arg(1);
-    const bool retain = cx.arg(2) == 1;
+CUresult handle_user_object_refs(call_context& cx, const user_object_refs_args& a) {
+    const uint64_t id = a.id, count = a.count;
+    const bool retain = a.retain;
     if (!valid_count(count)) return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad reference count");
     if (!cx.drv().cuUserObjectRetain) return cx.unsupported("cuUserObjectRetain");
     bool last = false;
@@ -437,14 +434,10 @@ CUresult handle_user_object_refs(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {graph, id, count, flags, 1 retain / 0 release}: a graph's references (CU_GRAPH_USER_OBJECT_MOVE: the
-// application's go to the graph).
-CUresult handle_graph_user_object(call_context& cx) {
-    if (!cx.expect_args(5) || cx.arg(4) > 1) return cx.bad_arguments();
-    const uint64_t id = cx.arg(1), count = cx.arg(2), flags = cx.arg(3);
-    const bool retain = cx.arg(4) == 1, move = flags == CU_GRAPH_USER_OBJECT_MOVE;
-    CUgraph g;
-    if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+CUresult handle_graph_user_object(call_context& cx, const graph_user_object_args& a) {
+    const uint64_t id = a.id, count = a.count, flags = a.flags;
+    const bool retain = a.retain, move = flags == CU_GRAPH_USER_OBJECT_MOVE;
+    CUgraph g = a.graph;
     auto& d = cx.drv();
     if (!d.cuGraphRetainUserObject || !d.cuGraphReleaseUserObject || !d.cuUserObjectRetain)
         return cx.unsupported("cuGraphRetainUserObject");

@@ -8,6 +8,7 @@
 #include "server/jit.hpp"
 #include "server/kernel_args.hpp"
 #include "server/launch_attributes.hpp"
+#include "server_ops.hpp"
 
 namespace vcuda::server {
 
@@ -273,27 +274,20 @@ CUresult handle_library_get_kernel(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {kernel} -> outs {function}
-CUresult handle_kernel_get_function(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+CUresult handle_kernel_get_function(call_context& cx, const kernel_get_function_args& a) {
     void* raw = nullptr;
     handle_entry e;
-    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::kernel, raw, &e); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.lookup(a.kernel_id, handle_kind::kernel, raw, &e); rc != CUDA_SUCCESS) return rc;
     CUfunction f = nullptr;
-    if (CUresult rc = cx.drv().cuKernelGetFunction(&f, static_cast<CUkernel>(raw)); rc != CUDA_SUCCESS)
-        return rc;
-    cx.out_handle(handle_kind::function, f, cx.arg(0), true, e.layout);
+    if (CUresult rc = cx.drv().cuKernelGetFunction(&f, a.kernel); rc != CUDA_SUCCESS) return rc;
+    cx.out_handle(handle_kind::function, f, a.kernel_id, true, e.layout);
     return CUDA_SUCCESS;
 }
 
-// args {library} -> outs {module}
-CUresult handle_library_get_module(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    CUlibrary l;
-    if (CUresult rc = cx.handle(0, handle_kind::library, l); rc != CUDA_SUCCESS) return rc;
+CUresult handle_library_get_module(call_context& cx, const library_get_module_args& a) {
     CUmodule m = nullptr;
-    if (CUresult rc = cx.drv().cuLibraryGetModule(&m, l); rc != CUDA_SUCCESS) return rc;
-    cx.out_handle(handle_kind::module, m, cx.arg(0), true);
+    if (CUresult rc = cx.drv().cuLibraryGetModule(&m, a.library); rc != CUDA_SUCCESS) return rc;
+    cx.out_handle(handle_kind::module, m, a.library_id, true);
     return CUDA_SUCCESS;
 }
 
