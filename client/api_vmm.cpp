@@ -14,6 +14,7 @@
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 
 using namespace vcuda;
 using namespace vcuda::client;
@@ -55,11 +56,10 @@ VCUDA_API cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocati
     if (!granularity) return CUDA_ERROR_INVALID_VALUE;
     CUmemAllocationProp p;
     if (CUresult rc = server_prop(prop, p, /*host_ok=*/true); rc != CUDA_SUCCESS) return rc;
-    plain_call c(op::vmm_granularity, "cuMemGetAllocationGranularity");
-    c.arg(static_cast<uint64_t>(option));
-    c.blob(bytes_of(&p, sizeof p));
+    vmm_granularity_call c("cuMemGetAllocationGranularity", static_cast<unsigned>(option),
+                           bytes_of(&p, sizeof p));
     if (CUresult rc = c.send_cached(); rc != CUDA_SUCCESS) return rc;
-    *granularity = c.out<size_t>(0);
+    *granularity = c.granularity();
     return CUDA_SUCCESS;
 }
 
@@ -68,12 +68,10 @@ VCUDA_API cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, C
     VCUDA_TRACE_HOOK(cuMemAddressReserve, ptr, size, alignment, addr, flags);
     VCUDA_REQUIRE_INIT();
     if (!ptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
-    call_reply rp;
-    if (CUresult rc = remote(op::vmm_reserve, {size, alignment, addr, flags}, mode::sync, &rp);
-        rc != CUDA_SUCCESS)
-        return rc;
-    if (rp.outs.empty()) return CUDA_ERROR_UNKNOWN;
-    CUdeviceptr va = rp.outs[0];
+    vmm_reserve_call c("cuMemAddressReserve", size, alignment, addr, flags);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    CUdeviceptr va = c.address();
+    if (!va) return CUDA_ERROR_UNKNOWN;
     void* want = reinterpret_cast<void*>(va);
     void* got =
         mmap(want, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
@@ -89,7 +87,8 @@ VCUDA_API cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, C
 VCUDA_API cuMemAddressFree(CUdeviceptr ptr, size_t size) noexcept {
     VCUDA_TRACE_HOOK(cuMemAddressFree, ptr, size);
     VCUDA_REQUIRE_INIT();
-    if (CUresult rc = remote(op::vmm_address_free, {ptr, size}); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = vmm_address_free_call("cuMemAddressFree", ptr, size).send_sync(); rc != CUDA_SUCCESS)
+        return rc;
     std::lock_guard lock(vmm_mu);
     if (auto it = local_reservations().find(ptr); it != local_reservations().end()) {
         munmap(reinterpret_cast<void*>(ptr), it->second);
@@ -110,12 +109,9 @@ VCUDA_API cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const C
             unsupported("cuMemCreate of host-located memory (not shared with this process)"));
     CUmemAllocationProp p;
     if (CUresult rc = server_prop(prop, p); rc != CUDA_SUCCESS) return rc;
-    plain_call c(op::vmm_create, "cuMemCreate");
-    c.arg(static_cast<uint64_t>(size));
-    c.arg(flags);
-    c.blob(bytes_of(&p, sizeof p));
+    vmm_create_call c("cuMemCreate", size, flags, bytes_of(&p, sizeof p));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    uint64_t id = reinterpret_cast<uint64_t>(c.out_handle<void*>(0, handle_kind::mem_handle));
+    uint64_t id = reinterpret_cast<uint64_t>(c.allocation());
     {
         std::lock_guard lock(vmm_mu);
         allocations()[id] = {*prop, size};
@@ -127,8 +123,7 @@ VCUDA_API cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const C
 VCUDA_API cuMemRelease(CUmemGenericAllocationHandle handle) noexcept {
     VCUDA_TRACE_HOOK(cuMemRelease, handle);
     VCUDA_REQUIRE_INIT();
-    plain_call c(op::vmm_release, "cuMemRelease");
-    c.handle(reinterpret_cast<void*>(handle), handle_kind::mem_handle);
+    vmm_release_call c("cuMemRelease", reinterpret_cast<void*>(handle));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(vmm_mu);
     if (auto it = allocations().find(handle); it != allocations().end() && it->second.refs > 1) {
@@ -147,10 +142,9 @@ VCUDA_API cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void
     VCUDA_TRACE_HOOK(cuMemRetainAllocationHandle, handle, addr);
     VCUDA_REQUIRE_INIT();
     if (!handle || !addr) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::vmm_retain, "cuMemRetainAllocationHandle");
-    c.arg(reinterpret_cast<uint64_t>(addr));
+    vmm_retain_call c("cuMemRetainAllocationHandle", reinterpret_cast<CUdeviceptr>(addr));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    const uint64_t id = c.out<uint64_t>(0);
+    const uint64_t id = c.allocation();
     std::lock_guard lock(vmm_mu);
     auto it = allocations().find(id);
     if (it == allocations().end()) return CUDA_ERROR_UNKNOWN;  // the server's tables and ours disagree
@@ -170,12 +164,7 @@ VCUDA_API cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllo
         if (it == allocations().end()) return CUDA_ERROR_INVALID_HANDLE;
         device = it->second.prop.location.id;
     }
-    plain_call c(op::vmm_map, "cuMemMap");
-    c.arg(ptr);
-    c.arg(static_cast<uint64_t>(size));
-    c.arg(static_cast<uint64_t>(offset));
-    c.handle(reinterpret_cast<void*>(handle), handle_kind::mem_handle);
-    c.arg(flags);
+    vmm_map_call c("cuMemMap", ptr, size, offset, reinterpret_cast<void*>(handle), flags);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     state::get().add_allocation(ptr, size, device);
     return CUDA_SUCCESS;
@@ -184,7 +173,7 @@ VCUDA_API cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllo
 VCUDA_API cuMemUnmap(CUdeviceptr ptr, size_t size) noexcept {
     VCUDA_TRACE_HOOK(cuMemUnmap, ptr, size);
     VCUDA_REQUIRE_INIT();
-    if (CUresult rc = remote(op::vmm_unmap, {ptr, size}); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = vmm_unmap_call("cuMemUnmap", ptr, size).send_sync(); rc != CUDA_SUCCESS) return rc;
     // Every mapping in the range (cuMemMap added each as an allocation of its own).
     device_allocation a;
     for (CUdeviceptr p = ptr; p < ptr + size && state::get().remove_allocation(p, a);) p += a.size;
@@ -198,8 +187,9 @@ VCUDA_API cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* de
     std::vector<CUmemAccessDesc> d(desc, desc + count);
     for (auto& x : d)
         if (CUresult rc = server_location(x.location); rc != CUDA_SUCCESS) return rc;
-    return remote(op::vmm_set_access, {ptr, size, count}, mode::sync, nullptr, {},
-                  {bytes_of(d.data(), d.size() * sizeof(CUmemAccessDesc))});
+    return vmm_set_access_call("cuMemSetAccess", ptr, size, count,
+                               bytes_of(d.data(), d.size() * sizeof(CUmemAccessDesc)))
+        .send_sync();
 }
 
 VCUDA_API cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) noexcept {
@@ -208,11 +198,9 @@ VCUDA_API cuMemGetAccess(unsigned long long* flags, const CUmemLocation* locatio
     if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;
     CUmemLocation where = *location;
     if (CUresult rc = server_location(where); rc != CUDA_SUCCESS) return rc;
-    plain_call c(op::vmm_get_access, "cuMemGetAccess");
-    c.arg(static_cast<uint64_t>(ptr));
-    c.blob(bytes_of(&where, sizeof where));
+    vmm_get_access_call c("cuMemGetAccess", ptr, bytes_of(&where, sizeof where));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    *flags = c.out<uint64_t>(0);
+    *flags = c.flags();
     return CUDA_SUCCESS;
 }
 

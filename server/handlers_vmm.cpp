@@ -4,18 +4,19 @@
 // arrive as the session's device indices and are turned into the real devices here.
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "server/call_context.hpp"
+#include "server_ops.hpp"
 
 namespace vcuda::server {
 
 namespace {
 
-// A CUmemAllocationProp from blob `i`, its location turned into the real device.
-CUresult allocation_prop(call_context& cx, size_t i, CUmemAllocationProp& prop, size_t& device,
-                         bool host_ok = false) {
-    auto b = cx.blob(i);
+// A CUmemAllocationProp from its bytes, its location turned into the real device.
+CUresult allocation_prop(call_context& cx, std::span<const std::byte> b, CUmemAllocationProp& prop,
+                         size_t& device, bool host_ok = false) {
     if (b.size() != sizeof prop) return cx.bad_arguments();
     std::memcpy(&prop, b.data(), sizeof prop);
     prop.win32HandleMetaData = nullptr;
@@ -29,42 +30,39 @@ void vmm_freed(session& s, const vmm_tables::allocation& a) {
 
 }  // namespace
 
-// args {flags}; blob {prop}. Out {granularity}.
-CUresult handle_vmm_granularity(call_context& cx) {
-    if (!cx.expect_args(1) || cx.blob_count() != 1) return cx.bad_arguments();
+CUresult handle_vmm_granularity(call_context& cx, const vmm_granularity_args& a) {
     CUmemAllocationProp prop;
     size_t device;
-    if (CUresult rc = allocation_prop(cx, 0, prop, device, /*host_ok=*/true); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = allocation_prop(cx, a.prop, prop, device, /*host_ok=*/true); rc != CUDA_SUCCESS)
+        return rc;
     size_t g = 0;
     CUresult rc = cx.drv().cuMemGetAllocationGranularity(
-        &g, &prop, static_cast<CUmemAllocationGranularity_flags>(cx.arg(0)));
+        &g, &prop, static_cast<CUmemAllocationGranularity_flags>(a.option));
     if (rc == CUDA_SUCCESS) cx.out(static_cast<uint64_t>(g));
     return rc;
 }
 
-// args {size, alignment, address hint, flags}. Out {start}. In the server's address window when it has room,
-// as the session's own memory is, so that the reservation can move with the session; the hint is ignored,
-// as the driver ignores it (server/device_memory.hpp). A session's reservations take at most half of the
-// window (128 GiB: XLA reserves 75% of an H200's 141 GB by default; PyTorch reserves 1.125 times the GPU's
-// memory per segment kind and stream, which no window holds), so that the other sessions' memory still finds
-// room there; past that they are the driver's, and the session cannot move.
-CUresult handle_vmm_reserve(call_context& cx) {
-    if (!cx.expect_args(4)) return cx.bad_arguments();
-    const uint64_t size = cx.arg(0), align = cx.arg(1);
+// In the server's address window when it has room, as the session's own memory is, so that the reservation
+// can move with the session; the hint is ignored, as the driver ignores it (server/device_memory.hpp). A
+// session's reservations take at most half of the window (128 GiB: XLA reserves 75% of an H200's 141 GB by
+// default; PyTorch reserves 1.125 times the GPU's memory per segment kind and stream, which no window holds),
+// so that the other sessions' memory still finds room there; past that they are the driver's, and the session
+// cannot move.
+CUresult handle_vmm_reserve(call_context& cx, const vmm_reserve_args& a) {
+    const uint64_t size = a.size, align = a.alignment;
     CUdeviceptr va = 0;
     uint64_t in_window;
     {
         std::lock_guard lock(cx.sess.mu);
         in_window = cx.sess.vmm.windowed_bytes();
     }
-    const bool plain = cx.arg(3) == 0 && size > 0 && size % device_memory::granularity == 0 &&
+    const bool plain = a.flags == 0 && size > 0 && size % device_memory::granularity == 0 &&
                        (align & (align - 1)) == 0 && align <= window_runs::span &&
                        size <= window_runs::span / 2 - std::min(in_window, window_runs::span / 2);
     if (address_window* w = cx.sess.window(); w && plain) va = w->take(cx.drv(), size, align);
     const bool windowed = va != 0;
     if (!windowed)
-        if (CUresult rc = cx.drv().cuMemAddressReserve(&va, size, align, cx.arg(2), cx.arg(3));
-            rc != CUDA_SUCCESS)
+        if (CUresult rc = cx.drv().cuMemAddressReserve(&va, size, align, a.hint, a.flags); rc != CUDA_SUCCESS)
             return rc;
     std::lock_guard lock(cx.sess.mu);
     cx.sess.vmm.add_reservation(va, size, windowed);
@@ -72,13 +70,11 @@ CUresult handle_vmm_reserve(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {start, size}: a whole reservation, nothing mapped in it any more.
-CUresult handle_vmm_address_free(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
-    CUdeviceptr va = cx.arg(0);
+CUresult handle_vmm_address_free(call_context& cx, const vmm_address_free_args& a) {
+    CUdeviceptr va = a.address;
     std::lock_guard lock(cx.sess.mu);
     auto r = cx.sess.vmm.reservation(va);
-    if (!r || r->size != cx.arg(1))
+    if (!r || r->size != a.size)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a reservation of this session");
     if (cx.sess.vmm.has_mapping_in(va, r->size))
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "the reservation still has mappings");
@@ -91,13 +87,11 @@ CUresult handle_vmm_address_free(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {size, flags}; blob {prop}. Out {mem_handle}.
-CUresult handle_vmm_create(call_context& cx) {
-    if (!cx.expect_args(2) || cx.blob_count() != 1) return cx.bad_arguments();
+CUresult handle_vmm_create(call_context& cx, const vmm_create_args& a) {
     CUmemAllocationProp prop;
     size_t device;
-    if (CUresult rc = allocation_prop(cx, 0, prop, device); rc != CUDA_SUCCESS) return rc;
-    size_t size = cx.arg(0);
+    if (CUresult rc = allocation_prop(cx, a.prop, prop, device); rc != CUDA_SUCCESS) return rc;
+    size_t size = a.size;
     {
         std::lock_guard lock(cx.sess.mu);
         if (!cx.sess.memory(device).charge(size))
@@ -106,7 +100,7 @@ CUresult handle_vmm_create(call_context& cx) {
     }
     CUmemGenericAllocationHandle h = 0;
     bool exportable = false;
-    CUresult rc = create_physical(cx.drv(), h, size, prop, cx.arg(1), /*try_export=*/true, exportable);
+    CUresult rc = create_physical(cx.drv(), h, size, prop, a.flags, /*try_export=*/true, exportable);
     std::lock_guard lock(cx.sess.mu);
     if (rc != CUDA_SUCCESS) {
         cx.sess.memory(device).credit(size);
@@ -122,22 +116,20 @@ CUresult handle_vmm_create(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {mem_handle}. As with the driver, the memory goes once no mapping uses it: the quota is credited then.
-CUresult handle_vmm_release(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    void* raw = nullptr;
-    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::mem_handle, raw); rc != CUDA_SUCCESS) return rc;
+// As with the driver, the memory goes once no mapping uses it: the quota is credited then.
+CUresult handle_vmm_release(call_context& cx, const vmm_release_args& a) {
+    const uint64_t id = a.allocation_id;
     {
         std::lock_guard lock(cx.sess.mu);
-        if (cx.sess.vmm.drop_reference(cx.arg(0))) return CUDA_SUCCESS;  // retained: the handle lives on
+        if (cx.sess.vmm.drop_reference(id)) return CUDA_SUCCESS;  // retained: the handle lives on
     }
-    CUresult rc = cx.drv().cuMemRelease(reinterpret_cast<CUmemGenericAllocationHandle>(raw));
+    CUresult rc = cx.drv().cuMemRelease(reinterpret_cast<CUmemGenericAllocationHandle>(a.allocation));
     if (rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
-    if (auto freed = cx.sess.vmm.release(cx.arg(0))) vmm_freed(cx.sess, *freed);
-    cx.sess.handles.erase(cx.arg(0));
+    if (auto freed = cx.sess.vmm.release(id)) vmm_freed(cx.sess, *freed);
+    cx.sess.handles.erase(id);
     // Its shareable handles open no more (sessions that imported it keep what they imported).
-    if (auto it = cx.sess.ipc_state.allocation_exports.find(cx.arg(0));
+    if (auto it = cx.sess.ipc_state.allocation_exports.find(id);
         it != cx.sess.ipc_state.allocation_exports.end()) {
         if (cx.sess.ipc())
             for (const auto& t : it->second) cx.sess.ipc()->withdraw(t, cx.sess.id());
@@ -146,16 +138,14 @@ CUresult handle_vmm_release(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {address}. Out {mem_handle}: the session's handle of the physical allocation mapped at the address,
-// with one more reference (cuMemRelease drops it; NCCL retains before each free). Kept by the session, not
-// the driver, whose handle is released at the last reference. Memory the application did not map through the
-// VMM API (cuMemAlloc's) answers CUDA_ERROR_INVALID_VALUE, as the driver does; callers fall back to legacy
-// IPC.
-CUresult handle_vmm_retain(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+// The session's handle of the physical allocation mapped at the address, with one more reference
+// (cuMemRelease drops it; NCCL retains before each free). Kept by the session, not the driver, whose handle
+// is released at the last reference. Memory the application did not map through the VMM API (cuMemAlloc's)
+// answers CUDA_ERROR_INVALID_VALUE, as the driver does; callers fall back to legacy IPC.
+CUresult handle_vmm_retain(call_context& cx, const vmm_retain_args& a) {
     std::lock_guard lock(cx.sess.mu);
     bool released = false;
-    const uint64_t id = cx.sess.vmm.retain_at(cx.arg(0), released);
+    const uint64_t id = cx.sess.vmm.retain_at(a.address, released);
     if (released)
         return cx.fail(CUDA_ERROR_NOT_SUPPORTED,
                        "cuMemRetainAllocationHandle of memory whose handle the application released already "
@@ -167,29 +157,21 @@ CUresult handle_vmm_retain(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {start, size, offset, mem_handle, flags}.
-CUresult handle_vmm_map(call_context& cx) {
-    if (!cx.expect_args(5)) return cx.bad_arguments();
-    CUdeviceptr va = cx.arg(0);
-    size_t size = cx.arg(1);
-    void* raw = nullptr;
-    if (CUresult rc = cx.lookup(cx.arg(3), handle_kind::mem_handle, raw); rc != CUDA_SUCCESS) return rc;
+CUresult handle_vmm_map(call_context& cx, const vmm_map_args& a) {
     std::lock_guard lock(cx.sess.mu);
-    if (!cx.sess.vmm.reserved(va, size))
+    if (!cx.sess.vmm.reserved(a.address, a.size))
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "range is not inside a reservation of this session");
-    CUresult rc = cx.drv().cuMemMap(va, size, cx.arg(2), reinterpret_cast<CUmemGenericAllocationHandle>(raw),
-                                    cx.arg(4));
+    CUresult rc = cx.drv().cuMemMap(a.address, a.size, a.offset,
+                                    reinterpret_cast<CUmemGenericAllocationHandle>(a.allocation), a.flags);
     if (rc != CUDA_SUCCESS) return rc;
-    cx.sess.vmm.add_mapping(va, size, cx.arg(3), cx.arg(2));
+    cx.sess.vmm.add_mapping(a.address, a.size, a.allocation_id, a.offset);
     return CUDA_SUCCESS;
 }
 
-// args {start, size}: whole earlier mappings, back to back (the driver unmaps several in one call; the CUDA
-// sample memMapIPCDrv does).
-CUresult handle_vmm_unmap(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
-    const CUdeviceptr va = cx.arg(0);
-    const uint64_t size = cx.arg(1);
+// Several mappings in one call, as the driver unmaps them (the CUDA sample memMapIPCDrv does so).
+CUresult handle_vmm_unmap(call_context& cx, const vmm_unmap_args& a) {
+    const CUdeviceptr va = a.address;
+    const uint64_t size = a.size;
     std::lock_guard lock(cx.sess.mu);
     std::vector<CUdeviceptr> starts;
     for (uint64_t done = 0; done < size;) {
@@ -207,11 +189,9 @@ CUresult handle_vmm_unmap(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {start, size, count}; blob {CUmemAccessDesc[count]} with session device indices.
-CUresult handle_vmm_set_access(call_context& cx) {
-    if (!cx.expect_args(3) || cx.blob_count() != 1) return cx.bad_arguments();
-    uint64_t count = cx.arg(2);
-    auto b = cx.blob(0);
+CUresult handle_vmm_set_access(call_context& cx, const vmm_set_access_args& a) {
+    const uint64_t count = a.count;
+    auto b = a.access;
     if (count == 0 || count > 64 || b.size() != count * sizeof(CUmemAccessDesc)) return cx.bad_arguments();
     std::vector<CUmemAccessDesc> desc(count);
     std::memcpy(desc.data(), b.data(), b.size());
@@ -219,8 +199,8 @@ CUresult handle_vmm_set_access(call_context& cx) {
         size_t device;
         if (CUresult rc = cx.device_location(d.location, device); rc != CUDA_SUCCESS) return rc;
     }
-    CUdeviceptr va = cx.arg(0);
-    size_t size = cx.arg(1);
+    CUdeviceptr va = a.address;
+    size_t size = a.size;
     {
         std::lock_guard lock(cx.sess.mu);
         if (!cx.sess.vmm.reserved(va, size))
@@ -229,16 +209,13 @@ CUresult handle_vmm_set_access(call_context& cx) {
     return cx.drv().cuMemSetAccess(va, size, desc.data(), count);
 }
 
-// args {address}; blob {CUmemLocation with a session device index}. Out {flags}: the access that location has
-// to the session's mapping at the address.
-CUresult handle_vmm_get_access(call_context& cx) {
-    if (!cx.expect_args(1) || cx.blob_count() != 1 || cx.blob(0).size() != sizeof(CUmemLocation))
-        return cx.bad_arguments();
+CUresult handle_vmm_get_access(call_context& cx, const vmm_get_access_args& a) {
+    if (a.location.size() != sizeof(CUmemLocation)) return cx.bad_arguments();
     CUmemLocation where;
-    std::memcpy(&where, cx.blob(0).data(), sizeof where);
+    std::memcpy(&where, a.location.data(), sizeof where);
     size_t device;
     if (CUresult rc = cx.device_location(where, device); rc != CUDA_SUCCESS) return rc;
-    const CUdeviceptr va = cx.arg(0);
+    const CUdeviceptr va = a.address;
     {
         std::lock_guard lock(cx.sess.mu);
         if (!cx.sess.vmm.reserved(va, 1))
