@@ -11,6 +11,7 @@
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 
 using namespace vcuda;
 using namespace vcuda::client;
@@ -22,23 +23,14 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream
     if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
     int d = current_device();
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    plain_call c(op::pool_alloc, pool ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync");
-    c.arg(size);
-    c.handle(stream, handle_kind::stream);
-    if (pool)
-        c.handle(pool, handle_kind::mem_pool);
-    else
-        c.arg(uint64_t{0});
+    pool_alloc_call c(pool ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync", size, stream, pool);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    auto p = c.out<uint64_t>(0);
+    auto p = c.address();
     if (!p) return CUDA_ERROR_UNKNOWN;
     // Made in a capture, it is a memory alloc node's: its address is the graph's (client/api_graph.cpp).
     const bool graph = capture_under_way() && stream_captures(stream);
     if (!state::get().add_allocation(p, size, d, false, false, graph) && !graph) {
-        plain_call undo(op::pool_free, "cuMemFreeAsync");
-        undo.arg(p);
-        undo.handle(stream, handle_kind::stream);
-        (void)undo.send_async();
+        (void)pool_free_call("cuMemFreeAsync", p, stream).send_async();
         return refuse_overlapping(p, size, d, pool ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync");
     }
     *dptr = p;
@@ -54,11 +46,10 @@ bool known_attribute(CUmemPool_attribute a) {
 CUresult device_pool(CUmemoryPool* pool, CUdevice dev, uint64_t which, const char* name) {
     VCUDA_REQUIRE_INIT();
     if (!pool) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::device_pool, name);
-    c.device(dev);  // to the session serving `dev`, which may not be the current context's
-    c.arg(which);
+    device_pool_call c(name, dev,
+                       which);  // to the session serving `dev`, which may not be the current context's
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    *pool = c.out_handle<CUmemoryPool>(0, handle_kind::mem_pool);
+    *pool = c.pool();
     return CUDA_SUCCESS;
 }
 
@@ -84,10 +75,8 @@ VCUDA_API cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) noexcept {
     if (dptr == 0) return check_stream(hStream);
     device_allocation a;
     if (!state::get().find_allocation(dptr, 1, a) || a.base != dptr) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::pool_free, "cuMemFreeAsync");
-    c.arg(static_cast<uint64_t>(dptr));
-    c.handle(hStream, handle_kind::stream);
-    if (CUresult rc = c.send_async(); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = pool_free_call("cuMemFreeAsync", dptr, hStream).send_async(); rc != CUDA_SUCCESS)
+        return rc;
     state::get().remove_allocation(dptr, a);
     return CUDA_SUCCESS;
 }
@@ -102,19 +91,17 @@ VCUDA_API cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* poolProps) n
         return static_cast<CUresult>(
             unsupported("cuMemPoolCreate of a host-located pool (not shared with this process)"));
     if (CUresult rc = server_location(p.location); rc != CUDA_SUCCESS) return rc;
-    plain_call c(op::pool_create, "cuMemPoolCreate");
-    c.blob({reinterpret_cast<const std::byte*>(&p), sizeof p});
+    pool_create_call c("cuMemPoolCreate", {reinterpret_cast<const std::byte*>(&p), sizeof p});
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    *pool = c.out_handle<CUmemoryPool>(0, handle_kind::mem_pool);
+    *pool = c.pool();
     return CUDA_SUCCESS;
 }
 
 VCUDA_API cuMemPoolDestroy(CUmemoryPool pool) noexcept {
     VCUDA_TRACE_HOOK(cuMemPoolDestroy, pool);
-    plain_call c(op::pool_destroy, "cuMemPoolDestroy");
-    c.handle(pool, handle_kind::mem_pool);
+    pool_destroy_call c("cuMemPoolDestroy", pool);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    c.forget(pool, handle_kind::mem_pool);
+    c.forget_destroyed();
     return CUDA_SUCCESS;
 }
 
@@ -168,22 +155,16 @@ VCUDA_API cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, voi
         std::memcpy(&v, value, sizeof(uint64_t));
     else
         v = static_cast<uint32_t>(*static_cast<const int*>(value));
-    plain_call c(op::pool_set_attribute, "cuMemPoolSetAttribute");
-    c.handle(pool, handle_kind::mem_pool);
-    c.arg(static_cast<uint64_t>(attr));
-    c.arg(v);
-    return c.send_sync();
+    return pool_set_attribute_call("cuMemPoolSetAttribute", pool, static_cast<unsigned>(attr), v).send_sync();
 }
 
 VCUDA_API cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) noexcept {
     VCUDA_TRACE_HOOK(cuMemPoolGetAttribute, pool, attr, value);
     VCUDA_REQUIRE_INIT();
     if (!value || !known_attribute(attr)) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::pool_get_attribute, "cuMemPoolGetAttribute");
-    c.handle(pool, handle_kind::mem_pool);
-    c.arg(static_cast<uint64_t>(attr));
+    pool_get_attribute_call c("cuMemPoolGetAttribute", pool, static_cast<unsigned>(attr));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    uint64_t v = c.out<uint64_t>(0);
+    uint64_t v = c.value();
     if (wide_attribute(attr))
         std::memcpy(value, &v, sizeof v);
     else
@@ -198,11 +179,10 @@ VCUDA_API cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size
     std::vector<CUmemAccessDesc> desc(map, map + count);
     for (auto& d : desc)
         if (CUresult rc = server_location(d.location); rc != CUDA_SUCCESS) return rc;
-    plain_call c(op::pool_set_access, "cuMemPoolSetAccess");
-    c.handle(pool, handle_kind::mem_pool);
-    c.arg(static_cast<uint64_t>(count));
-    c.blob({reinterpret_cast<const std::byte*>(desc.data()), desc.size() * sizeof(CUmemAccessDesc)});
-    return c.send_sync();
+    return pool_set_access_call(
+               "cuMemPoolSetAccess", pool, count,
+               {reinterpret_cast<const std::byte*>(desc.data()), desc.size() * sizeof(CUmemAccessDesc)})
+        .send_sync();
 }
 
 VCUDA_API cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool memPool,

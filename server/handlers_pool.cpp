@@ -23,6 +23,7 @@
 #include "server/handlers_graph.hpp"
 #include "server/handlers_ipc.hpp"
 #include "server/handlers_memory.hpp"
+#include "server_ops.hpp"
 
 namespace vcuda::server {
 
@@ -210,16 +211,11 @@ CUresult free_in_stream_order(call_context& cx, CUdeviceptr p, CUstream stream) 
 
 }  // namespace
 
-// args {size, stream, pool (0: the device's current pool)} -> outs {address}
-CUresult handle_pool_alloc(call_context& cx) {
-    if (!cx.expect_args(3)) return cx.bad_arguments();
-    size_t size = cx.arg(0);
+CUresult handle_pool_alloc(call_context& cx, const pool_alloc_args& a) {
+    const size_t size = a.size;
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
-    CUstream stream;
-    if (CUresult rc = cx.handle(1, handle_kind::stream, stream); rc != CUDA_SUCCESS) return rc;
-    CUmemoryPool pool = nullptr;
-    if (cx.arg(2))
-        if (CUresult rc = cx.handle(2, handle_kind::mem_pool, pool); rc != CUDA_SUCCESS) return rc;
+    CUstream stream = a.stream;
+    CUmemoryPool pool = a.pool;
     size_t device;
     device_memory* mem;
     if (CUresult rc = current_device_memory(cx, device, mem); rc != CUDA_SUCCESS) return rc;
@@ -260,41 +256,39 @@ CUresult handle_pool_alloc(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {address, stream}. A graph allocation (server/handlers_graph.hpp) is freed as the driver frees it; the
-// session holds its address as long as its graph.
-CUresult handle_pool_free(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
-    CUstream stream;
-    if (CUresult rc = cx.handle(1, handle_kind::stream, stream); rc != CUDA_SUCCESS) return rc;
-    auto p = static_cast<CUdeviceptr>(cx.arg(0));
-    pool_allocations::allocation a;
+// A graph allocation (server/handlers_graph.hpp) is freed as the driver frees it; the session holds its
+// address as long as its graph.
+CUresult handle_pool_free(call_context& cx, const pool_free_args& a) {
+    CUstream stream = a.stream;
+    const CUdeviceptr p = a.address;
+    pool_allocations::allocation found;
     bool stream_ordered = false;
     {
         std::lock_guard lock(cx.sess.mu);
-        auto found = cx.sess.pools.find(p);
-        if (!found && cx.sess.graph_memory.find(p)) return cx.drv().cuMemFreeAsync(p, stream);
-        if (found) {
-            a = *found;
+        auto f = cx.sess.pools.find(p);
+        if (!f && cx.sess.graph_memory.find(p)) return cx.drv().cuMemFreeAsync(p, stream);
+        if (f) {
+            found = *f;
             stream_ordered = true;
         }
     }
     if (!stream_ordered) return free_in_stream_order(cx, p, stream);
-    if (a.windowed)
-        return free_when_done(cx, cx.sess.memory(a.device), p, stream, a.device, a.size, a.made_pool);
+    if (found.windowed)
+        return free_when_done(cx, cx.sess.memory(found.device), p, stream, found.device, found.size,
+                              found.made_pool);
     if (CUresult rc = cx.drv().cuMemFreeAsync(p, stream); rc != CUDA_SUCCESS) return rc;
     std::lock_guard lock(cx.sess.mu);
     cx.sess.pools.erase(p);
-    if (!a.imported) cx.sess.memory(a.device).credit(cx.sess.pools.keep(a.pool, a.size, a.device));
+    if (!found.imported)
+        cx.sess.memory(found.device).credit(cx.sess.pools.keep(found.pool, found.size, found.device));
     withdraw_pointer_export(cx.sess, p);
     return CUDA_SUCCESS;
 }
 
-// blob {CUmemPoolProps} (location: the session's device index) -> outs {pool}
-CUresult handle_pool_create(call_context& cx) {
-    if (!cx.expect_args(0) || cx.blob_count() != 1 || cx.blob(0).size() != sizeof(CUmemPoolProps))
-        return cx.bad_arguments();
+CUresult handle_pool_create(call_context& cx, const pool_create_args& a) {
+    if (a.props.size() != sizeof(CUmemPoolProps)) return cx.bad_arguments();
     CUmemPoolProps props;
-    std::memcpy(&props, cx.blob(0).data(), sizeof props);
+    std::memcpy(&props, a.props.data(), sizeof props);
     props.win32SecurityAttributes = nullptr;
     size_t device;
     if (CUresult rc = cx.device_location(props.location, device); rc != CUDA_SUCCESS) return rc;
@@ -314,24 +308,19 @@ CUresult handle_pool_create(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {pool}: a pool the application created (a device's default pool is not its to destroy).
-CUresult handle_pool_destroy(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+// A device's default pool is not the application's to destroy.
+CUresult handle_pool_destroy(call_context& cx, const pool_destroy_args& a) {
     void* raw = nullptr;
     handle_entry e;
-    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::mem_pool, raw, &e); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.lookup(a.pool_id, handle_kind::mem_pool, raw, &e); rc != CUDA_SUCCESS) return rc;
     if (e.owned)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "a device's default or current pool cannot be destroyed");
-    if (CUresult rc = cx.drv().cuMemPoolDestroy(static_cast<CUmemoryPool>(raw)); rc != CUDA_SUCCESS)
-        return rc;
-    {
-        std::lock_guard lock(cx.sess.mu);
-        size_t device = 0;
-        uint64_t kept = cx.sess.pools.forget_pool(static_cast<CUmemoryPool>(raw), device);
-        if (kept && device < cx.sess.device_count()) cx.sess.memory(device).credit(kept);
-        cx.sess.pools.forget_made_pool(cx.arg(0));
-    }
-    cx.forget_handle(0);
+    if (CUresult rc = cx.drv().cuMemPoolDestroy(a.pool); rc != CUDA_SUCCESS) return rc;
+    std::lock_guard lock(cx.sess.mu);
+    size_t device = 0;
+    uint64_t kept = cx.sess.pools.forget_pool(a.pool, device);
+    if (kept && device < cx.sess.device_count()) cx.sess.memory(device).credit(kept);
+    cx.sess.pools.forget_made_pool(a.pool_id);
     return CUDA_SUCCESS;
 }
 
@@ -364,16 +353,13 @@ CUresult handle_device_atomic_caps(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {device (session index), which: 0 default, 1 current} -> outs {pool}
-CUresult handle_device_pool(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
-    CUdevice dev;
-    if (CUresult rc = cx.device(0, dev); rc != CUDA_SUCCESS) return rc;
+CUresult handle_device_pool(call_context& cx, const device_pool_args& a) {
     CUmemoryPool pool = nullptr;
     auto& d = cx.drv();
-    CUresult rc = cx.arg(1) == 0 ? d.cuDeviceGetDefaultMemPool(&pool, dev) : d.cuDeviceGetMemPool(&pool, dev);
+    CUresult rc =
+        a.which == 0 ? d.cuDeviceGetDefaultMemPool(&pool, a.dev) : d.cuDeviceGetMemPool(&pool, a.dev);
     if (rc != CUDA_SUCCESS) return rc;
-    out_pool(cx, pool, cx.arg(0));
+    out_pool(cx, pool, a.dev_index);
     return CUDA_SUCCESS;
 }
 
@@ -383,13 +369,10 @@ namespace {
 bool wide_attribute(CUmemPool_attribute a) { return a >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD; }
 }  // namespace
 
-// args {pool, attribute, value}; attributes of 32 bits travel in the low half.
-CUresult handle_pool_set_attribute(call_context& cx) {
-    if (!cx.expect_args(3)) return cx.bad_arguments();
-    CUmemoryPool pool;
-    if (CUresult rc = cx.handle(0, handle_kind::mem_pool, pool); rc != CUDA_SUCCESS) return rc;
-    auto attr = static_cast<CUmemPool_attribute>(cx.arg(1));
-    uint64_t wide = cx.arg(2);
+CUresult handle_pool_set_attribute(call_context& cx, const pool_set_attribute_args& a) {
+    CUmemoryPool pool = a.pool;
+    auto attr = static_cast<CUmemPool_attribute>(a.attribute);
+    uint64_t wide = a.value;
     int narrow = static_cast<int>(wide);
     const bool is_wide = wide_attribute(attr);
     CUresult rc = cx.drv().cuMemPoolSetAttribute(
@@ -411,12 +394,9 @@ CUresult handle_pool_set_attribute(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {pool, attribute} -> outs {value}
-CUresult handle_pool_get_attribute(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
-    CUmemoryPool pool;
-    if (CUresult rc = cx.handle(0, handle_kind::mem_pool, pool); rc != CUDA_SUCCESS) return rc;
-    auto attr = static_cast<CUmemPool_attribute>(cx.arg(1));
+CUresult handle_pool_get_attribute(call_context& cx, const pool_get_attribute_args& a) {
+    CUmemoryPool pool = a.pool;
+    auto attr = static_cast<CUmemPool_attribute>(a.attribute);
     uint64_t wide = 0;
     int narrow = 0;
     const bool is_wide = wide_attribute(attr);
@@ -449,13 +429,9 @@ CUresult handle_pool_get_attribute(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {pool, count}; blob {CUmemAccessDesc[count]} with the session's device indices.
-CUresult handle_pool_set_access(call_context& cx) {
-    if (!cx.expect_args(2) || cx.blob_count() != 1) return cx.bad_arguments();
-    CUmemoryPool pool;
-    if (CUresult rc = cx.handle(0, handle_kind::mem_pool, pool); rc != CUDA_SUCCESS) return rc;
-    uint64_t count = cx.arg(1);
-    auto b = cx.blob(0);
+CUresult handle_pool_set_access(call_context& cx, const pool_set_access_args& a) {
+    const uint64_t count = a.count;
+    auto b = a.access;
     if (count == 0 || count > 64 || b.size() != count * sizeof(CUmemAccessDesc)) return cx.bad_arguments();
     std::vector<CUmemAccessDesc> desc(count);
     std::memcpy(desc.data(), b.data(), b.size());
@@ -463,7 +439,7 @@ CUresult handle_pool_set_access(call_context& cx) {
         size_t device;
         if (CUresult rc = cx.device_location(x.location, device); rc != CUDA_SUCCESS) return rc;
     }
-    return cx.drv().cuMemPoolSetAccess(pool, desc.data(), count);
+    return cx.drv().cuMemPoolSetAccess(a.pool, desc.data(), count);
 }
 
 // args {pool, device (session index)} -> outs {CUmemAccess_flags}

@@ -4,8 +4,8 @@ An op line may describe its call (protocol/spec/driver.spec, header):
     op NAME ID [outside_gate] [args(NAME:KIND ...)] [blobs(NAME ...)] [outs(NAME:KIND ...)]
                               [out_blobs(NAME ...)] [destroys(ARG ...)]   # what it does
 KIND: u64, u32, i32, bool (scalars; u32/i32/bool must fit), ptr (a device address), device (the session's
-device index), or a handle kind of common/handle_kind.hpp (an argument: looked up in the session's table; an
-output: a handle the op creates). destroys(ARG): the handle argument ARG is gone once the op succeeds.
+device index), or a handle kind of common/handle_kind.hpp (an argument: looked up in the session's table, and
+with a `?` also 0 for none; an output: a handle the op creates). destroys(ARG): the handle argument ARG is gone once the op succeeds.
 
 From it come, for each described op: the server's decoding and checking of the call into a struct of named
 arguments (server_ops.hpp, server_dispatch.cpp), the client's encoding as a class with named outputs
@@ -45,6 +45,7 @@ def parse(where, name, text, die):
     if not text:
         return None
     sig = {g: [] for g in GROUPS}
+    sig['optional'] = set()
     pos = 0
     for m in re.finditer(r'\s*(\w+)\(([^)]*)\)\s*', text):
         if m.start() != pos:
@@ -64,6 +65,9 @@ def parse(where, name, text, die):
             arg, _, kind = item.partition(':')
             if not re.fullmatch(r'[a-z_][a-z0-9_]*', arg) or not kind:
                 die(f'{where}: {group}: expected NAME:KIND, got "{item}"')
+            if kind.endswith('?') and group == 'args' and kind[:-1] in HANDLE_C_TYPES:
+                sig['optional'].add(arg)  # 0: no handle (null)
+                kind = kind[:-1]
             ok = kind in SCALARS or kind in HANDLE_C_TYPES or (group == 'args' and kind == 'device')
             if not ok or (group == 'outs' and kind == 'ptr'):
                 die(f'{where}: {group}: unknown kind {kind} for {arg}')
@@ -85,6 +89,11 @@ def parse(where, name, text, die):
     return sig
 
 
+def kind_text(sig, item):
+    """An argument's kind as the spec writes it (an optional handle with its `?`)."""
+    return item[1] + ('?' if item[0] in sig['optional'] else '')
+
+
 def c_type(kind):
     if kind == 'device':
         return 'CUdevice'
@@ -95,7 +104,7 @@ def summary(sig):
     parts = []
     for g in GROUPS:
         if sig[g]:
-            parts.append(f'{g}(' + ' '.join(i if isinstance(i, str) else f'{i[0]}:{i[1]}' for i in sig[g]) + ')')
+            parts.append(f'{g}(' + ' '.join(i if isinstance(i, str) else f'{i[0]}:{kind_text(sig, i)}' for i in sig[g]) + ')')
     return ' '.join(parts)
 
 
@@ -142,7 +151,12 @@ def server_wrapper(name, sig):
     for i, (arg, kind) in enumerate(args):
         if kind in HANDLE_C_TYPES:
             lines.append(f'    a.{arg}_id = cx.arg({i});')
-            lines.append(f'    if (CUresult rc = cx.handle({i}, handle_kind::{kind}, a.{arg}); rc != CUDA_SUCCESS) return rc;')
+            lookup = f'if (CUresult rc = cx.handle({i}, handle_kind::{kind}, a.{arg}); rc != CUDA_SUCCESS) return rc;'
+            if arg in sig['optional']:
+                lines.append(f'    if (a.{arg}_id != 0)')
+                lines.append(f'        {lookup}')
+            else:
+                lines.append(f'    {lookup}')
         elif kind == 'device':
             lines.append(f'    a.{arg}_index = static_cast<size_t>(cx.arg({i}));')
             lines.append(f'    if (CUresult rc = cx.device({i}, a.{arg}); rc != CUDA_SUCCESS) return rc;')
@@ -169,7 +183,8 @@ def client_header(described):
         for arg, kind in sig['args']:
             if kind in HANDLE_C_TYPES:
                 params.append(f'{c_type(kind)} {arg}')
-                body.append(f'handle({arg}, handle_kind::{kind});')
+                body.append(f'if ({arg}) handle({arg}, handle_kind::{kind}); else arg(uint64_t{{0}});'
+                            if arg in sig['optional'] else f'handle({arg}, handle_kind::{kind});')
             elif kind == 'device':
                 params.append(f'CUdevice {arg}')
                 body.append(f'device({arg});')
@@ -216,7 +231,8 @@ def signatures_header(described):
              'struct op_signature {\n    op id;\n    std::span<const op_arg> args;\n    size_t blobs;\n'
              '    size_t outs;\n    size_t out_blobs;\n};\n', 'namespace op_signature_args {']
     for name, oid, sig in described:
-        items = ', '.join(f'{{"{a}", "{k}", handle_kind::{k if k in HANDLE_C_TYPES else "none"}}}' for a, k in sig['args'])
+        items = ', '.join(f'{{"{a}", "{kind_text(sig, (a, k))}", handle_kind::{k if k in HANDLE_C_TYPES else "none"}}}'
+                          for a, k in sig['args'])
         lines.append(f'inline constexpr op_arg {name}[] = {{{items}}};' if items else
                      f'inline constexpr std::span<const op_arg> {name}{{}};')
     lines.append('}  // namespace op_signature_args\n')
@@ -243,13 +259,13 @@ def ops_doc(ops, sigs, docs, hand_ops):
              'positional arguments by hand; their comment in the spec says what they take.', '',
              '| Op | Id | Arguments | Blobs | Outputs | Output blobs | Destroys | What it does |',
              '|----|---:|-----------|-------|---------|--------------|----------|--------------|']
-    cell = lambda xs: ' '.join(x if isinstance(x, str) else f'`{x[0]}`:{x[1]}' for x in xs) or '—'
+    cell = lambda sig, xs: ' '.join(x if isinstance(x, str) else f'`{x[0]}`:{kind_text(sig, x)}' for x in xs) or '—'
     for n in sorted(hand_ops, key=lambda x: ops[x]):
         sig = sigs.get(n)
         doc = docs.get(n, '').replace('|', '\\|')
         if sig:
-            lines.append(f'| `{n}` | {ops[n]} | {cell(sig["args"])} | {cell(sig["blobs"])} | {cell(sig["outs"])} | '
-                         f'{cell(sig["out_blobs"])} | {cell(sig["destroys"])} | {doc} |')
+            lines.append(f'| `{n}` | {ops[n]} | {cell(sig, sig["args"])} | {cell(sig, sig["blobs"])} | '
+                         f'{cell(sig, sig["outs"])} | {cell(sig, sig["out_blobs"])} | {cell(sig, sig["destroys"])} | {doc} |')
         else:
             lines.append(f'| `{n}` | {ops[n]} | *not described yet* | | | | | {doc} |')
     return '\n'.join(lines) + '\n'
