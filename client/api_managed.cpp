@@ -1,5 +1,6 @@
 // Managed memory's entry points: allocation, prefetch, advice, range attributes and stream attachment. The
 // memory is a device allocation of the session; its CPU view and coherence are client/managed.cpp's.
+#include <array>
 #include <cstdint>
 
 #include "client/copy_paths.hpp"
@@ -48,7 +49,7 @@ CUresult vcuda::client::managed_alloc(CUdeviceptr* dptr, size_t bytesize, unsign
         remote(op::mem_free, {p});
         return rc;
     }
-    state::get().record(op::mem_alloc, {asked}, p);
+    state::get().journal().made(op::mem_alloc, std::array<uint64_t, 1>{asked}, p);
     *dptr = p;
     return CUDA_SUCCESS;
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -41,7 +42,7 @@ VCUDA_API cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) noexcept {
         return refuse_overlapping(rp.outs[0], bytesize, d, "cuMemAlloc");
     }
     *dptr = rp.outs[0];
-    state::get().record(op::mem_alloc, {bytesize}, *dptr);
+    state::get().journal().made(op::mem_alloc, std::array<uint64_t, 1>{bytesize}, *dptr);
     return CUDA_SUCCESS;
 }
 
@@ -63,7 +64,7 @@ VCUDA_API cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, siz
     }
     *dptr = rp.outs[0];
     *pitch = rp.outs[1];
-    state::get().record(op::mem_alloc_pitch, {width, height, elem}, *dptr);
+    state::get().journal().made(op::mem_alloc_pitch, std::array<uint64_t, 3>{width, height, elem}, *dptr);
     return CUDA_SUCCESS;
 }
 
@@ -85,7 +86,7 @@ VCUDA_API cuMemFree_v2(CUdeviceptr dptr) noexcept {
                             dptr, static_cast<int>(rc));
         return rc;
     }
-    state::get().record(op::mem_free, {dptr});
+    state::get().journal().ended(dptr);
     return CUDA_SUCCESS;
 }
 

@@ -89,7 +89,7 @@ CUresult load_image(uint64_t t, uint64_t format, uint64_t hash,
         if (rp.outs.empty()) return CUDA_ERROR_UNKNOWN;
         handle = rp.outs[0];
         st.mark_image_sent(hash);
-        st.record(op::module_load, args, handle);
+        st.journal().made(op::module_load, args, handle);
         return CUDA_SUCCESS;
     }
     return CUDA_ERROR_UNKNOWN;

@@ -358,24 +358,29 @@ void state::adopt(uint64_t id, handle_info info) {
 }
 
 void state::forget(uint64_t id) {
-    std::unique_lock lock(mu);
-    auto it = handles_.find(id);
-    if (it == handles_.end()) return;
-    unlink(dependents_, id, it->second);
-    handles_.erase(it);
-    // What it owned, at any depth (a graph's nodes, their bodies' nodes, ...).
-    std::vector<uint64_t> doomed{id};
-    while (!doomed.empty()) {
-        const uint64_t d = doomed.back();
-        doomed.pop_back();
-        auto o = dependents_.find(d);
-        if (o == dependents_.end()) continue;
-        for (uint64_t x : o->second) {
-            handles_.erase(x);
-            doomed.push_back(x);
+    std::vector<uint64_t> gone{id};
+    {
+        std::unique_lock lock(mu);
+        auto it = handles_.find(id);
+        if (it == handles_.end()) return;
+        unlink(dependents_, id, it->second);
+        handles_.erase(it);
+        // What it owned, at any depth (a graph's nodes, their bodies' nodes, ...).
+        std::vector<uint64_t> doomed{id};
+        while (!doomed.empty()) {
+            const uint64_t d = doomed.back();
+            doomed.pop_back();
+            auto o = dependents_.find(d);
+            if (o == dependents_.end()) continue;
+            for (uint64_t x : o->second) {
+                handles_.erase(x);
+                doomed.push_back(x);
+                gone.push_back(x);
+            }
+            dependents_.erase(o);
         }
-        dependents_.erase(o);
     }
+    for (uint64_t x : gone) journal_.ended(x);  // what the mirror forgets has ended
 }
 
 void state::give_graph(uint64_t id, uint64_t node) {
@@ -591,11 +596,6 @@ void state::mark_image_sent(uint64_t hash) {
     uint64_t key = hash ^ (uint64_t{remote().tag()} << 56);
     std::unique_lock lock(mu);
     images_.insert(key);
-}
-
-void state::record(op o, std::vector<uint64_t> args, uint64_t result_handle) {
-    std::lock_guard lock(journal_mu_);
-    journal_.push_back(journal_entry{o, std::move(args), result_handle});
 }
 
 // ---------------------------------------------------------------- per thread

@@ -1,7 +1,7 @@
 // The vGPU mirror: everything about the remote GPU that the application can observe and that the client
 // answers itself — devices and attributes (fetched once at cuInit), contexts and each thread's current
 // context, context-local storage, handles and what they are, kernels' parameter layouts, device and host
-// allocations — plus a journal of some state-changing calls (see journal_entry).
+// allocations — plus the journal of the calls that made what is alive (client/journal.hpp).
 // locks: `mu` guards the maps; the per-thread context stack needs no lock.
 #pragma once
 
@@ -21,6 +21,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "client/journal.hpp"
 #include "client/remote.hpp"
 #include "common/handle_kind.hpp"
 #include "common/param_layout.hpp"
@@ -77,15 +78,6 @@ struct host_allocation {
     uint64_t device_ptr = 0;
     class session* owner = nullptr;
     bool shared() const { return server_addr != 0; }
-};
-
-// One entry of the journal: module loads, device allocations and frees, in the order they succeeded. Nothing
-// reads it yet: it is the record a replay onto another server after a failover would start from, and no such
-// replay exists (a lost server fails every later call with the documented CUresult).
-struct journal_entry {
-    op operation;
-    std::vector<uint64_t> args;
-    uint64_t result_handle = 0;
 };
 
 class state {
@@ -176,8 +168,8 @@ class state {
     bool image_sent(uint64_t hash);
     void mark_image_sent(uint64_t hash);
 
-    // Appends to the journal (journal_entry).
-    void record(op o, std::vector<uint64_t> args, uint64_t result_handle = 0);
+    // The calls that made what is alive (client/journal.hpp).
+    client::journal& journal() { return journal_; }
 
     std::shared_mutex mu;
 
@@ -208,8 +200,7 @@ class state {
     std::atomic<uintptr_t> private_lo_{1}, private_hi_{0};
     void update_private_span();
     std::unordered_set<uint64_t> images_;
-    std::mutex journal_mu_;
-    std::vector<journal_entry> journal_;
+    client::journal journal_;
 };
 
 // The calling thread's current context (0 when none) and its context stack.

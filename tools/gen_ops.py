@@ -25,7 +25,8 @@ HANDLE_C_TYPES = {
 }
 GROUPS = ('args', 'blobs', 'outs', 'out_blobs', 'destroys')
 CLIENT_MEMBERS = {'arg', 'device', 'handle', 'blob', 'out', 'out_handle', 'out_blob', 'reply', 'forget', 'about',
-                  'send_sync', 'send_async', 'send_cached', 'send_uncaching', 'request', 'target', 'forget_destroyed'}
+                  'send_sync', 'send_async', 'send_cached', 'send_uncaching', 'request', 'target', 'forget_destroyed',
+                  'wire_args', 'journaled'}
 
 
 def write_if_changed(path, text):
@@ -212,10 +213,24 @@ def client_header(described):
                 lines.append(f'    {c_type(kind)} {out}() const {{ return out<{c_type(kind)}>({i}); }}')
         for i, b in enumerate(sig['out_blobs']):
             lines.append(f'    std::span<const std::byte> {b}() const {{ return out_blob({i}); }}')
+        made = [i for i, (_, kind) in enumerate(sig['outs']) if kind in HANDLE_C_TYPES]
+        if made:
+            lines.append('    // The handles it makes go into the journal (client/state.hpp) when it succeeds.')
+            lines.append('    CUresult send_sync() { return journaled(plain_call::send_sync()); }')
+            lines.append('    CUresult send_cached() { return journaled(plain_call::send_cached()); }')
         if sig['destroys']:
-            lines.append('    // After success: the mirror forgets the handles the op destroyed.')
+            lines.append('    // After success: the mirror forgets the handles the op destroyed (and the journal their making).')
             lines.append('    void forget_destroyed() {\n        for (uint64_t id : destroyed_) state::get().forget(id);\n    }')
-            lines.append('\n  private:\n    std::vector<uint64_t> destroyed_;')
+        if made or sig['destroys']:
+            lines.append('\n  private:')
+        if made:
+            lines.append('    CUresult journaled(CUresult rc) {')
+            lines.append('        if (rc != CUDA_SUCCESS) return rc;')
+            for i in made:
+                lines.append(f'        if (uint64_t id = out<uint64_t>({i})) state::get().journal().made(op::{name}, wire_args(), id);')
+            lines.append('        return rc;\n    }')
+        if sig['destroys']:
+            lines.append('    std::vector<uint64_t> destroyed_;')
         lines.append('};\n')
     lines.append('}  // namespace vcuda::client\n')
     return '\n'.join(lines)
