@@ -307,9 +307,7 @@ VCUDA_API cuTexObjectCreate(CUtexObject* pTexObject, const CUDA_RESOURCE_DESC* p
 VCUDA_API cuTexObjectDestroy(CUtexObject texObject) noexcept {
     VCUDA_TRACE_HOOK(cuTexObjectDestroy, texObject);
     VCUDA_REQUIRE_INIT();
-    plain_call c(op::tex_destroy, "cuTexObjectDestroy");
-    c.arg(static_cast<uint64_t>(texObject));
-    return c.send_sync();
+    return tex_destroy_call("cuTexObjectDestroy", texObject).send_sync();
 }
 
 namespace {
@@ -381,7 +379,5 @@ VCUDA_API cuSurfObjectCreate(CUsurfObject* pSurfObject, const CUDA_RESOURCE_DESC
 VCUDA_API cuSurfObjectDestroy(CUsurfObject surfObject) noexcept {
     VCUDA_TRACE_HOOK(cuSurfObjectDestroy, surfObject);
     VCUDA_REQUIRE_INIT();
-    plain_call c(op::surf_destroy, "cuSurfObjectDestroy");
-    c.arg(static_cast<uint64_t>(surfObject));
-    return c.send_sync();
+    return surf_destroy_call("cuSurfObjectDestroy", surfObject).send_sync();
 }

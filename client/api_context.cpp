@@ -6,6 +6,7 @@
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 
 using namespace vcuda;
 using namespace vcuda::client;
@@ -35,9 +36,8 @@ std::vector<primary_state>& primaries() {
 }
 
 CUresult server_sync(int device) {
-    plain_call c(op::ctx_synchronize, "cuCtxSynchronize");
     (void)device;
-    CUresult rc = c.send_sync();
+    CUresult rc = ctx_synchronize_call("cuCtxSynchronize").send_sync();
     if (rc == CUDA_SUCCESS) settle_finished();  // copies left under way land before it returns
     return rc;
 }
@@ -110,9 +110,7 @@ VCUDA_API cuDevicePrimaryCtxReset_v2(CUdevice dev) noexcept {
         }
     }
     drop_cached_replies();  // the reset context's limits, functions and attributes are gone
-    plain_call c(op::ctx_reset, "cuDevicePrimaryCtxReset");
-    c.arg(st.device(dev).server_index);
-    CUresult rc = c.send_sync();
+    CUresult rc = ctx_reset_call("cuDevicePrimaryCtxReset", dev).send_sync();  // to the device's own server
     std::lock_guard lock(primary_mu);
     primaries()[dev] = {};
     return rc;

@@ -680,12 +680,10 @@ VCUDA_API cuGraphDebugDotPrint(CUgraph g, const char* path, unsigned int flags) 
     VCUDA_REQUIRE_INIT();
     if (!path) return CUDA_ERROR_INVALID_VALUE;
     if (!state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::graph_dot_print, "cuGraphDebugDotPrint");
-    c.arg(id_of(g));
-    c.arg(uint64_t{flags});
+    graph_dot_print_call c("cuGraphDebugDotPrint", g, flags);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     if (c.reply().blobs.size() != 1) return CUDA_ERROR_UNKNOWN;
-    const auto& text = c.reply().blobs[0];
+    const auto text = c.text();
     FILE* f = std::fopen(path, "w");
     if (!f) return CUDA_ERROR_OPERATING_SYSTEM;
     const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
@@ -1212,11 +1210,9 @@ VCUDA_API cuGraphMemsetNodeGetParams(CUgraphNode node, CUDA_MEMSET_NODE_PARAMS* 
     VCUDA_TRACE_HOOK(cuGraphMemsetNodeGetParams, node, params);
     VCUDA_REQUIRE_INIT();
     if (!params || !node_of_type(node, CU_GRAPH_NODE_TYPE_MEMSET)) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::graph_memset_node_params, "cuGraphMemsetNodeGetParams");
-    c.handle(node, handle_kind::graph_node);
+    graph_memset_node_params_call c("cuGraphMemsetNodeGetParams", node);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    *params = {c.out<CUdeviceptr>(0), c.out<size_t>(1), c.out<unsigned>(2),
-               c.out<unsigned>(3),    c.out<size_t>(4), c.out<size_t>(5)};
+    *params = {c.dst(), c.pitch(), c.value(), c.element_size(), c.width(), c.height()};
     return CUDA_SUCCESS;
 }
 

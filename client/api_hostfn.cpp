@@ -172,7 +172,7 @@ CUresult enqueue(CUstream stream, const host_call& c) {
     if (!valid_handle(reinterpret_cast<uint64_t>(stream), handle_kind::stream))
         return CUDA_ERROR_INVALID_HANDLE;
     uint64_t id = add(c);
-    CUresult rc = remote(op::host_func, {reinterpret_cast<uint64_t>(stream), id}, mode::post);
+    CUresult rc = host_func_call("cuLaunchHostFunc", stream, id).send_async();
     if (rc != CUDA_SUCCESS) forget_host_function(id);
     return rc;
 }

@@ -14,6 +14,7 @@
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 
 using namespace vcuda;
 using namespace vcuda::client;
@@ -96,8 +97,7 @@ VCUDA_API cuIpcCloseMemHandle(CUdeviceptr dptr) noexcept {
         if (!opened().count(dptr) || !st.find_allocation(dptr, 1, a)) return CUDA_ERROR_INVALID_VALUE;
     }
     context_scope scope(st.primary_context(a.device));
-    plain_call c(op::ipc_close, "cuIpcCloseMemHandle");
-    c.arg(static_cast<uint64_t>(dptr));
+    ipc_close_call c("cuIpcCloseMemHandle", dptr);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS)
         return refused_by_server("cuIpcCloseMemHandle", rc, c);
     std::lock_guard lock(opened_mu);

@@ -9,6 +9,7 @@
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 
 using namespace vcuda;
 using namespace vcuda::client;
@@ -38,15 +39,15 @@ CUresult vcuda::client::managed_alloc(CUdeviceptr* dptr, size_t bytesize, unsign
     if (!state::get().attribute(d, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)) return CUDA_ERROR_NOT_SUPPORTED;
     if (bytesize > SIZE_MAX - managed_granule) return CUDA_ERROR_OUT_OF_MEMORY;
     const size_t asked = (bytesize + managed_granule - 1) / managed_granule * managed_granule;
-    call_reply rp;
-    if (CUresult rc = remote(op::mem_alloc, {asked}, mode::sync, &rp); rc != CUDA_SUCCESS) return rc;
-    if (rp.outs.size() != 1) return CUDA_ERROR_UNKNOWN;
-    const uint64_t p = rp.outs[0];
+    mem_alloc_call c("cuMemAllocManaged", asked);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const uint64_t p = c.address();
+    if (!p) return CUDA_ERROR_UNKNOWN;
     state::get().add_allocation(p, bytesize, d, false, true);
     if (CUresult rc = managed_adopt(p, bytesize, d, current_context(), flags); rc != CUDA_SUCCESS) {
         device_allocation a;
         state::get().remove_allocation(p, a);
-        remote(op::mem_free, {p});
+        (void)mem_free_call("cuMemFree", p).send_sync();
         return rc;
     }
     state::get().journal().made(op::mem_alloc, std::array<uint64_t, 1>{asked}, p);

@@ -20,6 +20,7 @@
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 #include "common/log.hpp"
 
 using namespace vcuda;
@@ -33,15 +34,15 @@ VCUDA_API cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) noexcept {
     if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     int d = current_device();
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    call_reply rp;
-    CUresult rc = remote(op::mem_alloc, {bytesize}, mode::sync, &rp);
-    if (rc != CUDA_SUCCESS) return rc;
-    if (rp.outs.size() != 1) return CUDA_ERROR_UNKNOWN;
-    if (!state::get().add_allocation(rp.outs[0], bytesize, d)) {
-        remote(op::mem_free, {rp.outs[0]});
-        return refuse_overlapping(rp.outs[0], bytesize, d, "cuMemAlloc");
+    mem_alloc_call c("cuMemAlloc", bytesize);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const CUdeviceptr p = c.address();
+    if (!p) return CUDA_ERROR_UNKNOWN;
+    if (!state::get().add_allocation(p, bytesize, d)) {
+        (void)mem_free_call("cuMemFree", p).send_sync();
+        return refuse_overlapping(p, bytesize, d, "cuMemAlloc");
     }
-    *dptr = rp.outs[0];
+    *dptr = p;
     state::get().journal().made(op::mem_alloc, std::array<uint64_t, 1>{bytesize}, *dptr);
     return CUDA_SUCCESS;
 }
@@ -54,16 +55,16 @@ VCUDA_API cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, siz
         return CUDA_ERROR_INVALID_VALUE;
     int d = current_device();
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    call_reply rp;
-    CUresult rc = remote(op::mem_alloc_pitch, {width, height, elem}, mode::sync, &rp);
-    if (rc != CUDA_SUCCESS) return rc;
-    if (rp.outs.size() != 2) return CUDA_ERROR_UNKNOWN;
-    if (!state::get().add_allocation(rp.outs[0], rp.outs[1] * height, d)) {
-        remote(op::mem_free, {rp.outs[0]});
-        return refuse_overlapping(rp.outs[0], rp.outs[1] * height, d, "cuMemAllocPitch");
+    mem_alloc_pitch_call c("cuMemAllocPitch", width, height, elem);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const CUdeviceptr p = c.address();
+    if (!p) return CUDA_ERROR_UNKNOWN;
+    if (!state::get().add_allocation(p, c.pitch() * height, d)) {
+        (void)mem_free_call("cuMemFree", p).send_sync();
+        return refuse_overlapping(p, c.pitch() * height, d, "cuMemAllocPitch");
     }
-    *dptr = rp.outs[0];
-    *pitch = rp.outs[1];
+    *dptr = p;
+    *pitch = c.pitch();
     state::get().journal().made(op::mem_alloc_pitch, std::array<uint64_t, 3>{width, height, elem}, *dptr);
     return CUDA_SUCCESS;
 }
@@ -78,7 +79,7 @@ VCUDA_API cuMemFree_v2(CUdeviceptr dptr) noexcept {
     const bool managed = managed_release(dptr);
     device_allocation a;
     const bool known = state::get().remove_allocation(dptr, a);
-    CUresult rc = remote(op::mem_free, {dptr});
+    CUresult rc = mem_free_call("cuMemFree", dptr).send_sync();
     if (rc != CUDA_SUCCESS) {
         if (known) state::get().add_allocation(a.base, a.size, a.device);
         if (managed)
@@ -94,12 +95,10 @@ VCUDA_API cuMemGetInfo_v2(size_t* free, size_t* total) noexcept {
     VCUDA_TRACE_HOOK(cuMemGetInfo_v2, free, total);
     VCUDA_REQUIRE_INIT();
     if (!free || !total) return CUDA_ERROR_INVALID_VALUE;
-    call_reply rp;
-    CUresult rc = remote(op::mem_get_info, {}, mode::sync, &rp);
-    if (rc != CUDA_SUCCESS) return rc;
-    if (rp.outs.size() != 2) return CUDA_ERROR_UNKNOWN;
-    *free = rp.outs[0];
-    *total = rp.outs[1];
+    mem_get_info_call c("cuMemGetInfo");
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    *free = c.free();
+    *total = c.total();
     return CUDA_SUCCESS;
 }
 

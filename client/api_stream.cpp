@@ -281,8 +281,7 @@ void sync_lane_mode() {
     if (!st.initialized()) return;
     CUstreamCaptureMode& sent = lane_mode(st.remote());
     if (sent == thread_capture_mode) return;
-    plain_call c(op::capture_mode, "cuThreadExchangeStreamCaptureMode");
-    c.arg(static_cast<uint64_t>(thread_capture_mode));
+    capture_mode_call c("cuThreadExchangeStreamCaptureMode", static_cast<unsigned>(thread_capture_mode));
     if (c.send_async() == CUDA_SUCCESS) sent = thread_capture_mode;
 }
 
@@ -421,14 +420,12 @@ VCUDA_API cuStreamEndCapture(CUstream s, CUgraph* graph) noexcept {
     auto seq = sequence_of(key);
     // A capture into the application's graph need not name it again (graphConditionalNodes passes NULL).
     if (!graph && !(seq && seq->existing)) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::end_capture, "cuStreamEndCapture");
-    c.handle(s, handle_kind::stream);
-    c.arg(seq ? seq->graph : uint64_t{0});
+    end_capture_call c("cuStreamEndCapture", s, seq ? seq->graph : uint64_t{0});
     CUresult rc = c.send_sync();
     // The server says whether the stream still captures after a failure (wrong thread, say); without its word
     // (an earlier queued call's error took the reply) the capture is taken as over, as most failures end it.
-    bool ended = rc == CUDA_SUCCESS || c.reply().outs.size() < 2 || c.out<uint64_t>(1) == 0;
-    uint64_t result = rc == CUDA_SUCCESS ? c.out<uint64_t>(0) : 0;
+    bool ended = rc == CUDA_SUCCESS || c.reply().outs.size() < 2 || c.capturing() == 0;
+    uint64_t result = rc == CUDA_SUCCESS ? c.graph() : 0;
     if (seq && ended) {
         if (seq->graph != result && !seq->existing)
             state::get().forget(seq->graph);  // the driver destroyed it

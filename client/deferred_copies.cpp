@@ -9,6 +9,7 @@
 
 #include "client/env_switch.hpp"
 #include "client/remote_call.hpp"
+#include "client_ops.hpp"
 #include "common/deferred_copy_limits.hpp"
 #include "common/log.hpp"
 
@@ -143,7 +144,7 @@ void settle_range(const void* p, size_t n) {
         {
             // The server waits for it; no lock is held here meanwhile (a host function may need to settle).
             context_scope in(ctx);
-            remote(op::deferred_wait, {ticket});
+            (void)deferred_wait_call("deferred_wait", ticket).send_sync();
         }
         std::lock_guard lock(q.mu);
         collect_locked(q);

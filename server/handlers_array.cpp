@@ -126,9 +126,7 @@ void keep_object(call_context& cx, uint64_t value, size_t device, array_tables::
 }
 
 // Forgets the session's object `value` (of the right kind, of the current device) and destroys it.
-CUresult destroy_object(call_context& cx, bool surface) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    uint64_t value = cx.arg(0);
+CUresult destroy_object(call_context& cx, uint64_t value, bool surface) {
     size_t device;
     if (CUresult rc = current_device(cx, device); rc != CUDA_SUCCESS) return rc;
     {
@@ -384,7 +382,9 @@ CUresult handle_tex_create(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-CUresult handle_tex_destroy(call_context& cx) { return destroy_object(cx, false); }
+CUresult handle_tex_destroy(call_context& cx, const tex_destroy_args& a) {
+    return destroy_object(cx, a.object, false);
+}
 
 // args {object[, which]}. Blob out: which 0 (or absent), a texture object's resource desc as created (the
 // session's array handles in it); 1 its texture desc and 2 its resource view desc, as the driver answers; 3 a
@@ -440,6 +440,8 @@ CUresult handle_surf_create(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-CUresult handle_surf_destroy(call_context& cx) { return destroy_object(cx, true); }
+CUresult handle_surf_destroy(call_context& cx, const surf_destroy_args& a) {
+    return destroy_object(cx, a.object, true);
+}
 
 }  // namespace vcuda::server

@@ -272,20 +272,15 @@ CUresult handle_begin_capture_to_graph(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {stream, the graph begin_capture answered (0: none known)} -> outs {graph, whether the stream still
-// captures}. The second out tells the client, after a failure, whether the capture went on (wrong thread) or
-// ended.
-CUresult handle_end_capture(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
-    CUstream s;
-    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+CUresult handle_end_capture(call_context& cx, const end_capture_args& a) {
+    CUstream s = a.stream;
     auto& d = cx.drv();
     if (!d.cuStreamEndCapture) return cx.unsupported("cuStreamEndCapture");
     CUgraph g = nullptr;
     CUresult rc = d.cuStreamEndCapture(s, &g);
     const CUstreamCaptureStatus still =
         rc != CUDA_SUCCESS ? capture_status(d, s) : CU_STREAM_CAPTURE_STATUS_NONE;
-    uint64_t begun = cx.arg(1), result = 0;
+    uint64_t begun = a.begun, result = 0;
     {
         std::lock_guard lock(cx.sess.mu);
         handle_entry* e = begun ? cx.sess.handles.find(begun, handle_kind::graph) : nullptr;
@@ -325,10 +320,9 @@ CUresult handle_capture_status(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {capture mode}; queued: the client thread's new mode, sent while a capture is under way.
-CUresult handle_capture_mode(call_context& cx) {
-    if (!cx.expect_args(1) || !valid_capture_mode(cx.arg(0))) return cx.bad_arguments();
-    return set_thread_capture_mode(cx, cx.arg(0));
+CUresult handle_capture_mode(call_context& cx, const capture_mode_args& a) {
+    if (!valid_capture_mode(a.mode)) return cx.bad_arguments();
+    return set_thread_capture_mode(cx, a.mode);
 }
 
 // args {graph, flags, upload stream} -> outs {executable graph, CUgraphInstantiateResult, the failing node,
@@ -461,19 +455,16 @@ CUresult handle_graph_edge_list(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {graph, flags} -> blob {the DOT text}. The driver writes it into a memory file of this server's, read
-// back here: the application's path is on the client's host.
-CUresult handle_graph_dot_print(call_context& cx) {
-    if (!cx.expect_args(2) || cx.arg(1) > UINT32_MAX) return cx.bad_arguments();
-    CUgraph g;
-    if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+// The driver writes the text into a memory file of this server's, read back here: the application's path is
+// on the client's host.
+CUresult handle_graph_dot_print(call_context& cx, const graph_dot_print_args& a) {
     auto& d = cx.drv();
     if (!d.cuGraphDebugDotPrint) return cx.unsupported("cuGraphDebugDotPrint");
     constexpr off_t max_text = off_t{16} << 20;
     int fd = ::memfd_create("vcuda-graph-dot", MFD_CLOEXEC);
     if (fd < 0) return cx.fail(CUDA_ERROR_OPERATING_SYSTEM, "cannot make a file for the graph's description");
     const std::string path = "/proc/self/fd/" + std::to_string(fd);
-    CUresult rc = d.cuGraphDebugDotPrint(g, path.c_str(), static_cast<unsigned>(cx.arg(1)));
+    CUresult rc = d.cuGraphDebugDotPrint(a.graph, path.c_str(), a.flags);
     struct stat st {};
     if (rc == CUDA_SUCCESS && (::fstat(fd, &st) != 0 || st.st_size > max_text))
         rc = cx.fail(CUDA_ERROR_OPERATING_SYSTEM, "the graph's description is past 16 MiB");
@@ -495,16 +486,11 @@ uint64_t session_handle(call_context& cx, handle_kind k, const void* raw, handle
 }
 }  // namespace
 
-// args {node} -> outs {dst, pitch, value, element size, width, height} of a memset node.
-CUresult handle_graph_memset_node_params(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    void* raw = nullptr;
-    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
+CUresult handle_graph_memset_node_params(call_context& cx, const graph_memset_node_params_args& a) {
     auto& d = cx.drv();
     if (!d.cuGraphMemsetNodeGetParams) return cx.unsupported("cuGraphMemsetNodeGetParams");
     CUDA_MEMSET_NODE_PARAMS p{};
-    if (CUresult rc = d.cuGraphMemsetNodeGetParams(static_cast<CUgraphNode>(raw), &p); rc != CUDA_SUCCESS)
-        return rc;
+    if (CUresult rc = d.cuGraphMemsetNodeGetParams(a.node, &p); rc != CUDA_SUCCESS) return rc;
     for (uint64_t v : {uint64_t{p.dst}, uint64_t{p.pitch}, uint64_t{p.value}, uint64_t{p.elementSize},
                        uint64_t{p.width}, uint64_t{p.height}})
         cx.out(v);

@@ -458,14 +458,11 @@ CUresult handle_graph_user_object(call_context& cx, const graph_user_object_args
     return rc;
 }
 
-// args {stream, id}. Queued.
-CUresult handle_host_func(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
-    CUstream s;
-    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+CUresult handle_host_func(call_context& cx, const host_func_args& a) {
+    CUstream s = a.stream;
     auto p = std::make_unique<pending_host_func>();
     p->sess = cx.sess.weak_from_this();
-    p->id = cx.arg(1);
+    p->id = a.id;
     const bool in_graph = capture_status(cx.drv(), s) == CU_STREAM_CAPTURE_STATUS_ACTIVE;
     p->in_graph = in_graph;
     CUresult rc = cx.drv().cuLaunchHostFunc(s, &run_in_client, p.get());
@@ -479,10 +476,9 @@ CUresult handle_host_func(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {}. Out {id, in a graph}: waits until a host function's turn has come on its stream or in a graph's
-// launch; one in a graph runs again at every launch, so the client keeps it.
-CUresult handle_host_func_next(call_context& cx) {
-    if (!cx.expect_args(0)) return cx.bad_arguments();
+// Waits until a host function's turn has come on its stream or in a graph's launch; one in a graph runs again
+// at every launch, so the client keeps it.
+CUresult handle_host_func_next(call_context& cx, const host_func_next_args&) {
     uint64_t id;
     bool in_graph = false;
     // The client's host-function thread waits in this call for as long as its process lives; when the process
@@ -495,10 +491,8 @@ CUresult handle_host_func_next(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {id}. Queued: the client ran it; its stream goes on.
-CUresult handle_host_func_done(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    cx.sess.host_func_done(cx.arg(0));
+CUresult handle_host_func_done(call_context& cx, const host_func_done_args& a) {
+    cx.sess.host_func_done(a.id);
     return CUDA_SUCCESS;
 }
 

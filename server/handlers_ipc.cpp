@@ -24,6 +24,7 @@
 #include "common/log.hpp"
 #include "server/call_context.hpp"
 #include "server/control_messages.hpp"
+#include "server_ops.hpp"
 
 namespace vcuda::server {
 
@@ -429,15 +430,13 @@ CUresult handle_ipc_open(call_context& cx) {
     }
 }
 
-// args {address cuIpcOpenMemHandle gave}.
-CUresult handle_ipc_close(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+CUresult handle_ipc_close(call_context& cx, const ipc_close_args& a) {
     CUdeviceptr va;
     ipc_tables::opened o;
     {
         std::lock_guard lock(cx.sess.mu);
         auto& t = cx.sess.ipc_state;
-        auto it = t.opened_at(cx.arg(0));
+        auto it = t.opened_at(a.address);
         if (it == t.opened_memory.end())
             return cx.fail(CUDA_ERROR_INVALID_VALUE,
                            "not memory this session opened with cuIpcOpenMemHandle");

@@ -12,6 +12,7 @@
 #include "server/handlers_array.hpp"
 #include "server/handlers_ipc.hpp"
 #include "server/handlers_memory.hpp"
+#include "server_ops.hpp"
 
 namespace vcuda::server {
 
@@ -47,27 +48,25 @@ void withdraw_memory_export(session& s, CUdeviceptr p) {
     }
 }
 
-CUresult handle_mem_alloc(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+CUresult handle_mem_alloc(call_context& cx, const mem_alloc_args& a) {
     device_memory* mem;
     if (CUresult rc = current_memory(cx, mem); rc != CUDA_SUCCESS) return rc;
     CUdeviceptr p = 0;
     CUresult rc;
     {
         std::lock_guard lock(cx.sess.mu);
-        rc = mem->allocate(cx.arg(0), p);
+        rc = mem->allocate(a.bytes, p);
     }
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && mem->quota())
         return cx.fail(
-            rc, "allocation of " + std::to_string(cx.arg(0)) + " bytes exceeds the session's memory quota");
+            rc, "allocation of " + std::to_string(a.bytes) + " bytes exceeds the session's memory quota");
     if (rc != CUDA_SUCCESS) return rc;
     cx.out(p);
     return CUDA_SUCCESS;
 }
 
-CUresult handle_mem_alloc_pitch(call_context& cx) {
-    if (!cx.expect_args(3)) return cx.bad_arguments();
-    uint64_t width = cx.arg(0), height = cx.arg(1), elem = cx.arg(2);
+CUresult handle_mem_alloc_pitch(call_context& cx, const mem_alloc_pitch_args& a) {
+    const uint64_t width = a.width, height = a.height, elem = a.elem;
     if (!width || !height || (elem != 4 && elem != 8 && elem != 16) || width > (1ull << 40) ||
         height > (1ull << 40))
         return CUDA_ERROR_INVALID_VALUE;
@@ -92,26 +91,25 @@ CUresult handle_mem_alloc_pitch(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-CUresult handle_mem_free(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+CUresult handle_mem_free(call_context& cx, const mem_free_args& a) {
     device_memory* mem;
     if (CUresult rc = current_memory(cx, mem); rc != CUDA_SUCCESS) return rc;
     cx.drv().cuCtxSynchronize();  // as cuMemFree: nothing in flight may still use it
-    CUresult rc = free_device_allocation(cx, *mem, cx.arg(0));
+    CUresult rc = free_device_allocation(cx, *mem, a.address);
     if (rc == CUDA_SUCCESS) return CUDA_SUCCESS;
     std::lock_guard lock(cx.sess.mu);
     // cuMemFree also takes a stream-ordered allocation (server/handlers_pool.cpp) and a graph allocation (its
     // address stays the session's as long as its graph: server/handlers_graph.hpp).
-    auto p = static_cast<CUdeviceptr>(cx.arg(0));
+    const CUdeviceptr p = a.address;
     if (!cx.sess.pools.find(p) && cx.sess.graph_memory.find(p)) return cx.drv().cuMemFree_v2(p);
-    if (auto a = cx.sess.pools.find(p); a && a->windowed) {  // of another device than the current one
-        if (CUresult r = cx.sess.memory(a->device).release(p); r != CUDA_SUCCESS) return r;
+    if (auto s = cx.sess.pools.find(p); s && s->windowed) {  // of another device than the current one
+        if (CUresult r = cx.sess.memory(s->device).release(p); r != CUDA_SUCCESS) return r;
         cx.sess.pools.erase(p);
         return CUDA_SUCCESS;
     }
-    if (auto a = cx.sess.pools.find(p)) {
+    if (auto s = cx.sess.pools.find(p)) {
         if (CUresult r = cx.drv().cuMemFree_v2(p); r != CUDA_SUCCESS) return r;
-        if (!a->imported) cx.sess.memory(a->device).credit(cx.sess.pools.keep(a->pool, a->size, a->device));
+        if (!s->imported) cx.sess.memory(s->device).credit(cx.sess.pools.keep(s->pool, s->size, s->device));
         cx.sess.pools.erase(p);
         withdraw_pointer_export(cx.sess, p);
         return CUDA_SUCCESS;
@@ -119,8 +117,7 @@ CUresult handle_mem_free(call_context& cx) {
     return cx.fail(rc, "not the start of an allocation of this session");
 }
 
-CUresult handle_mem_get_info(call_context& cx) {
-    if (!cx.expect_args(0)) return cx.bad_arguments();
+CUresult handle_mem_get_info(call_context& cx, const mem_get_info_args&) {
     device_memory* mem;
     if (CUresult rc = current_memory(cx, mem); rc != CUDA_SUCCESS) return rc;
     size_t real_free = 0, real_total = 0;
@@ -250,19 +247,16 @@ CUresult handle_copy_dtoh_deferred(call_context& cx) {
     return rc;
 }
 
-// args {}: every finished copy, in the payload (deferred_copies::collect).
-CUresult handle_deferred_collect(call_context& cx) {
-    if (!cx.expect_args(0)) return cx.bad_arguments();
+// Every finished copy (deferred_copies::collect).
+CUresult handle_deferred_collect(call_context& cx, const deferred_collect_args&) {
     cx.sess.deferred.collect(cx.reply_payload);
     return CUDA_SUCCESS;
 }
 
-// args {ticket}: returns once that copy is no longer under way.
-CUresult handle_deferred_wait(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+CUresult handle_deferred_wait(call_context& cx, const deferred_wait_args& a) {
     // Polled, not waited on in the driver: no lock is held across a wait, and a client that leaves ends it.
     auto pause = std::chrono::microseconds(20);
-    while (cx.sess.deferred.under_way(cx.arg(0))) {
+    while (cx.sess.deferred.under_way(a.ticket)) {
         if (cx.lane.stream->raw().peer_gone()) return CUDA_SUCCESS;  // nobody wants the answer
         std::this_thread::sleep_for(pause);
         pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));

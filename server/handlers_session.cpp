@@ -1,5 +1,6 @@
 // Hand-written ops: the session's view of the GPUs, context synchronize and reset.
 #include "server/call_context.hpp"
+#include "server_ops.hpp"
 
 namespace vcuda::server {
 
@@ -29,21 +30,14 @@ CUresult handle_session_info(call_context& cx) {
 
 // Runs nothing: a client's lane that posted calls and is about to close asks it, so that its reply (or, for a
 // session that moved, the answer saying where) covers every call it posted.
-CUresult handle_lane_sync(call_context& cx) {
-    if (!cx.expect_args(0)) return cx.bad_arguments();
-    return CUDA_SUCCESS;
-}
+CUresult handle_lane_sync(call_context&, const lane_sync_args&) { return CUDA_SUCCESS; }
 
-CUresult handle_ctx_synchronize(call_context& cx) {
-    if (!cx.expect_args(0)) return cx.bad_arguments();
+CUresult handle_ctx_synchronize(call_context& cx, const ctx_synchronize_args&) {
     return cx.drv().cuCtxSynchronize();
 }
 
-CUresult handle_ctx_reset(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    uint64_t d = cx.arg(0);
-    if (!cx.sess.allowed(d)) return cx.fail(CUDA_ERROR_INVALID_DEVICE, "no such device in this session");
-    cx.sess.release_device(d);
+CUresult handle_ctx_reset(call_context& cx, const ctx_reset_args& a) {
+    cx.sess.release_device(a.dev_index);
     cx.lane.current_device = -2;  // the context this lane had current is gone
     return CUDA_SUCCESS;
 }
