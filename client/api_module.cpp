@@ -135,7 +135,8 @@ CUresult load(target t, const void* code, uint64_t& handle, const jit_call& jit 
 CUresult unload(uint64_t h, handle_kind k) {
     VCUDA_REQUIRE_INIT();
     if (!state::get().known(h, k)) return CUDA_ERROR_INVALID_HANDLE;
-    CUresult rc = remote(op::module_unload, {h});
+    CUresult rc =
+        module_unload_call(k == handle_kind::library ? "cuLibraryUnload" : "cuModuleUnload", h).send_sync();
     if (rc == CUDA_SUCCESS) {
         state::get().forget(h);
         if (k == handle_kind::library) managed_release_library(h);

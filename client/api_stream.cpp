@@ -302,11 +302,10 @@ CUresult capture_status(CUstream s, CUstreamCaptureStatus& status, uint64_t& id,
         id = seq->id;
         return CUDA_SUCCESS;
     }
-    plain_call c(op::capture_status, "cuStreamIsCapturing");
-    c.handle(s, handle_kind::stream);
+    capture_status_call c("cuStreamIsCapturing", s);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    status = c.out<CUstreamCaptureStatus>(0);
-    id = c.out<uint64_t>(1);
+    status = static_cast<CUstreamCaptureStatus>(c.status());
+    id = c.id();
     if (status != CU_STREAM_CAPTURE_STATUS_ACTIVE) return CUDA_SUCCESS;
     std::lock_guard lock(m.mu);
     for (auto& [k, q] : m.streams) {
@@ -539,12 +538,7 @@ CUresult stream_memop(CUstream stream, CUdeviceptr addr, uint64_t value, unsigne
              : (flags & ~write_flags) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (addr % width) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::stream_memop, name);
-    c.handle(stream, handle_kind::stream);
-    c.arg(kind);
-    c.arg(static_cast<uint64_t>(addr));
-    c.arg(value);
-    c.arg(flags);
+    stream_memop_call c(name, stream, static_cast<unsigned>(kind), addr, value, flags);
     device_allocation a;
     return state::get().find_allocation(addr, width, a) ? c.send_async() : c.send_sync();
 }

@@ -305,17 +305,12 @@ CUresult handle_end_capture(call_context& cx, const end_capture_args& a) {
     return CUDA_SUCCESS;
 }
 
-// args {stream} -> outs {status, capture id}: a stream the client does not know to capture, asked about while
-// a capture is under way (it may have joined one; the legacy stream may answer
-// CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
-CUresult handle_capture_status(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    CUstream s;
-    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+// The stream may have joined a capture the client does not know of.
+CUresult handle_capture_status(call_context& cx, const capture_status_args& a) {
     CUstreamCaptureStatus status{};
     cuuint64_t id = 0;
-    if (CUresult rc = capture_info(cx, s, status, id, nullptr); rc != CUDA_SUCCESS) return rc;
-    cx.out(static_cast<uint64_t>(status));
+    if (CUresult rc = capture_info(cx, a.stream, status, id, nullptr); rc != CUDA_SUCCESS) return rc;
+    cx.out(static_cast<unsigned>(status));
     cx.out(uint64_t{status == CU_STREAM_CAPTURE_STATUS_ACTIVE ? id : 0});
     return CUDA_SUCCESS;
 }

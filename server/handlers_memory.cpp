@@ -461,17 +461,13 @@ CUresult memop_target(call_context& cx, CUdeviceptr addr, size_t width) {
 }
 }  // namespace
 
-// args {stream, kind (0 write32, 1 wait32, 2 write64, 3 wait64; +4: a legacy entry point), address, value,
-// flags}: the word must be this session's device memory or its shared pinned host memory.
-CUresult handle_stream_memop(call_context& cx) {
-    if (!cx.expect_args(5)) return cx.bad_arguments();
-    CUstream stream;
-    if (CUresult rc = cx.handle(0, handle_kind::stream, stream); rc != CUDA_SUCCESS) return rc;
-    const bool legacy = cx.arg(1) & 4;  // the entry points without _v2
-    uint64_t kind = cx.arg(1) & ~uint64_t{4};
-    auto addr = static_cast<CUdeviceptr>(cx.arg(2));
-    uint64_t value = cx.arg(3);
-    auto flags = static_cast<unsigned>(cx.arg(4));
+CUresult handle_stream_memop(call_context& cx, const stream_memop_args& a) {
+    CUstream stream = a.stream;
+    const bool legacy = a.kind & 4;  // the entry points without _v2
+    const unsigned kind = a.kind & ~4u;
+    CUdeviceptr addr = a.address;
+    const uint64_t value = a.value;
+    const unsigned flags = a.flags;
     if (kind > 3) return cx.bad_arguments();
     const size_t width = kind < 2 ? 4 : 8;
     if (CUresult rc = memop_target(cx, addr, width); rc != CUDA_SUCCESS) return rc;

@@ -213,10 +213,9 @@ CUresult handle_module_load(call_context& cx) {
     return rc;
 }
 
-// args {module or library}; everything it owns (functions, kernels, globals, its module) goes with it.
-CUresult handle_module_unload(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    uint64_t id = cx.arg(0);
+// Everything it owns (functions, kernels, globals, a library's module) goes with it.
+CUresult handle_module_unload(call_context& cx, const module_unload_args& a) {
+    const uint64_t id = a.module;
     void* raw = nullptr;
     handle_entry e;
     CUresult rc = lookup_module_or_library(cx, id, raw, e);
