@@ -322,9 +322,7 @@ enum class object_desc : uint64_t {
 
 CUresult object_descriptor(uint64_t object, object_desc which, void* out, size_t size, const char* name) {
     if (!out) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::tex_resource_desc, name);
-    c.arg(object);
-    c.arg(static_cast<uint64_t>(which));
+    tex_resource_desc_call c(name, object, static_cast<unsigned>(which));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     const auto& blobs = c.reply().blobs;
     if (blobs.size() != 1 || blobs[0].size() != size) return CUDA_ERROR_UNKNOWN;

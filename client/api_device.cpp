@@ -9,6 +9,7 @@
 #include "client/procaddress.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 
 using namespace vcuda;
 using namespace vcuda::client;
@@ -219,10 +220,9 @@ CUresult atomic_capabilities(unsigned* caps, const CUatomicOperation* ops, unsig
                              const CUdevice* peer, const char* name) {
     VCUDA_REQUIRE_INIT();
     if (!caps || !ops || count == 0 || count > max_atomic_operations) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::device_atomic_caps, name);
-    c.device(dev);
-    if (peer) c.device(*peer);
-    c.blob({reinterpret_cast<const std::byte*>(ops), count * sizeof(CUatomicOperation)});
+    device_atomic_caps_call c(name, dev,
+                              {reinterpret_cast<const std::byte*>(ops), count * sizeof(CUatomicOperation)},
+                              peer ? std::optional(*peer) : std::nullopt);
     if (c.devices_of_two_sessions()) {
         for (unsigned i = 0; i < count; ++i)
             if (ops[i] < 0 || ops[i] >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;

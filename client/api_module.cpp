@@ -217,24 +217,25 @@ CUresult get_global(uint64_t owner, handle_kind owner_kind, CUdeviceptr* dptr, s
     VCUDA_REQUIRE_INIT();
     if (!name) return CUDA_ERROR_INVALID_VALUE;
     if (!state::get().known(owner, owner_kind)) return CUDA_ERROR_INVALID_HANDLE;
-    call_reply rp;
     // cudart asks for __managed__ variables before any context is current (a library belongs to none): then
     // they are looked up, and later fetched and written back, in device 0's primary context.
     const uint64_t ctx = managed && current_context() == 0 ? state::get().primary_context(0) : 0;
     std::optional<context_scope> in_primary;
     if (ctx) in_primary.emplace(ctx);
     const uint64_t route = state::get().route(owner);
-    CUresult rc = managed ? remote(op::module_get_global, {route, 1}, mode::sync, &rp, {}, {name_blob(name)})
-                          : remote(op::module_get_global, {route}, mode::sync, &rp, {}, {name_blob(name)});
-    if (rc != CUDA_SUCCESS) return rc;
-    if (rp.outs.size() != 2) return CUDA_ERROR_UNKNOWN;
-    if (managed) {
-        rc = managed_adopt_variable(rp.outs[0], rp.outs[1], current_device(), current_context(), owner);
-        if (rc != CUDA_SUCCESS) return rc;
-    }
-    state::get().add_allocation(rp.outs[0], rp.outs[1], current_device(), true, managed);
-    if (dptr) *dptr = rp.outs[0];
-    if (bytes) *bytes = rp.outs[1];
+    module_get_global_call c(managed ? "cuLibraryGetManaged" : "cuModuleGetGlobal", route, name_blob(name),
+                             managed ? std::optional(true) : std::nullopt);
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    if (c.reply().outs.size() != 2) return CUDA_ERROR_UNKNOWN;
+    const CUdeviceptr p = c.address();
+    const size_t size = c.size();
+    if (managed)
+        if (CUresult rc = managed_adopt_variable(p, size, current_device(), current_context(), owner);
+            rc != CUDA_SUCCESS)
+            return rc;
+    state::get().add_allocation(p, size, current_device(), true, managed);
+    if (dptr) *dptr = p;
+    if (bytes) *bytes = size;
     return CUDA_SUCCESS;
 }
 

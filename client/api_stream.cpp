@@ -150,11 +150,8 @@ CUresult ctx_event(CUcontext ctx, CUevent e, bool record, bool own_event = true)
     if (!record && st.session_count() > 1 && st.device(device).owner != st.device(event.device).owner) {
         return wait_on_host(event, reinterpret_cast<uint64_t>(e));
     }
-    plain_call c(op::ctx_event, record ? "cuCtxRecordEvent" : "cuCtxWaitEvent");
-    c.arg(record ? 0 : 1);
-    c.handle(e, handle_kind::event);
-    c.device(device);
-    if (green) c.arg(green);
+    ctx_event_call c(record ? "cuCtxRecordEvent" : "cuCtxWaitEvent", record ? 0u : 1u, e, device,
+                     green ? std::optional(reinterpret_cast<CUgreenCtx>(green)) : std::nullopt);
     return c.send_async();
 }
 

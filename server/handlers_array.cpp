@@ -389,12 +389,11 @@ CUresult handle_tex_destroy(call_context& cx, const tex_destroy_args& a) {
 // args {object[, which]}. Blob out: which 0 (or absent), a texture object's resource desc as created (the
 // session's array handles in it); 1 its texture desc and 2 its resource view desc, as the driver answers; 3 a
 // surface object's resource desc as created.
-CUresult handle_tex_resource_desc(call_context& cx) {
-    if (cx.arg_count() != 1 && cx.arg_count() != 2) return cx.bad_arguments();
-    const uint64_t which = cx.arg_count() == 2 ? cx.arg(1) : 0;
+CUresult handle_tex_resource_desc(call_context& cx, const tex_resource_desc_args& a) {
+    const unsigned which = a.has_which ? a.which : 0;
     if (which > 3) return cx.bad_arguments();
     const bool surface = which == 3;
-    const uint64_t value = cx.arg(0);
+    const uint64_t value = a.object;
     size_t device;
     if (CUresult rc = current_device(cx, device); rc != CUDA_SUCCESS) return rc;
     // Held through the driver's answer too (a query that does not wait for the GPU), so that the value cannot

@@ -26,29 +26,23 @@ CUresult handle_event_record(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// ctx_event {what (0 cuCtxRecordEvent, 1 cuCtxWaitEvent), event, device[, green context]}: in the session's
-// context on that device, which holds only this session's work, or in the green context named (its own
-// CUcontext, cuGreenCtxRecordEvent's and cuGreenCtxWaitEvent's). Queued.
-CUresult handle_ctx_event(call_context& cx) {
-    if ((cx.arg_count() != 3 && cx.arg_count() != 4) || cx.arg(0) > 1) return cx.bad_arguments();
-    const bool record = cx.arg(0) == 0;
+// The session's context on that device holds only this session's work; a green context's is its own CUcontext
+// (cuGreenCtxRecordEvent's and cuGreenCtxWaitEvent's).
+CUresult handle_ctx_event(call_context& cx, const ctx_event_args& a) {
+    if (a.what > 1) return cx.bad_arguments();
+    const bool record = a.what == 0;
     auto& d = cx.drv();
     if (record ? !d.cuCtxRecordEvent : !d.cuCtxWaitEvent)
         return cx.unsupported(record ? "cuCtxRecordEvent" : "cuCtxWaitEvent");
-    CUevent e;
-    if (CUresult rc = cx.handle(1, handle_kind::event, e); rc != CUDA_SUCCESS) return rc;
-    CUdevice real;
-    if (CUresult rc = cx.device(2, real); rc != CUDA_SUCCESS) return rc;
     CUresult rc = CUDA_SUCCESS;
-    const uint64_t green = cx.arg_count() == 4 ? cx.arg(3) : 0;
-    CUcontext ctx =
-        green ? cx.sess.green_context(green) : cx.sess.context(static_cast<size_t>(cx.arg(2)), rc);
+    const uint64_t green = a.has_green ? a.green_id : 0;
+    CUcontext ctx = green ? cx.sess.green_context(green) : cx.sess.context(a.dev_index, rc);
     if (!ctx)
         return green ? cx.fail(CUDA_ERROR_INVALID_CONTEXT, "no such green context in this session") : rc;
-    rc = record ? d.cuCtxRecordEvent(ctx, e) : d.cuCtxWaitEvent(ctx, e);
+    rc = record ? d.cuCtxRecordEvent(ctx, a.event) : d.cuCtxWaitEvent(ctx, a.event);
     if (rc == CUDA_SUCCESS && record) {
         std::lock_guard lock(cx.sess.mu);
-        cx.sess.event_times.forget(cx.arg(1));
+        cx.sess.event_times.forget(a.event_id);
     }
     return rc;
 }

@@ -21,8 +21,7 @@ constexpr size_t max_image_parts = 16384;
 constexpr size_t max_cached_image_bytes = size_t{1} << 30;  // per session
 
 // A symbol name from blob 0: non-empty, bounded, no NUL inside.
-bool name_arg(call_context& cx, std::string& out) {
-    auto b = cx.blob(0);
+bool name_arg(std::span<const std::byte> b, std::string& out) {
     if (b.empty() || b.size() > max_name) return false;
     out.assign(reinterpret_cast<const char*>(b.data()), b.size());
     return out.find('\0') == std::string::npos;
@@ -233,42 +232,34 @@ CUresult handle_module_unload(call_context& cx, const module_unload_args& a) {
     return CUDA_SUCCESS;
 }
 
-// args {module}, blob name -> outs {function, nparams, (offset, size)...}
-CUresult handle_module_get_function(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+CUresult handle_module_get_function(call_context& cx, const module_get_function_args& a) {
     std::string name;
-    if (!name_arg(cx, name)) return cx.bad_arguments();
-    CUmodule m;
-    if (CUresult rc = cx.handle(0, handle_kind::module, m); rc != CUDA_SUCCESS) return rc;
+    if (!name_arg(a.name, name)) return cx.bad_arguments();
     auto& d = cx.drv();
     CUfunction f = nullptr;
-    if (CUresult rc = d.cuModuleGetFunction(&f, m, name.c_str()); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = d.cuModuleGetFunction(&f, a.module, name.c_str()); rc != CUDA_SUCCESS) return rc;
     std::shared_ptr<param_layout> layout;
     if (CUresult rc = query_layout(
             cx, [&](size_t i, size_t* o, size_t* s) { return d.cuFuncGetParamInfo(f, i, o, s); }, layout);
         rc != CUDA_SUCCESS)
         return rc;
-    cx.out_handle(handle_kind::function, f, cx.arg(0), true, layout);
+    cx.out_handle(handle_kind::function, f, a.module_id, true, layout);
     out_layout(cx, *layout);
     return CUDA_SUCCESS;
 }
 
-// args {library}, blob name -> outs {kernel, nparams, (offset, size)...}
-CUresult handle_library_get_kernel(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+CUresult handle_library_get_kernel(call_context& cx, const library_get_kernel_args& a) {
     std::string name;
-    if (!name_arg(cx, name)) return cx.bad_arguments();
-    CUlibrary l;
-    if (CUresult rc = cx.handle(0, handle_kind::library, l); rc != CUDA_SUCCESS) return rc;
+    if (!name_arg(a.name, name)) return cx.bad_arguments();
     auto& d = cx.drv();
     CUkernel k = nullptr;
-    if (CUresult rc = d.cuLibraryGetKernel(&k, l, name.c_str()); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = d.cuLibraryGetKernel(&k, a.library, name.c_str()); rc != CUDA_SUCCESS) return rc;
     std::shared_ptr<param_layout> layout;
     if (CUresult rc = query_layout(
             cx, [&](size_t i, size_t* o, size_t* s) { return d.cuKernelGetParamInfo(k, i, o, s); }, layout);
         rc != CUDA_SUCCESS)
         return rc;
-    cx.out_handle(handle_kind::kernel, k, cx.arg(0), true, layout);
+    cx.out_handle(handle_kind::kernel, k, a.library_id, true, layout);
     out_layout(cx, *layout);
     return CUDA_SUCCESS;
 }
@@ -330,16 +321,13 @@ CUresult handle_module_entries(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {module or library[, managed]}, blob name -> outs {address, size}; the range becomes the session's.
-// managed 1: a library's __managed__ variable (cuLibraryGetManaged).
-CUresult handle_module_get_global(call_context& cx) {
-    if (cx.arg_count() != 1 && cx.arg_count() != 2) return cx.bad_arguments();
-    const bool managed = cx.arg_count() == 2 && cx.arg(1) != 0;
+CUresult handle_module_get_global(call_context& cx, const module_get_global_args& a) {
+    const bool managed = a.has_managed && a.managed;
     std::string name;
-    if (!name_arg(cx, name)) return cx.bad_arguments();
+    if (!name_arg(a.name, name)) return cx.bad_arguments();
     void* raw = nullptr;
     handle_entry e;
-    CUresult rc = lookup_module_or_library(cx, cx.arg(0), raw, e);
+    CUresult rc = lookup_module_or_library(cx, a.module, raw, e);
     if (rc != CUDA_SUCCESS) return rc;
     if (managed && e.kind != handle_kind::library) return CUDA_ERROR_INVALID_HANDLE;
     CUdeviceptr p = 0;
@@ -353,7 +341,7 @@ CUresult handle_module_get_global(call_context& cx) {
     if (rc != CUDA_SUCCESS) return rc;
     {
         std::lock_guard lock(cx.sess.mu);
-        cx.sess.globals.add(p, size, cx.arg(0), static_cast<size_t>(cx.device_index()), name, managed);
+        cx.sess.globals.add(p, size, a.module, static_cast<size_t>(cx.device_index()), name, managed);
     }
     cx.out(p);
     cx.out(static_cast<uint64_t>(size));

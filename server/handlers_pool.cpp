@@ -324,29 +324,22 @@ CUresult handle_pool_destroy(call_context& cx, const pool_destroy_args& a) {
     return CUDA_SUCCESS;
 }
 
-// args {device[, peer device]} (session indices); blob the operations -> blob their capabilities (unsigned
-// each): of the device's link to this host, or to the peer.
-CUresult handle_device_atomic_caps(call_context& cx) {
-    if (cx.arg_count() < 1 || cx.arg_count() > 2 || cx.blob_count() != 1) return cx.bad_arguments();
-    auto b = cx.blob(0);
+CUresult handle_device_atomic_caps(call_context& cx, const device_atomic_caps_args& a) {
+    auto b = a.operations;
     if (b.empty() || b.size() % sizeof(CUatomicOperation) != 0 || b.size() > 1024 * sizeof(CUatomicOperation))
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad count of atomic operations");
     const auto count = static_cast<unsigned>(b.size() / sizeof(CUatomicOperation));
     std::vector<CUatomicOperation> ops(count);
     std::memcpy(ops.data(), b.data(), b.size());
     std::vector<unsigned> caps(count);
-    CUdevice dev;
-    if (CUresult rc = cx.device(0, dev); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     CUresult rc;
-    if (cx.arg_count() == 1) {
+    if (!a.has_peer) {
         if (!d.cuDeviceGetHostAtomicCapabilities) return cx.unsupported("cuDeviceGetHostAtomicCapabilities");
-        rc = d.cuDeviceGetHostAtomicCapabilities(caps.data(), ops.data(), count, dev);
+        rc = d.cuDeviceGetHostAtomicCapabilities(caps.data(), ops.data(), count, a.dev);
     } else {
-        CUdevice peer;
-        if (rc = cx.device(1, peer); rc != CUDA_SUCCESS) return rc;
         if (!d.cuDeviceGetP2PAtomicCapabilities) return cx.unsupported("cuDeviceGetP2PAtomicCapabilities");
-        rc = d.cuDeviceGetP2PAtomicCapabilities(caps.data(), ops.data(), count, dev, peer);
+        rc = d.cuDeviceGetP2PAtomicCapabilities(caps.data(), ops.data(), count, a.dev, a.peer);
     }
     if (rc != CUDA_SUCCESS) return rc;
     cx.out_blob(std::as_bytes(std::span(caps)));

@@ -3,6 +3,8 @@
 An op line may describe its call (protocol/spec/driver.spec, header):
     op NAME ID [outside_gate] [args(NAME:KIND ...)] [blobs(NAME ...)] [outs(NAME:KIND ...)]
                               [out_blobs(NAME ...)] [destroys(ARG ...)]   # what it does
+The last argument may be one a call leaves out, [NAME:KIND]; the last output may be a run of values to the
+end, NAME:KIND... .
 KIND: u64, u32, i32, bool (scalars; u32/i32/bool must fit), ptr (a device address), device (the session's
 device index), or a handle kind of common/handle_kind.hpp (an argument: looked up in the session's table, and
 with a `?` also 0 for none; an output: a handle the op creates). destroys(ARG): the handle argument ARG is gone once the op succeeds.
@@ -46,7 +48,9 @@ def parse(where, name, text, die):
     if not text:
         return None
     sig = {g: [] for g in GROUPS}
-    sig['optional'] = set()
+    sig['optional'] = set()  # handle arguments that may be 0
+    sig['trailing'] = None  # the argument a call may leave out ([NAME:KIND], the last one)
+    sig['more_outs'] = None  # the output that is a run of values to the end (NAME:KIND..., the last one)
     pos = 0
     for m in re.finditer(r'\s*(\w+)\(([^)]*)\)\s*', text):
         if m.start() != pos:
@@ -63,6 +67,14 @@ def parse(where, name, text, die):
                     die(f'{where}: {group}: "{item}" is not a name')
                 sig[group].append(item)
                 continue
+            if (group == 'args' and sig['trailing']) or (group == 'outs' and sig['more_outs']):
+                die(f'{where}: {group}: only the last argument may be left out, only the last output be a run')
+            if group == 'args' and item.startswith('[') and item.endswith(']'):
+                item = item[1:-1]
+                sig['trailing'] = item.partition(':')[0]
+            if group == 'outs' and item.endswith('...'):
+                item = item[:-3]
+                sig['more_outs'] = item.partition(':')[0]
             arg, _, kind = item.partition(':')
             if not re.fullmatch(r'[a-z_][a-z0-9_]*', arg) or not kind:
                 die(f'{where}: {group}: expected NAME:KIND, got "{item}"')
@@ -91,8 +103,10 @@ def parse(where, name, text, die):
 
 
 def kind_text(sig, item):
-    """An argument's kind as the spec writes it (an optional handle with its `?`)."""
-    return item[1] + ('?' if item[0] in sig['optional'] else '')
+    """An argument's kind as the spec writes it (an optional handle with its `?`, a run of outputs with its
+    `...`); a trailing argument a call may leave out is shown as `(may be left out)`."""
+    return item[1] + ('?' if item[0] in sig['optional'] else '') + ('...' if item[0] == sig['more_outs'] else '') + \
+        (' (may be left out)' if item[0] == sig['trailing'] else '')
 
 
 def c_type(kind):
@@ -124,6 +138,8 @@ def server_header(described):
                 lines.append(f'    uint64_t {arg}_id = 0;  // the session handle')
             elif kind == 'device':
                 lines.append(f'    size_t {arg}_index = 0;  // the session\'s device index')
+        if sig['trailing']:
+            lines.append(f'    bool has_{sig["trailing"]} = false;  // the call gave it')
         for b in sig['blobs']:
             lines.append(f'    std::span<const std::byte> {b};')
         lines.append('};')
@@ -136,38 +152,51 @@ def server_wrapper(name, sig):
     """The dispatch entry of a described op: decodes and checks the call, runs the handler, and keeps what the
     signature promises (outputs answered, destroyed handles forgotten)."""
     args, blobs = sig['args'], sig['blobs']
+    least = len(args) - (1 if sig['trailing'] else 0)
+    arity = f'cx.expect_args({len(args)})' if least == len(args) else \
+        f'(cx.arg_count() == {least} || cx.arg_count() == {len(args)})'
     lines = [f'CUresult op_{name}(call_context& cx) {{',
-             f'    if (!cx.expect_args({len(args)}) || cx.blob_count() != {len(blobs)}) return cx.bad_arguments();',
+             f'    if (!{arity} || cx.blob_count() != {len(blobs)}) return cx.bad_arguments();',
              f'    {name}_args a;']
+    if sig['trailing']:
+        lines.append(f'    a.has_{sig["trailing"]} = cx.arg_count() == {len(args)};')
+
+    def given(i, arg, code):  # the trailing argument's code runs only when the call gave it
+        if arg == sig['trailing']:
+            lines.append(f'    if (a.has_{arg}) {{')
+            lines.extend('    ' + c for c in code)
+            lines.append('    }')
+        else:
+            lines.extend(code)
+
     # Values first, then lookups: a malformed call is refused as such whatever its handles name.
     for i, (arg, kind) in enumerate(args):
         if kind in ('u32', 'i32'):
-            lines.append(f'    if (cx.arg({i}) >> 32) return cx.fail(CUDA_ERROR_INVALID_VALUE, "{name}: {arg} does not fit 32 bits");')
-            lines.append(f'    a.{arg} = cx.scalar<{c_type(kind)}>({i});')
+            given(i, arg, [f'    if (cx.arg({i}) >> 32) return cx.fail(CUDA_ERROR_INVALID_VALUE, "{name}: {arg} does not fit 32 bits");',
+                           f'    a.{arg} = cx.scalar<{c_type(kind)}>({i});'])
         elif kind == 'bool':
-            lines.append(f'    if (cx.arg({i}) > 1) return cx.fail(CUDA_ERROR_INVALID_VALUE, "{name}: {arg} is not 0 or 1");')
-            lines.append(f'    a.{arg} = cx.arg({i}) != 0;')
+            given(i, arg, [f'    if (cx.arg({i}) > 1) return cx.fail(CUDA_ERROR_INVALID_VALUE, "{name}: {arg} is not 0 or 1");',
+                           f'    a.{arg} = cx.arg({i}) != 0;'])
         elif kind in ('u64', 'ptr'):
-            lines.append(f'    a.{arg} = cx.arg({i});')
+            given(i, arg, [f'    a.{arg} = cx.arg({i});'])
     for i, (arg, kind) in enumerate(args):
         if kind in HANDLE_C_TYPES:
-            lines.append(f'    a.{arg}_id = cx.arg({i});')
             lookup = f'if (CUresult rc = cx.handle({i}, handle_kind::{kind}, a.{arg}); rc != CUDA_SUCCESS) return rc;'
-            if arg in sig['optional']:
-                lines.append(f'    if (a.{arg}_id != 0)')
-                lines.append(f'        {lookup}')
-            else:
-                lines.append(f'    {lookup}')
+            code = [f'    a.{arg}_id = cx.arg({i});']
+            code += [f'    if (a.{arg}_id != 0)', f'        {lookup}'] if arg in sig['optional'] else [f'    {lookup}']
+            given(i, arg, code)
         elif kind == 'device':
-            lines.append(f'    a.{arg}_index = static_cast<size_t>(cx.arg({i}));')
-            lines.append(f'    if (CUresult rc = cx.device({i}, a.{arg}); rc != CUDA_SUCCESS) return rc;')
+            given(i, arg, [f'    a.{arg}_index = static_cast<size_t>(cx.arg({i}));',
+                           f'    if (CUresult rc = cx.device({i}, a.{arg}); rc != CUDA_SUCCESS) return rc;'])
     for i, b in enumerate(blobs):
         lines.append(f'    a.{b} = cx.blob({i});')
     lines.append(f'    const size_t outs_before = cx.outs.size(), blobs_before = cx.out_blobs.size();')
     lines.append(f'    CUresult rc = handle_{name}(cx, a);')
     lines.append('    if (rc != CUDA_SUCCESS) return rc;')
-    lines.append(f'    if (cx.outs.size() - outs_before != {len(sig["outs"])} || '
-                 f'cx.out_blobs.size() - blobs_before != {len(sig["out_blobs"])})')
+    fixed = len(sig['outs']) - (1 if sig['more_outs'] else 0)
+    outs_ok = f'cx.outs.size() - outs_before != {fixed}' if not sig['more_outs'] else \
+        f'cx.outs.size() - outs_before < {fixed}'
+    lines.append(f'    if ({outs_ok} || cx.out_blobs.size() - blobs_before != {len(sig["out_blobs"])})')
     lines.append(f'        return cx.fail(CUDA_ERROR_UNKNOWN, "server bug: {name} did not answer what the spec says");')
     for d in sig['destroys']:
         lines.append(f'    cx.forget_handle({[a for a, _ in args].index(d)});')
@@ -178,10 +207,17 @@ def server_wrapper(name, sig):
 # ------------------------------------------------------------------------------------------------ client
 
 def client_header(described):
-    lines = ['#pragma once\n', '#include "client/plain_call.hpp"\n', 'namespace vcuda::client {\n']
+    lines = ['#pragma once\n', '#include <optional>\n', '#include "client/plain_call.hpp"\n', 'namespace vcuda::client {\n']
     for name, oid, sig in described:
-        params, body = [], []
+        params, body, last = [], [], []
         for arg, kind in sig['args']:
+            if arg == sig['trailing']:  # a std::optional parameter, last; sent when it has a value
+                ctype = 'CUdevice' if kind == 'device' else c_type(kind)
+                last.append(f'std::optional<{ctype}> {arg} = std::nullopt')
+                send = {'device': f'device(*{arg});'}.get(kind, f'handle(*{arg}, handle_kind::{kind});'
+                                                          if kind in HANDLE_C_TYPES else f'arg(*{arg});')
+                body.append(f'if ({arg}) {send}')
+                continue
             if kind in HANDLE_C_TYPES:
                 params.append(f'{c_type(kind)} {arg}')
                 body.append(f'if ({arg}) handle({arg}, handle_kind::{kind}); else arg(uint64_t{{0}});'
@@ -195,6 +231,7 @@ def client_header(described):
         for b in sig['blobs']:
             params.append(f'std::span<const std::byte> {b}')
             body.append(f'blob({b});')
+        params += last
         lines.append(f'// op {name} ({oid}): {summary(sig)}')
         lines.append(f'class {name}_call : public plain_call {{\n  public:')
         lines.append(f'    {name}_call(const char* api{"".join(", " + p for p in params)})')
@@ -209,6 +246,11 @@ def client_header(described):
                 lines.append(f'    {c_type(kind)} {out}(uint64_t owner = 0) {{ return out_handle<{c_type(kind)}>({i}, '
                              f'handle_kind::{kind}, owner); }}')
                 lines.append(f'    uint64_t {out}_id() const {{ return out<uint64_t>({i}); }}  // not adopted in the mirror')
+            elif out == sig['more_outs']:
+                lines.append(f'    std::span<const uint64_t> {out}() const {{')
+                lines.append(f'        const auto& o = reply().outs;')
+                lines.append(f'        return o.size() > {i} ? std::span<const uint64_t>(o).subspan({i}) : std::span<const uint64_t>{{}};')
+                lines.append('    }')
             else:
                 lines.append(f'    {c_type(kind)} {out}() const {{ return out<{c_type(kind)}>({i}); }}')
         for i, b in enumerate(sig['out_blobs']):
@@ -246,7 +288,7 @@ def signatures_header(described):
              'struct op_signature {\n    op id;\n    std::span<const op_arg> args;\n    size_t blobs;\n'
              '    size_t outs;\n    size_t out_blobs;\n};\n', 'namespace op_signature_args {']
     for name, oid, sig in described:
-        items = ', '.join(f'{{"{a}", "{kind_text(sig, (a, k))}", handle_kind::{k if k in HANDLE_C_TYPES else "none"}}}'
+        items = ', '.join(f'{{"{a}", "{k + ("?" if a in sig["optional"] else "")}", handle_kind::{k if k in HANDLE_C_TYPES else "none"}}}'
                           for a, k in sig['args'])
         lines.append(f'inline constexpr op_arg {name}[] = {{{items}}};' if items else
                      f'inline constexpr std::span<const op_arg> {name}{{}};')
