@@ -46,6 +46,20 @@ CUresult get_resource(int ordinal, unsigned what, uint64_t which, CUdevResource*
     return take_blob(c.resource(), resource, sizeof *resource);
 }
 
+// Enters what a call made (`id`, 0 when the reply had none) in the mirror as a handle of `device` made under
+// mirror context `ctx`, rather than under the calling thread's current ones.
+template <class H>
+CUresult adopt_made(uint64_t id, handle_kind k, int device, uint64_t ctx, H* out) {
+    if (!id) return CUDA_ERROR_UNKNOWN;
+    handle_info info;
+    info.kind = k;
+    info.device = device;
+    info.ctx = ctx;
+    state::get().adopt(id, std::move(info));
+    *out = reinterpret_cast<H>(id);
+    return CUDA_SUCCESS;
+}
+
 bool green_info(CUgreenCtx g, handle_info& info) {
     return state::get().lookup(reinterpret_cast<uint64_t>(g), info) && info.kind == handle_kind::green_ctx;
 }
@@ -127,15 +141,7 @@ VCUDA_API cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice d
     if (!served_here(dev)) return CUDA_ERROR_NOT_SUPPORTED;
     green_ctx_create_call c("cuGreenCtxCreate", desc, dev, flags);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    const auto& outs = c.reply().outs;
-    if (outs.empty() || !outs[0]) return CUDA_ERROR_UNKNOWN;
-    handle_info g;
-    g.kind = handle_kind::green_ctx;
-    g.device = dev;
-    g.ctx = current_context();
-    state::get().adopt(outs[0], std::move(g));
-    *phCtx = reinterpret_cast<CUgreenCtx>(outs[0]);
-    return CUDA_SUCCESS;
+    return adopt_made(c.green_id(), handle_kind::green_ctx, dev, current_context(), phCtx);
 }
 
 VCUDA_API cuCtxFromGreenCtx(CUcontext* pContext, CUgreenCtx hCtx) noexcept {
@@ -186,13 +192,7 @@ VCUDA_API cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCtx, unsign
     if (!green_info(greenCtx, info)) return CUDA_ERROR_INVALID_CONTEXT;
     green_stream_create_call c("cuGreenCtxStreamCreate", greenCtx, flags, priority);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    const auto& outs = c.reply().outs;
-    if (outs.empty() || !outs[0]) return CUDA_ERROR_UNKNOWN;
-    handle_info s;
-    s.kind = handle_kind::stream;
-    s.device = info.device;
-    s.ctx = state::get().green_context(reinterpret_cast<uint64_t>(greenCtx), info.device);
-    state::get().adopt(outs[0], std::move(s));
-    *phStream = reinterpret_cast<CUstream>(outs[0]);
-    return CUDA_SUCCESS;
+    return adopt_made(c.stream_id(), handle_kind::stream, info.device,
+                      state::get().green_context(reinterpret_cast<uint64_t>(greenCtx), info.device),
+                      phStream);
 }

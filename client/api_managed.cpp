@@ -6,7 +6,6 @@
 #include "client/copy_paths.hpp"
 #include "client/entry_point.hpp"
 #include "client/managed.hpp"
-#include "client/remote_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
 #include "client_ops.hpp"

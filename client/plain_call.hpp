@@ -112,7 +112,7 @@ class plain_call {
         state::get().forget(reinterpret_cast<uint64_t>(h));
     }
 
-    // The arguments as they travel (the journal keeps them: client/state.hpp).
+    // The arguments as they travel (the journal keeps them: client/journal.hpp).
     std::span<const uint64_t> wire_args() const { return {args_.data(), n_}; }
     std::span<const std::byte> out_blob(size_t i) const {
         return i < reply_.blobs.size() ? std::span<const std::byte>(reply_.blobs[i])

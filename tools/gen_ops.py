@@ -7,7 +7,8 @@ The last argument may be one a call leaves out, [NAME:KIND]; the last output may
 end, NAME:KIND... .
 KIND: u64, u32, i32, bool (scalars; u32/i32/bool must fit), ptr (a device address), device (the session's
 device index), or a handle kind of common/handle_kind.hpp (an argument: looked up in the session's table, and
-with a `?` also 0 for none; an output: a handle the op creates). destroys(ARG): the handle argument ARG is gone once the op succeeds.
+with a `?` also 0 for none; an output: a handle the op creates). destroys(ARG): the handle argument ARG is gone
+once the op succeeds.
 
 From it come, for each described op: the server's decoding and checking of the call into a struct of named
 arguments (server_ops.hpp, server_dispatch.cpp), the client's encoding as a class with named outputs
@@ -161,7 +162,7 @@ def server_wrapper(name, sig):
     if sig['trailing']:
         lines.append(f'    a.has_{sig["trailing"]} = cx.arg_count() == {len(args)};')
 
-    def given(i, arg, code):  # the trailing argument's code runs only when the call gave it
+    def given(arg, code):  # the trailing argument's code runs only when the call gave it
         if arg == sig['trailing']:
             lines.append(f'    if (a.has_{arg}) {{')
             lines.extend('    ' + c for c in code)
@@ -172,21 +173,21 @@ def server_wrapper(name, sig):
     # Values first, then lookups: a malformed call is refused as such whatever its handles name.
     for i, (arg, kind) in enumerate(args):
         if kind in ('u32', 'i32'):
-            given(i, arg, [f'    if (cx.arg({i}) >> 32) return cx.fail(CUDA_ERROR_INVALID_VALUE, "{name}: {arg} does not fit 32 bits");',
+            given(arg, [f'    if (cx.arg({i}) >> 32) return cx.fail(CUDA_ERROR_INVALID_VALUE, "{name}: {arg} does not fit 32 bits");',
                            f'    a.{arg} = cx.scalar<{c_type(kind)}>({i});'])
         elif kind == 'bool':
-            given(i, arg, [f'    if (cx.arg({i}) > 1) return cx.fail(CUDA_ERROR_INVALID_VALUE, "{name}: {arg} is not 0 or 1");',
+            given(arg, [f'    if (cx.arg({i}) > 1) return cx.fail(CUDA_ERROR_INVALID_VALUE, "{name}: {arg} is not 0 or 1");',
                            f'    a.{arg} = cx.arg({i}) != 0;'])
         elif kind in ('u64', 'ptr'):
-            given(i, arg, [f'    a.{arg} = cx.arg({i});'])
+            given(arg, [f'    a.{arg} = cx.arg({i});'])
     for i, (arg, kind) in enumerate(args):
         if kind in HANDLE_C_TYPES:
             lookup = f'if (CUresult rc = cx.handle({i}, handle_kind::{kind}, a.{arg}); rc != CUDA_SUCCESS) return rc;'
             code = [f'    a.{arg}_id = cx.arg({i});']
             code += [f'    if (a.{arg}_id != 0)', f'        {lookup}'] if arg in sig['optional'] else [f'    {lookup}']
-            given(i, arg, code)
+            given(arg, code)
         elif kind == 'device':
-            given(i, arg, [f'    a.{arg}_index = static_cast<size_t>(cx.arg({i}));',
+            given(arg, [f'    a.{arg}_index = static_cast<size_t>(cx.arg({i}));',
                            f'    if (CUresult rc = cx.device({i}, a.{arg}); rc != CUDA_SUCCESS) return rc;'])
     for i, b in enumerate(blobs):
         lines.append(f'    a.{b} = cx.blob({i});')
@@ -212,8 +213,7 @@ def client_header(described):
         params, body, last = [], [], []
         for arg, kind in sig['args']:
             if arg == sig['trailing']:  # a std::optional parameter, last; sent when it has a value
-                ctype = 'CUdevice' if kind == 'device' else c_type(kind)
-                last.append(f'std::optional<{ctype}> {arg} = std::nullopt')
+                last.append(f'std::optional<{c_type(kind)}> {arg} = std::nullopt')
                 send = {'device': f'device(*{arg});'}.get(kind, f'handle(*{arg}, handle_kind::{kind});'
                                                           if kind in HANDLE_C_TYPES else f'arg(*{arg});')
                 body.append(f'if ({arg}) {send}')
@@ -257,7 +257,7 @@ def client_header(described):
             lines.append(f'    std::span<const std::byte> {b}() const {{ return out_blob({i}); }}')
         made = [i for i, (_, kind) in enumerate(sig['outs']) if kind in HANDLE_C_TYPES]
         if made:
-            lines.append('    // The handles it makes go into the journal (client/state.hpp) when it succeeds.')
+            lines.append('    // The handles it makes go into the journal (client/journal.hpp) when it succeeds.')
             lines.append('    CUresult send_sync() { return journaled(plain_call::send_sync()); }')
             lines.append('    CUresult send_cached() { return journaled(plain_call::send_cached()); }')
         if sig['destroys']:
