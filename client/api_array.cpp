@@ -141,13 +141,11 @@ VCUDA_API cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_D
     VCUDA_TRACE_HOOK(cuMipmappedArrayCreate, pHandle, d, numMipmapLevels);
     VCUDA_REQUIRE_INIT();
     if (!pHandle || !d) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::mipmapped_array_create, "cuMipmappedArrayCreate");
-    for (uint64_t v : {uint64_t{d->Width}, uint64_t{d->Height}, uint64_t{d->Depth}, uint64_t{d->Format},
-                       uint64_t{d->NumChannels}, uint64_t{d->Flags}, uint64_t{numMipmapLevels}})
-        c.arg(v);
+    mipmapped_array_create_call c("cuMipmappedArrayCreate", d->Width, d->Height, d->Depth, d->Format,
+                                  d->NumChannels, d->Flags, numMipmapLevels);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    if (c.reply().outs.size() != size_t{numMipmapLevels} + 1) return CUDA_ERROR_UNKNOWN;
-    *pHandle = c.out_handle<CUmipmappedArray>(0, handle_kind::mipmapped_array);
+    if (c.level_arrays().size() != numMipmapLevels) return CUDA_ERROR_UNKNOWN;
+    *pHandle = c.mipmapped();
     const auto id = reinterpret_cast<uint64_t>(*pHandle);
     std::vector<uint64_t> levels;
     std::lock_guard lock(arrays_mu);
@@ -295,12 +293,11 @@ VCUDA_API cuTexObjectCreate(CUtexObject* pTexObject, const CUDA_RESOURCE_DESC* p
         !valid_handle(reinterpret_cast<uint64_t>(pResDesc->res.mipmap.hMipmappedArray),
                       handle_kind::mipmapped_array))
         return CUDA_ERROR_INVALID_HANDLE;
-    plain_call c(op::tex_create, "cuTexObjectCreate");
-    c.blob(bytes_of(pResDesc, sizeof *pResDesc));
-    c.blob(bytes_of(pTexDesc, sizeof *pTexDesc));
-    if (pResViewDesc) c.blob(bytes_of(pResViewDesc, sizeof *pResViewDesc));
+    tex_create_call c(
+        "cuTexObjectCreate", bytes_of(pResDesc, sizeof *pResDesc), bytes_of(pTexDesc, sizeof *pTexDesc),
+        pResViewDesc ? bytes_of(pResViewDesc, sizeof *pResViewDesc) : std::span<const std::byte>{});
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    *pTexObject = c.out<uint64_t>(0);
+    *pTexObject = c.object();
     return CUDA_SUCCESS;
 }
 
@@ -367,10 +364,9 @@ VCUDA_API cuSurfObjectCreate(CUsurfObject* pSurfObject, const CUDA_RESOURCE_DESC
     if (pResDesc->resType == CU_RESOURCE_TYPE_ARRAY &&
         !valid_handle(reinterpret_cast<uint64_t>(pResDesc->res.array.hArray), handle_kind::array))
         return CUDA_ERROR_INVALID_HANDLE;
-    plain_call c(op::surf_create, "cuSurfObjectCreate");
-    c.blob(bytes_of(pResDesc, sizeof *pResDesc));
+    surf_create_call c("cuSurfObjectCreate", bytes_of(pResDesc, sizeof *pResDesc));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    *pSurfObject = c.out<uint64_t>(0);
+    *pSurfObject = c.object();
     return CUDA_SUCCESS;
 }
 

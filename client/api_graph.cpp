@@ -397,16 +397,13 @@ CUresult node_object(CUgraphNode node, CUgraphNodeType type, H* out, const char*
     VCUDA_REQUIRE_INIT();
     if (!out || !node_of_type(node, type)) return CUDA_ERROR_INVALID_VALUE;
     const bool child_graph = type == CU_GRAPH_NODE_TYPE_GRAPH;
-    plain_call c(op::graph_node_object, name);
-    c.handle(node, handle_kind::graph_node);
-    c.arg(uint64_t{child_graph});
+    graph_node_object_call c(name, node, child_graph ? 1 : 0);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     if (child_graph)
         *out =
             c.out_handle<H>(0, handle_kind::graph, id_of(node));  // the node's: it lives as long as the node
     else
-        *out = reinterpret_cast<H>(
-            c.out<uint64_t>(0));  // one of the application's events, which the mirror knows
+        *out = reinterpret_cast<H>(c.object());  // one of the application's events, which the mirror knows
     return CUDA_SUCCESS;
 }
 
@@ -427,30 +424,28 @@ CUresult kernel_node_params(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS_v2& p, con
     handle_info info;
     if (!node_info(node, info) || info.node_type != CU_GRAPH_NODE_TYPE_KERNEL)
         return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::graph_kernel_node_params, name);
-    c.handle(node, handle_kind::graph_node);
+    graph_kernel_node_params_call c(name, node);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    const call_reply& rp = c.reply();
-    if (rp.outs.size() < 9 || rp.blobs.empty()) return CUDA_ERROR_UNKNOWN;
-    const uint64_t runs = rp.outs[0] ? rp.outs[0] : rp.outs[1];  // a kernel is named as a function too
+    const uint64_t runs = c.function() ? c.function() : c.kernel();  // a kernel is named as a function too
+    const auto values = c.params();
     handle_kind kind{};
     std::shared_ptr<const param_layout> layout;
-    if (!state::get().lookup_kind(runs, kind, &layout) || !layout || layout->total() != rp.blobs[0].size())
+    if (!state::get().lookup_kind(runs, kind, &layout) || !layout || layout->total() != values.size())
         return CUDA_ERROR_UNKNOWN;
     p = {};
     p.func = reinterpret_cast<CUfunction>(runs);
-    p.kern = reinterpret_cast<CUkernel>(rp.outs[1]);
-    p.gridDimX = static_cast<unsigned>(rp.outs[2]);
-    p.gridDimY = static_cast<unsigned>(rp.outs[3]);
-    p.gridDimZ = static_cast<unsigned>(rp.outs[4]);
-    p.blockDimX = static_cast<unsigned>(rp.outs[5]);
-    p.blockDimY = static_cast<unsigned>(rp.outs[6]);
-    p.blockDimZ = static_cast<unsigned>(rp.outs[7]);
-    p.sharedMemBytes = static_cast<unsigned>(rp.outs[8]);
+    p.kern = reinterpret_cast<CUkernel>(c.kernel());
+    p.gridDimX = c.grid_x();
+    p.gridDimY = c.grid_y();
+    p.gridDimZ = c.grid_z();
+    p.blockDimX = c.block_x();
+    p.blockDimY = c.block_y();
+    p.blockDimZ = c.block_z();
+    p.sharedMemBytes = c.shared();
     p.ctx = reinterpret_cast<CUcontext>(info.ctx);
     std::lock_guard lock(kernel_values_mu);
     kernel_node_values& v = kernel_values()[id_of(node)];
-    v.values = rp.blobs[0];
+    v.values.assign(values.begin(), values.end());
     v.pointers.resize(layout->params.size());
     for (size_t i = 0; i < layout->params.size(); ++i)
         v.pointers[i] = v.values.data() + layout->params[i].first;
@@ -469,25 +464,22 @@ CUresult instantiate(CUgraphExec* exec, CUgraph g, uint64_t flags, CUstream uplo
                      CUgraphInstantiateResult* result, const char* name) {
     VCUDA_REQUIRE_INIT();
     if (!exec) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::graph_instantiate, name);
-    c.handle(g, handle_kind::graph);
-    c.arg(flags);
-    c.handle(upload, handle_kind::stream);  // the driver reads the stream only to upload
+    graph_instantiate_call c(name, g, flags, upload);  // the driver reads the stream only to upload
     CUresult rc = c.send_sync();
     // The result and failing node come back even when instantiation fails (not when a queued call's error
     // took the reply).
     const bool answered = c.reply().outs.size() >= 4;
     if (result) {
-        *result = answered             ? c.out<CUgraphInstantiateResult>(1)
+        *result = answered             ? static_cast<CUgraphInstantiateResult>(c.result())
                   : rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS
                                        : CUDA_GRAPH_INSTANTIATE_ERROR;
     }
     if (error_node) {
-        uint64_t id = answered ? c.out<uint64_t>(2) : 0;
-        *error_node = id ? adopt_node(id, id_of(g), c.out<CUgraphNodeType>(3)) : nullptr;
+        uint64_t id = answered ? c.error_node() : 0;
+        *error_node = id ? adopt_node(id, id_of(g), static_cast<CUgraphNodeType>(c.error_type())) : nullptr;
     }
     if (rc != CUDA_SUCCESS) return rc;
-    *exec = c.out_handle<CUgraphExec>(0, handle_kind::graph_exec, id_of(g));
+    *exec = c.exec(id_of(g));
     return CUDA_SUCCESS;
 }
 
@@ -522,24 +514,17 @@ CUresult list_nodes(uint64_t of, listing what, CUgraphNode* nodes, CUgraphEdgeDa
         return CUDA_ERROR_INVALID_VALUE;
     const uint64_t graph = of_graph ? of : info.owner;
     const size_t capacity = nodes ? *count : 0;
-    plain_call c(op::graph_nodes, name);
-    c.arg(of);
-    c.arg(static_cast<uint64_t>(what));
-    c.arg(uint64_t{nodes != nullptr});
-    c.arg(capacity);
-    c.arg(uint64_t{edges != nullptr});
+    graph_nodes_call c(name, of, static_cast<unsigned>(what), nodes != nullptr, capacity, edges != nullptr);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    const auto& outs = c.reply().outs;
-    const size_t total = c.out<uint64_t>(0), listed = nodes ? std::min(total, capacity) : 0;
-    if (outs.size() != 1 + 2 * listed ||
-        (edges &&
-         (c.reply().blobs.size() != 1 || c.reply().blobs[0].size() != listed * sizeof(CUgraphEdgeData))))
+    const auto outs = c.listed();
+    const size_t total = c.count(), listed = nodes ? std::min(total, capacity) : 0;
+    if (outs.size() != 2 * listed || (edges && c.edge_data().size() != listed * sizeof(CUgraphEdgeData)))
         return CUDA_ERROR_UNKNOWN;  // a server that answers otherwise is not speaking this protocol
     for (size_t i = 0; i < listed; ++i)
-        nodes[i] = adopt_node(outs[1 + 2 * i], graph, c.out<CUgraphNodeType>(2 + 2 * i));
+        nodes[i] = adopt_node(outs[2 * i], graph, static_cast<CUgraphNodeType>(outs[2 * i + 1]));
     for (size_t i = listed; i < capacity; ++i) nodes[i] = nullptr;
     if (edges) {
-        std::memcpy(edges, c.reply().blobs[0].data(), listed * sizeof(CUgraphEdgeData));
+        std::memcpy(edges, c.edge_data().data(), listed * sizeof(CUgraphEdgeData));
         std::fill(edges + listed, edges + capacity, CUgraphEdgeData{});
     }
     *count = total;
@@ -548,19 +533,15 @@ CUresult list_nodes(uint64_t of, listing what, CUgraphNode* nodes, CUgraphEdgeDa
 
 // cuGraphAddDependencies / cuGraphRemoveDependencies: edges from[i] -> to[i].
 CUresult change_edges(CUgraph g, const CUgraphNode* from, const CUgraphNode* to, const CUgraphEdgeData* edges,
-                      size_t n, uint64_t remove, const char* name) {
+                      size_t n, bool remove, const char* name) {
     VCUDA_REQUIRE_INIT();
     if (!state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
     std::vector<uint64_t> from_ids, to_ids;
     if (CUresult rc = node_ids(from, n, from_ids); rc != CUDA_SUCCESS) return rc;
     if (CUresult rc = node_ids(to, n, to_ids); rc != CUDA_SUCCESS) return rc;
-    plain_call c(op::graph_edges, name);
-    c.arg(id_of(g));
-    c.arg(remove);
-    c.blob(std::as_bytes(std::span(from_ids)));
-    c.blob(std::as_bytes(std::span(to_ids)));
-    c.blob(edge_bytes(edges, n));
-    return c.send_sync();
+    return graph_edges_call(name, g, remove, std::as_bytes(std::span(from_ids)),
+                            std::as_bytes(std::span(to_ids)), edge_bytes(edges, n))
+        .send_sync();
 }
 
 }  // namespace
@@ -636,25 +617,20 @@ CUresult list_edges(CUgraph g, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeDa
     if (!count || (from == nullptr) != (to == nullptr) || (edges && !from)) return CUDA_ERROR_INVALID_VALUE;
     if (!state::get().known(id_of(g), handle_kind::graph)) return CUDA_ERROR_INVALID_VALUE;
     const size_t capacity = from ? *count : 0;
-    plain_call c(op::graph_edge_list, name);
-    c.arg(id_of(g));
-    c.arg(uint64_t{from != nullptr});
-    c.arg(capacity);
-    c.arg(uint64_t{edges != nullptr});
+    graph_edge_list_call c(name, g, from != nullptr, capacity, edges != nullptr);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    const auto& outs = c.reply().outs;
-    const size_t total = c.out<uint64_t>(0), listed = from ? std::min(total, capacity) : 0;
-    if (outs.size() != 1 + 4 * listed ||
-        (edges &&
-         (c.reply().blobs.size() != 1 || c.reply().blobs[0].size() != listed * sizeof(CUgraphEdgeData))))
+    const auto outs = c.listed();
+    const size_t total = c.count(), listed = from ? std::min(total, capacity) : 0;
+    if (outs.size() != 4 * listed || (edges && c.edge_data().size() != listed * sizeof(CUgraphEdgeData)))
         return CUDA_ERROR_UNKNOWN;  // a server that answers otherwise is not speaking this protocol
+    auto type = [&](size_t i) { return static_cast<CUgraphNodeType>(outs[i]); };
     for (size_t i = 0; i < listed; ++i) {
-        from[i] = adopt_node(outs[1 + 4 * i], id_of(g), c.out<CUgraphNodeType>(2 + 4 * i));
-        to[i] = adopt_node(outs[3 + 4 * i], id_of(g), c.out<CUgraphNodeType>(4 + 4 * i));
+        from[i] = adopt_node(outs[4 * i], id_of(g), type(4 * i + 1));
+        to[i] = adopt_node(outs[4 * i + 2], id_of(g), type(4 * i + 3));
     }
     for (size_t i = listed; i < capacity; ++i) from[i] = to[i] = nullptr;
     if (edges) {
-        std::memcpy(edges, c.reply().blobs[0].data(), listed * sizeof(CUgraphEdgeData));
+        std::memcpy(edges, c.edge_data().data(), listed * sizeof(CUgraphEdgeData));
         std::fill(edges + listed, edges + capacity, CUgraphEdgeData{});
     }
     *count = total;
@@ -832,25 +808,25 @@ VCUDA_API cuGraphAddEventWaitNode(CUgraphNode* node, CUgraph g, const CUgraphNod
 VCUDA_API cuGraphAddDependencies(CUgraph g, const CUgraphNode* from, const CUgraphNode* to,
                                  size_t n) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddDependencies, g, from, to, n);
-    return change_edges(g, from, to, nullptr, n, 0, "cuGraphAddDependencies");
+    return change_edges(g, from, to, nullptr, n, false, "cuGraphAddDependencies");
 }
 
 VCUDA_API cuGraphAddDependencies_v2(CUgraph g, const CUgraphNode* from, const CUgraphNode* to,
                                     const CUgraphEdgeData* edges, size_t n) noexcept {
     VCUDA_TRACE_HOOK(cuGraphAddDependencies_v2, g, from, to, edges, n);
-    return change_edges(g, from, to, edges, n, 0, "cuGraphAddDependencies_v2");
+    return change_edges(g, from, to, edges, n, false, "cuGraphAddDependencies_v2");
 }
 
 VCUDA_API cuGraphRemoveDependencies(CUgraph g, const CUgraphNode* from, const CUgraphNode* to,
                                     size_t n) noexcept {
     VCUDA_TRACE_HOOK(cuGraphRemoveDependencies, g, from, to, n);
-    return change_edges(g, from, to, nullptr, n, 1, "cuGraphRemoveDependencies");
+    return change_edges(g, from, to, nullptr, n, true, "cuGraphRemoveDependencies");
 }
 
 VCUDA_API cuGraphRemoveDependencies_v2(CUgraph g, const CUgraphNode* from, const CUgraphNode* to,
                                        const CUgraphEdgeData* edges, size_t n) noexcept {
     VCUDA_TRACE_HOOK(cuGraphRemoveDependencies_v2, g, from, to, edges, n);
-    return change_edges(g, from, to, edges, n, 1, "cuGraphRemoveDependencies_v2");
+    return change_edges(g, from, to, edges, n, true, "cuGraphRemoveDependencies_v2");
 }
 
 // ---------------------------------------------------------------- changing kernel nodes
@@ -975,13 +951,11 @@ VCUDA_API cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS* para
     VCUDA_TRACE_HOOK(cuGraphHostNodeGetParams, node, params);
     VCUDA_REQUIRE_INIT();
     if (!params || !node_of_type(node, CU_GRAPH_NODE_TYPE_HOST)) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::graph_node_object, "cuGraphHostNodeGetParams");
-    c.handle(node, handle_kind::graph_node);
-    c.arg(uint64_t{2});
+    graph_node_object_call c("cuGraphHostNodeGetParams", node, 2);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     CUhostFn fn = nullptr;
     void* data = nullptr;
-    if (!graph_host_function_of(c.out<uint64_t>(0), fn, data)) return CUDA_ERROR_INVALID_VALUE;
+    if (!graph_host_function_of(c.object(), fn, data)) return CUDA_ERROR_INVALID_VALUE;
     params->fn = fn;
     params->userData = data;
     return CUDA_SUCCESS;
@@ -1033,21 +1007,18 @@ CUresult exec_update(CUgraphExec exec, CUgraph g, CUgraphExecUpdateResultInfo& i
     VCUDA_REQUIRE_INIT();
     info = {};
     info.result = CU_GRAPH_EXEC_UPDATE_ERROR;
-    plain_call c(op::graph_exec_update, name);
-    c.handle(exec, handle_kind::graph_exec);
-    c.handle(g, handle_kind::graph);
+    graph_exec_update_call c(name, exec, g);
     CUresult rc = c.send_sync();
     if (c.reply().outs.size() < 5) {  // an earlier queued call's error took the reply
         if (rc == CUDA_SUCCESS) info.result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
         return rc;
     }
-    info.result = c.out<CUgraphExecUpdateResult>(0);
-    auto node = [&](size_t i) {
-        uint64_t id = c.out<uint64_t>(i);
-        return id ? adopt_node(id, id_of(g), c.out<CUgraphNodeType>(i + 1)) : nullptr;
+    info.result = static_cast<CUgraphExecUpdateResult>(c.result());
+    auto node = [&](uint64_t id, unsigned type) {
+        return id ? adopt_node(id, id_of(g), static_cast<CUgraphNodeType>(type)) : nullptr;
     };
-    info.errorNode = node(1);
-    info.errorFromNode = node(3);
+    info.errorNode = node(c.error_node(), c.error_type());
+    info.errorFromNode = node(c.from_node(), c.from_type());
     return rc;
 }
 }  // namespace
@@ -1082,14 +1053,10 @@ CUresult graph_mem_attribute(CUdevice dev, CUgraphMem_attribute attr, void* valu
     if (CUresult rc = server_location(loc); rc != CUDA_SUCCESS) return CUDA_ERROR_INVALID_DEVICE;
     cuuint64_t v = 0;
     if (set) std::memcpy(&v, value, sizeof v);
-    plain_call c(op::graph_mem_attribute, name);
-    c.arg(static_cast<uint64_t>(loc.id));
-    c.arg(static_cast<uint64_t>(attr));
-    c.arg(uint64_t{set});
-    c.arg(static_cast<uint64_t>(v));
+    graph_mem_attribute_call c(name, dev, static_cast<unsigned>(attr), set, v);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     if (!set) {
-        v = c.out<uint64_t>(0);
+        v = c.current();
         std::memcpy(value, &v, sizeof v);
     }
     return CUDA_SUCCESS;
@@ -1128,12 +1095,9 @@ CUresult update_capture_dependencies(CUstream s, const CUgraphNode* nodes, const
     if (flags > CU_STREAM_SET_CAPTURE_DEPENDENCIES) return CUDA_ERROR_INVALID_VALUE;
     std::vector<uint64_t> ids;
     if (CUresult rc = node_ids(nodes, n, ids); rc != CUDA_SUCCESS) return rc;
-    plain_call c(op::capture_update_dependencies, name);
-    c.handle(s, handle_kind::stream);
-    c.arg(uint64_t{flags});
-    c.blob(std::as_bytes(std::span(ids)));
-    c.blob(edge_bytes(edges, n));
-    return c.send_sync();
+    return capture_update_dependencies_call(name, s, flags, std::as_bytes(std::span(ids)),
+                                            edge_bytes(edges, n))
+        .send_sync();
 }
 }  // namespace
 
@@ -1153,20 +1117,18 @@ namespace vcuda::client {
 // The nodes `s`'s next captured work follows, in the capture's graph `graph` (client/api_stream.cpp).
 CUresult capture_dependencies(CUstream s, uint64_t graph, std::vector<CUgraphNode>& nodes,
                               std::vector<CUgraphEdgeData>& edges) {
-    plain_call c(op::capture_dependencies, "cuStreamGetCaptureInfo_v3");
-    c.handle(s, handle_kind::stream);
-    c.arg(graph);
+    capture_dependencies_call c("cuStreamGetCaptureInfo_v3", s, reinterpret_cast<CUgraph>(graph));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    const auto& outs = c.reply().outs;
-    const size_t n = c.out<uint64_t>(0);
-    if (outs.size() != 1 + 2 * n) return CUDA_ERROR_UNKNOWN;
+    const size_t n = c.count();
+    const auto listed = c.listed();
+    if (listed.size() != 2 * n) return CUDA_ERROR_UNKNOWN;
     nodes.clear();
     for (size_t i = 0; i < n; ++i)
-        nodes.push_back(adopt_node(outs[1 + 2 * i], graph, c.out<CUgraphNodeType>(2 + 2 * i)));
+        nodes.push_back(adopt_node(listed[2 * i], graph, static_cast<CUgraphNodeType>(listed[2 * i + 1])));
     edges.assign(n, CUgraphEdgeData{});
-    if (!c.reply().blobs.empty()) {
-        if (c.reply().blobs[0].size() != n * sizeof(CUgraphEdgeData)) return CUDA_ERROR_UNKNOWN;
-        std::memcpy(edges.data(), c.reply().blobs[0].data(), n * sizeof(CUgraphEdgeData));
+    if (const auto data = c.edge_data(); !data.empty()) {  // empty: the driver gave no edge data
+        if (data.size() != n * sizeof(CUgraphEdgeData)) return CUDA_ERROR_UNKNOWN;
+        std::memcpy(edges.data(), data.data(), data.size());
     }
     return CUDA_SUCCESS;
 }
@@ -1223,15 +1185,13 @@ VCUDA_API cuGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D* params) no
     VCUDA_TRACE_HOOK(cuGraphMemcpyNodeGetParams, node, params);
     VCUDA_REQUIRE_INIT();
     if (!params || !node_of_type(node, CU_GRAPH_NODE_TYPE_MEMCPY)) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::graph_memcpy_node_params, "cuGraphMemcpyNodeGetParams");
-    c.handle(node, handle_kind::graph_node);
+    graph_memcpy_node_params_call c("cuGraphMemcpyNodeGetParams", node);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    const auto& blobs = c.reply().blobs;
     CUDA_MEMCPY3D p;
-    if (blobs.size() != 1 || blobs[0].size() != sizeof p) return CUDA_ERROR_UNKNOWN;
-    std::memcpy(&p, blobs[0].data(), sizeof p);
+    if (c.copy().size() != sizeof p) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(&p, c.copy().data(), sizeof p);
     host_copy_side mine;
-    const uint64_t host_copy = c.out<uint64_t>(0);
+    const uint64_t host_copy = c.host_copy();
     if (host_copy && !graph_host_copy_of(host_copy, mine)) return CUDA_ERROR_UNKNOWN;
     auto& st = state::get();
     auto to_client = [&](CUmemorytype type, bool source, auto& host, size_t& x, size_t& y, size_t& z,
@@ -1260,17 +1220,15 @@ VCUDA_API cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PAR
     VCUDA_TRACE_HOOK(cuGraphMemAllocNodeGetParams, node, params);
     VCUDA_REQUIRE_INIT();
     if (!params || !node_of_type(node, CU_GRAPH_NODE_TYPE_MEM_ALLOC)) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::graph_mem_node_params, "cuGraphMemAllocNodeGetParams");
-    c.handle(node, handle_kind::graph_node);
+    graph_mem_node_params_call c("cuGraphMemAllocNodeGetParams", node);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    const auto& blobs = c.reply().blobs;
-    if (blobs.size() != 2 || blobs[0].size() != sizeof(CUmemPoolProps) ||
-        blobs[1].size() % sizeof(CUmemAccessDesc) != 0)
+    const auto props_blob = c.pool_props(), access_blob = c.access();
+    if (props_blob.size() != sizeof(CUmemPoolProps) || access_blob.size() % sizeof(CUmemAccessDesc) != 0)
         return CUDA_ERROR_UNKNOWN;
     CUmemPoolProps props;
-    std::memcpy(&props, blobs[0].data(), sizeof props);
-    std::vector<CUmemAccessDesc> access(blobs[1].size() / sizeof(CUmemAccessDesc));
-    std::memcpy(access.data(), blobs[1].data(), blobs[1].size());
+    std::memcpy(&props, props_blob.data(), sizeof props);
+    std::vector<CUmemAccessDesc> access(access_blob.size() / sizeof(CUmemAccessDesc));
+    std::memcpy(access.data(), access_blob.data(), access_blob.size());
     auto& st = state::get();
     auto to_client = [&](CUmemLocation& loc) {  // the server's device index -> this process's ordinal
         if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE) loc.id = st.client_device(loc.id);
@@ -1289,8 +1247,8 @@ VCUDA_API cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PAR
     params->poolProps = props;
     params->accessDescs = kept->empty() ? nullptr : kept->data();
     params->accessDescCount = kept->size();
-    params->bytesize = c.out<size_t>(1);
-    params->dptr = c.out<CUdeviceptr>(0);
+    params->bytesize = c.bytes();
+    params->dptr = c.address();
     return CUDA_SUCCESS;
 }
 
@@ -1298,10 +1256,9 @@ VCUDA_API cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr* dptr) noexc
     VCUDA_TRACE_HOOK(cuGraphMemFreeNodeGetParams, node, dptr);
     VCUDA_REQUIRE_INIT();
     if (!dptr || !node_of_type(node, CU_GRAPH_NODE_TYPE_MEM_FREE)) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::graph_mem_node_params, "cuGraphMemFreeNodeGetParams");
-    c.handle(node, handle_kind::graph_node);
+    graph_mem_node_params_call c("cuGraphMemFreeNodeGetParams", node);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    *dptr = c.out<CUdeviceptr>(0);
+    *dptr = c.address();
     return CUDA_SUCCESS;
 }
 

@@ -21,8 +21,6 @@ using namespace vcuda::client;
 
 namespace {
 
-enum ipc_what : uint64_t { what_memory = 0, what_event = 1 };
-
 // Memory this process opened: address -> how many times.
 std::mutex opened_mu;
 std::map<CUdeviceptr, unsigned>& opened() {
@@ -33,10 +31,9 @@ std::map<CUdeviceptr, unsigned>& opened() {
 std::span<const std::byte> bytes_of(const void* p, size_t n) { return {static_cast<const std::byte*>(p), n}; }
 
 // Answers the handle the server sent into `out` (64 bytes).
-CUresult take_handle(const plain_call& c, void* out) {
-    const auto& blobs = c.reply().blobs;
-    if (blobs.size() != 1 || blobs[0].size() != ipc_handle_bytes) return CUDA_ERROR_UNKNOWN;
-    std::memcpy(out, blobs[0].data(), ipc_handle_bytes);
+CUresult take_handle(const ipc_export_call& c, void* out) {
+    if (c.ipc_handle().size() != ipc_handle_bytes) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(out, c.ipc_handle().data(), ipc_handle_bytes);
     return CUDA_SUCCESS;
 }
 
@@ -46,10 +43,7 @@ CUresult open_memory(CUdeviceptr* pdptr, const CUipcMemHandle& handle, unsigned 
     if (flags & ~static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) return CUDA_ERROR_INVALID_VALUE;
     int device = current_device();
     if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    plain_call c(op::ipc_open, name);
-    c.arg(what_memory);
-    c.arg(static_cast<uint64_t>(flags));
-    c.blob(bytes_of(handle.reserved, sizeof handle.reserved));
+    ipc_open_call c(name, what_memory, flags, bytes_of(handle.reserved, sizeof handle.reserved));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return refused_by_server(name, rc, c);
     auto p = c.out<uint64_t>(0);
     auto bytes = c.out<uint64_t>(1);
@@ -70,9 +64,7 @@ VCUDA_API cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) noexcept 
     device_allocation a;
     if (!st.find_allocation(dptr, 1, a) || a.managed || a.module_global) return CUDA_ERROR_INVALID_VALUE;
     context_scope scope(st.primary_context(a.device));  // the server of the memory's device
-    plain_call c(op::ipc_export, "cuIpcGetMemHandle");
-    c.arg(what_memory);
-    c.arg(static_cast<uint64_t>(dptr));
+    ipc_export_call c("cuIpcGetMemHandle", what_memory, dptr);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return refused_by_server("cuIpcGetMemHandle", rc, c);
     return take_handle(c, pHandle->reserved);
 }
@@ -117,9 +109,7 @@ VCUDA_API cuIpcGetEventHandle(CUipcEventHandle* pHandle, CUevent event) noexcept
     if (!state::get().lookup(reinterpret_cast<uint64_t>(event), info) || info.kind != handle_kind::event)
         return CUDA_ERROR_INVALID_HANDLE;
     context_scope scope(info.ctx);  // the event's session
-    plain_call c(op::ipc_export, "cuIpcGetEventHandle");
-    c.arg(what_event);
-    c.handle(event, handle_kind::event);
+    ipc_export_call c("cuIpcGetEventHandle", what_event, reinterpret_cast<uint64_t>(event));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS)
         return refused_by_server("cuIpcGetEventHandle", rc, c);
     mark_ipc_shared(reinterpret_cast<uint64_t>(event));  // its records now run before they return
@@ -131,10 +121,7 @@ VCUDA_API cuIpcOpenEventHandle(CUevent* phEvent, CUipcEventHandle handle) noexce
     VCUDA_REQUIRE_INIT();
     if (!phEvent) return CUDA_ERROR_INVALID_VALUE;
     if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    plain_call c(op::ipc_open, "cuIpcOpenEventHandle");
-    c.arg(what_event);
-    c.arg(uint64_t{0});
-    c.blob(bytes_of(handle.reserved, sizeof handle.reserved));
+    ipc_open_call c("cuIpcOpenEventHandle", what_event, 0, bytes_of(handle.reserved, sizeof handle.reserved));
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS)
         return refused_by_server("cuIpcOpenEventHandle", rc, c);
     *phEvent = c.out_handle<CUevent>(0, handle_kind::event);

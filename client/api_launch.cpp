@@ -15,6 +15,7 @@
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 #include "common/log.hpp"
 
 using namespace vcuda;
@@ -279,22 +280,17 @@ namespace {
 // cuOccupancyMaxActiveClusters (what 0) and cuOccupancyMaxPotentialClusterSize (what 1): answered by the
 // server once per function and configuration, then from the reply cache (PyTorch asks about a hundred times a
 // step).
-CUresult occupancy_clusters(int* answer, CUfunction f, const CUlaunchConfig* config, uint64_t what) {
+CUresult occupancy_clusters(int* answer, CUfunction f, const CUlaunchConfig* config, unsigned what) {
     VCUDA_REQUIRE_INIT();
     if (!answer || !config || (config->numAttrs && !config->attrs)) return CUDA_ERROR_INVALID_VALUE;
     if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    plain_call c(op::occupancy_clusters,
-                 what ? "cuOccupancyMaxPotentialClusterSize" : "cuOccupancyMaxActiveClusters");
-    c.handle(f, handle_kind::function);
-    for (unsigned v : {config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
-                       config->blockDimY, config->blockDimZ, config->sharedMemBytes})
-        c.arg(v);
-    c.handle(config->hStream, handle_kind::stream);
-    c.arg(config->numAttrs);
-    c.arg(what);
-    c.blob({reinterpret_cast<const std::byte*>(config->attrs), config->numAttrs * sizeof(CUlaunchAttribute)});
+    occupancy_clusters_call c(
+        what ? "cuOccupancyMaxPotentialClusterSize" : "cuOccupancyMaxActiveClusters", f, config->gridDimX,
+        config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY, config->blockDimZ,
+        config->sharedMemBytes, config->hStream, config->numAttrs, what,
+        {reinterpret_cast<const std::byte*>(config->attrs), config->numAttrs * sizeof(CUlaunchAttribute)});
     if (CUresult rc = c.send_cached(); rc != CUDA_SUCCESS) return rc;
-    *answer = c.out<int>(0);
+    *answer = c.answer();
     return CUDA_SUCCESS;
 }
 }  // namespace

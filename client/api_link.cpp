@@ -13,9 +13,10 @@
 #include "client/entry_point.hpp"
 #include "client/images.hpp"
 #include "client/jit.hpp"
-#include "client/remote_call.hpp"
+#include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 #include "common/log.hpp"
 
 using namespace vcuda;
@@ -56,17 +57,17 @@ CUresult link_create(unsigned n, CUjit_option* o, void** v, CUlinkState* out) {
     if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
     link_record rec;
     if (CUresult rc = rec.options.take(n, o, v, "cuLinkCreate"); rc != CUDA_SUCCESS) return rc;
-    call_reply rp;
-    CUresult rc = remote(op::link_create, {}, mode::sync, &rp, {}, {rec.options.blob()});
-    if (!rp.outs.empty()) rec.options.answer(rp, 1);
+    link_create_call c("cuLinkCreate", rec.options.blob());
+    CUresult rc = c.send_sync();
+    if (!c.reply().outs.empty()) rec.options.answer(c.reply(), 1);
     if (rc != CUDA_SUCCESS) return rc;
-    if (rp.outs.empty()) return CUDA_ERROR_UNKNOWN;
-    uint64_t id = rp.outs[0];
+    if (!c.link_id()) return CUDA_ERROR_UNKNOWN;
+    CUlinkState link = c.link();
     {
         std::lock_guard lock(links_mu);
-        links()[id] = std::move(rec);
+        links()[reinterpret_cast<uint64_t>(link)] = std::move(rec);
     }
-    *out = reinterpret_cast<CUlinkState>(id);
+    *out = link;
     return CUDA_SUCCESS;
 }
 
@@ -78,10 +79,10 @@ CUresult link_add(CUlinkState state, CUjitInputType type, const void* data, size
     if (!data || size == 0) return CUDA_ERROR_INVALID_VALUE;
     jit_call per_input;
     if (CUresult rc = per_input.take(n, o, v, "cuLinkAddData"); rc != CUDA_SUCCESS) return rc;
-    call_reply rp;
-    CUresult rc = remote(op::link_add, {id, static_cast<uint64_t>(type)}, mode::sync, &rp,
-                         {static_cast<const std::byte*>(data), size}, {text(name), per_input.blob()});
-    answer_link(id, rp, 0);
+    link_add_call c("cuLinkAddData", state, static_cast<unsigned>(type), text(name), per_input.blob(),
+                    {static_cast<const std::byte*>(data), size});
+    CUresult rc = c.send_sync();
+    answer_link(id, c.reply(), 0);
     return rc;
 }
 
@@ -141,15 +142,16 @@ VCUDA_API cuLinkComplete(CUlinkState state, void** cubinOut, size_t* sizeOut) no
     auto id = reinterpret_cast<uint64_t>(state);
     if (!known_link(id)) return CUDA_ERROR_INVALID_HANDLE;
     if (!cubinOut || !sizeOut) return CUDA_ERROR_INVALID_VALUE;
-    call_reply rp;
-    CUresult rc = remote(op::link_complete, {id}, mode::sync, &rp);
-    answer_link(id, rp, 0);
+    link_complete_call c("cuLinkComplete", state);
+    CUresult rc = c.send_sync();
+    answer_link(id, c.reply(), 0);
     if (rc != CUDA_SUCCESS) return rc;
-    if (rp.payload.empty()) return CUDA_ERROR_UNKNOWN;
+    auto image = c.image();
+    if (image.empty()) return CUDA_ERROR_UNKNOWN;
     std::lock_guard lock(links_mu);
     auto it = links().find(id);
     if (it == links().end()) return CUDA_ERROR_INVALID_HANDLE;  // destroyed by another thread meanwhile
-    it->second.image = std::move(rp.payload);
+    it->second.image = std::move(image);
     *cubinOut = it->second.image.data();
     *sizeOut = it->second.image.size();
     return CUDA_SUCCESS;
@@ -160,7 +162,9 @@ VCUDA_API cuLinkDestroy(CUlinkState state) noexcept {
     VCUDA_REQUIRE_INIT();
     auto id = reinterpret_cast<uint64_t>(state);
     if (!known_link(id)) return CUDA_ERROR_INVALID_HANDLE;
-    CUresult rc = remote(op::link_destroy, {id});
+    link_destroy_call c("cuLinkDestroy", state);
+    CUresult rc = c.send_sync();
+    c.forget_destroyed();  // the server forgets the link whatever the driver answers
     std::lock_guard lock(links_mu);
     links().erase(id);
     return rc;

@@ -183,12 +183,18 @@ CUresult get_entry(op o, uint64_t owner, handle_kind owner_kind, handle_kind k, 
 CUresult entry_names(uint64_t owner, handle_kind owner_kind, std::vector<std::string>& names) {
     VCUDA_REQUIRE_INIT();
     if (!state::get().known(owner, owner_kind)) return CUDA_ERROR_INVALID_HANDLE;
-    call_reply rp;
-    CUresult rc = remote(op::module_entries, {state::get().route(owner)}, mode::sync, &rp);
-    if (rc != CUDA_SUCCESS) return rc;
-    if (rp.outs.size() != 1 || rp.blobs.size() != rp.outs[0]) return CUDA_ERROR_UNKNOWN;
+    module_entries_call c("cuModuleEnumerateFunctions", state::get().route(owner));
+    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+    const auto all = c.names();  // each name ends with a NUL
     names.clear();
-    for (auto& b : rp.blobs) names.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+    for (size_t at = 0; at < all.size();) {
+        const auto* start = reinterpret_cast<const char*>(all.data() + at);
+        const size_t len = strnlen(start, all.size() - at);
+        if (at + len == all.size()) return CUDA_ERROR_UNKNOWN;  // no NUL: not this protocol
+        names.emplace_back(start, len);
+        at += len + 1;
+    }
+    if (names.size() != c.count()) return CUDA_ERROR_UNKNOWN;
     return CUDA_SUCCESS;
 }
 

@@ -20,13 +20,12 @@
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 
 using namespace vcuda;
 using namespace vcuda::client;
 
 namespace {
-
-enum peer_call : uint64_t { can_access = 0, enable = 1, disable = 2 };
 
 constexpr const char* across_servers = "a peer copy between devices of different vcuda servers";
 
@@ -65,16 +64,12 @@ bool devices_still_enabled(int device, int peer) {
     return false;
 }
 
-CUresult peer_call_sync(peer_call what, int device, int peer, unsigned flags, uint64_t* out) {
-    auto& st = state::get();
-    plain_call c(op::peer, what == can_access ? "cuDeviceCanAccessPeer" : "cuCtxEnablePeerAccess");
-    c.arg(static_cast<uint64_t>(what));
-    c.arg(static_cast<uint64_t>(st.device(device).server_index));
-    c.arg(static_cast<uint64_t>(st.device(peer).server_index));
-    c.arg(static_cast<uint64_t>(flags));
-    CUresult rc = what == can_access ? c.send_cached() : c.send_sync();
-    if (rc == CUDA_SUCCESS && out) *out = c.out<uint64_t>(0);
-    return rc;
+// Peer access of the application's context on `device` towards its context on `peer`: on the server, between
+// the session's contexts on them.
+CUresult peer_access(bool enable, int device, int peer, unsigned flags) {
+    return peer_access_call(enable ? "cuCtxEnablePeerAccess" : "cuCtxDisablePeerAccess", enable, device, peer,
+                            flags)
+        .send_sync();
 }
 
 // The devices of a peer copy's two contexts (dd, sd), and the context it runs in (`on`: `stream`'s when
@@ -109,15 +104,9 @@ CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontex
         return CUDA_ERROR_INVALID_VALUE;
     if (CUresult rc = managed_before_device_access(src, n, false); rc != CUDA_SUCCESS) return rc;
     if (CUresult rc = managed_before_device_access(dst, n, true); rc != CUDA_SUCCESS) return rc;
-    auto& st = state::get();
     context_scope scope(on);
-    plain_call c(op::copy_peer, m == mode::post ? "cuMemcpyPeerAsync" : "cuMemcpyPeer");
-    c.arg(static_cast<uint64_t>(dst));
-    c.arg(static_cast<uint64_t>(st.device(dd).server_index));
-    c.arg(static_cast<uint64_t>(src));
-    c.arg(static_cast<uint64_t>(st.device(sd).server_index));
-    c.arg(static_cast<uint64_t>(n));
-    c.handle(m == mode::post ? stream : nullptr, handle_kind::stream);
+    copy_peer_call c(m == mode::post ? "cuMemcpyPeerAsync" : "cuMemcpyPeer", dst, dd, src, sd, n,
+                     m == mode::post ? stream : nullptr);
     return m == mode::post ? c.send_async() : c.send_sync();
 }
 
@@ -180,7 +169,7 @@ void vcuda::client::forget_peer_access(uint64_t ctx) {
     for (auto [d, p] : gone) {
         uint64_t ctx_on_d = state::get().primary_context(d);
         context_scope scope(ctx_on_d);
-        peer_call_sync(disable, d, p, 0, nullptr);
+        peer_access(false, d, p, 0);
     }
 }
 
@@ -194,9 +183,9 @@ VCUDA_API cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) noexcept 
     *can = 0;
     if (dev == peer || !same_session(dev, peer)) return CUDA_SUCCESS;  // another server: no peer access
     context_scope scope(st.primary_context(dev));
-    uint64_t answer = 0;
-    if (CUresult rc = peer_call_sync(can_access, dev, peer, 0, &answer); rc != CUDA_SUCCESS) return rc;
-    *can = answer != 0;
+    peer_can_access_call c("cuDeviceCanAccessPeer", dev, peer);
+    if (CUresult rc = c.send_cached(); rc != CUDA_SUCCESS) return rc;
+    *can = c.can();
     return CUDA_SUCCESS;
 }
 
@@ -212,7 +201,7 @@ VCUDA_API cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) noexc
                                              "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"));
     std::lock_guard lock(access_mu);
     if (enabled().count({cur, peer})) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
-    CUresult rc = peer_call_sync(enable, d, p, Flags, nullptr);
+    CUresult rc = peer_access(true, d, p, Flags);
     // Another context of the application on the same device enabled it on the server's context already.
     if (rc == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED && devices_still_enabled(d, p)) rc = CUDA_SUCCESS;
     if (rc == CUDA_SUCCESS) enabled().insert({cur, peer});
@@ -228,7 +217,7 @@ VCUDA_API cuCtxDisablePeerAccess(CUcontext peerContext) noexcept {
     std::lock_guard lock(access_mu);
     if (!enabled().erase({cur, peer})) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
     if (devices_still_enabled(d, p)) return CUDA_SUCCESS;
-    CUresult rc = peer_call_sync(disable, d, p, 0, nullptr);
+    CUresult rc = peer_access(false, d, p, 0);
     if (rc != CUDA_SUCCESS) enabled().insert({cur, peer});
     return rc;
 }

@@ -191,13 +191,10 @@ VCUDA_API cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool memPool,
     VCUDA_REQUIRE_INIT();
     if (!flags || !location) return CUDA_ERROR_INVALID_VALUE;
     CUmemLocation loc = *location;
-    if (CUresult rc = server_location(loc); rc != CUDA_SUCCESS) return rc;
-    auto sd = static_cast<uint64_t>(loc.id);
-    plain_call c(op::pool_get_access, "cuMemPoolGetAccess");
-    c.handle(memPool, handle_kind::mem_pool);
-    c.arg(sd);
+    if (CUresult rc = server_location(loc); rc != CUDA_SUCCESS) return rc;  // a device of this server
+    pool_get_access_call c("cuMemPoolGetAccess", memPool, location->id);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    *flags = static_cast<CUmemAccess_flags>(c.out<uint64_t>(0));
+    *flags = static_cast<CUmemAccess_flags>(c.flags());
     return CUDA_SUCCESS;
 }
 
@@ -206,9 +203,7 @@ VCUDA_API cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool memPool,
 // (client/ipc_handles.hpp), which another process of the same tenant on the same server imports; the
 // allocations then travel as the driver's own export data.
 
-namespace {
-constexpr uint64_t what_pool = 3;  // the ipc_export/ipc_open kind
-}  // namespace
+namespace {}  // namespace
 
 VCUDA_API cuMemPoolExportToShareableHandle(void* handle_out, CUmemoryPool pool,
                                            CUmemAllocationHandleType handleType,
@@ -219,9 +214,7 @@ VCUDA_API cuMemPoolExportToShareableHandle(void* handle_out, CUmemoryPool pool,
     if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         return static_cast<CUresult>(unsupported(
             "cuMemPoolExportToShareableHandle to a handle type other than a POSIX file descriptor"));
-    plain_call c(op::ipc_export, "cuMemPoolExportToShareableHandle");
-    c.arg(what_pool);
-    c.handle(pool, handle_kind::mem_pool);
+    ipc_export_call c("cuMemPoolExportToShareableHandle", what_pool, reinterpret_cast<uint64_t>(pool));
     return export_descriptor(c, "cuMemPoolExportToShareableHandle", handle_out);
 }
 
@@ -238,10 +231,7 @@ VCUDA_API cuMemPoolImportFromShareableHandle(CUmemoryPool* pool_out, void* handl
     if (!handle_in_descriptor(handle, "cuMemPoolImportFromShareableHandle", bytes))
         return CUDA_ERROR_INVALID_VALUE;
     if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    plain_call c(op::ipc_open, "cuMemPoolImportFromShareableHandle");
-    c.arg(what_pool);
-    c.arg(uint64_t{0});
-    c.blob(bytes);
+    ipc_open_call c("cuMemPoolImportFromShareableHandle", what_pool, 0, bytes);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS)
         return refused_by_server("cuMemPoolImportFromShareableHandle", rc, c);
     *pool_out = c.out_handle<CUmemoryPool>(0, handle_kind::mem_pool);
@@ -255,12 +245,10 @@ VCUDA_API cuMemPoolExportPointer(CUmemPoolPtrExportData* shareData_out, CUdevice
     device_allocation a;
     if (!state::get().find_allocation(ptr, 1, a) || a.base != ptr) return CUDA_ERROR_INVALID_VALUE;
     context_scope scope(state::get().primary_context(a.device));  // the allocation's server
-    plain_call c(op::pool_export_pointer, "cuMemPoolExportPointer");
-    c.arg(static_cast<uint64_t>(ptr));
+    pool_export_pointer_call c("cuMemPoolExportPointer", ptr);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    const auto& blobs = c.reply().blobs;
-    if (blobs.size() != 1 || blobs[0].size() != sizeof *shareData_out) return CUDA_ERROR_UNKNOWN;
-    std::memcpy(shareData_out, blobs[0].data(), sizeof *shareData_out);
+    if (c.export_data().size() != sizeof *shareData_out) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(shareData_out, c.export_data().data(), sizeof *shareData_out);
     return CUDA_SUCCESS;
 }
 
@@ -269,13 +257,12 @@ VCUDA_API cuMemPoolImportPointer(CUdeviceptr* ptr_out, CUmemoryPool pool,
     VCUDA_TRACE_HOOK(cuMemPoolImportPointer, ptr_out, pool, shareData);
     VCUDA_REQUIRE_INIT();
     if (!ptr_out || !pool || !shareData) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::pool_import_pointer, "cuMemPoolImportPointer");
-    c.handle(pool, handle_kind::mem_pool);
-    c.blob({reinterpret_cast<const std::byte*>(shareData), sizeof *shareData});
+    pool_import_pointer_call c("cuMemPoolImportPointer", pool,
+                               {reinterpret_cast<const std::byte*>(shareData), sizeof *shareData});
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     auto& st = state::get();
-    const auto p = c.out<uint64_t>(0), bytes = c.out<uint64_t>(1);
-    const int device = st.client_device(static_cast<int>(c.out<uint64_t>(2)));  // the memory's GPU
+    const auto p = c.address(), bytes = c.bytes();
+    const int device = st.client_device(static_cast<int>(c.device_index()));  // the memory's GPU
     if (device < 0 || !p) return CUDA_ERROR_UNKNOWN;
     st.add_allocation(p, bytes, device, false, false, false);
     *ptr_out = p;

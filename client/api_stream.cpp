@@ -328,21 +328,23 @@ CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, const char* name, C
                        std::span<const std::byte> deps, std::span<const std::byte> edges) {
     VCUDA_REQUIRE_INIT();
     if (static_cast<unsigned>(mode) > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(into ? op::begin_capture_to_graph : op::begin_capture, name);
-    c.handle(s, handle_kind::stream);
+    // The server gives its thread the thread's capture mode first.
+    const auto thread_mode = static_cast<unsigned>(thread_capture_mode);
+    uint64_t id = 0, graph = reinterpret_cast<uint64_t>(into);
     if (into) {
-        c.handle(into, handle_kind::graph);
-        c.blob(deps);
-        c.blob(edges);
+        begin_capture_to_graph_call c(name, s, into, static_cast<unsigned>(mode), thread_mode, deps, edges);
+        if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+        id = c.capture_id();
+    } else {
+        begin_capture_call c(name, s, static_cast<unsigned>(mode), thread_mode);
+        if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
+        id = c.capture_id();
+        graph = reinterpret_cast<uint64_t>(c.out_handle<CUgraph>(1, handle_kind::graph));
     }
-    c.arg(static_cast<uint64_t>(mode));
-    c.arg(static_cast<uint64_t>(thread_capture_mode));  // the server gives its thread this mode first
-    if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     lane_mode(state::get().remote()) = thread_capture_mode;
     auto seq = std::make_shared<capture_sequence>();
-    seq->id = c.out<uint64_t>(0);
-    seq->graph = into ? reinterpret_cast<uint64_t>(into)
-                      : reinterpret_cast<uint64_t>(c.out_handle<CUgraph>(1, handle_kind::graph));
+    seq->id = id;
+    seq->graph = graph;
     seq->existing = into != nullptr;
     seq->origin = stream_key(s);
     auto& m = captures();
@@ -564,13 +566,10 @@ CUresult batch_memop(CUstream stream, unsigned count, CUstreamBatchMemOpParams* 
                      bool legacy, const char* name) {
     VCUDA_REQUIRE_INIT();
     if (count > max_batch_ops || (count && !ops)) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::stream_batch_memop, name);
-    c.handle(stream, handle_kind::stream);
-    c.arg(uint64_t{count});
-    c.arg(uint64_t{flags});
-    c.arg(uint64_t{legacy});
-    c.blob({reinterpret_cast<const std::byte*>(ops), count * sizeof(CUstreamBatchMemOpParams)});
-    return c.send_sync();  // the server's verdict on every address, at the call
+    return stream_batch_memop_call(
+               name, stream, count, flags, legacy,
+               {reinterpret_cast<const std::byte*>(ops), count * sizeof(CUstreamBatchMemOpParams)})
+        .send_sync();  // the server's verdict on every address, at the call
 }
 }  // namespace
 
@@ -591,22 +590,20 @@ VCUDA_API cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstreamBatchM
 // call. The value travels as its 64 bytes; the server refuses attributes that hold a handle.
 
 namespace {
-enum attribute_call : uint64_t { stream_get = 0, stream_set = 1, node_get = 2, node_set = 3 };
+enum attribute_what : unsigned { stream_get = 0, stream_set = 1, node_get = 2, node_set = 3 };
 
-CUresult attribute(attribute_call what, uint64_t object, handle_kind kind, CUlaunchAttributeID id,
+CUresult attribute(attribute_what what, uint64_t object, handle_kind kind, CUlaunchAttributeID id,
                    CUlaunchAttributeValue* out, const CUlaunchAttributeValue* in, const char* name) {
     VCUDA_REQUIRE_INIT();
     if (!out && !in) return CUDA_ERROR_INVALID_VALUE;
-    plain_call c(op::attribute, name);
-    c.arg(static_cast<uint64_t>(what));
-    c.handle(object, kind);
-    c.arg(static_cast<uint64_t>(id));
-    if (in) c.blob({reinterpret_cast<const std::byte*>(in), sizeof *in});
+    if (!valid_handle(object, kind)) return CUDA_ERROR_INVALID_HANDLE;
+    attribute_call c(name, what, object, static_cast<unsigned>(id),
+                     in ? std::span<const std::byte>(reinterpret_cast<const std::byte*>(in), sizeof *in)
+                        : std::span<const std::byte>{});
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
     if (out) {
-        const auto& blobs = c.reply().blobs;
-        if (blobs.size() != 1 || blobs[0].size() != sizeof *out) return CUDA_ERROR_UNKNOWN;
-        std::memcpy(out, blobs[0].data(), sizeof *out);
+        if (c.value().size() != sizeof *out) return CUDA_ERROR_UNKNOWN;
+        std::memcpy(out, c.value().data(), sizeof *out);
     }
     return CUDA_SUCCESS;
 }

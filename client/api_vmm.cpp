@@ -221,9 +221,7 @@ VCUDA_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
 // (client/ipc_handles.hpp), which another process of the same tenant on the same server imports. It opens
 // while the exporting process holds the allocation (with the driver: while any descriptor of it is open).
 
-namespace {
-enum ipc_what : uint64_t { what_allocation = 2 };
-}  // namespace
+namespace {}  // namespace
 
 VCUDA_API cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
                                        CUmemAllocationHandleType handleType,
@@ -244,9 +242,7 @@ VCUDA_API cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAlloca
     auto& st = state::get();
     if (device < 0 || device >= st.device_count()) return CUDA_ERROR_INVALID_VALUE;
     context_scope scope(st.primary_context(device));  // the allocation's server
-    plain_call c(op::ipc_export, "cuMemExportToShareableHandle");
-    c.arg(what_allocation);
-    c.handle(reinterpret_cast<void*>(handle), handle_kind::mem_handle);
+    ipc_export_call c("cuMemExportToShareableHandle", what_allocation, handle);
     return export_descriptor(c, "cuMemExportToShareableHandle", shareableHandle);
 }
 
@@ -262,10 +258,7 @@ VCUDA_API cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, v
     if (!handle_in_descriptor(osHandle, "cuMemImportFromShareableHandle", bytes))
         return CUDA_ERROR_INVALID_VALUE;
     if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    plain_call c(op::ipc_open, "cuMemImportFromShareableHandle");
-    c.arg(what_allocation);
-    c.arg(uint64_t{0});
-    c.blob(bytes);
+    ipc_open_call c("cuMemImportFromShareableHandle", what_allocation, 0, bytes);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS)
         return refused_by_server("cuMemImportFromShareableHandle", rc, c);
     auto& st = state::get();

@@ -27,6 +27,7 @@
 #include "client/plain_call.hpp"
 #include "client/remote_call.hpp"
 #include "client/state.hpp"
+#include "client_ops.hpp"
 #include "common/log.hpp"
 
 namespace vcuda::client {
@@ -77,19 +78,20 @@ bool sharing_enabled() {
 CUresult shared_host_alloc(host_allocation& h) {
     session& s = state::get().remote();
     if (!s.local() || !sharing_enabled()) return CUDA_ERROR_NOT_SUPPORTED;
-    call_reply rp;
-    CUresult rc = remote(op::host_alloc, {h.size}, mode::sync, &rp);
-    if (rc != CUDA_SUCCESS || rp.outs.size() != 2 || rp.fd < 0) {
-        if (rp.fd >= 0) ::close(rp.fd);
+    host_alloc_call c("cuMemHostAlloc", h.size);
+    CUresult rc = c.send_sync();
+    const int fd = c.reply().fd;
+    if (rc != CUDA_SUCCESS || fd < 0) {
+        if (fd >= 0) ::close(fd);
         return rc == CUDA_SUCCESS ? CUDA_ERROR_UNKNOWN : rc;
     }
-    uint64_t server_addr = rp.outs[0], device_ptr = rp.outs[1];
+    const uint64_t server_addr = c.server_address(), device_ptr = c.device_pointer();
     void* want = reinterpret_cast<void*>(server_addr);
-    void* p = mmap(want, h.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, rp.fd, 0);
-    if (p == MAP_FAILED) p = mmap(nullptr, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, rp.fd, 0);
-    ::close(rp.fd);
+    void* p = mmap(want, h.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+    if (p == MAP_FAILED) p = mmap(nullptr, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
     if (p == MAP_FAILED) {
-        remote(op::host_free, {server_addr}, mode::post);
+        (void)host_free_call("cuMemFreeHost", server_addr).send_async();
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (p != want)
@@ -105,7 +107,7 @@ CUresult shared_host_alloc(host_allocation& h) {
 }
 
 void shared_host_free(const host_allocation& h) {
-    if (!h.owner->lost()) remote(op::host_free, {h.server_addr}, mode::sync);
+    if (!h.owner->lost()) (void)host_free_call("cuMemFreeHost", h.server_addr).send_sync();
 }
 
 namespace {

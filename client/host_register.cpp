@@ -40,6 +40,7 @@
 #include "client/remote.hpp"
 #include "client/remote_call.hpp"
 #include "client/unsupported.hpp"
+#include "client_ops.hpp"
 #include "common/log.hpp"
 
 namespace vcuda::client {
@@ -209,26 +210,27 @@ CUresult share_registered_range(void* p, size_t size, host_allocation& r) {
     const auto sp = reinterpret_cast<uintptr_t>(&here);
     if (sp >= lo && sp < hi) return refuse("the range holds this thread's stack");
 
-    call_reply rp;
-    CUresult rc = remote(op::host_alloc, {len}, mode::sync, &rp);
-    if (rc != CUDA_SUCCESS || rp.outs.size() != 2 || rp.fd < 0) {
-        if (rp.fd >= 0) ::close(rp.fd);
+    host_alloc_call c("cuMemHostRegister", len);
+    CUresult rc = c.send_sync();
+    const int fd = c.reply().fd;
+    if (rc != CUDA_SUCCESS || fd < 0) {
+        if (fd >= 0) ::close(fd);
         return rc == CUDA_SUCCESS ? CUDA_ERROR_UNKNOWN : rc;
     }
-    const uint64_t server_addr = rp.outs[0], device_ptr = rp.outs[1];
-    auto give_back = [&] { remote(op::host_free, {server_addr}, mode::sync); };
+    const uint64_t server_addr = c.server_address(), device_ptr = c.device_pointer();
+    auto give_back = [&] { (void)host_free_call("cuMemHostRegister", server_addr).send_sync(); };
     // The contents first, through a second mapping of the memfd; then the memfd over the application's pages.
-    void* staging = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, rp.fd, 0);
+    void* staging = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (staging == MAP_FAILED) {
-        ::close(rp.fd);
+        ::close(fd);
         give_back();
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     std::memcpy(staging, reinterpret_cast<const void*>(lo), len);
     void* moved =
-        ::mmap(reinterpret_cast<void*>(lo), len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, rp.fd, 0);
+        ::mmap(reinterpret_cast<void*>(lo), len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
     ::munmap(staging, len);
-    ::close(rp.fd);
+    ::close(fd);
     if (moved ==
         MAP_FAILED) {  // the old pages are still in place (a failed MAP_FIXED leaves the range as it was
         give_back();   // only when the kernel could not even start; report it either way)
@@ -251,7 +253,7 @@ CUresult share_registered_range(void* p, size_t size, host_allocation& r) {
 void unshare_registered_range(const host_allocation& r) {
     if (!r.shared() || r.owner->lost()) return;
     const uint64_t region = r.server_addr - (r.base & (page - 1));
-    remote(op::host_free, {region}, mode::sync);
+    (void)host_free_call("cuMemHostUnregister", region).send_sync();
 }
 
 }  // namespace vcuda::client

@@ -14,6 +14,9 @@
 
 namespace vcuda::client {
 
+// What an IPC handle stands for: ipc_export's and ipc_open's `what` (server/handlers_ipc.cpp).
+enum ipc_what : unsigned { what_memory = 0, what_event = 1, what_allocation = 2, what_pool = 3 };
+
 inline constexpr size_t ipc_handle_bytes = 64;
 using ipc_bytes = std::array<std::byte, ipc_handle_bytes>;
 

@@ -77,6 +77,7 @@ call_request plain_call::request() {
     rq.device = d < 0 ? -1 : state::get().device(d).server_index;
     rq.args = {args_.data(), n_};
     rq.blobs = {blobs_.data(), n_blobs_};
+    rq.payload = payload_;
     return rq;
 }
 
@@ -146,6 +147,7 @@ std::string plain_call::cache_key() const {
         key.append(reinterpret_cast<const char*>(&size), sizeof size);
         key.append(reinterpret_cast<const char*>(blobs_[i].data()), blobs_[i].size());
     }
+    key.append(reinterpret_cast<const char*>(payload_.data()), payload_.size());
     return key;
 }
 

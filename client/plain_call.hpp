@@ -79,6 +79,8 @@ class plain_call {
     void blob(std::span<const std::byte> b) {
         if (n_blobs_ < blobs_.size()) blobs_[n_blobs_++] = b;
     }
+    // The call's bulk bytes (the frame's payload; the caller keeps them alive until the call is sent).
+    void payload(std::span<const std::byte> p) { payload_ = p; }
 
     CUresult send_sync();
     CUresult send_async();
@@ -119,10 +121,12 @@ class plain_call {
                                        : std::span<const std::byte>{};
     }
     const call_reply& reply() const { return reply_; }
+    // The reply's payload, moved out.
+    std::vector<std::byte> take_payload() { return std::move(reply_.payload); }
 
   private:
     std::string cache_key()
-        const;  // op, device, arguments, blobs and the attribute state of about()'s kernel
+        const;  // op, device, arguments, blobs, payload and the attribute state of about()'s kernel
     void adopt_handle(uint64_t id, handle_kind k, uint64_t owner);
     call_request request();
     int call_device()
@@ -134,6 +138,7 @@ class plain_call {
     size_t n_ = 0;
     std::array<std::span<const std::byte>, 4> blobs_{};
     size_t n_blobs_ = 0;
+    std::span<const std::byte> payload_;
     CUresult error_ = CUDA_SUCCESS;
     call_reply reply_;
     uint64_t about_ = 0;  // the kernel (or module function) whose attribute state keys the answer; 0: none

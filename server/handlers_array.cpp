@@ -51,8 +51,7 @@ CUresult current_device(call_context& cx, size_t& device) {
 
 // A blob that is exactly one T.
 template <class T>
-bool blob_as(call_context& cx, size_t i, T& out) {
-    auto b = cx.blob(i);
+bool bytes_as(std::span<const std::byte> b, T& out) {
     if (b.size() != sizeof(T)) return false;
     std::memcpy(&out, b.data(), sizeof(T));
     return true;
@@ -261,20 +260,18 @@ CUresult handle_array_create(call_context& cx, const array_create_args& a) {
     return CUDA_SUCCESS;
 }
 
-// args {width, height, depth, format, channels, flags, levels}. Out {mipmapped array, then each level's
-// array}. Level l is the descriptor with every extent halved l times (at least 1; a layered array keeps its
-// layers), charged with the mipmapped array.
-CUresult handle_mipmapped_array_create(call_context& cx) {
-    if (!cx.expect_args(7)) return cx.bad_arguments();
+// Level l is the descriptor with every extent halved l times (at least 1; a layered array keeps its layers),
+// charged with the mipmapped array.
+CUresult handle_mipmapped_array_create(call_context& cx, const mipmapped_array_create_args& a) {
     CUDA_ARRAY3D_DESCRIPTOR d{};
     uint64_t bytes = 0;
     if (CUresult rc =
-            array_args(cx, true, cx.arg(0), cx.arg(1), cx.arg(2), cx.arg(3), cx.arg(4), cx.arg(5), d, bytes);
+            array_args(cx, true, a.width, a.height, a.depth, a.format, a.channels, a.flags, d, bytes);
         rc != CUDA_SUCCESS)
         return rc;
     const bool layered = d.Flags & CUDA_ARRAY3D_LAYERED;
     const uint64_t largest = std::max({d.Width, d.Height, layered ? size_t{0} : d.Depth});
-    const uint64_t levels = cx.arg(6);
+    const uint64_t levels = a.levels;
     if (levels == 0 || levels > 64 || (largest >> (levels - 1)) == 0)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "bad number of mipmap levels");
     std::vector<CUDA_ARRAY3D_DESCRIPTOR> level_desc(levels);
@@ -361,14 +358,12 @@ CUresult handle_array_descriptor(call_context& cx, const array_descriptor_args& 
     return CUDA_SUCCESS;
 }
 
-// blobs {resource desc, texture desc, view desc?}. Out {texture object}.
-CUresult handle_tex_create(call_context& cx) {
+CUresult handle_tex_create(call_context& cx, const tex_create_args& a) {
     CUDA_RESOURCE_DESC r{};
     CUDA_TEXTURE_DESC t{};
     CUDA_RESOURCE_VIEW_DESC v{};
-    const bool view = cx.blob_count() == 3;
-    if (!cx.expect_args(0) || (cx.blob_count() != 2 && !view) || !blob_as(cx, 0, r) || !blob_as(cx, 1, t) ||
-        (view && !blob_as(cx, 2, v)))
+    const bool view = !a.view.empty();
+    if (!bytes_as(a.resource, r) || !bytes_as(a.texture, t) || (view && !bytes_as(a.view, v)))
         return cx.bad_arguments();
     size_t device;
     if (CUresult rc = current_device(cx, device); rc != CUDA_SUCCESS) return rc;
@@ -422,10 +417,9 @@ CUresult handle_tex_resource_desc(call_context& cx, const tex_resource_desc_args
     return CUDA_SUCCESS;
 }
 
-// blob {resource desc: an array}. Out {surface object}.
-CUresult handle_surf_create(call_context& cx) {
+CUresult handle_surf_create(call_context& cx, const surf_create_args& a) {
     CUDA_RESOURCE_DESC r{};
-    if (!cx.expect_args(0) || cx.blob_count() != 1 || !blob_as(cx, 0, r)) return cx.bad_arguments();
+    if (!bytes_as(a.resource, r)) return cx.bad_arguments();
     if (r.resType != CU_RESOURCE_TYPE_ARRAY)
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "a surface object needs an array");
     size_t device;

@@ -42,13 +42,17 @@ CUgraphNodeType seen_type(const driver_table& d, CUgraphNode node, CUgraphNodeTy
 }
 
 // Graph node argument `i` (one of the session's) and the type the driver reports for it.
+CUresult node_type(call_context& cx, CUgraphNode node, CUgraphNodeType& type) {
+    auto& d = cx.drv();
+    if (!d.cuGraphNodeGetType) return cx.unsupported("cuGraphNodeGetType");
+    return d.cuGraphNodeGetType(node, &type);
+}
+
 CUresult typed_node(call_context& cx, size_t i, CUgraphNode& node, CUgraphNodeType& type) {
     void* raw = nullptr;
     if (CUresult rc = cx.lookup(cx.arg(i), handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
     node = static_cast<CUgraphNode>(raw);
-    auto& d = cx.drv();
-    if (!d.cuGraphNodeGetType) return cx.unsupported("cuGraphNodeGetType");
-    return d.cuGraphNodeGetType(node, &type);
+    return node_type(cx, node, type);
 }
 
 // This lane's thread takes the client thread's capture mode (cuThreadExchangeStreamCaptureMode): it decides
@@ -102,8 +106,7 @@ CUresult begun_capture(call_context& cx, CUstream s, CUgraph into, cuuint64_t& i
 constexpr size_t max_nodes = size_t{1} << 17;
 
 // The node ids in blob `i` (8 bytes each), each looked up in the session's table.
-CUresult node_list(call_context& cx, size_t i, std::vector<CUgraphNode>& out) {
-    auto b = cx.blob(i);
+CUresult node_list(call_context& cx, std::span<const std::byte> b, std::vector<CUgraphNode>& out) {
     if (b.size() % sizeof(uint64_t) || b.size() / sizeof(uint64_t) > max_nodes) return cx.bad_arguments();
     out.resize(b.size() / sizeof(uint64_t));
     for (size_t k = 0; k < out.size(); ++k) {
@@ -117,9 +120,8 @@ CUresult node_list(call_context& cx, size_t i, std::vector<CUgraphNode>& out) {
 }
 
 // The edge data in blob `i`: none (null), or one CUgraphEdgeData per edge, copied (aligned) into `store`.
-CUresult edge_list(call_context& cx, size_t i, size_t edges, std::vector<CUgraphEdgeData>& store,
-                   const CUgraphEdgeData*& out) {
-    auto b = cx.blob(i);
+CUresult edge_list(call_context& cx, std::span<const std::byte> b, size_t edges,
+                   std::vector<CUgraphEdgeData>& store, const CUgraphEdgeData*& out) {
     out = nullptr;
     if (b.empty()) return CUDA_SUCCESS;
     if (b.size() != edges * sizeof(CUgraphEdgeData)) return cx.bad_arguments();
@@ -135,10 +137,12 @@ struct dependencies {
     std::vector<CUgraphEdgeData> edge_store;
     const CUgraphEdgeData* edges = nullptr;  // null: default edges
 
-    CUresult read(call_context& cx) {
-        if (CUresult rc = node_list(cx, 0, nodes); rc != CUDA_SUCCESS) return rc;
-        return edge_list(cx, 1, nodes.size(), edge_store, edges);
+    CUresult read(call_context& cx, std::span<const std::byte> node_ids,
+                  std::span<const std::byte> edge_data) {
+        if (CUresult rc = node_list(cx, node_ids, nodes); rc != CUDA_SUCCESS) return rc;
+        return edge_list(cx, edge_data, nodes.size(), edge_store, edges);
     }
+    CUresult read(call_context& cx) { return read(cx, cx.blob(0), cx.blob(1)); }
 };
 
 // A suspend makes an executable graph again from a clone of the graph it came from (server/graph_image.cpp):
@@ -227,16 +231,14 @@ CUgraphNode exec_node(call_context& cx, uint64_t exec, CUgraphNode node) {
 
 }  // namespace
 
-// args {stream, capture mode, the calling thread's capture mode} -> outs {capture id, graph}
-CUresult handle_begin_capture(call_context& cx) {
-    if (!cx.expect_args(3) || !valid_capture_mode(cx.arg(1)) || !valid_capture_mode(cx.arg(2)))
-        return cx.bad_arguments();
-    CUstream s;
-    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+// The graph is the driver's until the capture ends (owned: not the application's to destroy yet).
+CUresult handle_begin_capture(call_context& cx, const begin_capture_args& a) {
+    if (!valid_capture_mode(a.mode) || !valid_capture_mode(a.thread_mode)) return cx.bad_arguments();
+    CUstream s = a.stream;
     auto& d = cx.drv();
     if (!d.cuStreamBeginCapture_v2 || !d.cuStreamEndCapture) return cx.unsupported("cuStreamBeginCapture_v2");
-    if (CUresult rc = set_thread_capture_mode(cx, cx.arg(2)); rc != CUDA_SUCCESS) return rc;
-    if (CUresult rc = d.cuStreamBeginCapture_v2(s, driver_capture_mode(cx, cx.arg(1))); rc != CUDA_SUCCESS)
+    if (CUresult rc = set_thread_capture_mode(cx, a.thread_mode); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = d.cuStreamBeginCapture_v2(s, driver_capture_mode(cx, a.mode)); rc != CUDA_SUCCESS)
         return rc;
     cuuint64_t id = 0;
     CUgraph g = nullptr;
@@ -246,23 +248,18 @@ CUresult handle_begin_capture(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {stream, the application's graph, capture mode, the calling thread's capture mode}; blobs {dependency
-// nodes, their edge data (may be empty)} -> outs {capture id}
-CUresult handle_begin_capture_to_graph(call_context& cx) {
-    if (!cx.expect_args(4) || !valid_capture_mode(cx.arg(2)) || !valid_capture_mode(cx.arg(3)))
-        return cx.bad_arguments();
-    CUstream s;
-    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
-    CUgraph into;
-    if (CUresult rc = cx.handle(1, handle_kind::graph, into); rc != CUDA_SUCCESS) return rc;
+CUresult handle_begin_capture_to_graph(call_context& cx, const begin_capture_to_graph_args& a) {
+    if (!valid_capture_mode(a.mode) || !valid_capture_mode(a.thread_mode)) return cx.bad_arguments();
+    CUstream s = a.stream;
+    CUgraph into = a.graph;
     dependencies deps;
-    if (CUresult rc = deps.read(cx); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = deps.read(cx, a.dependencies, a.edge_data); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     if (!d.cuStreamBeginCaptureToGraph || !d.cuStreamEndCapture)
         return cx.unsupported("cuStreamBeginCaptureToGraph");
-    if (CUresult rc = set_thread_capture_mode(cx, cx.arg(3)); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = set_thread_capture_mode(cx, a.thread_mode); rc != CUDA_SUCCESS) return rc;
     if (CUresult rc = d.cuStreamBeginCaptureToGraph(s, into, deps.nodes.data(), deps.edges, deps.nodes.size(),
-                                                    driver_capture_mode(cx, cx.arg(2)));
+                                                    driver_capture_mode(cx, a.mode));
         rc != CUDA_SUCCESS)
         return rc;
     cuuint64_t id = 0;
@@ -320,33 +317,28 @@ CUresult handle_capture_mode(call_context& cx, const capture_mode_args& a) {
     return set_thread_capture_mode(cx, a.mode);
 }
 
-// args {graph, flags, upload stream} -> outs {executable graph, CUgraphInstantiateResult, the failing node,
-// its type}; the result and node also come back on failure.
-CUresult handle_graph_instantiate(call_context& cx) {
-    if (!cx.expect_args(3)) return cx.bad_arguments();
-    CUgraph g;
-    if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
-    CUstream s;
-    if (CUresult rc = cx.handle(2, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+// The result and failing node also come back on failure (the executable graph 0).
+CUresult handle_graph_instantiate(call_context& cx, const graph_instantiate_args& a) {
+    CUgraph g = a.graph;
     auto& d = cx.drv();
     if (!d.cuGraphInstantiateWithParams) return cx.unsupported("cuGraphInstantiateWithParams");
     CUDA_GRAPH_INSTANTIATE_PARAMS params{};
-    params.flags = cx.arg(1);
-    params.hUploadStream = s;
+    params.flags = a.flags;
+    params.hUploadStream = a.upload;
     CUgraphExec exec = nullptr;
     CUresult rc = d.cuGraphInstantiateWithParams(&exec, g, &params);
     if (rc != CUDA_SUCCESS) {
         cx.out(uint64_t{0});
     } else {
         cx.out_handle(handle_kind::graph_exec, exec);
-        keep_origin(cx, cx.outs.back(), g, &params.flags, cx.arg(0));
+        keep_origin(cx, cx.outs.back(), g, &params.flags, a.graph_id);
     }
     cx.out(static_cast<uint64_t>(params.result_out));
     CUgraphNodeType type{};
     if (params.hErrNode_out && d.cuGraphNodeGetType &&
         d.cuGraphNodeGetType(params.hErrNode_out, &type) == CUDA_SUCCESS) {
         type = seen_type(d, params.hErrNode_out, type);
-        cx.out_handle(handle_kind::graph_node, params.hErrNode_out, cx.arg(0), /*owned=*/true);
+        cx.out_handle(handle_kind::graph_node, params.hErrNode_out, a.graph_id, /*owned=*/true);
     } else {
         cx.out(uint64_t{0});
     }
@@ -358,25 +350,24 @@ namespace {
 enum class listing : uint64_t { nodes = 0, root_nodes = 1, dependencies = 2, dependents = 3 };
 }  // namespace
 
-// args {graph (nodes, root nodes) or node (its dependencies or dependents), what (listing), whether the
-// caller gave an array, its capacity, whether it wants edge data} -> outs {count, then (node, type) per node
-// listed}; blob {edge data, one per node listed} when wanted. The nodes listed become the session's (those it
-// knows keep their ids), owned by their graph.
-CUresult handle_graph_nodes(call_context& cx) {
-    if (!cx.expect_args(5) || cx.arg(1) > 3 || cx.arg(3) > max_nodes) return cx.bad_arguments();
-    auto what = static_cast<listing>(cx.arg(1));
+// `of`: a graph (nodes, root nodes) or a node (its dependencies or dependents). The nodes listed become the
+// session's (those it knows keep their ids), owned by their graph; edge data (empty unless asked) comes with
+// a node's own list only.
+CUresult handle_graph_nodes(call_context& cx, const graph_nodes_args& a) {
+    if (a.what > 3 || a.capacity > max_nodes) return cx.bad_arguments();
+    auto what = static_cast<listing>(a.what);
     const bool of_graph = what == listing::nodes || what == listing::root_nodes;
-    const bool array = cx.arg(2) != 0, with_edges = cx.arg(4) != 0;
+    const bool array = a.array, with_edges = a.with_edges;
     if (with_edges && (!array || of_graph))
         return cx.bad_arguments();  // edge data comes with a node's own list
     void* raw = nullptr;
     handle_entry e;
-    if (CUresult rc = cx.lookup(cx.arg(0), of_graph ? handle_kind::graph : handle_kind::graph_node, raw, &e);
+    if (CUresult rc = cx.lookup(a.of, of_graph ? handle_kind::graph : handle_kind::graph_node, raw, &e);
         rc != CUDA_SUCCESS)
         return rc;
-    const uint64_t owner = of_graph ? cx.arg(0) : e.owner;
+    const uint64_t owner = of_graph ? a.of : e.owner;
     auto& d = cx.drv();
-    const size_t capacity = array ? cx.arg(3) : 0;
+    const size_t capacity = array ? a.capacity : 0;
     size_t n = capacity;
     std::vector<CUgraphNode> nodes(std::max<size_t>(capacity, 1));  // never a null array when one was given
     std::vector<CUgraphEdgeData> edges(with_edges ? nodes.size() : 0);
@@ -403,7 +394,10 @@ CUresult handle_graph_nodes(call_context& cx) {
     }
     if (rc != CUDA_SUCCESS) return rc;
     cx.out(static_cast<uint64_t>(n));
-    if (!array) return CUDA_SUCCESS;
+    if (!array) {
+        cx.out_blob({});
+        return CUDA_SUCCESS;
+    }
     if (!d.cuGraphNodeGetType) return cx.unsupported("cuGraphNodeGetType");
     const size_t listed = std::min(n, capacity);
     for (size_t i = 0; i < listed; ++i) {
@@ -413,22 +407,19 @@ CUresult handle_graph_nodes(call_context& cx) {
         cx.out_handle(handle_kind::graph_node, nodes[i], owner, /*owned=*/true);
         cx.out(static_cast<uint64_t>(type));
     }
-    if (with_edges) cx.out_blob(std::as_bytes(std::span(edges.data(), listed)));
+    cx.out_blob(std::as_bytes(std::span(edges.data(), with_edges ? listed : 0)));
     return CUDA_SUCCESS;
 }
 
-// args {graph, whether the caller gave arrays, their capacity, whether it wants edge data} -> outs {count,
-// then (from node, its type, to node, its type) per edge listed}; blob {edge data, one per edge listed} when
-// wanted. The nodes listed become the session's, owned by the graph.
-CUresult handle_graph_edge_list(call_context& cx) {
-    if (!cx.expect_args(4) || cx.arg(2) > max_nodes) return cx.bad_arguments();
-    const bool array = cx.arg(1) != 0, with_edges = cx.arg(3) != 0;
+// The nodes listed become the session's, owned by the graph.
+CUresult handle_graph_edge_list(call_context& cx, const graph_edge_list_args& a) {
+    if (a.capacity > max_nodes) return cx.bad_arguments();
+    const bool array = a.array, with_edges = a.with_edges;
     if (with_edges && !array) return cx.bad_arguments();
-    CUgraph g;
-    if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+    CUgraph g = a.graph;
     auto& d = cx.drv();
     if (!d.cuGraphGetEdges_v2 || !d.cuGraphNodeGetType) return cx.unsupported("cuGraphGetEdges_v2");
-    const size_t capacity = array ? cx.arg(2) : 0;
+    const size_t capacity = array ? a.capacity : 0;
     size_t n = capacity;
     std::vector<CUgraphNode> from(std::max<size_t>(capacity, 1)), to(from.size());
     std::vector<CUgraphEdgeData> edges(with_edges ? from.size() : 0);
@@ -437,16 +428,19 @@ CUresult handle_graph_edge_list(call_context& cx) {
         rc != CUDA_SUCCESS)
         return rc;
     cx.out(static_cast<uint64_t>(n));
-    if (!array) return CUDA_SUCCESS;
+    if (!array) {
+        cx.out_blob({});
+        return CUDA_SUCCESS;
+    }
     const size_t listed = std::min(n, capacity);
     for (size_t i = 0; i < listed; ++i)
         for (CUgraphNode node : {from[i], to[i]}) {
             CUgraphNodeType type{};
             if (CUresult rc = d.cuGraphNodeGetType(node, &type); rc != CUDA_SUCCESS) return rc;
-            cx.out_handle(handle_kind::graph_node, node, cx.arg(0), /*owned=*/true);
+            cx.out_handle(handle_kind::graph_node, node, a.graph_id, /*owned=*/true);
             cx.out(static_cast<uint64_t>(seen_type(d, node, type)));
         }
-    if (with_edges) cx.out_blob(std::as_bytes(std::span(edges.data(), listed)));
+    cx.out_blob(std::as_bytes(std::span(edges.data(), with_edges ? listed : 0)));
     return CUDA_SUCCESS;
 }
 
@@ -492,14 +486,13 @@ CUresult handle_graph_memset_node_params(call_context& cx, const graph_memset_no
     return CUDA_SUCCESS;
 }
 
-// args {node} -> outs {the client's host copy id, 0 when the copy is between the session's memories}; blob
-// the memcpy node's CUDA_MEMCPY3D, its arrays as the session's handles; a host copy's side in the client has
-// no pointer (the client knows it by the id), shared pinned memory keeps the server's address.
-CUresult handle_graph_memcpy_node_params(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    CUgraphNode node = nullptr;
+// The host copy id is 0 when the copy is between the session's memories. In the CUDA_MEMCPY3D, arrays are
+// the session's handles; a host copy's side in the client has no pointer (the client knows it by the id),
+// shared pinned memory keeps the server's address.
+CUresult handle_graph_memcpy_node_params(call_context& cx, const graph_memcpy_node_params_args& a) {
+    CUgraphNode node = a.node;
     CUgraphNodeType type{};
-    if (CUresult rc = typed_node(cx, 0, node, type); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = node_type(cx, node, type); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     if (!d.cuGraphMemcpyNodeGetParams) return cx.unsupported("cuGraphMemcpyNodeGetParams");
     CUDA_MEMCPY3D c{};
@@ -527,19 +520,21 @@ CUresult handle_graph_memcpy_node_params(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {node} -> a memory alloc node's outs {address, bytes} and blobs {its pool properties, its access
-// descriptors}, device locations as the session's indices; a memory free node's outs {address}.
-CUresult handle_graph_mem_node_params(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    CUgraphNode node = nullptr;
+// Device locations as the session's indices. A memory free node answers its address only (bytes 0, the
+// blobs empty).
+CUresult handle_graph_mem_node_params(call_context& cx, const graph_mem_node_params_args& a) {
+    CUgraphNode node = a.node;
     CUgraphNodeType type{};
-    if (CUresult rc = typed_node(cx, 0, node, type); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = node_type(cx, node, type); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     if (type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
         if (!d.cuGraphMemFreeNodeGetParams) return cx.unsupported("cuGraphMemFreeNodeGetParams");
         CUdeviceptr p = 0;
         if (CUresult rc = d.cuGraphMemFreeNodeGetParams(node, &p); rc != CUDA_SUCCESS) return rc;
         cx.out(uint64_t{p});
+        cx.out(uint64_t{0});
+        cx.out_blob({});
+        cx.out_blob({});
         return CUDA_SUCCESS;
     }
     if (type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) return CUDA_ERROR_INVALID_VALUE;
@@ -576,18 +571,14 @@ CUresult handle_graph_find_in_clone(call_context& cx, const graph_find_in_clone_
     return CUDA_SUCCESS;
 }
 
-// args {node} -> outs {function, kernel (the session's handles; 0: none), grid xyz, block xyz, shared bytes};
-// blob {its parameters, packed at the kernel's layout}. The driver's answer names the function or kernel the
-// node runs; the session knows its parameter layout from when it was looked up.
-CUresult handle_graph_kernel_node_params(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    void* raw = nullptr;
-    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
+// The function and kernel are the session's handles (0: none); the parameters are packed at the kernel's
+// layout. The driver's answer names the function or kernel the node runs; the session knows its parameter
+// layout from when it was looked up.
+CUresult handle_graph_kernel_node_params(call_context& cx, const graph_kernel_node_params_args& a) {
     auto& d = cx.drv();
     if (!d.cuGraphKernelNodeGetParams_v2) return cx.unsupported("cuGraphKernelNodeGetParams_v2");
     CUDA_KERNEL_NODE_PARAMS_v2 p{};
-    if (CUresult rc = d.cuGraphKernelNodeGetParams_v2(static_cast<CUgraphNode>(raw), &p); rc != CUDA_SUCCESS)
-        return rc;
+    if (CUresult rc = d.cuGraphKernelNodeGetParams_v2(a.node, &p); rc != CUDA_SUCCESS) return rc;
     handle_entry fe, ke;
     const uint64_t f = p.func ? session_handle(cx, handle_kind::function, p.func, &fe) : 0;
     uint64_t k = p.kern ? session_handle(cx, handle_kind::kernel, p.kern, &ke) : 0;
@@ -609,18 +600,16 @@ CUresult handle_graph_kernel_node_params(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {node, what (0: the event of an event record or wait node, 1: the graph of a child graph node)} ->
-// outs {its handle}. The event is one of the session's (a node names only events the session has); the child
-// graph is entered as the node's (owned by it: destroyed with it, never on its own), keeping the id it has.
-CUresult handle_graph_node_object(call_context& cx) {
-    if (!cx.expect_args(2) || cx.arg(1) > 2) return cx.bad_arguments();
-    CUgraphNode node = nullptr;
+// The event is one of the session's (a node names only events the session has); the child graph is entered
+// as the node's (owned by it: destroyed with it, never on its own), keeping the id it has.
+CUresult handle_graph_node_object(call_context& cx, const graph_node_object_args& a) {
+    if (a.what > 2) return cx.bad_arguments();
+    CUgraphNode node = a.node;
     CUgraphNodeType type{};
-    if (CUresult rc = typed_node(cx, 0, node, type); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = node_type(cx, node, type); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     type = seen_type(d, node, type);  // a host copy's child graph is not the application's to see
-    if (cx.arg(1) ==
-        2) {  // a host node: the client's host-function id (client/api_hostfn.cpp) names fn, data
+    if (a.what == 2) {  // a host node: the client's host-function id (client/api_hostfn.cpp) names fn, data
         CUDA_HOST_NODE_PARAMS p{};
         uint64_t id = 0;
         if (type != CU_GRAPH_NODE_TYPE_HOST) return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a host node");
@@ -631,7 +620,7 @@ CUresult handle_graph_node_object(call_context& cx) {
         cx.out(id);
         return CUDA_SUCCESS;
     }
-    if (cx.arg(1) == 1) {
+    if (a.what == 1) {
         if (type != CU_GRAPH_NODE_TYPE_GRAPH)
             return cx.fail(CUDA_ERROR_INVALID_VALUE, "not a child graph node");
         if (!d.cuGraphChildGraphNodeGetGraph) return cx.unsupported("cuGraphChildGraphNodeGetGraph");
@@ -641,7 +630,7 @@ CUresult handle_graph_node_object(call_context& cx) {
                 session_handle(cx, handle_kind::graph, g))  // a graph moved into it, or asked before
             cx.out(id);
         else
-            cx.out_handle(handle_kind::graph, g, cx.arg(0), /*owned=*/true);
+            cx.out_handle(handle_kind::graph, g, a.node_id, /*owned=*/true);
         return CUDA_SUCCESS;
     }
     CUevent e = nullptr;
@@ -1081,15 +1070,11 @@ CUresult handle_conditional_handle_create(call_context& cx, const conditional_ha
     return CUDA_SUCCESS;
 }
 
-// args {stream, the capture's graph as the client knows it} -> outs {count, then (node, type) per
-// dependency}; blob {their edge data} when the driver gives it: the nodes the stream's next captured work
-// will follow.
-CUresult handle_capture_dependencies(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
-    CUstream s;
-    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
-    void* raw_graph = nullptr;
-    if (CUresult rc = cx.lookup(cx.arg(1), handle_kind::graph, raw_graph); rc != CUDA_SUCCESS) return rc;
+// The nodes the stream's next captured work will follow; their edge data when the driver gives it (else the
+// blob is empty).
+CUresult handle_capture_dependencies(call_context& cx, const capture_dependencies_args& a) {
+    CUstream s = a.stream;
+    CUgraph raw_graph = a.graph;
     auto& d = cx.drv();
     if (!d.cuStreamGetCaptureInfo_v3 || !d.cuGraphNodeGetType)
         return cx.unsupported("cuStreamGetCaptureInfo_v3");
@@ -1110,68 +1095,58 @@ CUresult handle_capture_dependencies(call_context& cx) {
     for (CUgraphNode node : nodes) {
         CUgraphNodeType type{};
         if (CUresult rc = d.cuGraphNodeGetType(node, &type); rc != CUDA_SUCCESS) return rc;
-        cx.out_handle(handle_kind::graph_node, node, cx.arg(1), /*owned=*/true);
+        cx.out_handle(handle_kind::graph_node, node, a.graph_id, /*owned=*/true);
         cx.out(static_cast<uint64_t>(seen_type(d, node, type)));
     }
-    if (edges) cx.out_blob(std::as_bytes(std::span(edge_data)));
+    cx.out_blob(std::as_bytes(std::span(edge_data)));
     return CUDA_SUCCESS;
 }
 
-// args {stream, flags (add or set)}; blobs {nodes, their edge data (may be empty)}: the nodes the stream's
-// next captured work follows.
-CUresult handle_capture_update_dependencies(call_context& cx) {
-    if (!cx.expect_args(2) || cx.arg(1) > CU_STREAM_SET_CAPTURE_DEPENDENCIES || cx.blob_count() > 2)
-        return cx.bad_arguments();
-    CUstream s;
-    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+// The nodes the stream's next captured work follows.
+CUresult handle_capture_update_dependencies(call_context& cx, const capture_update_dependencies_args& a) {
+    if (a.flags > CU_STREAM_SET_CAPTURE_DEPENDENCIES) return cx.bad_arguments();
+    CUstream s = a.stream;
     dependencies deps;
-    if (CUresult rc = deps.read(cx); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = deps.read(cx, a.nodes, a.edge_data); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     if (!d.cuStreamUpdateCaptureDependencies_v2)
         return cx.unsupported("cuStreamUpdateCaptureDependencies_v2");
     return d.cuStreamUpdateCaptureDependencies_v2(s, deps.nodes.data(), deps.edges, deps.nodes.size(),
-                                                  static_cast<unsigned>(cx.arg(1)));
+                                                  a.flags);
 }
 
-// args {device, CUgraphMem_attribute, 0 get / 1 set, value to set} -> outs {value} (get). The figures are the
-// server process's, as the driver keeps them per device.
-CUresult handle_graph_mem_attribute(call_context& cx) {
-    if (!cx.expect_args(4) || cx.arg(1) > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH || cx.arg(2) > 1)
-        return cx.bad_arguments();
-    CUdevice dev;
-    if (CUresult rc = cx.device(0, dev); rc != CUDA_SUCCESS) return rc;
+// The figures are the server process's, as the driver keeps them per device. A set answers the value after
+// it.
+CUresult handle_graph_mem_attribute(call_context& cx, const graph_mem_attribute_args& a) {
+    if (a.attribute > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) return cx.bad_arguments();
     auto& d = cx.drv();
-    auto attr = static_cast<CUgraphMem_attribute>(cx.arg(1));
-    cuuint64_t value = cx.arg(3);
-    if (cx.arg(2) == 1) {
+    auto attr = static_cast<CUgraphMem_attribute>(a.attribute);
+    cuuint64_t value = a.value;
+    if (a.set) {
         if (!d.cuDeviceSetGraphMemAttribute) return cx.unsupported("cuDeviceSetGraphMemAttribute");
-        return d.cuDeviceSetGraphMemAttribute(dev, attr, &value);
+        if (CUresult rc = d.cuDeviceSetGraphMemAttribute(a.dev, attr, &value); rc != CUDA_SUCCESS) return rc;
     }
     if (!d.cuDeviceGetGraphMemAttribute) return cx.unsupported("cuDeviceGetGraphMemAttribute");
-    if (CUresult rc = d.cuDeviceGetGraphMemAttribute(dev, attr, &value); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = d.cuDeviceGetGraphMemAttribute(a.dev, attr, &value); rc != CUDA_SUCCESS) return rc;
     cx.out(static_cast<uint64_t>(value));
     return CUDA_SUCCESS;
 }
 
-// args {executable graph, graph} -> outs {CUgraphExecUpdateResult, then the error node and the node it came
-// from, each as (node, type) or (0, 0)}; the outs also come back when the update fails.
-CUresult handle_graph_exec_update(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
-    CUgraphExec exec;
-    if (CUresult rc = cx.handle(0, handle_kind::graph_exec, exec); rc != CUDA_SUCCESS) return rc;
-    CUgraph g;
-    if (CUresult rc = cx.handle(1, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+// The error nodes are entered as nodes of the graph.
+CUresult handle_graph_exec_update(call_context& cx, const graph_exec_update_args& a) {
+    CUgraphExec exec = a.exec;
+    CUgraph g = a.graph;
     auto& d = cx.drv();
     if (!d.cuGraphExecUpdate_v2 || !d.cuGraphNodeGetType) return cx.unsupported("cuGraphExecUpdate_v2");
     CUgraphExecUpdateResultInfo info{};
     CUresult rc = d.cuGraphExecUpdate_v2(exec, g, &info);
-    if (rc == CUDA_SUCCESS) keep_origin(cx, cx.arg(0), g, nullptr);
+    if (rc == CUDA_SUCCESS) keep_origin(cx, a.exec_id, g, nullptr);
     cx.out(static_cast<uint64_t>(info.result));
     for (CUgraphNode node : {info.errorNode, info.errorFromNode}) {
         CUgraphNodeType type{};
         if (node && d.cuGraphNodeGetType(node, &type) == CUDA_SUCCESS) {
             type = seen_type(d, node, type);
-            cx.out_handle(handle_kind::graph_node, node, cx.arg(1), /*owned=*/true);
+            cx.out_handle(handle_kind::graph_node, node, a.graph_id, /*owned=*/true);
         } else {
             cx.out(uint64_t{0});
         }
@@ -1247,20 +1222,19 @@ CUresult handle_node_set_params(call_context& cx) {
     return rc;
 }
 
-// args {graph, 0 add / 1 remove}; blobs {from nodes, to nodes, edge data (may be empty)}
-CUresult handle_graph_edges(call_context& cx) {
-    if (!cx.expect_args(2) || cx.arg(1) > 1 || cx.blob_count() > 3) return cx.bad_arguments();
-    CUgraph g;
-    if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+// Edges from[i] -> to[i].
+CUresult handle_graph_edges(call_context& cx, const graph_edges_args& a) {
+    CUgraph g = a.graph;
     std::vector<CUgraphNode> from, to;
     std::vector<CUgraphEdgeData> edge_store;
     const CUgraphEdgeData* edges = nullptr;
-    if (CUresult rc = node_list(cx, 0, from); rc != CUDA_SUCCESS) return rc;
-    if (CUresult rc = node_list(cx, 1, to); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = node_list(cx, a.from, from); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = node_list(cx, a.to, to); rc != CUDA_SUCCESS) return rc;
     if (from.size() != to.size()) return cx.bad_arguments();
-    if (CUresult rc = edge_list(cx, 2, from.size(), edge_store, edges); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = edge_list(cx, a.edge_data, from.size(), edge_store, edges); rc != CUDA_SUCCESS)
+        return rc;
     auto& d = cx.drv();
-    if (cx.arg(1) == 0) {
+    if (!a.remove) {
         if (!d.cuGraphAddDependencies_v2) return cx.unsupported("cuGraphAddDependencies_v2");
         return d.cuGraphAddDependencies_v2(g, from.data(), to.data(), edges, from.size());
     }

@@ -15,6 +15,7 @@
 #include "common/log.hpp"
 #include "server/call_context.hpp"
 #include "server/ipc.hpp"
+#include "server_ops.hpp"
 
 namespace vcuda::server {
 
@@ -57,13 +58,12 @@ CUresult register_pages(const driver_table& d, void* p, uint64_t size, CUdevicep
 }
 }  // namespace
 
-// args {size}; out {server address, device pointer}; the memfd travels with the reply.
-CUresult handle_host_alloc(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+// The memfd travels with the reply.
+CUresult handle_host_alloc(call_context& cx, const host_alloc_args& a) {
     if (!cx.lane.stream->raw().is_local())
         return cx.fail(CUDA_ERROR_NOT_SUPPORTED,
                        "shared host memory needs a client on this host (Unix socket)");
-    uint64_t size = cx.arg(0);
+    uint64_t size = a.bytes;
     if (size == 0 || size > (uint64_t{1} << 40)) return CUDA_ERROR_INVALID_VALUE;
     size = (size + 4095) & ~uint64_t{4095};
     if (CUresult rc = reserve_host(cx, size, "pinned host memory"); rc != CUDA_SUCCESS) return rc;
@@ -139,10 +139,8 @@ CUresult handle_host_register_file(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {server address}.
-CUresult handle_host_free(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    auto addr = static_cast<uintptr_t>(cx.arg(0));
+CUresult handle_host_free(call_context& cx, const host_free_args& a) {
+    auto addr = static_cast<uintptr_t>(a.server_address);
     size_t size;
     {
         std::lock_guard lock(cx.sess.mu);

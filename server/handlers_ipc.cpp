@@ -327,13 +327,12 @@ CUresult open_pool(call_context& cx, ipc_export& e) {
 
 }  // namespace
 
-// args {a stream-ordered allocation of the session}. Blob out {the 64 bytes the application holds as its
-// CUmemPoolPtrExportData: a vcuda IPC handle naming the driver's export data, which the server keeps}. So an
-// import takes only export data this server made for the tenant, never bytes a client wrote.
-CUresult handle_pool_export_pointer(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+// The handle is the 64 bytes the application holds as its CUmemPoolPtrExportData: a vcuda IPC handle naming
+// the driver's export data, which the server keeps. So an import takes only export data this server made for
+// the tenant, never bytes a client wrote.
+CUresult handle_pool_export_pointer(call_context& cx, const pool_export_pointer_args& a) {
     if (!cx.sess.ipc()) return no_ipc(cx);
-    auto p = static_cast<CUdeviceptr>(cx.arg(0));
+    const CUdeviceptr p = a.address;
     {
         std::lock_guard lock(cx.sess.mu);
         auto a = cx.sess.pools.find(p);
@@ -354,16 +353,14 @@ CUresult handle_pool_export_pointer(call_context& cx) {
     return deposit_at(cx, std::move(e), cx.sess.ipc_state.pointer_exports, p);
 }
 
-// args {pool (imported)}; blob {the handle cuMemPoolExportPointer gave} -> outs {address, bytes, device}
-CUresult handle_pool_import_pointer(call_context& cx) {
-    if (!cx.expect_args(1) || cx.blob_count() != 1) return cx.bad_arguments();
+CUresult handle_pool_import_pointer(call_context& cx, const pool_import_pointer_args& a) {
     if (!cx.sess.ipc()) return no_ipc(cx);
     void* raw = nullptr;
     handle_entry entry;
-    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::mem_pool, raw, &entry); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.lookup(a.pool_id, handle_kind::mem_pool, raw, &entry); rc != CUDA_SUCCESS) return rc;
     ipc_handle h;
     ipc_export e;
-    if (CUresult rc = fetch_export(cx, cx.blob(0), ipc_kind::pool_pointer, h, e); rc != CUDA_SUCCESS)
+    if (CUresult rc = fetch_export(cx, a.export_data, ipc_kind::pool_pointer, h, e); rc != CUDA_SUCCESS)
         return rc;
     CUmemPoolPtrExportData data;
     if (e.meta.size() != sizeof data) return cx.fail(CUDA_ERROR_INVALID_VALUE, "a malformed pointer export");
@@ -392,30 +389,29 @@ CUresult handle_pool_import_pointer(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {what, address / event / mem_handle / pool}. Blob out {the handle}.
-CUresult handle_ipc_export(call_context& cx) {
-    if (!cx.expect_args(2) || cx.arg(0) > what_pool) return cx.bad_arguments();
+// `object` by `what`: an address, an event, a mem_handle or a pool.
+CUresult handle_ipc_export(call_context& cx, const ipc_export_args& a) {
+    if (a.what > what_pool) return cx.bad_arguments();
     if (!cx.sess.ipc()) return no_ipc(cx);
-    switch (cx.arg(0)) {
+    switch (a.what) {
         case what_memory:
-            return export_memory(cx, cx.arg(1));
+            return export_memory(cx, a.object);
         case what_event:
-            return export_event(cx, cx.arg(1));
+            return export_event(cx, a.object);
         case what_allocation:
-            return export_allocation(cx, cx.arg(1));
+            return export_allocation(cx, a.object);
         default:
-            return export_pool(cx, cx.arg(1));
+            return export_pool(cx, a.object);
     }
 }
 
-// args {what, flags}; blob {the handle}. Out: memory {address, bytes}; event {event}; allocation {mem_handle,
-// size, device}; pool {pool, device}.
-CUresult handle_ipc_open(call_context& cx) {
-    if (!cx.expect_args(2) || cx.arg(0) > what_pool || cx.blob_count() != 1) return cx.bad_arguments();
+// Out: memory {address, bytes}; event {event}; allocation {mem_handle, size, device}; pool {pool, device}.
+CUresult handle_ipc_open(call_context& cx, const ipc_open_args& a) {
+    if (a.what > what_pool) return cx.bad_arguments();
     if (!cx.sess.ipc()) return no_ipc(cx);
     ipc_handle h;
     ipc_export e;
-    if (CUresult rc = fetch_export(cx, cx.blob(0), kind_of(cx.arg(0)), h, e); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = fetch_export(cx, a.ipc_handle, kind_of(a.what), h, e); rc != CUDA_SUCCESS) return rc;
     if (e.owner == cx.sess.id() && h.kind != ipc_kind::allocation)
         return cx.fail(CUDA_ERROR_INVALID_CONTEXT, "a process cannot open its own IPC handle");
     switch (h.kind) {

@@ -4,6 +4,7 @@
 #include "common/log.hpp"
 #include "server/call_context.hpp"
 #include "server/jit.hpp"
+#include "server_ops.hpp"
 
 namespace vcuda::server {
 
@@ -11,24 +12,21 @@ namespace {
 
 constexpr size_t max_link_name = 4096;
 
-// The link state of argument 0 and its creation options.
-CUresult link_arg(call_context& cx, CUlinkState& st, jit_request*& job) {
-    if (CUresult rc = cx.handle(0, handle_kind::link_state, st); rc != CUDA_SUCCESS) return rc;
+// The creation options of the link state `id`.
+CUresult link_job(call_context& cx, uint64_t id, jit_request*& job) {
     std::lock_guard lock(cx.sess.mu);
-    job = cx.sess.links.find(cx.arg(0));
+    job = cx.sess.links.find(id);
     if (!job) return cx.fail(CUDA_ERROR_INVALID_HANDLE, "no such link state");
     return CUDA_SUCCESS;
 }
 
 }  // namespace
 
-// blob 0: options -> outs {link or 0, values...}, blobs {info log, error log}
-CUresult handle_link_create(call_context& cx) {
-    if (!cx.expect_args(0) || cx.blob_count() > 1) return cx.bad_arguments();
+// The link is 0 when the driver refused it; the option values and logs come back either way.
+CUresult handle_link_create(call_context& cx, const link_create_args& a) {
     auto job = std::make_unique<jit_request>();
     std::string why;
-    if (cx.blob_count() == 1)
-        if (CUresult rc = job->parse(cx.blob(0), why); rc != CUDA_SUCCESS) return cx.fail(rc, why);
+    if (CUresult rc = job->parse(a.options, why); rc != CUDA_SUCCESS) return cx.fail(rc, why);
     auto& d = cx.drv();
     if (!d.cuLinkCreate_v2) return cx.unsupported("cuLinkCreate");
     CUlinkState st = nullptr;
@@ -45,44 +43,38 @@ CUresult handle_link_create(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {link, input type}, blob 0 name, blob 1 this input's options (no log buffers), payload the input
-// -> outs {creation option values...}, blobs {info log, error log}
-CUresult handle_link_add(call_context& cx) {
-    if (!cx.expect_args(2) || cx.blob_count() != 2) return cx.bad_arguments();
-    CUlinkState st;
+// The input's own options carry no log buffers; the answer is the link's creation option values and logs.
+CUresult handle_link_add(call_context& cx, const link_add_args& a) {
     jit_request* job = nullptr;
-    if (CUresult rc = link_arg(cx, st, job); rc != CUDA_SUCCESS) return rc;
-    uint64_t type = cx.arg(1);
-    auto name_bytes = cx.blob(0);
-    auto data = cx.payload();
+    if (CUresult rc = link_job(cx, a.link_id, job); rc != CUDA_SUCCESS) return rc;
+    const unsigned type = a.type;
+    auto name_bytes = a.name;
+    auto data = a.input;
     if (type >= CU_JIT_NUM_INPUT_TYPES || name_bytes.size() > max_link_name || data.empty())
         return cx.bad_arguments();
     std::string name(reinterpret_cast<const char*>(name_bytes.data()), name_bytes.size());
     jit_request input;
     std::string why;
-    if (CUresult rc = input.parse(cx.blob(1), why); rc != CUDA_SUCCESS) return cx.fail(rc, why);
+    if (CUresult rc = input.parse(a.options, why); rc != CUDA_SUCCESS) return cx.fail(rc, why);
     if (!input.info_log.empty() || !input.error_log.empty())
         return cx.fail(CUDA_ERROR_NOT_SUPPORTED,
                        "log buffers per link input are not supported by vcuda (give them to cuLinkCreate)");
     // The driver reads PTX up to its NUL: an input of type PTX must end with one inside the bytes sent.
     if (type == CU_JIT_INPUT_PTX && data.back() != std::byte{0})
         return cx.fail(CUDA_ERROR_INVALID_VALUE, "PTX input without its terminating NUL");
-    CUresult rc = cx.drv().cuLinkAddData_v2(st, static_cast<CUjitInputType>(type),
+    CUresult rc = cx.drv().cuLinkAddData_v2(a.link, static_cast<CUjitInputType>(type),
                                             const_cast<std::byte*>(data.data()), data.size(), name.c_str(),
                                             input.count(), input.option_array(), input.value_array());
     job->answer(cx);
     return rc;
 }
 
-// args {link} -> outs {creation option values...}, blobs {info log, error log}, payload the linked image
-CUresult handle_link_complete(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    CUlinkState st;
+CUresult handle_link_complete(call_context& cx, const link_complete_args& a) {
     jit_request* job = nullptr;
-    if (CUresult rc = link_arg(cx, st, job); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = link_job(cx, a.link_id, job); rc != CUDA_SUCCESS) return rc;
     void* image = nullptr;
     size_t size = 0;
-    CUresult rc = cx.drv().cuLinkComplete(st, &image, &size);
+    CUresult rc = cx.drv().cuLinkComplete(a.link, &image, &size);
     job->answer(cx);
     if (rc == CUDA_SUCCESS && image && size) {
         auto* b = static_cast<const std::byte*>(image);
@@ -91,16 +83,14 @@ CUresult handle_link_complete(call_context& cx) {
     return rc;
 }
 
-// args {link}
-CUresult handle_link_destroy(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
-    CUlinkState st;
+// The session forgets the link whatever the driver answers.
+CUresult handle_link_destroy(call_context& cx, const link_destroy_args& a) {
     jit_request* job = nullptr;
-    if (CUresult rc = link_arg(cx, st, job); rc != CUDA_SUCCESS) return rc;
-    CUresult rc = cx.drv().cuLinkDestroy(st);
+    if (CUresult rc = link_job(cx, a.link_id, job); rc != CUDA_SUCCESS) return rc;
+    CUresult rc = cx.drv().cuLinkDestroy(a.link);
     std::lock_guard lock(cx.sess.mu);
-    cx.sess.links.erase(cx.arg(0));
-    cx.sess.handles.erase(cx.arg(0));
+    cx.sess.links.erase(a.link_id);
+    cx.sess.handles.erase(a.link_id);
     return rc;
 }
 

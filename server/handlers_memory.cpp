@@ -497,15 +497,12 @@ CUresult handle_stream_memop(call_context& cx, const stream_memop_args& a) {
     }
 }
 
-// args {stream, count, flags, legacy (the entry point without _v2)}; blob {CUstreamBatchMemOpParams[count]}.
 // Every operation is checked first (its kind, its address in the session's memory, aligned), so that a
 // refused batch leaves nothing enqueued; then the driver takes the batch as it is.
-CUresult handle_stream_batch_memop(call_context& cx) {
-    if (!cx.expect_args(4) || cx.blob_count() != 1) return cx.bad_arguments();
-    CUstream stream;
-    if (CUresult rc = cx.handle(0, handle_kind::stream, stream); rc != CUDA_SUCCESS) return rc;
-    const uint64_t count = cx.arg(1);
-    auto bytes = cx.blob(0);
+CUresult handle_stream_batch_memop(call_context& cx, const stream_batch_memop_args& a) {
+    CUstream stream = a.stream;
+    const uint64_t count = a.count;
+    auto bytes = a.ops;
     if (count > 256 || bytes.size() != count * sizeof(CUstreamBatchMemOpParams)) return cx.bad_arguments();
     std::vector<CUstreamBatchMemOpParams> ops(count);
     if (count) std::memcpy(ops.data(), bytes.data(), bytes.size());
@@ -537,8 +534,8 @@ CUresult handle_stream_batch_memop(call_context& cx) {
         if (CUresult rc = memop_target(cx, addr, width); rc != CUDA_SUCCESS) return rc;
     }
     auto& d = cx.drv();
-    const auto flags = static_cast<unsigned>(cx.arg(2));
-    if (cx.arg(3) && d.cuStreamBatchMemOp)
+    const unsigned flags = a.flags;
+    if (a.legacy && d.cuStreamBatchMemOp)
         return d.cuStreamBatchMemOp(stream, static_cast<unsigned>(count), ops.data(), flags);
     if (!d.cuStreamBatchMemOp_v2) return cx.unsupported("cuStreamBatchMemOp_v2");
     return d.cuStreamBatchMemOp_v2(stream, static_cast<unsigned>(count), ops.data(), flags);

@@ -281,14 +281,12 @@ CUresult handle_library_get_module(call_context& cx, const library_get_module_ar
     return CUDA_SUCCESS;
 }
 
-// args {module or library} -> outs {count}, one blob per entry: the names of a module's functions or of a
-// library's kernels. The client looks each name up as cuModuleGetFunction / cuLibraryGetKernel would, so the
-// handles it hands out are the usual session handles with their parameter layouts.
-CUresult handle_module_entries(call_context& cx) {
-    if (!cx.expect_args(1)) return cx.bad_arguments();
+// The client looks each name up as cuModuleGetFunction / cuLibraryGetKernel would, so the handles it hands
+// out are the usual session handles with their parameter layouts.
+CUresult handle_module_entries(call_context& cx, const module_entries_args& a) {
     void* raw = nullptr;
     handle_entry e;
-    CUresult rc = lookup_module_or_library(cx, cx.arg(0), raw, e);
+    CUresult rc = lookup_module_or_library(cx, a.owner, raw, e);
     if (rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     unsigned n = 0;
@@ -309,15 +307,18 @@ CUresult handle_module_entries(call_context& cx) {
                                          static_cast<CUlibrary>(raw));
     }
     if (rc != CUDA_SUCCESS) return rc;
-    cx.out(static_cast<uint64_t>(n));
+    std::vector<std::byte> names;
     for (void* x : entries) {
         const char* name = nullptr;
         rc = e.kind == handle_kind::module ? d.cuFuncGetName(&name, static_cast<CUfunction>(x))
                                            : d.cuKernelGetName(&name, static_cast<CUkernel>(x));
         if (rc != CUDA_SUCCESS) return rc;
         if (!name) return cx.fail(CUDA_ERROR_UNKNOWN, "the driver named no entry");
-        cx.out_blob({reinterpret_cast<const std::byte*>(name), std::strlen(name)});
+        const auto* b = reinterpret_cast<const std::byte*>(name);
+        names.insert(names.end(), b, b + std::strlen(name) + 1);  // each with the NUL that ends it
     }
+    cx.out(static_cast<uint64_t>(n));
+    cx.out_blob(names);
     return CUDA_SUCCESS;
 }
 
@@ -373,31 +374,22 @@ CUresult launch_attributes(call_context& cx, size_t i, uint64_t n, std::vector<C
 }
 }  // namespace
 
-// args {function or kernel, grid xyz, block xyz, shared bytes, stream, number of launch attributes, what
-// (0 cuOccupancyMaxActiveClusters, 1 cuOccupancyMaxPotentialClusterSize)}; blob {attributes}. Out {the
-// answer}.
-CUresult handle_occupancy_clusters(call_context& cx) {
-    if (!cx.expect_args(11) || cx.blob_count() != 1) return cx.bad_arguments();
-    void* raw = nullptr;
-    if (CUresult rc = cx.lookup(cx.arg(0), handle_kind::function, raw); rc != CUDA_SUCCESS) return rc;
-    CUstream s;
-    if (CUresult rc = cx.handle(8, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
-    unsigned dims[7];
-    if (CUresult rc = launch_dims(cx, 1, dims); rc != CUDA_SUCCESS) return rc;
+// `function` may be a kernel too (the lookup takes either).
+CUresult handle_occupancy_clusters(call_context& cx, const occupancy_clusters_args& a) {
     std::vector<CUlaunchAttribute> attrs;
-    if (CUresult rc = launch_attributes(cx, 0, cx.arg(9), attrs); rc != CUDA_SUCCESS) return rc;
-    CUlaunchConfig config{dims[0], dims[1], dims[2], dims[3],      dims[4],
-                          dims[5], dims[6], s,       attrs.data(), static_cast<unsigned>(attrs.size())};
+    if (CUresult rc = launch_attributes(cx, 0, a.count, attrs); rc != CUDA_SUCCESS) return rc;
+    CUlaunchConfig config{a.grid_x,  a.grid_y, a.grid_z, a.block_x,    a.block_y,
+                          a.block_z, a.shared, a.stream, attrs.data(), static_cast<unsigned>(attrs.size())};
     auto& d = cx.drv();
     int answer = 0;
     CUresult rc;
-    if (cx.arg(10) == 0) {
+    if (a.what == 0) {
         if (!d.cuOccupancyMaxActiveClusters) return cx.unsupported("cuOccupancyMaxActiveClusters");
-        rc = d.cuOccupancyMaxActiveClusters(&answer, static_cast<CUfunction>(raw), &config);
-    } else if (cx.arg(10) == 1) {
+        rc = d.cuOccupancyMaxActiveClusters(&answer, a.function, &config);
+    } else if (a.what == 1) {
         if (!d.cuOccupancyMaxPotentialClusterSize)
             return cx.unsupported("cuOccupancyMaxPotentialClusterSize");
-        rc = d.cuOccupancyMaxPotentialClusterSize(&answer, static_cast<CUfunction>(raw), &config);
+        rc = d.cuOccupancyMaxPotentialClusterSize(&answer, a.function, &config);
     } else {
         return cx.bad_arguments();
     }

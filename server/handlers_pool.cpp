@@ -435,18 +435,12 @@ CUresult handle_pool_set_access(call_context& cx, const pool_set_access_args& a)
     return cx.drv().cuMemPoolSetAccess(a.pool, desc.data(), count);
 }
 
-// args {pool, device (session index)} -> outs {CUmemAccess_flags}
-CUresult handle_pool_get_access(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
-    CUmemoryPool pool;
-    if (CUresult rc = cx.handle(0, handle_kind::mem_pool, pool); rc != CUDA_SUCCESS) return rc;
-    CUdevice dev;
-    if (CUresult rc = cx.device(1, dev); rc != CUDA_SUCCESS) return rc;
+CUresult handle_pool_get_access(call_context& cx, const pool_get_access_args& a) {
     CUmemLocation loc{};
     loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    loc.id = dev;
+    loc.id = a.dev;
     CUmemAccess_flags flags{};
-    if (CUresult rc = cx.drv().cuMemPoolGetAccess(&flags, pool, &loc); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = cx.drv().cuMemPoolGetAccess(&flags, a.pool, &loc); rc != CUDA_SUCCESS) return rc;
     cx.out(static_cast<uint64_t>(flags));
     return CUDA_SUCCESS;
 }

@@ -6,6 +6,7 @@
 
 #include "server/call_context.hpp"
 #include "server/launch_attributes.hpp"
+#include "server_ops.hpp"
 
 namespace vcuda::server {
 
@@ -13,20 +14,18 @@ namespace {
 enum attribute_call : uint64_t { stream_get = 0, stream_set = 1, node_get = 2, node_set = 3 };
 }  // namespace
 
-// args {what (attribute_call), stream or graph node, attribute id}; blob {value} for a set. Out: blob {value}
-// for a get.
-CUresult handle_attribute(call_context& cx) {
-    if (!cx.expect_args(3)) return cx.bad_arguments();
-    const uint64_t what = cx.arg(0);
+// The value given is empty for a get; the value answered is empty for a set.
+CUresult handle_attribute(call_context& cx, const attribute_args& a) {
+    const unsigned what = a.what;
     const bool set = what == stream_set || what == node_set;
-    if (what > node_set || cx.blob_count() != (set ? 1u : 0u)) return cx.bad_arguments();
-    const auto id = static_cast<CUlaunchAttributeID>(cx.arg(2));
+    if (what > node_set || set == a.value.empty()) return cx.bad_arguments();
+    const auto id = static_cast<CUlaunchAttributeID>(a.id);
     if (!plain_launch_attribute(id))
-        return cx.fail(CUDA_ERROR_NOT_SUPPORTED, "attribute " + std::to_string(cx.arg(2)) +
-                                                     " is not served by vcuda (it holds a handle)");
+        return cx.fail(CUDA_ERROR_NOT_SUPPORTED,
+                       "attribute " + std::to_string(a.id) + " is not served by vcuda (it holds a handle)");
     CUlaunchAttributeValue value{};
     if (set) {
-        auto b = cx.blob(0);
+        auto b = a.value;
         if (b.size() != sizeof value) return cx.bad_arguments();
         std::memcpy(&value, b.data(), sizeof value);
     }
@@ -35,19 +34,21 @@ CUresult handle_attribute(call_context& cx) {
     if (what == stream_get || what == stream_set) {
         if (set ? !d.cuStreamSetAttribute : !d.cuStreamGetAttribute)
             return cx.unsupported(set ? "cuStreamSetAttribute" : "cuStreamGetAttribute");
-        CUstream s;
-        if (CUresult r = cx.handle(1, handle_kind::stream, s); r != CUDA_SUCCESS) return r;
+        void* raw = nullptr;
+        if (CUresult r = cx.lookup(a.object, handle_kind::stream, raw); r != CUDA_SUCCESS) return r;
+        auto* s = static_cast<CUstream>(raw);
         rc = set ? d.cuStreamSetAttribute(s, id, &value) : d.cuStreamGetAttribute(s, id, &value);
     } else {
         if (set ? !d.cuGraphKernelNodeSetAttribute : !d.cuGraphKernelNodeGetAttribute)
             return cx.unsupported(set ? "cuGraphKernelNodeSetAttribute" : "cuGraphKernelNodeGetAttribute");
-        CUgraphNode n;
-        if (CUresult r = cx.handle(1, handle_kind::graph_node, n); r != CUDA_SUCCESS) return r;
+        void* raw = nullptr;
+        if (CUresult r = cx.lookup(a.object, handle_kind::graph_node, raw); r != CUDA_SUCCESS) return r;
+        auto* n = static_cast<CUgraphNode>(raw);
         rc = set ? d.cuGraphKernelNodeSetAttribute(n, id, &value)
                  : d.cuGraphKernelNodeGetAttribute(n, id, &value);
     }
     if (rc != CUDA_SUCCESS) return rc;
-    if (!set) cx.out_blob({reinterpret_cast<const std::byte*>(&value), sizeof value});
+    cx.out_blob({reinterpret_cast<const std::byte*>(&value), set ? 0 : sizeof value});
     return CUDA_SUCCESS;
 }
 

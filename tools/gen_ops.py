@@ -1,14 +1,15 @@
 """The described hand-written ops: what tools/gen_driver_api.py generates from an op's signature in the spec.
 
 An op line may describe its call (protocol/spec/driver.spec, header):
-    op NAME ID [outside_gate] [args(NAME:KIND ...)] [blobs(NAME ...)] [outs(NAME:KIND ...)]
-                              [out_blobs(NAME ...)] [destroys(ARG ...)]   # what it does
+    op NAME ID [outside_gate] [args(NAME:KIND ...)] [blobs(NAME ...)] [payload(NAME)] [outs(NAME:KIND ...)]
+                              [out_blobs(NAME ...)] [out_payload(NAME)] [destroys(ARG ...)]   # what it does
 The last argument may be one a call leaves out, [NAME:KIND]; the last output may be a run of values to the
 end, NAME:KIND... .
 KIND: u64, u32, i32, bool (scalars; u32/i32/bool must fit), ptr (a device address), device (the session's
 device index), or a handle kind of common/handle_kind.hpp (an argument: looked up in the session's table, and
 with a `?` also 0 for none; an output: a handle the op creates). destroys(ARG): the handle argument ARG is gone
-once the op succeeds.
+once the op succeeds. payload(NAME): the call's bulk bytes (the frame's payload: an op without it is refused one);
+out_payload(NAME): the reply's.
 
 From it come, for each described op: the server's decoding and checking of the call into a struct of named
 arguments (server_ops.hpp, server_dispatch.cpp), the client's encoding as a class with named outputs
@@ -26,8 +27,8 @@ HANDLE_C_TYPES = {
     'link_state': 'CUlinkState', 'array': 'CUarray', 'mem_handle': 'void*',
     'mipmapped_array': 'CUmipmappedArray', 'green_ctx': 'CUgreenCtx', 'resource_desc': 'CUdevResourceDesc',
 }
-GROUPS = ('args', 'blobs', 'outs', 'out_blobs', 'destroys')
-CLIENT_MEMBERS = {'arg', 'device', 'handle', 'blob', 'out', 'out_handle', 'out_blob', 'reply', 'forget', 'about',
+GROUPS = ('args', 'blobs', 'payload', 'outs', 'out_blobs', 'out_payload', 'destroys')
+CLIENT_MEMBERS = {'arg', 'device', 'handle', 'blob', 'payload', 'take_payload', 'out', 'out_handle', 'out_blob', 'reply', 'forget', 'about',
                   'send_sync', 'send_async', 'send_cached', 'send_uncaching', 'request', 'target', 'forget_destroyed',
                   'wire_args', 'journaled'}
 
@@ -63,7 +64,9 @@ def parse(where, name, text, die):
         if sig[group]:
             die(f'{where}: {group}(...) given twice')
         for item in items:
-            if group in ('blobs', 'out_blobs', 'destroys'):
+            if group in ('blobs', 'out_blobs', 'destroys', 'payload', 'out_payload'):
+                if group in ('payload', 'out_payload') and sig[group]:
+                    die(f'{where}: {group}: one name only')
                 if not re.fullmatch(r'[a-z_][a-z0-9_]*', item):
                     die(f'{where}: {group}: "{item}" is not a name')
                 sig[group].append(item)
@@ -88,14 +91,15 @@ def parse(where, name, text, die):
             sig[group].append((arg, kind))
     if pos != len(text):
         die(f'{where}: cannot read "{text[pos:]}"')
-    names = [a for a, _ in sig['args']] + sig['blobs']
-    if len(set(names)) != len(names) or len({a for a, _ in sig['outs']} | set(sig['out_blobs'])) != \
-            len(sig['outs']) + len(sig['out_blobs']):
+    names = [a for a, _ in sig['args']] + sig['blobs'] + sig['payload']
+    outs = [a for a, _ in sig['outs']] + sig['out_blobs'] + sig['out_payload']
+    if len(set(names)) != len(names) or len(set(outs)) != len(outs):
         die(f'{where}: {name}: a name is used twice')
-    # The client's class names its outputs' accessors so; plain_call's own members would be hidden.
-    for out in [a for a, _ in sig['outs']] + sig['out_blobs']:
+    # The client's class names its outputs' accessors so, and its constructor's parameters: plain_call's own
+    # members would be hidden.
+    for out in outs + names:
         if out in CLIENT_MEMBERS:
-            die(f'{where}: output {out}: plain_call has a member of that name')
+            die(f'{where}: {out}: plain_call has a member of that name')
     handles = {a for a, k in sig['args'] if k in HANDLE_C_TYPES}
     for d in sig['destroys']:
         if d not in handles:
@@ -141,7 +145,7 @@ def server_header(described):
                 lines.append(f'    size_t {arg}_index = 0;  // the session\'s device index')
         if sig['trailing']:
             lines.append(f'    bool has_{sig["trailing"]} = false;  // the call gave it')
-        for b in sig['blobs']:
+        for b in sig['blobs'] + sig['payload']:
             lines.append(f'    std::span<const std::byte> {b};')
         lines.append('};')
         lines.append(f'CUresult handle_{name}(call_context& cx, const {name}_args& a);  // server/handlers_*.cpp\n')
@@ -156,8 +160,9 @@ def server_wrapper(name, sig):
     least = len(args) - (1 if sig['trailing'] else 0)
     arity = f'cx.expect_args({len(args)})' if least == len(args) else \
         f'(cx.arg_count() == {least} || cx.arg_count() == {len(args)})'
+    no_payload = '' if sig['payload'] else ' || !cx.payload().empty()'
     lines = [f'CUresult op_{name}(call_context& cx) {{',
-             f'    if (!{arity} || cx.blob_count() != {len(blobs)}) return cx.bad_arguments();',
+             f'    if (!{arity} || cx.blob_count() != {len(blobs)}{no_payload}) return cx.bad_arguments();',
              f'    {name}_args a;']
     if sig['trailing']:
         lines.append(f'    a.has_{sig["trailing"]} = cx.arg_count() == {len(args)};')
@@ -191,13 +196,20 @@ def server_wrapper(name, sig):
                            f'    if (CUresult rc = cx.device({i}, a.{arg}); rc != CUDA_SUCCESS) return rc;'])
     for i, b in enumerate(blobs):
         lines.append(f'    a.{b} = cx.blob({i});')
-    lines.append(f'    const size_t outs_before = cx.outs.size(), blobs_before = cx.out_blobs.size();')
+    for p in sig['payload']:
+        lines.append(f'    a.{p} = cx.payload();')
+    fixed = len(sig['outs']) - (1 if sig['more_outs'] else 0)
+    blobs_bad = f'cx.out_blobs.size() - blobs_before != {len(sig["out_blobs"])}'
+    if not sig['more_outs']:
+        bad = f'cx.outs.size() - outs_before != {fixed} || {blobs_bad}'
+    else:  # a run of outputs: at least the fixed ones
+        bad = f'cx.outs.size() - outs_before < {fixed} || {blobs_bad}' if fixed else blobs_bad
+    if 'outs_before' in bad:
+        lines.append('    const size_t outs_before = cx.outs.size();')
+    lines.append('    const size_t blobs_before = cx.out_blobs.size();')
     lines.append(f'    CUresult rc = handle_{name}(cx, a);')
     lines.append('    if (rc != CUDA_SUCCESS) return rc;')
-    fixed = len(sig['outs']) - (1 if sig['more_outs'] else 0)
-    outs_ok = f'cx.outs.size() - outs_before != {fixed}' if not sig['more_outs'] else \
-        f'cx.outs.size() - outs_before < {fixed}'
-    lines.append(f'    if ({outs_ok} || cx.out_blobs.size() - blobs_before != {len(sig["out_blobs"])})')
+    lines.append(f'    if ({bad})')
     lines.append(f'        return cx.fail(CUDA_ERROR_UNKNOWN, "server bug: {name} did not answer what the spec says");')
     for d in sig['destroys']:
         lines.append(f'    cx.forget_handle({[a for a, _ in args].index(d)});')
@@ -231,6 +243,9 @@ def client_header(described):
         for b in sig['blobs']:
             params.append(f'std::span<const std::byte> {b}')
             body.append(f'blob({b});')
+        for p in sig['payload']:
+            params.append(f'std::span<const std::byte> {p}')
+            body.append(f'payload({p});')
         params += last
         lines.append(f'// op {name} ({oid}): {summary(sig)}')
         lines.append(f'class {name}_call : public plain_call {{\n  public:')
@@ -255,6 +270,9 @@ def client_header(described):
                 lines.append(f'    {c_type(kind)} {out}() const {{ return out<{c_type(kind)}>({i}); }}')
         for i, b in enumerate(sig['out_blobs']):
             lines.append(f'    std::span<const std::byte> {b}() const {{ return out_blob({i}); }}')
+        for p in sig['out_payload']:
+            lines.append(f'    // The reply\'s payload, taken: the bytes move to the caller.')
+            lines.append(f'    std::vector<std::byte> {p}() {{ return take_payload(); }}')
         made = [i for i, (_, kind) in enumerate(sig['outs']) if kind in HANDLE_C_TYPES]
         if made:
             lines.append('    // The handles it makes go into the journal (client/journal.hpp) when it succeeds.')
@@ -286,6 +304,7 @@ def signatures_header(described):
              '// One argument of a described op: KIND as in the spec; `handle` is its handle kind, or none.',
              'struct op_arg {\n    std::string_view name;\n    std::string_view kind;\n    handle_kind handle;\n};\n',
              'struct op_signature {\n    op id;\n    std::span<const op_arg> args;\n    size_t blobs;\n'
+             '    bool payload;  // takes a payload (an op without one refuses it)\n'
              '    size_t outs;\n    size_t out_blobs;\n};\n', 'namespace op_signature_args {']
     for name, oid, sig in described:
         items = ', '.join(f'{{"{a}", "{k + ("?" if a in sig["optional"] else "")}", handle_kind::{k if k in HANDLE_C_TYPES else "none"}}}'
@@ -296,8 +315,8 @@ def signatures_header(described):
     lines.append('// Every described op (protocol/OPS.md).')
     lines.append('inline constexpr op_signature op_signatures[] = {')
     for name, oid, sig in described:
-        lines.append(f'    {{op::{name}, op_signature_args::{name}, {len(sig["blobs"])}, {len(sig["outs"])}, '
-                     f'{len(sig["out_blobs"])}}},')
+        lines.append(f'    {{op::{name}, op_signature_args::{name}, {len(sig["blobs"])}, '
+                     f'{"true" if sig["payload"] else "false"}, {len(sig["outs"])}, {len(sig["out_blobs"])}}},')
     lines.append('};\n')
     lines.append('}  // namespace vcuda\n')
     return '\n'.join(lines)
@@ -321,8 +340,10 @@ def ops_doc(ops, sigs, docs, hand_ops):
         sig = sigs.get(n)
         doc = docs.get(n, '').replace('|', '\\|')
         if sig:
-            lines.append(f'| `{n}` | {ops[n]} | {cell(sig, sig["args"])} | {cell(sig, sig["blobs"])} | '
-                         f'{cell(sig, sig["outs"])} | {cell(sig, sig["out_blobs"])} | {cell(sig, sig["destroys"])} | {doc} |')
+            blobs = cell(sig, sig['blobs']) + ''.join(f'; payload {p}' for p in sig['payload'])
+            out_blobs = cell(sig, sig['out_blobs']) + ''.join(f'; payload {p}' for p in sig['out_payload'])
+            lines.append(f'| `{n}` | {ops[n]} | {cell(sig, sig["args"])} | {blobs} | '
+                         f'{cell(sig, sig["outs"])} | {out_blobs} | {cell(sig, sig["destroys"])} | {doc} |')
         else:
             lines.append(f'| `{n}` | {ops[n]} | *not described yet* | | | | | {doc} |')
     return '\n'.join(lines) + '\n'

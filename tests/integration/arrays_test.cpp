@@ -97,7 +97,7 @@ TEST_CASE("arrays and texture and surface objects are their session's own, copie
     CHECK(from_array(*a, arr_b, row, h).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(a->call(op::array_descriptor, {arr_b}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(a->call(op::array_destroy, {arr_b}).result == CUDA_ERROR_INVALID_HANDLE);
-    CHECK(a->call(op::tex_create, {}, {array_resource(arr_b), tex_desc()}).result ==
+    CHECK(a->call(op::tex_create, {}, {array_resource(arr_b), tex_desc(), {}}).result ==
           CUDA_ERROR_INVALID_HANDLE);
     CHECK(a->call(op::surf_create, {}, {array_resource(arr_b)}).result == CUDA_ERROR_INVALID_HANDLE);
 
@@ -110,7 +110,7 @@ TEST_CASE("arrays and texture and surface objects are their session's own, copie
     CHECK(from_array(*a, arr_a, row + 4, 1).result == CUDA_ERROR_INVALID_VALUE);
 
     // Texture and surface objects: B's are not A's to destroy or ask about.
-    auto tb = b->call(op::tex_create, {}, {array_resource(arr_b), tex_desc()});
+    auto tb = b->call(op::tex_create, {}, {array_resource(arr_b), tex_desc(), {}});
     REQUIRE(tb.result == CUDA_SUCCESS);
     auto sb = b->call(op::surf_create, {}, {array_resource(arr_b)});
     REQUIRE(sb.result == CUDA_SUCCESS);
@@ -133,9 +133,9 @@ TEST_CASE("arrays and texture and surface objects are their session's own, copie
     auto pa = a->call(op::mem_alloc, {4096});
     REQUIRE(pb.result == CUDA_SUCCESS);
     REQUIRE(pa.result == CUDA_SUCCESS);
-    CHECK(a->call(op::tex_create, {}, {linear_resource(pb.outs.at(0), 4096), tex_desc()}).result ==
+    CHECK(a->call(op::tex_create, {}, {linear_resource(pb.outs.at(0), 4096), tex_desc(), {}}).result ==
           CUDA_ERROR_INVALID_VALUE);
-    auto past = a->call(op::tex_create, {}, {linear_resource(pa.outs.at(0), 8192), tex_desc()});
+    auto past = a->call(op::tex_create, {}, {linear_resource(pa.outs.at(0), 8192), tex_desc(), {}});
     REQUIRE(past.result == CUDA_SUCCESS);
     auto past_desc = a->call(op::tex_resource_desc, {past.outs.at(0)});
     REQUIRE(past_desc.result == CUDA_SUCCESS);
@@ -145,7 +145,7 @@ TEST_CASE("arrays and texture and surface objects are their session's own, copie
     std::memcpy(&given, past_desc.blobs[0].data(), sizeof given);
     CHECK(given.res.linear.sizeInBytes == 8192);
     CHECK(a->call(op::tex_destroy, {past.outs.at(0)}).result == CUDA_SUCCESS);
-    auto ta = a->call(op::tex_create, {}, {linear_resource(pa.outs.at(0), 4096), tex_desc()});
+    auto ta = a->call(op::tex_create, {}, {linear_resource(pa.outs.at(0), 4096), tex_desc(), {}});
     CHECK(ta.result == CUDA_SUCCESS);
 
     // B's objects and array still work, and go.
@@ -182,15 +182,15 @@ TEST_CASE("malformed array and resource descriptors are refused, and arrays coun
     REQUIRE(arr.result == CUDA_SUCCESS);
     auto res = array_resource(arr.outs.at(0));
     CHECK(a->call(op::tex_create, {}, {res}).result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tex_create, {}, {std::vector<std::byte>(res.begin(), res.end() - 1), tex_desc()})
+    CHECK(a->call(op::tex_create, {}, {std::vector<std::byte>(res.begin(), res.end() - 1), tex_desc(), {}})
               .result == CUDA_ERROR_INVALID_VALUE);
     CUDA_RESOURCE_DESC bad{};
     std::memcpy(&bad, res.data(), sizeof bad);
     bad.flags = 1;
-    CHECK(a->call(op::tex_create, {}, {bytes(bad), tex_desc()}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tex_create, {}, {bytes(bad), tex_desc(), {}}).result == CUDA_ERROR_INVALID_VALUE);
     bad.flags = 0;
     bad.resType = static_cast<CUresourcetype>(42);
-    CHECK(a->call(op::tex_create, {}, {bytes(bad), tex_desc()}).result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tex_create, {}, {bytes(bad), tex_desc(), {}}).result == CUDA_ERROR_INVALID_VALUE);
     auto p = a->call(op::mem_alloc, {4096});
     REQUIRE(p.result == CUDA_SUCCESS);
     CHECK(a->call(op::surf_create, {}, {linear_resource(p.outs.at(0), 4096)}).result ==
@@ -222,7 +222,7 @@ TEST_CASE("a session's end destroys its arrays and objects and gives their memor
         REQUIRE(a);
         auto arr = make_array(*a, 4096, 4096, CUDA_ARRAY3D_SURFACE_LDST);  // 64 MiB
         REQUIRE(arr.result == CUDA_SUCCESS);
-        REQUIRE(a->call(op::tex_create, {}, {array_resource(arr.outs.at(0)), tex_desc()}).result ==
+        REQUIRE(a->call(op::tex_create, {}, {array_resource(arr.outs.at(0)), tex_desc(), {}}).result ==
                 CUDA_SUCCESS);
         REQUIRE(a->call(op::surf_create, {}, {array_resource(arr.outs.at(0))}).result == CUDA_SUCCESS);
         CHECK(make_array(*a, 4096, 4096).result == CUDA_ERROR_OUT_OF_MEMORY);  // the device is full
@@ -274,12 +274,12 @@ TEST_CASE(
     CUDA_RESOURCE_DESC r{};
     r.resType = CU_RESOURCE_TYPE_MIPMAPPED_ARRAY;
     r.res.mipmap.hMipmappedArray = reinterpret_cast<CUmipmappedArray>(mm);
-    CHECK(b->call(op::tex_create, {}, {bytes(r), tex_desc()}).result == CUDA_ERROR_INVALID_HANDLE);
+    CHECK(b->call(op::tex_create, {}, {bytes(r), tex_desc(), {}}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::mipmapped_array_destroy, {mm}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(b->call(op::array_destroy, {level3}).result == CUDA_ERROR_INVALID_HANDLE);
     CHECK(from_array(*b, level3, 32, 4).result == CUDA_ERROR_INVALID_HANDLE);
     // A's texture over it works; a surface over a mipmapped array is refused.
-    auto tex = a->call(op::tex_create, {}, {bytes(r), tex_desc()});
+    auto tex = a->call(op::tex_create, {}, {bytes(r), tex_desc(), {}});
     CHECK(tex.result == CUDA_SUCCESS);
     CHECK(a->call(op::surf_create, {}, {bytes(r)}).result == CUDA_ERROR_INVALID_VALUE);
 

@@ -311,6 +311,9 @@ class fuzzer {
                                        static_cast<uint32_t>(op::user_object_refs),
                                        static_cast<uint32_t>(op::graph_user_object),
                                        static_cast<uint32_t>(op::device_atomic_caps),
+                                       static_cast<uint32_t>(op::peer_access),
+                                       static_cast<uint32_t>(op::peer_can_access),
+                                       static_cast<uint32_t>(op::occupancy_clusters),
                                        static_cast<uint32_t>(op::launch)};
         uint32_t o =
             pick(3) ? ops[pick(std::size(ops))] : static_cast<uint32_t>(pick(512));  // past the last id

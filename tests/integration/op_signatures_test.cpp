@@ -1,7 +1,7 @@
 // Every described op (protocol/OPS.md) against what its signature forbids, from the generated table: a call
-// with one argument or one blob too many, a 32-bit or boolean argument out of range, handles of the right
-// kind that the session was never given. Each must be refused with the error the generated decoding promises,
-// and the session (and another beside it) must go on working.
+// with one argument or one blob too many, a payload it does not take, a 32-bit or boolean argument out of
+// range, handles of the right kind that the session was never given. Each must be refused with the error the
+// generated decoding promises, and the session (and another beside it) must go on working.
 #include <catch2/catch.hpp>
 
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -52,6 +52,12 @@ TEST_CASE("described ops refuse what their signature forbids, and the session go
         CHECK(r.detail.find("malformed") != std::string::npos);
         r = c->call(s.id, std::vector<uint64_t>(n), blobs(s.blobs + 1));
         CHECK(r.result == CUDA_ERROR_INVALID_VALUE);
+        // Bulk bytes to an op that takes none.
+        if (!s.payload) {
+            r = c->call(s.id, std::vector<uint64_t>(n), empty, std::vector<std::byte>(64));
+            CHECK(r.result == CUDA_ERROR_INVALID_VALUE);
+            CHECK(r.detail.find("malformed") != std::string::npos);
+        }
 
         // A value out of its kind's range: refused, naming the argument, whatever the handles are.
         for (size_t j = 0; j < n; ++j) {
