@@ -511,25 +511,20 @@ CUresult staging_range(call_context& cx, uint64_t id, uint64_t offset, uint64_t 
 }
 }  // namespace
 
-// args {host copy id, offset, bytes}. Reply payload: those bytes of its staging buffer (a copy from the GPU
-// whose host node is running).
-CUresult handle_host_copy_read(call_context& cx) {
-    if (!cx.expect_args(3)) return cx.bad_arguments();
+// A copy from the GPU whose host node is running: the bytes of its staging buffer.
+CUresult handle_host_copy_read(call_context& cx, const host_copy_read_args& a) {
     std::shared_ptr<host_copy_buffers::buffer> b;
-    if (CUresult rc = staging_range(cx, cx.arg(0), cx.arg(1), cx.arg(2), b); rc != CUDA_SUCCESS) return rc;
-    const std::byte* from = b->bytes + cx.arg(1);
-    cx.reply_payload.assign(from, from + cx.arg(2));
+    if (CUresult rc = staging_range(cx, a.copy, a.offset, a.bytes, b); rc != CUDA_SUCCESS) return rc;
+    const std::byte* from = b->bytes + a.offset;
+    cx.reply_payload.assign(from, from + a.bytes);
     return CUDA_SUCCESS;
 }
 
-// args {host copy id, offset}; payload: the bytes to put there (a copy to the GPU whose host node is
-// running).
-CUresult handle_host_copy_write(call_context& cx) {
-    if (!cx.expect_args(2)) return cx.bad_arguments();
-    auto data = cx.payload();
+// A copy to the GPU whose host node is running: the bytes put into its staging buffer.
+CUresult handle_host_copy_write(call_context& cx, const host_copy_write_args& a) {
     std::shared_ptr<host_copy_buffers::buffer> b;
-    if (CUresult rc = staging_range(cx, cx.arg(0), cx.arg(1), data.size(), b); rc != CUDA_SUCCESS) return rc;
-    std::memcpy(b->bytes + cx.arg(1), data.data(), data.size());
+    if (CUresult rc = staging_range(cx, a.copy, a.offset, a.data.size(), b); rc != CUDA_SUCCESS) return rc;
+    std::memcpy(b->bytes + a.offset, a.data.data(), a.data.size());
     return CUDA_SUCCESS;
 }
 
