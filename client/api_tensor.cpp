@@ -13,6 +13,7 @@
 #include "client/plain_call.hpp"
 #include "client/state.hpp"
 #include "client/trace.hpp"
+#include "client_ops.hpp"
 #include "common/log.hpp"
 
 using namespace vcuda;
@@ -20,7 +21,7 @@ using namespace vcuda::client;
 
 namespace {
 
-// One encoding's arguments, the address apart: args[3] is the address.
+// One encoding's arguments as op tensor_map_encode takes them (protocol/OPS.md): args[3] is the address.
 struct encoding {
     std::vector<uint64_t> args;
     std::vector<std::vector<std::byte>> blobs;
@@ -73,13 +74,16 @@ const char* const encoder_names[] = {"cuTensorMapEncodeTiled", "cuTensorMapEncod
 CUresult encode(CUtensorMap* map, encoding e) {
     VCUDA_REQUIRE_INIT();
     if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    plain_call c(op::tensor_map_encode, encoder_names[e.args[0]]);
-    for (uint64_t a : e.args) c.arg(a);
-    for (auto& b : e.blobs) c.blob(b);
+    e.args.resize(13);  // what the kind does not take: 0 or empty
+    e.blobs.resize(4);
+    const auto& x = e.args;
+    auto u = [&](size_t i) { return static_cast<unsigned>(x[i]); };
+    tensor_map_encode_call c(encoder_names[x[0]], u(0), u(1), u(2), x[3], u(4), u(5), u(6), u(7), u(8), u(9),
+                             from_wire<int>(x[10]), from_wire<int>(x[11]), u(12), e.blobs[0], e.blobs[1],
+                             e.blobs[2], e.blobs[3]);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) return rc;
-    auto& blobs = c.reply().blobs;
-    if (blobs.size() != 1 || blobs[0].size() != sizeof(CUtensorMap)) return CUDA_ERROR_UNKNOWN;
-    std::memcpy(map, blobs[0].data(), sizeof(CUtensorMap));
+    if (c.descriptor().size() != sizeof(CUtensorMap)) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(map, c.descriptor().data(), sizeof(CUtensorMap));
     maps().keep(*map, std::move(e));
     return CUDA_SUCCESS;
 }
@@ -166,6 +170,7 @@ VCUDA_API cuTensorMapEncodeIm2colWide(CUtensorMap* tensorMap, CUtensorMapDataTyp
         return CUDA_ERROR_INVALID_VALUE;
     e.args.push_back(channelsPerPixel);
     e.args.push_back(pixelsPerColumn);
+    e.blobs.emplace_back();  // no shape
     e.args.push_back(to_wire(pixelBoxLowerCornerWidth));
     e.args.push_back(to_wire(pixelBoxUpperCornerWidth));
     e.args.push_back(static_cast<uint64_t>(mode));

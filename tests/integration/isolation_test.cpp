@@ -639,8 +639,13 @@ TEST_CASE("tensor maps are encoded only over the session's own memory, from well
         if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
         return out;
     };
+    // The op's 13 arguments (protocol/OPS.md), those a kind does not take 0.
+    auto all13 = [](std::vector<uint64_t> v) {
+        v.resize(13);
+        return v;
+    };
     auto tiled = [&](raw_client& c, uint64_t addr, uint64_t r, uint64_t stride) {
-        return c.call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, addr, 0, 0, 0, 0},
+        return c.call(op::tensor_map_encode, all13({0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, addr, 0, 0, 0, 0}),
                       {u64s({cols, r}), u64s({stride}), u32s({1, 1}), u32s({16, 16})});
     };
     CHECK(tiled(*a, a_ptr, rows, cols * 4).result == CUDA_SUCCESS);
@@ -658,33 +663,38 @@ TEST_CASE("tensor maps are encoded only over the session's own memory, from well
     // Malformed: unknown kind, ranks out of range, wrong argument and blob counts and sizes, an unknown type.
     const std::vector<std::vector<std::byte>> good_blobs = {u64s({cols, rows}), u64s({cols * 4}),
                                                             u32s({1, 1}), u32s({16, 16})};
-    CHECK(
-        a->call(op::tensor_map_encode, {3, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0}, good_blobs)
-            .result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(
-        a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 6, a_ptr, 0, 0, 0, 0}, good_blobs)
-            .result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(
-        a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 0, a_ptr, 0, 0, 0, 0}, good_blobs)
-            .result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(
-        a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, a_ptr, 0, 0, 0, 0}, good_blobs)
-            .result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tensor_map_encode, {0, 99, 2, a_ptr, 0, 0, 0, 0}, good_blobs).result ==
+    CHECK(a->call(op::tensor_map_encode, all13({3, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0}),
+                  good_blobs)
+              .result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, all13({0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 6, a_ptr, 0, 0, 0, 0}),
+                  good_blobs)
+              .result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, all13({0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 0, a_ptr, 0, 0, 0, 0}),
+                  good_blobs)
+              .result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, all13({0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, a_ptr, 0, 0, 0, 0}),
+                  good_blobs)
+              .result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::tensor_map_encode, all13({0, 99, 2, a_ptr, 0, 0, 0, 0}), good_blobs).result ==
           CUDA_ERROR_INVALID_VALUE);
     CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0}, good_blobs)
               .result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0},
+    CHECK(a->call(op::tensor_map_encode, all13({0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0}),
                   {u64s({cols, rows}), u64s({cols * 4}), u32s({1, 1})})
               .result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0},
+    CHECK(a->call(op::tensor_map_encode, all13({0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0}),
                   {u64s({cols, rows}), u64s({cols * 4}), u32s({1, 1}), u32s({16, 16, 16})})
               .result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 1u << 20, 0, 0, 0},
-                  good_blobs)
+    CHECK(a->call(op::tensor_map_encode,
+                  all13({0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 1u << 20, 0, 0, 0}), good_blobs)
               .result == CUDA_ERROR_INVALID_VALUE);
+    // What a kind does not take must be 0: a tiled map given im2col's channels is malformed.
+    auto stray = all13({0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0});
+    stray[8] = 16;
+    CHECK(a->call(op::tensor_map_encode, stray, good_blobs).result == CUDA_ERROR_INVALID_VALUE);
     // im2col needs rank 3 or more, and its corners.
-    CHECK(a->call(op::tensor_map_encode, {1, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0, 16, 32},
+    CHECK(a->call(op::tensor_map_encode,
+                  all13({1, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0, 16, 32}),
                   {u64s({cols, rows}), u64s({cols * 4}), u32s({1, 1}), {}})
               .result == CUDA_ERROR_INVALID_VALUE);
     // A's session goes on.
