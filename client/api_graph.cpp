@@ -308,18 +308,13 @@ CUresult add_node(CUgraphNode* out, CUgraph g, const CUgraphNode* deps, const CU
         if (spec.host_function) forget_host_function(spec.host_function);
         return rc;
     }
-    plain_call c(op::graph_add_node, name);
-    c.arg(id_of(g));
-    c.arg(static_cast<uint64_t>(spec.type));
-    for (uint64_t a : spec.args) c.arg(a);
-    c.blob(std::as_bytes(std::span(dep_ids)));
-    c.blob(edge_bytes(edges, n));
-    c.blob(spec.data);
+    graph_add_node_call c(name, g, static_cast<unsigned>(spec.type), std::as_bytes(std::span(dep_ids)),
+                          edge_bytes(edges, n), spec.data, spec.args);
     if (CUresult rc = c.send_sync(); rc != CUDA_SUCCESS) {
         if (spec.host_function) forget_host_function(spec.host_function);
         return rc;
     }
-    *out = adopt_node(c.out<uint64_t>(0), id_of(g), spec.type);
+    *out = adopt_node(c.node(), id_of(g), spec.type);
     if (spec.moved_graph) state::get().give_graph(spec.moved_graph, id_of(*out));
     if (spec.bodies_out) {
         // The bodies are the node's: session handles the mirror learns, owned by the node.
@@ -356,11 +351,11 @@ CUresult set_kernel(CUgraphExec exec, CUgraphNode node, const char* name, Build&
     CUresult built = build(spec);
     if (!node_target(exec, node, CU_GRAPH_NODE_TYPE_KERNEL)) return CUDA_ERROR_INVALID_VALUE;
     if (built != CUDA_SUCCESS) return built;
-    plain_call c(op::kernel_node_params, name);
-    c.arg(id_of(exec));
-    c.arg(id_of(node));
-    for (uint64_t a : spec.args) c.arg(a);
-    c.blob(spec.data);
+    const auto& x = spec.args;  // kernel_spec's: the routed function, grid, block, shared bytes, form
+    if (x.size() != 9) return CUDA_ERROR_INVALID_VALUE;
+    auto u = [&](size_t i) { return static_cast<unsigned>(x[i]); };
+    kernel_node_params_call c(name, exec, node, x[0], u(1), u(2), u(3), u(4), u(5), u(6), u(7), u(8),
+                              spec.data);
     return exec ? c.send_async() : c.send_sync();
 }
 
@@ -381,12 +376,7 @@ CUresult set_node(CUgraphExec exec, CUgraphNode node, CUgraphNodeType type, cons
         if (spec.host_function) forget_host_function(spec.host_function);
         return rc;
     }
-    plain_call c(op::node_set_params, name);
-    c.arg(id_of(exec));
-    c.arg(id_of(node));
-    c.arg(static_cast<uint64_t>(type));
-    for (uint64_t a : spec.args) c.arg(a);
-    c.blob(spec.data);
+    node_set_params_call c(name, exec, node, static_cast<unsigned>(type), spec.data, spec.args);
     return exec ? c.send_async() : c.send_sync();
 }
 

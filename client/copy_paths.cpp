@@ -839,12 +839,10 @@ CUresult capture_copy(const CUDA_MEMCPY3D& given, CUstream stream, const char* n
     CUDA_MEMCPY3D c = given;
     uint64_t id = 0;
     if (CUresult rc = graph_copy(c, id, name); rc != CUDA_SUCCESS) return rc;
-    plain_call call(op::capture_add_node, name);
-    call.handle(stream, handle_kind::stream);
-    call.arg(static_cast<uint64_t>(CU_GRAPH_NODE_TYPE_MEMCPY));
-    call.arg(id);
-    call.blob(std::as_bytes(std::span(&c, 1)));
-    CUresult rc = call.send_sync();
+    const uint64_t params[] = {id};
+    CUresult rc = capture_add_node_call(name, stream, static_cast<unsigned>(CU_GRAPH_NODE_TYPE_MEMCPY),
+                                        std::as_bytes(std::span(&c, 1)), params)
+                      .send_sync();
     if (rc != CUDA_SUCCESS && id) forget_host_function(id);
     return rc;
 }

@@ -49,9 +49,14 @@ class plain_call {
     // `name`: the entry point's, which tells the call site's reader what is called; nothing keeps it.
     plain_call(op o, const char* /*name*/) : op_(o) {}
 
+    // More than a call holds (16 arguments, 4 blobs) makes the call fail with CUDA_ERROR_INVALID_VALUE, never
+    // go out cut short.
     template <class T>
     void arg(T v) {
-        if (n_ < args_.size()) args_[n_++] = to_wire(v);
+        if (n_ < args_.size())
+            args_[n_++] = to_wire(v);
+        else if (error_ == CUDA_SUCCESS)
+            error_ = CUDA_ERROR_INVALID_VALUE;
     }
     // A device the application names by its ordinal: the server knows it by the index its session gave it
     // (server_device::server_index; not the ordinal when the session's GPU is not the server's first, or
@@ -77,7 +82,10 @@ class plain_call {
     // A byte block that travels with the call, after those given before (at most four; the caller keeps them
     // alive until the call is sent).
     void blob(std::span<const std::byte> b) {
-        if (n_blobs_ < blobs_.size()) blobs_[n_blobs_++] = b;
+        if (n_blobs_ < blobs_.size())
+            blobs_[n_blobs_++] = b;
+        else if (error_ == CUDA_SUCCESS)
+            error_ = CUDA_ERROR_INVALID_VALUE;
     }
     // The call's bulk bytes (the frame's payload; the caller keeps them alive until the call is sent).
     void payload(std::span<const std::byte> p) { payload_ = p; }

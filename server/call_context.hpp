@@ -62,6 +62,12 @@ class call_context {
     size_t arg_count() const { return call_.args() ? call_.args()->size() : 0; }
     bool expect_args(size_t n) const { return arg_count() == n; }
     uint64_t arg(size_t i) const { return call_.args()->Get(static_cast<flatbuffers::uoffset_t>(i)); }
+    // The arguments from `first` on (a described op's run of arguments, NAME:KIND...).
+    std::span<const uint64_t> args_from(size_t first) const {
+        const size_t n = arg_count();
+        return first < n ? std::span<const uint64_t>(call_.args()->data() + first, n - first)
+                         : std::span<const uint64_t>{};
+    }
     template <class T>
     T scalar(size_t i) const {
         uint64_t w = arg(i);

@@ -970,19 +970,16 @@ CUresult node_added(call_context& cx, CUgraph g, CUgraphNode node, const CUgraph
 
 }  // namespace
 
-// args {graph, node type, then the type's (node_params)}; blobs {dependency nodes, their edge data (may be
-// empty), the type's data} -> outs {node}
-CUresult handle_graph_add_node(call_context& cx) {
-    if (cx.arg_count() < 2 || !valid_type_args(cx.arg(1), cx.arg_count() - 2) || cx.blob_count() > 3)
-        return cx.bad_arguments();
-    CUgraph g;
-    if (CUresult rc = cx.handle(0, handle_kind::graph, g); rc != CUDA_SUCCESS) return rc;
+// The type's parameters (a.params, from argument 2) and data (blob 2) are read by node_params.
+CUresult handle_graph_add_node(call_context& cx, const graph_add_node_args& a) {
+    if (!valid_type_args(a.type, a.params.size())) return cx.bad_arguments();
+    CUgraph g = a.graph;
     dependencies deps;
-    if (CUresult rc = deps.read(cx); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = deps.read(cx, a.dependencies, a.edge_data); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
     node_parts parts(cx);
     CUgraphNodeParams p;
-    if (CUresult rc = node_params(cx, static_cast<CUgraphNodeType>(cx.arg(1)), 2, 2, parts, p);
+    if (CUresult rc = node_params(cx, static_cast<CUgraphNodeType>(a.type), 2, 2, parts, p);
         rc != CUDA_SUCCESS)
         return rc;
     CUgraphNode node = nullptr;
@@ -995,7 +992,7 @@ CUresult handle_graph_add_node(call_context& cx) {
         return cx.unsupported("cuGraphAddNode_v2");
     if (rc != CUDA_SUCCESS) return rc;
     if (CUresult r = node_added(cx, g, node, p, parts); r != CUDA_SUCCESS) return r;
-    cx.out_handle(handle_kind::graph_node, node, cx.arg(0), /*owned=*/true);
+    cx.out_handle(handle_kind::graph_node, node, a.graph_id, /*owned=*/true);
     if (parts.moved) {  // the driver destroys it with the node from now on
         std::lock_guard lock(cx.sess.mu);
         cx.sess.handles.give_to(parts.moved, cx.outs.back());
@@ -1012,14 +1009,11 @@ CUresult handle_graph_add_node(call_context& cx) {
     return CUDA_SUCCESS;
 }
 
-// args {stream, node type, then the type's (node_params)}; blob {the type's data}. A node made here, added to
-// the capture of `stream` after the capture's current dependencies and made its only one, as captured work
-// is: a copy with the client's memory (which the stream's own copy cannot be).
-CUresult handle_capture_add_node(call_context& cx) {
-    if (cx.arg_count() < 2 || !valid_type_args(cx.arg(1), cx.arg_count() - 2) || cx.blob_count() > 1)
-        return cx.bad_arguments();
-    CUstream s;
-    if (CUresult rc = cx.handle(0, handle_kind::stream, s); rc != CUDA_SUCCESS) return rc;
+// A node made here, added to the capture of `stream` after the capture's current dependencies and made its
+// only one, as captured work is: a copy with the client's memory (which the stream's own copy cannot be).
+CUresult handle_capture_add_node(call_context& cx, const capture_add_node_args& a) {
+    if (!valid_type_args(a.type, a.params.size())) return cx.bad_arguments();
+    CUstream s = a.stream;
     auto& d = cx.drv();
     if (!d.cuStreamGetCaptureInfo_v3 || !d.cuStreamUpdateCaptureDependencies_v2 || !d.cuGraphAddNode_v2)
         return cx.unsupported("cuStreamUpdateCaptureDependencies_v2");
@@ -1039,7 +1033,7 @@ CUresult handle_capture_add_node(call_context& cx) {
     if (edges) edge_data.assign(edges, edges + n);
     node_parts parts(cx);
     CUgraphNodeParams p;
-    if (CUresult rc = node_params(cx, static_cast<CUgraphNodeType>(cx.arg(1)), 2, 0, parts, p);
+    if (CUresult rc = node_params(cx, static_cast<CUgraphNodeType>(a.type), 2, 0, parts, p);
         rc != CUDA_SUCCESS)
         return rc;
     CUgraphNode node = nullptr;
@@ -1155,37 +1149,32 @@ CUresult handle_graph_exec_update(call_context& cx, const graph_exec_update_args
     return rc;
 }
 
-// args {executable graph (0: the node itself), kernel node, function or kernel, grid xyz, block xyz, shared
-// bytes, form}; blob {parameters}. Queued when it updates an executable graph.
-CUresult handle_kernel_node_params(call_context& cx) {
-    if (!cx.expect_args(11) || cx.blob_count() > 1) return cx.bad_arguments();
-    CUgraphNode node;
-    if (CUresult rc = cx.handle(1, handle_kind::graph_node, node); rc != CUDA_SUCCESS) return rc;
+// The launch (arguments from 2, the parameter blob) is read by kernel_node. Queued when it updates an
+// executable graph.
+CUresult handle_kernel_node_params(call_context& cx, const kernel_node_params_args& a) {
+    CUgraphNode node = a.node;
     kernel_args args;
     CUDA_KERNEL_NODE_PARAMS_v2 p;
     if (CUresult rc = kernel_node(cx, 2, 0, args, p); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
-    if (cx.arg(0) == 0) {
+    if (a.exec_id == 0) {
         if (!d.cuGraphKernelNodeSetParams_v2) return cx.unsupported("cuGraphKernelNodeSetParams_v2");
         return d.cuGraphKernelNodeSetParams_v2(node, &p);
     }
-    CUgraphExec exec;
-    if (CUresult rc = cx.handle(0, handle_kind::graph_exec, exec); rc != CUDA_SUCCESS) return rc;
     if (!d.cuGraphExecKernelNodeSetParams_v2) return cx.unsupported("cuGraphExecKernelNodeSetParams_v2");
-    CUresult rc = d.cuGraphExecKernelNodeSetParams_v2(exec, exec_node(cx, cx.arg(0), node), &p);
+    CUresult rc = d.cuGraphExecKernelNodeSetParams_v2(a.exec, exec_node(cx, a.exec_id, node), &p);
     if (rc == CUDA_SUCCESS)
-        follow_update(cx, cx.arg(0), cx.arg(1), node,
+        follow_update(cx, a.exec_id, a.node_id, node,
                       [&](CUgraphNode copy) { return d.cuGraphKernelNodeSetParams_v2(copy, &p); });
     return rc;
 }
 
-// args {executable graph (0: the node itself), node, node type, then the type's (node_params)}; blob {the
-// type's data}: new parameters of a memset, memcpy (the session's memory), host, event record or event wait
-// node. Queued when it updates an executable graph, as kernel_node_params.
-CUresult handle_node_set_params(call_context& cx) {
-    if (cx.arg_count() < 3 || !valid_type_args(cx.arg(2), cx.arg_count() - 3) || cx.blob_count() > 1)
-        return cx.bad_arguments();
-    const auto type = static_cast<CUgraphNodeType>(cx.arg(2));
+// New parameters (from argument 3, read by node_params, and the data blob) of a memset, memcpy (the
+// session's memory), host, event record or event wait node. Queued when it updates an executable graph, as
+// kernel_node_params.
+CUresult handle_node_set_params(call_context& cx, const node_set_params_args& a) {
+    if (!valid_type_args(a.type, a.params.size())) return cx.bad_arguments();
+    const auto type = static_cast<CUgraphNodeType>(a.type);
     switch (type) {
         case CU_GRAPH_NODE_TYPE_MEMSET:
         case CU_GRAPH_NODE_TYPE_HOST:
@@ -1195,29 +1184,26 @@ CUresult handle_node_set_params(call_context& cx) {
         case CU_GRAPH_NODE_TYPE_MEMCPY:
             // A copy with the client's memory is a child graph here (server/host_functions.hpp), whose
             // staging buffer an update cannot swap.
-            if (cx.arg_count() > 3 && cx.arg(3) != 0)
+            if (!a.params.empty() && a.params[0] != 0)
                 return cx.fail(CUDA_ERROR_NOT_SUPPORTED,
                                "new parameters of a memcpy node with the application's own memory");
             break;
         default:
             return cx.bad_arguments();
     }
-    CUgraphNode node;
-    if (CUresult rc = cx.handle(1, handle_kind::graph_node, node); rc != CUDA_SUCCESS) return rc;
+    CUgraphNode node = a.node;
     node_parts parts(cx);
     CUgraphNodeParams p;
     if (CUresult rc = node_params(cx, type, 3, 0, parts, p); rc != CUDA_SUCCESS) return rc;
     auto& d = cx.drv();
-    if (cx.arg(0) == 0) {
+    if (a.exec_id == 0) {
         if (!d.cuGraphNodeSetParams) return cx.unsupported("cuGraphNodeSetParams");
         return d.cuGraphNodeSetParams(node, &p);
     }
-    CUgraphExec exec;
-    if (CUresult rc = cx.handle(0, handle_kind::graph_exec, exec); rc != CUDA_SUCCESS) return rc;
     if (!d.cuGraphExecNodeSetParams) return cx.unsupported("cuGraphExecNodeSetParams");
-    CUresult rc = d.cuGraphExecNodeSetParams(exec, exec_node(cx, cx.arg(0), node), &p);
+    CUresult rc = d.cuGraphExecNodeSetParams(a.exec, exec_node(cx, a.exec_id, node), &p);
     if (rc == CUDA_SUCCESS)
-        follow_update(cx, cx.arg(0), cx.arg(1), node,
+        follow_update(cx, a.exec_id, a.node_id, node,
                       [&](CUgraphNode copy) { return d.cuGraphNodeSetParams(copy, &p); });
     return rc;
 }

@@ -3,8 +3,8 @@
 An op line may describe its call (protocol/spec/driver.spec, header):
     op NAME ID [outside_gate] [args(NAME:KIND ...)] [blobs(NAME ...)] [payload(NAME)] [outs(NAME:KIND ...)]
                               [out_blobs(NAME ...)] [out_payload(NAME)] [destroys(ARG ...)]   # what it does
-The last argument may be one a call leaves out, [NAME:KIND]; the last output may be a run of values to the
-end, NAME:KIND... .
+The last argument may be one a call leaves out, [NAME:KIND], or a run of u64 values to the end, NAME:u64...;
+the last output may be a run of values to the end, NAME:KIND... .
 KIND: u64, u32, i32, bool (scalars; u32/i32/bool must fit), ptr (a device address), device (the session's
 device index), or a handle kind of common/handle_kind.hpp (an argument: looked up in the session's table, and
 with a `?` also 0 for none; an output: a handle the op creates). destroys(ARG): the handle argument ARG is gone
@@ -53,6 +53,7 @@ def parse(where, name, text, die):
     sig['optional'] = set()  # handle arguments that may be 0
     sig['trailing'] = None  # the argument a call may leave out ([NAME:KIND], the last one)
     sig['more_outs'] = None  # the output that is a run of values to the end (NAME:KIND..., the last one)
+    sig['more_args'] = None  # the argument that is a run of u64 values to the end (NAME:u64..., the last one)
     pos = 0
     for m in re.finditer(r'\s*(\w+)\(([^)]*)\)\s*', text):
         if m.start() != pos:
@@ -71,11 +72,16 @@ def parse(where, name, text, die):
                     die(f'{where}: {group}: "{item}" is not a name')
                 sig[group].append(item)
                 continue
-            if (group == 'args' and sig['trailing']) or (group == 'outs' and sig['more_outs']):
-                die(f'{where}: {group}: only the last argument may be left out, only the last output be a run')
+            if (group == 'args' and (sig['trailing'] or sig['more_args'])) or (group == 'outs' and sig['more_outs']):
+                die(f'{where}: {group}: only the last argument may be left out or a run, only the last output a run')
             if group == 'args' and item.startswith('[') and item.endswith(']'):
                 item = item[1:-1]
                 sig['trailing'] = item.partition(':')[0]
+            if group == 'args' and item.endswith('...'):
+                item = item[:-3]
+                sig['more_args'] = item.partition(':')[0]
+                if item.partition(':')[2] != 'u64':
+                    die(f'{where}: args: a run of arguments is of u64 values ({item})')
             if group == 'outs' and item.endswith('...'):
                 item = item[:-3]
                 sig['more_outs'] = item.partition(':')[0]
@@ -110,7 +116,8 @@ def parse(where, name, text, die):
 def kind_text(sig, item):
     """An argument's kind as the spec writes it (an optional handle with its `?`, a run of outputs with its
     `...`); a trailing argument a call may leave out is shown as `(may be left out)`."""
-    return item[1] + ('?' if item[0] in sig['optional'] else '') + ('...' if item[0] == sig['more_outs'] else '') + \
+    run = item[0] in (sig['more_outs'], sig['more_args'])
+    return item[1] + ('?' if item[0] in sig['optional'] else '') + ('...' if run else '') + \
         (' (may be left out)' if item[0] == sig['trailing'] else '')
 
 
@@ -138,6 +145,9 @@ def server_header(described):
         lines.append(f'// op {name} ({oid}): {summary(sig)}')
         lines.append(f'struct {name}_args {{')
         for arg, kind in sig['args']:
+            if arg == sig['more_args']:
+                lines.append(f'    std::span<const uint64_t> {arg};  // the rest of the arguments')
+                continue
             lines.append(f'    {c_type(kind)} {arg}{{}};')
             if kind in HANDLE_C_TYPES:
                 lines.append(f'    uint64_t {arg}_id = 0;  // the session handle')
@@ -157,9 +167,13 @@ def server_wrapper(name, sig):
     """The dispatch entry of a described op: decodes and checks the call, runs the handler, and keeps what the
     signature promises (outputs answered, destroyed handles forgotten)."""
     args, blobs = sig['args'], sig['blobs']
-    least = len(args) - (1 if sig['trailing'] else 0)
-    arity = f'cx.expect_args({len(args)})' if least == len(args) else \
-        f'(cx.arg_count() == {least} || cx.arg_count() == {len(args)})'
+    least = len(args) - (1 if sig['trailing'] or sig['more_args'] else 0)
+    if sig['more_args']:
+        arity = f'(cx.arg_count() >= {least})'
+    elif least == len(args):
+        arity = f'cx.expect_args({len(args)})'
+    else:
+        arity = f'(cx.arg_count() == {least} || cx.arg_count() == {len(args)})'
     no_payload = '' if sig['payload'] else ' || !cx.payload().empty()'
     lines = [f'CUresult op_{name}(call_context& cx) {{',
              f'    if (!{arity} || cx.blob_count() != {len(blobs)}{no_payload}) return cx.bad_arguments();',
@@ -183,6 +197,8 @@ def server_wrapper(name, sig):
         elif kind == 'bool':
             given(arg, [f'    if (cx.arg({i}) > 1) return cx.fail(CUDA_ERROR_INVALID_VALUE, "{name}: {arg} is not 0 or 1");',
                            f'    a.{arg} = cx.arg({i}) != 0;'])
+        elif arg == sig['more_args']:
+            lines.append(f'    a.{arg} = cx.args_from({i});')
         elif kind in ('u64', 'ptr'):
             given(arg, [f'    a.{arg} = cx.arg({i});'])
     for i, (arg, kind) in enumerate(args):
@@ -224,6 +240,10 @@ def client_header(described):
     for name, oid, sig in described:
         params, body, last = [], [], []
         for arg, kind in sig['args']:
+            if arg == sig['more_args']:  # a span, last: each value sent
+                last.append(f'std::span<const uint64_t> {arg}')
+                body.append(f'for (uint64_t v : {arg}) arg(v);')
+                continue
             if arg == sig['trailing']:  # a std::optional parameter, last; sent when it has a value
                 last.append(f'std::optional<{c_type(kind)}> {arg} = std::nullopt')
                 send = {'device': f'device(*{arg});'}.get(kind, f'handle(*{arg}, handle_kind::{kind});'
@@ -305,6 +325,7 @@ def signatures_header(described):
              'struct op_arg {\n    std::string_view name;\n    std::string_view kind;\n    handle_kind handle;\n};\n',
              'struct op_signature {\n    op id;\n    std::span<const op_arg> args;\n    size_t blobs;\n'
              '    bool payload;  // takes a payload (an op without one refuses it)\n'
+             '    bool more_args;  // its last argument is a run of values (any number of arguments from there)\n'
              '    size_t outs;\n    size_t out_blobs;\n};\n', 'namespace op_signature_args {']
     for name, oid, sig in described:
         items = ', '.join(f'{{"{a}", "{k + ("?" if a in sig["optional"] else "")}", handle_kind::{k if k in HANDLE_C_TYPES else "none"}}}'
@@ -316,7 +337,8 @@ def signatures_header(described):
     lines.append('inline constexpr op_signature op_signatures[] = {')
     for name, oid, sig in described:
         lines.append(f'    {{op::{name}, op_signature_args::{name}, {len(sig["blobs"])}, '
-                     f'{"true" if sig["payload"] else "false"}, {len(sig["outs"])}, {len(sig["out_blobs"])}}},')
+                     f'{"true" if sig["payload"] else "false"}, {"true" if sig["more_args"] else "false"}, '
+                     f'{len(sig["outs"])}, {len(sig["out_blobs"])}}},')
     lines.append('};\n')
     lines.append('}  // namespace vcuda\n')
     return '\n'.join(lines)

@@ -248,7 +248,8 @@ std::vector<std::byte> ids(std::initializer_list<uint64_t> v) {
 
 // A memset node {dst, value, element size, width, height, pitch} added to `graph` after `deps`.
 raw_reply add_memset(raw_client& c, uint64_t graph, uint64_t dst, std::vector<std::byte> deps = {}) {
-    return c.call(op::graph_add_node, {graph, CU_GRAPH_NODE_TYPE_MEMSET, dst, 0, 4, 16, 1, 64}, {deps, {}});
+    return c.call(op::graph_add_node, {graph, CU_GRAPH_NODE_TYPE_MEMSET, dst, 0, 4, 16, 1, 64},
+                  {deps, {}, {}});
 }
 
 }  // namespace
@@ -271,7 +272,7 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
     auto n1 = add_memset(*a, g.outs.at(0), a_ptr);
     REQUIRE(n1.result == CUDA_SUCCESS);
     uint64_t node = n1.outs.at(0);
-    auto n2 = a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_EMPTY}, {ids({node}), {}});
+    auto n2 = a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_EMPTY}, {ids({node}), {}, {}});
     REQUIRE(n2.result == CUDA_SUCCESS);
 
     // Listing the graph names the same nodes (ids kept), with their types.
@@ -334,12 +335,13 @@ TEST_CASE("graph nodes are their session's, die with their graph, and name only 
           CUDA_ERROR_INVALID_VALUE);  // both sides the client's
 
     // Malformed: a node type not served, node ids that are not 8 bytes each, edge data of the wrong length.
-    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_HOST}).result ==
+    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_HOST}, {{}, {}, {}}).result ==
           CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_EMPTY}, {std::vector<std::byte>(5), {}})
+    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_EMPTY},
+                  {std::vector<std::byte>(5), {}, {}})
               .result == CUDA_ERROR_INVALID_VALUE);
     CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_EMPTY},
-                  {ids({node}), std::vector<std::byte>(3)})
+                  {ids({node}), std::vector<std::byte>(3), {}})
               .result == CUDA_ERROR_INVALID_VALUE);
 
     // What a node holds: its session reads it (the other session cannot, above); malformed or mistyped asks

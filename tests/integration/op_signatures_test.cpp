@@ -46,8 +46,8 @@ TEST_CASE("described ops refuse what their signature forbids, and the session go
         const size_t n = s.args.size();
         const blobs empty(s.blobs);
 
-        // One argument too many, one blob too many.
-        auto r = c->call(s.id, std::vector<uint64_t>(n + 1), empty);
+        // One argument too many (for an op whose last argument is a run, one too few), one blob too many.
+        auto r = c->call(s.id, std::vector<uint64_t>(s.more_args ? n - 2 : n + 1), empty);
         CHECK(r.result == CUDA_ERROR_INVALID_VALUE);
         CHECK(r.detail.find("malformed") != std::string::npos);
         r = c->call(s.id, std::vector<uint64_t>(n), blobs(s.blobs + 1));

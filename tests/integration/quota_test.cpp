@@ -255,10 +255,11 @@ TEST_CASE("graph allocations are charged while a graph holds their node; staging
     CHECK(node.outs[1] != 0);  // the allocation's address
     CHECK(a->call(op::mem_alloc, {32u << 20}).result == CUDA_ERROR_OUT_OF_MEMORY);
     // A free node names only the session's graph allocations.
-    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_MEM_FREE, node.outs[1] + 64}).result ==
-          CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_MEM_FREE, node.outs[1]}).result ==
-          CUDA_SUCCESS);
+    CHECK(
+        a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_MEM_FREE, node.outs[1] + 64}, {{}, {}, {}})
+            .result == CUDA_ERROR_INVALID_VALUE);
+    CHECK(a->call(op::graph_add_node, {g.outs[0], CU_GRAPH_NODE_TYPE_MEM_FREE, node.outs[1]}, {{}, {}, {}})
+              .result == CUDA_SUCCESS);
     // Once no graph holds the node, the charge goes (the driver's destructor runs on a thread of its own).
     REQUIRE(a->call(op::cuGraphDestroy, {g.outs[0]}).result == CUDA_SUCCESS);
     bool freed = false;
