@@ -41,18 +41,11 @@ CUgraphNodeType seen_type(const driver_table& d, CUgraphNode node, CUgraphNodeTy
     return type == CU_GRAPH_NODE_TYPE_GRAPH && is_host_copy_node(d, node) ? CU_GRAPH_NODE_TYPE_MEMCPY : type;
 }
 
-// Graph node argument `i` (one of the session's) and the type the driver reports for it.
+// The type the driver reports for a node of the session.
 CUresult node_type(call_context& cx, CUgraphNode node, CUgraphNodeType& type) {
     auto& d = cx.drv();
     if (!d.cuGraphNodeGetType) return cx.unsupported("cuGraphNodeGetType");
     return d.cuGraphNodeGetType(node, &type);
-}
-
-CUresult typed_node(call_context& cx, size_t i, CUgraphNode& node, CUgraphNodeType& type) {
-    void* raw = nullptr;
-    if (CUresult rc = cx.lookup(cx.arg(i), handle_kind::graph_node, raw); rc != CUDA_SUCCESS) return rc;
-    node = static_cast<CUgraphNode>(raw);
-    return node_type(cx, node, type);
 }
 
 // This lane's thread takes the client thread's capture mode (cuThreadExchangeStreamCaptureMode): it decides

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -249,7 +250,7 @@ std::vector<std::byte> ids(std::initializer_list<uint64_t> v) {
 // A memset node {dst, value, element size, width, height, pitch} added to `graph` after `deps`.
 raw_reply add_memset(raw_client& c, uint64_t graph, uint64_t dst, std::vector<std::byte> deps = {}) {
     return c.call(op::graph_add_node, {graph, CU_GRAPH_NODE_TYPE_MEMSET, dst, 0, 4, 16, 1, 64},
-                  {deps, {}, {}});
+                  {std::move(deps), {}, {}});
 }
 
 }  // namespace
@@ -443,7 +444,7 @@ TEST_CASE(
     };
     auto launch = [&](uint64_t form, std::vector<std::byte> params) {
         return a->call(op::launch, {k.outs[0], 1, 1, 1, static_cast<uint64_t>(n), 1, 1, 0, 0, form, 0},
-                       {params});
+                       {std::move(params)});
     };
     // Too short, too long, empty (what the client packed when the layout came back empty).
     for (size_t size : {0, 12, 24}) {
