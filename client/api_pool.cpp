@@ -203,8 +203,6 @@ VCUDA_API cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool memPool,
 // (client/ipc_handles.hpp), which another process of the same tenant on the same server imports; the
 // allocations then travel as the driver's own export data.
 
-namespace {}  // namespace
-
 VCUDA_API cuMemPoolExportToShareableHandle(void* handle_out, CUmemoryPool pool,
                                            CUmemAllocationHandleType handleType,
                                            unsigned long long flags) noexcept {
@@ -214,7 +212,10 @@ VCUDA_API cuMemPoolExportToShareableHandle(void* handle_out, CUmemoryPool pool,
     if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         return static_cast<CUresult>(unsupported(
             "cuMemPoolExportToShareableHandle to a handle type other than a POSIX file descriptor"));
-    ipc_export_call c("cuMemPoolExportToShareableHandle", what_pool, reinterpret_cast<uint64_t>(pool));
+    const auto id = reinterpret_cast<uint64_t>(pool);
+    if (!valid_handle(id, handle_kind::mem_pool))
+        return CUDA_ERROR_INVALID_HANDLE;  // not one of this process's
+    ipc_export_call c("cuMemPoolExportToShareableHandle", what_pool, id);
     return export_descriptor(c, "cuMemPoolExportToShareableHandle", handle_out);
 }
 

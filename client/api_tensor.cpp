@@ -170,7 +170,6 @@ VCUDA_API cuTensorMapEncodeIm2colWide(CUtensorMap* tensorMap, CUtensorMapDataTyp
         return CUDA_ERROR_INVALID_VALUE;
     e.args.push_back(channelsPerPixel);
     e.args.push_back(pixelsPerColumn);
-    e.blobs.emplace_back();  // no shape
     e.args.push_back(to_wire(pixelBoxLowerCornerWidth));
     e.args.push_back(to_wire(pixelBoxUpperCornerWidth));
     e.args.push_back(static_cast<uint64_t>(mode));

@@ -221,8 +221,6 @@ VCUDA_API cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
 // (client/ipc_handles.hpp), which another process of the same tenant on the same server imports. It opens
 // while the exporting process holds the allocation (with the driver: while any descriptor of it is open).
 
-namespace {}  // namespace
-
 VCUDA_API cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
                                        CUmemAllocationHandleType handleType,
                                        unsigned long long flags) noexcept {

@@ -135,7 +135,6 @@ struct dependencies {
         if (CUresult rc = node_list(cx, node_ids, nodes); rc != CUDA_SUCCESS) return rc;
         return edge_list(cx, edge_data, nodes.size(), edge_store, edges);
     }
-    CUresult read(call_context& cx) { return read(cx, cx.blob(0), cx.blob(1)); }
 };
 
 // A suspend makes an executable graph again from a clone of the graph it came from (server/graph_image.cpp):

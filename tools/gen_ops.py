@@ -214,18 +214,16 @@ def server_wrapper(name, sig):
         lines.append(f'    a.{b} = cx.blob({i});')
     for p in sig['payload']:
         lines.append(f'    a.{p} = cx.payload();')
+    # The outputs: exactly the fixed ones, or at least them before a run (nothing to count for a run alone).
     fixed = len(sig['outs']) - (1 if sig['more_outs'] else 0)
-    blobs_bad = f'cx.out_blobs.size() - blobs_before != {len(sig["out_blobs"])}'
-    if not sig['more_outs']:
-        bad = f'cx.outs.size() - outs_before != {fixed} || {blobs_bad}'
-    else:  # a run of outputs: at least the fixed ones
-        bad = f'cx.outs.size() - outs_before < {fixed} || {blobs_bad}' if fixed else blobs_bad
-    if 'outs_before' in bad:
+    bad = [f'cx.out_blobs.size() - blobs_before != {len(sig["out_blobs"])}']
+    if not sig['more_outs'] or fixed:
+        bad.insert(0, f'cx.outs.size() - outs_before {"<" if sig["more_outs"] else "!="} {fixed}')
         lines.append('    const size_t outs_before = cx.outs.size();')
     lines.append('    const size_t blobs_before = cx.out_blobs.size();')
     lines.append(f'    CUresult rc = handle_{name}(cx, a);')
     lines.append('    if (rc != CUDA_SUCCESS) return rc;')
-    lines.append(f'    if ({bad})')
+    lines.append(f'    if ({" || ".join(bad)})')
     lines.append(f'        return cx.fail(CUDA_ERROR_UNKNOWN, "server bug: {name} did not answer what the spec says");')
     for d in sig['destroys']:
         lines.append(f'    cx.forget_handle({[a for a, _ in args].index(d)});')
@@ -358,12 +356,15 @@ def ops_doc(ops, sigs, docs, hand_ops):
              '| Op | Id | Arguments | Blobs | Outputs | Output blobs | Destroys | What it does |',
              '|----|---:|-----------|-------|---------|--------------|----------|--------------|']
     cell = lambda sig, xs: ' '.join(x if isinstance(x, str) else f'`{x[0]}`:{kind_text(sig, x)}' for x in xs) or '—'
+    # Blob names, then the payload's after a `;` (it is no blob).
+    with_payload = lambda names, payload: '; '.join(
+        x for x in (' '.join(names), ' '.join(f'payload {p}' for p in payload)) if x) or '—'
     for n in sorted(hand_ops, key=lambda x: ops[x]):
         sig = sigs.get(n)
         doc = docs.get(n, '').replace('|', '\\|')
         if sig:
-            blobs = cell(sig, sig['blobs']) + ''.join(f'; payload {p}' for p in sig['payload'])
-            out_blobs = cell(sig, sig['out_blobs']) + ''.join(f'; payload {p}' for p in sig['out_payload'])
+            blobs = with_payload(sig['blobs'], sig['payload'])
+            out_blobs = with_payload(sig['out_blobs'], sig['out_payload'])
             lines.append(f'| `{n}` | {ops[n]} | {cell(sig, sig["args"])} | {blobs} | '
                          f'{cell(sig, sig["outs"])} | {out_blobs} | {cell(sig, sig["destroys"])} | {doc} |')
         else:

@@ -666,18 +666,13 @@ TEST_CASE("tensor maps are encoded only over the session's own memory, from well
     // Malformed: unknown kind, ranks out of range, wrong argument and blob counts and sizes, an unknown type.
     const std::vector<std::vector<std::byte>> good_blobs = {u64s({cols, rows}), u64s({cols * 4}),
                                                             u32s({1, 1}), u32s({16, 16})};
-    CHECK(a->call(op::tensor_map_encode, all13({3, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0, 0}),
-                  good_blobs)
-              .result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tensor_map_encode, all13({0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 6, a_ptr, 0, 0, 0, 0}),
-                  good_blobs)
-              .result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tensor_map_encode, all13({0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 0, a_ptr, 0, 0, 0, 0}),
-                  good_blobs)
-              .result == CUDA_ERROR_INVALID_VALUE);
-    CHECK(a->call(op::tensor_map_encode, all13({0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, a_ptr, 0, 0, 0, 0}),
-                  good_blobs)
-              .result == CUDA_ERROR_INVALID_VALUE);
+    // {kind, rank}: an unknown kind; ranks 6 and 0; rank 3 with the blobs of rank 2.
+    for (auto [kind, rank] : {std::pair<uint64_t, uint64_t>{3, 2}, {0, 6}, {0, 0}, {0, 3}}) {
+        INFO("kind " << kind << ", rank " << rank);
+        CHECK(a->call(op::tensor_map_encode,
+                      all13({kind, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, a_ptr, 0, 0, 0, 0}), good_blobs)
+                  .result == CUDA_ERROR_INVALID_VALUE);
+    }
     CHECK(a->call(op::tensor_map_encode, all13({0, 99, 2, a_ptr, 0, 0, 0, 0}), good_blobs).result ==
           CUDA_ERROR_INVALID_VALUE);
     CHECK(a->call(op::tensor_map_encode, {0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a_ptr, 0, 0, 0}, good_blobs)
